@@ -1,0 +1,33 @@
+"""The `workbench` command. Each subcommand mirrors an MLproject entry point."""
+
+from __future__ import annotations
+
+import click
+
+from studies.equivalence import equivalence
+from workbench.convert.checkpoints import CheckpointError
+
+
+@click.group()
+def main() -> None:
+    """Glass-Box ViT Workbench."""
+
+
+@main.command("pin")
+@click.argument("name")
+def pin(name: str) -> None:
+    """Resolve a lock-file checkpoint's hub revision, size and sha256 and record them (needs internet)."""
+    from workbench.convert.checkpoints import pin_checkpoint
+
+    try:
+        entry = pin_checkpoint(name)
+    except CheckpointError as err:
+        raise click.ClickException(str(err)) from err
+    click.echo(f"pinned {entry.name}: {entry.hub_repo}@{entry.revision} {entry.filename} {entry.size_bytes} bytes sha256 {entry.sha256}")
+
+
+main.add_command(equivalence)
+
+
+if __name__ == "__main__":
+    main()

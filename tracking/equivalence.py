@@ -1,0 +1,79 @@
+"""Logging of an equivalence report to MLflow."""
+
+from __future__ import annotations
+
+import json
+import math
+import tempfile
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+import mlflow
+
+from workbench.equivalence import EquivalenceReport
+
+
+def plot_stage_differences(report: EquivalenceReport):
+    """Max |difference| per stage on a log scale; zeros drawn at the axis floor."""
+    table = report.stage_table()
+    fig, ax = plt.subplots(figsize=(max(8, len(table) * 0.09), 3.6))
+    floor = 1e-12
+    values = [max(v, floor) if not math.isnan(v) else floor for v in table["max_abs_diff"]]
+    colors = ["tab:green" if p else "tab:red" for p in table["passed"]]
+    ax.bar(table["index"], values, color=colors, width=0.8)
+    for name, rows in report.fused.items():
+        idx = [r.index for r in rows]
+        ax.plot(idx, [max(r.max_abs_diff, floor) for r in rows], ".", ms=3, label=f"{name} (reported, not asserted)")
+    ax.set_yscale("log")
+    ax.set_ylim(floor / 2, 1e-2)
+    ax.set_xlabel("stage index")
+    ax.set_ylabel("max |difference| (0 shown at floor)")
+    ax.set_title(f"{report.architecture}: glass-box vs timm (unfused), {report.stages_passed}/{len(table)} stages exact")
+    ax.legend(fontsize=7, loc="upper left")
+    fig.tight_layout()
+    return fig
+
+
+def log_equivalence(report: EquivalenceReport, params: dict) -> None:
+    """Params, per-stage metrics stepped by stage index, tables, plot and verdict tag."""
+    mlflow.log_params({**params, "tolerance": report.tolerance, "architecture": report.architecture})
+    table = report.stage_table()
+    for row in table.itertuples():
+        if not math.isnan(row.max_abs_diff):
+            mlflow.log_metric("stage_max_abs_diff", row.max_abs_diff, step=row.index)
+            mlflow.log_metric("stage_mean_abs_diff", row.mean_abs_diff, step=row.index)
+    grads = report.gradients
+    mlflow.log_metrics(
+        {
+            "stages_total": len(table),
+            "stages_passed": report.stages_passed,
+            "max_abs_diff": report.max_abs_diff,
+            "source_tensors_used": report.audit.source_used,
+            "target_tensors_filled": report.audit.target_filled,
+            "parameters": report.audit.parameters,
+            "gradients_total": len(grads),
+            "gradients_passed": report.gradients_passed,
+            "gradient_max_abs_diff": float(grads["max_abs_diff"].max()) if len(grads) else float("nan"),
+            **{
+                f"{name}_max_abs_diff": max(r.max_abs_diff for r in rows)
+                for name, rows in report.fused.items()
+            },
+        }
+    )
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp)
+        table.to_csv(out / "stages.csv", index=False)
+        (out / "stages.json").write_text(table.to_json(orient="records", indent=1))
+        grads.to_csv(out / "gradients.csv", index=False)
+        report.fused_table().to_csv(out / "fused_stages.csv", index=False)
+        (out / "mapping_audit.json").write_text(
+            json.dumps({"summary": report.audit.summary(), "pairs": report.audit.pairs}, indent=1)
+        )
+        fig = plot_stage_differences(report)
+        fig.savefig(out / "stage_differences.png", dpi=120)
+        plt.close(fig)
+        mlflow.log_artifacts(str(out), artifact_path="equivalence")
+    mlflow.set_tags({"verdict": "pass" if report.passed else "fail", "summary": report.summary()})
