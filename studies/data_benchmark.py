@@ -1,0 +1,191 @@
+"""Loader benchmark: TensorLoader against a per-image torchvision pipeline.
+
+Both sides do the same work on CIFAR-10-sized random uint8 images (N, 3, 32, 32): random
+crop with 4 px padding, horizontal flip, affine (rotation within 5 degrees, translation
+within 6 percent, bilinear), conversion to float and normalisation. The reference is the
+usual torchvision ``Dataset`` + ``DataLoader`` with ``transforms.v2`` applied image by
+image. Each side runs one full epoch per repeat; the median throughput is reported with
+the spread, and the ratio ours / torchvision is measured in the same process.
+
+This module never talks to MLflow: ``run_loader_benchmark`` returns a dict, which the CLI
+and the tracking layer log.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+
+import click
+import torch
+from torch.utils.data import DataLoader, Dataset
+from torchvision.transforms import InterpolationMode, v2
+
+from workbench.data import NORM_STATS, AugmentConfig, TensorLoader
+
+AUGMENT = AugmentConfig(crop_padding=4, hflip=True, rotate_degrees=5.0, translate_fraction=0.06)
+
+
+class _PerImageDataset(Dataset):
+    """The reference: one image at a time through torchvision transforms v2."""
+
+    def __init__(self, images: torch.Tensor, labels: torch.Tensor):
+        self.images, self.labels = images, labels
+        stats = NORM_STATS["cifar10"]
+        self.transform = v2.Compose(
+            [
+                v2.RandomCrop(32, padding=AUGMENT.crop_padding),
+                v2.RandomHorizontalFlip(),
+                v2.RandomAffine(
+                    degrees=AUGMENT.rotate_degrees,
+                    translate=(AUGMENT.translate_fraction, AUGMENT.translate_fraction),
+                    interpolation=InterpolationMode.BILINEAR,
+                ),
+                v2.ToDtype(torch.float32, scale=True),
+                v2.Normalize(list(stats.mean), list(stats.std)),
+            ]
+        )
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, i: int):
+        return self.transform(self.images[i]), self.labels[i], i
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _time_epoch(batches, device: torch.device) -> tuple[float, int]:
+    """Seconds for one pass, and the number of images seen (each batch lands on ``device``)."""
+    _sync(device)
+    start = time.perf_counter()
+    n = 0
+    for images, labels, _ in batches:
+        images = images.to(device, non_blocking=True)
+        n += len(labels)
+    _sync(device)
+    return time.perf_counter() - start, n
+
+
+def run_loader_benchmark(
+    n_images: int = 10_000,
+    batch_size: int = 256,
+    repeats: int = 3,
+    num_workers: int = 0,
+    device: str | None = None,
+    seed: int = 0,
+    torch_threads: int | None = None,
+) -> dict:
+    """Measure training-loader throughput, ours versus torchvision, in images per second.
+
+    Args:
+        n_images: Images per epoch.
+        batch_size: Images per batch.
+        repeats: Epochs timed per side; the median is reported.
+        num_workers: ``DataLoader`` worker processes for the torchvision side.
+        device: Where batches must end up; default CUDA when available.
+        seed: Seed of the random images and of both loaders.
+        torch_threads: Intra-op threads for this measurement (restored afterwards);
+            ``None`` keeps the current setting. Per-image pipelines run best with 1 (what
+            DataLoader workers use), so compare at equal settings.
+
+    Returns:
+        A flat dict: settings, per-repeat seconds, median images/s per side with min/max,
+        and ``ratio`` = ours / torchvision.
+    """
+    previous_threads = torch.get_num_threads()
+    if torch_threads is not None:
+        torch.set_num_threads(torch_threads)
+    try:
+        return _run(n_images, batch_size, repeats, num_workers, device, seed)
+    finally:
+        torch.set_num_threads(previous_threads)
+
+
+def _run(n_images: int, batch_size: int, repeats: int, num_workers: int, device: str | None, seed: int) -> dict:
+    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    g = torch.Generator().manual_seed(seed)
+    images = torch.randint(0, 256, (n_images, 3, 32, 32), dtype=torch.uint8, generator=g)  # (N, C, H, W)
+    labels = torch.randint(0, 10, (n_images,), generator=g)
+
+    ours = TensorLoader(images, labels, batch_size=batch_size, norm=NORM_STATS["cifar10"], seed=seed,
+                        augment=AUGMENT, device=dev)  # fmt: skip
+    reference = DataLoader(
+        _PerImageDataset(images, labels), batch_size=batch_size, shuffle=True, num_workers=num_workers,
+        generator=torch.Generator().manual_seed(seed), pin_memory=dev.type == "cuda",
+    )  # fmt: skip
+    _time_epoch(ours.iter_epoch(-1), dev)  # warm-up: first-call allocations, CUDA kernels
+    ours_s, ref_s = [], []
+    for r in range(repeats):
+        ours_s.append(_time_epoch(ours.iter_epoch(r), dev)[0])
+        ref_s.append(_time_epoch(reference, dev)[0])
+
+    def rate(seconds: list[float]) -> dict[str, float]:
+        rates = [n_images / s for s in seconds]
+        return {"median": statistics.median(rates), "min": min(rates), "max": max(rates)}
+
+    o, t = rate(ours_s), rate(ref_s)
+    return {
+        "n_images": n_images,
+        "batch_size": batch_size,
+        "repeats": repeats,
+        "num_workers": num_workers,
+        "device": str(dev),
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "augment": "crop_padding=4, hflip, rotate 5 deg, translate 0.06, bilinear, normalise",
+        "ours_seconds": ours_s,
+        "torchvision_seconds": ref_s,
+        "ours_images_per_s": o["median"],
+        "ours_images_per_s_min": o["min"],
+        "ours_images_per_s_max": o["max"],
+        "torchvision_images_per_s": t["median"],
+        "torchvision_images_per_s_min": t["min"],
+        "torchvision_images_per_s_max": t["max"],
+        "ratio": o["median"] / t["median"],
+    }
+
+
+def format_table(result: dict) -> str:
+    """Plain-text table of a ``run_loader_benchmark`` result."""
+    rows = [
+        ("loader", "images/s (median)", "min", "max"),
+        ("workbench TensorLoader", *(f"{result[f'ours_images_per_s{s}']:,.0f}" for s in ("", "_min", "_max"))),
+        (
+            f"torchvision v2 + DataLoader (workers={result['num_workers']})",
+            *(f"{result[f'torchvision_images_per_s{s}']:,.0f}" for s in ("", "_min", "_max")),
+        ),
+    ]
+    widths = [max(len(r[i]) for r in rows) for i in range(4)]
+    lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))) for r in rows]
+    lines.insert(1, "-" * len(lines[0]))
+    lines.append(
+        f"ratio ours / torchvision: {result['ratio']:.1f}x  ({result['n_images']} images, batch "
+        f"{result['batch_size']}, {result['repeats']} repeats, device {result['device']}, "
+        f"{result['cpu_count']} CPUs, {result['torch_threads']} torch threads)"
+    )
+    return "\n".join(lines)
+
+
+@click.command("benchmark-loader")
+@click.option("--n-images", default=10_000, show_default=True, help="Images per epoch.")
+@click.option("--batch-size", default=256, show_default=True)
+@click.option("--repeats", default=3, show_default=True, help="Timed epochs per loader (median reported).")
+@click.option("--num-workers", default=0, show_default=True, help="DataLoader workers for the torchvision side.")
+@click.option("--device", default=None, help="cpu or cuda (default: cuda when available).")
+@click.option("--torch-threads", default=None, type=int, help="torch intra-op threads (default: unchanged).")
+def benchmark_loader(
+    n_images: int, batch_size: int, repeats: int, num_workers: int, device: str | None, torch_threads: int | None
+) -> dict:
+    """Compare TensorLoader with a per-image torchvision pipeline and print a table."""
+    result = run_loader_benchmark(n_images, batch_size, repeats, num_workers, device, torch_threads=torch_threads)
+    click.echo(format_table(result))
+    return result
+
+
+if __name__ == "__main__":
+    benchmark_loader()

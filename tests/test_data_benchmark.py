@@ -1,0 +1,30 @@
+"""Smoke test of the loader benchmark entry point (tiny sizes; it measures, never asserts speed)."""
+
+from __future__ import annotations
+
+import torch
+from click.testing import CliRunner
+
+from studies.data_benchmark import benchmark_loader, format_table, run_loader_benchmark
+
+
+def test_run_loader_benchmark_returns_figures():
+    threads = torch.get_num_threads()
+    result = run_loader_benchmark(n_images=64, batch_size=32, repeats=1, device="cpu", torch_threads=1)
+    assert torch.get_num_threads() == threads, "thread setting must be restored"
+    assert result["ours_images_per_s"] > 0 and result["torchvision_images_per_s"] > 0
+    assert abs(result["ratio"] - result["ours_images_per_s"] / result["torchvision_images_per_s"]) < 1e-9
+    assert "ratio ours / torchvision" in format_table(result)
+
+
+def test_benchmark_command_prints_table():
+    out = CliRunner().invoke(benchmark_loader, ["--n-images", "64", "--batch-size", "32", "--repeats", "1",
+                                                "--device", "cpu"])  # fmt: skip
+    assert out.exit_code == 0, out.output
+    assert "workbench TensorLoader" in out.output and "torchvision v2" in out.output
+
+
+def test_benchmark_module_does_not_import_mlflow():
+    import studies.data_benchmark as mod
+
+    assert "mlflow" not in open(mod.__file__).read()
