@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from studies.equivalence import equivalence
+from studies.train import train
 from workbench.convert.checkpoints import CheckpointError
 
 
@@ -27,6 +28,7 @@ def pin(name: str) -> None:
 
 
 main.add_command(equivalence)
+main.add_command(train)
 
 
 if __name__ == "__main__":

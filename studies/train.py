@@ -1,0 +1,168 @@
+"""Entry point: train one configuration, resumably, tracked in MLflow.
+
+The same ``train_one`` runs each cell of a protocol. A run is identified by a key made
+of the config hash, the data and split fingerprints and any extra identity (protocol
+hash, arm, seed); running the same key again continues the unfinished MLflow run and its
+checkpoints, or skips it when it already finished.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import click
+import mlflow
+from mlflow.tracking import MlflowClient
+
+from tracking.runs import configure_tracking, environment_tags
+from tracking.training import MlflowTrainingObserver, log_run_inputs, log_training_result
+from workbench.data import PreparedData, prepare
+from workbench.models.registry import build_model, model_config
+from workbench.train.config import DataSpec, ModelSpec, OptimConfig, RunConfig, TrainConfig
+from workbench.train.loop import NonFiniteLoss, Trainer, config_hash
+
+
+@dataclass
+class TrainOutcome:
+    run_id: str
+    status: str  # "finished", "skipped" (already finished) or "failed"
+    message: str
+
+
+def prepare_data(spec: DataSpec, download: bool = False) -> PreparedData:
+    return prepare(
+        spec.name, path=spec.path, download=download, split_seed=spec.split_seed,
+        train_size=spec.train_size, val_size=spec.val_size, subset=spec.subset,
+    )
+
+
+def run_key_for(cfg: TrainConfig, data: PreparedData, identity: dict | None = None) -> str:
+    parts = [config_hash(cfg), data.data_fingerprint, data.split_fingerprint]
+    parts += [f"{k}={v}" for k, v in sorted((identity or {}).items())]
+    return hashlib.sha256("|".join(parts).encode()).hexdigest()[:24]
+
+
+def _experiment_id(experiment: str, parent_run_id: str | None) -> str:
+    client = MlflowClient()
+    if parent_run_id:
+        return client.get_run(parent_run_id).info.experiment_id
+    exp = client.get_experiment_by_name(experiment)
+    return exp.experiment_id if exp else client.create_experiment(experiment)
+
+
+def train_one(
+    cfg: TrainConfig,
+    data: PreparedData,
+    experiment: str,
+    output_dir: Path,
+    run_name: str,
+    parent_run_id: str | None = None,
+    identity: dict | None = None,
+    tags: dict | None = None,
+) -> TrainOutcome:
+    """Train ``cfg`` on ``data`` in its own MLflow run (a child of ``parent_run_id``)."""
+    configure_tracking()
+    key = run_key_for(cfg, data, identity)
+    client = MlflowClient()
+    exp_id = _experiment_id(experiment, parent_run_id)
+    found = client.search_runs([exp_id], filter_string=f"tags.run_key = '{key}'", max_results=1)
+    existing = found[0] if found else None
+    if existing is not None and existing.info.status == "FINISHED":
+        return TrainOutcome(existing.info.run_id, "skipped", f"{run_name}: already finished in run {existing.info.run_id}")
+    if existing is not None:
+        run_id = existing.info.run_id  # continue the interrupted run, never start a duplicate
+    else:
+        run_tags = {"run_key": key, "mlflow.runName": run_name, **(tags or {})}
+        if parent_run_id:
+            run_tags["mlflow.parentRunId"] = parent_run_id
+        run_id = client.create_run(exp_id, tags=run_tags).info.run_id
+    run_dir = Path(output_dir) / key
+    with mlflow.start_run(run_id=run_id, nested=mlflow.active_run() is not None):
+        trainer = Trainer(cfg, data, run_dir, MlflowTrainingObserver(run_id))
+        mlflow.set_tags({**environment_tags(str(trainer.device)), "run_dir": str(run_dir.resolve()),
+                         "resumed": str(existing is not None).lower()})
+        log_run_inputs(cfg, data, {"config_hash": trainer.hash})
+        try:
+            result = trainer.fit()
+        except NonFiniteLoss as err:
+            mlflow.set_tags({"failure": str(err), "nonfinite_loss_step": err.step, "nonfinite_loss_epoch": err.epoch})
+            mlflow.end_run(status="FAILED")
+            return TrainOutcome(run_id, "failed", f"{run_name}: {err}")
+        example = next(iter(trainer.eval_loaders["val"])).images[:2]
+        log_training_result(result, cfg, lambda: build_model(trainer.model.cfg), example)
+        message = f"{run_name}: best val accuracy {result.final_metrics['best_val_accuracy']:.4f} at epoch {result.best_epoch}; {result.reload_proof.summary()}"
+        if not result.reload_proof.passed:
+            mlflow.end_run(status="FAILED")
+            return TrainOutcome(run_id, "failed", message)
+    return TrainOutcome(run_id, "finished", message)
+
+
+def parse_overrides(pairs: tuple[str, ...]) -> dict:
+    """``("dim=96", "pooling=mean")`` -> typed overrides (YAML scalars)."""
+    import yaml
+
+    out = {}
+    for pair in pairs:
+        if "=" not in pair:
+            raise click.BadParameter(f"{pair!r}: expected FIELD=VALUE", param_hint="--set")
+        key, value = pair.split("=", 1)
+        out[key.strip()] = yaml.safe_load(value)
+    return out
+
+
+@click.command("train")
+@click.option("--model", default="fmnist_vit", show_default=True, help="Study model name (see workbench.models.registry).")
+@click.option("--set", "overrides", multiple=True, help="Model field override FIELD=VALUE, e.g. --set dim=96.")
+@click.option("--dataset", default="fashion_mnist", show_default=True)
+@click.option("--data-path", default=None, help="Explicit dataset file or folder.")
+@click.option("--download/--no-download", default=False, show_default=True, help="Allow a dataset download.")
+@click.option("--train-size", type=int, default=None)
+@click.option("--val-size", type=int, default=None)
+@click.option("--subset", type=int, default=None, help="At most this many images per split (smoke runs); 0 = all.")
+@click.option("--split-seed", type=int, default=42, show_default=True)
+@click.option("--hflip/--no-hflip", default=False, show_default=True)
+@click.option("--rotate", "rotate_degrees", type=float, default=0.0, show_default=True)
+@click.option("--translate", "translate_fraction", type=float, default=0.0, show_default=True)
+@click.option("--crop-padding", type=int, default=0, show_default=True)
+@click.option("--epochs", type=int, default=10, show_default=True)
+@click.option("--batch-size", type=int, default=128, show_default=True)
+@click.option("--lr", type=float, default=1e-3, show_default=True)
+@click.option("--weight-decay", type=float, default=1e-4, show_default=True)
+@click.option("--warmup-epochs", type=float, default=0.0, show_default=True)
+@click.option("--label-smoothing", type=float, default=0.0, show_default=True)
+@click.option("--grad-clip", type=float, default=None)
+@click.option("--patience", type=int, default=None, help="Early stopping patience in epochs.")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--device", default="auto", show_default=True)
+@click.option("--amp", type=click.Choice(["off", "bf16", "fp16"]), default="off", show_default=True)
+@click.option("--checkpoint-every", type=int, default=None, help="Also checkpoint every N steps.")
+@click.option("--evaluate-test/--no-evaluate-test", default=False, show_default=True)
+@click.option("--experiment", default="train", show_default=True)
+@click.option("--output-dir", type=click.Path(file_okay=False), default="outputs/train", show_default=True)
+def train(**o):
+    """Train one model; re-running the same command resumes or skips it."""
+    try:
+        cfg = TrainConfig(
+            model=ModelSpec(o["model"], parse_overrides(o["overrides"])),
+            data=DataSpec(o["dataset"], path=o["data_path"], train_size=o["train_size"], val_size=o["val_size"],
+                          split_seed=o["split_seed"], subset=o["subset"] or None, crop_padding=o["crop_padding"],
+                          hflip=o["hflip"], rotate_degrees=o["rotate_degrees"], translate_fraction=o["translate_fraction"]),
+            optim=OptimConfig(lr=o["lr"], weight_decay=o["weight_decay"], warmup_epochs=o["warmup_epochs"],
+                              label_smoothing=o["label_smoothing"], grad_clip=o["grad_clip"]),
+            run=RunConfig(epochs=o["epochs"], batch_size=o["batch_size"], seed=o["seed"], patience=o["patience"],
+                          device=o["device"], amp=o["amp"], checkpoint_every_steps=o["checkpoint_every"],
+                          evaluate_test=o["evaluate_test"]),
+        )
+        model_config(cfg.model.name, **cfg.model.overrides)  # fail on a bad field before loading data
+    except (ValueError, KeyError) as err:
+        raise click.UsageError(str(err)) from err
+    data = prepare_data(cfg.data, download=o["download"])
+    click.echo(f"data: {data.display_name} from {data.source}")
+    outcome = train_one(cfg, data, o["experiment"], Path(o["output_dir"]), run_name=f"{cfg.model.name}-seed{cfg.run.seed}",
+                        parent_run_id=os.environ.get("MLFLOW_RUN_ID"))
+    click.echo(f"{outcome.status}: {outcome.message} (run {outcome.run_id})")
+    if outcome.status == "failed":
+        raise SystemExit(1)

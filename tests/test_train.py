@@ -1,0 +1,151 @@
+"""Training engine: kill-and-resume bit-identity, reload proof, atomic checkpoints, NaN, early stopping."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from synthetic import synthetic_data, tiny_config
+from workbench.train import checkpoint as ckpt
+from workbench.train.checkpoint import CheckpointCorrupted, atomic_torch_save, load_checkpoint
+from workbench.train.evaluate import compare_predictions, predict, read_predictions
+from workbench.train.loop import NonFiniteLoss, Trainer
+
+CHILD = Path(__file__).parent / "scripts" / "train_child.py"
+TIMING = {"epoch_seconds", "images_per_second"}
+
+
+def child_env() -> dict:
+    root = Path(__file__).resolve().parent.parent
+    return {**os.environ, "PYTHONPATH": f"{root}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+
+
+def run_child(run_dir: Path, *extra: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(CHILD), str(run_dir), *extra], env=child_env(),
+                          capture_output=True, text=True, timeout=600)
+
+
+def kill_child_mid_epoch(run_dir: Path, *extra: str, checkpoint: Path | None = None) -> None:
+    """Start a child, SIGKILL it a moment after its first mid-epoch checkpoint, check it died."""
+    proc = subprocess.Popen([sys.executable, str(CHILD), str(run_dir), *extra], env=child_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    last = checkpoint or run_dir / "checkpoints" / "last.pt"
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and proc.poll() is None:
+        if last.exists():
+            try:
+                state = load_checkpoint(last)
+            except CheckpointCorrupted:
+                state = None
+            if state and state["epoch"] >= 1 and state["batch"] > 0:  # mid-epoch, after epoch 1
+                time.sleep(0.3)  # let it run on past the checkpoint: that work is lost and redone
+                break
+        time.sleep(0.05)
+    assert proc.poll() is None, "child finished before it could be killed:\n" + proc.stdout.read()
+    proc.send_signal(signal.SIGKILL)
+    assert proc.wait(timeout=60) == -signal.SIGKILL
+    state = load_checkpoint(last)
+    assert not state["finished"] and state["epoch"] < 4
+
+
+def strip_timing(history: list[dict]) -> list[dict]:
+    return [{k: v for k, v in h.items() if k not in TIMING} for h in history]
+
+
+def test_sigkill_mid_epoch_then_resume_is_bit_identical(tmp_path):
+    straight, killed = tmp_path / "straight", tmp_path / "killed"
+    done = run_child(straight)
+    assert done.returncode == 0, done.stderr
+    kill_child_mid_epoch(killed)
+    resumed = run_child(killed)
+    assert resumed.returncode == 0, resumed.stderr
+
+    a, b = load_checkpoint(straight / "checkpoints" / "last.pt"), load_checkpoint(killed / "checkpoints" / "last.pt")
+    assert a["step"] == b["step"] and a["finished"] and b["finished"]
+    for key, tensor in a["model"].items():
+        diff = (tensor.double() - b["model"][key].double()).abs().max().item()
+        assert torch.equal(tensor, b["model"][key]), f"{key}: max |difference| {diff:.3g} (must be bit-identical)"
+    for (k1, s1), (k2, s2) in zip(a["optimizer"]["state"].items(), b["optimizer"]["state"].items()):
+        assert all(torch.equal(torch.as_tensor(s1[n]), torch.as_tensor(s2[n])) for n in s1), f"optimizer state {k1}"
+    assert strip_timing(a["history"]) == strip_timing(b["history"])
+    assert read_predictions(straight / "predictions" / "val.csv").equals(read_predictions(killed / "predictions" / "val.csv"))
+
+
+def test_reload_proof_reproduces_saved_predictions_and_detects_tampering(tmp_path):
+    data = synthetic_data()
+    result = Trainer(tiny_config(epochs=2, evaluate_test=True), data, tmp_path).fit()
+    proof = result.reload_proof
+    assert proof.passed and proof.predictions_equal and proof.max_abs_prob_diff == 0.0, proof.summary()
+    assert proof.examples == 80
+    assert set(result.predictions) == {"val", "test"}
+    # every reported metric can be recomputed from the predictions table alone
+    val = read_predictions(result.predictions["val"])
+    assert abs((val.label == val.predicted).mean() - result.final_metrics["best_val_accuracy"]) < 1e-12
+    assert {"index", "label", "predicted", "prob_0", "prob_9"} <= set(val.columns)
+    # a changed weight is caught
+    trainer = Trainer(tiny_config(epochs=2), data, tmp_path)
+    best = load_checkpoint(result.checkpoints["best"])
+    best["model"]["head.bias"] += 1e-3
+    trainer.model.load_state_dict(best["model"])
+    fresh = predict(trainer.model, trainer.eval_loaders["val"], trainer.device)
+    tampered = compare_predictions(val, fresh, 0.0)
+    assert not tampered.passed and tampered.max_abs_prob_diff > 0
+
+
+def test_crash_while_writing_a_checkpoint_keeps_the_previous_one(tmp_path, monkeypatch):
+    path = tmp_path / "last.pt"
+    atomic_torch_save({"format": ckpt.FORMAT, "epoch": 1, "w": torch.ones(3)}, path)
+
+    def crashing_save(obj, f, *a, **k):
+        f.write(b"PK\x03\x04 half a zip file")
+        raise KeyboardInterrupt("power cut")
+
+    monkeypatch.setattr(ckpt.torch, "save", crashing_save)
+    with pytest.raises(KeyboardInterrupt):
+        atomic_torch_save({"format": ckpt.FORMAT, "epoch": 2, "w": torch.zeros(3)}, path)
+    monkeypatch.undo()
+    state = load_checkpoint(path)
+    assert state["epoch"] == 1 and torch.equal(state["w"], torch.ones(3))
+    assert [p.name for p in tmp_path.iterdir()] == ["last.pt"], "temp file left behind"
+
+
+def test_corrupted_checkpoint_is_named(tmp_path):
+    path = tmp_path / "last.pt"
+    path.write_bytes(b"garbage")
+    with pytest.raises(CheckpointCorrupted, match="last.pt"):
+        load_checkpoint(path)
+
+
+def test_nan_loss_stops_with_the_step_and_keeps_last_good_checkpoint(tmp_path, monkeypatch):
+    import workbench.train.loop as loop
+
+    real = torch.nn.functional.cross_entropy
+    calls = {"n": 0}
+
+    def poisoned(*args, **kwargs):
+        calls["n"] += 1
+        loss = real(*args, **kwargs)
+        return loss * float("nan") if calls["n"] == 13 else loss  # 10 train steps per epoch
+
+    monkeypatch.setattr(loop, "F", type("F", (), {"cross_entropy": staticmethod(poisoned)}))
+    trainer = Trainer(tiny_config(epochs=3), synthetic_data(), tmp_path)
+    with pytest.raises(NonFiniteLoss) as err:
+        trainer.fit()
+    assert err.value.step == 12 and err.value.epoch == 1 and "nan" in str(err.value)
+    state = load_checkpoint(tmp_path / "checkpoints" / "last.pt")
+    assert state["epoch"] == 1 and state["batch"] == 0 and len(state["history"]) == 1
+
+
+def test_early_stopping_waits_for_patience(tmp_path):
+    cfg = tiny_config(epochs=10, patience=2)
+    cfg = type(cfg)(cfg.model, cfg.data, type(cfg.optim)(lr=1e-12), cfg.run)  # learns nothing
+    result = Trainer(cfg, synthetic_data(), tmp_path).fit()
+    assert result.stopped_early
+    assert len(result.history) == 3 and result.best_epoch == 1, [h["val_accuracy"] for h in result.history]

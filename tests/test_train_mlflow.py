@@ -1,0 +1,106 @@
+"""Training through MLflow: one run per config, resumed after SIGKILL, everything logged and loadable."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+import torch
+from mlflow.tracking import MlflowClient
+
+import mlflow
+from studies.train import train_one
+from synthetic import synthetic_data, tiny_config
+from test_train import kill_child_mid_epoch, run_child
+from workbench.train.checkpoint import load_checkpoint
+
+
+def only_run(client: MlflowClient, experiment: str):
+    runs = client.search_runs([client.get_experiment_by_name(experiment).experiment_id])
+    assert len(runs) == 1, f"expected one run, found {len(runs)}"
+    return runs[0]
+
+
+def test_train_one_logs_everything_and_a_second_call_skips(mlflow_store, tmp_path):
+    data = synthetic_data()
+    cfg = tiny_config(epochs=2, evaluate_test=True)
+    outcome = train_one(cfg, data, "t", tmp_path / "out", run_name="tiny")
+    assert outcome.status == "finished", outcome.message
+    client = MlflowClient(mlflow_store)
+    run = only_run(client, "t")
+    assert run.info.status == "FINISHED"
+    tags, params, metrics = run.data.tags, run.data.params, run.data.metrics
+    assert tags["reload_proof"] == "passed" and metrics["reload_proof_passed"] == 1.0
+    assert {"device", "torch_version", "timm_version", "git_commit", "git_dirty"} <= set(tags)
+    assert params["optim.lr"] == "0.003" and params["model.overrides.dim"] == "32"
+    assert params["data.fingerprint"] == data.data_fingerprint
+    history = client.get_metric_history(run.info.run_id, "val_accuracy")
+    assert [m.step for m in history] == [1, 2]
+    for key in ("train_loss", "train_accuracy", "val_loss", "lr", "epoch_seconds", "images_per_second"):
+        assert len(client.get_metric_history(run.info.run_id, key)) == 2, key
+    (dataset_input,) = run.inputs.dataset_inputs
+    assert dataset_input.dataset.digest == data.data_fingerprint[:36]
+
+    paths = {a.path for a in client.list_artifacts(run.info.run_id)}
+    assert {"checkpoints", "predictions", "config.json", "history.json"} <= paths
+    local = mlflow.artifacts.download_artifacts(run_id=run.info.run_id, dst_path=str(tmp_path / "dl"))
+    val = pd.read_csv(f"{local}/predictions/val.csv")
+    assert abs((val.label == val.predicted).mean() - metrics["best_val_accuracy"]) < 1e-12
+    test = pd.read_csv(f"{local}/predictions/test.csv")
+    assert abs((test.label == test.predicted).mean() - metrics["test_accuracy"]) < 1e-12
+
+    # the logged model loads back (offline, no pickled code) and equals the best checkpoint
+    from workbench.models.registry import build_model, model_config
+
+    model_uri = mlflow.search_logged_models(experiment_ids=[run.info.experiment_id], output_format="list")[0].model_uri
+    loaded = mlflow.pytorch.load_model(model_uri)
+    reference = build_model(model_config("fmnist_vit", **cfg.model.overrides))
+    reference.load_state_dict(load_checkpoint(f"{local}/checkpoints/best.pt")["model"])
+    x = torch.randn(5, 1, 28, 28)
+    with torch.no_grad():
+        diff = (loaded(x) - reference.eval()(x)).abs().max().item()
+    assert diff <= 1e-5, f"logged model vs best checkpoint: max |difference| {diff:.3g}"
+
+    again = train_one(cfg, data, "t", tmp_path / "out", run_name="tiny")
+    assert again.status == "skipped" and again.run_id == outcome.run_id
+    only_run(client, "t")
+
+
+def test_killed_run_resumes_in_the_same_mlflow_run(mlflow_store, tmp_path):
+    out = tmp_path / "out"
+    kill_child_mid_epoch(out, "mlflow", "k", checkpoint=_first_run_dir(out))
+    client = MlflowClient(mlflow_store)
+    killed = only_run(client, "k")
+    assert killed.info.status == "RUNNING"  # a SIGKILL leaves no chance to close the run
+    done = run_child(out, "mlflow", "k")
+    assert done.returncode == 0, done.stderr[-3000:]
+    run = only_run(client, "k")
+    assert run.info.run_id == killed.info.run_id and run.info.status == "FINISHED"
+    assert run.data.tags["resumed"] == "true"
+    steps = [m.step for m in client.get_metric_history(run.info.run_id, "val_accuracy")]
+    assert steps == [1, 2, 3, 4], f"each epoch logged exactly once, got steps {steps}"
+
+
+def _first_run_dir(out):
+    """train_one puts checkpoints under OUTPUT/<run key>/; the key is fixed by config and data."""
+    from studies.train import run_key_for
+
+    return out / run_key_for(tiny_config(epochs=4, checkpoint_every_steps=3), synthetic_data()) / "checkpoints" / "last.pt"
+
+
+def test_nan_loss_marks_the_run_failed_with_the_step(mlflow_store, tmp_path, monkeypatch):
+    import workbench.train.loop as loop
+
+    real = torch.nn.functional.cross_entropy
+    calls = {"n": 0}
+
+    def poisoned(*args, **kwargs):
+        calls["n"] += 1
+        return real(*args, **kwargs) * (float("inf") if calls["n"] == 4 else 1.0)
+
+    monkeypatch.setattr(loop, "F", type("F", (), {"cross_entropy": staticmethod(poisoned)}))
+    outcome = train_one(tiny_config(epochs=2), synthetic_data(), "n", tmp_path / "out", run_name="nan")
+    assert outcome.status == "failed" and "step 3" in outcome.message
+    run = only_run(MlflowClient(mlflow_store), "n")
+    assert run.info.status == "FAILED"
+    assert run.data.tags["nonfinite_loss_step"] == "3"
+    assert "inf" in run.data.tags["failure"]

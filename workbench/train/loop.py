@@ -1,0 +1,311 @@
+"""A plain, resumable PyTorch training loop.
+
+Nothing here logs: progress and results go to a ``TrainingObserver`` (the tracking layer
+implements one for MLflow). The loop writes full-state checkpoints atomically every
+epoch and every N steps; ``fit`` always starts from the latest one when it exists, so an
+interrupted run (even SIGKILL) continues exactly where it stopped.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from tqdm.auto import tqdm
+
+from workbench.data import AugmentConfig, PreparedData, TensorLoader, derive_seed
+from workbench.models.registry import build_model, model_config
+from workbench.train.checkpoint import FORMAT, atomic_torch_save, capture_rng, load_checkpoint, restore_rng
+from workbench.train.config import TrainConfig
+from workbench.train.evaluate import (
+    ReloadProof,
+    compare_predictions,
+    metrics_from_predictions,
+    predict,
+    read_predictions,
+    save_predictions,
+)
+
+
+class NonFiniteLoss(FloatingPointError):
+    def __init__(self, step: int, epoch: int, batch: int, value: float):
+        super().__init__(f"loss became {value} at step {step} (epoch {epoch}, batch {batch}); last good checkpoint kept")
+        self.step, self.epoch, self.batch, self.value = step, epoch, batch, value
+
+
+class TrainingObserver:
+    """Receives what a run produces. Override what you need; every method is optional."""
+
+    def on_start(self, info: dict) -> None: ...
+    def on_resume(self, history: list[dict]) -> None: ...
+    def on_epoch(self, metrics: dict) -> None: ...
+    def on_checkpoint(self, path: Path, kind: str) -> None: ...
+
+
+@dataclass
+class TrainResult:
+    history: list[dict]
+    best_epoch: int
+    best_metric: float
+    stopped_early: bool
+    reload_proof: ReloadProof
+    predictions: dict[str, Path] = field(default_factory=dict)
+    final_metrics: dict[str, float] = field(default_factory=dict)
+    checkpoints: dict[str, Path] = field(default_factory=dict)
+
+
+def resolve_device(name: str) -> torch.device:
+    if name != "auto":
+        return torch.device(name)
+    if torch.cuda.is_available():
+        return torch.device("cuda")
+    if getattr(torch.backends, "mps", None) and torch.backends.mps.is_available():
+        return torch.device("mps")
+    return torch.device("cpu")
+
+
+def config_hash(cfg: TrainConfig) -> str:
+    text = json.dumps(cfg.to_dict(), sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def cosine_with_warmup(total_steps: int, warmup_steps: int, min_ratio: float):
+    def factor(step: int) -> float:
+        if step < warmup_steps:
+            return (step + 1) / warmup_steps
+        progress = (step - warmup_steps) / max(1, total_steps - warmup_steps)
+        return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
+
+    return factor
+
+
+class Trainer:
+    """Train one configuration on prepared data, checkpointing into ``run_dir``."""
+
+    def __init__(
+        self,
+        cfg: TrainConfig,
+        data: PreparedData,
+        run_dir: Path,
+        observer: TrainingObserver | None = None,
+        model: nn.Module | None = None,
+    ) -> None:
+        self.cfg, self.data, self.run_dir = cfg, data, Path(run_dir)
+        self.observer = observer or TrainingObserver()
+        self.device = resolve_device(cfg.run.device)
+        self.hash = config_hash(cfg)
+        run = cfg.run
+        amp = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(run.amp) if self.device.type == "cuda" else None
+        self.amp_dtype = amp
+        torch.manual_seed(derive_seed(run.seed, "init"))  # model init depends on the run seed only
+        self.model = (model if model is not None else self._build_model()).to(self.device)
+        d = cfg.data
+        augment = AugmentConfig(
+            crop_padding=d.crop_padding, hflip=d.hflip, rotate_degrees=d.rotate_degrees,
+            translate_fraction=d.translate_fraction,
+        )
+        common = dict(norm=data.norm, device=self.device, resize_to=d.resize_to)
+        self.train_loader = TensorLoader.from_split(
+            data.train, batch_size=run.batch_size, seed=run.seed, augment=augment, shuffle=True, **common
+        )
+        self.eval_loaders = {
+            name: TensorLoader.from_split(split, batch_size=run.eval_batch_size, shuffle=False, **common)
+            for name, split in (("val", data.val), ("test", data.test))
+            if split is not None
+        }
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(params, lr=cfg.optim.lr, betas=cfg.optim.betas, weight_decay=cfg.optim.weight_decay)
+        steps = run.epochs * len(self.train_loader)
+        warmup = round(cfg.optim.warmup_epochs * len(self.train_loader))
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, cosine_with_warmup(steps, warmup, cfg.optim.min_lr_ratio)
+        )
+        self.scaler = torch.amp.GradScaler(self.device.type, enabled=amp == torch.float16)
+
+    def _build_model(self) -> nn.Module:
+        cfg = model_config(self.cfg.model.name, **self.cfg.model.overrides)
+        wanted = {"in_channels": self.data.train.images.shape[1], "num_classes": len(self.data.class_names)}
+        for key, value in wanted.items():
+            if getattr(cfg, key) != value:
+                raise ValueError(
+                    f"model {self.cfg.model.name!r} has {key}={getattr(cfg, key)} but dataset "
+                    f"{self.data.name!r} needs {value}; set model.{key}: {value}"
+                )
+        return build_model(cfg)
+
+    # ---- checkpoints ----------------------------------------------------------------
+    @property
+    def last_path(self) -> Path:
+        return self.run_dir / "checkpoints" / "last.pt"
+
+    @property
+    def best_path(self) -> Path:
+        return self.run_dir / "checkpoints" / "best.pt"
+
+    def _save(self, pos: dict, kind: str = "last") -> None:
+        state = {
+            "format": FORMAT,
+            "config_hash": self.hash,
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "scaler": self.scaler.state_dict(),
+            "rng": capture_rng(),
+            **pos,
+        }
+        atomic_torch_save(state, self.last_path)
+        self.observer.on_checkpoint(self.last_path, kind)
+
+    def _restore(self) -> dict | None:
+        if not self.last_path.exists():
+            return None
+        state = load_checkpoint(self.last_path, map_location=self.device)
+        if state["config_hash"] != self.hash:
+            raise ValueError(
+                f"{self.last_path} belongs to config {state['config_hash'][:12]}, not {self.hash[:12]}; "
+                "use another run directory"
+            )
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.scaler.load_state_dict(state["scaler"])
+        restore_rng(state["rng"])
+        return state
+
+    # ---- training ----------------------------------------------------------------
+    def fit(self) -> TrainResult:
+        run = self.cfg.run
+        deterministic = run.deterministic and self.device.type == "cpu"
+        previous = torch.are_deterministic_algorithms_enabled()
+        torch.use_deterministic_algorithms(deterministic or previous)
+        try:
+            return self._fit(run)
+        finally:
+            torch.use_deterministic_algorithms(previous)
+
+    def _fit(self, run) -> TrainResult:
+        state = self._restore()
+        pos = {
+            "epoch": 0, "batch": 0, "step": 0, "history": [], "finished": False,
+            "accum": {"loss_sum": 0.0, "correct": 0, "seen": 0, "seconds": 0.0},
+            "early": {"best": None, "best_epoch": -1, "bad_epochs": 0, "stopped": False},
+        }
+        if state is not None:
+            pos = {k: state[k] for k in pos}
+            self.observer.on_resume(pos["history"])
+        self.observer.on_start({"device": str(self.device), "config_hash": self.hash, "resumed": state is not None,
+                                "train_batches": len(self.train_loader), "amp": str(self.amp_dtype)})
+        while not pos["finished"] and pos["epoch"] < run.epochs and not pos["early"]["stopped"]:
+            self._train_epoch(pos)
+            self._end_epoch(pos)
+        pos["finished"] = True
+        self._save(pos)
+        return self._finish(pos)
+
+    def _train_epoch(self, pos: dict) -> None:
+        self.model.train()
+        epoch, accum, n_batches = pos["epoch"], pos["accum"], len(self.train_loader)
+        bar = tqdm(total=n_batches, initial=pos["batch"], desc=f"epoch {epoch + 1}/{self.cfg.run.epochs}", leave=False)
+        for images, labels, _ in self.train_loader.iter_epoch(epoch, start_batch=pos["batch"]):
+            started = time.perf_counter()
+            with torch.autocast(self.device.type, dtype=self.amp_dtype, enabled=self.amp_dtype is not None):
+                logits = self.model(images)
+                loss = F.cross_entropy(logits.float(), labels, label_smoothing=self.cfg.optim.label_smoothing)
+            value = loss.item()
+            if not math.isfinite(value):
+                bar.close()
+                raise NonFiniteLoss(pos["step"], epoch, pos["batch"], value)
+            self.optimizer.zero_grad(set_to_none=True)
+            self.scaler.scale(loss).backward()
+            if self.cfg.optim.grad_clip is not None:
+                self.scaler.unscale_(self.optimizer)
+                nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.optim.grad_clip)
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+            self.scheduler.step()
+            accum["loss_sum"] += value * len(labels)
+            accum["correct"] += int((logits.argmax(-1) == labels).sum())
+            accum["seen"] += len(labels)
+            accum["seconds"] += time.perf_counter() - started
+            pos["batch"] += 1
+            pos["step"] += 1
+            bar.update(1)
+            bar.set_postfix(loss=f"{value:.4f}")
+            every = self.cfg.run.checkpoint_every_steps
+            if every and pos["step"] % every == 0 and pos["batch"] < n_batches:
+                self._save(pos, kind="step")
+        bar.close()
+
+    def _end_epoch(self, pos: dict) -> None:
+        accum, early, run = pos["accum"], pos["early"], self.cfg.run
+        val = predict(self.model, self.eval_loaders["val"], self.device, self.amp_dtype)
+        val_metrics = metrics_from_predictions(val)
+        metrics = {
+            "epoch": pos["epoch"] + 1,
+            "train_loss": accum["loss_sum"] / max(1, accum["seen"]),
+            "train_accuracy": accum["correct"] / max(1, accum["seen"]),
+            "val_loss": val_metrics["loss"],
+            "val_accuracy": val_metrics["accuracy"],
+            "lr": self.optimizer.param_groups[0]["lr"],
+            "epoch_seconds": accum["seconds"],
+            "images_per_second": accum["seen"] / max(accum["seconds"], 1e-9),
+        }
+        score = metrics[run.monitor] if run.monitor == "val_accuracy" else -metrics[run.monitor]
+        if early["best"] is None or score > early["best"]:
+            early.update(best=score, best_epoch=pos["epoch"] + 1, bad_epochs=0)
+            # Best weights and the predictions they made: the reload proof compares the two.
+            atomic_torch_save({"format": FORMAT, "config_hash": self.hash, "model": self.model.state_dict(),
+                               "epoch": pos["epoch"] + 1, "metrics": metrics}, self.best_path)
+            save_predictions(val, self.run_dir / "predictions" / "val.csv")
+            self.observer.on_checkpoint(self.best_path, "best")
+        else:
+            early["bad_epochs"] += 1
+            early["stopped"] = run.patience is not None and early["bad_epochs"] >= run.patience
+        metrics["best_epoch"] = early["best_epoch"]
+        pos["history"].append(metrics)
+        pos.update(epoch=pos["epoch"] + 1, batch=0, accum={"loss_sum": 0.0, "correct": 0, "seen": 0, "seconds": 0.0})
+        self._save(pos, kind="epoch")
+        tqdm.write(
+            f"epoch {metrics['epoch']}: train loss {metrics['train_loss']:.4f} acc {metrics['train_accuracy']:.4f} | "
+            f"val loss {metrics['val_loss']:.4f} acc {metrics['val_accuracy']:.4f} | {metrics['images_per_second']:.0f} img/s"
+        )
+        self.observer.on_epoch(metrics)
+
+    def _finish(self, pos: dict) -> TrainResult:
+        """Reload the best checkpoint into a fresh model: it must reproduce its saved predictions."""
+        best = load_checkpoint(self.best_path, map_location=self.device)
+        fresh = self._fresh_model()
+        fresh.load_state_dict(best["model"])
+        saved_val = read_predictions(self.run_dir / "predictions" / "val.csv")
+        now_val = predict(fresh, self.eval_loaders["val"], self.device, self.amp_dtype)
+        tolerance = 0.0 if self.device.type == "cpu" else 1e-5
+        proof = compare_predictions(saved_val, now_val, tolerance)
+        predictions = {"val": self.run_dir / "predictions" / "val.csv"}
+        final = {f"best_val_{k}": v for k, v in metrics_from_predictions(saved_val).items()}
+        if self.cfg.run.evaluate_test and "test" in self.eval_loaders:
+            # The test split is touched once, after selection on validation, with the best weights.
+            test = predict(fresh, self.eval_loaders["test"], self.device, self.amp_dtype)
+            predictions["test"] = save_predictions(test, self.run_dir / "predictions" / "test.csv")
+            final.update({f"test_{k}": v for k, v in metrics_from_predictions(test).items()})
+        early = pos["early"]
+        best_metric = early["best"] if self.cfg.run.monitor == "val_accuracy" else -early["best"]
+        return TrainResult(
+            history=pos["history"], best_epoch=early["best_epoch"], best_metric=best_metric,
+            stopped_early=early["stopped"], reload_proof=proof, predictions=predictions, final_metrics=final,
+            checkpoints={"best": self.best_path, "last": self.last_path},
+        )
+
+    def _fresh_model(self) -> nn.Module:
+        """A new instance of the same architecture, so nothing is carried over but the checkpoint."""
+        with torch.device("meta"):
+            fresh = build_model(self.model.cfg) if hasattr(self.model, "cfg") else None
+        if fresh is None:
+            raise TypeError("reload proof needs a model with a .cfg (glass-box ViT or CNN)")
+        return fresh.to_empty(device=self.device).eval()
