@@ -5,7 +5,6 @@ from __future__ import annotations
 import sys
 
 import click
-import torch
 
 from workbench.convert.sources import load_timm_weights
 
