@@ -1,0 +1,358 @@
+"""Protocol files: loading, validation messages, cells and pairing, hashing, freezing."""
+
+from __future__ import annotations
+
+import copy
+import subprocess
+from dataclasses import fields
+from pathlib import Path
+
+import pytest
+import yaml
+
+from studies.protocol import (
+    SPLIT_KEYS,
+    ProtocolDirtyError,
+    ProtocolError,
+    ProtocolFrozenError,
+    check_clean,
+    check_frozen,
+    load_protocol,
+    parse_protocol,
+    protocol_file_is_dirty,
+)
+from workbench.models.registry import model_config
+from workbench.train.config import DataSpec
+
+PROTOCOLS = Path(__file__).resolve().parents[1] / "studies" / "protocols"
+
+BASE = {
+    "name": "tiny",
+    "description": "A test protocol.",
+    "dataset": {"name": "fashion_mnist", "train_size": 100, "val_size": 50, "split_seed": 7},
+    "model": {"name": "fmnist_vit", "dim": 32},
+    "optim": {"lr": 0.001, "weight_decay": 0.0},
+    "run": {"epochs": 1, "batch_size": 16, "patience": 2},
+    "arms": [
+        {"name": "vit", "reference": True},
+        {"name": "cnn", "overrides": {"model": {"name": "fmnist_cnn"}}},
+        {"name": "vit_p7", "overrides": {"model": {"patch_size": 7}, "optim": {"lr": 0.002}}},
+    ],
+    "seeds": [0, 1, 2],
+}
+
+
+def write(tmp_path: Path, data: dict | str, name: str = "tiny") -> Path:
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(data if isinstance(data, str) else yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def edited(edit) -> dict:
+    data = copy.deepcopy(BASE)
+    edit(data)
+    return data
+
+
+def load_error(tmp_path: Path, data: dict | str) -> str:
+    path = write(tmp_path, data)
+    with pytest.raises(ProtocolError) as info:
+        load_protocol(path)
+    message = str(info.value)
+    assert str(path) in message, f"error does not name the file {path}: {message}"
+    return message
+
+
+# --- shipped protocols ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name, n_arms, n_seeds", [("fmnist_vit_vs_cnn", 2, 3), ("cifar10_ablations", 11, 3), ("smoke", 2, 2)])
+def test_shipped_protocols_load(name, n_arms, n_seeds):
+    p = load_protocol(PROTOCOLS / f"{name}.yaml")
+    assert p.name == name
+    assert (len(p.arms), len(p.seeds)) == (n_arms, n_seeds), f"{name}: {len(p.arms)} arms, {len(p.seeds)} seeds"
+    assert len(p.cells()) == n_arms * n_seeds
+    assert sum(a.reference for a in p.arms) == 1
+    for arm in p.arms:  # every arm's model must build from the registry
+        model_config(arm.config.model.name, **arm.config.model.overrides)
+
+
+def test_fmnist_seed_study_settings():
+    p = load_protocol(PROTOCOLS / "fmnist_vit_vs_cnn.yaml")
+    d = p.dataset
+    assert (d.name, d.train_size, d.val_size, d.split_seed) == ("fashion_mnist", 3200, 800, 42)
+    assert (d.hflip, d.rotate_degrees, d.translate_fraction) == (True, 5.0, 0.06)
+    assert (p.optim.lr, p.optim.weight_decay) == (1e-3, 1e-4)
+    assert (p.run.patience, p.run.monitor, p.run.batch_size, p.run.evaluate_test) == (5, "val_accuracy", 128, True)
+    assert p.reference.name == "vit" and p.reference.config.model.name == "fmnist_vit"
+    assert {a.name: a.config.model.name for a in p.arms} == {"vit": "fmnist_vit", "cnn": "fmnist_cnn"}
+    assert p.seeds == (0, 1, 2)
+
+
+def test_cifar_ablations_cover_the_grid_once():
+    p = load_protocol(PROTOCOLS / "cifar10_ablations.yaml")
+    assert not p.run.evaluate_test, "ablations are validation only"
+    archs = {a.name: model_config(a.config.model.name, **a.config.model.overrides) for a in p.arms}
+    grid = {(c.patch_size, c.dim) for c in archs.values() if c.pos_embed == "learned" and c.pooling == "cls" and c.heads == 4}
+    assert grid == {(ps, w) for ps in (4, 8, 16) for w in (96, 192)}, grid
+    assert {c.heads for c in archs.values() if c.dim == 192 and c.patch_size == 4} == {4, 8, 12, 16}
+    assert {c.pos_embed for c in archs.values()} == {"learned", "none"}
+    assert {c.pooling for c in archs.values()} == {"cls", "mean"}
+    ref = archs[p.reference.name]
+    assert (ref.patch_size, ref.dim, ref.pos_embed, ref.pooling, ref.heads) == (4, 192, "learned", "cls", 4)
+
+
+def test_split_keys_are_dataspec_fields():
+    names = {f.name for f in fields(DataSpec)}
+    assert set(SPLIT_KEYS) <= names, f"SPLIT_KEYS not in DataSpec: {set(SPLIT_KEYS) - names}"
+
+
+# --- validation ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "edit, dotted",
+    [
+        (lambda d: d.update(epochs=3), "epochs"),
+        (lambda d: d["dataset"].update(valsize=3), "dataset.valsize"),
+        (lambda d: d["dataset"].update(path="/data"), "dataset.path"),
+        (lambda d: d["model"].update(patchsize=8), "model.patchsize"),
+        (lambda d: d["optim"].update(momentum=0.9), "optim.momentum"),
+        (lambda d: d["run"].update(seed=3), "run.seed"),
+        (lambda d: d["run"].update(device="cuda"), "run.device"),
+        (lambda d: d["arms"][1].update(weight=2), "arms[1].weight"),
+        (lambda d: d["arms"][1]["overrides"].update(data={"hflip": True}), "arms[1].overrides.data"),
+        (lambda d: d["arms"][2]["overrides"]["model"].update(patchsize=8), "arms[2].overrides.model.patchsize"),
+        (lambda d: d["arms"][1]["overrides"]["model"].update(patch_size=8), "arms[1].overrides.model.patch_size"),
+        (lambda d: d["arms"][2]["overrides"]["optim"].update(lr_max=1), "arms[2].overrides.optim.lr_max"),
+        (lambda d: d["arms"][2]["overrides"].update(run={"seed": 5}), "arms[2].overrides.run.seed"),
+    ],
+)
+def test_unknown_key_named_with_dotted_path(tmp_path, edit, dotted):
+    message = load_error(tmp_path, edited(edit))
+    assert f"unknown key '{dotted}'" in message, f"expected unknown key '{dotted}' in: {message}"
+    assert "valid keys" in message, message
+
+
+@pytest.mark.parametrize(
+    "edit, expected",
+    [
+        (lambda d: d["optim"].update(lr=-1), ["optim", "lr", "-1"]),
+        (lambda d: d["optim"].update(betas=[0.9]), ["optim.betas", "[0.9]"]),
+        (lambda d: d["run"].update(amp="fp8"), ["run.amp", "fp8"]),
+        (lambda d: d["run"].update(epochs="ten"), ["run.epochs", "ten"]),
+        (lambda d: d["run"].update(batch_size=0), ["run", "batch_size", "0"]),
+        (lambda d: d["dataset"].update(rotate_degrees=200), ["rotate_degrees", "200"]),
+        (lambda d: d["dataset"].update(hflip="yes"), ["dataset.hflip", "yes"]),
+        (lambda d: d["dataset"].update(name="fashionmnist"), ["dataset.name", "fashionmnist"]),
+        (lambda d: d["model"].update(name="vit_huge"), ["model.name", "vit_huge"]),
+        (lambda d: d["model"].update(heads=5), ["bad model in 'model'", "heads", "5"]),
+        (lambda d: d["arms"][2]["overrides"]["model"].update(patch_size=5), ["arms[2]", "patch_size", "5"]),
+        (lambda d: d["arms"][2]["overrides"]["optim"].update(lr=0), ["arms[2].overrides.optim", "lr", "0"]),
+        (lambda d: d["arms"][1].update(reference="no"), ["arms[1].reference", "no"]),
+        (lambda d: d["arms"][1].update(name="CNN arm"), ["arms[1].name", "CNN arm"]),
+        (lambda d: d.update(name="Tiny!"), ["name", "Tiny!"]),
+        (lambda d: d.update(seeds=[0, 0]), ["seeds", "distinct"]),
+        (lambda d: d.update(seeds=[]), ["seeds", "[]"]),
+        (lambda d: d.update(seeds=[-1]), ["seeds", "-1"]),
+        (lambda d: d.pop("description"), ["missing required key", "description"]),
+        (lambda d: d.update(arms=[]), ["arms", "non-empty"]),
+    ],
+)
+def test_bad_value_named(tmp_path, edit, expected):
+    message = load_error(tmp_path, edited(edit))
+    for part in expected:
+        assert part in message, f"expected {part!r} in: {message}"
+
+
+def test_name_must_match_file_stem(tmp_path):
+    path = write(tmp_path, BASE, name="other")
+    with pytest.raises(ProtocolError, match="must equal the file name stem 'other'"):
+        load_protocol(path)
+
+
+@pytest.mark.parametrize("refs", [[], ["vit", "cnn"]])
+def test_exactly_one_reference_arm(tmp_path, refs):
+    def edit(d):
+        for arm in d["arms"]:
+            arm["reference"] = arm["name"] in refs
+
+    message = load_error(tmp_path, edited(edit))
+    assert f"exactly one arm must have 'reference: true'; found {len(refs)}" in message, message
+
+
+def test_duplicate_arm_names(tmp_path):
+    message = load_error(tmp_path, edited(lambda d: d["arms"][2].update(name="cnn")))
+    assert "duplicate arm name(s) 'cnn'" in message, message
+
+
+def test_arm_identical_to_another_is_refused(tmp_path):
+    # dim 32 restates the base: the arm is the reference again.
+    same = {"name": "vit_again", "overrides": {"model": {"dim": 32}}}
+    message = load_error(tmp_path, edited(lambda d: d["arms"].append(same)))
+    assert "arm 'vit_again' resolves to the same config as arm 'vit'" in message, message
+
+
+@pytest.mark.parametrize("key, value", [("split_seed", 1), ("train_size", 90), ("val_size", 40), ("name", "cifar10"), ("subset", 10)])
+def test_arm_may_not_change_the_split(tmp_path, key, value):
+    message = load_error(tmp_path, edited(lambda d: d["arms"][1]["overrides"].update(dataset={key: value})))
+    assert f"arms[1].overrides.dataset.{key}: arms may not change the split" in message, message
+
+
+def test_arm_may_not_set_seed_or_test_evaluation(tmp_path):
+    message = load_error(tmp_path, edited(lambda d: d["arms"][1]["overrides"].update(run={"seed": 3})))
+    assert "seeds come from the protocol's 'seeds' list" in message, message
+    message = load_error(tmp_path, edited(lambda d: d["arms"][1]["overrides"].update(run={"evaluate_test": True})))
+    assert "arms[1].overrides.run.evaluate_test: is protocol-wide" in message, message
+
+
+def test_arm_may_change_augmentation_and_budget(tmp_path):
+    def edit(d):
+        d["arms"][1]["overrides"].update(dataset={"hflip": True}, run={"epochs": 3})
+
+    p = load_protocol(write(tmp_path, edited(edit)))
+    cnn = next(a for a in p.arms if a.name == "cnn").config
+    assert (cnn.data.hflip, cnn.run.epochs, p.reference.config.data.hflip) == (True, 3, False)
+
+
+def test_yaml_scalars_and_duplicate_keys(tmp_path):
+    text = yaml.safe_dump(BASE, sort_keys=False).replace("lr: 0.001", "lr: 1e-3")
+    text = text.replace("patience: 2", "patience: 2\n  amp: off")
+    p = load_protocol(write(tmp_path, text))
+    assert p.optim.lr == 1e-3 and isinstance(p.optim.lr, float), f"1e-3 parsed as {p.optim.lr!r}"
+    assert p.run.amp == "off", f"'off' parsed as {p.run.amp!r}"
+    message = load_error(tmp_path, text.replace("patience: 2", "patience: 2\n  patience: 3"))
+    assert "duplicate key 'patience'" in message, message
+
+
+def test_arm_model_fields_are_checked_merged_with_the_base(tmp_path):
+    # heads 12 alone does not divide the registry's dim 64, but with the base's dim 96 it does.
+    def edit(d):
+        d["model"]["dim"] = 96
+        d["arms"][2]["overrides"]["model"] = {"heads": 12}
+
+    p = load_protocol(write(tmp_path, edited(edit)))
+    assert p.arms[2].config.model.overrides == {"dim": 96, "heads": 12}
+    message = load_error(tmp_path, edited(lambda d: d["arms"][2]["overrides"]["model"].update(heads=3)))
+    assert "arms[2].overrides.model" in message and "heads=3" in message, message
+
+
+def test_model_switch_drops_base_model_overrides(tmp_path):
+    p = load_protocol(write(tmp_path, BASE))
+    arms = {a.name: a.config.model for a in p.arms}
+    assert (arms["vit"].name, arms["vit"].overrides) == ("fmnist_vit", {"dim": 32})
+    assert (arms["cnn"].name, arms["cnn"].overrides) == ("fmnist_cnn", {}), arms["cnn"]
+    assert (arms["vit_p7"].name, arms["vit_p7"].overrides) == ("fmnist_vit", {"dim": 32, "patch_size": 7})
+
+
+# --- cells and pairing -------------------------------------------------------------------
+
+
+def test_cells_are_seed_major_and_paired(tmp_path):
+    p = load_protocol(write(tmp_path, BASE))
+    cells = p.cells()
+    assert [(c.seed, c.arm) for c in cells] == [(s, a) for s in (0, 1, 2) for a in ("vit", "cnn", "vit_p7")]
+    assert len({c.key for c in cells}) == len(cells), "cell keys must be unique"
+    for seed in p.seeds:
+        group = [c for c in cells if c.seed == seed]
+        assert sum(c.is_reference for c in group) == 1, f"seed {seed}: one reference cell"
+        configs = [c.train_config() for c in group]
+        splits = {tuple(getattr(cfg.data, k) for k in SPLIT_KEYS) for cfg in configs}
+        assert len(splits) == 1, f"seed {seed}: arms see different splits {splits}"
+        assert {cfg.run.seed for cfg in configs} == {seed}, f"seed {seed}: run seeds {[c.run.seed for c in configs]}"
+    assert all(c.protocol_name == "tiny" and c.protocol_hash == p.hash for c in cells)
+    vit_p7 = next(c for c in cells if c.arm == "vit_p7").train_config()
+    assert vit_p7.optim.lr == 0.002 and vit_p7.run.patience == 2, vit_p7
+
+
+def test_train_config_runtime_settings(tmp_path):
+    cell = load_protocol(write(tmp_path, BASE)).cells()[0]
+    cfg = cell.train_config(device="cpu", deterministic=False, data_path="/data/fmnist")
+    assert (cfg.run.device, cfg.run.deterministic, cfg.data.path) == ("cpu", False, "/data/fmnist")
+    assert cell.train_config().run.device == "auto"
+
+
+# --- hashing -----------------------------------------------------------------------------
+
+
+def test_hash_ignores_formatting_and_key_order(tmp_path):
+    h = load_protocol(write(tmp_path, BASE)).hash
+    reordered = {k: BASE[k] for k in reversed(list(BASE))}
+    reordered["dataset"] = dict(reversed(list(BASE["dataset"].items())))
+    text = "# a comment\n\n" + yaml.safe_dump(reordered, default_flow_style=True, width=60).replace("0.001", "1.0e-3")
+    h2 = load_protocol(write(tmp_path, text)).hash
+    assert h2 == h, "hash changed with key order, comments, flow style or number spelling"
+    as_int = load_protocol(write(tmp_path, edited(lambda d: d["dataset"].update(rotate_degrees=5)))).hash
+    as_float = load_protocol(write(tmp_path, edited(lambda d: d["dataset"].update(rotate_degrees=5.0)))).hash
+    assert as_int == as_float, "5 and 5.0 for a float field must hash the same"
+    default_filled = load_protocol(write(tmp_path, edited(lambda d: d["optim"].update(label_smoothing=0.0)))).hash
+    assert default_filled == h, "stating a default explicitly must not change the hash"
+
+
+@pytest.mark.parametrize(
+    "edit",
+    [
+        lambda d: d["optim"].update(lr=0.002),
+        lambda d: d["dataset"].update(split_seed=8),
+        lambda d: d["arms"][2]["overrides"]["model"].update(patch_size=14),
+        lambda d: d.update(seeds=[0, 1, 3]),
+        lambda d: d.update(description="Another text."),
+    ],
+)
+def test_hash_changes_with_any_value(tmp_path, edit):
+    h = load_protocol(write(tmp_path, BASE))
+    h2 = load_protocol(write(tmp_path, edited(edit)))
+    assert h2.hash != h.hash, f"hash unchanged after edit: {h2.canonical_json()}"
+    assert len(h.hash) == 64 and h.short_hash == h.hash[:12]
+
+
+def test_parse_protocol_matches_file(tmp_path):
+    assert parse_protocol(copy.deepcopy(BASE)).hash == load_protocol(write(tmp_path, BASE)).hash
+
+
+# --- freezing ----------------------------------------------------------------------------
+
+
+def test_check_frozen(tmp_path):
+    p = load_protocol(write(tmp_path, BASE))
+    check_frozen(p, set())
+    check_frozen(p, {p.hash})
+    old = "ab" * 32
+    with pytest.raises(ProtocolFrozenError) as info:
+        check_frozen(p, {old, p.hash})
+    message = str(info.value)
+    for part in ("protocol 'tiny' was already run with hash abababababab", f"this file has hash {p.short_hash}",
+                 "make a new protocol file with a new name"):
+        assert part in message, f"expected {part!r} in: {message}"
+
+
+def git(repo: Path, *args: str) -> None:
+    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=repo, check=True, capture_output=True)
+
+
+def test_dirty_detection(tmp_path, monkeypatch):
+    monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path))  # never find a repo above tmp_path
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    git(repo, "init", "-q")
+    path = write(repo, BASE)
+    assert protocol_file_is_dirty(path), "an untracked file must be dirty"
+    with pytest.raises(ProtocolDirtyError, match="untracked"):
+        check_clean(path)
+    git(repo, "add", path.name)
+    git(repo, "commit", "-q", "-m", "protocol")
+    assert not protocol_file_is_dirty(path), "a committed, unchanged file must be clean"
+    check_clean(path)
+
+    path.write_text(path.read_text() + "# edited\n")
+    assert protocol_file_is_dirty(path), "a modified file must be dirty"
+    with pytest.raises(ProtocolDirtyError) as info:
+        check_clean(path)
+    assert str(path) in str(info.value) and "uncommitted changes" in str(info.value), str(info.value)
+    check_clean(path, allow_dirty=True)
+
+    (tmp_path / "norepo").mkdir()
+    outside = write(tmp_path / "norepo", BASE)
+    assert protocol_file_is_dirty(outside), "a file outside a git repository counts as dirty"
+    with pytest.raises(ProtocolDirtyError, match="not inside a git repository"):
+        check_clean(outside)
