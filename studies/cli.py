@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from studies.ablate import ablate
 from studies.equivalence import equivalence
 from studies.train import train
 from workbench.convert.checkpoints import CheckpointError
@@ -27,6 +28,7 @@ def pin(name: str) -> None:
     click.echo(f"pinned {entry.name}: {entry.hub_repo}@{entry.revision} {entry.filename} {entry.size_bytes} bytes sha256 {entry.sha256}")
 
 
+main.add_command(ablate)
 main.add_command(equivalence)
 main.add_command(train)
 

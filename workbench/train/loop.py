@@ -72,7 +72,11 @@ def resolve_device(name: str) -> torch.device:
 
 
 def config_hash(cfg: TrainConfig) -> str:
-    text = json.dumps(cfg.to_dict(), sort_keys=True, default=str)
+    """sha256 of what is trained; where (data path, device) is left out so any machine can resume."""
+    content = cfg.to_dict()
+    content["data"].pop("path")
+    content["run"].pop("device")
+    text = json.dumps(content, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()
 
 
