@@ -1,0 +1,151 @@
+"""ablate: seed-paired child runs, skip-finished resumption (also after SIGKILL), frozen hashes, isolated failures."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+import studies.ablate as ablate_mod
+from data_fixtures import make_image_folder
+from studies.ablate import open_protocol, run_protocol
+from studies.protocol import ProtocolDirtyError, ProtocolFrozenError
+
+PROTOCOL = """\
+name: {name}
+description: tiny image-folder protocol for tests
+dataset: {{name: image_folder, val_size: 6, split_seed: 3, hflip: true}}
+model: {{name: fmnist_vit, image_size: 8, patch_size: 4, in_channels: 3, num_classes: 3, dim: 16, depth: 1, heads: 2, mlp_hidden: 32}}
+optim: {{lr: 0.003}}
+run: {{epochs: {epochs}, batch_size: 8, checkpoint_every_steps: 2, evaluate_test: true}}
+arms:
+  - {{name: vit, reference: true}}
+  - {{name: cnn, overrides: {{model: {{name: fmnist_cnn, in_channels: 3, num_classes: 3}}}}}}
+seeds: [0, 1]
+"""
+
+
+@pytest.fixture
+def setup(tmp_path, mlflow_store, monkeypatch):
+    monkeypatch.setenv("WORKBENCH_CACHE_DIR", str(tmp_path / "cache"))
+    folder = tmp_path / "images"
+    make_image_folder(folder, per_class={"train": 14, "test": 4})
+    return tmp_path, folder
+
+
+def write_protocol(tmp_path: Path, name: str = "tiny", epochs: int = 2) -> Path:
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(PROTOCOL.format(name=name, epochs=epochs))
+    return path
+
+
+def cell_runs(client: MlflowClient, experiment: str):
+    exp = client.get_experiment_by_name(experiment)
+    return client.search_runs([exp.experiment_id], filter_string="tags.cell = 'true'")
+
+
+def test_cells_are_paired_child_runs_and_a_rerun_skips_them(setup):
+    tmp_path, folder = setup
+    path = write_protocol(tmp_path)
+    protocol = open_protocol(str(path), allow_dirty=True)
+    outcomes = run_protocol(protocol, path, tmp_path / "out", device="cpu", data_path=str(folder), allow_dirty=True)
+    assert [o.status for o in outcomes] == ["finished"] * 4, [o.message for o in outcomes]
+    client = MlflowClient()
+    runs = cell_runs(client, "tiny")
+    assert len(runs) == 4
+    parents = {r.data.tags["mlflow.parentRunId"] for r in runs}
+    (parent_id,) = parents
+    parent = client.get_run(parent_id)
+    assert parent.data.tags["protocol_hash"] == protocol.hash and parent.info.status == "FINISHED"
+    assert {a.path for a in client.list_artifacts(parent_id, "protocol")} == {"protocol/tiny.yaml", "protocol/canonical.json"}
+    for r in runs:
+        assert r.data.tags["allow_dirty"] == "true" and r.info.status == "FINISHED"
+    # pairing: every arm of a seed saw the same split and data
+    by_seed = {}
+    for r in runs:
+        by_seed.setdefault(r.data.tags["seed"], set()).add(
+            (r.data.params["data.split_fingerprint"], r.data.params["data.fingerprint"], r.data.params["run.seed"])
+        )
+    assert all(len(v) == 1 for v in by_seed.values()), by_seed
+    assert {r.data.tags["arm"] for r in runs} == {"vit", "cnn"}
+
+    again = run_protocol(protocol, path, tmp_path / "out", device="cpu", data_path=str(folder), allow_dirty=True)
+    assert [o.status for o in again] == ["skipped"] * 4
+    assert len(cell_runs(client, "tiny")) == 4
+
+
+def test_a_changed_protocol_with_the_same_name_is_refused(setup):
+    tmp_path, folder = setup
+    path = write_protocol(tmp_path, epochs=1)
+    protocol = open_protocol(str(path), allow_dirty=True)
+    run_protocol(protocol, path, tmp_path / "out", device="cpu", data_path=str(folder), allow_dirty=True)
+    path.write_text(PROTOCOL.format(name="tiny", epochs=2))
+    with pytest.raises(ProtocolFrozenError, match=f"already run with hash {protocol.short_hash}.*new protocol file"):
+        open_protocol(str(path), allow_dirty=True)
+
+
+def test_an_uncommitted_protocol_is_refused_without_allow_dirty(setup):
+    tmp_path, _ = setup
+    path = write_protocol(tmp_path)
+    with pytest.raises(ProtocolDirtyError, match="tiny.yaml"):
+        open_protocol(str(path), allow_dirty=False)
+
+
+def test_one_failing_cell_loses_nothing_and_the_rerun_runs_only_it(setup, monkeypatch):
+    tmp_path, folder = setup
+    path = write_protocol(tmp_path)
+    protocol = open_protocol(str(path), allow_dirty=True)
+    real = ablate_mod.train_one
+
+    def flaky(cfg, data, experiment, output_dir, run_name, **kw):
+        if run_name == "cnn-seed0":
+            raise RuntimeError("CUDA error: an illegal memory access (simulated)")
+        return real(cfg, data, experiment, output_dir, run_name, **kw)
+
+    monkeypatch.setattr(ablate_mod, "train_one", flaky)
+    first = run_protocol(protocol, path, tmp_path / "out", device="cpu", data_path=str(folder), allow_dirty=True)
+    assert [o.status for o in first] == ["finished", "failed", "finished", "finished"]
+    assert "illegal memory access" in first[1].message
+    monkeypatch.setattr(ablate_mod, "train_one", real)
+    second = run_protocol(protocol, path, tmp_path / "out", device="cpu", data_path=str(folder), allow_dirty=True)
+    assert [o.status for o in second] == ["skipped", "finished", "skipped", "skipped"]
+
+
+def test_sigkilled_ablate_resumes_only_what_is_missing(setup):
+    tmp_path, folder = setup
+    path = write_protocol(tmp_path, epochs=3)
+    root = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    cmd = [sys.executable, "-m", "studies.cli", "ablate", "--protocol", str(path), "--allow-dirty",
+           "--data-path", str(folder), "--device", "cpu", "--output-dir", str(tmp_path / "out")]
+    proc = subprocess.Popen(cmd, env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    client = MlflowClient()
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and proc.poll() is None:
+        exp = client.get_experiment_by_name("tiny")
+        runs = cell_runs(client, "tiny") if exp else []
+        if any(r.info.status == "FINISHED" for r in runs) and len(runs) >= 2:
+            break  # one cell done, the second under way
+        time.sleep(0.2)
+    assert proc.poll() is None, "ablate finished before it could be killed:\n" + proc.stdout.read()
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=60)
+    before = {r.info.run_id: r.info.status for r in cell_runs(client, "tiny")}
+    assert "RUNNING" in before.values() and "FINISHED" in before.values(), before
+
+    done = subprocess.run(cmd, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    finished_before = sum(s == "FINISHED" for s in before.values())
+    assert f"{finished_before} already finished (skipped)" in done.stdout
+    after = cell_runs(client, "tiny")
+    assert len(after) == 4 and all(r.info.status == "FINISHED" for r in after)
+    assert set(before) <= {r.info.run_id for r in after}, "the interrupted cell continued in its own run"
+    for r in after:
+        steps = [m.step for m in client.get_metric_history(r.info.run_id, "val_accuracy")]
+        assert steps == [1, 2, 3], f"{r.data.tags['mlflow.runName']}: epochs logged {steps}"
