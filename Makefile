@@ -4,7 +4,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 
-.PHONY: venv run test test-slow test-all equivalence ui clean
+.PHONY: venv run test test-slow test-all equivalence fashion-mnist ui clean
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -14,10 +14,19 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP)
 
-# The main job (README quick start): the stage-by-stage equivalence check of ViT-B/16,
-# logged to the embedded MLflow store sqlite:///mlflow.db.
-run: $(STAMP)
+# The main job (README quick start): the smoke protocol (real Fashion-MNIST, both arms,
+# two paired seeds) logged to the embedded MLflow store sqlite:///mlflow.db. Fashion-MNIST
+# comes from Debian's package when apt is usable, else from the usual download.
+run: $(STAMP) fashion-mnist
+	mlflow run . -e ablate --env-manager local -P download=true
+
+equivalence: $(STAMP)
 	mlflow run . -e equivalence --env-manager local
+
+fashion-mnist:
+	@test -d /usr/share/datasets/fashion-mnist || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null \
+	  && (apt-get install -y -q dataset-fashion-mnist || (apt-get update -q && apt-get install -y -q dataset-fashion-mnist)) \
+	  || echo "Fashion-MNIST not installed system-wide; it will be downloaded"; }
 
 # The default test tier: fast, offline, CPU.
 test: $(STAMP)
