@@ -4,7 +4,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 
-.PHONY: venv run test test-slow test-all equivalence fashion-mnist ui clean
+.PHONY: venv run test test-fast test-slow test-all equivalence fashion-mnist ui clean
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -28,9 +28,13 @@ fashion-mnist:
 	  && (apt-get install -y -q dataset-fashion-mnist || (apt-get update -q && apt-get install -y -q dataset-fashion-mnist)) \
 	  || echo "Fashion-MNIST not installed system-wide; it will be downloaded"; }
 
-# The default test tier: fast, offline, CPU.
+# The default tiers: fast offline CPU tests plus integration tests against real servers
+# on 127.0.0.1 (PostgreSQL, MLflow), which the tests start and stop themselves.
 test: $(STAMP)
 	$(PY) -m pytest
+
+test-fast: $(STAMP)
+	$(PY) -m pytest -m "not slow and not integration"
 
 test-slow: $(STAMP)
 	$(PY) -m pytest -m slow

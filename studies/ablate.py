@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import sys
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import click
@@ -67,12 +67,18 @@ def run_cell(
     return CellOutcome(cell, outcome.status, outcome.message, outcome.run_id)
 
 
+def prepare_protocol_data(protocol: Protocol, data_path: str | None, download: bool) -> PreparedData:
+    """Load the dataset once and make the split every cell shares (the pairing)."""
+    spec = protocol.dataset if data_path is None else replace(protocol.dataset, path=data_path)
+    return prepare_data(spec, download)
+
+
 def run_protocol(
     protocol: Protocol, protocol_file: Path, output_dir: Path, device: str = "auto",
     data_path: str | None = None, allow_dirty: bool = False, download: bool = False,
 ) -> list[CellOutcome]:
     """Run every cell of ``protocol`` in this process, under one new parent run."""
-    data = prepare_data(protocol.dataset if data_path is None else _with_path(protocol, data_path), download)
+    data = prepare_protocol_data(protocol, data_path, download)
     tqdm.write(f"{protocol.name}@{protocol.short_hash}: {len(protocol.cells())} cells on {data.display_name} "
                f"({len(data.train.labels)} train / {len(data.val.labels)} val), data {data.data_fingerprint[:12]}")
     parent = start_parent_run(protocol, protocol_file, allow_dirty)
@@ -88,12 +94,6 @@ def run_protocol(
     return outcomes
 
 
-def _with_path(protocol: Protocol, data_path: str):
-    from dataclasses import replace
-
-    return replace(protocol.dataset, path=data_path)
-
-
 @click.command("ablate")
 @click.option("--protocol", "protocol_path", default=DEFAULT_PROTOCOL, show_default=True,
               type=click.Path(exists=True, dir_okay=False), help="Protocol YAML file.")
@@ -103,12 +103,23 @@ def _with_path(protocol: Protocol, data_path: str):
 @click.option("--download/--no-download", default=False, show_default=True)
 @click.option("--output-dir", type=click.Path(file_okay=False), default="outputs/ablate", show_default=True,
               help="Checkpoints and predictions of each cell.")
-def ablate(protocol_path, allow_dirty, device, data_path, download, output_dir):
+@click.option("--storage", default=None,
+              help="Optuna storage URL: queue the cells there for `workbench worker` instead of running them here.")
+def ablate(protocol_path, allow_dirty, device, data_path, download, output_dir, storage):
     """Run (or resume) a frozen protocol: every arm at every seed, as MLflow child runs."""
     try:
         protocol = open_protocol(protocol_path, allow_dirty)
     except ProtocolError as err:
         raise click.ClickException(str(err)) from err
+    if storage:
+        from studies.cell_queue import enqueue_cells, open_storage, redact
+
+        parent = start_parent_run(protocol, Path(protocol_path), allow_dirty, {"queue": "optuna"})
+        name, added = enqueue_cells(protocol, Path(protocol_path), open_storage(storage), parent, set(),
+                                    {"allow_dirty": allow_dirty, "download": download})
+        click.echo(f"queued {added} cells in {name}; parent run {parent}. Start workers with:\n"
+                   f"  workbench worker --storage {redact(storage)} --study '{name}'")
+        return
     outcomes = run_protocol(protocol, Path(protocol_path), Path(output_dir), device, data_path, allow_dirty, download)
     summarize(outcomes)
     if any(o.status == "failed" for o in outcomes):
