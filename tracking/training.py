@@ -32,26 +32,34 @@ def flatten(prefix: str, value, out: dict) -> dict:
 
 
 class MlflowTrainingObserver(TrainingObserver):
-    """Logs each epoch's metrics once, also across resumes, into the active run."""
+    """Logs each epoch's metrics exactly once into the run, also across resumes and retries.
+
+    The checkpoint's history is the truth: after a kill between the checkpoint write and
+    the metric upload, ``on_resume`` logs the missing epochs; a cell retried from scratch on
+    another machine (no checkpoint there) does not log an epoch the run already has.
+    """
 
     def __init__(self, run_id: str) -> None:
         self.run_id = run_id
         self.client = MlflowClient()
+        self._logged: set[int] | None = None
 
-    def _logged_epochs(self) -> set[int]:
-        return {m.step for m in self.client.get_metric_history(self.run_id, "val_accuracy")}
+    def logged_epochs(self) -> set[int]:
+        if self._logged is None:
+            self._logged = {m.step for m in self.client.get_metric_history(self.run_id, "val_accuracy")}
+        return self._logged
 
     def on_resume(self, history: list[dict]) -> None:
-        # A kill between the checkpoint write and the metric upload leaves epochs unlogged:
-        # the checkpoint's history is the truth, MLflow catches up from it.
-        logged = self._logged_epochs()
         for metrics in history:
-            if metrics["epoch"] not in logged:
-                self.on_epoch(metrics)
+            self.on_epoch(metrics)
 
     def on_epoch(self, metrics: dict) -> None:
+        epoch = int(metrics["epoch"])
+        if epoch in self.logged_epochs():
+            return
         values = {k: float(metrics[k]) for k in EPOCH_METRICS if k in metrics}
-        mlflow.log_metrics(values, step=int(metrics["epoch"]), run_id=self.run_id)
+        mlflow.log_metrics(values, step=epoch, run_id=self.run_id)
+        self._logged.add(epoch)
 
 
 def log_run_inputs(cfg: TrainConfig, data: PreparedData, extra_params: dict | None = None) -> None:
