@@ -22,13 +22,13 @@ from tracking.training import MlflowTrainingObserver, log_run_inputs, log_traini
 from workbench.data import PreparedData, prepare
 from workbench.models.registry import build_model, model_config
 from workbench.train.config import DataSpec, ModelSpec, OptimConfig, RunConfig, TrainConfig
-from workbench.train.loop import NonFiniteLoss, Trainer, config_hash
+from workbench.train.loop import NonFiniteLoss, Observers, StopTraining, Trainer, TrainingObserver, config_hash
 
 
 @dataclass
 class TrainOutcome:
     run_id: str
-    status: str  # "finished", "skipped" (already finished) or "failed"
+    status: str  # "finished", "skipped" (already finished), "stopped" (by an observer) or "failed"
     message: str
 
 
@@ -62,6 +62,7 @@ def train_one(
     parent_run_id: str | None = None,
     identity: dict | None = None,
     tags: dict | None = None,
+    observer: TrainingObserver | None = None,
 ) -> TrainOutcome:
     """Train ``cfg`` on ``data`` in its own MLflow run (a child of ``parent_run_id``)."""
     configure_tracking()
@@ -81,7 +82,7 @@ def train_one(
         run_id = client.create_run(exp_id, tags=run_tags).info.run_id
     run_dir = Path(output_dir) / key
     with mlflow.start_run(run_id=run_id, nested=mlflow.active_run() is not None):
-        trainer = Trainer(cfg, data, run_dir, MlflowTrainingObserver(run_id))
+        trainer = Trainer(cfg, data, run_dir, Observers(MlflowTrainingObserver(run_id), observer))
         mlflow.set_tags({**environment_tags(str(trainer.device)), "run_dir": str(run_dir.resolve()),
                          "resumed": str(existing is not None).lower()})
         log_run_inputs(cfg, data, {"config_hash": trainer.hash})
@@ -91,6 +92,10 @@ def train_one(
             mlflow.set_tags({"failure": str(err), "nonfinite_loss_step": err.step, "nonfinite_loss_epoch": err.epoch})
             mlflow.end_run(status="FAILED")
             return TrainOutcome(run_id, "failed", f"{run_name}: {err}")
+        except StopTraining as err:
+            mlflow.set_tags({"stopped": str(err) or "stopped by an observer"})
+            mlflow.end_run(status="KILLED")
+            return TrainOutcome(run_id, "stopped", f"{run_name}: stopped ({err})")
         example = next(iter(trainer.eval_loaders["val"])).images[:2]
         log_training_result(result, cfg, lambda: build_model(trainer.model.cfg), example)
         message = f"{run_name}: best val accuracy {result.final_metrics['best_val_accuracy']:.4f} at epoch {result.best_epoch}; {result.reload_proof.summary()}"

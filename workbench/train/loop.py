@@ -40,6 +40,10 @@ class NonFiniteLoss(FloatingPointError):
         self.step, self.epoch, self.batch, self.value = step, epoch, batch, value
 
 
+class StopTraining(Exception):
+    """Raised by an observer to end a run early on purpose (for example a pruned sweep trial)."""
+
+
 class TrainingObserver:
     """Receives what a run produces. Override what you need; every method is optional."""
 
@@ -47,6 +51,29 @@ class TrainingObserver:
     def on_resume(self, history: list[dict]) -> None: ...
     def on_epoch(self, metrics: dict) -> None: ...
     def on_checkpoint(self, path: Path, kind: str) -> None: ...
+
+
+class Observers(TrainingObserver):
+    """Several observers, called in order."""
+
+    def __init__(self, *observers: TrainingObserver) -> None:
+        self.observers = [o for o in observers if o is not None]
+
+    def on_start(self, info: dict) -> None:
+        for o in self.observers:
+            o.on_start(info)
+
+    def on_resume(self, history: list[dict]) -> None:
+        for o in self.observers:
+            o.on_resume(history)
+
+    def on_epoch(self, metrics: dict) -> None:
+        for o in self.observers:
+            o.on_epoch(metrics)
+
+    def on_checkpoint(self, path: Path, kind: str) -> None:
+        for o in self.observers:
+            o.on_checkpoint(path, kind)
 
 
 @dataclass
