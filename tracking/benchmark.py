@@ -1,0 +1,124 @@
+"""Logging of a benchmark result to MLflow: metrics, CSVs, a plot and the Markdown summary."""
+
+from __future__ import annotations
+
+import json
+import math
+import tempfile
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+import mlflow
+
+from workbench.bench.run import BenchmarkResult
+
+ARTIFACT_DIR = "benchmark"
+FILES = ("results.csv", "matmul.csv", "goals.csv", "summary.md", "benchmark.png", "machine.json")
+_ROW_METRICS = {
+    "median_s": "ms_median", "q1_s": "ms_q1", "q3_s": "ms_q3", "images_per_s": "images_per_s",
+    "achieved_gflops": "achieved_gflops", "fraction_of_fp32_peak": "fraction_of_fp32_peak",
+    "ratio_to_timm_fused": "ratio_to_timm_fused", "ratio_to_timm_fused_q1": "ratio_to_timm_fused_q1",
+    "ratio_to_timm_fused_q3": "ratio_to_timm_fused_q3", "ratio_to_timm_unfused": "ratio_to_timm_unfused",
+}  # fmt: skip
+
+
+def benchmark_metrics(result: BenchmarkResult) -> dict[str, float]:
+    """Flat metric dict: ``{section}/{model}/b{batch}/{variant}/{what}``, ``matmul/...``,
+    ``loader/...``, ``goal/...``. Times are logged in milliseconds; NaNs are left out."""
+    metrics: dict[str, float] = {}
+    for p in result.peaks:
+        metrics |= {f"matmul/{p.dtype}/tflops_median": p.tflops.median, f"matmul/{p.dtype}/tflops_q1": p.tflops.q1,
+                    f"matmul/{p.dtype}/tflops_q3": p.tflops.q3}  # fmt: skip
+    for row in result.timings().to_dict("records"):
+        prefix = f"{row['section']}/{row['model']}/b{row['batch']}/{row['variant']}"
+        for column, name in _ROW_METRICS.items():
+            value = row.get(column)
+            if value is None or (isinstance(value, float) and math.isnan(value)):
+                continue
+            metrics[f"{prefix}/{name}"] = float(value) * (1e3 if column.endswith("_s") else 1.0)
+    if result.loader is not None:
+        for key in ("ours_images_per_s", "torchvision_images_per_s", "ratio"):
+            metrics[f"loader/{key}"] = float(result.loader[key])
+    for goal in result.goals:
+        metrics[f"goal/{goal.key}/measured"] = goal.measured
+        metrics[f"goal/{goal.key}/met"] = float(goal.met)
+    metrics["goals_total"] = float(len(result.goals))
+    metrics["goals_met"] = float(sum(g.met for g in result.goals))
+    return metrics
+
+
+def plot_benchmark(result: BenchmarkResult):
+    """Left: time / timm fused with IQR bars (goal lines at 1.05 and 1.10).
+    Right: achieved GFLOP/s as a percentage of the fp32 matmul peak."""
+    full = result.timings()
+    # The reference's own ratio is 1 by construction, and a CNN has no timm counterpart.
+    table = full[full["variant"].isin(["glass_written", "glass_fast", "timm_unfused"])]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(13, max(3.0, 0.22 * len(full) + 1.2)))
+    labels = [f"{r.section[:5]} {r.model} b{r.batch} {r.variant}" for r in table.itertuples()]
+    if len(table):
+        ratio = table["ratio_to_timm_fused"].to_numpy()
+        err = [ratio - table["ratio_to_timm_fused_q1"].to_numpy(), table["ratio_to_timm_fused_q3"].to_numpy() - ratio]
+        palette = {"glass_fast": "tab:blue", "glass_written": "tab:orange"}
+        colors = [palette.get(v, "tab:gray") for v in table["variant"]]
+        left.barh(range(len(table)), ratio, xerr=err, color=colors, capsize=2)
+        left.set_yticks(range(len(table)), labels, fontsize=7)
+        for x, style in ((1.0, "-"), (1.05, "--"), (1.10, ":")):
+            left.axvline(x, color="k", lw=0.8, ls=style)
+        left.invert_yaxis()
+    left.set_xlabel("time / timm fused (median of per-round ratios, IQR bars)")
+    left.set_title("ratio to timm fused, same run")
+    pct = 100 * full["fraction_of_fp32_peak"].fillna(0).to_numpy()
+    right.barh(range(len(full)), pct, color="tab:green")
+    right.set_yticks(range(len(full)), [f"{r.section[:5]} {r.model} b{r.batch} {r.variant}" for r in full.itertuples()],
+                     fontsize=7)  # fmt: skip
+    right.invert_yaxis()
+    peak = result.fp32_peak_flops
+    right.set_xlabel(f"% of fp32 matmul peak ({peak / 1e9:,.0f} GFLOP/s)" if peak else "% of fp32 matmul peak")
+    right.set_title(f"achieved (analytic FLOPs), {result.info['device_name']}", fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+def write_benchmark_files(result: BenchmarkResult, out: Path) -> list[Path]:
+    """Write the CSVs, plot, Markdown summary and machine description into ``out``."""
+    out.mkdir(parents=True, exist_ok=True)
+    result.timings().to_csv(out / "results.csv", index=False)
+    rows = [{"dtype": p.dtype, "n": p.n, "repeats": p.repeats, "tflops_median": p.tflops.median,
+             "tflops_q1": p.tflops.q1, "tflops_q3": p.tflops.q3, "tflops_min": p.tflops.min,
+             "tflops_max": p.tflops.max} for p in result.peaks]  # fmt: skip
+    import pandas as pd
+
+    pd.DataFrame(rows).to_csv(out / "matmul.csv", index=False)
+    result.goals_table().to_csv(out / "goals.csv", index=False)
+    (out / "summary.md").write_text(result.markdown)
+    (out / "machine.json").write_text(json.dumps({"machine": result.info, "config": result.config.to_dict(),
+                                                  "loader": result.loader}, indent=1, default=str))  # fmt: skip
+    fig = plot_benchmark(result)
+    fig.savefig(out / "benchmark.png", dpi=110)
+    plt.close(fig)
+    written = [out / name for name in FILES]
+    if result.profiles:
+        (out / "profiles").mkdir(exist_ok=True)
+        for p in result.profiles:
+            path = out / "profiles" / f"{p.model}_{p.variant}_b{p.batch}.txt"
+            header = f"{p.model} {p.variant} batch {p.batch}: {p.aten_calls:.0f} ATen calls per forward"
+            path.write_text(f"{header}\n\n{p.table}\n")
+            written.append(path)
+    return written
+
+
+def log_benchmark(result: BenchmarkResult, params: dict) -> None:
+    """Params, machine tags, metrics, and the files under ``benchmark/`` in the active run."""
+    mlflow.log_params({**result.config.to_dict(), **params})
+    mlflow.set_tags({f"machine.{k}": v for k, v in result.info.items()})
+    items = sorted(benchmark_metrics(result).items())
+    for i in range(0, len(items), 500):  # MLflow caps a batch at 1000 metrics
+        mlflow.log_metrics(dict(items[i : i + 500]))
+    with tempfile.TemporaryDirectory() as tmp:
+        write_benchmark_files(result, Path(tmp))
+        mlflow.log_artifacts(tmp, artifact_path=ARTIFACT_DIR)
+    met, total = sum(g.met for g in result.goals), len(result.goals)
+    mlflow.set_tags({"goals": f"{met} of {total} met", "verdict": "goals met" if met == total else "goals missed"})

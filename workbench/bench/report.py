@@ -1,0 +1,195 @@
+"""Goals of issue [G] checked against measured figures, and the Markdown summary.
+
+Goals (time ratios, so below 1 is faster; each ratio is the median of per-round ratios):
+
+- glass-box fast path / timm fused <= 1.05 at batch 1 and 32;
+- glass-box hand-written path / timm unfused <= 1.10 at batch 1 and 32;
+- training step of each study ViT <= 1.05 of the equivalent timm model, like for like
+  (hand-written / unfused and fast / fused);
+- data loader images/s >= 10x the training step's images/s (the study ViT as the
+  training loop runs it: hand-written attention).
+
+The goals are stated for CPU; on another device they are evaluated the same way and
+labelled with the device. They are measured and reported, never asserted in tests.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+import pandas as pd
+
+from workbench.bench.machine import MatmulPeak
+from workbench.bench.profiling import Profile
+from workbench.bench.suite import select
+
+GOAL_BATCHES = (1, 32)
+INFERENCE_GOALS = (("glass_fast", "timm_fused", 1.05), ("glass_written", "timm_unfused", 1.10))
+TRAIN_GOALS = (("glass_written", "timm_unfused", 1.05), ("glass_fast", "timm_fused", 1.05))
+LOADER_GOAL = 10.0
+
+
+@dataclass(frozen=True)
+class Goal:
+    """One goal with its measured value.
+
+    Attributes:
+        key: Metric-safe identifier, e.g. ``inference/vit_base_patch16_224/b1/glass_fast_vs_timm_fused``.
+        description: What is compared, in words.
+        measured: The measured ratio (median of per-round ratios for timings).
+        op: "<=" or ">=".
+        target: The goal.
+        spread: Interquartile range of the per-round ratios, as text ("" when none).
+    """
+
+    key: str
+    description: str
+    measured: float
+    op: str
+    target: float
+    spread: str = ""
+
+    @property
+    def met(self) -> bool:
+        if not math.isfinite(self.measured):
+            return False
+        return self.measured <= self.target if self.op == "<=" else self.measured >= self.target
+
+    def to_row(self) -> dict:
+        return {**asdict(self), "met": "yes" if self.met else "no"}
+
+
+def _pair_goals(table: pd.DataFrame, section: str, pairs, batches, device: str) -> list[Goal]:
+    goals = []
+    if table.empty:
+        return goals
+    for model in dict.fromkeys(table["model"]):
+        for batch in dict.fromkeys(select(table, model=model)["batch"]):
+            if batches is not None and batch not in batches:
+                continue
+            for ours, theirs, target in pairs:
+                row = select(table, model=model, batch=batch, variant=ours)
+                column = f"ratio_to_{theirs}"
+                if row.empty or column not in row or pd.isna(row[column].iloc[0]):
+                    continue  # no timm counterpart (CNN)
+                r = row.iloc[0]
+                goals.append(Goal(
+                    key=f"{section}/{model}/b{batch}/{ours}_vs_{theirs}",
+                    description=f"{section} {model} batch {batch} ({device}): {ours} / {theirs}",
+                    measured=float(r[column]), op="<=", target=target,
+                    spread=f"{r[column + '_q1']:.3f}-{r[column + '_q3']:.3f}",
+                ))  # fmt: skip
+    return goals
+
+
+def evaluate_goals(inference: pd.DataFrame, train: pd.DataFrame, loader: dict | None, device: str) -> list[Goal]:
+    """Every goal that the measured tables allow checking.
+
+    Args:
+        inference: ``run_inference`` rows.
+        train: ``run_training`` rows.
+        loader: ``studies.data_benchmark.run_loader_benchmark`` result, or None.
+        device: Device the figures were measured on (goals are stated for CPU).
+    """
+    goals = _pair_goals(inference, "inference", INFERENCE_GOALS, GOAL_BATCHES, device)
+    goals += _pair_goals(train, "train", TRAIN_GOALS, None, device)
+    if loader is not None and not train.empty:
+        first = train.iloc[0]
+        step = select(train, model=first["model"], batch=first["batch"], variant="glass_written")
+        if not step.empty:
+            step_rate = float(step["images_per_s"].iloc[0])
+            goals.append(Goal(
+                key=f"loader/vs_train_{first['model']}_b{first['batch']}",
+                description=(f"TensorLoader images/s ({loader['ours_images_per_s']:,.0f}) / training step "
+                             f"images/s of {first['model']} batch {first['batch']}, hand-written path "
+                             f"({step_rate:,.0f}) ({device})"),
+                measured=loader["ours_images_per_s"] / step_rate, op=">=", target=LOADER_GOAL,
+            ))  # fmt: skip
+    return goals
+
+
+def markdown_table(rows: list[dict], columns: dict[str, str], formats: dict[str, str] | None = None) -> str:
+    """A GitHub Markdown table of ``rows``; ``columns`` maps keys to headers."""
+    formats = formats or {}
+
+    def cell(row: dict, key: str) -> str:
+        value = row.get(key, "")
+        if isinstance(value, float) and math.isnan(value):
+            return "-"
+        return format(value, formats[key]) if key in formats and value != "" else str(value)
+
+    lines = ["| " + " | ".join(columns.values()) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(cell(r, k) for k in columns) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def _timing_rows(table: pd.DataFrame) -> list[dict]:
+    rows = []
+    for r in table.to_dict("records"):
+        r = dict(r)
+        r["median_ms"] = r["median_s"] * 1e3
+        r["iqr_ms"] = f"{r['q1_s'] * 1e3:.3g}-{r['q3_s'] * 1e3:.3g}"
+        r["peak_pct"] = 100 * r["fraction_of_fp32_peak"]
+        q1, q3 = r.get("ratio_to_timm_fused_q1", float("nan")), r.get("ratio_to_timm_fused_q3", float("nan"))
+        r["ratio_iqr"] = "-" if pd.isna(q1) else f"{q1:.2f}-{q3:.2f}"
+        rows.append(r)
+    return rows
+
+
+TIMING_COLUMNS = {
+    "model": "model", "batch": "batch", "label": "variant", "repeats": "rounds", "median_ms": "median ms",
+    "iqr_ms": "IQR ms",
+    "images_per_s": "images/s", "achieved_gflops": "GFLOP/s", "peak_pct": "% of fp32 matmul peak",
+    "ratio_to_timm_fused": "time / timm fused", "ratio_iqr": "ratio IQR",
+}  # fmt: skip
+TIMING_FORMATS = {"median_ms": ".3g", "images_per_s": ",.0f", "achieved_gflops": ".1f", "peak_pct": ".0f",
+                  "ratio_to_timm_fused": ".3f"}  # fmt: skip
+
+
+def goals_markdown(goals: list[Goal]) -> str:
+    rows = [{**g.to_row(), "goal": f"{g.op} {g.target:g}"} for g in goals]
+    columns = {"description": "goal", "measured": "measured", "spread": "ratio IQR", "goal": "target", "met": "met"}
+    return markdown_table(rows, columns, {"measured": ".3f"})
+
+
+def markdown_summary(
+    info: dict, peaks: list[MatmulPeak], inference: pd.DataFrame, train: pd.DataFrame, loader: dict | None,
+    goals: list[Goal], settings: dict, profiles: list[Profile] | None = None,
+) -> str:
+    """The whole benchmark as one Markdown page (logged as an artifact and printed)."""
+    parts = [
+        "# Benchmark: glass-box ViT vs timm",
+        f"Device **{info['device']}** ({info['device_name']}); torch {info['torch_version']}, timm "
+        f"{info['timm_version']}; {info['torch_threads']} torch threads of {info['cpu_count']} CPUs; load average "
+        f"{info.get('load_average_1m', '?')} at start, {info.get('load_average_1m_end', '?')} at end. "
+        f"Up to {settings['repeats']} interleaved rounds (rotating order; fewer where a comparison's time budget "
+        f"of {settings['max_seconds']} s ran out, at least 3) after up to {settings['warmup']} warm-up calls; times "
+        "are medians of per-call times, ratios are medians of per-round ratios. Weights: seeded random init.",
+        "## Matmul throughput (the machine's limit)",
+        markdown_table(
+            [{"dtype": p.dtype, "n": p.n, "median": p.tflops.median, "iqr": f"{p.tflops.q1:.3g}-{p.tflops.q3:.3g}"}
+             for p in peaks],
+            {"dtype": "dtype", "n": "n (square)", "median": "median TFLOP/s", "iqr": "IQR"}, {"median": ".3g"},
+        ),
+    ]  # fmt: skip
+    if not inference.empty:
+        table = markdown_table(_timing_rows(inference), TIMING_COLUMNS, TIMING_FORMATS)
+        parts += ["## Inference (torch.inference_mode)", table]
+    if not train.empty:
+        parts += ["## Training step (forward, cross-entropy, backward, AdamW step)",
+                  markdown_table(_timing_rows(train), TIMING_COLUMNS, TIMING_FORMATS)]  # fmt: skip
+    if loader is not None:
+        parts += ["## Data loader (studies.data_benchmark)", markdown_table([loader], {
+            "ours_images_per_s": "TensorLoader images/s", "torchvision_images_per_s": "torchvision images/s",
+            "ratio": "ratio", "n_images": "images", "batch_size": "batch", "torch_threads": "threads"},
+            {"ours_images_per_s": ",.0f", "torchvision_images_per_s": ",.0f", "ratio": ".1f"})]  # fmt: skip
+    if profiles:
+        parts += ["## torch.profiler, batch 1 (work done per forward; tables in profiles/)", markdown_table(
+            [vars(p) for p in profiles], {"model": "model", "variant": "variant", "aten_calls": "ATen calls / forward",
+                                         "self_cpu_ms": "profiled self CPU ms / forward"},
+            {"aten_calls": ".0f", "self_cpu_ms": ".3g"})]  # fmt: skip
+    if goals:
+        met = sum(g.met for g in goals)
+        parts += [f"## Goals: {met} of {len(goals)} met", goals_markdown(goals)]
+    return "\n\n".join(parts) + "\n"
