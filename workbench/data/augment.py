@@ -56,6 +56,9 @@ class AugmentConfig:
 def sample_params(cfg: AugmentConfig, batch: int, generator: torch.Generator) -> dict[str, torch.Tensor]:
     """Draw every random number a batch needs, on the CPU, in a fixed order.
 
+    All four draws happen whatever ``cfg`` switches on, so two arms of a seed that differ
+    in one augmentation still share the other draws (same crops, same flips).
+
     Returns:
         ``crop`` (B, 2) int offsets (row, col) in ``[0, 2 * padding]``, ``flip`` (B,) bool,
         ``angle`` (B,) degrees, ``shift`` (B, 2) fractions (x, y).

@@ -185,7 +185,7 @@ def resolve(
             return found, Resolution(tuple(places), places[-1])
 
     if not download:
-        places.append(Place("download", None, "not allowed (download=False)"))
+        places.append(Place("download", None, "not allowed: download=False"))
         raise DatasetNotFound(name, places, hints)
     root = downloads_dir(name)
     try:
