@@ -16,12 +16,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import click
-from click.core import ParameterSource
 
 from workbench.bench.suite import DEFAULT_MODELS
 
-# --quick: a configuration that exercises every code path in seconds. Options given
-# explicitly on the command line still win.
+# --quick: a configuration that exercises every code path in seconds. It replaces the
+# options left at their default values (by value, not by source: `mlflow run` passes every
+# parameter explicitly), so `--quick --model vit_tiny_patch16_224` still works.
 QUICK = {
     "models": "fmnist_vit,fmnist_cnn", "batch_sizes": "1,4", "study_batch_sizes": "1,8", "train_models": "fmnist_vit",
     "train_batch_sizes": "8", "repeats": 2, "warmup": 1, "min_sample_ms": 1.0, "matmul_size": 256,
@@ -29,10 +29,17 @@ QUICK = {
 }  # fmt: skip
 
 
-def _names(values: tuple[str, ...] | str) -> tuple[str, ...]:
+def _names(values: tuple[str, ...] | list[str] | str) -> tuple[str, ...]:
     """Names from repeated options and/or comma-separated lists (MLflow passes one string)."""
     values = (values,) if isinstance(values, str) else values
     return tuple(n.strip() for v in values for n in v.split(",") if n.strip())
+
+
+def _same(value: object, default: object) -> bool:
+    """Whether an option still has its default value (lists compared as names)."""
+    if isinstance(default, (str, list, tuple)):
+        return isinstance(value, (str, list, tuple)) and _names(value) == _names(default)
+    return value == default
 
 
 def _ints(text: str, option: str) -> tuple[int, ...]:
@@ -93,8 +100,9 @@ def benchmark(ctx: click.Context, **opts) -> None:
     from workbench.bench.suite import BenchConfig
 
     if opts["quick"]:
+        defaults = {p.name: p.default for p in ctx.command.params}
         for key, value in QUICK.items():
-            if ctx.get_parameter_source(key) is ParameterSource.DEFAULT:
+            if _same(opts[key], defaults[key]):
                 opts[key] = value
     device = _resolve_device(opts["device"])
     try:

@@ -168,7 +168,8 @@ def test_benchmark_quick_logs_metrics_and_artifacts(mlflow_store, tmp_path):
     assert len(runs) == 1
     run = runs[0]
     metrics, params, tags = run.data.metrics, run.data.params, run.data.tags
-    assert params["quick"] == "True" and params["torch_threads"] == "1" and tags["cpu_threads"] == "1"
+    assert params["bench.quick"] == "True" and params["bench.torch_threads"] == "1" and tags["cpu_threads"] == "1"
+    assert params["bench.models"] == "fmnist_vit,fmnist_cnn"
     assert tags["machine.device"] == "cpu" and tags["machine.device_name"] and tags["torch_version"]
 
     ratios = {k: v for k, v in metrics.items() if "/ratio_to_timm" in k}

@@ -111,8 +111,13 @@ def write_benchmark_files(result: BenchmarkResult, out: Path) -> list[Path]:
 
 
 def log_benchmark(result: BenchmarkResult, params: dict) -> None:
-    """Params, machine tags, metrics, and the files under ``benchmark/`` in the active run."""
-    mlflow.log_params({**result.config.to_dict(), **params})
+    """Params, machine tags, metrics, and the files under ``benchmark/`` in the active run.
+
+    Params are the effective settings, prefixed ``bench.``: under ``mlflow run`` the entry
+    point's own parameters are already logged under their plain names, with the values as
+    given (``--quick`` replaces some of them, and MLflow refuses to change a logged param).
+    """
+    mlflow.log_params({f"bench.{k}": v for k, v in {**result.config.to_dict(), **params}.items()})
     mlflow.set_tags({f"machine.{k}": v for k, v in result.info.items()})
     items = sorted(benchmark_metrics(result).items())
     for i in range(0, len(items), 500):  # MLflow caps a batch at 1000 metrics
