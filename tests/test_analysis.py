@@ -1,0 +1,201 @@
+"""workbench.analysis: rollout math, patch maps, the background-artifact criterion, figure sizes."""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from conftest import assert_close
+from workbench.analysis import attention_figures as af
+from workbench.analysis import result_figures as rf
+from workbench.analysis.artifacts import background_patches, check_maps
+from workbench.analysis.common import png_bytes, save_png
+from workbench.analysis.embeddings import pooled_features, position_similarity, tsne_2d
+from workbench.analysis.panels import attention_figures
+from workbench.analysis.rollout import TokenLayout, analyse_attention, attention_rollout, patch_maps
+from workbench.data.transforms import NormStats
+from workbench.models.vit import ViTConfig, VisionTransformer
+
+TINY = {"image_size": 8, "patch_size": 4, "in_channels": 3, "num_classes": 3, "dim": 16, "depth": 3, "heads": 2, "mlp_hidden": 32}
+NORM = NormStats((0.5, 0.5, 0.5), (0.25, 0.25, 0.25))
+
+
+def tiny_vit(seed: int = 0, **overrides) -> VisionTransformer:
+    torch.manual_seed(seed)
+    model = VisionTransformer(ViTConfig(**{**TINY, **overrides})).eval()
+    with torch.no_grad():  # larger weights than the init, so attention is far from uniform
+        for p in model.parameters():
+            p.mul_(8.0)
+    return model
+
+
+def direct_rollout(attentions: list[torch.Tensor]) -> torch.Tensor:
+    """Rollout with explicit loops over batch elements, layers, heads and rows, in float64."""
+    batch, heads, n, _ = attentions[0].shape
+    out = torch.zeros(batch, n, n, dtype=torch.float64)
+    for b in range(batch):
+        r = torch.eye(n, dtype=torch.float64)
+        for attn in attentions:  # block 1 first; each later block multiplies from the left
+            a = torch.zeros(n, n, dtype=torch.float64)
+            for h in range(heads):
+                a += attn[b, h].double() / heads
+            a = 0.5 * a + 0.5 * torch.eye(n, dtype=torch.float64)
+            for i in range(n):
+                a[i] = a[i] / a[i].sum()
+            r = a @ r
+        out[b] = r
+    return out
+
+
+def test_rollout_matches_a_direct_float64_computation_on_a_batch_of_three():
+    model = tiny_vit()
+    x = torch.randn(3, 3, 8, 8)
+    attentions = model.forward_analysis(x).attentions
+    fast = attention_rollout(attentions)
+    slow = direct_rollout(attentions)
+    diff = (fast - slow).abs().max().item()
+    print(f"rollout vs direct loops: max |difference| {diff:.3g}")
+    assert fast.shape == (3, 5, 5) and fast.dtype == torch.float64
+    assert diff <= 1e-6, f"max |difference| {diff:.3g}"
+    rows = fast.sum(-1)
+    assert_close(rows, torch.ones_like(rows), 1e-12, "rollout row sums")
+    # order matters: the reversed product is a different matrix for these weights
+    reversed_product = direct_rollout(attentions[::-1])
+    assert (reversed_product - fast).abs().max().item() > 1e-3
+
+
+def test_each_batch_element_is_rolled_out_on_its_own():
+    model = tiny_vit(1)
+    x = torch.randn(3, 3, 8, 8)
+    batched = analyse_attention(model, x).rollout
+    for b in range(3):
+        alone = analyse_attention(model, x[b : b + 1]).rollout[0]
+        assert_close(batched[b], alone, 1e-6, f"batch element {b}")
+
+
+def test_rollout_does_not_depend_on_the_fast_path_and_leaves_it_set():
+    model = tiny_vit(2)
+    x = torch.randn(2, 3, 8, 8)
+    model.set_fast_attention(False)
+    written = analyse_attention(model, x)
+    model.set_fast_attention(True)
+    fused = analyse_attention(model, x)
+    assert torch.equal(written.rollout, fused.rollout)
+    assert torch.equal(written.last_layer.maps, fused.last_layer.maps)
+    assert all(block.attn.fast for block in model.blocks)
+
+
+def test_cls_maps_read_the_class_row_and_mean_pooling_reads_patch_rows():
+    cls_model = tiny_vit(register_tokens=2)
+    layout = TokenLayout.from_config(cls_model.cfg)
+    assert (layout.prefix, layout.grid, layout.query) == (3, (2, 2), "cls")
+    a = analyse_attention(cls_model, torch.randn(2, 3, 8, 8))
+    row = a.rollout[:, 0, 3:]
+    assert_close(a.rollout_maps.maps.flatten(1), row / row.sum(-1, keepdim=True), 1e-12, "CLS row")
+    assert_close(a.rollout_maps.patch_mass, row.sum(-1), 1e-12, "patch mass")
+    assert a.head_maps(-1).maps.shape == (2, 2, 2, 2)
+
+    mean_model = tiny_vit(class_token=False, pooling="mean")
+    m = analyse_attention(mean_model, torch.randn(2, 3, 8, 8))
+    assert m.layout.query == "mean" and "mean over patch-token rows" in m.layout.query_label
+    rows = m.rollout.mean(dim=1)  # no prefix tokens: every row is a patch row
+    assert_close(m.rollout_maps.maps.flatten(1), rows, 1e-12, "mean over patch rows")
+    sums = m.last_layer.maps.sum((-2, -1))
+    assert_close(sums, torch.ones_like(sums), 1e-12, "maps sum to 1")
+    figs = attention_figures(mean_model, torch.randn(1, 3, 8, 8), NORM, "gap", lambda logits: ["x"])
+    assert "mean over patch-token rows" in figs.rollout.get_suptitle().replace("\n", " ")
+    with pytest.raises(ValueError, match="tokens"):
+        patch_maps(torch.rand(1, 6, 6), layout)  # 3 prefix + 4 patches would be 7
+
+
+def test_background_artifact_criterion():
+    images = torch.zeros(3, 1, 16, 16)
+    images[:, :, 8:, 8:] = 0.9  # object in the bottom-right quarter, black background elsewhere
+    background = background_patches(images, 4)  # (3, 4, 4)
+    assert background[0].sum().item() == 12 and not background[0, 2:, 2:].any()
+    maps = torch.full((3, 4, 4), 0.01)
+    maps[0, 0, 0] = 0.9  # one background corner holds most of the map: flagged
+    maps[1, 3, 3] = 0.9  # the object does: not flagged
+    maps[2] = 1 / 16  # uniform: not concentrated
+    checks = check_maps(maps, background)
+    assert [c.flagged for c in checks] == [True, False, False]
+    assert checks[0].topk_share == pytest.approx(0.92 / 1.05) and checks[0].topk_background_share > 0.98
+    assert checks[2].background_area == pytest.approx(0.75) and checks[2].background_mass == pytest.approx(0.75)
+    assert "BACKGROUND ARTIFACT" in checks[0].short() and checks[1].short().endswith("ok")
+    # three patches are not "a few" of four: tiny grids are never flagged
+    small = check_maps(torch.tensor([[[0.97, 0.01], [0.01, 0.01]]]), torch.ones(1, 2, 2, dtype=torch.bool))
+    assert not small[0].flagged
+
+
+def test_position_similarity_and_pooled_features():
+    model = tiny_vit()
+    sim = position_similarity(model)
+    assert sim.shape == (2, 2, 2, 2)
+    flat = sim.reshape(4, 4)
+    assert_close(flat.diagonal(), torch.ones(4), 1e-12, "self-similarity")
+    assert_close(flat, flat.T, 1e-12, "symmetry")
+    feats = pooled_features(model, torch.randn(5, 3, 8, 8), batch_size=2)
+    assert feats.shape == (5, 16)
+    assert tsne_2d(np.random.default_rng(0).normal(size=(12, 16))).shape == (12, 2)
+    with pytest.raises(ValueError, match="no learned positional embedding"):
+        position_similarity(tiny_vit(pos_embed="none"))
+
+
+def png_size(data: bytes) -> tuple[int, int]:
+    return Image.open(io.BytesIO(data)).size
+
+
+def assert_exact_size(fig, expected: tuple[int, int] | None = None) -> None:
+    w, h = fig.get_size_inches() * fig.dpi
+    size = png_size(png_bytes(fig))
+    assert size == (round(w), round(h)), f"PNG {size} vs figsize*dpi {(w, h)}"
+    if expected:
+        assert size == expected
+
+
+def test_every_figure_is_a_png_of_figsize_times_dpi(tmp_path):
+    model = tiny_vit()
+    x = torch.randn(2, 3, 8, 8)
+    figs = attention_figures(model, x, NORM, "tiny", lambda logits: ["a", "b"], block=1)
+    assert figs.block == 1 and figs.flagged("heads")[1] == 2 * 2
+    assert "Diagnostic, not an explanation" in figs.rollout.get_supxlabel()
+    assert "CLS token row" in figs.rollout.get_suptitle()
+    shown = figs.shown
+    cm = rf.confusion_matrix(np.array([0, 1, 2, 2]), np.array([0, 2, 2, 2]), 3)
+    assert cm.tolist() == [[1, 0, 0], [0, 0, 1], [0, 0, 2]]
+    acc = rf.per_class_accuracy(np.array([0, 1, 2, 2]), np.array([0, 2, 2, 2]), 3)
+    assert acc.tolist() == [1.0, 0.0, 1.0]
+    history = {"vit": {0: {"val_accuracy": {1: 0.5, 2: 0.6}}, 1: {"val_accuracy": {1: 0.4}}}}
+    names = ("a", "b", "c")
+    built = {
+        "rollout": figs.rollout,
+        "heads": figs.heads,
+        "patch_grid": af.patch_grid_figure(shown[0], 4, 1, "tiny"),
+        "positions": af.position_similarity_figure(position_similarity(model).numpy(), "tiny"),
+        "curves": rf.curves_figure(history),
+        "confusion": rf.confusion_figure({"vit": cm, "cnn": cm}, names),
+        "per_class": rf.per_class_accuracy_figure({"vit": np.stack([acc, acc])}, names),
+        "tsne": rf.tsne_figure({"vit": (np.random.rand(4, 2), np.array([0, 1, 2, 2]))}, names),
+        "summary": rf.summary_figure([rf.ArmSummary("vit", "tiny", 123, {"val": {0: 0.5, 1: 0.6}}, {0: 2, 1: 1})], "s"),
+    }
+    for name, fig in built.items():
+        assert_exact_size(fig)
+        path = save_png(fig, tmp_path / f"{name}.png")
+        assert Image.open(path).format == "PNG", name
+    assert_exact_size(built["patch_grid"], (1100, 600))
+    assert_exact_size(built["curves"], (1100, 750))
+
+
+def test_flagged_maps_say_so_on_the_figure():
+    images = np.zeros((1, 16, 16, 1))
+    images[0, 8:, 8:] = 0.9
+    maps = np.full((1, 4, 4), 0.01)
+    maps[0, 0, 0] = 0.9
+    checks = check_maps(torch.from_numpy(maps), background_patches(torch.from_numpy(images).permute(0, 3, 1, 2), 4))
+    fig = af.overlay_figure(images, {"rollout": maps}, "t", ["img"], {"rollout": checks})
+    assert "1 of 1 maps FLAGGED" in fig.get_supxlabel() and "known ViT artifact" in fig.get_supxlabel()
+    assert "BACKGROUND ARTIFACT" in fig.axes[1].get_xlabel()
