@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import pandas as pd
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -151,8 +152,9 @@ class Trainer:
             for name, split in (("val", data.val), ("test", data.test))
             if split is not None
         }
-        params = [p for p in self.model.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(params, lr=cfg.optim.lr, betas=cfg.optim.betas, weight_decay=cfg.optim.weight_decay)
+        self.optimizer = torch.optim.AdamW(
+            self._param_groups(), lr=cfg.optim.lr, betas=cfg.optim.betas, weight_decay=cfg.optim.weight_decay
+        )
         steps = run.epochs * len(self.train_loader)
         warmup = round(cfg.optim.warmup_epochs * len(self.train_loader))
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
@@ -170,6 +172,20 @@ class Trainer:
                     f"{self.data.name!r} needs {value}; set model.{key}: {value}"
                 )
         return build_model(cfg)
+
+    # ---- hooks for subclasses (e.g. workbench.transfer: QWK selection, layer-wise lr decay) ----
+    def _param_groups(self) -> list:
+        """What the optimizer updates: trainable parameters, or param groups with their own lr."""
+        return [p for p in self.model.parameters() if p.requires_grad]
+
+    def _validation_metrics(self, val: pd.DataFrame) -> dict[str, float]:
+        """An epoch's validation metrics from its predictions table; must hold val_loss and val_accuracy."""
+        m = metrics_from_predictions(val)
+        return {"val_loss": m["loss"], "val_accuracy": m["accuracy"]}
+
+    def _monitored(self) -> tuple[str, bool]:
+        """(metric that selects the best epoch and drives early stopping, whether higher is better)."""
+        return self.cfg.run.monitor, self.cfg.run.monitor == "val_accuracy"
 
     # ---- checkpoints ----------------------------------------------------------------
     @property
@@ -277,18 +293,17 @@ class Trainer:
     def _end_epoch(self, pos: dict) -> None:
         accum, early, run = pos["accum"], pos["early"], self.cfg.run
         val = predict(self.model, self.eval_loaders["val"], self.device, self.amp_dtype)
-        val_metrics = metrics_from_predictions(val)
         metrics = {
             "epoch": pos["epoch"] + 1,
             "train_loss": accum["loss_sum"] / max(1, accum["seen"]),
             "train_accuracy": accum["correct"] / max(1, accum["seen"]),
-            "val_loss": val_metrics["loss"],
-            "val_accuracy": val_metrics["accuracy"],
+            **self._validation_metrics(val),
             "lr": self.optimizer.param_groups[0]["lr"],
             "epoch_seconds": accum["seconds"],
             "images_per_second": accum["seen"] / max(accum["seconds"], 1e-9),
         }
-        score = metrics[run.monitor] if run.monitor == "val_accuracy" else -metrics[run.monitor]
+        monitor, higher_is_better = self._monitored()
+        score = metrics[monitor] if higher_is_better else -metrics[monitor]
         if early["best"] is None or score > early["best"]:
             early.update(best=score, best_epoch=pos["epoch"] + 1, bad_epochs=0)
             # Best weights and the predictions they made: the reload proof compares the two.
@@ -326,7 +341,7 @@ class Trainer:
             predictions["test"] = save_predictions(test, self.run_dir / "predictions" / "test.csv")
             final.update({f"test_{k}": v for k, v in metrics_from_predictions(test).items()})
         early = pos["early"]
-        best_metric = early["best"] if self.cfg.run.monitor == "val_accuracy" else -early["best"]
+        best_metric = early["best"] if self._monitored()[1] else -early["best"]
         return TrainResult(
             history=pos["history"], best_epoch=early["best_epoch"], best_metric=best_metric,
             stopped_early=early["stopped"], reload_proof=proof, predictions=predictions, final_metrics=final,

@@ -1,0 +1,250 @@
+"""Entry point: a transfer protocol's regimes × seeds from one source, selected on validation QWK, tested once.
+
+Phase 1 trains and selects every cell on validation, with the test split locked away.
+Phase 2 releases it and evaluates each selected checkpoint once. Rerunning the same
+command skips finished cells, reuses finished selections and retrains the rest; the report
+section is rebuilt from MLflow at the end and logged on the execution's parent run.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import sys
+import traceback
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import click
+import torch
+import yaml
+from mlflow.tracking import MlflowClient
+from tqdm.auto import tqdm
+
+from studies.protocol import ProtocolError, _Loader, check_clean, check_frozen, load_protocol
+from tracking import transfer as tt
+from tracking.protocols import end_parent_run, experiment_id_for, recorded_hashes, start_parent_run
+from tracking.runs import configure_tracking, environment_tags, git_state
+from workbench.data import DatasetNotFound, PreparedData, prepare
+from workbench.train.loop import resolve_device
+from workbench.transfer.features import compute_features
+from workbench.transfer.protocol import SourceSpec, TransferCell, TransferData, TransferProtocol, parse_transfer_protocol
+from workbench.transfer.runner import Selection, TransferContext, select_cell, split_off_test, evaluate_on_test
+from workbench.transfer.source import (
+    SourceError, SourceModel, load_local_source, load_timm_source, parse_protocol_cell, parse_weights,
+)
+
+DEFAULT_PROTOCOL = "studies/protocols/retina_transfer_smoke.yaml"
+AMP = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+@dataclass
+class CellOutcome:
+    cell: TransferCell
+    status: str  # finished | skipped | failed
+    message: str
+    run_id: str | None = None
+
+
+def load_transfer_protocol(path: str | Path) -> TransferProtocol:
+    """Read and validate a transfer protocol; errors name the file and the key."""
+    path = Path(path)
+    try:
+        with path.open(encoding="utf-8") as f:
+            data = yaml.load(f, Loader=_Loader)  # YAML 1.2 numbers, duplicate keys refused
+    except OSError as err:
+        raise ProtocolError(f"{path}: cannot read protocol file: {err}") from err
+    except yaml.YAMLError as err:
+        raise ProtocolError(f"{path}: invalid YAML: {err}") from err
+    try:
+        protocol = parse_transfer_protocol(data, source=str(path))
+    except ValueError as err:
+        raise ProtocolError(str(err)) from err
+    if protocol.name != path.stem:
+        raise ProtocolError(f"{path}: name {protocol.name!r} must equal the file name stem {path.stem!r}")
+    return protocol
+
+
+def open_transfer_protocol(path: str, allow_dirty: bool) -> TransferProtocol:
+    protocol = load_transfer_protocol(path)
+    check_clean(path, allow_dirty)
+    configure_tracking()
+    check_frozen(protocol, recorded_hashes(protocol.name))
+    return protocol
+
+
+def resolve_source(spec: SourceSpec, override: str | None, protocol_file: Path, download_dir: Path) -> SourceModel:
+    """Load the source named by ``--source`` or the protocol: timm (hub/random/file) or a workbench run."""
+    weights = override or spec.weights
+    scheme, rest = parse_weights(weights)
+    if scheme in ("hub", "random"):
+        if not spec.model:
+            raise SourceError(f"weights {scheme!r} need source.model in the protocol")
+        return load_timm_source(spec.model, scheme, spec.seed)
+    if scheme == "path":
+        return load_local_source(rest, spec.model, uri=weights)
+    if scheme == "protocol":
+        name, arm, seed = parse_protocol_cell(rest)
+        source_protocol = load_protocol(Path(protocol_file).parent / f"{name}.yaml")
+        rest = tt.find_finished_cell(name, source_protocol.hash, arm, seed)
+    local, run_id, note = tt.download_run_source(rest, download_dir)
+    source = load_local_source(local, spec.model, uri=weights, run_id=run_id)
+    if note:
+        source.info = replace(source.info, description=f"{source.info.description} ({note})")
+    return source
+
+
+def source_identity(source: SourceModel, spec: SourceSpec) -> str:
+    """sha256 of the weights file, or what fixes a random init."""
+    return source.info.sha256 or f"random:{source.info.architecture}:seed{spec.seed}"
+
+
+def prepare_transfer_data(spec: TransferData, data_path: str | None, download: bool, image_size: int) -> PreparedData:
+    """Load the dataset; with ``size: auto`` prefer local RetinaMNIST files at the model's input size."""
+    common = dict(path=data_path, split_seed=spec.split_seed, train_size=spec.train_size, val_size=spec.val_size,
+                  subset=spec.subset)
+    if spec.name != "retinamnist" or (data_path and Path(data_path).is_file()):
+        return prepare(spec.name, download=download, **common)  # an explicit file holds one size
+    if spec.size != "auto":
+        return prepare(spec.name, download=download, size=spec.size, **common)
+    if image_size in (64, 128, 224):
+        try:
+            return prepare(spec.name, download=False, size=image_size, **common)
+        except DatasetNotFound:
+            pass  # fall back to 28 px upsampled in batches, which the input description then says
+    return prepare(spec.name, download=download, size=28, **common)
+
+
+def _cell_params(cell: TransferCell, ctx: TransferContext) -> dict:
+    r = cell.regime
+    params = {"regime.name": r.name, "regime.kind": r.kind, "regime.epochs": r.epochs, "regime.blocks": r.blocks,
+              "regime.layer_decay": r.layer_decay, "regime.patience": r.patience, "seed": cell.seed,
+              "batch_size": ctx.batch_size, "eval_batch_size": ctx.eval_batch_size, "amp": str(ctx.amp_dtype)}
+    return params | {f"optim.{k}": v for k, v in vars(r.optim).items()}
+
+
+def run_transfer(
+    protocol: TransferProtocol, protocol_file: Path, output_dir: Path, device: str = "auto",
+    data_path: str | None = None, allow_dirty: bool = False, download: bool = False,
+    source_override: str | None = None,
+) -> list[CellOutcome]:
+    """Run (or resume) every cell of ``protocol`` under one new parent run; returns the outcomes."""
+    configure_tracking()
+    output_dir = Path(output_dir) / protocol.name
+    source = resolve_source(protocol.source, source_override, Path(protocol_file), output_dir / "sources")
+    cfg = source.cfg
+    data = prepare_transfer_data(protocol.dataset, data_path, download, cfg.image_size)
+    if data.test is None:  # the container's field, not the images: nothing is read here
+        raise ProtocolError(f"{protocol_file}: dataset {data.display_name} has no test split; a transfer study reports test metrics")
+    dev = resolve_device(device)
+    side = data.train.images.shape[-1]
+    ctx = TransferContext(dev, AMP.get(protocol.run.amp) if dev.type == "cuda" else None, protocol.run.batch_size,
+                          protocol.run.eval_batch_size, source.norm, None if side == cfg.image_size else cfg.image_size,
+                          len(data.class_names))
+    selection_data, guard = split_off_test(data, cfg.in_channels)  # from here on, only phase 2 can read the test split
+    identity = source_identity(source, protocol.source)
+    inputs = (f"{side} px images upsampled in batches to {cfg.image_size} px (bilinear)" if ctx.resize_to
+              else f"{side} px images at the model's input size")
+    tqdm.write(f"{protocol.name}@{protocol.short_hash}: source {source.info.label()} [{identity[:16]}]; "
+               f"{data.display_name}, {len(data.train)} train / {len(data.val)} val; {inputs}")
+    parent = start_parent_run(protocol, protocol_file, allow_dirty, {
+        "transfer": "true", "source_identity": identity, "source_override": source_override or ""})
+    client = MlflowClient()
+    tt.log_params_once(parent, {
+        **source.info.as_params(), "transfer.regimes": ",".join(r.name for r in protocol.regimes),
+        "transfer.reference": protocol.reference.name, "transfer.num_classes": ctx.num_classes,
+        "evaluation.n_resamples": protocol.evaluation.n_resamples, "evaluation.confidence": protocol.evaluation.confidence,
+        "evaluation.seed": protocol.evaluation.seed, "inputs": inputs, "data.display_name": data.display_name,
+        "data.fingerprint": data.data_fingerprint, "data.split_fingerprint": data.split_fingerprint})
+    exp_id, commit = experiment_id_for(protocol.name), git_state()["git_commit"]
+    outcomes, pending, cache = [], [], None
+    for cell in protocol.cells():  # phase 1: selection on validation
+        key = hashlib.sha256("|".join([protocol.hash, cell.regime.name, str(cell.seed), identity, data.data_fingerprint,
+                                       data.split_fingerprint, f"commit={commit}"]).encode()).hexdigest()[:24]
+        tags = {"cell": "true", "transfer": "true", "protocol_name": protocol.name, "protocol_hash": protocol.hash,
+                "arm": cell.regime.name, "seed": str(cell.seed), "regime_kind": cell.regime.kind,
+                "is_reference": str(cell.regime.reference).lower(), "source_identity": identity,
+                "allow_dirty": str(allow_dirty).lower()}
+        run_id, status, run_tags = tt.open_cell_run(exp_id, key, f"{cell.regime.name}-seed{cell.seed}", parent, tags)
+        if status == "FINISHED":
+            outcomes.append(CellOutcome(cell, "skipped", f"{cell.key}: already finished in run {run_id}", run_id))
+            continue
+        run_dir = output_dir / key
+        try:
+            for name, value in {**environment_tags(str(dev)), "run_dir": str(run_dir.resolve())}.items():
+                client.set_tag(run_id, name, value)
+            tt.log_params_once(run_id, _cell_params(cell, ctx) | source.info.as_params() | {
+                "inputs": inputs, "data.fingerprint": data.data_fingerprint,
+                "data.split_fingerprint": data.split_fingerprint, "data.n_train": len(data.train),
+                "data.n_val": len(data.val)})
+            selection = Selection.load(run_dir) if run_tags.get("phase") == "selected" else None
+            if selection is None:
+                if cell.regime.kind != "full" and cache is None:
+                    starts = [cfg.depth - r.blocks for r in protocol.regimes if r.kind == "partial"]
+                    cache = compute_features(source.model.to(dev), {"train": selection_data.train, "val": selection_data.val},
+                                             ctx.norm, ctx.resize_to, dev, ctx.eval_batch_size, ctx.amp_dtype, starts)
+                    client.log_metric(parent, "feature_cache_seconds", cache.seconds)
+                    tqdm.write(f"features of {cache.images} images cached in {cache.seconds:.1f} s")
+                selection = select_cell(cell, source, selection_data, cache, ctx, run_dir, tt.TransferEpochObserver(run_id))
+                tt.log_selection(run_id, selection, protocol.run.log_checkpoints)
+            if not selection.proof["passed"]:
+                raise RuntimeError(f"{selection.proof['what']} failed: {selection.proof['summary']}")
+            tqdm.write(f"[selected] {cell.key}: epoch {selection.best_epoch}, val QWK {selection.best_val['val_qwk']:.4f} "
+                       f"({selection.seconds:.1f} s)")
+            pending.append((cell, run_id, run_dir, selection))
+        except Exception as err:  # one failing cell must not take the others down
+            traceback.print_exc()
+            client.set_terminated(run_id, "FAILED")
+            outcomes.append(CellOutcome(cell, "failed", f"{cell.key}: {type(err).__name__}: {err}", run_id))
+
+    guard.release()  # selection of every cell is over: phase 2 may read the test split
+    tt.log_params_once(parent, {"data.n_test": len(guard.split())})
+    for cell, run_id, run_dir, selection in pending:
+        try:
+            result = evaluate_on_test(selection, source, guard, ctx, run_dir, protocol.evaluation)
+            tt.log_test(run_id, result, protocol.evaluation.n_resamples, protocol.evaluation.confidence)
+            qwk = result.cis["qwk"]
+            message = (f"{cell.key}: test QWK {qwk.estimate:.4f} [{qwk.low:.4f}, {qwk.high:.4f}], "
+                       f"metrics from file {'agree' if result.agree else 'DIFFER'}")
+            client.set_terminated(run_id, "FINISHED" if result.agree else "FAILED")
+            outcomes.append(CellOutcome(cell, "finished" if result.agree else "failed", message, run_id))
+        except Exception as err:
+            traceback.print_exc()
+            client.set_terminated(run_id, "FAILED")
+            outcomes.append(CellOutcome(cell, "failed", f"{cell.key}: {type(err).__name__}: {err}", run_id))
+        tqdm.write(f"[{outcomes[-1].status}] {outcomes[-1].message}")
+    if any(o.status in ("finished", "skipped") for o in outcomes):
+        section = tt.transfer_section(protocol.name, protocol.hash, identity)
+        tt.log_section(parent, section)
+        click.echo(section.markdown)
+    counts = {s: sum(o.status == s for o in outcomes) for s in ("finished", "skipped", "failed")}
+    end_parent_run(parent, counts)
+    return outcomes
+
+
+@click.command("transfer")
+@click.option("--protocol", "protocol_path", default=DEFAULT_PROTOCOL, show_default=True,
+              type=click.Path(exists=True, dir_okay=False), help="Transfer protocol YAML file.")
+@click.option("--source", "source_override", default=None,
+              help="Override the protocol's source weights: hub, random, a local file, runs:/<id>[/path] "
+                   "or protocol:<name>/<arm>/seed<k>. Cells are keyed by the source's sha256.")
+@click.option("--allow-dirty", is_flag=True, help="Run a protocol file with uncommitted changes (recorded on the runs).")
+@click.option("--device", default="auto", show_default=True)
+@click.option("--data-path", default=None, help="Where this machine keeps the dataset, if not in the usual places.")
+@click.option("--download/--no-download", default=False, show_default=True)
+@click.option("--output-dir", type=click.Path(file_okay=False), default="outputs/transfer", show_default=True,
+              help="Checkpoints, predictions and downloaded sources of each cell.")
+def transfer(protocol_path, source_override, allow_dirty, device, data_path, download, output_dir):
+    """Run (or resume) a transfer protocol: linear probe, partial and full fine-tuning at paired seeds."""
+    try:
+        protocol = open_transfer_protocol(protocol_path, allow_dirty)
+        outcomes = run_transfer(protocol, Path(protocol_path), Path(output_dir), device, data_path, allow_dirty,
+                                download, source_override)
+    except (ProtocolError, SourceError, DatasetNotFound) as err:
+        raise click.ClickException(str(err)) from err
+    counts = {s: sum(o.status == s for o in outcomes) for s in ("finished", "skipped", "failed")}
+    click.echo(f"cells: {counts['finished']} run, {counts['skipped']} already finished (skipped), {counts['failed']} failed")
+    for o in outcomes:
+        if o.status == "failed":
+            click.echo(f"  FAILED {o.message}", err=True)
+    if counts["failed"]:
+        sys.exit(1)

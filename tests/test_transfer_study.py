@@ -1,0 +1,149 @@
+"""Transfer studies through MLflow: sources from runs, the whole protocol, test split untouched before selection."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import mlflow
+import pandas as pd
+import pytest
+import torch
+import yaml
+from mlflow.tracking import MlflowClient
+from sklearn.metrics import cohen_kappa_score
+
+import studies.transfer as st
+from conftest import assert_close
+from data_fixtures import md5
+from test_transfer import one_thread  # noqa: F401 (autouse fixture)
+from test_transfer import RecordingSplit, learnable_retina, make_source_checkpoint, protocol_dict
+from tracking.transfer import transfer_section
+from workbench.convert.checkpoints import sha256_file
+from workbench.data import NORM_STATS, checksums
+from workbench.transfer.protocol import SourceSpec
+from workbench.transfer.runner import TestSplitGuard
+from workbench.transfer.source import load_local_source
+
+
+def log_source_run(tmp_path: Path) -> tuple[str, Path]:
+    """An MLflow run holding a workbench checkpoint and config.json, as `workbench train` logs them."""
+    folder = tmp_path / "source_run"
+    checkpoint = make_source_checkpoint(folder)
+    client = MlflowClient()
+    exp = client.create_experiment("source")
+    run_id = client.create_run(exp).info.run_id
+    client.log_artifact(run_id, str(checkpoint), artifact_path="checkpoints")
+    client.log_artifact(run_id, str(folder / "config.json"))
+    client.set_terminated(run_id)
+    return run_id, checkpoint
+
+
+def test_source_loads_from_an_mlflow_run(mlflow_store, tmp_path):
+    run_id, checkpoint = log_source_run(tmp_path)
+    expected = torch.load(checkpoint, weights_only=True)["model"]
+    for uri in (f"runs:/{run_id}", f"runs:/{run_id}/checkpoints/best.pt", f"runs:/{run_id}/model"):
+        source = st.resolve_source(SourceSpec(weights="runs:/unused"), uri, tmp_path / "p.yaml", tmp_path / "dl" / uri[-5:])
+        state = source.model.state_dict()
+        assert state.keys() == expected.keys() and all(torch.equal(state[k], expected[k]) for k in state), uri
+        info = source.info
+        assert (info.kind, info.run_id, info.uri, info.pretrained) == ("workbench-checkpoint", run_id, uri, True)
+        assert info.sha256 == sha256_file(checkpoint) and source.norm == NORM_STATS["cifar10"]
+    assert "logged model" in info.description
+    with pytest.raises(ValueError, match="no such run"):
+        st.resolve_source(SourceSpec(weights="runs:/0123456789abcdef"), None, tmp_path / "p.yaml", tmp_path / "dl2")
+
+
+def test_local_timm_safetensors_source_goes_through_the_strict_mapping(tmp_path):
+    import timm
+    from safetensors.torch import save_file
+
+    torch.manual_seed(0)
+    reference = timm.create_model("vit_tiny_patch16_224", pretrained=False).eval()
+    path = tmp_path / "model.safetensors"
+    save_file(reference.state_dict(), str(path))
+    source = load_local_source(path, "vit_tiny_patch16_224")
+    info = source.info
+    assert info.kind == "timm-local" and info.sha256 == sha256_file(path)
+    assert info.mapping.startswith("152 of 152 source tensors used, 152 of 152 target tensors filled")
+    assert source.norm.mean == (0.5, 0.5, 0.5) and "pretrained_cfg" in info.norm_from
+    x = torch.randn(2, 3, 224, 224)
+    with torch.no_grad():
+        assert_close(source.model(x), reference(x), 1e-5, "glass-box source vs timm")
+
+
+def write_protocol(tmp_path: Path, run_id: str, seeds=(0, 1)) -> Path:
+    data = protocol_dict(source={"weights": f"runs:/{run_id}"}, seeds=list(seeds))
+    path = tmp_path / f"{data['name']}.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def test_protocol_end_to_end_selection_never_reads_the_test_split(mlflow_store, tmp_path, monkeypatch):
+    monkeypatch.setenv("WORKBENCH_CACHE_DIR", str(tmp_path / "cache"))
+    learnable_retina(tmp_path / "retinamnist.npz")
+    monkeypatch.setitem(checksums.RETINAMNIST_MD5, 28, md5(tmp_path / "retinamnist.npz"))  # our file is 'official'
+    run_id, _ = log_source_run(tmp_path)
+    path = write_protocol(tmp_path, run_id)
+    events: list = []
+    prepare = st.prepare_transfer_data
+
+    def recording_prepare(*args, **kwargs):  # the test split, wrapped so every read is recorded
+        data = prepare(*args, **kwargs)
+        return type(data)(**{**vars(data), "test": RecordingSplit(data.test, events)})
+
+    release, evaluate, select = TestSplitGuard.release, st.evaluate_on_test, st.select_cell
+    selected, interrupted = [], []
+
+    def evaluate_failing_once(selection, *args):  # an interruption between the phases, for one cell
+        if (selection.regime, selection.seed) == ("full_ft", 1) and not interrupted:
+            interrupted.append(selection.regime)
+            raise RuntimeError("interrupted before the test evaluation")
+        return evaluate(selection, *args)
+
+    monkeypatch.setattr(st, "prepare_transfer_data", recording_prepare)
+    monkeypatch.setattr(TestSplitGuard, "release", lambda self: (events.append(("selection finished", "")), release(self)))
+    monkeypatch.setattr(st, "evaluate_on_test", evaluate_failing_once)
+    monkeypatch.setattr(st, "select_cell", lambda cell, *a: (selected.append(cell.key), select(cell, *a))[1])
+    # Cells are keyed by the code commit too; other work committing meanwhile must not re-key them.
+    monkeypatch.setattr(st, "git_state", lambda: {"git_commit": "test-commit", "git_dirty": "false"})
+    protocol = st.open_transfer_protocol(str(path), allow_dirty=True)
+    outcomes = st.run_transfer(protocol, path, tmp_path / "out", "cpu", str(tmp_path / "retinamnist.npz"), True)
+    assert [o.status for o in outcomes] == ["finished"] * 5 + ["failed"], [o.message for o in outcomes]
+    assert len(selected) == 6
+
+    first_read = next(i for i, e in enumerate(events) if e[0] == "test split read")
+    released = events.index(("selection finished", ""))
+    assert released < first_read, f"test split read before selection finished: {events[:first_read + 1]}"
+
+    # Rerun: finished cells are skipped; the interrupted one keeps its selection and is only tested.
+    again = st.run_transfer(protocol, path, tmp_path / "out", "cpu", str(tmp_path / "retinamnist.npz"), True)
+    assert [o.status for o in again] == ["skipped"] * 5 + ["finished"], [o.message for o in again]
+    assert len(selected) == 6, f"a finished selection was retrained: {selected}"
+
+    client = MlflowClient()
+    exp = client.get_experiment_by_name("tiny_transfer").experiment_id
+    cells = client.search_runs([exp], "tags.cell = 'true'")
+    assert len(cells) == 6 and {r.info.status for r in cells} == {"FINISHED"}
+    for run in cells:
+        m, tags = run.data.metrics, run.data.tags
+        assert m["test_metrics_agree"] == 1.0 and tags["test_metrics_agreement"].startswith("agree")
+        assert m["selection_proof_passed"] == 1.0 and tags["phase"] == "tested"
+        local = mlflow.artifacts.download_artifacts(run_id=run.info.run_id, artifact_path="predictions/test.csv",
+                                                    dst_path=str(tmp_path / "dl" / run.info.run_id))
+        table = pd.read_csv(local)
+        sk = cohen_kappa_score(table["label"], table["predicted"], weights="quadratic")
+        assert abs(m["test_qwk"] - sk) <= 1e-12 and m["test_qwk"] == m["test_file_qwk"], (m["test_qwk"], sk)
+        assert m["test_qwk_ci_low"] <= m["test_qwk"] <= m["test_qwk_ci_high"]
+        assert run.data.params["source.run_id"] == run_id and run.data.params["evaluation.n_resamples"] == "1000"
+        history = client.get_metric_history(run.info.run_id, "val_qwk")
+        assert len(history) == {"linear": 8, "partial": 3, "full": 2}[tags["regime_kind"]]
+
+    parent = client.search_runs([exp], "tags.parent = 'true'", order_by=["attributes.start_time DESC"])[0]
+    artifacts = {a.path for a in client.list_artifacts(parent.info.run_id, "transfer")}
+    assert {"transfer/section.md", "transfer/kappa_table.csv", "transfer/comparisons.csv"} <= artifacts
+    section = transfer_section("tiny_transfer")
+    assert len(section.kappa_table) == 6 and section.kappa_table["logged_equals_file"].all()
+    assert set(section.comparisons["seed"]) == {"0", "1", "all"}
+    assert f"runs:/{run_id}" in section.markdown and "NOT" not in section.markdown.split("pretrained:")[1][:5]
+    assert list(section.summary["regime"]) == ["linear_probe", "partial_ft", "full_ft"]
+    assert list(section.summary["seeds"]) == [2, 2, 2]

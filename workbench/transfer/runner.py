@@ -1,0 +1,232 @@
+"""One transfer cell in two phases: selection on validation, then a single test evaluation.
+
+``split_off_test`` puts the test split behind a ``TestSplitGuard`` before anything trains;
+``select_cell`` gets data without a test split; the guard hands the split out only after
+``release()``, which the caller invokes once every cell's selection is finished.
+``evaluate_on_test`` then evaluates the selected checkpoint once, saves the predictions, reads the
+file back and recomputes every metric from it.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+
+import torch
+
+from workbench.convert.checkpoints import atomic_write_bytes
+from workbench.data import NormStats, PreparedData, PreparedSplit, TensorLoader
+from workbench.models.vit import VisionTransformer
+from workbench.train.checkpoint import FORMAT, atomic_torch_save, load_checkpoint
+from workbench.train.config import DataSpec, ModelSpec, RunConfig, TrainConfig
+from workbench.train.evaluate import compare_predictions, predict, read_predictions, save_predictions
+from workbench.train.loop import TrainingObserver
+from workbench.transfer.evaluate import metric_cis, metrics_agree, table_metrics
+from workbench.transfer.features import FeatureCache, head_forward, tail_forward
+from workbench.transfer.protocol import Evaluation, TransferCell
+from workbench.transfer.regimes import QWKTrainer, fit_cached, freeze
+from workbench.transfer.source import SourceModel, adapt_split, transfer_model
+
+# Cached path vs a forward pass of the assembled model on the same images: the same
+# operations on different batch compositions, so equal up to float rounding.
+ASSEMBLY_TOLERANCE = {None: 1e-5, torch.bfloat16: 2e-2, torch.float16: 5e-3}
+
+
+class TestSplitLocked(RuntimeError):
+    """The test split was asked for before model selection finished."""
+
+    __test__ = False  # not a pytest class
+
+
+class TestSplitGuard:
+    """Holds the test split; hands it out only after ``release()`` (selection finished)."""
+
+    __test__ = False  # not a pytest class
+
+    def __init__(self, split: PreparedSplit | None) -> None:
+        self._split, self._released = split, False
+
+    @property
+    def released(self) -> bool:
+        return self._released
+
+    def release(self) -> None:
+        self._released = True
+
+    def split(self) -> PreparedSplit:
+        if not self._released:
+            raise TestSplitLocked("the test split is locked until model selection on validation has finished")
+        if self._split is None:
+            raise TestSplitLocked("this dataset has no test split")
+        return self._split
+
+
+def split_off_test(data: PreparedData, in_channels: int) -> tuple[PreparedData, TestSplitGuard]:
+    """Data for selection (train and val, channels matched to the source) and the guarded test split."""
+    guard = TestSplitGuard(data.test)
+    selection_data = replace(data, train=adapt_split(data.train, in_channels), val=adapt_split(data.val, in_channels),
+                             test=None)
+    return selection_data, guard
+
+
+@dataclass(frozen=True)
+class TransferContext:
+    """What every cell of an execution shares: device, numerics, batching and inputs."""
+
+    device: torch.device
+    amp_dtype: torch.dtype | None
+    batch_size: int
+    eval_batch_size: int
+    norm: NormStats
+    resize_to: int | None
+    num_classes: int
+    deterministic: bool = True
+
+    def eval_loader(self, split: PreparedSplit) -> TensorLoader:
+        return TensorLoader.from_split(split, batch_size=self.eval_batch_size, norm=self.norm, shuffle=False,
+                                       device=self.device, resize_to=self.resize_to)
+
+
+@dataclass
+class Selection:
+    """What selection on validation produced for one cell (saved as ``selection.json``)."""
+
+    regime: str
+    kind: str
+    seed: int
+    best_epoch: int
+    best_val: dict[str, float]
+    history: list[dict]
+    checkpoint: str
+    val_predictions: str
+    proof: dict  # passed, max_abs_prob_diff, tolerance, what
+    stopped_early: bool
+    seconds: float
+    trainable_parameters: int
+
+    def save(self, run_dir: Path) -> Path:
+        path = Path(run_dir) / "selection.json"
+        atomic_write_bytes(path, json.dumps(asdict(self), indent=1).encode())
+        return path
+
+    @classmethod
+    def load(cls, run_dir: Path) -> "Selection | None":
+        path = Path(run_dir) / "selection.json"
+        if not path.is_file():
+            return None
+        selection = cls(**json.loads(path.read_text()))
+        return selection if Path(selection.checkpoint).is_file() else None
+
+
+@dataclass
+class TestResult:
+    """The single test evaluation of a selected cell."""
+
+    __test__ = False
+
+    metrics: dict[str, float]  # computed from the predictions in memory
+    metrics_from_file: dict[str, float]  # recomputed from the saved predictions file
+    agree: bool
+    max_abs_diff: float
+    cis: dict[str, object] = field(default_factory=dict)  # metric -> workbench.stats.CI
+    predictions: str = ""
+    seconds: float = 0.0
+
+
+def _model_from_checkpoint(source: SourceModel, path: Path, num_classes: int, device) -> VisionTransformer:
+    model = transfer_model(source, num_classes, seed=0)  # structure only: the checkpoint replaces every tensor
+    model.load_state_dict(load_checkpoint(path, map_location="cpu")["model"], strict=True)
+    return model.to(device).eval()
+
+
+def select_cell(
+    cell: TransferCell, source: SourceModel, data: PreparedData, cache: FeatureCache | None, ctx: TransferContext,
+    run_dir: Path, observer: TrainingObserver | None = None,
+) -> Selection:
+    """Train one regime at one seed and select its epoch by validation QWK.
+
+    Args:
+        cell: The regime and seed.
+        source: The source model (not modified).
+        data: Train and val only (``split_off_test``); a test split here is refused.
+        cache: Features of the frozen backbone (linear and partial regimes).
+        ctx: Shared settings.
+        run_dir: Checkpoints, predictions and ``selection.json`` go here.
+        observer: Receives each epoch's metrics.
+    """
+    if data.test is not None:
+        raise ValueError("select_cell must not receive a test split; use split_off_test")
+    regime, run_dir, started = cell.regime, Path(run_dir), time.perf_counter()
+    model = transfer_model(source, ctx.num_classes, cell.seed)
+    trainable = freeze(model, regime)
+    n_trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    checkpoint = run_dir / "checkpoints" / "best.pt"
+    val_path = run_dir / "predictions" / "val.csv"
+    if regime.kind == "full":
+        cfg = TrainConfig(
+            model=ModelSpec("transfer", {"source": source.info.sha256 or source.info.uri, "regime": regime.name,
+                                         "num_classes": ctx.num_classes, "layer_decay": regime.layer_decay}),
+            data=DataSpec(data.name, split_seed=data.split_seed, resize_to=ctx.resize_to),
+            optim=regime.optim,
+            run=RunConfig(epochs=regime.epochs, batch_size=ctx.batch_size, eval_batch_size=ctx.eval_batch_size,
+                          seed=cell.seed, patience=regime.patience, device=str(ctx.device),
+                          amp={None: "off", torch.bfloat16: "bf16", torch.float16: "fp16"}[ctx.amp_dtype],
+                          deterministic=ctx.deterministic),
+        )
+        trainer = QWKTrainer(cfg, replace(data, norm=ctx.norm), run_dir, observer, model=model,
+                             num_classes=ctx.num_classes, layer_decay=regime.layer_decay)
+        result = trainer.fit()
+        best = result.history[result.best_epoch - 1]
+        proof = result.reload_proof
+        history, best_epoch, stopped = result.history, result.best_epoch, result.stopped_early
+        what = "reload proof: best checkpoint reloaded into a fresh model reproduces its saved validation predictions"
+    else:
+        start = model.cfg.depth - (regime.blocks or 0)
+        key = "pooled" if regime.kind == "linear" else start
+        splits = cache.pooled if key == "pooled" else cache.tokens[start]
+        forward = head_forward(model) if regime.kind == "linear" else tail_forward(model, start)
+        model.to(ctx.device)
+        fit = fit_cached(model, regime, forward, splits["train"], splits["val"], cell.seed, ctx.batch_size,
+                         ctx.eval_batch_size, ctx.num_classes, ctx.device, ctx.amp_dtype, observer)
+        model.load_state_dict(fit.best_state, strict=False)
+        best = fit.history[fit.best_epoch - 1]
+        atomic_torch_save({"format": FORMAT, "model": model.state_dict(), "epoch": fit.best_epoch, "metrics": best,
+                           "trainable": trainable}, checkpoint)
+        save_predictions(fit.val_table, val_path)
+        # The cached path must be the deployed model: reload the checkpoint into a fresh model
+        # and predict the validation images end to end.
+        fresh = _model_from_checkpoint(source, checkpoint, ctx.num_classes, ctx.device)
+        now = predict(fresh, ctx.eval_loader(data.val), ctx.device, ctx.amp_dtype)
+        proof = compare_predictions(read_predictions(val_path), now, ASSEMBLY_TOLERANCE[ctx.amp_dtype])
+        history, best_epoch, stopped = fit.history, fit.best_epoch, fit.stopped_early
+        what = "assembly proof: the checkpoint, run end to end on the validation images, reproduces the cached-feature predictions"
+    selection = Selection(
+        regime=regime.name, kind=regime.kind, seed=cell.seed, best_epoch=best_epoch,
+        best_val={k: float(best[k]) for k in ("val_qwk", "val_accuracy", "val_macro_f1", "val_loss")},
+        history=history, checkpoint=str(checkpoint), val_predictions=str(val_path),
+        proof={"passed": proof.passed, "max_abs_prob_diff": proof.max_abs_prob_diff, "tolerance": proof.tolerance,
+               "predictions_equal": proof.predictions_equal, "what": what, "summary": proof.summary()},
+        stopped_early=stopped, seconds=time.perf_counter() - started, trainable_parameters=n_trainable,
+    )
+    selection.save(run_dir)
+    return selection
+
+
+def evaluate_on_test(
+    selection: Selection, source: SourceModel, guard: TestSplitGuard, ctx: TransferContext, run_dir: Path,
+    evaluation: Evaluation,
+) -> TestResult:
+    """Evaluate the selected checkpoint on the test split once; recompute the metrics from the saved file."""
+    started = time.perf_counter()
+    test = adapt_split(guard.split(), source.cfg.in_channels)  # raises TestSplitLocked before release()
+    model = _model_from_checkpoint(source, Path(selection.checkpoint), ctx.num_classes, ctx.device)
+    table = predict(model, ctx.eval_loader(test), ctx.device, ctx.amp_dtype)
+    path = save_predictions(table, Path(run_dir) / "predictions" / "test.csv")
+    in_memory = table_metrics(table, ctx.num_classes)
+    from_file = table_metrics(read_predictions(path), ctx.num_classes)
+    agree, diff = metrics_agree(in_memory, from_file)
+    cis = metric_cis(table["label"].to_numpy(), table["predicted"].to_numpy(), ctx.num_classes,
+                     evaluation.n_resamples, evaluation.confidence, evaluation.seed)
+    return TestResult(in_memory, from_file, agree, diff, cis, str(path), time.perf_counter() - started)

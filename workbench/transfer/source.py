@@ -1,0 +1,226 @@
+"""The source of a transfer study: a glass-box ViT with its weights, normalisation and provenance.
+
+Sources are timm ViTs (pinned hub checkpoint, seeded random init, or a local file), mapped
+onto the glass-box model through the strict mapping of ``workbench.convert.timm_vit``, or
+checkpoints written by this workbench's training loop, loaded directly. MLflow URIs
+(``runs:/...``) are resolved to local files by the tracking layer before they get here.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from workbench.convert.checkpoints import CheckpointError, sha256_file
+from workbench.convert.sources import load_timm_weights
+from workbench.convert.timm_vit import glassbox_from_timm
+from workbench.data import NORM_STATS, NormStats, PreparedSplit, derive_seed
+from workbench.models.registry import model_config
+from workbench.models.vit import ViTConfig, VisionTransformer
+from workbench.train.checkpoint import FORMAT as TRAIN_FORMAT
+from workbench.train.checkpoint import load_checkpoint
+
+# ITU-R BT.601 luma: how an RGB target is shown to a source trained on grey images.
+LUMA = (0.299, 0.587, 0.114)
+
+
+class SourceError(ValueError):
+    """A source checkpoint cannot be used; the message names the file or URI and what is wrong."""
+
+
+@dataclass(frozen=True)
+class SourceInfo:
+    """Provenance of the source, for logs and the report.
+
+    Attributes:
+        kind: ``timm-hub``, ``timm-random``, ``timm-local`` or ``workbench-checkpoint``.
+        uri: As given (``hub``, ``random``, a path, ``runs:/...``, ``protocol:...``).
+        path: The local file read ("" for a random init).
+        run_id: The MLflow run the file came from ("" when none).
+        sha256: Of the file read ("" for a random init).
+        pretrained: False only for a random init.
+        description: One line saying what the weights are.
+        architecture: timm architecture (with tag) or workbench model name.
+        norm_from: Where the input mean/std come from.
+        mapping: The strict mapping's audit summary for timm sources ("" otherwise).
+    """
+
+    kind: str
+    uri: str
+    path: str
+    run_id: str
+    sha256: str
+    pretrained: bool
+    description: str
+    architecture: str
+    norm_from: str
+    mapping: str = ""
+
+    def label(self) -> str:
+        return self.description if self.pretrained else f"{self.description} (NOT PRETRAINED)"
+
+    def as_params(self) -> dict[str, str]:
+        """Flat ``source.*`` strings (MLflow keeps params to 6,000 characters; these are short)."""
+        return {f"source.{k}": str(v) for k, v in asdict(self).items()} | {"source.label": self.label()}
+
+
+@dataclass
+class SourceModel:
+    """A glass-box ViT (source head still on, CPU, eval mode), its input normalisation and provenance."""
+
+    model: VisionTransformer
+    norm: NormStats
+    info: SourceInfo
+
+    @property
+    def cfg(self) -> ViTConfig:
+        return self.model.cfg
+
+
+def parse_weights(weights: str) -> tuple[str, str]:
+    """``(scheme, rest)``: scheme is hub, random, run (``runs:/``), protocol (``protocol:``) or path."""
+    if weights in ("hub", "random"):
+        return weights, ""
+    if weights.startswith("runs:/"):
+        return "run", weights[len("runs:/"):].strip("/")
+    if weights.startswith("protocol:"):
+        return "protocol", weights[len("protocol:"):]
+    if "://" in weights or weights.startswith("models:/"):
+        raise SourceError(f"source weights {weights!r}: only runs:/<id>[/path] and protocol:<name>/<arm>/seed<k> URIs are supported")
+    return "path", weights
+
+
+def parse_protocol_cell(rest: str) -> tuple[str, str, int]:
+    """``name/arm/seed3`` -> ``(name, arm, 3)``."""
+    parts = rest.split("/")
+    if len(parts) != 3 or not parts[2].startswith("seed") or not parts[2][4:].isdigit():
+        raise SourceError(f"protocol:{rest}: expected protocol:<protocol name>/<arm>/seed<k>")
+    return parts[0], parts[1], int(parts[2][4:])
+
+
+def timm_norm(name: str, model: nn.Module) -> tuple[NormStats, str]:
+    """Mean/std from timm's pretrained config of ``name`` (with its tag) or of the model's default tag."""
+    from timm.models import get_pretrained_cfg
+
+    cfg = get_pretrained_cfg(name) if "." in name else None
+    if cfg is not None:
+        return NormStats(tuple(cfg.mean), tuple(cfg.std)), f"timm pretrained_cfg of {name}"
+    pc = getattr(model, "pretrained_cfg", None) or {}
+    if "mean" not in pc:
+        raise SourceError(f"timm model {name} has no pretrained_cfg mean/std")
+    tag = f"{pc.get('architecture', name)}.{pc.get('tag', '')}".rstrip(".")
+    return NormStats(tuple(pc["mean"]), tuple(pc["std"])), f"timm pretrained_cfg of {tag}"
+
+
+def load_timm_source(name: str, weights: str, seed: int = 0, uri: str | None = None, run_id: str = "") -> SourceModel:
+    """A timm ViT (``hub``, ``random`` or a local file) mapped strictly onto the glass-box model.
+
+    Args:
+        name: timm architecture or pinned checkpoint name.
+        weights: ``hub``, ``random`` or a path to a safetensors / weights-only file.
+        seed: Seed of a random init.
+        uri: What the user gave (default ``weights``), for the provenance.
+        run_id: MLflow run the file was downloaded from, if any.
+    """
+    try:
+        tw = load_timm_weights(name, weights, seed)
+    except (CheckpointError, KeyError) as err:
+        raise SourceError(f"source {name} with weights {uri or weights}: {err}") from err
+    glass, audit = glassbox_from_timm(tw.model)
+    norm, norm_from = timm_norm(name, tw.model)  # a pinned name carries its tag, e.g. .augreg_in21k_ft_in1k
+    kind = {"random": "timm-random", "hub": "timm-hub"}.get(tw.source, "timm-local")
+    path = "" if kind == "timm-random" else str(Path(weights).resolve()) if kind == "timm-local" else tw.description
+    info = SourceInfo(kind=kind, uri=uri or weights, path=path, run_id=run_id, sha256=tw.sha256 or "",
+                      pretrained=tw.pretrained, description=f"timm {name}: {tw.description}",
+                      architecture=name, norm_from=norm_from, mapping=audit.summary())
+    return SourceModel(glass.eval(), norm, info)
+
+
+def find_run_config(checkpoint: Path) -> Path | None:
+    """The training run's ``config.json``: beside the checkpoint or one folder up (MLflow's layout)."""
+    for folder in (checkpoint.parent, checkpoint.parent.parent):
+        if (folder / "config.json").is_file():
+            return folder / "config.json"
+    return None
+
+
+def load_workbench_checkpoint(path: str | Path, uri: str | None = None, run_id: str = "") -> SourceModel:
+    """A checkpoint of this workbench's training loop, loaded directly (no mapping needed).
+
+    The architecture and the normalisation come from the run's ``config.json``
+    (``model.name`` + overrides, and the statistics of ``data.name`` the run normalised with).
+    """
+    path = Path(path)
+    state = load_checkpoint(path)
+    config_path = find_run_config(path)
+    if config_path is None:
+        raise SourceError(f"{path}: no config.json beside it or one folder up; use runs:/<run id> "
+                          "so the run's config is downloaded with the checkpoint")
+    config = json.loads(config_path.read_text())
+    name, overrides = config["model"]["name"], config["model"].get("overrides", {})
+    cfg = model_config(name, **overrides)
+    if not isinstance(cfg, ViTConfig):
+        raise SourceError(f"{path}: model {name!r} is not a ViT; transfer regimes train ViT blocks")
+    data_name = config["data"]["name"]
+    if data_name not in NORM_STATS:
+        raise SourceError(f"{path}: the source run normalised {data_name!r} with statistics computed at run "
+                          "time, which this workbench does not record; use a source trained on a registered dataset")
+    model = VisionTransformer(cfg)
+    model.load_state_dict(state["model"], strict=True)
+    epoch = state.get("epoch", "?")
+    val = state.get("metrics", {}).get("val_accuracy")
+    trained = f"trained by this workbench on {data_name}, best epoch {epoch}" + (f", val accuracy {val:.4f}" if val is not None else "")
+    info = SourceInfo(kind="workbench-checkpoint", uri=uri or str(path), path=str(path.resolve()), run_id=run_id,
+                      sha256=sha256_file(path), pretrained=True, description=f"workbench {name} {overrides}: {trained}",
+                      architecture=name, norm_from=f"the source run's normalisation (NORM_STATS[{data_name!r}])")
+    return SourceModel(model.eval(), NORM_STATS[data_name], info)
+
+
+def load_local_source(path: str | Path, model: str | None = None, uri: str | None = None, run_id: str = "") -> SourceModel:
+    """A local file: a workbench training checkpoint, or timm weights (``model`` names the architecture)."""
+    path = Path(path)
+    if path.is_file() and path.suffix in (".pt", ".pth"):
+        try:
+            if torch.load(path, map_location="cpu", weights_only=True).get("format") == TRAIN_FORMAT:
+                return load_workbench_checkpoint(path, uri, run_id)
+        except Exception:  # not a training checkpoint: try it as timm weights below
+            pass
+    if not model:
+        raise SourceError(f"{path}: timm weights need source.model (the timm architecture or pinned name)")
+    return load_timm_source(model, str(path), uri=uri, run_id=run_id)
+
+
+def transfer_model(source: SourceModel, num_classes: int, seed: int) -> VisionTransformer:
+    """A copy of the source with a new ``num_classes`` head, initialised from ``seed`` alone.
+
+    The head init depends on the seed only, so every regime of a seed starts from the same
+    head (the pairing). trunc-normal(0.02) weights and zero bias, as the model's own init.
+    """
+    cfg = replace(source.cfg, num_classes=num_classes)
+    with torch.device("meta"):
+        model = VisionTransformer(cfg)
+    state = {k: v.detach().clone() for k, v in source.model.state_dict().items() if not k.startswith("head.")}
+    state["head.weight"] = torch.empty(num_classes, cfg.dim)
+    state["head.bias"] = torch.zeros(num_classes)
+    generator = torch.Generator().manual_seed(derive_seed(seed, "transfer-head"))
+    nn.init.trunc_normal_(state["head.weight"], std=0.02, generator=generator)
+    model.load_state_dict(state, strict=True, assign=True)
+    return model
+
+
+def adapt_split(split: PreparedSplit, in_channels: int) -> PreparedSplit:
+    """Match the source's channels: RGB -> grey by luma, grey -> RGB by repetition (uint8 kept)."""
+    c = split.images.shape[1]
+    if c == in_channels:
+        return split
+    if c == 3 and in_channels == 1:
+        weights = torch.tensor(LUMA).view(1, 3, 1, 1)
+        grey = (split.images.float() * weights).sum(1, keepdim=True).round_().clamp_(0, 255).to(torch.uint8)  # (N, 1, H, W)
+        return replace(split, images=grey)
+    if c == 1 and in_channels == 3:
+        return replace(split, images=split.images.expand(-1, 3, -1, -1).contiguous())  # (N, 3, H, W)
+    raise SourceError(f"the source takes {in_channels} channels; the data has {c}")
