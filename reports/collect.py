@@ -1,0 +1,217 @@
+"""Gather what a report needs from MLflow: the protocol, one finished run per cell, its data.
+
+Which run stands for a cell: the protocol hash decides the study (other hashes of the same
+name are never mixed in, only named). Within the hash a cell (arm, seed) can have several
+finished runs, one per code commit or data fingerprint it was run with; the report uses the
+newest finished one (latest end time, then run id), or the newest of the commit given with
+``commit``, and lists the others as superseded. Cells without a finished run are missing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from studies.protocol import SHORT_HASH_LEN, load_protocol
+from tracking import queries
+from tracking.queries import CellRecord, QueryError
+
+PROTOCOL_DIR = Path(__file__).resolve().parent.parent / "studies" / "protocols"
+CURVE_METRICS = ("val_accuracy", "val_loss", "train_accuracy", "train_loss")
+METRIC_KEYS = {"val": "best_val_accuracy", "test": "test_accuracy"}  # the per-seed value of each split
+
+
+class ReportError(ValueError):
+    """The report cannot be built; the message says why and what to do."""
+
+
+@dataclass(frozen=True)
+class ProtocolSpec:
+    """What the report needs to know about the protocol: its identity and its expected cells."""
+
+    name: str
+    hash: str
+    description: str
+    arms: tuple[str, ...]  # protocol order
+    reference: str
+    seeds: tuple[int, ...]  # protocol order
+    evaluate_test: bool
+    source: str  # where the spec came from, in words
+
+    @property
+    def short_hash(self) -> str:
+        return self.hash[:SHORT_HASH_LEN]
+
+    @property
+    def splits(self) -> tuple[str, ...]:
+        return ("val", "test") if self.evaluate_test else ("val",)
+
+
+@dataclass
+class CellData:
+    """The chosen run of one cell with its predictions (split -> table) and curves (metric -> step -> value)."""
+
+    record: CellRecord
+    predictions: dict[str, pd.DataFrame] = field(default_factory=dict)
+    curves: dict[str, dict[int, float]] = field(default_factory=dict)
+
+
+@dataclass
+class StudyData:
+    """Everything the tables and figures are computed from."""
+
+    spec: ProtocolSpec
+    tracking_uri: str
+    cells: dict[tuple[str, int], CellData]  # (arm, seed) -> chosen run
+    missing: list[tuple[str, int, str]]  # (arm, seed, why) for cells without a finished run
+    superseded: list[CellRecord]  # finished runs of a cell that were not chosen
+    other_hashes: dict[str, int]  # hash -> cell runs under the same name, not used
+    unexpected: list[CellRecord]  # runs of this hash whose (arm, seed) the protocol does not have
+    parent_run_id: str | None  # newest parent run of this hash: the report is logged there
+    commit_filter: str | None
+    num_classes: int = 0
+
+
+def _spec_from_canonical(canonical: dict, digest: str, source: str) -> ProtocolSpec:
+    arms = tuple(a["name"] for a in canonical["arms"])
+    reference = next(a["name"] for a in canonical["arms"] if a.get("reference"))
+    return ProtocolSpec(canonical["name"], digest, canonical["description"], arms, reference,
+                        tuple(int(s) for s in canonical["seeds"]), bool(canonical["run"].get("evaluate_test")), source)
+
+
+def _spec_from_parent(name: str, digest: str) -> ProtocolSpec:
+    """The protocol of an older hash, from the canonical.json its parent run logged (sha256-checked)."""
+    for parent in queries.parent_runs(name, digest):
+        if not queries.has_artifact(parent.run_id, "protocol/canonical.json"):
+            continue
+        with tempfile.TemporaryDirectory() as tmp:
+            text = queries.download_artifact(parent.run_id, "protocol/canonical.json", Path(tmp)).read_text(encoding="utf-8")
+        if hashlib.sha256(text.encode()).hexdigest() != digest:
+            raise ReportError(f"parent run {parent.run_id}: protocol/canonical.json does not hash to {digest[:SHORT_HASH_LEN]}")
+        return _spec_from_canonical(json.loads(text), digest, f"protocol/canonical.json of parent run {parent.run_id}")
+    raise ReportError(f"protocol {name!r}: no parent run of hash {digest[:SHORT_HASH_LEN]} holds protocol/canonical.json")
+
+
+def resolve_protocol(protocol: str, hash_prefix: str | None = None) -> tuple[ProtocolSpec, dict[str, int]]:
+    """The protocol to report on and the cell-run counts of every hash recorded under its name.
+
+    Args:
+        protocol: A protocol YAML path, or a protocol name (``studies/protocols/<name>.yaml``
+            when it exists, else the protocol as logged on its parent runs).
+        hash_prefix: Report this recorded hash (or unique prefix) instead of the file's.
+
+    Raises:
+        ReportError: Unknown protocol, hash not recorded or ambiguous, no file and several hashes.
+        QueryError: The protocol's experiment does not exist in the tracking store.
+    """
+    path = Path(protocol)
+    if not path.is_file() and (PROTOCOL_DIR / f"{protocol}.yaml").is_file():
+        path = PROTOCOL_DIR / f"{protocol}.yaml"
+    loaded = load_protocol(path) if path.is_file() else None
+    name = loaded.name if loaded else protocol
+    if not loaded and ("/" in protocol or protocol.endswith((".yaml", ".yml"))):
+        raise ReportError(f"{protocol}: no such protocol file")
+    counts = queries.hash_counts(name)
+    if hash_prefix:
+        matches = [h for h in counts if h.startswith(hash_prefix)]
+        if len(matches) != 1:
+            found = ", ".join(h[:SHORT_HASH_LEN] for h in counts) or "none"
+            raise ReportError(f"--hash {hash_prefix}: matches {len(matches)} recorded hashes of {name!r} (recorded: {found})")
+        digest = matches[0]
+    elif loaded:
+        digest = loaded.hash
+    elif len(counts) == 1:
+        digest = next(iter(counts))
+    else:
+        raise ReportError(f"protocol {name!r}: no file and {len(counts)} recorded hashes; pick one with --hash "
+                          f"({', '.join(h[:SHORT_HASH_LEN] for h in counts)})")
+    if loaded and digest == loaded.hash:
+        spec = ProtocolSpec(loaded.name, loaded.hash, loaded.description, tuple(a.name for a in loaded.arms),
+                            loaded.reference.name, loaded.seeds, loaded.run.evaluate_test, f"file {_shown(path)}")
+    else:
+        spec = _spec_from_parent(name, digest)
+    return spec, counts
+
+
+def _shown(path: Path) -> str:
+    """The file as the report names it: relative to the project when inside it, so the text
+    does not depend on whether it was given by name, relative or absolute path."""
+    resolved = path.resolve()
+    try:
+        return str(resolved.relative_to(PROTOCOL_DIR.parent.parent))
+    except ValueError:
+        return str(resolved)
+
+
+def _newest(records: list[CellRecord]) -> CellRecord:
+    return max(records, key=lambda r: (r.end_time, r.start_time, r.run_id))
+
+
+def _read_predictions(path: Path) -> pd.DataFrame:
+    # Only what the statistics use; the rows sorted by example index so arms line up.
+    table = pd.read_csv(path, usecols=lambda c: c in ("index", "label", "predicted") or c.startswith("prob_"))
+    return table.sort_values("index", kind="stable").reset_index(drop=True)
+
+
+def load_study(spec: ProtocolSpec, counts: dict[str, int], commit: str | None = None) -> StudyData:
+    """Choose one finished run per cell and load its predictions and training curves."""
+    records = queries.cell_records(spec.name, spec.hash)
+    expected = {(a, s) for a in spec.arms for s in spec.seeds}
+    unexpected = [r for r in records if (r.arm, r.seed) not in expected]
+    parents = queries.parent_runs(spec.name, spec.hash)
+    study = StudyData(spec, queries.tracking_uri(), {}, [], [], {h: n for h, n in counts.items() if h != spec.hash},
+                      unexpected, parents[0].run_id if parents else None, commit)
+    with tempfile.TemporaryDirectory() as tmp:
+        for seed in spec.seeds:
+            for arm in spec.arms:
+                mine = [r for r in records if (r.arm, r.seed) == (arm, seed)]
+                finished = [r for r in mine if r.status == "FINISHED"]
+                usable = [r for r in finished if commit is None or r.commit.startswith(commit)]
+                if not usable:
+                    study.missing.append((arm, seed, _why_missing(mine, finished, commit)))
+                    continue
+                chosen = _newest(usable)
+                study.superseded.extend(r for r in finished if r is not chosen)
+                study.cells[(arm, seed)] = _cell_data(chosen, spec, Path(tmp) / chosen.run_id)
+    study.superseded.sort(key=lambda r: (spec.arms.index(r.arm), spec.seeds.index(r.seed), r.run_id))
+    study.num_classes = max((sum(c.startswith("prob_") for c in t.columns)
+                             for cell in study.cells.values() for t in cell.predictions.values()), default=0)
+    return study
+
+
+def _why_missing(mine: list[CellRecord], finished: list[CellRecord], commit: str | None) -> str:
+    if finished:  # only possible with a commit filter
+        return f"no finished run at commit {commit} (finished at {', '.join(sorted({r.commit[:10] for r in finished}))})"
+    if not mine:
+        return "no run"
+    return "; ".join(f"{r.status} run {r.run_id}" for r in mine)
+
+
+def _cell_data(record: CellRecord, spec: ProtocolSpec, tmp: Path) -> CellData:
+    cell = CellData(record)
+    for split in spec.splits:
+        try:
+            path = queries.download_artifact(record.run_id, f"predictions/{split}.csv", tmp)
+        except QueryError as err:
+            if split == "val":  # every finished cell saves validation predictions: without them the run is broken
+                raise ReportError(f"{record.arm}/seed{record.seed}: {err}; the report needs the saved predictions") from err
+            continue  # a test result can be absent (a dataset without a test split): has_split says so
+        cell.predictions[split] = _read_predictions(path)
+    cell.curves = {key: queries.metric_history(record.run_id, key) for key in CURVE_METRICS}
+    return cell
+
+
+def has_split(cell: CellData, split: str) -> bool:
+    """Whether the run has both the logged accuracy and the predictions file of ``split``."""
+    return split in cell.predictions and METRIC_KEYS[split] in cell.record.metrics
+
+
+def labels_and_predictions(cell: CellData, split: str) -> tuple[np.ndarray, np.ndarray]:
+    table = cell.predictions[split]
+    return table["label"].to_numpy(np.int64), table["predicted"].to_numpy(np.int64)

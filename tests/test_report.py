@@ -1,0 +1,305 @@
+"""Report builder on runs made directly in a real local MLflow store, with hand-chosen predictions.
+
+The runs look like what ``ablate`` logs (tags, params, per-epoch and final metrics,
+prediction CSVs, a parent run with the protocol artifacts) but take no training, so every
+expected number can be worked out by hand.
+"""
+
+from __future__ import annotations
+
+import math
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+from mlflow.entities import Metric, Param
+from mlflow.tracking import MlflowClient
+
+from reports.build import build_report
+from reports.collect import ReportError
+from studies.protocol import load_protocol
+from studies.report import report as report_command
+from tracking.protocols import end_parent_run, start_parent_run
+
+PROTOCOL = """\
+name: {name}
+description: {description}
+dataset: {{name: image_folder, val_size: 10, split_seed: 3}}
+model: {{name: fmnist_vit, image_size: 8, patch_size: 4, in_channels: 3, num_classes: 3, dim: 16, depth: 1, heads: 2, mlp_hidden: 32}}
+run: {{epochs: 3, batch_size: 8, evaluate_test: true}}
+arms:
+  - {{name: vit, reference: true}}
+  - {{name: cnn, overrides: {{model: {{name: fmnist_cnn, in_channels: 3, num_classes: 3}}}}}}
+  - {{name: wide, overrides: {{model: {{dim: 32}}}}}}
+seeds: [0, 1, 2]
+"""
+VAL_LABELS = [0, 0, 0, 1, 1, 1, 2, 2, 2, 2]
+TEST_LABELS = [0, 0, 1, 1, 2, 2]
+# Correct predictions out of 10 (validation) and 6 (test), per arm and seed.
+VAL_CORRECT = {"vit": {0: 8, 1: 7, 2: 9}, "cnn": {0: 6, 1: 7, 2: 5}, "wide": {0: 9, 1: 8, 2: 9}}
+TEST_CORRECT = {"vit": {0: 5, 1: 4, 2: 5}, "cnn": {0: 3, 1: 4, 2: 4}, "wide": {0: 6, 1: 5, 2: 5}}
+COMMIT_A, COMMIT_B = "a" * 40, "b" * 40
+T_975_DF2 = 4.302652729749462  # Student-t 97.5% quantile, 2 degrees of freedom: 4.3027 in printed tables
+
+
+def predictions_csv(labels: list[int], correct: int, seed: int) -> str:
+    """The first ``correct`` examples right, the rest predicted as the next class; rows shuffled.
+
+    Rows are written in a seed-dependent order (as a loader might) to check that the
+    report lines arms up by example index, not by row.
+    """
+    rows = []
+    for i, y in enumerate(labels):
+        p = y if i < correct else (y + 1) % 3
+        probs = [0.1, 0.1, 0.1]
+        probs[p] = 0.8
+        rows.append(f"{i},{y},{p},{-math.log(probs[y]):.9g}," + ",".join(f"{q:.9g}" for q in probs))
+    order = np.random.default_rng(seed).permutation(len(rows))
+    return "index,label,predicted,loss,prob_0,prob_1,prob_2\n" + "\n".join(rows[i] for i in order) + "\n"
+
+
+@dataclass
+class Store:
+    """Handles on the runs a test made."""
+
+    protocol_path: Path
+    protocol: object
+    parents: list[str] = field(default_factory=list)
+    cells: dict[tuple[str, int], str] = field(default_factory=dict)  # (arm, seed) -> newest run id
+
+
+def write_protocol(folder: Path, name: str = "study", description: str = "hand-made runs for report tests") -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{name}.yaml"
+    path.write_text(PROTOCOL.format(name=name, description=description))
+    return path
+
+
+def log_cell(client: MlflowClient, protocol, parent: str, arm: str, seed: int, val_correct: int, test_correct: int,
+             commit: str = COMMIT_A, status: str = "FINISHED", end_time: int | None = None, with_test: bool = True) -> str:
+    """One cell run as ablate makes it: tags, flattened params, per-epoch + final metrics, predictions."""
+    exp_id = client.get_run(parent).info.experiment_id
+    tags = {"cell": "true", "protocol_name": protocol.name, "protocol_hash": protocol.hash, "arm": arm,
+            "seed": str(seed), "is_reference": str(arm == protocol.reference.name).lower(), "allow_dirty": "false",
+            "run_key": f"{arm}-{seed}-{commit[:6]}", "mlflow.parentRunId": parent, "mlflow.runName": f"{arm}-seed{seed}",
+            "git_commit": commit, "git_dirty": "false"}
+    run_id = client.create_run(exp_id, tags=tags).info.run_id
+    params = {"run.seed": seed, "model.name": "fmnist_cnn" if arm == "cnn" else "fmnist_vit", "data.name": "image_folder",
+              "data.fingerprint": "f" * 64, "data.split_fingerprint": "e" * 64, "run.epochs": 3, "run.evaluate_test": True}
+    val_acc, test_acc = val_correct / len(VAL_LABELS), test_correct / len(TEST_LABELS)
+    metrics = [Metric(key, value, 0, epoch)
+               for epoch in (1, 2, 3)  # curves that end at the best accuracy, best epoch 3
+               for key, value in {"val_accuracy": val_acc - 0.1 * (3 - epoch), "val_loss": 1.0 / epoch,
+                                  "train_accuracy": 0.5 + 0.1 * epoch, "train_loss": 1.2 / epoch,
+                                  "best_epoch": epoch}.items()]
+    metrics += [Metric(key, value, 1, 0) for key, value in {  # final metrics, logged without a step as ablate does
+        "best_val_accuracy": val_acc, "best_val_loss": 0.5, "best_epoch": 3, "reload_proof_passed": 1.0,
+        **({"test_accuracy": test_acc, "test_loss": 0.6} if with_test else {})}.items()]
+    # One batch instead of ~30 single calls: SQLite commits each call, which is what makes tests slow.
+    client.log_batch(run_id, metrics=metrics, params=[Param(k, str(v)) for k, v in params.items()])
+    if status == "FINISHED":
+        with tempfile.TemporaryDirectory() as tmp:
+            for split, labels, correct in (("val", VAL_LABELS, val_correct), ("test", TEST_LABELS, test_correct))[:1 + with_test]:
+                path = Path(tmp) / f"{split}.csv"
+                path.write_text(predictions_csv(labels, correct, seed))
+                client.log_artifact(run_id, str(path), artifact_path="predictions")
+    client.set_terminated(run_id, status, end_time=end_time)
+    return run_id
+
+
+def make_store(folder: Path, skip: tuple = (), name: str = "study", description: str | None = None,
+               commit: str = COMMIT_A, end_time: int | None = None) -> Store:
+    """A parent run and every cell (minus ``skip``) with the hand-chosen predictions."""
+    path = write_protocol(folder, name, description or "hand-made runs for report tests")
+    protocol = load_protocol(path)
+    store = Store(path, protocol)
+    client = MlflowClient()
+    parent = start_parent_run(protocol, path, allow_dirty=True)
+    store.parents.append(parent)
+    for cell in protocol.cells():
+        if (cell.arm, cell.seed) in skip:
+            continue
+        store.cells[(cell.arm, cell.seed)] = log_cell(
+            client, protocol, parent, cell.arm, cell.seed, VAL_CORRECT[cell.arm][cell.seed],
+            TEST_CORRECT[cell.arm][cell.seed], commit=commit, end_time=end_time)
+    end_parent_run(parent, {"finished": len(store.cells), "skipped": 0, "failed": 0})
+    return store
+
+
+@pytest.fixture(scope="session")
+def empty_mlflow_db(tmp_path_factory) -> Path:
+    """An empty, fully migrated MLflow SQLite file: creating one takes seconds, copying it none."""
+    import mlflow
+
+    path = tmp_path_factory.mktemp("mlflow-template") / "mlflow.db"
+    previous = mlflow.get_tracking_uri()
+    mlflow.set_tracking_uri(f"sqlite:///{path}")
+    MlflowClient().search_experiments()  # runs the schema migrations
+    mlflow.set_tracking_uri(previous)
+    return path
+
+
+@pytest.fixture
+def fresh_store(tmp_path, empty_mlflow_db, mlflow_store) -> str:
+    """``mlflow_store`` started from the migrated template (nothing has opened it yet)."""
+    shutil.copyfile(empty_mlflow_db, tmp_path / "mlflow.db")
+    return mlflow_store
+
+
+@pytest.fixture
+def store(tmp_path, fresh_store) -> Store:
+    return make_store(tmp_path)
+
+
+def hand_t_interval(d: list[float]) -> tuple[float, float, float]:
+    n = len(d)
+    mean = sum(d) / n
+    sd = math.sqrt(sum((x - mean) ** 2 for x in d) / (n - 1))
+    half = T_975_DF2 * sd / math.sqrt(n)
+    return mean, mean - half, mean + half
+
+
+def test_numbers_equal_hand_computed_values(store, tmp_path):
+    result = build_report(str(store.protocol_path), tmp_path / "out", log=False)
+    val = {s.arm: s for s in result.summaries["val"]}
+    assert val["vit"].values == {0: 0.8, 1: 0.7, 2: 0.9}
+    assert val["vit"].mean == pytest.approx(0.8, abs=1e-12) and val["vit"].std == pytest.approx(0.1, abs=1e-12)
+    assert val["cnn"].mean == pytest.approx(0.6, abs=1e-12) and val["cnn"].std == pytest.approx(0.1, abs=1e-12)
+    test = {s.arm: s for s in result.summaries["test"]}
+    assert test["wide"].mean == pytest.approx((1 + 5 / 6 + 5 / 6) / 3, abs=1e-12)
+
+    (cnn_vs_vit, wide_vs_vit) = result.comparisons["val"]
+    assert (cnn_vs_vit.a, cnn_vs_vit.b, wide_vs_vit.a) == ("cnn", "vit", "wide")
+    p = cnn_vs_vit.paired
+    assert p.seeds == [0, 1, 2] and np.allclose(p.differences, [-0.2, 0.0, -0.4], atol=1e-12), p.differences
+    mean, low, high = hand_t_interval([-0.2, 0.0, -0.4])
+    assert (p.mean_difference, p.ci_low, p.ci_high) == pytest.approx((mean, low, high), abs=1e-12)
+    assert (p.n, p.wins, p.ties, p.losses) == (3, 0, 1, 2)
+    t_stat = mean / (0.2 / math.sqrt(3))  # sd of the differences is 0.2
+    from scipy.stats import t as student_t
+    assert p.p_value == pytest.approx(2 * student_t.sf(abs(t_stat), 2), abs=1e-12)
+    boot = cnn_vs_vit.bootstrap
+    assert boot.estimate == pytest.approx(-0.2, abs=1e-12) and boot.low <= -0.2 <= boot.high and boot.n_resamples == 2000
+
+    md = result.markdown.read_text()
+    assert "| cnn − vit  | 3 of 3 | -20.00 |  +0.00 | -40.00 | -20.00 | [-69.68, +29.68] |" in md, md
+    assert "0 of 3 (1 tied)" in md and f"{p.p_value:.3f}" in md
+    assert "| vit (reference) |  3 of 3 | 80.00 | 10.00 |  80.00 |  70.00 |  90.00 |  3 / 3 / 3 |" in md
+    # per class (validation, vit): the wrong examples are the last ones, all of class 2
+    # seed 0: 2 of 4 right, seed 1: 1 of 4, seed 2: 3 of 4 -> mean 50.00, std 25.00
+    assert "| 2     |   50.00 ± 25.00 |" in md
+    for (arm, seed), run_id in store.cells.items():  # traceability: every run id is listed
+        assert f"| {arm:<4} | {seed:>4} | `{run_id}` |" in md
+    assert "Warnings" not in md
+
+
+def test_other_hashes_of_the_name_are_named_and_never_mixed(tmp_path, fresh_store):
+    older = make_store(tmp_path / "v1", description="first version")
+    newer = make_store(tmp_path / "v2", description="second version, same name, new hash")
+    assert older.protocol.hash != newer.protocol.hash
+    result = build_report(str(newer.protocol_path), tmp_path / "out", log=False)
+    used = {c.record.run_id for c in result.study.cells.values()}
+    assert used == set(newer.cells.values()), "only the file's hash"
+    assert any(m.startswith("warning: runs with another hash") and older.protocol.hash[:12] in m
+               for m in result.messages), result.messages
+    md = result.markdown.read_text()
+    assert f"runs with another hash of `study` exist and are not used: `{older.protocol.hash[:12]}` (9 cell runs)" in md
+
+    again = build_report(str(newer.protocol_path), tmp_path / "out-old", hash_prefix=older.protocol.hash[:10], log=False)
+    assert {c.record.run_id for c in again.study.cells.values()} == set(older.cells.values())
+    assert again.study.spec.source == f"protocol/canonical.json of parent run {older.parents[0]}"
+    assert again.study.spec.description == "first version"
+    with pytest.raises(ReportError, match="matches 0 recorded hashes"):
+        build_report(str(newer.protocol_path), tmp_path / "x", hash_prefix="0000", log=False)
+    # By name, without a file: two hashes recorded, so the name alone is ambiguous.
+    with pytest.raises(ReportError, match="no file and 2 recorded hashes; pick one with --hash"):
+        build_report("study", tmp_path / "x", log=False)
+    by_name = build_report("study", tmp_path / "by-name", hash_prefix=newer.protocol.hash[:12], log=False)
+    assert by_name.study.spec.arms == ("vit", "cnn", "wide") and by_name.study.spec.seeds == (0, 1, 2)
+    assert [s.mean for s in by_name.summaries["val"]] == [s.mean for s in result.summaries["val"]]
+
+
+def test_missing_cells_are_listed_and_flagged_not_silently_averaged(tmp_path, fresh_store):
+    store = make_store(tmp_path, skip=(("cnn", 2), ("wide", 1)))
+    failed = log_cell(MlflowClient(), store.protocol, store.parents[0], "wide", 1, 8, 5, status="FAILED")
+    # A newer run of cnn/seed1 without a test result (a dataset without a test split): missing in test only.
+    no_test = log_cell(MlflowClient(), store.protocol, store.parents[0], "cnn", 1, 7, 0, with_test=False)
+    result = build_report(str(store.protocol_path), tmp_path / "out", log=False)
+    cnn_test = next(s for s in result.summaries["test"] if s.arm == "cnn")
+    assert cnn_test.values == {0: 0.5} and cnn_test.missing_seeds == [1, 2]
+    assert result.comparisons["test"][0].paired.n == 1
+    assert any(f"cnn/seed1 (run {no_test}) has no test result" in m for m in result.messages), result.messages
+    cnn = next(s for s in result.summaries["val"] if s.arm == "cnn")
+    assert cnn.n == 2 and cnn.missing_seeds == [2] and cnn.mean == pytest.approx(0.65, abs=1e-12)
+    assert result.study.missing == [("wide", 1, f"FAILED run {failed}"), ("cnn", 2, "no run")]
+    cnn_vs_vit = result.comparisons["val"][0]
+    assert cnn_vs_vit.paired.n == 2 and cnn_vs_vit.paired.missing_in_a == [2]
+    assert cnn_vs_vit.bootstrap.estimate == pytest.approx((-0.2 + 0.0) / 2, abs=1e-12)
+    md = result.markdown.read_text()
+    assert "| cnn             | 2 of 3 ⚠ | 65.00 |  7.07 |  60.00 |   70.00 | missing |  3 / 3 / – |" in md
+    assert "⚠ cnn: mean over 2 of 3 seeds; missing seed(s) 2" in md
+    assert "| cnn − vit  | 2 of 3 ⚠ | -20.00 |   +0.00 | missing | -10.00 |" in md
+    assert "### Missing cells" in md and f"| wide |    1 | FAILED run {failed} |" in md and "| cnn  |    2 | no run" in md
+    assert "Cells with a finished run: **7 of 9** ⚠" in md
+    assert any("missing: cnn/seed2 (no run)" == m for m in result.messages)
+
+
+def test_rebuilding_gives_byte_identical_files(store, tmp_path):
+    first = build_report(str(store.protocol_path), tmp_path / "one", log=False)
+    files = {p.relative_to(first.folder): p.read_bytes() for p in sorted(first.folder.rglob("*")) if p.is_file()}
+    second = build_report(str(store.protocol_path), tmp_path / "two", log=False)  # elsewhere: paths are not content
+    again = {p.relative_to(second.folder): p.read_bytes() for p in sorted(second.folder.rglob("*")) if p.is_file()}
+    assert sorted(files) == sorted(again) and len(files) == 7  # md, html, 5 figures
+    different = [str(k) for k in files if files[k] != again[k]]
+    assert not different, f"differ between builds: {different}"
+
+
+def test_report_is_logged_on_the_newest_parent_run(store, tmp_path):
+    client = MlflowClient()
+    # A second execution of the same protocol (everything already finished): a newer parent run.
+    rerun = start_parent_run(store.protocol, store.protocol_path, allow_dirty=True)
+    end_parent_run(rerun, {"finished": 0, "skipped": 9, "failed": 0})
+    result = build_report(str(store.protocol_path), tmp_path / "out")
+    assert result.logged_to == [rerun]
+    logged = {a.path for a in client.list_artifacts(rerun, "report")}
+    assert logged == {"report/report.md", "report/report.html", "report/figures"}
+    assert len(client.list_artifacts(rerun, "report/figures")) == 5
+    assert not client.list_artifacts(store.parents[0], "report")
+    local = client.download_artifacts(rerun, "report/report.md", str(tmp_path))
+    assert Path(local).read_bytes() == result.markdown.read_bytes()
+    assert f"This report is logged as an artifact (`report/`) of run(s) `{rerun}`." in result.markdown.read_text()
+
+
+def test_newest_finished_run_per_cell_unless_a_commit_is_given(store, tmp_path):
+    client = MlflowClient()
+    newer = log_cell(client, store.protocol, store.parents[0], "vit", 0, 10, 6, commit=COMMIT_B)
+    result = build_report(str(store.protocol_path), tmp_path / "out", log=False)
+    assert result.study.cells[("vit", 0)].record.run_id == newer
+    assert [r.run_id for r in result.study.superseded] == [store.cells[("vit", 0)]]
+    md = result.markdown.read_text()
+    assert "### Superseded runs (not used)" in md and "the chosen runs come from 2 code commits" in md
+
+    pinned = build_report(str(store.protocol_path), tmp_path / "pinned", commit="aaaa", log=False)
+    assert pinned.study.cells[("vit", 0)].record.run_id == store.cells[("vit", 0)]
+    only_b = build_report(str(store.protocol_path), tmp_path / "b", commit="bbbb", log=False)
+    assert set(only_b.study.cells) == {("vit", 0)} and len(only_b.study.missing) == 8
+    assert only_b.study.missing[0][2] == f"no finished run at commit bbbb (finished at {COMMIT_A[:10]})"
+
+
+def test_cli_builds_compares_and_explains_errors(store, tmp_path):
+    runner = CliRunner()
+    out = tmp_path / "cli"
+    res = runner.invoke(report_command, ["--protocol", str(store.protocol_path), "--out-dir", str(out),
+                                         "--compare", "wide:cnn", "--no-log", "--resamples", "200"])
+    assert res.exit_code == 0, res.output
+    assert "9 of 9 cells have a finished run" in res.output and (out / "study" / "report.html").is_file()
+    md = (out / "study" / "report.md").read_text()
+    assert "| wide − cnn |" in md and "200 resamples" in md
+    bad = runner.invoke(report_command, ["--protocol", str(store.protocol_path), "--compare", "wide:mlp", "--no-log"])
+    assert bad.exit_code == 1 and "arm 'mlp' is not in protocol 'study'" in bad.output
+    unknown = runner.invoke(report_command, ["--protocol", "never_run", "--no-log"])
+    assert unknown.exit_code == 1 and "no MLflow experiment named 'never_run'" in unknown.output

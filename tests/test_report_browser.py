@@ -1,0 +1,74 @@
+"""The HTML report opens in a real browser (headless Chromium): tables render, figures decode."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+from PIL import Image
+from test_report import empty_mlflow_db, fresh_store, store  # noqa: F401  (fixtures)
+
+from reports.build import build_report
+
+BROWSER = next((shutil.which(b) for b in ("chromium", "chromium-browser", "google-chrome") if shutil.which(b)), None)
+pytestmark = pytest.mark.skipif(
+    BROWSER is None, reason="headless Chromium not installed (Debian: apt-get install chromium); CI installs it"
+)
+# No network, no first-run work, no GPU: a browser that only renders one local file.
+FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-sync",
+         "--disable-background-networking", "--disable-component-update", "--disable-extensions", "--hide-scrollbars"]
+# Appended to a copy of the report (the report itself carries no script): after load, write
+# what the page holds into the DOM, so --dump-dom shows what the browser made of it.
+PROBE = """<script>
+window.addEventListener("load", () => {
+  const out = document.createElement("pre");
+  out.id = "probe";
+  out.textContent = JSON.stringify({
+    images: [...document.images].map(i => [i.naturalWidth, i.naturalHeight, i.complete]),
+    tables: document.querySelectorAll("table").length,
+    rows: [...document.querySelectorAll("tbody tr")].map(r => r.cells[0].textContent),
+    headings: [...document.querySelectorAll("h2")].map(h => h.textContent),
+  });
+  document.body.appendChild(out);
+});
+</script>
+</body>"""
+
+
+def chromium(tmp_path, *args: str) -> subprocess.CompletedProcess:
+    profile = tmp_path / "chromium-profile"
+    return subprocess.run([BROWSER, *FLAGS, f"--user-data-dir={profile}", *args],
+                          capture_output=True, text=True, timeout=90, check=False)
+
+
+def test_html_report_renders_tables_and_figures_in_chromium(store, tmp_path):  # noqa: F811 (fixture)
+    result = build_report(str(store.protocol_path), tmp_path / "out", log=False)
+    probe_page = tmp_path / "probe.html"
+    probe_page.write_text(result.html.read_text().replace("</body>", PROBE, 1))
+
+    done = chromium(tmp_path, "--virtual-time-budget=10000", "--dump-dom", probe_page.as_uri())
+    match = re.search(r'<pre id="probe">(.*?)</pre>', done.stdout, re.DOTALL)
+    assert match, f"no probe output; chromium exit {done.returncode}:\n{done.stderr[-2000:]}"
+    page = json.loads(match.group(1).replace("&quot;", '"').replace("&amp;", "&"))
+    assert len(page["images"]) == 5 and all(w > 0 and h > 0 and ok for w, h, ok in page["images"]), page["images"]
+    assert page["tables"] == 7, page  # accuracy, comparisons and per-class for val and test; runs
+    assert page["headings"][:4] == ["Accuracy", "Seed-paired comparisons", "Per-class accuracy", "Training curves"]
+    assert page["rows"].count("vit (reference)") == 2 and page["rows"].count("cnn − vit") == 2, page["rows"]
+
+    shot = tmp_path / "shot.png"
+    done = chromium(tmp_path, "--window-size=1200,2400", f"--screenshot={shot}", result.html.as_uri())
+    assert shot.is_file(), done.stderr[-2000:]
+    pixels = np.asarray(Image.open(shot).convert("RGB"))
+    assert pixels.shape[:2] == (2400, 1200), pixels.shape
+    dark = (pixels.sum(axis=2) < 300).mean()  # text, table rules, plot lines
+    assert 0.005 < dark < 0.5, f"screenshot looks blank or broken: {dark:.4f} of pixels dark"
+    assert len(np.unique(pixels.reshape(-1, 3), axis=0)) > 50, "screenshot has almost no colours: figures missing?"
+    # The title sits in the top-left corner; without any system font Chromium draws no text
+    # at all (figures still show, their text is in the PNG), so check that text was drawn.
+    title = (pixels[:150, :800].sum(axis=2) < 300).mean()
+    assert title > 0.01, (f"no text rendered in the title area ({title:.4f} dark): Chromium found no font; "
+                          "install one (Debian: fonts-dejavu-core or fonts-liberation)")
