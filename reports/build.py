@@ -87,7 +87,7 @@ def build_report(
 
     blocks = (document.header(study, n_resamples, log_targets) + document.accuracy_section(study, summaries)
               + document.comparison_section(study, comparisons, n_resamples) + document.per_class_section(study)
-              + document.curves_section(study) + document.runs_section(study))
+              + document.curves_section(study) + _analysis(spec) + document.runs_section(study))
     folder = Path(out_root) / spec.name
     figure_paths = _write(folder, blocks, f"{spec.name}@{spec.short_hash} report")
     result = ReportResult(folder, folder / "report.md", folder / "report.html", figure_paths, study, summaries, comparisons,
@@ -99,6 +99,14 @@ def build_report(
             result.logged_to.append(run_id)
             messages.append(f"logged the report to run {run_id} (artifacts report/)")
     return result
+
+
+def _analysis(spec) -> list:
+    """Analysis figures logged by `workbench figures` on a parent run of this hash, if any."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        return document.analysis_section(queries.analysis_figures(spec.name, spec.hash, Path(tmp)))
 
 
 def _write(folder: Path, blocks: list, title: str) -> list[Path]:

@@ -258,3 +258,13 @@ def runs_section(study: StudyData) -> list[Block]:
         blocks += [Heading(3, "Other hashes of this protocol name (not used)"), Table(
             ["hash", "cell runs"], [[f"`{h}`", str(n)] for h, n in study.other_hashes.items()], ["l", "r"])]
     return blocks
+
+
+def analysis_section(found: list) -> list[Block]:
+    """The figures `workbench figures` logged on the protocol's parent run, when it was run."""
+    if not found:
+        return []
+    blocks = [Heading(2, "Analysis figures"),
+              Para(f"Built by `workbench figures` from these runs' checkpoints and predictions and logged on parent run "
+                   f"`{found[0].run_id}` (artifacts `figures/`). Attention maps are diagnostics, not explanations.")]
+    return blocks + [Figure(f"analysis_{f.filename}", f.caption, f.png) for f in found]

@@ -7,6 +7,7 @@ import click
 from studies.ablate import ablate
 from studies.equivalence import equivalence
 from studies.figures import figures
+from studies.report import report
 from studies.sweep import sweep
 from studies.train import train
 from studies.worker import worker
@@ -34,6 +35,7 @@ def pin(name: str) -> None:
 main.add_command(ablate)
 main.add_command(equivalence)
 main.add_command(figures)
+main.add_command(report)
 main.add_command(sweep)
 main.add_command(train)
 main.add_command(worker)

@@ -98,7 +98,9 @@ def protocol_figures(protocol: str | None, run_ids: tuple[str, ...], output_dir:
     inputs = StudyInputs(title, [run_inputs(c, reference) for c in cells], data.val.images, data.val.labels,
                          data.class_names, data.norm, cells[0].config["data"].get("resize_to"), data.display_name)
     built = study_figures(inputs, n_images=n_images, tsne_points=tsne_points, block=block, seed=seed)
-    folder = Path(output_dir) if output_dir else DEFAULT_ROOT / runs.name / "figures"
+    # Not reports/<protocol>/figures: the report builder owns that folder and embeds these
+    # figures itself from the parent run.
+    folder = Path(output_dir) if output_dir else DEFAULT_ROOT / runs.name / "analysis"
     names = write_figures(built, folder, title)
     if log:
         targets = [r for r in (runs.parent_run_id, tf.launcher_run_id()) if r]
@@ -162,7 +164,7 @@ def write_figures(built, folder: Path, title: str) -> list[str]:
 @click.option("--weights", default="random", show_default=True, help="timm mode: random, hub, or a safetensors file.")
 @click.option("--image", "images", multiple=True, type=click.Path(exists=True, dir_okay=False), help="timm mode: an image file.")
 @click.option("--output-dir", default=None, type=click.Path(file_okay=False),
-              help="Where to write the PNGs [default: reports/<protocol>/figures or reports/timm/<model>/figures].")
+              help="Where to write the PNGs [default: reports/<protocol>/analysis or reports/timm/<model>/figures].")
 @click.option("--data-path", default=None, help="Where this machine keeps the protocol's dataset.")
 @click.option("--download/--no-download", default=False, show_default=True, help="Allow a dataset download.")
 @click.option("--log/--no-log", default=True, show_default=True, help="Log the figures to MLflow.")

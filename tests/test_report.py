@@ -303,3 +303,30 @@ def test_cli_builds_compares_and_explains_errors(store, tmp_path):
     assert bad.exit_code == 1 and "arm 'mlp' is not in protocol 'study'" in bad.output
     unknown = runner.invoke(report_command, ["--protocol", "never_run", "--no-log"])
     assert unknown.exit_code == 1 and "no MLflow experiment named 'never_run'" in unknown.output
+
+
+def test_analysis_figures_logged_on_the_parent_are_embedded(store, tmp_path):
+    import base64
+    import json
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(2, 1))
+    ax.plot([0, 1], [1, 0])
+    figures_dir = tmp_path / "fig"
+    figures_dir.mkdir()
+    fig.savefig(figures_dir / "01_patches.png", dpi=50)
+    plt.close(fig)
+    (figures_dir / "figures.json").write_text(json.dumps({"figures": {"01_patches.png": {"caption": "patch grid"}}}))
+    client = MlflowClient()
+    for name in ("01_patches.png", "figures.json"):
+        client.log_artifact(store.parents[0], str(figures_dir / name), artifact_path="figures")
+    result = build_report(str(store.protocol_path), out_root=tmp_path / "reports", log=False)
+    md = result.markdown.read_text()
+    assert "## Analysis figures" in md and "patch grid" in md and store.parents[0] in md
+    png = (figures_dir / "01_patches.png").read_bytes()
+    assert (result.folder / "figures" / "analysis_01_patches.png").read_bytes() == png
+    assert base64.b64encode(png).decode() in result.html.read_text()

@@ -197,3 +197,30 @@ def log_report(run_id: str, folder: Path, artifact_path: str = "report") -> None
 def launcher_run_id() -> str | None:
     """The run ``mlflow run`` created around this process, if any (it also gets the report)."""
     return os.environ.get("MLFLOW_RUN_ID") or None
+
+
+@dataclass(frozen=True)
+class AnalysisFigure:
+    """A figure `workbench figures` logged on a parent run (``figures/`` with a manifest)."""
+
+    filename: str
+    caption: str
+    png: bytes = field(repr=False)
+    run_id: str = ""
+
+
+def analysis_figures(protocol_name: str, protocol_hash: str, dst: Path) -> list[AnalysisFigure]:
+    """The analysis figures of the newest parent run of this hash that has them, in manifest order."""
+    import json
+
+    for parent in parent_runs(protocol_name, protocol_hash):
+        if not has_artifact(parent.run_id, "figures/figures.json"):
+            continue
+        manifest = json.loads(download_artifact(parent.run_id, "figures/figures.json", dst / parent.run_id).read_text())
+        return [
+            AnalysisFigure(name, meta.get("caption", ""),
+                           download_artifact(parent.run_id, f"figures/{name}", dst / parent.run_id).read_bytes(),
+                           parent.run_id)
+            for name, meta in manifest.get("figures", {}).items()
+        ]
+    return []
