@@ -26,9 +26,11 @@ from tracking.protocols import end_parent_run, experiment_id_for, recorded_hashe
 from tracking.runs import configure_tracking, environment_tags, git_state
 from workbench.data import DatasetNotFound, PreparedData, prepare
 from workbench.train.loop import resolve_device
-from workbench.transfer.features import compute_features
+from workbench.transfer.features import FeatureCache, compute_features
 from workbench.transfer.protocol import SourceSpec, TransferCell, TransferData, TransferProtocol, parse_transfer_protocol
-from workbench.transfer.runner import Selection, TransferContext, select_cell, split_off_test, evaluate_on_test
+from workbench.transfer.runner import (
+    Selection, TestSplitGuard, TransferContext, evaluate_on_test, select_cell, split_off_test,
+)
 from workbench.transfer.source import (
     SourceError, SourceModel, load_local_source, load_timm_source, parse_protocol_cell, parse_weights,
 )
@@ -87,7 +89,8 @@ def resolve_source(spec: SourceSpec, override: str | None, protocol_file: Path, 
         source_protocol = load_protocol(Path(protocol_file).parent / f"{name}.yaml")
         rest = tt.find_finished_cell(name, source_protocol.hash, arm, seed)
     local, run_id, note = tt.download_run_source(rest, download_dir)
-    source = load_local_source(local, spec.model, uri=weights, run_id=run_id)
+    trained_on = tt.run_param(run_id, "data.display_name")
+    source = load_local_source(local, spec.model, uri=weights, run_id=run_id, trained_on=trained_on)
     if note:
         source.info = replace(source.info, description=f"{source.info.description} ({note})")
     return source
@@ -114,12 +117,112 @@ def prepare_transfer_data(spec: TransferData, data_path: str | None, download: b
     return prepare(spec.name, download=download, size=28, **common)
 
 
-def _cell_params(cell: TransferCell, ctx: TransferContext) -> dict:
-    r = cell.regime
+def _cell_params(cell: TransferCell, ex: "Execution") -> dict:
+    r, ctx, data = cell.regime, ex.ctx, ex.data
     params = {"regime.name": r.name, "regime.kind": r.kind, "regime.epochs": r.epochs, "regime.blocks": r.blocks,
               "regime.layer_decay": r.layer_decay, "regime.patience": r.patience, "seed": cell.seed,
-              "batch_size": ctx.batch_size, "eval_batch_size": ctx.eval_batch_size, "amp": str(ctx.amp_dtype)}
-    return params | {f"optim.{k}": v for k, v in vars(r.optim).items()}
+              "batch_size": ctx.batch_size, "eval_batch_size": ctx.eval_batch_size, "amp": str(ctx.amp_dtype),
+              "inputs": ex.inputs, "data.fingerprint": data.data_fingerprint,
+              "data.split_fingerprint": data.split_fingerprint, "data.n_train": len(data.train), "data.n_val": len(data.val)}
+    return params | {f"optim.{k}": v for k, v in vars(r.optim).items()} | ex.source.info.as_params()
+
+
+@dataclass
+class Execution:
+    """What one execution of a protocol shares across its cells."""
+
+    protocol: TransferProtocol
+    source: SourceModel
+    data: PreparedData  # train and val only: the test split is behind ``guard``
+    guard: TestSplitGuard
+    ctx: TransferContext
+    identity: str
+    inputs: str
+    output_dir: Path
+    parent: str = ""
+    cache: FeatureCache | None = None
+
+    def features(self) -> FeatureCache:
+        """The frozen backbone's features, computed on first use and shared by every seed."""
+        if self.cache is None:
+            cfg, ctx = self.source.cfg, self.ctx
+            starts = [cfg.depth - r.blocks for r in self.protocol.regimes if r.kind == "partial"]
+            self.cache = compute_features(self.source.model.to(ctx.device), {"train": self.data.train, "val": self.data.val},
+                                          ctx.norm, ctx.resize_to, ctx.device, ctx.eval_batch_size, ctx.amp_dtype, starts)
+            MlflowClient().log_metric(self.parent, "feature_cache_seconds", self.cache.seconds)
+            tqdm.write(f"features of {self.cache.images} images cached in {self.cache.seconds:.1f} s")
+        return self.cache
+
+
+def prepare_execution(protocol: TransferProtocol, protocol_file: Path, output_dir: Path, device: str,
+                      data_path: str | None, download: bool, source_override: str | None) -> Execution:
+    """Source, data (test split locked away at once) and the shared context."""
+    output_dir = Path(output_dir) / protocol.name
+    source = resolve_source(protocol.source, source_override, Path(protocol_file), output_dir / "sources")
+    cfg = source.cfg
+    data = prepare_transfer_data(protocol.dataset, data_path, download, cfg.image_size)
+    if data.test is None:  # the container's field, not the images: nothing is read here
+        raise ProtocolError(f"{protocol_file}: {data.display_name} has no test split; a transfer study reports test metrics")
+    dev, side = resolve_device(device), data.train.images.shape[-1]
+    ctx = TransferContext(dev, AMP.get(protocol.run.amp) if dev.type == "cuda" else None, protocol.run.batch_size,
+                          protocol.run.eval_batch_size, source.norm, None if side == cfg.image_size else cfg.image_size,
+                          len(data.class_names))
+    selection_data, guard = split_off_test(data, cfg.in_channels)  # from here on only phase 2 can read the test split
+    inputs = (f"{side} px images upsampled in batches to {cfg.image_size} px (bilinear)" if ctx.resize_to
+              else f"{side} px images at the model's input size")
+    return Execution(protocol, source, selection_data, guard, ctx, source_identity(source, protocol.source), inputs,
+                     output_dir)
+
+
+def select_phase(ex: Execution, cell: TransferCell, experiment_id: str, commit: str,
+                 allow_dirty: bool) -> CellOutcome | tuple:
+    """Phase 1 for one cell: skip it, reuse its finished selection, or train and select it."""
+    p, data = ex.protocol, ex.data
+    key = hashlib.sha256("|".join([p.hash, cell.regime.name, str(cell.seed), ex.identity, data.data_fingerprint,
+                                   data.split_fingerprint, f"commit={commit}"]).encode()).hexdigest()[:24]
+    tags = {"cell": "true", "transfer": "true", "protocol_name": p.name, "protocol_hash": p.hash,
+            "arm": cell.regime.name, "seed": str(cell.seed), "regime_kind": cell.regime.kind,
+            "is_reference": str(cell.regime.reference).lower(), "source_identity": ex.identity,
+            "allow_dirty": str(allow_dirty).lower()}
+    run_id, status, run_tags = tt.open_cell_run(experiment_id, key, f"{cell.regime.name}-seed{cell.seed}", ex.parent, tags)
+    if status == "FINISHED":
+        return CellOutcome(cell, "skipped", f"{cell.key}: already finished in run {run_id}", run_id)
+    run_dir, client = ex.output_dir / key, MlflowClient()
+    try:
+        for name, value in {**environment_tags(str(ex.ctx.device)), "run_dir": str(run_dir.resolve())}.items():
+            client.set_tag(run_id, name, value)
+        tt.log_params_once(run_id, _cell_params(cell, ex))
+        selection = Selection.load(run_dir) if run_tags.get("phase") == "selected" else None
+        if selection is None:
+            cache = ex.features() if cell.regime.kind != "full" else None
+            selection = select_cell(cell, ex.source, data, cache, ex.ctx, run_dir, tt.TransferEpochObserver(run_id))
+            tt.log_selection(run_id, selection, p.run.log_checkpoints)
+        if not selection.proof["passed"]:
+            raise RuntimeError(f"{selection.proof['what']} failed: {selection.proof['summary']}")
+    except Exception as err:  # one failing cell must not take the others down
+        traceback.print_exc()
+        client.set_terminated(run_id, "FAILED")
+        return CellOutcome(cell, "failed", f"{cell.key}: {type(err).__name__}: {err}", run_id)
+    tqdm.write(f"[selected] {cell.key}: epoch {selection.best_epoch}, val QWK {selection.best_val['val_qwk']:.4f} "
+               f"({selection.seconds:.1f} s)")
+    return cell, run_id, run_dir, selection
+
+
+def evaluate_phase(ex: Execution, cell: TransferCell, run_id: str, run_dir: Path, selection: Selection) -> CellOutcome:
+    """Phase 2 for one selected cell: the single test evaluation, logged; FINISHED only if file and memory agree."""
+    client, evaluation = MlflowClient(), ex.protocol.evaluation
+    try:
+        result = evaluate_on_test(selection, ex.source, ex.guard, ex.ctx, run_dir, evaluation)
+        tt.log_test(run_id, result, evaluation.n_resamples, evaluation.confidence)
+    except Exception as err:
+        traceback.print_exc()
+        client.set_terminated(run_id, "FAILED")
+        return CellOutcome(cell, "failed", f"{cell.key}: {type(err).__name__}: {err}", run_id)
+    qwk = result.cis["qwk"]
+    client.set_terminated(run_id, "FINISHED" if result.agree else "FAILED")
+    return CellOutcome(cell, "finished" if result.agree else "failed",
+                       f"{cell.key}: test QWK {qwk.estimate:.4f} [{qwk.low:.4f}, {qwk.high:.4f}], "
+                       f"metrics from file {'agree' if result.agree else 'DIFFER'}", run_id)
 
 
 def run_transfer(
@@ -129,95 +232,33 @@ def run_transfer(
 ) -> list[CellOutcome]:
     """Run (or resume) every cell of ``protocol`` under one new parent run; returns the outcomes."""
     configure_tracking()
-    output_dir = Path(output_dir) / protocol.name
-    source = resolve_source(protocol.source, source_override, Path(protocol_file), output_dir / "sources")
-    cfg = source.cfg
-    data = prepare_transfer_data(protocol.dataset, data_path, download, cfg.image_size)
-    if data.test is None:  # the container's field, not the images: nothing is read here
-        raise ProtocolError(f"{protocol_file}: dataset {data.display_name} has no test split; a transfer study reports test metrics")
-    dev = resolve_device(device)
-    side = data.train.images.shape[-1]
-    ctx = TransferContext(dev, AMP.get(protocol.run.amp) if dev.type == "cuda" else None, protocol.run.batch_size,
-                          protocol.run.eval_batch_size, source.norm, None if side == cfg.image_size else cfg.image_size,
-                          len(data.class_names))
-    selection_data, guard = split_off_test(data, cfg.in_channels)  # from here on, only phase 2 can read the test split
-    identity = source_identity(source, protocol.source)
-    inputs = (f"{side} px images upsampled in batches to {cfg.image_size} px (bilinear)" if ctx.resize_to
-              else f"{side} px images at the model's input size")
-    tqdm.write(f"{protocol.name}@{protocol.short_hash}: source {source.info.label()} [{identity[:16]}]; "
-               f"{data.display_name}, {len(data.train)} train / {len(data.val)} val; {inputs}")
-    parent = start_parent_run(protocol, protocol_file, allow_dirty, {
-        "transfer": "true", "source_identity": identity, "source_override": source_override or ""})
-    client = MlflowClient()
-    tt.log_params_once(parent, {
-        **source.info.as_params(), "transfer.regimes": ",".join(r.name for r in protocol.regimes),
-        "transfer.reference": protocol.reference.name, "transfer.num_classes": ctx.num_classes,
+    ex = prepare_execution(protocol, protocol_file, output_dir, device, data_path, download, source_override)
+    tqdm.write(f"{protocol.name}@{protocol.short_hash}: source {ex.source.info.label()} [{ex.identity[:16]}]; "
+               f"{ex.data.display_name}, {len(ex.data.train)} train / {len(ex.data.val)} val; {ex.inputs}")
+    ex.parent = start_parent_run(protocol, protocol_file, allow_dirty, {
+        "transfer": "true", "source_identity": ex.identity, "source_override": source_override or ""})
+    tt.log_params_once(ex.parent, {
+        **ex.source.info.as_params(), "transfer.regimes": ",".join(r.name for r in protocol.regimes),
+        "transfer.reference": protocol.reference.name, "transfer.num_classes": ex.ctx.num_classes,
         "evaluation.n_resamples": protocol.evaluation.n_resamples, "evaluation.confidence": protocol.evaluation.confidence,
-        "evaluation.seed": protocol.evaluation.seed, "inputs": inputs, "data.display_name": data.display_name,
-        "data.fingerprint": data.data_fingerprint, "data.split_fingerprint": data.split_fingerprint})
-    exp_id, commit = experiment_id_for(protocol.name), git_state()["git_commit"]
-    outcomes, pending, cache = [], [], None
-    for cell in protocol.cells():  # phase 1: selection on validation
-        key = hashlib.sha256("|".join([protocol.hash, cell.regime.name, str(cell.seed), identity, data.data_fingerprint,
-                                       data.split_fingerprint, f"commit={commit}"]).encode()).hexdigest()[:24]
-        tags = {"cell": "true", "transfer": "true", "protocol_name": protocol.name, "protocol_hash": protocol.hash,
-                "arm": cell.regime.name, "seed": str(cell.seed), "regime_kind": cell.regime.kind,
-                "is_reference": str(cell.regime.reference).lower(), "source_identity": identity,
-                "allow_dirty": str(allow_dirty).lower()}
-        run_id, status, run_tags = tt.open_cell_run(exp_id, key, f"{cell.regime.name}-seed{cell.seed}", parent, tags)
-        if status == "FINISHED":
-            outcomes.append(CellOutcome(cell, "skipped", f"{cell.key}: already finished in run {run_id}", run_id))
-            continue
-        run_dir = output_dir / key
-        try:
-            for name, value in {**environment_tags(str(dev)), "run_dir": str(run_dir.resolve())}.items():
-                client.set_tag(run_id, name, value)
-            tt.log_params_once(run_id, _cell_params(cell, ctx) | source.info.as_params() | {
-                "inputs": inputs, "data.fingerprint": data.data_fingerprint,
-                "data.split_fingerprint": data.split_fingerprint, "data.n_train": len(data.train),
-                "data.n_val": len(data.val)})
-            selection = Selection.load(run_dir) if run_tags.get("phase") == "selected" else None
-            if selection is None:
-                if cell.regime.kind != "full" and cache is None:
-                    starts = [cfg.depth - r.blocks for r in protocol.regimes if r.kind == "partial"]
-                    cache = compute_features(source.model.to(dev), {"train": selection_data.train, "val": selection_data.val},
-                                             ctx.norm, ctx.resize_to, dev, ctx.eval_batch_size, ctx.amp_dtype, starts)
-                    client.log_metric(parent, "feature_cache_seconds", cache.seconds)
-                    tqdm.write(f"features of {cache.images} images cached in {cache.seconds:.1f} s")
-                selection = select_cell(cell, source, selection_data, cache, ctx, run_dir, tt.TransferEpochObserver(run_id))
-                tt.log_selection(run_id, selection, protocol.run.log_checkpoints)
-            if not selection.proof["passed"]:
-                raise RuntimeError(f"{selection.proof['what']} failed: {selection.proof['summary']}")
-            tqdm.write(f"[selected] {cell.key}: epoch {selection.best_epoch}, val QWK {selection.best_val['val_qwk']:.4f} "
-                       f"({selection.seconds:.1f} s)")
-            pending.append((cell, run_id, run_dir, selection))
-        except Exception as err:  # one failing cell must not take the others down
-            traceback.print_exc()
-            client.set_terminated(run_id, "FAILED")
-            outcomes.append(CellOutcome(cell, "failed", f"{cell.key}: {type(err).__name__}: {err}", run_id))
-
-    guard.release()  # selection of every cell is over: phase 2 may read the test split
-    tt.log_params_once(parent, {"data.n_test": len(guard.split())})
-    for cell, run_id, run_dir, selection in pending:
-        try:
-            result = evaluate_on_test(selection, source, guard, ctx, run_dir, protocol.evaluation)
-            tt.log_test(run_id, result, protocol.evaluation.n_resamples, protocol.evaluation.confidence)
-            qwk = result.cis["qwk"]
-            message = (f"{cell.key}: test QWK {qwk.estimate:.4f} [{qwk.low:.4f}, {qwk.high:.4f}], "
-                       f"metrics from file {'agree' if result.agree else 'DIFFER'}")
-            client.set_terminated(run_id, "FINISHED" if result.agree else "FAILED")
-            outcomes.append(CellOutcome(cell, "finished" if result.agree else "failed", message, run_id))
-        except Exception as err:
-            traceback.print_exc()
-            client.set_terminated(run_id, "FAILED")
-            outcomes.append(CellOutcome(cell, "failed", f"{cell.key}: {type(err).__name__}: {err}", run_id))
+        "evaluation.seed": protocol.evaluation.seed, "inputs": ex.inputs, "data.display_name": ex.data.display_name,
+        "data.fingerprint": ex.data.data_fingerprint, "data.split_fingerprint": ex.data.split_fingerprint})
+    experiment_id, commit = experiment_id_for(protocol.name), git_state()["git_commit"]
+    outcomes, pending = [], []
+    for cell in protocol.cells():
+        result = select_phase(ex, cell, experiment_id, commit, allow_dirty)
+        (outcomes if isinstance(result, CellOutcome) else pending).append(result)
+    ex.guard.release()  # selection of every cell is over: phase 2 may read the test split
+    tt.log_params_once(ex.parent, {"data.n_test": len(ex.guard.split())})
+    for item in pending:
+        outcomes.append(evaluate_phase(ex, *item))
         tqdm.write(f"[{outcomes[-1].status}] {outcomes[-1].message}")
     if any(o.status in ("finished", "skipped") for o in outcomes):
-        section = tt.transfer_section(protocol.name, protocol.hash, identity)
-        tt.log_section(parent, section)
+        section = tt.transfer_section(protocol.name, protocol.hash, ex.identity)
+        tt.log_section(ex.parent, section)
         click.echo(section.markdown)
     counts = {s: sum(o.status == s for o in outcomes) for s in ("finished", "skipped", "failed")}
-    end_parent_run(parent, counts)
+    end_parent_run(ex.parent, counts)
     return outcomes
 
 

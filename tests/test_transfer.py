@@ -18,7 +18,7 @@ from sklearn.metrics import cohen_kappa_score
 
 from conftest import assert_close
 from data_fixtures import make_retinamnist
-from workbench.data import NORM_STATS, TensorLoader, prepare
+from workbench.data import NORM_STATS, PreparedSplit, TensorLoader, prepare
 from workbench.models.registry import model_config
 from workbench.models.vit import VisionTransformer
 from workbench.stats import paired_bootstrap_difference
@@ -31,7 +31,7 @@ from workbench.transfer.report import CellPredictions, build_section
 from workbench.transfer.runner import (
     Selection, TestSplitLocked, TransferContext, select_cell, split_off_test, evaluate_on_test,
 )
-from workbench.transfer.source import load_workbench_checkpoint, transfer_model
+from workbench.transfer.source import adapt_split, load_workbench_checkpoint, transfer_model
 
 # A tiny source: cifar_vit at 16 px, patch 8 (4 patches + CLS), width 16, 2 blocks.
 SOURCE_OVERRIDES = {"image_size": 16, "patch_size": 8, "dim": 16, "depth": 2, "heads": 2, "mlp_ratio": 2.0}
@@ -204,6 +204,15 @@ def test_full_regime_runs_through_the_trainer_with_layer_decay(setup):
     scales = {g["layer"]: g["lr_scale"] for g in groups}
     assert scales == {3: 1.0, 2: 0.8, 1: pytest.approx(0.64), 0: pytest.approx(0.512)}, scales
     assert groups[0]["layer"] == 3 and all(g["weight_decay"] == 0.0 for g in groups if g["params"][0].ndim <= 1)
+
+
+def test_channels_follow_the_source():
+    rgb = torch.tensor([[[[255]], [[0]], [[0]]], [[[10]], [[20]], [[30]]]], dtype=torch.uint8)  # (2, 3, 1, 1)
+    split = PreparedSplit(rgb, torch.tensor([0, 1]), torch.tensor([0, 1]), "test")
+    grey = adapt_split(split, 1).images
+    assert grey.shape == (2, 1, 1, 1) and grey.flatten().tolist() == [round(0.299 * 255), round(0.299 * 10 + 0.587 * 20 + 0.114 * 30)]
+    assert torch.equal(adapt_split(replace(split, images=grey), 3).images, grey.expand(-1, 3, -1, -1))
+    assert adapt_split(split, 3) is split
 
 
 def test_every_regime_of_a_seed_sees_the_same_order_and_head(setup):

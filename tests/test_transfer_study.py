@@ -25,13 +25,24 @@ from workbench.transfer.runner import TestSplitGuard
 from workbench.transfer.source import load_local_source
 
 
-def log_source_run(tmp_path: Path) -> tuple[str, Path]:
+SOURCE_PROTOCOL = """\
+name: tiny_source
+description: the ablation protocol whose cell is the transfer source
+dataset: {name: cifar10, train_size: 40, val_size: 10}
+model: {name: cifar_vit, image_size: 16, patch_size: 8, dim: 16, depth: 2, heads: 2}
+arms: [{name: vit, reference: true}]
+seeds: [0]
+"""
+
+
+def log_source_run(tmp_path: Path, experiment: str = "source", tags: dict | None = None) -> tuple[str, Path]:
     """An MLflow run holding a workbench checkpoint and config.json, as `workbench train` logs them."""
     folder = tmp_path / "source_run"
     checkpoint = make_source_checkpoint(folder)
     client = MlflowClient()
-    exp = client.create_experiment("source")
-    run_id = client.create_run(exp).info.run_id
+    exp = client.create_experiment(experiment)
+    run_id = client.create_run(exp, tags=tags or {}).info.run_id
+    client.log_param(run_id, "data.display_name", "CIFAR-10 (JPEG copy)")
     client.log_artifact(run_id, str(checkpoint), artifact_path="checkpoints")
     client.log_artifact(run_id, str(folder / "config.json"))
     client.set_terminated(run_id)
@@ -48,9 +59,24 @@ def test_source_loads_from_an_mlflow_run(mlflow_store, tmp_path):
         info = source.info
         assert (info.kind, info.run_id, info.uri, info.pretrained) == ("workbench-checkpoint", run_id, uri, True)
         assert info.sha256 == sha256_file(checkpoint) and source.norm == NORM_STATS["cifar10"]
-    assert "logged model" in info.description
+    assert "logged model" in info.description and "on CIFAR-10 (JPEG copy)" in info.description
     with pytest.raises(ValueError, match="no such run"):
         st.resolve_source(SourceSpec(weights="runs:/0123456789abcdef"), None, tmp_path / "p.yaml", tmp_path / "dl2")
+
+
+def test_source_from_a_finished_cell_of_an_ablation_protocol(mlflow_store, tmp_path):
+    from studies.protocol import load_protocol
+
+    (tmp_path / "tiny_source.yaml").write_text(SOURCE_PROTOCOL)
+    spec = SourceSpec(weights="protocol:tiny_source/vit/seed0")
+    with pytest.raises(ValueError, match="run `workbench ablate --protocol studies/protocols/tiny_source.yaml` first"):
+        st.resolve_source(spec, None, tmp_path / "transfer.yaml", tmp_path / "dl")
+    protocol_hash = load_protocol(tmp_path / "tiny_source.yaml").hash
+    run_id, checkpoint = log_source_run(tmp_path, "tiny_source", {"protocol_hash": protocol_hash, "arm": "vit",
+                                                                  "seed": "0", "cell": "true"})
+    source = st.resolve_source(spec, None, tmp_path / "transfer.yaml", tmp_path / "dl")
+    assert source.info.run_id == run_id and source.info.sha256 == sha256_file(checkpoint)
+    assert source.info.uri == "protocol:tiny_source/vit/seed0"
 
 
 def test_local_timm_safetensors_source_goes_through_the_strict_mapping(tmp_path):

@@ -73,6 +73,11 @@ def download_run_source(rest: str, dst: Path) -> tuple[Path, str, str]:
     return local, run_id, note
 
 
+def run_param(run_id: str, key: str) -> str | None:
+    """One param of a run (e.g. the source run's ``data.display_name``), or None."""
+    return MlflowClient().get_run(run_id).data.params.get(key)
+
+
 def find_finished_cell(protocol_name: str, protocol_hash: str, arm: str, seed: int) -> str:
     """Run id of the newest FINISHED cell (arm, seed) of a protocol hash, for ``protocol:`` sources."""
     client = MlflowClient()
@@ -227,8 +232,9 @@ def transfer_section(
             m = run.data.metrics
             logged = {k[len("test_"):]: v for k, v in m.items() if k.startswith("test_")
                       and not k.startswith(("test_file_", "test_metrics_")) and "_ci_" not in k and k != "test_seconds"}
-            cells.append(CellPredictions(regime, s, read_predictions(Path(local)), logged,
-                                         int(m.get("best_epoch", 0)), m.get("best_val_qwk", math.nan), run.info.run_id))
+            cells.append(CellPredictions(regime, s, read_predictions(Path(local)), logged, int(m.get("best_epoch", 0)),
+                                         m.get("best_val_qwk", math.nan), run.info.run_id,
+                                         m.get("selection_seconds", math.nan)))
         source = {k: v for k, v in parent.data.params.items() if k.startswith("source.")}
         return build_section(
             cells, int(p["transfer.num_classes"]), p["transfer.regimes"].split(","), p["transfer.reference"],

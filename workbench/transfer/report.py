@@ -34,6 +34,7 @@ class CellPredictions:
         best_epoch: Epoch selected on validation.
         val_qwk: Validation QWK of that epoch.
         run_id: The cell's MLflow run.
+        seconds: Wall time of the cell's training and selection.
     """
 
     regime: str
@@ -43,6 +44,7 @@ class CellPredictions:
     best_epoch: int = 0
     val_qwk: float = float("nan")
     run_id: str = ""
+    seconds: float = float("nan")
 
 
 @dataclass
@@ -105,14 +107,14 @@ def build_section(
         for name, ci in cis.items():
             row.update({name: ci.estimate, f"{name}_low": ci.low, f"{name}_high": ci.high})
         row.update({"best_epoch": c.best_epoch, "val_qwk": c.val_qwk, "logged_test_qwk": c.logged.get("qwk", math.nan),
-                    "logged_equals_file": agree, "run_id": c.run_id})
+                    "logged_equals_file": agree, "selection_seconds": c.seconds, "run_id": c.run_id})
         rows.append(row)
     kappa = pd.DataFrame(rows)
 
     summary = (kappa.groupby("regime", sort=False)
                .agg(seeds=("seed", "count"), qwk_mean=("qwk", "mean"), qwk_sd=("qwk", "std"),
                     qwk_min=("qwk", "min"), qwk_max=("qwk", "max"), accuracy_mean=("accuracy", "mean"),
-                    macro_f1_mean=("macro_f1", "mean"))
+                    macro_f1_mean=("macro_f1", "mean"), selection_seconds_mean=("selection_seconds", "mean"))
                .reset_index())
 
     by = {(c.regime, c.seed): c for c in cells}
@@ -178,10 +180,11 @@ def render_markdown(kappa: pd.DataFrame, summary: pd.DataFrame, comparisons: pd.
                         [[r["regime"], str(int(r["seed"]))] + [_ci(r, f"recall_{k}") if not math.isnan(r[f"recall_{k}"]) else "n/a"
                           for k in range(num_classes)] for _, r in kappa.iterrows()]))
     out += ["", "Over seeds:", ""]
-    out.append(md_table(["regime", "seeds", "mean QWK", "sd", "min", "max"],
+    out.append(md_table(["regime", "seeds", "mean QWK", "sd", "min", "max", "training + selection (s, mean)"],
                         [[r["regime"], str(r["seeds"]), f"{r['qwk_mean']:.3f}",
                           "n/a" if math.isnan(r["qwk_sd"]) else f"{r['qwk_sd']:.3f}", f"{r['qwk_min']:.3f}",
-                          f"{r['qwk_max']:.3f}"] for _, r in summary.iterrows()]))
+                          f"{r['qwk_max']:.3f}", "n/a" if math.isnan(r["selection_seconds_mean"])
+                          else f"{r['selection_seconds_mean']:.1f}"] for _, r in summary.iterrows()]))
     if len(comparisons):
         out += ["", f"Paired regime differences (a - b on the same test images, {level} CI; seed 'all' = mean over "
                 "seeds, hierarchical bootstrap over seeds and images):", ""]

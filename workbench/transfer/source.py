@@ -148,11 +148,19 @@ def find_run_config(checkpoint: Path) -> Path | None:
     return None
 
 
-def load_workbench_checkpoint(path: str | Path, uri: str | None = None, run_id: str = "") -> SourceModel:
+def load_workbench_checkpoint(path: str | Path, uri: str | None = None, run_id: str = "",
+                              trained_on: str | None = None) -> SourceModel:
     """A checkpoint of this workbench's training loop, loaded directly (no mapping needed).
 
     The architecture and the normalisation come from the run's ``config.json``
     (``model.name`` + overrides, and the statistics of ``data.name`` the run normalised with).
+
+    Args:
+        path: The checkpoint (``checkpoints/best.pt`` of a training run).
+        uri: What the user gave, for the provenance (default the path).
+        run_id: The MLflow run it came from.
+        trained_on: The dataset's display name as the run logged it (e.g. "CIFAR-10 (JPEG
+            copy)"); default the registry name from config.json.
     """
     path = Path(path)
     state = load_checkpoint(path)
@@ -173,22 +181,25 @@ def load_workbench_checkpoint(path: str | Path, uri: str | None = None, run_id: 
     model.load_state_dict(state["model"], strict=True)
     epoch = state.get("epoch", "?")
     val = state.get("metrics", {}).get("val_accuracy")
-    trained = f"trained by this workbench on {data_name}, best epoch {epoch}" + (f", val accuracy {val:.4f}" if val is not None else "")
+    trained = f"trained by this workbench on {trained_on or data_name}, best epoch {epoch}"
+    trained += f", val accuracy {val:.4f}" if val is not None else ""
     info = SourceInfo(kind="workbench-checkpoint", uri=uri or str(path), path=str(path.resolve()), run_id=run_id,
                       sha256=sha256_file(path), pretrained=True, description=f"workbench {name} {overrides}: {trained}",
                       architecture=name, norm_from=f"the source run's normalisation (NORM_STATS[{data_name!r}])")
     return SourceModel(model.eval(), NORM_STATS[data_name], info)
 
 
-def load_local_source(path: str | Path, model: str | None = None, uri: str | None = None, run_id: str = "") -> SourceModel:
+def load_local_source(path: str | Path, model: str | None = None, uri: str | None = None, run_id: str = "",
+                      trained_on: str | None = None) -> SourceModel:
     """A local file: a workbench training checkpoint, or timm weights (``model`` names the architecture)."""
     path = Path(path)
     if path.is_file() and path.suffix in (".pt", ".pth"):
         try:
-            if torch.load(path, map_location="cpu", weights_only=True).get("format") == TRAIN_FORMAT:
-                return load_workbench_checkpoint(path, uri, run_id)
+            is_workbench = torch.load(path, map_location="cpu", weights_only=True).get("format") == TRAIN_FORMAT
         except Exception:  # not a training checkpoint: try it as timm weights below
-            pass
+            is_workbench = False
+        if is_workbench:
+            return load_workbench_checkpoint(path, uri, run_id, trained_on)
     if not model:
         raise SourceError(f"{path}: timm weights need source.model (the timm architecture or pinned name)")
     return load_timm_source(model, str(path), uri=uri, run_id=run_id)
