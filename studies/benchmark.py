@@ -70,11 +70,12 @@ def _resolve_device(device: str) -> str:
 @click.option("--train-model", "train_models", default="fmnist_vit", show_default=True,
               help="Models whose training step is timed (comma-separated; empty for none).")
 @click.option("--train-batch-size", "train_batch_sizes", default="128", show_default=True)
-@click.option("--repeats", default=10, show_default=True, type=click.IntRange(min=1), help="Interleaved timed rounds.")
+@click.option("--repeats", default=30, show_default=True, type=click.IntRange(min=1),
+              help="Interleaved timed rounds (at most: see --max-seconds).")
 @click.option("--warmup", default=2, show_default=True, type=click.IntRange(min=0), help="Untimed calls per variant.")
 @click.option("--min-sample-ms", default=50.0, show_default=True, type=click.FloatRange(min=0.0),
               help="Shortest timed sample; faster calls are repeated within it.")
-@click.option("--max-seconds", default=120.0, show_default=True, type=click.FloatRange(min=0.0),
+@click.option("--max-seconds", default=60.0, show_default=True, type=click.FloatRange(min=0.0),
               help="Time budget of one comparison's timed rounds; at least 3 rounds run (0: no budget).")
 @click.option("--device", default="cpu", show_default=True, help="cpu, cuda, cuda:N or auto.")
 @click.option("--threads", default=0, show_default=True, type=click.IntRange(min=0),

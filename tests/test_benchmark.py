@@ -21,6 +21,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from studies.benchmark import benchmark
 from workbench.bench import (
     BenchConfig,
+    Goal,
     Spread,
     build_bench_model,
     cnn_forward_flops,
@@ -149,6 +150,13 @@ def test_matmul_peak_reports_positive_throughput():
     assert [p.dtype for p in peaks] == ["float32"] and peaks[0].tflops.median > 0
 
 
+def test_goal_verdicts():
+    assert Goal("k", "d", 1.02, "<=", 1.05, q1=0.9, q3=1.1).verdict == "yes"
+    assert Goal("k", "d", 1.20, "<=", 1.05, q1=1.01, q3=1.3).verdict == "no (within noise)"
+    assert Goal("k", "d", 1.20, "<=", 1.05, q1=1.10, q3=1.3).verdict == "no"
+    assert Goal("k", "d", 12.0, ">=", 10.0).verdict == "yes" and not Goal("k", "d", math.nan, ">=", 10.0).met
+
+
 def test_bench_config_validates():
     with pytest.raises(ValueError, match="batch_sizes"):
         BenchConfig(batch_sizes=(0,))
@@ -180,6 +188,10 @@ def test_benchmark_quick_logs_metrics_and_artifacts(mlflow_store, tmp_path):
     assert metrics["matmul/float32/tflops_median"] > 0
     assert 0 < metrics["inference/fmnist_vit/b8/glass_fast/fraction_of_fp32_peak"]
     assert metrics["inference/fmnist_cnn/b8/glass/images_per_s"] > 0
+    rows = pd.read_csv(tmp_path / "files" / "results.csv").set_index(["section", "model", "batch", "variant"])
+    row = rows.loc[("inference", "fmnist_vit", 8, "glass_fast")]
+    assert metrics["inference/fmnist_vit/b8/glass_fast/images_per_s"] == pytest.approx(row["images_per_s"])
+    assert metrics["inference/fmnist_vit/b8/glass_fast/ms_median"] == pytest.approx(1e3 * row["median_s"])
     assert metrics["loader/ours_images_per_s"] > 0
     assert metrics["goals_total"] >= 5 and 0 <= metrics["goals_met"] <= metrics["goals_total"]
     assert any(k.startswith("goal/loader/") for k in metrics)

@@ -9,6 +9,11 @@ Goals (time ratios, so below 1 is faster; each ratio is the median of per-round 
 - data loader images/s >= 10x the training step's images/s (the study ViT as the
   training loop runs it: hand-written attention).
 
+A goal is met when the median ratio is within the target. A miss is labelled "no (within
+noise)" when at least a quarter of the rounds met the target (its first quartile does):
+on a shared machine that is not evidence of a real difference; "best / best" (the ratio
+of the two fastest samples) is shown beside it for the same reason.
+
 The goals are stated for CPU; on another device they are evaluated the same way and
 labelled with the device. They are measured and reported, never asserted in tests.
 """
@@ -40,7 +45,9 @@ class Goal:
         measured: The measured ratio (median of per-round ratios for timings).
         op: "<=" or ">=".
         target: The goal.
-        spread: Interquartile range of the per-round ratios, as text ("" when none).
+        q1: First quartile of the per-round ratios (NaN when not a timing ratio).
+        q3: Third quartile of the per-round ratios.
+        best: Ratio of the two sides' fastest samples (see ``workbench.bench.suite``).
     """
 
     key: str
@@ -48,16 +55,34 @@ class Goal:
     measured: float
     op: str
     target: float
-    spread: str = ""
+    q1: float = math.nan
+    q3: float = math.nan
+    best: float = math.nan
+
+    def _holds(self, value: float) -> bool:
+        if not math.isfinite(value):
+            return False
+        return value <= self.target if self.op == "<=" else value >= self.target
 
     @property
     def met(self) -> bool:
-        if not math.isfinite(self.measured):
-            return False
-        return self.measured <= self.target if self.op == "<=" else self.measured >= self.target
+        """The goal statistic (the median ratio) is within the target."""
+        return self._holds(self.measured)
+
+    @property
+    def verdict(self) -> str:
+        """"yes", "no", or "no (within noise)" when a quarter or more of the rounds met it."""
+        if self.met:
+            return "yes"
+        edge = self.q1 if self.op == "<=" else self.q3
+        return "no (within noise)" if self._holds(edge) else "no"
+
+    @property
+    def spread(self) -> str:
+        return f"{self.q1:.3f}-{self.q3:.3f}" if math.isfinite(self.q1) else ""
 
     def to_row(self) -> dict:
-        return {**asdict(self), "met": "yes" if self.met else "no"}
+        return {**asdict(self), "spread": self.spread, "met": "yes" if self.met else "no", "verdict": self.verdict}
 
 
 def _pair_goals(table: pd.DataFrame, section: str, pairs, batches, device: str) -> list[Goal]:
@@ -78,7 +103,7 @@ def _pair_goals(table: pd.DataFrame, section: str, pairs, batches, device: str) 
                     key=f"{section}/{model}/b{batch}/{ours}_vs_{theirs}",
                     description=f"{section} {model} batch {batch} ({device}): {ours} / {theirs}",
                     measured=float(r[column]), op="<=", target=target,
-                    spread=f"{r[column + '_q1']:.3f}-{r[column + '_q3']:.3f}",
+                    q1=float(r[column + "_q1"]), q3=float(r[column + "_q3"]), best=float(r[column + "_best"]),
                 ))  # fmt: skip
     return goals
 
@@ -141,16 +166,17 @@ TIMING_COLUMNS = {
     "model": "model", "batch": "batch", "label": "variant", "repeats": "rounds", "median_ms": "median ms",
     "iqr_ms": "IQR ms",
     "images_per_s": "images/s", "achieved_gflops": "GFLOP/s", "peak_pct": "% of fp32 matmul peak",
-    "ratio_to_timm_fused": "time / timm fused", "ratio_iqr": "ratio IQR",
+    "ratio_to_timm_fused": "time / timm fused", "ratio_iqr": "ratio IQR", "ratio_to_timm_fused_best": "best / best",
 }  # fmt: skip
 TIMING_FORMATS = {"median_ms": ".3g", "images_per_s": ",.0f", "achieved_gflops": ".1f", "peak_pct": ".0f",
-                  "ratio_to_timm_fused": ".3f"}  # fmt: skip
+                  "ratio_to_timm_fused": ".3f", "ratio_to_timm_fused_best": ".3f"}  # fmt: skip
 
 
 def goals_markdown(goals: list[Goal]) -> str:
     rows = [{**g.to_row(), "goal": f"{g.op} {g.target:g}"} for g in goals]
-    columns = {"description": "goal", "measured": "measured", "spread": "ratio IQR", "goal": "target", "met": "met"}
-    return markdown_table(rows, columns, {"measured": ".3f"})
+    columns = {"description": "goal", "measured": "measured", "spread": "ratio IQR", "best": "best / best",
+               "goal": "target", "verdict": "met"}  # fmt: skip
+    return markdown_table(rows, columns, {"measured": ".3f", "best": ".3f"})
 
 
 def markdown_summary(
@@ -191,5 +217,6 @@ def markdown_summary(
             {"aten_calls": ".0f", "self_cpu_ms": ".3g"})]  # fmt: skip
     if goals:
         met = sum(g.met for g in goals)
-        parts += [f"## Goals: {met} of {len(goals)} met", goals_markdown(goals)]
+        noisy = sum(g.verdict == "no (within noise)" for g in goals)
+        parts += [f"## Goals: {met} of {len(goals)} met ({noisy} of the misses within noise)", goals_markdown(goals)]
     return "\n\n".join(parts) + "\n"
