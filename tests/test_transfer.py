@@ -325,3 +325,11 @@ def test_report_section_tables_and_markdown():
     bad = CellPredictions("x", 0, cells[0].table.assign(index=np.arange(1, 121)))
     with pytest.raises(ValueError, match="other test images"):
         build_section(cells + [bad], 5, ["linear_probe", "x"], "linear_probe", 1000)
+
+
+def test_the_transfer_library_never_imports_mlflow():
+    import workbench.transfer as pkg
+
+    for path in Path(pkg.__file__).parent.glob("*.py"):
+        text = path.read_text()
+        assert "import mlflow" not in text and "from mlflow" not in text, f"{path.name} imports mlflow"

@@ -193,6 +193,8 @@ def load_local_source(path: str | Path, model: str | None = None, uri: str | Non
                       trained_on: str | None = None) -> SourceModel:
     """A local file: a workbench training checkpoint, or timm weights (``model`` names the architecture)."""
     path = Path(path)
+    if not path.exists():
+        raise SourceError(f"source weights not found: {path}")
     if path.is_file() and path.suffix in (".pt", ".pth"):
         try:
             is_workbench = torch.load(path, map_location="cpu", weights_only=True).get("format") == TRAIN_FORMAT
