@@ -126,7 +126,7 @@ def test_time_interleaved_rounds_are_aligned():
     calls = []
     fns = {name: (lambda name=name: calls.append(name)) for name in "abc"}
     samples = time_interleaved(fns, "cpu", repeats=4, warmup=1, min_sample_s=0.0)
-    assert samples.inner == 1 and all(len(v) == 4 for v in samples.seconds.values())
+    assert samples.inner == {"a": 1, "b": 1, "c": 1} and all(len(v) == 4 for v in samples.seconds.values())
     timed = calls[3:]  # after one warm-up call each
     assert timed[:3] == ["a", "b", "c"] and timed[3:6] == ["b", "c", "a"], "order must rotate each round"
     assert all(r > 0 for r in samples.ratios("a", "b"))

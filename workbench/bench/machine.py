@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import platform
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
@@ -44,6 +45,15 @@ def bf16_supported(device: torch.device) -> bool:
     return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
+def matmul_fn(device: torch.device | str, n: int, dtype: str = "float32", seed: int = 0) -> Callable[[], object]:
+    """A zero-argument ``n x n @ n x n`` matmul (2 n^3 FLOPs per call) on fixed random operands."""
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    a = torch.randn(n, n, generator=g).to(device=device, dtype=getattr(torch, dtype))
+    b = torch.randn(n, n, generator=g).to(device=device, dtype=getattr(torch, dtype))
+    out = torch.empty_like(a)
+    return lambda: torch.mm(a, b, out=out)  # out= keeps an allocation out of the timing
+
+
 def matmul_peak(
     device: torch.device | str, n: int, dtypes: tuple[str, ...] = ("float32", "bfloat16"),
     repeats: int = 5, warmup: int = 2, seed: int = 0,
@@ -60,17 +70,11 @@ def matmul_peak(
         seed: Seed of the random operands.
     """
     device = torch.device(device)
-    g = torch.Generator(device="cpu").manual_seed(seed)
-    candidates = {}
-    for name in dtypes:
-        if name == "bfloat16" and not bf16_supported(device):
-            continue
-        dtype = getattr(torch, name)
-        a = torch.randn(n, n, generator=g).to(device=device, dtype=dtype)
-        b = torch.randn(n, n, generator=g).to(device=device, dtype=dtype)
-        out = torch.empty(n, n, device=device, dtype=dtype)
-        # out= avoids timing an allocation per call; default args pin the loop variables.
-        candidates[name] = lambda a=a, b=b, out=out: torch.mm(a, b, out=out)
+    candidates = {
+        name: matmul_fn(device, n, name, seed)
+        for name in dtypes
+        if name != "bfloat16" or bf16_supported(device)
+    }
     samples = time_interleaved(candidates, device, repeats=repeats, warmup=warmup, min_sample_s=0.2)
     flops = 2 * n**3
     return [

@@ -165,7 +165,7 @@ def _timing_rows(table: pd.DataFrame) -> list[dict]:
 TIMING_COLUMNS = {
     "model": "model", "batch": "batch", "label": "variant", "repeats": "rounds", "median_ms": "median ms",
     "iqr_ms": "IQR ms",
-    "images_per_s": "images/s", "achieved_gflops": "GFLOP/s", "peak_pct": "% of fp32 matmul peak",
+    "images_per_s": "images/s", "achieved_gflops": "GFLOP/s", "peak_pct": "% of fp32 matmul",
     "ratio_to_timm_fused": "time / timm fused", "ratio_iqr": "ratio IQR", "ratio_to_timm_fused_best": "best / best",
 }  # fmt: skip
 TIMING_FORMATS = {"median_ms": ".3g", "images_per_s": ",.0f", "achieved_gflops": ".1f", "peak_pct": ".0f",
@@ -191,7 +191,9 @@ def markdown_summary(
         f"{info.get('load_average_1m', '?')} at start, {info.get('load_average_1m_end', '?')} at end. "
         f"Up to {settings['repeats']} interleaved rounds (rotating order; fewer where a comparison's time budget "
         f"of {settings['max_seconds']} s ran out, at least 3) after up to {settings['warmup']} warm-up calls; times "
-        "are medians of per-call times, ratios are medians of per-round ratios. Weights: seeded random init.",
+        "are medians of per-call times, ratios are medians of per-round ratios. Weights: seeded random init. "
+        "GFLOP/s come from the analytic count (matmuls and convolutions, 2 FLOPs per MAC); \"% of fp32 matmul\" "
+        "divides them, round by round, by an fp32 square matmul (half the side below) timed in the same rounds.",
         "## Matmul throughput (the machine's limit)",
         markdown_table(
             [{"dtype": p.dtype, "n": p.n, "median": p.tflops.median, "iqr": f"{p.tflops.q1:.3g}-{p.tflops.q3:.3g}"}

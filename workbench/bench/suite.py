@@ -16,9 +16,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from workbench.bench.machine import matmul_fn
 from workbench.bench.models import LABELS, REFERENCE, BenchModel, build_bench_model
 from workbench.bench.timing import Samples, Spread, time_interleaved
 
+PROBE = "matmul_fp32"  # the reference matmul timed in every comparison's rounds
 DEFAULT_MODELS = (
     "vit_tiny_patch16_224", "vit_small_patch16_224", "vit_base_patch16_224", "fmnist_vit", "cifar_vit", "fmnist_cnn",
 )
@@ -90,24 +92,51 @@ def _ratio_columns(samples: Samples, name: str, reference: str, prefix: str) -> 
     return {prefix: r.median, f"{prefix}_q1": r.q1, f"{prefix}_q3": r.q3, f"{prefix}_best": best}
 
 
+def _peak_columns(samples: Samples, name: str, flops_per_call: int, probe_n: int | None) -> dict[str, float]:
+    """Achieved FLOP/s over the matmul probe's FLOP/s, per round, then the median.
+
+    The probe runs in the same rounds as the models, so a load spike lowers both; a peak
+    measured once at the start would turn a later quiet spell into "more than 100%".
+    """
+    if not probe_n or PROBE not in samples.seconds:
+        return {"fraction_of_fp32_peak": float("nan"), "probe_gflops": float("nan")}
+    probe = [2 * probe_n**3 / s for s in samples.seconds[PROBE]]
+    fractions = [flops_per_call / t / p for t, p in zip(samples.seconds[name], probe, strict=True)]
+    return {"fraction_of_fp32_peak": Spread.of(fractions).median, "probe_gflops": Spread.of(probe).median / 1e9}
+
+
 def _rows(
-    section: str, bench: BenchModel, batch: int, samples: Samples, flops_per_image: int, peak_flops: float | None
+    section: str, bench: BenchModel, batch: int, samples: Samples, flops_per_image: int, probe_n: int | None
 ) -> list[dict]:
     rows = []
     for name in samples.seconds:
+        if name == PROBE:
+            continue
         s = samples.spread(name)
-        achieved = flops_per_image * batch / s.median
         rows.append({
             "section": section, "model": bench.name, "kind": bench.kind, "batch": batch, "variant": name,
-            "label": LABELS[name], "repeats": len(samples.seconds[name]), "calls_per_sample": samples.inner,
+            "label": LABELS[name], "repeats": len(samples.seconds[name]), "calls_per_sample": samples.inner[name],
             "median_s": s.median, "q1_s": s.q1, "q3_s": s.q3, "min_s": s.min, "max_s": s.max,
             "images_per_s": batch / s.median, "gflop_per_image": flops_per_image / 1e9,
-            "achieved_gflops": achieved / 1e9,
-            "fraction_of_fp32_peak": achieved / peak_flops if peak_flops else float("nan"),
+            "achieved_gflops": flops_per_image * batch / s.median / 1e9,
+            **_peak_columns(samples, name, flops_per_image * batch, probe_n),
             **_ratio_columns(samples, name, REFERENCE, "ratio_to_timm_fused"),
             **_ratio_columns(samples, name, "timm_unfused", "ratio_to_timm_unfused"),
         })  # fmt: skip
     return rows
+
+
+def _measure(
+    section: str, bench: BenchModel, batch: int, fns: dict, flops_per_image: int, cfg: BenchConfig, probe_n: int | None
+) -> list[dict]:
+    """Time ``fns`` interleaved (with the matmul probe, when asked) and build the rows."""
+    device = torch.device(cfg.device)
+    if probe_n:
+        fns = {**fns, PROBE: matmul_fn(device, probe_n, "float32", cfg.seed)}
+    samples = time_interleaved(
+        fns, device, cfg.repeats, cfg.warmup, cfg.min_sample_s, max_seconds=cfg.max_seconds, separate=(PROBE,)
+    )
+    return _rows(section, bench, batch, samples, flops_per_image, probe_n)
 
 
 def _input(bench: BenchModel, batch: int, device: torch.device, seed: int) -> torch.Tensor:
@@ -142,13 +171,14 @@ def _batches_for(bench: BenchModel, cfg: BenchConfig) -> tuple[int, ...]:
 
 
 def run_inference(
-    cfg: BenchConfig, peak_flops: float | None = None, progress: Callable[[str], None] | None = None
+    cfg: BenchConfig, probe_n: int | None = None, progress: Callable[[str], None] | None = None
 ) -> pd.DataFrame:
     """Time every variant of every model at every batch size, in inference mode.
 
     Args:
         cfg: What to measure.
-        peak_flops: The machine's fp32 matmul FLOP/s, for the fraction-of-peak column.
+        probe_n: Side of the fp32 matmul timed in the same rounds as the reference for
+            the fraction-of-peak column; None leaves the column NaN.
         progress: Called with a line before each comparison.
     """
     device = torch.device(cfg.device)
@@ -160,10 +190,7 @@ def run_inference(
                 progress(f"inference {name} batch {batch}: {', '.join(bench.variants)}")
             x = _input(bench, batch, device, cfg.seed)
             fns = {k: _inference_fn(m, x) for k, m in bench.variants.items()}
-            samples = time_interleaved(
-                fns, device, cfg.repeats, cfg.warmup, cfg.min_sample_s, max_seconds=cfg.max_seconds
-            )
-            rows += _rows("inference", bench, batch, samples, bench.forward_flops, peak_flops)
+            rows += _measure("inference", bench, batch, fns, bench.forward_flops, cfg, probe_n)
         del bench
         if device.type == "cuda":
             torch.cuda.empty_cache()  # ViT-B's four copies are not needed for the next model
@@ -171,7 +198,7 @@ def run_inference(
 
 
 def run_training(
-    cfg: BenchConfig, peak_flops: float | None = None, progress: Callable[[str], None] | None = None
+    cfg: BenchConfig, probe_n: int | None = None, progress: Callable[[str], None] | None = None
 ) -> pd.DataFrame:
     """Time one training step (forward, cross-entropy, backward, AdamW step) per variant.
 
@@ -192,10 +219,7 @@ def run_training(
             for k, m in bench.variants.items():
                 m.train()
                 fns[k] = _train_step_fn(m, x, y)
-            samples = time_interleaved(
-                fns, device, cfg.repeats, cfg.warmup, cfg.min_sample_s, max_seconds=cfg.max_seconds
-            )
-            rows += _rows("train", bench, batch, samples, bench.train_flops, peak_flops)
+            rows += _measure("train", bench, batch, fns, bench.train_flops, cfg, probe_n)
         del bench
     return pd.DataFrame(rows)
 

@@ -54,7 +54,7 @@ class Samples:
     """Seconds per call of each candidate, one value per round, rounds aligned."""
 
     seconds: dict[str, list[float]]
-    inner: int  # calls per sample
+    inner: dict[str, int]  # calls per sample
 
     def spread(self, name: str) -> Spread:
         return Spread.of(self.seconds[name])
@@ -90,6 +90,7 @@ def time_interleaved(
     max_inner: int = 1000,
     max_seconds: float | None = None,
     min_repeats: int = 3,
+    separate: tuple[str, ...] = (),
 ) -> Samples:
     """Time each candidate ``repeats`` times in interleaved rounds after ``warmup`` calls.
 
@@ -106,6 +107,8 @@ def time_interleaved(
         max_seconds: Time budget of the timed rounds: once spent, no new round starts,
             but at least ``min_repeats`` rounds run. None: all ``repeats`` rounds.
         min_repeats: Rounds that run whatever the budget (capped at ``repeats``).
+        separate: Candidates sized on their own rather than sharing the others' calls per
+            sample: a reference probe (the matmul) timed in the same rounds.
 
     Returns:
         Per-candidate seconds per call, one value per round (``repeats`` rounds, or fewer
@@ -115,17 +118,22 @@ def time_interleaved(
         raise ValueError(f"repeats={repeats} must be >= 1 and warmup={warmup} >= 0")
     device = torch.device(device)
     names = list(candidates)
-    slowest = 0.0
+    warm: dict[str, float] = {}
     for name in names:
         spent = 0.0
         for _ in range(max(warmup, 1)):  # at least one call, to size the samples
-            last = _sample(candidates[name], 1, device)
-            spent += last
+            warm[name] = _sample(candidates[name], 1, device)  # the last is the warmed-up call
+            spent += warm[name]
             if spent > 1.0:  # one call of a second or more has paid the one-off costs
                 break
-        slowest = max(slowest, last)  # the warmed-up call: first calls pay one-off costs
-    # Sized on the slowest so that every candidate's sample reaches min_sample_s.
-    inner = max(1, min(max_inner, math.ceil(min_sample_s / max(slowest, 1e-9))))
+
+    def calls(seconds_per_call: float) -> int:
+        return max(1, min(max_inner, math.ceil(min_sample_s / max(seconds_per_call, 1e-9))))
+
+    # Compared candidates share one count, sized on the slowest so that every sample
+    # reaches min_sample_s and every candidate makes the same number of calls.
+    shared = calls(max([warm[n] for n in names if n not in separate], default=0.0))
+    inner = {name: calls(warm[name]) if name in separate else shared for name in names}
     seconds: dict[str, list[float]] = {name: [] for name in names}
     started = time.perf_counter()
     for r in range(repeats):
@@ -133,5 +141,5 @@ def time_interleaved(
             break  # every candidate has the same number of rounds: stop between rounds only
         shift = r % len(names)
         for name in names[shift:] + names[:shift]:
-            seconds[name].append(_sample(candidates[name], inner, device))
+            seconds[name].append(_sample(candidates[name], inner[name], device))
     return Samples(seconds=seconds, inner=inner)
