@@ -10,6 +10,7 @@ from studies.figures import figures
 from studies.report import report
 from studies.sweep import sweep
 from studies.train import train
+from studies.transfer import transfer
 from studies.worker import worker
 from workbench.convert.checkpoints import CheckpointError
 
@@ -38,6 +39,7 @@ main.add_command(figures)
 main.add_command(report)
 main.add_command(sweep)
 main.add_command(train)
+main.add_command(transfer)
 main.add_command(worker)
 
 

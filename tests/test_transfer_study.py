@@ -173,3 +173,12 @@ def test_protocol_end_to_end_selection_never_reads_the_test_split(mlflow_store, 
     assert f"runs:/{run_id}" in section.markdown and "NOT" not in section.markdown.split("pretrained:")[1][:5]
     assert list(section.summary["regime"]) == ["linear_probe", "partial_ft", "full_ft"]
     assert list(section.summary["seeds"]) == [2, 2, 2]
+
+
+def test_report_command_recognises_transfer_protocols():
+    from studies.report import _transfer_protocol_file
+
+    assert _transfer_protocol_file("studies/protocols/retina_transfer_smoke.yaml").name == "retina_transfer_smoke.yaml"
+    assert _transfer_protocol_file("retina_transfer") is not None
+    assert _transfer_protocol_file("studies/protocols/smoke.yaml") is None
+    assert _transfer_protocol_file("no_such_protocol") is None
