@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import sys
 import traceback
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import click
@@ -30,6 +30,7 @@ class CellOutcome:
     status: str  # finished | skipped | failed
     message: str
     run_id: str | None = None
+    metrics: dict = field(default_factory=dict)  # the cell run's latest metrics (wherever it was logged)
 
 
 def open_protocol(path: str, allow_dirty: bool) -> Protocol:
@@ -64,7 +65,7 @@ def run_cell(
     except Exception as err:  # one failing cell must not take the others down
         traceback.print_exc()
         return CellOutcome(cell, "failed", f"{cell.key}: {type(err).__name__}: {err}")
-    return CellOutcome(cell, outcome.status, outcome.message, outcome.run_id)
+    return CellOutcome(cell, outcome.status, outcome.message, outcome.run_id, outcome.metrics)
 
 
 def prepare_protocol_data(protocol: Protocol, data_path: str | None, download: bool) -> PreparedData:

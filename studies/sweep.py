@@ -143,7 +143,7 @@ def sweep(protocol_path, arm, params, trials, seed, sampler_seed, storage, study
             raise optuna.TrialPruned(outcome.message)
         if outcome.status == "failed":
             raise RuntimeError(outcome.message)
-        return MlflowClient().get_run(outcome.run_id).data.metrics["best_val_accuracy"]
+        return outcome.metrics["best_val_accuracy"]
 
     study.optimize(objective, n_trials=trials, catch=(RuntimeError,))
     done = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]

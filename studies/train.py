@@ -8,17 +8,17 @@ checkpoints, or skips it when it already finished.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import click
-import mlflow
-from mlflow.tracking import MlflowClient
 
 from tracking.runs import configure_tracking, environment_tags
-from tracking.training import MlflowTrainingObserver, log_run_inputs, log_training_result
+from tracking.sink import RunSink
+from tracking.training import MlflowTrainingObserver, log_run_inputs, log_training_result, open_keyed_run
 from workbench.data import PreparedData, prepare
 from workbench.models.registry import build_model, model_config
 from workbench.train.config import DataSpec, ModelSpec, OptimConfig, RunConfig, TrainConfig
@@ -30,6 +30,8 @@ class TrainOutcome:
     run_id: str
     status: str  # "finished", "skipped" (already finished), "stopped" (by an observer) or "failed"
     message: str
+    metrics: dict = field(default_factory=dict)  # the run's latest metrics, wherever the run is logged
+    offline: bool = False  # logged to the local fallback store (see `workbench sync`)
 
 
 def prepare_data(spec: DataSpec, download: bool = False) -> PreparedData:
@@ -45,14 +47,6 @@ def run_key_for(cfg: TrainConfig, data: PreparedData, identity: dict | None = No
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:24]
 
 
-def _experiment_id(experiment: str, parent_run_id: str | None) -> str:
-    client = MlflowClient()
-    if parent_run_id:
-        return client.get_run(parent_run_id).info.experiment_id
-    exp = client.get_experiment_by_name(experiment)
-    return exp.experiment_id if exp else client.create_experiment(experiment)
-
-
 def train_one(
     cfg: TrainConfig,
     data: PreparedData,
@@ -64,45 +58,49 @@ def train_one(
     tags: dict | None = None,
     observer: TrainingObserver | None = None,
 ) -> TrainOutcome:
-    """Train ``cfg`` on ``data`` in its own MLflow run (a child of ``parent_run_id``)."""
+    """Train ``cfg`` on ``data`` in its own MLflow run (a child of ``parent_run_id``).
+
+    Every MLflow call goes through a ``RunSink``: if the tracking server is unreachable at
+    the start or goes away mid-run, the run continues in the local fallback store and
+    training goes on (``workbench sync`` copies it to the server later).
+    """
     configure_tracking()
     key = run_key_for(cfg, data, identity)
-    client = MlflowClient()
-    exp_id = _experiment_id(experiment, parent_run_id)
-    found = client.search_runs([exp_id], filter_string=f"tags.run_key = '{key}'", max_results=1)
-    existing = found[0] if found else None
-    if existing is not None and existing.info.status == "FINISHED":
-        return TrainOutcome(existing.info.run_id, "skipped", f"{run_name}: already finished in run {existing.info.run_id}")
-    if existing is not None:
-        run_id = existing.info.run_id  # continue the interrupted run, never start a duplicate
-    else:
-        run_tags = {"run_key": key, "mlflow.runName": run_name, **(tags or {})}
-        if parent_run_id:
-            run_tags["mlflow.parentRunId"] = parent_run_id
-        run_id = client.create_run(exp_id, tags=run_tags).info.run_id
+    opened = open_keyed_run(experiment, key, {"mlflow.runName": run_name, **(tags or {})}, parent_run_id)
+    if opened.status == "FINISHED":
+        return TrainOutcome(opened.run_id, "skipped", f"{run_name}: already finished in run {opened.run_id}",
+                            opened.metrics)
+    sink = opened.sink
     run_dir = Path(output_dir) / key
-    with mlflow.start_run(run_id=run_id, nested=mlflow.active_run() is not None):
-        trainer = Trainer(cfg, data, run_dir, Observers(MlflowTrainingObserver(run_id), observer))
-        mlflow.set_tags({**environment_tags(str(trainer.device)), "run_dir": str(run_dir.resolve()),
-                         "resumed": str(existing is not None).lower()})
-        log_run_inputs(cfg, data, {"config_hash": trainer.hash})
-        try:
-            result = trainer.fit()
-        except NonFiniteLoss as err:
-            mlflow.set_tags({"failure": str(err), "nonfinite_loss_step": err.step, "nonfinite_loss_epoch": err.epoch})
-            mlflow.end_run(status="FAILED")
-            return TrainOutcome(run_id, "failed", f"{run_name}: {err}")
-        except StopTraining as err:
-            mlflow.set_tags({"stopped": str(err) or "stopped by an observer"})
-            mlflow.end_run(status="KILLED")
-            return TrainOutcome(run_id, "stopped", f"{run_name}: stopped ({err})")
-        example = next(iter(trainer.eval_loaders["val"])).images[:2]
-        log_training_result(result, cfg, lambda: build_model(trainer.model.cfg), example)
-        message = f"{run_name}: best val accuracy {result.final_metrics['best_val_accuracy']:.4f} at epoch {result.best_epoch}; {result.reload_proof.summary()}"
-        if not result.reload_proof.passed:
-            mlflow.end_run(status="FAILED")
-            return TrainOutcome(run_id, "failed", message)
-    return TrainOutcome(run_id, "finished", message)
+    try:
+        trainer = Trainer(cfg, data, run_dir, Observers(MlflowTrainingObserver(sink), observer))
+        sink.set_tags({**environment_tags(str(trainer.device)), "run_dir": str(run_dir.resolve()),
+                       "resumed": str(opened.status is not None).lower()})
+        log_run_inputs(sink, cfg, data, {"config_hash": trainer.hash})
+        result = trainer.fit()
+    except NonFiniteLoss as err:
+        sink.set_tags({"failure": str(err), "nonfinite_loss_step": err.step, "nonfinite_loss_epoch": err.epoch})
+        return _end(sink, "FAILED", "failed", f"{run_name}: {err}")
+    except StopTraining as err:
+        sink.set_tags({"stopped": str(err) or "stopped by an observer"})
+        return _end(sink, "KILLED", "stopped", f"{run_name}: stopped ({err})")
+    except BaseException as err:  # as MLflow's run context did: the run records why it ended
+        with contextlib.suppress(Exception):  # never hide the real error behind a logging one
+            _end(sink, "KILLED" if isinstance(err, KeyboardInterrupt) else "FAILED", "failed", "")
+        raise
+    example = next(iter(trainer.eval_loaders["val"])).images[:2]
+    log_training_result(sink, result, cfg, lambda: build_model(trainer.model.cfg), example)
+    message = f"{run_name}: best val accuracy {result.final_metrics['best_val_accuracy']:.4f} at epoch {result.best_epoch}; {result.reload_proof.summary()}"
+    if sink.offline:
+        message += f" [logged locally, run {sink.local_run_id}: `workbench sync` copies it to the server]"
+    if not result.reload_proof.passed:
+        return _end(sink, "FAILED", "failed", message)
+    return _end(sink, "FINISHED", "finished", message)
+
+
+def _end(sink: RunSink, run_status: str, status: str, message: str) -> TrainOutcome:
+    sink.end(run_status)
+    return TrainOutcome(sink.run_id, status, message, sink.latest_metrics(), sink.offline)
 
 
 def parse_overrides(pairs: tuple[str, ...]) -> dict:

@@ -6,12 +6,11 @@ from pathlib import Path
 
 import click
 import optuna
-from mlflow.tracking import MlflowClient
 from optuna.trial import TrialState
 
 from studies.ablate import prepare_protocol_data, run_cell
 from studies.cell_queue import GRACE_SECONDS, HEARTBEAT_SECONDS, counts, drain, load_queued_protocol, open_storage
-from tracking.protocols import end_parent_run
+from tracking.protocols import end_parent_run, parent_status
 from tracking.runs import configure_tracking
 
 
@@ -68,16 +67,16 @@ def worker(storage, study_name, device, data_path, output_dir, max_cells, requeu
         click.echo(f"[{outcome.status}] {outcome.message}")
         if outcome.status == "failed":
             raise RuntimeError(outcome.message)
-        return MlflowClient().get_run(outcome.run_id).data.metrics.get("best_val_accuracy", float("nan"))
+        return outcome.metrics.get("best_val_accuracy", float("nan"))
 
     ran = drain(study, run_one, max_cells=max_cells)
     state = counts(study)
     click.echo(f"worker ran {ran} cells; queue: {state}")
     if not state["waiting"] and not state["running"]:
-        client = MlflowClient()
-        if client.get_run(parent).info.status == "RUNNING":
+        # None: the server is away now; the parent is then closed through a local mirror.
+        if parent_status(parent) in ("RUNNING", None):
             # A stale trial that was retried and then completed is not a failed cell.
             trials = study.get_trials(deepcopy=False)
             complete = {t.user_attrs.get("cell") for t in trials if t.state == TrialState.COMPLETE}
             failed = {t.user_attrs.get("cell") for t in trials if t.state == TrialState.FAIL} - complete
-            end_parent_run(parent, {"finished": len(complete), "failed": len(failed)})
+            end_parent_run(parent, {"finished": len(complete), "failed": len(failed)}, protocol.name)

@@ -73,6 +73,49 @@ def postgres_server(databases=("workbench",)):
         shutil.rmtree(root, ignore_errors=True)
 
 
+class ServerProcess:
+    """A server subprocess in its own process group: started, killed (SIGKILL) and started again."""
+
+    def __init__(self, cmd: list[str], env: dict, port: int, log_path: Path) -> None:
+        self.cmd, self.env, self.port, self.log_path = cmd, env, port, log_path
+        self.url = f"http://127.0.0.1:{port}"
+        self.proc: subprocess.Popen | None = None
+
+    def start(self, timeout: float = 180) -> None:
+        log = open(self.log_path, "a")
+        self.proc = subprocess.Popen(self.cmd, stdout=log, stderr=subprocess.STDOUT, env=self.env,
+                                     start_new_session=True)
+        log.close()
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                urllib.request.urlopen(f"{self.url}/health", timeout=2)
+                return
+            except OSError:
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    self.stop()
+                    raise RuntimeError(f"mlflow server did not start: {self.log_path.read_text()[-3000:]}")
+                time.sleep(0.3)
+
+    def _signal(self, signum: int) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signum)
+
+    def kill(self) -> None:
+        """SIGKILL the whole server (it has worker processes): the outage the tests simulate."""
+        self._signal(9)
+        self.proc.wait(timeout=30)
+
+    def stop(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self._signal(15)
+        try:
+            self.proc.wait(timeout=5)  # a graceful uvicorn shutdown can take long; the data is committed
+        except subprocess.TimeoutExpired:
+            self.kill()
+
+
 @contextlib.contextmanager
 def mlflow_server(backend_uri: str, artifacts: Path, extra_args=(), env=None):
     """An MLflow tracking server on 127.0.0.1 with proxied artifacts; yields its URL."""
@@ -80,23 +123,49 @@ def mlflow_server(backend_uri: str, artifacts: Path, extra_args=(), env=None):
     cmd = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", backend_uri,
            "--artifacts-destination", str(artifacts), "--host", "127.0.0.1", "--port", str(port),
            "--workers", "1", *extra_args]
-    log = open(artifacts.parent / f"mlflow-server-{port}.log", "w")
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})},
-                            start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
+    server = ServerProcess(cmd, {**os.environ, **(env or {})}, port, artifacts.parent / f"mlflow-server-{port}.log")
+    server.start()
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                urllib.request.urlopen(f"{url}/health", timeout=2)
-                break
-            except OSError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"mlflow server did not start: {Path(log.name).read_text()[-3000:]}")
-                time.sleep(0.5)
-        yield url
+        yield server.url
     finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, 15)
-        proc.wait(timeout=30)
-        log.close()
+        server.stop()
+
+
+@contextlib.contextmanager
+def workbench_server(backend_uri: str, artifacts: Path, admin: tuple[str, str] | None, auth_db: str | None = None):
+    """The server as ``workbench server start`` runs it (basic-auth when ``admin`` is given); yields a ServerProcess.
+
+    The auth ini stays in place until the context ends, so the test may kill and start
+    the server again on the same port, backend and artifact store.
+    """
+    from tracking.server import ServerConfig, prepared_server
+
+    cfg = ServerConfig(backend_uri, str(artifacts), port=free_port(), workers=1, auth=admin is not None,
+                       auth_database_uri=auth_db)
+    user, password = admin or (None, None)
+    with prepared_server(cfg, user, password) as (cmd, env):
+        server = ServerProcess(cmd, env, cfg.port, artifacts.parent / f"mlflow-server-{cfg.port}.log")
+        server.start()
+        try:
+            yield server
+        finally:
+            server.stop()
+
+
+@pytest.fixture
+def isolated_tracking(tmp_path, monkeypatch):
+    """Fallback store in tmp_path, no remembered server state, no credentials from the caller's shell."""
+    from tracking import resilient
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("WORKBENCH_OFFLINE_DIR", str(tmp_path / "offline"))
+    monkeypatch.setenv("WORKBENCH_CACHE_DIR", str(tmp_path / "cache"))
+    for key in ("MLFLOW_RUN_ID", "MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD", "MLFLOW_TRACKING_TOKEN"):
+        monkeypatch.delenv(key, raising=False)
+    resilient.forget_health()
+    yield tmp_path / "offline"
+    resilient.forget_health()
+    import mlflow
+
+    while mlflow.active_run():
+        mlflow.end_run()

@@ -10,7 +10,9 @@ import mlflow
 from mlflow.entities import Run
 from mlflow.tracking import MlflowClient
 
+from tracking.resilient import ensure_experiment, fallback_run_exists, fallback_uri, is_unreachable, tracking_uri
 from tracking.runs import configure_tracking, git_state
+from tracking.sink import RunSink
 
 PROTOCOL_TAGS = ("protocol_name", "protocol_hash", "arm", "seed")
 
@@ -18,9 +20,7 @@ PROTOCOL_TAGS = ("protocol_name", "protocol_hash", "arm", "seed")
 def experiment_id_for(protocol_name: str) -> str:
     """Each protocol has one experiment, named after it, holding all its runs."""
     configure_tracking()
-    client = MlflowClient()
-    exp = client.get_experiment_by_name(protocol_name)
-    return exp.experiment_id if exp else client.create_experiment(protocol_name)
+    return ensure_experiment(MlflowClient(), protocol_name)
 
 
 def recorded_hashes(protocol_name: str) -> set[str]:
@@ -41,8 +41,11 @@ def cell_runs(protocol_name: str, protocol_hash: str) -> list[Run]:
 
 
 def start_parent_run(protocol, protocol_file: Path, allow_dirty: bool, extra_tags: dict | None = None) -> str:
-    """Create the parent run of one protocol execution and log the protocol itself."""
-    client = MlflowClient()
+    """Create the parent run of one protocol execution and log the protocol itself.
+
+    Through a ``RunSink``: with the tracking server away, the parent lives in the local
+    fallback store (and its cells beside it) until ``workbench sync``.
+    """
     tags = {
         "mlflow.runName": f"{protocol.name}@{protocol.short_hash}",
         "protocol_name": protocol.name,
@@ -56,24 +59,38 @@ def start_parent_run(protocol, protocol_file: Path, allow_dirty: bool, extra_tag
     launcher = os.environ.get("MLFLOW_RUN_ID")
     if launcher:
         tags["launcher_run_id"] = launcher  # the run `mlflow run` created around this execution
-    run = client.create_run(experiment_id_for(protocol.name), tags=tags)
-    run_id = run.info.run_id
-    client.log_artifact(run_id, str(protocol_file), artifact_path="protocol")
+    sink = RunSink.create(protocol.name, tags, uri=configure_tracking())
+    sink.log_artifact(protocol_file, artifact_path="protocol")
     with tempfile.TemporaryDirectory() as tmp:
         canonical = Path(tmp) / "canonical.json"
         canonical.write_text(protocol.canonical_json())
-        client.log_artifact(run_id, str(canonical), artifact_path="protocol")
-    client.log_param(run_id, "protocol_description", protocol.description[:500])
-    if launcher:
-        client.set_tag(launcher, "protocol_parent_run_id", run_id)
-    return run_id
+        sink.log_artifact(canonical, artifact_path="protocol")
+    sink.log_params({"protocol_description": protocol.description[:500]})
+    if launcher and not sink.offline:
+        try:
+            MlflowClient().set_tag(launcher, "protocol_parent_run_id", sink.run_id)
+        except Exception as err:  # a cross-reference only: never worth stopping the study for
+            if not is_unreachable(err):
+                raise
+    return sink.run_id
 
 
-def end_parent_run(run_id: str, counts: dict[str, int]) -> None:
-    client = MlflowClient()
-    for status, n in counts.items():
-        client.log_metric(run_id, f"cells_{status}", n)
-    client.set_terminated(run_id, "FAILED" if counts.get("failed") else "FINISHED")
+def end_parent_run(run_id: str, counts: dict[str, int], experiment: str | None = None) -> None:
+    """Cell counts and the final status; a server gone meanwhile gets them through a local mirror."""
+    sink = RunSink.for_run(run_id, experiment)
+    sink.log_metrics({f"cells_{status}": n for status, n in counts.items()})
+    sink.end("FAILED" if counts.get("failed") else "FINISHED")
+
+
+def parent_status(run_id: str) -> str | None:
+    """The parent's status in its store, or None when the server cannot be asked now."""
+    uri = fallback_uri() if fallback_run_exists(run_id) else tracking_uri()
+    try:
+        return MlflowClient(uri).get_run(run_id).info.status
+    except Exception as err:
+        if is_unreachable(err):
+            return None
+        raise
 
 
 def log_report_artifact(run_id: str, path: Path, artifact_path: str = "report") -> None:

@@ -2,7 +2,10 @@
 
 The embedded default is a SQLite store in the working directory (``sqlite:///mlflow.db``);
 MLFLOW_TRACKING_URI (and MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD for a
-server) override it, as everywhere in MLflow.
+server) override it, as everywhere in MLflow. MLflow reads the credentials itself; this
+project never logs, tags or prints them (``tracking.resilient.scrub`` / ``redact_uri``).
+When the server cannot be reached, runs go to a local fallback store instead
+(``tracking.resilient``), to be copied over later by ``workbench sync``.
 """
 
 from __future__ import annotations
@@ -14,15 +17,31 @@ import subprocess
 from pathlib import Path
 from typing import Iterator
 
+import click
 import mlflow
 
-DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
+from tracking import resilient
+from tracking.resilient import DEFAULT_TRACKING_URI, redact_uri  # noqa: F401  (re-exported)
 
 
-def configure_tracking() -> str:
-    """Point MLflow at MLFLOW_TRACKING_URI or the embedded SQLite default; return the URI."""
-    uri = os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI
-    mlflow.set_tracking_uri(uri)
+def configure_tracking(allow_offline: bool = True) -> str:
+    """Point MLflow at MLFLOW_TRACKING_URI or the embedded SQLite default; return the URI in use.
+
+    A tracking server is probed first (a few seconds at most): wrong credentials raise
+    ``TrackingAuthError``; an unreachable server sends this process's runs to the local
+    fallback store, with one warning naming it. Code that only reads runs (reports)
+    passes ``allow_offline=False``: an answer from the wrong store would be worse than none.
+    """
+    if not allow_offline:
+        uri = resilient.tracking_uri()
+        if resilient.is_remote(uri):
+            state = resilient.server_state(uri)
+            if state != "up":
+                raise click.ClickException(f"tracking server {resilient.redact_uri(uri)} unreachable ({state})")
+        resilient.set_process_uri(uri)
+        return uri
+    uri = resilient.active_store_uri()
+    resilient.set_process_uri(uri)
     return uri
 
 
@@ -64,10 +83,15 @@ def start_run(experiment: str, run_name: str | None = None, tags: dict | None = 
     ``mlflow run`` creates the run itself and passes MLFLOW_RUN_ID; then the run already
     belongs to the experiment chosen on the command line and is simply resumed.
     """
-    configure_tracking()
+    uri = configure_tracking()
     if not os.environ.get("MLFLOW_RUN_ID"):
-        mlflow.set_experiment(experiment)
+        # ensure_experiment puts a fallback experiment's artifacts beside the fallback store
+        mlflow.set_experiment(experiment_id=resilient.ensure_experiment(mlflow.MlflowClient(uri), experiment))
     with mlflow.start_run(run_name=run_name) as run:
+        if uri == resilient.fallback_uri():
+            from tracking.sink import offline_tags
+
+            mlflow.set_tags(offline_tags("server unreachable when the run started"))
         if tags:
-            mlflow.set_tags(tags)
+            mlflow.set_tags({k: resilient.scrub(v) for k, v in tags.items()})
         yield run

@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import tempfile
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import mlflow
 import torch
+from mlflow.entities import Run
 from mlflow.tracking import MlflowClient
+
+from tracking import resilient as rs
+from tracking.sink import SYNC_SYNCED, RunSink, store_for
 
 from workbench.data import PreparedData
 from workbench.train.config import TrainConfig
@@ -37,16 +43,23 @@ class MlflowTrainingObserver(TrainingObserver):
     The checkpoint's history is the truth: after a kill between the checkpoint write and
     the metric upload, ``on_resume`` logs the missing epochs; a cell retried from scratch on
     another machine (no checkpoint there) does not log an epoch the run already has.
+
+    Given a ``RunSink`` it logs through it (and so survives a tracking server outage);
+    given a run id it logs straight to the current tracking store.
     """
 
-    def __init__(self, run_id: str) -> None:
-        self.run_id = run_id
+    def __init__(self, run: "RunSink | str") -> None:
+        self.sink = run if isinstance(run, RunSink) else None
+        self.run_id = run.run_id if isinstance(run, RunSink) else run
         self.client = MlflowClient()
         self._logged: set[int] | None = None
 
     def logged_epochs(self) -> set[int]:
         if self._logged is None:
-            self._logged = {m.step for m in self.client.get_metric_history(self.run_id, "val_accuracy")}
+            if self.sink is not None:
+                self._logged = self.sink.metric_steps("val_accuracy")
+            else:
+                self._logged = {m.step for m in self.client.get_metric_history(self.run_id, "val_accuracy")}
         return self._logged
 
     def on_resume(self, history: list[dict]) -> None:
@@ -58,14 +71,86 @@ class MlflowTrainingObserver(TrainingObserver):
         if epoch in self.logged_epochs():
             return
         values = {k: float(metrics[k]) for k in EPOCH_METRICS if k in metrics}
-        mlflow.log_metrics(values, step=epoch, run_id=self.run_id)
+        if self.sink is not None:
+            self.sink.log_metrics(values, step=epoch)
+        else:
+            mlflow.log_metrics(values, step=epoch, run_id=self.run_id)
         self._logged.add(epoch)
 
 
-def log_run_inputs(cfg: TrainConfig, data: PreparedData, extra_params: dict | None = None) -> None:
+@dataclass
+class KeyedRun:
+    """The run of a run key: a sink to log through, and the status it had when found."""
+
+    sink: RunSink | None
+    run_id: str
+    status: str | None  # None: created now
+    metrics: dict = field(default_factory=dict)
+
+
+def _find_by_key(client: MlflowClient, experiment_id: str, key: str, unsynced: bool = False) -> Run | None:
+    runs = client.search_runs([experiment_id], filter_string=f"tags.run_key = '{key}'",
+                              order_by=["attributes.start_time DESC"], max_results=50)
+    if unsynced:  # a synced run is on the server too, where the search found (or will find) it
+        runs = [r for r in runs if SYNC_SYNCED not in r.data.tags]
+    return runs[0] if runs else None
+
+
+def open_keyed_run(experiment: str, key: str, tags: dict, parent_run_id: str | None = None) -> KeyedRun:
+    """Find the run of ``key`` or create it, in whichever store it belongs; never two runs for one key.
+
+    A run with this key that exists only in the local fallback store (not synced yet)
+    continues there even when the server is back: one run, one timeline, merged by
+    ``workbench sync``. A FINISHED run is returned without a sink (nothing to do).
+    """
+    if rs.is_remote(rs.tracking_uri()) and rs.fallback_exists():
+        found = _find_in_fallback(experiment, key, unsynced=True)
+        if found is not None:
+            return _keyed(found, rs.fallback_uri(), experiment)
+    uri = store_for(parent_run_id)
+    if uri != rs.fallback_uri():
+        client = MlflowClient(uri)
+        try:
+            exp_id = (client.get_run(parent_run_id).info.experiment_id if parent_run_id
+                      else rs.ensure_experiment(client, experiment))
+            found = _find_by_key(client, exp_id, key)
+        except Exception as err:
+            rs.raise_if_auth_failure(uri, err)
+            if not rs.is_unreachable(err):
+                raise
+            rs.mark_down(uri, rs.describe_failure(err))
+            rs.warn_offline(uri, rs.describe_failure(err))
+            uri = rs.fallback_uri()
+        else:
+            if found is not None:
+                return _keyed(found, uri, experiment)
+            sink = RunSink.create(experiment, {"run_key": key, **tags}, parent_run_id, uri=uri, experiment_id=exp_id)
+            return KeyedRun(sink, sink.run_id, None)
+    found = _find_in_fallback(experiment, key)
+    if found is not None:
+        return _keyed(found, uri, experiment)
+    sink = RunSink.create(experiment, {"run_key": key, **tags}, parent_run_id, uri=uri)
+    return KeyedRun(sink, sink.run_id, None)
+
+
+def _find_in_fallback(experiment: str, key: str, unsynced: bool = False) -> Run | None:
+    client = rs.fallback_client()
+    exp = client.get_experiment_by_name(experiment)
+    return _find_by_key(client, exp.experiment_id, key, unsynced) if exp else None
+
+
+def _keyed(run: Run, uri: str, experiment: str) -> KeyedRun:
+    if run.info.status == "FINISHED":
+        return KeyedRun(None, run.info.run_id, "FINISHED", dict(run.data.metrics))
+    return KeyedRun(RunSink.attach(run, uri, experiment), run.info.run_id, run.info.status)
+
+
+def log_run_inputs(sink: RunSink, cfg: TrainConfig, data: PreparedData, extra_params: dict | None = None) -> None:
     """Flattened config params, data identity, and the dataset as an MLflow input."""
     from mlflow.data.http_dataset_source import HTTPDatasetSource
     from mlflow.data.meta_dataset import MetaDataset
+    from mlflow.entities import DatasetInput, InputTag
+    from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT
 
     params = flatten("", cfg.to_dict(), {})
     params.update({
@@ -78,45 +163,45 @@ def log_run_inputs(cfg: TrainConfig, data: PreparedData, extra_params: dict | No
         "data.test_images": len(data.test.labels) if data.test is not None else 0,
         **(extra_params or {}),
     })
-    existing = mlflow.get_run(mlflow.active_run().info.run_id).data.params
-    mlflow.log_params({k: v for k, v in params.items() if k not in existing})  # resumed runs already have them
+    sink.log_params(params)  # only the ones a resumed run does not have yet
     dataset = MetaDataset(
         source=HTTPDatasetSource(url=f"file://{data.name}/{data.display_name}"),
         name=f"{data.name}-split{data.split_seed}",
         digest=data.data_fingerprint[:DIGEST_CHARS],
     )
-    mlflow.log_input(dataset, context="training")
+    sink.log_inputs([DatasetInput(dataset._to_mlflow_entity(), [InputTag(MLFLOW_DATASET_CONTEXT, "training")])])
 
 
-def log_training_result(result: TrainResult, cfg: TrainConfig, model_factory, example: torch.Tensor) -> None:
+def log_training_result(sink: RunSink, result: TrainResult, cfg: TrainConfig, model_factory,
+                        example: torch.Tensor) -> None:
     """Final metrics, reload proof, predictions, checkpoints, config and the logged model."""
     proof = result.reload_proof
-    mlflow.log_metrics({
+    sink.log_metrics({
         **result.final_metrics,
         "best_epoch": result.best_epoch,
         "reload_proof_passed": float(proof.passed),
         "reload_proof_max_abs_diff": proof.max_abs_prob_diff if math.isfinite(proof.max_abs_prob_diff) else -1.0,
     })
-    mlflow.set_tags({
+    sink.set_tags({
         "reload_proof": "passed" if proof.passed else "failed",
         "reload_proof_summary": proof.summary(),
         "stopped_early": str(result.stopped_early).lower(),
     })
     for split, path in result.predictions.items():
-        mlflow.log_artifact(str(path), artifact_path="predictions")
+        sink.log_artifact(path, artifact_path="predictions")
     for kind, path in result.checkpoints.items():
-        mlflow.log_artifact(str(path), artifact_path="checkpoints")
+        sink.log_artifact(path, artifact_path="checkpoints")
     with tempfile.TemporaryDirectory() as tmp:
         config_path = Path(tmp) / "config.json"
         config_path.write_text(json.dumps(cfg.to_dict(), indent=2, default=str))
-        mlflow.log_artifact(str(config_path))
+        sink.log_artifact(config_path)
         history = Path(tmp) / "history.json"
         history.write_text(json.dumps(result.history, indent=1))
-        mlflow.log_artifact(str(history))
-    log_model(result, model_factory, example)
+        sink.log_artifact(history)
+    sink.log_model(lambda run_id: log_model(result, model_factory, example, run_id))
 
 
-def log_model(result: TrainResult, model_factory, example: torch.Tensor) -> None:
+def log_model(result: TrainResult, model_factory, example: torch.Tensor, run_id: str | None = None) -> None:
     """The best weights as an MLflow PyTorch model with a signature, loadable offline."""
     from mlflow.models import infer_signature
 
@@ -132,7 +217,18 @@ def log_model(result: TrainResult, model_factory, example: torch.Tensor) -> None
     requirements = [f"torch=={torch.__version__.split('+')[0]}", f"mlflow=={mlflow.__version__}"]
     # torch.export ("pt2") stores a traced graph and tensors, not pickled code, so loading
     # it back needs neither this project's source nor unpickling of arbitrary objects.
-    mlflow.pytorch.log_model(
-        model, name="model", signature=signature, input_example=example.numpy(),
-        pip_requirements=requirements, serialization_format="pt2",
-    )
+    kwargs = dict(name="model", signature=signature, input_example=example.numpy(), pip_requirements=requirements,
+                  serialization_format="pt2")
+    if run_id is None:
+        mlflow.pytorch.log_model(model, **kwargs)
+        return
+    # Without an active run MLflow files the model under the active *experiment*, not the
+    # run's; creating the LoggedModel here puts it beside its run in whichever store.
+    client = MlflowClient()
+    logged = client.create_logged_model(client.get_run(run_id).info.experiment_id, name="model", source_run_id=run_id)
+    try:
+        mlflow.pytorch.log_model(model, run_id=run_id, model_id=logged.model_id, **kwargs)
+    except Exception:
+        with contextlib.suppress(Exception):  # a half-uploaded model must not look usable
+            client.finalize_logged_model(logged.model_id, "FAILED")
+        raise

@@ -1,0 +1,85 @@
+"""`workbench server`: run the shared MLflow tracking server, add its users, check a connection."""
+
+from __future__ import annotations
+
+import os
+
+import click
+
+from tracking import server as ts
+from tracking.resilient import check_server, redact_uri, tracking_uri
+
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+@click.group("server")
+def server() -> None:
+    """Run and administer the shared MLflow tracking server (PostgreSQL, proxied artifacts, basic-auth)."""
+
+
+@server.command("start")
+@click.option("--backend-store-uri", envvar=ts.BACKEND_ENV, required=True,
+              help=f"Runs database, e.g. postgresql://mlflow@127.0.0.1:5432/mlflow (env {ts.BACKEND_ENV}).")
+@click.option("--artifacts-destination", envvar=ts.ARTIFACTS_ENV, default="./mlartifacts", show_default=True,
+              help=f"Where proxied artifacts are stored: a folder or s3://... (env {ts.ARTIFACTS_ENV}).")
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Interface to bind; keep 127.0.0.1 behind a tunnel or reverse proxy.")
+@click.option("--port", type=int, default=5000, show_default=True)
+@click.option("--workers", type=int, default=2, show_default=True)
+@click.option("--auth/--no-auth", default=True, show_default=True, help="basic-auth (--no-auth only on loopback).")
+@click.option("--auth-db-uri", envvar=ts.AUTH_DB_ENV, default=None,
+              help=f"Users database, e.g. postgresql://mlflow@127.0.0.1/mlflow_auth (env {ts.AUTH_DB_ENV}); "
+                   "default sqlite ./mlflow-auth.db.")
+@click.option("--default-permission", type=click.Choice(ts.PERMISSIONS), default="EDIT", show_default=True,
+              help="What users may do on experiments others created.")
+@click.option("--allowed-hosts", default=None, help="Host headers to accept, e.g. mlflow.example.org (the tunnel's name).")
+@click.option("--cors-allowed-origins", default=None, help="Browser origins allowed to call the API.")
+def start(backend_store_uri, artifacts_destination, host, port, workers, auth, auth_db_uri, default_permission,
+          allowed_hosts, cors_allowed_origins):
+    """Start the tracking server in the foreground (Ctrl-C stops it).
+
+    The admin account comes from WORKBENCH_SERVER_ADMIN_USER (default admin) and
+    WORKBENCH_SERVER_ADMIN_PASSWORD; it is created on the first start.
+    """
+    if not auth and host not in LOOPBACK:
+        raise click.UsageError(f"--no-auth on {host}: anyone who reaches it could read and change every run; "
+                               "keep basic-auth on, or bind 127.0.0.1")
+    try:
+        cfg = ts.ServerConfig(backend_store_uri, artifacts_destination, host, port, workers, auth, auth_db_uri,
+                              default_permission, allowed_hosts, cors_allowed_origins)
+        user = os.environ.get(ts.ADMIN_USER_ENV, "admin")
+        click.echo(ts.describe(cfg))
+        code = ts.run_server(cfg, user, os.environ.get(ts.ADMIN_PASSWORD_ENV))
+    except ts.ServerConfigError as err:
+        raise click.ClickException(str(err)) from None
+    raise SystemExit(code)
+
+
+@server.command("add-user")
+@click.argument("username")
+@click.option("--tracking-uri", envvar="MLFLOW_TRACKING_URI", required=True, help="The server (env MLFLOW_TRACKING_URI).")
+@click.option("--password-env", default="WORKBENCH_NEW_USER_PASSWORD", show_default=True,
+              help="Environment variable holding the new password; prompted for (hidden) when unset.")
+@click.option("--admin", "make_admin", is_flag=True, help="Make the user an admin.")
+def add_user(username, tracking_uri, password_env, make_admin):
+    """Create a user on a basic-auth server, as the admin (WORKBENCH_SERVER_ADMIN_USER / _PASSWORD)."""
+    password = os.environ.get(password_env) or click.prompt(f"password for {username}", hide_input=True,
+                                                            confirmation_prompt=True)
+    admin, admin_password = os.environ.get(ts.ADMIN_USER_ENV, "admin"), os.environ.get(ts.ADMIN_PASSWORD_ENV)
+    if not admin_password:
+        raise click.ClickException(f"set {ts.ADMIN_PASSWORD_ENV} (and {ts.ADMIN_USER_ENV}) to the server's admin account")
+    try:
+        ts.add_user(tracking_uri, username, password, admin, admin_password, make_admin)
+    except ts.ServerConfigError as err:
+        raise click.ClickException(str(err)) from None
+    click.echo(f"created user {username}{' (admin)' if make_admin else ''} on {redact_uri(tracking_uri)}")
+
+
+@server.command("check")
+def check():
+    """Probe MLFLOW_TRACKING_URI with the MLFLOW_TRACKING_USERNAME / _PASSWORD credentials."""
+    uri = tracking_uri()
+    state = check_server(uri) if uri.startswith(("http://", "https://")) else "up"  # TrackingAuthError: exit 1
+    if state != "up":
+        raise click.ClickException(f"{redact_uri(uri)} unreachable: {state}")
+    click.echo(f"{redact_uri(uri)}: reachable, credentials accepted")

@@ -1,0 +1,254 @@
+"""RunSink: every MLflow call of one run, surviving a tracking server that goes away.
+
+A sink logs to the run's store. When a call fails because the server is unreachable, it
+creates a *mirror* run in the local fallback store (tagged ``sync.server_run_id`` with the
+server run it continues), replays its journal there (params, tags, dataset inputs, every
+metric point with its step and timestamp) and carries on locally for the rest of the run.
+``workbench sync`` later merges the mirror into the server run. A run created while the
+server was already unreachable lives in the fallback store from the start.
+
+The journal is what makes the mirror a faithful continuation: metric points are logged
+with explicit timestamps, so the copies in the mirror equal the ones the server already
+has, and the sync can recognise them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import mlflow
+from mlflow.entities import DatasetInput, Metric, Param, Run, RunTag
+from mlflow.tracking import MlflowClient
+
+from tracking import resilient as rs
+
+SYNC_SERVER_RUN = "sync.server_run_id"  # on a mirror: the server run it continues
+SYNC_SERVER_URI = "sync.server_uri"  # redacted: where the run was meant to go
+SYNC_REASON = "sync.reason"
+SYNC_SYNCED = "sync.synced_run_id"  # set by `workbench sync` once the run is fully on the server
+_SINKS: dict[str, "RunSink"] = {}
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+@dataclass
+class Journal:
+    """What the run holds so far, kept in memory to replay into a mirror run."""
+
+    params: dict[str, str] = field(default_factory=dict)
+    tags: dict[str, str] = field(default_factory=dict)
+    metrics: list[Metric] = field(default_factory=list)
+    inputs: list[DatasetInput] = field(default_factory=list)
+    start_time: int | None = None
+
+    @classmethod
+    def of(cls, client: MlflowClient, run: Run) -> "Journal":
+        """The journal of an existing run: its params, tags, inputs and full metric histories."""
+        metrics = [m for key in run.data.metrics for m in client.get_metric_history(run.info.run_id, key)]
+        inputs = list(run.inputs.dataset_inputs) if run.inputs else []
+        return cls(dict(run.data.params), dict(run.data.tags), metrics, inputs, run.info.start_time)
+
+
+@contextlib.contextmanager
+def _global_uri(uri: str):
+    """MLflow's model logging reads the global tracking URI; point it at ``uri`` for one call."""
+    old = mlflow.get_tracking_uri()
+    rs.set_process_uri(uri)
+    try:
+        yield
+    finally:
+        rs.set_process_uri(old)
+
+
+def _batches(items: list, size: int):
+    for start in range(0, len(items), size):
+        yield items[start:start + size]
+
+
+def log_batch(client: MlflowClient, run_id: str, metrics=(), params=(), tags=()) -> None:
+    """``log_batch`` within MLflow's per-request limits (1000 metrics, 100 params, 100 tags)."""
+    for chunk in _batches(list(params), 100):
+        client.log_batch(run_id, params=chunk)
+    for chunk in _batches(list(tags), 100):
+        client.log_batch(run_id, tags=chunk)
+    for chunk in _batches(list(metrics), 1000):
+        client.log_batch(run_id, metrics=chunk)
+
+
+class RunSink:
+    """The one path of a run's MLflow calls. ``run_id`` stays the id the run was created with."""
+
+    def __init__(self, run_id: str, uri: str, experiment: str, journal: Journal | None = None) -> None:
+        self.run_id, self.uri, self.experiment = run_id, uri, experiment
+        self.journal = journal or Journal(start_time=now_ms())
+        self.mirror_id: str | None = None
+        _SINKS[run_id] = self
+
+    # ------------------------------------------------------------ opening
+
+    @classmethod
+    def create(cls, experiment: str, tags: dict, parent_run_id: str | None = None,
+               uri: str | None = None, experiment_id: str | None = None) -> "RunSink":
+        """A new run in ``uri`` (default: where runs go now), or in the fallback store if that fails."""
+        uri = uri or store_for(parent_run_id)
+        tags = {k: rs.scrub(v) for k, v in tags.items()}
+        if parent_run_id:
+            tags["mlflow.parentRunId"] = parent_run_id
+        if uri != rs.fallback_uri():
+            try:
+                client = MlflowClient(uri)
+                exp_id = experiment_id or rs.ensure_experiment(client, experiment)
+                run = client.create_run(exp_id, tags=tags)
+                return cls(run.info.run_id, uri, experiment, Journal(tags=dict(run.data.tags), start_time=run.info.start_time))
+            except Exception as err:
+                rs.raise_if_auth_failure(uri, err)
+                if not rs.is_unreachable(err):
+                    raise
+                rs.mark_down(uri, rs.describe_failure(err))
+                rs.warn_offline(uri, rs.describe_failure(err))
+        client = rs.fallback_client()
+        tags = {**tags, **offline_tags("server unreachable when the run started")}
+        run = client.create_run(rs.ensure_experiment(client, experiment), tags=tags)
+        return cls(run.info.run_id, rs.fallback_uri(), experiment, Journal(tags=dict(run.data.tags), start_time=run.info.start_time))
+
+    @classmethod
+    def attach(cls, run: Run, uri: str, experiment: str) -> "RunSink":
+        """A sink continuing an existing run (seeded with everything the run already holds)."""
+        client = MlflowClient(uri)
+        if run.info.status != "RUNNING":
+            client.update_run(run.info.run_id, status="RUNNING")
+        if uri == rs.fallback_uri() and SYNC_SYNCED in run.data.tags:
+            # It changes again, so the next `workbench sync` must look at it again.
+            client.delete_tag(run.info.run_id, SYNC_SYNCED)
+        return cls(run.info.run_id, uri, experiment, Journal.of(client, run))
+
+    @classmethod
+    def for_run(cls, run_id: str, experiment: str | None = None) -> "RunSink":
+        """The live sink of ``run_id`` in this process, or one attached to wherever the run lives."""
+        if run_id in _SINKS:
+            return _SINKS[run_id]
+        uri = rs.fallback_uri() if rs.fallback_run_exists(run_id) else rs.tracking_uri()
+        client = MlflowClient(uri)
+        try:
+            run = client.get_run(run_id)
+            name = experiment or client.get_experiment(run.info.experiment_id).name
+            return cls.attach(run, uri, name)
+        except Exception as err:
+            rs.raise_if_auth_failure(uri, err)
+            if not rs.is_unreachable(err):
+                raise
+            sink = cls(run_id, uri, experiment or "workbench-offline")
+            sink._switch(err)  # nothing to seed from: the mirror starts empty and sync merges
+            return sink
+
+    # ------------------------------------------------------------ the calls
+
+    @property
+    def offline(self) -> bool:
+        return self.mirror_id is not None or self.uri == rs.fallback_uri()
+
+    @property
+    def local_run_id(self) -> str:
+        """The run this sink writes to now (the mirror after a switch)."""
+        return self.mirror_id or self.run_id
+
+    def _do(self, what: str, fn: Callable[[MlflowClient, str], object], retries: bool = False):
+        if self.mirror_id is None and rs.is_remote(self.uri) and rs.known_down(self.uri):
+            # Another run of this process just found the server away: spare this one the
+            # retries (seconds per call) and continue locally at once.
+            self._switch(rs.known_down(self.uri))
+        if self.mirror_id is None and rs.is_remote(self.uri):
+            client = MlflowClient(self.uri)
+            try:
+                if retries:  # a few tries only: past them, the local store is the better place
+                    return rs.with_retries(lambda: fn(client, self.run_id), what, attempts=3)
+                return fn(client, self.run_id)
+            except Exception as err:
+                # Mid-run even refused credentials (a password rotated under a long run) are
+                # answered by logging locally: the run is synced later with valid ones.
+                if not (rs.is_unreachable(err) or rs.is_auth_failure(err)):
+                    raise
+                self._switch(err)
+        return fn(MlflowClient(rs.fallback_uri() if self.mirror_id else self.uri), self.local_run_id)
+
+    def _switch(self, err: BaseException | str) -> None:
+        """Continue in a mirror run in the fallback store, replaying the journal there."""
+        why = err if isinstance(err, str) else rs.describe_failure(err)
+        reason = f"server unreachable mid-run: {why}"
+        rs.mark_down(self.uri, why)
+        rs.warn_offline(self.uri, why)
+        client = rs.fallback_client()
+        tags = {**self.journal.tags, **offline_tags(reason), SYNC_SERVER_RUN: self.run_id}
+        run = client.create_run(rs.ensure_experiment(client, self.experiment), start_time=self.journal.start_time,
+                                tags=tags)
+        self.mirror_id = run.info.run_id
+        log_batch(client, self.mirror_id, metrics=self.journal.metrics,
+                  params=[Param(k, v) for k, v in self.journal.params.items()])
+        if self.journal.inputs:
+            client.log_inputs(self.mirror_id, datasets=self.journal.inputs)
+
+    def log_params(self, params: dict) -> None:
+        """Params the run does not have yet (MLflow refuses to change one; resumed runs have them)."""
+        new = {k: rs.scrub(v)[:6000] for k, v in params.items() if k not in self.journal.params}
+        if new:
+            self._do("log params", lambda c, r: log_batch(c, r, params=[Param(k, v) for k, v in new.items()]))
+            self.journal.params.update(new)
+
+    def set_tags(self, tags: dict) -> None:
+        clean = {k: rs.scrub(v)[:8000] for k, v in tags.items()}
+        self._do("set tags", lambda c, r: log_batch(c, r, tags=[RunTag(k, v) for k, v in clean.items()]))
+        self.journal.tags.update(clean)
+
+    def log_metrics(self, values: dict, step: int = 0, timestamp: int | None = None) -> None:
+        stamp = timestamp or now_ms()
+        points = [Metric(k, float(v), stamp, int(step)) for k, v in values.items()]
+        self._do("log metrics", lambda c, r: log_batch(c, r, metrics=points))
+        self.journal.metrics.extend(points)
+
+    def log_inputs(self, datasets: list[DatasetInput]) -> None:
+        self._do("log inputs", lambda c, r: c.log_inputs(r, datasets=datasets))
+        self.journal.inputs.extend(datasets)
+
+    def log_artifact(self, path: str | Path, artifact_path: str | None = None) -> None:
+        self._do(f"upload {Path(path).name}", lambda c, r: c.log_artifact(r, str(path), artifact_path), retries=True)
+
+    def log_model(self, log_fn: Callable[[str], object]) -> None:
+        """Run ``log_fn(run_id)`` (an ``mlflow.<flavor>.log_model(..., run_id=run_id)``) against the active store."""
+        def call(client: MlflowClient, run_id: str):
+            with _global_uri(client.tracking_uri):
+                return log_fn(run_id)
+
+        self._do("log model", call, retries=True)
+
+    def end(self, status: str = "FINISHED") -> None:
+        self._do("end run", lambda c, r: c.set_terminated(r, status))
+        _SINKS.pop(self.run_id, None)
+
+    # ------------------------------------------------------------ what the run holds
+
+    def metric_steps(self, key: str) -> set[int]:
+        return {m.step for m in self.journal.metrics if m.key == key}
+
+    def latest_metrics(self) -> dict[str, float]:
+        latest: dict[str, Metric] = {}
+        for m in self.journal.metrics:
+            if m.key not in latest or (m.step, m.timestamp) >= (latest[m.key].step, latest[m.key].timestamp):
+                latest[m.key] = m
+        return {k: m.value for k, m in latest.items()}
+
+
+def offline_tags(reason: str) -> dict[str, str]:
+    return {SYNC_SERVER_URI: rs.redact_uri(rs.tracking_uri()), SYNC_REASON: reason[:500]}
+
+
+def store_for(parent_run_id: str | None) -> str:
+    """Where a new run goes: beside a parent living in the fallback store, else where runs go now."""
+    if parent_run_id and rs.is_remote(rs.tracking_uri()) and rs.fallback_run_exists(parent_run_id):
+        return rs.fallback_uri()
+    return rs.active_store_uri()
