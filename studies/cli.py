@@ -8,7 +8,9 @@ from studies.ablate import ablate
 from studies.equivalence import equivalence
 from studies.figures import figures
 from studies.report import report
+from studies.server import server
 from studies.sweep import sweep
+from studies.sync import sync
 from studies.train import train
 from studies.transfer import transfer
 from studies.worker import worker
@@ -37,7 +39,9 @@ main.add_command(ablate)
 main.add_command(equivalence)
 main.add_command(figures)
 main.add_command(report)
+main.add_command(server)
 main.add_command(sweep)
+main.add_command(sync)
 main.add_command(train)
 main.add_command(transfer)
 main.add_command(worker)
