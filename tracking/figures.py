@@ -99,7 +99,7 @@ def find_protocol_runs(name: str, protocol_hash: str | None = None) -> ProtocolR
     Raises:
         FiguresError: No such experiment, hash or finished cell run.
     """
-    configure_tracking()
+    configure_tracking(allow_offline=False)
     exp = MlflowClient().get_experiment_by_name(name)
     if exp is None:
         raise FiguresError(f"no MLflow experiment named {name!r} at {mlflow.get_tracking_uri()}: run the protocol first")

@@ -71,7 +71,7 @@ class ParentRecord:
 
 def tracking_uri() -> str:
     """The configured tracking URI with any user name or password removed (safe to print)."""
-    uri = configure_tracking()
+    uri = configure_tracking(allow_offline=False)
     parts = urlsplit(uri)
     if parts.username or parts.password:
         host = parts.hostname or ""
@@ -81,7 +81,7 @@ def tracking_uri() -> str:
 
 
 def _experiment_id(protocol_name: str) -> str:
-    configure_tracking()
+    configure_tracking(allow_offline=False)
     exp = MlflowClient().get_experiment_by_name(protocol_name)
     if exp is None:
         raise QueryError(f"no MLflow experiment named {protocol_name!r} in {tracking_uri()}: "
