@@ -5,6 +5,8 @@ from __future__ import annotations
 import click
 
 from studies.ablate import ablate
+from studies.benchmark import benchmark
+from studies.data_benchmark import benchmark_loader
 from studies.equivalence import equivalence
 from studies.figures import figures
 from studies.report import report
@@ -36,6 +38,8 @@ def pin(name: str) -> None:
 
 
 main.add_command(ablate)
+main.add_command(benchmark)
+main.add_command(benchmark_loader)
 main.add_command(equivalence)
 main.add_command(figures)
 main.add_command(report)
