@@ -193,7 +193,7 @@ def markdown_summary(
         f"of {settings['max_seconds']} s ran out, at least 3) after up to {settings['warmup']} warm-up calls; times "
         "are medians of per-call times, ratios are medians of per-round ratios. Weights: seeded random init. "
         "GFLOP/s come from the analytic count (matmuls and convolutions, 2 FLOPs per MAC); \"% of fp32 matmul\" "
-        "divides them, round by round, by an fp32 square matmul (half the side below) timed in the same rounds.",
+        "divides them by the best throughput of an fp32 square matmul (half the side below) timed in the same rounds.",
         "## Matmul throughput (the machine's limit)",
         markdown_table(
             [{"dtype": p.dtype, "n": p.n, "median": p.tflops.median, "iqr": f"{p.tflops.q1:.3g}-{p.tflops.q3:.3g}"}

@@ -9,7 +9,7 @@ batch, variant) in a DataFrame; nothing here logs.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Callable, Iterable
+from typing import Callable
 
 import pandas as pd
 import torch
@@ -93,16 +93,17 @@ def _ratio_columns(samples: Samples, name: str, reference: str, prefix: str) -> 
 
 
 def _peak_columns(samples: Samples, name: str, flops_per_call: int, probe_n: int | None) -> dict[str, float]:
-    """Achieved FLOP/s over the matmul probe's FLOP/s, per round, then the median.
+    """Median achieved FLOP/s over the best FLOP/s of the matmul probe in the same rounds.
 
-    The probe runs in the same rounds as the models, so a load spike lowers both; a peak
-    measured once at the start would turn a later quiet spell into "more than 100%".
+    The probe runs in the same rounds as the models, so it sees the same machine: a peak
+    measured once at the start, under other load, can make a later quiet spell look like
+    "more than 100%". Its best sample is the limit (noise only ever slows a matmul down).
     """
     if not probe_n or PROBE not in samples.seconds:
         return {"fraction_of_fp32_peak": float("nan"), "probe_gflops": float("nan")}
-    probe = [2 * probe_n**3 / s for s in samples.seconds[PROBE]]
-    fractions = [flops_per_call / t / p for t, p in zip(samples.seconds[name], probe, strict=True)]
-    return {"fraction_of_fp32_peak": Spread.of(fractions).median, "probe_gflops": Spread.of(probe).median / 1e9}
+    limit = 2 * probe_n**3 / min(samples.seconds[PROBE])
+    achieved = flops_per_call / samples.spread(name).median
+    return {"fraction_of_fp32_peak": achieved / limit, "probe_gflops": limit / 1e9}
 
 
 def _rows(
@@ -230,7 +231,3 @@ def select(table: pd.DataFrame, **where: object) -> pd.DataFrame:
     for column, value in where.items():
         mask &= table[column] == value
     return table[mask]
-
-
-def models_with(table: pd.DataFrame, variant: str) -> Iterable[str]:
-    return list(dict.fromkeys(select(table, variant=variant)["model"])) if len(table) else []
