@@ -79,7 +79,7 @@ def plot_benchmark(result: BenchmarkResult):
     right.set_yticks(range(len(full)), [f"{r.section[:5]} {r.model} b{r.batch} {r.variant}" for r in full.itertuples()],
                      fontsize=7)  # fmt: skip
     right.invert_yaxis()
-    right.set_xlabel("% of fp32 matmul throughput (matmul timed in the same rounds)")
+    right.set_xlabel("% of fp32 matmul throughput (timed in the same rounds)")
     right.set_title(f"achieved (analytic FLOPs), {result.info['device_name']}", fontsize=9)
     fig.tight_layout()
     return fig

@@ -220,5 +220,6 @@ def markdown_summary(
     if goals:
         met = sum(g.met for g in goals)
         noisy = sum(g.verdict == "no (within noise)" for g in goals)
-        parts += [f"## Goals: {met} of {len(goals)} met ({noisy} of the misses within noise)", goals_markdown(goals)]
+        note = f" ({noisy} of the misses within noise)" if met < len(goals) else ""
+        parts += [f"## Goals: {met} of {len(goals)} met{note}", goals_markdown(goals)]
     return "\n\n".join(parts) + "\n"
