@@ -3,7 +3,7 @@
     workbench benchmark                                  # ViT-Ti/S/B at 224 + study models, CPU
     workbench benchmark --quick                          # tiny configuration (seconds)
     workbench benchmark --model vit_base_patch16_224 --batch-size 1,32,64 --device cuda
-    mlflow run . -e benchmark --env-manager local -P threads=2
+    mlflow run . -e benchmark --env-manager local -P threads=1
 
 Everything is measured in one run and logged to one MLflow run (experiment ``benchmark``):
 metrics, ``benchmark/results.csv``, ``matmul.csv``, ``goals.csv``, ``summary.md``,
