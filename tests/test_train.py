@@ -6,7 +6,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -33,26 +32,18 @@ def run_child(run_dir: Path, *extra: str) -> subprocess.CompletedProcess:
 
 
 def kill_child_mid_epoch(run_dir: Path, *extra: str, checkpoint: Path | None = None) -> None:
-    """Start a child, SIGKILL it a moment after its first mid-epoch checkpoint, check it died."""
-    proc = subprocess.Popen([sys.executable, str(CHILD), str(run_dir), *extra], env=child_env(),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    """Run a child that SIGKILLs itself at training step 18 (epoch 2 of 4, 10 steps an epoch).
+
+    Checkpoints fall every 3 steps, so the last one is at step 15 and steps 16-17 are lost.
+    """
+    env = {**child_env(), "WB_KILL_AT_FORWARD": "18"}
+    done = subprocess.run([sys.executable, str(CHILD), str(run_dir), *extra], env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == -signal.SIGKILL, f"child was not killed (rc {done.returncode}):\n{done.stderr[-3000:]}"
     last = checkpoint or run_dir / "checkpoints" / "last.pt"
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline and proc.poll() is None:
-        if last.exists():
-            try:
-                state = load_checkpoint(last)
-            except CheckpointCorrupted:
-                state = None
-            if state and state["epoch"] >= 1 and state["batch"] > 0:  # mid-epoch, after epoch 1
-                time.sleep(0.3)  # let it run on past the checkpoint: that work is lost and redone
-                break
-        time.sleep(0.05)
-    assert proc.poll() is None, "child finished before it could be killed:\n" + proc.stdout.read()
-    proc.send_signal(signal.SIGKILL)
-    assert proc.wait(timeout=60) == -signal.SIGKILL
     state = load_checkpoint(last)
-    assert not state["finished"] and state["epoch"] < 4
+    assert not state["finished"] and (state["epoch"], state["batch"], state["step"]) == (1, 5, 15), (
+        state["epoch"], state["batch"], state["step"])
 
 
 def strip_timing(history: list[dict]) -> list[dict]:
