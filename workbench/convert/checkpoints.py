@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import pickle
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
 
 import torch
+
+from workbench.atomic import atomic_write_bytes  # noqa: F401  (re-exported: callers import it from here)
 
 LOCK_PATH = Path(__file__).with_name("pinned_checkpoints.json")
 WEIGHT_FILE_NAMES = ("model.safetensors", "pytorch_model.bin", "model.pt", "model.pth")
@@ -57,21 +57,6 @@ def write_lock(entries: Mapping[str, PinnedCheckpoint], path: Path = LOCK_PATH) 
         },
     }
     atomic_write_bytes(Path(path), (json.dumps(body, indent=2) + "\n").encode())
-
-
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write temp file, fsync, rename: readers see the old or the new file, never half."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def sha256_file(path: Path, chunk: int = 1 << 22) -> str:

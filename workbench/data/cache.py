@@ -24,7 +24,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 import warnings
 import zipfile
 from collections.abc import Mapping
@@ -32,6 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
+from workbench.atomic import atomic_write
 from workbench.data.checksums import file_digest
 from workbench.data.dataset import data_fingerprint
 
@@ -94,24 +94,7 @@ def save_decoded(
     for split, (images, labels) in arrays.items():
         payload[f"{split}_images"] = images
         payload[f"{split}_labels"] = labels
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            np.savez(f, **payload)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    try:  # persist the rename itself; not all platforms allow opening a folder
-        dfd = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
-    except OSError:
-        pass
+    atomic_write(path, lambda f: np.savez(f, **payload))
 
 
 def load_decoded(

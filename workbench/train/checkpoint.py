@@ -10,14 +10,14 @@ a plain structure of tensors, numbers and strings, so it loads with
 
 from __future__ import annotations
 
-import os
 import random
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+
+from workbench.atomic import atomic_write
 
 FORMAT = "glassbox-train-checkpoint-v1"
 
@@ -27,27 +27,8 @@ class CheckpointCorrupted(RuntimeError):
 
 
 def atomic_torch_save(obj: Any, path: Path) -> None:
-    """Write to a temp file in the same folder, fsync, then rename over ``path``.
-
-    A crash at any point leaves either the previous file or the new one, never half of one.
-    """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            torch.save(obj, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-        dir_fd = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)  # make the rename itself durable
-        finally:
-            os.close(dir_fd)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    """``torch.save`` through ``workbench.atomic.atomic_write``: the old file or the new, never half."""
+    atomic_write(path, lambda f: torch.save(obj, f))
 
 
 def load_checkpoint(path: Path, map_location: str | torch.device = "cpu") -> dict:
