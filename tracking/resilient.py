@@ -333,3 +333,15 @@ def set_process_uri(uri: str) -> None:
         os.environ.pop("MLFLOW_TRACKING_URI", None)
     else:
         os.environ["MLFLOW_TRACKING_URI"] = configured
+
+
+def go_offline_or_raise(uri: str, err: BaseException) -> None:
+    """After a failed call to ``uri``: re-raise unless the server is unreachable, else record and warn.
+
+    Wrong credentials and ordinary errors propagate; only an outage sends runs offline.
+    """
+    raise_if_auth_failure(uri, err)
+    if not is_unreachable(err):
+        raise err
+    mark_down(uri, describe_failure(err))
+    warn_offline(uri, describe_failure(err))

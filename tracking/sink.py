@@ -107,11 +107,7 @@ class RunSink:
                 run = client.create_run(exp_id, tags=tags)
                 return cls(run.info.run_id, uri, experiment, Journal(tags=dict(run.data.tags), start_time=run.info.start_time))
             except Exception as err:
-                rs.raise_if_auth_failure(uri, err)
-                if not rs.is_unreachable(err):
-                    raise
-                rs.mark_down(uri, rs.describe_failure(err))
-                rs.warn_offline(uri, rs.describe_failure(err))
+                rs.go_offline_or_raise(uri, err)
         client = rs.fallback_client()
         tags = {**tags, **offline_tags("server unreachable when the run started")}
         run = client.create_run(rs.ensure_experiment(client, experiment), tags=tags)

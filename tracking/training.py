@@ -115,11 +115,7 @@ def open_keyed_run(experiment: str, key: str, tags: dict, parent_run_id: str | N
                       else rs.ensure_experiment(client, experiment))
             found = _find_by_key(client, exp_id, key)
         except Exception as err:
-            rs.raise_if_auth_failure(uri, err)
-            if not rs.is_unreachable(err):
-                raise
-            rs.mark_down(uri, rs.describe_failure(err))
-            rs.warn_offline(uri, rs.describe_failure(err))
+            rs.go_offline_or_raise(uri, err)
             uri = rs.fallback_uri()
         else:
             if found is not None:
