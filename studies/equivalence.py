@@ -6,7 +6,7 @@ import sys
 
 import click
 
-from workbench.convert.sources import load_timm_weights
+from workbench.convert.timm_weights import load_timm_weights
 
 
 @click.command("equivalence")

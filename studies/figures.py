@@ -115,7 +115,7 @@ def timm_figures(model: str, weights: str, images: tuple[str, ...], output_dir: 
                  block: int, seed: int) -> None:
     """Attention, patch-grid and positional-embedding figures of a timm ViT on image files."""
     from workbench.analysis.timm_inspect import inspect_timm
-    from workbench.convert.sources import load_timm_weights
+    from workbench.convert.timm_weights import load_timm_weights
 
     if not images:
         raise click.UsageError("--timm-model needs at least one --image")

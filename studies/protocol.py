@@ -36,7 +36,7 @@ from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 
 import yaml
 
-from workbench.data.sources import DATASET_NAMES
+from workbench.data.locate import DATASET_NAMES
 from workbench.models.registry import STUDY_MODELS, model_config
 from workbench.train.config import DataSpec, ModelSpec, OptimConfig, RunConfig, TrainConfig
 

@@ -7,7 +7,7 @@ import os
 import click
 
 from tracking import server as ts
-from tracking.resilient import check_server, redact_uri, tracking_uri
+from tracking.offline_fallback import check_server, redact_uri, tracking_uri
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 

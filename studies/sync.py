@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from tracking.resilient import (TrackingAuthError, check_server, fallback_uri, is_remote, is_unreachable,
+from tracking.offline_fallback import (TrackingAuthError, check_server, fallback_uri, is_remote, is_unreachable,
                                 raise_if_auth_failure, redact_uri, tracking_uri)
 from tracking.sync import sync as sync_runs
 

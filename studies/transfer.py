@@ -31,7 +31,7 @@ from workbench.transfer.protocol import SourceSpec, TransferCell, TransferData, 
 from workbench.transfer.runner import (
     Selection, TestSplitGuard, TransferContext, evaluate_on_test, select_cell, split_off_test,
 )
-from workbench.transfer.source import (
+from workbench.transfer.source_model import (
     SourceError, SourceModel, load_local_source, load_timm_source, parse_protocol_cell, parse_weights,
 )
 

@@ -20,7 +20,7 @@ import pytest
 import torch
 from PIL import Image
 
-from workbench.data import checksums, sources
+from workbench.data import checksums, locate as sources
 
 FASHION_FILES = {
     "train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),

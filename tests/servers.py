@@ -155,7 +155,7 @@ def workbench_server(backend_uri: str, artifacts: Path, admin: tuple[str, str] |
 @pytest.fixture
 def isolated_tracking(tmp_path, monkeypatch):
     """Fallback store in tmp_path, no remembered server state, no credentials from the caller's shell."""
-    from tracking import resilient
+    from tracking import offline_fallback as resilient
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("WORKBENCH_OFFLINE_DIR", str(tmp_path / "offline"))

@@ -11,7 +11,7 @@ from safetensors.torch import save_file
 
 from workbench.convert import checkpoints
 from workbench.convert.checkpoints import CheckpointError, PinnedCheckpoint, load_state_dict_file, read_lock, write_lock
-from workbench.convert.sources import load_timm_weights
+from workbench.convert.timm_weights import load_timm_weights
 from workbench.convert.timm_vit import (
     UnsupportedTimmModel,
     WeightMappingError,
@@ -99,7 +99,7 @@ def test_pinned_name_with_wrong_local_file_is_refused(tmp_path, monkeypatch, tin
     write_lock({"tiny.pinned": PinnedCheckpoint("tiny.pinned", "vit_tiny_patch16_224", "timm/x", "model.safetensors",
                                                  "abc123", 10, "f" * 64)}, lock)
     monkeypatch.setattr(checkpoints, "LOCK_PATH", lock)
-    monkeypatch.setattr("workbench.convert.sources.read_lock", lambda: read_lock(lock))
+    monkeypatch.setattr("workbench.convert.timm_weights.read_lock", lambda: read_lock(lock))
     path = tmp_path / "model.safetensors"
     save_file({k: v.contiguous() for k, v in tiny_timm.state_dict().items()}, str(path))
     with pytest.raises(CheckpointError, match="sha256 mismatch"):

@@ -17,7 +17,7 @@ from data_fixtures import (
     trust_fashion_mnist,
 )
 
-from workbench.data import DatasetNotFound, checksums, load_dataset, sources
+from workbench.data import DatasetNotFound, checksums, load_dataset, locate as sources
 
 
 def test_not_found_lists_every_place_and_remedies(isolated, monkeypatch):

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from workbench.convert.sources import load_timm_weights
+from workbench.convert.timm_weights import load_timm_weights
 from workbench.equivalence import run_equivalence
 
 # (timm architecture, batch, compare gradients) -- the largest models use batch 1.

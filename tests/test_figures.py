@@ -146,7 +146,7 @@ def test_run_ids_and_refusals(tmp_path, image_folder):
 def test_timm_vit_through_the_weight_mapping(tmp_path, mlflow_store):
     from safetensors.torch import save_file
 
-    from workbench.convert.sources import load_timm_weights
+    from workbench.convert.timm_weights import load_timm_weights
 
     weights = tmp_path / "model.safetensors"
     save_file(load_timm_weights("vit_tiny_patch16_224", "random", seed=3).model.state_dict(), str(weights))

@@ -21,7 +21,7 @@ from servers import isolated_tracking, postgres_server, workbench_server  # noqa
 from studies.ablate import ablate
 from studies.server import server as server_command
 from studies.sync import sync as sync_command
-from tracking import resilient
+from tracking import offline_fallback as resilient
 from tracking import server as ts
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -20,7 +20,7 @@ from studies.ablate import open_protocol, run_protocol
 from studies.sync import sync as sync_command
 from studies.train import train_one
 from synthetic import synthetic_data, tiny_config
-from tracking import resilient
+from tracking import offline_fallback as resilient
 from tracking.sink import SYNC_SERVER_RUN, SYNC_SYNCED, RunSink
 from tracking.sync import sync
 from tracking.training import EPOCH_METRICS

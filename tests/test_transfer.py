@@ -31,7 +31,7 @@ from workbench.transfer.report import CellPredictions, build_section
 from workbench.transfer.runner import (
     Selection, TestSplitLocked, TransferContext, select_cell, split_off_test, evaluate_on_test,
 )
-from workbench.transfer.source import adapt_split, load_workbench_checkpoint, transfer_model
+from workbench.transfer.source_model import adapt_split, load_workbench_checkpoint, transfer_model
 
 # A tiny source: cifar_vit at 16 px, patch 8 (4 patches + CLS), width 16, 2 blocks.
 SOURCE_OVERRIDES = {"image_size": 16, "patch_size": 8, "dim": 16, "depth": 2, "heads": 2, "mlp_ratio": 2.0}

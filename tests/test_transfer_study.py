@@ -22,7 +22,7 @@ from workbench.convert.checkpoints import sha256_file
 from workbench.data import NORM_STATS, checksums
 from workbench.transfer.protocol import SourceSpec
 from workbench.transfer.runner import TestSplitGuard
-from workbench.transfer.source import load_local_source
+from workbench.transfer.source_model import load_local_source
 
 
 SOURCE_PROTOCOL = """\

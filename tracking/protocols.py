@@ -10,7 +10,7 @@ import mlflow
 from mlflow.entities import Run
 from mlflow.tracking import MlflowClient
 
-from tracking.resilient import ensure_experiment, fallback_run_exists, fallback_uri, is_unreachable, tracking_uri
+from tracking.offline_fallback import ensure_experiment, fallback_run_exists, fallback_uri, is_unreachable, tracking_uri
 from tracking.runs import configure_tracking, git_state
 from tracking.sink import RunSink
 

@@ -3,9 +3,9 @@
 The embedded default is a SQLite store in the working directory (``sqlite:///mlflow.db``);
 MLFLOW_TRACKING_URI (and MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD for a
 server) override it, as everywhere in MLflow. MLflow reads the credentials itself; this
-project never logs, tags or prints them (``tracking.resilient.scrub`` / ``redact_uri``).
+project never logs, tags or prints them (``tracking.offline_fallback.scrub`` / ``redact_uri``).
 When the server cannot be reached, runs go to a local fallback store instead
-(``tracking.resilient``), to be copied over later by ``workbench sync``.
+(``tracking.offline_fallback``), to be copied over later by ``workbench sync``.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from typing import Iterator
 import click
 import mlflow
 
-from tracking import resilient
-from tracking.resilient import DEFAULT_TRACKING_URI, redact_uri  # noqa: F401  (re-exported)
+from tracking import offline_fallback as resilient
+from tracking.offline_fallback import DEFAULT_TRACKING_URI, redact_uri  # noqa: F401  (re-exported)
 
 
 def configure_tracking(allow_offline: bool = True) -> str:

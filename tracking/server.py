@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
-from tracking.resilient import redact_uri
+from tracking.offline_fallback import redact_uri
 
 ADMIN_USER_ENV = "WORKBENCH_SERVER_ADMIN_USER"
 ADMIN_PASSWORD_ENV = "WORKBENCH_SERVER_ADMIN_PASSWORD"

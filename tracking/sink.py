@@ -24,7 +24,7 @@ import mlflow
 from mlflow.entities import DatasetInput, Metric, Param, Run, RunTag
 from mlflow.tracking import MlflowClient
 
-from tracking import resilient as rs
+from tracking import offline_fallback as rs
 
 SYNC_SERVER_RUN = "sync.server_run_id"  # on a mirror: the server run it continues
 SYNC_SERVER_URI = "sync.server_uri"  # redacted: where the run was meant to go

@@ -29,7 +29,7 @@ import mlflow
 from mlflow.entities import LoggedModelOutput, Metric, Param, Run, RunTag, ViewType
 from mlflow.tracking import MlflowClient
 
-from tracking import resilient as rs
+from tracking import offline_fallback as rs
 from tracking.sink import SYNC_SERVER_RUN, SYNC_SYNCED, log_batch
 
 SYNC_SOURCE_RUN = "sync.source_run_id"

@@ -14,7 +14,7 @@ import torch
 from mlflow.entities import Run
 from mlflow.tracking import MlflowClient
 
-from tracking import resilient as rs
+from tracking import offline_fallback as rs
 from tracking.sink import SYNC_SYNCED, RunSink, store_for
 
 from workbench.data import PreparedData

@@ -20,7 +20,7 @@ from tracking.training import EPOCH_METRICS, MlflowTrainingObserver
 from workbench.train.evaluate import read_predictions
 from workbench.transfer.report import CellPredictions, TransferSection, build_section
 from workbench.transfer.runner import Selection, TestResult
-from workbench.transfer.source import SourceError
+from workbench.transfer.source_model import SourceError
 
 TRANSFER_EPOCH_METRICS = EPOCH_METRICS + ("val_qwk", "val_macro_f1")
 DEFAULT_RUN_ARTIFACT = "checkpoints/best.pt"

@@ -18,7 +18,7 @@ from matplotlib.figure import Figure
 from workbench.analysis import attention_figures as af
 from workbench.analysis import panels
 from workbench.analysis.embeddings import position_similarity
-from workbench.convert.sources import TimmWeights
+from workbench.convert.timm_weights import TimmWeights
 from workbench.convert.timm_vit import glassbox_from_timm
 from workbench.data.transforms import NormStats
 
@@ -82,7 +82,7 @@ def inspect_timm(weights: TimmWeights, image_paths: Sequence[str | Path], block:
     """Rollout, per-head, patch-grid and positional-embedding figures for some images.
 
     Args:
-        weights: A loaded timm ViT (``workbench.convert.sources.load_timm_weights``).
+        weights: A loaded timm ViT (``workbench.convert.timm_weights.load_timm_weights``).
         image_paths: Image files (any format PIL reads).
         block: Block of the per-head figure (negative counts from the end).
     """

@@ -1,4 +1,4 @@
-"""Goals of issue [G] checked against measured figures, and the Markdown summary.
+"""Speed goals checked against measured figures, and the Markdown summary.
 
 Goals (time ratios, so below 1 is faster; each ratio is the median of per-round ratios):
 

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from workbench.data.dataset import ImageDataset, Resolution
-from workbench.data.load import load_dataset
+from workbench.data.load_dataset import load_dataset
 from workbench.data.splits import make_split, split_fingerprint, stratified_subset
 from workbench.data.transforms import NORM_STATS, NormStats, compute_norm_stats
 

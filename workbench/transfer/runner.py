@@ -27,7 +27,7 @@ from workbench.transfer.evaluate import metric_cis, metrics_agree, table_metrics
 from workbench.transfer.features import FeatureCache, head_forward, tail_forward
 from workbench.transfer.protocol import Evaluation, TransferCell
 from workbench.transfer.regimes import QWKTrainer, fit_cached, freeze
-from workbench.transfer.source import SourceModel, adapt_split, transfer_model
+from workbench.transfer.source_model import SourceModel, adapt_split, transfer_model
 
 # Cached path vs a forward pass of the assembled model on the same images: the same
 # operations on different batch compositions, so equal up to float rounding.

@@ -14,7 +14,7 @@ from workbench.data.checksums import CIFAR10_JPEG_COPY_SHA256, CIFAR10_TGZ_MD5, 
 from workbench.data.dataset import ImageDataset, data_fingerprint, make_image_dataset
 from workbench.data.errors import DataFormatError
 from workbench.data.image_folder import decode_listing, list_folder, list_tar
-from workbench.data.sources import Located, check_name, resolve
+from workbench.data.locate import Located, check_name, resolve
 
 # Bump when decoding changes (different pixels or labels from the same files), so old
 # cache files are not reused.

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from workbench.convert.checkpoints import CheckpointError, sha256_file
-from workbench.convert.sources import load_timm_weights
+from workbench.convert.timm_weights import load_timm_weights
 from workbench.convert.timm_vit import glassbox_from_timm
 from workbench.data import NORM_STATS, NormStats, PreparedSplit, derive_seed
 from workbench.models.registry import model_config
