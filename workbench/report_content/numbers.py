@@ -201,11 +201,12 @@ def percentile_mc_errors(values: Any, confidence: float = 0.95) -> tuple[float, 
 
 
 def decimals_for_error(se: float, max_decimals: int = 4) -> int:
-    """Decimals whose last digit is not finer than the Monte-Carlo noise: step 10^-d >= SE.
+    """Decimals whose last digit is the first one Monte-Carlo noise touches: step 10^-d >= SE / 2.
 
-    An SE of 0.05 (points) gives 1 decimal (the second decimal would be noise); 0.004
+    So the last shown digit is uncertain by one or two units and no digit after it is shown:
+    an SE of 0.05 or 0.13 (points) gives 1 decimal (the second would be noise); 0.004
     gives 2; 0 or nan (no noise: an exact value) gives ``max_decimals``.
     """
     if not math.isfinite(se) or se <= 0:
         return max_decimals
-    return int(min(max_decimals, max(0, math.floor(-math.log10(se) + 1e-9))))
+    return int(min(max_decimals, max(0, math.floor(-math.log10(se / 2) + 1e-9))))
