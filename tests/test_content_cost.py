@@ -71,3 +71,12 @@ def test_training_cost_and_arm_summary():
         C.training_cost(0, 1, images_seen=1)
     with pytest.raises(ValueError, match="images_seen or train_size"):
         C.training_cost(1.0, 1)
+
+
+@pytest.mark.slow  # imports timm and builds ViT-B/16 on the meta device: several seconds
+def test_timm_vit_config_matches_the_source_architecture():
+    cfg = C.timm_vit_config("vit_base_patch16_224", num_classes=5)
+    assert (cfg.image_size, cfg.patch_size, cfg.dim, cfg.depth, cfg.heads, cfg.num_classes) == (224, 16, 768, 12, 12, 5)
+    full = C.vit_regime_cost(cfg, "full")
+    assert full.parameters == 85_802_501  # timm's own count for this architecture with a 5-class head
+    assert full.forward_flops == 35_126_128_128  # FlopCounterMode on the timm model with a 5-class head
