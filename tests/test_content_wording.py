@@ -43,7 +43,12 @@ def test_the_wider_interval_drives_the_wording():
     # Both above zero: settled, named by the wider one, and still no "significant".
     par = results_paragraph(comparison(0.02, 0.005, 0.035), boot(0.01, 0.03), a_label="A", b_label="B")
     assert par.driving_interval == "t-interval" and par.sign_settled is True
-    assert "A is ahead over the whole interval" in par.text and "significant" not in par.text
+    assert "Even the wider of the two intervals, the t-interval, lies entirely above zero: A is ahead over the whole " \
+        "interval." in par.text and "significant" not in par.text
+    # Only a t-interval, below zero: B is ahead; split seeds name both sides.
+    par = results_paragraph(comparison(-0.02, -0.03, -0.01, wins=1, ties=0), a_label="A", b_label="B")
+    assert "The only interval, the t-interval, lies entirely below zero: B is ahead" in par.text
+    assert "A is ahead in 1 of 3 seeds and B in 2." in par.text
 
 
 def test_two_seeds_state_three_seed_sets_and_the_losing_side_leads():

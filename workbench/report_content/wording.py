@@ -94,8 +94,12 @@ def results_paragraph(comparison: Any, bootstrap: Any = None, *, a_label: str | 
     sentences = [f"On {split}, {a} minus {b} is {mean} {unit} of {metric} ({'; '.join(parts)})."]
 
     ties = f", {c.ties} tied" if c.ties else ""
-    leader, k = (a, c.wins) if c.wins >= c.losses else (b, c.losses)
-    sentences.append(f"{leader} is ahead in {k} of {n} seed{'s' if n != 1 else ''}{ties}.")
+    seeds = f"seed{'s' if n != 1 else ''}"
+    if c.wins and c.losses:  # split seeds: name both sides, never only the larger
+        sentences.append(f"{a} is ahead in {c.wins} of {n} {seeds} and {b} in {c.losses}{ties}.")
+    else:
+        leader, k = (a, c.wins) if c.wins >= c.losses else (b, c.losses)
+        sentences.append(f"{leader} is ahead in {k} of {n} {seeds}{ties}.")
     if expected_n is not None and n < expected_n:
         sentences.append(f"Only {n} of the protocol's {expected_n} seeds have finished runs of both arms.")
     if c.note:
@@ -112,14 +116,15 @@ def results_paragraph(comparison: Any, bootstrap: Any = None, *, a_label: str | 
         use_t = math.isnan(b_w) or (not math.isnan(t_w) and t_w >= b_w)
         driving = "t-interval" if use_t else "bootstrap"
         low, high = (t_low, t_high) if use_t else (b_low, b_high)
-        which = "the only interval" if math.isnan(t_w) or math.isnan(b_w) else "the wider of the two intervals"
+        single = math.isnan(t_w) or math.isnan(b_w)
+        which = "The only interval" if single else "The wider of the two intervals"
         settled = low > 0 or high < 0
         if settled:
-            side = a if low > 0 else b
-            sentences.append(f"Even {which}, the {driving}, lies entirely on one side of zero: {side} is ahead "
-                             f"over the whole interval.")
+            side, where = (a, "above") if low > 0 else (b, "below")
+            sentences.append(f"{which if single else 'Even ' + which[0].lower() + which[1:]}, the {driving}, lies "
+                             f"entirely {where} zero: {side} is ahead over the whole interval.")
         else:
-            sentences.append(f"{which[0].upper() + which[1:]}, the {driving}, includes zero, so these {n} seeds "
+            sentences.append(f"{which}, the {driving}, includes zero, so these {n} seeds "
                              "do not settle which arm is ahead.")
 
     # Resolution of the seed level, before any p-value is read.
