@@ -71,6 +71,12 @@ def test_effect_size_interval_matches_large_sample_approximation():
 
 def test_effect_size_undefined_cases():
     assert math.isnan(N.paired_effect_size([0.3]).d_z)
+    # Nearly identical differences: t in the thousands, where scipy's noncentral t fails: no interval, said so.
+    huge = N.paired_effect_size([1.0, 1.0001, 1.0002])
+    assert huge.d_z > 1000 and "cannot be computed" in huge.caveat
+    assert math.isnan(huge.low) and math.isnan(huge.high)
+    two = N.paired_effect_size([0.01, 0.03])  # two seeds: one degree of freedom, no Hedges correction
+    assert abs(two.d_z - math.sqrt(2)) < 1e-12 and math.isnan(two.g_z) and "1 degree of freedom" in two.caveat
     same = N.paired_effect_size([0.3, 0.3, 0.3])
     assert math.isnan(same.d_z) and "same difference" in same.caveat
 

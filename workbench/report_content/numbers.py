@@ -105,14 +105,28 @@ def hedges_j(df: int) -> float:
 
 
 def _nct_bound(t_obs: float, df: int, target: float) -> float:
-    """Noncentrality nc with P(T <= t_obs | nc) = target (the cdf falls as nc grows)."""
+    """Noncentrality nc with P(T <= t_obs | nc) = target (the cdf falls as nc grows).
+
+    nan where scipy's noncentral t cannot be evaluated (t statistics in the thousands,
+    i.e. nearly identical differences): no interval rather than a wrong one.
+    """
     f = lambda nc: sps.nct.cdf(t_obs, df, nc) - target  # noqa: E731
     lo, hi = t_obs - 10.0, t_obs + 10.0
-    while f(lo) < 0:
-        lo -= 10.0 * (hi - lo)
-    while f(hi) > 0:
-        hi += 10.0 * (hi - lo)
-    return float(optimize.brentq(f, lo, hi, xtol=1e-12, rtol=1e-12))
+    try:
+        for _ in range(20):
+            if not f(lo) < 0:
+                break
+            lo -= 10.0 * (hi - lo)
+        for _ in range(20):
+            if not f(hi) > 0:
+                break
+            hi += 10.0 * (hi - lo)
+        flo, fhi = f(lo), f(hi)
+        if not (np.isfinite(flo) and np.isfinite(fhi) and flo >= 0 >= fhi):
+            return math.nan
+        return float(optimize.brentq(f, lo, hi, xtol=1e-12, rtol=1e-12))
+    except (ValueError, RuntimeError, FloatingPointError):
+        return math.nan
 
 
 def paired_effect_size(differences: Any, confidence: float = 0.95) -> EffectSize:
@@ -142,10 +156,14 @@ def paired_effect_size(differences: Any, confidence: float = 0.95) -> EffectSize
     alpha = 1.0 - confidence
     low = _nct_bound(t_obs, df, 1 - alpha / 2) / math.sqrt(n)
     high = _nct_bound(t_obs, df, alpha / 2) / math.sqrt(n)
+    if not (math.isfinite(low) and math.isfinite(high)):  # half an interval from a failing solver: show none
+        low = high = math.nan
     j = hedges_j(df)
+    interval = f"{confidence:.0%} interval {low:+.2f} to {high:+.2f}" if math.isfinite(low) and math.isfinite(high) \
+        else "its interval cannot be computed"
     caveat = (f"d_z = mean difference / sd of the differences over {n} seeds. The sd rests on {df} degree"
-              f"{'s' if df != 1 else ''} of freedom, so d_z is very imprecise ({confidence:.0%} interval "
-              f"{low:+.2f} to {high:+.2f}) and overstates the effect at small n"
+              f"{'s' if df != 1 else ''} of freedom, so d_z is very imprecise ({interval}) and overstates the "
+              "effect at small n"
               + (f" (bias-corrected g_z = {dz * j:+.2f})" if df >= 2 else "")
               + ". It compares the difference with seed-to-seed noise, not with the spread of examples, "
               "so it is not comparable with Cohen's d of other studies.")
