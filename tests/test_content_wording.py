@@ -60,7 +60,9 @@ def test_two_seeds_state_three_seed_sets_and_the_losing_side_leads():
 
 def test_significant_only_with_a_stated_test():
     strong = comparison(0.05, 0.04, 0.06, n=8, wins=8, p=1e-5, w=0.0078)
-    assert "significant" not in results_paragraph(strong, a_label="A", b_label="B").text
+    plain = results_paragraph(strong, boot(0.03, 0.07), a_label="A", b_label="B").text
+    assert "significant" not in plain and "its seed level draws from 6,435 distinct seed sets" in plain
+    assert "t-interval is wide" not in plain and "smallest attainable two-sided Wilcoxon signed-rank p is 0.00781" in plain
     said = results_paragraph(strong, a_label="A", b_label="B", stated_test="wilcoxon").text
     assert "By the stated test (Wilcoxon signed-rank test, p = 0.008) the difference is significant at the 0.05 level" in said
     weak = results_paragraph(comparison(0.05, -0.04, 0.14), a_label="A", b_label="B", stated_test="paired_t").text

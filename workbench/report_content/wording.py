@@ -60,8 +60,7 @@ def results_paragraph(comparison: Any, bootstrap: Any = None, *, a_label: str | 
     Args:
         comparison: A ``PairedComparison`` (a - b over seeds).
         bootstrap: The hierarchical bootstrap ``CI`` of the same difference, or None.
-        a_label, b_label: Arm names as the reader knows them (default: the comparison's a/b
-            from ``method`` is not parsed; pass them).
+        a_label, b_label: Arm names as the reader knows them (default "a" and "b").
         split: Which split the values are from ("test", "validation").
         metric: The metric's name in words.
         scale, unit: Display scale (100 and "points" for accuracies in [0, 1]).
@@ -135,9 +134,14 @@ def results_paragraph(comparison: Any, bootstrap: Any = None, *, a_label: str | 
         sentences.append(f"With {n} seeds {wide}the smallest attainable two-sided Wilcoxon signed-rank p is "
                          f"{min_wilcoxon_p(n):.3g}.")
     if not math.isnan(b_w):
-        sentences.append(f"The bootstrap resamples seeds and then examples; from {n} seed{'s' if n != 1 else ''} it "
-                         f"can draw only {bootstrap_seed_multisets(n)} distinct seed set{'s' if n != 1 else ''}, "
-                         "so its seed level is coarse.")
+        sets = bootstrap_seed_multisets(n)
+        if n < FEW_SEEDS:
+            sentences.append(f"The bootstrap resamples seeds and then examples; from {n} seed{'s' if n != 1 else ''} it "
+                             f"can draw only {sets} distinct seed set{'s' if sets != 1 else ''}, so its seed level is "
+                             "coarse.")
+        else:
+            sentences.append(f"The bootstrap resamples seeds and then examples; its seed level draws from {sets:,} "
+                             "distinct seed sets.")
     p_text = f"paired t-test p = {_p(c.p_value)}, Wilcoxon signed-rank p = {_p(c.wilcoxon_p_value)}"
     if stated_test is None:
         sentences.append(f"No test was stated in advance, so the p-values are descriptive ({p_text}).")
