@@ -23,6 +23,8 @@ from scipy import stats as sps
 from sklearn.exceptions import UndefinedMetricWarning
 from sklearn.metrics import accuracy_score, cohen_kappa_score, confusion_matrix, f1_score, recall_score
 
+from workbench.report_content.numbers import percentile_mc_errors
+
 Metric = Union[str, Callable[[np.ndarray, np.ndarray], float]]
 Seed = Union[int, np.random.Generator, None]
 
@@ -49,6 +51,10 @@ class CI:
     # Resamples where the metric was undefined (nan), left out of the percentiles; kept so
     # an interval resting on fewer resamples than asked for is visible.
     n_undefined: int = 0
+    # Monte-Carlo SEs of the endpoints (workbench.report_content.numbers.quantile_mc_error):
+    # how many decimals of low/high the number of resamples supports.
+    mc_error_low: float = field(default=float("nan"), compare=False)
+    mc_error_high: float = field(default=float("nan"), compare=False)
 
 
 @dataclass(frozen=True)
@@ -230,8 +236,9 @@ def _percentile_ci(estimate: float, values: np.ndarray, confidence: float, metho
     defined = values[~np.isnan(values)]
     alpha = 1.0 - confidence
     low, high = np.quantile(defined, [alpha / 2, 1 - alpha / 2]) if defined.size else (np.nan, np.nan)
+    mc_low, mc_high = percentile_mc_errors(defined, confidence)
     return CI(float(estimate), float(low), float(high), int(values.size), method, float(confidence),
-              int(values.size - defined.size))
+              int(values.size - defined.size), mc_low, mc_high)
 
 
 # ------------------------------------------------------------------ bootstrap over examples
