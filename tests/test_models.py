@@ -69,7 +69,7 @@ def test_mean_pooling_with_registers_and_no_class_token():
 @pytest.mark.parametrize(
     "field, value, message",
     [
-        ("patch_size", 5, "patch_size=5"),
+        ("patch_size", 300, "patch_size=300"),
         ("heads", 5, "heads=5"),
         ("pooling", "max", "pooling='max'"),
         ("pos_embed", "sincos", "pos_embed='sincos'"),

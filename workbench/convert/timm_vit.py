@@ -149,7 +149,7 @@ def config_from_timm(model: nn.Module) -> ViTConfig:
     pe = model.patch_embed
     r.check(not model.dynamic_img_size, "dynamic_img_size=True")
     r.check(not getattr(pe, "dynamic_img_pad", False), "dynamic_img_pad=True")
-    r.check(getattr(pe, "flatten", True), "patch_embed without flatten (output_fmt)")
+    r.check(getattr(pe, "flatten", True) or model.dynamic_img_size, "patch_embed without flatten (output_fmt)")
     r.check(type(pe.proj) is nn.Conv2d and tuple(pe.proj.stride) == tuple(pe.patch_size)
             and tuple(pe.proj.padding) == (0, 0), "patch_embed projection other than a patch-strided Conv2d")
     r.check(type(model.patch_drop) is nn.Identity, "patch_drop_rate > 0")

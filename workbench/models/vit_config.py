@@ -104,8 +104,10 @@ class ViTConfig:
             )
             if not ok or any(not isinstance(v, int) or isinstance(v, bool) or v < 1 for v in _pair(value)):
                 raise bad(key, value, "must be a positive integer or a (height, width) pair of them")
-        if any(i % p for i, p in zip(self.image_hw, self.patch_hw)):
-            raise bad("patch_size", self.patch_size, f"must divide image_size={self.image_size}")
+        if any(p > i for i, p in zip(self.image_hw, self.patch_hw)):
+            raise bad("patch_size", self.patch_size, f"must not exceed image_size={self.image_size}")
+        # As in timm, a size that the patch does not divide leaves the last rows/columns of
+        # pixels unseen (the strided convolution floors), e.g. 384 px with 14 px patches.
         if self.dim % self.heads:
             raise bad("heads", self.heads, f"must divide dim={self.dim}")
         for key in ("mlp_hidden", "pool_mlp_hidden"):
