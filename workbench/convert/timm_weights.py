@@ -50,15 +50,20 @@ def load_timm_weights(name: str, source: str = "random", seed: int = 0, **model_
     import timm
 
     architecture, pin_name = resolve_architecture(name)
-    torch.manual_seed(seed)
-    model = timm.create_model(architecture, pretrained=False, **model_kwargs).eval()
-    if source == "random":
-        return TimmWeights(model, architecture, "random", f"{architecture} seeded random init (seed {seed})", None, False)
     if source == "hub":
+        # Resolve (and refuse an unpinned name) before building the model: fails fast.
         if pin_name is None:
             raise CheckpointError(f"source 'hub' needs a pinned checkpoint name; {name!r} is an architecture")
         entry = read_lock()[pin_name]
         path = download_pinned(entry)
+    # A pinned name carries timm's pretrained tag ("arch.tag"): building from it takes the
+    # tag's head size and image size (e.g. CLIP's 512-wide projection, DINOv2's 518 px).
+    tagged = pin_name if pin_name and pin_name.split(".", 1)[0] == architecture else architecture
+    torch.manual_seed(seed)
+    model = timm.create_model(tagged, pretrained=False, **model_kwargs).eval()
+    if source == "random":
+        return TimmWeights(model, architecture, "random", f"{architecture} seeded random init (seed {seed})", None, False)
+    if source == "hub":
         state, sha = load_state_dict_file(path, expected_sha256=entry.sha256)
         kind, description = "hub", f"{entry.hub_repo}@{entry.revision}"
     else:
