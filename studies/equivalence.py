@@ -35,7 +35,7 @@ def equivalence(models, weights, batch, seed, tolerance, input_kind, device, gra
     from workbench.models.registry import UnknownModel
 
     if run_all:
-        return _coverage(batch, seed, tolerance, experiment)
+        return _coverage(batch, seed, tolerance, experiment, input_kind, device)
     failed = []
     for name in models:
         try:
@@ -75,7 +75,7 @@ def equivalence(models, weights, batch, seed, tolerance, input_kind, device, gra
         sys.exit(1)
 
 
-def _coverage(batch: int, seed: int, tolerance: float, experiment: str) -> None:
+def _coverage(batch: int, seed: int, tolerance: float, experiment: str, input_kind: str, device: str) -> None:
     """Every architecture of timm's ViT modules: match at the tolerance, or refused by name."""
     from tqdm import tqdm
 
@@ -87,12 +87,13 @@ def _coverage(batch: int, seed: int, tolerance: float, experiment: str) -> None:
     progress = tqdm(coverage_architectures(), desc="equivalence --all", unit="arch")
     for name, module in progress:
         progress.set_postfix_str(name)
-        rows.append(check_architecture(name, module, batch=batch, seed=seed, tolerance=tolerance))
+        rows.append(check_architecture(name, module, batch=batch, seed=seed, tolerance=tolerance,
+                                       input_kind=input_kind, device=device))
     table = coverage_table(rows)
     summary = coverage_summary(table)
-    params = {"mode": "coverage", "batch": batch, "seed": seed, "reduced": True, "dtype": "float32",
+    params = {"mode": "coverage", "batch": batch, "seed": seed, "input_kind": input_kind, "reduced": True, "dtype": "float32",
               "reference": "timm unfused attention (fused_attn=False)", "weights": "seeded random init"}
-    with start_run(experiment, run_name="equivalence-coverage", tags=environment_tags("cpu")):
+    with start_run(experiment, run_name="equivalence-coverage", tags=environment_tags(device)):
         log_coverage(table, summary, params)
     with pd_display():
         click.echo(table.drop(columns=["reduced"]).to_string(index=False, max_colwidth=60))

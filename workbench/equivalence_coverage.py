@@ -94,7 +94,8 @@ def reduced_model(name: str, full: ViTConfig, seed: int = 0) -> torch.nn.Module:
 
 
 def check_architecture(
-    name: str, module: str = "", batch: int = 2, seed: int = 0, tolerance: float = 0.0, reduced: bool = True
+    name: str, module: str = "", batch: int = 2, seed: int = 0, tolerance: float = 0.0, reduced: bool = True,
+    input_kind: str = "gaussian", device: str = "cpu",
 ) -> CoverageRow:
     """Match or refusal of one architecture; never raises for a model it cannot handle."""
     row = CoverageRow(name, module, "error", reduced=reduced)
@@ -108,7 +109,8 @@ def check_architecture(
         else:
             torch.manual_seed(seed)
             model = _create(name).eval()
-        report = run_equivalence(model, name, batch=batch, seed=seed, tolerance=tolerance)
+        report = run_equivalence(model, name, batch=batch, seed=seed, tolerance=tolerance,
+                                 input_kind=input_kind, device=device)
     except UnsupportedTimmModel as err:
         row.verdict, row.reason = "refused", str(err).removeprefix("unsupported timm ViT options: ")
         return row
