@@ -199,3 +199,52 @@ def test_flagged_maps_say_so_on_the_figure():
     fig = af.overlay_figure(images, {"rollout": maps}, "t", ["img"], {"rollout": checks})
     assert "1 of 1 maps FLAGGED" in fig.get_supxlabel() and "known ViT artifact" in fig.get_supxlabel()
     assert "BACKGROUND ARTIFACT" in fig.axes[1].get_xlabel()
+
+
+def _reduced_timm(name: str, seed: int = 0):
+    """A timm family model at reduced size, same options (checked by the coverage helper)."""
+    import timm
+
+    from workbench.convert.timm_vit import config_from_timm
+    from workbench.convert.timm_weights import TimmWeights
+    from workbench.equivalence_coverage import reduced_model
+
+    with torch.device("meta"):
+        full = config_from_timm(timm.create_model(name))
+    model = reduced_model(name, full, seed)
+    return TimmWeights(model, name, "random", f"{name} reduced, seeded random init", None, False)
+
+
+@pytest.mark.parametrize("name, prefix", [("vit_small_patch14_dinov2", 1), ("vit_small_patch14_reg4_dinov2", 5)])
+def test_dinov2_with_and_without_registers_gets_maps_rollout_and_the_artifact_check(tmp_path, name, prefix):
+    from PIL import Image
+
+    from workbench.analysis.timm_inspect import inspect_timm
+
+    weights = _reduced_timm(name)
+    image = tmp_path / "img.png"
+    Image.fromarray((np.random.default_rng(0).random((80, 80, 3)) * 255).astype("uint8")).save(image)
+    built = inspect_timm(weights, [str(image)])
+    assert {"attention_rollout.png", "attention_heads.png"} <= set(built.figures)
+    # background check ran on last-layer + rollout maps (1 image each), and on every head of the block
+    assert built.flagged["attention_rollout.png"][1] == 2 and built.flagged["attention_heads.png"][1] == 2
+    from workbench.convert.timm_vit import glassbox_from_timm
+
+    glass, _ = glassbox_from_timm(weights.model)
+    a = analyse_attention(glass, torch.randn(1, 3, 56, 56))
+    assert a.layout.prefix == prefix and a.layout.query == "cls" and a.rollout is not None
+    assert a.attentions[0].shape == (1, 2, prefix + 16, prefix + 16)  # registers are tokens of every map
+    assert a.rollout_maps.maps.shape == (1, 4, 4)
+
+
+def test_siglip_has_the_pool_map_and_says_why_there_is_no_rollout():
+    from workbench.convert.timm_vit import glassbox_from_timm
+
+    glass, _ = glassbox_from_timm(_reduced_timm("vit_base_patch16_siglip_224").model)
+    a = analyse_attention(glass, torch.randn(2, 3, 64, 64))
+    assert a.rollout is None and a.rollout_maps is None and "rollout is not drawn" in a.statement
+    assert a.layout.head == "pool" and "attention-pool" in a.layout.query_label
+    assert_close(a.last_layer.maps.sum((-2, -1)), torch.ones(2, dtype=torch.float64), 1e-12, "pool map sums to 1")
+    assert a.head_maps(-1).maps.shape == (2, 2, 4, 4)  # per-block maps: mean over patch rows
+    figs = attention_figures(glass, torch.randn(1, 3, 64, 64), NORM, "siglip", lambda logits: ["x"])
+    assert "rollout is not drawn" in figs.rollout.get_suptitle().replace("\n", " ")

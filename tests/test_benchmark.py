@@ -45,6 +45,12 @@ VIT_CONFIGS = {
     "vit_tiny_patch16_224": ViTConfig(dim=192, heads=3, depth=12),
     "mean_pool_registers": ViTConfig(image_size=32, patch_size=8, dim=48, depth=2, heads=4, num_classes=7,
                                      pooling="mean", class_token=False, register_tokens=4, mlp_ratio=3.0),
+    "siglip_attention_pool": ViTConfig(image_size=32, patch_size=8, dim=48, depth=2, heads=4, num_classes=0,
+                                       pooling="map", class_token=False, pool_mlp_hidden=100),
+    "aimv2_swiglu_non_square": ViTConfig(image_size=(32, 48), patch_size=(8, 16), dim=48, depth=2, heads=4,
+                                         mlp_layer="swiglu", mlp_hidden=64, norm_layer="rmsnorm"),
+    "dinov2_giant_packed_glu": ViTConfig(image_size=28, patch_size=14, dim=48, depth=2, heads=4, mlp_layer="glu",
+                                         mlp_hidden=128, act="silu", glu_gate_last=False, layer_scale_init=1e-5),
 }  # fmt: skip
 
 
@@ -64,9 +70,8 @@ def test_vit_forward_flops_match_flop_counter(name):
     cfg = VIT_CONFIGS[name]
     model = VisionTransformer(cfg).eval()  # hand-written path: every product is a visible matmul
     batch = 2
-    x = torch.randn(batch, cfg.in_channels, cfg.image_size, cfg.image_size)
-    with torch.inference_mode():
-        measured = counted(lambda: model(x))
+    x = torch.randn(batch, cfg.in_channels, *cfg.image_hw)
+    measured = counted(lambda: model(x))  # grad mode: FlopCounterMode's module tracker needs it for the latent query
     flops = vit_forward_flops(cfg)
     assert flops["total"] == sum(v for k, v in flops.items() if k != "total")
     assert_count(batch * flops["total"], measured, f"{name} forward")

@@ -55,13 +55,10 @@ def test_missing_extra_and_misshaped_keys_are_all_named(tiny_timm):
 @pytest.mark.parametrize(
     "name, kwargs, option",
     [
-        ("vit_base_patch16_clip_224", {}, "pre_norm=True"),
-        ("vit_medium_patch16_reg4_gap_256", {}, "init_values (LayerScale)"),
         ("vit_small_patch16_18x2_224", {}, "block_fn=ParallelThingsBlock"),
-        ("vit_tiny_patch16_224", {"qk_norm": True}, "qk_norm=True"),
-        ("vit_tiny_patch16_224", {"global_pool": "map"}, "attention pooling"),
         ("vit_tiny_patch16_224", {"dynamic_img_size": True}, "dynamic_img_size=True"),
         ("deit_tiny_distilled_patch16_224", {}, "VisionTransformerDistilled"),
+        ("vit_tiny_r_s16_p8_224", {}, "HybridEmbed patch embedding"),
     ],
 )
 def test_unsupported_timm_options_are_refused_by_name(name, kwargs, option):
@@ -71,10 +68,22 @@ def test_unsupported_timm_options_are_refused_by_name(name, kwargs, option):
         config_from_timm(model)
 
 
-def test_unknown_model_name_lists_supported_ones():
+def test_unknown_model_name_lists_the_options():
     with pytest.raises(UnknownModel) as err:
         load_timm_weights("vit_gigantic_banana")
-    assert "vit_base_patch16_224" in str(err.value) and "fmnist_vit" in str(err.value)
+    message = str(err.value)
+    assert "vit_base_patch16_224" in message and "fmnist_vit" in message and "any timm ViT architecture" in message
+    assert "vit_small_patch14_dinov2.lvd142m" in message  # pinned checkpoint names are listed
+
+
+def test_family_config_is_read_off_the_modules():
+    with torch.device("meta"):
+        clip = config_from_timm(timm.create_model("vit_base_patch16_clip_quickgelu_224"))
+        dino = config_from_timm(timm.create_model("vit_small_patch14_reg4_dinov2"))
+        siglip = config_from_timm(timm.create_model("vit_base_patch16_siglip_224"))
+    assert (clip.norm_pre, clip.patch_bias, clip.act, clip.layer_norm_eps) == (True, False, "quick_gelu", 1e-5)
+    assert (dino.layer_scale_init, dino.register_tokens, dino.num_classes, dino.image_size) == (1e-5, 4, 0, 518)
+    assert (siglip.pooling, siglip.class_token, siglip.num_classes) == ("map", False, 0)
 
 
 def test_local_safetensors_checkpoint_loads_and_records_sha(tmp_path, tiny_timm):
@@ -150,3 +159,49 @@ def test_lock_file_write_is_atomic_and_roundtrips(tmp_path):
     assert read_lock(lock)["n"] == entry
     assert json.loads(lock.read_text())["checkpoints"]["n"]["sha256"] == "a" * 64
     assert not list(tmp_path.glob(".*tmp"))  # no temp files left behind
+
+
+class FakeHub:
+    """Stands in for huggingface_hub.HfApi: one repo whose LFS file has a known size and sha256."""
+
+    def __init__(self, repo: str, filename: str, size: int, sha: str) -> None:
+        from types import SimpleNamespace
+
+        lfs = SimpleNamespace(size=size, sha256=sha)
+        self.info = SimpleNamespace(sha="0123abc" * 5 + "01234", siblings=[SimpleNamespace(rfilename=filename, lfs=lfs)])
+        self.repo = repo
+
+    def model_info(self, repo, files_metadata=False):
+        assert repo == self.repo, repo
+        return self.info
+
+
+def test_pin_and_load_a_dinov2_checkpoint_with_a_fake_hub(tmp_path, monkeypatch):
+    """`workbench pin` records revision, size and sha256 for a new-family entry; loading then
+    verifies the file against them and the glass-box model takes the weights."""
+    name = "vit_small_patch14_dinov2.lvd142m"
+    lock = tmp_path / "lock.json"
+    write_lock(read_lock(), lock)
+    assert {name, "vit_base_patch16_clip_224.openai"} <= set(read_lock(lock))
+    assert not read_lock(lock)[name].is_pinned
+
+    torch.manual_seed(0)
+    source = timm.create_model(name, pretrained=False)
+    path = tmp_path / "model.safetensors"
+    save_file({k: v.contiguous() for k, v in source.state_dict().items()}, str(path))
+    sha = checkpoints.sha256_file(path)
+    monkeypatch.setattr("huggingface_hub.HfApi", lambda: FakeHub(f"timm/{name}", "model.safetensors", path.stat().st_size, sha))
+    entry = checkpoints.pin_checkpoint(name, lock)
+    assert entry.is_pinned and entry.sha256 == sha and entry.size_bytes == path.stat().st_size
+    assert read_lock(lock)[name] == entry
+
+    monkeypatch.setattr("workbench.convert.timm_weights.read_lock", lambda: read_lock(lock))
+    monkeypatch.setattr("workbench.convert.timm_weights.download_pinned", lambda e: path)
+    loaded = load_timm_weights(name, "hub")
+    assert loaded.pretrained and loaded.sha256 == sha and loaded.architecture == "vit_small_patch14_dinov2"
+    cfg = config_from_timm(loaded.model)
+    assert (cfg.num_classes, cfg.layer_scale_init, cfg.image_size) == (0, 1e-5, 518)
+
+    path.write_bytes(path.read_bytes()[:-8] + b"\0" * 8)  # a different file under the same name
+    with pytest.raises(CheckpointError, match="sha256 mismatch"):
+        load_timm_weights(name, "hub")

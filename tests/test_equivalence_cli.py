@@ -6,6 +6,7 @@ import json
 
 import mlflow
 import pandas as pd
+import pytest
 import torch
 from click.testing import CliRunner
 from mlflow.tracking import MlflowClient
@@ -59,3 +60,57 @@ def test_failing_equivalence_exits_nonzero_and_tags_fail(mlflow_store, monkeypat
         [MlflowClient(mlflow_store).get_experiment_by_name("equivalence").experiment_id]
     )
     assert run.data.tags["verdict"] == "fail"
+
+
+def test_cli_accepts_a_timm_vit_outside_the_old_whitelist(mlflow_store, monkeypatch):
+    """vit_small_patch16_384 was refused by name before; any timm ViT architecture is accepted now.
+    Built at reduced width/depth (same options) to stay fast; the full-size run is in the slow tier."""
+    import workbench.convert.timm_weights as tw
+
+    real = tw.load_timm_weights
+    monkeypatch.setattr("studies.equivalence.load_timm_weights",
+                        lambda name, source, seed: real(name, source, seed=seed, embed_dim=64, depth=2, num_heads=2))
+    result = CliRunner().invoke(main, ["equivalence", "--model", "vit_small_patch16_384", "--batch", "1"])
+    assert result.exit_code == 0, result.output
+    assert "PASS vit_small_patch16_384" in result.output
+
+
+@pytest.mark.slow
+def test_cli_full_size_vit_small_384(mlflow_store):
+    result = CliRunner().invoke(main, ["equivalence", "--model", "vit_small_patch16_384", "--batch", "1"])
+    assert result.exit_code == 0, result.output
+
+
+@pytest.mark.parametrize(
+    "model, expected",
+    [
+        ("vit_tiny_r_s16_p8_224", "HybridEmbed patch embedding"),
+        ("deit_tiny_distilled_patch16_224", "distillation token"),
+        ("vit_gigantic_banana", "unknown model 'vit_gigantic_banana'"),
+    ],
+)
+def test_unsupported_or_unknown_model_is_one_line_and_nonzero(mlflow_store, model, expected):
+    result = CliRunner().invoke(main, ["equivalence", "--model", model, "--batch", "1"])
+    assert result.exit_code != 0
+    assert expected in result.output and "Traceback" not in result.output, result.output
+    assert len(result.output.strip().splitlines()) <= 2, result.output  # weights line at most, then the error
+
+
+def test_coverage_mode_prints_and_logs_a_table(mlflow_store, monkeypatch):
+    names = [("vit_base_patch16_siglip_224", "vision_transformer"), ("vit_tiny_r_s16_p8_224", "vision_transformer_hybrid"),
+             ("deit_tiny_distilled_patch16_224", "deit")]
+    monkeypatch.setattr("workbench.equivalence_coverage.coverage_architectures", lambda: names)
+    result = CliRunner().invoke(main, ["equivalence", "--all"])
+    assert result.exit_code == 0, result.output
+    assert "vit_base_patch16_siglip_224" in result.output and "HybridEmbed" in result.output
+    assert "total.match=1" in result.output and "total.refused=2" in result.output
+
+    client = MlflowClient(mlflow_store)
+    (run,) = client.search_runs([client.get_experiment_by_name("equivalence").experiment_id])
+    assert run.data.tags["verdict"] == "pass"
+    assert run.data.metrics["coverage.total.match"] == 1 and run.data.metrics["coverage.total.refused"] == 2
+    local = mlflow.artifacts.download_artifacts(run_id=run.info.run_id, artifact_path="equivalence/coverage.csv")
+    table = pd.read_csv(local)
+    assert list(table.verdict) == ["match", "refused", "refused"]
+    assert table.max_stage_diff.iloc[0] == 0.0 and table.max_gradient_diff.iloc[0] == 0.0
+    assert "pooling=map" in table.family_options.iloc[0]

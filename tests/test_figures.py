@@ -168,3 +168,23 @@ def test_timm_vit_through_the_weight_mapping(tmp_path, mlflow_store):
     assert run.data.params["pretrained"] == "True" and run.data.params["model"] == "vit_tiny_patch16_224"
     logged = {a.path for a in MlflowClient().list_artifacts(run.info.run_id, "figures")}
     assert logged == {f"figures/{n}" for n in [*sizes, "figures.json"]}
+
+
+@pytest.mark.parametrize("model", ["vit_base_patch16_siglip_224", "vit_small_patch14_reg4_dinov2"])
+def test_timm_mode_on_new_families(tmp_path, monkeypatch, mlflow_store, model):
+    """SigLIP (attention-pool head, no class token) and DINOv2 with registers, at reduced size."""
+    import workbench.convert.timm_weights as tw
+
+    real = tw.load_timm_weights
+    monkeypatch.setattr(tw, "load_timm_weights", lambda name, source, seed: real(
+        name, source, seed=seed, embed_dim=64, depth=2, num_heads=2, img_size=64 if "siglip" in name else 56))
+    image = tmp_path / "photo.png"
+    Image.fromarray(np.random.default_rng(0).integers(0, 256, (90, 120, 3), dtype=np.uint8)).save(image)
+    out = tmp_path / "timm"
+    result = CliRunner().invoke(figures, ["--timm-model", model, "--image", str(image), "--output-dir", str(out)])
+    assert result.exit_code == 0, result.output + repr(result.exception)
+    assert {"attention_rollout.png", "attention_heads.png"} <= {p.name for p in out.glob("*.png")}
+    if "siglip" in model:
+        assert "rollout is not drawn" in result.output
+    else:
+        assert "rollout is not drawn" not in result.output

@@ -69,7 +69,7 @@ def test_mean_pooling_with_registers_and_no_class_token():
 @pytest.mark.parametrize(
     "field, value, message",
     [
-        ("patch_size", 5, "patch_size=5"),
+        ("patch_size", 300, "patch_size=300"),
         ("heads", 5, "heads=5"),
         ("pooling", "max", "pooling='max'"),
         ("pos_embed", "sincos", "pos_embed='sincos'"),
@@ -92,3 +92,25 @@ def test_cnn_forward_shapes():
     model = CNN(CNNConfig(in_channels=3, num_classes=7))
     assert model(torch.randn(4, 3, 32, 32)).shape == (4, 7)
     assert model.forward_head(model.forward_features(torch.randn(2, 3, 32, 32)), pre_logits=True).shape == (2, 128)
+
+
+def test_family_options_are_validated_and_a_plain_vit_is_unchanged():
+    with pytest.raises(ValueError, match="num_classes=-1"):
+        ViTConfig(num_classes=-1)
+    with pytest.raises(ValueError, match="act='relu'"):
+        ViTConfig(act="relu")
+    with pytest.raises(ValueError, match="norm_bias=False: RMSNorm has no bias"):
+        ViTConfig(norm_layer="rmsnorm", norm_bias=False)
+    with pytest.raises(ValueError, match="even hidden width"):
+        ViTConfig(mlp_layer="glu", mlp_hidden=7)
+    with pytest.raises(ValueError, match="layer_scale_init=0"):
+        ViTConfig(layer_scale_init=0)
+    cfg = ViTConfig(image_size=(32, 48), patch_size=(8, 16), dim=32, depth=1, heads=2, num_classes=0,
+                    pooling="map", class_token=False, layer_scale_init=0.1, norm_layer="rmsnorm")
+    model = VisionTransformer(cfg)
+    assert cfg.grid == (4, 3) and model.pos_embed.shape == (1, 12, 32)
+    out = model(torch.randn(2, 3, 32, 48))
+    assert out.shape == (2, 32)  # no classifier: pre-logits features
+    with torch.device("meta"):
+        names = [n for n, _ in VisionTransformer(ViTConfig()).named_parameters()]
+    assert len(names) == 152 and names[:3] == ["cls_token", "pos_embed", "patch_proj.weight"]

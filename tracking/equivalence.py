@@ -77,3 +77,21 @@ def log_equivalence(report: EquivalenceReport, params: dict) -> None:
         plt.close(fig)
         mlflow.log_artifacts(str(out), artifact_path="equivalence")
     mlflow.set_tags({"verdict": "pass" if report.passed else "fail", "summary": report.summary()})
+
+
+def log_coverage(table, summary: dict[str, int], params: dict) -> None:
+    """The coverage table (one row per architecture) as a CSV artifact and an MLflow table,
+    its counts as metrics, and a verdict tag: pass when nothing differs or errs."""
+    mlflow.log_params(params)
+    mlflow.log_metrics({f"coverage.{k}": v for k, v in summary.items()})
+    mlflow.log_table(table.astype(object).where(table.notna(), None), artifact_file="equivalence/coverage_table.json")
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "coverage.csv"
+        table.to_csv(path, index=False)
+        mlflow.log_artifact(str(path), artifact_path="equivalence")
+    failed = int((table.verdict.isin(["differs", "error"])).sum())
+    mlflow.set_tags({
+        "verdict": "pass" if failed == 0 else "fail",
+        "summary": f"{summary.get('total.match', 0)} match, {summary.get('total.refused', 0)} refused by name, "
+                   f"{failed} differ or fail, of {summary['total']} architectures",
+    })

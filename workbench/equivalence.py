@@ -18,40 +18,87 @@ from workbench.convert.timm_vit import MappingAudit, glassbox_from_timm, timm_ke
 from workbench.models.vit import VisionTransformer
 
 
-def _timm_hook_points(model: nn.Module, pooling: str, uses_fc_norm: bool) -> list[tuple[str, nn.Module, str]]:
-    """(stage name, timm module, "out" or "in") in execution order."""
-    points: list[tuple[str, nn.Module, str]] = [("patch_embed", model.patch_embed, "out"), ("pos_add", model.pos_drop, "out")]
-    for i, b in enumerate(model.blocks):
-        p = f"blocks.{i}."
-        points += [
-            (p + "norm1", b.norm1, "out"),
-            (p + "attn.qkv", b.attn.qkv, "out"),
-            (p + "attn.probs", b.attn.attn_drop, "out"),  # only reached on the unfused path
-            (p + "attn", b.attn, "out"),
-            (p + "resid1", b.norm2, "in"),
-            (p + "norm2", b.norm2, "out"),
-            (p + "mlp", b.mlp, "out"),
-            (p + "resid2", b, "out"),
-        ]
-    if not uses_fc_norm:
-        points.append(("norm", model.norm, "out"))
-    if pooling == "mean":
-        points.append(("pool", model.fc_norm if uses_fc_norm else model.head_drop, "in"))
-    if uses_fc_norm:
-        points.append(("fc_norm", model.fc_norm, "out"))
-    points.append(("head", model.head, "out"))
+# Where timm computes each glass-box stage: (module path relative to the model or the
+# block, "out" for the module's output or "in" for its input).
+_BLOCK_POINTS = {
+    "norm1": ("norm1", "out"),
+    "attn.qkv": ("attn.qkv", "out"),
+    "attn.q_norm": ("attn.q_norm", "out"),
+    "attn.k_norm": ("attn.k_norm", "out"),
+    "attn.probs": ("attn.attn_drop", "out"),  # only reached on the unfused path
+    "attn.norm": ("attn.norm", "out"),
+    "attn": ("attn", "out"),
+    "ls1": ("ls1", "out"),
+    "resid1": ("norm2", "in"),
+    "norm2": ("norm2", "out"),
+    "mlp.norm": ("mlp.norm", "out"),
+    "mlp": ("mlp", "out"),
+    "ls2": ("ls2", "out"),
+    "resid2": ("", "out"),
+}
+_MODEL_POINTS = {
+    "patch_embed.norm": ("patch_embed.norm", "out"),
+    "pos_add": ("pos_drop", "out"),
+    "norm_pre": ("norm_pre", "out"),
+    "norm": ("norm", "out"),
+    "attn_pool.kv": ("attn_pool.kv", "out"),
+    "attn_pool.attn": ("attn_pool.proj_drop", "out"),
+    "attn_pool.norm": ("attn_pool.norm", "out"),
+    "attn_pool.mlp": ("attn_pool.mlp", "out"),
+    "fc_norm": ("fc_norm", "out"),
+    "head": ("head", "out"),
+}
+# Stages timm computes inline, with no module to hook: compared through what follows them.
+NOT_EXPOSED_BY_TIMM = ("attn_pool.probs",)
+
+
+def _flatten_patches(x: torch.Tensor) -> torch.Tensor:
+    return x.flatten(2).transpose(1, 2)  # (B, D, h, w) -> (B, h*w, D), as timm's PatchEmbed does
+
+
+def _timm_hook_points(model: nn.Module, glass: VisionTransformer) -> list[tuple[str, nn.Module, str, object]]:
+    """(stage name, timm module, "out" or "in", transform or None) for every comparable stage."""
+    cfg = glass.cfg
+    points = []
+    for name in glass.stage_names():
+        transform = None
+        if name in NOT_EXPOSED_BY_TIMM:
+            continue
+        if name == "patch_embed":
+            path, where, transform = "patch_embed.proj", "out", _flatten_patches
+        elif name == "pool":
+            if cfg.pooling == "map":
+                path, where = "attn_pool", "out"
+            else:
+                path, where = ("fc_norm" if cfg.has_fc_norm else "head_drop"), "in"
+        elif name.startswith("blocks."):
+            _, index, stage = name.split(".", 2)
+            sub, where = _BLOCK_POINTS[stage]
+            path = f"blocks.{index}" + (f".{sub}" if sub else "")
+        else:
+            path, where = _MODEL_POINTS[name]
+        points.append((name, model.get_submodule(path), where, transform))
     return points
+
+
+def comparable_stages(glass: VisionTransformer) -> list[str]:
+    """The glass-box stages that timm exposes through a module, in execution order."""
+    return [n for n in glass.stage_names() if n not in NOT_EXPOSED_BY_TIMM]
 
 
 def timm_forward_stages(model: nn.Module, x: torch.Tensor, glass: VisionTransformer) -> tuple[torch.Tensor, dict]:
     """Run timm on ``x`` and capture its activations under glass-box stage names."""
     states: dict[str, torch.Tensor] = {}
     handles = []
-    for name, module, where in _timm_hook_points(model, glass.cfg.pooling, glass.cfg.uses_fc_norm):
+
+    def keep(name, transform, value):
+        states[name] = transform(value) if transform else value
+
+    for name, module, where, transform in _timm_hook_points(model, glass):
         if where == "out":
-            handles.append(module.register_forward_hook(lambda m, i, o, name=name: states.__setitem__(name, o)))
+            handles.append(module.register_forward_hook(lambda m, i, o, n=name, t=transform: keep(n, t, o)))
         else:
-            handles.append(module.register_forward_pre_hook(lambda m, i, name=name: states.__setitem__(name, i[0])))
+            handles.append(module.register_forward_pre_hook(lambda m, i, n=name, t=transform: keep(n, t, i[0])))
     try:
         logits = model(x)
     finally:
@@ -134,17 +181,26 @@ class EquivalenceReport:
 
 
 def set_timm_fused(model: nn.Module, fused: bool) -> None:
-    for block in model.blocks:
-        block.attn.fused_attn = fused
+    for module in model.modules():
+        if hasattr(module, "fused_attn"):
+            module.fused_attn = fused
+
+
+def training_loss(out: torch.Tensor, num_classes: int, seed: int) -> torch.Tensor:
+    """Cross-entropy on seeded labels; without a classifier, a seeded projection of the features."""
+    gen = torch.Generator().manual_seed(seed)
+    if num_classes:
+        labels = torch.randint(0, num_classes, (out.shape[0],), generator=gen).to(out.device)
+        return F.cross_entropy(out, labels)
+    weights = torch.randn(out.shape[1:], generator=gen).to(out.device)
+    return (out * weights).sum() / out.shape[0]
 
 
 def compare_gradients(timm_model: nn.Module, glass: VisionTransformer, x: torch.Tensor, seed: int) -> pd.DataFrame:
-    """Per-parameter max |grad difference| of the same cross-entropy loss on both models."""
-    labels = torch.randint(0, glass.cfg.num_classes, (x.shape[0],), generator=torch.Generator().manual_seed(seed))
-    labels = labels.to(x.device)
+    """Per-parameter max |grad difference| of the same loss on both models."""
     for model in (timm_model, glass):
         model.zero_grad(set_to_none=True)
-        F.cross_entropy(model(x), labels).backward()
+        training_loss(model(x), glass.cfg.num_classes, seed).backward()
     theirs = dict(timm_model.named_parameters())
     rows = []
     for name, param in glass.named_parameters():
@@ -188,8 +244,8 @@ def run_equivalence(
     glass, audit = glassbox_from_timm(timm_model)
     glass = glass.to(device).eval()
     cfg = glass.cfg
-    x = make_input(input_kind, (batch, cfg.in_channels, cfg.image_size, cfg.image_size), seed).to(device)
-    order = glass.stage_names()
+    x = make_input(input_kind, (batch, cfg.in_channels, *cfg.image_hw), seed).to(device)
+    order = comparable_stages(glass)
 
     set_timm_fused(timm_model, False)
     with torch.no_grad():

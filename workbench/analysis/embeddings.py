@@ -23,13 +23,13 @@ def position_similarity(model: VisionTransformer) -> torch.Tensor:
     if model.pos_embed is None:
         raise ValueError("the model has no learned positional embedding (pos_embed='none')")
     cfg = model.cfg
-    side = cfg.image_size // cfg.patch_size
+    rows, cols = cfg.grid
     # With no_embed_class the table covers patches only; otherwise prefix tokens come first.
     start = 0 if cfg.no_embed_class else cfg.num_prefix_tokens
     pos = model.pos_embed.detach()[0, start:].to(torch.float64)  # (P, D)
     pos = F.normalize(pos, dim=-1)
     sim = pos @ pos.T  # (P, P)
-    return sim.reshape(side, side, side, side)
+    return sim.reshape(rows, cols, rows, cols)
 
 
 @torch.no_grad()

@@ -23,6 +23,7 @@ from workbench.models.vit import VisionTransformer
 
 LAST = "last-layer attention (heads averaged)"
 ROLLOUT = "attention rollout"
+POOL = "attention-pool query (heads averaged)"
 
 
 @dataclass
@@ -68,18 +69,26 @@ def attention_figures(
     analysis = analyse_attention(model, x)
     background = background_patches(torch.from_numpy(shown).permute(0, 3, 1, 2), model.cfg.patch_size)
     rows = row_labels(analysis.logits)
-    last, roll = analysis.last_layer.maps, analysis.rollout_maps.maps
-    checks = {LAST: check_maps(last, background), ROLLOUT: check_maps(roll, background)}
+    last = analysis.last_layer.maps
     query = analysis.layout.query_label
-    rollout = af.overlay_figure(shown, {LAST: last.numpy(), ROLLOUT: roll.numpy()},
-                                f"Attention rollout and last-layer attention: {where}\nmaps read from the {query}",
-                                rows, checks)
+    if analysis.rollout_maps is None:  # no token carries the prediction: say so, draw what the head reads
+        checks = {POOL: check_maps(last, background)}
+        rollout = af.overlay_figure(shown, {POOL: last.numpy()},
+                                    f"Attention-pool map: {where}\n{analysis.statement}", rows, checks)
+    else:
+        roll = analysis.rollout_maps.maps
+        label = POOL if analysis.layout.head == "pool" else LAST
+        checks = {label: check_maps(last, background), ROLLOUT: check_maps(roll, background)}
+        rollout = af.overlay_figure(shown, {label: last.numpy(), ROLLOUT: roll.numpy()},
+                                    f"Attention rollout and last-layer attention: {where}\nmaps read from the {query}",
+                                    rows, checks)
     block = block % len(analysis.attentions)
     heads = analysis.head_maps(block).maps  # (B, heads, rows, cols)
     n_heads = heads.shape[1]
     head_checks = [check_maps(heads[:, h], background) for h in range(n_heads)]  # [head][image]
     per_image = [[head_checks[h][i] for h in range(n_heads)] for i in range(len(shown))]
-    head_fig = af.head_maps_figure(shown, heads.numpy(), block, f"Attention per head: {where}\nmaps read from the {query}",
+    block_query = "CLS token row" if analysis.layout.query == "cls" else "mean over patch-token rows"
+    head_fig = af.head_maps_figure(shown, heads.numpy(), block, f"Attention per head: {where}\nmaps read from the {block_query}",
                                    rows, per_image)
     return AttentionFigures(rollout, head_fig, block, analysis, shown,
-                            {"rollout": checks[LAST] + checks[ROLLOUT], "heads": [c for cs in head_checks for c in cs]})
+                            {"rollout": [c for cs in checks.values() for c in cs], "heads": [c for cs in head_checks for c in cs]})

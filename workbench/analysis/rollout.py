@@ -13,6 +13,13 @@ Reading maps off a token-to-token matrix depends on how the model pools: a CLS m
 head reads the class token, so its map is the CLS row over the patch columns; a model
 that mean-pools patch tokens has no single query, so its map is the mean over the
 patch-token rows. ``TokenLayout`` records which one applies so figures can say so.
+
+A model with an attention-pool head (SigLIP, ``pooling="map"``) reads one learned latent
+query: what the head reads is that query's attention over the tokens, shown instead of
+the last block's map. Rollout follows a token through the residual stream, so it is
+drawn where a class token exists; without one (SigLIP) there is no token whose row
+carries the prediction and the analysis says so (``AttentionAnalysis.statement``)
+instead of drawing a map that would mean something else.
 """
 
 from __future__ import annotations
@@ -34,19 +41,32 @@ class TokenLayout:
         prefix: Tokens before the patches (class token and register tokens).
         grid: Patches per side, (rows, columns).
         query: ``"cls"``: the class-token row; ``"mean"``: the mean over patch-token rows.
+        head: What the classifier reads: ``"cls"``, ``"mean"`` or ``"pool"`` (an
+            attention-pool latent query).
+        class_token: Whether there is a class token (rollout needs one, or mean pooling).
+        pool_prefix: The attention pool also attends to the prefix tokens.
     """
 
     prefix: int
     grid: tuple[int, int]
     query: Literal["cls", "mean"]
+    head: Literal["cls", "mean", "pool"] = "cls"
+    class_token: bool = True
+    pool_prefix: bool = False
 
     @classmethod
     def from_config(cls, cfg: ViTConfig) -> TokenLayout:
-        side = cfg.image_size // cfg.patch_size
         # Mean pooling reads every patch token, so no single row stands for the prediction,
         # even when a class token exists but is not used by the head.
-        query = "cls" if cfg.class_token and cfg.pooling == "cls" else "mean"
-        return cls(prefix=cfg.num_prefix_tokens, grid=(side, side), query=query)
+        query = "cls" if cfg.class_token and cfg.pooling != "mean" else "mean"
+        head = {"cls": "cls", "mean": "mean", "map": "pool"}[cfg.pooling]
+        return cls(prefix=cfg.num_prefix_tokens, grid=cfg.grid, query=query, head=head,
+                   class_token=cfg.class_token, pool_prefix=cfg.pool_include_prefix)
+
+    @property
+    def has_rollout(self) -> bool:
+        """Rollout follows the class token, or the patch tokens a mean-pooling head averages."""
+        return self.class_token or self.head == "mean"
 
     @property
     def num_patches(self) -> int:
@@ -55,6 +75,8 @@ class TokenLayout:
     @property
     def query_label(self) -> str:
         """Words for figure titles."""
+        if self.head == "pool":
+            return "attention-pool latent query (what the head reads)"
         if self.query == "cls":
             return "CLS token row"
         return "mean over patch-token rows (model has no class token / mean-pools)"
@@ -128,6 +150,24 @@ def patch_maps(matrix: torch.Tensor, layout: TokenLayout) -> PatchMaps:
     return PatchMaps(maps.reshape(*rows.shape[:-1], *layout.grid), mass / full.sum(dim=-1))
 
 
+def pool_maps(pool_attention: torch.Tensor, layout: TokenLayout) -> PatchMaps:
+    """The attention-pool query's map over the patches, heads averaged.
+
+    Args:
+        pool_attention: ``(B, heads, 1, N_pooled)`` from ``Analysis.pool_attention``.
+        layout: Token layout; with ``pool_prefix`` the first ``prefix`` columns are tokens.
+    """
+    full = pool_attention.detach().to(torch.float64).mean(dim=1)[:, 0]  # (B, N_pooled)
+    rows = full[:, layout.prefix :] if layout.pool_prefix else full  # (B, n_patches)
+    mass = rows.sum(dim=-1)
+    maps = rows / mass.clamp_min(1e-300).unsqueeze(-1)
+    return PatchMaps(maps.reshape(-1, *layout.grid), mass / full.sum(dim=-1))
+
+
+NO_ROLLOUT = ("no class token and an attention-pool head: rollout is not drawn, because no token's row carries "
+              "the prediction; the map shown is the attention-pool query's attention over the patches")
+
+
 @dataclass
 class AttentionAnalysis:
     """Everything the attention figures need for one batch of images.
@@ -136,17 +176,20 @@ class AttentionAnalysis:
         layout: Token layout of the model.
         logits: ``(B, classes)``.
         attentions: One ``(B, heads, N, N)`` map per block (float32, as the model ran).
-        rollout: ``(B, N, N)`` float64 rollout.
-        last_layer: Last block's maps, heads averaged, ``(B, rows, cols)``.
-        rollout_maps: Rollout maps ``(B, rows, cols)``.
+        rollout: ``(B, N, N)`` float64 rollout, or None where it is not defined.
+        last_layer: What the head reads, heads averaged, ``(B, rows, cols)``: the last
+            block's map, or the attention-pool map for an attention-pool head.
+        rollout_maps: Rollout maps ``(B, rows, cols)``, or None.
+        statement: Why there is no rollout, where there is none.
     """
 
     layout: TokenLayout
     logits: torch.Tensor
     attentions: list[torch.Tensor]
-    rollout: torch.Tensor
+    rollout: torch.Tensor | None
     last_layer: PatchMaps
-    rollout_maps: PatchMaps
+    rollout_maps: PatchMaps | None
+    statement: str = ""
 
     def head_maps(self, block: int) -> PatchMaps:
         """Per-head maps of one block, ``(B, heads, rows, cols)``."""
@@ -171,6 +214,11 @@ def analyse_attention(model: VisionTransformer, images: torch.Tensor, residual: 
     finally:
         model.train(was_training)
     layout = TokenLayout.from_config(model.cfg)
+    if layout.head == "pool":
+        last = pool_maps(out.pool_attention, layout)
+    else:
+        last = patch_maps(out.attentions[-1].to(torch.float64).mean(dim=1), layout)  # heads averaged
+    if not layout.has_rollout:
+        return AttentionAnalysis(layout, out.logits, out.attentions, None, last, None, NO_ROLLOUT)
     rollout = attention_rollout(out.attentions, residual)
-    last = patch_maps(out.attentions[-1].to(torch.float64).mean(dim=1), layout)  # heads averaged
     return AttentionAnalysis(layout, out.logits, out.attentions, rollout, last, patch_maps(rollout, layout))

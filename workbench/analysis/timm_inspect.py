@@ -51,6 +51,9 @@ def load_images(paths: Sequence[str | Path], model: torch.nn.Module) -> tuple[to
     from timm.data import create_transform, resolve_data_config
 
     config = resolve_data_config(model=model)
+    # The model's own input size wins over its pretrained config's (they differ only for a
+    # model built at another size, e.g. a reduced test model).
+    config["input_size"] = (config["input_size"][0], *model.patch_embed.img_size)
     transform = create_transform(**config)
     batch = []
     for path in paths:
@@ -110,6 +113,8 @@ def inspect_timm(weights: TimmWeights, image_paths: Sequence[str | Path], block:
         figs["positional_embeddings.png"] = af.position_similarity_figure(position_similarity(glass).numpy(), where)
     else:
         messages.append("no learned positional embedding: positional-embedding figure skipped")
+    if attn.analysis.statement:
+        messages.append(f"{weights.architecture}: {attn.analysis.statement}")
     flagged = {"attention_rollout.png": attn.flagged("rollout"), "attention_heads.png": attn.flagged("heads")}
     captions = {name: CAPTIONS[name.split("_")[0] if name.startswith("patch_grid") else name.removesuffix(".png")]
                 for name in figs}

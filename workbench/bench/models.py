@@ -25,7 +25,7 @@ from workbench.bench.flops import cnn_forward_flops, cnn_train_flops, vit_forwar
 from workbench.convert.timm_vit import glassbox_from_timm
 from workbench.equivalence import set_timm_fused
 from workbench.models.cnn import CNN, CNNConfig
-from workbench.models.registry import STUDY_MODELS, SUPPORTED_TIMM_MODELS, model_config, unknown_model
+from workbench.models.registry import STUDY_MODELS, model_config, timm_vit_architectures, unknown_model
 from workbench.models.vit import ViTConfig, count_parameters
 
 VARIANTS = ("glass_written", "glass_fast", "timm_unfused", "timm_fused")
@@ -118,12 +118,12 @@ def build_bench_model(name: str, device: torch.device | str = "cpu", seed: int =
     """Build every variant of ``name`` with identical, seeded weights on ``device``.
 
     Args:
-        name: A supported timm ViT architecture or a study model name.
+        name: A timm ViT architecture (any whose options the glass-box model implements) or a study model name.
         device: Where the modules go.
         seed: Seed of the (timm) initialisation; weights are random, labelled as such.
     """
     torch.manual_seed(seed)
-    if name in SUPPORTED_TIMM_MODELS:
+    if name not in STUDY_MODELS and name in timm_vit_architectures():
         import timm
 
         timm_model = timm.create_model(name, pretrained=False)
@@ -146,9 +146,11 @@ def build_bench_model(name: str, device: torch.device | str = "cpu", seed: int =
         raise unknown_model(name)
     variants = {k: m.to(device).eval() for k, m in _vit_variants(timm_model.eval()).items()}
     cfg = variants["glass_written"].cfg
+    if cfg.image_hw[0] != cfg.image_hw[1]:
+        raise ValueError(f"{name}: the benchmark times square images only; image_size={cfg.image_size}")
     if name in STUDY_MODELS and not _same_architecture(cfg, model_config(name)):
         raise RuntimeError(f"{name}: the timm twin maps back to {cfg}, not {model_config(name)}")
     return BenchModel(
-        name, "vit", cfg.image_size, cfg.in_channels, cfg.num_classes, variants,
+        name, "vit", cfg.image_hw[0], cfg.in_channels, cfg.num_classes, variants,
         vit_forward_flops(cfg)["total"], vit_train_flops(cfg), count_parameters(variants["glass_written"])[0], weights,
     )  # fmt: skip

@@ -24,6 +24,9 @@ PROBE = "matmul_fp32"  # the reference matmul timed in every comparison's rounds
 DEFAULT_MODELS = (
     "vit_tiny_patch16_224", "vit_small_patch16_224", "vit_base_patch16_224", "fmnist_vit", "cifar_vit", "fmnist_cnn",
 )
+# One model of each family the glass-box ViT opened (CLIP, DINOv2, SigLIP), for the same
+# fast-path goal: `workbench benchmark --model vit_base_patch16_clip_224,vit_small_patch14_dinov2,...`.
+FAMILY_MODELS = ("vit_base_patch16_clip_224", "vit_small_patch14_dinov2", "vit_base_patch16_siglip_224")
 
 
 @dataclass(frozen=True)

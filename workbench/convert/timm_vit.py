@@ -28,119 +28,248 @@ class WeightMappingError(ValueError):
     """A state dict does not map onto the glass-box model one-to-one."""
 
 
-def _check(condition: bool, option: str, problems: list[str]) -> None:
-    if not condition:
-        problems.append(option)
-
-
 def _is_identity(module: object) -> bool:
     return module is None or isinstance(module, nn.Identity)
 
 
-def _is_plain_layernorm(module: object) -> bool:
-    # timm.layers.LayerNorm subclasses nn.LayerNorm and runs F.layer_norm unless fast-norm is on
-    return (
-        isinstance(module, nn.LayerNorm)
-        and module.elementwise_affine
-        and module.bias is not None
-        and not getattr(module, "_fast_norm", False)
-    )
+class _Reader:
+    """Reads options off timm modules, collecting every unsupported one by name."""
+
+    def __init__(self) -> None:
+        self.problems: list[str] = []
+        self.norms: set[tuple[str, float, bool]] = set()
+        self.acts: set[str] = set()
+        self.dropouts: set[float] = set()
+
+    def refuse(self, option: str) -> None:
+        if option not in self.problems:
+            self.problems.append(option)
+
+    def check(self, condition: bool, option: str) -> None:
+        if not condition:
+            self.refuse(option)
+
+    def norm(self, module: nn.Module | None, where: str) -> bool:
+        """Record a norm's kind; True when there is one (not an identity)."""
+        from timm.layers import LayerNorm, RmsNorm
+
+        if _is_identity(module):
+            return False
+        if getattr(module, "_fast_norm", False):
+            self.refuse(f"fast_norm (fused/apex norm kernels) in {where}")
+        elif type(module) in (nn.LayerNorm, LayerNorm):  # both run F.layer_norm
+            self.check(module.elementwise_affine, f"LayerNorm without affine weights in {where}")
+            self.norms.add(("layernorm", module.eps, module.bias is not None))
+        elif type(module) is RmsNorm:
+            self.check(module.elementwise_affine, f"RmsNorm without affine weights in {where}")
+            self.norms.add(("rmsnorm", module.eps, True))  # no bias to switch off
+        else:
+            self.refuse(f"norm_layer={type(module).__name__}")
+        return True
+
+    def act(self, module: nn.Module, where: str) -> None:
+        from timm.layers import activations as ta
+
+        kinds = {
+            nn.GELU: lambda m: "gelu" if m.approximate == "none" else "gelu_tanh",
+            ta.GELU: lambda m: "gelu",
+            ta.GELUTanh: lambda m: "gelu_tanh",
+            ta.QuickGELU: lambda m: "quick_gelu",
+            nn.SiLU: lambda m: "silu",
+            nn.Sigmoid: lambda m: "sigmoid",
+            ta.Sigmoid: lambda m: "sigmoid" if not m.inplace else None,
+        }
+        kind = kinds[type(module)](module) if type(module) in kinds else None
+        if kind is None:
+            self.refuse(f"act_layer={type(module).__name__} in {where}")
+        else:
+            self.acts.add(kind)
+
+    def mlp(self, mlp: nn.Module, where: str) -> tuple[str, int, bool, bool]:
+        """(mlp_layer, hidden width, bias, inner norm) of a timm MLP."""
+        from timm.layers import GluMlp, Mlp, SwiGLU
+
+        kind = {Mlp: "mlp", GluMlp: "glu", SwiGLU: "swiglu"}.get(type(mlp))
+        if kind is None:
+            self.refuse(f"mlp_layer={type(mlp).__name__}")
+            return "mlp", 1, True, False
+        firsts = [mlp.fc1_g, mlp.fc1_x] if kind == "swiglu" else [mlp.fc1]
+        for layer in firsts + [mlp.fc2]:
+            self.check(type(layer) is nn.Linear, f"{type(mlp).__name__} with convolutional layers")
+        biases = {layer.bias is not None for layer in firsts + [mlp.fc2]}
+        self.check(len(biases) == 1, f"MLP with bias on only some projections in {where}")
+        if kind == "glu":
+            self.check(mlp.chunk_dim == -1, "GluMlp on channels-first tensors")
+        self.act(mlp.act, where)
+        self.dropouts.update({mlp.drop1.p, mlp.drop2.p})
+        return kind, firsts[0].out_features, biases.pop(), self.norm(mlp.norm, where)
+
+    def eps_and_kind(self) -> tuple[str, float, bool]:
+        if len(self.norms) > 1:
+            self.refuse("mixed norm layers " + ", ".join(f"{k} eps={e:g}{'' if b else ' no bias'}" for k, e, b in sorted(self.norms)))
+        return min(self.norms) if self.norms else ("layernorm", 1e-6, True)
+
+
+def _refuse_family(model: nn.Module) -> None:
+    """Refuse, by name, model classes and patch embeddings the glass-box model is not."""
+    from timm.layers import PatchEmbed
+    from timm.models.vision_transformer import VisionTransformer as TimmViT
+
+    names = {
+        "VisionTransformerDistilled": "distillation token (VisionTransformerDistilled, DeiT distilled)",
+    }
+    kind = type(model).__name__
+    if type(model) is not TimmViT:
+        raise UnsupportedTimmModel(
+            f"unsupported timm ViT options: {names.get(kind, f'model class {kind}')}; "
+            "only timm.models.vision_transformer.VisionTransformer is implemented"
+        )
+    pe = model.patch_embed
+    if type(pe) is not PatchEmbed:
+        what = "HybridEmbed patch embedding (CNN backbone stem, hybrid ViT)" if type(pe).__name__ == "HybridEmbed" else f"embed_layer={type(pe).__name__}"
+        raise UnsupportedTimmModel(f"unsupported timm ViT options: {what}")
 
 
 def config_from_timm(model: nn.Module) -> ViTConfig:
-    """Derive the glass-box config from a timm VisionTransformer instance.
+    """Derive the glass-box config from a timm VisionTransformer instance, by capability.
+
+    Every option is read off the modules (never off the model's name); any option the
+    glass-box model does not implement is collected and refused by name. Works on a
+    model built on the meta device (it reads shapes and types only).
 
     Raises:
         UnsupportedTimmModel: naming each unsupported option found.
     """
-    from timm.layers import Mlp
+    from timm.layers import AttentionPoolLatent, LayerScale, Mlp
     from timm.layers.attention import Attention as TimmAttention
     from timm.models.vision_transformer import Block as TimmBlock
-    from timm.models.vision_transformer import VisionTransformer as TimmViT
 
-    if type(model) is not TimmViT:
-        raise UnsupportedTimmModel(
-            f"{type(model).__name__}: only timm.models.vision_transformer.VisionTransformer is supported "
-            "(distilled, hybrid and other ViT families are not)"
-        )
-    problems: list[str] = []
+    _refuse_family(model)
+    r = _Reader()
     pe = model.patch_embed
-    _check(not model.dynamic_img_size, "dynamic_img_size=True", problems)
-    _check(not getattr(pe, "dynamic_img_pad", False), "dynamic_img_pad=True", problems)
-    _check(_is_identity(pe.norm), "embed_norm_layer (a norm inside patch_embed)", problems)
-    _check(pe.proj.bias is not None, "patch_embed without bias (pre_norm=True)", problems)
-    _check(pe.img_size[0] == pe.img_size[1], f"non-square img_size={pe.img_size}", problems)
-    _check(pe.patch_size[0] == pe.patch_size[1], f"non-square patch_size={pe.patch_size}", problems)
-    _check(_is_identity(model.norm_pre), "pre_norm=True", problems)
-    _check(model.attn_pool is None, f"global_pool={model.global_pool!r} (attention pooling)", problems)
-    _check(model.global_pool in ("token", "avg"), f"global_pool={model.global_pool!r}", problems)
-    _check(not model.pool_include_prefix, "pool_include_prefix=True", problems)
-    _check(isinstance(model.head, nn.Linear), "num_classes=0 (no classifier head)", problems)
-    _check(not (_is_identity(model.norm) and _is_identity(model.fc_norm)), "final_norm=False", problems)
-    _check(type(model.patch_drop) is nn.Identity, "patch_drop_rate > 0", problems)
+    r.check(not model.dynamic_img_size, "dynamic_img_size=True")
+    r.check(not getattr(pe, "dynamic_img_pad", False), "dynamic_img_pad=True")
+    r.check(getattr(pe, "flatten", True) or model.dynamic_img_size, "patch_embed without flatten (output_fmt)")
+    r.check(type(pe.proj) is nn.Conv2d and tuple(pe.proj.stride) == tuple(pe.patch_size)
+            and tuple(pe.proj.padding) == (0, 0), "patch_embed projection other than a patch-strided Conv2d")
+    r.check(type(model.patch_drop) is nn.Identity, "patch_drop_rate > 0")
+    embed_norm = r.norm(pe.norm, "patch_embed")
+    norm_pre = r.norm(model.norm_pre, "norm_pre")
+    has_norm = r.norm(model.norm, "norm")
+    has_fc_norm = r.norm(model.fc_norm, "fc_norm")
+    r.check(model.global_pool in ("token", "avg", "map"), f"global_pool={model.global_pool!r}")
+    r.check(isinstance(model.head, (nn.Linear, nn.Identity)), f"head={type(model.head).__name__}")
+    r.check(not isinstance(model.head, nn.Identity) or model.num_classes == 0, "head replaced by an identity")
 
-    norms = [model.norm, model.fc_norm] + [m for b in model.blocks for m in (getattr(b, "norm1", None), getattr(b, "norm2", None))]
-    norms = [m for m in norms if not _is_identity(m)]
-    _check(all(_is_plain_layernorm(m) for m in norms), "norm_layer other than an affine LayerNorm", problems)
-    eps = {m.eps for m in norms if isinstance(m, nn.LayerNorm)}
-    _check(len(eps) <= 1, f"mixed LayerNorm eps {sorted(eps)}", problems)
+    pool_hidden = None
+    if model.global_pool == "map":
+        pool = model.attn_pool
+        if type(pool) is not AttentionPoolLatent:
+            r.refuse(f"attention pool {type(pool).__name__}")
+        else:
+            r.check(pool.latent_len == 1 and pool.pool == "token", "attention pool with several latents")
+            r.check(pool.pos_embed is None, "attention pool with its own position embedding")
+            r.check(type(pool.q) is nn.Linear and _is_identity(pool.q_norm), "attention pool without q projection or with qk-norm")
+            r.check(pool.num_heads == model.blocks[0].attn.num_heads if hasattr(model.blocks[0], "attn") else False,
+                    "attention pool heads differ from the blocks'")
+            r.check(pool.latent.shape[-1] == model.embed_dim and type(pool.mlp) is Mlp, "attention pool latent_dim / mlp")
+            r.check(all(getattr(pool, n).bias is not None for n in ("q", "kv", "proj")), "attention pool without biases")
+            r.check(pool.proj_drop.p == 0.0, "attention pool dropout")
+            if type(pool.mlp) is Mlp:
+                kind, pool_hidden, bias, inner = r.mlp(pool.mlp, "attn_pool")
+                r.check(bias and not inner, "attention pool MLP without bias or with an inner norm")
+            r.check(r.norm(pool.norm, "attn_pool"), "attention pool without norm")
 
+    block_options = set()
     for i, block in enumerate(model.blocks):
         if type(block) is not TimmBlock:
-            problems.append(f"blocks.{i}: block_fn={type(block).__name__}")
+            r.refuse(f"block_fn={type(block).__name__}")
             continue
-        attn, mlp = block.attn, block.mlp
+        attn = block.attn
+        r.norm(block.norm1, "blocks")
+        r.norm(block.norm2, "blocks")
+        r.check(_is_identity(block.drop_path1) and _is_identity(block.drop_path2), "drop_path_rate > 0 (stochastic depth)")
+        scales = []
+        for ls in (block.ls1, block.ls2):
+            if type(ls) is LayerScale:
+                r.check(not ls.inplace, "LayerScale inplace=True")
+                scales.append(float(ls.init_values))
+            else:
+                r.check(_is_identity(ls), f"layer scale {type(ls).__name__}")
+                scales.append(None)
+        r.check(len(set(scales)) == 1, "LayerScale on only one residual branch")
         if type(attn) is not TimmAttention:
-            problems.append(f"blocks.{i}: attn_layer={type(attn).__name__}")
-        else:
-            _check(_is_identity(attn.q_norm) and _is_identity(attn.k_norm), f"blocks.{i}: qk_norm=True", problems)
-            _check(_is_identity(attn.norm), f"blocks.{i}: scale_attn_norm=True", problems)
-            _check(getattr(attn, "gate", None) is None, f"blocks.{i}: gated attention", problems)
-            _check(attn.proj.bias is not None, f"blocks.{i}: proj_bias=False", problems)
-            _check(attn.head_dim * attn.num_heads == model.embed_dim, f"blocks.{i}: attn_head_dim", problems)
-        _check(_is_identity(block.ls1) and _is_identity(block.ls2), f"blocks.{i}: init_values (LayerScale)", problems)
-        _check(_is_identity(block.drop_path1), f"blocks.{i}: drop_path_rate > 0 (stochastic depth)", problems)
-        if type(mlp) is not Mlp:
-            problems.append(f"blocks.{i}: mlp_layer={type(mlp).__name__}")
-        else:
-            act = mlp.act
-            _check(type(act) is nn.GELU and act.approximate == "none", f"blocks.{i}: act_layer={act!r}", problems)
-            _check(_is_identity(mlp.norm), f"blocks.{i}: scale_mlp_norm=True", problems)
-            _check(mlp.fc1.bias is not None and mlp.fc2.bias is not None, f"blocks.{i}: mlp without bias", problems)
-    if problems:
-        # Report each option once even when every block repeats it.
-        unique = list(dict.fromkeys(p.split(": ", 1)[-1] if p.startswith("blocks.") else p for p in problems))
-        raise UnsupportedTimmModel("unsupported timm ViT options: " + "; ".join(unique))
+            r.refuse(f"attn_layer={type(attn).__name__}")
+            continue
+        r.check(attn.head_dim * attn.num_heads == model.embed_dim, "attn_head_dim other than dim / heads")
+        r.check(getattr(attn, "gate", None) is None, "gated attention")
+        r.check(attn.proj.out_features == model.embed_dim, "attention dim_out")
+        qk_norm = r.norm(attn.q_norm, "q_norm") | r.norm(attn.k_norm, "k_norm")
+        r.dropouts.add(attn.proj_drop.p)
+        mlp_kind, hidden, mlp_bias, mlp_norm = r.mlp(block.mlp, "blocks")
+        block_options.add((
+            attn.num_heads, attn.qkv.bias is not None, attn.proj.bias is not None, qk_norm, r.norm(attn.norm, "attn.norm"),
+            attn.attn_drop.p, scales[0], mlp_kind, hidden, mlp_bias, mlp_norm, getattr(block.mlp, "gate_last", True),
+        ))
+    r.check(len(block_options) <= 1, "blocks with different options")
+    kind, eps, norm_bias = r.eps_and_kind()
+    r.check(len(r.acts) <= 1, f"mixed activations {sorted(r.acts)}")
+    r.check(len(r.dropouts) <= 1, "different dropout rates in attention and MLP")
+    if r.problems:
+        raise UnsupportedTimmModel("unsupported timm ViT options: " + "; ".join(r.problems))
 
-    first = model.blocks[0]
-    return ViTConfig(
-        image_size=pe.img_size[0],
-        patch_size=pe.patch_size[0],
-        in_channels=pe.proj.in_channels,
-        num_classes=model.head.out_features,
-        dim=model.embed_dim,
-        depth=len(model.blocks),
-        heads=first.attn.num_heads,
-        mlp_hidden=first.mlp.fc1.out_features,
-        qkv_bias=first.attn.qkv.bias is not None,
-        pos_embed="learned" if model.pos_embed is not None else "none",
-        pooling="cls" if model.global_pool == "token" else "mean",
-        class_token=model.cls_token is not None,
-        register_tokens=model.num_reg_tokens,
-        no_embed_class=model.no_embed_class,
-        fc_norm=not _is_identity(model.fc_norm),
-        dropout=first.attn.proj_drop.p,
-        attn_dropout=first.attn.attn_drop.p,
-        pos_dropout=model.pos_drop.p,
-        head_dropout=model.head_drop.p,
-        layer_norm_eps=eps.pop() if eps else 1e-6,
-    )
+    heads, qkv_bias, proj_bias, qk_norm, attn_norm, attn_drop, ls_init, mlp_kind, hidden, mlp_bias, mlp_norm, gate_last = block_options.pop()
+    size = lambda pair: pair[0] if pair[0] == pair[1] else tuple(pair)  # noqa: E731
+    pooling = {"token": "cls", "avg": "mean", "map": "map"}[model.global_pool]
+    try:
+        return ViTConfig(
+            image_size=size(pe.img_size),
+            patch_size=size(pe.patch_size),
+            in_channels=pe.proj.in_channels,
+            num_classes=model.head.out_features if isinstance(model.head, nn.Linear) else 0,
+            dim=model.embed_dim,
+            depth=len(model.blocks),
+            heads=heads,
+            mlp_hidden=hidden,
+            qkv_bias=qkv_bias,
+            pos_embed="learned" if model.pos_embed is not None else "none",
+            pooling=pooling,
+            class_token=model.cls_token is not None,
+            register_tokens=model.num_reg_tokens,
+            no_embed_class=model.no_embed_class,
+            fc_norm=has_fc_norm if (has_norm or has_fc_norm) else None,
+            dropout=r.dropouts.pop() if r.dropouts else 0.0,
+            attn_dropout=attn_drop,
+            pos_dropout=model.pos_drop.p,
+            head_dropout=model.head_drop.p,
+            layer_norm_eps=eps,
+            norm_layer=kind,
+            norm_bias=norm_bias,
+            act=r.acts.pop() if r.acts else "gelu",
+            mlp_layer=mlp_kind,
+            glu_gate_last=gate_last,
+            proj_bias=proj_bias,
+            mlp_bias=mlp_bias,
+            qk_norm=qk_norm,
+            scale_attn_norm=attn_norm,
+            scale_mlp_norm=mlp_norm,
+            layer_scale_init=ls_init,
+            norm_pre=norm_pre,
+            patch_bias=pe.proj.bias is not None,
+            embed_norm=embed_norm,
+            final_norm=has_norm or has_fc_norm,
+            pool_include_prefix=model.pool_include_prefix,
+            pool_mlp_hidden=pool_hidden,
+        )
+    except ValueError as err:  # a combination timm builds but the glass-box model does not
+        raise UnsupportedTimmModel(f"unsupported timm ViT options: {err}") from err
 
 
 def timm_key_for(glass_key: str) -> str:
     """The timm state-dict key that fills a glass-box key."""
     renames = {
         "patch_proj.": "patch_embed.proj.",
+        "patch_norm.": "patch_embed.norm.",
         "register_tokens": "reg_token",
         ".attn.out_proj.": ".attn.proj.",
     }

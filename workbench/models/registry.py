@@ -9,21 +9,18 @@ from torch import nn
 from workbench.models.cnn import CNN, CNNConfig
 from workbench.models.vit import ViTConfig, VisionTransformer
 
-# timm architectures whose glass-box twin is checked stage by stage in the tests.
-SUPPORTED_TIMM_MODELS = (
-    "vit_tiny_patch16_224",
-    "vit_small_patch16_224",
-    "vit_base_patch16_224",
-    "vit_base_patch32_224",
-    "vit_base_patch32_384",
-    "vit_base_patch8_224",
-    "vit_large_patch16_224",
-    "deit_tiny_patch16_224",
-    "deit_small_patch16_224",
-    "deit_base_patch16_224",
-    "vit_base_patch16_gap_224",
-    "vit_base_patch16_reg4_gap_256",
-)
+# timm modules whose architectures the glass-box ViT is checked against. Any architecture
+# of these modules is accepted by name; whether it is implemented is decided by its
+# options (workbench.convert.timm_vit.config_from_timm), never by a list of names.
+TIMM_VIT_MODULES = ("vision_transformer", "vision_transformer_hybrid", "deit")
+
+
+def timm_vit_architectures(modules: tuple[str, ...] = TIMM_VIT_MODULES) -> list[str]:
+    """Every architecture name of timm's ViT modules, sorted."""
+    import timm
+
+    return sorted({name for module in modules for name in timm.list_models(module=module)})
+
 
 STUDY_MODELS: dict[str, ViTConfig | CNNConfig] = {
     # The Fashion-MNIST seed study's models (105,546 and 117,498 parameters).
@@ -42,10 +39,12 @@ class UnknownModel(KeyError):
         return str(self.args[0])
 
 
-def unknown_model(name: str) -> UnknownModel:
+def unknown_model(name: str, pinned: tuple[str, ...] = ()) -> UnknownModel:
+    pins = f"; pinned checkpoints {', '.join(pinned)}" if pinned else ""
     return UnknownModel(
-        f"unknown model {name!r}; supported: study models {', '.join(STUDY_MODELS)}; "
-        f"timm architectures {', '.join(SUPPORTED_TIMM_MODELS)}"
+        f"unknown model {name!r}; give a study model ({', '.join(STUDY_MODELS)}), any timm ViT architecture "
+        f"(timm.list_models(module=...) for {', '.join(TIMM_VIT_MODULES)}, e.g. vit_base_patch16_224, "
+        f"vit_base_patch16_clip_224, vit_small_patch14_dinov2, vit_base_patch16_siglip_224){pins}"
     )
 
 
