@@ -9,25 +9,27 @@ trial is a full training run with checkpoints, predictions and reload proof.
 
 from __future__ import annotations
 
-from dataclasses import replace
+import itertools
+import random
+from dataclasses import fields, replace
 from pathlib import Path
 
 import click
 import optuna
 import yaml
-from mlflow.tracking import MlflowClient
 
 from studies.ablate import prepare_protocol_data
 from studies.cell_queue import open_storage, redact
 from studies.protocol import ProtocolError, load_protocol
 from studies.train import train_one
-from tracking.protocols import experiment_id_for
-from tracking.runs import configure_tracking, git_state
+from tracking.runs import configure_tracking
+from tracking.sweep import end_sweep_parent, start_sweep_parent
 from workbench.models.registry import model_config
 from workbench.train.config import TrainConfig
 from workbench.train.loop import StopTraining, TrainingObserver
 
 SECTIONS = ("model", "optim", "run", "dataset")
+MAX_CHECKED_COMBINATIONS = 4096  # apply() takes microseconds: checking this many costs well under a second
 
 
 def parse_space(specs: tuple[str, ...]) -> dict[str, tuple]:
@@ -78,6 +80,75 @@ def apply(cfg: TrainConfig, values: dict[str, object]) -> TrainConfig:
                    run=replace(cfg.run, **sections["run"]), data=replace(cfg.data, **sections["dataset"]))
 
 
+def section_fields(cfg: TrainConfig, section: str) -> list[str]:
+    """The field names a ``--param`` may set in ``section`` of ``cfg``."""
+    if section == "model":
+        return [f.name for f in fields(model_config(cfg.model.name, **cfg.model.overrides))]
+    return [f.name for f in fields({"optim": cfg.optim, "run": cfg.run, "dataset": cfg.data}[section])]
+
+
+def _candidates(spec: tuple) -> list:
+    """The values of one search field that the pre-flight check tries: every choice, bounds and midpoints."""
+    kind, *args = spec
+    if kind == "choice":
+        return list(args[0])
+    low, high = args[0], args[1]
+    if kind == "int":
+        return list(range(low, high + 1)) if high - low < 16 else sorted({low, (low + high) // 2, high})
+    mid = (low * high) ** 0.5 if args[2] and low > 0 and high > 0 else (low + high) / 2
+    return [low, mid, high]
+
+
+def _invalid(cfg: TrainConfig, values: dict) -> str | None:
+    try:
+        apply(cfg, values)
+    except (ValueError, TypeError) as err:
+        return str(err)
+    return None
+
+
+def check_space(cfg: TrainConfig, space: dict[str, tuple], seed: int = 0) -> None:
+    """Refuse, before any trial, a space naming an unknown field or one where every trial would fail validation.
+
+    Each field's candidates (every choice; int bounds and midpoint, or every int of a short
+    range; float bounds and midpoint) are combined, all of them or a seeded sample of
+    ``MAX_CHECKED_COMBINATIONS``; one valid combination is enough to go ahead (trials that
+    draw an invalid one are pruned, as before).
+
+    Raises:
+        click.BadParameter: Naming the ``--param`` field (exit status 2).
+    """
+    for field in space:
+        section, key = field.split(".", 1)
+        known = section_fields(cfg, section)
+        if key not in known:
+            raise click.BadParameter(f"{field}: unknown field; {section} fields are {', '.join(known)}",
+                                     param_hint="--param")
+    names = list(space)
+    candidates = [_candidates(space[name]) for name in names]
+    total = 1
+    for values in candidates:
+        total *= len(values)
+    if total <= MAX_CHECKED_COMBINATIONS:
+        combos = itertools.product(*candidates)
+    else:
+        rng = random.Random(seed)
+        combos = (tuple(rng.choice(values) for values in candidates) for _ in range(MAX_CHECKED_COMBINATIONS))
+    first_error = None
+    for combo in combos:
+        error = _invalid(cfg, dict(zip(names, combo)))
+        if error is None:
+            return
+        first_error = first_error or (combo, error)
+    for name, values in zip(names, candidates):  # a field that fails on its own is the one to name
+        errors = [_invalid(cfg, {name: v}) for v in values]
+        if all(errors):
+            raise click.BadParameter(f"{name}: every value fails validation ({errors[0]})", param_hint="--param")
+    combo, error = first_error
+    raise click.BadParameter(f"{', '.join(names)}: no combination passes validation "
+                             f"(e.g. {dict(zip(names, combo))}: {error})", param_hint="--param")
+
+
 class PruningObserver(TrainingObserver):
     """Reports validation accuracy to Optuna each epoch; stops the run when the pruner says so."""
 
@@ -116,6 +187,7 @@ def sweep(protocol_path, arm, params, trials, seed, sampler_seed, storage, study
     seed = protocol.seeds[0] if seed is None else seed
     base = replace(chosen.config, run=replace(chosen.config.run, seed=seed, device=device),
                    data=replace(chosen.config.data, path=data_path))
+    check_space(base, space, sampler_seed)  # before any trial, study or MLflow run exists
     name = study_name or f"sweep:{protocol.name}@{protocol.short_hash}:{chosen.name}"
     study = optuna.create_study(
         study_name=name, storage=open_storage(storage) if storage else None, direction="maximize",
@@ -124,7 +196,9 @@ def sweep(protocol_path, arm, params, trials, seed, sampler_seed, storage, study
     )
     configure_tracking()
     data = prepare_protocol_data(protocol, data_path, download=False)
-    parent = _sweep_parent(protocol, name, chosen.name, space, storage)
+    parent = start_sweep_parent(
+        protocol.name, name, {"protocol_name": protocol.name, "protocol_hash": protocol.hash, "arm": chosen.name},
+        {"search_space": repr(space)[:500], "storage": redact(storage) if storage else "in-memory"})
 
     def objective(trial: optuna.Trial) -> float:
         values = suggest(trial, space)
@@ -134,7 +208,7 @@ def sweep(protocol_path, arm, params, trials, seed, sampler_seed, storage, study
             raise optuna.TrialPruned(f"invalid combination: {err}") from err
         outcome = train_one(
             cfg, data, protocol.name, Path(output_dir) / protocol.name, run_name=f"{name}#{trial.number}",
-            parent_run_id=parent, identity={"sweep": name, "trial": trial.number},
+            parent_run_id=parent.run_id, identity={"sweep": name, "trial": trial.number},
             tags={"sweep": name, "trial_number": str(trial.number), "arm": chosen.name, "seed": str(seed)},
             observer=PruningObserver(trial),
         )
@@ -147,25 +221,12 @@ def sweep(protocol_path, arm, params, trials, seed, sampler_seed, storage, study
 
     study.optimize(objective, n_trials=trials, catch=(RuntimeError,))
     done = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
-    client = MlflowClient()
-    if done:
-        best = study.best_trial
-        client.log_metric(parent, "best_val_accuracy", best.value)
-        client.set_tag(parent, "best_trial", str(best.number))
-        for field, value in best.params.items():
-            client.set_tag(parent, f"best.{field}", str(value))
-        click.echo(f"best trial {best.number}: val accuracy {best.value:.4f} with {best.params}")
+    best = (study.best_trial.number, study.best_trial.value, study.best_trial.params) if done else None
+    if best:
+        click.echo(f"best trial {best[0]}: val accuracy {best[1]:.4f} with {best[2]}")
     states = {s.name.lower(): sum(t.state == s for t in study.trials) for s in optuna.trial.TrialState}
     click.echo(f"{name}: {states}")
-    client.set_terminated(parent, "FINISHED")
-
-
-def _sweep_parent(protocol, name: str, arm: str, space: dict, storage: str | None) -> str:
-    """One parent run per sweep invocation, holding the search space and the best result."""
-    client = MlflowClient()
-    tags = {"mlflow.runName": name, "sweep": name, "protocol_name": protocol.name,
-            "protocol_hash": protocol.hash, "arm": arm, "sweep_parent": "true", **git_state()}
-    run = client.create_run(experiment_id_for(protocol.name), tags=tags)
-    client.log_param(run.info.run_id, "search_space", repr(space)[:500])
-    client.log_param(run.info.run_id, "storage", redact(storage) if storage else "in-memory")
-    return run.info.run_id
+    end_sweep_parent(parent, best, states)
+    if parent.offline:
+        click.echo(f"sweep parent and trials logged locally (run {parent.local_run_id}): "
+                   "`workbench sync` copies them to the server", err=True)
