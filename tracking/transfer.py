@@ -21,6 +21,7 @@ import mlflow
 from mlflow.tracking import MlflowClient
 
 from tracking import offline_fallback as rs
+from tracking.queries import download_artifact, search_runs
 from tracking.sink import RunSink
 from tracking.training import EPOCH_METRICS, KeyedRun, MlflowTrainingObserver, open_keyed_run
 from workbench.train.evaluate import read_predictions
@@ -205,9 +206,9 @@ def transfer_section(
     protocol_hash = protocol_hash or parent.data.tags["protocol_hash"]
     source_identity = source_identity or parent.data.tags["source_identity"]
     p = parent.data.params
-    runs = client.search_runs([exp.experiment_id], order_by=["attributes.start_time DESC"], max_results=5000,
-                              filter_string=(f"tags.protocol_hash = '{protocol_hash}' and tags.cell = 'true' and "
-                                             f"tags.source_identity = '{source_identity}' and attributes.status = 'FINISHED'"))
+    runs = search_runs(exp.experiment_id, f"tags.protocol_hash = '{protocol_hash}' and tags.cell = 'true' and "
+                                          f"tags.source_identity = '{source_identity}' and attributes.status = 'FINISHED'")
+    runs.sort(key=lambda r: r.info.start_time or 0, reverse=True)
     newest = {}
     for run in runs:  # newest first: keep the first of each (regime, seed)
         newest.setdefault((run.data.tags["arm"], int(run.data.tags["seed"])), run)
@@ -217,12 +218,11 @@ def transfer_section(
         dst = Path(download_dir or tmp)
         cells = []
         for (regime, s), run in sorted(newest.items()):
-            local = mlflow.artifacts.download_artifacts(run_id=run.info.run_id, artifact_path="predictions/test.csv",
-                                                        dst_path=str(dst / run.info.run_id))
+            local = download_artifact(run.info.run_id, "predictions/test.csv", dst / run.info.run_id)
             m = run.data.metrics
             logged = {k[len("test_"):]: v for k, v in m.items() if k.startswith("test_")
                       and not k.startswith(("test_file_", "test_metrics_")) and "_ci_" not in k and k != "test_seconds"}
-            cells.append(CellPredictions(regime, s, read_predictions(Path(local)), logged, int(m.get("best_epoch", 0)),
+            cells.append(CellPredictions(regime, s, read_predictions(local), logged, int(m.get("best_epoch", 0)),
                                          m.get("best_val_qwk", math.nan), run.info.run_id,
                                          m.get("selection_seconds", math.nan)))
         source = {k: v for k, v in parent.data.params.items() if k.startswith("source.")}
