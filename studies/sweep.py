@@ -44,16 +44,32 @@ def parse_space(specs: tuple[str, ...]) -> dict[str, tuple]:
             raise click.BadParameter(f"{spec!r}: expected SECTION.FIELD=KIND:ARGS", param_hint="--param") from None
         if section not in SECTIONS:
             raise click.BadParameter(f"{spec!r}: section {section!r} must be one of {', '.join(SECTIONS)}", param_hint="--param")
-        if kind == "float" and len(args) in (2, 3):
-            space[field] = ("float", float(args[0]), float(args[1]), args[2:] == ["log"])
-        elif kind == "int" and len(args) == 2:
-            space[field] = ("int", int(args[0]), int(args[1]))
-        elif kind == "choice" and len(args) == 1:
-            space[field] = ("choice", [yaml.safe_load(v) for v in args[0].split(",")])
-        else:
-            raise click.BadParameter(f"{spec!r}: kind must be float:LOW:HIGH[:log], int:LOW:HIGH or choice:A,B,...",
-                                     param_hint="--param")
+        if field in space:
+            raise click.BadParameter(f"{spec!r}: {field} is given twice", param_hint="--param")
+        space[field] = _distribution(spec, kind, args)
     return space
+
+
+def _distribution(spec: str, kind: str, args: list[str]) -> tuple:
+    def bad(why: str) -> click.BadParameter:
+        return click.BadParameter(f"{spec!r}: {why}", param_hint="--param")
+
+    if kind == "choice" and len(args) == 1:
+        return ("choice", [yaml.safe_load(v) for v in args[0].split(",")])
+    if not ((kind == "float" and (len(args) == 2 or args[2:] == ["log"])) or (kind == "int" and len(args) == 2)):
+        raise bad("kind must be float:LOW:HIGH[:log], int:LOW:HIGH or choice:A,B,...")
+    number = float if kind == "float" else int
+    try:
+        low, high = number(args[0]), number(args[1])
+    except ValueError:
+        raise bad(f"LOW and HIGH must be {kind} numbers") from None
+    if low > high:
+        raise bad("LOW must not exceed HIGH")
+    if kind == "int":
+        return ("int", low, high)
+    if args[2:] == ["log"] and low <= 0:
+        raise bad("a log scale needs LOW > 0")
+    return ("float", low, high, args[2:] == ["log"])
 
 
 def suggest(trial: optuna.Trial, space: dict[str, tuple]) -> dict[str, object]:

@@ -54,7 +54,9 @@ def test_pruning_observer_stops_a_trial_the_pruner_rejects():
         observer.on_epoch({"epoch": 2, "val_accuracy": 0.1})
 
 
-@pytest.mark.parametrize("spec", ["lr=float:1:2", "optim.lr=gauss:0:1", "optim.lr=float:1", "bogus.x=int:1:2"])
+@pytest.mark.parametrize("spec", ["lr=float:1:2", "optim.lr=gauss:0:1", "optim.lr=float:1", "bogus.x=int:1:2",
+                                  "optim.lr=float:0.1:0.01", "optim.lr=float:0:1:log", "model.dim=int:64:32",
+                                  "model.dim=int:a:64", "optim.lr=float:1e-3:1e-2:lin"])
 def test_bad_search_specs_are_named(spec):
     import click
 
