@@ -34,7 +34,10 @@ DEFAULT_RUN_ARTIFACT = "checkpoints/best.pt"
 
 
 class TransferEpochObserver(MlflowTrainingObserver):
-    """Per-epoch metrics of a transfer cell (adds validation QWK and macro-F1), each epoch once."""
+    """Per-epoch metrics of a transfer cell (adds validation QWK and macro-F1), each epoch once, through its sink."""
+
+    def __init__(self, sink: RunSink) -> None:
+        super().__init__(sink)
 
     def on_epoch(self, metrics: dict) -> None:
         epoch = int(metrics["epoch"])
