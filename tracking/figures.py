@@ -102,7 +102,7 @@ def find_protocol_runs(name: str, protocol_hash: str | None = None) -> ProtocolR
         protocol_hash = parents[0].data.tags.get("protocol_hash", "")
     parent = next((p for p in parents if p.data.tags.get("protocol_hash") == protocol_hash), None)
     runs = search_runs(exp.experiment_id, f"tags.protocol_hash = '{protocol_hash}' and tags.cell = 'true' "
-                                      "and attributes.status = 'FINISHED'")
+                                          "and attributes.status = 'FINISHED'")
     if not runs:
         raise FiguresError(f"no finished cell runs of {name}@{protocol_hash[:12]}: run or resume the protocol first")
     newest: dict[tuple[str, str], Run] = {}

@@ -1,9 +1,10 @@
 """Read-side MLflow queries: a protocol's cell runs, histories, artifacts, the launcher run.
 
-The one implementation of each query that reports (``reports/``) and the analysis figures
-(``tracking.figures``) share. Report-facing functions return plain dataclasses and files,
-so the report builder never touches MLflow objects. Nothing here creates an experiment: a report on a protocol that was never
-run is an error, not an empty experiment left behind in the store.
+The one implementation of each query that the reports (``reports/``), the analysis figures
+(``tracking.figures``) and the transfer section (``tracking.transfer``) share. Report-facing
+functions return plain dataclasses and files, so the report builder never touches MLflow
+objects. Nothing here creates an experiment: a report on a protocol that was never run is
+an error, not an empty experiment left behind in the store.
 """
 
 from __future__ import annotations
