@@ -205,8 +205,12 @@ def sweep(protocol_path, arm, params, trials, seed, sampler_seed, storage, study
                    data=replace(chosen.config.data, path=data_path))
     check_space(base, space, sampler_seed)  # before any trial, study or MLflow run exists
     name = study_name or f"sweep:{protocol.name}@{protocol.short_hash}:{chosen.name}"
+    try:  # before any MLflow run exists: a refused storage leaves nothing behind
+        optuna_storage = open_storage(storage) if storage else None
+    except ValueError as err:
+        raise click.BadParameter(str(err), param_hint="--storage") from None
     study = optuna.create_study(
-        study_name=name, storage=open_storage(storage) if storage else None, direction="maximize",
+        study_name=name, storage=optuna_storage, direction="maximize",
         load_if_exists=True, sampler=optuna.samplers.TPESampler(seed=sampler_seed),
         pruner=optuna.pruners.MedianPruner(n_startup_trials=3, n_warmup_steps=1),
     )
