@@ -30,6 +30,7 @@ from workbench.train.loop import StopTraining, TrainingObserver
 
 SECTIONS = ("model", "optim", "run", "dataset")
 MAX_CHECKED_COMBINATIONS = 4096  # apply() takes microseconds: checking this many costs well under a second
+MAX_INT_CANDIDATES = 1024
 
 
 def parse_space(specs: tuple[str, ...]) -> dict[str, tuple]:
@@ -104,15 +105,27 @@ def section_fields(cfg: TrainConfig, section: str) -> list[str]:
 
 
 def _candidates(spec: tuple) -> list:
-    """The values of one search field that the pre-flight check tries: every choice, bounds and midpoints."""
+    """The values of one search field that the pre-flight check tries.
+
+    Every choice; every int of a range up to ``MAX_INT_CANDIDATES`` wide (divisibility
+    rules such as heads | dim make sparse valid sets), else its bounds, midpoint and powers
+    of two; for floats a 9-point grid (geometric on a log scale) plus 0 when in range, since
+    the configs' float rules are intervals that mostly start at 0.
+    """
     kind, *args = spec
     if kind == "choice":
         return list(args[0])
     low, high = args[0], args[1]
     if kind == "int":
-        return list(range(low, high + 1)) if high - low < 16 else sorted({low, (low + high) // 2, high})
-    mid = (low * high) ** 0.5 if args[2] and low > 0 and high > 0 else (low + high) / 2
-    return [low, mid, high]
+        if high - low < MAX_INT_CANDIDATES:
+            return list(range(low, high + 1))
+        powers = [2 ** k for k in range(64) if low <= 2 ** k <= high]
+        return sorted({low, (low + high) // 2, high, *powers})
+    if args[2]:  # log scale: LOW > 0 (parse_space checks it)
+        grid = [low * (high / low) ** (i / 8) for i in range(9)]
+    else:
+        grid = [low + (high - low) * i / 8 for i in range(9)]
+    return sorted(set(grid) | ({0.0} if low <= 0 <= high else set()))
 
 
 def _invalid(cfg: TrainConfig, values: dict) -> str | None:
@@ -126,10 +139,11 @@ def _invalid(cfg: TrainConfig, values: dict) -> str | None:
 def check_space(cfg: TrainConfig, space: dict[str, tuple], seed: int = 0) -> None:
     """Refuse, before any trial, a space naming an unknown field or one where every trial would fail validation.
 
-    Each field's candidates (every choice; int bounds and midpoint, or every int of a short
-    range; float bounds and midpoint) are combined, all of them or a seeded sample of
-    ``MAX_CHECKED_COMBINATIONS``; one valid combination is enough to go ahead (trials that
-    draw an invalid one are pruned, as before).
+    Each field's candidates (``_candidates``) are combined, all of them or a seeded sample
+    of ``MAX_CHECKED_COMBINATIONS``; one valid combination is enough to go ahead (trials
+    that draw an invalid one are pruned, as before). For choice and int spaces up to that
+    size the check is exhaustive; beyond it a space is refused only if no sampled
+    combination passes.
 
     Raises:
         click.BadParameter: Naming the ``--param`` field (exit status 2).

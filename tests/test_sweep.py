@@ -106,6 +106,8 @@ def test_space_check_lets_partly_valid_spaces_through(tmp_path):
     arm = load_protocol(write_protocol(tmp_path)).reference
     check_space(arm.config, parse_space(("model.heads=choice:3,4",)))  # 4 divides 16: trials with 3 are pruned
     check_space(arm.config, parse_space(("model.heads=int:3:5", "optim.weight_decay=float:0:0.1")))
+    check_space(arm.config, parse_space(("model.heads=int:3:40",)))  # only 4, 8 and 16 divide dim 16
+    check_space(arm.config, parse_space(("dataset.translate_fraction=float:-10:20",)))  # valid: [0, 0.5)
     with pytest.raises(click.BadParameter, match="optim.lr: every value fails validation"):
         check_space(arm.config, parse_space(("optim.lr=float:-2:-1",)))
     with pytest.raises(click.BadParameter, match="run.epoch: unknown field"):
