@@ -9,25 +9,28 @@ trial is a full training run with checkpoints, predictions and reload proof.
 
 from __future__ import annotations
 
-from dataclasses import replace
+import itertools
+import random
+from dataclasses import fields, replace
 from pathlib import Path
 
 import click
 import optuna
 import yaml
-from mlflow.tracking import MlflowClient
 
 from studies.ablate import prepare_protocol_data
 from studies.cell_queue import open_storage, redact
 from studies.protocol import ProtocolError, load_protocol
 from studies.train import train_one
-from tracking.protocols import experiment_id_for
-from tracking.runs import configure_tracking, git_state
+from tracking.runs import configure_tracking
+from tracking.sweep import end_sweep_parent, start_sweep_parent
 from workbench.models.registry import model_config
 from workbench.train.config import TrainConfig
 from workbench.train.loop import StopTraining, TrainingObserver
 
 SECTIONS = ("model", "optim", "run", "dataset")
+MAX_CHECKED_COMBINATIONS = 4096  # apply() takes microseconds: checking this many costs well under a second
+MAX_INT_CANDIDATES = 1024
 
 
 def parse_space(specs: tuple[str, ...]) -> dict[str, tuple]:
@@ -42,16 +45,32 @@ def parse_space(specs: tuple[str, ...]) -> dict[str, tuple]:
             raise click.BadParameter(f"{spec!r}: expected SECTION.FIELD=KIND:ARGS", param_hint="--param") from None
         if section not in SECTIONS:
             raise click.BadParameter(f"{spec!r}: section {section!r} must be one of {', '.join(SECTIONS)}", param_hint="--param")
-        if kind == "float" and len(args) in (2, 3):
-            space[field] = ("float", float(args[0]), float(args[1]), args[2:] == ["log"])
-        elif kind == "int" and len(args) == 2:
-            space[field] = ("int", int(args[0]), int(args[1]))
-        elif kind == "choice" and len(args) == 1:
-            space[field] = ("choice", [yaml.safe_load(v) for v in args[0].split(",")])
-        else:
-            raise click.BadParameter(f"{spec!r}: kind must be float:LOW:HIGH[:log], int:LOW:HIGH or choice:A,B,...",
-                                     param_hint="--param")
+        if field in space:
+            raise click.BadParameter(f"{spec!r}: {field} is given twice", param_hint="--param")
+        space[field] = _distribution(spec, kind, args)
     return space
+
+
+def _distribution(spec: str, kind: str, args: list[str]) -> tuple:
+    def bad(why: str) -> click.BadParameter:
+        return click.BadParameter(f"{spec!r}: {why}", param_hint="--param")
+
+    if kind == "choice" and len(args) == 1:
+        return ("choice", [yaml.safe_load(v) for v in args[0].split(",")])
+    if not ((kind == "float" and (len(args) == 2 or args[2:] == ["log"])) or (kind == "int" and len(args) == 2)):
+        raise bad("kind must be float:LOW:HIGH[:log], int:LOW:HIGH or choice:A,B,...")
+    number = float if kind == "float" else int
+    try:
+        low, high = number(args[0]), number(args[1])
+    except ValueError:
+        raise bad(f"LOW and HIGH must be {kind} numbers") from None
+    if low > high:
+        raise bad("LOW must not exceed HIGH")
+    if kind == "int":
+        return ("int", low, high)
+    if args[2:] == ["log"] and low <= 0:
+        raise bad("a log scale needs LOW > 0")
+    return ("float", low, high, args[2:] == ["log"])
 
 
 def suggest(trial: optuna.Trial, space: dict[str, tuple]) -> dict[str, object]:
@@ -76,6 +95,88 @@ def apply(cfg: TrainConfig, values: dict[str, object]) -> TrainConfig:
     model_config(model.name, **model.overrides)
     return replace(cfg, model=model, optim=replace(cfg.optim, **sections["optim"]),
                    run=replace(cfg.run, **sections["run"]), data=replace(cfg.data, **sections["dataset"]))
+
+
+def section_fields(cfg: TrainConfig, section: str) -> list[str]:
+    """The field names a ``--param`` may set in ``section`` of ``cfg``."""
+    if section == "model":
+        return [f.name for f in fields(model_config(cfg.model.name, **cfg.model.overrides))]
+    return [f.name for f in fields({"optim": cfg.optim, "run": cfg.run, "dataset": cfg.data}[section])]
+
+
+def _candidates(spec: tuple) -> list:
+    """The values of one search field that the pre-flight check tries.
+
+    Every choice; every int of a range up to ``MAX_INT_CANDIDATES`` wide (divisibility
+    rules such as heads | dim make sparse valid sets), else its bounds, midpoint and powers
+    of two; for floats a 9-point grid (geometric on a log scale) plus 0 when in range, since
+    the configs' float rules are intervals that mostly start at 0.
+    """
+    kind, *args = spec
+    if kind == "choice":
+        return list(args[0])
+    low, high = args[0], args[1]
+    if kind == "int":
+        if high - low < MAX_INT_CANDIDATES:
+            return list(range(low, high + 1))
+        powers = [2 ** k for k in range(64) if low <= 2 ** k <= high]
+        return sorted({low, (low + high) // 2, high, *powers})
+    if args[2]:  # log scale: LOW > 0 (parse_space checks it)
+        grid = [low * (high / low) ** (i / 8) for i in range(9)]
+    else:
+        grid = [low + (high - low) * i / 8 for i in range(9)]
+    return sorted(set(grid) | ({0.0} if low <= 0 <= high else set()))
+
+
+def _invalid(cfg: TrainConfig, values: dict) -> str | None:
+    try:
+        apply(cfg, values)
+    except (ValueError, TypeError) as err:
+        return str(err)
+    return None
+
+
+def check_space(cfg: TrainConfig, space: dict[str, tuple], seed: int = 0) -> None:
+    """Refuse, before any trial, a space naming an unknown field or one where every trial would fail validation.
+
+    Each field's candidates (``_candidates``) are combined, all of them or a seeded sample
+    of ``MAX_CHECKED_COMBINATIONS``; one valid combination is enough to go ahead (trials
+    that draw an invalid one are pruned, as before). For choice and int spaces up to that
+    size the check is exhaustive; beyond it a space is refused only if no sampled
+    combination passes.
+
+    Raises:
+        click.BadParameter: Naming the ``--param`` field (exit status 2).
+    """
+    for field in space:
+        section, key = field.split(".", 1)
+        known = section_fields(cfg, section)
+        if key not in known:
+            raise click.BadParameter(f"{field}: unknown field; {section} fields are {', '.join(known)}",
+                                     param_hint="--param")
+    names = list(space)
+    candidates = [_candidates(space[name]) for name in names]
+    total = 1
+    for values in candidates:
+        total *= len(values)
+    if total <= MAX_CHECKED_COMBINATIONS:
+        combos = itertools.product(*candidates)
+    else:
+        rng = random.Random(seed)
+        combos = (tuple(rng.choice(values) for values in candidates) for _ in range(MAX_CHECKED_COMBINATIONS))
+    first_error = None
+    for combo in combos:
+        error = _invalid(cfg, dict(zip(names, combo)))
+        if error is None:
+            return
+        first_error = first_error or (combo, error)
+    for name, values in zip(names, candidates):  # a field that fails on its own is the one to name
+        errors = [_invalid(cfg, {name: v}) for v in values]
+        if all(errors):
+            raise click.BadParameter(f"{name}: every value fails validation ({errors[0]})", param_hint="--param")
+    combo, error = first_error
+    raise click.BadParameter(f"{', '.join(names)}: no combination passes validation "
+                             f"(e.g. {dict(zip(names, combo))}: {error})", param_hint="--param")
 
 
 class PruningObserver(TrainingObserver):
@@ -116,15 +217,22 @@ def sweep(protocol_path, arm, params, trials, seed, sampler_seed, storage, study
     seed = protocol.seeds[0] if seed is None else seed
     base = replace(chosen.config, run=replace(chosen.config.run, seed=seed, device=device),
                    data=replace(chosen.config.data, path=data_path))
+    check_space(base, space, sampler_seed)  # before any trial, study or MLflow run exists
     name = study_name or f"sweep:{protocol.name}@{protocol.short_hash}:{chosen.name}"
+    try:  # before any MLflow run exists: a refused storage leaves nothing behind
+        optuna_storage = open_storage(storage) if storage else None
+    except ValueError as err:
+        raise click.BadParameter(str(err), param_hint="--storage") from None
     study = optuna.create_study(
-        study_name=name, storage=open_storage(storage) if storage else None, direction="maximize",
+        study_name=name, storage=optuna_storage, direction="maximize",
         load_if_exists=True, sampler=optuna.samplers.TPESampler(seed=sampler_seed),
         pruner=optuna.pruners.MedianPruner(n_startup_trials=3, n_warmup_steps=1),
     )
     configure_tracking()
     data = prepare_protocol_data(protocol, data_path, download=False)
-    parent = _sweep_parent(protocol, name, chosen.name, space, storage)
+    parent = start_sweep_parent(
+        protocol.name, name, {"protocol_name": protocol.name, "protocol_hash": protocol.hash, "arm": chosen.name},
+        {"search_space": repr(space)[:500], "storage": redact(storage) if storage else "in-memory"})
 
     def objective(trial: optuna.Trial) -> float:
         values = suggest(trial, space)
@@ -134,7 +242,7 @@ def sweep(protocol_path, arm, params, trials, seed, sampler_seed, storage, study
             raise optuna.TrialPruned(f"invalid combination: {err}") from err
         outcome = train_one(
             cfg, data, protocol.name, Path(output_dir) / protocol.name, run_name=f"{name}#{trial.number}",
-            parent_run_id=parent, identity={"sweep": name, "trial": trial.number},
+            parent_run_id=parent.run_id, identity={"sweep": name, "trial": trial.number},
             tags={"sweep": name, "trial_number": str(trial.number), "arm": chosen.name, "seed": str(seed)},
             observer=PruningObserver(trial),
         )
@@ -147,25 +255,12 @@ def sweep(protocol_path, arm, params, trials, seed, sampler_seed, storage, study
 
     study.optimize(objective, n_trials=trials, catch=(RuntimeError,))
     done = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
-    client = MlflowClient()
-    if done:
-        best = study.best_trial
-        client.log_metric(parent, "best_val_accuracy", best.value)
-        client.set_tag(parent, "best_trial", str(best.number))
-        for field, value in best.params.items():
-            client.set_tag(parent, f"best.{field}", str(value))
-        click.echo(f"best trial {best.number}: val accuracy {best.value:.4f} with {best.params}")
+    best = (study.best_trial.number, study.best_trial.value, study.best_trial.params) if done else None
+    if best:
+        click.echo(f"best trial {best[0]}: val accuracy {best[1]:.4f} with {best[2]}")
     states = {s.name.lower(): sum(t.state == s for t in study.trials) for s in optuna.trial.TrialState}
     click.echo(f"{name}: {states}")
-    client.set_terminated(parent, "FINISHED")
-
-
-def _sweep_parent(protocol, name: str, arm: str, space: dict, storage: str | None) -> str:
-    """One parent run per sweep invocation, holding the search space and the best result."""
-    client = MlflowClient()
-    tags = {"mlflow.runName": name, "sweep": name, "protocol_name": protocol.name,
-            "protocol_hash": protocol.hash, "arm": arm, "sweep_parent": "true", **git_state()}
-    run = client.create_run(experiment_id_for(protocol.name), tags=tags)
-    client.log_param(run.info.run_id, "search_space", repr(space)[:500])
-    client.log_param(run.info.run_id, "storage", redact(storage) if storage else "in-memory")
-    return run.info.run_id
+    end_sweep_parent(parent, best, states)
+    if parent.offline:
+        click.echo(f"sweep parent and trials logged locally (run {parent.local_run_id}): "
+                   "`workbench sync` copies them to the server", err=True)

@@ -17,13 +17,13 @@ from pathlib import Path
 import click
 import torch
 import yaml
-from mlflow.tracking import MlflowClient
 from tqdm.auto import tqdm
 
 from studies.protocol import ProtocolError, _Loader, check_clean, check_frozen, load_protocol
 from tracking import transfer as tt
-from tracking.protocols import end_parent_run, experiment_id_for, recorded_hashes, start_parent_run
+from tracking.protocols import end_parent_run, recorded_hashes, start_parent_run
 from tracking.runs import configure_tracking, environment_tags, git_state
+from tracking.sink import RunSink
 from workbench.data import DatasetNotFound, PreparedData, prepare
 from workbench.train.loop import resolve_device
 from workbench.transfer.features import FeatureCache, compute_features
@@ -149,7 +149,7 @@ class Execution:
             starts = [cfg.depth - r.blocks for r in self.protocol.regimes if r.kind == "partial"]
             self.cache = compute_features(self.source.model.to(ctx.device), {"train": self.data.train, "val": self.data.val},
                                           ctx.norm, ctx.resize_to, ctx.device, ctx.eval_batch_size, ctx.amp_dtype, starts)
-            MlflowClient().log_metric(self.parent, "feature_cache_seconds", self.cache.seconds)
+            RunSink.for_run(self.parent, self.protocol.name).log_metrics({"feature_cache_seconds": self.cache.seconds})
             tqdm.write(f"features of {self.cache.images} images cached in {self.cache.seconds:.1f} s")
         return self.cache
 
@@ -174,8 +174,7 @@ def prepare_execution(protocol: TransferProtocol, protocol_file: Path, output_di
                      output_dir)
 
 
-def select_phase(ex: Execution, cell: TransferCell, experiment_id: str, commit: str,
-                 allow_dirty: bool) -> CellOutcome | tuple:
+def select_phase(ex: Execution, cell: TransferCell, commit: str, allow_dirty: bool) -> CellOutcome | tuple:
     """Phase 1 for one cell: skip it, reuse its finished selection, or train and select it."""
     p, data = ex.protocol, ex.data
     key = hashlib.sha256("|".join([p.hash, cell.regime.name, str(cell.seed), ex.identity, data.data_fingerprint,
@@ -184,45 +183,45 @@ def select_phase(ex: Execution, cell: TransferCell, experiment_id: str, commit: 
             "arm": cell.regime.name, "seed": str(cell.seed), "regime_kind": cell.regime.kind,
             "is_reference": str(cell.regime.reference).lower(), "source_identity": ex.identity,
             "allow_dirty": str(allow_dirty).lower()}
-    run_id, status, run_tags = tt.open_cell_run(experiment_id, key, f"{cell.regime.name}-seed{cell.seed}", ex.parent, tags)
-    if status == "FINISHED":
-        return CellOutcome(cell, "skipped", f"{cell.key}: already finished in run {run_id}", run_id)
-    run_dir, client = ex.output_dir / key, MlflowClient()
+    opened = tt.open_cell_run(p.name, key, f"{cell.regime.name}-seed{cell.seed}", ex.parent, tags)
+    if opened.status == "FINISHED":
+        return CellOutcome(cell, "skipped", f"{cell.key}: already finished in run {opened.run_id}", opened.run_id)
+    sink, run_dir = opened.sink, ex.output_dir / key
     try:
-        for name, value in {**environment_tags(str(ex.ctx.device)), "run_dir": str(run_dir.resolve())}.items():
-            client.set_tag(run_id, name, value)
-        tt.log_params_once(run_id, _cell_params(cell, ex))
-        selection = Selection.load(run_dir) if run_tags.get("phase") == "selected" else None
+        sink.set_tags({**environment_tags(str(ex.ctx.device)), "run_dir": str(run_dir.resolve())})
+        sink.log_params(_cell_params(cell, ex))
+        selection = Selection.load(run_dir) if sink.journal.tags.get("phase") == "selected" else None
         if selection is None:
             cache = ex.features() if cell.regime.kind != "full" else None
-            selection = select_cell(cell, ex.source, data, cache, ex.ctx, run_dir, tt.TransferEpochObserver(run_id))
-            tt.log_selection(run_id, selection, p.run.log_checkpoints)
+            selection = select_cell(cell, ex.source, data, cache, ex.ctx, run_dir, tt.TransferEpochObserver(sink))
+            tt.log_selection(sink, selection, p.run.log_checkpoints)
         if not selection.proof["passed"]:
             raise RuntimeError(f"{selection.proof['what']} failed: {selection.proof['summary']}")
     except Exception as err:  # one failing cell must not take the others down
         traceback.print_exc()
-        client.set_terminated(run_id, "FAILED")
-        return CellOutcome(cell, "failed", f"{cell.key}: {type(err).__name__}: {err}", run_id)
+        sink.end("FAILED")
+        return CellOutcome(cell, "failed", f"{cell.key}: {type(err).__name__}: {err}", sink.run_id)
     tqdm.write(f"[selected] {cell.key}: epoch {selection.best_epoch}, val QWK {selection.best_val['val_qwk']:.4f} "
                f"({selection.seconds:.1f} s)")
-    return cell, run_id, run_dir, selection
+    return cell, sink, run_dir, selection
 
 
-def evaluate_phase(ex: Execution, cell: TransferCell, run_id: str, run_dir: Path, selection: Selection) -> CellOutcome:
+def evaluate_phase(ex: Execution, cell: TransferCell, sink: RunSink, run_dir: Path, selection: Selection) -> CellOutcome:
     """Phase 2 for one selected cell: the single test evaluation, logged; FINISHED only if file and memory agree."""
-    client, evaluation = MlflowClient(), ex.protocol.evaluation
+    evaluation = ex.protocol.evaluation
     try:
         result = evaluate_on_test(selection, ex.source, ex.guard, ex.ctx, run_dir, evaluation)
-        tt.log_test(run_id, result, evaluation.n_resamples, evaluation.confidence)
+        tt.log_test(sink, result, evaluation.n_resamples, evaluation.confidence)
     except Exception as err:
         traceback.print_exc()
-        client.set_terminated(run_id, "FAILED")
-        return CellOutcome(cell, "failed", f"{cell.key}: {type(err).__name__}: {err}", run_id)
+        sink.end("FAILED")
+        return CellOutcome(cell, "failed", f"{cell.key}: {type(err).__name__}: {err}", sink.run_id)
     qwk = result.cis["qwk"]
-    client.set_terminated(run_id, "FINISHED" if result.agree else "FAILED")
+    sink.end("FINISHED" if result.agree else "FAILED")
+    where = f" [logged locally, run {sink.local_run_id}: `workbench sync` copies it to the server]" if sink.offline else ""
     return CellOutcome(cell, "finished" if result.agree else "failed",
                        f"{cell.key}: test QWK {qwk.estimate:.4f} [{qwk.low:.4f}, {qwk.high:.4f}], "
-                       f"metrics from file {'agree' if result.agree else 'DIFFER'}", run_id)
+                       f"metrics from file {'agree' if result.agree else 'DIFFER'}{where}", sink.run_id)
 
 
 def run_transfer(
@@ -237,29 +236,50 @@ def run_transfer(
                f"{ex.data.display_name}, {len(ex.data.train)} train / {len(ex.data.val)} val; {ex.inputs}")
     ex.parent = start_parent_run(protocol, protocol_file, allow_dirty, {
         "transfer": "true", "source_identity": ex.identity, "source_override": source_override or ""})
-    tt.log_params_once(ex.parent, {
+    parent = RunSink.for_run(ex.parent, protocol.name)  # the live sink start_parent_run opened
+    parent.log_params({
         **ex.source.info.as_params(), "transfer.regimes": ",".join(r.name for r in protocol.regimes),
         "transfer.reference": protocol.reference.name, "transfer.num_classes": ex.ctx.num_classes,
         "evaluation.n_resamples": protocol.evaluation.n_resamples, "evaluation.confidence": protocol.evaluation.confidence,
         "evaluation.seed": protocol.evaluation.seed, "inputs": ex.inputs, "data.display_name": ex.data.display_name,
         "data.fingerprint": ex.data.data_fingerprint, "data.split_fingerprint": ex.data.split_fingerprint})
-    experiment_id, commit = experiment_id_for(protocol.name), git_state()["git_commit"]
+    commit = git_state()["git_commit"]
     outcomes, pending = [], []
     for cell in protocol.cells():
-        result = select_phase(ex, cell, experiment_id, commit, allow_dirty)
+        result = select_phase(ex, cell, commit, allow_dirty)
         (outcomes if isinstance(result, CellOutcome) else pending).append(result)
     ex.guard.release()  # selection of every cell is over: phase 2 may read the test split
-    tt.log_params_once(ex.parent, {"data.n_test": len(ex.guard.split())})
+    parent.log_params({"data.n_test": len(ex.guard.split())})
     for item in pending:
         outcomes.append(evaluate_phase(ex, *item))
         tqdm.write(f"[{outcomes[-1].status}] {outcomes[-1].message}")
     if any(o.status in ("finished", "skipped") for o in outcomes):
-        section = tt.transfer_section(protocol.name, protocol.hash, ex.identity)
-        tt.log_section(ex.parent, section)
-        click.echo(section.markdown)
+        log_section(ex, parent)
     counts = {s: sum(o.status == s for o in outcomes) for s in ("finished", "skipped", "failed")}
-    end_parent_run(ex.parent, counts)
+    end_parent_run(ex.parent, counts, protocol.name)
     return outcomes
+
+
+def log_section(ex: Execution, parent: RunSink) -> None:
+    """Rebuild the report section from the tracking server and log it on the parent run.
+
+    The section is read back from the server; with the server away (the study went on in
+    the local store) it is left for ``workbench report`` after ``workbench sync``.
+    """
+    later = (f"transfer section not built: the tracking server is unreachable; run `workbench sync`, then "
+             f"`workbench report --protocol {ex.protocol.name}`")
+    if parent.offline:
+        tqdm.write(later)
+        return
+    try:
+        section = tt.transfer_section(ex.protocol.name, ex.protocol.hash, ex.identity)
+    except Exception as err:
+        if not tt.section_unavailable(err):
+            raise
+        tqdm.write(later)
+        return
+    tt.log_section(parent, section)
+    click.echo(section.markdown)
 
 
 @click.command("transfer")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import click
 import optuna
 import pytest
 from click.testing import CliRunner
@@ -53,9 +54,61 @@ def test_pruning_observer_stops_a_trial_the_pruner_rejects():
         observer.on_epoch({"epoch": 2, "val_accuracy": 0.1})
 
 
-@pytest.mark.parametrize("spec", ["lr=float:1:2", "optim.lr=gauss:0:1", "optim.lr=float:1", "bogus.x=int:1:2"])
+@pytest.mark.parametrize("spec", ["lr=float:1:2", "optim.lr=gauss:0:1", "optim.lr=float:1", "bogus.x=int:1:2",
+                                  "optim.lr=float:0.1:0.01", "optim.lr=float:0:1:log", "model.dim=int:64:32",
+                                  "model.dim=int:a:64", "optim.lr=float:1e-3:1e-2:lin"])
 def test_bad_search_specs_are_named(spec):
     import click
 
     with pytest.raises(click.BadParameter, match=spec.split("=")[0].replace(".", r"\.")):
         parse_space((spec,))
+
+
+def _refused(tmp_path, mlflow_store, *specs):
+    folder = tmp_path / "images"  # never read: the refusal comes before the data is loaded
+    protocol = write_protocol(tmp_path, epochs=1)
+    storage = tmp_path / "optuna.db"
+    args = ["sweep", "--protocol", str(protocol), *[a for s in specs for a in ("--param", s)], "--trials", "3",
+            "--storage", f"sqlite:///{storage}", "--data-path", str(folder), "--device", "cpu",
+            "--output-dir", str(tmp_path / "out")]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.output and isinstance(result.exception, SystemExit), result.output
+    errors = [line for line in result.output.splitlines() if line.startswith("Error")]
+    assert len(errors) == 1, result.output
+    assert not storage.exists(), "an Optuna study was created before the refusal"
+    assert not (tmp_path / "mlflow.db").exists(), "the MLflow store was touched before the refusal"
+    assert not (tmp_path / "out").exists()
+    return errors[0]
+
+
+def test_unknown_field_is_refused_before_any_trial(tmp_path, mlflow_store):
+    line = _refused(tmp_path, mlflow_store, "optim.lr=float:1e-4:1e-2:log", "model.bogus=int:1:4")
+    assert "model.bogus: unknown field" in line and "heads" in line, line  # the valid fields are listed
+
+
+def test_space_where_every_trial_fails_validation_is_refused(tmp_path, mlflow_store):
+    # dim 16 (from the protocol): heads 3 and 5 never divide it
+    line = _refused(tmp_path, mlflow_store, "optim.lr=float:1e-4:1e-2:log", "model.heads=choice:3,5")
+    assert "model.heads: every value fails validation" in line and "must divide dim=16" in line, line
+
+
+def test_space_whose_fields_are_valid_alone_but_never_together_is_refused(tmp_path, mlflow_store):
+    # each field is fine with the protocol's other values (dim 16, heads 2), no pair of them is
+    line = _refused(tmp_path, mlflow_store, "model.dim=choice:10,14", "model.heads=choice:4,8")
+    assert "model.dim, model.heads: no combination passes validation" in line, line
+
+
+def test_space_check_lets_partly_valid_spaces_through(tmp_path):
+    from studies.protocol import load_protocol
+    from studies.sweep import check_space
+
+    arm = load_protocol(write_protocol(tmp_path)).reference
+    check_space(arm.config, parse_space(("model.heads=choice:3,4",)))  # 4 divides 16: trials with 3 are pruned
+    check_space(arm.config, parse_space(("model.heads=int:3:5", "optim.weight_decay=float:0:0.1")))
+    check_space(arm.config, parse_space(("model.heads=int:3:40",)))  # only 4, 8 and 16 divide dim 16
+    check_space(arm.config, parse_space(("dataset.translate_fraction=float:-10:20",)))  # valid: [0, 0.5)
+    with pytest.raises(click.BadParameter, match="optim.lr: every value fails validation"):
+        check_space(arm.config, parse_space(("optim.lr=float:-2:-1",)))
+    with pytest.raises(click.BadParameter, match="run.epoch: unknown field"):
+        check_space(arm.config, parse_space(("run.epoch=int:1:3",)))

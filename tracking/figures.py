@@ -12,7 +12,6 @@ report builder looks for them.
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -21,6 +20,8 @@ import pandas as pd
 from mlflow.entities import Run
 from mlflow.tracking import MlflowClient
 
+from tracking.queries import QueryError, download_artifact, has_artifact, metric_history, search_runs
+from tracking.queries import launcher_run_id  # noqa: F401  (studies/figures.py calls it from here)
 from tracking.runs import configure_tracking
 from workbench.train.checkpoint import load_checkpoint
 from workbench.train.evaluate import read_predictions
@@ -79,16 +80,6 @@ class CellArtifacts:
         return int(self.run.data.tags.get("seed", "0"))
 
 
-def _search(experiment_id: str, where: str) -> list[Run]:
-    client, out, token = MlflowClient(), [], None
-    while True:  # a tracking server caps each page
-        page = client.search_runs([experiment_id], filter_string=where, max_results=1000, page_token=token)
-        out.extend(page)
-        token = page.token
-        if not token:
-            return out
-
-
 def find_protocol_runs(name: str, protocol_hash: str | None = None) -> ProtocolRuns:
     """The finished cell runs and newest parent run of a protocol hash.
 
@@ -103,15 +94,15 @@ def find_protocol_runs(name: str, protocol_hash: str | None = None) -> ProtocolR
     exp = MlflowClient().get_experiment_by_name(name)
     if exp is None:
         raise FiguresError(f"no MLflow experiment named {name!r} at {mlflow.get_tracking_uri()}: run the protocol first")
-    parents = sorted(_search(exp.experiment_id, f"tags.parent = 'true' and tags.protocol_name = '{name}'"),
+    parents = sorted(search_runs(exp.experiment_id, f"tags.parent = 'true' and tags.protocol_name = '{name}'"),
                      key=lambda r: (-(r.info.start_time or 0), r.info.run_id))
     if protocol_hash is None:
         if not parents:
             raise FiguresError(f"protocol {name!r} has no parent run to take the hash from; pass the protocol file")
         protocol_hash = parents[0].data.tags.get("protocol_hash", "")
     parent = next((p for p in parents if p.data.tags.get("protocol_hash") == protocol_hash), None)
-    runs = _search(exp.experiment_id, f"tags.protocol_hash = '{protocol_hash}' and tags.cell = 'true' "
-                                      "and attributes.status = 'FINISHED'")
+    runs = search_runs(exp.experiment_id, f"tags.protocol_hash = '{protocol_hash}' and tags.cell = 'true' "
+                                          "and attributes.status = 'FINISHED'")
     if not runs:
         raise FiguresError(f"no finished cell runs of {name}@{protocol_hash[:12]}: run or resume the protocol first")
     newest: dict[tuple[str, str], Run] = {}
@@ -154,41 +145,17 @@ def runs_by_id(run_ids: list[str]) -> ProtocolRuns:
     return ProtocolRuns(name, hashes.pop(), parent, cells)
 
 
-def download(run_id: str, path: str, dst: Path) -> Path:
-    """One artifact file of a run, downloaded into the folder ``dst``.
-
-    Raises:
-        FiguresError: The run has no such artifact.
-    """
-    dst.mkdir(parents=True, exist_ok=True)
-    before = os.environ.get("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR")
-    os.environ["MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"] = "false"  # one bar per small file is noise
-    try:
-        return Path(mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path=path, dst_path=str(dst)))
-    except (mlflow.exceptions.MlflowException, OSError) as err:
-        raise FiguresError(f"run {run_id} has no readable artifact {path!r}: {err}") from err
-    finally:
-        if before is None:
-            os.environ.pop("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", None)
-        else:
-            os.environ["MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"] = before
-
-
-def metric_history(run_id: str, key: str) -> dict[int, float]:
-    """Step (epoch) -> value; a step logged twice keeps its latest value."""
-    points = sorted(MlflowClient().get_metric_history(run_id, key), key=lambda m: (m.step, m.timestamp))
-    return {int(m.step): float(m.value) for m in points}
-
-
 def load_cell(run: Run, workdir: Path) -> CellArtifacts:
     """Download a cell run's config, best checkpoint and predictions; read its curves."""
     run_id = run.info.run_id
     folder = Path(workdir) / run_id
-    config = json.loads(download(run_id, "config.json", folder).read_text())
-    state = load_checkpoint(download(run_id, "checkpoints/best.pt", folder / "checkpoints"))
-    listed = {a.path for a in MlflowClient().list_artifacts(run_id, "predictions")}
-    predictions = {split: read_predictions(download(run_id, f"predictions/{split}.csv", folder / "predictions"))
-                   for split in ("val", "test") if f"predictions/{split}.csv" in listed}
+    try:
+        config = json.loads(download_artifact(run_id, "config.json", folder).read_text())
+        state = load_checkpoint(download_artifact(run_id, "checkpoints/best.pt", folder / "checkpoints"))
+        predictions = {split: read_predictions(download_artifact(run_id, f"predictions/{split}.csv", folder / "predictions"))
+                       for split in ("val", "test") if has_artifact(run_id, f"predictions/{split}.csv")}
+    except QueryError as err:
+        raise FiguresError(str(err)) from err
     if "val" not in predictions:
         raise FiguresError(f"run {run_id} has no predictions/val.csv")
     history = {key: metric_history(run_id, key) for key in CURVE_METRICS}
@@ -200,11 +167,6 @@ def log_figures(run_id: str, folder: Path, names: list[str]) -> None:
     client = MlflowClient()
     for name in names:
         client.log_artifact(run_id, str(Path(folder) / name), artifact_path=FIGURES_ARTIFACT_PATH)
-
-
-def launcher_run_id() -> str | None:
-    """The run ``mlflow run`` created around this process, if any (it gets a copy of the figures)."""
-    return os.environ.get("MLFLOW_RUN_ID") or None
 
 
 def log_inspection(folder: Path, names: list[str], params: dict, experiment: str = "figures") -> str:

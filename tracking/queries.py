@@ -1,8 +1,10 @@
-"""Read-side MLflow queries for reports: a protocol's cell runs, histories, artifacts.
+"""Read-side MLflow queries: a protocol's cell runs, histories, artifacts, the launcher run.
 
-Everything here returns plain dataclasses and files, so the report builder never touches
-MLflow objects. Nothing here creates an experiment: a report on a protocol that was never
-run is an error, not an empty experiment left behind in the store.
+The one implementation of each query that the reports (``reports/``), the analysis figures
+(``tracking.figures``) and the transfer section (``tracking.transfer``) share. Report-facing
+functions return plain dataclasses and files, so the report builder never touches MLflow
+objects. Nothing here creates an experiment: a report on a protocol that was never run is
+an error, not an empty experiment left behind in the store.
 """
 
 from __future__ import annotations
@@ -89,7 +91,7 @@ def _experiment_id(protocol_name: str) -> str:
     return exp.experiment_id
 
 
-def _search(experiment_id: str, filter_string: str) -> list[Run]:
+def search_runs(experiment_id: str, filter_string: str) -> list[Run]:
     """Every matching run, following pages (a server caps one page), in run-id order."""
     client, out, token = MlflowClient(), [], None
     while True:
@@ -104,7 +106,7 @@ def _search(experiment_id: str, filter_string: str) -> list[Run]:
 def hash_counts(protocol_name: str) -> dict[str, int]:
     """Protocol hash -> number of cell runs (any status) recorded under this protocol name."""
     counts: dict[str, int] = {}
-    for run in _search(_experiment_id(protocol_name), f"tags.protocol_name = '{protocol_name}' and tags.cell = 'true'"):
+    for run in search_runs(_experiment_id(protocol_name), f"tags.protocol_name = '{protocol_name}' and tags.cell = 'true'"):
         h = run.data.tags.get("protocol_hash", "")
         if h:
             counts[h] = counts.get(h, 0) + 1
@@ -123,7 +125,7 @@ def _seed(run: Run) -> int:
 
 def cell_records(protocol_name: str, protocol_hash: str) -> list[CellRecord]:
     """Every cell run of this protocol hash, any status, sorted by (arm, seed, run id)."""
-    runs = _search(_experiment_id(protocol_name), f"tags.protocol_hash = '{protocol_hash}' and tags.cell = 'true'")
+    runs = search_runs(_experiment_id(protocol_name), f"tags.protocol_hash = '{protocol_hash}' and tags.cell = 'true'")
     records = [
         CellRecord(
             run_id=r.info.run_id, arm=r.data.tags.get("arm", ""), seed=_seed(r), status=r.info.status,
@@ -145,7 +147,7 @@ def parent_runs(protocol_name: str, protocol_hash: str | None = None) -> list[Pa
     parents = [
         ParentRecord(r.info.run_id, r.data.tags.get("protocol_hash", ""), r.info.status, int(r.info.start_time or 0),
                      r.data.tags.get("git_commit", "unknown"))
-        for r in _search(_experiment_id(protocol_name), where)
+        for r in search_runs(_experiment_id(protocol_name), where)
     ]
     return sorted(parents, key=lambda p: (-p.start_time, p.run_id))
 
@@ -165,13 +167,16 @@ def download_artifact(run_id: str, path: str, dst: Path) -> Path:
     """Download one artifact file of a run into ``dst`` (a folder) and return its local path.
 
     Raises:
-        QueryError: The run has no such artifact.
+        QueryError: The run has no such artifact, or it cannot be read.
     """
     if not has_artifact(run_id, path):
         raise QueryError(f"run {run_id} has no artifact {path!r}")
     dst.mkdir(parents=True, exist_ok=True)
-    with _quiet_downloads():
-        return Path(mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path=path, dst_path=str(dst)))
+    try:
+        with _quiet_downloads():
+            return Path(mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path=path, dst_path=str(dst)))
+    except (mlflow.exceptions.MlflowException, OSError) as err:
+        raise QueryError(f"run {run_id}: artifact {path!r} is not readable: {err}") from err
 
 
 @contextlib.contextmanager
@@ -195,7 +200,7 @@ def log_report(run_id: str, folder: Path, artifact_path: str = "report") -> None
 
 
 def launcher_run_id() -> str | None:
-    """The run ``mlflow run`` created around this process, if any (it also gets the report)."""
+    """The run ``mlflow run`` created around this process, if any (it also gets reports and figures)."""
     return os.environ.get("MLFLOW_RUN_ID") or None
 
 

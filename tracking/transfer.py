@@ -4,6 +4,10 @@ Layout: one experiment per protocol (as for ablations); a parent run per executi
 ``transfer=true`` with the source's identity; a child run per (regime, seed) cell tagged
 ``cell=true``, ``arm=<regime>``, ``seed``, ``run_key``. A child is FINISHED only after its test
 evaluation; between the phases it stays RUNNING with ``phase=selected``.
+
+Every write goes through a ``RunSink`` (``tracking.sink``), as for ablations: when the
+tracking server dies mid-study, the parent and the cells continue in the local fallback
+store and ``workbench sync`` merges them into their server runs later.
 """
 
 from __future__ import annotations
@@ -16,7 +20,10 @@ from pathlib import Path
 import mlflow
 from mlflow.tracking import MlflowClient
 
-from tracking.training import EPOCH_METRICS, MlflowTrainingObserver
+from tracking import offline_fallback as rs
+from tracking.queries import download_artifact, search_runs
+from tracking.sink import RunSink
+from tracking.training import EPOCH_METRICS, KeyedRun, MlflowTrainingObserver, open_keyed_run
 from workbench.train.evaluate import read_predictions
 from workbench.transfer.report import CellPredictions, TransferSection, build_section
 from workbench.transfer.runner import Selection, TestResult
@@ -27,14 +34,17 @@ DEFAULT_RUN_ARTIFACT = "checkpoints/best.pt"
 
 
 class TransferEpochObserver(MlflowTrainingObserver):
-    """Per-epoch metrics of a transfer cell (adds validation QWK and macro-F1), each epoch once."""
+    """Per-epoch metrics of a transfer cell (adds validation QWK and macro-F1), each epoch once, through its sink."""
+
+    def __init__(self, sink: RunSink) -> None:
+        super().__init__(sink)
 
     def on_epoch(self, metrics: dict) -> None:
         epoch = int(metrics["epoch"])
         if epoch in self.logged_epochs():
             return
         values = {k: float(metrics[k]) for k in TRANSFER_EPOCH_METRICS if k in metrics}
-        mlflow.log_metrics(values, step=epoch, run_id=self.run_id)
+        self.sink.log_metrics(values, step=epoch)
         self._logged.add(epoch)
 
 
@@ -97,82 +107,66 @@ def find_finished_cell(protocol_name: str, protocol_hash: str, arm: str, seed: i
 # ---------------------------------------------------------------- cell runs
 
 
-def open_cell_run(experiment_id: str, run_key: str, run_name: str, parent_run_id: str, tags: dict) -> tuple[str, str, dict]:
-    """Find the cell's run by ``run_key`` or create it: (run id, status, tags)."""
-    client = MlflowClient()
-    found = client.search_runs([experiment_id], filter_string=f"tags.run_key = '{run_key}'",
-                               order_by=["attributes.start_time DESC"], max_results=1)
-    if found:
-        run = found[0]
-        return run.info.run_id, run.info.status, dict(run.data.tags)
-    run = client.create_run(experiment_id, tags={"run_key": run_key, "mlflow.runName": run_name,
-                                                  "mlflow.parentRunId": parent_run_id, **tags})
-    return run.info.run_id, run.info.status, dict(run.data.tags)
+def open_cell_run(experiment: str, run_key: str, run_name: str, parent_run_id: str, tags: dict) -> KeyedRun:
+    """Find the cell's run by ``run_key`` (in the server or the fallback store) or create it.
+
+    A FINISHED run comes without a sink (nothing to log); any other comes with one, whose
+    journal holds the run's tags (``phase``) and params.
+    """
+    return open_keyed_run(experiment, run_key, {"mlflow.runName": run_name, **tags}, parent_run_id)
 
 
-def log_params_once(run_id: str, params: dict) -> None:
-    """Params a continued run does not have yet (MLflow refuses to change a param)."""
-    client = MlflowClient()
-    existing = client.get_run(run_id).data.params
-    for key, value in params.items():
-        if key not in existing:
-            client.log_param(run_id, key, str(value)[:6000])
-
-
-def _log_json(run_id: str, obj, name: str, artifact_path: str | None = None) -> None:
+def _log_json(sink: RunSink, obj, name: str, artifact_path: str | None = None) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / name
         path.write_text(json.dumps(obj, indent=1, default=str))
-        MlflowClient().log_artifact(run_id, str(path), artifact_path=artifact_path)
+        sink.log_artifact(path, artifact_path=artifact_path)
 
 
 def _finite(value: float) -> float:
     return value if math.isfinite(value) else -1.0  # MLflow stores no inf; -1 is impossible for a diff
 
 
-def log_selection(run_id: str, selection: Selection, log_checkpoint: bool) -> None:
+def log_selection(sink: RunSink, selection: Selection, log_checkpoint: bool) -> None:
     """Best epoch, its validation metrics, the assembly/reload proof, val predictions, checkpoint."""
-    client = MlflowClient()
     proof = selection.proof
-    mlflow.log_metrics({
+    sink.log_metrics({
         "best_epoch": selection.best_epoch,
         **{f"best_{k}": v for k, v in selection.best_val.items()},
         "selection_proof_passed": float(proof["passed"]),
         "selection_proof_max_abs_diff": _finite(proof["max_abs_prob_diff"]),
         "selection_seconds": selection.seconds,
         "trainable_parameters": selection.trainable_parameters,
-    }, run_id=run_id)
-    client.set_tag(run_id, "selection_proof", "passed" if proof["passed"] else "failed")
-    client.set_tag(run_id, "selection_proof_summary", f"{proof['what']}: {proof['summary']}"[:5000])
-    client.set_tag(run_id, "stopped_early", str(selection.stopped_early).lower())
-    client.log_artifact(run_id, selection.val_predictions, artifact_path="predictions")
+    })
+    sink.set_tags({"selection_proof": "passed" if proof["passed"] else "failed",
+                   "selection_proof_summary": f"{proof['what']}: {proof['summary']}",
+                   "stopped_early": str(selection.stopped_early).lower()})
+    sink.log_artifact(selection.val_predictions, artifact_path="predictions")
     if log_checkpoint:
-        client.log_artifact(run_id, selection.checkpoint, artifact_path="checkpoints")
-    _log_json(run_id, selection.history, "history.json")
-    client.set_tag(run_id, "phase", "selected")
+        sink.log_artifact(selection.checkpoint, artifact_path="checkpoints")
+    _log_json(sink, selection.history, "history.json")
+    sink.set_tags({"phase": "selected"})  # last: a selection is reused only once all of it is logged
 
 
-def log_test(run_id: str, result: TestResult, n_resamples: int, confidence: float) -> None:
+def log_test(sink: RunSink, result: TestResult, n_resamples: int, confidence: float) -> None:
     """Test metrics (in memory and recomputed from the file), their agreement, CIs, the predictions file."""
-    client = MlflowClient()
     values = {f"test_{k}": v for k, v in result.metrics.items()}
     values |= {f"test_file_{k}": v for k, v in result.metrics_from_file.items()}
     for name, ci in result.cis.items():
         values |= {f"test_{name}_ci_low": ci.low, f"test_{name}_ci_high": ci.high}
     values |= {"test_metrics_agree": float(result.agree), "test_metrics_max_abs_diff": _finite(result.max_abs_diff),
                "test_seconds": result.seconds}
-    mlflow.log_metrics({k: v for k, v in values.items() if not math.isnan(v)}, run_id=run_id)
+    sink.log_metrics({k: v for k, v in values.items() if not math.isnan(v)})
     verdict = "agree" if result.agree else "DIFFER"
-    client.set_tag(run_id, "test_metrics_agreement",
-                   f"{verdict}: metrics recomputed from predictions/test.csv vs in memory, max |difference| "
-                   f"{result.max_abs_diff:.3g}")
-    log_params_once(run_id, {"evaluation.n_resamples": n_resamples, "evaluation.confidence": confidence,
-                             "evaluation.method": next(iter(result.cis.values())).method})
-    client.log_artifact(run_id, result.predictions, artifact_path="predictions")
-    _log_json(run_id, {"metrics": result.metrics, "metrics_from_file": result.metrics_from_file,
-                       "agree": result.agree, "cis": {k: vars(ci) for k, ci in result.cis.items()}},
+    sink.set_tags({"test_metrics_agreement": f"{verdict}: metrics recomputed from predictions/test.csv vs in memory, "
+                                             f"max |difference| {result.max_abs_diff:.3g}"})
+    sink.log_params({"evaluation.n_resamples": n_resamples, "evaluation.confidence": confidence,
+                     "evaluation.method": next(iter(result.cis.values())).method})
+    sink.log_artifact(result.predictions, artifact_path="predictions")
+    _log_json(sink, {"metrics": result.metrics, "metrics_from_file": result.metrics_from_file,
+                     "agree": result.agree, "cis": {k: vars(ci) for k, ci in result.cis.items()}},
               "test_metrics.json")
-    client.set_tag(run_id, "phase", "tested")
+    sink.set_tags({"phase": "tested"})
 
 
 # ---------------------------------------------------------------- the report section
@@ -215,9 +209,9 @@ def transfer_section(
     protocol_hash = protocol_hash or parent.data.tags["protocol_hash"]
     source_identity = source_identity or parent.data.tags["source_identity"]
     p = parent.data.params
-    runs = client.search_runs([exp.experiment_id], order_by=["attributes.start_time DESC"], max_results=5000,
-                              filter_string=(f"tags.protocol_hash = '{protocol_hash}' and tags.cell = 'true' and "
-                                             f"tags.source_identity = '{source_identity}' and attributes.status = 'FINISHED'"))
+    runs = search_runs(exp.experiment_id, f"tags.protocol_hash = '{protocol_hash}' and tags.cell = 'true' and "
+                                          f"tags.source_identity = '{source_identity}' and attributes.status = 'FINISHED'")
+    runs.sort(key=lambda r: r.info.start_time or 0, reverse=True)
     newest = {}
     for run in runs:  # newest first: keep the first of each (regime, seed)
         newest.setdefault((run.data.tags["arm"], int(run.data.tags["seed"])), run)
@@ -227,12 +221,11 @@ def transfer_section(
         dst = Path(download_dir or tmp)
         cells = []
         for (regime, s), run in sorted(newest.items()):
-            local = mlflow.artifacts.download_artifacts(run_id=run.info.run_id, artifact_path="predictions/test.csv",
-                                                        dst_path=str(dst / run.info.run_id))
+            local = download_artifact(run.info.run_id, "predictions/test.csv", dst / run.info.run_id)
             m = run.data.metrics
             logged = {k[len("test_"):]: v for k, v in m.items() if k.startswith("test_")
                       and not k.startswith(("test_file_", "test_metrics_")) and "_ci_" not in k and k != "test_seconds"}
-            cells.append(CellPredictions(regime, s, read_predictions(Path(local)), logged, int(m.get("best_epoch", 0)),
+            cells.append(CellPredictions(regime, s, read_predictions(local), logged, int(m.get("best_epoch", 0)),
                                          m.get("best_val_qwk", math.nan), run.info.run_id,
                                          m.get("selection_seconds", math.nan)))
         source = {k: v for k, v in parent.data.params.items() if k.startswith("source.")}
@@ -243,15 +236,19 @@ def transfer_section(
             title=f"Transfer study {protocol_name}@{protocol_hash[:12]}")
 
 
-def log_section(parent_run_id: str, section: TransferSection) -> None:
+def log_section(parent: RunSink, section: TransferSection) -> None:
     """The section's Markdown and tables as artifacts of the execution's parent run."""
-    client = MlflowClient()
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         (folder / "section.md").write_text(section.markdown)
         section.kappa_table.to_csv(folder / "kappa_table.csv", index=False)
         section.summary.to_csv(folder / "summary.csv", index=False)
         section.comparisons.to_csv(folder / "comparisons.csv", index=False)
-        client.log_artifacts(parent_run_id, str(folder), artifact_path="transfer")
-    for _, row in section.summary.iterrows():
-        client.log_metric(parent_run_id, f"qwk_mean.{row['regime']}", float(row["qwk_mean"]))
+        for name in ("section.md", "kappa_table.csv", "summary.csv", "comparisons.csv"):
+            parent.log_artifact(folder / name, artifact_path="transfer")
+    parent.log_metrics({f"qwk_mean.{row['regime']}": float(row["qwk_mean"]) for _, row in section.summary.iterrows()})
+
+
+def section_unavailable(err: BaseException) -> bool:
+    """Whether building the section failed only because the tracking server is away now."""
+    return rs.is_unreachable(err)

@@ -1,0 +1,30 @@
+"""MLflow side of a sweep: the parent run of one invocation, through a ``RunSink``.
+
+The trials are ordinary training runs (``studies.train.train_one``, each through its own
+sink) under this parent. Because the parent logs through a sink too, a tracking server
+that dies mid-sweep costs nothing: the parent and the remaining trials continue in the
+local fallback store and ``workbench sync`` merges them into the server runs later.
+"""
+
+from __future__ import annotations
+
+from tracking.runs import configure_tracking, git_state
+from tracking.sink import RunSink
+
+
+def start_sweep_parent(experiment: str, name: str, tags: dict, params: dict) -> RunSink:
+    """The parent run of one sweep invocation (in the protocol's experiment), holding the search space."""
+    tags = {"mlflow.runName": name, "sweep": name, "sweep_parent": "true", **git_state(), **tags}
+    sink = RunSink.create(experiment, tags, uri=configure_tracking())
+    sink.log_params(params)
+    return sink
+
+
+def end_sweep_parent(sink: RunSink, best: tuple[int, float, dict] | None, states: dict[str, int]) -> None:
+    """The best trial (number, value, params) if any completed, trial counts by state, and the end."""
+    if best is not None:
+        number, value, params = best
+        sink.log_metrics({"best_val_accuracy": value})
+        sink.set_tags({"best_trial": str(number), **{f"best.{field}": str(v) for field, v in params.items()}})
+    sink.log_metrics({f"trials_{state}": n for state, n in states.items()})
+    sink.end("FINISHED")
