@@ -356,3 +356,39 @@ def test_dirty_detection(tmp_path, monkeypatch):
     assert protocol_file_is_dirty(outside), "a file outside a git repository counts as dirty"
     with pytest.raises(ProtocolDirtyError, match="not inside a git repository"):
         check_clean(outside)
+
+
+# --- shipped hashes ------------------------------------------------------------------------
+
+# sha256 of each shipped protocol's canonical JSON, computed at commit 94bc460 (before the
+# protocol parsers were merged into one schema). Runs in MLflow are keyed by these hashes:
+# a change here orphans every recorded run of the protocol, so it must be deliberate and
+# stated in the README with the reason.
+SHIPPED_HASHES = {
+    "cifar10_ablations": "00deb7362acc5379fa7120cacce82695e27d0793c0a9f269286592ac5472bfd0",
+    "fmnist_vit_vs_cnn": "941bf144832b055f1796a83557c9fd9770fa78b1013b990868902bd882eb218b",
+    "retina_transfer": "8082116498e236e110f1e2f8f7104d3e7ad637fef4a4ad85b85de78428229bbc",
+    "retina_transfer_smoke": "d8d9cd44976fbaadf9c21310cc7fd8393712ccdab37792ebc98a7784ec47f916",
+    "retina_transfer_smoke_source": "53ee7a266838a5dd07fc899532c4b590dd383a059729fcac7c0f1d21b02cdf40",
+    "smoke": "7aa839f2e3e1c3262923563911987f48cb841f03918a397baf66a35756f6ed59",
+}
+
+
+def _load_any(path: Path):
+    if "regimes" in yaml.safe_load(path.read_text()):
+        from studies.transfer import load_transfer_protocol
+
+        return load_transfer_protocol(path)
+    return load_protocol(path)
+
+
+def test_every_shipped_protocol_is_pinned():
+    shipped = sorted(p.stem for p in PROTOCOLS.glob("*.yaml"))
+    assert shipped == sorted(SHIPPED_HASHES), f"pin the hash of new protocol files: {set(shipped) ^ set(SHIPPED_HASHES)}"
+
+
+@pytest.mark.parametrize("name", sorted(SHIPPED_HASHES))
+def test_shipped_protocol_hash_is_unchanged(name):
+    p = _load_any(PROTOCOLS / f"{name}.yaml")
+    assert p.hash == SHIPPED_HASHES[name], (f"{name}: hash {p.hash} != pinned {SHIPPED_HASHES[name]}; "
+                                            f"canonical JSON now: {p.canonical_json()}")
