@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from studies.protocol import SHORT_HASH_LEN, load_protocol
+from workbench.protocol import SHORT_HASH_LEN, load_protocol
 from tracking import queries
 from tracking.queries import CellRecord, QueryError
 

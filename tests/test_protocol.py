@@ -22,6 +22,7 @@ from studies.protocol import (
     protocol_file_is_dirty,
 )
 from workbench.models.registry import model_config
+from workbench.protocol import load_any
 from workbench.train.config import DataSpec
 
 PROTOCOLS = Path(__file__).resolve().parents[1] / "studies" / "protocols"
@@ -374,14 +375,6 @@ SHIPPED_HASHES = {
 }
 
 
-def _load_any(path: Path):
-    if "regimes" in yaml.safe_load(path.read_text()):
-        from studies.transfer import load_transfer_protocol
-
-        return load_transfer_protocol(path)
-    return load_protocol(path)
-
-
 def test_every_shipped_protocol_is_pinned():
     shipped = sorted(p.stem for p in PROTOCOLS.glob("*.yaml"))
     assert shipped == sorted(SHIPPED_HASHES), f"pin the hash of new protocol files: {set(shipped) ^ set(SHIPPED_HASHES)}"
@@ -389,6 +382,6 @@ def test_every_shipped_protocol_is_pinned():
 
 @pytest.mark.parametrize("name", sorted(SHIPPED_HASHES))
 def test_shipped_protocol_hash_is_unchanged(name):
-    p = _load_any(PROTOCOLS / f"{name}.yaml")
+    p = load_any(PROTOCOLS / f"{name}.yaml")
     assert p.hash == SHIPPED_HASHES[name], (f"{name}: hash {p.hash} != pinned {SHIPPED_HASHES[name]}; "
                                             f"canonical JSON now: {p.canonical_json()}")
