@@ -19,6 +19,7 @@ import torch
 from mlflow.tracking import MlflowClient
 from tqdm.auto import tqdm
 
+from reports.transfer import transfer_markdown
 from studies.protocol import ProtocolError, check_clean, check_frozen, load_protocol, load_transfer_protocol
 from tracking import transfer as tt
 from tracking.protocols import end_parent_run, experiment_id_for, recorded_hashes, start_parent_run
@@ -235,8 +236,9 @@ def run_transfer(
         tqdm.write(f"[{outcomes[-1].status}] {outcomes[-1].message}")
     if any(o.status in ("finished", "skipped") for o in outcomes):
         section = tt.transfer_section(protocol.name, protocol.hash, ex.identity)
-        tt.log_section(ex.parent, section)
-        click.echo(section.markdown)
+        markdown = transfer_markdown(section)
+        tt.log_section(ex.parent, section, markdown)
+        click.echo(markdown)
     counts = {s: sum(o.status == s for o in outcomes) for s in ("finished", "skipped", "failed")}
     end_parent_run(ex.parent, counts)
     return outcomes
