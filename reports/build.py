@@ -126,7 +126,8 @@ def build_transfer_report(
     try:
         section = transfer.transfer_section(protocol.name, protocol_hash=digest, n_resamples=n_resamples)
     except LookupError as err:
-        raise ReportError(str(err)) from err
+        recorded = ", ".join(h[:SHORT_HASH_LEN] for h in counts) or "none"
+        raise ReportError(f"{err} (recorded hashes of {protocol.name!r}: {recorded}; pick one with --hash)") from err
     short = digest[:SHORT_HASH_LEN]
     parents = queries.parent_runs(protocol.name, digest)
     log_targets = [parents[0].run_id] if log and parents else []

@@ -385,3 +385,83 @@ def test_shipped_protocol_hash_is_unchanged(name):
     p = load_any(PROTOCOLS / f"{name}.yaml")
     assert p.hash == SHIPPED_HASHES[name], (f"{name}: hash {p.hash} != pinned {SHIPPED_HASHES[name]}; "
                                             f"canonical JSON now: {p.canonical_json()}")
+
+
+# --- one schema for both kinds -------------------------------------------------------------
+
+TRANSFER = {
+    "name": "tiny_transfer", "description": "a transfer protocol for schema tests",
+    "source": {"weights": "random", "model": "vit_tiny_patch16_224"}, "dataset": {"name": "retinamnist"},
+    "regimes": [{"name": "probe", "kind": "linear", "reference": True, "epochs": 2, "lr": 1e-3},
+                {"name": "full", "kind": "full", "epochs": 2, "lr": 1e-4}],
+    "seeds": [0, 1],
+}
+
+
+def transfer_error(edit) -> str:
+    from workbench.protocol import parse_transfer_protocol
+
+    data = copy.deepcopy(TRANSFER)
+    edit(data)
+    with pytest.raises(ProtocolError) as info:  # a TransferProtocolError is a ProtocolError
+        parse_transfer_protocol(data, source="t.yaml")
+    message = str(info.value)
+    assert message.startswith("t.yaml: ") and "\n" not in message, message
+    return message
+
+
+@pytest.mark.parametrize(
+    "edit, expected",
+    [
+        (lambda d: d["regimes"][1].update(momentum=0.9), ["unknown key 'regimes[1].momentum'", "label_smoothing"]),
+        (lambda d: d["regimes"][0].update(betas=[0.9]), ["regimes[0].betas=[0.9]", "a list of 2 numbers"]),
+        (lambda d: d["regimes"][0].update(grad_clip="big"), ["regimes[0].grad_clip='big'"]),
+        (lambda d: d["regimes"][1].update(lr=0), ["regimes[1]", "lr", "0"]),
+        (lambda d: d["regimes"][1].pop("epochs"), ["regimes[1].epochs: required"]),
+        (lambda d: d["source"].pop("weights"), ["source.weights: required"]),
+        (lambda d: d["dataset"].update(size=100), ["dataset.size=100"]),
+        (lambda d: d.update(run={"amp": "fp8"}), ["run.amp='fp8'"]),
+        (lambda d: d.update(evaluation={"confidence": "high"}), ["evaluation.confidence='high'", "expected float"]),
+        (lambda d: d["regimes"][1].update(name="probe"), ["duplicate regime name(s) 'probe'"]),
+    ],
+)
+def test_transfer_errors_name_the_dotted_key(edit, expected):
+    message = transfer_error(edit)
+    for part in expected:
+        assert part in message, f"expected {part!r} in: {message}"
+
+
+def test_regime_keys_come_from_optim_config():
+    """Every optimiser field is a regime key (no copied list), typed by OptimConfig's hints."""
+    from workbench.protocol import parse_transfer_protocol
+    from workbench.protocol.transfer import REGIME_KEYS
+    from workbench.train.config import OptimConfig
+
+    assert {f.name for f in fields(OptimConfig)} <= set(REGIME_KEYS)
+    data = copy.deepcopy(TRANSFER)
+    data["regimes"][1].update(weight_decay=0, betas=[0, 0.98], warmup_epochs=1, min_lr_ratio=0.1,
+                              label_smoothing=0.1, grad_clip=1)
+    optim = parse_transfer_protocol(data).regimes[1].optim
+    assert optim == OptimConfig(lr=1e-4, weight_decay=0.0, betas=(0.0, 0.98), warmup_epochs=1.0, min_lr_ratio=0.1,
+                                label_smoothing=0.1, grad_clip=1.0), optim
+    assert isinstance(optim.grad_clip, float) and isinstance(optim.betas[0], float), "ints must become floats"
+
+
+def test_kinds_share_one_loader_and_one_hash(tmp_path):
+    import hashlib
+
+    from workbench.protocol import canonical_json, load_transfer_protocol
+
+    ablation = write(tmp_path, BASE)
+    transfer = write(tmp_path, TRANSFER, name="tiny_transfer")
+    a, t = load_any(ablation), load_any(transfer)
+    assert (a.kind, t.kind) == ("ablation", "transfer")
+    for p in (a, t):
+        assert p.hash == hashlib.sha256(canonical_json(p.canonical).encode()).hexdigest()
+    with pytest.raises(ProtocolError, match="is a transfer protocol, not an ablation protocol"):
+        load_protocol(transfer)
+    with pytest.raises(ProtocolError, match="is an ablation protocol, not a transfer protocol"):
+        load_transfer_protocol(ablation)
+    text = yaml.safe_dump(TRANSFER).replace("seeds:", "seeds: [0]\nseeds:")
+    with pytest.raises(ProtocolError, match="duplicate key 'seeds'"):
+        load_any(write(tmp_path, text, name="tiny_transfer"))
