@@ -16,10 +16,10 @@ from pathlib import Path
 
 import click
 import torch
-import yaml
 from tqdm.auto import tqdm
 
-from studies.protocol import ProtocolError, _Loader, check_clean, check_frozen, load_protocol
+from reports.transfer import transfer_markdown
+from studies.protocol import ProtocolError, check_clean, check_frozen, load_protocol, load_transfer_protocol
 from tracking import transfer as tt
 from tracking.protocols import end_parent_run, recorded_hashes, start_parent_run
 from tracking.runs import configure_tracking, environment_tags, git_state
@@ -27,7 +27,7 @@ from tracking.sink import RunSink
 from workbench.data import DatasetNotFound, PreparedData, prepare
 from workbench.train.loop import resolve_device
 from workbench.transfer.features import FeatureCache, compute_features
-from workbench.transfer.protocol import SourceSpec, TransferCell, TransferData, TransferProtocol, parse_transfer_protocol
+from workbench.protocol.transfer import SourceSpec, TransferCell, TransferData, TransferProtocol
 from workbench.transfer.runner import (
     Selection, TestSplitGuard, TransferContext, evaluate_on_test, select_cell, split_off_test,
 )
@@ -45,25 +45,6 @@ class CellOutcome:
     status: str  # finished | skipped | failed
     message: str
     run_id: str | None = None
-
-
-def load_transfer_protocol(path: str | Path) -> TransferProtocol:
-    """Read and validate a transfer protocol; errors name the file and the key."""
-    path = Path(path)
-    try:
-        with path.open(encoding="utf-8") as f:
-            data = yaml.load(f, Loader=_Loader)  # YAML 1.2 numbers, duplicate keys refused
-    except OSError as err:
-        raise ProtocolError(f"{path}: cannot read protocol file: {err}") from err
-    except yaml.YAMLError as err:
-        raise ProtocolError(f"{path}: invalid YAML: {err}") from err
-    try:
-        protocol = parse_transfer_protocol(data, source=str(path))
-    except ValueError as err:
-        raise ProtocolError(str(err)) from err
-    if protocol.name != path.stem:
-        raise ProtocolError(f"{path}: name {protocol.name!r} must equal the file name stem {path.stem!r}")
-    return protocol
 
 
 def open_transfer_protocol(path: str, allow_dirty: bool) -> TransferProtocol:
@@ -278,8 +259,9 @@ def log_section(ex: Execution, parent: RunSink) -> None:
             raise
         tqdm.write(later)
         return
-    tt.log_section(parent, section)
-    click.echo(section.markdown)
+    markdown = transfer_markdown(section)
+    tt.log_section(parent, section, markdown)
+    click.echo(markdown)
 
 
 @click.command("transfer")
