@@ -148,7 +148,7 @@ def test_unknown_key_named_with_dotted_path(tmp_path, edit, dotted):
         (lambda d: d["dataset"].update(name="fashionmnist"), ["dataset.name", "fashionmnist"]),
         (lambda d: d["model"].update(name="vit_huge"), ["model.name", "vit_huge"]),
         (lambda d: d["model"].update(heads=5), ["bad model in 'model'", "heads", "5"]),
-        (lambda d: d["arms"][2]["overrides"]["model"].update(patch_size=5), ["arms[2]", "patch_size", "5"]),
+        (lambda d: d["arms"][2]["overrides"]["model"].update(patch_size=40), ["arms[2]", "patch_size", "40"]),
         (lambda d: d["arms"][2]["overrides"]["optim"].update(lr=0), ["arms[2].overrides.optim", "lr", "0"]),
         (lambda d: d["arms"][1].update(reference="no"), ["arms[1].reference", "no"]),
         (lambda d: d["arms"][1].update(name="CNN arm"), ["arms[1].name", "CNN arm"]),
