@@ -137,7 +137,7 @@ def split_password(uri: str) -> tuple[str, str | None]:
 
     line = ":".join(esc(v) for v in (url.host or "localhost", url.port or 5432, url.database or "*",
                                      url.username or "*", url.password))
-    return url.set(password=None).render_as_string(hide_password=False), line
+    return url._replace(password=None).render_as_string(hide_password=False), line  # set(password=None) keeps it
 
 
 def write_private(path: Path, text: str) -> Path:
