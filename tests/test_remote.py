@@ -426,7 +426,7 @@ def test_sigkill_of_the_launcher_leaves_no_server_and_no_secret_file(tmp_path):
     port = free_port()
     launcher = Launcher(["--backend-store-uri", f"sqlite:///{tmp_path / 'runs.db'}", "--auth-db-uri",
                          f"sqlite:///{tmp_path / 'auth.db'}", "--artifacts-destination", str(tmp_path / "a"),
-                         "--port", str(port), "--workers", "2"], server_env(tmp_path), tmp_path / "launcher.log")
+                         "--port", str(port), "--workers", "1"], server_env(tmp_path), tmp_path / "launcher.log")
     launcher.start()
     try:
         below = descendants(launcher.proc.pid)
