@@ -23,6 +23,7 @@ from studies.cell_queue import open_storage, redact
 from studies.protocol import ProtocolError, load_protocol
 from studies.train import train_one
 from tracking.runs import configure_tracking
+from tracking.storage_guard import check_optuna_storage
 from tracking.sweep import end_sweep_parent, start_sweep_parent
 from workbench.models.registry import model_config
 from workbench.train.config import TrainConfig
@@ -206,6 +207,8 @@ class PruningObserver(TrainingObserver):
 @click.option("--output-dir", type=click.Path(file_okay=False), default="outputs/sweep", show_default=True)
 def sweep(protocol_path, arm, params, trials, seed, sampler_seed, storage, study_name, device, data_path, output_dir):
     """Tune fields of one protocol arm with TPE and median pruning; every trial is an MLflow run."""
+    if storage:
+        check_optuna_storage(storage)
     try:
         protocol = load_protocol(protocol_path)
     except ProtocolError as err:
