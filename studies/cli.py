@@ -45,6 +45,8 @@ LAZY_COMMANDS: dict[str, tuple[str, str, str]] = {
 # with its type name and a pointer to --debug, since it is more likely a bug than bad input.
 _USER_ERRORS = (ValueError, LookupError, OSError, ArithmeticError)
 _OUR_PACKAGES = ("workbench", "tracking", "studies", "reports")
+# Libraries whose own errors are written for users (matched by name: importing them here would slow --help)
+_USER_ERROR_NAMES = {"MlflowException", "OptunaError", "SafetensorError", "YAMLError"}
 
 
 def one_line(err: BaseException) -> str:
@@ -57,7 +59,8 @@ def one_line(err: BaseException) -> str:
     if "CUDA" in text and any(s in text for s in ("not compiled", "not available", "no NVIDIA driver", "No CUDA GPUs")):
         return f"CUDA is not available on this machine ({text}); use --device cpu or --device auto"
     ours = type(err).__module__.split(".")[0] in _OUR_PACKAGES
-    if ours or isinstance(err, _USER_ERRORS):
+    named = any(cls.__name__ in _USER_ERROR_NAMES for cls in type(err).__mro__)
+    if ours or named or isinstance(err, _USER_ERRORS):
         return text
     return f"{type(err).__name__}: {text} (`workbench --debug ...` shows the traceback)"
 
