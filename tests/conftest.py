@@ -1,8 +1,14 @@
-"""Shared test setup: CPU only, few threads, every MLflow store inside tmp_path."""
+"""Shared test setup and fixtures: CPU only, few threads, every MLflow store and data cache inside tmp_path.
+
+Tiers (markers, see pyproject.toml): the default run is `-m 'not slow'`; `slow` holds
+full-size models and long kill tests; `integration` marks every test that starts a server.
+"""
 
 from __future__ import annotations
 
 import os
+import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -10,9 +16,27 @@ import torch
 torch.set_num_threads(min(2, os.cpu_count() or 1))
 
 
+@pytest.fixture(scope="session")
+def empty_mlflow_db(tmp_path_factory) -> Path:
+    """An empty, fully migrated MLflow SQLite file: creating one takes seconds, copying it none."""
+    import mlflow
+    from mlflow.tracking import MlflowClient
+
+    path = tmp_path_factory.mktemp("mlflow-template") / "mlflow.db"
+    previous = mlflow.get_tracking_uri()
+    mlflow.set_tracking_uri(f"sqlite:///{path}")
+    MlflowClient().search_experiments()  # runs the schema migrations
+    mlflow.set_tracking_uri(previous)
+    return path
+
+
 @pytest.fixture
-def mlflow_store(tmp_path, monkeypatch):
-    """A real local MLflow store (SQLite + artifact folder) that the code under test uses."""
+def mlflow_store(tmp_path, monkeypatch, empty_mlflow_db):
+    """A real local MLflow store (SQLite + artifact folder) that the code under test uses.
+
+    It starts as a copy of the migrated template, so no test pays for MLflow's migrations.
+    """
+    shutil.copyfile(empty_mlflow_db, tmp_path / "mlflow.db")
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     monkeypatch.delenv("MLFLOW_RUN_ID", raising=False)
@@ -29,3 +53,20 @@ def assert_close(actual: torch.Tensor, expected: torch.Tensor, atol: float, what
     """Fail with the max difference shown, so a failure says by how much."""
     diff = (actual.detach().double() - expected.detach().double()).abs().max().item()
     assert diff <= atol, f"{what}: max |difference| {diff:.3g} > tolerance {atol:g}"
+
+
+@pytest.fixture
+def isolated(monkeypatch, tmp_path):
+    """Data cache in tmp_path, no data dir, no system copies, downloads forbidden."""
+    from workbench.data import locate
+
+    monkeypatch.setenv("WORKBENCH_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("WORKBENCH_DATA_DIR", raising=False)
+    monkeypatch.setattr(locate, "SYSTEM_DIRS", {})
+
+    def no_network(root, size):
+        raise AssertionError("tests must not download")
+
+    for name in list(locate.DOWNLOADERS):
+        monkeypatch.setitem(locate.DOWNLOADERS, name, no_network)
+    return tmp_path
