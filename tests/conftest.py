@@ -7,13 +7,36 @@ full-size models and long kill tests; `integration` marks every test that starts
 from __future__ import annotations
 
 import os
+import re
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
 import torch
 
 torch.set_num_threads(min(2, os.cpu_count() or 1))
+
+# A process that is a server: `mlflow server`, PostgreSQL's initdb / pg_ctl / postgres.
+SERVER_COMMAND = re.compile(r"\bmlflow\b.*\bserver\b|\b(initdb|pg_ctl|postgres)\b")
+
+
+@pytest.fixture(autouse=True)
+def _servers_only_in_integration_tests(request, monkeypatch):
+    """Fail a test that starts a server without the `integration` mark, so the tiers stay honest."""
+    if request.node.get_closest_marker("integration"):
+        return
+    real = subprocess.Popen
+
+    class Guarded(real):
+        def __init__(self, args, *rest, **kwargs):
+            text = args if isinstance(args, (str, bytes)) else " ".join(map(str, args))
+            if SERVER_COMMAND.search(str(text)):
+                pytest.fail(f"{request.node.nodeid} starts a server ({str(text)[:60]}...): "
+                            "mark it @pytest.mark.integration", pytrace=False)
+            super().__init__(args, *rest, **kwargs)
+
+    monkeypatch.setattr(subprocess, "Popen", Guarded)
 
 
 @pytest.fixture(scope="session")
