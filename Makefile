@@ -32,14 +32,15 @@ fashion-mnist:
 #   test       the default tier: every test not marked `slow`, integration tests included
 #              (they start PostgreSQL / an MLflow server on 127.0.0.1 and skip where
 #              PostgreSQL is absent). At most 5 minutes on 2 idle cores.
-#   test-fast  no server, nothing slow: the edit-and-rerun loop (at most 90 s).
+#   test-fast  no server, nothing slow, nothing end to end (`e2e`: a real MLflow store,
+#              trainings, subprocess kills): the edit-and-rerun loop (at most 90 s).
 #   test-slow  full-size models (ViT-B/L equivalence) and long kill-and-resume tests.
 #   test-all   every tier.
 test: $(STAMP)
 	$(PY) -m pytest
 
 test-fast: $(STAMP)
-	$(PY) -m pytest -m "not slow and not integration"
+	$(PY) -m pytest -m "not slow and not integration and not e2e"
 
 test-slow: $(STAMP)
 	$(PY) -m pytest -m slow

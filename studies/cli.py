@@ -130,7 +130,11 @@ class LazyGroup(click.Group):
     def invoke(self, ctx: click.Context):
         try:
             return super().invoke(ctx)
-        except (click.exceptions.ClickException, click.exceptions.Exit, click.exceptions.Abort):
+        except click.exceptions.ClickException as err:
+            if not ctx.params.get("debug"):  # a command's own multi-line message, as one line too
+                err.message = " ".join(line.strip() for line in err.message.splitlines() if line.strip())
+            raise
+        except (click.exceptions.Exit, click.exceptions.Abort):
             raise
         except Exception as err:  # every command's errors: one line unless --debug
             if ctx.params.get("debug"):

@@ -1,7 +1,9 @@
 """Shared test setup and fixtures: CPU only, few threads, every MLflow store and data cache inside tmp_path.
 
-Tiers (markers, see pyproject.toml): the default run is `-m 'not slow'`; `slow` holds
-full-size models and long kill tests; `integration` marks every test that starts a server.
+Tiers (markers, see pyproject.toml and docs/testing.md): the default run is `-m 'not slow'`;
+`slow` holds full-size models and long kill tests; `integration` marks every test that starts
+a server (enforced below); `e2e` marks end-to-end tests (set below for every test with an
+MLflow store), which `make test-fast` leaves out.
 """
 
 from __future__ import annotations
@@ -16,6 +18,17 @@ import pytest
 import torch
 
 torch.set_num_threads(min(2, os.cpu_count() or 1))
+
+# Fixtures that give a test a real MLflow store: such a test runs trainings or studies
+# end to end, so it is marked `e2e` and left out of `make test-fast` (still in the default tier).
+STORE_FIXTURES = {"mlflow_store", "fresh_store", "store", "isolated_tracking"}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if STORE_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.e2e)
+
 
 # A process that is a server: `mlflow server`, PostgreSQL's initdb / pg_ctl / postgres.
 SERVER_COMMAND = re.compile(r"\bmlflow\b.*\bserver\b|\b(initdb|pg_ctl|postgres)\b")
