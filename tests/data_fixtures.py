@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from workbench.data import checksums, locate as sources
+from workbench.data import checksums
 
 FASHION_FILES = {
     "train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
