@@ -116,6 +116,7 @@ class KillServerAfterEpoch(TrainingObserver):
             self.killed_in = metrics["epoch"]
 
 
+@pytest.mark.integration
 def test_server_killed_mid_run_then_sync_holds_everything_exactly_once(isolated_tracking, tmp_path, monkeypatch, capsys):
     folder = tmp_path / "images"
     make_image_folder(folder, per_class={"train": 14, "test": 4})
