@@ -6,11 +6,6 @@ from pathlib import Path
 
 import click
 
-from tracking.offline_fallback import (TrackingAuthError, check_server, fallback_uri, is_remote, is_unreachable,
-                                raise_if_auth_failure, redact_uri, tracking_uri)
-from tracking.sync import plan as plan_sync
-from tracking.sync import sync as sync_runs
-
 
 @click.command("sync")
 @click.option("--from", "source", default=None,
@@ -26,6 +21,12 @@ def sync(source, target, recheck, dry_run):
     "Synced" is remembered per target (server URL and experiment): a sync to another
     store copies again.
     """
+    # Imported here so that `workbench sync --help` does not pay for importing MLflow.
+    from tracking.offline_fallback import (TrackingAuthError, check_server, fallback_uri, is_remote, is_unreachable,
+                                           raise_if_auth_failure, redact_uri, tracking_uri)
+    from tracking.sync import plan as plan_sync
+    from tracking.sync import sync as sync_runs
+
     source = source or fallback_uri()
     target = target or tracking_uri()
     if source.startswith("sqlite:///") and not Path(source.removeprefix("sqlite:///")).exists():

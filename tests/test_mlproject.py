@@ -80,7 +80,8 @@ def test_entry_point_parameters_are_cli_options_and_defaults_agree(entry):
                                                for n in ep.parameters if n in BOOLEANS))
 def test_boolean_parameters_accept_true_and_1_and_refuse_others_by_name(entry, name):
     base = required_params(entry)
-    dest = name
+    command, _ = parse(cli_args(entry, base))
+    dest = next(p.name for p in command.params if f"--{name.replace('_', '-')}" in p.opts)
     for text, expected in [("true", True), ("True", True), ("1", True), ("false", False), ("False", False), ("0", False)]:
         _, parsed = parse(cli_args(entry, {**base, name: text}))
         assert parsed[dest] is expected, f"{entry} -P {name}={text} gave {parsed[dest]!r}"
