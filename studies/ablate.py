@@ -1,7 +1,7 @@
 """Entry point: run a frozen protocol's arms x seeds as MLflow child runs.
 
 Resuming is running the same command again: cells whose finished run exists (same
-protocol hash, arm, seed, code commit and data fingerprint) are skipped, an interrupted
+protocol hash, arm, seed, code fingerprint and data fingerprint) are skipped, an interrupted
 cell continues from its checkpoint in its own MLflow run, and the rest run.
 """
 
@@ -18,8 +18,9 @@ from tqdm.auto import tqdm
 from studies.protocol import Cell, Protocol, ProtocolError, check_clean, check_frozen, load_protocol
 from studies.train import TrainOutcome, prepare_data, train_one
 from tracking.protocols import end_parent_run, recorded_hashes, start_parent_run
-from tracking.runs import configure_tracking, git_state
+from tracking.runs import configure_tracking
 from workbench.data import PreparedData
+from workbench.train.fingerprint import current_code_fingerprint
 
 DEFAULT_PROTOCOL = "studies/protocols/smoke.yaml"
 
@@ -43,9 +44,13 @@ def open_protocol(path: str, allow_dirty: bool) -> Protocol:
 
 
 def cell_identity(cell: Cell) -> dict:
-    """What makes a cell's run the same run: see DESIGN.md, 'Data flow of the main job'."""
+    """What makes a cell's run the same run: see DESIGN.md, 'Data flow of the main job'.
+
+    The code enters through its fingerprint (``workbench.train.fingerprint``), not the git
+    commit: a commit touching only docs, reports, CLI text or tests re-trains nothing.
+    """
     return {"protocol_hash": cell.protocol_hash, "arm": cell.arm, "seed": cell.seed,
-            "code_commit": git_state()["git_commit"]}
+            "code_fingerprint": current_code_fingerprint()}
 
 
 def run_cell(

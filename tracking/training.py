@@ -19,6 +19,7 @@ from tracking.sink import SYNC_SYNCED, RunSink, store_for
 
 from workbench.data import PreparedData
 from workbench.train.config import TrainConfig
+from workbench.train.fingerprint import current_code_fingerprint
 from workbench.train.loop import TrainingObserver, TrainResult
 
 EPOCH_METRICS = ("train_loss", "train_accuracy", "val_loss", "val_accuracy", "lr", "epoch_seconds",
@@ -157,6 +158,7 @@ def log_run_inputs(sink: RunSink, cfg: TrainConfig, data: PreparedData, extra_pa
         "data.train_images": len(data.train.labels),
         "data.val_images": len(data.val.labels),
         "data.test_images": len(data.test.labels) if data.test is not None else 0,
+        "code_fingerprint": current_code_fingerprint(),
         **(extra_params or {}),
     })
     sink.log_params(params)  # only the ones a resumed run does not have yet
