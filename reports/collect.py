@@ -20,6 +20,7 @@ import pandas as pd
 
 from studies.protocol import SHORT_HASH_LEN, load_protocol
 from tracking import queries
+from tracking.protocols import reap_dead_runs
 from tracking.queries import CellRecord, QueryError
 
 PROTOCOL_DIR = Path(__file__).resolve().parent.parent / "studies" / "protocols"
@@ -161,6 +162,7 @@ def _read_predictions(path: Path) -> pd.DataFrame:
 
 def load_study(spec: ProtocolSpec, counts: dict[str, int], commit: str | None = None) -> StudyData:
     """Choose one finished run per cell and load its predictions and training curves."""
+    reap_dead_runs(spec.name, spec.hash)  # a dead execution's runs show as KILLED, not RUNNING
     records = queries.cell_records(spec.name, spec.hash)
     expected = {(a, s) for a in spec.arms for s in spec.seeds}
     unexpected = [r for r in records if (r.arm, r.seed) not in expected]
