@@ -11,6 +11,7 @@ from studies.equivalence import equivalence
 from studies.figures import figures
 from studies.report import report
 from studies.server import server
+from studies.status import status
 from studies.sweep import sweep
 from studies.sync import sync
 from studies.train import train
@@ -44,6 +45,7 @@ main.add_command(equivalence)
 main.add_command(figures)
 main.add_command(report)
 main.add_command(server)
+main.add_command(status)
 main.add_command(sweep)
 main.add_command(sync)
 main.add_command(train)

@@ -9,11 +9,13 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 from mlflow.tracking import MlflowClient
 
 import workbench.train.loop as loop_mod
 from data_fixtures import make_image_folder
 from studies.ablate import open_protocol, run_protocol
+from studies.cli import main
 from tracking.lease import HEARTBEAT_TAG, HOST_TAG, PID_TAG, REASON_TAG, TOKEN_TAG
 from workbench.train.fingerprint import current_code_fingerprint
 
@@ -43,6 +45,10 @@ def study(tmp_path, mlflow_store, monkeypatch):
         return run_protocol(protocol, path, tmp_path / "out", device="cpu", data_path=str(folder), allow_dirty=True)
 
     return protocol, run
+
+
+def protocol_file(protocol) -> Path:
+    return Path.cwd() / "rec.yaml"
 
 
 def runs(client: MlflowClient, what: str):
@@ -119,6 +125,12 @@ def test_a_dead_executions_runs_are_killed_and_its_cell_resumes_under_the_one_pa
     client.set_tag(cell.info.run_id, "mlflow.parentRunId", stray.info.run_id)
     client.delete_tag(cell.info.run_id, "summary.artifacts")
     client.create_logged_model(cell.info.experiment_id, name="model", source_run_id=cell.info.run_id)
+    shown = CliRunner().invoke(main, ["status", "--protocol", str(protocol_file(protocol))])
+    assert shown.exit_code == 0, shown.output
+    assert f"marked run {stray.info.run_id}" in shown.output and f"parent run {parent.info.run_id}: KILLED" in shown.output
+    assert f"vit/seed1: stale, marked KILLED (run {cell.info.run_id}: process" in shown.output, shown.output
+    assert f"-> next ablate: resume it in run {cell.info.run_id}" in shown.output
+    assert "vit/seed0: finished (run" in shown.output and "next ablate: skip it x1, resume it in run" in shown.output
     monkeypatch.setattr(loop_mod.Trainer, "_summarize", lambda self, pos: pytest.fail("summary computed twice"))
     capsys.readouterr()
     outcomes = run()
@@ -127,7 +139,6 @@ def test_a_dead_executions_runs_are_killed_and_its_cell_resumes_under_the_one_pa
     assert [o.status for o in outcomes] == ["skipped", "finished"], [o.message for o in outcomes]
     assert "vit-seed0: skipped (finished in run" in text
     assert f"vit-seed1: training had ended; completing its summary in run {cell.info.run_id}" in text
-    assert f"marked run {stray.info.run_id}" in text
     stray_now = client.get_run(stray.info.run_id)
     assert stray_now.info.status == "KILLED" and "is gone" in stray_now.data.tags[REASON_TAG]
     client.delete_run(stray.info.run_id)  # the test's stand-in for an older parent; not part of the study now

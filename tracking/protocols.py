@@ -153,6 +153,13 @@ def start_parent_run(protocol, protocol_file: Path, allow_dirty: bool, extra_tag
     return open_study_parent(protocol, protocol_file, allow_dirty, extra_tags, log=lambda _: None).run_id
 
 
+def study_runs(protocol) -> list[Run]:
+    """The parent run(s) of this study (normally one), oldest first; none when never run."""
+    client = MlflowClient()
+    exp = client.get_experiment_by_name(protocol.name)
+    return _parents(client, exp.experiment_id, study_key(protocol)) if exp else []
+
+
 def _parents(client: MlflowClient, exp_id: str, key: str) -> list[Run]:
     runs = client.search_runs([exp_id], filter_string=f"tags.study_key = '{key}' and tags.parent = 'true'",
                               max_results=100)
