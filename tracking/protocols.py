@@ -18,7 +18,7 @@ from mlflow.tracking import MlflowClient
 
 from tracking.offline_fallback import ensure_experiment, fallback_run_exists, fallback_uri, is_unreachable, tracking_uri
 from tracking.runs import configure_tracking, git_state
-from tracking.lease import HEARTBEATS, HOST, lease_tags, new_token, reap_expired
+from tracking.lease import HEARTBEATS, HOST, TOKEN_TAG, lease_state, lease_tags, new_token, reap_expired
 from tracking.sink import RunSink
 from workbench.train.fingerprint import current_code_fingerprint
 
@@ -122,8 +122,12 @@ def open_study_parent(protocol, protocol_file: Path, allow_dirty: bool, extra_ta
     found = _parents(client, exp_id, key)
     if found:
         run = found[0]
+        shared = run.info.status == "RUNNING" and lease_state(run).alive and TOKEN_TAG in run.data.tags
         sink = RunSink.attach(run, configure_tracking(), protocol.name)
-        sink.set_tags({**{k: v for k, v in tags.items() if k != "mlflow.runName"}, **lease_tags(token)})
+        # Executions alive at once share the parent's lease: any of them keeps it alive.
+        token = run.data.tags[TOKEN_TAG] if shared else token
+        sink.set_tags({**{k: v for k, v in tags.items() if k != "mlflow.runName"},
+                       **({} if shared else lease_tags(token))})
         log(f"study {protocol.name}@{protocol.short_hash}: parent run {run.info.run_id} reattached")
     else:
         sink = RunSink.create(protocol.name, {**tags, **lease_tags(token)}, uri=configure_tracking(), experiment_id=exp_id)
@@ -219,17 +223,20 @@ def close_study_parent(parent: StudyParent, outcome: str, why: str = "") -> str:
     sink = parent.sink
     counts = {}
     with contextlib.suppress(Exception):
+        client = MlflowClient(sink.uri)
+        reap_expired(client, client.get_run(parent.run_id).info.experiment_id,
+                     f"tags.mlflow.parentRunId = '{parent.run_id}'")
         counts = child_counts(parent.run_id, parent.expected_cells, None if sink.offline else sink.uri)
     if counts:
         sink.log_metrics({f"cells_{k}": v for k, v in counts.items()}, step=_execution_index(parent))
-    if outcome == "queued":
-        status = "SCHEDULED"
+    if counts.get("running"):
+        status = "RUNNING"  # another execution is training cells of it now
     elif outcome == "interrupted":
         status = "KILLED"
     elif outcome == "failed" or counts.get("failed") or counts.get("killed"):
         status = "FAILED"
-    elif counts and (counts.get("missing") or counts.get("running")):
-        status = "RUNNING" if counts.get("running") else "FAILED"
+    elif counts.get("missing"):
+        status = "SCHEDULED" if outcome == "queued" else "FAILED"
     else:
         status = "FINISHED"
     parent.execution.update(end=_now(), outcome=outcome + (f": {why}" if why else ""), cells=counts, status=status)
