@@ -51,8 +51,8 @@ def protocol_file(protocol) -> Path:
     return Path.cwd() / "rec.yaml"
 
 
-def runs(client: MlflowClient, what: str):
-    exp = client.get_experiment_by_name("rec")
+def runs(client: MlflowClient, what: str, experiment: str = "rec"):
+    exp = client.get_experiment_by_name(experiment)
     return client.search_runs([exp.experiment_id], f"tags.{what} = 'true'")
 
 
@@ -62,9 +62,9 @@ def dead_pid() -> int:
     return proc.pid
 
 
-def assert_clean(client: MlflowClient, cells: int) -> None:
+def assert_clean(client: MlflowClient, experiment: str, cells: int) -> None:
     """One parent, nothing RUNNING, one run per cell, no metric step twice, no half-made model."""
-    parents, children = runs(client, "parent"), runs(client, "cell")
+    parents, children = runs(client, "parent", experiment), runs(client, "cell", experiment)
     assert len(parents) == 1, [p.info.run_id for p in parents]
     assert len(children) == cells and len({r.data.tags["run_key"] for r in children}) == cells
     assert all(r.info.status != "RUNNING" for r in parents + children)
@@ -103,7 +103,7 @@ def test_every_execution_reattaches_the_one_parent_and_records_itself(study):
         assert [m.step for m in client.get_metric_history(cell.info.run_id, "best_epoch")] == [1, 2]
         assert [m.step for m in client.get_metric_history(cell.info.run_id, "best_val_accuracy")] == [2]
         assert [m.step for m in client.get_metric_history(cell.info.run_id, "test_accuracy")] == [2]
-    assert_clean(client, 2)
+    assert_clean(client, "rec", 2)
 
 
 def test_a_dead_executions_runs_are_killed_and_its_cell_resumes_under_the_one_parent(study, monkeypatch, capsys):
@@ -143,7 +143,7 @@ def test_a_dead_executions_runs_are_killed_and_its_cell_resumes_under_the_one_pa
     assert stray_now.info.status == "KILLED" and "is gone" in stray_now.data.tags[REASON_TAG]
     client.delete_run(stray.info.run_id)  # the test's stand-in for an older parent; not part of the study now
     assert client.get_run(cell.info.run_id).data.tags["previous_parent_run_id"] == stray.info.run_id
-    assert_clean(client, 2)
+    assert_clean(client, "rec", 2)
 
 
 def test_ctrl_c_ends_the_parent_and_the_cell_killed_and_the_rerun_finishes(study, monkeypatch):
@@ -164,4 +164,4 @@ def test_ctrl_c_ends_the_parent_and_the_cell_killed_and_the_rerun_finishes(study
     monkeypatch.setattr(loop_mod.Trainer, "_end_epoch", real)
     assert [o.status for o in run()] == ["finished", "finished"]
     assert client.get_run(parent.info.run_id).info.status == "FINISHED"
-    assert_clean(client, 2)
+    assert_clean(client, "rec", 2)

@@ -107,6 +107,9 @@ def test_killed_paused_and_requeued_workers_every_cell_exactly_once(queue, tmp_p
         steady = start(common, env, tmp_path, logs["steady"])
         victims = wait_for("two workers mid-cell", lambda: (mid_cell(logs["killed"]), mid_cell(logs["paused"]))
                            if mid_cell(logs["killed"]) and mid_cell(logs["paused"]) else None, every=0.05)
+        # Pause inside the training steps, not inside the few milliseconds between the lease check
+        # and the metric upload that follow an epoch line (MLflow has no conditional write: see docs).
+        time.sleep(0.3)
         os.killpg(killed.pid, signal.SIGKILL)
         os.killpg(paused.pid, signal.SIGSTOP)
         killed.wait(timeout=60)
