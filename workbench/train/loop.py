@@ -339,6 +339,7 @@ class Trainer:
             f"epoch {metrics['epoch']}: train loss {metrics['train_loss']:.4f} acc {metrics['train_accuracy']:.4f} | "
             f"val loss {metrics['val_loss']:.4f} acc {metrics['val_accuracy']:.4f} | {metrics['images_per_second']:.0f} img/s"
         )
+        self.observer.check(sync=True)  # a run taken over while this epoch ran must not log it
         self.observer.on_epoch(metrics)
 
     @property
