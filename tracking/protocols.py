@@ -199,10 +199,11 @@ def _log_execution(parent: StudyParent) -> None:
             parent.sink.log_artifact(path, artifact_path="executions")
 
 
-def child_counts(parent_run_id: str, expected: int, uri: str | None = None) -> dict[str, int]:
+def child_counts(parent_run_id: str, expected: int, uri: str | None = None, experiment: str | None = None) -> dict[str, int]:
     """Cell counts from the parent's children as they are in the store, not one execution's view."""
     client = MlflowClient(uri) if uri else MlflowClient()
-    exp_id = client.get_run(parent_run_id).info.experiment_id
+    exp_id = (client.get_experiment_by_name(experiment).experiment_id if experiment
+              else client.get_run(parent_run_id).info.experiment_id)
     children = client.search_runs([exp_id], f"tags.mlflow.parentRunId = '{parent_run_id}' and tags.cell = 'true'",
                                   max_results=50000)
     counts = {s.lower(): 0 for s in ("FINISHED", "RUNNING", "FAILED", "KILLED")}
@@ -222,11 +223,14 @@ def close_study_parent(parent: StudyParent, outcome: str, why: str = "") -> str:
     HEARTBEATS.release(parent.run_id)
     sink = parent.sink
     counts = {}
-    with contextlib.suppress(Exception):
+    try:
         client = MlflowClient(sink.uri)
         reap_expired(client, client.get_run(parent.run_id).info.experiment_id,
                      f"tags.mlflow.parentRunId = '{parent.run_id}'")
-        counts = child_counts(parent.run_id, parent.expected_cells, None if sink.offline else sink.uri)
+        counts = child_counts(parent.run_id, parent.expected_cells, sink.uri)
+    except Exception:  # noqa: BLE001 - the server went away: count the children logged locally meanwhile
+        with contextlib.suppress(Exception):
+            counts = child_counts(parent.run_id, parent.expected_cells, fallback_uri(), parent.experiment)
     if counts:
         sink.log_metrics({f"cells_{k}": v for k, v in counts.items()}, step=_execution_index(parent))
     if counts.get("running"):
