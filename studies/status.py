@@ -3,17 +3,16 @@
 from __future__ import annotations
 
 import click
-from mlflow.entities import Run
 
 from studies.protocol import ProtocolError, load_protocol
 from tracking.lease import REASON_TAG, lease_state
-from tracking.protocols import cell_runs, reap_dead_runs, study_runs
+from tracking.protocols import cell_runs, experiment_exists, reap_dead_runs, study_runs
 from tracking.runs import configure_tracking
 from workbench.train.fingerprint import current_code_fingerprint
 
 
-def cell_state(runs: list[Run], fingerprint: str) -> tuple[str, str]:
-    """(state, what the next ablate does) of one cell from its runs (any code version)."""
+def cell_state(runs: list, fingerprint: str) -> tuple[str, str]:
+    """(state, what the next ablate does) of one cell from its MLflow runs (any code version)."""
     mine = sorted((r for r in runs if r.data.params.get("code_fingerprint") == fingerprint),
                   key=lambda r: r.info.start_time or 0, reverse=True)
     if not mine:
@@ -45,9 +44,7 @@ def status(protocol_path):
         raise click.ClickException(str(err)) from err
     configure_tracking()
     fingerprint = current_code_fingerprint()
-    from mlflow.tracking import MlflowClient
-
-    if MlflowClient().get_experiment_by_name(protocol.name) is None:
+    if not study_runs(protocol) and not reap_dead_runs(protocol.name) and not experiment_exists(protocol.name):
         click.echo(f"{protocol.name}@{protocol.short_hash}: never run here; next ablate: start all "
                    f"{len(protocol.cells())} cells")
         return

@@ -157,6 +157,10 @@ def start_parent_run(protocol, protocol_file: Path, allow_dirty: bool, extra_tag
     return open_study_parent(protocol, protocol_file, allow_dirty, extra_tags, log=lambda _: None).run_id
 
 
+def experiment_exists(protocol_name: str) -> bool:
+    return MlflowClient().get_experiment_by_name(protocol_name) is not None
+
+
 def study_runs(protocol) -> list[Run]:
     """The parent run(s) of this study (normally one), oldest first; none when never run."""
     client = MlflowClient()
