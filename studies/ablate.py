@@ -81,8 +81,8 @@ def prepare_protocol_data(protocol: Protocol, data_path: str | None, download: b
     return prepare_data(spec, download)
 
 
-class Terminated(BaseException):
-    """SIGTERM, raised in the main thread so that every run records how the execution ended."""
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised in the main thread so that every run records how the execution ended (KILLED, as Ctrl-C)."""
 
 
 @contextlib.contextmanager

@@ -209,3 +209,24 @@ def test_sigkill_at_any_moment_then_rerun_leaves_a_clean_record(setup, moment):
                                                "tags.parent = 'true'")]
     assert result.logged_to == [parent.info.run_id]
     assert {"report/report.md", "report/report.html"} <= {a.path for a in client.list_artifacts(parent.info.run_id, "report")}
+
+
+@pytest.mark.slow
+def test_sigterm_ends_the_parent_and_the_cell_killed_nothing_left_running(setup):
+    tmp_path, folder = setup
+    path = write_protocol(tmp_path, epochs=3)
+    cmd, env = ablate_cmd(tmp_path, path, folder)
+    client = MlflowClient()
+    proc = subprocess.Popen(cmd, env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and proc.poll() is None and not one_cell_done_one_under_way(client):
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode != 0, out[-3000:]
+    assert "interrupted: parent run" in out and "ended KILLED" in out, out[-3000:]
+    exp = client.get_experiment_by_name("tiny")
+    everything = client.search_runs([exp.experiment_id], "")
+    assert not [r for r in everything if r.info.status == "RUNNING"], [(r.info.run_name, r.info.status) for r in everything]
+    assert sorted(r.info.status for r in everything if r.data.tags.get("parent") == "true") == ["KILLED"]
+    assert "KILLED" in {r.info.status for r in cell_runs(client, "tiny")}
