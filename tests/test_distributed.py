@@ -7,6 +7,7 @@ each epoch logged once, one logged model per run, no crashed live worker, nothin
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -31,9 +32,26 @@ ROOT = Path(__file__).resolve().parent.parent
 EPOCHS = 16
 
 
+STARTED: list[subprocess.Popen] = []
+
+
 def start(args: list[str], env: dict, cwd: Path, log: Path) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "studies.cli", *args], env=env, cwd=cwd, text=True,
+    proc = subprocess.Popen([sys.executable, "-m", "studies.cli", *args], env=env, cwd=cwd, text=True,
                             stdout=open(log, "w"), stderr=subprocess.STDOUT, start_new_session=True)
+    STARTED.append(proc)
+    return proc
+
+
+@pytest.fixture(autouse=True)
+def no_worker_left_behind():
+    """A failing test must not leave a paused or running worker behind."""
+    yield
+    while STARTED:
+        proc = STARTED.pop()
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
 
 
 def wait_for(what: str, condition, timeout: float = 300, every: float = 0.2):
