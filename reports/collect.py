@@ -20,6 +20,7 @@ import pandas as pd
 
 from workbench.protocol import SHORT_HASH_LEN, load_protocol
 from tracking import queries
+from tracking.protocols import reap_dead_runs
 from tracking.queries import CellRecord, QueryError
 
 PROTOCOL_DIR = Path(__file__).resolve().parent.parent / "studies" / "protocols"
@@ -179,20 +180,27 @@ def _read_predictions(path: Path) -> pd.DataFrame:
 
 def load_study(spec: ProtocolSpec, counts: dict[str, int], commit: str | None = None) -> StudyData:
     """Choose one finished run per cell and load its predictions and training curves."""
+    reap_dead_runs(spec.name, spec.hash)  # a dead execution's runs show as KILLED, not RUNNING
     records = queries.cell_records(spec.name, spec.hash)
     expected = {(a, s) for a in spec.arms for s in spec.seeds}
     unexpected = [r for r in records if (r.arm, r.seed) not in expected]
     parents = queries.parent_runs(spec.name, spec.hash)
     study = StudyData(spec, queries.tracking_uri(), {}, [], [], {h: n for h, n in counts.items() if h != spec.hash},
                       unexpected, parents[0].run_id if parents else None, commit)
+    # Runs group by the fingerprint of the code that computed them: without --commit the
+    # report uses the group of the newest finished run, never a mix of code versions.
+    code = lambda r: r.params.get("code_fingerprint", "")  # noqa: E731
+    done = [r for r in records if r.status == "FINISHED"]
+    group = code(_newest(done)) if done and commit is None else None
     with tempfile.TemporaryDirectory() as tmp:
         for seed in spec.seeds:
             for arm in spec.arms:
                 mine = [r for r in records if (r.arm, r.seed) == (arm, seed)]
                 finished = [r for r in mine if r.status == "FINISHED"]
-                usable = [r for r in finished if commit is None or r.commit.startswith(commit)]
+                usable = [r for r in finished if code(r) == group] if group is not None else \
+                    [r for r in finished if commit is None or r.commit.startswith(commit) or code(r).startswith(commit)]
                 if not usable:
-                    study.missing.append((arm, seed, _why_missing(mine, finished, commit)))
+                    study.missing.append((arm, seed, _why_missing(mine, finished, f"commit {commit}" if commit else f"code fingerprint {group}")))
                     continue
                 chosen = _newest(usable)
                 study.superseded.extend(r for r in finished if r is not chosen)
@@ -205,7 +213,7 @@ def load_study(spec: ProtocolSpec, counts: dict[str, int], commit: str | None = 
 
 def _why_missing(mine: list[CellRecord], finished: list[CellRecord], commit: str | None) -> str:
     if finished:  # only possible with a commit filter
-        return f"no finished run at commit {commit} (finished at {', '.join(sorted({r.commit[:10] for r in finished}))})"
+        return f"no finished run at {commit} (finished at {', '.join(sorted({r.commit[:10] for r in finished}))})"
     if not mine:
         return "no run"
     return "; ".join(f"{r.status} run {r.run_id}" for r in mine)

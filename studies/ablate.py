@@ -1,12 +1,14 @@
 """Entry point: run a frozen protocol's arms x seeds as MLflow child runs.
 
 Resuming is running the same command again: cells whose finished run exists (same
-protocol hash, arm, seed, code commit and data fingerprint) are skipped, an interrupted
+protocol hash, arm, seed, code fingerprint and data fingerprint) are skipped, an interrupted
 cell continues from its checkpoint in its own MLflow run, and the rest run.
 """
 
 from __future__ import annotations
 
+import contextlib
+import signal
 import sys
 import traceback
 from dataclasses import dataclass, field, replace
@@ -17,10 +19,11 @@ from tqdm.auto import tqdm
 
 from studies.protocol import Cell, Protocol, ProtocolError, check_clean, check_frozen, load_protocol
 from studies.train import TrainOutcome, prepare_data, train_one
-from tracking.protocols import end_parent_run, recorded_hashes, start_parent_run
-from tracking.runs import configure_tracking, git_state
+from tracking.protocols import cell_runs, close_study_parent, open_study_parent, recorded_hashes
+from tracking.runs import configure_tracking
 from tracking.storage_guard import check_optuna_storage
 from workbench.data import PreparedData
+from workbench.train.fingerprint import current_code_fingerprint
 
 DEFAULT_PROTOCOL = "studies/protocols/smoke.yaml"
 
@@ -44,14 +47,18 @@ def open_protocol(path: str, allow_dirty: bool) -> Protocol:
 
 
 def cell_identity(cell: Cell) -> dict:
-    """What makes a cell's run the same run: see DESIGN.md, 'Data flow of the main job'."""
+    """What makes a cell's run the same run: see DESIGN.md, 'Data flow of the main job'.
+
+    The code enters through its fingerprint (``workbench.train.fingerprint``), not the git
+    commit: a commit touching only docs, reports, CLI text or tests re-trains nothing.
+    """
     return {"protocol_hash": cell.protocol_hash, "arm": cell.arm, "seed": cell.seed,
-            "code_commit": git_state()["git_commit"]}
+            "code_fingerprint": current_code_fingerprint()}
 
 
 def run_cell(
     protocol: Protocol, cell: Cell, data: PreparedData, parent_run_id: str, output_dir: Path,
-    device: str = "auto", data_path: str | None = None, allow_dirty: bool = False,
+    device: str = "auto", data_path: str | None = None, allow_dirty: bool = False, **train_kw,
 ) -> CellOutcome:
     """Train one cell as a child run; any exception becomes a failed outcome, not a crash."""
     tags = {"cell": "true", "protocol_name": protocol.name, "protocol_hash": protocol.hash, "arm": cell.arm,
@@ -61,11 +68,11 @@ def run_cell(
         outcome: TrainOutcome = train_one(
             cell.train_config(device=device, data_path=data_path), data, protocol.name,
             output_dir / protocol.name, run_name=f"{cell.arm}-seed{cell.seed}", parent_run_id=parent_run_id,
-            identity=cell_identity(cell), tags=tags,
+            identity=cell_identity(cell), tags=tags, params={"arm": cell.arm, "seed": cell.seed}, **train_kw,
         )
     except Exception as err:  # one failing cell must not take the others down
         traceback.print_exc()
-        return CellOutcome(cell, "failed", f"{cell.key}: {type(err).__name__}: {err}")
+        return CellOutcome(cell, "failed", f"{cell.key}: failed ({type(err).__name__}: {err})")
     return CellOutcome(cell, outcome.status, outcome.message, outcome.run_id, outcome.metrics)
 
 
@@ -75,24 +82,62 @@ def prepare_protocol_data(protocol: Protocol, data_path: str | None, download: b
     return prepare_data(spec, download)
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised in the main thread so that every run records how the execution ended (KILLED, as Ctrl-C)."""
+
+
+@contextlib.contextmanager
+def sigterm_raises():
+    """Turn SIGTERM into ``Terminated`` for the duration (a batch scheduler's stop is not a crash)."""
+    def handler(signum, frame):
+        raise Terminated(f"signal {signal.Signals(signum).name}")
+
+    try:
+        previous = signal.signal(signal.SIGTERM, handler)
+    except ValueError:  # not the main thread: leave signals alone
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+@contextlib.contextmanager
+def held_parent(protocol: Protocol, protocol_file: Path, allow_dirty: bool, extra_tags: dict | None = None,
+                queued: bool = False):
+    """The study's parent run for one execution, closed with a truthful status however it ends."""
+    parent = open_study_parent(protocol, protocol_file, allow_dirty, extra_tags, log=tqdm.write)
+    try:
+        yield parent
+    except (KeyboardInterrupt, Terminated) as err:
+        status = close_study_parent(parent, "interrupted", f"{type(err).__name__} {err}".strip())
+        tqdm.write(f"interrupted: parent run {parent.run_id} ended {status}")
+        raise
+    except BaseException as err:
+        close_study_parent(parent, "failed", f"{type(err).__name__}: {err}")
+        raise
+    else:
+        status = close_study_parent(parent, "queued" if queued else "completed")
+        tqdm.write(f"parent run {parent.run_id}: {status}")
+
+
 def run_protocol(
     protocol: Protocol, protocol_file: Path, output_dir: Path, device: str = "auto",
     data_path: str | None = None, allow_dirty: bool = False, download: bool = False,
 ) -> list[CellOutcome]:
-    """Run every cell of ``protocol`` in this process, under one new parent run."""
+    """Run every cell of ``protocol`` in this process, under the study's one parent run."""
     data = prepare_protocol_data(protocol, data_path, download)
     tqdm.write(f"{protocol.name}@{protocol.short_hash}: {len(protocol.cells())} cells on {data.display_name} "
                f"({len(data.train.labels)} train / {len(data.val.labels)} val), data {data.data_fingerprint[:12]}")
-    parent = start_parent_run(protocol, protocol_file, allow_dirty)
     outcomes = []
-    with tqdm(protocol.cells(), desc=f"{protocol.name} cells", unit="cell") as bar:
-        for cell in bar:
-            bar.set_postfix_str(cell.key)
-            outcome = run_cell(protocol, cell, data, parent, output_dir, device, data_path, allow_dirty)
-            tqdm.write(f"[{outcome.status}] {outcome.message}")
-            outcomes.append(outcome)
-    counts = {s: sum(o.status == s for o in outcomes) for s in ("finished", "skipped", "failed")}
-    end_parent_run(parent, counts)
+    with sigterm_raises(), held_parent(protocol, protocol_file, allow_dirty) as parent:
+        with tqdm(protocol.cells(), desc=f"{protocol.name} cells", unit="cell") as bar:
+            for cell in bar:
+                bar.set_postfix_str(cell.key)
+                outcome = run_cell(protocol, cell, data, parent.run_id, output_dir, device, data_path, allow_dirty)
+                tqdm.write(f"[{outcome.status}] {outcome.message}")
+                outcomes.append(outcome)
     return outcomes
 
 
@@ -118,10 +163,10 @@ def ablate(protocol_path, allow_dirty, device, data_path, download, output_dir, 
     if storage:
         from studies.cell_queue import enqueue_cells, open_storage, redact
 
-        parent = start_parent_run(protocol, Path(protocol_path), allow_dirty, {"queue": "optuna"})
-        name, added = enqueue_cells(protocol, Path(protocol_path), open_storage(storage), parent, set(),
-                                    {"allow_dirty": allow_dirty, "download": download})
-        click.echo(f"queued {added} cells in {name}; parent run {parent}. Start workers with:\n"
+        with held_parent(protocol, Path(protocol_path), allow_dirty, {"queue": "optuna"}, queued=True) as parent:
+            name, added = enqueue_cells(protocol, Path(protocol_path), open_storage(storage), parent.run_id,
+                                        finished_cells(protocol), {"allow_dirty": allow_dirty, "download": download})
+        click.echo(f"queued {added} cells in {name}; parent run {parent.run_id}. Start workers with:\n"
                    f"  workbench worker --storage {redact(storage)} --study '{name}'")
         return
     outcomes = run_protocol(protocol, Path(protocol_path), Path(output_dir), device, data_path, allow_dirty, download)
@@ -130,9 +175,17 @@ def ablate(protocol_path, allow_dirty, device, data_path, download, output_dir, 
         sys.exit(1)
 
 
+def finished_cells(protocol: Protocol) -> set[tuple[str, int]]:
+    """(arm, seed) of the cells that have a finished run of this code (never queued again)."""
+    fingerprint = current_code_fingerprint()
+    return {(r.data.tags.get("arm"), int(r.data.tags.get("seed", -1))) for r in cell_runs(protocol.name, protocol.hash)
+            if r.info.status == "FINISHED" and r.data.params.get("code_fingerprint") == fingerprint}
+
+
 def summarize(outcomes: list[CellOutcome]) -> None:
-    counts = {s: sum(o.status == s for o in outcomes) for s in ("finished", "skipped", "failed")}
-    click.echo(f"cells: {counts['finished']} run, {counts['skipped']} already finished (skipped), {counts['failed']} failed")
+    counts = {s: sum(o.status == s for o in outcomes) for s in ("finished", "skipped", "failed", "busy")}
+    click.echo(f"cells: {counts['finished']} run, {counts['skipped']} already finished (skipped), {counts['failed']} failed"
+               + (f", {counts['busy']} running elsewhere" if counts["busy"] else ""))
     for o in outcomes:
         if o.status == "failed":
             click.echo(f"  FAILED {o.message}", err=True)

@@ -1,56 +1,60 @@
-"""Protocol cells as an Optuna study that any number of workers drain.
+"""Protocol cells as an Optuna study that any number of workers drain, each cell exactly once.
 
-``ablate --storage URL`` enqueues each cell that has no finished MLflow run as an Optuna
-trial with a fixed parameter ``cell`` (its index in ``Protocol.cells()``). Workers
-(``workbench worker --storage URL``) pop waiting trials through ``study.optimize``, which
-records heartbeats on RDB storage; the trial of a killed worker goes stale and
-``RetryFailedTrialCallback`` puts a copy back in the queue. The MLflow side stays
-exactly-once because a cell's run is found by its identity key: a retried cell continues
-the dead worker's run (and its checkpoint when the output folder is shared).
+``ablate --storage URL`` enqueues each cell that has no finished MLflow run (of this code)
+as an Optuna trial with the user attribute ``cell`` (its index in ``Protocol.cells()``).
+Workers (``workbench worker --storage URL``) pop waiting trials with ``study.ask()``.
 
-JournalStorage (a shared file) works too but has no heartbeats in Optuna: there, a dead
-worker's cell stays RUNNING until ``workbench worker --requeue-stale`` is run.
+Exactly once, with fencing. A worker holding a cell holds a *lease* on its trial (user
+attribute ``lease``: host, pid, token, heartbeat time), renewed every ``heartbeat``
+seconds. Any worker that finds a RUNNING trial whose lease is older than ``grace``
+(or whose process is gone on this host) fails that trial and queues the cell again; this
+works the same on RDB storage (PostgreSQL) and JournalStorage, so no manual step is needed.
+The worker whose lease was taken over (it was paused, cut off, declared dead) finds its
+trial no longer RUNNING at its next step and stops without writing anything more; the
+MLflow run of the cell is fenced the same way by its lease token (``tracking.lease``).
 """
 
 from __future__ import annotations
 
+import os
 import time
+import uuid
 from pathlib import Path
 
 import warnings
 
 import optuna
 from optuna.storages import RDBStorage
-from optuna.trial import TrialState
-
-try:  # Optuna >= 4.9 renamed the retry callback
-    from optuna.storages import RetryHeartbeatStaleTrialCallback as RetryStale
-except ImportError:  # pragma: no cover - older Optuna
-    from optuna.storages import RetryFailedTrialCallback as RetryStale
-
-# Heartbeats are "experimental" in Optuna's terms; the warning adds nothing for users here.
-warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+from optuna.trial import FrozenTrial, TrialState
 
 from studies.protocol import Protocol, load_protocol
+from tracking.lease import HOST
+
+# Optuna's "experimental" warnings add nothing for users here.
+warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
 
 HEARTBEAT_SECONDS = 10
 GRACE_SECONDS = 30
-MAX_RETRIES = 3
+LEASE_ATTR = "lease"
 
 
-def open_storage(url: str, heartbeat: int = HEARTBEAT_SECONDS, grace: int = GRACE_SECONDS):
-    """RDB storage with heartbeats (PostgreSQL, MySQL, SQLite URL) or a journal file."""
+def check_timing(heartbeat: float, grace: float) -> None:
+    if heartbeat >= grace:
+        raise ValueError(f"--heartbeat {heartbeat:g} must be shorter than --grace {grace:g}: otherwise every live "
+                         "worker's cell would look abandoned between two heartbeats")
+
+
+def open_storage(url: str, heartbeat: float = HEARTBEAT_SECONDS, grace: float = GRACE_SECONDS):
+    """RDB storage (PostgreSQL, MySQL, SQLite URL) or a journal file (``journal:/path``)."""
+    check_timing(heartbeat, grace)
     if url.startswith("journal:"):
         from optuna.storages.journal import JournalFileBackend, JournalStorage
 
         return JournalStorage(JournalFileBackend(url.removeprefix("journal:")))
     if url.startswith("sqlite:") and "mlflow" in Path(url.split("///")[-1]).name:
         raise ValueError(f"{url}: never share MLflow's SQLite file with Optuna; use a database of its own")
-    return RDBStorage(
-        url, heartbeat_interval=heartbeat, grace_period=grace,
-        heartbeat_stale_trial_callback=RetryStale(max_retry=MAX_RETRIES),
-        engine_kwargs={"pool_pre_ping": True},
-    )
+    # No Optuna heartbeats: the lease below does the same job on every storage, with fencing.
+    return RDBStorage(url, engine_kwargs={"pool_pre_ping": True})
 
 
 def redact(url: str) -> str:
@@ -66,6 +70,10 @@ def study_name_for(protocol: Protocol) -> str:
     return f"cells:{protocol.name}@{protocol.short_hash}"
 
 
+def _completed_cells(study: optuna.Study) -> set[int]:
+    return {t.user_attrs.get("cell") for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))}
+
+
 def enqueue_cells(protocol: Protocol, protocol_file: Path, storage, parent_run_id: str, finished: set[tuple[str, int]],
                   settings: dict) -> tuple[str, int]:
     """Put every cell without a finished run into the queue, once. Returns (study name, cells enqueued)."""
@@ -76,11 +84,8 @@ def enqueue_cells(protocol: Protocol, protocol_file: Path, storage, parent_run_i
     study.set_user_attr("parent_run_id", parent_run_id)
     study.set_user_attr("settings", settings)
     # A cell already waiting, running or done in the queue is not added again.
-    queued = {
-        t.user_attrs.get("cell")
-        for t in study.get_trials(deepcopy=False)
-        if t.state in (TrialState.WAITING, TrialState.RUNNING, TrialState.COMPLETE)
-    }
+    queued = {t.user_attrs.get("cell") for t in study.get_trials(
+        deepcopy=False, states=(TrialState.WAITING, TrialState.RUNNING, TrialState.COMPLETE))}
     added = 0
     for index, cell in enumerate(protocol.cells()):
         if (cell.arm, cell.seed) in finished or index in queued:
@@ -107,31 +112,73 @@ def load_queued_protocol(study: optuna.Study) -> Protocol:
     return protocol
 
 
-def drain(study: optuna.Study, run_one, poll_seconds: float = 2.0, max_cells: int | None = None,
-          log=print) -> int:
-    """Run queued cells until none is waiting or running. ``run_one(index) -> float`` trains one.
+# ------------------------------------------------------------------ leases on trials
 
-    Returns the number of cells this worker ran.
-    """
-    done = 0
 
-    def objective(trial: optuna.Trial) -> float:
-        if "cell" not in trial.user_attrs:
-            # Another worker took the last waiting cell between our check and optimize().
-            raise optuna.TrialPruned("no queued cell")
-        return run_one(trial.suggest_int("cell", 0, 10**6))
+def new_lease() -> dict:
+    return {"host": HOST, "pid": os.getpid(), "token": uuid.uuid4().hex[:16], "heartbeat": time.time()}
 
-    while max_cells is None or done < max_cells:
-        state = counts(study)
-        if state["waiting"]:
-            study.optimize(objective, n_trials=1, catch=(Exception,))
-            last = study.get_trials(deepcopy=False)[-1]
-            done += last.state != TrialState.PRUNED
+
+def renew(study: optuna.Study, trial_id: int, lease: dict) -> None:
+    """Write a fresh heartbeat; raises once the trial is no longer RUNNING (it was taken over)."""
+    study._storage.set_trial_user_attr(trial_id, LEASE_ATTR, {**lease, "heartbeat": time.time()})
+
+
+def holds(study: optuna.Study, trial_id: int, lease: dict) -> str | None:
+    """None while this lease still holds the trial, else one line saying why it does not."""
+    trial = study._storage.get_trial(trial_id)
+    if trial.state != TrialState.RUNNING:
+        return f"the queue marked this cell {trial.state.name} (its lease expired and it was handed on)"
+    token = trial.user_attrs.get(LEASE_ATTR, {}).get("token")
+    if token != lease["token"]:
+        return f"another worker holds this cell's lease now (token {token})"
+    return None
+
+
+def expired(trial: FrozenTrial, grace: float, now: float | None = None) -> str | None:
+    """Why a RUNNING trial's lease is expired, or None while its holder is alive."""
+    now = now or time.time()
+    lease = trial.user_attrs.get(LEASE_ATTR)
+    if lease is None:  # popped but never leased: the worker died right after popping
+        started = trial.datetime_start.timestamp() if trial.datetime_start else now
+        return f"no lease {now - started:.0f} s after it was popped" if now - started > grace else None
+    age = now - float(lease["heartbeat"])
+    if lease["host"] == HOST and not _pid_alive(int(lease["pid"])):
+        return f"worker {lease['host']}/{lease['pid']} is gone (last heartbeat {age:.0f} s ago)"
+    if age > grace:
+        return f"lease of worker {lease['host']}/{lease['pid']} expired: last heartbeat {age:.0f} s ago (grace {grace:g} s)"
+    return None
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def requeue_expired(study: optuna.Study, grace: float, log=print) -> int:
+    """Fail every RUNNING trial whose lease expired and queue its cell again (unless it completed)."""
+    n = 0
+    done = _completed_cells(study)
+    for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        why = expired(trial, grace)
+        if why is None:
             continue
-        if not state["running"]:
-            break
-        # Cells are running elsewhere; if one of those workers died its heartbeat stops,
-        # the trial goes stale and a retry copy appears as waiting.
-        optuna.storages.fail_stale_trials(study)
-        time.sleep(poll_seconds)
-    return done
+        try:  # the owner may have finished or been failed by another worker meanwhile
+            if not study._storage.set_trial_state_values(trial._trial_id, TrialState.FAIL):
+                continue
+        except (RuntimeError, ValueError):
+            continue
+        cell = trial.user_attrs.get("cell")
+        if cell in done:
+            log(f"cell {cell}: {why}; already completed, not queued again")
+            continue
+        attrs = {k: v for k, v in trial.user_attrs.items() if k != LEASE_ATTR}
+        study.enqueue_trial({"cell": cell}, user_attrs={**attrs, "retry_of": trial.number})
+        log(f"re-queued cell {cell} ({attrs.get('arm')}/seed{attrs.get('seed')}): {why}")
+        n += 1
+    return n

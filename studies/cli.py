@@ -31,6 +31,8 @@ LAZY_COMMANDS: dict[str, tuple[str, str, str]] = {
                "Build reports/<protocol>/report.md and report.html from the protocol's finished MLflow runs."),
     "server": ("studies.server", "server",
                "Run and administer the shared MLflow tracking server (PostgreSQL, proxied artifacts, basic-auth)."),
+    "status": ("studies.status", "status",
+               "Each cell's state (finished, running on host/pid, stale, failed, missing) and the next `ablate`'s plan."),
     "sweep": ("studies.sweep", "sweep",
               "Tune fields of one protocol arm with TPE and median pruning; every trial is an MLflow run."),
     "sync": ("studies.sync", "sync",

@@ -15,7 +15,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import click
+from tqdm.auto import tqdm
 
+from tracking.lease import HEARTBEATS, LeaseLost, lease_tags, new_token
+from tracking.protocols import run_user
 from tracking.runs import configure_tracking, environment_tags
 from tracking.sink import RunSink
 from tracking.training import MlflowTrainingObserver, log_run_inputs, log_training_result, open_keyed_run
@@ -28,7 +31,7 @@ from workbench.train.loop import NonFiniteLoss, Observers, StopTraining, Trainer
 @dataclass
 class TrainOutcome:
     run_id: str
-    status: str  # "finished", "skipped" (already finished), "stopped" (by an observer) or "failed"
+    status: str  # "finished", "skipped" (already finished), "busy" (running elsewhere), "stopped", "lost" or "failed"
     message: str
     metrics: dict = field(default_factory=dict)  # the run's latest metrics, wherever the run is logged
     offline: bool = False  # logged to the local fallback store (see `workbench sync`)
@@ -57,6 +60,9 @@ def train_one(
     identity: dict | None = None,
     tags: dict | None = None,
     observer: TrainingObserver | None = None,
+    params: dict | None = None,
+    log=tqdm.write,
+    take_over: bool = False,
 ) -> TrainOutcome:
     """Train ``cfg`` on ``data`` in its own MLflow run (a child of ``parent_run_id``).
 
@@ -66,18 +72,35 @@ def train_one(
     """
     configure_tracking()
     key = run_key_for(cfg, data, identity)
-    opened = open_keyed_run(experiment, key, {"mlflow.runName": run_name, **(tags or {})}, parent_run_id)
+    token = new_token()
+    opened = open_keyed_run(experiment, key, {"mlflow.runName": run_name, "mlflow.user": run_user(),
+                                              **(tags or {}), **lease_tags(token)}, parent_run_id,
+                            take_over)
     if opened.status == "FINISHED":
-        return TrainOutcome(opened.run_id, "skipped", f"{run_name}: already finished in run {opened.run_id}",
+        return TrainOutcome(opened.run_id, "skipped", f"{run_name}: skipped (finished in run {opened.run_id})",
+                            opened.metrics)
+    if opened.status == "BUSY":
+        return TrainOutcome(opened.run_id, "busy", f"{run_name}: not touched ({opened.why}, run {opened.run_id})",
                             opened.metrics)
     sink = opened.sink
+    if opened.status is not None:
+        sink.set_tags(lease_tags(token))  # this execution holds the run now; an older holder is fenced off
+    HEARTBEATS.hold(sink.run_id, sink.uri, token)
     run_dir = Path(output_dir) / key
+    mlflow_observer = MlflowTrainingObserver(sink, fenced=True)
     try:
-        trainer = Trainer(cfg, data, run_dir, Observers(MlflowTrainingObserver(sink), observer))
+        trainer = Trainer(cfg, data, run_dir, Observers(mlflow_observer, _Announce(run_name, sink.run_id, opened.status, log),
+                                                        observer))
         sink.set_tags({**environment_tags(str(trainer.device)), "run_dir": str(run_dir.resolve()),
                        "resumed": str(opened.status is not None).lower()})
-        log_run_inputs(sink, cfg, data, {"config_hash": trainer.hash})
+        log_run_inputs(sink, cfg, data, {"config_hash": trainer.hash, **(params or {})})
         result = trainer.fit()
+        example = next(iter(trainer.eval_loaders["val"])).images[:2]
+        log_training_result(sink, result, cfg, lambda: build_model(trainer.model.cfg), example,
+                            check=lambda: mlflow_observer.check(sync=True))
+    except LeaseLost as err:  # the run is someone else's now: not one more write to it
+        HEARTBEATS.release(sink.run_id)
+        return TrainOutcome(sink.run_id, "lost", f"{run_name}: stopped without logging more: {err}")
     except NonFiniteLoss as err:
         sink.set_tags({"failure": str(err), "nonfinite_loss_step": err.step, "nonfinite_loss_epoch": err.epoch})
         return _end(sink, "FAILED", "failed", f"{run_name}: {err}")
@@ -86,10 +109,10 @@ def train_one(
         return _end(sink, "KILLED", "stopped", f"{run_name}: stopped ({err})")
     except BaseException as err:  # as MLflow's run context did: the run records why it ended
         with contextlib.suppress(Exception):  # never hide the real error behind a logging one
-            _end(sink, "KILLED" if isinstance(err, KeyboardInterrupt) else "FAILED", "failed", "")
+            interrupted = isinstance(err, (KeyboardInterrupt, SystemExit))
+            sink.set_tags({"end_reason": f"{type(err).__name__}: {err}"[:500]})
+            _end(sink, "KILLED" if interrupted else "FAILED", "failed", "")
         raise
-    example = next(iter(trainer.eval_loaders["val"])).images[:2]
-    log_training_result(sink, result, cfg, lambda: build_model(trainer.model.cfg), example)
     message = f"{run_name}: best val accuracy {result.final_metrics['best_val_accuracy']:.4f} at epoch {result.best_epoch}; {result.reload_proof.summary()}"
     if sink.offline:
         message += f" [logged locally, run {sink.local_run_id}: `workbench sync` copies it to the server]"
@@ -98,7 +121,26 @@ def train_one(
     return _end(sink, "FINISHED", "finished", message)
 
 
+class _Announce(TrainingObserver):
+    """One console line saying whether a cell starts, resumes (from where) or only completes its summary."""
+
+    def __init__(self, run_name: str, run_id: str, previous: str | None, log) -> None:
+        self.run_name, self.run_id, self.previous, self.log = run_name, run_id, previous, log
+
+    def on_start(self, info: dict) -> None:
+        where = f"in run {self.run_id}"
+        if info.get("finished"):
+            self.log(f"{self.run_name}: training had ended; completing its summary {where}")
+        elif info.get("resumed"):
+            self.log(f"{self.run_name}: resumed from epoch {info['epoch']} step {info['step']} {where}")
+        elif self.previous is not None:
+            self.log(f"{self.run_name}: restarted from scratch {where} ({self.previous}, no checkpoint here)")
+        else:
+            self.log(f"{self.run_name}: started {where}")
+
+
 def _end(sink: RunSink, run_status: str, status: str, message: str) -> TrainOutcome:
+    HEARTBEATS.release(sink.run_id)
     sink.end(run_status)
     return TrainOutcome(sink.run_id, status, message, sink.latest_metrics(), sink.offline)
 

@@ -1,18 +1,32 @@
-"""Entry point: a worker that pops protocol cells from an Optuna queue and trains them."""
+"""Entry point: a worker that pops protocol cells from an Optuna queue and trains each exactly once."""
 
 from __future__ import annotations
 
+import os
+import time
 from pathlib import Path
 
 import click
 import optuna
 from optuna.trial import TrialState
 
-from studies.ablate import prepare_protocol_data, run_cell
-from studies.cell_queue import GRACE_SECONDS, HEARTBEAT_SECONDS, counts, drain, load_queued_protocol, open_storage
-from tracking.protocols import end_parent_run, parent_status
+from studies.ablate import held_parent, prepare_protocol_data, run_cell, sigterm_raises
+from studies.cell_queue import (
+    GRACE_SECONDS,
+    HEARTBEAT_SECONDS,
+    check_timing,
+    counts,
+    holds,
+    load_queued_protocol,
+    new_lease,
+    open_storage,
+    renew,
+    requeue_expired,
+)
+from tracking.lease import HEARTBEAT_ENV, HEARTBEATS, LEASE_ENV, LeaseLost
 from tracking.runs import configure_tracking
 from tracking.storage_guard import check_optuna_storage
+from workbench.train.loop import TrainingObserver
 
 
 def pick_study(storage, name: str | None) -> optuna.Study:
@@ -26,14 +40,71 @@ def pick_study(storage, name: str | None) -> optuna.Study:
     return optuna.load_study(study_name=name, storage=storage)
 
 
-def requeue_running(study: optuna.Study) -> int:
-    """For storages without heartbeats: fail RUNNING trials and queue their cells again."""
-    n = 0
-    for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        study._storage.set_trial_state_values(trial._trial_id, TrialState.FAIL)
-        study.enqueue_trial({"cell": trial.user_attrs["cell"]}, user_attrs=trial.user_attrs)
-        n += 1
-    return n
+class QueueFence(TrainingObserver):
+    """Stops the cell (``LeaseLost``) as soon as its trial is no longer this worker's."""
+
+    def __init__(self, study: optuna.Study, trial_id: int, lease: dict) -> None:
+        self.study, self.trial_id, self.lease, self.lost = study, trial_id, lease, None
+
+    def beat(self) -> None:
+        if self.lost is None:
+            try:
+                renew(self.study, self.trial_id, self.lease)
+            except Exception:  # noqa: BLE001 - a finished trial refuses the write: read why
+                self.lost = holds(self.study, self.trial_id, self.lease)
+
+    def check(self, sync: bool = False) -> None:
+        if sync and self.lost is None:
+            self.lost = holds(self.study, self.trial_id, self.lease)
+        if self.lost:
+            raise LeaseLost(self.lost)
+
+
+def drain(study: optuna.Study, run_one, grace: float, poll_seconds: float = 2.0, max_cells: int | None = None,
+          log=click.echo) -> dict[str, int]:
+    """Pop and run queued cells until none is waiting or running anywhere; re-queue expired leases.
+
+    ``run_one(trial, fence) -> (outcome status, value)``. Returns this worker's tally.
+    """
+    tally = {"ran": 0, "skipped": 0, "failed": 0, "lost": 0}
+    waiting_said = None
+    while max_cells is None or tally["ran"] + tally["failed"] < max_cells:
+        requeue_expired(study, grace, log)
+        state = counts(study)
+        if not state["waiting"]:
+            if not state["running"]:
+                break
+            if waiting_said != state["running"]:  # say it once per change, not every poll
+                log(f"waiting: {state['running']} cell(s) running on other workers; a lease expired after "
+                    f"{grace:g} s is taken over")
+                waiting_said = state["running"]
+            time.sleep(poll_seconds)
+            continue
+        waiting_said = None
+        trial = study.ask()
+        if "cell" not in trial.user_attrs:  # another worker popped the last waiting cell first
+            study.tell(trial, state=TrialState.PRUNED)
+            continue
+        lease = new_lease()
+        renew(study, trial._trial_id, lease)
+        fence = QueueFence(study, trial._trial_id, lease)
+        HEARTBEATS.also("queue", fence.beat)
+        try:
+            status, value = run_one(trial, fence)
+        finally:
+            HEARTBEATS.also("queue", None)
+        why = fence.lost or holds(study, trial._trial_id, lease)
+        if status == "lost" or why:
+            tally["lost"] += 1
+            log(f"cell {trial.user_attrs['cell']}: stopped, lease lost: {why}; another worker has it")
+            continue
+        if status == "failed":
+            study.tell(trial, state=TrialState.FAIL)
+            tally["failed"] += 1
+        else:
+            study.tell(trial, value)
+            tally["skipped" if status == "skipped" else "ran"] += 1
+    return tally
 
 
 @click.command("worker")
@@ -43,42 +114,42 @@ def requeue_running(study: optuna.Study) -> int:
 @click.option("--data-path", default=None, help="Where this machine keeps the dataset.")
 @click.option("--output-dir", type=click.Path(file_okay=False), default="outputs/ablate", show_default=True)
 @click.option("--max-cells", type=int, default=None, help="Stop after this many cells.")
-@click.option("--requeue-stale", is_flag=True, help="Journal storage only: re-queue cells left RUNNING by dead workers.")
-@click.option("--heartbeat", type=click.IntRange(min=1), default=HEARTBEAT_SECONDS, show_default=True,
-              help="Seconds between heartbeats (RDB storage).")
-@click.option("--grace", type=click.IntRange(min=1), default=GRACE_SECONDS, show_default=True,
-              help="A running cell without a heartbeat for this long is retried.")
+@click.option("--requeue-stale", is_flag=True,
+              help="Re-queue the cells whose worker's lease expired, then go on (workers also do this by themselves).")
+@click.option("--heartbeat", type=click.FloatRange(min=0.1), default=HEARTBEAT_SECONDS, show_default=True,
+              help="Seconds between lease renewals.")
+@click.option("--grace", type=click.FloatRange(min=0.5), default=GRACE_SECONDS, show_default=True,
+              help="A cell whose lease was not renewed for this long is handed to another worker.")
 def worker(storage, study_name, device, data_path, output_dir, max_cells, requeue_stale, heartbeat, grace):
     """Pop queued protocol cells and train them until the queue is empty."""
     check_optuna_storage(storage)
+    try:
+        check_timing(heartbeat, grace)
+    except ValueError as err:
+        raise click.BadParameter(str(err), param_hint="--heartbeat") from err
+    # The cells' MLflow runs carry the same lease timing as the queue.
+    os.environ[LEASE_ENV], os.environ[HEARTBEAT_ENV] = str(grace), str(heartbeat)
     configure_tracking()
     store = open_storage(storage, heartbeat, grace)
     study = pick_study(store, study_name)
     if requeue_stale:
-        click.echo(f"re-queued {requeue_running(study)} running cells")
+        click.echo(f"re-queued {requeue_expired(study, grace, click.echo)} cells whose lease expired")
     protocol = load_queued_protocol(study)
     settings = study.user_attrs.get("settings", {})
-    parent = study.user_attrs["parent_run_id"]
+    allow_dirty = settings.get("allow_dirty", False)
     data = prepare_protocol_data(protocol, data_path, settings.get("download", False))
 
-    def run_one(index: int) -> float:
-        cell = protocol.cells()[index]
-        click.echo(f"cell {index}: {cell.key}")
-        outcome = run_cell(protocol, cell, data, parent, Path(output_dir), device, data_path,
-                           settings.get("allow_dirty", False))
-        click.echo(f"[{outcome.status}] {outcome.message}")
-        if outcome.status == "failed":
-            raise RuntimeError(outcome.message)
-        return outcome.metrics.get("best_val_accuracy", float("nan"))
+    with sigterm_raises(), held_parent(protocol, Path(study.user_attrs["protocol_file"]), allow_dirty,
+                                       {"queue": "optuna"}, queued=True) as parent:
+        def run_one(trial, fence) -> tuple[str, float]:
+            index = trial.user_attrs["cell"]
+            cell = protocol.cells()[index]
+            click.echo(f"cell {index}: {cell.key} (took it from the queue)")
+            outcome = run_cell(protocol, cell, data, parent.run_id, Path(output_dir), device, data_path, allow_dirty,
+                               observer=fence, take_over=True, log=click.echo)
+            click.echo(f"[{outcome.status}] {outcome.message}")
+            return outcome.status, outcome.metrics.get("best_val_accuracy", float("nan"))
 
-    ran = drain(study, run_one, max_cells=max_cells)
-    state = counts(study)
-    click.echo(f"worker ran {ran} cells; queue: {state}")
-    if not state["waiting"] and not state["running"]:
-        # None: the server is away now; the parent is then closed through a local mirror.
-        if parent_status(parent) in ("RUNNING", None):
-            # A stale trial that was retried and then completed is not a failed cell.
-            trials = study.get_trials(deepcopy=False)
-            complete = {t.user_attrs.get("cell") for t in trials if t.state == TrialState.COMPLETE}
-            failed = {t.user_attrs.get("cell") for t in trials if t.state == TrialState.FAIL} - complete
-            end_parent_run(parent, {"finished": len(complete), "failed": len(failed)}, protocol.name)
+        tally = drain(study, run_one, grace, poll_seconds=min(2.0, heartbeat), max_cells=max_cells)
+    click.echo(f"worker ran {tally['ran']} cells ({tally['skipped']} already finished, {tally['failed']} failed, "
+               f"{tally['lost']} lost to another worker); queue: {counts(study)}")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -117,26 +118,39 @@ def test_one_failing_cell_loses_nothing_and_the_rerun_runs_only_it(setup, monkey
     assert [o.status for o in second] == ["skipped", "finished", "skipped", "skipped"]
 
 
-@pytest.mark.slow  # kill-and-resume in the default tier: test_train_mlflow, and the failing-cell rerun above
-def test_sigkilled_ablate_resumes_only_what_is_missing(setup):
-    tmp_path, folder = setup
-    path = write_protocol(tmp_path, epochs=3)
+def ablate_cmd(tmp_path: Path, path: Path, folder: Path) -> tuple[list[str], dict]:
     root = Path(__file__).resolve().parent.parent
-    env = {**os.environ, "PYTHONPATH": str(root)}
+    env = {**os.environ, "PYTHONPATH": str(root), "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "-m", "studies.cli", "ablate", "--protocol", str(path), "--allow-dirty",
            "--data-path", str(folder), "--device", "cpu", "--output-dir", str(tmp_path / "out")]
-    proc = subprocess.Popen(cmd, env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    client = MlflowClient()
+    return cmd, env
+
+
+def kill_when(cmd: list[str], env: dict, cwd: Path, ready, what: str) -> None:
+    """Start ``cmd``, SIGKILL it as soon as ``ready()`` is true."""
+    proc = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     deadline = time.monotonic() + 300
-    while time.monotonic() < deadline and proc.poll() is None:
-        exp = client.get_experiment_by_name("tiny")
-        runs = cell_runs(client, "tiny") if exp else []
-        if any(r.info.status == "FINISHED" for r in runs) and len(runs) >= 2:
-            break  # one cell done, the second under way
-        time.sleep(0.2)
-    assert proc.poll() is None, "ablate finished before it could be killed:\n" + proc.stdout.read()
+    while time.monotonic() < deadline and proc.poll() is None and not ready():
+        time.sleep(0.05)
+    assert proc.poll() is None, f"ablate ended before {what}:\n" + proc.stdout.read()[-3000:]
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=60)
+
+
+def one_cell_done_one_under_way(client: MlflowClient):
+    exp = client.get_experiment_by_name("tiny")
+    runs = cell_runs(client, "tiny") if exp else []
+    return any(r.info.status == "FINISHED" for r in runs) and len(runs) >= 2
+
+
+def test_sigkilled_ablate_resumes_only_what_is_missing(setup):
+    from test_ablate_record import assert_clean
+
+    tmp_path, folder = setup
+    path = write_protocol(tmp_path, epochs=3)
+    cmd, env = ablate_cmd(tmp_path, path, folder)
+    client = MlflowClient()
+    kill_when(cmd, env, tmp_path, lambda: one_cell_done_one_under_way(client), "a cell was under way")
     before = {r.info.run_id: r.info.status for r in cell_runs(client, "tiny")}
     assert "RUNNING" in before.values() and "FINISHED" in before.values(), before
 
@@ -144,9 +158,75 @@ def test_sigkilled_ablate_resumes_only_what_is_missing(setup):
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     finished_before = sum(s == "FINISHED" for s in before.values())
     assert f"{finished_before} already finished (skipped)" in done.stdout
+    killed = [rid for rid, s in before.items() if s == "RUNNING"]
+    # (killed before its first checkpoint, a cell restarts from scratch, in its own run all the same)
+    assert re.search(rf"(resumed from epoch \d step \d+|restarted from scratch) in run {killed[0]}",
+                     done.stdout + done.stderr), done.stdout[-3000:]
+    assert f"marked run {killed[0]}" in done.stdout + done.stderr  # the dead execution's runs: KILLED first
     after = cell_runs(client, "tiny")
     assert len(after) == 4 and all(r.info.status == "FINISHED" for r in after)
     assert set(before) <= {r.info.run_id for r in after}, "the interrupted cell continued in its own run"
     for r in after:
         steps = [m.step for m in client.get_metric_history(r.info.run_id, "val_accuracy")]
         assert steps == [1, 2, 3], f"{r.data.tags['mlflow.runName']}: epochs logged {steps}"
+    assert_clean(client, "tiny", 4)
+
+
+def _summary_under_way(client: MlflowClient, epochs: int) -> bool:
+    exp = client.get_experiment_by_name("tiny")
+    for r in cell_runs(client, "tiny") if exp else []:
+        if r.info.status == "RUNNING" and r.data.metrics.get("val_accuracy") is not None:
+            if len(client.get_metric_history(r.info.run_id, "val_accuracy")) == epochs:
+                return True
+    return False
+
+
+def _parent_exists(client: MlflowClient) -> bool:
+    exp = client.get_experiment_by_name("tiny")
+    return bool(exp and client.search_runs([exp.experiment_id], "tags.parent = 'true'"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("moment", ["training", "summary", "parent"])
+def test_sigkill_at_any_moment_then_rerun_leaves_a_clean_record(setup, moment):
+    """Killed during training, during a cell's summary, during parent creation: the rerun cleans up."""
+    from reports.build import build_report
+    from test_ablate_record import assert_clean
+
+    tmp_path, folder = setup
+    path = write_protocol(tmp_path, epochs=3)
+    cmd, env = ablate_cmd(tmp_path, path, folder)
+    client = MlflowClient()
+    ready = {"training": lambda: one_cell_done_one_under_way(client),
+             "summary": lambda: _summary_under_way(client, 3),
+             "parent": lambda: _parent_exists(client)}[moment]
+    kill_when(cmd, env, tmp_path, ready, f"the {moment} kill point")
+    done = subprocess.run(cmd, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert_clean(client, "tiny", 4)
+    result = build_report(str(path), tmp_path / "reports")
+    (parent,) = [r for r in client.search_runs([client.get_experiment_by_name("tiny").experiment_id],
+                                               "tags.parent = 'true'")]
+    assert result.logged_to == [parent.info.run_id]
+    assert {"report/report.md", "report/report.html"} <= {a.path for a in client.list_artifacts(parent.info.run_id, "report")}
+
+
+@pytest.mark.slow
+def test_sigterm_ends_the_parent_and_the_cell_killed_nothing_left_running(setup):
+    tmp_path, folder = setup
+    path = write_protocol(tmp_path, epochs=3)
+    cmd, env = ablate_cmd(tmp_path, path, folder)
+    client = MlflowClient()
+    proc = subprocess.Popen(cmd, env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and proc.poll() is None and not one_cell_done_one_under_way(client):
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode != 0, out[-3000:]
+    assert "interrupted: parent run" in out and "ended KILLED" in out, out[-3000:]
+    exp = client.get_experiment_by_name("tiny")
+    everything = client.search_runs([exp.experiment_id], "")
+    assert not [r for r in everything if r.info.status == "RUNNING"], [(r.info.run_name, r.info.status) for r in everything]
+    assert sorted(r.info.status for r in everything if r.data.tags.get("parent") == "true") == ["KILLED"]
+    assert "KILLED" in {r.info.status for r in cell_runs(client, "tiny")}

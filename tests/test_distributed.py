@@ -1,92 +1,157 @@
-"""Distributed ablation: cells queued in Optuna on a real PostgreSQL, two workers, one SIGKILLed mid-cell.
+"""Distributed ablation: cells queued in Optuna, workers killed, paused past the grace period, re-queued by hand.
 
-Every cell must finish exactly once in MLflow (logged through a real tracking server on
-127.0.0.1 with a PostgreSQL backend store), with each epoch's metrics logged once.
+Real processes against a real MLflow tracking server on 127.0.0.1, with the queue in a real
+PostgreSQL or in a journal file. Every cell must finish exactly once: one run per cell,
+each epoch logged once, one logged model per run, no crashed live worker, nothing RUNNING.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 import optuna
 import pytest
 from mlflow.tracking import MlflowClient
+from optuna.trial import TrialState
 
 from data_fixtures import make_image_folder
+from studies.cell_queue import open_storage
 from servers import mlflow_server, postgres_server
 from test_ablate import write_protocol
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parent.parent
+EPOCHS = 16
 
 
-def cli(*args: str, env: dict, cwd: Path, **kw):
-    return subprocess.Popen([sys.executable, "-m", "studies.cli", *args], env=env, cwd=cwd, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, **kw)
+STARTED: list[subprocess.Popen] = []
 
 
-def test_two_workers_one_killed_every_cell_exactly_once(tmp_path, monkeypatch):
+def start(args: list[str], env: dict, cwd: Path, log: Path) -> subprocess.Popen:
+    proc = subprocess.Popen([sys.executable, "-m", "studies.cli", *args], env=env, cwd=cwd, text=True,
+                            stdout=open(log, "w"), stderr=subprocess.STDOUT, start_new_session=True)
+    STARTED.append(proc)
+    return proc
+
+
+@pytest.fixture(autouse=True)
+def no_worker_left_behind():
+    """A failing test must not leave a paused or running worker behind."""
+    yield
+    while STARTED:
+        proc = STARTED.pop()
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
+
+
+def wait_for(what: str, condition, timeout: float = 300, every: float = 0.2):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = condition()
+        if found:
+            return found
+        time.sleep(every)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def epochs_done(log: Path) -> int:
+    return len(re.findall(r"^epoch \d+:", log.read_text(), re.M)) if log.exists() else 0
+
+
+def mid_cell(log: Path) -> str | None:
+    """The cell a worker is training now, once it has logged an epoch of it and has epochs to go."""
+    text = log.read_text()
+    starts = list(re.finditer(r"^cell (\d+): ", text, re.M))
+    if not starts:
+        return None
+    rest = text[starts[-1].end():]
+    epochs = [int(e) for e in re.findall(r"^epoch (\d+):", rest, re.M)]
+    if "[finished]" in rest or not epochs or epochs[-1] > EPOCHS - 3:
+        return None
+    return starts[-1].group(1)
+
+
+def assert_exactly_once(client: MlflowClient, experiment: str, study: optuna.Study) -> None:
+    exp = client.get_experiment_by_name(experiment)
+    runs = client.search_runs([exp.experiment_id], "tags.cell = 'true'")
+    keys = sorted((r.data.tags["arm"], r.data.tags["seed"]) for r in runs)
+    assert keys == sorted([("vit", "0"), ("cnn", "0"), ("vit", "1"), ("cnn", "1")]), keys
+    for run in runs:
+        name = run.data.tags["mlflow.runName"]
+        assert run.info.status == "FINISHED", (name, run.info.status)
+        for key in run.data.metrics:
+            steps = Counter(m.step for m in client.get_metric_history(run.info.run_id, key))
+            assert max(steps.values()) == 1, f"{name} {key}: duplicated steps {dict(steps)}"
+        assert sorted(m.step for m in client.get_metric_history(run.info.run_id, "val_accuracy")) == list(range(1, EPOCHS + 1))
+        models = client.search_logged_models([exp.experiment_id], filter_string=f"source_run_id = '{run.info.run_id}'")
+        assert [str(m.status).split(".")[-1] for m in models] == ["READY"], (name, models)
+    everything = client.search_runs([exp.experiment_id], "")
+    assert not [r.info.run_id for r in everything if r.info.status == "RUNNING"]
+    assert len([r for r in everything if r.data.tags.get("parent") == "true"]) == 1
+    complete = Counter(t.user_attrs["cell"] for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
+    assert sorted(complete) == [0, 1, 2, 3] and set(complete.values()) == {1}, complete
+
+
+@pytest.mark.parametrize("queue", ["postgresql", "journal"])
+def test_killed_paused_and_requeued_workers_every_cell_exactly_once(queue, tmp_path, monkeypatch):
     folder = tmp_path / "images"
     make_image_folder(folder, per_class={"train": 14, "test": 4})
-    protocol = write_protocol(tmp_path, epochs=4)
+    protocol = write_protocol(tmp_path, epochs=EPOCHS)
     with postgres_server(("optuna", "mlflow")) as pg, mlflow_server(f"{pg}/mlflow", tmp_path / "artifacts") as url:
         env = {**os.environ, "PYTHONPATH": str(ROOT), "MLFLOW_TRACKING_URI": url,
-               "WORKBENCH_CACHE_DIR": str(tmp_path / "cache")}
+               "WORKBENCH_CACHE_DIR": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
         env.pop("MLFLOW_RUN_ID", None)
         monkeypatch.setenv("MLFLOW_TRACKING_URI", url)
-        storage = f"{pg}/optuna"
-        queued = cli("ablate", "--protocol", str(protocol), "--allow-dirty", "--storage", storage, env=env, cwd=tmp_path)
-        out, _ = queued.communicate(timeout=300)
-        assert queued.returncode == 0 and "queued 4 cells" in out, out
-
-        common = ["--storage", storage, "--data-path", str(folder), "--device", "cpu",
-                  "--output-dir", str(tmp_path / "out"), "--heartbeat", "1", "--grace", "4"]
-        victim_log = open(tmp_path / "victim.log", "w")
-        victim = subprocess.Popen([sys.executable, "-m", "studies.cli", "worker", *common], env=env, cwd=tmp_path,
-                                  stdout=victim_log, stderr=subprocess.STDOUT, text=True, start_new_session=True)
-        survivor = cli("worker", *common, env=env, cwd=tmp_path)
-        client = MlflowClient(url)
-        study = optuna.load_study(study_name="cells:tiny@" + _short_hash(protocol), storage=storage)
-        # Kill the victim once its first cell has logged an epoch but not finished.
-        killed_run, deadline = None, time.monotonic() + 300
-        while time.monotonic() < deadline and killed_run is None and victim.poll() is None:
-            started = re.findall(r"cell \d+: (\w+)/seed(\d+)", (tmp_path / "victim.log").read_text())
-            exp = client.get_experiment_by_name("tiny")
-            if started and exp:
-                arm, seed = started[0]
-                found = client.search_runs([exp.experiment_id], f"tags.arm = '{arm}' and tags.seed = '{seed}'")
-                if found and found[0].info.status == "RUNNING" and client.get_metric_history(found[0].info.run_id, "val_accuracy"):
-                    killed_run = found[0]
-            time.sleep(0.1)
-        assert killed_run is not None, "the victim never had a cell with a logged epoch:\n" + (tmp_path / "victim.log").read_text()[-3000:]
-        os.killpg(victim.pid, signal.SIGKILL)
-        victim.wait(timeout=60)
-        victim_log.close()
-
-        out, _ = survivor.communicate(timeout=600)
-        assert survivor.returncode == 0, out[-4000:]
-        runs = client.search_runs([exp.experiment_id], "tags.cell = 'true'")
-        keys = sorted((r.data.tags["arm"], r.data.tags["seed"]) for r in runs)
-        assert keys == sorted([("vit", "0"), ("cnn", "0"), ("vit", "1"), ("cnn", "1")]), keys
-        for run in runs:
-            assert run.info.status == "FINISHED", (run.data.tags["mlflow.runName"], run.info.status)
-            steps = [m.step for m in client.get_metric_history(run.info.run_id, "val_accuracy")]
-            assert steps == [1, 2, 3, 4], f"{run.data.tags['mlflow.runName']}: epochs logged {steps}"
-            artifacts = {a.path for a in client.list_artifacts(run.info.run_id, "predictions")}
-            assert "predictions/val.csv" in artifacts
-        resumed = client.get_run(killed_run.info.run_id)
-        assert resumed.info.status == "FINISHED" and resumed.data.tags["resumed"] == "true", "the killed cell continued in its own run"
-        states = [t.state for t in study.get_trials(deepcopy=False)]
-        assert states.count(optuna.trial.TrialState.COMPLETE) == 4, states
-        assert optuna.trial.TrialState.FAIL in states  # the dead worker's stale trial
-        parent = client.get_run(runs[0].data.tags["mlflow.parentRunId"])
-        assert parent.info.status == "FINISHED"
+        storage = f"{pg}/optuna" if queue == "postgresql" else f"journal:{tmp_path / 'queue.log'}"
+        queued = subprocess.run([sys.executable, "-m", "studies.cli", "ablate", "--protocol", str(protocol),
+                                 "--allow-dirty", "--storage", storage], env=env, cwd=tmp_path, text=True,
+                                capture_output=True, timeout=300)
+        assert queued.returncode == 0 and "queued 4 cells" in queued.stdout, queued.stdout + queued.stderr
+        common = ["worker", "--storage", storage, "--data-path", str(folder), "--device", "cpu",
+                  "--output-dir", str(tmp_path / "out"), "--heartbeat", "2", "--grace", "10"]
+        logs = {name: tmp_path / f"{name}.log" for name in ("killed", "paused", "steady", "requeue")}
+        killed = start(common, env, tmp_path, logs["killed"])
+        paused = start(common, env, tmp_path, logs["paused"])
+        steady = start(common, env, tmp_path, logs["steady"])
+        victims = wait_for("two workers mid-cell", lambda: (mid_cell(logs["killed"]), mid_cell(logs["paused"]))
+                           if mid_cell(logs["killed"]) and mid_cell(logs["paused"]) else None, every=0.05)
+        # Pause inside the training steps, not inside the few milliseconds between the lease check
+        # and the metric upload that follow an epoch line (MLflow has no conditional write: see docs).
+        time.sleep(0.3)
+        os.killpg(killed.pid, signal.SIGKILL)
+        os.killpg(paused.pid, signal.SIGSTOP)
+        killed.wait(timeout=60)
+        killed_cell, paused_cell = map(int, victims)
+        # By hand, while the steady worker is busy and alive: only the expired leases are re-queued.
+        requeue = start([*common, "--requeue-stale"], env, tmp_path, logs["requeue"])
+        wait_for("the --requeue-stale report", lambda: re.search(r"re-queued (\d+) cells", logs["requeue"].read_text()))
+        study = optuna.load_study(study_name=f"cells:tiny@{_short_hash(protocol)}", storage=open_storage(storage, 2, 10))
+        # Past the grace period a live worker hands the paused worker's cell on and another one takes it.
+        wait_for("the paused cell taken over", lambda: any(
+            t.user_attrs.get("cell") == paused_cell and t.user_attrs.get("retry_of") is not None
+            for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING, TrialState.COMPLETE))), timeout=300)
+        os.killpg(paused.pid, signal.SIGCONT)
+        outputs = {}
+        for name, proc in (("paused", paused), ("steady", steady), ("requeue", requeue)):
+            proc.wait(timeout=900)
+            outputs[name] = logs[name].read_text()
+            assert proc.returncode == 0, f"{name} worker:\n{outputs[name][-4000:]}"
+            assert "Traceback" not in outputs[name], f"{name} worker:\n{outputs[name][-4000:]}"
+        # Each dead or paused worker's cell was handed on exactly once; no live worker's cell ever was.
+        requeued = sorted(int(c) for text in outputs.values() for c in re.findall(r"^re-queued cell (\d+) ", text, re.M))
+        assert requeued == sorted([killed_cell, paused_cell]), requeued
+        assert re.search(rf"cell {paused_cell}: stopped, lease lost: ", outputs["paused"]), outputs["paused"][-3000:]
+        assert assert_exactly_once(MlflowClient(url), "tiny", study) is None
 
 
 def _short_hash(protocol_path: Path) -> str:

@@ -12,6 +12,7 @@ naming the server and the environment variables, never silently logged elsewhere
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import re
@@ -37,6 +38,10 @@ HEALTH_CACHE_SECONDS = 20.0
 HTTP_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "3", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
                  "MLFLOW_HTTP_REQUEST_TIMEOUT": "60"}
 CREDENTIAL_ENV = ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD", "MLFLOW_TRACKING_TOKEN")
+
+# MLflow 3's UI opens an experiment on its GenAI overview unless the experiment says it
+# holds model training (the values of the UI's ExperimentKind).
+EXPERIMENT_KIND_TAG, MODEL_TRAINING_KIND = "mlflow.experimentKind", "custom_model_development"
 
 T = TypeVar("T")
 _health: dict[str, tuple[float, str]] = {}  # uri#credentials -> (checked at, "up" | why it is away)
@@ -111,6 +116,9 @@ def ensure_experiment(client: MlflowClient, name: str) -> str:
     """
     exp = client.get_experiment_by_name(name)
     if exp is not None:
+        if exp.tags.get(EXPERIMENT_KIND_TAG) is None:  # made before experiments were marked
+            with contextlib.suppress(MlflowException):
+                client.set_experiment_tag(exp.experiment_id, EXPERIMENT_KIND_TAG, MODEL_TRAINING_KIND)
         return exp.experiment_id
     location = None
     if client.tracking_uri == fallback_uri():
@@ -118,7 +126,8 @@ def ensure_experiment(client: MlflowClient, name: str) -> str:
         digest = hashlib.sha256(name.encode()).hexdigest()[:8]
         location = (offline_dir() / "artifacts" / f"{safe}-{digest}").as_uri()
     try:
-        return client.create_experiment(name, artifact_location=location)
+        return client.create_experiment(name, artifact_location=location,
+                                        tags={EXPERIMENT_KIND_TAG: MODEL_TRAINING_KIND})
     except MlflowException:  # created meanwhile by another process
         exp = client.get_experiment_by_name(name)
         if exp is None:
@@ -328,6 +337,9 @@ def set_process_uri(uri: str) -> None:
     that would make this process (and every subprocess) forget which server it serves.
     """
     configured = os.environ.get("MLFLOW_TRACKING_URI")
+    if redact_uri(uri) != uri or redact_uri(configured or "") != (configured or ""):
+        # MLflow prints "View run <name> at: <uri>/#/..." itself, userinfo and all.
+        os.environ["MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"] = "true"
     mlflow.set_tracking_uri(uri)
     if configured is None:
         os.environ.pop("MLFLOW_TRACKING_URI", None)

@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import json
 import os
+import sys
 import tempfile
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import click
@@ -13,7 +19,9 @@ from mlflow.tracking import MlflowClient
 
 from tracking.offline_fallback import ensure_experiment, fallback_run_exists, fallback_uri, is_unreachable, tracking_uri
 from tracking.runs import configure_tracking, git_state
+from tracking.lease import HEARTBEATS, HOST, TOKEN_TAG, lease_state, lease_tags, new_token, reap_expired
 from tracking.sink import RunSink
+from workbench.train.fingerprint import current_code_fingerprint
 
 PROTOCOL_TAGS = ("protocol_name", "protocol_hash", "arm", "seed")
 
@@ -73,49 +81,235 @@ def cell_runs(protocol_name: str, protocol_hash: str) -> list[Run]:
     )
 
 
-def start_parent_run(protocol, protocol_file: Path, allow_dirty: bool, extra_tags: dict | None = None) -> str:
-    """Create the parent run of one protocol execution and log the protocol itself.
+def study_key(protocol) -> str:
+    """One study = one protocol hash run by one code fingerprint: its one parent run's key."""
+    return hashlib.sha256(f"{protocol.hash}|{current_code_fingerprint()}".encode()).hexdigest()[:24]
 
-    Through a ``RunSink``: with the tracking server away, the parent lives in the local
-    fallback store (and its cells beside it) until ``workbench sync``.
+
+def parent_note(protocol, report_hint: str) -> str:
+    """The parent's description in the MLflow UI: what the study is, its configuration, its report."""
+    arms = getattr(protocol, "arms", None) or getattr(protocol, "regimes", ())  # ablation arms / transfer regimes
+    rows = [("protocol", f"`{protocol.name}` @ `{protocol.short_hash}`"),
+            ("dataset", getattr(getattr(protocol, "dataset", None), "name", "?")),
+            ("arms", ", ".join(getattr(a, "name", str(a)) for a in arms)),
+            ("seeds", ", ".join(map(str, getattr(protocol, "seeds", ())))),
+            ("cells", str(_cell_count(protocol))), ("code fingerprint", f"`{current_code_fingerprint()}`")]
+    table = "\n".join(f"| {k} | {v} |" for k, v in rows)
+    return (f"{protocol.description.strip()}\n\n| | |\n|---|---|\n{table}\n\n"
+            f"Cells are this run's children (group the runs list by `arm`). Report: {report_hint}")
+
+
+def _cell_count(protocol) -> int:
+    cells = getattr(protocol, "cells", None)
+    if callable(cells):
+        return len(cells())
+    arms = getattr(protocol, "arms", None) or getattr(protocol, "regimes", ())
+    return len(arms) * len(getattr(protocol, "seeds", ()))
+
+
+def reap_dead_runs(protocol_name: str, protocol_hash: str | None = None, log=None) -> list[tuple[str, str]]:
+    """Mark this protocol's RUNNING runs whose lease expired as KILLED (reads only an existing experiment)."""
+    client = MlflowClient()
+    exp = client.get_experiment_by_name(protocol_name)
+    if exp is None:
+        return []
+    where = f"tags.protocol_hash = '{protocol_hash}'" if protocol_hash else f"tags.protocol_name = '{protocol_name}'"
+    return reap_expired(client, exp.experiment_id, where, log=log)
+
+
+@dataclass
+class StudyParent:
+    """The one parent run of a study, held by this execution until ``close_study_parent``."""
+
+    run_id: str
+    sink: RunSink
+    experiment: str
+    expected_cells: int
+    execution: dict = field(default_factory=dict)
+
+
+def open_study_parent(protocol, protocol_file: Path, allow_dirty: bool, extra_tags: dict | None = None,
+                      log=print) -> StudyParent:
+    """Find the study's parent run (protocol hash + code fingerprint) or create it, and hold it.
+
+    Dead executions' runs of this protocol hash are marked KILLED first. A parent left
+    half-made by a killed execution gets its protocol files now. Two executions creating
+    the parent at once keep the older one (the other deletes its own).
     """
+    exp_id = experiment_id_for(protocol.name)
+    client, key = MlflowClient(), study_key(protocol)
+    reap_expired(client, exp_id, f"tags.protocol_hash = '{protocol.hash}'", log=log)
     tags = {
         "mlflow.runName": f"{protocol.name}@{protocol.short_hash}",
-        "protocol_name": protocol.name,
-        "protocol_hash": protocol.hash,
-        "protocol_file": str(protocol_file),
-        "allow_dirty": str(allow_dirty).lower(),
-        "parent": "true",
-        **git_state(),
-        **(extra_tags or {}),
+        "protocol_name": protocol.name, "protocol_hash": protocol.hash, "study_key": key,
+        "code_fingerprint": current_code_fingerprint(), "protocol_file": str(protocol_file),
+        "allow_dirty": str(allow_dirty).lower(), "parent": "true", "mlflow.user": run_user(),
+        "mlflow.note.content": parent_note(protocol, f"`workbench report --protocol {protocol.name}` logs it to "
+                                                     "this run's artifacts (report/report.html)"),
+        **git_state(), **(extra_tags or {}),
     }
     launcher = os.environ.get("MLFLOW_RUN_ID")
     if launcher:
         tags["launcher_run_id"] = launcher  # the run `mlflow run` created around this execution
-    uri = configure_tracking()
-    # Into the protocol's experiment even when it was renamed (the fallback store finds its own by name).
-    exp_id = experiment_id_for(protocol.name) if uri != fallback_uri() else None
-    sink = RunSink.create(protocol.name, tags, uri=uri, experiment_id=exp_id)
-    sink.log_artifact(protocol_file, artifact_path="protocol")
-    with tempfile.TemporaryDirectory() as tmp:
-        canonical = Path(tmp) / "canonical.json"
-        canonical.write_text(protocol.canonical_json())
-        sink.log_artifact(canonical, artifact_path="protocol")
-    sink.log_params({"protocol_description": protocol.description[:500]})
+    token = new_token()
+    found = _parents(client, exp_id, key)
+    if found:
+        run = found[0]
+        shared = run.info.status == "RUNNING" and lease_state(run).alive and TOKEN_TAG in run.data.tags
+        sink = RunSink.attach(run, configure_tracking(), protocol.name)
+        # Executions alive at once share the parent's lease: any of them keeps it alive.
+        token = run.data.tags[TOKEN_TAG] if shared else token
+        sink.set_tags({**{k: v for k, v in tags.items() if k != "mlflow.runName"},
+                       **({} if shared else lease_tags(token))})
+        log(f"study {protocol.name}@{protocol.short_hash}: parent run {run.info.run_id} reattached")
+    else:
+        sink = RunSink.create(protocol.name, {**tags, **lease_tags(token)}, uri=configure_tracking(), experiment_id=exp_id)
+        if not sink.offline:
+            oldest = _parents(client, exp_id, key)[0]
+            if oldest.info.run_id != sink.run_id:  # another execution made it first
+                client.delete_run(sink.run_id)
+                sink = RunSink.attach(oldest, configure_tracking(), protocol.name)
+        log(f"study {protocol.name}@{protocol.short_hash}: parent run {sink.run_id} created")
+    HEARTBEATS.hold(sink.run_id, sink.uri, token)
+    _log_protocol_files(sink, protocol, protocol_file)
+    parent = StudyParent(sink.run_id, sink, protocol.name, _cell_count(protocol))
+    parent.execution = {"host": HOST, "pid": os.getpid(), "start": _now(), "end": None, "outcome": "running",
+                        "argv": " ".join(sys.argv[1:])[:500], **{k: tags[k] for k in ("git_commit",)}}
+    _log_execution(parent)
     if launcher and not sink.offline:
         try:
             MlflowClient().set_tag(launcher, "protocol_parent_run_id", sink.run_id)
         except Exception as err:  # a cross-reference only: never worth stopping the study for
             if not is_unreachable(err):
                 raise
-    return sink.run_id
+    return parent
+
+
+def start_parent_run(protocol, protocol_file: Path, allow_dirty: bool, extra_tags: dict | None = None) -> str:
+    """The study's parent run id (held by this execution); see ``open_study_parent``."""
+    return open_study_parent(protocol, protocol_file, allow_dirty, extra_tags, log=lambda _: None).run_id
+
+
+def experiment_exists(protocol_name: str) -> bool:
+    return MlflowClient().get_experiment_by_name(protocol_name) is not None
+
+
+def study_runs(protocol) -> list[Run]:
+    """The parent run(s) of this study (normally one), oldest first; none when never run."""
+    client = MlflowClient()
+    exp = client.get_experiment_by_name(protocol.name)
+    return _parents(client, exp.experiment_id, study_key(protocol)) if exp else []
+
+
+def _parents(client: MlflowClient, exp_id: str, key: str) -> list[Run]:
+    runs = client.search_runs([exp_id], filter_string=f"tags.study_key = '{key}' and tags.parent = 'true'",
+                              max_results=100)
+    return sorted(runs, key=lambda r: (r.info.start_time or 0, r.info.run_id))
+
+
+def _log_protocol_files(sink: RunSink, protocol, protocol_file: Path) -> None:
+    """The protocol as run (file and canonical JSON); a parent reattached after a kill may lack them."""
+    with contextlib.suppress(Exception):
+        have = {a.path for a in MlflowClient(sink.uri).list_artifacts(sink.local_run_id, "protocol")}
+        if {"protocol/canonical.json", f"protocol/{Path(protocol_file).name}"} <= have:
+            return
+    sink.log_artifact(protocol_file, artifact_path="protocol")
+    with tempfile.TemporaryDirectory() as tmp:
+        canonical = Path(tmp) / "canonical.json"
+        canonical.write_text(protocol.canonical_json())
+        sink.log_artifact(canonical, artifact_path="protocol")
+    sink.log_params({"protocol_description": protocol.description[:500]})
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S%z")
+
+
+def _log_execution(parent: StudyParent) -> None:
+    """executions/<start>-<host>-<pid>.json on the parent: who ran the study, when, how it ended."""
+    e = parent.execution
+    name = f"{e['start'].replace(':', '')}-{e['host']}-{e['pid']}.json"
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / name
+        path.write_text(json.dumps(e, indent=1))
+        with contextlib.suppress(Exception):  # a record of the execution, not worth failing it
+            parent.sink.log_artifact(path, artifact_path="executions")
+
+
+def child_counts(parent_run_id: str, expected: int, uri: str | None = None, experiment: str | None = None) -> dict[str, int]:
+    """Cell counts from the parent's children as they are in the store, not one execution's view."""
+    client = MlflowClient(uri) if uri else MlflowClient()
+    exp_id = (client.get_experiment_by_name(experiment).experiment_id if experiment
+              else client.get_run(parent_run_id).info.experiment_id)
+    children = client.search_runs([exp_id], f"tags.mlflow.parentRunId = '{parent_run_id}' and tags.cell = 'true'",
+                                  max_results=50000)
+    counts = {s.lower(): 0 for s in ("FINISHED", "RUNNING", "FAILED", "KILLED")}
+    for run in children:
+        counts[run.info.status.lower()] = counts.get(run.info.status.lower(), 0) + 1
+    counts["missing"] = max(0, expected - len(children))
+    return counts
+
+
+def close_study_parent(parent: StudyParent, outcome: str, why: str = "") -> str:
+    """Release the parent with a truthful status; returns it.
+
+    ``outcome``: "completed" (the execution went through every cell), "interrupted"
+    (Ctrl-C, SIGTERM), "failed" (an error outside the cells) or "queued" (cells handed to
+    workers). While another execution still holds cells of this study, the parent stays RUNNING.
+    """
+    HEARTBEATS.release(parent.run_id)
+    sink = parent.sink
+    counts = {}
+    try:
+        client = MlflowClient(sink.uri)
+        reap_expired(client, client.get_run(parent.run_id).info.experiment_id,
+                     f"tags.mlflow.parentRunId = '{parent.run_id}'")
+        counts = child_counts(parent.run_id, parent.expected_cells, sink.uri)
+    except Exception:  # noqa: BLE001 - the server went away: count the children logged locally meanwhile
+        with contextlib.suppress(Exception):
+            counts = child_counts(parent.run_id, parent.expected_cells, fallback_uri(), parent.experiment)
+    if counts:
+        sink.log_metrics({f"cells_{k}": v for k, v in counts.items()}, step=_execution_index(parent))
+    if counts.get("running"):
+        status = "RUNNING"  # another execution is training cells of it now
+    elif outcome == "interrupted":
+        status = "KILLED"
+    elif outcome == "failed" or counts.get("failed") or counts.get("killed"):
+        status = "FAILED"
+    elif counts.get("missing"):
+        status = "SCHEDULED" if outcome == "queued" else "FAILED"
+    else:
+        status = "FINISHED"
+    parent.execution.update(end=_now(), outcome=outcome + (f": {why}" if why else ""), cells=counts, status=status)
+    _log_execution(parent)
+    if status == "RUNNING":  # other executions are still at work on its cells; the last one ends it
+        return status
+    sink.set_tags({"last_execution_outcome": parent.execution["outcome"][:500]})
+    sink.end(status)
+    return status
+
+
+def _execution_index(parent: StudyParent) -> int:
+    with contextlib.suppress(Exception):
+        return len(MlflowClient(parent.sink.uri).list_artifacts(parent.sink.local_run_id, "executions"))
+    return 0
 
 
 def end_parent_run(run_id: str, counts: dict[str, int], experiment: str | None = None) -> None:
     """Cell counts and the final status; a server gone meanwhile gets them through a local mirror."""
+    HEARTBEATS.release(run_id)
     sink = RunSink.for_run(run_id, experiment)
     sink.log_metrics({f"cells_{status}": n for status, n in counts.items()})
     sink.end("FAILED" if counts.get("failed") else "FINISHED")
+
+
+def run_user() -> str:
+    """Who runs the study, for the UI's "Created by" (as MLflow itself would say)."""
+    import getpass
+
+    with contextlib.suppress(Exception):
+        return os.environ.get("WORKBENCH_USER") or getpass.getuser()
+    return "unknown"
 
 
 def parent_status(run_id: str) -> str | None:

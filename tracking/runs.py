@@ -73,7 +73,9 @@ def environment_tags(device: str) -> dict[str, str]:
     }
     if device.startswith("cuda") and torch.cuda.is_available():
         tags["device_name"] = torch.cuda.get_device_name(torch.device(device))
-    return {**tags, **git_state()}
+    from workbench.train.fingerprint import current_code_fingerprint
+
+    return {**tags, **git_state(), "code_fingerprint": current_code_fingerprint()}
 
 
 @contextlib.contextmanager

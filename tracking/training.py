@@ -15,14 +15,18 @@ from mlflow.entities import Run
 from mlflow.tracking import MlflowClient
 
 from tracking import offline_fallback as rs
+from tracking.lease import HEARTBEATS, is_mine, lease_state
 from tracking.sink import SYNC_SYNCED, RunSink, store_for
 
 from workbench.data import PreparedData
 from workbench.train.config import TrainConfig
+from workbench.train.fingerprint import current_code_fingerprint
 from workbench.train.loop import TrainingObserver, TrainResult
 
 EPOCH_METRICS = ("train_loss", "train_accuracy", "val_loss", "val_accuracy", "lr", "epoch_seconds",
                  "images_per_second", "best_epoch")
+# Set on a run once that part of its summary is in the store: a resume completes only the rest.
+SUMMARY_ARTIFACTS_TAG = "summary.artifacts"
 # MLflow keeps dataset digests to 36 characters; the full fingerprint is logged as a param.
 DIGEST_CHARS = 36
 
@@ -48,11 +52,16 @@ class MlflowTrainingObserver(TrainingObserver):
     given a run id it logs straight to the current tracking store.
     """
 
-    def __init__(self, run: "RunSink | str") -> None:
+    def __init__(self, run: "RunSink | str", fenced: bool = False) -> None:
         self.sink = run if isinstance(run, RunSink) else None
         self.run_id = run.run_id if isinstance(run, RunSink) else run
         self.client = MlflowClient()
         self._logged: set[int] | None = None
+        self.fenced = fenced  # the run holds a lease (tracking.lease): stop once it is taken over
+
+    def check(self, sync: bool = False) -> None:
+        if self.fenced:
+            HEARTBEATS.check(self.run_id, verify=sync)
 
     def logged_epochs(self) -> set[int]:
         if self._logged is None:
@@ -70,6 +79,7 @@ class MlflowTrainingObserver(TrainingObserver):
         epoch = int(metrics["epoch"])
         if epoch in self.logged_epochs():
             return
+        self.check(sync=True)
         values = {k: float(metrics[k]) for k in EPOCH_METRICS if k in metrics}
         if self.sink is not None:
             self.sink.log_metrics(values, step=epoch)
@@ -84,8 +94,10 @@ class KeyedRun:
 
     sink: RunSink | None
     run_id: str
-    status: str | None  # None: created now
+    status: str | None  # None: created now; "BUSY": RUNNING under a live lease of another execution
     metrics: dict = field(default_factory=dict)
+    why: str = ""  # for BUSY: who holds it
+    previous_status: str | None = None
 
 
 def _find_by_key(client: MlflowClient, experiment_id: str, key: str, unsynced: bool = False) -> Run | None:
@@ -96,9 +108,12 @@ def _find_by_key(client: MlflowClient, experiment_id: str, key: str, unsynced: b
     return runs[0] if runs else None
 
 
-def open_keyed_run(experiment: str, key: str, tags: dict, parent_run_id: str | None = None) -> KeyedRun:
+def open_keyed_run(experiment: str, key: str, tags: dict, parent_run_id: str | None = None,
+                   take_over: bool = False) -> KeyedRun:
     """Find the run of ``key`` or create it, in whichever store it belongs; never two runs for one key.
 
+    A RUNNING run held by a live execution is returned as BUSY, unless ``take_over`` (a
+    queue that found that execution's lease expired hands the cell on).
     A run with this key that exists only in the local fallback store (not synced yet)
     continues there even when the server is back: one run, one timeline, merged by
     ``workbench sync``. A FINISHED run is returned without a sink (nothing to do).
@@ -106,7 +121,7 @@ def open_keyed_run(experiment: str, key: str, tags: dict, parent_run_id: str | N
     if rs.is_remote(rs.tracking_uri()) and rs.fallback_exists():
         found = _find_in_fallback(experiment, key, unsynced=True)
         if found is not None:
-            return _keyed(found, rs.fallback_uri(), experiment)
+            return _keyed(found, rs.fallback_uri(), experiment, parent_run_id, take_over)
     uri = store_for(parent_run_id)
     if uri != rs.fallback_uri():
         client = MlflowClient(uri)
@@ -119,12 +134,12 @@ def open_keyed_run(experiment: str, key: str, tags: dict, parent_run_id: str | N
             uri = rs.fallback_uri()
         else:
             if found is not None:
-                return _keyed(found, uri, experiment)
+                return _keyed(found, uri, experiment, parent_run_id, take_over)
             sink = RunSink.create(experiment, {"run_key": key, **tags}, parent_run_id, uri=uri, experiment_id=exp_id)
             return KeyedRun(sink, sink.run_id, None)
     found = _find_in_fallback(experiment, key)
     if found is not None:
-        return _keyed(found, uri, experiment)
+        return _keyed(found, uri, experiment, parent_run_id, take_over)
     sink = RunSink.create(experiment, {"run_key": key, **tags}, parent_run_id, uri=uri)
     return KeyedRun(sink, sink.run_id, None)
 
@@ -135,10 +150,19 @@ def _find_in_fallback(experiment: str, key: str, unsynced: bool = False) -> Run 
     return _find_by_key(client, exp.experiment_id, key, unsynced) if exp else None
 
 
-def _keyed(run: Run, uri: str, experiment: str) -> KeyedRun:
+def _keyed(run: Run, uri: str, experiment: str, parent_run_id: str | None = None, take_over: bool = False) -> KeyedRun:
     if run.info.status == "FINISHED":
         return KeyedRun(None, run.info.run_id, "FINISHED", dict(run.data.metrics))
-    return KeyedRun(RunSink.attach(run, uri, experiment), run.info.run_id, run.info.status)
+    if run.info.status == "RUNNING" and not is_mine(run) and not take_over:
+        state = lease_state(run)
+        if state.alive:  # another execution is training it right now: not ours to touch
+            return KeyedRun(None, run.info.run_id, "BUSY", dict(run.data.metrics), state.why)
+    sink = RunSink.attach(run, uri, experiment)
+    old_parent = run.data.tags.get("mlflow.parentRunId")
+    if parent_run_id and old_parent != parent_run_id:
+        # A cell begun under another (older or duplicate) parent joins the study's one parent.
+        sink.set_tags({"mlflow.parentRunId": parent_run_id, "previous_parent_run_id": old_parent or ""})
+    return KeyedRun(sink, run.info.run_id, run.info.status)
 
 
 def log_run_inputs(sink: RunSink, cfg: TrainConfig, data: PreparedData, extra_params: dict | None = None) -> None:
@@ -157,6 +181,7 @@ def log_run_inputs(sink: RunSink, cfg: TrainConfig, data: PreparedData, extra_pa
         "data.train_images": len(data.train.labels),
         "data.val_images": len(data.val.labels),
         "data.test_images": len(data.test.labels) if data.test is not None else 0,
+        "code_fingerprint": current_code_fingerprint(),
         **(extra_params or {}),
     })
     sink.log_params(params)  # only the ones a resumed run does not have yet
@@ -169,32 +194,71 @@ def log_run_inputs(sink: RunSink, cfg: TrainConfig, data: PreparedData, extra_pa
 
 
 def log_training_result(sink: RunSink, result: TrainResult, cfg: TrainConfig, model_factory,
-                        example: torch.Tensor) -> None:
-    """Final metrics, reload proof, predictions, checkpoints, config and the logged model."""
+                        example: torch.Tensor, check=lambda: None) -> None:
+    """Summary metrics, reload proof, predictions, checkpoints, config and the logged model: once.
+
+    Each part is skipped when the run already has it (a resume after a kill in the middle
+    of the summary completes only the rest). Summary metrics have keys of their own (never
+    a per-epoch key) and sit at the last epoch's step. ``check`` runs before each write
+    and raises when the run was taken over.
+    """
     proof = result.reload_proof
-    sink.log_metrics({
+    summary = {
         **result.final_metrics,
-        "best_epoch": result.best_epoch,
         "reload_proof_passed": float(proof.passed),
         "reload_proof_max_abs_diff": proof.max_abs_prob_diff if math.isfinite(proof.max_abs_prob_diff) else -1.0,
-    })
+    }
+    have = {m.key for m in sink.journal.metrics}
+    missing = {k: v for k, v in summary.items() if k not in have}
+    if missing:
+        check()
+        sink.log_metrics(missing, step=len(result.history))
+    check()
     sink.set_tags({
         "reload_proof": "passed" if proof.passed else "failed",
         "reload_proof_summary": proof.summary(),
         "stopped_early": str(result.stopped_early).lower(),
     })
-    for split, path in result.predictions.items():
-        sink.log_artifact(path, artifact_path="predictions")
-    for kind, path in result.checkpoints.items():
-        sink.log_artifact(path, artifact_path="checkpoints")
-    with tempfile.TemporaryDirectory() as tmp:
-        config_path = Path(tmp) / "config.json"
-        config_path.write_text(json.dumps(cfg.to_dict(), indent=2, default=str))
-        sink.log_artifact(config_path)
-        history = Path(tmp) / "history.json"
-        history.write_text(json.dumps(result.history, indent=1))
-        sink.log_artifact(history)
+    if sink.journal.tags.get(SUMMARY_ARTIFACTS_TAG) != "logged":
+        for split, path in result.predictions.items():
+            check()
+            sink.log_artifact(path, artifact_path="predictions")
+        for kind, path in result.checkpoints.items():
+            check()
+            sink.log_artifact(path, artifact_path="checkpoints")
+        with tempfile.TemporaryDirectory() as tmp:
+            config_path = Path(tmp) / "config.json"
+            config_path.write_text(json.dumps(cfg.to_dict(), indent=2, default=str))
+            sink.log_artifact(config_path)
+            history = Path(tmp) / "history.json"
+            history.write_text(json.dumps(result.history, indent=1))
+            sink.log_artifact(history)
+        sink.set_tags({SUMMARY_ARTIFACTS_TAG: "logged"})
+    if _ready_model(sink):
+        return
+    check()
     sink.log_model(lambda run_id: log_model(result, model_factory, example, run_id))
+
+
+def _ready_model(sink: RunSink) -> bool:
+    """Whether the run already has a READY logged model; half-made ones (PENDING, FAILED) are deleted."""
+    client = MlflowClient(rs.fallback_uri() if sink.mirror_id else sink.uri)
+    run_id = sink.local_run_id
+    try:
+        exp_id = client.get_run(run_id).info.experiment_id
+        models = client.search_logged_models([exp_id], filter_string=f"source_run_id = '{run_id}'")
+    except Exception as err:  # the server went away: the sink decides where the model goes
+        if rs.is_unreachable(err):
+            return False
+        raise
+    ready = False
+    for model in models:
+        if str(model.status).endswith("READY") and not ready:
+            ready = True
+        else:  # a model a killed execution left half-uploaded, or a second copy
+            with contextlib.suppress(Exception):
+                client.delete_logged_model(model.model_id)
+    return ready
 
 
 def log_model(result: TrainResult, model_factory, example: torch.Tensor, run_id: str | None = None) -> None:

@@ -25,6 +25,7 @@ from workbench.data import AugmentConfig, PreparedData, TensorLoader, derive_see
 from workbench.models.registry import build_model, model_config
 from workbench.train.checkpoint import FORMAT, atomic_torch_save, capture_rng, load_checkpoint, restore_rng
 from workbench.train.config import TrainConfig
+from workbench.atomic import atomic_write
 from workbench.train.evaluate import (
     ReloadProof,
     compare_predictions,
@@ -53,6 +54,13 @@ class TrainingObserver:
     def on_epoch(self, metrics: dict) -> None: ...
     def on_checkpoint(self, path: Path, kind: str) -> None: ...
 
+    def check(self, sync: bool = False) -> None:
+        """Called at every step (``sync=False``: cheap) and before every write (``sync=True``).
+
+        Raise to stop the run there, before anything more is written; the tracking layer
+        uses this to fence a run that another execution took over.
+        """
+
 
 class Observers(TrainingObserver):
     """Several observers, called in order."""
@@ -75,6 +83,10 @@ class Observers(TrainingObserver):
     def on_checkpoint(self, path: Path, kind: str) -> None:
         for o in self.observers:
             o.on_checkpoint(path, kind)
+
+    def check(self, sync: bool = False) -> None:
+        for o in self.observers:
+            o.check(sync)
 
 
 @dataclass
@@ -197,6 +209,7 @@ class Trainer:
         return self.run_dir / "checkpoints" / "best.pt"
 
     def _save(self, pos: dict, kind: str = "last") -> None:
+        self.observer.check(sync=True)
         state = {
             "format": FORMAT,
             "config_hash": self.hash,
@@ -248,12 +261,14 @@ class Trainer:
             pos = {k: state[k] for k in pos}
             self.observer.on_resume(pos["history"])
         self.observer.on_start({"device": str(self.device), "config_hash": self.hash, "resumed": state is not None,
-                                "train_batches": len(self.train_loader), "amp": str(self.amp_dtype)})
+                                "train_batches": len(self.train_loader), "amp": str(self.amp_dtype),
+                                "epoch": pos["epoch"], "step": pos["step"], "finished": pos["finished"]})
         while not pos["finished"] and pos["epoch"] < run.epochs and not pos["early"]["stopped"]:
             self._train_epoch(pos)
             self._end_epoch(pos)
-        pos["finished"] = True
-        self._save(pos)
+        if not pos["finished"]:
+            pos["finished"] = True
+            self._save(pos)
         return self._finish(pos)
 
     def _train_epoch(self, pos: dict) -> None:
@@ -261,6 +276,7 @@ class Trainer:
         epoch, accum, n_batches = pos["epoch"], pos["accum"], len(self.train_loader)
         bar = tqdm(total=n_batches, initial=pos["batch"], desc=f"epoch {epoch + 1}/{self.cfg.run.epochs}", leave=False)
         for images, labels, _ in self.train_loader.iter_epoch(epoch, start_batch=pos["batch"]):
+            self.observer.check()
             started = time.perf_counter()
             with torch.autocast(self.device.type, dtype=self.amp_dtype, enabled=self.amp_dtype is not None):
                 logits = self.model(images)
@@ -305,6 +321,7 @@ class Trainer:
         monitor, higher_is_better = self._monitored()
         score = metrics[monitor] if higher_is_better else -metrics[monitor]
         if early["best"] is None or score > early["best"]:
+            self.observer.check(sync=True)
             early.update(best=score, best_epoch=pos["epoch"] + 1, bad_epochs=0)
             # Best weights and the predictions they made: the reload proof compares the two.
             atomic_torch_save({"format": FORMAT, "config_hash": self.hash, "model": self.model.state_dict(),
@@ -322,9 +339,32 @@ class Trainer:
             f"epoch {metrics['epoch']}: train loss {metrics['train_loss']:.4f} acc {metrics['train_accuracy']:.4f} | "
             f"val loss {metrics['val_loss']:.4f} acc {metrics['val_accuracy']:.4f} | {metrics['images_per_second']:.0f} img/s"
         )
+        self.observer.check(sync=True)  # a run taken over while this epoch ran must not log it
         self.observer.on_epoch(metrics)
 
+    @property
+    def summary_path(self) -> Path:
+        return self.run_dir / "summary.json"
+
     def _finish(self, pos: dict) -> TrainResult:
+        """The summary, computed once: a resume after it was written reads it back (no second test pass)."""
+        if self.summary_path.exists():
+            saved = json.loads(self.summary_path.read_text())
+            if saved.get("config_hash") == self.hash:
+                return self._result(pos, ReloadProof(**saved["reload_proof"]),
+                                    {k: Path(v) for k, v in saved["predictions"].items()}, saved["final_metrics"])
+        result = self._summarize(pos)
+        proof = result.reload_proof
+        summary = {"config_hash": self.hash, "final_metrics": result.final_metrics,
+                   "predictions": {k: str(v) for k, v in result.predictions.items()},
+                   "reload_proof": {"passed": proof.passed, "predictions_equal": proof.predictions_equal,
+                                    "max_abs_prob_diff": proof.max_abs_prob_diff, "tolerance": proof.tolerance,
+                                    "examples": proof.examples}}
+        self.observer.check(sync=True)
+        atomic_write(self.summary_path, lambda f: f.write(json.dumps(summary, indent=1).encode()))
+        return result
+
+    def _summarize(self, pos: dict) -> TrainResult:
         """Reload the best checkpoint into a fresh model: it must reproduce its saved predictions."""
         best = load_checkpoint(self.best_path, map_location=self.device)
         fresh = self._fresh_model()
@@ -340,6 +380,9 @@ class Trainer:
             test = predict(fresh, self.eval_loaders["test"], self.device, self.amp_dtype)
             predictions["test"] = save_predictions(test, self.run_dir / "predictions" / "test.csv")
             final.update({f"test_{k}": v for k, v in metrics_from_predictions(test).items()})
+        return self._result(pos, proof, predictions, final)
+
+    def _result(self, pos: dict, proof: ReloadProof, predictions: dict[str, Path], final: dict) -> TrainResult:
         early = pos["early"]
         best_metric = early["best"] if self._monitored()[1] else -early["best"]
         return TrainResult(

@@ -1,0 +1,63 @@
+"""Entry point: where a study stands, cell by cell, and what the next `ablate` would do."""
+
+from __future__ import annotations
+
+import click
+
+from studies.protocol import ProtocolError, load_protocol
+from tracking.lease import REASON_TAG, lease_state
+from tracking.protocols import cell_runs, experiment_exists, reap_dead_runs, study_runs
+from tracking.runs import configure_tracking
+from workbench.train.fingerprint import current_code_fingerprint
+
+
+def cell_state(runs: list, fingerprint: str) -> tuple[str, str]:
+    """(state, what the next ablate does) of one cell from its MLflow runs (any code version)."""
+    mine = sorted((r for r in runs if r.data.params.get("code_fingerprint") == fingerprint),
+                  key=lambda r: r.info.start_time or 0, reverse=True)
+    if not mine:
+        older = [r for r in runs if r.info.status == "FINISHED"]
+        if older:
+            return (f"missing for this code (finished with code {older[0].data.params.get('code_fingerprint', '?')} "
+                    f"in run {older[0].info.run_id})", "start it")
+        return "missing", "start it"
+    run = mine[0]
+    rid, status = run.info.run_id, run.info.status
+    if status == "FINISHED":
+        return f"finished (run {rid})", "skip it"
+    if status == "RUNNING":
+        state = lease_state(run)
+        return f"{state.why} (run {rid})", "leave it to that execution"
+    why = run.data.tags.get(REASON_TAG) or run.data.tags.get("end_reason") or run.data.tags.get("failure") or ""
+    label = "stale, marked KILLED" if run.data.tags.get(REASON_TAG) else status.lower()
+    return f"{label} (run {rid}{': ' + why if why else ''})", f"resume it in run {rid}"
+
+
+@click.command("status")
+@click.option("--protocol", "protocol_path", required=True, type=click.Path(exists=True, dir_okay=False),
+              help="Protocol YAML file.")
+def status(protocol_path):
+    """Each cell's state (finished, running on host/pid, stale, failed, missing) and the next `ablate`'s plan."""
+    try:
+        protocol = load_protocol(protocol_path)
+    except ProtocolError as err:
+        raise click.ClickException(str(err)) from err
+    configure_tracking()
+    fingerprint = current_code_fingerprint()
+    if not study_runs(protocol) and not reap_dead_runs(protocol.name) and not experiment_exists(protocol.name):
+        click.echo(f"{protocol.name}@{protocol.short_hash}: never run here; next ablate: start all "
+                   f"{len(protocol.cells())} cells")
+        return
+    reap_dead_runs(protocol.name, protocol.hash, log=lambda line: click.echo(line))
+    runs = cell_runs(protocol.name, protocol.hash)
+    click.echo(f"{protocol.name}@{protocol.short_hash}, code {fingerprint}: {len(protocol.cells())} cells")
+    for parent in study_runs(protocol):
+        click.echo(f"parent run {parent.info.run_id}: {parent.info.status}")
+    plan: dict[str, int] = {}
+    for cell in protocol.cells():
+        state, action = cell_state(
+            [r for r in runs if (r.data.tags.get("arm"), r.data.tags.get("seed")) == (cell.arm, str(cell.seed))],
+            fingerprint)
+        plan[action] = plan.get(action, 0) + 1
+        click.echo(f"  {cell.key}: {state} -> next ablate: {action}")
+    click.echo("next ablate: " + ", ".join(f"{action} x{n}" for action, n in plan.items()))

@@ -1,0 +1,167 @@
+"""The MLflow record of a study stays clean: one parent, leases, truthful statuses, summaries once."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from mlflow.tracking import MlflowClient
+
+import workbench.train.loop as loop_mod
+from data_fixtures import make_image_folder
+from studies.ablate import open_protocol, run_protocol
+from studies.cli import main
+from tracking.lease import HEARTBEAT_TAG, HOST_TAG, PID_TAG, REASON_TAG, TOKEN_TAG
+from workbench.train.fingerprint import current_code_fingerprint
+
+PROTOCOL = """\
+name: {name}
+description: one-arm protocol for record tests
+dataset: {{name: image_folder, val_size: 6, split_seed: 3}}
+model: {{name: fmnist_vit, image_size: 8, patch_size: 4, in_channels: 3, num_classes: 3, dim: 16, depth: 1, heads: 2, mlp_hidden: 32}}
+optim: {{lr: 0.003}}
+run: {{epochs: {epochs}, batch_size: 8, checkpoint_every_steps: 2, evaluate_test: true}}
+arms:
+  - {{name: vit, reference: true}}
+seeds: {seeds}
+"""
+
+
+@pytest.fixture
+def study(tmp_path, mlflow_store, monkeypatch):
+    monkeypatch.setenv("WORKBENCH_CACHE_DIR", str(tmp_path / "cache"))
+    folder = tmp_path / "images"
+    make_image_folder(folder, per_class={"train": 8, "test": 3})
+    path = tmp_path / "rec.yaml"
+    path.write_text(PROTOCOL.format(name="rec", epochs=2, seeds="[0, 1]"))
+    protocol = open_protocol(str(path), allow_dirty=True)
+
+    def run():
+        return run_protocol(protocol, path, tmp_path / "out", device="cpu", data_path=str(folder), allow_dirty=True)
+
+    return protocol, run
+
+
+def protocol_file(protocol) -> Path:
+    return Path.cwd() / "rec.yaml"
+
+
+def runs(client: MlflowClient, what: str, experiment: str = "rec"):
+    exp = client.get_experiment_by_name(experiment)
+    return client.search_runs([exp.experiment_id], f"tags.{what} = 'true'")
+
+
+def dead_pid() -> int:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+def assert_clean(client: MlflowClient, experiment: str, cells: int) -> None:
+    """One parent, nothing RUNNING, one run per cell, no metric step twice, no half-made model."""
+    parents, children = runs(client, "parent", experiment), runs(client, "cell", experiment)
+    assert len(parents) == 1, [p.info.run_id for p in parents]
+    assert len(children) == cells and len({r.data.tags["run_key"] for r in children}) == cells
+    assert all(r.info.status != "RUNNING" for r in parents + children)
+    for r in children:
+        assert r.data.tags["mlflow.parentRunId"] == parents[0].info.run_id
+        for key in r.data.metrics:
+            steps = Counter(m.step for m in client.get_metric_history(r.info.run_id, key))
+            assert max(steps.values()) == 1, f"{r.data.tags['mlflow.runName']} {key}: steps {dict(steps)}"
+        models = client.search_logged_models([r.info.experiment_id], filter_string=f"source_run_id = '{r.info.run_id}'")
+        assert [str(m.status).split(".")[-1] for m in models] == ["READY"], models
+
+
+def test_every_execution_reattaches_the_one_parent_and_records_itself(study):
+    protocol, run = study
+    client = MlflowClient()
+    assert [o.status for o in run()] == ["finished", "finished"]
+    assert [o.status for o in run()] == ["skipped", "skipped"]
+    (parent,) = runs(client, "parent")
+    assert parent.info.status == "FINISHED"
+    tags = parent.data.tags
+    assert tags["code_fingerprint"] == current_code_fingerprint() and tags["mlflow.user"]
+    assert protocol.description in tags["mlflow.note.content"] and "| seeds | 0, 1 |" in tags["mlflow.note.content"]
+    records = [json.loads(Path(client.download_artifacts(parent.info.run_id, a.path)).read_text())
+               for a in client.list_artifacts(parent.info.run_id, "executions")]
+    assert len(records) == 2 and {r["outcome"] for r in records} == {"completed"}
+    assert all(r["host"] and r["pid"] and r["end"] and r["status"] == "FINISHED" for r in records)
+    # counts come from the children, also in an execution that only skipped
+    assert parent.data.metrics["cells_finished"] == 2 and parent.data.metrics["cells_missing"] == 0
+    exp = client.get_experiment_by_name("rec")
+    assert exp.tags["mlflow.experimentKind"] == "custom_model_development"
+    for cell in runs(client, "cell"):
+        assert cell.data.params["arm"] == "vit" == cell.data.tags["arm"]
+        assert cell.data.params["seed"] == cell.data.tags["seed"]
+        assert cell.data.params["code_fingerprint"] == current_code_fingerprint()
+        # per-epoch curves at steps 1..n; summary values under keys of their own at the last step, none at 0
+        assert [m.step for m in client.get_metric_history(cell.info.run_id, "best_epoch")] == [1, 2]
+        assert [m.step for m in client.get_metric_history(cell.info.run_id, "best_val_accuracy")] == [2]
+        assert [m.step for m in client.get_metric_history(cell.info.run_id, "test_accuracy")] == [2]
+    assert_clean(client, "rec", 2)
+
+
+def test_a_dead_executions_runs_are_killed_and_its_cell_resumes_under_the_one_parent(study, monkeypatch, capsys):
+    protocol, run = study
+    client = MlflowClient()
+    run()
+    (parent,) = runs(client, "parent")
+    cell = sorted(runs(client, "cell"), key=lambda r: r.data.tags["seed"])[1]
+    # As a SIGKILLed execution leaves it: RUNNING, lease of a process that is gone, under another parent,
+    # its summary half logged (no artifacts tag, a PENDING model beside the real one).
+    stray = client.create_run(parent.info.experiment_id, tags={"parent": "true", "protocol_hash": protocol.hash,
+                                                                 "protocol_name": "rec"})
+    lease = {HOST_TAG: __import__("socket").gethostname(), PID_TAG: str(dead_pid()), TOKEN_TAG: "old",
+             HEARTBEAT_TAG: "0"}
+    for run_id in (cell.info.run_id, parent.info.run_id, stray.info.run_id):
+        client.update_run(run_id, status="RUNNING")
+        for k, v in lease.items():
+            client.set_tag(run_id, k, v)
+    client.set_tag(cell.info.run_id, "mlflow.parentRunId", stray.info.run_id)
+    client.delete_tag(cell.info.run_id, "summary.artifacts")
+    client.create_logged_model(cell.info.experiment_id, name="model", source_run_id=cell.info.run_id)
+    shown = CliRunner().invoke(main, ["status", "--protocol", str(protocol_file(protocol))])
+    assert shown.exit_code == 0, shown.output
+    assert f"marked run {stray.info.run_id}" in shown.output and f"parent run {parent.info.run_id}: KILLED" in shown.output
+    assert f"vit/seed1: stale, marked KILLED (run {cell.info.run_id}: process" in shown.output, shown.output
+    assert f"-> next ablate: resume it in run {cell.info.run_id}" in shown.output
+    assert "vit/seed0: finished (run" in shown.output and "next ablate: skip it x1, resume it in run" in shown.output
+    monkeypatch.setattr(loop_mod.Trainer, "_summarize", lambda self, pos: pytest.fail("summary computed twice"))
+    capsys.readouterr()
+    outcomes = run()
+    out = capsys.readouterr()
+    text = out.out + out.err
+    assert [o.status for o in outcomes] == ["skipped", "finished"], [o.message for o in outcomes]
+    assert "vit-seed0: skipped (finished in run" in text
+    assert f"vit-seed1: training had ended; completing its summary in run {cell.info.run_id}" in text
+    stray_now = client.get_run(stray.info.run_id)
+    assert stray_now.info.status == "KILLED" and "is gone" in stray_now.data.tags[REASON_TAG]
+    client.delete_run(stray.info.run_id)  # the test's stand-in for an older parent; not part of the study now
+    assert client.get_run(cell.info.run_id).data.tags["previous_parent_run_id"] == stray.info.run_id
+    assert_clean(client, "rec", 2)
+
+
+def test_ctrl_c_ends_the_parent_and_the_cell_killed_and_the_rerun_finishes(study, monkeypatch):
+    _, run = study
+    client = MlflowClient()
+    real = loop_mod.Trainer._end_epoch
+
+    def interrupted(self, pos):
+        real(self, pos)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(loop_mod.Trainer, "_end_epoch", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        run()
+    (parent,) = runs(client, "parent")
+    assert parent.info.status == "KILLED"
+    assert [r.info.status for r in runs(client, "cell")] == ["KILLED"]
+    monkeypatch.setattr(loop_mod.Trainer, "_end_epoch", real)
+    assert [o.status for o in run()] == ["finished", "finished"]
+    assert client.get_run(parent.info.run_id).info.status == "FINISHED"
+    assert_clean(client, "rec", 2)

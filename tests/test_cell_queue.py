@@ -1,0 +1,72 @@
+"""The cell queue's leases: only expired leases are re-queued, finished cells never, a taken-over worker is fenced."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import optuna
+import pytest
+from click.testing import CliRunner
+from optuna.trial import TrialState
+
+from studies.cell_queue import LEASE_ATTR, holds, new_lease, open_storage, renew, requeue_expired
+from studies.cli import main
+from studies.worker import QueueFence
+from tracking.lease import LeaseLost
+
+
+def dead_pid() -> int:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+@pytest.fixture
+def study(tmp_path):
+    storage = open_storage(f"journal:{tmp_path / 'queue.log'}", heartbeat=1, grace=5)
+    study = optuna.create_study(study_name="cells:t@0", storage=storage, direction="maximize")
+    for cell in range(4):
+        study.enqueue_trial({"cell": cell}, user_attrs={"cell": cell, "arm": "vit", "seed": cell})
+    return study
+
+
+def test_only_expired_leases_are_requeued_and_finished_cells_never(study):
+    live, dead, stale, done = (study.ask() for _ in range(4))
+    renew(study, live._trial_id, new_lease())  # this process: alive, fresh heartbeat
+    renew(study, dead._trial_id, {**new_lease(), "pid": dead_pid()})  # its process is gone
+    renew(study, stale._trial_id, {**new_lease(), "host": "elsewhere"})
+    study._storage.set_trial_user_attr(stale._trial_id, LEASE_ATTR,
+                                       {**new_lease(), "host": "elsewhere", "heartbeat": time.time() - 60})
+    study.tell(done, 1.0)
+    lines = []
+    assert requeue_expired(study, grace=5, log=lines.append) == 2
+    assert len(lines) == 2 and "is gone" in lines[0] and "expired: last heartbeat 60 s ago" in lines[1], lines
+    states = {t.number: t.state for t in study.get_trials(deepcopy=False)}
+    assert states[live.number] == TrialState.RUNNING and states[done.number] == TrialState.COMPLETE
+    assert states[dead.number] == states[stale.number] == TrialState.FAIL
+    waiting = sorted(t.user_attrs["cell"] for t in study.get_trials(deepcopy=False, states=(TrialState.WAITING,)))
+    assert waiting == sorted([dead.user_attrs["cell"], stale.user_attrs["cell"]])
+    assert requeue_expired(study, grace=5, log=lines.append) == 0  # nothing twice
+
+
+def test_a_worker_whose_lease_was_taken_over_stops_at_its_next_step(study):
+    trial = study.ask()
+    lease = {**new_lease(), "host": "paused-vm"}
+    renew(study, trial._trial_id, lease)
+    fence = QueueFence(study, trial._trial_id, lease)
+    fence.check(sync=True)  # still ours
+    study._storage.set_trial_user_attr(trial._trial_id, LEASE_ATTR, {**lease, "heartbeat": time.time() - 60})
+    assert requeue_expired(study, grace=5, log=lambda _: None) == 1
+    fence.beat()  # the paused worker's next heartbeat is refused: the trial is FAIL now
+    with pytest.raises(LeaseLost, match="marked this cell FAIL"):
+        fence.check()
+    assert holds(study, trial._trial_id, lease).startswith("the queue marked this cell FAIL")
+
+
+def test_a_heartbeat_not_shorter_than_the_grace_period_is_refused(tmp_path):
+    result = CliRunner().invoke(main, ["worker", "--storage", f"journal:{tmp_path / 'q.log'}", "--heartbeat", "60",
+                                       "--grace", "5"])
+    assert result.exit_code == 2 and "--heartbeat 60 must be shorter than --grace 5" in result.output, result.output
+    assert "Traceback" not in result.output

@@ -1,0 +1,197 @@
+"""Leases on MLflow runs: who is running a run, whether they are still alive, and fencing.
+
+Every RUNNING run this project makes carries a lease in its tags: host, pid, a token for
+this execution, and a heartbeat time that a background thread renews. A run whose lease
+expired (no heartbeat for ``lease_seconds()``, or its process is gone on this very host)
+belongs to a dead execution: ``reap_expired`` marks it KILLED with a reason tag instead of
+leaving it RUNNING forever.
+
+The token fences a cell: when another execution takes a cell over, it writes its own
+token; the old holder sees a token that is not its own at its next step and stops
+without logging anything more (``LeaseLost``).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+
+from mlflow.entities import Run
+from mlflow.tracking import MlflowClient
+
+HOST_TAG, PID_TAG, TOKEN_TAG, HEARTBEAT_TAG = "lease.host", "lease.pid", "lease.token", "lease.heartbeat"
+REASON_TAG = "killed_reason"
+LEASE_ENV, HEARTBEAT_ENV = "WORKBENCH_LEASE_SECONDS", "WORKBENCH_HEARTBEAT_SECONDS"
+DEFAULT_LEASE_SECONDS = 120.0
+
+
+def lease_seconds() -> float:
+    """How long a run may go without a heartbeat before it counts as dead."""
+    return float(os.environ.get(LEASE_ENV) or DEFAULT_LEASE_SECONDS)
+
+
+def heartbeat_seconds() -> float:
+    return float(os.environ.get(HEARTBEAT_ENV) or max(0.5, lease_seconds() / 4))
+
+
+HOST = socket.gethostname()
+
+
+def new_token() -> str:
+    return uuid.uuid4().hex[:16]
+
+
+def lease_tags(token: str) -> dict[str, str]:
+    return {HOST_TAG: HOST, PID_TAG: str(os.getpid()), TOKEN_TAG: token, HEARTBEAT_TAG: f"{time.time():.3f}"}
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process: it exists
+        return True
+    return True
+
+
+@dataclass(frozen=True)
+class LeaseState:
+    alive: bool
+    why: str  # "running on host/pid (heartbeat 3 s ago)" or why it is dead
+    host: str = ""
+    pid: int = 0
+
+
+def lease_state(run: Run, now: float | None = None) -> LeaseState:
+    """Whether the execution holding a RUNNING run is alive, judged from its lease tags."""
+    tags, now = run.data.tags, now or time.time()
+    if HEARTBEAT_TAG not in tags:
+        # A run from before leases existed: judge by its age alone.
+        age = now - (run.info.start_time or 0) / 1000
+        return LeaseState(age < lease_seconds(), f"no lease; started {age:.0f} s ago")
+    host, pid = tags.get(HOST_TAG, "?"), int(tags.get(PID_TAG, "0") or 0)
+    age = now - float(tags[HEARTBEAT_TAG])
+    if host == HOST and not _pid_alive(pid):
+        return LeaseState(False, f"process {pid} on {host} is gone (last heartbeat {age:.0f} s ago)", host, pid)
+    if age > lease_seconds():
+        return LeaseState(False, f"lease of {host}/{pid} expired: last heartbeat {age:.0f} s ago "
+                                 f"(lease {lease_seconds():.0f} s)", host, pid)
+    return LeaseState(True, f"running on {host}/{pid} (heartbeat {age:.0f} s ago)", host, pid)
+
+
+def is_mine(run: Run) -> bool:
+    return run.data.tags.get(HOST_TAG) == HOST and run.data.tags.get(PID_TAG) == str(os.getpid())
+
+
+def reap_expired(client: MlflowClient, experiment_id: str, filter_string: str = "", log=None) -> list[tuple[str, str]]:
+    """Mark every RUNNING run (matching ``filter_string``) whose lease expired as KILLED, with the reason.
+
+    Returns ``[(run_id, reason)]``. Runs of this process are never touched.
+    """
+    where = "attributes.status = 'RUNNING'" + (f" and {filter_string}" if filter_string else "")
+    reaped = []
+    for run in client.search_runs([experiment_id], filter_string=where, max_results=5000):
+        if is_mine(run):
+            continue
+        state = lease_state(run)
+        if state.alive:
+            continue
+        client.set_tag(run.info.run_id, REASON_TAG, state.why[:500])
+        client.set_terminated(run.info.run_id, "KILLED")
+        reaped.append((run.info.run_id, state.why))
+        if log:
+            log(f"marked run {run.info.run_id} ({run.data.tags.get('mlflow.runName', '?')}) KILLED: {state.why}")
+    return reaped
+
+
+class LeaseLost(Exception):
+    """Another execution took this run over: stop without logging anything more to it."""
+
+
+class Heartbeats:
+    """One daemon thread per process renewing the leases of the runs it holds.
+
+    For each held run it first reads the token: when it is not ours any more, the run was
+    taken over, so the heartbeat stops and ``check`` raises ``LeaseLost`` at the next step.
+    A tracking store that cannot be reached is skipped quietly (the sink goes offline).
+    """
+
+    def __init__(self) -> None:
+        self._held: dict[str, tuple[str, str]] = {}  # run id -> (tracking uri, token)
+        self._lost: dict[str, str] = {}
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._extra: dict[str, object] = {}  # name -> callable renewing another lease (a queue's)
+
+    def also(self, name: str, beat) -> None:
+        """Also call ``beat()`` at every heartbeat (``None`` stops it); errors are ignored."""
+        with self._lock:
+            if beat is None:
+                self._extra.pop(name, None)
+            else:
+                self._extra[name] = beat
+        self._ensure_thread()
+
+    def _ensure_thread(self) -> None:
+        with self._lock:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._loop, name="workbench-lease", daemon=True)
+                self._thread.start()
+
+    def hold(self, run_id: str, uri: str, token: str) -> None:
+        with self._lock:
+            self._held[run_id] = (uri, token)
+            self._lost.pop(run_id, None)
+        self._ensure_thread()
+
+    def release(self, run_id: str) -> None:
+        with self._lock:
+            self._held.pop(run_id, None)
+
+    def check(self, run_id: str, verify: bool = False) -> None:
+        """Raise ``LeaseLost`` when the run was taken over; ``verify`` reads the token from the store now."""
+        if verify:
+            self._beat(run_id, renew=False)
+        if run_id in self._lost:
+            raise LeaseLost(self._lost[run_id])
+
+    def _loop(self) -> None:
+        while True:
+            time.sleep(heartbeat_seconds())
+            with self._lock:
+                held, extra = list(self._held), list(self._extra.values())
+            for beat in extra:
+                try:
+                    beat()
+                except Exception:  # noqa: BLE001 - a missed beat only shortens the lease
+                    pass
+            for run_id in held:
+                self._beat(run_id)
+
+    def _beat(self, run_id: str, renew: bool = True) -> None:
+        with self._lock:
+            if run_id not in self._held:
+                return
+            uri, token = self._held[run_id]
+        client = MlflowClient(uri)
+        try:
+            tags = client.get_run(run_id).data.tags
+            if tags.get(TOKEN_TAG, token) != token:
+                why = (f"run {run_id} was taken over by {tags.get(HOST_TAG, '?')}/{tags.get(PID_TAG, '?')} "
+                       f"(lease token {tags.get(TOKEN_TAG)} is not ours, {token})")
+                with self._lock:
+                    self._lost[run_id] = why
+                    self._held.pop(run_id, None)
+                return
+            if renew:
+                client.set_tag(run_id, HEARTBEAT_TAG, f"{time.time():.3f}")
+        except Exception:  # an unreachable store: the run's sink handles the outage
+            return
+
+
+HEARTBEATS = Heartbeats()
