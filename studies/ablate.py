@@ -15,6 +15,7 @@ from pathlib import Path
 import click
 from tqdm.auto import tqdm
 
+from studies.options import check_protocol_amp, threads_option
 from studies.protocol import Cell, Protocol, ProtocolError, check_clean, check_frozen, load_protocol
 from studies.train import TrainOutcome, prepare_data, train_one
 from tracking.protocols import end_parent_run, recorded_hashes, start_parent_run
@@ -106,6 +107,7 @@ def run_protocol(
               help="Checkpoints and predictions of each cell.")
 @click.option("--storage", default=None,
               help="Optuna storage URL: queue the cells there for `workbench worker` instead of running them here.")
+@threads_option
 def ablate(protocol_path, allow_dirty, device, data_path, download, output_dir, storage):
     """Run (or resume) a frozen protocol: every arm at every seed, as MLflow child runs."""
     try:
@@ -121,6 +123,7 @@ def ablate(protocol_path, allow_dirty, device, data_path, download, output_dir, 
         click.echo(f"queued {added} cells in {name}; parent run {parent}. Start workers with:\n"
                    f"  workbench worker --storage {redact(storage)} --study '{name}'")
         return
+    check_protocol_amp(protocol, device)  # here, not when queuing: workers check their own device
     outcomes = run_protocol(protocol, Path(protocol_path), Path(output_dir), device, data_path, allow_dirty, download)
     summarize(outcomes)
     if any(o.status == "failed" for o in outcomes):

@@ -15,14 +15,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import click
+import torch
 
+from studies.options import check_amp, threads_option
 from tracking.runs import configure_tracking, environment_tags
 from tracking.sink import RunSink
 from tracking.training import MlflowTrainingObserver, log_run_inputs, log_training_result, open_keyed_run
 from workbench.data import PreparedData, prepare
 from workbench.models.registry import build_model, model_config
 from workbench.train.config import DataSpec, ModelSpec, OptimConfig, RunConfig, TrainConfig
-from workbench.train.loop import NonFiniteLoss, Observers, StopTraining, Trainer, TrainingObserver, config_hash
+from workbench.precision import device_capability, resolve_amp
+from workbench.train.loop import NonFiniteLoss, Observers, StopTraining, Trainer, TrainingObserver, config_hash, resolve_device
 
 
 @dataclass
@@ -64,6 +67,7 @@ def train_one(
     the start or goes away mid-run, the run continues in the local fallback store and
     training goes on (``workbench sync`` copies it to the server later).
     """
+    resolve_amp(cfg.run.amp, resolve_device(cfg.run.device))  # AmpUnsupported before any run is opened
     configure_tracking()
     key = run_key_for(cfg, data, identity)
     opened = open_keyed_run(experiment, key, {"mlflow.runName": run_name, **(tags or {})}, parent_run_id)
@@ -74,9 +78,14 @@ def train_one(
     run_dir = Path(output_dir) / key
     try:
         trainer = Trainer(cfg, data, run_dir, Observers(MlflowTrainingObserver(sink), observer))
-        sink.set_tags({**environment_tags(str(trainer.device)), "run_dir": str(run_dir.resolve()),
+        # Device capability (bf16 units) and the threads of this execution as tags (a resumed
+        # run may run elsewhere); the first execution's threads also as a param.
+        threads = torch.get_num_threads()
+        sink.set_tags({**environment_tags(str(trainer.device)), **device_capability(trainer.device),
+                       "amp_dtype": str(trainer.amp_dtype or "float32").replace("torch.", ""),
+                       "threads": str(threads), "run_dir": str(run_dir.resolve()),
                        "resumed": str(opened.status is not None).lower()})
-        log_run_inputs(sink, cfg, data, {"config_hash": trainer.hash})
+        log_run_inputs(sink, cfg, data, {"config_hash": trainer.hash, "threads": threads})
         result = trainer.fit()
     except NonFiniteLoss as err:
         sink.set_tags({"failure": str(err), "nonfinite_loss_step": err.step, "nonfinite_loss_epoch": err.epoch})
@@ -145,6 +154,7 @@ def parse_overrides(pairs: tuple[str, ...]) -> dict:
 @click.option("--evaluate-test/--no-evaluate-test", default=False, show_default=True)
 @click.option("--experiment", default="train", show_default=True)
 @click.option("--output-dir", type=click.Path(file_okay=False), default="outputs/train", show_default=True)
+@threads_option
 def train(**o):
     """Train one model; re-running the same command resumes or skips it."""
     try:
@@ -160,6 +170,7 @@ def train(**o):
                           evaluate_test=o["evaluate_test"]),
         )
         model_config(cfg.model.name, **cfg.model.overrides)  # fail on a bad field before loading data
+        check_amp(cfg.run.amp, cfg.run.device)  # bf16 without native units, fp16 on CPU: refused here
     except (ValueError, KeyError) as err:
         raise click.UsageError(str(err)) from err
     data = prepare_data(cfg.data, download=o["download"])

@@ -10,6 +10,7 @@ from optuna.trial import TrialState
 
 from studies.ablate import prepare_protocol_data, run_cell
 from studies.cell_queue import GRACE_SECONDS, HEARTBEAT_SECONDS, counts, drain, load_queued_protocol, open_storage
+from studies.options import check_protocol_amp, threads_option
 from tracking.protocols import end_parent_run, parent_status
 from tracking.runs import configure_tracking
 
@@ -47,6 +48,7 @@ def requeue_running(study: optuna.Study) -> int:
               help="Seconds between heartbeats (RDB storage).")
 @click.option("--grace", type=click.IntRange(min=1), default=GRACE_SECONDS, show_default=True,
               help="A running cell without a heartbeat for this long is retried.")
+@threads_option
 def worker(storage, study_name, device, data_path, output_dir, max_cells, requeue_stale, heartbeat, grace):
     """Pop queued protocol cells and train them until the queue is empty."""
     configure_tracking()
@@ -55,6 +57,7 @@ def worker(storage, study_name, device, data_path, output_dir, max_cells, requeu
     if requeue_stale:
         click.echo(f"re-queued {requeue_running(study)} running cells")
     protocol = load_queued_protocol(study)
+    check_protocol_amp(protocol, device)
     settings = study.user_attrs.get("settings", {})
     parent = study.user_attrs["parent_run_id"]
     data = prepare_protocol_data(protocol, data_path, settings.get("download", False))
