@@ -9,6 +9,7 @@ from studies.benchmark import benchmark
 from studies.data_benchmark import benchmark_loader
 from studies.equivalence import equivalence
 from studies.figures import figures
+from studies.recipe_benchmark import benchmark_recipe
 from studies.report import report
 from studies.server import server
 from studies.sweep import sweep
@@ -40,6 +41,7 @@ def pin(name: str) -> None:
 main.add_command(ablate)
 main.add_command(benchmark)
 main.add_command(benchmark_loader)
+main.add_command(benchmark_recipe)
 main.add_command(equivalence)
 main.add_command(figures)
 main.add_command(report)
