@@ -28,13 +28,19 @@ fashion-mnist:
 	  && (apt-get install -y -q dataset-fashion-mnist || (apt-get update -q && apt-get install -y -q dataset-fashion-mnist)) \
 	  || echo "Fashion-MNIST not installed system-wide; it will be downloaded"; }
 
-# The default tiers: fast offline CPU tests plus integration tests against real servers
-# on 127.0.0.1 (PostgreSQL, MLflow), which the tests start and stop themselves.
+# Test tiers (pytest markers, declared in pyproject.toml; docs/testing.md):
+#   test       the default tier: every test not marked `slow`, integration tests included
+#              (they start PostgreSQL / an MLflow server on 127.0.0.1 and skip where
+#              PostgreSQL is absent). At most 5 minutes on 2 idle cores.
+#   test-fast  no server, nothing slow, nothing end to end (`e2e`: a real MLflow store,
+#              trainings, subprocess kills): the edit-and-rerun loop (at most 90 s).
+#   test-slow  full-size models (ViT-B/L equivalence) and long kill-and-resume tests.
+#   test-all   every tier.
 test: $(STAMP)
 	$(PY) -m pytest
 
 test-fast: $(STAMP)
-	$(PY) -m pytest -m "not slow and not integration"
+	$(PY) -m pytest -m "not slow and not integration and not e2e"
 
 test-slow: $(STAMP)
 	$(PY) -m pytest -m slow

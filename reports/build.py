@@ -12,11 +12,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from reports import document, tables
-from reports.collect import ReportError, StudyData, load_study, resolve_protocol
-from reports.render import Figure, to_html, to_markdown
-from tracking import queries
-from workbench.convert.checkpoints import atomic_write_bytes
+from reports import document, figures, tables
+from reports import transfer as transfer_blocks
+from reports.collect import ReportError, StudyData, load_study, protocol_file, resolve_hash, resolve_protocol, shown_path
+from reports.render import Bullets, Figure, Heading, Para, to_html, to_markdown
+from tracking import queries, transfer
+from workbench.atomic import atomic_write_bytes
+from workbench.protocol import SHORT_HASH_LEN, TransferProtocol, kind_of, load_transfer_protocol, read_yaml
+from workbench.transfer.report import TransferSection
 
 DEFAULT_OUT_ROOT = Path("reports")
 
@@ -29,11 +32,12 @@ class ReportResult:
     markdown: Path
     html: Path
     figures: list[Path]
-    study: StudyData
-    summaries: dict[str, list[tables.ArmSummary]]
-    comparisons: dict[str, list[tables.Comparison]]
+    study: StudyData | None = None  # ablation protocols
+    summaries: dict[str, list[tables.ArmSummary]] = field(default_factory=dict)
+    comparisons: dict[str, list[tables.Comparison]] = field(default_factory=dict)
     logged_to: list[str] = field(default_factory=list)
     messages: list[str] = field(default_factory=list)  # what the command line should print
+    section: TransferSection | None = None  # transfer protocols
 
 
 def parse_compare(values: tuple[str, ...] | list[str]) -> list[tuple[str, str]]:
@@ -66,7 +70,11 @@ def build_report(
     Raises:
         ReportError: Nothing to report, a bad option, or runs lacking what the report needs.
         tracking.queries.QueryError: The protocol was never run against this tracking store.
+        workbench.protocol.ProtocolError: The protocol file is invalid.
     """
+    path = protocol_file(protocol)
+    if path is not None and kind_of(read_yaml(path)) == "transfer":
+        return build_transfer_report(load_transfer_protocol(path), out_root, hash_prefix, commit, compare, n_resamples, log)
     spec, counts = resolve_protocol(protocol, hash_prefix)
     study = load_study(spec, counts, commit)
     messages = [(f"{spec.name}@{spec.short_hash}: {len(study.cells)} of {len(spec.arms) * len(spec.seeds)} cells "
@@ -92,13 +100,71 @@ def build_report(
     figure_paths = _write(folder, blocks, f"{spec.name}@{spec.short_hash} report")
     result = ReportResult(folder, folder / "report.md", folder / "report.html", figure_paths, study, summaries, comparisons,
                           messages=messages)
-    if log:
-        launcher = queries.launcher_run_id()  # `mlflow run -e report` wraps this process in a run: it gets a copy
-        for run_id in log_targets + ([launcher] if launcher and launcher not in log_targets else []):
-            queries.log_report(run_id, folder)
-            result.logged_to.append(run_id)
-            messages.append(f"logged the report to run {run_id} (artifacts report/)")
+    _log(result, folder, log_targets if log else None)
     return result
+
+
+def build_transfer_report(
+    protocol: TransferProtocol, out_root: Path = DEFAULT_OUT_ROOT, hash_prefix: str | None = None,
+    commit: str | None = None, compare: list[tuple[str, str]] | None = None,
+    n_resamples: int = tables.BOOTSTRAP_RESAMPLES, log: bool = True,
+) -> ReportResult:
+    """The report of a transfer protocol: same pipeline, files and logging as ``build_report``.
+
+    Cells are the newest finished run of each (regime, seed) of the hash, for the source of the
+    hash's newest execution. ``--commit`` and ``--compare`` are refused (every regime pair is
+    compared already; cells are not filtered by commit).
+    """
+    if commit:
+        raise ReportError(f"--commit {commit}: not supported for transfer protocols ({protocol.name}); "
+                          "the newest finished run of each cell is reported")
+    if compare:
+        raise ReportError(f"--compare: not needed for transfer protocols ({protocol.name}); "
+                          "every pair of regimes is compared already")
+    counts = queries.hash_counts(protocol.name)
+    digest = resolve_hash(protocol.name, counts, hash_prefix, protocol.hash)
+    try:
+        section = transfer.transfer_section(protocol.name, protocol_hash=digest, n_resamples=n_resamples)
+    except LookupError as err:
+        recorded = ", ".join(h[:SHORT_HASH_LEN] for h in counts) or "none"
+        raise ReportError(f"{err} (recorded hashes of {protocol.name!r}: {recorded}; pick one with --hash)") from err
+    short = digest[:SHORT_HASH_LEN]
+    parents = queries.parent_runs(protocol.name, digest)
+    log_targets = [parents[0].run_id] if log and parents else []
+    source = f"file {shown_path(Path(protocol.source_file))}" if digest == protocol.hash else f"recorded hash {short}"
+    header = [Heading(1, f"Report: {protocol.name}@{short}"), Para(protocol.description), Bullets([
+        f"Transfer protocol `{protocol.name}`, hash `{digest}` (from {source}).",
+        f"Tracking store `{queries.tracking_uri()}`, experiment `{protocol.name}`; one run per cell: its newest "
+        "finished run for the source of the newest execution.",
+        f"Cells with a finished run: **{len(section.kappa_table)} of {len(protocol.regimes) * len(protocol.seeds)}**.",
+    ] + ([f"This report is logged as an artifact (`report/`) of run(s) {', '.join(f'`{r}`' for r in log_targets)}."]
+         if log_targets else []))]
+    curves = {r: {int(s): {k: queries.metric_history(run_id, k) for k in transfer_blocks.CURVE_METRICS}
+                  for s, run_id in zip(group["seed"], group["run_id"])}
+              for r, group in section.kappa_table.groupby("regime", sort=False)}
+    blocks = (header + transfer_blocks.section_blocks(section) + transfer_blocks.figure_blocks(section, curves, figures._png)
+              + transfer_blocks.runs_blocks(section.kappa_table))
+    folder = Path(out_root) / protocol.name
+    figure_paths = _write(folder, blocks, f"{protocol.name}@{short} transfer report")
+    messages = [f"{protocol.name}@{short}: {len(section.kappa_table)} of {len(protocol.regimes) * len(protocol.seeds)} "
+                "cells have a finished run (transfer protocol)"]
+    if log and not parents:
+        messages.append(f"no parent run of {protocol.name}@{short} found: the report is not logged to MLflow")
+    result = ReportResult(folder, folder / "report.md", folder / "report.html", figure_paths, messages=messages,
+                          section=section)
+    _log(result, folder, log_targets if log else None)
+    return result
+
+
+def _log(result: ReportResult, folder: Path, targets: list[str] | None) -> None:
+    """Log the report files to ``targets`` and to the ``mlflow run`` launcher run; ``None``: --no-log."""
+    if targets is None:
+        return
+    launcher = queries.launcher_run_id()  # `mlflow run -e report` wraps this process in a run: it gets a copy
+    for run_id in targets + ([launcher] if launcher and launcher not in targets else []):
+        queries.log_report(run_id, folder)
+        result.logged_to.append(run_id)
+        result.messages.append(f"logged the report to run {run_id} (artifacts report/)")
 
 
 def _analysis(spec) -> list:

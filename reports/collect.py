@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from studies.protocol import SHORT_HASH_LEN, load_protocol
+from workbench.protocol import SHORT_HASH_LEN, load_protocol
 from tracking import queries
 from tracking.queries import CellRecord, QueryError
 
@@ -79,6 +79,9 @@ class StudyData:
 
 
 def _spec_from_canonical(canonical: dict, digest: str, source: str) -> ProtocolSpec:
+    if canonical.get("kind") == "transfer":
+        raise ReportError(f"{canonical.get('name')}@{digest[:SHORT_HASH_LEN]} is a transfer protocol: "
+                          "report it with its protocol file (studies/protocols/<name>.yaml or a path)")
     arms = tuple(a["name"] for a in canonical["arms"])
     reference = next(a["name"] for a in canonical["arms"] if a.get("reference"))
     return ProtocolSpec(canonical["name"], digest, canonical["description"], arms, reference,
@@ -98,6 +101,35 @@ def _spec_from_parent(name: str, digest: str) -> ProtocolSpec:
     raise ReportError(f"protocol {name!r}: no parent run of hash {digest[:SHORT_HASH_LEN]} holds protocol/canonical.json")
 
 
+def protocol_file(protocol: str) -> Path | None:
+    """The file of a protocol given as a path or as a name (``studies/protocols/<name>.yaml``), if any."""
+    path = Path(protocol)
+    if not path.is_file() and (PROTOCOL_DIR / f"{protocol}.yaml").is_file():
+        path = PROTOCOL_DIR / f"{protocol}.yaml"
+    return path if path.is_file() else None
+
+
+def resolve_hash(name: str, counts: dict[str, int], hash_prefix: str | None, file_hash: str | None) -> str:
+    """The full hash to report: the unique recorded one starting with ``hash_prefix``, else the file's,
+    else the only recorded one.
+
+    Raises:
+        ReportError: The prefix matches no or several recorded hashes; no file and several hashes.
+    """
+    if hash_prefix:
+        matches = [h for h in counts if h.startswith(hash_prefix)]
+        if len(matches) != 1:
+            found = ", ".join(h[:SHORT_HASH_LEN] for h in counts) or "none"
+            raise ReportError(f"--hash {hash_prefix}: matches {len(matches)} recorded hashes of {name!r} (recorded: {found})")
+        return matches[0]
+    if file_hash:
+        return file_hash
+    if len(counts) == 1:
+        return next(iter(counts))
+    raise ReportError(f"protocol {name!r}: no file and {len(counts)} recorded hashes; pick one with --hash "
+                      f"({', '.join(h[:SHORT_HASH_LEN] for h in counts)})")
+
+
 def resolve_protocol(protocol: str, hash_prefix: str | None = None) -> tuple[ProtocolSpec, dict[str, int]]:
     """The protocol to report on and the cell-run counts of every hash recorded under its name.
 
@@ -110,36 +142,22 @@ def resolve_protocol(protocol: str, hash_prefix: str | None = None) -> tuple[Pro
         ReportError: Unknown protocol, hash not recorded or ambiguous, no file and several hashes.
         QueryError: The protocol's experiment does not exist in the tracking store.
     """
-    path = Path(protocol)
-    if not path.is_file() and (PROTOCOL_DIR / f"{protocol}.yaml").is_file():
-        path = PROTOCOL_DIR / f"{protocol}.yaml"
-    loaded = load_protocol(path) if path.is_file() else None
+    path = protocol_file(protocol)
+    loaded = load_protocol(path) if path else None
     name = loaded.name if loaded else protocol
     if not loaded and ("/" in protocol or protocol.endswith((".yaml", ".yml"))):
         raise ReportError(f"{protocol}: no such protocol file")
     counts = queries.hash_counts(name)
-    if hash_prefix:
-        matches = [h for h in counts if h.startswith(hash_prefix)]
-        if len(matches) != 1:
-            found = ", ".join(h[:SHORT_HASH_LEN] for h in counts) or "none"
-            raise ReportError(f"--hash {hash_prefix}: matches {len(matches)} recorded hashes of {name!r} (recorded: {found})")
-        digest = matches[0]
-    elif loaded:
-        digest = loaded.hash
-    elif len(counts) == 1:
-        digest = next(iter(counts))
-    else:
-        raise ReportError(f"protocol {name!r}: no file and {len(counts)} recorded hashes; pick one with --hash "
-                          f"({', '.join(h[:SHORT_HASH_LEN] for h in counts)})")
+    digest = resolve_hash(name, counts, hash_prefix, loaded.hash if loaded else None)
     if loaded and digest == loaded.hash:
         spec = ProtocolSpec(loaded.name, loaded.hash, loaded.description, tuple(a.name for a in loaded.arms),
-                            loaded.reference.name, loaded.seeds, loaded.run.evaluate_test, f"file {_shown(path)}")
+                            loaded.reference.name, loaded.seeds, loaded.run.evaluate_test, f"file {shown_path(path)}")
     else:
         spec = _spec_from_parent(name, digest)
     return spec, counts
 
 
-def _shown(path: Path) -> str:
+def shown_path(path: Path) -> str:
     """The file as the report names it: relative to the project when inside it, so the text
     does not depend on whether it was given by name, relative or absolute path."""
     resolved = path.resolve()

@@ -220,8 +220,8 @@ def curves_section(study: StudyData) -> list[Block]:
         return []
     return [Heading(2, "Training curves"),
             Figure("curves.png", "Per-epoch metrics logged by each run (MLflow metric history, step = epoch): mean "
-                   "over the arm's seeds, band ±1 sample std. Runs stopped early end sooner; later epochs average "
-                   "the seeds that reached them.", figures.curves(study))]
+                   "over the arm's seeds, band from the lowest to the highest seed. Runs stopped early end sooner; "
+                   "later epochs average the seeds that reached them.", figures.curves(study))]
 
 
 def runs_section(study: StudyData) -> list[Block]:

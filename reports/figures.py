@@ -1,5 +1,7 @@
 """Report figures as PNG bytes: training curves, paired seed values, confusion matrices.
 
+Curves and confusion matrices are the library's (``workbench.analysis.result_figures``),
+the same figures ``workbench figures`` draws; only the paired-seeds plot is the report's own.
 Figures are drawn on ``matplotlib.figure.Figure`` objects with the Agg canvas (no pyplot
 state, no display) and saved without the "Software" metadata entry, so the same runs
 give byte-identical files.
@@ -13,14 +15,12 @@ import matplotlib
 import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
-from matplotlib.ticker import MaxNLocator
 
-from reports.collect import StudyData
+from reports.collect import CURVE_METRICS, StudyData
 from reports.tables import PerClass
+from workbench.analysis import result_figures as rf
 
 DPI = 100
-CURVE_TITLES = {"val_accuracy": "validation accuracy", "val_loss": "validation loss",
-                "train_accuracy": "training accuracy", "train_loss": "training loss"}
 STYLE = {"font.size": 9, "axes.spines.top": False, "axes.spines.right": False, "svg.hashsalt": "report"}
 
 
@@ -31,40 +31,12 @@ def _png(fig: Figure) -> bytes:
     return buf.getvalue()
 
 
-def _colors(arms: tuple[str, ...]) -> dict[str, tuple]:
-    cmap = matplotlib.colormaps["tab10"]
-    return {arm: cmap(i % 10) for i, arm in enumerate(arms)}
-
-
 def curves(study: StudyData) -> bytes:
-    """Per-epoch curves per arm: mean over the arm's seeds, band = mean ± 1 sample std.
-
-    Runs stopped early have fewer epochs, so each epoch averages the seeds that reached it
-    (no band where only one seed did).
-    """
-    colors = _colors(study.spec.arms)
-    with matplotlib.rc_context(STYLE):
-        fig = Figure(figsize=(10, 6.4), layout="constrained")
-        for ax, (key, title) in zip(fig.subplots(2, 2).ravel(), CURVE_TITLES.items()):
-            for arm in study.spec.arms:
-                series = [c.curves.get(key, {}) for (a, _), c in sorted(study.cells.items()) if a == arm]
-                series = [s for s in series if s]
-                if not series:
-                    continue
-                epochs = sorted(set().union(*series))
-                values = [[s[e] for s in series if e in s] for e in epochs]
-                mean = np.array([np.mean(v) for v in values])
-                std = np.array([np.std(v, ddof=1) if len(v) > 1 else 0.0 for v in values])
-                scale = 100.0 if key.endswith("accuracy") else 1.0  # accuracies in %, as in the tables
-                ax.plot(epochs, scale * mean, color=colors[arm], lw=1.8, label=f"{arm} (n={len(series)})", marker="o", ms=3)
-                ax.fill_between(epochs, scale * (mean - std), scale * (mean + std), color=colors[arm], alpha=0.2, lw=0)
-            ax.set_title(title + (" (%)" if key.endswith("accuracy") else ""))
-            ax.set_xlabel("epoch")
-            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-            ax.grid(alpha=0.3)
-            ax.legend(loc="best", fontsize=8)
-        fig.suptitle(f"{study.spec.name}@{study.spec.short_hash}: mean over seeds, band ±1 std")
-        return _png(fig)
+    """Per-epoch curves per arm (the library's one curves figure: mean over seeds, min-max band)."""
+    histories = {arm: {seed: cell.curves for (a, seed), cell in sorted(study.cells.items()) if a == arm}
+                 for arm in study.spec.arms}
+    histories = {arm: seeds for arm, seeds in histories.items() if seeds}
+    return _png(rf.curves_figure(histories, CURVE_METRICS, f"{study.spec.name}@{study.spec.short_hash}: training curves"))
 
 
 def paired_seeds(study: StudyData, split: str, values: dict[str, dict[int, float]]) -> bytes:
@@ -92,25 +64,6 @@ def paired_seeds(study: StudyData, split: str, values: dict[str, dict[int, float
 
 
 def confusion(per_class: list[PerClass], class_names: list[str], split: str) -> bytes:
-    """Row-normalised confusion matrix per arm (counts summed over seeds, written in each cell)."""
-    k = len(class_names)
-    with matplotlib.rc_context(STYLE):
-        size = 1.2 + 0.42 * k
-        fig = Figure(figsize=(size * len(per_class) + 0.8, size + 0.6), layout="constrained")
-        axes = np.atleast_1d(fig.subplots(1, len(per_class)))
-        for ax, pc in zip(axes, per_class):
-            counts = pc.confusion
-            rows = counts.sum(axis=1, keepdims=True)
-            share = np.divide(counts, rows, out=np.zeros(counts.shape), where=rows > 0)
-            image = ax.imshow(share, cmap="Blues", vmin=0, vmax=1)
-            if k <= 12:  # counts stay readable up to about 12 classes
-                for (i, j), c in np.ndenumerate(counts):
-                    ax.text(j, i, str(c), ha="center", va="center", fontsize=7,
-                            color="white" if share[i, j] > 0.6 else "black")
-            ax.set_xticks(range(k), class_names, rotation=60, ha="right", fontsize=7)
-            ax.set_yticks(range(k), class_names, fontsize=7)
-            ax.set_xlabel("predicted")
-            ax.set_ylabel("true")
-            ax.set_title(f"{pc.arm} ({split}, {len(pc.seeds)} seeds summed)", fontsize=9)
-        fig.colorbar(image, ax=list(axes), shrink=0.8, label="share of true class")
-        return _png(fig)
+    """Confusion matrix per arm, counts summed over seeds (the library's one confusion figure)."""
+    matrices = {f"{pc.arm} ({split}, {len(pc.seeds)} seeds summed)": pc.confusion for pc in per_class}
+    return _png(rf.confusion_figure(matrices, class_names, f"{split} confusion matrices"))

@@ -12,6 +12,8 @@ import html
 import re
 from dataclasses import dataclass, field
 
+from workbench import markdown
+
 _INLINE = re.compile(r"`([^`]+)`|\*\*([^*]+)\*\*")
 
 
@@ -62,20 +64,8 @@ Block = Heading | Para | Bullets | Table | Figure
 # ----------------------------------------------------------------------------- Markdown
 
 
-def _md_cell(text: str) -> str:
-    return text.replace("|", "\\|").replace("\n", " ")
-
-
 def _md_table(t: Table) -> list[str]:
-    align = t.align or ["l"] * len(t.header)
-    cells = [[_md_cell(c) for c in t.header]] + [[_md_cell(c) for c in row] for row in t.rows]
-    widths = [max(3, *(len(r[i]) for r in cells)) for i in range(len(t.header))]
-
-    def line(row: list[str]) -> str:
-        return "| " + " | ".join(c.rjust(w) if a == "r" else c.ljust(w) for c, w, a in zip(row, widths, align)) + " |"
-
-    rule = "|" + "|".join(("-" * (w + 1) + ":") if a == "r" else (":" + "-" * (w + 1)) for w, a in zip(widths, align)) + "|"
-    out = [line(cells[0]), rule] + [line(r) for r in cells[1:]]
+    out = markdown.table(t.header, t.rows, t.align).split("\n")
     if t.notes:
         out += [""] + [f"<sub>{n}</sub><br>" if i < len(t.notes) - 1 else f"<sub>{n}</sub>" for i, n in enumerate(t.notes)]
     return out

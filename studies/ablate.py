@@ -20,6 +20,7 @@ from studies.protocol import Cell, Protocol, ProtocolError, check_clean, check_f
 from studies.train import TrainOutcome, prepare_data, train_one
 from tracking.protocols import end_parent_run, recorded_hashes, start_parent_run
 from tracking.runs import configure_tracking, git_state
+from tracking.storage_guard import check_optuna_storage
 from workbench.data import PreparedData
 
 DEFAULT_PROTOCOL = "studies/protocols/smoke.yaml"
@@ -110,6 +111,8 @@ def run_protocol(
 @threads_option
 def ablate(protocol_path, allow_dirty, device, data_path, download, output_dir, storage):
     """Run (or resume) a frozen protocol: every arm at every seed, as MLflow child runs."""
+    if storage:
+        check_optuna_storage(storage)  # before any MLflow run exists
     try:
         protocol = open_protocol(protocol_path, allow_dirty)
     except ProtocolError as err:

@@ -1,27 +1,153 @@
-"""The `workbench` command. Each subcommand mirrors an MLproject entry point."""
+"""The `workbench` command. Each subcommand mirrors an MLproject entry point.
+
+Subcommands are imported only when they run (click's LazyGroup pattern), so
+`workbench --help` and `workbench sync --help` never import torch. Errors from any
+subcommand reach one handler here, which prints them as one line; `workbench --debug CMD`
+(or WORKBENCH_DEBUG=1) shows the traceback instead.
+"""
 
 from __future__ import annotations
 
+import copy
+import functools
+import importlib
+
 import click
 
-from studies.ablate import ablate
-from studies.benchmark import benchmark
-from studies.data_benchmark import benchmark_loader
-from studies.equivalence import equivalence
-from studies.figures import figures
-from studies.recipe_benchmark import benchmark_recipe
-from studies.report import report
-from studies.server import server
-from studies.sweep import sweep
-from studies.sync import sync
-from studies.train import train
-from studies.transfer import transfer
-from studies.worker import worker
-from workbench.convert.checkpoints import CheckpointError
+# name -> (module, attribute, short help shown by `workbench --help` without importing it).
+# tests/test_cli.py checks every short help against the command's own docstring.
+LAZY_COMMANDS: dict[str, tuple[str, str, str]] = {
+    "ablate": ("studies.ablate", "ablate",
+               "Run (or resume) a frozen protocol: every arm at every seed, as MLflow child runs."),
+    "benchmark": ("studies.benchmark", "benchmark",
+                  "Time glass-box and timm ViTs (and a training step and the loader) against the machine's limit."),
+    "benchmark-loader": ("studies.data_benchmark", "benchmark_loader",
+                         "Compare TensorLoader with a per-image torchvision pipeline and print a table."),
+    "benchmark-recipe": ("studies.recipe_benchmark", "benchmark_recipe",
+                         "Time a protocol's cells: the workbench's training against a plain PyTorch loop of the same recipe."),
+    "equivalence": ("studies.equivalence", "equivalence",
+                    "Compare glass-box and timm ViTs at every stage; exit 1 if any stage exceeds the tolerance."),
+    "figures": ("studies.figures", "figures",
+                "Analysis figures: a finished protocol's study figures, or a timm ViT's attention on images."),
+    "report": ("studies.report", "report",
+               "Build reports/<protocol>/report.md and report.html from the protocol's finished MLflow runs."),
+    "server": ("studies.server", "server",
+               "Run and administer the shared MLflow tracking server (PostgreSQL, proxied artifacts, basic-auth)."),
+    "sweep": ("studies.sweep", "sweep",
+              "Tune fields of one protocol arm with TPE and median pruning; every trial is an MLflow run."),
+    "sync": ("studies.sync", "sync",
+             "Copy offline runs to the server: params, metric histories, tags, artifacts, models, parents; exactly once."),
+    "train": ("studies.train", "train", "Train one model; re-running the same command resumes or skips it."),
+    "transfer": ("studies.transfer", "transfer",
+                 "Run (or resume) a transfer protocol: linear probe, partial and full fine-tuning at paired seeds."),
+    "worker": ("studies.worker", "worker", "Pop queued protocol cells and train them until the queue is empty."),
+}
+
+# Error types whose message is written for the user: shown as is. Anything else is shown
+# with its type name and a pointer to --debug, since it is more likely a bug than bad input.
+_USER_ERRORS = (ValueError, LookupError, OSError, ArithmeticError)
+_OUR_PACKAGES = ("workbench", "tracking", "studies", "reports")
+# Libraries whose own errors are written for users (matched by name: importing them here would slow --help)
+_USER_ERROR_NAMES = {"MlflowException", "OptunaError", "SafetensorError", "YAMLError"}
 
 
-@click.group()
-def main() -> None:
+def one_line(err: BaseException) -> str:
+    """The exception's message as one line (KeyError's quotes removed, CUDA errors explained)."""
+    if isinstance(err, KeyError) and type(err).__str__ is KeyError.__str__ and len(err.args) == 1:
+        text = str(err.args[0])
+    else:
+        text = str(err)
+    text = " ".join(line.strip() for line in text.splitlines() if line.strip()) or type(err).__name__
+    if "CUDA" in text and any(s in text for s in ("not compiled", "not available", "no NVIDIA driver", "No CUDA GPUs")):
+        return f"CUDA is not available on this machine ({text}); use --device cpu or --device auto"
+    ours = type(err).__module__.split(".")[0] in _OUR_PACKAGES
+    named = any(cls.__name__ in _USER_ERROR_NAMES for cls in type(err).__mro__)
+    if ours or named or isinstance(err, _USER_ERRORS):
+        return text
+    return f"{type(err).__name__}: {text} (`workbench --debug ...` shows the traceback)"
+
+
+def check_device(value: str | None) -> None:
+    """Refuse an explicit accelerator this machine does not have, before any work starts."""
+    if not value or value in ("auto", "cpu"):
+        return
+    import torch
+
+    try:
+        device = torch.device(value)
+    except RuntimeError:
+        raise click.BadParameter(f"{value!r}: not a device (use cpu, cuda, cuda:N, mps or auto)",
+                                 param_hint="'--device'") from None
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            build = "a CPU-only torch build" if torch.version.cuda is None else "no usable GPU or driver"
+            raise click.BadParameter(f"{value!r}: CUDA is not available on this machine ({build}); use cpu or auto",
+                                     param_hint="'--device'")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise click.BadParameter(f"{value!r}: this machine has {torch.cuda.device_count()} CUDA device(s)",
+                                     param_hint="'--device'")
+    elif device.type == "mps" and not torch.backends.mps.is_available():
+        raise click.BadParameter(f"{value!r}: MPS is not available on this machine; use cpu or auto",
+                                 param_hint="'--device'")
+
+
+def _with_device_check(cmd: click.Command) -> click.Command:
+    """A copy of ``cmd`` whose callback first checks its --device value (the original stays as it was)."""
+    if cmd.callback is None or not any(p.name == "device" for p in cmd.params):
+        return cmd
+    original = cmd.callback
+
+    @functools.wraps(original)
+    def callback(*args, **kwargs):
+        check_device(kwargs.get("device"))
+        return original(*args, **kwargs)
+
+    checked = copy.copy(cmd)
+    checked.callback = callback
+    return checked
+
+
+class LazyGroup(click.Group):
+    """click's documented lazy-loading group, with short help declared up front."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted([*super().list_commands(ctx), *LAZY_COMMANDS])
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        if name not in LAZY_COMMANDS:
+            return super().get_command(ctx, name)
+        module, attr, _ = LAZY_COMMANDS[name]
+        return _with_device_check(getattr(importlib.import_module(module), attr))
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        rows = []
+        for name in self.list_commands(ctx):
+            if name in LAZY_COMMANDS:
+                rows.append((name, LAZY_COMMANDS[name][2]))
+            else:
+                rows.append((name, self.commands[name].get_short_help_str(limit=200)))
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
+
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except click.exceptions.ClickException as err:
+            if not ctx.params.get("debug"):  # a command's own multi-line message, as one line too
+                err.message = " ".join(line.strip() for line in err.message.splitlines() if line.strip())
+            raise
+        except (click.exceptions.Exit, click.exceptions.Abort):
+            raise
+        except Exception as err:  # every command's errors: one line unless --debug
+            if ctx.params.get("debug"):
+                raise
+            raise click.ClickException(one_line(err)) from err
+
+
+@click.group(cls=LazyGroup)
+@click.option("--debug", is_flag=True, envvar="WORKBENCH_DEBUG",
+              help="Show the full traceback of an error (also: WORKBENCH_DEBUG=1).")
+def main(debug: bool) -> None:
     """Glass-Box ViT Workbench."""
 
 
@@ -31,26 +157,8 @@ def pin(name: str) -> None:
     """Resolve a lock-file checkpoint's hub revision, size and sha256 and record them (needs internet)."""
     from workbench.convert.checkpoints import pin_checkpoint
 
-    try:
-        entry = pin_checkpoint(name)
-    except CheckpointError as err:
-        raise click.ClickException(str(err)) from err
+    entry = pin_checkpoint(name)
     click.echo(f"pinned {entry.name}: {entry.hub_repo}@{entry.revision} {entry.filename} {entry.size_bytes} bytes sha256 {entry.sha256}")
-
-
-main.add_command(ablate)
-main.add_command(benchmark)
-main.add_command(benchmark_loader)
-main.add_command(benchmark_recipe)
-main.add_command(equivalence)
-main.add_command(figures)
-main.add_command(report)
-main.add_command(server)
-main.add_command(sweep)
-main.add_command(sync)
-main.add_command(train)
-main.add_command(transfer)
-main.add_command(worker)
 
 
 if __name__ == "__main__":

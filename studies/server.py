@@ -7,6 +7,7 @@ import os
 import click
 
 from tracking import server as ts
+from tracking import server_process as sp
 from tracking.offline_fallback import check_server, redact_uri, tracking_uri
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
@@ -30,8 +31,8 @@ def server() -> None:
 @click.option("--auth-db-uri", envvar=ts.AUTH_DB_ENV, default=None,
               help=f"Users database, e.g. postgresql://mlflow@127.0.0.1/mlflow_auth (env {ts.AUTH_DB_ENV}); "
                    "default sqlite ./mlflow-auth.db.")
-@click.option("--default-permission", type=click.Choice(ts.PERMISSIONS), default="EDIT", show_default=True,
-              help="What users may do on experiments others created.")
+@click.option("--default-permission", type=click.Choice(ts.PERMISSIONS), default="READ", show_default=True,
+              help="What users may do on experiments others created (give EDIT per experiment with `grant`).")
 @click.option("--allowed-hosts", default=None, help="Host headers to accept, e.g. mlflow.example.org (the tunnel's name).")
 @click.option("--cors-allowed-origins", default=None, help="Browser origins allowed to call the API.")
 def start(backend_store_uri, artifacts_destination, host, port, workers, auth, auth_db_uri, default_permission,
@@ -39,40 +40,73 @@ def start(backend_store_uri, artifacts_destination, host, port, workers, auth, a
     """Start the tracking server in the foreground (Ctrl-C stops it).
 
     The admin account comes from WORKBENCH_SERVER_ADMIN_USER (default admin) and
-    WORKBENCH_SERVER_ADMIN_PASSWORD; it is created on the first start.
+    WORKBENCH_SERVER_ADMIN_PASSWORD; it is created on the first start. Prints one line
+    when the server answers; exits 1 when the port is taken or the server dies first.
     """
     if not auth and host not in LOOPBACK:
         raise click.UsageError(f"--no-auth on {host}: anyone who reaches it could read and change every run; "
                                "keep basic-auth on, or bind 127.0.0.1")
+    user = os.environ.get(ts.ADMIN_USER_ENV, "admin")
+    password = os.environ.pop(ts.ADMIN_PASSWORD_ENV, None)  # read once; no child inherits it
     try:
         cfg = ts.ServerConfig(backend_store_uri, artifacts_destination, host, port, workers, auth, auth_db_uri,
                               default_permission, allowed_hosts, cors_allowed_origins)
-        user = os.environ.get(ts.ADMIN_USER_ENV, "admin")
-        click.echo(ts.describe(cfg))
-        code = ts.run_server(cfg, user, os.environ.get(ts.ADMIN_PASSWORD_ENV))
-    except ts.ServerConfigError as err:
+        if auth:
+            ts.check_admin_credentials(user, password)
+        sp.check_port_free(cfg.host, cfg.port)
+        folder = sp.new_runtime_dir()
+        with ts.prepared_server(cfg, user, password, folder=folder) as (cmd, env):
+            password = None
+            code = sp.run(cmd, env, cfg.url(), folder, on_ready=lambda: click.echo(f"ready: {ts.describe(cfg)}"))
+    except (ts.ServerConfigError, sp.ServerStartError) as err:
         raise click.ClickException(str(err)) from None
     raise SystemExit(code)
+
+
+def _admin() -> tuple[str, str]:
+    admin, admin_password = os.environ.get(ts.ADMIN_USER_ENV, "admin"), os.environ.get(ts.ADMIN_PASSWORD_ENV)
+    if not admin_password:
+        raise click.ClickException(f"set {ts.ADMIN_PASSWORD_ENV} (and {ts.ADMIN_USER_ENV}) to the server's admin account")
+    return admin, admin_password
 
 
 @server.command("add-user")
 @click.argument("username")
 @click.option("--tracking-uri", envvar="MLFLOW_TRACKING_URI", required=True, help="The server (env MLFLOW_TRACKING_URI).")
-@click.option("--password-env", default="WORKBENCH_NEW_USER_PASSWORD", show_default=True,
-              help="Environment variable holding the new password; prompted for (hidden) when unset.")
+@click.option("--password-env", default=ts.NEW_USER_PASSWORD_ENV, show_default=True,
+              help="Name of the environment variable holding the new password (for scripts); "
+                   "prompted for (hidden) when it is unset.")
 @click.option("--admin", "make_admin", is_flag=True, help="Make the user an admin.")
 def add_user(username, tracking_uri, password_env, make_admin):
-    """Create a user on a basic-auth server, as the admin (WORKBENCH_SERVER_ADMIN_USER / _PASSWORD)."""
+    """Create a user on a basic-auth server, as the admin (WORKBENCH_SERVER_ADMIN_USER / _PASSWORD).
+
+    The new user may read every experiment and change the experiments it creates; give it
+    EDIT on someone else's with `workbench server grant`.
+    """
     password = os.environ.get(password_env) or click.prompt(f"password for {username}", hide_input=True,
                                                             confirmation_prompt=True)
-    admin, admin_password = os.environ.get(ts.ADMIN_USER_ENV, "admin"), os.environ.get(ts.ADMIN_PASSWORD_ENV)
-    if not admin_password:
-        raise click.ClickException(f"set {ts.ADMIN_PASSWORD_ENV} (and {ts.ADMIN_USER_ENV}) to the server's admin account")
+    admin, admin_password = _admin()
     try:
         ts.add_user(tracking_uri, username, password, admin, admin_password, make_admin)
     except ts.ServerConfigError as err:
         raise click.ClickException(str(err)) from None
     click.echo(f"created user {username}{' (admin)' if make_admin else ''} on {redact_uri(tracking_uri)}")
+
+
+@server.command("grant")
+@click.argument("username")
+@click.argument("experiment")
+@click.option("--permission", type=click.Choice(ts.PERMISSIONS), default="EDIT", show_default=True,
+              help="EDIT: log runs, tags, artifacts; MANAGE: also rename, delete, grant; NO_PERMISSIONS: revoke.")
+@click.option("--tracking-uri", envvar="MLFLOW_TRACKING_URI", required=True, help="The server (env MLFLOW_TRACKING_URI).")
+def grant(username, experiment, permission, tracking_uri):
+    """Give USERNAME a permission on EXPERIMENT (name or id), as the admin: e.g. a worker account EDIT."""
+    admin, admin_password = _admin()
+    try:
+        exp_id = ts.grant(tracking_uri, username, experiment, permission, admin, admin_password)
+    except ts.ServerConfigError as err:
+        raise click.ClickException(str(err)) from None
+    click.echo(f"{username}: {permission} on experiment {experiment!r} (id {exp_id}) on {redact_uri(tracking_uri)}")
 
 
 @server.command("check")

@@ -24,6 +24,7 @@ from studies.protocol import ProtocolError, load_protocol
 from studies.options import check_amp, threads_option
 from studies.train import train_one
 from tracking.runs import configure_tracking
+from tracking.storage_guard import check_optuna_storage
 from tracking.sweep import end_sweep_parent, start_sweep_parent
 from workbench.models.registry import model_config
 from workbench.train.config import TrainConfig
@@ -208,6 +209,8 @@ class PruningObserver(TrainingObserver):
 @threads_option
 def sweep(protocol_path, arm, params, trials, seed, sampler_seed, storage, study_name, device, data_path, output_dir):
     """Tune fields of one protocol arm with TPE and median pruning; every trial is an MLflow run."""
+    if storage:
+        check_optuna_storage(storage)
     try:
         protocol = load_protocol(protocol_path)
     except ProtocolError as err:

@@ -16,11 +16,11 @@ from pathlib import Path
 
 import click
 import torch
-import yaml
 from tqdm.auto import tqdm
 
+from reports.transfer import transfer_markdown
 from studies.options import check_amp, threads_option
-from studies.protocol import ProtocolError, _Loader, check_clean, check_frozen, load_protocol
+from studies.protocol import ProtocolError, check_clean, check_frozen, load_protocol, load_transfer_protocol
 from tracking import transfer as tt
 from tracking.protocols import end_parent_run, recorded_hashes, start_parent_run
 from tracking.runs import configure_tracking, environment_tags, git_state
@@ -29,7 +29,7 @@ from workbench.data import DatasetNotFound, PreparedData, prepare
 from workbench.precision import device_capability, resolve_amp
 from workbench.train.loop import resolve_device
 from workbench.transfer.features import FeatureCache, compute_features
-from workbench.transfer.protocol import SourceSpec, TransferCell, TransferData, TransferProtocol, parse_transfer_protocol
+from workbench.protocol.transfer import SourceSpec, TransferCell, TransferData, TransferProtocol
 from workbench.transfer.runner import (
     Selection, TestSplitGuard, TransferContext, evaluate_on_test, select_cell, split_off_test,
 )
@@ -46,25 +46,6 @@ class CellOutcome:
     status: str  # finished | skipped | failed
     message: str
     run_id: str | None = None
-
-
-def load_transfer_protocol(path: str | Path) -> TransferProtocol:
-    """Read and validate a transfer protocol; errors name the file and the key."""
-    path = Path(path)
-    try:
-        with path.open(encoding="utf-8") as f:
-            data = yaml.load(f, Loader=_Loader)  # YAML 1.2 numbers, duplicate keys refused
-    except OSError as err:
-        raise ProtocolError(f"{path}: cannot read protocol file: {err}") from err
-    except yaml.YAMLError as err:
-        raise ProtocolError(f"{path}: invalid YAML: {err}") from err
-    try:
-        protocol = parse_transfer_protocol(data, source=str(path))
-    except ValueError as err:
-        raise ProtocolError(str(err)) from err
-    if protocol.name != path.stem:
-        raise ProtocolError(f"{path}: name {protocol.name!r} must equal the file name stem {path.stem!r}")
-    return protocol
 
 
 def open_transfer_protocol(path: str, allow_dirty: bool) -> TransferProtocol:
@@ -122,7 +103,8 @@ def _cell_params(cell: TransferCell, ex: "Execution") -> dict:
     r, ctx, data = cell.regime, ex.ctx, ex.data
     params = {"regime.name": r.name, "regime.kind": r.kind, "regime.epochs": r.epochs, "regime.blocks": r.blocks,
               "regime.layer_decay": r.layer_decay, "regime.patience": r.patience, "seed": cell.seed,
-              "batch_size": ctx.batch_size, "eval_batch_size": ctx.eval_batch_size, "amp": str(ctx.amp_dtype), "threads": torch.get_num_threads(),
+              "batch_size": ctx.batch_size, "eval_batch_size": ctx.eval_batch_size, "amp": str(ctx.amp_dtype),
+              "threads": torch.get_num_threads(),
               "inputs": ex.inputs, "data.fingerprint": data.data_fingerprint,
               "data.split_fingerprint": data.split_fingerprint, "data.n_train": len(data.train), "data.n_val": len(data.val)}
     return params | {f"optim.{k}": v for k, v in vars(r.optim).items()} | ex.source.info.as_params()
@@ -280,8 +262,9 @@ def log_section(ex: Execution, parent: RunSink) -> None:
             raise
         tqdm.write(later)
         return
-    tt.log_section(parent, section)
-    click.echo(section.markdown)
+    markdown = transfer_markdown(section)
+    tt.log_section(parent, section, markdown)
+    click.echo(markdown)
 
 
 @click.command("transfer")

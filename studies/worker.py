@@ -13,6 +13,7 @@ from studies.cell_queue import GRACE_SECONDS, HEARTBEAT_SECONDS, counts, drain, 
 from studies.options import check_protocol_amp, threads_option
 from tracking.protocols import end_parent_run, parent_status
 from tracking.runs import configure_tracking
+from tracking.storage_guard import check_optuna_storage
 
 
 def pick_study(storage, name: str | None) -> optuna.Study:
@@ -51,6 +52,7 @@ def requeue_running(study: optuna.Study) -> int:
 @threads_option
 def worker(storage, study_name, device, data_path, output_dir, max_cells, requeue_stale, heartbeat, grace):
     """Pop queued protocol cells and train them until the queue is empty."""
+    check_optuna_storage(storage)
     configure_tracking()
     store = open_storage(storage, heartbeat, grace)
     study = pick_study(store, study_name)

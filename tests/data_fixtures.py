@@ -1,6 +1,6 @@
 """Small on-disk datasets in the real formats, built in tmp_path for the data tests.
 
-Nothing here touches the network, the user's cache or /work/shared: ``isolated`` points
+Nothing here touches the network, the user's cache or /work/shared: ``isolated`` (conftest.py) points
 the cache at tmp_path, clears ``$WORKBENCH_DATA_DIR``, hides system-wide copies and makes
 any download attempt fail loudly.
 """
@@ -16,32 +16,16 @@ import tarfile
 from pathlib import Path
 
 import numpy as np
-import pytest
 import torch
 from PIL import Image
 
-from workbench.data import checksums, locate as sources
+from workbench.data import checksums
 
 FASHION_FILES = {
     "train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
     "test": ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"),
 }
 CIFAR_CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
-
-
-@pytest.fixture
-def isolated(monkeypatch, tmp_path):
-    """Cache in tmp_path, no data dir, no system copies, downloads forbidden."""
-    monkeypatch.setenv("WORKBENCH_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.delenv("WORKBENCH_DATA_DIR", raising=False)
-    monkeypatch.setattr(sources, "SYSTEM_DIRS", {})
-
-    def no_network(root, size):
-        raise AssertionError("tests must not download")
-
-    for name in list(sources.DOWNLOADERS):
-        monkeypatch.setitem(sources.DOWNLOADERS, name, no_network)
-    return tmp_path
 
 
 def md5(path: Path) -> str:

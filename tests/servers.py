@@ -169,3 +169,71 @@ def isolated_tracking(tmp_path, monkeypatch):
 
     while mlflow.active_run():
         mlflow.end_run()
+
+
+def descendants(pid: int) -> set[int]:
+    """Every process below ``pid`` (from /proc; Linux)."""
+    children: dict[int, list[int]] = {}
+    for stat in glob.glob("/proc/[0-9]*/stat"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            fields = Path(stat).read_text().rsplit(")", 1)[1].split()
+            children.setdefault(int(fields[1]), []).append(int(stat.split("/")[2]))
+    out, todo = set(), [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.add(child)
+            todo.append(child)
+    return out
+
+
+def running(pid: int) -> bool:
+    """Alive and not a zombie."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+class Launcher:
+    """``workbench server start ARGS`` as a subprocess (the real launcher), in a session of its own."""
+
+    def __init__(self, args: list[str], env: dict, log_path: Path) -> None:
+        root = str(Path(__file__).resolve().parent.parent)
+        self.cmd = [sys.executable, "-m", "studies.cli", "server", "start", *args]
+        self.env = {**env, "PYTHONPATH": os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)}
+        self.cwd, self.log_path = root, log_path
+        self.port = int(args[args.index("--port") + 1])
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc: subprocess.Popen | None = None
+
+    def output(self) -> str:
+        return self.log_path.read_text() if self.log_path.exists() else ""
+
+    def start(self, timeout: float = 180) -> None:
+        """Until the launcher printed its ready line; RuntimeError (with its output) if it exited first."""
+        with open(self.log_path, "w") as log:
+            self.proc = subprocess.Popen(self.cmd, stdout=log, stderr=subprocess.STDOUT, env=self.env, cwd=self.cwd,
+                                         start_new_session=True)
+        deadline = time.monotonic() + timeout
+        while "ready: " not in self.output():
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"workbench server start failed: {self.output()[-3000:]}")
+            time.sleep(0.3)
+
+    def stop(self) -> None:
+        """SIGTERM to the launcher (it stops its server); SIGKILL to everything left after 30 s."""
+        if self.proc is None:
+            return
+        below = descendants(self.proc.pid)
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+        for pid in below:
+            with contextlib.suppress(ProcessLookupError):
+                if running(pid):
+                    os.kill(pid, 9)

@@ -117,6 +117,7 @@ def test_one_failing_cell_loses_nothing_and_the_rerun_runs_only_it(setup, monkey
     assert [o.status for o in second] == ["skipped", "finished", "skipped", "skipped"]
 
 
+@pytest.mark.slow  # kill-and-resume in the default tier: test_train_mlflow, and the failing-cell rerun above
 def test_sigkilled_ablate_resumes_only_what_is_missing(setup):
     tmp_path, folder = setup
     path = write_protocol(tmp_path, epochs=3)

@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from studies.protocol import load_protocol
+from workbench.protocol import load_protocol
 from workbench.models.registry import build_model, model_config
 from workbench.models.vit import ViTConfig
 from workbench.report_content.config_table import arm_config, config_table, description_conflicts, flops_text
-from workbench.transfer.protocol import parse_transfer_protocol
+from workbench.protocol.transfer import parse_transfer_protocol
 
 PROTOCOLS = Path(__file__).resolve().parent.parent / "studies" / "protocols"
 ABLATIONS = ["cifar10_ablations", "fmnist_vit_vs_cnn", "smoke"]

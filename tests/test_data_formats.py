@@ -10,7 +10,6 @@ import pytest
 from data_fixtures import (
     CIFAR_CLASSES,
     assert_equal_arrays,
-    isolated,  # noqa: F401  (fixture)
     make_cifar_batches,
     make_fashion_mnist,
     make_image_folder,

@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 from data_fixtures import (
     assert_equal_arrays,
-    isolated,  # noqa: F401  (fixture)
     make_fashion_mnist,
     make_image_folder,
     make_retinamnist,

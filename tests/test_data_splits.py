@@ -5,7 +5,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from data_fixtures import (
-    isolated,  # noqa: F401  (fixture)
     make_fashion_mnist,
     make_image_folder,
     make_retinamnist,

@@ -22,6 +22,7 @@ from studies.protocol import (
     protocol_file_is_dirty,
 )
 from workbench.models.registry import model_config
+from workbench.protocol import load_any
 from workbench.train.config import DataSpec
 
 PROTOCOLS = Path(__file__).resolve().parents[1] / "studies" / "protocols"
@@ -147,7 +148,7 @@ def test_unknown_key_named_with_dotted_path(tmp_path, edit, dotted):
         (lambda d: d["dataset"].update(name="fashionmnist"), ["dataset.name", "fashionmnist"]),
         (lambda d: d["model"].update(name="vit_huge"), ["model.name", "vit_huge"]),
         (lambda d: d["model"].update(heads=5), ["bad model in 'model'", "heads", "5"]),
-        (lambda d: d["arms"][2]["overrides"]["model"].update(patch_size=5), ["arms[2]", "patch_size", "5"]),
+        (lambda d: d["arms"][2]["overrides"]["model"].update(patch_size=40), ["arms[2]", "patch_size", "40"]),
         (lambda d: d["arms"][2]["overrides"]["optim"].update(lr=0), ["arms[2].overrides.optim", "lr", "0"]),
         (lambda d: d["arms"][1].update(reference="no"), ["arms[1].reference", "no"]),
         (lambda d: d["arms"][1].update(name="CNN arm"), ["arms[1].name", "CNN arm"]),
@@ -356,3 +357,111 @@ def test_dirty_detection(tmp_path, monkeypatch):
     assert protocol_file_is_dirty(outside), "a file outside a git repository counts as dirty"
     with pytest.raises(ProtocolDirtyError, match="not inside a git repository"):
         check_clean(outside)
+
+
+# --- shipped hashes ------------------------------------------------------------------------
+
+# sha256 of each shipped protocol's canonical JSON, computed at commit 94bc460 (before the
+# protocol parsers were merged into one schema). Runs in MLflow are keyed by these hashes:
+# a change here orphans every recorded run of the protocol, so it must be deliberate and
+# stated in the README with the reason.
+SHIPPED_HASHES = {
+    "cifar10_ablations": "00deb7362acc5379fa7120cacce82695e27d0793c0a9f269286592ac5472bfd0",
+    "fmnist_vit_vs_cnn": "941bf144832b055f1796a83557c9fd9770fa78b1013b990868902bd882eb218b",
+    "retina_transfer": "8082116498e236e110f1e2f8f7104d3e7ad637fef4a4ad85b85de78428229bbc",
+    "retina_transfer_smoke": "d8d9cd44976fbaadf9c21310cc7fd8393712ccdab37792ebc98a7784ec47f916",
+    "retina_transfer_smoke_source": "53ee7a266838a5dd07fc899532c4b590dd383a059729fcac7c0f1d21b02cdf40",
+    "smoke": "7aa839f2e3e1c3262923563911987f48cb841f03918a397baf66a35756f6ed59",
+}
+
+
+def test_every_shipped_protocol_is_pinned():
+    shipped = sorted(p.stem for p in PROTOCOLS.glob("*.yaml"))
+    assert shipped == sorted(SHIPPED_HASHES), f"pin the hash of new protocol files: {set(shipped) ^ set(SHIPPED_HASHES)}"
+
+
+@pytest.mark.parametrize("name", sorted(SHIPPED_HASHES))
+def test_shipped_protocol_hash_is_unchanged(name):
+    p = load_any(PROTOCOLS / f"{name}.yaml")
+    assert p.hash == SHIPPED_HASHES[name], (f"{name}: hash {p.hash} != pinned {SHIPPED_HASHES[name]}; "
+                                            f"canonical JSON now: {p.canonical_json()}")
+
+
+# --- one schema for both kinds -------------------------------------------------------------
+
+TRANSFER = {
+    "name": "tiny_transfer", "description": "a transfer protocol for schema tests",
+    "source": {"weights": "random", "model": "vit_tiny_patch16_224"}, "dataset": {"name": "retinamnist"},
+    "regimes": [{"name": "probe", "kind": "linear", "reference": True, "epochs": 2, "lr": 1e-3},
+                {"name": "full", "kind": "full", "epochs": 2, "lr": 1e-4}],
+    "seeds": [0, 1],
+}
+
+
+def transfer_error(edit) -> str:
+    from workbench.protocol import parse_transfer_protocol
+
+    data = copy.deepcopy(TRANSFER)
+    edit(data)
+    with pytest.raises(ProtocolError) as info:  # a TransferProtocolError is a ProtocolError
+        parse_transfer_protocol(data, source="t.yaml")
+    message = str(info.value)
+    assert message.startswith("t.yaml: ") and "\n" not in message, message
+    return message
+
+
+@pytest.mark.parametrize(
+    "edit, expected",
+    [
+        (lambda d: d["regimes"][1].update(momentum=0.9), ["unknown key 'regimes[1].momentum'", "label_smoothing"]),
+        (lambda d: d["regimes"][0].update(betas=[0.9]), ["regimes[0].betas=[0.9]", "a list of 2 numbers"]),
+        (lambda d: d["regimes"][0].update(grad_clip="big"), ["regimes[0].grad_clip='big'"]),
+        (lambda d: d["regimes"][1].update(lr=0), ["regimes[1]", "lr", "0"]),
+        (lambda d: d["regimes"][1].pop("epochs"), ["regimes[1].epochs: required"]),
+        (lambda d: d["source"].pop("weights"), ["source.weights: required"]),
+        (lambda d: d["dataset"].update(size=100), ["dataset.size=100"]),
+        (lambda d: d.update(run={"amp": "fp8"}), ["run.amp='fp8'"]),
+        (lambda d: d.update(evaluation={"confidence": "high"}), ["evaluation.confidence='high'", "expected float"]),
+        (lambda d: d["regimes"][1].update(name="probe"), ["duplicate regime name(s) 'probe'"]),
+    ],
+)
+def test_transfer_errors_name_the_dotted_key(edit, expected):
+    message = transfer_error(edit)
+    for part in expected:
+        assert part in message, f"expected {part!r} in: {message}"
+
+
+def test_regime_keys_come_from_optim_config():
+    """Every optimiser field is a regime key (no copied list), typed by OptimConfig's hints."""
+    from workbench.protocol import parse_transfer_protocol
+    from workbench.protocol.transfer import REGIME_KEYS
+    from workbench.train.config import OptimConfig
+
+    assert {f.name for f in fields(OptimConfig)} <= set(REGIME_KEYS)
+    data = copy.deepcopy(TRANSFER)
+    data["regimes"][1].update(weight_decay=0, betas=[0, 0.98], warmup_epochs=1, min_lr_ratio=0.1,
+                              label_smoothing=0.1, grad_clip=1)
+    optim = parse_transfer_protocol(data).regimes[1].optim
+    assert optim == OptimConfig(lr=1e-4, weight_decay=0.0, betas=(0.0, 0.98), warmup_epochs=1.0, min_lr_ratio=0.1,
+                                label_smoothing=0.1, grad_clip=1.0), optim
+    assert isinstance(optim.grad_clip, float) and isinstance(optim.betas[0], float), "ints must become floats"
+
+
+def test_kinds_share_one_loader_and_one_hash(tmp_path):
+    import hashlib
+
+    from workbench.protocol import canonical_json, load_transfer_protocol
+
+    ablation = write(tmp_path, BASE)
+    transfer = write(tmp_path, TRANSFER, name="tiny_transfer")
+    a, t = load_any(ablation), load_any(transfer)
+    assert (a.kind, t.kind) == ("ablation", "transfer")
+    for p in (a, t):
+        assert p.hash == hashlib.sha256(canonical_json(p.canonical).encode()).hexdigest()
+    with pytest.raises(ProtocolError, match="is a transfer protocol, not an ablation protocol"):
+        load_protocol(transfer)
+    with pytest.raises(ProtocolError, match="is an ablation protocol, not a transfer protocol"):
+        load_transfer_protocol(ablation)
+    text = yaml.safe_dump(TRANSFER).replace("seeds:", "seeds: [0]\nseeds:")
+    with pytest.raises(ProtocolError, match="duplicate key 'seeds'"):
+        load_any(write(tmp_path, text, name="tiny_transfer"))

@@ -8,7 +8,11 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import socket
 import stat
+import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -17,16 +21,20 @@ from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 from data_fixtures import make_image_folder
-from servers import isolated_tracking, postgres_server, workbench_server  # noqa: F401  (fixture)
+from servers import Launcher, descendants, free_port, isolated_tracking, postgres_server, running  # noqa: F401
 from studies.ablate import ablate
 from studies.server import server as server_command
 from studies.sync import sync as sync_command
 from tracking import offline_fallback as resilient
 from tracking import server as ts
+from tracking import server_process as sp
+from tracking.server_process import RUNTIME_ENV
 
 ROOT = Path(__file__).resolve().parent.parent
 ADMIN = ("admin", "remote-admin-Passw0rd")
 WORKER = ("worker", "colab-worker-Passw0rd")
+ALICE = ("alice", "alice-owns-Passw0rd")
+BOB = ("bob", "bob-reads-Passw0rd")
 PROTOCOL = """\
 name: remote
 description: one arm, two seeds, logged over HTTP
@@ -66,23 +74,97 @@ def test_server_start_refuses_the_default_password_before_starting_anything(monk
     assert not (tmp_path / "m.db").exists()
 
 
-def test_server_environment_keeps_secrets_off_the_command_line_and_the_ini_private(tmp_path):
+def test_server_environment_keeps_secrets_off_the_command_line_and_the_ini_private(tmp_path, monkeypatch):
+    created = []
+    monkeypatch.setattr(ts, "ensure_admin", lambda *args: created.append(args) or True)  # no users database here
+    monkeypatch.setenv(RUNTIME_ENV, str(tmp_path / "run"))
+    monkeypatch.setenv(ts.ADMIN_PASSWORD_ENV, ADMIN[1])
     cfg = ts.ServerConfig("postgresql://mlflow:db-secret-99@127.0.0.1/mlflow", str(tmp_path / "art"), port=5099,
                           allowed_hosts="mlflow.example.org", cors_allowed_origins="https://mlflow.example.org",
-                          auth_database_uri="postgresql://mlflow:db-secret-99@127.0.0.1/mlflow_auth")
+                          auth_database_uri="postgresql://mlflow:db-secret-99@127.0.0.1:5433/mlflow_auth")
     with ts.prepared_server(cfg, *ADMIN) as (cmd, env):
         ini = Path(env["MLFLOW_AUTH_CONFIG_PATH"])
-        assert stat.S_IMODE(ini.stat().st_mode) == 0o600
+        folder = ini.parent
+        assert stat.S_IMODE(folder.stat().st_mode) == 0o700 and stat.S_IMODE(ini.stat().st_mode) == 0o600
         text = ini.read_text()
-        assert ADMIN[1] not in text and "admin_username = admin" in text and "default_permission = EDIT" in text
-        assert not any("db-secret-99" in a or ADMIN[1] in a for a in cmd), cmd
-        assert env["MLFLOW_BACKEND_STORE_URI"] == cfg.backend_store_uri and env["MLFLOW_AUTH_ADMIN_PASSWORD"] == ADMIN[1]
+        assert "admin_username = admin" in text and "default_permission = READ" in text
+        assert "database_uri = postgresql://mlflow@127.0.0.1:5433/mlflow_auth" in text
+        assert Path(env["PGPASSFILE"]).read_text() == ("127.0.0.1:5432:mlflow:mlflow:db-secret-99\n"
+                                                       "127.0.0.1:5433:mlflow_auth:mlflow:db-secret-99\n")
+        assert stat.S_IMODE(Path(env["PGPASSFILE"]).stat().st_mode) == 0o600
+        for secret in ("db-secret-99", ADMIN[1]):
+            assert not any(secret in a for a in cmd), cmd
+            assert not any(secret in v for v in env.values()), f"{secret} in the server's environment"
+            assert secret not in text
+        assert env["MLFLOW_BACKEND_STORE_URI"] == "postgresql://mlflow@127.0.0.1/mlflow"
+        assert created == [(cfg.auth_database_uri, *ADMIN)], "the launcher creates the admin, not the server"
         for flag, value in (("--app-name", "basic-auth"), ("--allowed-hosts", "mlflow.example.org"),
                             ("--cors-allowed-origins", "https://mlflow.example.org"), ("--port", "5099")):
             assert cmd[cmd.index(flag) + 1] == value
         assert "--serve-artifacts" in cmd and cmd[cmd.index("--artifacts-destination") + 1] == str(tmp_path / "art")
-    assert not ini.exists(), "the auth ini outlives the server"
+    assert not folder.exists(), "the runtime folder outlives the server"
     assert "db-secret-99" not in ts.describe(cfg)
+
+
+def test_pgpass_lines_escape_and_other_uris_pass_through():
+    assert ts.split_password("postgresql+psycopg://u:p%3Aw%5Cd@db.example.org:6543/runs") == \
+        ("postgresql+psycopg://u@db.example.org:6543/runs", "db.example.org:6543:runs:u:p\\:w\\\\d")
+    assert ts.split_password("postgresql://u@h/db") == ("postgresql://u@h/db", None)
+    assert ts.split_password("sqlite:///x.db") == ("sqlite:///x.db", None)
+
+
+def test_server_start_on_a_port_in_use_exits_1_in_one_line(tmp_path, monkeypatch):
+    monkeypatch.setenv(ts.ADMIN_PASSWORD_ENV, ADMIN[1])
+    monkeypatch.setenv(RUNTIME_ENV, str(tmp_path / "run"))
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = CliRunner().invoke(server_command, ["start", "--backend-store-uri", f"sqlite:///{tmp_path}/m.db",
+                                                     "--artifacts-destination", str(tmp_path / "a"), "--port", str(port)])
+    assert result.exit_code == 1, result.output
+    assert result.output.strip().splitlines() == [f"Error: cannot listen on 127.0.0.1:{port}: already in use; "
+                                                  "stop what runs there or pass --port"]
+    assert not (tmp_path / "m.db").exists() and not list((tmp_path / "run").glob("launch-*"))
+
+
+def test_runtime_folders_of_dead_launchers_are_removed_at_the_next_start(tmp_path, monkeypatch):
+    monkeypatch.setenv(RUNTIME_ENV, str(tmp_path / "run"))
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    stale = sp.runtime_root() / f"launch-{dead.pid}"
+    stale.mkdir()
+    (stale / "basic_auth.ini").write_text("left by a launcher that died")
+    alive = sp.runtime_root() / f"launch-{os.getppid()}"
+    alive.mkdir()
+    folder = sp.new_runtime_dir()
+    assert not stale.exists() and alive.exists() and folder.exists()
+    assert stat.S_IMODE(sp.runtime_root().stat().st_mode) == 0o700
+
+
+def test_protocol_record_survives_a_rename_of_its_experiment(tmp_path, monkeypatch):
+    from mlflow.tracking import MlflowClient
+
+    from tracking.protocols import ProtocolRecordError, experiment_id_for, recorded_hashes
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'runs.db'}")
+    exp_id = experiment_id_for("frozen")
+    client = MlflowClient()
+    client.create_run(exp_id, tags={"protocol_name": "frozen", "protocol_hash": "abc123", "parent": "true"})
+    client.rename_experiment(exp_id, "frozen (old results)")
+    assert experiment_id_for("frozen") == exp_id and recorded_hashes("frozen") == {"abc123"}
+    assert client.get_experiment_by_name("frozen") is None, "a second experiment was created"
+    other = client.create_experiment("frozen")  # someone starts it again by name, elsewhere
+    assert experiment_id_for("frozen") == exp_id, "an empty experiment of the same name took over the record"
+    client.create_run(other, tags={"protocol_name": "frozen", "protocol_hash": "def456", "parent": "true"})
+    assert experiment_id_for("frozen") == other  # found by name first: the usual case, one query
+    client.delete_experiment(other)
+    client.create_experiment("frozen-copy")
+    client.create_run(client.get_experiment_by_name("frozen-copy").experiment_id,
+                      tags={"protocol_name": "frozen", "protocol_hash": "abc123", "parent": "true"})
+    with pytest.raises(ProtocolRecordError, match="are in 2 experiments: 'frozen \\(old results\\)'"):
+        experiment_id_for("frozen")
 
 
 def test_uris_and_values_are_redacted(monkeypatch):
@@ -141,12 +223,118 @@ def test_the_colab_notebook_is_valid_nbformat_4():
 # ---------------------------------------------------------------- a real server on PostgreSQL
 
 
+DB_SECRET = "db-secret-in-the-uri-31"  # PostgreSQL trusts loopback here; it still must never leak
+
+
+def server_env(root: Path) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "WORKBENCH_"))}
+    return {**env, ts.ADMIN_USER_ENV: ADMIN[0], ts.ADMIN_PASSWORD_ENV: ADMIN[1], RUNTIME_ENV: str(root / "run"),
+            "OMP_NUM_THREADS": "1"}
+
+
 @pytest.fixture(scope="module")
 def auth_server(tmp_path_factory):
+    """``workbench server start`` itself (a subprocess) on PostgreSQL; one per module."""
     root = tmp_path_factory.mktemp("remote")
     with postgres_server(("mlflow", "mlflow_auth")) as pg:
-        with workbench_server(f"{pg}/mlflow", root / "artifacts", ADMIN, auth_db=f"{pg}/mlflow_auth") as server:
+        pg = pg.replace("postgresql://postgres@", f"postgresql://postgres:{DB_SECRET}@")
+        server = Launcher(["--backend-store-uri", f"{pg}/mlflow", "--auth-db-uri", f"{pg}/mlflow_auth",
+                           "--artifacts-destination", str(root / "artifacts"), "--port", str(free_port()),
+                           "--workers", "1"], server_env(root), root / "launcher.log")
+        server.start()
+        try:
             yield server
+        finally:
+            server.stop()
+
+
+def as_user(monkeypatch, user: tuple[str, str]) -> None:
+    monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", user[0])
+    monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", user[1])
+
+
+def http_status(action) -> int | None:
+    """The HTTP status an MLflow client call was answered with (None: it succeeded)."""
+    import requests
+
+    try:
+        action()
+    except MlflowException as err:
+        return err.get_http_status_code()
+    except requests.HTTPError as err:
+        return err.response.status_code
+    return None
+
+
+@pytest.mark.integration
+def test_the_ready_line_and_no_secret_in_the_servers_environment(auth_server):
+    out = auth_server.output()
+    ready = [line for line in out.splitlines() if line.startswith("ready: ")]
+    assert len(ready) == 1 and auth_server.url in ready[0] and "basic-auth on" in ready[0], out[-2000:]
+    assert "postgresql://***@127.0.0.1" in ready[0] and "default permission READ" in ready[0]
+    assert DB_SECRET not in out and ADMIN[1] not in out
+    below = descendants(auth_server.proc.pid)
+    assert below, "no server process under the launcher"
+    for pid in below | {auth_server.proc.pid}:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            environ = f.read()
+        if pid != auth_server.proc.pid:  # the launcher was started with them; it passes them to no one
+            assert ADMIN[1].encode() not in environ, f"the admin password in the environment of {pid}"
+        assert DB_SECRET.encode() not in environ, f"the database password in the environment of {pid}"
+
+
+@pytest.mark.integration
+def test_users_read_every_experiment_and_change_only_their_own(auth_server, isolated_tracking, tmp_path, monkeypatch):
+    url = auth_server.url
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", url)
+    monkeypatch.setenv(ts.ADMIN_USER_ENV, ADMIN[0])
+    monkeypatch.setenv(ts.ADMIN_PASSWORD_ENV, ADMIN[1])
+    runner = CliRunner()
+    for user in (ALICE, BOB):
+        monkeypatch.setenv("WORKBENCH_NEW_USER_PASSWORD", user[1])
+        added = runner.invoke(server_command, ["add-user", user[0]])
+        assert added.exit_code == 0, added.output
+    again = runner.invoke(server_command, ["add-user", ALICE[0]])
+    assert again.exit_code == 1 and again.output.strip().splitlines() == \
+        [f"Error: user 'alice' already exists on {url}; nothing changed"], again.output
+
+    client = MlflowClient(url)
+    as_user(monkeypatch, ALICE)
+    exp = client.create_experiment("alice-study")
+    run = client.create_run(exp).info.run_id
+    client.log_metric(run, "val_accuracy", 0.61, step=1)
+    client.set_tag(run, "note", "alice's")
+    (tmp_path / "notes.txt").write_text("alice's file")
+    client.log_artifact(run, str(tmp_path / "notes.txt"))
+
+    as_user(monkeypatch, BOB)
+    (tmp_path / "fake.txt").write_text("bob's file")
+    attempts = {
+        "log a metric": lambda: client.log_metric(run, "val_accuracy", 0.99, step=2),
+        "set a tag": lambda: client.set_tag(run, "note", "bob's"),
+        "change the status": lambda: client.set_terminated(run, "KILLED"),
+        "upload an artifact": lambda: client.log_artifact(run, str(tmp_path / "fake.txt")),
+        "rename the experiment": lambda: client.rename_experiment(exp, "bob-study"),
+        "delete the run": lambda: client.delete_run(run),
+    }
+    answers = {what: http_status(action) for what, action in attempts.items()}
+    assert answers == {what: 403 for what in attempts}, answers
+    # ... and reads everything.
+    seen = client.get_run(run)
+    assert seen.data.metrics == {"val_accuracy": 0.61} and seen.data.tags["note"] == "alice's"
+    assert seen.info.status == "RUNNING" and client.get_experiment(exp).name == "alice-study"
+    assert [a.path for a in client.list_artifacts(run)] == ["notes.txt"]
+    assert Path(client.download_artifacts(run, "notes.txt", str(tmp_path))).read_text() == "alice's file"
+
+    as_user(monkeypatch, ADMIN)  # the admin lends bob a hand on alice's study
+    granted = runner.invoke(server_command, ["grant", BOB[0], "alice-study", "--permission", "EDIT"])
+    assert granted.exit_code == 0 and f"bob: EDIT on experiment 'alice-study' (id {exp})" in granted.output, granted.output
+    as_user(monkeypatch, BOB)
+    assert http_status(lambda: client.log_metric(run, "val_accuracy", 0.65, step=2)) is None
+    assert http_status(lambda: client.log_artifact(run, str(tmp_path / "fake.txt"))) is None
+    assert [m.value for m in client.get_metric_history(run, "val_accuracy")] == [0.61, 0.65]
+    unknown = runner.invoke(server_command, ["grant", BOB[0], "no-such-study"])
+    assert unknown.exit_code == 1 and "no experiment 'no-such-study'" in unknown.output, unknown.output
 
 
 @pytest.mark.integration
@@ -219,3 +407,43 @@ def test_wrong_credentials_are_refused_with_a_clear_error(auth_server, isolated_
             assert needed in result.output, (command.name, result.output)
         assert wrong not in result.output
     assert os.path.getsize(isolated_tracking / "mlflow.db") == 0, "refused credentials must not send runs offline"
+
+
+@pytest.mark.integration
+def test_a_server_that_dies_at_start_exits_non_zero(tmp_path):
+    nothing = "nosuchdb://127.0.0.1/runs"  # the server process refuses it after the launcher started it
+    launcher = Launcher(["--backend-store-uri", nothing, "--auth-db-uri", f"sqlite:///{tmp_path / 'auth.db'}",
+                         "--artifacts-destination", str(tmp_path / "a"), "--port", str(free_port()), "--workers", "1"],
+                        server_env(tmp_path), tmp_path / "launcher.log")
+    result = subprocess.run(launcher.cmd, env=launcher.env, cwd=launcher.cwd, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 1, result.stdout[-2000:] + result.stderr[-2000:]
+    assert result.stderr.strip().splitlines()[-1].startswith("Error: mlflow server exited with code"), result.stderr[-2000:]
+    assert not list((tmp_path / "run").glob("launch-*")), "a runtime folder was left"
+
+
+@pytest.mark.integration
+def test_sigkill_of_the_launcher_leaves_no_server_and_no_secret_file(tmp_path):
+    port = free_port()
+    launcher = Launcher(["--backend-store-uri", f"sqlite:///{tmp_path / 'runs.db'}", "--auth-db-uri",
+                         f"sqlite:///{tmp_path / 'auth.db'}", "--artifacts-destination", str(tmp_path / "a"),
+                         "--port", str(port), "--workers", "1"], server_env(tmp_path), tmp_path / "launcher.log")
+    launcher.start()
+    try:
+        below = descendants(launcher.proc.pid)
+        secrets_dir = list((tmp_path / "run").glob("launch-*"))
+        assert len(below) >= 3 and [p.name for p in secrets_dir[0].iterdir()] == ["basic_auth.ini"], below
+        os.kill(launcher.proc.pid, signal.SIGKILL)
+        launcher.proc.wait(timeout=10)
+        killed = time.monotonic()
+        while time.monotonic() - killed < 10:
+            left = {pid for pid in below if running(pid)}
+            with socket.socket() as s:
+                listening = s.connect_ex(("127.0.0.1", port)) == 0
+            if not left and not listening and not secrets_dir[0].exists():
+                break
+            time.sleep(0.2)
+        assert not left and not listening, f"after 10 s: processes {sorted(left)} alive, port listening: {listening}"
+        assert not secrets_dir[0].exists(), "the secret files outlived the launcher"
+        print(f"server gone {time.monotonic() - killed:.1f} s after SIGKILL of its launcher")
+    finally:
+        launcher.stop()

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from PIL import Image
 from test_report import empty_mlflow_db, fresh_store, store  # noqa: F401  (fixtures)
+from test_report_transfer import transfer_store  # noqa: F401  (fixture)
 
 from reports.build import build_report
 
@@ -45,15 +46,19 @@ def chromium(tmp_path, *args: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=90, check=False)
 
 
-def test_html_report_renders_tables_and_figures_in_chromium(store, tmp_path):  # noqa: F811 (fixture)
-    result = build_report(str(store.protocol_path), tmp_path / "out", log=False)
+def probe(tmp_path, html: str) -> dict:
+    """What Chromium made of the page: images (size, loaded), tables, first cells of rows, h2 headings."""
     probe_page = tmp_path / "probe.html"
-    probe_page.write_text(result.html.read_text().replace("</body>", PROBE, 1))
-
+    probe_page.write_text(html.replace("</body>", PROBE, 1))
     done = chromium(tmp_path, "--virtual-time-budget=10000", "--dump-dom", probe_page.as_uri())
     match = re.search(r'<pre id="probe">(.*?)</pre>', done.stdout, re.DOTALL)
     assert match, f"no probe output; chromium exit {done.returncode}:\n{done.stderr[-2000:]}"
-    page = json.loads(match.group(1).replace("&quot;", '"').replace("&amp;", "&"))
+    return json.loads(match.group(1).replace("&quot;", '"').replace("&amp;", "&"))
+
+
+def test_html_report_renders_tables_and_figures_in_chromium(store, tmp_path):  # noqa: F811 (fixture)
+    result = build_report(str(store.protocol_path), tmp_path / "out", log=False)
+    page = probe(tmp_path, result.html.read_text())
     assert len(page["images"]) == 5 and all(w > 0 and h > 0 and ok for w, h, ok in page["images"]), page["images"]
     assert page["tables"] == 7, page  # accuracy, comparisons and per-class for val and test; runs
     assert page["headings"][:4] == ["Accuracy", "Seed-paired comparisons", "Per-class accuracy", "Training curves"]
@@ -72,3 +77,19 @@ def test_html_report_renders_tables_and_figures_in_chromium(store, tmp_path):  #
     title = (pixels[:150, :800].sum(axis=2) < 300).mean()
     assert title > 0.01, (f"no text rendered in the title area ({title:.4f} dark): Chromium found no font; "
                           "install one (Debian: fonts-dejavu-core or fonts-liberation)")
+
+
+def test_transfer_html_report_renders_in_chromium(transfer_store, tmp_path):  # noqa: F811 (fixture)
+    result = build_report(str(transfer_store["path"]), tmp_path / "out", n_resamples=1000, log=False)
+    page = probe(tmp_path, result.html.read_text())
+    assert len(page["images"]) == 2 and all(w > 0 and h > 0 and ok for w, h, ok in page["images"]), page["images"]
+    assert page["tables"] == 5, page  # per cell, per class, over seeds, paired differences, runs
+    assert page["headings"] == [f"Transfer study tiny_transfer@{transfer_store['protocol'].short_hash}",
+                                "Confusion matrices", "Training curves", "Runs"], page["headings"]
+    assert page["rows"].count("full_ft − linear_probe") == 3 and page["rows"].count("linear_probe") == 7, page["rows"]
+    shot = tmp_path / "shot.png"
+    done = chromium(tmp_path, "--window-size=1200,2400", f"--screenshot={shot}", result.html.as_uri())
+    assert shot.is_file(), done.stderr[-2000:]
+    pixels = np.asarray(Image.open(shot).convert("RGB"))
+    dark = (pixels.sum(axis=2) < 300).mean()
+    assert 0.005 < dark < 0.5, f"screenshot looks blank or broken: {dark:.4f} of pixels dark"

@@ -116,6 +116,7 @@ class KillServerAfterEpoch(TrainingObserver):
             self.killed_in = metrics["epoch"]
 
 
+@pytest.mark.integration
 def test_server_killed_mid_run_then_sync_holds_everything_exactly_once(isolated_tracking, tmp_path, monkeypatch, capsys):
     folder = tmp_path / "images"
     make_image_folder(folder, per_class={"train": 14, "test": 4})
@@ -203,3 +204,66 @@ def test_uploads_retry_with_backoff_on_transient_errors_only(monkeypatch):
     with pytest.raises(MlflowException):
         resilient.with_retries(refused, "upload", attempts=5)
     assert len(calls) == 1, "a refused credential is not retried"
+
+
+def test_targets_are_normalised_without_credentials(tmp_path, monkeypatch):
+    from tracking.sync import normalise_target, target_tag
+
+    monkeypatch.chdir(tmp_path)
+    assert normalise_target("http://bob:s3cret@MLflow.Example.org:80/") == "http://mlflow.example.org"
+    assert normalise_target("https://mlflow.example.org:443/base/") == "https://mlflow.example.org/base"
+    assert normalise_target("http://127.0.0.1:5000") == "http://127.0.0.1:5000"
+    assert normalise_target("sqlite:///x.db") == f"sqlite:///{tmp_path / 'x.db'}"
+    assert target_tag("http://bob:pw@h:80", "exp") == target_tag("http://h/", "exp") != target_tag("http://h", "other")
+    assert target_tag("http://h:5000", "exp") != target_tag("http://h:5001", "exp")
+
+
+def _local_runs(uri: str) -> dict[str, str]:
+    """A parent and a finished child with a metric history and a file, in a local store."""
+    client = MlflowClient(uri)
+    exp = resilient.ensure_experiment(client, "targets")
+    parent = client.create_run(exp, tags={"mlflow.runName": "parent"}).info.run_id
+    child = client.create_run(exp, tags={"mlflow.runName": "child", "mlflow.parentRunId": parent}).info.run_id
+    for step in (1, 2, 3):
+        client.log_metric(child, "val_accuracy", 0.1 * step, step=step, timestamp=1000 + step)
+    client.log_dict(child, {"a": 1}, "config.json")
+    client.set_terminated(child, "FINISHED")
+    client.set_terminated(parent, "FINISHED")
+    return {"parent": parent, "child": child}
+
+
+def test_synced_is_remembered_per_target_and_dry_run_says_where(isolated_tracking, tmp_path, monkeypatch):
+    source = f"sqlite:///{tmp_path / 'local.db'}"
+    _local_runs(source)
+    wrong, right = tmp_path / "wrong.db", tmp_path / "right.db"
+    runner = CliRunner()
+
+    planned = runner.invoke(sync_command, ["--from", source, "--to", f"sqlite:///{wrong}", "--dry-run"],
+                            catch_exceptions=False)
+    assert planned.exit_code == 0, planned.output
+    lines = [line for line in planned.output.splitlines() if "(local " in line]
+    assert len(lines) == 2 and all(f"sqlite:///{wrong} experiment 'targets': new run in a new experiment" in line
+                                   for line in lines), planned.output
+    assert "2 of 2 runs would be copied" in planned.output and not wrong.exists(), "a dry run created the target"
+
+    # The mistake of the issue: a first sync into the wrong store must not hide the runs from the right one.
+    first = sync(source, f"sqlite:///{wrong}", log=lambda _: None)
+    assert (first.runs_created, first.runs_skipped) == (2, 0), first.summary()
+    to_right = sync(source, f"sqlite:///{right}", log=lambda _: None)
+    assert (to_right.runs_created, to_right.runs_skipped, to_right.metric_points) == (2, 0, 3), to_right.summary()
+    copied = snapshot(MlflowClient(f"sqlite:///{right}"), "targets")
+    assert copied["child"]["tags"]["mlflow.parentRunId"] == copied["parent"]["id"]
+    assert copied["child"]["files"] == {"config.json"} and len(copied["child"]["metrics"]["val_accuracy"]) == 3
+    assert not any(k.startswith("sync.to.") for k in copied["child"]["tags"]), "sync records leaked to the server"
+
+    # Each target again (the right one spelled differently): nothing to copy.
+    monkeypatch.chdir(tmp_path)
+    for target in ("sqlite:///right.db", f"sqlite:///{wrong}"):
+        again = sync(source, target, log=lambda _: None)
+        assert (again.runs_created, again.runs_updated, again.runs_skipped) == (0, 0, 2), (target, again.summary())
+    assert snapshot(MlflowClient(f"sqlite:///{right}"), "targets") == copied
+    planned = runner.invoke(sync_command, ["--from", source, "--to", "sqlite:///right.db", "--dry-run"],
+                            catch_exceptions=False)
+    assert planned.output.count("already synced (server run ") == 2 and "0 of 2 runs" in planned.output, planned.output
+    local = MlflowClient(source).search_runs([MlflowClient(source).get_experiment_by_name("targets").experiment_id])
+    assert all(sum(k.startswith("sync.to.") for k in r.data.tags) == 2 for r in local)

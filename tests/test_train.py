@@ -50,6 +50,7 @@ def strip_timing(history: list[dict]) -> list[dict]:
     return [{k: v for k, v in h.items() if k not in TIMING} for h in history]
 
 
+@pytest.mark.e2e  # two training subprocesses and a SIGKILL
 def test_sigkill_mid_epoch_then_resume_is_bit_identical(tmp_path):
     straight, killed = tmp_path / "straight", tmp_path / "killed"
     done = run_child(straight)

@@ -25,7 +25,7 @@ from workbench.stats import paired_bootstrap_difference
 from workbench.train.checkpoint import FORMAT, atomic_torch_save, load_checkpoint
 from workbench.transfer.evaluate import metric_cis
 from workbench.transfer.features import compute_features
-from workbench.transfer.protocol import TransferProtocolError, parse_transfer_protocol
+from workbench.protocol import TransferProtocolError, parse_transfer_protocol
 from workbench.transfer.regimes import epoch_order, freeze, param_groups
 from workbench.transfer.report import CellPredictions, build_section
 from workbench.transfer.runner import (
@@ -302,7 +302,7 @@ def test_bootstrap_intervals_have_the_known_answers():
     assert abs(diff.estimate - 0.1) < 1e-12 and 0.0 < diff.low < 0.1 < diff.high
 
 
-def test_report_section_tables_and_markdown():
+def test_report_section_tables_and_confusion():
     rng = np.random.default_rng(1)
     y = rng.integers(0, 5, 120)
     cells = []
@@ -321,7 +321,15 @@ def test_report_section_tables_and_markdown():
     assert set(zip(comps["a"], comps["b"])) == {("partial_ft", "linear_probe"), ("full_ft", "linear_probe"),
                                                  ("full_ft", "partial_ft")}
     assert (comps["seed"] == "all").sum() == 3 and len(comps) == 9
-    assert "| regime | seed | QWK |" in section.markdown and "full_ft - linear_probe" in section.markdown
+    for regime_name in ("linear_probe", "partial_ft", "full_ft"):  # test counts summed over the two seeds
+        cm = section.confusion[regime_name]
+        preds = [c.table["predicted"].to_numpy() for c in cells if c.regime == regime_name]
+        assert cm.shape == (5, 5) and cm.sum() == 240 and np.trace(cm) == sum(int((p == y).sum()) for p in preds), cm
+    from reports.transfer import transfer_markdown  # rendering lives in reports/, not in the library
+
+    markdown = transfer_markdown(section)
+    assert "| regime       | seed |" in markdown and "full_ft − linear_probe" in markdown, markdown
+    assert not hasattr(section, "markdown"), "the library section computes; reports/ renders"
     bad = CellPredictions("x", 0, cells[0].table.assign(index=np.arange(1, 121)))
     with pytest.raises(ValueError, match="other test images"):
         build_section(cells + [bad], 5, ["linear_probe", "x"], "linear_probe", 1000)

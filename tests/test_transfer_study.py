@@ -17,10 +17,11 @@ from conftest import assert_close
 from data_fixtures import md5
 from test_transfer import one_thread  # noqa: F401 (autouse fixture)
 from test_transfer import RecordingSplit, learnable_retina, make_source_checkpoint, protocol_dict
+from reports.transfer import transfer_markdown
 from tracking.transfer import transfer_section
 from workbench.convert.checkpoints import sha256_file
 from workbench.data import NORM_STATS, checksums
-from workbench.transfer.protocol import SourceSpec
+from workbench.protocol.transfer import SourceSpec
 from workbench.transfer.runner import TestSplitGuard
 from workbench.transfer.source_model import load_local_source
 
@@ -170,15 +171,17 @@ def test_protocol_end_to_end_selection_never_reads_the_test_split(mlflow_store, 
     section = transfer_section("tiny_transfer")
     assert len(section.kappa_table) == 6 and section.kappa_table["logged_equals_file"].all()
     assert set(section.comparisons["seed"]) == {"0", "1", "all"}
-    assert f"runs:/{run_id}" in section.markdown and "NOT" not in section.markdown.split("pretrained:")[1][:5]
+    markdown = transfer_markdown(section)
+    assert f"runs:/{run_id}" in markdown and "NOT" not in markdown.split("pretrained:")[1][:5]
     assert list(section.summary["regime"]) == ["linear_probe", "partial_ft", "full_ft"]
     assert list(section.summary["seeds"]) == [2, 2, 2]
 
 
 def test_report_command_recognises_transfer_protocols():
-    from studies.report import _transfer_protocol_file
+    from reports.collect import protocol_file
+    from workbench.protocol import load_any
 
-    assert _transfer_protocol_file("studies/protocols/retina_transfer_smoke.yaml").name == "retina_transfer_smoke.yaml"
-    assert _transfer_protocol_file("retina_transfer") is not None
-    assert _transfer_protocol_file("studies/protocols/smoke.yaml") is None
-    assert _transfer_protocol_file("no_such_protocol") is None
+    assert protocol_file("studies/protocols/retina_transfer_smoke.yaml").name == "retina_transfer_smoke.yaml"
+    assert load_any(protocol_file("retina_transfer")).kind == "transfer"
+    assert load_any(protocol_file("studies/protocols/smoke.yaml")).kind == "ablation"
+    assert protocol_file("no_such_protocol") is None

@@ -6,6 +6,7 @@ import os
 import tempfile
 from pathlib import Path
 
+import click
 import mlflow
 from mlflow.entities import Run
 from mlflow.tracking import MlflowClient
@@ -17,10 +18,42 @@ from tracking.sink import RunSink
 PROTOCOL_TAGS = ("protocol_name", "protocol_hash", "arm", "seed")
 
 
+class ProtocolRecordError(click.ClickException):
+    """The protocol's runs are spread over several experiments: which record is frozen is ambiguous."""
+
+
 def experiment_id_for(protocol_name: str) -> str:
-    """Each protocol has one experiment, named after it, holding all its runs."""
+    """Each protocol has one experiment holding all its runs, created under the protocol's name.
+
+    It is found by the ``protocol_name`` tag of the runs it holds, not by its name alone:
+    an experiment renamed in the UI keeps the protocol's frozen record (recorded hashes,
+    finished cells), and the next execution continues it instead of starting a new one.
+    """
     configure_tracking()
-    return ensure_experiment(MlflowClient(), protocol_name)
+    client = MlflowClient()
+    holding = _experiments_holding(client, protocol_name)
+    if len(holding) > 1:
+        names = ", ".join(f"{n!r} (id {i})" for i, n in sorted(holding.items()))
+        raise ProtocolRecordError(f"runs of protocol {protocol_name!r} are in {len(holding)} experiments: {names}; "
+                                  "move them into one (or delete the stray experiment) before running it again")
+    if holding:
+        return next(iter(holding))
+    return ensure_experiment(client, protocol_name)
+
+
+def _experiments_holding(client: MlflowClient, protocol_name: str) -> dict[str, str]:
+    """``{experiment id: name}`` of the active experiments holding a parent run of this protocol."""
+    named = client.get_experiment_by_name(protocol_name)
+    if named is not None and named.lifecycle_stage == "active" and client.search_runs(
+            [named.experiment_id], f"tags.protocol_name = '{protocol_name}'", max_results=1):
+        return {named.experiment_id: named.name}  # the usual case, one query; a renamed copy cannot be told apart
+    experiments = {e.experiment_id: e.name for e in client.search_experiments(max_results=50000)}
+    ids, found = list(experiments), {}
+    for i in range(0, len(ids), 100):  # search_runs takes at most 100 experiments at once
+        for run in client.search_runs(ids[i:i + 100], f"tags.protocol_name = '{protocol_name}' and tags.parent = 'true'",
+                                      max_results=1000):
+            found[run.info.experiment_id] = experiments[run.info.experiment_id]
+    return found
 
 
 def recorded_hashes(protocol_name: str) -> set[str]:
@@ -59,7 +92,10 @@ def start_parent_run(protocol, protocol_file: Path, allow_dirty: bool, extra_tag
     launcher = os.environ.get("MLFLOW_RUN_ID")
     if launcher:
         tags["launcher_run_id"] = launcher  # the run `mlflow run` created around this execution
-    sink = RunSink.create(protocol.name, tags, uri=configure_tracking())
+    uri = configure_tracking()
+    # Into the protocol's experiment even when it was renamed (the fallback store finds its own by name).
+    exp_id = experiment_id_for(protocol.name) if uri != fallback_uri() else None
+    sink = RunSink.create(protocol.name, tags, uri=uri, experiment_id=exp_id)
     sink.log_artifact(protocol_file, artifact_path="protocol")
     with tempfile.TemporaryDirectory() as tmp:
         canonical = Path(tmp) / "canonical.json"

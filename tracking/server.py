@@ -1,16 +1,21 @@
 """The shared MLflow tracking server: PostgreSQL backend store, proxied artifacts, basic-auth.
 
 Remote GPU workers (a Colab T4, a cluster node) log to it over HTTP(S) with
-MLFLOW_TRACKING_URI / MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD. The launcher
-builds the ``mlflow server`` command and its environment:
+MLFLOW_TRACKING_URI / MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD. This module
+builds the ``mlflow server`` command and its environment and administers users;
+``tracking.server_process`` runs it.
 
-- the backend store URI travels in MLFLOW_BACKEND_STORE_URI, not on the command line,
-  so a database password does not show in ``ps``;
-- artifacts are proxied (``--serve-artifacts --artifacts-destination``): workers need
-  no storage credentials of their own;
-- basic-auth reads an ini written to a private temporary file (mode 0600, removed when
-  the server stops) that holds no password: the admin password reaches MLflow only
-  through MLFLOW_AUTH_ADMIN_PASSWORD in the server's own environment;
+- Secrets stay out of the command line and, as far as MLflow allows, out of the server's
+  environment: a PostgreSQL password goes into a ``.pgpass`` file (``PGPASSFILE``) and
+  the URIs the server sees carry none; the admin account is created by the launcher
+  before the server starts, so the admin password never reaches the server at all.
+- Those files (``.pgpass``, ``basic_auth.ini``) live in a private runtime folder (mode
+  0700) that is removed when the server stops, even when its launcher is SIGKILLed.
+- Artifacts are proxied (``--serve-artifacts --artifacts-destination``): workers need no
+  storage credentials of their own.
+- Users may read every experiment and change only their own (default permission READ;
+  MLflow gives the creator of an experiment MANAGE). ``grant`` gives a collaborator or a
+  worker account EDIT on one experiment.
 - ``--allowed-hosts`` / ``--cors-allowed-origins`` must name the public host when the
   server sits behind a tunnel or reverse proxy.
 """
@@ -20,11 +25,7 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
-import shutil
-import signal
-import subprocess
 import sys
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
@@ -36,11 +37,16 @@ ADMIN_PASSWORD_ENV = "WORKBENCH_SERVER_ADMIN_PASSWORD"
 BACKEND_ENV = "WORKBENCH_SERVER_BACKEND_URI"
 ARTIFACTS_ENV = "WORKBENCH_SERVER_ARTIFACTS"
 AUTH_DB_ENV = "WORKBENCH_SERVER_AUTH_DB_URI"
+NEW_USER_PASSWORD_ENV = "WORKBENCH_NEW_USER_PASSWORD"
 # The admin password older MLflow versions shipped in basic_auth.ini (GHSA-gq3w-7jj3-x7gr).
 LEGACY_DEFAULT_PASSWORD = "password1234"
 MIN_PASSWORD = 12  # MLflow's own minimum for basic-auth passwords
 PERMISSIONS = ("READ", "EDIT", "MANAGE", "NO_PERMISSIONS")
 AUTH_CACHE_SECONDS = 60
+# What the launcher's own environment may hold that the server has no use for.
+NOT_FOR_THE_SERVER = (ADMIN_PASSWORD_ENV, BACKEND_ENV, AUTH_DB_ENV, NEW_USER_PASSWORD_ENV, "MLFLOW_AUTH_ADMIN_PASSWORD",
+                      "MLFLOW_TRACKING_URI", "MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD",
+                      "MLFLOW_TRACKING_TOKEN")
 
 
 class ServerConfigError(ValueError):
@@ -56,8 +62,8 @@ class ServerConfig:
         artifacts_destination: Where proxied artifacts are stored (a folder, ``s3://...``).
         auth_database_uri: Users and permissions of basic-auth; default a SQLite file beside
             the working directory. Use a database of its own (``postgresql://.../mlflow_auth``).
-        default_permission: What every user may do on experiments others created. EDIT lets
-            the workers of a team log cells into a protocol experiment someone else started.
+        default_permission: What every user may do on experiments others created. READ:
+            everyone sees everything, only the creator (MANAGE) and those granted EDIT change it.
         allowed_hosts: Host headers to accept (the tunnel's hostname); MLflow's default
             accepts localhost and private addresses only.
         cors_allowed_origins: Browser origins allowed to call the API.
@@ -70,7 +76,7 @@ class ServerConfig:
     workers: int = 2
     auth: bool = True
     auth_database_uri: str | None = None
-    default_permission: str = "EDIT"
+    default_permission: str = "READ"
     allowed_hosts: str | None = None
     cors_allowed_origins: str | None = None
 
@@ -112,13 +118,42 @@ def check_admin_credentials(user: str | None, password: str | None) -> None:
         raise ServerConfigError(f"{ADMIN_PASSWORD_ENV} must not be derived from the user name")
 
 
-def write_auth_config(folder: Path, cfg: ServerConfig, admin_user: str) -> Path:
-    """The basic-auth ini, readable by this user only; it holds no password."""
-    path = Path(folder) / "basic_auth.ini"
+def split_password(uri: str) -> tuple[str, str | None]:
+    """``(uri without its password, the .pgpass line holding it)`` for PostgreSQL; other URIs unchanged.
+
+    libpq (under psycopg) reads the password from the file named by PGPASSFILE, so the
+    URI the server keeps in its environment holds none.
+    """
+    if not uri.startswith("postgresql"):
+        return uri, None
+    from sqlalchemy.engine import make_url
+
+    url = make_url(uri)
+    if url.password is None:
+        return uri, None
+
+    def esc(value) -> str:
+        return str(value).replace("\\", "\\\\").replace(":", "\\:")
+
+    line = ":".join(esc(v) for v in (url.host or "localhost", url.port or 5432, url.database or "*",
+                                     url.username or "*", url.password))
+    return url._replace(password=None).render_as_string(hide_password=False), line  # set(password=None) keeps it
+
+
+def write_private(path: Path, text: str) -> Path:
+    """A new file readable by this user only."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    return path
+
+
+def write_auth_config(folder: Path, cfg: ServerConfig, admin_user: str, auth_db: str | None = None) -> Path:
+    """The basic-auth ini; it holds no password (the auth database URI is given without one)."""
     text = (
         "[mlflow]\n"
         f"default_permission = {cfg.default_permission}\n"
-        f"database_uri = {cfg.auth_db()}\n"
+        f"database_uri = {auth_db or cfg.auth_db()}\n"
         f"admin_username = {admin_user}\n"
         "authorization_function = mlflow.server.auth:authenticate_request_basic_auth\n"
         # Each request's password check is a deliberately slow PBKDF2 hash (about a second
@@ -127,10 +162,22 @@ def write_auth_config(folder: Path, cfg: ServerConfig, admin_user: str) -> Path:
         # on another worker until then).
         f"auth_cache_ttl_seconds = {AUTH_CACHE_SECONDS}\n"
     )
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    return path
+    return write_private(Path(folder) / "basic_auth.ini", text)
+
+
+def ensure_admin(auth_db_uri: str, user: str, password: str) -> bool:
+    """Create the admin account in the users database unless it exists; True when created.
+
+    Done here, before the server starts, so that the server never needs the admin password.
+    """
+    from mlflow.server.auth.sqlalchemy_store import SqlAlchemyStore
+
+    store = SqlAlchemyStore()
+    store.init_db(auth_db_uri)  # creates or upgrades MLflow's users tables
+    if store.has_user(user, use_primary=True):
+        return False
+    store.create_user(user, password, is_admin=True)
+    return True
 
 
 def server_command(cfg: ServerConfig, python: str = sys.executable) -> list[str]:
@@ -148,57 +195,55 @@ def server_command(cfg: ServerConfig, python: str = sys.executable) -> list[str]
 
 @contextlib.contextmanager
 def prepared_server(cfg: ServerConfig, admin_user: str | None = None, admin_password: str | None = None,
-                    base_env: dict | None = None) -> Iterator[tuple[list[str], dict]]:
-    """Yield ``(command, environment)`` of the server; the auth ini is deleted afterwards.
+                    base_env: dict | None = None, folder: Path | None = None) -> Iterator[tuple[list[str], dict]]:
+    """Yield ``(command, environment)`` of the server; its private files are deleted afterwards.
+
+    ``folder``: the private runtime folder to write them into (default: a new one).
 
     Raises:
         ServerConfigError: Missing or unacceptable admin credentials (with auth on).
     """
-    env = dict(os.environ if base_env is None else base_env)
-    env["MLFLOW_BACKEND_STORE_URI"] = cfg.backend_store_uri
-    for key in ("MLFLOW_TRACKING_URI", "MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"):
-        env.pop(key, None)  # client settings of this shell have no business in the server
-    folder = Path(tempfile.mkdtemp(prefix="workbench-server-"))  # mode 0700
+    from tracking.server_process import new_runtime_dir, remove_runtime_dir
+
+    if cfg.auth:
+        check_admin_credentials(admin_user, admin_password)
+    env = {k: v for k, v in (os.environ if base_env is None else base_env).items() if k not in NOT_FOR_THE_SERVER}
+    folder = Path(folder) if folder is not None else new_runtime_dir()
     try:
+        backend, backend_pass = split_password(cfg.backend_store_uri)
+        auth_db, auth_pass = split_password(cfg.auth_db())
+        env["MLFLOW_BACKEND_STORE_URI"] = backend
+        lines = [line for line in dict.fromkeys((backend_pass, auth_pass)) if line]
+        if lines:
+            env["PGPASSFILE"] = str(write_private(folder / ".pgpass", "\n".join(lines) + "\n"))
+        # MLflow's job runner starts processes in sessions of their own, out of reach of the
+        # server's process group; the workbench uses no MLflow jobs.
+        env.setdefault("MLFLOW_SERVER_ENABLE_JOB_EXECUTION", "false")
         if cfg.auth:
-            check_admin_credentials(admin_user, admin_password)
-            env["MLFLOW_AUTH_CONFIG_PATH"] = str(write_auth_config(folder, cfg, admin_user))
-            env["MLFLOW_AUTH_ADMIN_USERNAME"] = admin_user
-            env["MLFLOW_AUTH_ADMIN_PASSWORD"] = admin_password  # used once, to create the admin
+            ensure_admin(cfg.auth_db(), admin_user, admin_password)
+            env["MLFLOW_AUTH_CONFIG_PATH"] = str(write_auth_config(folder, cfg, admin_user, auth_db))
             # CSRF tokens must verify across workers and restarts: a key per launch would
             # log UI users out on every restart, so a key set by the operator wins.
             env.setdefault("MLFLOW_FLASK_SERVER_SECRET_KEY", secrets.token_hex(32))
         yield server_command(cfg), env
     finally:
-        shutil.rmtree(folder, ignore_errors=True)
+        remove_runtime_dir(folder)
 
 
 def describe(cfg: ServerConfig) -> str:
-    """What is being started, safe to print (URIs redacted)."""
+    """What is being served, safe to print (URIs redacted)."""
     parts = [f"MLflow server on {cfg.url()}", f"backend {redact_uri(cfg.backend_store_uri)}",
              f"artifacts proxied to {redact_uri(cfg.artifacts_destination)}"]
     if cfg.auth:
-        parts.append(f"basic-auth (users in {redact_uri(cfg.auth_db())}, default permission {cfg.default_permission})")
+        parts.append(f"basic-auth on (users in {redact_uri(cfg.auth_db())}, default permission {cfg.default_permission})")
+    else:
+        parts.append("auth OFF")
     if cfg.allowed_hosts:
         parts.append(f"allowed hosts {cfg.allowed_hosts}")
     return "; ".join(parts)
 
 
-def run_server(cfg: ServerConfig, admin_user: str | None, admin_password: str | None) -> int:
-    """Run the server in the foreground until it exits or this process is told to stop."""
-    with prepared_server(cfg, admin_user, admin_password) as (cmd, env):
-        proc = subprocess.Popen(cmd, env=env, start_new_session=True)
-
-        def forward(signum, _frame):  # stop the whole server (it has worker processes)
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signum)
-
-        old = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
-        try:
-            return proc.wait()
-        finally:
-            for s, handler in old.items():
-                signal.signal(s, handler)
+# ------------------------------------------------------------------ users and permissions
 
 
 @contextlib.contextmanager
@@ -217,6 +262,27 @@ def _credentials(user: str, password: str):
                 os.environ[k] = v
 
 
+def _refused(err, tracking_uri: str, what: str) -> ServerConfigError:
+    """One line for a failed admin call: never MLflow's raw message (it may quote SQL and a password hash)."""
+    status = err.get_http_status_code()
+    if status in (401, 403):
+        return ServerConfigError(f"{redact_uri(tracking_uri)} refused the admin credentials "
+                                 f"({ADMIN_USER_ENV} / {ADMIN_PASSWORD_ENV})")
+    return ServerConfigError(f"could not {what}: {err.error_code} (HTTP {status}) from {redact_uri(tracking_uri)}")
+
+
+def _user_exists(client, username: str) -> bool:
+    from mlflow.exceptions import MlflowException
+
+    try:
+        client.get_user(username)
+        return True
+    except MlflowException as err:
+        if err.get_http_status_code() == 404:
+            return False
+        raise
+
+
 def add_user(tracking_uri: str, username: str, password: str, admin_user: str, admin_password: str,
              make_admin: bool = False) -> None:
     """Create a basic-auth user through the server's REST API (as the admin).
@@ -232,11 +298,42 @@ def add_user(tracking_uri: str, username: str, password: str, admin_user: str, a
     with _credentials(admin_user, admin_password):
         client = get_app_client("basic-auth", tracking_uri=tracking_uri)
         try:
+            if _user_exists(client, username):
+                raise ServerConfigError(f"user {username!r} already exists on {redact_uri(tracking_uri)}; nothing changed")
             client.create_user(username, password)
             if make_admin:
                 client.update_user_admin(username, True)
         except MlflowException as err:
-            if err.get_http_status_code() in (401, 403):
-                raise ServerConfigError(f"{redact_uri(tracking_uri)} refused the admin credentials "
-                                        f"({ADMIN_USER_ENV} / {ADMIN_PASSWORD_ENV})") from None
-            raise ServerConfigError(f"could not create user {username!r}: {err.message}") from None
+            raise _refused(err, tracking_uri, f"create user {username!r}") from None
+
+
+def grant(tracking_uri: str, username: str, experiment: str, permission: str, admin_user: str,
+          admin_password: str) -> str:
+    """Give ``username`` ``permission`` on one experiment (by name or id); returns the experiment id.
+
+    Raises:
+        ServerConfigError: Unknown user or experiment, or refused admin credentials.
+    """
+    from mlflow.exceptions import MlflowException
+    from mlflow.server import get_app_client
+    from mlflow.tracking import MlflowClient
+
+    if permission not in PERMISSIONS:
+        raise ServerConfigError(f"permission {permission!r}: one of {', '.join(PERMISSIONS)}")
+    with _credentials(admin_user, admin_password):
+        client = get_app_client("basic-auth", tracking_uri=tracking_uri)
+        try:
+            if not _user_exists(client, username):
+                raise ServerConfigError(f"no user {username!r} on {redact_uri(tracking_uri)}; add it with "
+                                        "`workbench server add-user`")
+            tracking = MlflowClient(tracking_uri)
+            exp = tracking.get_experiment_by_name(experiment)
+            if exp is None and experiment.isdigit():
+                with contextlib.suppress(MlflowException):
+                    exp = tracking.get_experiment(experiment)
+            if exp is None:
+                raise ServerConfigError(f"no experiment {experiment!r} on {redact_uri(tracking_uri)}")
+            client.grant_user_permission(username, "experiment", exp.experiment_id, permission)
+        except MlflowException as err:
+            raise _refused(err, tracking_uri, f"grant {permission} on {experiment!r} to {username!r}") from None
+    return exp.experiment_id

@@ -15,15 +15,26 @@ uploaded with retries and backoff), logged models, and the final status. Parents
 their children and ``mlflow.parentRunId`` is mapped to the parent's server id. A run is
 marked ``sync.synced_run_id`` only after all of it is on the server and it has ended; a
 run still RUNNING is copied as far as it got and looked at again next time.
+
+"Synced" is remembered per target: a tag ``sync.to.<key>`` per (server URL, experiment),
+``key`` a hash of the URL without credentials (normalised: lower-case host, no default
+port, no trailing slash; a SQLite file by its resolved path) and the experiment name. Its
+value is ``<server run id> <end time> <normalised URL>``; a run that ended again since
+(continued locally) is looked at again. So a sync into the wrong store does not stop the
+real sync from copying, and a second sync to the same target copies nothing.
+``plan`` says what a sync would do, without changing anything (``sync --dry-run``).
 """
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import math
 import os
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 import mlflow
 from mlflow.entities import LoggedModelOutput, Metric, Param, Run, RunTag, ViewType
@@ -36,7 +47,33 @@ SYNC_SOURCE_RUN = "sync.source_run_id"
 SYNC_SOURCE_MODEL = "sync.source_model_id"
 PARENT = "mlflow.parentRunId"
 TERMINAL = ("FINISHED", "FAILED", "KILLED")
+SYNC_TO_PREFIX = "sync.to."
 NOT_COPIED_TAGS = (SYNC_SERVER_RUN, SYNC_SYNCED, PARENT)
+DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+def normalise_target(uri: str) -> str:
+    """A target store's URL without credentials, spelled one way (safe to store and print)."""
+    if uri.startswith("sqlite:///"):
+        return f"sqlite:///{Path(uri.removeprefix('sqlite:///')).expanduser().resolve()}"
+    parts = urlsplit(uri)
+    if parts.scheme in DEFAULT_PORTS and parts.hostname:
+        host = parts.hostname.lower()
+        host = f"[{host}]" if ":" in host else host
+        port = parts.port if parts.port not in (None, DEFAULT_PORTS[parts.scheme]) else None
+        netloc = f"{host}:{port}" if port else host
+        return urlunsplit((parts.scheme.lower(), netloc, parts.path.rstrip("/"), parts.query, ""))
+    return rs.redact_uri(uri)
+
+
+def target_tag(target_uri: str, experiment: str) -> str:
+    """The tag that records a sync of a run to ``experiment`` on ``target_uri``."""
+    digest = hashlib.sha256(f"{normalise_target(target_uri)}\n{experiment}".encode()).hexdigest()[:16]
+    return f"{SYNC_TO_PREFIX}{digest}"
+
+
+def is_sync_tag(key: str) -> bool:
+    return key in NOT_COPIED_TAGS or key.startswith(SYNC_TO_PREFIX)
 
 
 @dataclass
@@ -44,7 +81,7 @@ class SyncReport:
     runs_created: int = 0
     runs_updated: int = 0
     runs_unchanged: int = 0
-    runs_skipped: int = 0  # already marked synced
+    runs_skipped: int = 0  # already synced to this target, unchanged since
     runs_pending: int = 0  # still RUNNING locally: copied so far, looked at again next time
     duplicates: int = 0
     metric_points: int = 0
@@ -55,7 +92,7 @@ class SyncReport:
 
     def summary(self) -> str:
         return (f"runs: {self.runs_created} created, {self.runs_updated} updated, {self.runs_unchanged} unchanged, "
-                f"{self.runs_skipped} already synced, {self.runs_pending} still running, {self.duplicates} duplicates "
+                f"{self.runs_skipped} already synced to this target, {self.runs_pending} still running, {self.duplicates} duplicates "
                 f"not copied; added {self.metric_points} metric points, {self.params} params, {self.artifacts} "
                 f"artifact files, {self.models} models; {len(self.errors)} errors")
 
@@ -100,22 +137,87 @@ class Syncer:
     def __init__(self, source_uri: str, target_uri: str, recheck: bool = False, log=print) -> None:
         if source_uri == target_uri:
             raise ValueError(f"sync source and target are the same store: {rs.redact_uri(source_uri)}")
-        self.src, self.dst = MlflowClient(source_uri), MlflowClient(target_uri)
+        self.src = MlflowClient(source_uri)
         self.source_uri, self.target_uri = source_uri, target_uri
         self.recheck, self.log = recheck, log
         self.report = SyncReport()
         self.server_id: dict[str, str] = {}  # local run id -> server run id
+        self.experiments: dict[str, str] = {}  # local experiment id -> name
 
-    def run(self) -> SyncReport:
-        runs = [r for exp in self.src.search_experiments(view_type=ViewType.ACTIVE_ONLY)
-                for r in self.src.search_runs([exp.experiment_id], max_results=50000)]
-        for r in runs:  # what earlier syncs established, so children find their parents
-            known = r.data.tags.get(SYNC_SYNCED) or r.data.tags.get(SYNC_SERVER_RUN)
+    @functools.cached_property
+    def dst(self) -> MlflowClient:
+        """The target, opened when first asked (opening a SQLite store creates its file)."""
+        return MlflowClient(self.target_uri)
+
+    def _local_runs(self) -> list[Run]:
+        runs = []
+        for exp in self.src.search_experiments(view_type=ViewType.ACTIVE_ONLY):
+            self.experiments[exp.experiment_id] = exp.name
+            runs += self.src.search_runs([exp.experiment_id], max_results=50000)
+        for r in runs:  # what earlier syncs to this target established, so children find their parents
+            known = self._synced_to(r) or r.data.tags.get(SYNC_SERVER_RUN)
             if known:
                 self.server_id[r.info.run_id] = known
-        for run in _ordered(runs):
+        return _ordered(runs)
+
+    def _tag_of(self, run: Run) -> str:
+        return target_tag(self.target_uri, self.experiments[run.info.experiment_id])
+
+    def _synced_to(self, run: Run) -> str | None:
+        """The server run id this run was synced to on this target, if it has not changed since."""
+        value = run.data.tags.get(self._tag_of(run), "")
+        server_id, _, end_time = value.partition(" ")
+        if server_id and run.info.status in TERMINAL and end_time.split(" ")[0] == str(run.info.end_time):
+            return server_id
+        return None
+
+    def _mark_synced(self, run: Run, server_id: str) -> None:
+        value = f"{server_id} {run.info.end_time} {normalise_target(self.target_uri)}"
+        self.src.set_tag(run.info.run_id, self._tag_of(run), value[:5000])
+        if normalise_target(self.target_uri) == normalise_target(rs.tracking_uri()):
+            # Training reads this as "on the tracking server too": only a sync to that server says so.
+            self.src.set_tag(run.info.run_id, SYNC_SYNCED, server_id)
+
+    def plan(self) -> list[tuple[Run, str]]:
+        """``(local run, what a sync would do with it)`` for every local run; changes nothing."""
+        out = []
+        for run in self._local_runs():
+            exp_name = self.experiments[run.info.experiment_id]
+            done = self._synced_to(run)
+            if done and not self.recheck:
+                out.append((run, f"already synced (server run {done})"))
+                continue
+            exp = self.dst.get_experiment_by_name(exp_name) if self._target_exists() else None
+            mirror = run.data.tags.get(SYNC_SERVER_RUN)
+            if mirror and exp and self._exists(mirror):
+                out.append((run, f"merge into server run {mirror}"))
+                continue
+            found = exp and self.dst.search_runs([exp.experiment_id], f"tags.`{SYNC_SOURCE_RUN}` = '{run.info.run_id}'",
+                                                 ViewType.ALL, 1)
+            out.append((run, f"merge into server run {found[0].info.run_id}" if found else
+                        f"new run{'' if exp else ' in a new experiment'}"))
+        return out
+
+    def _target_exists(self) -> bool:
+        """False for a SQLite file not created yet (asking MLflow would create it)."""
+        uri = self.target_uri
+        return not uri.startswith("sqlite:///") or Path(uri.removeprefix("sqlite:///")).exists()
+
+    def _exists(self, run_id: str) -> bool:
+        from mlflow.exceptions import MlflowException
+
+        try:
+            self.dst.get_run(run_id)
+            return True
+        except MlflowException as err:
+            if err.get_http_status_code() == 404 or err.error_code == "RESOURCE_DOES_NOT_EXIST":
+                return False
+            raise
+
+    def run(self) -> SyncReport:
+        for run in self._local_runs():
             name = run.data.tags.get("mlflow.runName", run.info.run_id)
-            if SYNC_SYNCED in run.data.tags and not self.recheck:
+            if self._synced_to(run) and not self.recheck:
                 self.report.runs_skipped += 1
                 continue
             try:
@@ -147,7 +249,7 @@ class Syncer:
             if server.status != run.info.status or server.end_time != run.info.end_time:
                 self.dst.set_terminated(target, run.info.status, end_time=run.info.end_time)
                 changed = True
-            self.src.set_tag(local_id, SYNC_SYNCED, target)
+            self._mark_synced(run, target)
         else:
             self.report.runs_pending += 1
         if created:
@@ -162,9 +264,10 @@ class Syncer:
     def _target(self, run: Run) -> tuple[str | None, bool]:
         """(server run id, whether it was created now); (None, False) for a duplicate not to copy."""
         tags = run.data.tags
-        if tags.get(SYNC_SERVER_RUN):
-            return self.dst.get_run(tags[SYNC_SERVER_RUN]).info.run_id, False
-        exp_id = rs.ensure_experiment(self.dst, self.src.get_experiment(run.info.experiment_id).name)
+        # A mirror continues a run of the server it was made for; another target gets a copy.
+        if tags.get(SYNC_SERVER_RUN) and self._exists(tags[SYNC_SERVER_RUN]):
+            return tags[SYNC_SERVER_RUN], False
+        exp_id = rs.ensure_experiment(self.dst, self.experiments[run.info.experiment_id])
         found = self.dst.search_runs([exp_id], f"tags.`{SYNC_SOURCE_RUN}` = '{run.info.run_id}'", ViewType.ALL, 1)
         if found:
             return found[0].info.run_id, False
@@ -175,10 +278,10 @@ class Syncer:
             if twins:
                 self.log(f"{tags.get('mlflow.runName')}: the server already has a finished run of this cell "
                          f"({twins[0].info.run_id}); not copied")
-                self.src.set_tag(run.info.run_id, SYNC_SYNCED, twins[0].info.run_id)
+                self._mark_synced(run, twins[0].info.run_id)
                 self.report.duplicates += 1
                 return None, False
-        new_tags = {k: v for k, v in tags.items() if k not in NOT_COPIED_TAGS}
+        new_tags = {k: v for k, v in tags.items() if not is_sync_tag(k)}
         new_tags[SYNC_SOURCE_RUN] = run.info.run_id
         if tags.get(PARENT):
             new_tags[PARENT] = self.server_id.get(tags[PARENT], tags[PARENT])
@@ -195,7 +298,7 @@ class Syncer:
         self.report.params += len(new)
 
     def _tags(self, run: Run, target: str) -> None:
-        tags = [RunTag(k, v) for k, v in run.data.tags.items() if k not in NOT_COPIED_TAGS]
+        tags = [RunTag(k, v) for k, v in run.data.tags.items() if not is_sync_tag(k)]
         parent = run.data.tags.get(PARENT)
         if parent:
             tags.append(RunTag(PARENT, self.server_id.get(parent, parent)))
@@ -277,3 +380,13 @@ def sync(source_uri: str, target_uri: str, recheck: bool = False, log=print) -> 
     rs.apply_http_defaults()
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # one line per run is enough
     return Syncer(source_uri, target_uri, recheck, log).run()
+
+
+def plan(source_uri: str, target_uri: str, recheck: bool = False) -> list[str]:
+    """One line per local run: where a sync would put it and how (nothing is changed)."""
+    rs.apply_http_defaults()
+    syncer = Syncer(source_uri, target_uri, recheck)
+    where = normalise_target(target_uri)
+    return [f"{run.data.tags.get('mlflow.runName', run.info.run_id)} (local {run.info.run_id}, {run.info.status}) -> "
+            f"{where} experiment {syncer.experiments[run.info.experiment_id]!r}: {action}"
+            for run, action in syncer.plan()]

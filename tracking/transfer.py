@@ -236,11 +236,11 @@ def transfer_section(
             title=f"Transfer study {protocol_name}@{protocol_hash[:12]}")
 
 
-def log_section(parent: RunSink, section: TransferSection) -> None:
-    """The section's Markdown and tables as artifacts of the execution's parent run."""
+def log_section(parent: RunSink, section: TransferSection, markdown: str) -> None:
+    """The section's tables and its Markdown (rendered by ``reports.transfer``) on the execution's parent run."""
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
-        (folder / "section.md").write_text(section.markdown)
+        (folder / "section.md").write_text(markdown)
         section.kappa_table.to_csv(folder / "kappa_table.csv", index=False)
         section.summary.to_csv(folder / "summary.csv", index=False)
         section.comparisons.to_csv(folder / "comparisons.csv", index=False)

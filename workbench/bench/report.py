@@ -28,6 +28,7 @@ from dataclasses import asdict, dataclass
 
 import pandas as pd
 
+from workbench import markdown
 from workbench.bench.machine import MatmulPeak
 from workbench.bench.profiling import Profile
 from workbench.bench.suite import select
@@ -168,9 +169,7 @@ def markdown_table(rows: list[dict], columns: dict[str, str], formats: dict[str,
             return "-"
         return format(value, formats[key]) if key in formats and value != "" else str(value)
 
-    lines = ["| " + " | ".join(columns.values()) + " |", "|" + "---|" * len(columns)]
-    lines += ["| " + " | ".join(cell(r, k) for k in columns) + " |" for r in rows]
-    return "\n".join(lines)
+    return markdown.table(list(columns.values()), [[cell(r, k) for k in columns] for r in rows], pad=False)
 
 
 def _timing_rows(table: pd.DataFrame) -> list[dict]:

@@ -94,7 +94,11 @@ def load_state_dict_file(path: str | Path, expected_sha256: str | None = None) -
     sha = sha256_file(path)
     if expected_sha256 and sha != expected_sha256.lower():
         raise CheckpointError(f"sha256 mismatch for {path}: expected {expected_sha256}, actual {sha}")
-    if path.suffix == ".safetensors":
+    kind = sniff_weight_format(path)
+    if kind is None and path.suffix != ".safetensors":
+        raise CheckpointError(f"{path} is not a safetensors file or a torch checkpoint "
+                              f"(its first bytes are {_head(path).hex(' ')})")
+    if path.suffix == ".safetensors" or kind == "safetensors":
         from safetensors import SafetensorError
         from safetensors.torch import load_file
 
@@ -117,6 +121,28 @@ def load_state_dict_file(path: str | Path, expected_sha256: str | None = None) -
         if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
             raise CheckpointError(f"{path} does not hold a flat state dict of tensors")
     return state, sha
+
+
+def _head(path: Path, n: int = 16) -> bytes:
+    with open(path, "rb") as f:
+        return f.read(n)
+
+
+def sniff_weight_format(path: Path) -> str | None:
+    """'safetensors', 'torch' (zip archive or legacy pickle) or None, from the first bytes.
+
+    Lets foreign bytes be called what they are instead of reaching torch's unpickler,
+    whose complaint ("needs code execution") would misname a random file.
+    """
+    head = _head(path)
+    # safetensors: little-endian u64 header length (JSON headers are small), then a JSON object
+    if len(head) >= 9 and head[8:9] == b"{" and 0 < int.from_bytes(head[:8], "little") < 100_000_000:
+        return "safetensors"
+    if head.startswith(b"PK\x03\x04"):  # torch.save's zip archive (the default since torch 1.6)
+        return "torch"
+    if len(head) >= 2 and head[0] == 0x80 and 2 <= head[1] <= 5:  # pickle protocol 2-5: legacy torch.save
+        return "torch"
+    return None
 
 
 def download_pinned(entry: PinnedCheckpoint, cache_dir: str | None = None) -> Path:

@@ -153,12 +153,17 @@ def _decode_listing(
         ``(arrays, class_names)``; arrays: split -> (images uint8 (N, C, H, W), labels int64 (N,)).
 
     Raises:
-        DataFormatError: No ``train`` split, a split with unknown classes, an undecodable
+        DataFormatError: No ``train`` split, an empty class folder, a split with unknown classes, an undecodable
             file, or images of different sizes.
     """
     if "train" not in listing or not listing["train"]:
         raise DataFormatError(f"{desc}: no train/<class>/ folders with {'/'.join(EXTENSIONS)} images")
     class_names = tuple(listing["train"])
+    for split, classes in listing.items():
+        empty = [c for c, entries in classes.items() if not entries]
+        if empty:  # a class with no images would silently shift every label after it
+            raise DataFormatError(f"{desc}: class folder(s) {', '.join(f'{split}/{c}/' for c in empty)} hold no "
+                                  f"{'/'.join(EXTENSIONS)} images; add images or remove the folder")
     for split, classes in listing.items():
         unknown = sorted(set(classes) - set(class_names))
         if unknown:

@@ -28,7 +28,7 @@ from workbench.models.vit import VisionTransformer
 from workbench.train.loop import Trainer, TrainingObserver, cosine_with_warmup
 from workbench.transfer.evaluate import val_metrics
 from workbench.transfer.features import CachedSplit
-from workbench.transfer.protocol import Regime
+from workbench.protocol.transfer import Regime
 
 # Not decayed: biases, norm gains, position embeddings and prefix tokens (the usual ViT recipe).
 NO_DECAY_NAMES = ("pos_embed", "cls_token", "register_tokens")

@@ -1,7 +1,8 @@
-"""The transfer section of a study report, computed from the cells' saved test predictions.
+"""The numbers of a transfer study's report, computed from the cells' saved test predictions.
 
 ``build_section`` is pure: it takes the test predictions of every (regime, seed) cell (as
-logged) and returns DataFrames and Markdown. ``tracking.transfer.transfer_section`` feeds it
+logged) and returns DataFrames and confusion matrices; it renders nothing (``reports.transfer``
+turns a section into Markdown and HTML). ``tracking.transfer.transfer_section`` feeds it
 from MLflow runs. Every interval is a percentile bootstrap over the test images
 (``workbench.stats``); regime differences are paired on the same resampled images, per seed
 and pooled over seeds (hierarchical bootstrap, plus a t-interval over seeds).
@@ -16,11 +17,10 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from workbench.stats import paired_bootstrap_difference, paired_hierarchical_bootstrap, paired_seed_comparison
+from workbench.stats import (
+    classification_metrics, paired_bootstrap_difference, paired_hierarchical_bootstrap, paired_seed_comparison,
+)
 from workbench.transfer.evaluate import metric_cis, metrics_agree, table_metrics
-
-METRIC_LABELS = {"qwk": "QWK", "accuracy": "accuracy", "macro_f1": "macro-F1"}
-
 
 @dataclass
 class CellPredictions:
@@ -49,13 +49,35 @@ class CellPredictions:
 
 @dataclass
 class TransferSection:
-    """Tables and Markdown of a transfer study (see ``build_section``)."""
+    """What a transfer report shows (see ``build_section``).
+
+    Attributes:
+        kappa_table: One row per (regime, seed): QWK, accuracy, macro-F1 and per-class recall
+            with bootstrap CIs, selection facts, whether logged metrics equal the file's.
+        summary: One row per regime: QWK over seeds (mean, sd, min, max) and mean times.
+        comparisons: Paired regime differences per seed and over seeds (``seed == "all"``).
+        confusion: Regime -> ``(K, K)`` test counts summed over its seeds (rows = true class).
+        num_classes: K.
+        n_resamples: Bootstrap resamples of every interval.
+        confidence: Two-sided level of every interval.
+        source: The source's provenance (``SourceInfo.as_params()``).
+        title: The section's heading.
+    """
 
     kappa_table: pd.DataFrame
     summary: pd.DataFrame
     comparisons: pd.DataFrame
-    markdown: str
+    confusion: dict[str, np.ndarray] = field(default_factory=dict)
+    num_classes: int = 0
+    n_resamples: int = 0
+    confidence: float = 0.95
     source: dict[str, str] = field(default_factory=dict)
+    title: str = "Transfer study"
+
+    @property
+    def n_test(self) -> int:
+        """Test images every cell was evaluated on."""
+        return int(self.kappa_table["n"].iloc[0]) if len(self.kappa_table) else 0
 
 
 def _check_same_examples(cells: list[CellPredictions]) -> tuple[np.ndarray, np.ndarray]:
@@ -79,7 +101,7 @@ def build_section(
     n_resamples: int = 2000, confidence: float = 0.95, seed: int = 0, metrics: tuple[str, ...] = ("qwk",),
     source: dict[str, str] | None = None, title: str = "Transfer study",
 ) -> TransferSection:
-    """Kappa table with CIs, per-regime summary over seeds, paired regime comparisons, Markdown.
+    """Kappa table with CIs, per-regime summary over seeds, paired regime comparisons, confusion counts.
 
     Args:
         cells: Test predictions of each finished (regime, seed) cell.
@@ -91,7 +113,7 @@ def build_section(
         seed: Seed of the bootstrap draws.
         metrics: Metrics whose regime differences are compared.
         source: The source's provenance (``SourceInfo.as_params()``), shown at the top.
-        title: Heading of the Markdown section.
+        title: Heading of the section.
     """
     if not cells:
         raise ValueError("no finished transfer cells to report")
@@ -140,56 +162,10 @@ def build_section(
             comps.append({"a": a, "b": b, "metric": metric, "seed": "all", "difference": ci.estimate, "low": ci.low,
                           "high": ci.high, "wins": t.won, "method": ci.method})
     comparisons = pd.DataFrame(comps, columns=["a", "b", "metric", "seed", "difference", "low", "high", "wins", "method"])
-    markdown = render_markdown(kappa, summary, comparisons, num_classes, n_resamples, confidence, source or {}, title)
-    return TransferSection(kappa, summary, comparisons, markdown, dict(source or {}))
-
-
-def _ci(row, name: str) -> str:
-    return f"{row[name]:.3f} [{row[f'{name}_low']:.3f}, {row[f'{name}_high']:.3f}]"
-
-
-def md_table(headers: list[str], rows: list[list[str]]) -> str:
-    """A GitHub-flavoured Markdown table (pipes in cells escaped)."""
-    esc = [[str(v).replace("|", "\\|") for v in r] for r in rows]
-    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
-    return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in esc])
-
-
-def render_markdown(kappa: pd.DataFrame, summary: pd.DataFrame, comparisons: pd.DataFrame, num_classes: int,
-                    n_resamples: int, confidence: float, source: dict[str, str], title: str) -> str:
-    level = f"{confidence:.0%}"
-    n = int(kappa["n"].iloc[0])
-    out = [f"## {title}", ""]
-    if source:
-        out += [f"Source: {source.get('source.label', '?')}. Kind {source.get('source.kind', '?')}, "
-                f"weights `{source.get('source.uri', '?')}`"
-                + (f" (run {source['source.run_id']})" if source.get("source.run_id") else "")
-                + f", sha256 `{source.get('source.sha256') or 'none (random init)'}`, "
-                f"pretrained: {'yes' if source.get('source.pretrained') == 'True' else 'NO'}. "
-                f"Inputs normalised with {source.get('source.norm_from', '?')}.", ""]
-    out += [f"Test set: {n} images, evaluated once per cell after selection on validation QWK. "
-            f"Intervals: {level} percentile bootstrap over test images, {n_resamples} resamples. "
-            "'file' says whether the metrics logged at evaluation equal those recomputed from the saved "
-            "test predictions file.", ""]
-    out.append(md_table(
-        ["regime", "seed", "QWK", "accuracy", "macro-F1", "best epoch", "val QWK", "file"],
-        [[r["regime"], str(int(r["seed"])), _ci(r, "qwk"), _ci(r, "accuracy"), _ci(r, "macro_f1"), str(int(r["best_epoch"])),
-          f"{r['val_qwk']:.3f}", "agree" if r["logged_equals_file"] else "DIFFER"] for _, r in kappa.iterrows()]))
-    out += ["", f"Per-class recall ({level} CI):", ""]
-    out.append(md_table(["regime", "seed"] + [f"class {k}" for k in range(num_classes)],
-                        [[r["regime"], str(int(r["seed"]))] + [_ci(r, f"recall_{k}") if not math.isnan(r[f"recall_{k}"]) else "n/a"
-                          for k in range(num_classes)] for _, r in kappa.iterrows()]))
-    out += ["", "Over seeds:", ""]
-    out.append(md_table(["regime", "seeds", "mean QWK", "sd", "min", "max", "training + selection (s, mean)"],
-                        [[r["regime"], str(r["seeds"]), f"{r['qwk_mean']:.3f}",
-                          "n/a" if math.isnan(r["qwk_sd"]) else f"{r['qwk_sd']:.3f}", f"{r['qwk_min']:.3f}",
-                          f"{r['qwk_max']:.3f}", "n/a" if math.isnan(r["selection_seconds_mean"])
-                          else f"{r['selection_seconds_mean']:.1f}"] for _, r in summary.iterrows()]))
-    if len(comparisons):
-        out += ["", f"Paired regime differences (a - b on the same test images, {level} CI; seed 'all' = mean over "
-                "seeds, hierarchical bootstrap over seeds and images):", ""]
-        out.append(md_table(["a - b", "metric", "seed", "difference", "a better in"],
-                            [[f"{r['a']} - {r['b']}", METRIC_LABELS.get(r["metric"], r["metric"]), r["seed"],
-                              f"{r['difference']:+.3f} [{r['low']:+.3f}, {r['high']:+.3f}]", r["wins"] or "-"]
-                             for _, r in comparisons.iterrows()]))
-    return "\n".join(out) + "\n"
+    confusion = {}
+    for c in cells:
+        counts = classification_metrics(labels, _predicted(c), num_classes)["confusion_matrix"]
+        confusion[c.regime] = confusion.get(c.regime, 0) + counts
+    confusion = {r: confusion[r] for r in present}
+    return TransferSection(kappa, summary, comparisons, confusion, num_classes, n_resamples, confidence,
+                           dict(source or {}), title)

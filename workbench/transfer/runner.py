@@ -25,7 +25,7 @@ from workbench.train.evaluate import compare_predictions, predict, read_predicti
 from workbench.train.loop import TrainingObserver
 from workbench.transfer.evaluate import metric_cis, metrics_agree, table_metrics
 from workbench.transfer.features import FeatureCache, head_forward, tail_forward
-from workbench.transfer.protocol import Evaluation, TransferCell
+from workbench.protocol.transfer import Evaluation, TransferCell
 from workbench.transfer.regimes import QWKTrainer, fit_cached, freeze
 from workbench.transfer.source_model import SourceModel, adapt_split, transfer_model
 

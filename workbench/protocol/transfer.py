@@ -1,8 +1,8 @@
 """Transfer protocols: a source checkpoint, a dataset, regimes × seeds, validated and hashed.
 
-The ablation schema (``studies/protocol.py``) describes arms that train one registry model
-from scratch; a transfer protocol instead starts every cell from one source checkpoint
-and varies what is trained. Schema (``run``/``evaluation`` optional)::
+An ablation protocol (``workbench.protocol.ablation``) describes arms that train one
+registry model from scratch; a transfer protocol instead starts every cell from one source
+checkpoint and varies what is trained. Schema (``run``/``evaluation`` optional)::
 
     name: retina_transfer                      # [a-z0-9_-], equal to the file stem
     description: What the study tests.
@@ -12,39 +12,35 @@ and varies what is trained. Schema (``run``/``evaluation`` optional)::
     dataset: {name: retinamnist, size: auto, split_seed: 0}
     run: {batch_size: 64, eval_batch_size: 256, amp: off, log_checkpoints: true}
     evaluation: {n_resamples: 2000, confidence: 0.95, seed: 0}
-    regimes:
+    regimes:                                   # regime fields plus any OptimConfig field
       - {name: linear_probe, kind: linear, reference: true, epochs: 100, lr: 1.0e-3}
       - {name: partial_ft, kind: partial, blocks: 2, epochs: 20, lr: 1.0e-4}
       - {name: full_ft, kind: full, epochs: 20, lr: 5.0e-5, layer_decay: 0.75}
     seeds: [0, 1, 2]
 
 Cells are regimes × seeds; the seed is the pairing key (same split, data order and head
-init for every regime of a seed). The hash is sha256 of canonical JSON of the validated
-content with defaults filled, so formatting and comments do not change it.
+init for every regime of a seed). Keys, types and the hash follow ``workbench.protocol.common``.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
-import re
-from dataclasses import asdict, dataclass, field, fields
-from typing import Any
+from dataclasses import asdict, dataclass, field
+from typing import Any, get_type_hints
 
+from workbench.protocol import common as c
+from workbench.protocol.common import SCHEMA_VERSION, SHORT_HASH_LEN, ProtocolError, canonical_json
 from workbench.train.config import OptimConfig
 
-SCHEMA_VERSION = 1
-SHORT_HASH_LEN = 12
-NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]*$")
 REGIME_KINDS = ("linear", "partial", "full")
 RETINA_SIZES = (28, 64, 128, 224)
+AMP_MODES = ("off", "bf16", "fp16")
 MIN_RESAMPLES = 1000  # the report's intervals rest on at least this many bootstrap resamples
 TOP_KEYS = ("name", "description", "source", "dataset", "run", "evaluation", "regimes", "seeds")
 REQUIRED_TOP = ("name", "description", "source", "dataset", "regimes", "seeds")
-OPTIM_KEYS = tuple(f.name for f in fields(OptimConfig))
+OPTIM_KEYS = c.field_names(OptimConfig)
 
 
-class TransferProtocolError(ValueError):
+class TransferProtocolError(ProtocolError):
     """A transfer protocol is invalid; the message names the file, the dotted key and the value."""
 
 
@@ -146,6 +142,8 @@ class TransferProtocol:
     canonical: dict = field(repr=False, compare=False)
     source_file: str = field(default="<protocol>", compare=False)
 
+    kind = "transfer"
+
     @property
     def short_hash(self) -> str:
         return self.hash[:SHORT_HASH_LEN]
@@ -162,10 +160,6 @@ class TransferProtocol:
         return [TransferCell(self.name, self.hash, r, s) for s in self.seeds for r in self.regimes]
 
 
-def canonical_json(obj: Any) -> str:
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
-
-
 def parse_transfer_protocol(data: Any, source: str = "<protocol>") -> TransferProtocol:
     """Validate parsed YAML into a ``TransferProtocol``; ``source`` starts every error message.
 
@@ -176,34 +170,29 @@ def parse_transfer_protocol(data: Any, source: str = "<protocol>") -> TransferPr
     def fail(msg: str) -> TransferProtocolError:
         return TransferProtocolError(f"{source}: {msg}")
 
-    top = _mapping(data, "", TOP_KEYS, fail)
-    missing = [k for k in REQUIRED_TOP if k not in top]
-    if missing:
-        raise fail(f"missing required key(s) {', '.join(missing)}")
-    name = _identifier(top["name"], "name", fail)
-    if not isinstance(top["description"], str) or not top["description"].strip():
-        raise fail(f"description={top['description']!r}: must be a non-empty string")
-    src = SourceSpec(**_typed(top["source"], "source", {"weights": str, "model": (str, None), "seed": int}, fail))
-    if "weights" not in (top["source"] or {}):
+    top = c.mapping(data, "", TOP_KEYS, fail)
+    c.required(top, REQUIRED_TOP, "", fail)
+    name = c.identifier(top["name"], "name", fail)
+    text = c.description(top["description"], fail)
+    raw_source = c.section(top["source"], "source", SourceSpec, c.field_names(SourceSpec), fail)
+    if "weights" not in raw_source:
         raise fail("source.weights: required (hub, random, a path, runs:/<id>[/path] or protocol:<name>/<arm>/seed<k>)")
+    src = SourceSpec(**raw_source)
     if src.weights in ("hub", "random") and not src.model:
         raise fail(f"source.model: required with weights {src.weights!r} (a timm architecture or pinned checkpoint name)")
-    dataset = TransferData(**_typed(top["dataset"], "dataset", {
-        "name": str, "size": (int, str), "split_seed": int, "subset": (int, None),
-        "train_size": (int, None), "val_size": (int, None)}, fail))
+    dataset = TransferData(**c.section(top["dataset"], "dataset", TransferData, c.field_names(TransferData), fail))
     if dataset.size != "auto" and dataset.size not in RETINA_SIZES:
         raise fail(f"dataset.size={dataset.size!r}: must be 'auto' or one of {RETINA_SIZES}")
     for key in ("subset", "train_size", "val_size"):
         if getattr(dataset, key) is not None and getattr(dataset, key) < 1:
             raise fail(f"dataset.{key}={getattr(dataset, key)!r}: must be a positive integer or null")
-    run = TransferRunSpec(**_typed(top.get("run"), "run", {
-        "batch_size": int, "eval_batch_size": int, "amp": str, "log_checkpoints": bool}, fail))
-    if run.batch_size < 1 or run.eval_batch_size < 1:
-        raise fail(f"run: batch sizes must be positive, got {run.batch_size} and {run.eval_batch_size}")
-    if run.amp not in ("off", "bf16", "fp16"):
-        raise fail(f"run.amp={run.amp!r}: must be 'off', 'bf16' or 'fp16'")
-    evaluation = Evaluation(**_typed(top.get("evaluation"), "evaluation",
-                                     {"n_resamples": int, "confidence": float, "seed": int}, fail))
+    run = TransferRunSpec(**c.section(top.get("run"), "run", TransferRunSpec, c.field_names(TransferRunSpec), fail))
+    for key in ("batch_size", "eval_batch_size"):
+        if getattr(run, key) < 1:
+            raise fail(f"run.{key}={getattr(run, key)!r}: must be a positive integer")
+    if run.amp not in AMP_MODES:
+        raise fail(f"run.amp={run.amp!r}: must be one of {', '.join(AMP_MODES)}")
+    evaluation = Evaluation(**c.section(top.get("evaluation"), "evaluation", Evaluation, c.field_names(Evaluation), fail))
     if evaluation.n_resamples < MIN_RESAMPLES:
         raise fail(f"evaluation.n_resamples={evaluation.n_resamples}: must be >= {MIN_RESAMPLES}")
     if not 0.0 < evaluation.confidence < 1.0:
@@ -212,42 +201,34 @@ def parse_transfer_protocol(data: Any, source: str = "<protocol>") -> TransferPr
         raise fail(f"regimes={top['regimes']!r}: must be a non-empty list")
     regimes = tuple(_regime(raw, f"regimes[{i}]", fail) for i, raw in enumerate(top["regimes"]))
     _check_regimes(regimes, fail)
-    seeds = top["seeds"]
-    if not (isinstance(seeds, list) and seeds and all(type(s) is int and s >= 0 for s in seeds)) or len(set(seeds)) != len(seeds):
-        raise fail(f"seeds={seeds!r}: must be a non-empty list of distinct integers >= 0")
+    seeds = c.seeds(top["seeds"], fail)
 
-    canonical = json.loads(canonical_json({
-        "schema": SCHEMA_VERSION, "kind": "transfer", "name": name, "description": top["description"],
+    canonical, digest = c.canonical_and_hash({
+        "schema": SCHEMA_VERSION, "kind": "transfer", "name": name, "description": text,
         "source": asdict(src), "dataset": asdict(dataset), "run": asdict(run), "evaluation": asdict(evaluation),
         "regimes": [asdict(r) for r in regimes], "seeds": list(seeds),
-    }))
-    digest = hashlib.sha256(canonical_json(canonical).encode()).hexdigest()
-    return TransferProtocol(name, top["description"], src, dataset, run, evaluation, regimes, tuple(seeds),
-                            digest, canonical, source)
+    })
+    return TransferProtocol(name, text, src, dataset, run, evaluation, regimes, seeds, digest, canonical, source)
 
 
 # --- helpers -----------------------------------------------------------------------------
 
-REGIME_TYPES = {"name": str, "kind": str, "reference": bool, "epochs": int, "blocks": (int, None),
-                "layer_decay": (float, None), "patience": (int, None)}
-OPTIM_TYPES = {"lr": float, "weight_decay": float, "betas": list, "warmup_epochs": float, "min_lr_ratio": float,
-               "label_smoothing": float, "grad_clip": (float, None)}
+# A regime's keys are its own fields plus the optimiser's, written flat (``lr: 1e-4``).
+REGIME_KEYS = c.field_names(Regime, exclude=("optim",)) + OPTIM_KEYS
+
+
+def _regime_hints() -> dict[str, Any]:
+    return {k: v for k, v in get_type_hints(Regime).items() if k != "optim"} | get_type_hints(OptimConfig)
 
 
 def _regime(raw: Any, where: str, fail) -> Regime:
-    values = _typed(raw, where, {**REGIME_TYPES, **OPTIM_TYPES}, fail)
-    for key in ("name", "kind", "epochs"):
-        if key not in values:
-            raise fail(f"{where}.{key}: required")
-    name = _identifier(values.pop("name"), f"{where}.name", fail)
+    values = c.section(raw, where, _regime_hints(), REGIME_KEYS, fail)
+    c.required(values, ("name", "kind", "epochs"), where, fail)
+    name = c.identifier(values.pop("name"), f"{where}.name", fail)
     kind = values.pop("kind")
     if kind not in REGIME_KINDS:
         raise fail(f"{where}.kind={kind!r}: must be one of {', '.join(REGIME_KINDS)}")
-    optim_args = {k: values.pop(k) for k in OPTIM_KEYS if k in values}
-    try:
-        optim = OptimConfig(**optim_args)
-    except (ValueError, TypeError) as err:
-        raise fail(f"bad optimiser value in {where!r}: {err}") from err
+    optim = c.build(OptimConfig, {k: values.pop(k) for k in OPTIM_KEYS if k in values}, where, fail)
     regime = Regime(name=name, kind=kind, reference=values.get("reference", False), epochs=values["epochs"],
                     optim=optim, blocks=values.get("blocks"), layer_decay=values.get("layer_decay"),
                     patience=values.get("patience"))
@@ -265,50 +246,11 @@ def _regime(raw: Any, where: str, fail) -> Regime:
 
 
 def _check_regimes(regimes: tuple[Regime, ...], fail) -> None:
-    names = [r.name for r in regimes]
-    dupes = sorted({n for n in names if names.count(n) > 1})
-    if dupes:
-        raise fail(f"duplicate regime name(s) {', '.join(map(repr, dupes))}")
-    refs = [r.name for r in regimes if r.reference]
-    if len(refs) != 1:
-        raise fail(f"exactly one regime must have 'reference: true'; found {len(refs)}" + (f" ({', '.join(refs)})" if refs else ""))
-    seen: dict[tuple, str] = {}
+    c.unique_names([r.name for r in regimes], "regime", fail)
+    c.one_reference([r.name for r in regimes if r.reference], "regime", fail)
+    seen: dict[str, str] = {}
     for r in regimes:
         key = canonical_json({k: v for k, v in asdict(r).items() if k not in ("name", "reference")})
         if key in seen:
             raise fail(f"regime {r.name!r} is the same as regime {seen[key]!r}; drop one of them")
         seen[key] = r.name
-
-
-def _identifier(value: Any, where: str, fail) -> str:
-    if not isinstance(value, str) or not NAME_RE.match(value):
-        raise fail(f"{where}={value!r}: must be a safe identifier of lowercase letters, digits, '_' and '-'")
-    return value
-
-
-def _mapping(value: Any, where: str, valid: tuple[str, ...], fail) -> dict:
-    value = {} if value is None else value
-    if not isinstance(value, dict):
-        raise fail(f"{where or 'protocol'}={value!r}: must be a mapping")
-    for key in value:
-        if key not in valid:
-            dotted = f"{where}.{key}" if where else key
-            raise fail(f"unknown key {dotted!r}; valid keys here: {', '.join(valid)}")
-    return value
-
-
-def _typed(value: Any, where: str, types: dict[str, Any], fail) -> dict[str, Any]:
-    """Keys checked against ``types`` (a type, or a tuple of types where None allows null)."""
-    out = {}
-    for key, v in _mapping(value, where, tuple(types), fail).items():
-        allowed = types[key] if isinstance(types[key], tuple) else (types[key],)
-        if v is None and None in allowed:
-            out[key] = None
-        elif float in allowed and isinstance(v, (int, float)) and not isinstance(v, bool):
-            out[key] = float(v)  # YAML writes 1 for 1.0
-        elif any(t is not None and isinstance(v, t) and not (t is int and isinstance(v, bool)) for t in allowed):
-            out[key] = tuple(v) if isinstance(v, list) else v
-        else:
-            names = " or ".join("null" if t is None else t.__name__ for t in allowed)
-            raise fail(f"{where}.{key}={v!r}: expected {names}")
-    return out

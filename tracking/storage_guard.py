@@ -1,0 +1,74 @@
+"""Never let Optuna share a database with MLflow.
+
+Optuna creates its tables in whatever database its storage URL names; in MLflow's
+database they break MLflow's schema check (a misleading "version" error on the next
+start). The guard compares *resolved locations*, not spellings: the same SQLite file by
+its resolved path (``sqlite:///mlflow.db`` from this folder and ``sqlite:////abs/mlflow.db``
+are one file), the same PostgreSQL or MySQL database by host, port and name (``localhost``
+and ``127.0.0.1`` are one host, a missing port is the default one). It is checked against
+the tracking store, the local fallback store and, on the server's machine, the server's
+backend and users databases. Call it before anything is created.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import click
+
+from tracking import offline_fallback as rs
+
+DEFAULT_PORTS = {"postgresql": 5432, "mysql": 3306, "mariadb": 3306, "mssql": 1433}
+LOOPBACK = {"localhost", "127.0.0.1", "::1", "0.0.0.0"}
+SERVER_DATABASES = ("WORKBENCH_SERVER_BACKEND_URI", "WORKBENCH_SERVER_AUTH_DB_URI")
+
+
+def location(url: str) -> tuple | None:
+    """Where a storage / store URL keeps its data: ``("file", path)``, ``("postgresql", host, port, db)``;
+    None for what holds no database (HTTP, in-memory SQLite, a file store folder)."""
+    if url.startswith("journal:"):
+        return ("file", str(Path(url.removeprefix("journal:")).expanduser().resolve()))
+    if "://" not in url or url.startswith(("http://", "https://", "file:")):
+        return None
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    try:
+        parsed = make_url(url)
+    except ArgumentError:
+        return None
+    family = parsed.get_backend_name()
+    if family == "sqlite":
+        if not parsed.database or parsed.database == ":memory:":
+            return None
+        return ("file", str(Path(parsed.database).expanduser().resolve()))
+    host = (parsed.host or "localhost").lower()
+    host = "loopback" if host in LOOPBACK else host
+    return (family, host, parsed.port or DEFAULT_PORTS.get(family), parsed.database)
+
+
+def stores_in_use() -> dict[str, str]:
+    """MLflow's databases this process could write to or sit beside: what -> URL."""
+    stores = {"the MLflow tracking store": rs.tracking_uri(), "the local fallback store": rs.fallback_uri()}
+    for env in SERVER_DATABASES:
+        if os.environ.get(env):
+            stores[f"the tracking server's database ({env})"] = os.environ[env]
+    return stores
+
+
+def check_optuna_storage(storage: str) -> None:
+    """Refuse an Optuna storage that is one of MLflow's databases.
+
+    Raises:
+        click.BadParameter: One line naming both URLs (passwords hidden) and what to do.
+    """
+    mine = location(storage)
+    if mine is None:
+        return
+    for what, uri in stores_in_use().items():
+        if location(uri) == mine:
+            raise click.BadParameter(
+                f"{rs.redact_uri(storage)} is {what} ({rs.redact_uri(uri)}); Optuna would write its tables into "
+                "MLflow's database. Give Optuna a database of its own, e.g. sqlite:///optuna.db or "
+                "postgresql://.../optuna", param_hint="--storage")
