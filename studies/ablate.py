@@ -109,7 +109,7 @@ def run_protocol(
 @click.option("--storage", default=None,
               help="Optuna storage URL: queue the cells there for `workbench worker` instead of running them here.")
 @threads_option
-def ablate(protocol_path, allow_dirty, device, data_path, download, output_dir, storage):
+def ablate(protocol_path, allow_dirty, device, data_path, download, output_dir, storage, threads):
     """Run (or resume) a frozen protocol: every arm at every seed, as MLflow child runs."""
     if storage:
         check_optuna_storage(storage)  # before any MLflow run exists

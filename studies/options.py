@@ -10,13 +10,13 @@ from workbench.precision import AmpUnsupported, resolve_amp, set_threads
 def _apply_threads(ctx: click.Context, param: click.Parameter, value: int) -> int:
     # Set at parse time, before any data or model is touched: every entry point that takes
     # the option trains under it, and train_one records the count in effect on each run.
+    # The command also receives the value (and ignores it): it is applied here already.
     set_threads(value)
     return value
 
 
 threads_option = click.option(
-    "--threads", type=click.IntRange(min=0), default=0, show_default=True, expose_value=False,
-    callback=_apply_threads,
+    "--threads", type=click.IntRange(min=0), default=0, show_default=True, callback=_apply_threads,
     help="torch intra-op threads (0: torch's default, one per core; on a shared machine set it to the free cores).",
 )
 

@@ -93,7 +93,8 @@ def summary(table: pd.DataFrame, title: str) -> str:
 @click.option("--output-dir", type=click.Path(file_okay=False, path_type=Path), default=Path("outputs/recipe_benchmark"),
               show_default=True, help="Checkpoints of the workbench runs, results.csv and summary.md.")
 @threads_option
-def benchmark_recipe(protocol_path, seeds, arms, epochs, subset, device, data_path, experiment, output_dir):
+def benchmark_recipe(protocol_path, seeds, arms, epochs, subset, device, data_path, experiment, output_dir,
+                     threads):
     """Time a protocol's cells: the workbench's training against a plain PyTorch loop of the same recipe."""
     try:
         protocol = load_protocol(protocol_path)

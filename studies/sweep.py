@@ -207,7 +207,8 @@ class PruningObserver(TrainingObserver):
 @click.option("--data-path", default=None)
 @click.option("--output-dir", type=click.Path(file_okay=False), default="outputs/sweep", show_default=True)
 @threads_option
-def sweep(protocol_path, arm, params, trials, seed, sampler_seed, storage, study_name, device, data_path, output_dir):
+def sweep(protocol_path, arm, params, trials, seed, sampler_seed, storage, study_name, device, data_path, output_dir,
+          threads):
     """Tune fields of one protocol arm with TPE and median pruning; every trial is an MLflow run."""
     if storage:
         check_optuna_storage(storage)

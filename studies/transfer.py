@@ -280,7 +280,7 @@ def log_section(ex: Execution, parent: RunSink) -> None:
 @click.option("--output-dir", type=click.Path(file_okay=False), default="outputs/transfer", show_default=True,
               help="Checkpoints, predictions and downloaded sources of each cell.")
 @threads_option
-def transfer(protocol_path, source_override, allow_dirty, device, data_path, download, output_dir):
+def transfer(protocol_path, source_override, allow_dirty, device, data_path, download, output_dir, threads):
     """Run (or resume) a transfer protocol: linear probe, partial and full fine-tuning at paired seeds."""
     try:
         protocol = open_transfer_protocol(protocol_path, allow_dirty)

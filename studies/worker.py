@@ -50,7 +50,7 @@ def requeue_running(study: optuna.Study) -> int:
 @click.option("--grace", type=click.IntRange(min=1), default=GRACE_SECONDS, show_default=True,
               help="A running cell without a heartbeat for this long is retried.")
 @threads_option
-def worker(storage, study_name, device, data_path, output_dir, max_cells, requeue_stale, heartbeat, grace):
+def worker(storage, study_name, device, data_path, output_dir, max_cells, requeue_stale, heartbeat, grace, threads):
     """Pop queued protocol cells and train them until the queue is empty."""
     check_optuna_storage(storage)
     configure_tracking()
