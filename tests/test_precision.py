@@ -79,3 +79,12 @@ def test_train_one_records_capability_precision_and_threads(mlflow_store, tmp_pa
     assert params["threads"] == "1" and tags["threads"] == "1"
     assert params["run.amp"] == "bf16" and tags["amp_dtype"] == "bfloat16"
     assert tags["device.bf16_native"] == "true" and tags["device.cpu_capability"]
+
+
+def test_calibration_measures_rates_and_projects_wall_time():
+    from workbench.bench.cells import CellSpeed, measure_arm, project_seconds
+
+    speed = measure_arm("vit", tiny_config(epochs=1), steps=2, warmup=1)
+    assert speed.train_images_per_s > 0 and speed.eval_images_per_s > 0 and speed.threads == torch.get_num_threads()
+    # 3 epochs x (1000 / 100 + 200 / 400) s
+    assert abs(project_seconds(CellSpeed("a", 1, 100.0, 400.0, 5), 1000, 200, 3) - 31.5) < 1e-12
