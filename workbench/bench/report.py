@@ -252,7 +252,7 @@ def markdown_summary(
                   markdown_table(_timing_rows(train), TIMING_COLUMNS, TIMING_FORMATS)]  # fmt: skip
     if precision is not None and not precision.empty:
         parts += ["## Training step, fp32 vs bf16 autocast (glass-box, hand-written attention, as the loop trains)",
-                  "Each row's \"% of own peak\" divides its GFLOP/s by the best square matmul of its own dtype "
+                  "Each row's \"% of own matmul peak\" divides its GFLOP/s by the best square matmul of its own dtype "
                   "(fp32 or bf16, same side as the probe above) timed in the same rounds; the speedup is the median "
                   "of per-round ratios fp32 time / bf16 time.",
                   markdown_table(_precision_rows(precision), PRECISION_COLUMNS, PRECISION_FORMATS)]  # fmt: skip
