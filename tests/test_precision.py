@@ -88,3 +88,19 @@ def test_calibration_measures_rates_and_projects_wall_time():
     assert speed.train_images_per_s > 0 and speed.eval_images_per_s > 0 and speed.threads == torch.get_num_threads()
     # 3 epochs x (1000 / 100 + 200 / 400) s
     assert abs(project_seconds(CellSpeed("a", 1, 100.0, 400.0, 5), 1000, 200, 3) - 31.5) < 1e-12
+
+
+def test_ablate_refuses_a_bf16_protocol_on_a_cpu_without_bf16_before_any_cell(mlflow_store, tmp_path, monkeypatch):
+    import yaml
+
+    from studies.ablate import ablate
+
+    protocol = {"name": "tiny_bf16", "description": "bf16 refusal", "dataset": {"name": "fashion_mnist"},
+                "model": {"name": "fmnist_vit"}, "run": {"epochs": 1, "amp": "bf16"},
+                "arms": [{"name": "vit", "reference": True}], "seeds": [0]}
+    path = tmp_path / "tiny_bf16.yaml"
+    path.write_text(yaml.safe_dump(protocol))
+    monkeypatch.setattr(precision, "cpu_bf16_supported", lambda: False)
+    result = CliRunner().invoke(ablate, ["--protocol", str(path), "--allow-dirty", "--device", "cpu"])
+    assert result.exit_code == 2 and "no native bf16" in result.output, result.output
+    assert not (tmp_path / "outputs").exists(), "a cell started before the refusal"
