@@ -17,6 +17,7 @@ from pathlib import Path
 import click
 from tqdm.auto import tqdm
 
+from studies.options import check_protocol_amp, threads_option
 from studies.protocol import Cell, Protocol, ProtocolError, check_clean, check_frozen, load_protocol
 from studies.train import TrainOutcome, prepare_data, train_one
 from tracking.protocols import cell_runs, close_study_parent, open_study_parent, recorded_hashes
@@ -152,7 +153,8 @@ def run_protocol(
               help="Checkpoints and predictions of each cell.")
 @click.option("--storage", default=None,
               help="Optuna storage URL: queue the cells there for `workbench worker` instead of running them here.")
-def ablate(protocol_path, allow_dirty, device, data_path, download, output_dir, storage):
+@threads_option
+def ablate(protocol_path, allow_dirty, device, data_path, download, output_dir, storage, threads):
     """Run (or resume) a frozen protocol: every arm at every seed, as MLflow child runs."""
     if storage:
         check_optuna_storage(storage)  # before any MLflow run exists
@@ -169,6 +171,7 @@ def ablate(protocol_path, allow_dirty, device, data_path, download, output_dir, 
         click.echo(f"queued {added} cells in {name}; parent run {parent.run_id}. Start workers with:\n"
                    f"  workbench worker --storage {redact(storage)} --study '{name}'")
         return
+    check_protocol_amp(protocol, device)  # here, not when queuing: workers check their own device
     outcomes = run_protocol(protocol, Path(protocol_path), Path(output_dir), device, data_path, allow_dirty, download)
     summarize(outcomes)
     if any(o.status == "failed" for o in outcomes):

@@ -3,6 +3,7 @@
     workbench benchmark                                  # ViT-Ti/S/B at 224 + study models, CPU
     workbench benchmark --quick                          # tiny configuration (seconds)
     workbench benchmark --model vit_base_patch16_224 --batch-size 1,32,64 --device cuda
+    workbench benchmark --model cifar_vit --train-model "" --no-loader --threads 2   # fp32 vs bf16 step
     mlflow run . -e benchmark --env-manager local -P threads=1
 
 Everything is measured in one run and logged to one MLflow run (experiment ``benchmark``):
@@ -24,7 +25,7 @@ from workbench.bench.suite import DEFAULT_MODELS
 # parameter explicitly), so `--quick --model vit_tiny_patch16_224` still works.
 QUICK = {
     "models": "fmnist_vit,fmnist_cnn", "batch_sizes": "1,4", "study_batch_sizes": "1,8", "train_models": "fmnist_vit",
-    "train_batch_sizes": "8", "repeats": 2, "warmup": 1, "min_sample_ms": 1.0, "matmul_size": 256,
+    "train_batch_sizes": "8", "precision_models": "fmnist_vit", "precision_batch_sizes": "8", "repeats": 2, "warmup": 1, "min_sample_ms": 1.0, "matmul_size": 256,
     "loader_images": 256, "loader_batch": 64, "loader_repeats": 1,
 }  # fmt: skip
 
@@ -70,6 +71,10 @@ def _resolve_device(device: str) -> str:
 @click.option("--train-model", "train_models", default="fmnist_vit", show_default=True,
               help="Models whose training step is timed (comma-separated; empty for none).")
 @click.option("--train-batch-size", "train_batch_sizes", default="128", show_default=True)
+@click.option("--precision-model", "precision_models", default="cifar_vit", show_default=True,
+              help="Models whose training step is timed in fp32 and bf16 autocast side by side (empty for none; "
+                   "skipped where the device has no native bf16).")
+@click.option("--precision-batch-size", "precision_batch_sizes", default="128", show_default=True)
 @click.option("--repeats", default=30, show_default=True, type=click.IntRange(min=1),
               help="Interleaved timed rounds (at most: see --max-seconds).")
 @click.option("--warmup", default=2, show_default=True, type=click.IntRange(min=0), help="Untimed calls per variant.")
@@ -112,6 +117,8 @@ def benchmark(ctx: click.Context, **opts) -> None:
             study_batch_sizes=_ints(opts["study_batch_sizes"], "--study-batch-size"),
             train_models=_names(opts["train_models"]),
             train_batch_sizes=_ints(opts["train_batch_sizes"], "--train-batch-size"),
+            precision_models=_names(opts["precision_models"]),
+            precision_batch_sizes=_ints(opts["precision_batch_sizes"], "--precision-batch-size"),
             repeats=opts["repeats"], warmup=opts["warmup"], min_sample_s=opts["min_sample_ms"] / 1e3,
             max_seconds=opts["max_seconds"] or None,
             device=device, seed=opts["seed"],

@@ -21,6 +21,7 @@ import yaml
 from studies.ablate import prepare_protocol_data
 from studies.cell_queue import open_storage, redact
 from studies.protocol import ProtocolError, load_protocol
+from studies.options import check_amp, threads_option
 from studies.train import train_one
 from tracking.runs import configure_tracking
 from tracking.storage_guard import check_optuna_storage
@@ -205,7 +206,9 @@ class PruningObserver(TrainingObserver):
 @click.option("--device", default="auto", show_default=True)
 @click.option("--data-path", default=None)
 @click.option("--output-dir", type=click.Path(file_okay=False), default="outputs/sweep", show_default=True)
-def sweep(protocol_path, arm, params, trials, seed, sampler_seed, storage, study_name, device, data_path, output_dir):
+@threads_option
+def sweep(protocol_path, arm, params, trials, seed, sampler_seed, storage, study_name, device, data_path, output_dir,
+          threads):
     """Tune fields of one protocol arm with TPE and median pruning; every trial is an MLflow run."""
     if storage:
         check_optuna_storage(storage)
@@ -221,6 +224,7 @@ def sweep(protocol_path, arm, params, trials, seed, sampler_seed, storage, study
     base = replace(chosen.config, run=replace(chosen.config.run, seed=seed, device=device),
                    data=replace(chosen.config.data, path=data_path))
     check_space(base, space, sampler_seed)  # before any trial, study or MLflow run exists
+    check_amp(base.run.amp, device)
     name = study_name or f"sweep:{protocol.name}@{protocol.short_hash}:{chosen.name}"
     try:  # before any MLflow run exists: a refused storage leaves nothing behind
         optuna_storage = open_storage(storage) if storage else None

@@ -15,8 +15,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import click
+import torch
 from tqdm.auto import tqdm
 
+from studies.options import check_amp, threads_option
 from tracking.lease import HEARTBEATS, LeaseLost, lease_tags, new_token
 from tracking.protocols import run_user
 from tracking.runs import configure_tracking, environment_tags
@@ -25,7 +27,8 @@ from tracking.training import MlflowTrainingObserver, log_run_inputs, log_traini
 from workbench.data import PreparedData, prepare
 from workbench.models.registry import build_model, model_config
 from workbench.train.config import DataSpec, ModelSpec, OptimConfig, RunConfig, TrainConfig
-from workbench.train.loop import NonFiniteLoss, Observers, StopTraining, Trainer, TrainingObserver, config_hash
+from workbench.precision import device_capability, resolve_amp
+from workbench.train.loop import NonFiniteLoss, Observers, StopTraining, Trainer, TrainingObserver, config_hash, resolve_device
 
 
 @dataclass
@@ -70,6 +73,7 @@ def train_one(
     the start or goes away mid-run, the run continues in the local fallback store and
     training goes on (``workbench sync`` copies it to the server later).
     """
+    resolve_amp(cfg.run.amp, resolve_device(cfg.run.device))  # AmpUnsupported before any run is opened
     configure_tracking()
     key = run_key_for(cfg, data, identity)
     token = new_token()
@@ -91,9 +95,14 @@ def train_one(
     try:
         trainer = Trainer(cfg, data, run_dir, Observers(mlflow_observer, _Announce(run_name, sink.run_id, opened.status, log),
                                                         observer))
-        sink.set_tags({**environment_tags(str(trainer.device)), "run_dir": str(run_dir.resolve()),
+        # Device capability (bf16 units) and the threads of this execution as tags (a resumed
+        # run may run elsewhere); the first execution's threads also as a param.
+        threads = torch.get_num_threads()
+        sink.set_tags({**environment_tags(str(trainer.device)), **device_capability(trainer.device),
+                       "amp_dtype": str(trainer.amp_dtype or "float32").replace("torch.", ""),
+                       "threads": str(threads), "run_dir": str(run_dir.resolve()),
                        "resumed": str(opened.status is not None).lower()})
-        log_run_inputs(sink, cfg, data, {"config_hash": trainer.hash, **(params or {})})
+        log_run_inputs(sink, cfg, data, {"config_hash": trainer.hash, "threads": threads, **(params or {})})
         result = trainer.fit()
         example = next(iter(trainer.eval_loaders["val"])).images[:2]
         log_training_result(sink, result, cfg, lambda: build_model(trainer.model.cfg), example,
@@ -187,6 +196,7 @@ def parse_overrides(pairs: tuple[str, ...]) -> dict:
 @click.option("--evaluate-test/--no-evaluate-test", default=False, show_default=True)
 @click.option("--experiment", default="train", show_default=True)
 @click.option("--output-dir", type=click.Path(file_okay=False), default="outputs/train", show_default=True)
+@threads_option
 def train(**o):
     """Train one model; re-running the same command resumes or skips it."""
     try:
@@ -202,6 +212,7 @@ def train(**o):
                           evaluate_test=o["evaluate_test"]),
         )
         model_config(cfg.model.name, **cfg.model.overrides)  # fail on a bad field before loading data
+        check_amp(cfg.run.amp, cfg.run.device)  # bf16 without native units, fp16 on CPU: refused here
     except (ValueError, KeyError) as err:
         raise click.UsageError(str(err)) from err
     data = prepare_data(cfg.data, download=o["download"])

@@ -19,12 +19,14 @@ import torch
 from tqdm.auto import tqdm
 
 from reports.transfer import transfer_markdown
+from studies.options import check_amp, threads_option
 from studies.protocol import ProtocolError, check_clean, check_frozen, load_protocol, load_transfer_protocol
 from tracking import transfer as tt
 from tracking.protocols import end_parent_run, recorded_hashes, start_parent_run
 from tracking.runs import configure_tracking, environment_tags, git_state
 from tracking.sink import RunSink
 from workbench.data import DatasetNotFound, PreparedData, prepare
+from workbench.precision import device_capability, resolve_amp
 from workbench.train.loop import resolve_device
 from workbench.transfer.features import FeatureCache, compute_features
 from workbench.protocol.transfer import SourceSpec, TransferCell, TransferData, TransferProtocol
@@ -36,7 +38,6 @@ from workbench.transfer.source_model import (
 )
 
 DEFAULT_PROTOCOL = "studies/protocols/retina_transfer_smoke.yaml"
-AMP = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 @dataclass
@@ -103,6 +104,7 @@ def _cell_params(cell: TransferCell, ex: "Execution") -> dict:
     params = {"regime.name": r.name, "regime.kind": r.kind, "regime.epochs": r.epochs, "regime.blocks": r.blocks,
               "regime.layer_decay": r.layer_decay, "regime.patience": r.patience, "seed": cell.seed,
               "batch_size": ctx.batch_size, "eval_batch_size": ctx.eval_batch_size, "amp": str(ctx.amp_dtype),
+              "threads": torch.get_num_threads(),
               "inputs": ex.inputs, "data.fingerprint": data.data_fingerprint,
               "data.split_fingerprint": data.split_fingerprint, "data.n_train": len(data.train), "data.n_val": len(data.val)}
     return params | {f"optim.{k}": v for k, v in vars(r.optim).items()} | ex.source.info.as_params()
@@ -145,7 +147,7 @@ def prepare_execution(protocol: TransferProtocol, protocol_file: Path, output_di
     if data.test is None:  # the container's field, not the images: nothing is read here
         raise ProtocolError(f"{protocol_file}: {data.display_name} has no test split; a transfer study reports test metrics")
     dev, side = resolve_device(device), data.train.images.shape[-1]
-    ctx = TransferContext(dev, AMP.get(protocol.run.amp) if dev.type == "cuda" else None, protocol.run.batch_size,
+    ctx = TransferContext(dev, resolve_amp(protocol.run.amp, dev), protocol.run.batch_size,
                           protocol.run.eval_batch_size, source.norm, None if side == cfg.image_size else cfg.image_size,
                           len(data.class_names))
     selection_data, guard = split_off_test(data, cfg.in_channels)  # from here on only phase 2 can read the test split
@@ -169,7 +171,8 @@ def select_phase(ex: Execution, cell: TransferCell, commit: str, allow_dirty: bo
         return CellOutcome(cell, "skipped", f"{cell.key}: already finished in run {opened.run_id}", opened.run_id)
     sink, run_dir = opened.sink, ex.output_dir / key
     try:
-        sink.set_tags({**environment_tags(str(ex.ctx.device)), "run_dir": str(run_dir.resolve())})
+        sink.set_tags({**environment_tags(str(ex.ctx.device)), **device_capability(ex.ctx.device),
+                       "threads": str(torch.get_num_threads()), "run_dir": str(run_dir.resolve())})
         sink.log_params(_cell_params(cell, ex))
         selection = Selection.load(run_dir) if sink.journal.tags.get("phase") == "selected" else None
         if selection is None:
@@ -276,10 +279,12 @@ def log_section(ex: Execution, parent: RunSink) -> None:
 @click.option("--download/--no-download", default=False, show_default=True)
 @click.option("--output-dir", type=click.Path(file_okay=False), default="outputs/transfer", show_default=True,
               help="Checkpoints, predictions and downloaded sources of each cell.")
-def transfer(protocol_path, source_override, allow_dirty, device, data_path, download, output_dir):
+@threads_option
+def transfer(protocol_path, source_override, allow_dirty, device, data_path, download, output_dir, threads):
     """Run (or resume) a transfer protocol: linear probe, partial and full fine-tuning at paired seeds."""
     try:
         protocol = open_transfer_protocol(protocol_path, allow_dirty)
+        check_amp(protocol.run.amp, device)
         outcomes = run_transfer(protocol, Path(protocol_path), Path(output_dir), device, data_path, allow_dirty,
                                 download, source_override)
     except (ProtocolError, SourceError, DatasetNotFound) as err:

@@ -23,6 +23,7 @@ from studies.cell_queue import (
     renew,
     requeue_expired,
 )
+from studies.options import check_protocol_amp, threads_option
 from tracking.lease import HEARTBEAT_ENV, HEARTBEATS, LEASE_ENV, LeaseLost
 from tracking.runs import configure_tracking
 from tracking.storage_guard import check_optuna_storage
@@ -120,7 +121,8 @@ def drain(study: optuna.Study, run_one, grace: float, poll_seconds: float = 2.0,
               help="Seconds between lease renewals.")
 @click.option("--grace", type=click.FloatRange(min=0.5), default=GRACE_SECONDS, show_default=True,
               help="A cell whose lease was not renewed for this long is handed to another worker.")
-def worker(storage, study_name, device, data_path, output_dir, max_cells, requeue_stale, heartbeat, grace):
+@threads_option
+def worker(storage, study_name, device, data_path, output_dir, max_cells, requeue_stale, heartbeat, grace, threads):
     """Pop queued protocol cells and train them until the queue is empty."""
     check_optuna_storage(storage)
     try:
@@ -135,6 +137,7 @@ def worker(storage, study_name, device, data_path, output_dir, max_cells, requeu
     if requeue_stale:
         click.echo(f"re-queued {requeue_expired(study, grace, click.echo)} cells whose lease expired")
     protocol = load_queued_protocol(study)
+    check_protocol_amp(protocol, device)
     settings = study.user_attrs.get("settings", {})
     allow_dirty = settings.get("allow_dirty", False)
     data = prepare_protocol_data(protocol, data_path, settings.get("download", False))

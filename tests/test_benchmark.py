@@ -23,6 +23,7 @@ from workbench.bench import (
     BenchConfig,
     Goal,
     Spread,
+    bf16_supported,
     build_bench_model,
     cnn_forward_flops,
     cnn_train_flops,
@@ -206,14 +207,38 @@ def test_benchmark_quick_logs_metrics_and_artifacts(mlflow_store, tmp_path):
     assert {"results.csv", "goals.csv", "matmul.csv", "summary.md", "benchmark.png", "machine.json"} <= logged
     local = Path(client.download_artifacts(run.info.run_id, "benchmark", str(tmp_path / "dl")))
     table = pd.read_csv(local / "results.csv")
-    assert set(table["section"]) == {"inference", "train"}
-    vit = table[table["model"] == "fmnist_vit"]
+    bf16 = bf16_supported(torch.device("cpu"))
+    assert set(table["section"]) == {"inference", "train"} | ({"train_precision"} if bf16 else set())
+    if bf16:  # fp32 and bf16 autocast side by side, each against its own matmul peak
+        for precision in ("fp32", "bf16"):
+            assert 0 < metrics[f"train_precision/fmnist_vit/b8/{precision}/fraction_of_own_peak"]
+            assert metrics[f"train_precision/fmnist_vit/b8/{precision}/images_per_s"] > 0
+        assert metrics["train_precision/fmnist_vit/b8/fp32/speedup_vs_fp32"] == 1.0
+        assert math.isfinite(metrics["train_precision/fmnist_vit/b8/bf16/speedup_vs_fp32"])
+        assert metrics["matmul/bfloat16/tflops_median"] > 0
+        assert "## Training step, fp32 vs bf16 autocast" in out.output and "| x fp32 |" in out.output
+    vit = table[(table["model"] == "fmnist_vit") & table["section"].isin(["inference", "train"])]
     assert (vit["ratio_to_timm_fused"] > 0).all() and vit["ratio_to_timm_fused"].map(math.isfinite).all()
     assert "| goal | measured |" in (local / "summary.md").read_text()
     assert (local / "benchmark.png").read_bytes()[:4] == b"\x89PNG"
     assert (tmp_path / "files" / "summary.md").exists()
     profiles = {Path(f.path).name for f in client.list_artifacts(run.info.run_id, "benchmark/profiles")}
     assert "fmnist_vit_glass_fast_b1.txt" in profiles and "fmnist_vit_timm_fused_b1.txt" in profiles
+
+
+def test_precision_goal_is_the_bf16_speedup_and_skipped_without_bf16(monkeypatch):
+    from workbench.bench import precision as bench_precision
+    from workbench.bench.report import evaluate_goals
+
+    row = {"section": "train_precision", "model": "cifar_vit", "batch": 128, "variant": "bf16",
+           "speedup_vs_fp32": 1.9, "speedup_vs_fp32_q1": 1.7, "speedup_vs_fp32_q3": 2.0, "speedup_vs_fp32_best": 1.95}
+    (goal,) = evaluate_goals(pd.DataFrame(), pd.DataFrame(), None, "cpu", pd.DataFrame([row]))
+    assert goal.key == "train_precision/cifar_vit/b128/bf16_speedup_vs_fp32" and goal.op == ">=" and goal.target == 1.8
+    assert goal.met and goal.measured == 1.9
+    slower = pd.DataFrame([{**row, "speedup_vs_fp32": 1.5, "speedup_vs_fp32_q3": 1.85}])
+    assert evaluate_goals(pd.DataFrame(), pd.DataFrame(), None, "cpu", slower)[0].verdict == "no (within noise)"
+    monkeypatch.setattr(bench_precision, "bf16_supported", lambda device: False)
+    assert bench_precision.run_precision(BenchConfig(precision_models=("fmnist_vit",)), 64).empty
 
 
 def test_library_never_imports_mlflow():

@@ -24,6 +24,9 @@ _ROW_METRICS = {
     "ratio_to_timm_fused": "ratio_to_timm_fused", "ratio_to_timm_fused_q1": "ratio_to_timm_fused_q1",
     "ratio_to_timm_fused_q3": "ratio_to_timm_fused_q3", "ratio_to_timm_fused_best": "ratio_to_timm_fused_best",
     "ratio_to_timm_unfused": "ratio_to_timm_unfused", "ratio_to_timm_unfused_best": "ratio_to_timm_unfused_best",
+    "fraction_of_own_peak": "fraction_of_own_peak", "own_probe_gflops": "own_matmul_probe_gflops",
+    "speedup_vs_fp32": "speedup_vs_fp32", "speedup_vs_fp32_q1": "speedup_vs_fp32_q1",
+    "speedup_vs_fp32_q3": "speedup_vs_fp32_q3", "speedup_vs_fp32_best": "speedup_vs_fp32_best",
 }  # fmt: skip
 
 

@@ -16,6 +16,7 @@ from typing import Callable
 import torch
 
 from workbench.bench.timing import Spread, time_interleaved
+from workbench.precision import bf16_supported as precision_bf16_supported
 
 
 @dataclass(frozen=True)
@@ -32,17 +33,10 @@ def bf16_supported(device: torch.device) -> bool:
     """bf16 matmul runs natively: CUDA devices that report it, CPUs with AVX512-BF16 or AMX.
 
     On other CPUs bf16 matmul is emulated and far slower than fp32, so a "peak" measured
-    there would mislead.
+    there would mislead. The same check decides whether a training run may use
+    ``amp: bf16`` (``workbench.precision``).
     """
-    if device.type == "cuda":
-        return torch.cuda.is_bf16_supported()
-    if device.type != "cpu":
-        return False
-    try:
-        flags = open("/proc/cpuinfo").read()
-    except OSError:
-        return False
-    return "avx512_bf16" in flags or "amx_bf16" in flags
+    return precision_bf16_supported(device)
 
 
 def matmul_fn(device: torch.device | str, n: int, dtype: str = "float32", seed: int = 0) -> Callable[[], object]:

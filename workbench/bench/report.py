@@ -7,7 +7,10 @@ Goals (time ratios, so below 1 is faster; each ratio is the median of per-round 
 - training step of each study ViT <= 1.05 of the equivalent timm model, like for like
   (hand-written / unfused and fast / fused);
 - data loader images/s >= 10x the training step's images/s (the study ViT as the
-  training loop runs it: hand-written attention).
+  training loop runs it: hand-written attention);
+- on a device with native bf16: the ``cifar_vit`` training step at batch 128 under bf16
+  autocast at least 1.8x as fast as in fp32 (speedup = fp32 time / bf16 time, median of
+  per-round ratios, so here higher is better).
 
 A goal is met when the median ratio is within the target. A miss is labelled "no (within
 noise)" when at least a quarter of the rounds met the target (its first quartile does):
@@ -34,6 +37,7 @@ GOAL_BATCHES = (1, 32)
 INFERENCE_GOALS = (("glass_fast", "timm_fused", 1.05), ("glass_written", "timm_unfused", 1.10))
 TRAIN_GOALS = (("glass_written", "timm_unfused", 1.05), ("glass_fast", "timm_fused", 1.05))
 LOADER_GOAL = 10.0
+PRECISION_GOALS = (("cifar_vit", 128, 1.8),)  # (model, batch, bf16 speedup over fp32 at least)
 
 
 @dataclass(frozen=True)
@@ -109,7 +113,26 @@ def _pair_goals(table: pd.DataFrame, section: str, pairs, batches, device: str) 
     return goals
 
 
-def evaluate_goals(inference: pd.DataFrame, train: pd.DataFrame, loader: dict | None, device: str) -> list[Goal]:
+def _precision_goals(precision: pd.DataFrame | None, device: str) -> list[Goal]:
+    goals = []
+    if precision is None or precision.empty:
+        return goals
+    for model, batch, target in PRECISION_GOALS:
+        row = select(precision, model=model, batch=batch, variant="bf16")
+        if row.empty:
+            continue
+        r = row.iloc[0]
+        goals.append(Goal(
+            key=f"train_precision/{model}/b{batch}/bf16_speedup_vs_fp32",
+            description=f"training step {model} batch {batch} ({device}): fp32 time / bf16 autocast time",
+            measured=float(r["speedup_vs_fp32"]), op=">=", target=target, q1=float(r["speedup_vs_fp32_q1"]),
+            q3=float(r["speedup_vs_fp32_q3"]), best=float(r["speedup_vs_fp32_best"]),
+        ))  # fmt: skip
+    return goals
+
+
+def evaluate_goals(inference: pd.DataFrame, train: pd.DataFrame, loader: dict | None, device: str,
+                   precision: pd.DataFrame | None = None) -> list[Goal]:
     """Every goal that the measured tables allow checking.
 
     Args:
@@ -117,6 +140,7 @@ def evaluate_goals(inference: pd.DataFrame, train: pd.DataFrame, loader: dict | 
         train: ``run_training`` rows.
         loader: ``studies.data_benchmark.run_loader_benchmark`` result, or None.
         device: Device the figures were measured on (goals are stated for CPU).
+        precision: ``run_precision`` rows (fp32 vs bf16 training step), or None.
     """
     goals = _pair_goals(inference, "inference", INFERENCE_GOALS, GOAL_BATCHES, device)
     goals += _pair_goals(train, "train", TRAIN_GOALS, None, device)
@@ -132,7 +156,7 @@ def evaluate_goals(inference: pd.DataFrame, train: pd.DataFrame, loader: dict | 
                              f"({step_rate:,.0f}) ({device})"),
                 measured=loader["ours_images_per_s"] / step_rate, op=">=", target=LOADER_GOAL,
             ))  # fmt: skip
-    return goals
+    return goals + _precision_goals(precision, device)
 
 
 def markdown_table(rows: list[dict], columns: dict[str, str], formats: dict[str, str] | None = None) -> str:
@@ -171,6 +195,25 @@ TIMING_FORMATS = {"median_ms": ".3g", "images_per_s": ",.0f", "achieved_gflops":
                   "ratio_to_timm_fused": ".3f", "ratio_to_timm_fused_best": ".3f"}  # fmt: skip
 
 
+PRECISION_COLUMNS = {
+    "model": "model", "batch": "batch", "label": "precision", "repeats": "rounds", "median_ms": "median ms",
+    "iqr_ms": "IQR ms", "images_per_s": "images/s", "achieved_gflops": "GFLOP/s", "own_peak_dtype": "peak dtype",
+    "own_pct": "% of own matmul peak", "peak_pct": "% of fp32 matmul", "speedup_vs_fp32": "speedup vs fp32",
+    "speedup_iqr": "speedup IQR", "speedup_vs_fp32_best": "best / best",
+}  # fmt: skip
+PRECISION_FORMATS = {"median_ms": ".3g", "images_per_s": ",.0f", "achieved_gflops": ".1f", "own_pct": ".0f",
+                     "peak_pct": ".0f", "speedup_vs_fp32": ".2f", "speedup_vs_fp32_best": ".2f"}  # fmt: skip
+
+
+def _precision_rows(table: pd.DataFrame) -> list[dict]:
+    rows = []
+    for r in _timing_rows(table):
+        r["own_pct"] = 100 * r["fraction_of_own_peak"]
+        r["speedup_iqr"] = "-" if r["variant"] == "fp32" else f"{r['speedup_vs_fp32_q1']:.2f}-{r['speedup_vs_fp32_q3']:.2f}"
+        rows.append(r)
+    return rows
+
+
 def goals_markdown(goals: list[Goal]) -> str:
     rows = [{**g.to_row(), "goal": f"{g.op} {g.target:g}"} for g in goals]
     columns = {"description": "goal", "measured": "measured", "spread": "ratio IQR", "best": "best / best",
@@ -180,7 +223,7 @@ def goals_markdown(goals: list[Goal]) -> str:
 
 def markdown_summary(
     info: dict, peaks: list[MatmulPeak], inference: pd.DataFrame, train: pd.DataFrame, loader: dict | None,
-    goals: list[Goal], settings: dict, profiles: list[Profile] | None = None,
+    goals: list[Goal], settings: dict, profiles: list[Profile] | None = None, precision: pd.DataFrame | None = None,
 ) -> str:
     """The whole benchmark as one Markdown page (logged as an artifact and printed)."""
     parts = [
@@ -195,9 +238,10 @@ def markdown_summary(
         "divides them by the best throughput of an fp32 square matmul (half the side below) timed in the same rounds.",
         "## Matmul throughput (the machine's limit)",
         markdown_table(
-            [{"dtype": p.dtype, "n": p.n, "median": p.tflops.median, "iqr": f"{p.tflops.q1:.3g}-{p.tflops.q3:.3g}"}
-             for p in peaks],
-            {"dtype": "dtype", "n": "n (square)", "median": "median TFLOP/s", "iqr": "IQR"}, {"median": ".3g"},
+            [{"dtype": p.dtype, "n": p.n, "median": p.tflops.median, "iqr": f"{p.tflops.q1:.3g}-{p.tflops.q3:.3g}",
+              "vs_fp32": p.tflops.median / peaks[0].tflops.median} for p in peaks],
+            {"dtype": "dtype", "n": "n (square)", "median": "median TFLOP/s", "iqr": "IQR", "vs_fp32": "x fp32"},
+            {"median": ".3g", "vs_fp32": ".2f"},
         ),
     ]  # fmt: skip
     if not inference.empty:
@@ -206,6 +250,14 @@ def markdown_summary(
     if not train.empty:
         parts += ["## Training step (forward, cross-entropy, backward, AdamW step)",
                   markdown_table(_timing_rows(train), TIMING_COLUMNS, TIMING_FORMATS)]  # fmt: skip
+    if precision is not None and not precision.empty:
+        parts += ["## Training step, fp32 vs bf16 autocast (glass-box, hand-written attention, as the loop trains)",
+                  "Each row's \"% of own matmul peak\" divides its GFLOP/s by the best square matmul of its own dtype "
+                  "(fp32 or bf16, same side as the probe above) timed in the same rounds; the speedup is the median "
+                  "of per-round ratios fp32 time / bf16 time.",
+                  markdown_table(_precision_rows(precision), PRECISION_COLUMNS, PRECISION_FORMATS)]  # fmt: skip
+    elif precision is not None:
+        parts += ["## Training step, fp32 vs bf16 autocast", "Not measured: no native bf16 on this device."]
     if loader is not None:
         parts += ["## Data loader (studies.data_benchmark)", markdown_table([loader], {
             "ours_images_per_s": "TensorLoader images/s", "torchvision_images_per_s": "torchvision images/s",

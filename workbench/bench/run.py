@@ -17,6 +17,7 @@ import pandas as pd
 import torch
 
 from workbench.bench.machine import MatmulPeak, machine_info, matmul_peak
+from workbench.bench.precision import run_precision
 from workbench.bench.profiling import Profile, profile_models
 from workbench.bench.report import Goal, evaluate_goals, markdown_summary
 from workbench.bench.suite import BenchConfig, run_inference, run_training
@@ -32,6 +33,8 @@ class BenchmarkResult:
         peaks: Matmul throughput per dtype.
         inference: One row per (model, batch, variant); see ``workbench.bench.suite``.
         train: Training-step rows, same columns.
+        precision: Training step in fp32 and bf16 autocast (``workbench.bench.precision``);
+            empty without native bf16.
         loader: The loader benchmark's result dict, or None when skipped.
         profiles: torch.profiler summaries per (model, variant) at batch 1, when asked for.
         goals: The goals with measured values.
@@ -45,12 +48,14 @@ class BenchmarkResult:
     train: pd.DataFrame
     loader: dict | None
     profiles: list[Profile] = field(default_factory=list)
+    precision: pd.DataFrame = field(default_factory=pd.DataFrame)
     goals: list[Goal] = field(default_factory=list)
     markdown: str = ""
 
     def timings(self) -> pd.DataFrame:
         """Inference and training rows in one table (the CSV)."""
-        return pd.concat([self.inference, self.train], ignore_index=True)
+        return pd.concat([t for t in (self.inference, self.train, self.precision) if not t.empty] or [self.train],
+                         ignore_index=True)
 
     def goals_table(self) -> pd.DataFrame:
         return pd.DataFrame([g.to_row() for g in self.goals])
@@ -99,6 +104,7 @@ def run_benchmark(
         probe_n = max(256, n // 2)
         inference = run_inference(cfg, probe_n, say)
         train = run_training(cfg, probe_n, say)
+        precision = run_precision(cfg, probe_n, say)
         loader_result = None
         if loader is not None:
             say("data loader")
@@ -111,8 +117,9 @@ def run_benchmark(
             info["load_average_1m_end"] = f"{os.getloadavg()[0]:.2f}"
     finally:
         torch.set_num_threads(previous)
-    result = BenchmarkResult(cfg, info, peaks, inference, train, loader_result, profiles)
-    result.goals = evaluate_goals(inference, train, loader_result, str(device))
+    result = BenchmarkResult(cfg, info, peaks, inference, train, loader_result, profiles, precision)
+    result.goals = evaluate_goals(inference, train, loader_result, str(device), precision)
     settings = {"repeats": cfg.repeats, "warmup": cfg.warmup, "max_seconds": cfg.max_seconds or "no"}
-    result.markdown = markdown_summary(info, peaks, inference, train, loader_result, result.goals, settings, profiles)
+    result.markdown = markdown_summary(info, peaks, inference, train, loader_result, result.goals, settings, profiles,
+                                       precision)
     return result

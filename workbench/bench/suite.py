@@ -40,6 +40,9 @@ class BenchConfig:
             per-image work is thousands of times smaller.
         train_models: Models whose training step is timed (study ViTs).
         train_batch_sizes: Training batch sizes (128 is the study's).
+        precision_models: Models whose training step is timed in fp32 and bf16 autocast
+            side by side (``workbench.bench.precision``; skipped without native bf16).
+        precision_batch_sizes: Batch sizes of that comparison.
         repeats: Timed rounds per comparison (at most; see ``max_seconds``).
         warmup: Untimed calls per variant before timing.
         min_sample_s: Shortest timed sample; fast calls are repeated to reach it.
@@ -55,6 +58,8 @@ class BenchConfig:
     study_batch_sizes: tuple[int, ...] = (1, 32, 256)
     train_models: tuple[str, ...] = ("fmnist_vit",)
     train_batch_sizes: tuple[int, ...] = (128,)
+    precision_models: tuple[str, ...] = ("cifar_vit",)
+    precision_batch_sizes: tuple[int, ...] = (128,)
     repeats: int = 30
     warmup: int = 2
     min_sample_s: float = 0.05
@@ -63,13 +68,14 @@ class BenchConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        for key in ("batch_sizes", "study_batch_sizes", "train_batch_sizes"):
+        for key in ("batch_sizes", "study_batch_sizes", "train_batch_sizes", "precision_batch_sizes"):
             values = tuple(getattr(self, key))
             if any(not isinstance(b, int) or b < 1 for b in values):
                 raise ValueError(f"BenchConfig.{key}={values!r}: must be positive integers")
             object.__setattr__(self, key, values)
         object.__setattr__(self, "models", tuple(self.models))
         object.__setattr__(self, "train_models", tuple(self.train_models))
+        object.__setattr__(self, "precision_models", tuple(self.precision_models))
         if self.repeats < 1:
             raise ValueError(f"BenchConfig.repeats={self.repeats!r}: must be >= 1")
         if self.warmup < 0:

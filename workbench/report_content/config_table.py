@@ -138,9 +138,16 @@ def _ablation_table(c: Mapping[str, Any]) -> ConfigTable:
                      "model": _model_text(cfg["model"]), "parameters": params, "FLOPs / image": flops,
                      "optimiser": _optimiser(cfg["optim"]), "schedule": _schedule(cfg["optim"]),
                      "epochs": str(r["epochs"]), "batch size": f"{r['batch_size']} (eval {r.get('eval_batch_size', '?')})",
-                     "precision": "fp32" if r.get("amp", "off") == "off" else f"{r['amp']} autocast on GPU",
+                     "precision": _precision(r.get("amp", "off")),
                      "early stopping": _early_stopping(r.get("patience"), r.get("monitor", "val_accuracy"))})
     return ConfigTable("ablation", common, ARM_COLUMNS, rows, notes + description_conflicts(c))
+
+
+def _precision(amp: str) -> str:
+    """The protocol's ``amp`` in words: where it applies (workbench.precision)."""
+    if amp == "off":
+        return "fp32"
+    return "bf16 autocast (GPU, or CPU with AVX512-BF16/AMX)" if amp == "bf16" else f"{amp} autocast on GPU"
 
 
 def _transfer_table(c: Mapping[str, Any], source_cfg: Any = None) -> ConfigTable:
@@ -153,7 +160,7 @@ def _transfer_table(c: Mapping[str, Any], source_cfg: Any = None) -> ConfigTable
               ("split", f"{sizes}; split seed {d['split_seed']}" + (f", subset {d['subset']}" if d.get("subset") else "")),
               ("augmentation (training only)", "none"),
               ("batch size", f"{run['batch_size']} (eval {run['eval_batch_size']})"),
-              ("precision", "fp32" if run["amp"] == "off" else f"{run['amp']} autocast on GPU"),
+              ("precision", _precision(run["amp"])),
               ("intervals", f"{ev['confidence']:.0%} bootstrap, {ev['n_resamples']:,} resamples, seed {ev['seed']}"),
               ("seeds", f"{', '.join(map(str, seeds))} ({len(seeds)} paired seeds)")]
     rows = []

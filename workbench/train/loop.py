@@ -23,6 +23,7 @@ from tqdm.auto import tqdm
 
 from workbench.data import AugmentConfig, PreparedData, TensorLoader, derive_seed
 from workbench.models.registry import build_model, model_config
+from workbench.precision import resolve_amp
 from workbench.train.checkpoint import FORMAT, atomic_torch_save, capture_rng, load_checkpoint, restore_rng
 from workbench.train.config import TrainConfig
 from workbench.atomic import atomic_write
@@ -146,7 +147,7 @@ class Trainer:
         self.device = resolve_device(cfg.run.device)
         self.hash = config_hash(cfg)
         run = cfg.run
-        amp = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(run.amp) if self.device.type == "cuda" else None
+        amp = resolve_amp(run.amp, self.device)  # bf16 autocast on CPU too; refused where not native
         self.amp_dtype = amp
         torch.manual_seed(derive_seed(run.seed, "init"))  # model init depends on the run seed only
         self.model = (model if model is not None else self._build_model()).to(self.device)
@@ -371,6 +372,7 @@ class Trainer:
         fresh.load_state_dict(best["model"])
         saved_val = read_predictions(self.run_dir / "predictions" / "val.csv")
         now_val = predict(fresh, self.eval_loaders["val"], self.device, self.amp_dtype)
+        # CPU (fp32 or bf16 autocast): same kernels, same inputs, same process -> bitwise equal.
         tolerance = 0.0 if self.device.type == "cpu" else 1e-5
         proof = compare_predictions(saved_val, now_val, tolerance)
         predictions = {"val": self.run_dir / "predictions" / "val.csv"}
