@@ -12,8 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from reports import document, figures, tables
+from reports import configuration, document, figures, results, tables
 from reports import transfer as transfer_blocks
+from reports.provenance import BuildInputs, stale_items
 from reports.collect import ReportError, StudyData, load_study, protocol_file, resolve_hash, resolve_protocol, shown_path
 from reports.render import Bullets, Figure, Heading, Para, to_html, to_markdown
 from tracking import queries, transfer
@@ -22,6 +23,7 @@ from workbench.protocol import SHORT_HASH_LEN, TransferProtocol, kind_of, load_t
 from workbench.transfer.report import TransferSection
 
 DEFAULT_OUT_ROOT = Path("reports")
+REPORT_FILE_MODE = 0o666  # masked by the umask like any file open() creates: 0644 (group-readable) under umask 022
 
 
 @dataclass
@@ -38,6 +40,7 @@ class ReportResult:
     logged_to: list[str] = field(default_factory=list)
     messages: list[str] = field(default_factory=list)  # what the command line should print
     section: TransferSection | None = None  # transfer protocols
+    problems: list[str] = field(default_factory=list)  # missing cells and stale runs: `--strict` exits 1 on any
 
 
 def parse_compare(values: tuple[str, ...] | list[str]) -> list[tuple[str, str]]:
@@ -54,6 +57,7 @@ def parse_compare(values: tuple[str, ...] | list[str]) -> list[tuple[str, str]]:
 def build_report(
     protocol: str, out_root: Path = DEFAULT_OUT_ROOT, hash_prefix: str | None = None, commit: str | None = None,
     compare: list[tuple[str, str]] | None = None, n_resamples: int = tables.BOOTSTRAP_RESAMPLES, log: bool = True,
+    strict: bool = False,
 ) -> ReportResult:
     """Build, write and (optionally) log the report of one protocol hash.
 
@@ -66,6 +70,7 @@ def build_report(
         n_resamples: Bootstrap resamples.
         log: Log the report files to the newest parent run of the hash (and to the
             ``mlflow run`` launcher run when there is one).
+        strict: Only recorded in the report's build inputs; the caller fails on ``result.problems``.
 
     Raises:
         ReportError: Nothing to report, a bad option, or runs lacking what the report needs.
@@ -74,12 +79,14 @@ def build_report(
     """
     path = protocol_file(protocol)
     if path is not None and kind_of(read_yaml(path)) == "transfer":
-        return build_transfer_report(load_transfer_protocol(path), out_root, hash_prefix, commit, compare, n_resamples, log)
+        return build_transfer_report(load_transfer_protocol(path), out_root, hash_prefix, commit, compare, n_resamples,
+                                     log, strict)
     spec, counts = resolve_protocol(protocol, hash_prefix)
     study = load_study(spec, counts, commit)
+    config, conflicts = configuration.protocol_config(spec.canonical)
     messages = [(f"{spec.name}@{spec.short_hash}: {len(study.cells)} of {len(spec.arms) * len(spec.seeds)} cells "
                  f"have a finished run ({spec.source})")]
-    messages += [f"warning: {w}" for w in document.warning_items(study)]
+    messages += [f"warning: {w}" for w in document.warning_items(study, conflicts)]
     messages += [f"missing: {a}/seed{s} ({why})" for a, s, why in study.missing]
     if not study.cells:
         raise ReportError("\n".join(messages + [f"no finished cell runs of {spec.name}@{spec.short_hash}: nothing to report"]))
@@ -93,13 +100,21 @@ def build_report(
     if log and not study.parent_run_id:
         messages.append(f"no parent run of {spec.name}@{spec.short_hash} found: the report is not logged to MLflow")
 
-    blocks = (document.header(study, n_resamples, log_targets) + document.accuracy_section(study, summaries)
-              + document.comparison_section(study, comparisons, n_resamples) + document.per_class_section(study)
-              + document.curves_section(study) + _analysis(spec) + document.runs_section(study))
+    inputs = BuildInputs(spec.source, spec.hash, hash_prefix, commit, list(compare or []), n_resamples,
+                         tables.BOOTSTRAP_SEED, tables.CONFIDENCE, strict)
+    decimals = {split: results.display_decimals(rows) for split, rows in summaries.items()}
+    items = {split: results.contents(comparisons[split], summaries[split], len(spec.seeds), decimals[split])
+             for split in spec.splits}
+    blocks = (document.header(study, inputs, log_targets, conflicts) + results.results_section(study, items)
+              + configuration.configuration_blocks(config, conflicts)
+              + document.accuracy_section(study, summaries, decimals)
+              + results.comparison_section(study, items, n_resamples) + document.per_class_section(study)
+              + configuration.cost_blocks(study, config) + document.curves_section(study) + _analysis(spec)
+              + document.runs_section(study))
     folder = Path(out_root) / spec.name
     figure_paths = _write(folder, blocks, f"{spec.name}@{spec.short_hash} report")
     result = ReportResult(folder, folder / "report.md", folder / "report.html", figure_paths, study, summaries, comparisons,
-                          messages=messages)
+                          messages=messages, problems=stale_items(study.attempts, [f"{a}/seed{s}" for a, s, _ in study.missing]))
     _log(result, folder, log_targets if log else None)
     return result
 
@@ -182,12 +197,12 @@ def _write(folder: Path, blocks: list, title: str) -> list[Path]:
     for block in blocks:
         if isinstance(block, Figure):
             path = figures_dir / block.filename
-            atomic_write_bytes(path, block.png)
+            atomic_write_bytes(path, block.png, REPORT_FILE_MODE)
             written.append(path)
     for stale in sorted(figures_dir.glob("*.png")) if figures_dir.is_dir() else []:
         if stale not in written:
             stale.unlink()  # e.g. a test-split figure of a protocol version that no longer evaluates test
-    atomic_write_bytes(folder / "report.md", to_markdown(blocks).encode("utf-8"))
-    atomic_write_bytes(folder / "report.html", to_html(blocks, title).encode("utf-8"))
+    atomic_write_bytes(folder / "report.md", to_markdown(blocks).encode("utf-8"), REPORT_FILE_MODE)
+    atomic_write_bytes(folder / "report.html", to_html(blocks, title).encode("utf-8"), REPORT_FILE_MODE)
     return written
 
