@@ -13,11 +13,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from reports import configuration, document, figures, results, tables
-from reports import transfer as transfer_blocks
+from reports import transfer_report
 from reports.provenance import BuildInputs, stale_items
-from reports.collect import ReportError, StudyData, load_study, protocol_file, resolve_hash, resolve_protocol, shown_path
-from reports.render import Bullets, Figure, Heading, Para, to_html, to_markdown
-from tracking import queries, transfer
+from reports.collect import ReportError, StudyData, load_study, protocol_file, resolve_protocol
+from reports.render import Figure, to_html, to_markdown
+from tracking import queries
 from workbench.atomic import atomic_write_bytes
 from workbench.protocol import SHORT_HASH_LEN, TransferProtocol, kind_of, load_transfer_protocol, read_yaml
 from workbench.transfer.report import TransferSection
@@ -122,13 +122,13 @@ def build_report(
 def build_transfer_report(
     protocol: TransferProtocol, out_root: Path = DEFAULT_OUT_ROOT, hash_prefix: str | None = None,
     commit: str | None = None, compare: list[tuple[str, str]] | None = None,
-    n_resamples: int = tables.BOOTSTRAP_RESAMPLES, log: bool = True,
+    n_resamples: int = tables.BOOTSTRAP_RESAMPLES, log: bool = True, strict: bool = False,
 ) -> ReportResult:
     """The report of a transfer protocol: same pipeline, files and logging as ``build_report``.
 
     Cells are the newest finished run of each (regime, seed) of the hash, for the source of the
-    hash's newest execution. ``--commit`` and ``--compare`` are refused (every regime pair is
-    compared already; cells are not filtered by commit).
+    hash's newest execution. ``--commit`` and ``--compare`` are refused in one line (every
+    regime pair is compared already; cells are chosen per source, not per commit).
     """
     if commit:
         raise ReportError(f"--commit {commit}: not supported for transfer protocols ({protocol.name}); "
@@ -136,37 +136,22 @@ def build_transfer_report(
     if compare:
         raise ReportError(f"--compare: not needed for transfer protocols ({protocol.name}); "
                           "every pair of regimes is compared already")
-    counts = queries.hash_counts(protocol.name)
-    digest = resolve_hash(protocol.name, counts, hash_prefix, protocol.hash)
-    try:
-        section = transfer.transfer_section(protocol.name, protocol_hash=digest, n_resamples=n_resamples)
-    except LookupError as err:
-        recorded = ", ".join(h[:SHORT_HASH_LEN] for h in counts) or "none"
-        raise ReportError(f"{err} (recorded hashes of {protocol.name!r}: {recorded}; pick one with --hash)") from err
+    digest, section, source = transfer_report.load_section(protocol, hash_prefix, n_resamples)
     short = digest[:SHORT_HASH_LEN]
     parents = queries.parent_runs(protocol.name, digest)
     log_targets = [parents[0].run_id] if log and parents else []
-    source = f"file {shown_path(Path(protocol.source_file))}" if digest == protocol.hash else f"recorded hash {short}"
-    header = [Heading(1, f"Report: {protocol.name}@{short}"), Para(protocol.description), Bullets([
-        f"Transfer protocol `{protocol.name}`, hash `{digest}` (from {source}).",
-        f"Tracking store `{queries.tracking_uri()}`, experiment `{protocol.name}`; one run per cell: its newest "
-        "finished run for the source of the newest execution.",
-        f"Cells with a finished run: **{len(section.kappa_table)} of {len(protocol.regimes) * len(protocol.seeds)}**.",
-    ] + ([f"This report is logged as an artifact (`report/`) of run(s) {', '.join(f'`{r}`' for r in log_targets)}."]
-         if log_targets else []))]
-    curves = {r: {int(s): {k: queries.metric_history(run_id, k) for k in transfer_blocks.CURVE_METRICS}
-                  for s, run_id in zip(group["seed"], group["run_id"])}
-              for r, group in section.kappa_table.groupby("regime", sort=False)}
-    blocks = (header + transfer_blocks.section_blocks(section) + transfer_blocks.figure_blocks(section, curves, figures._png)
-              + transfer_blocks.runs_blocks(section.kappa_table))
+    inputs = BuildInputs(source, digest, hash_prefix, None, [], n_resamples, protocol.evaluation.seed,
+                         section.confidence, strict)
+    blocks, warnings, problems = transfer_report.build_blocks(protocol, digest, section, inputs, log_targets)
     folder = Path(out_root) / protocol.name
     figure_paths = _write(folder, blocks, f"{protocol.name}@{short} transfer report")
-    messages = [f"{protocol.name}@{short}: {len(section.kappa_table)} of {len(protocol.regimes) * len(protocol.seeds)} "
-                "cells have a finished run (transfer protocol)"]
+    expected = len(protocol.regimes) * len(protocol.seeds)
+    messages = [f"{protocol.name}@{short}: {len(section.kappa_table)} of {expected} cells have a finished run "
+                "(transfer protocol)"] + [f"warning: {w}" for w in warnings]
     if log and not parents:
         messages.append(f"no parent run of {protocol.name}@{short} found: the report is not logged to MLflow")
     result = ReportResult(folder, folder / "report.md", folder / "report.html", figure_paths, messages=messages,
-                          section=section)
+                          section=section, problems=problems)
     _log(result, folder, log_targets if log else None)
     return result
 

@@ -2,7 +2,7 @@
 
 The report is built once as a list of blocks and rendered twice, so the Markdown and the
 HTML always hold the same numbers. Inline text knows three marks, ```code```,
-``**bold**`` and links ``[text](http...)``; everything else is escaped for the target format.
+``**bold**`` and links ``[text](http...)`` or ``[text](page.html)``; everything else is escaped for the target format.
 """
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 
 from workbench import markdown
 
-_INLINE = re.compile(r"\[([^\]]+)\]\((https?://[^)\s]+)\)|`([^`]+)`|\*\*([^*]+)\*\*")
+# Links: absolute http(s) URLs, or a relative path to another report page (the index's links).
+_INLINE = re.compile(r"\[([^\]]+)\]\((https?://[^)\s]+|[\w./-]+\.html)\)|`([^`]+)`|\*\*([^*]+)\*\*")
 
 
 @dataclass(frozen=True)
