@@ -70,18 +70,19 @@ def _per_cell_blocks(section: TransferSection, h: int, report: DegenerateReport 
         [f"Estimate [{ci} percentile bootstrap over test images, {section.n_resamples:,} resamples]; endpoints shown "
          "to the decimals their Monte-Carlo standard error supports (at most 3). 'file': whether the metrics logged "
          "at evaluation equal those recomputed from the saved predictions/test.csv of the run."])]
-    rows, flagged = [], []
+    rows = []
     for _, r in kappa.iterrows():
         run = f"{r['regime']}/seed{int(r['seed'])}"
         cells = []
         for j in range(k):
-            warn = report.warning_for(j, [run]) if report else None
+            never = report is not None and j in report.never_predicted.get(run, [])
+            warn = "the run never predicts this class: recall 0 by construction" if never else None
             cells.append(_ci(r, f"recall_{j}", warn) if math.isfinite(r[f"recall_{j}"]) else "n/a")
         rows.append([r["regime"], str(int(r["seed"]))] + cells)
     blocks += [Heading(h + 1, "Per-class recall"), Table(
         ["regime", "seed"] + [f"class {j}" for j in range(k)], rows, ["l", "r"] + ["r"] * k,
-        [f"Recall of each true class on the test set [{ci} CI]. {FLAG} marks a zero-width interval and says why."]
-        + flagged, css_class="wide")]
+        [f"Recall of each true class on the test set [{ci} CI]. {FLAG} marks a zero-width interval and says why: a "
+         "class the run never predicts, or one where every resample gives the same value."], css_class="wide")]
     if report is not None:
         never = [", ".join(f"class {c}" for c in report.never_predicted[run]) or "–" for run in report.counts]
         blocks.append(Table(["run", *[f"class {j}" for j in range(k)], "never predicts"],
