@@ -70,7 +70,7 @@ def runs_table(rows: list[tuple[str, int, CellRecord]], unit: str = "arm") -> Ta
              "the checkout had uncommitted changes (tag `git_dirty`)."]
     return Table([unit, "seed", "run id", "started", "commit", "dirty", "code fingerprint", "data fingerprint",
                   "split fingerprint", "dataset source", "device"], body,
-                 ["l", "r", "l", "l", "l", "l", "l", "l", "l", "l", "l"], notes, css_class="wide")
+                 ["l", "r", "l", "l", "l", "l", "l", "l", "l", "l", "l"], notes, css_class="wide nowrap")
 
 
 def attempts_blocks(attempts: list[CellRecord], chosen: dict[tuple[str, int], CellRecord], unit: str = "arm") -> list[Block]:

@@ -145,7 +145,7 @@ td.num, th.num { text-align: right; font-variant-numeric: tabular-nums; white-sp
 p.note { color: #57606a; font-size: 12.5px; margin: .25em 0; }
 figure { margin: 1em 0 1.6em; } figure img { max-width: 100%; height: auto; border: 1px solid #eaeef2; }
 figcaption { color: #57606a; font-size: 13px; margin-top: .3em; }
-.wide table { font-size: 12.5px; } p.warn, li.warn { color: #9a6700; }
+.wide table { font-size: 12.5px; } .nowrap td { white-space: nowrap; } p.warn, li.warn { color: #9a6700; }
 blockquote { margin: .8em 0; padding: .4em 1em; border-left: 4px solid #54aeff; background: #f6f8fa; }
 ul { padding-left: 1.4em; }
 """

@@ -97,7 +97,8 @@ def comparison_section(study: StudyData, items: dict[str, list], n_resamples: in
             n = f"{p.n} of {c.expected_n}" + ("" if p.n == c.expected_n else f" {FLAG}")
             body.append([f"{c.a} − {c.b}", n, *[diffs.get(x, "missing") for x in seeds],
                          fmt(100 * p.mean_difference, 2, True),
-                         f"[{fmt(100 * p.ci_low, 2, True)}, {fmt(100 * p.ci_high, 2, True)}]",
+                         f"[{fmt(100 * p.ci_low, 2, True)}, {fmt(100 * p.ci_high, 2, True)}]"
+                         + (f" {FLAG}" if p.ci_high == p.ci_low else ""),  # zero width: no spread, never certainty
                          boot, effect, won, p_text(p.p_value), p_text(p.wilcoxon_p_value)])
             if cc.bootstrap:
                 notes.append(f"{c.a} − {c.b}: {cc.bootstrap.footnote}.")

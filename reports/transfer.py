@@ -39,8 +39,8 @@ def _ci(row, name: str, warning: str | None = None) -> str:
         return "n/a"
     d = min(DECIMALS, decimals_for_error(row.get(f"{name}_mc", math.nan), DECIMALS))
     text = f"{fmt(est, DECIMALS)} [{fmt(low, d)}, {fmt(high, d)}]"
-    if math.isfinite(low) and math.isfinite(high) and high == low:
-        return f"{text} {FLAG} zero width" + (f": {warning}" if warning else ": every resample gives the same value")
+    if math.isfinite(low) and math.isfinite(high) and high == low:  # never shown bare: the flag says why
+        return f"{text} {FLAG} {warning or 'no spread'}"
     return text
 
 
@@ -68,7 +68,8 @@ def _per_cell_blocks(section: TransferSection, h: int, report: DegenerateReport 
          for _, r in kappa.iterrows()],
         ["l", "r", "r", "r", "r", "r", "r", "l"],
         [f"Estimate [{ci} percentile bootstrap over test images, {section.n_resamples:,} resamples]; endpoints shown "
-         "to the decimals their Monte-Carlo standard error supports (at most 3). 'file': whether the metrics logged "
+         f"to the decimals their Monte-Carlo standard error supports (at most 3); '{FLAG} no spread': a zero-width "
+         "interval, every resample gives the same value, not certainty. 'file': whether the metrics logged "
          "at evaluation equal those recomputed from the saved predictions/test.csv of the run."])]
     rows = []
     for _, r in kappa.iterrows():
@@ -76,13 +77,15 @@ def _per_cell_blocks(section: TransferSection, h: int, report: DegenerateReport 
         cells = []
         for j in range(k):
             never = report is not None and j in report.never_predicted.get(run, [])
-            warn = "the run never predicts this class: recall 0 by construction" if never else None
+            warn = "never predicted" if never else None
             cells.append(_ci(r, f"recall_{j}", warn) if math.isfinite(r[f"recall_{j}"]) else "n/a")
         rows.append([r["regime"], str(int(r["seed"]))] + cells)
     blocks += [Heading(h + 1, "Per-class recall"), Table(
         ["regime", "seed"] + [f"class {j}" for j in range(k)], rows, ["l", "r"] + ["r"] * k,
-        [f"Recall of each true class on the test set [{ci} CI]. {FLAG} marks a zero-width interval and says why: a "
-         "class the run never predicts, or one where every resample gives the same value."], css_class="wide")]
+        [f"Recall of each true class on the test set [{ci} CI]. A zero-width interval is flagged with why: "
+         f"'{FLAG} never predicted': the run never predicts the class, so its recall is 0 by construction, not "
+         f"measured; '{FLAG} no spread': every bootstrap resample gives the same value (e.g. all of the class right), "
+         "which is not certainty."], css_class="wide")]
     if report is not None:
         never = [", ".join(f"class {c}" for c in report.never_predicted[run]) or "–" for run in report.counts]
         blocks.append(Table(["run", *[f"class {j}" for j in range(k)], "never predicts"],

@@ -142,7 +142,7 @@ def test_transfer_report_numbers_files_and_logging(transfer_store, tmp_path):
     # Degenerate classifier: counted, named, and its zero-width recall interval explained.
     assert "class 4: 1 of 4 runs never predict it (linear_probe/seed1) (8 examples of it in the evaluated data)" in md
     recall = table_rows(md, "regime", "seed", "class 0")[0]
-    assert "⚠ zero width: the run never predicts this class" in md and recall, recall
+    assert recall["linear_probe"] and "0.000 [0.000, 0.000] ⚠ never predicted" in md, recall
     assert table_rows(md, "run", "class 0")[0]["linear_probe/seed1"][-1] == "class 4"
     # Provenance and cost from the cells' own records.
     runs = [r for r in md.splitlines() if r.startswith("| linear_probe |    0 |")]
