@@ -5,6 +5,10 @@
 ``figures/*.png``; the same files are logged under ``report/`` on the protocol's newest
 parent run of the reported hash. Nothing in them depends on when or where the report was
 built, only on the runs, so rebuilding from the same runs gives byte-identical files.
+Report files are 0666 masked by the umask (0644 under umask 022), so the group can read
+them. ``ReportResult.problems`` lists missing cells and stale runs: ``report --strict``
+exits 1 on any. Section content lives in ``document``, ``results``, ``configuration`` and
+``provenance`` (ablation) and ``transfer_report`` / ``transfer`` (transfer).
 """
 
 from __future__ import annotations
@@ -12,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from reports import configuration, document, figures, results, tables
+from reports import configuration, document, results, tables
 from reports import transfer_report
 from reports.provenance import BuildInputs, stale_items
 from reports.collect import ReportError, StudyData, load_study, protocol_file, resolve_protocol
