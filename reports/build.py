@@ -85,6 +85,11 @@ def build_report(
     if path is not None and kind_of(read_yaml(path)) == "transfer":
         return build_transfer_report(load_transfer_protocol(path), out_root, hash_prefix, commit, compare, n_resamples,
                                      log, strict)
+    if path is None and "/" not in protocol and not protocol.endswith((".yaml", ".yml")):
+        stored = transfer_report.stored_by_name(protocol, hash_prefix)  # a transfer protocol known only to the store
+        if stored is not None:
+            return build_transfer_report(stored, out_root, hash_prefix, commit, compare, n_resamples, log, strict,
+                                         from_store=True)
     spec, counts = resolve_protocol(protocol, hash_prefix)
     study = load_study(spec, counts, commit)
     config, conflicts = configuration.protocol_config(spec.canonical)
@@ -126,7 +131,7 @@ def build_report(
 def build_transfer_report(
     protocol: TransferProtocol, out_root: Path = DEFAULT_OUT_ROOT, hash_prefix: str | None = None,
     commit: str | None = None, compare: list[tuple[str, str]] | None = None,
-    n_resamples: int = tables.BOOTSTRAP_RESAMPLES, log: bool = True, strict: bool = False,
+    n_resamples: int = tables.BOOTSTRAP_RESAMPLES, log: bool = True, strict: bool = False, from_store: bool = False,
 ) -> ReportResult:
     """The report of a transfer protocol: same pipeline, files and logging as ``build_report``.
 
@@ -140,7 +145,7 @@ def build_transfer_report(
     if compare:
         raise ReportError(f"--compare: not needed for transfer protocols ({protocol.name}); "
                           "every pair of regimes is compared already")
-    digest, section, source = transfer_report.load_section(protocol, hash_prefix, n_resamples)
+    digest, section, source, protocol = transfer_report.load_section(protocol, hash_prefix, n_resamples, from_store)
     short = digest[:SHORT_HASH_LEN]
     parents = queries.parent_runs(protocol.name, digest)
     log_targets = [parents[0].run_id] if log and parents else []

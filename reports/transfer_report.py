@@ -7,6 +7,8 @@ records give the provenance table, the compute cost and the newer unfinished att
 
 from __future__ import annotations
 
+import json
+import tempfile
 from pathlib import Path
 
 from reports import configuration, figures, provenance
@@ -15,7 +17,7 @@ from reports.collect import ReportError, newer_attempts, resolve_hash, shown_pat
 from reports.render import Block, Bullets, Heading, Para, Table
 from tracking import queries, transfer
 from tracking.queries import CellRecord
-from workbench.protocol import SHORT_HASH_LEN, TransferProtocol
+from workbench.protocol import SHORT_HASH_LEN, TransferProtocol, load_transfer_protocol
 from workbench.report_content.cost import arm_cost, training_cost
 from workbench.transfer.report import TransferSection
 
@@ -76,7 +78,7 @@ def build_blocks(protocol: TransferProtocol, digest: str, section: TransferSecti
     kappa = section.kappa_table
     chosen = {(r["regime"], int(r["seed"])): by_id[r["run_id"]] for _, r in kappa.iterrows() if r["run_id"] in by_id}
     regimes = [r.name for r in protocol.regimes]
-    canonical = protocol.canonical if digest == protocol.hash else {}
+    canonical = protocol.canonical
     attempts = newer_attempts(records, chosen, tuple(regimes), tuple(protocol.seeds))
     missing = [f"{g}/seed{s}" for s in protocol.seeds for g in regimes if (g, s) not in chosen]
     config, conflicts = configuration.protocol_config(canonical, _source_config(canonical, section.num_classes))
@@ -113,8 +115,42 @@ def build_blocks(protocol: TransferProtocol, digest: str, section: TransferSecti
     return blocks, warnings, provenance.stale_items(attempts, missing)
 
 
-def load_section(protocol: TransferProtocol, hash_prefix: str | None, n_resamples: int) -> tuple[str, TransferSection, str]:
-    """The hash to report, its section, and where the protocol came from (for the header)."""
+def stored_protocol(name: str, digest: str) -> TransferProtocol | None:
+    """The transfer protocol of ``digest`` as its parent run logged it (``protocol/<name>.yaml``), hash-checked.
+
+    None when the hash is not a transfer protocol's or no parent run holds its file.
+    """
+    for parent in queries.parent_runs(name, digest):
+        if not queries.has_artifact(parent.run_id, "protocol/canonical.json"):
+            continue
+        with tempfile.TemporaryDirectory() as tmp:
+            canonical = json.loads(queries.download_artifact(parent.run_id, "protocol/canonical.json", Path(tmp))
+                                   .read_text(encoding="utf-8"))
+            if canonical.get("kind") != "transfer":
+                return None
+            for suffix in (".yaml", ".yml"):
+                artifact = f"protocol/{name}{suffix}"
+                if queries.has_artifact(parent.run_id, artifact):
+                    loaded = load_transfer_protocol(queries.download_artifact(parent.run_id, artifact, Path(tmp)))
+                    if loaded.hash == digest:
+                        return loaded
+    return None
+
+
+def stored_by_name(name: str, hash_prefix: str | None) -> TransferProtocol | None:
+    """A transfer protocol given by name only (no file here): the one its parent runs logged, else None."""
+    counts = queries.hash_counts(name)
+    return stored_protocol(name, resolve_hash(name, counts, hash_prefix, None))
+
+
+def load_section(protocol: TransferProtocol, hash_prefix: str | None, n_resamples: int,
+                 from_store: bool = False) -> tuple[str, TransferSection, str, TransferProtocol]:
+    """The hash to report, its section, where the protocol came from, and the protocol of that hash.
+
+    Another recorded hash than the file's is reported with the protocol file its parent run
+    logged (hash-checked), so the configuration, regimes and seeds are that version's.
+    ``from_store``: ``protocol`` itself came from a parent run (given by name, no file here).
+    """
     counts = queries.hash_counts(protocol.name)
     digest = resolve_hash(protocol.name, counts, hash_prefix, protocol.hash)
     try:
@@ -122,6 +158,10 @@ def load_section(protocol: TransferProtocol, hash_prefix: str | None, n_resample
     except LookupError as err:
         recorded = ", ".join(h[:SHORT_HASH_LEN] for h in counts) or "none"
         raise ReportError(f"{err} (recorded hashes of {protocol.name!r}: {recorded}; pick one with --hash)") from err
-    source = (f"file {shown_path(Path(protocol.source_file))}" if digest == protocol.hash
-              else f"recorded hash {digest[:SHORT_HASH_LEN]}; the configuration table needs the file of that hash")
-    return digest, section, source
+    if digest == protocol.hash and not from_store:
+        return digest, section, f"file {shown_path(Path(protocol.source_file))}", protocol
+    stored = protocol if digest == protocol.hash else stored_protocol(protocol.name, digest)
+    if stored is None:
+        raise ReportError(f"{protocol.name}@{digest[:SHORT_HASH_LEN]}: no parent run holds the protocol file of that "
+                          "hash (protocol/<name>.yaml); report it with its file")
+    return digest, section, f"protocol/{protocol.name}.yaml logged on its parent run", stored

@@ -175,6 +175,12 @@ def test_transfer_report_options(transfer_store, tmp_path):
                                          "--resamples", "1000", "--out-dir", str(tmp_path / "cli")])
     assert out.exit_code == 0 and "4 of 4 cells" in out.output, out.output
     assert f"hash `{protocol.hash}`" in (tmp_path / "cli" / "tiny_transfer" / "report.md").read_text()
+    # By name only (no file here): --all finds it in the store and reports it with the file its parent logged.
+    out = runner.invoke(report_command, ["--all", "--no-log", "--resamples", "1000", "--out-dir", str(tmp_path / "all")])
+    assert out.exit_code == 0 and f"tiny_transfer@{protocol.short_hash}: built" in out.output, out.output
+    assert '<a href="tiny_transfer/report.html">report</a>' in (tmp_path / "all" / "index.html").read_text()
+    md = (tmp_path / "all" / "tiny_transfer" / "report.md").read_text()
+    assert "(from protocol/tiny_transfer.yaml logged on its parent run)" in md and "## Configuration" in md
     # A newer attempt of a reported cell still running: listed, and --strict exits 1 (after writing the report).
     client = MlflowClient()
     parent = client.get_run(transfer_store["parent"])
