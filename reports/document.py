@@ -229,7 +229,7 @@ def runs_section(study: StudyData) -> list[Block]:
         chosen = {k: c.record.run_id for k, c in study.cells.items()}
         blocks += [Heading(3, "Superseded runs (not used)"), Table(
             ["arm", "seed", "run id", "commit", "used instead"],
-            [[r.arm, str(r.seed), f"`{r.run_id}`", f"`{r.commit[:10]}`", f"`{chosen[(r.arm, r.seed)]}`"]
+            [[r.arm, str(r.seed), provenance.run_ref(r), f"`{r.commit[:10]}`", f"`{chosen[(r.arm, r.seed)]}`"]
              for r in study.superseded], ["l", "r", "l", "l", "l"])]
     if study.missing:
         blocks += [Heading(3, "Missing cells"), Table(

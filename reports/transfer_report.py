@@ -37,8 +37,16 @@ def _source_config(canonical: dict, num_classes: int):
         return None
 
 
-def cost_blocks(section: TransferSection, chosen: dict[tuple[str, int], CellRecord], regimes: list[str]) -> list[Block]:
-    """Per regime: training + selection wall time, epochs run, images/s, device, precision."""
+def cost_blocks(section: TransferSection, chosen: dict[tuple[str, int], CellRecord], regimes: list[str],
+                config=None, source_cfg=None) -> list[Block]:
+    """Per regime: training + selection wall time, epochs run, images/s, device, precision, trained parameters, FLOPs."""
+    trained = {row["regime"].removesuffix(" (reference)"): row["trained parameters"] for row in (config.rows if config else [])}
+    flops = "n/a"
+    if source_cfg is not None:
+        from workbench.report_content.config_table import flops_text
+        from workbench.bench.flops import vit_forward_flops
+
+        flops = flops_text(vit_forward_flops(source_cfg)["total"])
     rows = []
     for regime in regimes:
         records = [r for (g, _), r in sorted(chosen.items(), key=lambda kv: kv[0][1]) if g == regime]
@@ -54,16 +62,17 @@ def cost_blocks(section: TransferSection, chosen: dict[tuple[str, int], CellReco
                                           precision=provenance.precision(r)))
         if runs:
             c = arm_cost(runs)
-            rows.append([regime, str(len(records)), f"{c.mean_wall_seconds:.1f} s", f"{c.total_wall_seconds:.1f} s",
-                         " / ".join(epochs), f"{c.mean_images_per_second:,.0f}", ", ".join(c.devices),
-                         ", ".join(c.precisions)])
+            row = [regime, str(len(records)), f"{c.mean_wall_seconds:.1f} s", f"{c.total_wall_seconds:.1f} s",
+                   " / ".join(epochs), f"{c.mean_images_per_second:,.0f}", ", ".join(c.devices), ", ".join(c.precisions)]
         else:
-            rows.append([regime, str(len(records)), "n/a", "n/a", " / ".join(epochs), "n/a",
-                         ", ".join(sorted({provenance.device(r) for r in records})),
-                         ", ".join(sorted({provenance.precision(r) for r in records}))])
+            row = [regime, str(len(records)), "n/a", "n/a", " / ".join(epochs), "n/a",
+                   ", ".join(sorted({provenance.device(r) for r in records})),
+                   ", ".join(sorted({provenance.precision(r) for r in records}))]
+        rows.append(row + [trained.get(regime, "n/a"), flops])
     return [Heading(2, "Compute cost"), Table(
-        ["regime", "runs", "wall time / run", "wall time, all runs", "epochs run", "images/s", "device", "precision"],
-        rows, ["l", "r", "r", "r", "r", "r", "l", "l"],
+        ["regime", "runs", "wall time / run", "wall time, all runs", "epochs run", "images/s", "device", "precision",
+         "trained parameters", "FLOPs / image (forward)"],
+        rows, ["l", "r", "r", "r", "r", "r", "l", "l", "r", "r"],
         ["Wall time: metric `selection_seconds` (training and selection on validation, feature caching included); "
          "images/s: training images (param `data.n_train`) x epochs run / that time. Epochs run per seed in seed "
          "order; n/a where the run did not log them."])]
@@ -81,7 +90,8 @@ def build_blocks(protocol: TransferProtocol, digest: str, section: TransferSecti
     canonical = protocol.canonical
     attempts = newer_attempts(records, chosen, tuple(regimes), tuple(protocol.seeds))
     missing = [f"{g}/seed{s}" for s in protocol.seeds for g in regimes if (g, s) not in chosen]
-    config, conflicts = configuration.protocol_config(canonical, _source_config(canonical, section.num_classes))
+    source_cfg = _source_config(canonical, section.num_classes)
+    config, conflicts = configuration.protocol_config(canonical, source_cfg)
     report = blocks_of.degenerate(section)
     warnings = [f"the description contradicts the hashed protocol: {c}" for c in conflicts]
     warnings += [f"{len(missing)} expected cell(s) have no finished run for this source: {', '.join(missing)}"] if missing else []
@@ -110,7 +120,7 @@ def build_blocks(protocol: TransferProtocol, digest: str, section: TransferSecti
     rows = [(g, s, chosen[(g, s)]) for s in protocol.seeds for g in regimes if (g, s) in chosen]
     blocks = (header + blocks_of.results_blocks(section, protocol.reference.name, len(protocol.seeds))
               + configuration.configuration_blocks(config, conflicts) + blocks_of.section_blocks(section)
-              + cost_blocks(section, chosen, regimes) + blocks_of.figure_blocks(section, curves, figures._png)
+              + cost_blocks(section, chosen, regimes, config, source_cfg) + blocks_of.figure_blocks(section, curves, figures._png)
               + provenance.provenance_blocks(rows, attempts, chosen, "regime"))
     return blocks, warnings, provenance.stale_items(attempts, missing)
 

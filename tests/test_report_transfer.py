@@ -150,7 +150,8 @@ def test_transfer_report_numbers_files_and_logging(transfer_store, tmp_path):
                and "cuda (NVIDIA H200)" in r for r in runs), runs
     cost = table_rows(md, "regime", "runs")[0]
     # selection_seconds 10 and 11; 100 training images x 3 epochs -> 30.0 and 27.27 images/s, mean 28.6
-    assert cost["full_ft"] == ["2", "10.5 s", "21.0 s", "3 / 3", "29", "cuda (NVIDIA H200)", "bfloat16 autocast"], cost
+    assert cost["full_ft"][:7] == ["2", "10.5 s", "21.0 s", "3 / 3", "29", "cuda (NVIDIA H200)", "bfloat16 autocast"], cost
+    assert cost["full_ft"][7] == config["full_ft"][1] and cost["full_ft"][8].endswith("GFLOPs"), cost  # vit_tiny: ~1.3 G
     html = result.html.read_text()
     assert "<pre>" not in html and html.count("data:image/png;base64,") == 3
     assert result.logged_to == [transfer_store["parent"]]
