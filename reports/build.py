@@ -5,6 +5,10 @@
 ``figures/*.png``; the same files are logged under ``report/`` on the protocol's newest
 parent run of the reported hash. Nothing in them depends on when or where the report was
 built, only on the runs, so rebuilding from the same runs gives byte-identical files.
+Report files are 0666 masked by the umask (0644 under umask 022), so the group can read
+them. ``ReportResult.problems`` lists missing cells and stale runs: ``report --strict``
+exits 1 on any. Section content lives in ``document``, ``results``, ``configuration`` and
+``provenance`` (ablation) and ``transfer_report`` / ``transfer`` (transfer).
 """
 
 from __future__ import annotations
@@ -12,16 +16,18 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from reports import document, figures, tables
-from reports import transfer as transfer_blocks
-from reports.collect import ReportError, StudyData, load_study, protocol_file, resolve_hash, resolve_protocol, shown_path
-from reports.render import Bullets, Figure, Heading, Para, to_html, to_markdown
-from tracking import queries, transfer
+from reports import configuration, document, results, tables
+from reports import transfer_report
+from reports.provenance import BuildInputs, stale_items
+from reports.collect import ReportError, StudyData, load_study, protocol_file, resolve_protocol
+from reports.render import Figure, to_html, to_markdown
+from tracking import queries
 from workbench.atomic import atomic_write_bytes
 from workbench.protocol import SHORT_HASH_LEN, TransferProtocol, kind_of, load_transfer_protocol, read_yaml
 from workbench.transfer.report import TransferSection
 
 DEFAULT_OUT_ROOT = Path("reports")
+REPORT_FILE_MODE = 0o666  # masked by the umask like any file open() creates: 0644 (group-readable) under umask 022
 
 
 @dataclass
@@ -38,6 +44,7 @@ class ReportResult:
     logged_to: list[str] = field(default_factory=list)
     messages: list[str] = field(default_factory=list)  # what the command line should print
     section: TransferSection | None = None  # transfer protocols
+    problems: list[str] = field(default_factory=list)  # missing cells and stale runs: `--strict` exits 1 on any
 
 
 def parse_compare(values: tuple[str, ...] | list[str]) -> list[tuple[str, str]]:
@@ -54,6 +61,7 @@ def parse_compare(values: tuple[str, ...] | list[str]) -> list[tuple[str, str]]:
 def build_report(
     protocol: str, out_root: Path = DEFAULT_OUT_ROOT, hash_prefix: str | None = None, commit: str | None = None,
     compare: list[tuple[str, str]] | None = None, n_resamples: int = tables.BOOTSTRAP_RESAMPLES, log: bool = True,
+    strict: bool = False,
 ) -> ReportResult:
     """Build, write and (optionally) log the report of one protocol hash.
 
@@ -66,6 +74,7 @@ def build_report(
         n_resamples: Bootstrap resamples.
         log: Log the report files to the newest parent run of the hash (and to the
             ``mlflow run`` launcher run when there is one).
+        strict: Only recorded in the report's build inputs; the caller fails on ``result.problems``.
 
     Raises:
         ReportError: Nothing to report, a bad option, or runs lacking what the report needs.
@@ -74,12 +83,19 @@ def build_report(
     """
     path = protocol_file(protocol)
     if path is not None and kind_of(read_yaml(path)) == "transfer":
-        return build_transfer_report(load_transfer_protocol(path), out_root, hash_prefix, commit, compare, n_resamples, log)
+        return build_transfer_report(load_transfer_protocol(path), out_root, hash_prefix, commit, compare, n_resamples,
+                                     log, strict)
+    if path is None and "/" not in protocol and not protocol.endswith((".yaml", ".yml")):
+        stored = transfer_report.stored_by_name(protocol, hash_prefix)  # a transfer protocol known only to the store
+        if stored is not None:
+            return build_transfer_report(stored, out_root, hash_prefix, commit, compare, n_resamples, log, strict,
+                                         from_store=True)
     spec, counts = resolve_protocol(protocol, hash_prefix)
     study = load_study(spec, counts, commit)
+    config, conflicts = configuration.protocol_config(spec.canonical)
     messages = [(f"{spec.name}@{spec.short_hash}: {len(study.cells)} of {len(spec.arms) * len(spec.seeds)} cells "
                  f"have a finished run ({spec.source})")]
-    messages += [f"warning: {w}" for w in document.warning_items(study)]
+    messages += [f"warning: {w}" for w in document.warning_items(study, conflicts)]
     messages += [f"missing: {a}/seed{s} ({why})" for a, s, why in study.missing]
     if not study.cells:
         raise ReportError("\n".join(messages + [f"no finished cell runs of {spec.name}@{spec.short_hash}: nothing to report"]))
@@ -93,13 +109,21 @@ def build_report(
     if log and not study.parent_run_id:
         messages.append(f"no parent run of {spec.name}@{spec.short_hash} found: the report is not logged to MLflow")
 
-    blocks = (document.header(study, n_resamples, log_targets) + document.accuracy_section(study, summaries)
-              + document.comparison_section(study, comparisons, n_resamples) + document.per_class_section(study)
-              + document.curves_section(study) + _analysis(spec) + document.runs_section(study))
+    inputs = BuildInputs(spec.source, spec.hash, hash_prefix, commit, list(compare or []), n_resamples,
+                         tables.BOOTSTRAP_SEED, tables.CONFIDENCE, strict)
+    decimals = {split: results.display_decimals(rows) for split, rows in summaries.items()}
+    items = {split: results.contents(comparisons[split], summaries[split], len(spec.seeds), decimals[split])
+             for split in spec.splits}
+    blocks = (document.header(study, inputs, log_targets, conflicts) + results.results_section(study, items)
+              + configuration.configuration_blocks(config, conflicts)
+              + document.accuracy_section(study, summaries, decimals)
+              + results.comparison_section(study, items, n_resamples) + document.per_class_section(study)
+              + configuration.cost_blocks(study, config) + document.curves_section(study) + _analysis(spec)
+              + document.runs_section(study))
     folder = Path(out_root) / spec.name
     figure_paths = _write(folder, blocks, f"{spec.name}@{spec.short_hash} report")
     result = ReportResult(folder, folder / "report.md", folder / "report.html", figure_paths, study, summaries, comparisons,
-                          messages=messages)
+                          messages=messages, problems=stale_items(study.attempts, [f"{a}/seed{s}" for a, s, _ in study.missing]))
     _log(result, folder, log_targets if log else None)
     return result
 
@@ -107,13 +131,13 @@ def build_report(
 def build_transfer_report(
     protocol: TransferProtocol, out_root: Path = DEFAULT_OUT_ROOT, hash_prefix: str | None = None,
     commit: str | None = None, compare: list[tuple[str, str]] | None = None,
-    n_resamples: int = tables.BOOTSTRAP_RESAMPLES, log: bool = True,
+    n_resamples: int = tables.BOOTSTRAP_RESAMPLES, log: bool = True, strict: bool = False, from_store: bool = False,
 ) -> ReportResult:
     """The report of a transfer protocol: same pipeline, files and logging as ``build_report``.
 
     Cells are the newest finished run of each (regime, seed) of the hash, for the source of the
-    hash's newest execution. ``--commit`` and ``--compare`` are refused (every regime pair is
-    compared already; cells are not filtered by commit).
+    hash's newest execution. ``--commit`` and ``--compare`` are refused in one line (every
+    regime pair is compared already; cells are chosen per source, not per commit).
     """
     if commit:
         raise ReportError(f"--commit {commit}: not supported for transfer protocols ({protocol.name}); "
@@ -121,37 +145,22 @@ def build_transfer_report(
     if compare:
         raise ReportError(f"--compare: not needed for transfer protocols ({protocol.name}); "
                           "every pair of regimes is compared already")
-    counts = queries.hash_counts(protocol.name)
-    digest = resolve_hash(protocol.name, counts, hash_prefix, protocol.hash)
-    try:
-        section = transfer.transfer_section(protocol.name, protocol_hash=digest, n_resamples=n_resamples)
-    except LookupError as err:
-        recorded = ", ".join(h[:SHORT_HASH_LEN] for h in counts) or "none"
-        raise ReportError(f"{err} (recorded hashes of {protocol.name!r}: {recorded}; pick one with --hash)") from err
+    digest, section, source, protocol = transfer_report.load_section(protocol, hash_prefix, n_resamples, from_store)
     short = digest[:SHORT_HASH_LEN]
     parents = queries.parent_runs(protocol.name, digest)
     log_targets = [parents[0].run_id] if log and parents else []
-    source = f"file {shown_path(Path(protocol.source_file))}" if digest == protocol.hash else f"recorded hash {short}"
-    header = [Heading(1, f"Report: {protocol.name}@{short}"), Para(protocol.description), Bullets([
-        f"Transfer protocol `{protocol.name}`, hash `{digest}` (from {source}).",
-        f"Tracking store `{queries.tracking_uri()}`, experiment `{protocol.name}`; one run per cell: its newest "
-        "finished run for the source of the newest execution.",
-        f"Cells with a finished run: **{len(section.kappa_table)} of {len(protocol.regimes) * len(protocol.seeds)}**.",
-    ] + ([f"This report is logged as an artifact (`report/`) of run(s) {', '.join(f'`{r}`' for r in log_targets)}."]
-         if log_targets else []))]
-    curves = {r: {int(s): {k: queries.metric_history(run_id, k) for k in transfer_blocks.CURVE_METRICS}
-                  for s, run_id in zip(group["seed"], group["run_id"])}
-              for r, group in section.kappa_table.groupby("regime", sort=False)}
-    blocks = (header + transfer_blocks.section_blocks(section) + transfer_blocks.figure_blocks(section, curves, figures._png)
-              + transfer_blocks.runs_blocks(section.kappa_table))
+    inputs = BuildInputs(source, digest, hash_prefix, None, [], n_resamples, protocol.evaluation.seed,
+                         section.confidence, strict)
+    blocks, warnings, problems = transfer_report.build_blocks(protocol, digest, section, inputs, log_targets)
     folder = Path(out_root) / protocol.name
     figure_paths = _write(folder, blocks, f"{protocol.name}@{short} transfer report")
-    messages = [f"{protocol.name}@{short}: {len(section.kappa_table)} of {len(protocol.regimes) * len(protocol.seeds)} "
-                "cells have a finished run (transfer protocol)"]
+    expected = len(protocol.regimes) * len(protocol.seeds)
+    messages = [f"{protocol.name}@{short}: {len(section.kappa_table)} of {expected} cells have a finished run "
+                "(transfer protocol)"] + [f"warning: {w}" for w in warnings]
     if log and not parents:
         messages.append(f"no parent run of {protocol.name}@{short} found: the report is not logged to MLflow")
     result = ReportResult(folder, folder / "report.md", folder / "report.html", figure_paths, messages=messages,
-                          section=section)
+                          section=section, problems=problems)
     _log(result, folder, log_targets if log else None)
     return result
 
@@ -182,12 +191,12 @@ def _write(folder: Path, blocks: list, title: str) -> list[Path]:
     for block in blocks:
         if isinstance(block, Figure):
             path = figures_dir / block.filename
-            atomic_write_bytes(path, block.png)
+            atomic_write_bytes(path, block.png, REPORT_FILE_MODE)
             written.append(path)
     for stale in sorted(figures_dir.glob("*.png")) if figures_dir.is_dir() else []:
         if stale not in written:
             stale.unlink()  # e.g. a test-split figure of a protocol version that no longer evaluates test
-    atomic_write_bytes(folder / "report.md", to_markdown(blocks).encode("utf-8"))
-    atomic_write_bytes(folder / "report.html", to_html(blocks, title).encode("utf-8"))
+    atomic_write_bytes(folder / "report.md", to_markdown(blocks).encode("utf-8"), REPORT_FILE_MODE)
+    atomic_write_bytes(folder / "report.html", to_html(blocks, title).encode("utf-8"), REPORT_FILE_MODE)
     return written
 

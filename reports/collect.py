@@ -25,6 +25,7 @@ from tracking.queries import CellRecord, QueryError
 
 PROTOCOL_DIR = Path(__file__).resolve().parent.parent / "studies" / "protocols"
 CURVE_METRICS = ("val_accuracy", "val_loss", "train_accuracy", "train_loss")
+COST_METRICS = ("epoch_seconds",)  # per-epoch training wall time: the cost table sums it
 METRIC_KEYS = {"val": "best_val_accuracy", "test": "test_accuracy"}  # the per-seed value of each split
 
 
@@ -44,6 +45,7 @@ class ProtocolSpec:
     seeds: tuple[int, ...]  # protocol order
     evaluate_test: bool
     source: str  # where the spec came from, in words
+    canonical: dict = field(default_factory=dict, repr=False, compare=False)  # the hashed content
 
     @property
     def short_hash(self) -> str:
@@ -77,6 +79,7 @@ class StudyData:
     parent_run_id: str | None  # newest parent run of this hash: the report is logged there
     commit_filter: str | None
     num_classes: int = 0
+    attempts: list[CellRecord] = field(default_factory=list)  # newer unfinished runs of reported cells
 
 
 def _spec_from_canonical(canonical: dict, digest: str, source: str) -> ProtocolSpec:
@@ -86,7 +89,8 @@ def _spec_from_canonical(canonical: dict, digest: str, source: str) -> ProtocolS
     arms = tuple(a["name"] for a in canonical["arms"])
     reference = next(a["name"] for a in canonical["arms"] if a.get("reference"))
     return ProtocolSpec(canonical["name"], digest, canonical["description"], arms, reference,
-                        tuple(int(s) for s in canonical["seeds"]), bool(canonical["run"].get("evaluate_test")), source)
+                        tuple(int(s) for s in canonical["seeds"]), bool(canonical["run"].get("evaluate_test")), source,
+                        canonical)
 
 
 def _spec_from_parent(name: str, digest: str) -> ProtocolSpec:
@@ -152,7 +156,8 @@ def resolve_protocol(protocol: str, hash_prefix: str | None = None) -> tuple[Pro
     digest = resolve_hash(name, counts, hash_prefix, loaded.hash if loaded else None)
     if loaded and digest == loaded.hash:
         spec = ProtocolSpec(loaded.name, loaded.hash, loaded.description, tuple(a.name for a in loaded.arms),
-                            loaded.reference.name, loaded.seeds, loaded.run.evaluate_test, f"file {shown_path(path)}")
+                            loaded.reference.name, loaded.seeds, loaded.run.evaluate_test, f"file {shown_path(path)}",
+                            loaded.canonical)
     else:
         spec = _spec_from_parent(name, digest)
     return spec, counts
@@ -206,9 +211,19 @@ def load_study(spec: ProtocolSpec, counts: dict[str, int], commit: str | None = 
                 study.superseded.extend(r for r in finished if r is not chosen)
                 study.cells[(arm, seed)] = _cell_data(chosen, spec, Path(tmp) / chosen.run_id)
     study.superseded.sort(key=lambda r: (spec.arms.index(r.arm), spec.seeds.index(r.seed), r.run_id))
+    study.attempts = newer_attempts(records, {k: c.record for k, c in study.cells.items()}, spec.arms, spec.seeds)
     study.num_classes = max((sum(c.startswith("prob_") for c in t.columns)
                              for cell in study.cells.values() for t in cell.predictions.values()), default=0)
     return study
+
+
+def newer_attempts(records: list[CellRecord], chosen: dict[tuple[str, int], CellRecord],
+                   arms: tuple[str, ...], seeds: tuple[int, ...]) -> list[CellRecord]:
+    """Runs of a reported cell that are not finished and started after the reported run:
+    a FAILED, KILLED or still RUNNING later attempt the reader should know about."""
+    out = [r for r in records if (r.arm, r.seed) in chosen and r.status != "FINISHED"
+           and r.start_time > chosen[(r.arm, r.seed)].start_time]
+    return sorted(out, key=lambda r: (arms.index(r.arm), seeds.index(r.seed), r.start_time, r.run_id))
 
 
 def _why_missing(mine: list[CellRecord], finished: list[CellRecord], commit: str | None) -> str:
@@ -229,7 +244,7 @@ def _cell_data(record: CellRecord, spec: ProtocolSpec, tmp: Path) -> CellData:
                 raise ReportError(f"{record.arm}/seed{record.seed}: {err}; the report needs the saved predictions") from err
             continue  # a test result can be absent (a dataset without a test split): has_split says so
         cell.predictions[split] = _read_predictions(path)
-    cell.curves = {key: queries.metric_history(record.run_id, key) for key in CURVE_METRICS}
+    cell.curves = {key: queries.metric_history(record.run_id, key) for key in CURVE_METRICS + COST_METRICS}
     return cell
 
 

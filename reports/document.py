@@ -9,10 +9,14 @@ from __future__ import annotations
 
 import math
 
-from reports import figures, tables
-from reports.collect import StudyData
+from reports import figures, provenance, tables
+from reports.collect import StudyData, labels_and_predictions
+from reports.provenance import BuildInputs
 from reports.render import Block, Bullets, Figure, Heading, Para, Table
-from reports.tables import ArmSummary, Comparison
+from reports.tables import ArmSummary
+from workbench.report_content.numbers import mean_interval
+from workbench.report_content.predictions import DegenerateReport, degenerate_predictions
+from workbench.report_content.rounding import fmt
 
 SPLIT_TITLES = {"val": "Validation", "test": "Test"}
 SPLIT_SOURCES = {
@@ -26,20 +30,6 @@ def pct(v: float) -> str:
     return "n/a" if v is None or not math.isfinite(v) else f"{100 * v:.2f}"
 
 
-def pp(v: float) -> str:
-    return "n/a" if v is None or not math.isfinite(v) else f"{100 * v:+.2f}"
-
-
-def interval(low: float, high: float) -> str:
-    return "n/a" if not (math.isfinite(low) and math.isfinite(high)) else f"[{pp(low)}, {pp(high)}]"
-
-
-def p_value(p: float) -> str:
-    if not math.isfinite(p):
-        return "n/a"
-    return "<0.001" if p < 0.001 else f"{p:.3f}"
-
-
 def class_names(study: StudyData) -> list[str]:
     """Dataset class names when the dataset has a fixed list of K classes, else the indices."""
     k, dataset = study.num_classes, None
@@ -51,7 +41,7 @@ def class_names(study: StudyData) -> list[str]:
         from workbench.data.fashion_mnist import CLASS_NAMES as names
     elif dataset == "cifar10":
         from workbench.data.cifar10 import CLASS_NAMES as names
-    return [f"{i} {names[i]}" for i in range(k)] if len(names) == k else [str(i) for i in range(k)]
+    return [f"{i} {names[i]}" for i in range(k)] if len(names) == k else [f"class {i}" for i in range(k)]
 
 
 def arm_label(study: StudyData, arm: str) -> str:
@@ -65,7 +55,7 @@ def n_label(n: int, expected: int) -> str:
 # ----------------------------------------------------------------------------- sections
 
 
-def header(study: StudyData, n_resamples: int, logged_to: list[str]) -> list[Block]:
+def header(study: StudyData, inputs: BuildInputs, logged_to: list[str], conflicts: list[str]) -> list[Block]:
     spec = study.spec
     expected = len(spec.arms) * len(spec.seeds)
     chosen = "one run per cell: its newest finished run (latest end time)"
@@ -73,27 +63,27 @@ def header(study: StudyData, n_resamples: int, logged_to: list[str]) -> list[Blo
         chosen = f"one run per cell: its newest finished run at code commit `{study.commit_filter}`"
     blocks: list[Block] = [
         Heading(1, f"Report: {spec.name}@{spec.short_hash}"),
-        Para(spec.description),
+        Para(spec.description + (f" {FLAG} (the description contradicts the hashed protocol: see Warnings)"
+                                 if conflicts else "")),
         Bullets([
             f"Protocol `{spec.name}`, hash `{spec.hash}` (from {spec.source}).",
             (f"Arms: {', '.join(arm_label(study, a) for a in spec.arms)}; seeds: {', '.join(map(str, spec.seeds))} "
              f"(paired by seed); splits reported: {', '.join(SPLIT_TITLES[s].lower() for s in spec.splits)}."),
-            f"Tracking store `{study.tracking_uri}`, experiment `{spec.name}`; {chosen}.",
+            *provenance.header_bullets(inputs, spec.name, chosen, logged_to),
             f"Cells with a finished run: **{len(study.cells)} of {expected}**" +
             ("." if len(study.cells) == expected else f" {FLAG} missing cells are listed under Runs; every mean states its n."),
-            (f"Accuracies in %, differences in percentage points (a − b); bootstrap: {n_resamples} resamples, "
-             f"seed {tables.BOOTSTRAP_SEED}; confidence {tables.CONFIDENCE:.0%}."),
-        ] + ([f"This report is logged as an artifact (`report/`) of run(s) {', '.join(f'`{r}`' for r in logged_to)}."]
-             if logged_to else [])),
+            ("Accuracies in %, differences in percentage points (a − b); every interval is 95%; the configuration "
+             "below is rendered from the hashed protocol."),
+        ]),
     ]
-    warnings = warning_items(study)
+    warnings = warning_items(study, conflicts)
     if warnings:
         blocks += [Heading(2, "Warnings"), Bullets([f"{FLAG} {w}" for w in warnings])]
     return blocks
 
 
-def warning_items(study: StudyData) -> list[str]:
-    out = []
+def warning_items(study: StudyData, conflicts: list[str] = ()) -> list[str]:
+    out = [f"the description contradicts the hashed protocol: {c}" for c in conflicts]
     for h, n in study.other_hashes.items():
         out.append(f"runs with another hash of `{study.spec.name}` exist and are not used: `{h[:12]}` ({n} cell runs); "
                    f"report them with `--hash {h[:12]}`")
@@ -119,28 +109,43 @@ def warning_items(study: StudyData) -> list[str]:
     out += tables.consistency_problems(study)
     for r in study.unexpected:
         out.append(f"run {r.run_id} has arm {r.arm!r} / seed {r.seed}, which the protocol does not list; not used")
+    for r in study.attempts:
+        out.append(f"{r.arm}/seed{r.seed} has a newer {r.status} run {r.run_id} (started {provenance.utc(r.start_time)}); "
+                   "the report uses the older finished run (see Runs)")
+    out += degenerate_warnings(study)
     return out
 
 
-def accuracy_section(study: StudyData, summaries: dict[str, list[ArmSummary]]) -> list[Block]:
+def accuracy_section(study: StudyData, summaries: dict[str, list[ArmSummary]], decimals: dict[str, int]) -> list[Block]:
     blocks: list[Block] = [Heading(2, "Accuracy")]
     seeds = study.spec.seeds
     for split, rows in summaries.items():
+        d = decimals[split]
         epochs = {arm: tables.best_epochs(study, arm) for arm in study.spec.arms}
         body = []
         for s in rows:
-            per_seed = [pct(s.values[x]) if x in s.values else "missing" for x in seeds]
+            per_seed = [fmt(100 * s.values[x], d) if x in s.values else "missing" for x in seeds]
             best = " / ".join("–" if x not in epochs[s.arm] else str(epochs[s.arm][x] or "n/a") for x in seeds)
-            body.append([arm_label(study, s.arm), n_label(s.n, len(seeds)), pct(s.mean), pct(s.std), *per_seed, best])
-        notes = [f"Each value: {SPLIT_SOURCES[split]}, of the run listed for that arm and seed under Runs.",
-                 ("mean and sample std (n − 1) over the arm's finished seeds; std is n/a for one seed. "
-                  f"Best epoch per seed in seed order ({', '.join(map(str, seeds))}).")]
+            ci = "n/a"
+            if s.values:
+                mi = mean_interval(s.values, tables.CONFIDENCE)
+                ci = (f"[{fmt(100 * mi.low, 2)}, {fmt(100 * mi.high, 2)}]" if not mi.note
+                      else f"n/a ({mi.note})" if mi.n < 2 else f"[{fmt(100 * mi.low, 2)}, {fmt(100 * mi.high, 2)}] {FLAG}")
+            body.append([arm_label(study, s.arm), n_label(s.n, len(seeds)), pct(s.mean), ci, pct(s.std), *per_seed, best])
+        exact = all(abs(float(fmt(100 * v, d)) - 100 * v) < 1e-9 for s in rows for v in s.values.values())
+        notes = [f"Each value: {SPLIT_SOURCES[split]}, of the run listed for that arm and seed under Runs; shown with "
+                 f"{d} decimals ({'every value exactly' if exact else 'rounded half away from zero'}).",
+                 ("mean, its 95% Student-t interval over seeds (df = n − 1; not clipped to 0–100) and sample std (n − 1) "
+                  f"over the arm's finished seeds; std and interval are n/a for one seed. Best epoch per seed in seed "
+                  f"order ({', '.join(map(str, seeds))}).")]
+        notes += [f"{FLAG} {s.arm}: all seeds give the same value: a zero-width interval is no spread, not certainty"
+                  for s in rows if s.n > 1 and s.std == 0]
         notes += [f"{FLAG} {s.arm}: mean over {s.n} of {len(seeds)} seeds; missing seed(s) "
                   f"{', '.join(map(str, s.missing_seeds))}" for s in rows if s.missing_seeds]
         blocks += [
             Heading(3, SPLIT_TITLES[split]),
-            Table(["arm", "n seeds", "mean", "std", *[f"seed {x}" for x in seeds], "best epoch"], body,
-                  ["l", "r", "r", "r", *["r"] * len(seeds), "r"], notes),
+            Table(["arm", "n seeds", "mean", "95% t-interval", "std", *[f"seed {x}" for x in seeds], "best epoch"], body,
+                  ["l", "r", "r", "r", "r", *["r"] * len(seeds), "r"], notes),
             Figure(f"seeds_{split}.png", f"{SPLIT_TITLES[split]} accuracy of every seed in every arm; a line joins one "
                    "seed's runs, the black bar is the arm's mean.",
                    figures.paired_seeds(study, split, {s.arm: s.values for s in rows})),
@@ -148,45 +153,22 @@ def accuracy_section(study: StudyData, summaries: dict[str, list[ArmSummary]]) -
     return blocks
 
 
-def comparison_section(study: StudyData, comparisons: dict[str, list[Comparison]], n_resamples: int) -> list[Block]:
-    blocks: list[Block] = [Heading(2, "Seed-paired comparisons")]
-    seeds = study.spec.seeds
-    for split, comps in comparisons.items():
-        body, notes = [], []
-        for c in comps:
-            p = c.paired
-            diffs = dict(zip(p.seeds, p.differences)) if p else {}
-            per_seed = [pp(diffs[x]) if x in diffs else "missing" for x in seeds]
-            boot = interval(c.bootstrap.low, c.bootstrap.high) if c.bootstrap else "n/a"
-            if p is None:
-                row = [f"{c.a} − {c.b}", n_label(0, c.expected_n), *per_seed, "n/a", "n/a", boot, "n/a", "n/a", "n/a"]
-            else:
-                won = f"{p.wins} of {p.n}" + (f" ({p.ties} tied)" if p.ties else "")
-                row = [f"{c.a} − {c.b}", n_label(p.n, c.expected_n), *per_seed, pp(p.mean_difference),
-                       interval(p.ci_low, p.ci_high), boot, won, p_value(p.p_value), p_value(p.wilcoxon_p_value)]
-                if p.note:
-                    notes.append(f"{FLAG if p.n < c.expected_n else ''} {c.a} − {c.b}: {p.note}".strip())
-            if c.note:
-                notes.append(f"{c.a} − {c.b}: {c.note}")
-            body.append(row)
-        methods = [
-            (f"n: seeds with finished runs of both arms, of {len(seeds)} in the protocol. Per-seed and mean "
-             f"differences: {SPLIT_SOURCES[split].split(':')[0]} of a minus b, same seed (runs under Runs)."),
-            (f"t-interval: {tables.CONFIDENCE:.0%} Student-t interval of the mean difference over seeds (df = n − 1). "
-             "p (paired t): two-sided paired t-test over seeds (scipy.stats.ttest_rel); p (Wilcoxon): signed-rank test "
-             "(scipy.stats.wilcoxon). Won: seeds where a > b."),
-            (f"Bootstrap: {tables.CONFIDENCE:.0%} hierarchical paired percentile bootstrap over seeds and examples "
-             f"from the saved predictions/{split}.csv files ({n_resamples} resamples, seed {tables.BOOTSTRAP_SEED}): "
-             "seeds resampled with replacement, then examples within each drawn seed, the same indices for both arms. "
-             "With few seeds the seed level of a bootstrap is narrow; read it beside the t-interval."),
-        ]
-        blocks += [
-            Heading(3, SPLIT_TITLES[split]),
-            Table(["a − b", "n", *[f"seed {x}" for x in seeds], "mean", "95% t-interval", "95% bootstrap", "won",
-                   "p (paired t)", "p (Wilcoxon)"], body, ["l", "r", *["r"] * len(seeds), "r", "r", "r", "r", "r", "r"],
-                  methods + notes),
-        ]
-    return blocks
+def degenerate(study: StudyData, split: str) -> DegenerateReport | None:
+    """Predicted-class counts of every reported run on ``split`` and the classes each never predicts."""
+    runs = {f"{arm}/seed{seed}": labels_and_predictions(study.cells[(arm, seed)], split)
+            for seed in study.spec.seeds for arm in study.spec.arms
+            if (arm, seed) in study.cells and split in study.cells[(arm, seed)].predictions}
+    if not runs or not study.num_classes:
+        return None
+    return degenerate_predictions(runs, study.num_classes, class_names(study))
+
+
+def degenerate_warnings(study: StudyData) -> list[str]:
+    out = []
+    for split in study.spec.splits:
+        report = degenerate(study, split)
+        out += [f"{SPLIT_TITLES[split].lower()}: {w}" for w in (report.warnings if report else [])]
+    return out
 
 
 def per_class_section(study: StudyData) -> list[Block]:
@@ -196,22 +178,35 @@ def per_class_section(study: StudyData) -> list[Block]:
         pcs = [pc for arm in study.spec.arms if (pc := tables.per_class(study, arm, split)) is not None]
         if not pcs:
             continue
-        rows = []
+        report = degenerate(study, split)
+        rows, flagged = [], []
         for k, name in enumerate(names):
             cells = []
             for pc in pcs:
                 col = pc.recall[:, k]
                 sd = f" ± {100 * col.std(ddof=1):.2f}" if col.size > 1 and math.isfinite(col.std(ddof=1)) else ""
-                cells.append(pct(float(col.mean())) + sd)
+                warn = report.warning_for(k, [f"{pc.arm}/seed{s}" for s in pc.seeds]) if report else None
+                if warn:
+                    flagged.append(f"{FLAG} {pc.arm}, {warn}.")
+                cells.append(pct(float(col.mean())) + sd + (f" {FLAG}" if warn else ""))
             rows.append([name, *cells])
         notes = [f"Accuracy on the examples of each true class (recall), in %, from predictions/{split}.csv of each "
                  "arm's runs: mean ± sample std over " + ", ".join(f"{pc.arm} n = {len(pc.seeds)}" for pc in pcs) + "."]
         blocks += [
             Heading(3, SPLIT_TITLES[split]),
-            Table(["class", *[arm_label(study, pc.arm) for pc in pcs]], rows, ["l", *["r"] * len(pcs)], notes),
-            Figure(f"confusion_{split}.png", f"{SPLIT_TITLES[split]} confusion matrices: counts summed over each arm's "
-                   "seeds, colour = share of the true class (row).", figures.confusion(pcs, names, split)),
+            Table(["class", *[arm_label(study, pc.arm) for pc in pcs]], rows, ["l", *["r"] * len(pcs)], notes + flagged),
         ]
+        if report is not None:
+            never = [", ".join(names[c] for c in report.never_predicted[run]) or "–" for run in report.counts]
+            blocks.append(Table(["run", *names, "never predicts"],
+                                [[run, *map(str, counts), nv] for (run, counts), nv in zip(report.counts.items(), never)],
+                                ["l", *["r"] * len(names), "l"],
+                                [f"How often each run predicts each class on {SPLIT_TITLES[split].lower()} (counts of "
+                                 "`predicted` in its predictions file). A class a run never predicts has recall 0 by "
+                                 "construction, not by measurement."] + [f"{FLAG} {w}." for w in report.warnings],
+                                css_class="wide"))
+        blocks.append(Figure(f"confusion_{split}.png", f"{SPLIT_TITLES[split]} confusion matrices: counts summed over "
+                             "each arm's seeds, colour = share of the true class (row).", figures.confusion(pcs, names, split)))
     return blocks
 
 
@@ -226,28 +221,15 @@ def curves_section(study: StudyData) -> list[Block]:
 
 def runs_section(study: StudyData) -> list[Block]:
     spec = study.spec
-    rows = []
-    for seed in spec.seeds:
-        for arm in spec.arms:
-            cell = study.cells.get((arm, seed))
-            if cell is None:
-                continue
-            r = cell.record
-            best = r.metrics.get("best_epoch")
-            rows.append([arm, str(seed), f"`{r.run_id}`", f"`{r.commit[:10]}`", r.dirty,
-                         "n/a" if best is None else str(int(best)), str(max(cell.curves["val_accuracy"], default=0)),
-                         f"`{r.parent_run_id}`"])
-    blocks: list[Block] = [
-        Heading(2, "Runs"),
-        Para("Every number above comes from these MLflow runs (one per arm and seed)."),
-        Table(["arm", "seed", "run id", "commit", "dirty", "best epoch", "epochs", "parent run"], rows,
-              ["l", "r", "l", "l", "l", "r", "r", "l"]),
-    ]
+    rows = [(arm, seed, study.cells[(arm, seed)].record) for seed in spec.seeds for arm in spec.arms
+            if (arm, seed) in study.cells]
+    chosen = {k: c.record for k, c in study.cells.items()}
+    blocks = provenance.provenance_blocks(rows, study.attempts, chosen, "arm")
     if study.superseded:
         chosen = {k: c.record.run_id for k, c in study.cells.items()}
         blocks += [Heading(3, "Superseded runs (not used)"), Table(
             ["arm", "seed", "run id", "commit", "used instead"],
-            [[r.arm, str(r.seed), f"`{r.run_id}`", f"`{r.commit[:10]}`", f"`{chosen[(r.arm, r.seed)]}`"]
+            [[r.arm, str(r.seed), provenance.run_ref(r), f"`{r.commit[:10]}`", f"`{chosen[(r.arm, r.seed)]}`"]
              for r in study.superseded], ["l", "r", "l", "l", "l"])]
     if study.missing:
         blocks += [Heading(3, "Missing cells"), Table(

@@ -1,8 +1,8 @@
 """A small document model and its two renderings: GitHub Markdown and self-contained HTML.
 
 The report is built once as a list of blocks and rendered twice, so the Markdown and the
-HTML always hold the same numbers. Inline text knows two marks, ```code``` and
-``**bold**``; everything else is escaped for the target format.
+HTML always hold the same numbers. Inline text knows three marks, ```code```,
+``**bold**`` and links ``[text](http...)`` or ``[text](page.html)``; everything else is escaped for the target format.
 """
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 
 from workbench import markdown
 
-_INLINE = re.compile(r"`([^`]+)`|\*\*([^*]+)\*\*")
+# Links: absolute http(s) URLs, or a relative path to another report page (the index's links).
+_INLINE = re.compile(r"\[([^\]]+)\]\((https?://[^)\s]+|[\w./-]+\.html)\)|`([^`]+)`|\*\*([^*]+)\*\*")
 
 
 @dataclass(frozen=True)
@@ -25,6 +26,13 @@ class Heading:
 
 @dataclass(frozen=True)
 class Para:
+    text: str
+
+
+@dataclass(frozen=True)
+class Quote:
+    """A stated result: a blockquote in both renderings."""
+
     text: str
 
 
@@ -58,7 +66,7 @@ class Figure:
     png: bytes = field(repr=False)
 
 
-Block = Heading | Para | Bullets | Table | Figure
+Block = Heading | Para | Quote | Bullets | Table | Figure
 
 
 # ----------------------------------------------------------------------------- Markdown
@@ -79,6 +87,8 @@ def to_markdown(blocks: list[Block]) -> str:
             parts.append([f"{'#' * b.level} {b.text}"])
         elif isinstance(b, Para):
             parts.append([b.text])
+        elif isinstance(b, Quote):
+            parts.append([f"> {b.text}"])
         elif isinstance(b, Bullets):
             parts.append([f"- {item}" for item in b.items])
         elif isinstance(b, Table):
@@ -92,11 +102,16 @@ def to_markdown(blocks: list[Block]) -> str:
 
 
 def _inline(text: str) -> str:
-    """Escape ``text`` for HTML, turning `code` and **bold** into tags."""
+    """Escape ``text`` for HTML, turning `code`, **bold** and [links](http...) into tags."""
     out, pos = [], 0
     for m in _INLINE.finditer(text):
         out.append(html.escape(text[pos : m.start()]))
-        out.append(f"<code>{html.escape(m.group(1))}</code>" if m.group(1) else f"<strong>{html.escape(m.group(2))}</strong>")
+        if m.group(1):
+            out.append(f'<a href="{html.escape(m.group(2), quote=True)}">{_inline(m.group(1))}</a>')
+        elif m.group(3):
+            out.append(f"<code>{html.escape(m.group(3))}</code>")
+        else:
+            out.append(f"<strong>{html.escape(m.group(4))}</strong>")
         pos = m.end()
     out.append(html.escape(text[pos:]))
     return "".join(out)
@@ -130,6 +145,8 @@ td.num, th.num { text-align: right; font-variant-numeric: tabular-nums; white-sp
 p.note { color: #57606a; font-size: 12.5px; margin: .25em 0; }
 figure { margin: 1em 0 1.6em; } figure img { max-width: 100%; height: auto; border: 1px solid #eaeef2; }
 figcaption { color: #57606a; font-size: 13px; margin-top: .3em; }
+.wide table { font-size: 12.5px; } .nowrap td { white-space: nowrap; } p.warn, li.warn { color: #9a6700; }
+blockquote { margin: .8em 0; padding: .4em 1em; border-left: 4px solid #54aeff; background: #f6f8fa; }
 ul { padding-left: 1.4em; }
 """
 
@@ -142,6 +159,8 @@ def to_html(blocks: list[Block], title: str) -> str:
             body.append(f'<h{b.level} id="{_slug(b.text)}">{_inline(b.text)}</h{b.level}>')
         elif isinstance(b, Para):
             body.append(f"<p>{_inline(b.text)}</p>")
+        elif isinstance(b, Quote):
+            body.append(f"<blockquote>{_inline(b.text)}</blockquote>")
         elif isinstance(b, Bullets):
             body.append("<ul>\n" + "\n".join(f"<li>{_inline(i)}</li>" for i in b.items) + "\n</ul>")
         elif isinstance(b, Table):

@@ -8,14 +8,18 @@ import click
 
 from reports.build import DEFAULT_OUT_ROOT, build_report, parse_compare
 from reports.collect import ReportError
+from reports.index import build_all
 from reports.tables import BOOTSTRAP_RESAMPLES
 from tracking.queries import QueryError
 from workbench.protocol import ProtocolError
 
 
 @click.command("report")
-@click.option("--protocol", "protocol", required=True,
+@click.option("--protocol", "protocol", default=None,
               help="Protocol YAML file, or a protocol name (studies/protocols/<name>.yaml, else as logged in MLflow).")
+@click.option("--all", "all_protocols", is_flag=True,
+              help="Report every protocol executed against the tracking store (its newest hash) and write "
+                   "OUT_DIR/index.html and index.md linking them, with each protocol's status.")
 @click.option("--hash", "hash_prefix", default=None,
               help="Report this recorded protocol hash (or unique prefix) instead of the file's.")
 @click.option("--commit", default=None,
@@ -30,15 +34,42 @@ from workbench.protocol import ProtocolError
               help="Bootstrap resamples.")
 @click.option("--log/--no-log", default=True, show_default=True,
               help="Log the report as an artifact of the protocol's newest parent run.")
-def report(protocol, hash_prefix, commit, compare, out_root, resamples, log):
+@click.option("--strict", is_flag=True,
+              help="Exit 1 (after writing the report) when a cell has no finished run or a reported run is stale "
+                   "(a newer FAILED, KILLED or RUNNING attempt of its cell exists).")
+def report(protocol, all_protocols, hash_prefix, commit, compare, out_root, resamples, log, strict):
     """Build reports/<protocol>/report.md and report.html from the protocol's finished MLflow runs.
 
     Ablation and transfer protocols alike (the kind is read from the protocol file).
     """
+    if all_protocols:
+        for name, value in (("--protocol", protocol), ("--hash", hash_prefix), ("--commit", commit),
+                            ("--compare", compare)):
+            if value:
+                raise click.UsageError(f"{name} applies to one protocol; --all reports each protocol's newest hash")
+        try:
+            entries, index = build_all(build_report, Path(out_root), n_resamples=resamples, log=log, strict=strict)
+        except QueryError as err:
+            raise click.ClickException(str(err)) from err
+        for e in entries:
+            click.echo(f"{e.entry.name}@{e.entry.newest_hash[:12]}: {e.outcome}"
+                       + (f" ({e.problems} missing or stale)" if e.problems else ""))
+        click.echo(f"wrote {index} ({len(entries)} protocols)")
+        if strict and any(e.problems or e.outcome != "built" for e in entries):
+            raise SystemExit(1)
+        return
+    if not protocol:
+        raise click.UsageError("give --protocol FILE_OR_NAME, or --all")
     try:
-        result = build_report(protocol, Path(out_root), hash_prefix, commit, parse_compare(compare), resamples, log)
+        result = build_report(protocol, Path(out_root), hash_prefix, commit, parse_compare(compare), resamples, log,
+                              strict)
     except (ReportError, ProtocolError, QueryError) as err:
         raise click.ClickException(str(err)) from err
     for message in result.messages:
         click.echo(message)
     click.echo(f"wrote {result.markdown}, {result.html} and {len(result.figures)} figures in {result.folder / 'figures'}")
+    if strict and result.problems:
+        for problem in result.problems:
+            click.echo(f"strict: {problem}", err=True)
+        click.echo(f"--strict: {len(result.problems)} missing cell(s) or stale run(s); exit 1", err=True)
+        raise SystemExit(1)

@@ -8,9 +8,13 @@ expected number can be worked out by hand.
 from __future__ import annotations
 
 import math
+import os
+import re
 import shutil
+import stat
 import tempfile
 from dataclasses import dataclass, field
+from decimal import Decimal
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +24,9 @@ from mlflow.entities import Metric, Param
 from mlflow.tracking import MlflowClient
 
 from reports.build import build_report
+from workbench.models.registry import build_model, model_config
+from workbench.report_content.numbers import decimals_for_error
+from workbench.report_content.rounding import fmt
 from reports.collect import ReportError
 from studies.protocol import load_protocol
 from studies.report import report as report_command
@@ -43,6 +50,9 @@ TEST_LABELS = [0, 0, 1, 1, 2, 2]
 VAL_CORRECT = {"vit": {0: 8, 1: 7, 2: 9}, "cnn": {0: 6, 1: 7, 2: 5}, "wide": {0: 9, 1: 8, 2: 9}}
 TEST_CORRECT = {"vit": {0: 5, 1: 4, 2: 5}, "cnn": {0: 3, 1: 4, 2: 4}, "wide": {0: 6, 1: 5, 2: 5}}
 COMMIT_A, COMMIT_B = "a" * 40, "b" * 40
+CODE_FINGERPRINT = "c0de" * 16
+VIT_FIELDS = dict(image_size=8, patch_size=4, in_channels=3, num_classes=3, dim=16, depth=1, heads=2, mlp_hidden=32)
+UMASK = 0o022
 T_975_DF2 = 4.302652729749462  # Student-t 97.5% quantile, 2 degrees of freedom: 4.3027 in printed tables
 
 
@@ -86,16 +96,18 @@ def log_cell(client: MlflowClient, protocol, parent: str, arm: str, seed: int, v
     tags = {"cell": "true", "protocol_name": protocol.name, "protocol_hash": protocol.hash, "arm": arm,
             "seed": str(seed), "is_reference": str(arm == protocol.reference.name).lower(), "allow_dirty": "false",
             "run_key": f"{arm}-{seed}-{commit[:6]}", "mlflow.parentRunId": parent, "mlflow.runName": f"{arm}-seed{seed}",
-            "git_commit": commit, "git_dirty": "false"}
+            "git_commit": commit, "git_dirty": "false", "device": "cpu"}
     run_id = client.create_run(exp_id, tags=tags).info.run_id
     params = {"run.seed": seed, "model.name": "fmnist_cnn" if arm == "cnn" else "fmnist_vit", "data.name": "image_folder",
-              "data.fingerprint": "f" * 64, "data.split_fingerprint": "e" * 64, "run.epochs": 3, "run.evaluate_test": True}
+              "data.fingerprint": "f" * 64, "data.split_fingerprint": "e" * 64, "run.epochs": 3, "run.evaluate_test": True,
+              "data.source": "hand-made image folder", "data.train_images": 40, "run.amp": "off",
+              "code_fingerprint": CODE_FINGERPRINT}
     val_acc, test_acc = val_correct / len(VAL_LABELS), test_correct / len(TEST_LABELS)
     metrics = [Metric(key, value, 0, epoch)
                for epoch in (1, 2, 3)  # curves that end at the best accuracy, best epoch 3
                for key, value in {"val_accuracy": val_acc - 0.1 * (3 - epoch), "val_loss": 1.0 / epoch,
                                   "train_accuracy": 0.5 + 0.1 * epoch, "train_loss": 1.2 / epoch,
-                                  "best_epoch": epoch}.items()]
+                                  "best_epoch": epoch, "epoch_seconds": 2.0}.items()]
     metrics += [Metric(key, value, 1, 0) for key, value in {  # final metrics, logged without a step as ablate does
         "best_val_accuracy": val_acc, "best_val_loss": 0.5, "best_epoch": 3, "reload_proof_passed": 1.0,
         **({"test_accuracy": test_acc, "test_loss": 0.6} if with_test else {})}.items()]
@@ -152,7 +164,34 @@ def fresh_store(tmp_path, empty_mlflow_db, mlflow_store) -> str:
 
 @pytest.fixture
 def store(tmp_path, fresh_store) -> Store:
-    return make_store(tmp_path)
+    previous = os.umask(UMASK)  # report files are 0666 masked by the umask: pin it so the mode check is exact
+    try:
+        yield make_store(tmp_path)
+    finally:
+        os.umask(previous)
+
+
+def fresh_uri() -> str:
+    import mlflow
+
+    return mlflow.get_tracking_uri()
+
+
+def table_rows(md: str, *header: str) -> list[dict[str, list[str]]]:
+    """Every Markdown table whose header starts with ``header``: first cell -> the other cells (stripped)."""
+    tables, current = [], None
+    for line in md.splitlines():
+        if not line.startswith("|"):
+            current = None
+            continue
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if current is None:
+            current = {} if cells[:len(header)] == list(header) else False
+            if current is not False:
+                tables.append(current)
+        elif current is not False and not set(line) <= set("|:- "):
+            current[cells[0]] = cells[1:]
+    return tables
 
 
 def hand_t_interval(d: list[float]) -> tuple[float, float, float]:
@@ -186,15 +225,67 @@ def test_numbers_equal_hand_computed_values(store, tmp_path):
     assert boot.estimate == pytest.approx(-0.2, abs=1e-12) and boot.low <= -0.2 <= boot.high and boot.n_resamples == 2000
 
     md = result.markdown.read_text()
-    assert "| cnn − vit  | 3 of 3 | -20.00 |  +0.00 | -40.00 | -20.00 | [-69.68, +29.68] |" in md, md
-    assert "0 of 3 (1 tied)" in md and f"{p.p_value:.3f}" in md
-    assert "| vit (reference) |  3 of 3 | 80.00 | 10.00 |  80.00 |  70.00 |  90.00 |  3 / 3 / 3 |" in md
+    acc = table_rows(md, "arm", "n seeds")  # validation, then test
+    assert acc[0]["vit (reference)"][:5] == ["3 of 3", "80.00", "[55.16, 104.84]", "10.00", "80.00"], acc[0]
+    half = T_975_DF2 * 0.1 / math.sqrt(3)  # the arm's own t-interval: 0.8 +- t * sd / sqrt(n)
+    assert acc[0]["vit (reference)"][2] == f"[{100 * (0.8 - half):.2f}, {100 * (0.8 + half):.2f}]"
+    comp = table_rows(md, "a − b", "n")
+    row = comp[0]["cnn − vit"]
+    assert row[:6] == ["3 of 3", "-20.00", "0.00", "-40.00", "-20.00", "[-69.68, +29.68]"], row
+    assert row[7].startswith("-1.00 [") and row[8] == "0 of 3 (1 tied)", row  # d_z = -0.2 / 0.2
+    assert row[9] == f"{p.p_value:.3f}" and row[10] == f"{p.wilcoxon_p_value:.3f}", row
+    # The bootstrap shows only the decimals its Monte-Carlo error supports, and says what that error is.
+    se = 100 * max(boot.mc_error_low, boot.mc_error_high)
+    d = decimals_for_error(se, 3)
+    assert row[6] == f"[{fmt(100 * boot.low, d, True)}, {fmt(100 * boot.high, d, True)}]", (row[6], se)
+    assert f"cnn − vit: bootstrap endpoints shown to {d} decimal" in md and f"standard error is {se:.2g} points" in md
+    # Every displayed per-seed difference is the difference of the displayed per-seed values.
+    for split, (acc_split, comp_split) in enumerate(zip(acc, comp)):
+        for name, cells in comp_split.items():
+            a, b = name.split(" − ")
+            label = {"vit": "vit (reference)"}
+            va, vb = acc_split[label.get(a, a)], acc_split[label.get(b, b)]
+            for i in range(3):  # seed columns: after n seeds, mean, interval, std
+                shown = Decimal(va[4 + i]) - Decimal(vb[4 + i])
+                assert Decimal(cells[1 + i]) == shown, (split, name, i, cells[1 + i], va[4 + i], vb[4 + i])
+    assert acc[1]["vit (reference)"][4:7] == ["83.333", "66.667", "83.333"], "test values at 3 decimals (5/6)"
+    # A stated result per comparison, with both intervals and the seed-level resolution; no verdict word.
+    assert ("> On validation, cnn minus vit is -20.00 points of accuracy (95% t-interval -69.68 to +29.68; bootstrap "
+            in md)
+    assert "vit is ahead in 2 of 3 seeds, 1 tied." in md and "Wilcoxon signed-rank p is 0.25" in md
+    assert "only 10 distinct seed sets" in md and "significant" not in md
+    assert "![" in md and "figures/forest_val.png" in md and "figures/forest_test.png" in md
     # per class (validation, vit): the wrong examples are the last ones, all of class 2
     # seed 0: 2 of 4 right, seed 1: 1 of 4, seed 2: 3 of 4 -> mean 50.00, std 25.00
-    assert "| 2     |   50.00 ± 25.00 |" in md
-    for (arm, seed), run_id in store.cells.items():  # traceability: every run id is listed
-        assert f"| {arm:<4} | {seed:>4} | `{run_id}` |" in md
-    assert "Warnings" not in md
+    assert table_rows(md, "class", "vit (reference)")[0]["class 2"][0] == "50.00 ± 25.00"
+    # Degenerate predictions: counts per run, and every never-predicted class named.
+    counts = table_rows(md, "run", "class 0")
+    assert counts[0]["cnn/seed0"] == ["7", "3", "0", "class 2"] and counts[1]["vit/seed1"][-1] == "class 2"
+    assert ("test: class 2: 3 of 9 runs never predict it (vit/seed1, cnn/seed1, cnn/seed2) (2 examples of it in the "
+            "evaluated data)") in md
+    assert table_rows(md, "class", "vit (reference)")[1]["class 2"][1] == "0.00 ± 0.00 ⚠", "zero width without a warning"
+    # Configuration from the hashed protocol, with parameters per arm.
+    config = table_rows(md, "arm", "model")[0]
+    vit_params = sum(t.numel() for t in build_model(model_config("fmnist_vit", **VIT_FIELDS)).parameters())
+    assert config["vit (reference)"][1] == f"{vit_params:,}" and config["cnn"][5] == "3", config
+    # Compute cost: 3 epochs x 2.0 s per run, 40 training images per epoch.
+    cost = table_rows(md, "arm", "runs")[0]
+    assert cost["vit"][:5] == ["3", "6.0 s", "18.0 s", "3 / 3 / 3", "20"] and cost["vit"][5:7] == ["cpu", "fp32"], cost
+    # Provenance: every run, its code, data and split fingerprints (16 hex), source, device, start time.
+    lines = [line for line in md.splitlines() if line.startswith("| ") and "`ffffffffffffffff`" in line]
+    assert len(lines) == 9, lines
+    for (arm, seed), run_id in store.cells.items():  # traceability: every run id is listed with its provenance
+        line = next(line for line in lines if f"`{run_id}`" in line)
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        assert cells[:2] == [arm, str(seed)] and cells[4:] == [
+            f"`{COMMIT_A[:10]}`", "false", f"`{CODE_FINGERPRINT[:16]}`", f"`{'f' * 16}`", f"`{'e' * 16}`",
+            "hand-made image folder", "cpu"], cells
+        assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC", cells[3]), cells[3]
+    assert f"Tracking store `{fresh_uri()}`" in md and f"Built from: protocol hash `{store.protocol.hash}`" in md
+    assert "Warnings" in md and "test: class 2" in md and result.problems == []
+    # Report files are group-readable: 0644 under umask 022 (the test process's umask is set below).
+    for path in [result.markdown, result.html, *result.figures]:
+        assert stat.S_IMODE(path.stat().st_mode) == 0o666 & ~UMASK, (path, oct(path.stat().st_mode))
 
 
 def test_other_hashes_of_the_name_are_named_and_never_mixed(tmp_path, fresh_store):
@@ -240,9 +331,16 @@ def test_missing_cells_are_listed_and_flagged_not_silently_averaged(tmp_path, fr
     assert cnn_vs_vit.paired.n == 2 and cnn_vs_vit.paired.missing_in_a == [2]
     assert cnn_vs_vit.bootstrap.estimate == pytest.approx((-0.2 + 0.0) / 2, abs=1e-12)
     md = result.markdown.read_text()
-    assert "| cnn             | 2 of 3 ⚠ | 65.00 |  7.07 |  60.00 |   70.00 | missing |  3 / 3 / – |" in md
+    acc = table_rows(md, "arm", "n seeds")[0]
+    assert acc["cnn"][:2] == ["2 of 3 ⚠", "65.00"] and acc["cnn"][3:] == ["7.07", "60.00", "70.00", "missing", "3 / 3 / –"]
     assert "⚠ cnn: mean over 2 of 3 seeds; missing seed(s) 2" in md
-    assert "| cnn − vit  | 2 of 3 ⚠ | -20.00 |   +0.00 | missing | -10.00 |" in md
+    assert table_rows(md, "a − b", "n")[0]["cnn − vit"][:5] == ["2 of 3 ⚠", "-20.00", "0.00", "missing", "-10.00"]
+    assert "Only 2 of the protocol's 3 seeds have finished runs of both arms." in md
+    assert result.problems == ["missing cell wide/seed1", "missing cell cnn/seed2"]
+    strict = CliRunner().invoke(report_command, ["--protocol", str(store.protocol_path), "--out-dir", str(tmp_path / "s"),
+                                                 "--no-log", "--resamples", "200", "--strict"])
+    assert strict.exit_code == 1 and "strict: missing cell cnn/seed2" in strict.output, strict.output
+    assert (tmp_path / "s" / "study" / "report.html").is_file(), "--strict still writes the report"
     assert "### Missing cells" in md and f"| wide |    1 | FAILED run {failed} |" in md and "| cnn  |    2 | no run" in md
     assert "Cells with a finished run: **7 of 9** ⚠" in md
     assert any("missing: cnn/seed2 (no run)" == m for m in result.messages)
@@ -253,7 +351,7 @@ def test_rebuilding_gives_byte_identical_files(store, tmp_path):
     files = {p.relative_to(first.folder): p.read_bytes() for p in sorted(first.folder.rglob("*")) if p.is_file()}
     second = build_report(str(store.protocol_path), tmp_path / "two", log=False)  # elsewhere: paths are not content
     again = {p.relative_to(second.folder): p.read_bytes() for p in sorted(second.folder.rglob("*")) if p.is_file()}
-    assert sorted(files) == sorted(again) and len(files) == 7  # md, html, 5 figures
+    assert sorted(files) == sorted(again) and len(files) == 9  # md, html, 7 figures (seeds, forest, confusion x 2, curves)
     different = [str(k) for k in files if files[k] != again[k]]
     assert not different, f"differ between builds: {different}"
 
@@ -267,7 +365,8 @@ def test_report_is_logged_on_the_newest_parent_run(store, tmp_path):
     assert result.logged_to == [rerun] and rerun == store.parents[-1]
     logged = {a.path for a in client.list_artifacts(rerun, "report")}
     assert logged == {"report/report.md", "report/report.html", "report/figures"}
-    assert len(client.list_artifacts(rerun, "report/figures")) == 5
+    assert len(client.list_artifacts(rerun, "report/figures")) == 7
+    assert all(not client.list_artifacts(p, "report") for p in store.parents if p != rerun)
     local = client.download_artifacts(rerun, "report/report.md", str(tmp_path))
     assert Path(local).read_bytes() == result.markdown.read_bytes()
     assert f"This report is logged as an artifact (`report/`) of run(s) `{rerun}`." in result.markdown.read_text()
@@ -281,6 +380,13 @@ def test_newest_finished_run_per_cell_unless_a_commit_is_given(store, tmp_path):
     assert [r.run_id for r in result.study.superseded] == [store.cells[("vit", 0)]]
     md = result.markdown.read_text()
     assert "### Superseded runs (not used)" in md and "the chosen runs come from 2 code commits" in md
+    # A later attempt of a reported cell that failed: listed, flagged, and what --strict refuses.
+    failed = log_cell(client, store.protocol, store.parents[0], "vit", 1, 7, 4, status="FAILED")
+    result = build_report(str(store.protocol_path), tmp_path / "out", log=False)
+    assert [r.run_id for r in result.study.attempts] == [failed]
+    assert result.problems == [f"stale: vit/seed1 has a newer FAILED run {failed}"]
+    md = result.markdown.read_text()
+    assert "### Newer attempts of reported cells (not used)" in md and f"vit/seed1 has a newer FAILED run {failed}" in md
 
     pinned = build_report(str(store.protocol_path), tmp_path / "pinned", commit="aaaa", log=False)
     assert pinned.study.cells[("vit", 0)].record.run_id == store.cells[("vit", 0)]
@@ -297,7 +403,15 @@ def test_cli_builds_compares_and_explains_errors(store, tmp_path):
     assert res.exit_code == 0, res.output
     assert "9 of 9 cells have a finished run" in res.output and (out / "study" / "report.html").is_file()
     md = (out / "study" / "report.md").read_text()
-    assert "| wide − cnn |" in md and "200 resamples" in md
+    assert "| wide − cnn |" in md and "200 resamples" in md and "options `--resamples 200 --compare wide:cnn`" in md
+    assert "> On validation, wide minus cnn is" in md, "every compared pair gets its paragraph"
+    index = runner.invoke(report_command, ["--all", "--out-dir", str(out), "--no-log", "--resamples", "200", "--strict"])
+    assert index.exit_code == 0, index.output
+    assert f"study@{store.protocol.hash[:12]}: built" in index.output and (out / "index.md").is_file(), index.output
+    page = (out / "index.html").read_text()
+    assert '<a href="study/report.html">report</a>' in page and "execution finished; cells: 9 finished" in page
+    both = runner.invoke(report_command, ["--all", "--protocol", "study"])
+    assert both.exit_code == 2 and "--protocol applies to one protocol" in both.output
     bad = runner.invoke(report_command, ["--protocol", str(store.protocol_path), "--compare", "wide:mlp", "--no-log"])
     assert bad.exit_code == 1 and "arm 'mlp' is not in protocol 'study'" in bad.output
     unknown = runner.invoke(report_command, ["--protocol", "never_run", "--no-log"])
@@ -329,3 +443,24 @@ def test_analysis_figures_logged_on_the_parent_are_embedded(store, tmp_path):
     png = (figures_dir / "01_patches.png").read_bytes()
     assert (result.folder / "figures" / "analysis_01_patches.png").read_bytes() == png
     assert base64.b64encode(png).decode() in result.html.read_text()
+
+
+def test_run_ids_link_to_the_server_and_credentials_never_show(monkeypatch):
+    from reports import provenance
+    from reports.render import Para, to_html
+    from tracking import queries
+
+    record = queries.CellRecord("abc123", "vit", 0, "FINISHED", COMMIT_A, "false", 0, 0, "", {}, {}, {}, "7")
+    monkeypatch.setattr(queries, "tracking_uri", lambda: "https://mlflow.example.org:5000")
+    ref = provenance.run_ref(record)
+    assert ref == "[`abc123`](https://mlflow.example.org:5000/#/experiments/7/runs/abc123)"
+    assert '<a href="https://mlflow.example.org:5000/#/experiments/7/runs/abc123"><code>abc123</code></a>' in to_html(
+        [Para(ref)], "t")
+    monkeypatch.setattr(queries, "tracking_uri", lambda: "sqlite:///mlflow.db")
+    assert provenance.run_ref(record) == "`abc123`", "no link for a local store"
+    monkeypatch.undo()
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://alice:s3cret@127.0.0.1:9/")
+    from tracking import runs
+    monkeypatch.setattr(runs, "configure_tracking", lambda allow_offline=False: "http://alice:s3cret@127.0.0.1:9/")
+    monkeypatch.setattr(queries, "configure_tracking", lambda allow_offline=False: "http://alice:s3cret@127.0.0.1:9/")
+    assert queries.tracking_uri() == "http://127.0.0.1:9/", "the header names the store without its password"

@@ -33,6 +33,9 @@ window.addEventListener("load", () => {
     tables: document.querySelectorAll("table").length,
     rows: [...document.querySelectorAll("tbody tr")].map(r => r.cells[0].textContent),
     headings: [...document.querySelectorAll("h2")].map(h => h.textContent),
+    quotes: [...document.querySelectorAll("blockquote")].map(q => q.textContent),
+    links: [...document.querySelectorAll("a")].map(a => a.getAttribute("href")),
+    overflow: document.documentElement.scrollWidth > window.innerWidth + 1,
   });
   document.body.appendChild(out);
 });
@@ -59,10 +62,14 @@ def probe(tmp_path, html: str) -> dict:
 def test_html_report_renders_tables_and_figures_in_chromium(store, tmp_path):  # noqa: F811 (fixture)
     result = build_report(str(store.protocol_path), tmp_path / "out", log=False)
     page = probe(tmp_path, result.html.read_text())
-    assert len(page["images"]) == 5 and all(w > 0 and h > 0 and ok for w, h, ok in page["images"]), page["images"]
-    assert page["tables"] == 7, page  # accuracy, comparisons and per-class for val and test; runs
-    assert page["headings"][:4] == ["Accuracy", "Seed-paired comparisons", "Per-class accuracy", "Training curves"]
-    assert page["rows"].count("vit (reference)") == 2 and page["rows"].count("cnn − vit") == 2, page["rows"]
+    assert len(page["images"]) == 7 and all(w > 0 and h > 0 and ok for w, h, ok in page["images"]), page["images"]
+    # configuration x 2, accuracy, comparisons, per-class and predicted-class counts for val and test, cost, runs
+    assert page["tables"] == 12, page
+    assert page["headings"] == ["Warnings", "Results", "Configuration", "Accuracy", "Seed-paired comparisons",
+                                "Per-class accuracy", "Compute cost", "Training curves", "Runs"], page["headings"]
+    assert page["rows"].count("vit (reference)") == 3 and page["rows"].count("cnn − vit") == 2, page["rows"]
+    assert len(page["quotes"]) == 4 and all("ahead in" in q and "t-interval" in q for q in page["quotes"]), page["quotes"]
+    assert not page["overflow"], "the page scrolls sideways: a wide table escaped its scroll box"
 
     shot = tmp_path / "shot.png"
     done = chromium(tmp_path, "--window-size=1200,2400", f"--screenshot={shot}", result.html.as_uri())
@@ -82,11 +89,15 @@ def test_html_report_renders_tables_and_figures_in_chromium(store, tmp_path):  #
 def test_transfer_html_report_renders_in_chromium(transfer_store, tmp_path):  # noqa: F811 (fixture)
     result = build_report(str(transfer_store["path"]), tmp_path / "out", n_resamples=1000, log=False)
     page = probe(tmp_path, result.html.read_text())
-    assert len(page["images"]) == 2 and all(w > 0 and h > 0 and ok for w, h, ok in page["images"]), page["images"]
-    assert page["tables"] == 5, page  # per cell, per class, over seeds, paired differences, runs
-    assert page["headings"] == [f"Transfer study tiny_transfer@{transfer_store['protocol'].short_hash}",
+    assert len(page["images"]) == 3 and all(w > 0 and h > 0 and ok for w, h, ok in page["images"]), page["images"]
+    # configuration x 2, per cell, per class, predicted-class counts, over seeds, paired differences, cost, runs
+    assert page["tables"] == 9, page
+    assert page["headings"] == ["Warnings", "Results", "Configuration",
+                                f"Transfer study tiny_transfer@{transfer_store['protocol'].short_hash}", "Compute cost",
                                 "Confusion matrices", "Training curves", "Runs"], page["headings"]
-    assert page["rows"].count("full_ft − linear_probe") == 3 and page["rows"].count("linear_probe") == 7, page["rows"]
+    assert page["rows"].count("full_ft − linear_probe") == 3 and page["rows"].count("linear_probe") == 8, page["rows"]
+    assert len(page["quotes"]) == 1 and "t-interval" in page["quotes"][0] and "bootstrap" in page["quotes"][0]
+    assert not page["overflow"], "the page scrolls sideways: a wide table escaped its scroll box"
     shot = tmp_path / "shot.png"
     done = chromium(tmp_path, "--window-size=1200,2400", f"--screenshot={shot}", result.html.as_uri())
     assert shot.is_file(), done.stderr[-2000:]

@@ -43,6 +43,17 @@ def test_report_of_a_real_ablate_run(tmp_path, fresh_store, monkeypatch):  # noq
 
     md = result.markdown.read_text()
     assert "Cells with a finished run: **4 of 4**." in md
+    # Provenance from what the real runs logged: data and split fingerprints (16 hex), device, commit.
+    run = client.get_run(outcomes[0].run_id)
+    for key in ("data.fingerprint", "data.split_fingerprint"):
+        value = run.data.params[key]
+        assert len(value) >= 16 and f"`{value[:16]}`" in md, key
+    assert f"`{run.data.tags['git_commit'][:10]}`" in md and "| cpu " in md
+    # Compute cost from the logged per-epoch times: 2 epochs per run, a finite throughput.
+    cost = next(line for line in md.splitlines() if line.startswith("| vit ") and " s |" in line)
+    cells = [c.strip() for c in cost.strip("|").split("|")]
+    assert cells[4] == "2 / 2" and cells[2].endswith(" s") and float(cells[5].replace(",", "")) > 0, cells
+    assert "## Configuration" in md and "## Results" in md and "> On validation, cnn minus vit is" in md
     assert tables.consistency_problems(study) == [], "logged metrics and prediction files disagree"
     for outcome in outcomes:
         assert f"`{outcome.run_id}`" in md

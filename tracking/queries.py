@@ -45,6 +45,8 @@ class CellRecord:
         parent_run_id: Tag ``mlflow.parentRunId`` ("" when absent).
         params: All params.
         metrics: Latest value of every metric.
+        tags: All tags (device, code fingerprint, environment).
+        experiment_id: The run's experiment (for links to it on a server).
     """
 
     run_id: str
@@ -58,6 +60,8 @@ class CellRecord:
     parent_run_id: str
     params: dict[str, str] = field(repr=False)
     metrics: dict[str, float] = field(repr=False)
+    tags: dict[str, str] = field(default_factory=dict, repr=False)
+    experiment_id: str = ""
 
 
 @dataclass(frozen=True)
@@ -80,6 +84,50 @@ def tracking_uri() -> str:
         netloc = f"{host}:{parts.port}" if parts.port else host
         return urlunsplit(parts._replace(netloc=netloc))
     return uri
+
+
+def run_url(record: CellRecord) -> str | None:
+    """The run's page in the MLflow UI when the store is a server (http/https), else None."""
+    uri = tracking_uri()
+    if not uri.startswith(("http://", "https://")) or not record.experiment_id:
+        return None
+    return f"{uri.rstrip('/')}/#/experiments/{record.experiment_id}/runs/{record.run_id}"
+
+
+@dataclass(frozen=True)
+class ProtocolEntry:
+    """One protocol name recorded in the store: its newest execution and its cell runs by status."""
+
+    name: str
+    newest_hash: str
+    newest_parent: str
+    parent_status: str
+    start_time: int
+    kind: str  # "transfer" or "ablation"
+    cell_status: dict[str, int]  # status -> cell runs of the newest hash
+    hashes: int
+
+
+def protocol_entries() -> list[ProtocolEntry]:
+    """Every protocol executed against this store (experiments holding parent runs), by name."""
+    configure_tracking(allow_offline=False)
+    out = []
+    for exp in sorted(MlflowClient().search_experiments(), key=lambda e: e.name):
+        parents = sorted(search_runs(exp.experiment_id, "tags.parent = 'true'"),
+                         key=lambda r: (-(r.info.start_time or 0), r.info.run_id))
+        named = [r for r in parents if r.data.tags.get("protocol_name") == exp.name]
+        if not named:
+            continue
+        newest = named[0]
+        digest = newest.data.tags.get("protocol_hash", "")
+        cells: dict[str, int] = {}
+        for run in search_runs(exp.experiment_id, f"tags.protocol_hash = '{digest}' and tags.cell = 'true'"):
+            cells[run.info.status] = cells.get(run.info.status, 0) + 1
+        out.append(ProtocolEntry(exp.name, digest, newest.info.run_id, newest.info.status,
+                                 int(newest.info.start_time or 0),
+                                 "transfer" if newest.data.tags.get("transfer") == "true" else "ablation",
+                                 dict(sorted(cells.items())), len({r.data.tags.get("protocol_hash") for r in named})))
+    return out
 
 
 def _experiment_id(protocol_name: str) -> str:
@@ -132,7 +180,8 @@ def cell_records(protocol_name: str, protocol_hash: str) -> list[CellRecord]:
             commit=r.data.tags.get("git_commit", "unknown"), dirty=r.data.tags.get("git_dirty", "unknown"),
             start_time=int(r.info.start_time or 0), end_time=int(r.info.end_time or 0),
             parent_run_id=r.data.tags.get("mlflow.parentRunId", ""),
-            params=dict(r.data.params), metrics=dict(r.data.metrics),
+            params=dict(r.data.params), metrics=dict(r.data.metrics), tags=dict(r.data.tags),
+            experiment_id=r.info.experiment_id,
         )
         for r in runs
     ]

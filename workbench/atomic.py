@@ -13,12 +13,32 @@ from pathlib import Path
 from typing import BinaryIO, Callable
 
 
-def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], object]) -> None:
-    """Call ``write(f)`` on a temp file beside ``path``, make it durable, rename it over ``path``."""
+def current_umask() -> int:
+    """The process umask, read without changing it where the platform allows (Linux /proc)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)  # elsewhere: read by setting it (briefly process-wide), then restore
+    os.umask(mask)
+    return mask
+
+
+def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], object], mode: int | None = None) -> None:
+    """Call ``write(f)`` on a temp file beside ``path``, make it durable, rename it over ``path``.
+
+    ``mode``: permission bits of the new file, masked by the umask as ``open()`` would mask
+    them (0o666 gives 0644 under the usual umask 022). Default: the temp file's 0600, for
+    files only their owner should read (checkpoints, caches, lock files).
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        if mode is not None:
+            os.fchmod(fd, mode & ~current_umask())
         with os.fdopen(fd, "wb") as f:
             write(f)
             f.flush()
@@ -37,5 +57,5 @@ def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], object]) -
         pass
 
 
-def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
-    atomic_write(path, lambda f: f.write(data))
+def atomic_write_bytes(path: str | os.PathLike, data: bytes, mode: int | None = None) -> None:
+    atomic_write(path, lambda f: f.write(data), mode)

@@ -88,7 +88,8 @@ def forest_plot(rows: Sequence[ForestRow], reference: str, *, scale: float = 100
     ax.set_yticks(range(len(rows) - 1, -1, -1), labels)
     ax.set_ylim(-0.8, len(rows) - 0.4)
     ax.set_xlabel(f"{metric}: arm minus {reference} ({unit})" if unit else f"{metric}: arm minus {reference}")
-    ax.set_title(title or f"Paired differences against {reference}", fontsize=10)
+    # A figure title, not an axes title: the legend sits just above the axes and would cover it.
+    fig.suptitle(title or f"Paired differences against {reference}", fontsize=10)
     ax.spines[["top", "right"]].set_visible(False)
     ax.legend(loc="lower center", bbox_to_anchor=(0.5, 1.08), ncol=3, fontsize=7, frameon=False)
     return fig

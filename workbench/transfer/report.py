@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 
 from workbench.stats import (
-    classification_metrics, paired_bootstrap_difference, paired_hierarchical_bootstrap, paired_seed_comparison,
+    CI, PairedComparison, classification_metrics, paired_bootstrap_difference, paired_hierarchical_bootstrap, paired_seed_comparison,
 )
 from workbench.transfer.evaluate import metric_cis, metrics_agree, table_metrics
 
@@ -62,6 +62,9 @@ class TransferSection:
         confidence: Two-sided level of every interval.
         source: The source's provenance (``SourceInfo.as_params()``).
         title: The section's heading.
+        paired: ``(a, b, metric)`` -> the between-seed comparison over seeds (a t-interval, paired
+            t and Wilcoxon p) and the hierarchical bootstrap of the same difference, for every
+            pair with at least two shared seeds; the report shows both (never only one).
     """
 
     kappa_table: pd.DataFrame
@@ -73,6 +76,8 @@ class TransferSection:
     confidence: float = 0.95
     source: dict[str, str] = field(default_factory=dict)
     title: str = "Transfer study"
+    paired: dict[tuple[str, str, str], tuple[PairedComparison, CI]] = field(default_factory=dict)
+    predictions: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)  # "regime/seedN" -> (labels, predicted)
 
     @property
     def n_test(self) -> int:
@@ -127,7 +132,8 @@ def build_section(
         agree = metrics_agree(logged, {k: recomputed[k] for k in logged})[0] if logged else False
         row = {"regime": c.regime, "seed": c.seed, "n": int(recomputed["n"])}
         for name, ci in cis.items():
-            row.update({name: ci.estimate, f"{name}_low": ci.low, f"{name}_high": ci.high})
+            row.update({name: ci.estimate, f"{name}_low": ci.low, f"{name}_high": ci.high,
+                        f"{name}_mc": max(ci.mc_error_low, ci.mc_error_high)})  # Monte-Carlo SE of the endpoints
         row.update({"best_epoch": c.best_epoch, "val_qwk": c.val_qwk, "logged_test_qwk": c.logged.get("qwk", math.nan),
                     "logged_equals_file": agree, "selection_seconds": c.seconds, "run_id": c.run_id})
         rows.append(row)
@@ -144,14 +150,15 @@ def build_section(
     # Each regime against the reference, then later regimes against earlier ones (protocol order).
     pairs = [(r, reference) for r in present if r != reference] + [
         (b, a) for a, b in itertools.combinations([r for r in present if r != reference], 2)]
-    comps = []
+    comps, paired = [], {}
     for (a, b), metric in itertools.product(pairs, metrics):
         seeds = sorted(s for (r, s) in by if r == a and (b, s) in by)
         for s in seeds:
             ci = paired_bootstrap_difference(labels, _predicted(by[a, s]), _predicted(by[b, s]), metric,
                                              n_resamples, confidence, seed, num_classes)
             comps.append({"a": a, "b": b, "metric": metric, "seed": str(s), "difference": ci.estimate,
-                          "low": ci.low, "high": ci.high, "wins": "", "method": ci.method})
+                          "low": ci.low, "high": ci.high, "wins": "", "method": ci.method,
+                          "mc_error": max(ci.mc_error_low, ci.mc_error_high), "t_low": math.nan, "t_high": math.nan})
         if len(seeds) >= 2:
             per_a = {s: (labels, _predicted(by[a, s])) for s in seeds}
             per_b = {s: (labels, _predicted(by[b, s])) for s in seeds}
@@ -160,12 +167,17 @@ def build_section(
             t = paired_seed_comparison({s: value[a, s] for s in seeds}, {s: value[b, s] for s in seeds},
                                        confidence, names=(a, b))
             comps.append({"a": a, "b": b, "metric": metric, "seed": "all", "difference": ci.estimate, "low": ci.low,
-                          "high": ci.high, "wins": t.won, "method": ci.method})
-    comparisons = pd.DataFrame(comps, columns=["a", "b", "metric", "seed", "difference", "low", "high", "wins", "method"])
+                          "high": ci.high, "wins": t.won, "method": ci.method,
+                          "mc_error": max(ci.mc_error_low, ci.mc_error_high), "t_low": t.ci_low, "t_high": t.ci_high})
+            paired[(a, b, metric)] = (t, ci)
+    comparisons = pd.DataFrame(comps, columns=["a", "b", "metric", "seed", "difference", "low", "high", "wins", "method",
+                                               "mc_error", "t_low", "t_high"])
     confusion = {}
     for c in cells:
         counts = classification_metrics(labels, _predicted(c), num_classes)["confusion_matrix"]
         confusion[c.regime] = confusion.get(c.regime, 0) + counts
     confusion = {r: confusion[r] for r in present}
+    ordered = sorted(cells, key=lambda c: (regimes.index(c.regime) if c.regime in regimes else len(regimes), c.seed))
+    predictions = {f"{c.regime}/seed{c.seed}": (labels, _predicted(c)) for c in ordered}
     return TransferSection(kappa, summary, comparisons, confusion, num_classes, n_resamples, confidence,
-                           dict(source or {}), title)
+                           dict(source or {}), title, paired, predictions)

@@ -1,0 +1,134 @@
+"""Where every number came from: the runs table, later attempts, the report's own build inputs.
+
+Shared by the ablation and the transfer report. Every cell's row names its MLflow run (a
+link to the run's page when the store is a server), the code (commit and, when the run
+logged one, the code fingerprint), the data (data and split fingerprints, 16 hex
+characters, and the dataset source), the device and the start time in UTC.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timezone
+
+from reports.render import Block, Heading, Para, Table
+from tracking import queries
+from tracking.queries import CellRecord
+
+FLAG = "⚠"
+FINGERPRINT_CHARS = 16  # at least 12 hex characters: enough to tell any two data versions apart by eye
+CODE_FINGERPRINT_KEYS = ("code_fingerprint", "code.fingerprint")  # param or tag, whichever the run has
+
+
+def utc(ms: int) -> str:
+    """Milliseconds since the epoch as ``2026-12-01 06:44:10 UTC`` ("n/a" when unknown)."""
+    if not ms:
+        return "n/a"
+    return datetime.fromtimestamp(ms / 1000, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def short(value: str | None, n: int = FINGERPRINT_CHARS) -> str:
+    return f"`{value[:n]}`" if value else "n/a"
+
+
+def code_fingerprint(record: CellRecord) -> str | None:
+    for key in CODE_FINGERPRINT_KEYS:
+        value = record.params.get(key) or record.tags.get(key)
+        if value:
+            return value
+    return None
+
+
+def device(record: CellRecord) -> str:
+    """The device the run trained on, with the GPU's name when it logged one."""
+    name = record.tags.get("device", "n/a")
+    return f"{name} ({record.tags['device_name']})" if record.tags.get("device_name") else name
+
+
+def precision(record: CellRecord) -> str:
+    amp = record.params.get("run.amp", record.params.get("amp", "off"))
+    return "fp32" if amp in ("off", "None", "") else f"{amp.replace('torch.', '')} autocast"
+
+
+def run_ref(record: CellRecord) -> str:
+    """The run id, as a link to its page when the store is a server."""
+    url = queries.run_url(record)
+    return f"[`{record.run_id}`]({url})" if url else f"`{record.run_id}`"
+
+
+def runs_table(rows: list[tuple[str, int, CellRecord]], unit: str = "arm") -> Table:
+    """One row per reported cell: (arm or regime, seed, its run)."""
+    body = []
+    for name, seed, r in rows:
+        body.append([name, str(seed), run_ref(r), utc(r.start_time), short(r.commit, 10),
+                     r.dirty, short(code_fingerprint(r)), short(r.params.get("data.fingerprint")),
+                     short(r.params.get("data.split_fingerprint")),
+                     r.params.get("data.source") or r.params.get("data.display_name") or "n/a", device(r)])
+    notes = [f"Fingerprints: first {FINGERPRINT_CHARS} hex characters of the sha256 logged by the run (params "
+             "`data.fingerprint`: the examples and labels; `data.split_fingerprint`: which examples went to which "
+             "split; code fingerprint: param or tag `code_fingerprint`, n/a for runs that predate it). Dirty: "
+             "the checkout had uncommitted changes (tag `git_dirty`)."]
+    return Table([unit, "seed", "run id", "started", "commit", "dirty", "code fingerprint", "data fingerprint",
+                  "split fingerprint", "dataset source", "device"], body,
+                 ["l", "r", "l", "l", "l", "l", "l", "l", "l", "l", "l"], notes, css_class="wide nowrap")
+
+
+def attempts_blocks(attempts: list[CellRecord], chosen: dict[tuple[str, int], CellRecord], unit: str = "arm") -> list[Block]:
+    """Later unfinished attempts of reported cells (FAILED, KILLED, RUNNING): listed, never used."""
+    if not attempts:
+        return []
+    rows = [[r.arm, str(r.seed), run_ref(r), r.status, utc(r.start_time), f"`{chosen[(r.arm, r.seed)].run_id}`"]
+            for r in attempts]
+    return [Heading(3, "Newer attempts of reported cells (not used)"), Table(
+        [unit, "seed", "run id", "status", "started", "reported run"], rows, ["l", "r", "l", "l", "l", "l"],
+        [f"{FLAG} These runs started after the run reported for their cell and did not finish: the reported number "
+         "may be out of date (`report --strict` exits 1 while any are listed)."])]
+
+
+@dataclass(frozen=True)
+class BuildInputs:
+    """What the report was built from, besides the runs: shown in its header."""
+
+    protocol_source: str
+    protocol_hash: str
+    hash_option: str | None
+    commit: str | None
+    compare: list[tuple[str, str]]
+    n_resamples: int
+    bootstrap_seed: int
+    confidence: float
+    strict: bool
+
+
+def header_bullets(inputs: BuildInputs, experiment: str, chosen_rule: str, logged_to: list[str]) -> list[str]:
+    """The store, the experiment, the rule choosing a run per cell and every build option."""
+    options = [f"--resamples {inputs.n_resamples}"]
+    if inputs.hash_option:
+        options.append(f"--hash {inputs.hash_option}")
+    if inputs.commit:
+        options.append(f"--commit {inputs.commit}")
+    options += [f"--compare {a}:{b}" for a, b in inputs.compare]
+    if inputs.strict:
+        options.append("--strict")
+    items = [
+        f"Tracking store `{queries.tracking_uri()}` (credentials removed), experiment `{experiment}`; {chosen_rule}.",
+        (f"Built from: protocol hash `{inputs.protocol_hash}` ({inputs.protocol_source}); options "
+         f"`{' '.join(options)}`; bootstrap seed {inputs.bootstrap_seed}, confidence {inputs.confidence:.0%}. "
+         "Nothing else enters: rebuilding from the same runs gives the same bytes."),
+    ]
+    if logged_to:
+        items.append(f"This report is logged as an artifact (`report/`) of run(s) {', '.join(f'`{r}`' for r in logged_to)}.")
+    return items
+
+
+def provenance_blocks(rows: list[tuple[str, int, CellRecord]], attempts: list[CellRecord],
+                      chosen: dict[tuple[str, int], CellRecord], unit: str) -> list[Block]:
+    return [Heading(2, "Runs"), Para(f"Every number above comes from these MLflow runs (one per {unit} and seed)."),
+            runs_table(rows, unit)] + attempts_blocks(attempts, chosen, unit)
+
+
+def stale_items(attempts: list[CellRecord], missing: list[str]) -> list[str]:
+    """What `--strict` refuses: missing cells and reported cells with a newer unfinished attempt."""
+    return ([f"missing cell {m}" for m in missing]
+            + [f"stale: {r.arm}/seed{r.seed} has a newer {r.status} run {r.run_id}" for r in attempts])
+

@@ -1,0 +1,133 @@
+"""The ablation report's results: stated conclusions, the comparison tables, the forest plot.
+
+Every comparison goes through ``workbench.report_content.comparison.comparison_content``
+once, so the paragraph, the per-seed differences, the effect size, the bootstrap display and
+the forest-plot row come from the same numbers. Displayed per-seed values use the decimals
+``display_decimals`` picks for the split (the fewest that show every value exactly, 2 or 3),
+and the accuracy table uses the same, so each displayed difference is the difference of
+displayed values.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+from reports import tables
+from reports.collect import StudyData
+from reports.render import Block, Figure, Heading, Para, Quote, Table
+from reports.tables import ArmSummary, Comparison
+from workbench.report_content import comparison as content
+from workbench.report_content import forest
+from workbench.report_content.numbers import bootstrap_seed_multisets, min_wilcoxon_p
+from workbench.report_content.rounding import exact_decimals, fmt, paired_display
+
+SPLIT_WORDS = {"val": "validation", "test": "test"}
+SPLIT_TITLES = {"val": "Validation", "test": "Test"}
+FLAG = "⚠"
+
+
+def display_decimals(summaries: list[ArmSummary]) -> int:
+    """Decimals of every accuracy of a split: the fewest (2 or 3) showing each exactly (in %)."""
+    values = [100 * v for s in summaries for v in s.values.values()]
+    return exact_decimals(values, 2, 3) if values else 2
+
+
+def p_text(p: float) -> str:
+    if not math.isfinite(p):
+        return "n/a"
+    return "<0.001" if p < 0.001 else f"{p:.3f}"
+
+
+def contents(comparisons: list[Comparison], summaries: list[ArmSummary], expected: int,
+             decimals: int) -> list[tuple[Comparison, content.ComparisonContent | None]]:
+    values = {s.arm: s.values for s in summaries}
+    out = []
+    for c in comparisons:
+        if c.paired is None:
+            out.append((c, None))
+            continue
+        cc = content.comparison_content(c.paired, c.bootstrap, values[c.a], values[c.b], a_label=c.a, b_label=c.b,
+                                        split=SPLIT_WORDS[c.split], expected_n=expected)
+        # The per-seed display at the split's decimals, the same as the accuracy table's.
+        per_seed = paired_display([values[c.a][s] for s in cc.seeds], [values[c.b][s] for s in cc.seeds], 100.0, decimals)
+        out.append((c, replace(cc, per_seed=per_seed)))
+    return out
+
+
+def results_section(study: StudyData, items: dict[str, list]) -> list[Block]:
+    """One paragraph per comparison and split, stating the result in words, and a forest plot per split."""
+    blocks: list[Block] = [Heading(2, "Results")]
+    for split, pairs in items.items():
+        blocks.append(Heading(3, SPLIT_TITLES[split]))
+        for c, cc in pairs:
+            if cc is None:
+                blocks.append(Para(f"{FLAG} {c.a} − {c.b} on {SPLIT_WORDS[split]}: {c.note or 'no paired seeds'}."))
+            else:
+                blocks.append(Quote(cc.paragraph.text))
+        rows = [cc.forest_row for c, cc in pairs if cc is not None and c.b == study.spec.reference]
+        if rows:
+            fig = forest.forest_plot(rows, study.spec.reference, metric=f"{SPLIT_WORDS[split]} accuracy",
+                                     title=f"{SPLIT_TITLES[split]}: every arm against {study.spec.reference}")
+            blocks.append(Figure(f"forest_{split}.png", (
+                f"{SPLIT_TITLES[split]} accuracy, every arm minus the reference {study.spec.reference}, paired by seed: "
+                "dot = mean difference, thick bar = 95% t-interval over seeds, thin bar = 95% hierarchical bootstrap; "
+                "wins k of n = seeds where the arm is ahead."), forest.figure_png(fig)))
+    return blocks
+
+
+def comparison_section(study: StudyData, items: dict[str, list], n_resamples: int) -> list[Block]:
+    blocks: list[Block] = [Heading(2, "Seed-paired comparisons")]
+    seeds = study.spec.seeds
+    for split, pairs in items.items():
+        body, notes = [], []
+        for c, cc in pairs:
+            p = c.paired
+            if p is None or cc is None:
+                body.append([f"{c.a} − {c.b}", f"0 of {c.expected_n} {FLAG}", *["missing"] * len(seeds),
+                             *["n/a"] * 7])
+                notes.append(f"{c.a} − {c.b}: {c.note}")
+                continue
+            diffs = dict(zip(cc.seeds, cc.per_seed.differences))
+            boot = f"[{cc.bootstrap.low}, {cc.bootstrap.high}]" if cc.bootstrap else "n/a"
+            e = cc.effect
+            effect = "n/a" if not math.isfinite(e.d_z) else (
+                f"{e.d_z:+.2f}" + (f" [{e.low:+.2f}, {e.high:+.2f}]" if math.isfinite(e.low) else ""))
+            won = f"{p.wins} of {p.n}" + (f" ({p.ties} tied)" if p.ties else "")
+            n = f"{p.n} of {c.expected_n}" + ("" if p.n == c.expected_n else f" {FLAG}")
+            body.append([f"{c.a} − {c.b}", n, *[diffs.get(x, "missing") for x in seeds],
+                         fmt(100 * p.mean_difference, 2, True),
+                         f"[{fmt(100 * p.ci_low, 2, True)}, {fmt(100 * p.ci_high, 2, True)}]"
+                         + (f" {FLAG}" if p.ci_high == p.ci_low else ""),  # zero width: no spread, never certainty
+                         boot, effect, won, p_text(p.p_value), p_text(p.wilcoxon_p_value)])
+            if cc.bootstrap:
+                notes.append(f"{c.a} − {c.b}: {cc.bootstrap.footnote}.")
+            if p.note:
+                notes.append(f"{FLAG if p.n < c.expected_n else ''} {c.a} − {c.b}: {p.note}".strip())
+            if c.note:
+                notes.append(f"{c.a} − {c.b}: {c.note}")
+        n = len(seeds)
+        first = next((cc for _, cc in pairs if cc is not None), None)
+        methods = [
+            (f"n: seeds with finished runs of both arms, of {n} in the protocol. Per-seed differences: a minus b, "
+             "same seed, computed from the per-seed values as displayed in the Accuracy table, so each can be "
+             "recomputed from that table; the mean and its t-interval are computed from the unrounded values."),
+            (f"t-interval: {tables.CONFIDENCE:.0%} Student-t interval of the mean difference over seeds (df = n − 1). "
+             "p (paired t): two-sided paired t-test over seeds (scipy.stats.ttest_rel); p (Wilcoxon): exact signed-rank "
+             f"test (scipy.stats.wilcoxon): with {n} seeds its smallest attainable two-sided p is "
+             f"{min_wilcoxon_p(n):.3g}. No test was stated in advance: p-values are descriptive. Won: seeds where a > b."),
+            (f"Bootstrap: {tables.CONFIDENCE:.0%} hierarchical paired percentile bootstrap over seeds and examples "
+             f"from the saved predictions/{split}.csv files ({n_resamples} resamples, seed {tables.BOOTSTRAP_SEED}): "
+             "seeds resampled with replacement, then examples within each drawn seed, the same indices for both arms. "
+             f"From {n} seeds it can draw only {bootstrap_seed_multisets(n)} distinct seed sets, so with few seeds its "
+             "seed level is coarse: read it beside the t-interval (the wider of the two decides the wording above)."),
+        ]
+        if first is not None:
+            methods.append(f"Effect size: {first.effect.caveat}")
+        blocks += [
+            Heading(3, SPLIT_TITLES[split]),
+            Table(["a − b", "n", *[f"seed {x}" for x in seeds], "mean", "95% t-interval", "95% bootstrap",
+                   "effect size d_z [95%]", "won", "p (paired t)", "p (Wilcoxon)"], body,
+                  ["l", "r", *["r"] * len(seeds), "r", "r", "r", "r", "r", "r", "r"], methods + notes),
+        ]
+    return blocks
