@@ -71,13 +71,16 @@ def _refused(tmp_path, mlflow_store, *specs):
     args = ["sweep", "--protocol", str(protocol), *[a for s in specs for a in ("--param", s)], "--trials", "3",
             "--storage", f"sqlite:///{storage}", "--data-path", str(folder), "--device", "cpu",
             "--output-dir", str(tmp_path / "out")]
+    store = tmp_path / "mlflow.db"  # the fixture's store, a copy of an empty migrated database
+    before = store.read_bytes()
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 2, result.output
     assert "Traceback" not in result.output and isinstance(result.exception, SystemExit), result.output
     errors = [line for line in result.output.splitlines() if line.startswith("Error")]
     assert len(errors) == 1, result.output
     assert not storage.exists(), "an Optuna study was created before the refusal"
-    assert not (tmp_path / "mlflow.db").exists(), "the MLflow store was touched before the refusal"
+    assert store.read_bytes() == before, "the MLflow store was written before the refusal"
+    assert not (tmp_path / "mlruns").exists() and not (tmp_path / "mlflow-offline").exists()
     assert not (tmp_path / "out").exists()
     return errors[0]
 
