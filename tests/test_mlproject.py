@@ -25,6 +25,7 @@ REQUIRED = {"storage": "sqlite:///queue.db", "protocol": "studies/protocols/smok
 # Where the MLproject default differs from the CLI default on purpose.
 DEFAULTS_DIFFER = {
     ("train", "subset"): "MLproject's 0 means all images, as the CLI's None does",
+    ("report", "protocol"): "MLproject reports the quick-start study; the CLI needs --protocol or --all",
     ("figures", "protocol"): "MLproject picks the shipped study; the CLI needs one of --protocol/--run-id/--timm-model",
 }
 
