@@ -143,6 +143,7 @@ def one_cell_done_one_under_way(client: MlflowClient):
     return any(r.info.status == "FINISHED" for r in runs) and len(runs) >= 2
 
 
+@pytest.mark.slow  # kill-and-resume in the default tier: test_train, test_train_mlflow and test_ablate_record
 def test_sigkilled_ablate_resumes_only_what_is_missing(setup):
     from test_ablate_record import assert_clean
 

@@ -16,7 +16,7 @@ from data_fixtures import make_image_folder
 from servers import mlflow_server
 from test_ablate_record import PROTOCOL
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]  # a real server and Chromium, 30 s
 ROOT = Path(__file__).resolve().parent.parent
 BROWSER = next((shutil.which(b) for b in ("chromium", "chromium-browser", "google-chrome") if shutil.which(b)), None)
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-sync",

@@ -27,7 +27,7 @@ from studies.cell_queue import open_storage
 from servers import mlflow_server, postgres_server
 from test_ablate import write_protocol
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]  # a long kill test with servers: slow tier (the default tier keeps test_train's SIGKILL resume)
 ROOT = Path(__file__).resolve().parent.parent
 EPOCHS = 16
 

@@ -28,7 +28,7 @@ from tracking.sink import SYNC_SERVER_RUN, SYNC_SYNCED
 from workbench.data import checksums
 from workbench.train.loop import Observers, TrainingObserver
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]  # a long kill test with servers: slow tier (the default tier keeps test_train's SIGKILL resume)
 
 
 class KillOnce(TrainingObserver):

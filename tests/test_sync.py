@@ -117,6 +117,7 @@ class KillServerAfterEpoch(TrainingObserver):
 
 
 @pytest.mark.integration
+@pytest.mark.slow  # a long kill test with servers: slow tier (the default tier keeps test_train's SIGKILL resume)
 def test_server_killed_mid_run_then_sync_holds_everything_exactly_once(isolated_tracking, tmp_path, monkeypatch, capsys):
     folder = tmp_path / "images"
     make_image_folder(folder, per_class={"train": 14, "test": 4})
