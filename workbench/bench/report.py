@@ -257,7 +257,7 @@ def markdown_summary(
                   "of per-round ratios fp32 time / bf16 time.",
                   markdown_table(_precision_rows(precision), PRECISION_COLUMNS, PRECISION_FORMATS)]  # fmt: skip
     elif precision is not None:
-        parts += ["## Training step, fp32 vs bf16 autocast", "Not measured: no native bf16 on this device."]
+        parts += ["## Training step, fp32 vs bf16 autocast", "Not measured: no model given (`--precision-model`) or no native bf16 on this device."]
     if loader is not None:
         parts += ["## Data loader (studies.data_benchmark)", markdown_table([loader], {
             "ours_images_per_s": "TensorLoader images/s", "torchvision_images_per_s": "torchvision images/s",
