@@ -28,7 +28,7 @@ from optuna.storages import RDBStorage
 from optuna.trial import FrozenTrial, TrialState
 
 from studies.protocol import Protocol, load_protocol
-from tracking.lease import HOST
+from tracking.lease import HOST, pid_alive
 
 # Optuna's "experimental" warnings add nothing for users here.
 warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
@@ -143,21 +143,12 @@ def expired(trial: FrozenTrial, grace: float, now: float | None = None) -> str |
         started = trial.datetime_start.timestamp() if trial.datetime_start else now
         return f"no lease {now - started:.0f} s after it was popped" if now - started > grace else None
     age = now - float(lease["heartbeat"])
-    if lease["host"] == HOST and not _pid_alive(int(lease["pid"])):
+    if lease["host"] == HOST and not pid_alive(int(lease["pid"])):
         return f"worker {lease['host']}/{lease['pid']} is gone (last heartbeat {age:.0f} s ago)"
     if age > grace:
         return f"lease of worker {lease['host']}/{lease['pid']} expired: last heartbeat {age:.0f} s ago (grace {grace:g} s)"
     return None
 
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def requeue_expired(study: optuna.Study, grace: float, log=print) -> int:

@@ -49,7 +49,8 @@ def lease_tags(token: str) -> dict[str, str]:
     return {HOST_TAG: HOST, PID_TAG: str(os.getpid()), TOKEN_TAG: token, HEARTBEAT_TAG: f"{time.time():.3f}"}
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether a process with this pid exists on this host (one owned by another user counts)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -76,7 +77,7 @@ def lease_state(run: Run, now: float | None = None) -> LeaseState:
         return LeaseState(age < lease_seconds(), f"no lease; started {age:.0f} s ago")
     host, pid = tags.get(HOST_TAG, "?"), int(tags.get(PID_TAG, "0") or 0)
     age = now - float(tags[HEARTBEAT_TAG])
-    if host == HOST and not _pid_alive(pid):
+    if host == HOST and not pid_alive(pid):
         return LeaseState(False, f"process {pid} on {host} is gone (last heartbeat {age:.0f} s ago)", host, pid)
     if age > lease_seconds():
         return LeaseState(False, f"lease of {host}/{pid} expired: last heartbeat {age:.0f} s ago "

@@ -29,6 +29,8 @@ import urllib.request
 from pathlib import Path
 from typing import Callable
 
+from tracking.lease import pid_alive
+
 RUNTIME_ENV = "WORKBENCH_SERVER_RUNTIME_DIR"
 START_TIMEOUT = 180.0
 WATCHDOG = Path(__file__).with_name("server_watchdog.py")
@@ -54,22 +56,13 @@ def runtime_root() -> Path:
     return root
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
 
 def clean_stale_runtime_dirs(root: Path | None = None) -> list[Path]:
     """Remove runtime folders whose launcher is gone (a crash the watchdog did not survive)."""
     removed = []
     for folder in (root or runtime_root()).glob("launch-*"):
         pid = folder.name.removeprefix("launch-")
-        if pid.isdigit() and not _alive(int(pid)):
+        if pid.isdigit() and not pid_alive(int(pid)):
             shutil.rmtree(folder, ignore_errors=True)
             removed.append(folder)
     return removed
