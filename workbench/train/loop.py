@@ -336,12 +336,13 @@ class Trainer:
         pos["history"].append(metrics)
         pos.update(epoch=pos["epoch"] + 1, batch=0, accum={"loss_sum": 0.0, "correct": 0, "seen": 0, "seconds": 0.0})
         self._save(pos, kind="epoch")
+        self.observer.check(sync=True)  # a run taken over while this epoch ran must not log it
+        self.observer.on_epoch(metrics)
+        # Printed once the epoch is recorded: what the console says is done is in the run.
         tqdm.write(
             f"epoch {metrics['epoch']}: train loss {metrics['train_loss']:.4f} acc {metrics['train_accuracy']:.4f} | "
             f"val loss {metrics['val_loss']:.4f} acc {metrics['val_accuracy']:.4f} | {metrics['images_per_second']:.0f} img/s"
         )
-        self.observer.check(sync=True)  # a run taken over while this epoch ran must not log it
-        self.observer.on_epoch(metrics)
 
     @property
     def summary_path(self) -> Path:
