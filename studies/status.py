@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import click
+import mlflow
 
 from studies.protocol import ProtocolError, load_protocol
-from tracking.lease import REASON_TAG, lease_state
+from tracking.lease import REASON_TAG, lease_state, possible_writer
 from tracking.protocols import cell_runs, experiment_exists, reap_dead_runs, study_runs
 from tracking.runs import configure_tracking
+from tracking.ui_links import run_url
 from workbench.train.fingerprint import current_code_fingerprint
 
 
@@ -30,7 +32,9 @@ def cell_state(runs: list, fingerprint: str) -> tuple[str, str]:
         return f"{state.why} (run {rid})", "leave it to that execution"
     why = run.data.tags.get(REASON_TAG) or run.data.tags.get("end_reason") or run.data.tags.get("failure") or ""
     label = "stale, marked KILLED" if run.data.tags.get(REASON_TAG) else status.lower()
-    return f"{label} (run {rid}{': ' + why if why else ''})", f"resume it in run {rid}"
+    writer = possible_writer(run)
+    action = f"continue it in a new run ({writer}: it may still write to run {rid})" if writer else f"resume it in run {rid}"
+    return f"{label} (run {rid}{': ' + why if why else ''})", action
 
 
 @click.command("status")
@@ -52,7 +56,8 @@ def status(protocol_path):
     runs = cell_runs(protocol.name, protocol.hash)
     click.echo(f"{protocol.name}@{protocol.short_hash}, code {fingerprint}: {len(protocol.cells())} cells")
     for parent in study_runs(protocol):
-        click.echo(f"parent run {parent.info.run_id}: {parent.info.status}")
+        url = run_url(mlflow.get_tracking_uri(), parent.info.experiment_id, parent.info.run_id)
+        click.echo(f"parent run {parent.info.run_id}: {parent.info.status}" + (f" ({url})" if url else ""))
     plan: dict[str, int] = {}
     for cell in protocol.cells():
         state, action = cell_state(

@@ -19,7 +19,7 @@ import torch
 from tqdm.auto import tqdm
 
 from studies.options import check_amp, threads_option
-from tracking.lease import HEARTBEATS, LeaseLost, lease_tags, new_token
+from tracking.lease import HEARTBEATS, RELEASED_TAG, LeaseLost, lease_tags, new_token
 from tracking.protocols import run_user
 from tracking.runs import configure_tracking, environment_tags
 from tracking.sink import RunSink
@@ -87,6 +87,9 @@ def train_one(
         return TrainOutcome(opened.run_id, "busy", f"{run_name}: not touched ({opened.why}, run {opened.run_id})",
                             opened.metrics)
     sink = opened.sink
+    if opened.continues:
+        log(f"{run_name}: continuing in a new run {sink.run_id}: the holder of run {opened.continues} "
+            "may still write to that one")
     if opened.status is not None:
         sink.set_tags(lease_tags(token))  # this execution holds the run now; an older holder is fenced off
     HEARTBEATS.hold(sink.run_id, sink.uri, token)
@@ -112,22 +115,22 @@ def train_one(
         return TrainOutcome(sink.run_id, "lost", f"{run_name}: stopped without logging more: {err}")
     except NonFiniteLoss as err:
         sink.set_tags({"failure": str(err), "nonfinite_loss_step": err.step, "nonfinite_loss_epoch": err.epoch})
-        return _end(sink, "FAILED", "failed", f"{run_name}: {err}")
+        return _end(sink, token, "FAILED", "failed", f"{run_name}: {err}")
     except StopTraining as err:
         sink.set_tags({"stopped": str(err) or "stopped by an observer"})
-        return _end(sink, "KILLED", "stopped", f"{run_name}: stopped ({err})")
+        return _end(sink, token, "KILLED", "stopped", f"{run_name}: stopped ({err})")
     except BaseException as err:  # as MLflow's run context did: the run records why it ended
         with contextlib.suppress(Exception):  # never hide the real error behind a logging one
             interrupted = isinstance(err, (KeyboardInterrupt, SystemExit))
             sink.set_tags({"end_reason": f"{type(err).__name__}: {err}"[:500]})
-            _end(sink, "KILLED" if interrupted else "FAILED", "failed", "")
+            _end(sink, token, "KILLED" if interrupted else "FAILED", "failed", "")
         raise
     message = f"{run_name}: best val accuracy {result.final_metrics['best_val_accuracy']:.4f} at epoch {result.best_epoch}; {result.reload_proof.summary()}"
     if sink.offline:
         message += f" [logged locally, run {sink.local_run_id}: `workbench sync` copies it to the server]"
     if not result.reload_proof.passed:
-        return _end(sink, "FAILED", "failed", message)
-    return _end(sink, "FINISHED", "finished", message)
+        return _end(sink, token, "FAILED", "failed", message)
+    return _end(sink, token, "FINISHED", "finished", message)
 
 
 class _Announce(TrainingObserver):
@@ -148,8 +151,10 @@ class _Announce(TrainingObserver):
             self.log(f"{self.run_name}: started {where}")
 
 
-def _end(sink: RunSink, run_status: str, status: str, message: str) -> TrainOutcome:
+def _end(sink: RunSink, token: str, run_status: str, status: str, message: str) -> TrainOutcome:
     HEARTBEATS.release(sink.run_id)
+    # This execution ends the run itself and will not write to it again: a later one may continue it.
+    sink.set_tags({RELEASED_TAG: token})
     sink.end(run_status)
     return TrainOutcome(sink.run_id, status, message, sink.latest_metrics(), sink.offline)
 

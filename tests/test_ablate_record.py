@@ -165,3 +165,48 @@ def test_ctrl_c_ends_the_parent_and_the_cell_killed_and_the_rerun_finishes(study
     assert [o.status for o in run()] == ["finished", "finished"]
     assert client.get_run(parent.info.run_id).info.status == "FINISHED"
     assert_clean(client, "rec", 2)
+
+
+def test_a_cell_whose_holder_may_still_write_continues_in_a_new_run(study, capsys):
+    """MLflow cannot refuse a late write, so a run whose holder may wake up is closed, not continued."""
+    from tracking.lease import RELEASED_TAG, SUPERSEDED_TAG, Heartbeats, LeaseLost
+
+    protocol, run = study
+    client = MlflowClient()
+    run()
+    old = sorted(runs(client, "cell"), key=lambda r: r.data.tags["seed"])[1]
+    # As an execution on another machine leaves it when that machine stalls or is cut off:
+    # RUNNING, its lease expired, its process invisible from here (it may come back).
+    client.update_run(old.info.run_id, status="RUNNING")
+    for k, v in {HOST_TAG: "another-host", PID_TAG: "4242", TOKEN_TAG: "old", HEARTBEAT_TAG: "0"}.items():
+        client.set_tag(old.info.run_id, k, v)
+    client.delete_tag(old.info.run_id, RELEASED_TAG)
+    shown = CliRunner().invoke(main, ["status", "--protocol", str(protocol_file(protocol))])
+    assert shown.exit_code == 0, shown.output
+    assert (f"-> next ablate: continue it in a new run (process 4242 on another-host cannot be seen from here: "
+            f"it may still write to run {old.info.run_id})") in shown.output, shown.output
+    capsys.readouterr()
+    assert [o.status for o in run()] == ["skipped", "finished"]
+    text = "".join(capsys.readouterr())
+    now = client.get_run(old.info.run_id)
+    new_id = now.data.tags[SUPERSEDED_TAG]
+    assert f"vit-seed1: continuing in a new run {new_id}: the holder of run {old.info.run_id}" in text, text
+    assert now.info.status == "KILLED" and "another-host" in now.data.tags[REASON_TAG]
+    new = client.get_run(new_id)
+    assert new.info.status == "FINISHED" and new.data.tags["continues_run"] == old.info.run_id
+    assert new.data.tags["run_key"] == old.data.tags["run_key"]
+    assert new.data.tags["mlflow.parentRunId"] == old.data.tags["mlflow.parentRunId"]
+    # The new run holds the whole curve (from the checkpoint's history) and the summary, once.
+    assert [m.step for m in client.get_metric_history(new_id, "val_accuracy")] == [1, 2]
+    assert [m.step for m in client.get_metric_history(new_id, "test_accuracy")] == [2]
+    models = client.search_logged_models([new.info.experiment_id], filter_string=f"source_run_id = '{new_id}'")
+    assert [str(m.status).split(".")[-1] for m in models] == ["READY"]
+    # The old holder, waking up, is fenced at its next check and told where the cell went.
+    beats = Heartbeats()
+    beats.hold(old.info.run_id, MlflowClient().tracking_uri, "old")
+    with pytest.raises(LeaseLost, match=f"continues in run {new_id}"):
+        beats.check(old.info.run_id, verify=True)
+    shown = CliRunner().invoke(main, ["status", "--protocol", str(protocol_file(protocol))])
+    assert f"vit/seed1: finished (run {new_id})" in shown.output, shown.output
+    # A third execution skips both cells: the superseded run is history, not a cell to redo.
+    assert [o.status for o in run()] == ["skipped", "skipped"]

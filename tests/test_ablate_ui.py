@@ -52,11 +52,16 @@ def test_experiment_page_lists_the_parent_and_its_cells_and_no_password_is_print
         exp = client.get_experiment_by_name("rec")
         assert exp.tags["mlflow.experimentKind"] == "custom_model_development"
         (parent,) = client.search_runs([exp.experiment_id], "tags.parent = 'true'")
-        # The experiment's training runs list (MLflow 3.17's bare experiment address still opens on its
-        # overview, whatever the experiment kind: see docs/study-record.md).
-        dom = text_of(open_page(tmp_path, f"{url}/#/experiments/{exp.experiment_id}/runs"))
+        # The address ablate prints opens on the runs list, not on MLflow 3.17's GenAI overview
+        # (whose choice follows the workflowType parameter, not the experiment's kind tag).
+        printed = re.search(r"^MLflow UI \(runs of this study\): (\S+)$", output, re.M)
+        assert printed, output[-3000:]
+        assert printed.group(1) == f"{url}/#/experiments/{exp.experiment_id}/runs?workflowType=machine_learning"
+        dom = text_of(open_page(tmp_path, printed.group(1)))
         assert parent.info.run_name in dom, f"parent {parent.info.run_name} not on the experiment page:\n{dom[:3000]}"
-        assert "Training runs" in dom and "3 matching runs" in dom, dom[:3000]
+        # The runs page of the model-training views ("Runs - Experiment N"), not "Overview" or "Traces".
+        assert dom.strip().startswith(f"Runs - Experiment {exp.experiment_id}") and "3 matching runs" in dom, dom[:3000]
+        assert "(" + printed.group(1).replace("/runs?", f"/runs/{parent.info.run_id}?") + ")" in status.stdout
         # The cells sit under their parent (collapsed in the list); the parent's page names them, and its description.
         page = text_of(open_page(tmp_path, f"{url}/#/experiments/{exp.experiment_id}/runs/{parent.info.run_id}"))
         children = re.search(r"Child runs (.*?) Source", page)

@@ -453,8 +453,8 @@ def test_run_ids_link_to_the_server_and_credentials_never_show(monkeypatch):
     record = queries.CellRecord("abc123", "vit", 0, "FINISHED", COMMIT_A, "false", 0, 0, "", {}, {}, {}, "7")
     monkeypatch.setattr(queries, "tracking_uri", lambda: "https://mlflow.example.org:5000")
     ref = provenance.run_ref(record)
-    assert ref == "[`abc123`](https://mlflow.example.org:5000/#/experiments/7/runs/abc123)"
-    assert '<a href="https://mlflow.example.org:5000/#/experiments/7/runs/abc123"><code>abc123</code></a>' in to_html(
+    assert ref == "[`abc123`](https://mlflow.example.org:5000/#/experiments/7/runs/abc123?workflowType=machine_learning)"
+    assert '<a href="https://mlflow.example.org:5000/#/experiments/7/runs/abc123?workflowType=machine_learning"><code>abc123</code></a>' in to_html(
         [Para(ref)], "t")
     monkeypatch.setattr(queries, "tracking_uri", lambda: "sqlite:///mlflow.db")
     assert provenance.run_ref(record) == "`abc123`", "no link for a local store"

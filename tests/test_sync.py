@@ -182,6 +182,57 @@ def test_server_killed_mid_run_then_sync_holds_everything_exactly_once(isolated_
             assert ADMIN[1] not in value, "a credential was logged"
 
 
+@pytest.mark.integration
+@pytest.mark.slow  # a server stopped and started again around two executions: 50 s
+def test_a_study_begun_offline_keeps_its_one_parent_when_the_server_is_back(isolated_tracking, tmp_path, monkeypatch,
+                                                                            capsys):
+    folder = tmp_path / "images"
+    make_image_folder(folder, per_class={"train": 8, "test": 3})
+    protocol_file = tmp_path / "outage.yaml"
+    protocol_file.write_text(PROTOCOL.replace("epochs: 3", "epochs: 1"))
+    with workbench_server(f"sqlite:///{tmp_path / 'server.db'}", tmp_path / "artifacts", None) as server:
+        server.kill()  # away when the study starts
+        monkeypatch.setenv("MLFLOW_TRACKING_URI", server.url)
+        resilient.forget_health()
+        protocol = open_protocol(str(protocol_file), allow_dirty=True)
+        run = functools.partial(run_protocol, protocol, protocol_file, tmp_path / "out", device="cpu",
+                                data_path=str(folder), allow_dirty=True)
+        real, calls = ablate_mod.train_one, []
+
+        def ctrl_c_after_the_first_cell(*args, **kwargs):
+            if calls:
+                raise KeyboardInterrupt
+            calls.append(1)
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(ablate_mod, "train_one", ctrl_c_after_the_first_cell)
+        with pytest.raises(KeyboardInterrupt):
+            run()
+        monkeypatch.setattr(ablate_mod, "train_one", real)
+        server.start()
+        resilient.forget_health()
+        capsys.readouterr()
+        assert [o.status for o in run()] == ["skipped", "finished"]
+        out = capsys.readouterr().out
+        assert "is in the local fallback store (logged while the server was away): continuing there" in out, out
+
+        local = MlflowClient(resilient.fallback_uri())
+        exp = local.get_experiment_by_name("outage")
+        (parent,) = local.search_runs([exp.experiment_id], "tags.parent = 'true'")
+        cells = local.search_runs([exp.experiment_id], "tags.cell = 'true'")
+        assert parent.info.status == "FINISHED" and len(cells) == 2
+        assert {c.data.tags["mlflow.parentRunId"] for c in cells} == {parent.info.run_id}
+        server_exp = MlflowClient(server.url).get_experiment_by_name("outage")
+        assert server_exp is None or not MlflowClient(server.url).search_runs([server_exp.experiment_id])
+
+        result = CliRunner().invoke(sync_command, [], catch_exceptions=False)
+        assert result.exit_code == 0 and "runs: 3 created" in result.output, result.output
+        state = snapshot(MlflowClient(server.url), "outage")
+        parents = [s for s in state.values() if s["tags"].get("parent") == "true"]
+        assert len(parents) == 1 and parents[0]["status"] == "FINISHED", list(state)
+        assert {state[n]["tags"]["mlflow.parentRunId"] for n in ("vit-seed0", "vit-seed1")} == {parents[0]["id"]}
+
+
 def test_uploads_retry_with_backoff_on_transient_errors_only(monkeypatch):
     import requests
     from mlflow.exceptions import MlflowException

@@ -8,7 +8,10 @@ leaving it RUNNING forever.
 
 The token fences a cell: when another execution takes a cell over, it writes its own
 token; the old holder sees a token that is not its own at its next step and stops
-without logging anything more (``LeaseLost``).
+without logging anything more (``LeaseLost``). MLflow has no conditional write, so a
+holder paused between its check and its upload could still land one late point: a run
+whose holder may still be alive (``possible_writer``) is therefore never continued; the
+cell continues in a fresh run and the old one is closed as superseded.
 """
 
 from __future__ import annotations
@@ -25,6 +28,9 @@ from mlflow.tracking import MlflowClient
 
 HOST_TAG, PID_TAG, TOKEN_TAG, HEARTBEAT_TAG = "lease.host", "lease.pid", "lease.token", "lease.heartbeat"
 REASON_TAG = "killed_reason"
+# Set to the holder's token when the holder ended the run itself (it will not write again).
+RELEASED_TAG = "lease.released"
+SUPERSEDED_TAG, CONTINUES_TAG = "superseded_by", "continues_run"
 LEASE_ENV, HEARTBEAT_ENV = "WORKBENCH_LEASE_SECONDS", "WORKBENCH_HEARTBEAT_SECONDS"
 DEFAULT_LEASE_SECONDS = 120.0
 
@@ -87,6 +93,26 @@ def lease_state(run: Run, now: float | None = None) -> LeaseState:
 
 def is_mine(run: Run) -> bool:
     return run.data.tags.get(HOST_TAG) == HOST and run.data.tags.get(PID_TAG) == str(os.getpid())
+
+
+def possible_writer(run: Run) -> str | None:
+    """Who might still write to this run, or None when nobody can any more.
+
+    Nobody can when the run never had a lease, its holder ended it itself (``RELEASED_TAG``
+    carries the holder's token), the holder is this process, or the holder's process is
+    gone on this very host. Otherwise (another host, or a live process here: paused, or
+    stalled) its holder may wake up and upload one more point after passing its last
+    check, and nothing in MLflow can refuse that write.
+    """
+    tags = run.data.tags
+    if HEARTBEAT_TAG not in tags or is_mine(run):
+        return None
+    if tags.get(RELEASED_TAG) and tags.get(RELEASED_TAG) == tags.get(TOKEN_TAG):
+        return None
+    host, pid = tags.get(HOST_TAG, "?"), int(tags.get(PID_TAG, "0") or 0)
+    if host == HOST:
+        return f"process {pid} on this host is still alive" if pid_alive(pid) else None
+    return f"process {pid} on {host} cannot be seen from here"
 
 
 def reap_expired(client: MlflowClient, experiment_id: str, filter_string: str = "", log=None) -> list[tuple[str, str]]:
@@ -183,8 +209,11 @@ class Heartbeats:
         try:
             tags = client.get_run(run_id).data.tags
             if tags.get(TOKEN_TAG, token) != token:
-                why = (f"run {run_id} was taken over by {tags.get(HOST_TAG, '?')}/{tags.get(PID_TAG, '?')} "
-                       f"(lease token {tags.get(TOKEN_TAG)} is not ours, {token})")
+                if tags.get(SUPERSEDED_TAG):
+                    why = f"run {run_id} was taken over and the cell continues in run {tags[SUPERSEDED_TAG]}"
+                else:
+                    why = (f"run {run_id} was taken over by {tags.get(HOST_TAG, '?')}/{tags.get(PID_TAG, '?')} "
+                           f"(lease token {tags.get(TOKEN_TAG)} is not ours, {token})")
                 with self._lock:
                     self._lost[run_id] = why
                     self._held.pop(run_id, None)

@@ -337,9 +337,10 @@ def set_process_uri(uri: str) -> None:
     that would make this process (and every subprocess) forget which server it serves.
     """
     configured = os.environ.get("MLFLOW_TRACKING_URI")
-    if redact_uri(uri) != uri or redact_uri(configured or "") != (configured or ""):
-        # MLflow prints "View run <name> at: <uri>/#/..." itself, userinfo and all.
-        os.environ["MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"] = "true"
+    # MLflow prints "View run <name> at: <uri>/#/..." itself at every run's end, userinfo and
+    # all, and to a page that opens on the GenAI views: the workbench prints its own
+    # addresses (tracking.ui_links) instead.
+    os.environ["MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"] = "true"
     mlflow.set_tracking_uri(uri)
     if configured is None:
         os.environ.pop("MLFLOW_TRACKING_URI", None)

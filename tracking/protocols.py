@@ -17,10 +17,12 @@ import mlflow
 from mlflow.entities import Run
 from mlflow.tracking import MlflowClient
 
-from tracking.offline_fallback import ensure_experiment, fallback_run_exists, fallback_uri, is_unreachable, tracking_uri
+from tracking.offline_fallback import (ensure_experiment, fallback_client, fallback_exists, fallback_run_exists, fallback_uri,
+                                      is_remote, is_unreachable, tracking_uri)
+from tracking import ui_links
 from tracking.runs import configure_tracking, git_state
 from tracking.lease import HEARTBEATS, HOST, TOKEN_TAG, lease_state, lease_tags, new_token, reap_expired
-from tracking.sink import RunSink
+from tracking.sink import SYNC_SYNCED, RunSink
 from workbench.train.fingerprint import current_code_fingerprint
 
 PROTOCOL_TAGS = ("protocol_name", "protocol_hash", "arm", "seed")
@@ -152,11 +154,19 @@ def open_study_parent(protocol, protocol_file: Path, allow_dirty: bool, extra_ta
     if launcher:
         tags["launcher_run_id"] = launcher  # the run `mlflow run` created around this execution
     token = new_token()
-    found = _parents(client, exp_id, key)
+    found, uri = _parents(client, exp_id, key), configure_tracking()
+    offline_parent = _unsynced_fallback_parent(protocol.name, key) if uri != fallback_uri() else None
+    if offline_parent is not None:
+        # Made while the server was away and not synced yet: the study goes on in that one
+        # parent (and its cells where they are), one timeline that `workbench sync` merges,
+        # instead of a second parent on the server.
+        found, uri = [offline_parent], fallback_uri()
+        log(f"study {protocol.name}@{protocol.short_hash}: its parent run {offline_parent.info.run_id} is in the local "
+            f"fallback store (logged while the server was away): continuing there; `workbench sync` copies it")
     if found:
         run = found[0]
         shared = run.info.status == "RUNNING" and lease_state(run).alive and TOKEN_TAG in run.data.tags
-        sink = RunSink.attach(run, configure_tracking(), protocol.name)
+        sink = RunSink.attach(run, uri, protocol.name)
         # Executions alive at once share the parent's lease: any of them keeps it alive.
         token = run.data.tags[TOKEN_TAG] if shared else token
         sink.set_tags({**{k: v for k, v in tags.items() if k != "mlflow.runName"},
@@ -170,6 +180,9 @@ def open_study_parent(protocol, protocol_file: Path, allow_dirty: bool, extra_ta
                 client.delete_run(sink.run_id)
                 sink = RunSink.attach(oldest, configure_tracking(), protocol.name)
         log(f"study {protocol.name}@{protocol.short_hash}: parent run {sink.run_id} created")
+    url = None if sink.offline else ui_links.experiment_url(sink.uri, exp_id)
+    if url:
+        log(f"MLflow UI (runs of this study): {url}")
     HEARTBEATS.hold(sink.run_id, sink.uri, token)
     _log_protocol_files(sink, protocol, protocol_file)
     parent = StudyParent(sink.run_id, sink, protocol.name, _cell_count(protocol))
@@ -199,6 +212,16 @@ def study_runs(protocol) -> list[Run]:
     client = MlflowClient()
     exp = client.get_experiment_by_name(protocol.name)
     return _parents(client, exp.experiment_id, study_key(protocol)) if exp else []
+
+
+def _unsynced_fallback_parent(experiment: str, key: str) -> Run | None:
+    """The study's parent in the local fallback store when it is not on the server yet (not synced)."""
+    if not (is_remote(tracking_uri()) and fallback_exists()):
+        return None
+    local = fallback_client()
+    exp = local.get_experiment_by_name(experiment)
+    found = [r for r in _parents(local, exp.experiment_id, key) if SYNC_SYNCED not in r.data.tags] if exp else []
+    return found[0] if found else None
 
 
 def _parents(client: MlflowClient, exp_id: str, key: str) -> list[Run]:

@@ -20,6 +20,7 @@ import mlflow
 from mlflow.entities import Run
 from mlflow.tracking import MlflowClient
 
+from tracking import ui_links
 from tracking.runs import configure_tracking
 
 PAGE_SIZE = 1000  # below every store's per-page cap; pages are followed to the end
@@ -88,10 +89,7 @@ def tracking_uri() -> str:
 
 def run_url(record: CellRecord) -> str | None:
     """The run's page in the MLflow UI when the store is a server (http/https), else None."""
-    uri = tracking_uri()
-    if not uri.startswith(("http://", "https://")) or not record.experiment_id:
-        return None
-    return f"{uri.rstrip('/')}/#/experiments/{record.experiment_id}/runs/{record.run_id}"
+    return ui_links.run_url(tracking_uri(), record.experiment_id, record.run_id)
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,8 @@ from mlflow.entities import Run
 from mlflow.tracking import MlflowClient
 
 from tracking import offline_fallback as rs
-from tracking.lease import HEARTBEATS, is_mine, lease_state
+from tracking.lease import (CONTINUES_TAG, HEARTBEATS, REASON_TAG, SUPERSEDED_TAG, TOKEN_TAG, is_mine, lease_state,
+                           possible_writer)
 from tracking.sink import SYNC_SYNCED, RunSink, store_for
 
 from workbench.data import PreparedData
@@ -98,6 +99,7 @@ class KeyedRun:
     metrics: dict = field(default_factory=dict)
     why: str = ""  # for BUSY: who holds it
     previous_status: str | None = None
+    continues: str | None = None  # the run this one continues because its holder may still write to it
 
 
 def _find_by_key(client: MlflowClient, experiment_id: str, key: str, unsynced: bool = False) -> Run | None:
@@ -121,7 +123,7 @@ def open_keyed_run(experiment: str, key: str, tags: dict, parent_run_id: str | N
     if rs.is_remote(rs.tracking_uri()) and rs.fallback_exists():
         found = _find_in_fallback(experiment, key, unsynced=True)
         if found is not None:
-            return _keyed(found, rs.fallback_uri(), experiment, parent_run_id, take_over)
+            return _keyed(found, rs.fallback_uri(), experiment, tags, parent_run_id, take_over)
     uri = store_for(parent_run_id)
     if uri != rs.fallback_uri():
         client = MlflowClient(uri)
@@ -134,12 +136,12 @@ def open_keyed_run(experiment: str, key: str, tags: dict, parent_run_id: str | N
             uri = rs.fallback_uri()
         else:
             if found is not None:
-                return _keyed(found, uri, experiment, parent_run_id, take_over)
+                return _keyed(found, uri, experiment, tags, parent_run_id, take_over)
             sink = RunSink.create(experiment, {"run_key": key, **tags}, parent_run_id, uri=uri, experiment_id=exp_id)
             return KeyedRun(sink, sink.run_id, None)
     found = _find_in_fallback(experiment, key)
     if found is not None:
-        return _keyed(found, uri, experiment, parent_run_id, take_over)
+        return _keyed(found, uri, experiment, tags, parent_run_id, take_over)
     sink = RunSink.create(experiment, {"run_key": key, **tags}, parent_run_id, uri=uri)
     return KeyedRun(sink, sink.run_id, None)
 
@@ -150,19 +152,48 @@ def _find_in_fallback(experiment: str, key: str, unsynced: bool = False) -> Run 
     return _find_by_key(client, exp.experiment_id, key, unsynced) if exp else None
 
 
-def _keyed(run: Run, uri: str, experiment: str, parent_run_id: str | None = None, take_over: bool = False) -> KeyedRun:
+def _keyed(run: Run, uri: str, experiment: str, tags: dict, parent_run_id: str | None = None,
+           take_over: bool = False) -> KeyedRun:
     if run.info.status == "FINISHED":
         return KeyedRun(None, run.info.run_id, "FINISHED", dict(run.data.metrics))
     if run.info.status == "RUNNING" and not is_mine(run) and not take_over:
         state = lease_state(run)
         if state.alive:  # another execution is training it right now: not ours to touch
             return KeyedRun(None, run.info.run_id, "BUSY", dict(run.data.metrics), state.why)
+    writer = possible_writer(run)
+    if writer is not None:
+        return _continue_in_new_run(run, uri, experiment, tags, parent_run_id, writer)
     sink = RunSink.attach(run, uri, experiment)
     old_parent = run.data.tags.get("mlflow.parentRunId")
     if parent_run_id and old_parent != parent_run_id:
         # A cell begun under another (older or duplicate) parent joins the study's one parent.
         sink.set_tags({"mlflow.parentRunId": parent_run_id, "previous_parent_run_id": old_parent or ""})
     return KeyedRun(sink, run.info.run_id, run.info.status)
+
+
+def _continue_in_new_run(old: Run, uri: str, experiment: str, tags: dict, parent_run_id: str | None,
+                         writer: str) -> KeyedRun:
+    """Close ``old`` as superseded and give the cell a fresh run with the same key.
+
+    The old holder may still be alive (paused, cut off): fenced by the token, it stops at
+    its next check, but a point it was already uploading would land in the run it holds.
+    That run is no longer the cell's: its late writes cannot duplicate a step of the new
+    run, which fills its earlier epochs from the checkpoint's history on resume.
+    """
+    client = MlflowClient(uri)
+    old_id = old.info.run_id
+    new_tags = {"run_key": old.data.tags.get("run_key", ""), **tags, CONTINUES_TAG: old_id}
+    # Fence first (a new token on the old run), then open the new run: the old holder's
+    # next check fails whatever happens after this line.
+    client.set_tag(old_id, TOKEN_TAG, tags.get(TOKEN_TAG, "superseded"))
+    sink = RunSink.create(experiment, new_tags, parent_run_id or old.data.tags.get("mlflow.parentRunId"),
+                          uri=uri, experiment_id=old.info.experiment_id)
+    client.set_tag(old_id, SUPERSEDED_TAG, sink.run_id)
+    if old.info.status == "RUNNING":
+        client.set_tag(old_id, REASON_TAG, f"taken over while its holder may still be alive ({writer}); "
+                                           f"the cell continues in run {sink.run_id}"[:500])
+        client.set_terminated(old_id, "KILLED")
+    return KeyedRun(sink, sink.run_id, old.info.status, continues=f"{old_id} ({writer})")
 
 
 def log_run_inputs(sink: RunSink, cfg: TrainConfig, data: PreparedData, extra_params: dict | None = None) -> None:
