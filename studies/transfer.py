@@ -219,7 +219,7 @@ def run_transfer(
     tqdm.write(f"{protocol.name}@{protocol.short_hash}: source {ex.source.info.label()} [{ex.identity[:16]}]; "
                f"{ex.data.display_name}, {len(ex.data.train)} train / {len(ex.data.val)} val; {ex.inputs}")
     ex.parent = start_parent_run(protocol, protocol_file, allow_dirty, {
-        "transfer": "true", "source_identity": ex.identity, "source_override": source_override or ""})
+        "transfer": "true", "source_identity": ex.identity, "source_override": source_override or ""}, log=tqdm.write)
     parent = RunSink.for_run(ex.parent, protocol.name)  # the live sink start_parent_run opened
     parent.log_params({
         **ex.source.info.as_params(), "transfer.regimes": ",".join(r.name for r in protocol.regimes),

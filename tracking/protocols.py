@@ -198,9 +198,10 @@ def open_study_parent(protocol, protocol_file: Path, allow_dirty: bool, extra_ta
     return parent
 
 
-def start_parent_run(protocol, protocol_file: Path, allow_dirty: bool, extra_tags: dict | None = None) -> str:
+def start_parent_run(protocol, protocol_file: Path, allow_dirty: bool, extra_tags: dict | None = None,
+                     log=lambda _: None) -> str:
     """The study's parent run id (held by this execution); see ``open_study_parent``."""
-    return open_study_parent(protocol, protocol_file, allow_dirty, extra_tags, log=lambda _: None).run_id
+    return open_study_parent(protocol, protocol_file, allow_dirty, extra_tags, log=log).run_id
 
 
 def experiment_exists(protocol_name: str) -> bool:

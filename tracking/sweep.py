@@ -8,15 +8,23 @@ local fallback store and ``workbench sync`` merges them into the server runs lat
 
 from __future__ import annotations
 
+from mlflow.tracking import MlflowClient
+
+from tracking import ui_links
 from tracking.runs import configure_tracking, git_state
 from tracking.sink import RunSink
 
 
-def start_sweep_parent(experiment: str, name: str, tags: dict, params: dict) -> RunSink:
+def start_sweep_parent(experiment: str, name: str, tags: dict, params: dict, log=print) -> RunSink:
     """The parent run of one sweep invocation (in the protocol's experiment), holding the search space."""
     tags = {"mlflow.runName": name, "sweep": name, "sweep_parent": "true", **git_state(), **tags}
     sink = RunSink.create(experiment, tags, uri=configure_tracking())
     sink.log_params(params)
+    if not sink.offline:
+        exp_id = MlflowClient(sink.uri).get_run(sink.run_id).info.experiment_id
+        url = ui_links.run_url(sink.uri, exp_id, sink.run_id)  # None for a local store
+        if url:
+            log(f"MLflow UI (this sweep's parent run): {url}")
     return sink
 
 
