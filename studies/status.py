@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import click
 import mlflow
 
 from studies.protocol import ProtocolError, load_protocol
 from tracking.lease import REASON_TAG, lease_state, possible_writer
 from tracking.protocols import cell_runs, experiment_exists, reap_dead_runs, study_runs
+from tracking.offline_fallback import tracking_uri
 from tracking.runs import configure_tracking
 from tracking.ui_links import run_url
 from workbench.train.fingerprint import current_code_fingerprint
@@ -46,6 +49,11 @@ def status(protocol_path):
         protocol = load_protocol(protocol_path)
     except ProtocolError as err:
         raise click.ClickException(str(err)) from err
+    uri = tracking_uri()
+    if uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).exists():  # do not create it
+        click.echo(f"{protocol.name}@{protocol.short_hash}: never run here (no MLflow store at {uri}); next ablate: "
+                   f"start all {len(protocol.cells())} cells")
+        return
     configure_tracking()
     fingerprint = current_code_fingerprint()
     if not study_runs(protocol) and not reap_dead_runs(protocol.name) and not experiment_exists(protocol.name):

@@ -176,3 +176,16 @@ def test_weight_files_are_called_what_they_are(tmp_path):
     (tmp_path / "cut.pt").write_bytes((tmp_path / "good.pt").read_bytes()[:1500])
     with pytest.raises(CheckpointError, match=r"corrupted or truncated torch file .*cut\.pt"):
         load_state_dict_file(tmp_path / "cut.pt")
+
+
+def test_readers_of_a_store_that_does_not_exist_say_so_and_create_none(tmp_path, monkeypatch):
+    """report, figures and status in a folder where nothing ran: one line each, and no empty mlflow.db left behind."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    for args in (["report", "--protocol", "nosuch"], ["report", "--all"], ["figures", "--protocol", "nosuch", "--no-log"]):
+        result = CliRunner().invoke(main, args)
+        assert result.exit_code == 1 and result.output.count("Error") == 1, result.output
+        assert "no MLflow store at sqlite:///mlflow.db" in result.output, result.output
+    shown = CliRunner().invoke(main, ["status", "--protocol", str(PROTOCOLS / "smoke.yaml")])
+    assert shown.exit_code == 0 and "never run here (no MLflow store at sqlite:///mlflow.db)" in shown.output, shown.output
+    assert not (tmp_path / "mlflow.db").exists()

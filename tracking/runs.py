@@ -34,6 +34,11 @@ def configure_tracking(allow_offline: bool = True) -> str:
     """
     if not allow_offline:
         uri = resilient.tracking_uri()
+        store = Path(uri.removeprefix("sqlite:///")) if uri.startswith("sqlite:///") else None
+        if store is not None and not store.exists():
+            # Opening it would create an empty store here: a reader only says what is missing.
+            raise click.ClickException(f"no MLflow store at {uri} ({store.resolve()} does not exist): nothing was run "
+                                       "against it; set MLFLOW_TRACKING_URI to the store that holds the runs")
         if resilient.is_remote(uri):
             state = resilient.server_state(uri)
             if state != "up":
