@@ -10,7 +10,6 @@ from __future__ import annotations
 import math
 import os
 import re
-import shutil
 import stat
 import tempfile
 from dataclasses import dataclass, field
@@ -142,28 +141,8 @@ def make_store(folder: Path, skip: tuple = (), name: str = "study", description:
     return store
 
 
-@pytest.fixture(scope="session")
-def empty_mlflow_db(tmp_path_factory) -> Path:
-    """An empty, fully migrated MLflow SQLite file: creating one takes seconds, copying it none."""
-    import mlflow
-
-    path = tmp_path_factory.mktemp("mlflow-template") / "mlflow.db"
-    previous = mlflow.get_tracking_uri()
-    mlflow.set_tracking_uri(f"sqlite:///{path}")
-    MlflowClient().search_experiments()  # runs the schema migrations
-    mlflow.set_tracking_uri(previous)
-    return path
-
-
 @pytest.fixture
-def fresh_store(tmp_path, empty_mlflow_db, mlflow_store) -> str:
-    """``mlflow_store`` started from the migrated template (nothing has opened it yet)."""
-    shutil.copyfile(empty_mlflow_db, tmp_path / "mlflow.db")
-    return mlflow_store
-
-
-@pytest.fixture
-def store(tmp_path, fresh_store) -> Store:
+def store(tmp_path, mlflow_store) -> Store:
     previous = os.umask(UMASK)  # report files are 0666 masked by the umask: pin it so the mode check is exact
     try:
         yield make_store(tmp_path)
@@ -288,7 +267,7 @@ def test_numbers_equal_hand_computed_values(store, tmp_path):
         assert stat.S_IMODE(path.stat().st_mode) == 0o666 & ~UMASK, (path, oct(path.stat().st_mode))
 
 
-def test_other_hashes_of_the_name_are_named_and_never_mixed(tmp_path, fresh_store):
+def test_other_hashes_of_the_name_are_named_and_never_mixed(tmp_path, mlflow_store):
     older = make_store(tmp_path / "v1", description="first version")
     newer = make_store(tmp_path / "v2", description="second version, same name, new hash")
     assert older.protocol.hash != newer.protocol.hash
@@ -314,7 +293,7 @@ def test_other_hashes_of_the_name_are_named_and_never_mixed(tmp_path, fresh_stor
     assert [s.mean for s in by_name.summaries["val"]] == [s.mean for s in result.summaries["val"]]
 
 
-def test_missing_cells_are_listed_and_flagged_not_silently_averaged(tmp_path, fresh_store):
+def test_missing_cells_are_listed_and_flagged_not_silently_averaged(tmp_path, mlflow_store):
     store = make_store(tmp_path, skip=(("cnn", 2), ("wide", 1)))
     failed = log_cell(MlflowClient(), store.protocol, store.parents[0], "wide", 1, 8, 5, status="FAILED")
     # A newer run of cnn/seed1 without a test result (a dataset without a test split): missing in test only.
