@@ -9,6 +9,8 @@ as a warning. The cost table reads each reported run: the per-epoch ``epoch_seco
 
 from __future__ import annotations
 
+import statistics
+
 from reports.collect import StudyData
 from reports.provenance import device, precision
 from reports.render import Block, Heading, Table
@@ -50,7 +52,7 @@ def _seconds(s: float) -> str:
 def cost_blocks(study: StudyData, table: ConfigTable | None) -> list[Block]:
     """Per arm: training wall time, epochs run, images per second, device, precision, size and FLOPs."""
     by_arm = {row["arm"].removesuffix(" (reference)"): row for row in (table.rows if table else [])}
-    rows, notes = [], []
+    rows, notes, resumed = [], [], []
     for arm in study.spec.arms:
         cells = [c for (a, _), c in sorted(study.cells.items(), key=lambda kv: kv[0][1]) if a == arm]
         if not cells:
@@ -64,23 +66,38 @@ def cost_blocks(study: StudyData, table: ConfigTable | None) -> list[Block]:
                 runs.append(training_cost(sum(walls), epochs, train_size=train, device=device(r), precision=precision(r)))
         epochs_run = " / ".join(str(len(c.curves.get("val_accuracy", {}))) for c in cells)
         info = by_arm.get(arm, {})
+        spans = [(c.record.end_time - c.record.start_time) / 1000 for c in cells
+                 if c.record.end_time and c.record.start_time]
+        run_time = _seconds(statistics.fmean(spans)) if spans else "n/a"
+        resumed.extend(f"{arm}/seed{c.record.seed}" for c in cells if c.record.tags.get("resumed") == "true")
         if runs:
             cost = arm_cost(runs)
-            row = [arm, str(len(cells)), _seconds(cost.mean_wall_seconds), _seconds(cost.total_wall_seconds), epochs_run,
-                   f"{cost.mean_images_per_second:,.0f}", ", ".join(cost.devices), ", ".join(cost.precisions)]
+            row = [arm, str(len(cells)), _seconds(cost.mean_wall_seconds), _seconds(cost.total_wall_seconds), run_time,
+                   epochs_run, f"{cost.mean_images_per_second:,.0f}", ", ".join(cost.devices), ", ".join(cost.precisions)]
             if len(cost.devices) > 1 or len(cost.precisions) > 1:
                 notes.append(f"{FLAG} {arm}: runs on different devices or precisions; their times are not comparable")
         else:
-            row = [arm, str(len(cells)), "n/a", "n/a", epochs_run, "n/a",
+            row = [arm, str(len(cells)), "n/a", "n/a", run_time, epochs_run, "n/a",
                    ", ".join(sorted({device(c.record) for c in cells})), ", ".join(sorted({precision(c.record) for c in cells}))]
         rows.append(row + [info.get("parameters", "n/a"), info.get("FLOPs / image", "n/a")])
     if not rows:
         return []
-    notes.insert(0, "Training wall time: the sum of the run's per-epoch `epoch_seconds` (training batches only; "
+    notes.insert(0, "Training time: the sum of the run's per-epoch `epoch_seconds` (training batches only; "
                  "evaluation, checkpointing and the reload proof excluded), mean per run and total over the arm's runs. "
                  "Images/s: training images x epochs run / that time, mean over runs. Epochs run per seed in seed order "
                  "(early stopping ends sooner). n/a: the runs did not log per-epoch times.")
+    records = [c.record for c in study.cells.values() if c.record.start_time and c.record.end_time]
+    span = ""
+    if records:
+        first, last = min(r.start_time for r in records), max(r.end_time for r in records)
+        span = (f" From the first reported run's start to the last one's end: {_seconds((last - first) / 1000)} "
+                f"({len(records)} runs; the study's wall time when one execution ran them all, back to back).")
+    notes.insert(1, "Run time: the MLflow run's start to its end, mean per run: training plus evaluation, "
+                 "checkpoints, the reload proof, the test pass and the logged model." + span
+                 + (f" {FLAG} Resumed runs ({', '.join(resumed)}): their run time includes the time they were stopped."
+                    if resumed else ""))
     return [Heading(2, "Compute cost"), Table(
-        ["arm", "runs", "wall time / run", "wall time, all runs", "epochs run", "images/s", "device", "precision",
-         "parameters", "FLOPs / image"], rows, ["l", "r", "r", "r", "r", "r", "l", "l", "r", "r"], notes)]
+        ["arm", "runs", "training time / run", "training time, all runs", "run time / run", "epochs run", "images/s",
+         "device", "precision", "parameters", "FLOPs / image"], rows,
+        ["l", "r", "r", "r", "r", "r", "r", "l", "l", "r", "r"], notes)]
 

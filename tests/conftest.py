@@ -21,7 +21,7 @@ torch.set_num_threads(min(2, os.cpu_count() or 1))
 
 # Fixtures that give a test a real MLflow store: such a test runs trainings or studies
 # end to end, so it is marked `e2e` and left out of `make test-fast` (still in the default tier).
-STORE_FIXTURES = {"mlflow_store", "fresh_store", "store", "isolated_tracking"}
+STORE_FIXTURES = {"mlflow_store", "store", "isolated_tracking"}
 
 
 def pytest_collection_modifyitems(config, items):

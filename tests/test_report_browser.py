@@ -10,7 +10,7 @@ import subprocess
 import numpy as np
 import pytest
 from PIL import Image
-from test_report import empty_mlflow_db, fresh_store, store  # noqa: F401  (fixtures)
+from test_report import store  # noqa: F401  (fixture)
 from test_report_transfer import transfer_store  # noqa: F401  (fixture)
 
 from reports.build import build_report

@@ -17,7 +17,7 @@ from click.testing import CliRunner
 from mlflow.entities import Metric, Param
 from mlflow.tracking import MlflowClient
 from sklearn.metrics import cohen_kappa_score
-from test_report import empty_mlflow_db, fresh_store, table_rows  # noqa: F401  (fixtures)
+from test_report import table_rows
 
 from reports.build import build_report
 from reports.collect import ReportError
@@ -99,7 +99,7 @@ def log_transfer_store(folder: Path) -> dict:
 
 
 @pytest.fixture
-def transfer_store(tmp_path, fresh_store) -> dict:  # noqa: F811 (fixture)
+def transfer_store(tmp_path, mlflow_store) -> dict:
     return log_transfer_store(tmp_path)
 
 
