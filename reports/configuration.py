@@ -93,7 +93,8 @@ def cost_blocks(study: StudyData, table: ConfigTable | None) -> list[Block]:
         span = (f" From the first reported run's start to the last one's end: {_seconds((last - first) / 1000)} "
                 f"({len(records)} runs; the study's wall time when one execution ran them all, back to back).")
     notes.insert(1, "Run time: the MLflow run's start to its end, mean per run: training plus evaluation, "
-                 "checkpoints, the reload proof, the test pass and the logged model." + span
+                 "checkpoints, the reload proof, the test pass (where the protocol has one) and the logged model."
+                 + span
                  + (f" {FLAG} Resumed runs ({', '.join(resumed)}): their run time includes the time they were stopped."
                     if resumed else ""))
     return [Heading(2, "Compute cost"), Table(

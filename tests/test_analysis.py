@@ -248,3 +248,25 @@ def test_siglip_has_the_pool_map_and_says_why_there_is_no_rollout():
     assert a.head_maps(-1).maps.shape == (2, 2, 4, 4)  # per-block maps: mean over patch rows
     figs = attention_figures(glass, torch.randn(1, 3, 64, 64), NORM, "siglip", lambda logits: ["x"])
     assert "rollout is not drawn" in figs.rollout.get_suptitle().replace("\n", " ")
+
+
+def test_summary_figure_of_eleven_arms_keeps_its_table_inside_and_names_every_bar():
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.table import Table
+
+    rng = np.random.default_rng(0)
+    arms = [rf.ArmSummary(f"arm{i}", "cifar_vit", 1_000_000 + i, {"val": {s: 0.3 + 0.01 * rng.random() for s in range(3)}},
+                          {s: 6 for s in range(3)}) for i in range(11)]
+    fig = rf.summary_figure(arms, "eleven arms")
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()
+    renderer = canvas.get_renderer()
+    (table,) = fig.findobj(Table)
+    box, page = table.get_window_extent(renderer), fig.bbox
+    assert box.y0 >= page.y0 and box.y1 <= page.y1 and box.x0 >= page.x0 and box.x1 <= page.x1, (box, page)
+    from matplotlib.axes import Axes
+
+    labels = [[t.get_text() for t in ax.get_xticklabels()] for ax in fig.findobj(Axes) if ax.axison]
+    assert labels == [[a.arm for a in arms]], labels
+    colors = rf.arm_colors([a.arm for a in arms])
+    assert len(set(colors.values())) == 11, "two arms share a colour"

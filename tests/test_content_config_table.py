@@ -16,7 +16,8 @@ from workbench.report_content.config_table import arm_config, config_table, desc
 from workbench.protocol.transfer import parse_transfer_protocol
 
 PROTOCOLS = Path(__file__).resolve().parent.parent / "studies" / "protocols"
-ABLATIONS = ["cifar10_ablations", "fmnist_vit_vs_cnn", "smoke"]
+# Every shipped ablation protocol (a transfer protocol has regimes instead of arms).
+ABLATIONS = sorted(p.stem for p in PROTOCOLS.glob("*.yaml") if "regimes" not in yaml.safe_load(p.read_text()))
 
 
 @pytest.mark.parametrize("name", ABLATIONS)
@@ -67,10 +68,13 @@ def test_description_that_contradicts_the_hash_is_flagged():
     canonical = copy.deepcopy(load_protocol(PROTOCOLS / "smoke.yaml").canonical)
     canonical["run"]["epochs"] = 2
     canonical["seeds"] = [0, 1, 2]
-    canonical["description"] = "A quick check: 3 epochs, two seeds."
+    canonical["description"] = ("A quick check: 3 epochs, two seeds, a 4-epoch budget; sized from a one-epoch "
+                                "calibration cell.")
     problems = description_conflicts(canonical)
     assert any("'two seeds' but the protocol has 3 seeds" in p for p in problems), problems
     assert any("'3 epochs' but no epoch setting of the protocol is 3" in p for p in problems), problems
+    assert any("'4-epoch budget' but no epoch setting of the protocol is 4" in p for p in problems), problems
+    assert not any("one-epoch" in p for p in problems), "a measurement the description mentions is not a setting"
     assert config_table(canonical).notes[-2:] == problems[-2:]
     for name in ABLATIONS:  # the committed protocols agree with their descriptions
         assert description_conflicts(load_protocol(PROTOCOLS / f"{name}.yaml").canonical) == [], name

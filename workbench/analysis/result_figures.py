@@ -19,11 +19,11 @@ CURVE_METRICS = ("val_accuracy", "val_loss", "train_accuracy", "train_loss")
 
 
 def arm_colors(arms: Sequence[str]) -> dict[str, tuple]:
-    """One stable tab10 colour per arm, in the order given."""
+    """One stable colour per arm, in the order given: tab10, or tab20 for more than ten arms."""
     from matplotlib import colormaps
 
-    cmap = colormaps["tab10"]
-    return {arm: cmap(i % 10) for i, arm in enumerate(arms)}
+    cmap = colormaps["tab10" if len(arms) <= 10 else "tab20"]
+    return {arm: cmap(i % cmap.N) for i, arm in enumerate(arms)}
 
 
 def confusion_matrix(labels: np.ndarray, predicted: np.ndarray, num_classes: int) -> np.ndarray:
@@ -218,8 +218,10 @@ def summary_figure(arms: Sequence[ArmSummary], title: str, note: str = "", dpi: 
     """
     colors = arm_colors([a.arm for a in arms])
     splits = [s for s in ("val", "test") if any(s in a.accuracy for a in arms)]
-    fig = new_figure((12.0, 6.0), dpi)
-    top, bottom = fig.subfigures(2, 1, height_ratios=[2.6, 1.0])
+    # The table needs a line per arm: the figure grows with the study instead of cutting it off.
+    table_height = 0.32 * (len(arms) + 1) + 0.3
+    fig = new_figure((max(12.0, 0.75 * len(arms) * len(splits) + 2), 5.0 + table_height), dpi)
+    top, bottom = fig.subfigures(2, 1, height_ratios=[4.4, table_height])
     ax = top.subplots()
     all_values = [v for a in arms for d in a.accuracy.values() for v in d.values()]
     span = (max(all_values, default=1.0) - min(all_values, default=0.0)) or 0.05
@@ -230,16 +232,21 @@ def summary_figure(arms: Sequence[ArmSummary], title: str, note: str = "", dpi: 
                 continue
             x = si * (len(arms) + 1) + ai
             mean = float(np.mean(values))
-            ax.bar(x, mean, color=colors[a.arm], alpha=0.5, width=0.8, label=a.arm if si == 0 else None)
+            ax.bar(x, mean, color=colors[a.arm], alpha=0.5, width=0.8)
             ax.scatter([x] * len(values), values, color="black", s=16, zorder=3)
             # the label sits above the highest seed so it never hides a point
             ax.text(x, max(values) + 0.04 * span, f"{mean:.1%}", ha="center", va="bottom", fontsize=9)
-    ax.set_xticks([si * (len(arms) + 1) + (len(arms) - 1) / 2 for si in range(len(splits))],
-                  [f"{s} accuracy" for s in splits])
+    # Every bar carries its arm's name (a legend would cover bars once there are many arms);
+    # each split's group is named above it.
+    ax.set_xticks([si * (len(arms) + 1) + ai for si in range(len(splits)) for ai in range(len(arms))],
+                  [a.arm for _ in splits for a in arms], rotation=45 if len(arms) > 4 else 0,
+                  ha="right" if len(arms) > 4 else "center", fontsize=8)
+    for si, split in enumerate(splits):
+        ax.text(si * (len(arms) + 1) + (len(arms) - 1) / 2, 1.0, f"{split} accuracy", ha="center", va="bottom",
+                fontsize=9, transform=ax.get_xaxis_transform())
     ax.set_ylim(max(0.0, min(all_values, default=0.0) - 0.5 * span), min(1.0, max(all_values, default=1.0) + 0.3 * span))
     ax.grid(axis="y", alpha=0.3)
-    ax.legend(fontsize=8, loc="lower right")
-    ax.set_title("bar: mean over seeds (value above); dot: one seed; y axis zoomed to the data", fontsize=9)
+    ax.set_title("bar: mean over seeds (value above); dot: one seed; y axis zoomed to the data", fontsize=9, pad=16)
     header = ["arm", "model", "parameters", "seeds", "epochs per seed"] + [f"{s} accuracy, mean ± sd" for s in splits]
     rows = []
     for a in arms:

@@ -236,4 +236,6 @@ def _confusion(runs: list[RunInputs], arms: list[str], inputs: StudyInputs) -> F
             if tables:
                 cm = sum(rf.confusion_matrix(t["label"].to_numpy(), t["predicted"].to_numpy(), k) for t in tables)
                 matrices[f"{arm}, {split} (sum of {len(tables)} seeds)"] = cm
-    return rf.confusion_figure(matrices, inputs.class_names, f"Confusion matrices: {inputs.title}", ncols=len(arms))
+    # One row per split while that stays readable; many arms wrap onto rows of four.
+    ncols = len(arms) if len(arms) <= 4 else 4
+    return rf.confusion_figure(matrices, inputs.class_names, f"Confusion matrices: {inputs.title}", ncols=ncols)

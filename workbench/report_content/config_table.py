@@ -204,8 +204,10 @@ def _number(word: str) -> int | None:
 def description_conflicts(canonical: Mapping[str, Any]) -> list[str]:
     """Numbers of epochs or seeds in the description that the hashed protocol contradicts.
 
-    "N seeds" must equal the number of seeds; "N epochs" (or "N-epoch") must equal some
-    epoch count of the protocol (any arm's or regime's epochs, patience or warmup).
+    "N seeds" must equal the number of seeds; "N epochs" must equal some epoch count of the
+    protocol (any arm's or regime's epochs, patience or warmup). The adjective "N-epoch" is
+    checked only where it qualifies the protocol's own training ("a 20-epoch budget", "3-epoch
+    runs"): a description may well mention "a one-epoch calibration cell" measured to size it.
     """
     text = canonical.get("description", "")
     arms = [arm_config(canonical, a) for a in canonical.get("arms", [])]
@@ -221,8 +223,10 @@ def description_conflicts(canonical: Mapping[str, Any]) -> list[str]:
         n = _number(m.group(1))
         if n is not None and n != n_seeds:
             problems.append(f"the description says {m.group(0)!r} but the protocol has {n_seeds} seeds")
-    for m in re.finditer(word + r"[\s-]+(?:warmup[\s-]+)?epochs?\b", text, flags=re.IGNORECASE):
-        n = _number(m.group(1))
+    counts = word + r"\s+(?:warmup[\s-]+)?epochs?\b"
+    adjectives = word + r"-epochs?\s+(?:budget|protocol|schedule|training|runs?|study)\b"
+    for m in re.finditer(f"{counts}|{adjectives}", text, flags=re.IGNORECASE):
+        n = _number(m.group(1) or m.group(2))
         if n is not None and float(n) not in epoch_values:
             shown = ", ".join(_g(v) for v in sorted(epoch_values))
             problems.append(f"the description says {m.group(0)!r} but no epoch setting of the protocol is {n} "
