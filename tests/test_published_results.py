@@ -1,0 +1,68 @@
+"""The README's Results section says what the published reports say (docs/results/)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "docs" / "results"
+
+
+def paired(report: Path, split: str) -> dict[tuple[str, str], tuple[float, float, float, int]]:
+    """(a, b) -> (mean, t-interval low, high, seeds won by a) from a report's seed-paired table of ``split``."""
+    text = report.read_text()
+    section = text.split("## Seed-paired comparisons", 1)[1].split("\n## ", 1)[0]
+    block = section.split(f"### {split}", 1)[1].split("\n### ", 1)[0]
+    out = {}
+    for line in block.splitlines():
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        if len(cells) > 5 and " − " in cells[0] and re.fullmatch(r"\d+ of \d+", cells[1]):
+            a, b = cells[0].split(" − ")
+            n = int(cells[1].split(" of ")[1])
+            mean = float(cells[2 + n])
+            low, high = (float(v) for v in cells[3 + n].strip("[]").split(","))
+            won = int(cells[-3].split(" of ")[0])
+            out[(a, b)] = (mean, low, high, won)
+    return out
+
+
+def shown(mean: float, low: float, high: float, won: int, seeds: int, invert: bool = False) -> str:
+    """The README's form: '+0.70 [−0.73, +2.13], 3 of 3' (Unicode minus), optionally as b − a."""
+    if invert:
+        mean, low, high, won = -mean, -high, -low, seeds - won
+    return f"{mean:+.2f} [{low:+.2f}, {high:+.2f}], {won} of {seeds}".replace("-", "−")
+
+
+README = (ROOT / "README.md").read_text()
+
+
+def in_readme(text: str, what: str) -> None:
+    if text not in README:  # not an assert: pytest would print the whole README
+        pytest.fail(f"{what}: README lacks {text!r}")
+
+
+@pytest.mark.skipif(not RESULTS.exists(), reason="no published results")
+def test_the_fashion_mnist_numbers_in_the_readme_are_the_reports():
+    report = RESULTS / "fmnist_seed_recipe" / "report.md"
+    mean, low, high, won = paired(report, "Test")[("cnn", "vit")]
+    difference = shown(mean, low, high, won, 5).rsplit(",", 1)[0]
+    in_readme(f"| CNN − ViT | +8.51 | {difference}, CNN ahead in {won} of 5 seeds |", "CNN − ViT on test")
+    accuracy = report.read_text().split("## Accuracy", 1)[1].split("### Test", 1)[1]
+    for arm, label in (("cnn", "CNN"), ("vit (reference)", "ViT")):
+        row = next(line for line in accuracy.splitlines() if line.startswith(f"| {arm} "))
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        in_readme(f" | {cells[2]} {cells[3]} |", f"{label} test accuracy")
+
+
+@pytest.mark.skipif(not RESULTS.exists(), reason="no published results")
+def test_the_cifar_directions_in_the_readme_are_the_reports():
+    rows = paired(RESULTS / "cifar10_ablations_cpu" / "report.md", "Validation")
+    expected = [(("p4_w96", "p8_w96"), False), (("p8_w96", "p16_w96"), False), (("p8_w192", "base"), True),
+                (("p8_w192", "p16_w192"), False), (("p4_w96", "base"), True), (("p8_w192", "p8_w96"), False),
+                (("p16_w192", "p16_w96"), False), (("pos_none", "base"), True), (("pool_mean", "base"), False),
+                (("heads8", "base"), False), (("heads12", "base"), False), (("heads16", "base"), False)]
+    for pair, invert in expected:
+        in_readme(shown(*rows[pair], 3, invert=invert), f"{' − '.join(pair[::-1] if invert else pair)}")
