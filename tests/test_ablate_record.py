@@ -210,3 +210,41 @@ def test_a_cell_whose_holder_may_still_write_continues_in_a_new_run(study, capsy
     assert f"vit/seed1: finished (run {new_id})" in shown.output, shown.output
     # A third execution skips both cells: the superseded run is history, not a cell to redo.
     assert [o.status for o in run()] == ["skipped", "skipped"]
+    # Counted by cell, the closed run does not make the study look failed.
+    (parent,) = runs(client, "parent")
+    assert parent.info.status == "FINISHED", parent.data.metrics
+    assert parent.data.metrics["cells_finished"] == 2 and parent.data.metrics["cells_superseded"] == 1
+    assert parent.data.metrics["cells_killed"] == 0, parent.data.metrics
+
+
+def test_a_shared_parent_stays_alive_while_any_of_its_executions_is(study):
+    """Workers share the study's parent: the first one's death must not mark it KILLED under the others."""
+    from tracking.lease import EXEC_PREFIX, execution_tag, lease_state, reap_expired
+
+    _, run = study
+    client = MlflowClient()
+    run()
+    (parent,) = runs(client, "parent")
+    assert not [k for k in parent.data.tags if k.startswith(EXEC_PREFIX)], "an ended execution keeps its lease tag"
+    host = __import__("socket").gethostname()
+    alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        # The lease names the first execution (gone); a second one, alive, renews its own tag.
+        client.update_run(parent.info.run_id, status="RUNNING")
+        for k, v in {HOST_TAG: host, PID_TAG: str(dead_pid()), TOKEN_TAG: "shared", HEARTBEAT_TAG: "0",
+                     execution_tag("first"): f"{host} {dead_pid()} 0",
+                     execution_tag("second"): f"{host} {alive.pid} {__import__('time').time():.3f}"}.items():
+            client.set_tag(parent.info.run_id, k, v)
+        state = lease_state(client.get_run(parent.info.run_id))
+        assert state.alive and state.pid == alive.pid, state
+        assert reap_expired(client, parent.info.experiment_id) == []
+        assert client.get_run(parent.info.run_id).info.status == "RUNNING"
+    finally:
+        alive.kill()
+        alive.wait()
+    reaped = reap_expired(client, parent.info.experiment_id)
+    assert [r for r, _ in reaped] == [parent.info.run_id] and "all 2 executions are gone" in reaped[0][1], reaped
+    # The next execution clears the tags the dead ones left, and its own when it ends.
+    run()
+    tags = client.get_run(parent.info.run_id).data.tags
+    assert not [k for k in tags if k.startswith(EXEC_PREFIX)], tags

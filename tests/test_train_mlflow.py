@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pandas as pd
+import pytest
 import torch
 from mlflow.tracking import MlflowClient
 
@@ -103,3 +104,40 @@ def test_nan_loss_marks_the_run_failed_with_the_step(mlflow_store, tmp_path, mon
     assert run.info.status == "FAILED"
     assert run.data.tags["nonfinite_loss_step"] == "3"
     assert "inf" in run.data.tags["failure"]
+
+
+def test_a_dataset_insert_lost_to_another_run_is_linked_on_the_next_try(mlflow_store, monkeypatch):
+    """Workers starting cells at once race to insert the same dataset; the loser links it, it does not fail."""
+    from mlflow.data.http_dataset_source import HTTPDatasetSource
+    from mlflow.data.meta_dataset import MetaDataset
+    from mlflow.entities import DatasetInput
+    from mlflow.exceptions import RestException
+
+    from tracking.sink import RunSink
+
+    dataset = MetaDataset(source=HTTPDatasetSource(url="file://x/y"), name="images-split3", digest="d" * 36)
+    inputs = [DatasetInput(dataset._to_mlflow_entity(), [])]
+    winner = RunSink.create("race", {"mlflow.runName": "winner"})
+    loser = RunSink.create("race", {"mlflow.runName": "loser"})
+    real, calls = MlflowClient.log_inputs, []
+
+    def lost_race_once(self, run_id, datasets=None, **kw):
+        calls.append(run_id)
+        if run_id == loser.run_id and calls.count(run_id) == 1:
+            real(self, winner.run_id, datasets=datasets)  # the other run inserts it first ...
+            raise RestException({"error_code": "BAD_REQUEST", "message": '(psycopg.errors.UniqueViolation) duplicate '
+                                 'key value violates unique constraint "dataset_pk"'})  # ... as the server says
+        return real(self, run_id, datasets=datasets, **kw)
+
+    monkeypatch.setattr(MlflowClient, "log_inputs", lost_race_once)
+    loser.log_inputs(inputs)
+    assert calls == [loser.run_id, loser.run_id]
+    client = MlflowClient()
+    for run in (winner, loser):
+        logged = client.get_run(run.run_id).inputs.dataset_inputs
+        assert [(d.dataset.name, d.dataset.digest) for d in logged] == [("images-split3", "d" * 36)], run.run_id
+    # Any other refusal is an error, not a race: no retry.
+    monkeypatch.setattr(MlflowClient, "log_inputs", lambda *a, **k: (_ for _ in ()).throw(
+        RestException({"error_code": "BAD_REQUEST", "message": "Dataset name too long"})))
+    with pytest.raises(RestException, match="too long"):
+        loser.log_inputs(inputs)

@@ -16,6 +16,7 @@ cell continues in a fresh run and the old one is closed as superseded.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import threading
@@ -23,11 +24,14 @@ import time
 import uuid
 from dataclasses import dataclass
 
-from mlflow.entities import Run
+from mlflow.entities import Run, RunTag
 from mlflow.tracking import MlflowClient
 
 HOST_TAG, PID_TAG, TOKEN_TAG, HEARTBEAT_TAG = "lease.host", "lease.pid", "lease.token", "lease.heartbeat"
 REASON_TAG = "killed_reason"
+# A run several executions share (a study's parent): each renews a tag of its own,
+# "lease.exec.<token>" = "<host> <pid> <heartbeat time>", and the run is alive while any is.
+EXEC_PREFIX = "lease.exec."
 # Set to the holder's token when the holder ended the run itself (it will not write again).
 RELEASED_TAG = "lease.released"
 SUPERSEDED_TAG, CONTINUES_TAG = "superseded_by", "continues_run"
@@ -74,21 +78,63 @@ class LeaseState:
     pid: int = 0
 
 
-def lease_state(run: Run, now: float | None = None) -> LeaseState:
-    """Whether the execution holding a RUNNING run is alive, judged from its lease tags."""
-    tags, now = run.data.tags, now or time.time()
-    if HEARTBEAT_TAG not in tags:
-        # A run from before leases existed: judge by its age alone.
-        age = now - (run.info.start_time or 0) / 1000
-        return LeaseState(age < lease_seconds(), f"no lease; started {age:.0f} s ago")
-    host, pid = tags.get(HOST_TAG, "?"), int(tags.get(PID_TAG, "0") or 0)
-    age = now - float(tags[HEARTBEAT_TAG])
+def execution_tag(token: str) -> str:
+    return EXEC_PREFIX + token
+
+
+def execution_value(now: float | None = None) -> str:
+    return f"{HOST} {os.getpid()} {(now or time.time()):.3f}"
+
+
+def _judge(host: str, pid: int, heartbeat: float, now: float) -> LeaseState:
+    age = now - heartbeat
     if host == HOST and not pid_alive(pid):
         return LeaseState(False, f"process {pid} on {host} is gone (last heartbeat {age:.0f} s ago)", host, pid)
     if age > lease_seconds():
         return LeaseState(False, f"lease of {host}/{pid} expired: last heartbeat {age:.0f} s ago "
                                  f"(lease {lease_seconds():.0f} s)", host, pid)
     return LeaseState(True, f"running on {host}/{pid} (heartbeat {age:.0f} s ago)", host, pid)
+
+
+def _executions(tags: dict) -> dict[str, tuple[str, int, float]]:
+    """Execution tag -> (host, pid, heartbeat time) of a shared run."""
+    found = {}
+    for key, value in tags.items():
+        if key.startswith(EXEC_PREFIX):
+            try:
+                host, pid, heartbeat = value.rsplit(" ", 2)
+                found[key] = (host, int(pid), float(heartbeat))
+            except ValueError:  # not ours to judge: ignore it
+                continue
+    return found
+
+
+def dead_executions(run: Run, now: float | None = None) -> list[str]:
+    """The execution tags of a shared run whose executions are gone (killed ones never removed theirs)."""
+    now = now or time.time()
+    return [key for key, e in _executions(run.data.tags).items() if not _judge(*e, now).alive]
+
+
+def lease_state(run: Run, now: float | None = None) -> LeaseState:
+    """Whether the execution holding a RUNNING run is alive, judged from its lease tags.
+
+    A shared run (execution tags) is alive while any of its executions is.
+    """
+    tags, now = run.data.tags, now or time.time()
+    executions = _executions(tags).values()
+    if executions:
+        states = [_judge(*e, now) for e in sorted(executions, key=lambda e: -e[2])]
+        alive = [s for s in states if s.alive]
+        if alive:
+            more = f" and {len(alive) - 1} more execution(s)" if len(alive) > 1 else ""
+            return LeaseState(True, alive[0].why + more, alive[0].host, alive[0].pid)
+        return states[0] if len(states) == 1 else LeaseState(
+            False, f"all {len(states)} executions are gone; the last: {states[0].why}", states[0].host, states[0].pid)
+    if HEARTBEAT_TAG not in tags:
+        # A run from before leases existed: judge by its age alone.
+        age = now - (run.info.start_time or 0) / 1000
+        return LeaseState(age < lease_seconds(), f"no lease; started {age:.0f} s ago")
+    return _judge(tags.get(HOST_TAG, "?"), int(tags.get(PID_TAG, "0") or 0), float(tags[HEARTBEAT_TAG]), now)
 
 
 def is_mine(run: Run) -> bool:
@@ -123,13 +169,24 @@ def reap_expired(client: MlflowClient, experiment_id: str, filter_string: str = 
     where = "attributes.status = 'RUNNING'" + (f" and {filter_string}" if filter_string else "")
     reaped = []
     for run in client.search_runs([experiment_id], filter_string=where, max_results=5000):
-        if is_mine(run):
+        if is_mine(run) or lease_state(run).alive:
             continue
+        # The search may be seconds old on a busy machine: a holder that ended its run and
+        # exited meanwhile would look dead. Judge the run as it is now, right before writing.
+        with contextlib.suppress(Exception):
+            run = client.get_run(run.info.run_id)
         state = lease_state(run)
-        if state.alive:
+        if run.info.status != "RUNNING" or state.alive:
             continue
-        client.set_tag(run.info.run_id, REASON_TAG, state.why[:500])
-        client.set_terminated(run.info.run_id, "KILLED")
+        try:
+            # log_batch: two reapers may write the new tag at once; MLflow retries that insert there.
+            client.log_batch(run.info.run_id, tags=[RunTag(REASON_TAG, state.why[:500])])
+            client.set_terminated(run.info.run_id, "KILLED")
+        except Exception:
+            with contextlib.suppress(Exception):
+                if client.get_run(run.info.run_id).info.status != "RUNNING":
+                    continue  # another execution reaped (or resumed) it meanwhile
+            raise
         reaped.append((run.info.run_id, state.why))
         if log:
             log(f"marked run {run.info.run_id} ({run.data.tags.get('mlflow.runName', '?')}) KILLED: {state.why}")
@@ -149,7 +206,7 @@ class Heartbeats:
     """
 
     def __init__(self) -> None:
-        self._held: dict[str, tuple[str, str]] = {}  # run id -> (tracking uri, token)
+        self._held: dict[str, tuple[str, str, str | None]] = {}  # run id -> (tracking uri, token, execution tag)
         self._lost: dict[str, str] = {}
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
@@ -170,9 +227,10 @@ class Heartbeats:
                 self._thread = threading.Thread(target=self._loop, name="workbench-lease", daemon=True)
                 self._thread.start()
 
-    def hold(self, run_id: str, uri: str, token: str) -> None:
+    def hold(self, run_id: str, uri: str, token: str, execution: str | None = None) -> None:
+        """Renew ``run_id``'s lease; ``execution``: this execution's own tag on a shared run."""
         with self._lock:
-            self._held[run_id] = (uri, token)
+            self._held[run_id] = (uri, token, execution)
             self._lost.pop(run_id, None)
         self._ensure_thread()
 
@@ -204,7 +262,7 @@ class Heartbeats:
         with self._lock:
             if run_id not in self._held:
                 return
-            uri, token = self._held[run_id]
+            uri, token, execution = self._held[run_id]
         client = MlflowClient(uri)
         try:
             tags = client.get_run(run_id).data.tags
@@ -218,7 +276,11 @@ class Heartbeats:
                     self._lost[run_id] = why
                     self._held.pop(run_id, None)
                 return
-            if renew:
+            if renew and execution:
+                now = time.time()
+                client.log_batch(run_id, tags=[RunTag(HEARTBEAT_TAG, f"{now:.3f}"),
+                                               RunTag(execution, execution_value(now))])
+            elif renew:
                 client.set_tag(run_id, HEARTBEAT_TAG, f"{time.time():.3f}")
         except Exception:  # an unreachable store: the run's sink handles the outage
             return

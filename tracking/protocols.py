@@ -21,7 +21,8 @@ from tracking.offline_fallback import (ensure_experiment, fallback_client, fallb
                                       is_remote, is_unreachable, tracking_uri)
 from tracking import ui_links
 from tracking.runs import configure_tracking, git_state
-from tracking.lease import HEARTBEATS, HOST, TOKEN_TAG, lease_state, lease_tags, new_token, reap_expired
+from tracking.lease import (HEARTBEATS, HOST, SUPERSEDED_TAG, TOKEN_TAG, dead_executions, execution_tag,
+                           execution_value, lease_state, lease_tags, new_token, reap_expired)
 from tracking.sink import SYNC_SYNCED, RunSink
 from workbench.train.fingerprint import current_code_fingerprint
 
@@ -127,6 +128,7 @@ class StudyParent:
     sink: RunSink
     experiment: str
     expected_cells: int
+    execution_token: str = ""
     execution: dict = field(default_factory=dict)
 
 
@@ -153,7 +155,7 @@ def open_study_parent(protocol, protocol_file: Path, allow_dirty: bool, extra_ta
     launcher = os.environ.get("MLFLOW_RUN_ID")
     if launcher:
         tags["launcher_run_id"] = launcher  # the run `mlflow run` created around this execution
-    token = new_token()
+    token, own = new_token(), new_token()  # the parent's lease token; this execution's own
     found, uri = _parents(client, exp_id, key), configure_tracking()
     offline_parent = _unsynced_fallback_parent(protocol.name, key) if uri != fallback_uri() else None
     if offline_parent is not None:
@@ -167,25 +169,32 @@ def open_study_parent(protocol, protocol_file: Path, allow_dirty: bool, extra_ta
         run = found[0]
         shared = run.info.status == "RUNNING" and lease_state(run).alive and TOKEN_TAG in run.data.tags
         sink = RunSink.attach(run, uri, protocol.name)
-        # Executions alive at once share the parent's lease: any of them keeps it alive.
+        for gone in dead_executions(run):  # killed executions never removed their own tag
+            with contextlib.suppress(Exception):
+                MlflowClient(uri).delete_tag(run.info.run_id, gone)
+        # Executions alive at once share the parent's lease: each renews a tag of its own
+        # (``execution_tag``) and the parent is alive while any of them is.
         token = run.data.tags[TOKEN_TAG] if shared else token
         sink.set_tags({**{k: v for k, v in tags.items() if k != "mlflow.runName"},
-                       **({} if shared else lease_tags(token))})
+                       **({} if shared else lease_tags(token)), execution_tag(own): execution_value()})
         log(f"study {protocol.name}@{protocol.short_hash}: parent run {run.info.run_id} reattached")
     else:
-        sink = RunSink.create(protocol.name, {**tags, **lease_tags(token)}, uri=configure_tracking(), experiment_id=exp_id)
+        sink = RunSink.create(protocol.name, {**tags, **lease_tags(token), execution_tag(own): execution_value()},
+                              uri=configure_tracking(), experiment_id=exp_id)
         if not sink.offline:
             oldest = _parents(client, exp_id, key)[0]
             if oldest.info.run_id != sink.run_id:  # another execution made it first
                 client.delete_run(sink.run_id)
                 sink = RunSink.attach(oldest, configure_tracking(), protocol.name)
+                token = oldest.data.tags.get(TOKEN_TAG, token)  # share its lease
+                sink.set_tags({execution_tag(own): execution_value()})
         log(f"study {protocol.name}@{protocol.short_hash}: parent run {sink.run_id} created")
     url = None if sink.offline else ui_links.experiment_url(sink.uri, exp_id)
     if url:
         log(f"MLflow UI (runs of this study): {url}")
-    HEARTBEATS.hold(sink.run_id, sink.uri, token)
+    HEARTBEATS.hold(sink.run_id, sink.uri, token, execution_tag(own))
     _log_protocol_files(sink, protocol, protocol_file)
-    parent = StudyParent(sink.run_id, sink, protocol.name, _cell_count(protocol))
+    parent = StudyParent(sink.run_id, sink, protocol.name, _cell_count(protocol), execution_token=own)
     parent.execution = {"host": HOST, "pid": os.getpid(), "start": _now(), "end": None, "outcome": "running",
                         "argv": " ".join(sys.argv[1:])[:500], **{k: tags[k] for k in ("git_commit",)}}
     _log_execution(parent)
@@ -261,16 +270,28 @@ def _log_execution(parent: StudyParent) -> None:
 
 
 def child_counts(parent_run_id: str, expected: int, uri: str | None = None, experiment: str | None = None) -> dict[str, int]:
-    """Cell counts from the parent's children as they are in the store, not one execution's view."""
+    """Cell counts from the parent's children as they are in the store, not one execution's view.
+
+    One count per cell (run key): a cell continued in a new run because its old holder might
+    still write (``superseded_by``) is counted by the run that carries it on, and the closed
+    run only under ``superseded``; a cell with a FINISHED run is finished.
+    """
     client = MlflowClient(uri) if uri else MlflowClient()
     exp_id = (client.get_experiment_by_name(experiment).experiment_id if experiment
               else client.get_run(parent_run_id).info.experiment_id)
     children = client.search_runs([exp_id], f"tags.mlflow.parentRunId = '{parent_run_id}' and tags.cell = 'true'",
                                   max_results=50000)
-    counts = {s.lower(): 0 for s in ("FINISHED", "RUNNING", "FAILED", "KILLED")}
+    by_cell: dict[str, list] = {}
     for run in children:
-        counts[run.info.status.lower()] = counts.get(run.info.status.lower(), 0) + 1
-    counts["missing"] = max(0, expected - len(children))
+        by_cell.setdefault(run.data.tags.get("run_key") or run.info.run_id, []).append(run)
+    counts = {s.lower(): 0 for s in ("FINISHED", "RUNNING", "FAILED", "KILLED")}
+    counts["superseded"] = sum(SUPERSEDED_TAG in run.data.tags for run in children)
+    for runs in by_cell.values():
+        current = [r for r in runs if SUPERSEDED_TAG not in r.data.tags] or runs
+        statuses = {r.info.status for r in current}
+        status = "FINISHED" if "FINISHED" in statuses else max(current, key=lambda r: r.info.start_time or 0).info.status
+        counts[status.lower()] = counts.get(status.lower(), 0) + 1
+    counts["missing"] = max(0, expected - len(by_cell))
     return counts
 
 
@@ -283,6 +304,10 @@ def close_study_parent(parent: StudyParent, outcome: str, why: str = "") -> str:
     """
     HEARTBEATS.release(parent.run_id)
     sink = parent.sink
+    if parent.execution_token:  # this execution no longer keeps the parent alive
+        with contextlib.suppress(Exception):
+            store = fallback_uri() if sink.mirror_id else sink.uri
+            MlflowClient(store).delete_tag(sink.local_run_id, execution_tag(parent.execution_token))
     counts = {}
     try:
         client = MlflowClient(sink.uri)

@@ -208,7 +208,18 @@ class RunSink:
         self.journal.metrics.extend(points)
 
     def log_inputs(self, datasets: list[DatasetInput]) -> None:
-        self._do("log inputs", lambda c, r: c.log_inputs(r, datasets=datasets))
+        # MLflow's store looks the dataset up, then inserts it if it was missing: two runs of
+        # one experiment logging the same new dataset at once (queue workers starting their
+        # cells) collide on its unique key and the loser gets a 400. The dataset exists then,
+        # so another try only links it to this run.
+        for attempt in range(1, 4):
+            try:
+                self._do("log inputs", lambda c, r: c.log_inputs(r, datasets=datasets))
+                break
+            except Exception as err:
+                if attempt == 3 or not lost_insert_race(err):
+                    raise
+                time.sleep(0.2 * attempt)
         self.journal.inputs.extend(datasets)
 
     def log_artifact(self, path: str | Path, artifact_path: str | None = None) -> None:
@@ -237,6 +248,13 @@ class RunSink:
             if m.key not in latest or (m.step, m.timestamp) >= (latest[m.key].step, latest[m.key].timestamp):
                 latest[m.key] = m
         return {k: m.value for k, m in latest.items()}
+
+
+def lost_insert_race(err: BaseException) -> bool:
+    """Whether the store refused a row another writer inserted a moment before (unique key taken)."""
+    text = str(err)
+    return any(hint in text for hint in ("duplicate key value violates unique constraint", "UNIQUE constraint failed",
+                                         "Duplicate entry"))
 
 
 def offline_tags(reason: str) -> dict[str, str]:

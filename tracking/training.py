@@ -11,13 +11,13 @@ from pathlib import Path
 
 import mlflow
 import torch
-from mlflow.entities import Run
+from mlflow.entities import Run, RunTag
 from mlflow.tracking import MlflowClient
 
 from tracking import offline_fallback as rs
 from tracking.lease import (CONTINUES_TAG, HEARTBEATS, REASON_TAG, SUPERSEDED_TAG, TOKEN_TAG, is_mine, lease_state,
                            possible_writer)
-from tracking.sink import SYNC_SYNCED, RunSink, store_for
+from tracking.sink import SYNC_SYNCED, RunSink, log_batch, store_for
 
 from workbench.data import PreparedData
 from workbench.train.config import TrainConfig
@@ -185,13 +185,17 @@ def _continue_in_new_run(old: Run, uri: str, experiment: str, tags: dict, parent
     new_tags = {"run_key": old.data.tags.get("run_key", ""), **tags, CONTINUES_TAG: old_id}
     # Fence first (a new token on the old run), then open the new run: the old holder's
     # next check fails whatever happens after this line.
-    client.set_tag(old_id, TOKEN_TAG, tags.get(TOKEN_TAG, "superseded"))
+    # Tags through log_batch: a reaper may write the same new key at the same moment, and
+    # MLflow retries a lost insert there (a single set_tag would fail with a server error).
+    log_batch(client, old_id, tags=[RunTag(TOKEN_TAG, tags.get(TOKEN_TAG, "superseded"))])
     sink = RunSink.create(experiment, new_tags, parent_run_id or old.data.tags.get("mlflow.parentRunId"),
                           uri=uri, experiment_id=old.info.experiment_id)
-    client.set_tag(old_id, SUPERSEDED_TAG, sink.run_id)
+    closed = [RunTag(SUPERSEDED_TAG, sink.run_id)]
     if old.info.status == "RUNNING":
-        client.set_tag(old_id, REASON_TAG, f"taken over while its holder may still be alive ({writer}); "
-                                           f"the cell continues in run {sink.run_id}"[:500])
+        closed.append(RunTag(REASON_TAG, f"taken over while its holder may still be alive ({writer}); "
+                                         f"the cell continues in run {sink.run_id}"[:500]))
+    log_batch(client, old_id, tags=closed)
+    if old.info.status == "RUNNING":
         client.set_terminated(old_id, "KILLED")
     return KeyedRun(sink, sink.run_id, old.info.status, continues=f"{old_id} ({writer})")
 
