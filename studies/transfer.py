@@ -8,6 +8,7 @@ section is rebuilt from MLflow at the end and logged on the execution's parent r
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import sys
 import traceback
@@ -19,11 +20,13 @@ import torch
 from tqdm.auto import tqdm
 
 from reports.transfer import transfer_markdown
+from studies.ablate import held_parent, sigterm_raises
 from studies.options import check_amp, threads_option
 from studies.protocol import ProtocolError, check_clean, check_frozen, load_protocol, load_transfer_protocol
 from tracking import transfer as tt
-from tracking.protocols import end_parent_run, recorded_hashes, start_parent_run
-from tracking.runs import configure_tracking, environment_tags, git_state
+from tracking.lease import HEARTBEATS, RELEASED_TAG, LeaseLost, lease_tags, new_token
+from tracking.protocols import recorded_hashes
+from tracking.runs import configure_tracking, environment_tags
 from tracking.sink import RunSink
 from workbench.data import DatasetNotFound, PreparedData, prepare
 from workbench.precision import device_capability, resolve_amp
@@ -43,9 +46,27 @@ DEFAULT_PROTOCOL = "studies/protocols/retina_transfer_smoke.yaml"
 @dataclass
 class CellOutcome:
     cell: TransferCell
-    status: str  # finished | skipped | failed
+    status: str  # finished | skipped | failed | busy (another live execution holds it) | lost (taken over)
     message: str
     run_id: str | None = None
+
+
+@dataclass
+class OpenCell:
+    """A cell selected in phase 1 whose run this execution holds (leased) until phase 2 ends it."""
+
+    cell: TransferCell
+    sink: RunSink
+    run_dir: Path
+    selection: Selection
+    token: str
+
+
+def end_cell(sink: RunSink, token: str, status: str) -> None:
+    """End a cell's run as its holder: released first, so the next execution may continue it in place."""
+    HEARTBEATS.release(sink.run_id)
+    sink.set_tags({RELEASED_TAG: token})
+    sink.end(status)
 
 
 def open_transfer_protocol(path: str, allow_dirty: bool) -> TransferProtocol:
@@ -157,51 +178,86 @@ def prepare_execution(protocol: TransferProtocol, protocol_file: Path, output_di
                      output_dir)
 
 
-def select_phase(ex: Execution, cell: TransferCell, commit: str, allow_dirty: bool) -> CellOutcome | tuple:
+def cell_key(ex: "Execution", cell: TransferCell) -> str:
+    """A cell's identity: protocol, regime, seed, source, data and split, and the code that computes results.
+
+    The code is ``tt.transfer_code_fingerprint()`` (the result library, transfer included, and
+    the torch/timm versions), not the git commit: a commit of docs or reports re-trains nothing.
+    """
+    p, data = ex.protocol, ex.data
+    return hashlib.sha256("|".join([p.hash, cell.regime.name, str(cell.seed), ex.identity, data.data_fingerprint,
+                                   data.split_fingerprint, f"code={tt.transfer_code_fingerprint()}"]).encode()
+                          ).hexdigest()[:24]
+
+
+def select_phase(ex: Execution, cell: TransferCell, allow_dirty: bool) -> CellOutcome | OpenCell:
     """Phase 1 for one cell: skip it, reuse its finished selection, or train and select it."""
     p, data = ex.protocol, ex.data
-    key = hashlib.sha256("|".join([p.hash, cell.regime.name, str(cell.seed), ex.identity, data.data_fingerprint,
-                                   data.split_fingerprint, f"commit={commit}"]).encode()).hexdigest()[:24]
+    key, token = cell_key(ex, cell), new_token()
     tags = {"cell": "true", "transfer": "true", "protocol_name": p.name, "protocol_hash": p.hash,
             "arm": cell.regime.name, "seed": str(cell.seed), "regime_kind": cell.regime.kind,
             "is_reference": str(cell.regime.reference).lower(), "source_identity": ex.identity,
-            "allow_dirty": str(allow_dirty).lower()}
+            "allow_dirty": str(allow_dirty).lower(), **lease_tags(token)}
     opened = tt.open_cell_run(p.name, key, f"{cell.regime.name}-seed{cell.seed}", ex.parent, tags)
     if opened.status == "FINISHED":
         return CellOutcome(cell, "skipped", f"{cell.key}: already finished in run {opened.run_id}", opened.run_id)
+    if opened.status == "BUSY":
+        return CellOutcome(cell, "busy", f"{cell.key}: not touched ({opened.why}, run {opened.run_id})", opened.run_id)
     sink, run_dir = opened.sink, ex.output_dir / key
+    if opened.continues:
+        tqdm.write(f"{cell.key}: continuing in a new run {sink.run_id}: the holder of run {opened.continues} "
+                   "may still write to that one")
+    if opened.status is not None:
+        sink.set_tags(lease_tags(token))  # this execution holds the run now
+    HEARTBEATS.hold(sink.run_id, sink.uri, token)
     try:
-        sink.set_tags({**environment_tags(str(ex.ctx.device)), **device_capability(ex.ctx.device),
-                       "threads": str(torch.get_num_threads()), "run_dir": str(run_dir.resolve())})
-        sink.log_params(_cell_params(cell, ex))
+        sink.set_tags({**environment_tags(str(ex.ctx.device)), "code_fingerprint": tt.transfer_code_fingerprint(),
+                       **device_capability(ex.ctx.device),
+                       "threads": str(torch.get_num_threads()), "run_dir": str(run_dir.resolve()),
+                       "resumed": str(opened.status is not None).lower()})
+        sink.log_params({**_cell_params(cell, ex), "code_fingerprint": tt.transfer_code_fingerprint()})
         selection = Selection.load(run_dir) if sink.journal.tags.get("phase") == "selected" else None
         if selection is None:
             cache = ex.features() if cell.regime.kind != "full" else None
             selection = select_cell(cell, ex.source, data, cache, ex.ctx, run_dir, tt.TransferEpochObserver(sink))
+            HEARTBEATS.check(sink.run_id, verify=True)
             tt.log_selection(sink, selection, p.run.log_checkpoints)
         if not selection.proof["passed"]:
             raise RuntimeError(f"{selection.proof['what']} failed: {selection.proof['summary']}")
+    except LeaseLost as err:  # another execution holds the run now: not one more write to it
+        HEARTBEATS.release(sink.run_id)
+        return CellOutcome(cell, "lost", f"{cell.key}: stopped without logging more: {err}", sink.run_id)
     except Exception as err:  # one failing cell must not take the others down
         traceback.print_exc()
-        sink.end("FAILED")
+        end_cell(sink, token, "FAILED")
         return CellOutcome(cell, "failed", f"{cell.key}: {type(err).__name__}: {err}", sink.run_id)
+    except BaseException as err:  # Ctrl-C, SIGTERM: the run records how the execution ended
+        with contextlib.suppress(Exception):
+            sink.set_tags({"end_reason": f"{type(err).__name__}: {err}"[:500]})
+            end_cell(sink, token, "KILLED" if isinstance(err, KeyboardInterrupt) else "FAILED")
+        raise
     tqdm.write(f"[selected] {cell.key}: epoch {selection.best_epoch}, val QWK {selection.best_val['val_qwk']:.4f} "
                f"({selection.seconds:.1f} s)")
-    return cell, sink, run_dir, selection
+    return OpenCell(cell, sink, run_dir, selection, token)
 
 
-def evaluate_phase(ex: Execution, cell: TransferCell, sink: RunSink, run_dir: Path, selection: Selection) -> CellOutcome:
+def evaluate_phase(ex: Execution, held: OpenCell) -> CellOutcome:
     """Phase 2 for one selected cell: the single test evaluation, logged; FINISHED only if file and memory agree."""
-    evaluation = ex.protocol.evaluation
+    evaluation, cell, sink = ex.protocol.evaluation, held.cell, held.sink
     try:
-        result = evaluate_on_test(selection, ex.source, ex.guard, ex.ctx, run_dir, evaluation)
+        HEARTBEATS.check(sink.run_id, verify=True)
+        result = evaluate_on_test(held.selection, ex.source, ex.guard, ex.ctx, held.run_dir, evaluation)
+        HEARTBEATS.check(sink.run_id, verify=True)
         tt.log_test(sink, result, evaluation.n_resamples, evaluation.confidence)
+    except LeaseLost as err:
+        HEARTBEATS.release(sink.run_id)
+        return CellOutcome(cell, "lost", f"{cell.key}: stopped without logging more: {err}", sink.run_id)
     except Exception as err:
         traceback.print_exc()
-        sink.end("FAILED")
+        end_cell(sink, held.token, "FAILED")
         return CellOutcome(cell, "failed", f"{cell.key}: {type(err).__name__}: {err}", sink.run_id)
     qwk = result.cis["qwk"]
-    sink.end("FINISHED" if result.agree else "FAILED")
+    end_cell(sink, held.token, "FINISHED" if result.agree else "FAILED")
     where = f" [logged locally, run {sink.local_run_id}: `workbench sync` copies it to the server]" if sink.offline else ""
     return CellOutcome(cell, "finished" if result.agree else "failed",
                        f"{cell.key}: test QWK {qwk.estimate:.4f} [{qwk.low:.4f}, {qwk.high:.4f}], "
@@ -213,34 +269,51 @@ def run_transfer(
     data_path: str | None = None, allow_dirty: bool = False, download: bool = False,
     source_override: str | None = None,
 ) -> list[CellOutcome]:
-    """Run (or resume) every cell of ``protocol`` under one new parent run; returns the outcomes."""
+    """Run (or resume) every cell of ``protocol`` under the study's one parent run; returns the outcomes.
+
+    However the execution ends (finished, failed, Ctrl-C, SIGTERM), the runs it holds end
+    with a status that says so, and the parent's cell counts come from its children.
+    """
     configure_tracking()
     ex = prepare_execution(protocol, protocol_file, output_dir, device, data_path, download, source_override)
     tqdm.write(f"{protocol.name}@{protocol.short_hash}: source {ex.source.info.label()} [{ex.identity[:16]}]; "
                f"{ex.data.display_name}, {len(ex.data.train)} train / {len(ex.data.val)} val; {ex.inputs}")
-    ex.parent = start_parent_run(protocol, protocol_file, allow_dirty, {
-        "transfer": "true", "source_identity": ex.identity, "source_override": source_override or ""}, log=tqdm.write)
-    parent = RunSink.for_run(ex.parent, protocol.name)  # the live sink start_parent_run opened
-    parent.log_params({
-        **ex.source.info.as_params(), "transfer.regimes": ",".join(r.name for r in protocol.regimes),
-        "transfer.reference": protocol.reference.name, "transfer.num_classes": ex.ctx.num_classes,
-        "evaluation.n_resamples": protocol.evaluation.n_resamples, "evaluation.confidence": protocol.evaluation.confidence,
-        "evaluation.seed": protocol.evaluation.seed, "inputs": ex.inputs, "data.display_name": ex.data.display_name,
-        "data.fingerprint": ex.data.data_fingerprint, "data.split_fingerprint": ex.data.split_fingerprint})
-    commit = git_state()["git_commit"]
-    outcomes, pending = [], []
-    for cell in protocol.cells():
-        result = select_phase(ex, cell, commit, allow_dirty)
-        (outcomes if isinstance(result, CellOutcome) else pending).append(result)
-    ex.guard.release()  # selection of every cell is over: phase 2 may read the test split
-    parent.log_params({"data.n_test": len(ex.guard.split())})
-    for item in pending:
-        outcomes.append(evaluate_phase(ex, *item))
-        tqdm.write(f"[{outcomes[-1].status}] {outcomes[-1].message}")
-    if any(o.status in ("finished", "skipped") for o in outcomes):
-        log_section(ex, parent)
-    counts = {s: sum(o.status == s for o in outcomes) for s in ("finished", "skipped", "failed")}
-    end_parent_run(ex.parent, counts, protocol.name)
+    extra = {"transfer": "true", "source_identity": ex.identity, "source_override": source_override or ""}
+    with sigterm_raises(), held_parent(protocol, protocol_file, allow_dirty, extra) as held:
+        ex.parent = held.run_id
+        parent = held.sink
+        parent.log_params({
+            **ex.source.info.as_params(), "transfer.regimes": ",".join(r.name for r in protocol.regimes),
+            "transfer.reference": protocol.reference.name, "transfer.num_classes": ex.ctx.num_classes,
+            "evaluation.n_resamples": protocol.evaluation.n_resamples,
+            "evaluation.confidence": protocol.evaluation.confidence, "evaluation.seed": protocol.evaluation.seed,
+            "inputs": ex.inputs, "data.display_name": ex.data.display_name,
+            "data.fingerprint": ex.data.data_fingerprint, "data.split_fingerprint": ex.data.split_fingerprint})
+        outcomes: list[CellOutcome] = []
+        pending: list[OpenCell] = []
+        try:
+            for cell in protocol.cells():
+                result = select_phase(ex, cell, allow_dirty)
+                (pending if isinstance(result, OpenCell) else outcomes).append(result)
+                if isinstance(result, CellOutcome) and result.status in ("busy", "lost"):
+                    tqdm.write(f"[{result.status}] {result.message}")
+            ex.guard.release()  # selection of every cell is over: phase 2 may read the test split
+            parent.log_params({"data.n_test": len(ex.guard.split())})
+            while pending:
+                outcomes.append(evaluate_phase(ex, pending[0]))
+                pending.pop(0)
+                tqdm.write(f"[{outcomes[-1].status}] {outcomes[-1].message}")
+        except BaseException as err:
+            # Selected cells waiting for their test evaluation end with the execution, as it ended;
+            # the next execution reuses their selection (tag ``phase``) and only tests them.
+            interrupted = isinstance(err, KeyboardInterrupt)
+            for held_cell in pending:
+                with contextlib.suppress(Exception):
+                    held_cell.sink.set_tags({"end_reason": f"{type(err).__name__}: {err}"[:500]})
+                    end_cell(held_cell.sink, held_cell.token, "KILLED" if interrupted else "FAILED")
+            raise
+        if any(o.status in ("finished", "skipped") for o in outcomes):
+            log_section(ex, parent)
     return outcomes
 
 
@@ -289,8 +362,11 @@ def transfer(protocol_path, source_override, allow_dirty, device, data_path, dow
                                 download, source_override)
     except (ProtocolError, SourceError, DatasetNotFound) as err:
         raise click.ClickException(str(err)) from err
-    counts = {s: sum(o.status == s for o in outcomes) for s in ("finished", "skipped", "failed")}
-    click.echo(f"cells: {counts['finished']} run, {counts['skipped']} already finished (skipped), {counts['failed']} failed")
+    counts = {s: sum(o.status == s for o in outcomes) for s in ("finished", "skipped", "failed", "busy", "lost")}
+    held = (f", {counts['busy']} held by another live execution (not touched)" if counts["busy"] else "") + \
+        (f", {counts['lost']} taken over by another execution" if counts["lost"] else "")
+    click.echo(f"cells: {counts['finished']} run, {counts['skipped']} already finished (skipped), "
+               f"{counts['failed']} failed{held}")
     for o in outcomes:
         if o.status == "failed":
             click.echo(f"  FAILED {o.message}", err=True)

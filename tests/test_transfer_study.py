@@ -18,6 +18,7 @@ from data_fixtures import md5
 from test_transfer import one_thread  # noqa: F401 (autouse fixture)
 from test_transfer import RecordingSplit, learnable_retina, make_source_checkpoint, protocol_dict
 from reports.transfer import transfer_markdown
+import tracking.transfer as tt
 from tracking.transfer import transfer_section
 from workbench.convert.checkpoints import sha256_file
 from workbench.data import NORM_STATS, checksums
@@ -131,8 +132,6 @@ def test_protocol_end_to_end_selection_never_reads_the_test_split(mlflow_store, 
     monkeypatch.setattr(TestSplitGuard, "release", lambda self: (events.append(("selection finished", "")), release(self)))
     monkeypatch.setattr(st, "evaluate_on_test", evaluate_failing_once)
     monkeypatch.setattr(st, "select_cell", lambda cell, *a: (selected.append(cell.key), select(cell, *a))[1])
-    # Cells are keyed by the code commit too; other work committing meanwhile must not re-key them.
-    monkeypatch.setattr(st, "git_state", lambda: {"git_commit": "test-commit", "git_dirty": "false"})
     protocol = st.open_transfer_protocol(str(path), allow_dirty=True)
     outcomes = st.run_transfer(protocol, path, tmp_path / "out", "cpu", str(tmp_path / "retinamnist.npz"), True)
     assert [o.status for o in outcomes] == ["finished"] * 5 + ["failed"], [o.message for o in outcomes]
@@ -142,7 +141,11 @@ def test_protocol_end_to_end_selection_never_reads_the_test_split(mlflow_store, 
     released = events.index(("selection finished", ""))
     assert released < first_read, f"test split read before selection finished: {events[:first_read + 1]}"
 
-    # Rerun: finished cells are skipped; the interrupted one keeps its selection and is only tested.
+    # Rerun after a commit that touches no result code: finished cells are skipped (cells are keyed by the
+    # code fingerprint, not the commit); the interrupted one keeps its selection and is only tested.
+    later = lambda: {"git_commit": "a-later-docs-commit", "git_dirty": "false"}  # noqa: E731
+    monkeypatch.setattr("tracking.runs.git_state", later)
+    monkeypatch.setattr("tracking.protocols.git_state", later)
     again = st.run_transfer(protocol, path, tmp_path / "out", "cpu", str(tmp_path / "retinamnist.npz"), True)
     assert [o.status for o in again] == ["skipped"] * 5 + ["finished"], [o.message for o in again]
     assert len(selected) == 6, f"a finished selection was retrained: {selected}"
@@ -151,6 +154,12 @@ def test_protocol_end_to_end_selection_never_reads_the_test_split(mlflow_store, 
     exp = client.get_experiment_by_name("tiny_transfer").experiment_id
     cells = client.search_runs([exp], "tags.cell = 'true'")
     assert len(cells) == 6 and {r.info.status for r in cells} == {"FINISHED"}
+    # The commit is recorded (the cell completed after it says so), the identity is the code fingerprint.
+    assert sorted(r.data.tags["git_commit"] == "a-later-docs-commit" for r in cells) == [False] * 5 + [True]
+    assert {r.data.params["code_fingerprint"] for r in cells} == {tt.transfer_code_fingerprint()}
+    assert {r.data.tags["lease.released"] == r.data.tags["lease.token"] for r in cells} == {True}
+    (parent,) = client.search_runs([exp], "tags.parent = 'true'")
+    assert parent.info.status == "FINISHED" and parent.data.metrics["cells_finished"] == 6, parent.data.metrics
     for run in cells:
         m, tags = run.data.metrics, run.data.tags
         assert m["test_metrics_agree"] == 1.0 and tags["test_metrics_agreement"].startswith("agree")
@@ -185,3 +194,45 @@ def test_report_command_recognises_transfer_protocols():
     assert load_any(protocol_file("retina_transfer")).kind == "transfer"
     assert load_any(protocol_file("studies/protocols/smoke.yaml")).kind == "ablation"
     assert protocol_file("no_such_protocol") is None
+
+
+def test_ctrl_c_ends_every_held_run_killed_and_the_rerun_only_tests_the_selected_cells(mlflow_store, tmp_path,
+                                                                                         monkeypatch):
+    """Ctrl-C between the phases: no run is left RUNNING, and nothing selected is trained again."""
+    monkeypatch.setenv("WORKBENCH_CACHE_DIR", str(tmp_path / "cache"))
+    learnable_retina(tmp_path / "retinamnist.npz")
+    monkeypatch.setitem(checksums.RETINAMNIST_MD5, 28, md5(tmp_path / "retinamnist.npz"))
+    run_id, _ = log_source_run(tmp_path)
+    path = write_protocol(tmp_path, run_id, seeds=(0,))
+    evaluate, select = st.evaluate_on_test, st.select_cell
+    selected, tested = [], []
+
+    def interrupted_at_the_second(selection, *args):
+        if len(tested) == 1:
+            raise KeyboardInterrupt
+        tested.append(selection.regime)
+        return evaluate(selection, *args)
+
+    monkeypatch.setattr(st, "evaluate_on_test", interrupted_at_the_second)
+    monkeypatch.setattr(st, "select_cell", lambda cell, *a: (selected.append(cell.key), select(cell, *a))[1])
+    protocol = st.open_transfer_protocol(str(path), allow_dirty=True)
+    args = (protocol, path, tmp_path / "out", "cpu", str(tmp_path / "retinamnist.npz"), True)
+    with pytest.raises(KeyboardInterrupt):
+        st.run_transfer(*args)
+    client = MlflowClient()
+    exp = client.get_experiment_by_name("tiny_transfer").experiment_id
+    cells = client.search_runs([exp], "tags.cell = 'true'")
+    statuses = sorted((r.data.tags["phase"], r.info.status) for r in cells)
+    assert statuses == [("selected", "KILLED"), ("selected", "KILLED"), ("tested", "FINISHED")], statuses
+    assert all(r.data.tags.get("end_reason", "").startswith("KeyboardInterrupt") for r in cells
+               if r.info.status == "KILLED")
+    (parent,) = client.search_runs([exp], "tags.parent = 'true'")
+    assert parent.info.status == "KILLED" and "KeyboardInterrupt" in parent.data.tags["last_execution_outcome"]
+
+    monkeypatch.setattr(st, "evaluate_on_test", evaluate)
+    outcomes = st.run_transfer(*args)
+    assert [o.status for o in outcomes] == ["skipped", "finished", "finished"], [o.message for o in outcomes]
+    assert len(selected) == 3, f"a selection was trained again: {selected}"
+    cells = client.search_runs([exp], "tags.cell = 'true'")
+    assert len(cells) == 3 and {r.info.status for r in cells} == {"FINISHED"}
+    assert client.get_run(parent.info.run_id).info.status == "FINISHED"

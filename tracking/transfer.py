@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import math
 import tempfile
+from functools import lru_cache
 from pathlib import Path
 
 import mlflow
@@ -25,6 +26,7 @@ from tracking.queries import download_artifact, search_runs
 from tracking.sink import RunSink
 from tracking.training import EPOCH_METRICS, KeyedRun, MlflowTrainingObserver, open_keyed_run
 from workbench.train.evaluate import read_predictions
+from workbench.train.fingerprint import RESULT_PACKAGES, code_fingerprint
 from workbench.transfer.report import CellPredictions, TransferSection, build_section
 from workbench.transfer.runner import Selection, TestResult
 from workbench.transfer.source_model import SourceError
@@ -33,16 +35,30 @@ TRANSFER_EPOCH_METRICS = EPOCH_METRICS + ("val_qwk", "val_macro_f1")
 DEFAULT_RUN_ARTIFACT = "checkpoints/best.pt"
 
 
+# The transfer library computes results too: its cells are keyed by it as well as by the
+# ablation's result packages (a commit of docs, reports or CLI text re-trains nothing).
+TRANSFER_RESULT_PACKAGES = RESULT_PACKAGES + ("transfer",)
+
+
+@lru_cache(maxsize=1)
+def transfer_code_fingerprint() -> str:
+    return code_fingerprint(packages=TRANSFER_RESULT_PACKAGES)
+
+
 class TransferEpochObserver(MlflowTrainingObserver):
-    """Per-epoch metrics of a transfer cell (adds validation QWK and macro-F1), each epoch once, through its sink."""
+    """Per-epoch metrics of a transfer cell (adds validation QWK and macro-F1), each epoch once, through its sink.
+
+    Fenced: once another execution has taken the run over, the next epoch raises ``LeaseLost``.
+    """
 
     def __init__(self, sink: RunSink) -> None:
-        super().__init__(sink)
+        super().__init__(sink, fenced=True)
 
     def on_epoch(self, metrics: dict) -> None:
         epoch = int(metrics["epoch"])
         if epoch in self.logged_epochs():
             return
+        self.check(sync=True)
         values = {k: float(metrics[k]) for k in TRANSFER_EPOCH_METRICS if k in metrics}
         self.sink.log_metrics(values, step=epoch)
         self._logged.add(epoch)
