@@ -9,6 +9,7 @@ trial is a full training run with checkpoints, predictions and reload proof.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import random
 from dataclasses import fields, replace
@@ -18,7 +19,7 @@ import click
 import optuna
 import yaml
 
-from studies.ablate import prepare_protocol_data
+from studies.ablate import prepare_protocol_data, sigterm_raises
 from studies.cell_queue import open_storage, redact
 from studies.protocol import ProtocolError, load_protocol
 from studies.options import check_amp, threads_option
@@ -260,12 +261,22 @@ def sweep(protocol_path, arm, params, trials, seed, sampler_seed, storage, study
             raise RuntimeError(outcome.message)
         return outcome.metrics["best_val_accuracy"]
 
-    study.optimize(objective, n_trials=trials, catch=(RuntimeError,))
-    done = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
-    best = (study.best_trial.number, study.best_trial.value, study.best_trial.params) if done else None
+    def summary() -> tuple[tuple | None, dict[str, int]]:
+        done = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
+        best = (study.best_trial.number, study.best_trial.value, study.best_trial.params) if done else None
+        return best, {s.name.lower(): sum(t.state == s for t in study.trials) for s in optuna.trial.TrialState}
+
+    try:
+        with sigterm_raises():
+            study.optimize(objective, n_trials=trials, catch=(RuntimeError,))
+    except BaseException as err:  # Ctrl-C, SIGTERM or a crash: the parent says how the sweep ended
+        with contextlib.suppress(Exception):
+            end_sweep_parent(parent, *summary(), status="KILLED" if isinstance(err, KeyboardInterrupt) else "FAILED",
+                             why=f"{type(err).__name__}: {err}".strip())
+        raise
+    best, states = summary()
     if best:
         click.echo(f"best trial {best[0]}: val accuracy {best[1]:.4f} with {best[2]}")
-    states = {s.name.lower(): sum(t.state == s for t in study.trials) for s in optuna.trial.TrialState}
     click.echo(f"{name}: {states}")
     end_sweep_parent(parent, best, states)
     if parent.offline:

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import click
 import optuna
 import pytest
@@ -13,6 +18,8 @@ from studies.cli import main
 from studies.sweep import PruningObserver, parse_space
 from test_ablate import write_protocol
 from workbench.train.loop import StopTraining
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_sweep_runs_trials_as_child_runs_and_resumes_from_storage(tmp_path, mlflow_store, monkeypatch):
@@ -43,6 +50,48 @@ def test_sweep_runs_trials_as_child_runs_and_resumes_from_storage(tmp_path, mlfl
             assert trial.value == run.data.metrics["best_val_accuracy"]
     parents = client.search_runs([exp.experiment_id], "tags.sweep_parent = 'true'")
     assert len(parents) == 2 and all("best_trial" in p.data.tags for p in parents)
+
+
+def test_ctrl_c_ends_the_sweep_parent_killed_and_a_live_sweep_is_never_reaped(tmp_path, mlflow_store, monkeypatch):
+    """The sweep's parent holds a lease: `status` of the protocol leaves a live sweep alone; Ctrl-C ends it KILLED."""
+    import studies.sweep as sweep_mod
+    from tracking.lease import RELEASED_TAG, TOKEN_TAG
+
+    monkeypatch.setenv("WORKBENCH_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("WORKBENCH_LEASE_SECONDS", "3")  # short: a run without heartbeats looks dead soon
+    folder = tmp_path / "images"
+    make_image_folder(folder, per_class={"train": 14, "test": 4})
+    protocol = write_protocol(tmp_path, epochs=2)
+    seen = []
+    real = sweep_mod.train_one
+
+    def interrupted_second_trial(cfg, *args, **kwargs):
+        if seen:
+            import time
+
+            time.sleep(3.5)  # past the lease: only the heartbeat keeps the parent alive now
+            # What `workbench status` does (another process: a process never reaps its own runs).
+            check = subprocess.run([sys.executable, "-c", "from tracking.protocols import reap_dead_runs; "
+                                    "print([r for r, _ in reap_dead_runs('tiny')])"],
+                                   env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True)
+            assert check.returncode == 0, check.stderr
+            seen.append(check.stdout.strip())
+            raise KeyboardInterrupt
+        seen.append(kwargs["parent_run_id"])
+        return real(cfg, *args, **kwargs)
+
+    monkeypatch.setattr(sweep_mod, "train_one", interrupted_second_trial)
+    args = ["sweep", "--protocol", str(protocol), "--param", "optim.lr=float:1e-4:1e-2:log", "--trials", "3",
+            "--data-path", str(folder), "--device", "cpu", "--output-dir", str(tmp_path / "out")]
+    result = CliRunner().invoke(main, args)
+    assert isinstance(result.exception, KeyboardInterrupt) or result.exit_code == 1, result.output
+    parent_id, reaped = seen
+    assert reaped == "[]", f"a live sweep's runs were marked KILLED: {reaped}"
+    parent = MlflowClient(mlflow_store).get_run(parent_id)
+    assert parent.info.status == "KILLED", parent.info.status
+    assert parent.data.tags["end_reason"].startswith("KeyboardInterrupt")
+    assert parent.data.tags[RELEASED_TAG] == parent.data.tags[TOKEN_TAG]
+    assert parent.data.metrics["trials_complete"] == 1 and parent.data.tags["best_trial"] == "0"
 
 
 def test_pruning_observer_stops_a_trial_the_pruner_rejects():
