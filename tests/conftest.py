@@ -30,6 +30,22 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.e2e)
 
 
+@pytest.fixture(autouse=True)
+def _no_lease_outlives_its_test():
+    """Runs a test left held (a simulated crash) must not be renewed during later tests.
+
+    The heartbeat thread renews every held run in turn; one whose store went away with its
+    test's tmp_path would cost each later beat seconds and let a later test's lease expire.
+    """
+    yield
+    from tracking.lease import HEARTBEATS
+
+    with HEARTBEATS._lock:
+        HEARTBEATS._held.clear()
+        HEARTBEATS._lost.clear()
+        HEARTBEATS._extra.clear()
+
+
 # A process that is a server: `mlflow server`, PostgreSQL's initdb / pg_ctl / postgres.
 SERVER_COMMAND = re.compile(r"\bmlflow\b.*\bserver\b|\b(initdb|pg_ctl|postgres)\b")
 

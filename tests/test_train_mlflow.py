@@ -65,6 +65,7 @@ def test_train_one_logs_everything_and_a_second_call_skips(mlflow_store, tmp_pat
     only_run(client, "t")
 
 
+@pytest.mark.slow  # a real SIGKILL of a training child (~15 s); the default tier keeps test_train's
 def test_killed_run_resumes_in_the_same_mlflow_run(mlflow_store, tmp_path):
     out = tmp_path / "out"
     kill_child_mid_epoch(out, "mlflow", "k", checkpoint=_first_run_dir(out))

@@ -211,6 +211,9 @@ class Heartbeats:
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._extra: dict[str, object] = {}  # name -> callable renewing another lease (a queue's)
+        # Set by ``hold``: the thread renews at once and then at the current interval, not
+        # after a sleep begun with an older (longer) one.
+        self._wake = threading.Event()
 
     def also(self, name: str, beat) -> None:
         """Also call ``beat()`` at every heartbeat (``None`` stops it); errors are ignored."""
@@ -232,6 +235,7 @@ class Heartbeats:
         with self._lock:
             self._held[run_id] = (uri, token, execution)
             self._lost.pop(run_id, None)
+        self._wake.set()
         self._ensure_thread()
 
     def release(self, run_id: str) -> None:
@@ -247,7 +251,8 @@ class Heartbeats:
 
     def _loop(self) -> None:
         while True:
-            time.sleep(heartbeat_seconds())
+            self._wake.wait(heartbeat_seconds())
+            self._wake.clear()
             with self._lock:
                 held, extra = list(self._held), list(self._extra.values())
             for beat in extra:
