@@ -226,7 +226,7 @@ class Heartbeats:
 
     def _ensure_thread(self) -> None:
         with self._lock:
-            if self._thread is None:
+            if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._loop, name="workbench-lease", daemon=True)
                 self._thread.start()
 
@@ -251,17 +251,19 @@ class Heartbeats:
 
     def _loop(self) -> None:
         while True:
-            self._wake.wait(heartbeat_seconds())
+            try:
+                self._wake.wait(heartbeat_seconds())
+            except ValueError:  # a malformed interval setting: the default, not a dead thread
+                self._wake.wait(DEFAULT_LEASE_SECONDS / 4)
             self._wake.clear()
             with self._lock:
                 held, extra = list(self._held), list(self._extra.values())
-            for beat in extra:
+            # Nothing may end this thread: every lease of the process would expire with it.
+            for beat in [*extra, *(lambda r=r: self._beat(r) for r in held)]:
                 try:
                     beat()
                 except Exception:  # noqa: BLE001 - a missed beat only shortens the lease
                     pass
-            for run_id in held:
-                self._beat(run_id)
 
     def _beat(self, run_id: str, renew: bool = True) -> None:
         with self._lock:
