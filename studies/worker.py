@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
+from unittest.mock import patch
 
 import click
 import optuna
@@ -129,8 +130,14 @@ def worker(storage, study_name, device, data_path, output_dir, max_cells, requeu
         check_timing(heartbeat, grace)
     except ValueError as err:
         raise click.BadParameter(str(err), param_hint="--heartbeat") from err
-    # The cells' MLflow runs carry the same lease timing as the queue.
-    os.environ[LEASE_ENV], os.environ[HEARTBEAT_ENV] = str(grace), str(heartbeat)
+    # The cells' MLflow runs carry the same lease timing as the queue, for this command only
+    # (invoked in-process, from a notebook or a test, it must not change later leases).
+    with patch.dict(os.environ, {LEASE_ENV: str(grace), HEARTBEAT_ENV: str(heartbeat)}):
+        drain_queue(storage, study_name, device, data_path, output_dir, max_cells, requeue_stale, heartbeat, grace)
+
+
+def drain_queue(storage, study_name, device, data_path, output_dir, max_cells, requeue_stale, heartbeat, grace):
+    """The worker's work: pick the queue, prepare the data, hold the parent, drain the cells."""
     configure_tracking()
     store = open_storage(storage, heartbeat, grace)
     study = pick_study(store, study_name)

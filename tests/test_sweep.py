@@ -55,10 +55,11 @@ def test_sweep_runs_trials_as_child_runs_and_resumes_from_storage(tmp_path, mlfl
 def test_ctrl_c_ends_the_sweep_parent_killed_and_a_live_sweep_is_never_reaped(tmp_path, mlflow_store, monkeypatch):
     """The sweep's parent holds a lease: `status` of the protocol leaves a live sweep alone; Ctrl-C ends it KILLED."""
     import studies.sweep as sweep_mod
-    from tracking.lease import RELEASED_TAG, TOKEN_TAG, Heartbeats
+    from tracking.lease import RELEASED_TAG, TOKEN_TAG
 
     monkeypatch.setenv("WORKBENCH_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setenv("WORKBENCH_LEASE_SECONDS", "3")  # short: a run without heartbeats looks dead soon
+    monkeypatch.delenv("WORKBENCH_HEARTBEAT_SECONDS", raising=False)  # a quarter of the lease
     folder = tmp_path / "images"
     make_image_folder(folder, per_class={"train": 14, "test": 4})
     protocol = write_protocol(tmp_path, epochs=2)
@@ -81,9 +82,7 @@ def test_ctrl_c_ends_the_sweep_parent_killed_and_a_live_sweep_is_never_reaped(tm
         return real(cfg, *args, **kwargs)
 
     monkeypatch.setattr(sweep_mod, "train_one", interrupted_second_trial)
-    # A heartbeat thread of its own: the process-wide one may still be waiting on a store
-    # that an earlier test stopped (MLflow's HTTP retries), which says nothing about sweeps.
-    monkeypatch.setattr("tracking.sweep.HEARTBEATS", Heartbeats())
+
     args = ["sweep", "--protocol", str(protocol), "--param", "optim.lr=float:1e-4:1e-2:log", "--trials", "3",
             "--data-path", str(folder), "--device", "cpu", "--output-dir", str(tmp_path / "out")]
     result = CliRunner().invoke(main, args)
