@@ -368,6 +368,7 @@ def test_dirty_detection(tmp_path, monkeypatch):
 SHIPPED_HASHES = {
     "cifar10_ablations": "00deb7362acc5379fa7120cacce82695e27d0793c0a9f269286592ac5472bfd0",
     "cifar10_ablations_cpu": "627f2463f03c8d0ec8841ddc2876b28875ce12fbe2727a057705e4c80f8323ce",
+    "cifar10_seed_table": "ec562143531713b50340b51dd32be795b382b695e6dd05bcb35ae47651b0d5af",
     "fmnist_seed_recipe": "a9df7b8b7b9c2bb7f1f2e1a6f9eb5063367da4767d80b8de94faa276468f1b49",
     "fmnist_vit_vs_cnn": "941bf144832b055f1796a83557c9fd9770fa78b1013b990868902bd882eb218b",
     "retina_transfer": "8082116498e236e110f1e2f8f7104d3e7ad637fef4a4ad85b85de78428229bbc",
