@@ -1,0 +1,30 @@
+"""Causal interventions on the glass-box ViT, in the analysis mode's stage vocabulary.
+
+The model itself is never changed (``workbench/models`` is the code fingerprint of every
+trained cell): interventions act on an unmodified ``VisionTransformer`` through a forward
+written from its own submodules (``forward``), hooks that live for one call, and small
+frozen values (``spec``)::
+
+    from workbench.interventions import HeadAblation, SkipBranch, head_means, run
+
+    model.eval()
+    intact = run(model, x)                                    # model(x) itself: nothing hooked
+    no_head = run(model, x, [HeadAblation(block=1, head=2)])  # zero-ablated head
+    means = head_means(model, reference_batches)
+    mean_head = run(model, x, [HeadAblation(1, 2, "mean")], head_means=means)
+    no_mlp = run(model, x, [SkipBranch(0, "mlp")])
+
+See docs/interventions.md.
+"""
+
+from workbench.interventions.forward import HeadMeans, capture, head_means, mirrored_forward, run
+from workbench.interventions.spec import (
+    DropTokens, HeadAblation, Intervention, InterventionError, InterventionSet, PatchStage, SkipBranch, ZeroPosEmbed,
+    check, flatten, parse, patchable_stages,
+)
+
+__all__ = [
+    "DropTokens", "HeadAblation", "HeadMeans", "Intervention", "InterventionError", "InterventionSet", "PatchStage",
+    "SkipBranch", "ZeroPosEmbed", "capture", "check", "flatten", "head_means", "mirrored_forward", "parse",
+    "patchable_stages", "run",
+]
