@@ -9,15 +9,15 @@ from pathlib import Path
 import pytest
 import yaml
 
-from workbench.protocol import load_protocol
+from workbench.protocol import kind_of, load_protocol
 from workbench.models.registry import build_model, model_config
 from workbench.models.vit import ViTConfig
 from workbench.report_content.config_table import arm_config, config_table, description_conflicts, flops_text
 from workbench.protocol.transfer import parse_transfer_protocol
 
 PROTOCOLS = Path(__file__).resolve().parent.parent / "studies" / "protocols"
-# Every shipped ablation protocol (a transfer protocol has regimes instead of arms).
-ABLATIONS = sorted(p.stem for p in PROTOCOLS.glob("*.yaml") if "regimes" not in yaml.safe_load(p.read_text()))
+# Every shipped ablation protocol (transfer protocols have regimes, intervention protocols a grid instead of arms).
+ABLATIONS = sorted(p.stem for p in PROTOCOLS.glob("*.yaml") if kind_of(yaml.safe_load(p.read_text())) == "ablation")
 
 
 @pytest.mark.parametrize("name", ABLATIONS)

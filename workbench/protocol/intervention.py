@@ -1,0 +1,389 @@
+"""Intervention protocols: a grid of interventions on trained cells or on a pretrained timm ViT.
+
+An intervention protocol trains nothing. It names what it acts on, either the finished ViT
+cells of an ablation protocol (pinned by file and hash; the arms; every seed) or one
+pretrained timm ViT (a pinned checkpoint, a seeded random init or a local file) with a
+labelled dataset, and a grid of interventions evaluated on every cell. Schema::
+
+    name: smoke_heads                         # [a-z0-9_-], equal to the file stem
+    description: What the study asks.
+    acts_on: {protocol: smoke, hash: 7aa839f2..., arms: [vit]}   # studies/protocols/smoke.yaml
+    # or: pretrained: {model: vit_small_patch14_reg4_dinov2.lvd142m, weights: hub,
+    #                  dataset: image_folder, class_index: {cat: 281, dog: 207}}
+    interventions:
+      heads: all                  # all | none | [blocks.1.attn.head2, ...]
+      head_modes: [zero, mean]
+      branches: all               # all | none | [blocks.0.attn, blocks.2.mlp, ...]
+      position_embedding: true
+      tokens: [registers]         # drop the register tokens (class: the class token)
+      patches: [blocks.1.resid2]  # each example gets another example's activation there
+      sets: [{name: block0_heads, items: [blocks.0.attn.head0.zero, blocks.0.attn.head1.zero]}]
+    evaluation: {split: val, batch_size: 256, mean_images: 1000, mean_seed: 0}
+
+Cells are the acted-on protocol's arms × seeds (seed-major), one for a pretrained model.
+Keys, types, errors and the hash follow ``workbench.protocol.common``; the grid is checked
+against every acted-on arm's model when the file is loaded.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from workbench.data.locate import DATASET_NAMES
+from workbench.interventions.spec import (
+    BRANCHES, HEAD_MODES, TOKEN_KINDS, DropTokens, HeadAblation, Intervention, InterventionError, InterventionSet,
+    PatchStage, SkipBranch, ZeroPosEmbed, check, parse,
+)
+from workbench.models.registry import model_config
+from workbench.models.vit import ViTConfig
+from workbench.protocol import common as c
+from workbench.protocol.common import SCHEMA_VERSION, SHORT_HASH_LEN, ProtocolError, canonical_json
+
+TOP_KEYS = ("name", "description", "acts_on", "pretrained", "interventions", "evaluation")
+REQUIRED_TOP = ("name", "description", "interventions")
+SPLITS = ("val", "test")
+MIN_RESAMPLES = 1000  # the report's bootstrap intervals rest on at least this many resamples
+PRETRAINED_ARM = "pretrained"
+
+
+class InterventionProtocolError(ProtocolError):
+    """An intervention protocol is invalid; the message names the file, the dotted key and the value."""
+
+
+@dataclass(frozen=True)
+class ActsOn:
+    """The trained cells: an ablation protocol (a file beside this one) pinned by its full hash."""
+
+    protocol: str
+    hash: str
+    arms: tuple[str, ...] = ()  # empty: every ViT arm
+
+
+@dataclass(frozen=True)
+class Pretrained:
+    """A pretrained timm ViT and the labelled dataset it is evaluated on.
+
+    Attributes:
+        model: A pinned checkpoint name (``workbench/convert/pinned_checkpoints.json``) or a timm
+            ViT architecture.
+        weights: ``hub`` (the pinned checkpoint, sha256-checked), ``random`` (seeded timm init,
+            NOT pretrained) or a local safetensors / weights-only file.
+        timm_kwargs: Passed to ``timm.create_model`` (a reduced size for tests).
+        dataset: A dataset name (``image_folder`` for your own labelled images).
+        class_index: Dataset class name -> model output index; default: the dataset's label
+            order, which needs a head with exactly the dataset's classes.
+    """
+
+    model: str
+    weights: str = "hub"
+    seed: int = 0
+    timm_kwargs: dict[str, Any] = field(default_factory=dict)
+    dataset: str = "image_folder"
+    split_seed: int = 0
+    val_size: int | None = None
+    subset: int | None = None
+    class_index: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class Grid:
+    """Which interventions every cell gets, each evaluated on its own."""
+
+    heads: str | tuple[str, ...] = "all"
+    head_modes: tuple[str, ...] = ("zero", "mean")
+    branches: str | tuple[str, ...] = "all"
+    position_embedding: bool = True
+    tokens: tuple[str, ...] = ()
+    patches: tuple[str, ...] = ()
+    sets: tuple[dict[str, Any], ...] = ()
+
+    def expand(self, cfg: ViTConfig) -> list[Intervention]:
+        """The grid's interventions for a model, in report order: per block its heads, then its branches."""
+        heads = [(b, h) for b in range(cfg.depth) for h in range(cfg.heads)] if self.heads == "all" else \
+            [] if self.heads == "none" else [(p.block, p.head) for p in map(_head_of, self.heads)]
+        branches = [(b, k) for b in range(cfg.depth) for k in BRANCHES] if self.branches == "all" else \
+            [] if self.branches == "none" else [_branch_of(text) for text in self.branches]
+        out: list[Intervention] = []
+        for block in range(cfg.depth):
+            out += [HeadAblation(b, h, m) for b, h in heads if b == block for m in self.head_modes]
+            out += [SkipBranch(b, k) for b, k in branches if b == block]
+        out += [HeadAblation(b, h, m) for b, h in heads if b >= cfg.depth for m in self.head_modes]
+        out += [SkipBranch(b, k) for b, k in branches if b >= cfg.depth]  # refused by check() with the valid blocks
+        out += [ZeroPosEmbed()] if self.position_embedding else []
+        out += [DropTokens(t) for t in self.tokens] + [PatchStage(s) for s in self.patches]
+        return out + [InterventionSet(s["name"], tuple(parse(i) for i in s["items"])) for s in self.sets]
+
+
+@dataclass(frozen=True)
+class InterventionEvaluation:
+    """Where and how every intervention is measured, and the report's interval settings.
+
+    Attributes:
+        split: ``val`` (default) or ``test`` (then evaluated once per cell, as the protocol says).
+        mean_images: Training images whose per-head mean replaces a head in ``mean`` ablation,
+            drawn with ``mean_seed``.
+        patch_seed: Seed of the derangement giving each example its patch source (another example).
+        attention_maps: Record each head's mean attention map on the split, for the report.
+    """
+
+    split: Literal["val", "test"] = "val"
+    batch_size: int = 256
+    mean_images: int = 1000
+    mean_seed: int = 0
+    patch_seed: int = 0
+    attention_maps: bool = True
+    n_resamples: int = 2000
+    confidence: float = 0.95
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class InterventionCell:
+    """One acted-on model: an arm at a seed (``pretrained`` at the init seed for a timm source)."""
+
+    protocol_name: str
+    protocol_hash: str
+    arm: str
+    seed: int
+
+    @property
+    def key(self) -> str:
+        return f"{self.arm}/seed{self.seed}"
+
+
+@dataclass(frozen=True)
+class _Named:
+    name: str
+
+
+@dataclass(frozen=True)
+class InterventionProtocol:
+    name: str
+    description: str
+    acts_on: ActsOn | None
+    pretrained: Pretrained | None
+    grid: Grid
+    evaluation: InterventionEvaluation
+    hash: str
+    canonical: dict = field(repr=False, compare=False)
+    source_file: str = field(default="<protocol>", compare=False)
+    source: Any = field(default=None, repr=False, compare=False)  # the acted-on ablation Protocol
+
+    kind = "intervention"
+
+    @property
+    def short_hash(self) -> str:
+        return self.hash[:SHORT_HASH_LEN]
+
+    @property
+    def arms(self) -> tuple[str, ...]:
+        if self.pretrained is not None:
+            return (PRETRAINED_ARM,)
+        return self.acts_on.arms
+
+    @property
+    def seeds(self) -> tuple[int, ...]:
+        return (self.pretrained.seed,) if self.pretrained is not None else tuple(self.source.seeds)
+
+    @property
+    def dataset(self) -> _Named:
+        return _Named(self.pretrained.dataset if self.pretrained is not None else self.source.dataset.name)
+
+    def canonical_json(self) -> str:
+        return canonical_json(self.canonical)
+
+    def cells(self) -> list[InterventionCell]:
+        """Seed-major, as the acted-on protocol's cells."""
+        return [InterventionCell(self.name, self.hash, arm, seed) for seed in self.seeds for arm in self.arms]
+
+    def model_config(self, arm: str) -> ViTConfig:
+        """An acted-on arm's model config (the trained cell's architecture)."""
+        cfg = next(a.config for a in self.source.arms if a.name == arm)
+        return model_config(cfg.model.name, **cfg.model.overrides)
+
+
+def parse_intervention_protocol(data: Any, source: str = "<protocol>") -> InterventionProtocol:
+    """Validate parsed YAML into an ``InterventionProtocol``; ``source`` starts every error message.
+
+    An ``acts_on`` protocol is read from the folder of ``source`` and must have the pinned hash.
+    """
+
+    def fail(msg: str) -> InterventionProtocolError:
+        return InterventionProtocolError(f"{source}: {msg}")
+
+    top = c.mapping(data, "", TOP_KEYS, fail)
+    c.required(top, REQUIRED_TOP, "", fail)
+    name = c.identifier(top["name"], "name", fail)
+    text = c.description(top["description"], fail)
+    if ("acts_on" in top) == ("pretrained" in top):
+        raise fail("give exactly one of acts_on (trained cells of an ablation protocol) or pretrained (a timm ViT)")
+    grid = _grid(top["interventions"], fail)
+    evaluation = InterventionEvaluation(**c.section(top.get("evaluation"), "evaluation", InterventionEvaluation,
+                                                    c.field_names(InterventionEvaluation), fail))
+    _check_evaluation(evaluation, grid, fail)
+    acts_on = pretrained = acted = None
+    if "acts_on" in top:
+        acts_on, acted = _acts_on(top["acts_on"], source, fail)
+        for arm in acts_on.arms:
+            _check_grid(grid, _arm_config(acted, arm), f"arm {arm}", fail)
+    else:
+        pretrained = _pretrained(top["pretrained"], fail)
+    canonical, digest = c.canonical_and_hash({
+        "schema": SCHEMA_VERSION, "kind": "intervention", "name": name, "description": text,
+        "acts_on": asdict(acts_on) if acts_on else None, "pretrained": asdict(pretrained) if pretrained else None,
+        "interventions": asdict(grid), "evaluation": asdict(evaluation),
+    })
+    return InterventionProtocol(name, text, acts_on, pretrained, grid, evaluation, digest, canonical, source, acted)
+
+
+# --- sections ------------------------------------------------------------------------------
+
+
+def _strings(value: Any, where: str, fail, allowed: tuple[str, ...] | None = None) -> tuple[str, ...]:
+    if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
+        raise fail(f"{where}={value!r}: must be a list of strings")
+    bad = [v for v in value if allowed is not None and v not in allowed]
+    if bad:
+        raise fail(f"{where}={bad[0]!r}: must be one of {', '.join(allowed)}")
+    if len(set(value)) != len(value):
+        raise fail(f"{where}={list(value)!r}: lists an entry twice")
+    return tuple(value)
+
+
+def _head_of(text: str) -> HeadAblation:
+    return parse(f"{text}.zero")
+
+
+def _branch_of(text: str) -> tuple[int, str]:
+    item = parse(f"{text}.skip")
+    return item.block, item.branch
+
+
+def _selection(value: Any, where: str, fail, one) -> str | tuple[str, ...]:
+    """``all``, ``none`` or a list of names, each read by ``one`` (which raises on a bad name)."""
+    if value in ("all", "none"):
+        return value
+    items = _strings(value, where, fail)
+    for i, text in enumerate(items):
+        try:
+            one(text)
+        except InterventionError:
+            raise fail(f"{where}[{i}]={text!r}: expected all, none or names like "
+                       f"{'blocks.1.attn.head2' if 'head' in where else 'blocks.0.attn or blocks.0.mlp'}") from None
+    return items
+
+
+def _grid(value: Any, fail) -> Grid:
+    raw = c.mapping(value, "interventions", c.field_names(Grid), fail)
+    modes = _strings(raw.get("head_modes", list(Grid.head_modes)), "interventions.head_modes", fail, HEAD_MODES)
+    sets = raw.get("sets", [])
+    if not isinstance(sets, list):
+        raise fail(f"interventions.sets={sets!r}: must be a list of {{name, items}}")
+    parsed_sets = []
+    for i, s in enumerate(sets):
+        where = f"interventions.sets[{i}]"
+        entry = c.mapping(s, where, ("name", "items"), fail)
+        c.required(entry, ("name", "items"), where, fail)
+        items = _strings(entry["items"], f"{where}.items", fail)
+        for j, item in enumerate(items):
+            try:
+                parse(item)
+            except InterventionError as err:
+                raise fail(f"{where}.items[{j}]: {err}") from None
+        parsed_sets.append({"name": c.identifier(entry["name"], f"{where}.name", fail), "items": list(items)})
+    c.unique_names([s["name"] for s in parsed_sets], "set", fail)
+    position = raw.get("position_embedding", True)
+    if not isinstance(position, bool):
+        raise fail(f"interventions.position_embedding={position!r}: must be true or false")
+    grid = Grid(heads=_selection(raw.get("heads", "all"), "interventions.heads", fail, _head_of),
+                head_modes=modes,
+                branches=_selection(raw.get("branches", "all"), "interventions.branches", fail, _branch_of),
+                position_embedding=position,
+                tokens=_strings(raw.get("tokens", []), "interventions.tokens", fail, TOKEN_KINDS),
+                patches=_strings(raw.get("patches", []), "interventions.patches", fail),
+                sets=tuple(parsed_sets))
+    if grid.heads != "none" and not grid.head_modes:
+        raise fail("interventions.head_modes=[]: give zero and/or mean, or heads: none")
+    return grid
+
+
+def _check_evaluation(e: InterventionEvaluation, grid: Grid, fail) -> None:
+    if e.split not in SPLITS:
+        raise fail(f"evaluation.split={e.split!r}: must be one of {', '.join(SPLITS)}")
+    if e.batch_size < 1:
+        raise fail(f"evaluation.batch_size={e.batch_size!r}: must be a positive integer")
+    uses_mean = (grid.heads != "none" and "mean" in grid.head_modes) or any(
+        i.endswith(".mean") for s in grid.sets for i in s["items"])
+    if e.mean_images < (1 if uses_mean else 0):
+        raise fail(f"evaluation.mean_images={e.mean_images!r}: mean ablation needs at least one reference image")
+    if e.n_resamples < MIN_RESAMPLES:
+        raise fail(f"evaluation.n_resamples={e.n_resamples}: must be >= {MIN_RESAMPLES}")
+    if not 0.0 < e.confidence < 1.0:
+        raise fail(f"evaluation.confidence={e.confidence!r}: must be in (0, 1)")
+
+
+def _acts_on(value: Any, source: str, fail) -> tuple[ActsOn, Any]:
+    from workbench.protocol import load_protocol  # the package imports this module
+
+    raw = c.section(value, "acts_on", ActsOn, c.field_names(ActsOn), fail)
+    c.required(raw, ("protocol", "hash"), "acts_on", fail)
+    name = c.identifier(raw["protocol"], "acts_on.protocol", fail)
+    path = Path(source).parent / f"{name}.yaml"
+    if not path.is_file():
+        raise fail(f"acts_on.protocol={name!r}: no protocol file {path}")
+    acted = load_protocol(path)
+    if raw["hash"] != acted.hash:
+        raise fail(f"acts_on.hash={raw['hash']!r}: {path} has hash {acted.hash}; the cells acted on are pinned "
+                   "by the full hash of their protocol")
+    vit_arms = tuple(a.name for a in acted.arms if isinstance(_arm_config(acted, a.name), ViTConfig))
+    arms = _strings(list(raw.get("arms") or vit_arms), "acts_on.arms", fail)
+    for arm in arms:
+        if arm not in {a.name for a in acted.arms}:
+            raise fail(f"acts_on.arms: {arm!r} is not an arm of {name}; its arms: {', '.join(a.name for a in acted.arms)}")
+        if arm not in vit_arms:
+            raise fail(f"acts_on.arms: {arm!r} is not a ViT arm (interventions act on ViT stages); "
+                       f"ViT arms of {name}: {', '.join(vit_arms) or 'none'}")
+    if not arms:
+        raise fail(f"acts_on: {name} has no ViT arm to act on")
+    return ActsOn(name, raw["hash"], arms), acted
+
+
+def _arm_config(acted, arm: str):
+    cfg = next(a.config for a in acted.arms if a.name == arm)
+    return model_config(cfg.model.name, **cfg.model.overrides)
+
+
+def _check_grid(grid: Grid, cfg: ViTConfig, what: str, fail) -> None:
+    """Every intervention of the grid must fit the model (an unknown head or stage fails now, not mid-study)."""
+    for item in grid.expand(cfg):
+        try:
+            check(cfg, [item])
+        except InterventionError as err:
+            raise fail(f"interventions ({what}): {err}") from None
+
+
+def _pretrained(value: Any, fail) -> Pretrained:
+    raw = c.section(value, "pretrained", Pretrained, c.field_names(Pretrained), fail)
+    c.required(raw, ("model",), "pretrained", fail)
+    spec = Pretrained(**raw)
+    if spec.dataset not in DATASET_NAMES:
+        raise fail(f"pretrained.dataset={spec.dataset!r}: must be one of {', '.join(DATASET_NAMES)}")
+    for key in ("val_size", "subset"):
+        if getattr(spec, key) is not None and getattr(spec, key) < 1:
+            raise fail(f"pretrained.{key}={getattr(spec, key)!r}: must be a positive integer or null")
+    index = spec.class_index or {}
+    bad = [k for k, v in index.items() if not isinstance(v, int) or isinstance(v, bool) or v < 0]
+    if bad:
+        raise fail(f"pretrained.class_index.{bad[0]}={index[bad[0]]!r}: must be a model output index (integer >= 0)")
+    return spec
+
+
+def check_against_model(protocol: InterventionProtocol, cfg: ViTConfig, what: str) -> list[Intervention]:
+    """The grid expanded for a model known only at run time (a pretrained source); one-line errors."""
+    def fail(msg: str) -> InterventionProtocolError:
+        return InterventionProtocolError(f"{protocol.source_file}: {msg}")
+
+    _check_grid(protocol.grid, cfg, what, fail)
+    return protocol.grid.expand(cfg)
