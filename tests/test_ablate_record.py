@@ -248,3 +248,36 @@ def test_a_shared_parent_stays_alive_while_any_of_its_executions_is(study):
     run()
     tags = client.get_run(parent.info.run_id).data.tags
     assert not [k for k in tags if k.startswith(EXEC_PREFIX)], tags
+
+
+def _artifact_files(client: MlflowClient, run_id: str, into: Path) -> list[Path]:
+    folder = Path(client.download_artifacts(run_id, "", str(into)))
+    return [p for p in folder.rglob("*") if p.is_file()]
+
+
+def test_no_secret_of_the_command_line_reaches_any_record_of_the_parent_or_its_cells(study, monkeypatch, tmp_path):
+    """`ablate --storage postgresql://user:PW@host/db` (the runbook's form): a READ user sees every record."""
+    _, run = study
+    secrets = ("S3cretPW", "hunter22pw", "tok-Secret-9")
+    monkeypatch.setattr(sys, "argv", ["workbench", "ablate", "--storage", "postgresql://mlflow:S3cretPW@db.example/optuna",
+                                      "--password", "hunter22pw", "--api-token=tok-Secret-9", "--protocol", "rec.yaml"])
+    run()
+    run()  # a second execution reattaches and writes its own record
+    client = MlflowClient()
+    (parent,) = runs(client, "parent")
+    checked = 0
+    for r in [parent, *runs(client, "cell")]:
+        values = "\n".join([*r.data.tags, *r.data.tags.values(), *r.data.params, *r.data.params.values()])
+        leaked = [s for s in secrets if s in values]
+        assert not leaked, f"run {r.info.run_id}: {leaked} in its tags or params"
+        for path in _artifact_files(client, r.info.run_id, tmp_path / "dl" / r.info.run_id):
+            content = path.read_bytes()
+            leaked = [s for s in secrets if s.encode() in content]
+            assert not leaked, f"run {r.info.run_id}: {leaked} in artifact {path.name}"
+            checked += 1
+    assert checked > 10, checked
+    records = [json.loads(Path(client.download_artifacts(parent.info.run_id, a.path)).read_text())
+               for a in client.list_artifacts(parent.info.run_id, "executions")]
+    assert len(records) == 2
+    for record in records:  # the command line is still there, minus the secrets
+        assert "--storage postgresql://***@db.example/optuna --password '***' --api-token=***" in record["argv"], record

@@ -25,6 +25,8 @@ import mlflow
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
+from tracking import redact
+
 DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
 OFFLINE_DIR_ENV = "WORKBENCH_OFFLINE_DIR"
 DEFAULT_OFFLINE_DIR = "mlflow-offline"
@@ -64,23 +66,14 @@ def is_remote(uri: str) -> bool:
     return uri.startswith(("http://", "https://"))
 
 
-_USERINFO = re.compile(r"(?P<scheme>[a-zA-Z][a-zA-Z0-9+.-]*://)[^/@\s]+@")
-
-
 def redact_uri(uri: str) -> str:
-    """``https://user:pw@host/x`` -> ``https://***@host/x``: safe to print, tag or log."""
-    return _USERINFO.sub(r"\g<scheme>***@", uri)
+    """``https://user:pw@host/x`` -> ``https://***@host/x``: safe to print, tag or log (``tracking.redact``)."""
+    return redact.redact_url(uri)
 
 
 def scrub(value) -> str:
-    """A param or tag value with every URL userinfo and the configured secrets replaced by ***."""
-    text = redact_uri(str(value))
-    user, password = os.environ.get("MLFLOW_TRACKING_USERNAME"), os.environ.get("MLFLOW_TRACKING_PASSWORD")
-    pair = f"{user}:{password}" if user and password else None
-    for secret in (pair, os.environ.get("MLFLOW_TRACKING_TOKEN"), password):  # the longest first
-        if secret and len(secret) >= 4:
-            text = text.replace(secret, "***")
-    return text
+    """A param or tag value with URL userinfo, secret options and secret env values replaced by ***."""
+    return redact.redact_text(value)
 
 
 def apply_http_defaults() -> None:

@@ -20,6 +20,7 @@ from mlflow.tracking import MlflowClient
 from tracking.offline_fallback import (ensure_experiment, fallback_client, fallback_exists, fallback_run_exists, fallback_uri,
                                       is_remote, is_unreachable, tracking_uri)
 from tracking import ui_links
+from tracking.redact import redact_argv
 from tracking.runs import configure_tracking, git_state
 from tracking.lease import (HEARTBEATS, HOST, SUPERSEDED_TAG, TOKEN_TAG, dead_executions, execution_tag,
                            execution_value, lease_state, lease_tags, new_token, reap_expired)
@@ -196,7 +197,7 @@ def open_study_parent(protocol, protocol_file: Path, allow_dirty: bool, extra_ta
     _log_protocol_files(sink, protocol, protocol_file)
     parent = StudyParent(sink.run_id, sink, protocol.name, _cell_count(protocol), execution_token=own)
     parent.execution = {"host": HOST, "pid": os.getpid(), "start": _now(), "end": None, "outcome": "running",
-                        "argv": " ".join(sys.argv[1:])[:500], **{k: tags[k] for k in ("git_commit",)}}
+                        "argv": redact_argv(sys.argv[1:])[:500], **{k: tags[k] for k in ("git_commit",)}}
     _log_execution(parent)
     if launcher and not sink.offline:
         try:
@@ -259,14 +260,11 @@ def _now() -> str:
 
 
 def _log_execution(parent: StudyParent) -> None:
-    """executions/<start>-<host>-<pid>.json on the parent: who ran the study, when, how it ended."""
+    """executions/<start>-<host>-<pid>.json on the parent: who ran the study, when, how it ended (redacted)."""
     e = parent.execution
     name = f"{e['start'].replace(':', '')}-{e['host']}-{e['pid']}.json"
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / name
-        path.write_text(json.dumps(e, indent=1))
-        with contextlib.suppress(Exception):  # a record of the execution, not worth failing it
-            parent.sink.log_artifact(path, artifact_path="executions")
+    with contextlib.suppress(Exception):  # a record of the execution, not worth failing it
+        parent.sink.log_record(e, f"executions/{name}")
 
 
 def child_counts(parent_run_id: str, expected: int, uri: str | None = None, experiment: str | None = None) -> dict[str, int]:

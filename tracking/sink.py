@@ -15,6 +15,8 @@ has, and the sync can recognise them.
 from __future__ import annotations
 
 import contextlib
+import json
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,11 +27,15 @@ from mlflow.entities import DatasetInput, Metric, Param, Run, RunTag
 from mlflow.tracking import MlflowClient
 
 from tracking import offline_fallback as rs
+from tracking.redact import redact_record, redact_text
 
 SYNC_SERVER_RUN = "sync.server_run_id"  # on a mirror: the server run it continues
 SYNC_SERVER_URI = "sync.server_uri"  # redacted: where the run was meant to go
 SYNC_REASON = "sync.reason"
 SYNC_SYNCED = "sync.synced_run_id"  # set by `workbench sync` once the run is fully on the server
+# Text artifacts are redacted on their way up (``tracking.redact``); larger ones are data files.
+TEXT_ARTIFACTS = {".json", ".txt", ".yaml", ".yml", ".md", ".log", ".html", ".csv", ".cfg", ".ini", ".toml"}
+MAX_REDACTED_BYTES = 64 * 2**20
 _SINKS: dict[str, "RunSink"] = {}
 
 
@@ -97,7 +103,7 @@ class RunSink:
                uri: str | None = None, experiment_id: str | None = None) -> "RunSink":
         """A new run in ``uri`` (default: where runs go now), or in the fallback store if that fails."""
         uri = uri or store_for(parent_run_id)
-        tags = {k: rs.scrub(v) for k, v in tags.items()}
+        tags = {k: redact_text(v) for k, v in tags.items()}
         if parent_run_id:
             tags["mlflow.parentRunId"] = parent_run_id
         if uri != rs.fallback_uri():
@@ -191,13 +197,13 @@ class RunSink:
 
     def log_params(self, params: dict) -> None:
         """Params the run does not have yet (MLflow refuses to change one; resumed runs have them)."""
-        new = {k: rs.scrub(v)[:6000] for k, v in params.items() if k not in self.journal.params}
+        new = {k: redact_text(v)[:6000] for k, v in params.items() if k not in self.journal.params}
         if new:
             self._do("log params", lambda c, r: log_batch(c, r, params=[Param(k, v) for k, v in new.items()]))
             self.journal.params.update(new)
 
     def set_tags(self, tags: dict) -> None:
-        clean = {k: rs.scrub(v)[:8000] for k, v in tags.items()}
+        clean = {k: redact_text(v)[:8000] for k, v in tags.items()}
         self._do("set tags", lambda c, r: log_batch(c, r, tags=[RunTag(k, v) for k, v in clean.items()]))
         self.journal.tags.update(clean)
 
@@ -223,7 +229,18 @@ class RunSink:
         self.journal.inputs.extend(datasets)
 
     def log_artifact(self, path: str | Path, artifact_path: str | None = None) -> None:
-        self._do(f"upload {Path(path).name}", lambda c, r: c.log_artifact(r, str(path), artifact_path), retries=True)
+        """Upload a file; a text file goes up redacted (a copy: the local file is left as it is)."""
+        with redacted_copy(Path(path)) as upload:
+            self._do(f"upload {Path(path).name}", lambda c, r: c.log_artifact(r, str(upload), artifact_path),
+                     retries=True)
+
+    def log_record(self, record: dict, artifact_file: str) -> None:
+        """A JSON record (e.g. ``executions/<name>.json``), redacted field by field before it is written."""
+        folder, _, name = artifact_file.rpartition("/")
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / name
+            path.write_text(json.dumps(redact_record(record), indent=1))
+            self.log_artifact(path, artifact_path=folder or None)
 
     def log_model(self, log_fn: Callable[[str], object]) -> None:
         """Run ``log_fn(run_id)`` (an ``mlflow.<flavor>.log_model(..., run_id=run_id)``) against the active store."""
@@ -248,6 +265,32 @@ class RunSink:
             if m.key not in latest or (m.step, m.timestamp) >= (latest[m.key].step, latest[m.key].timestamp):
                 latest[m.key] = m
         return {k: m.value for k, m in latest.items()}
+
+
+@contextlib.contextmanager
+def redacted_copy(path: Path):
+    """``path`` itself, or a redacted copy of it with the same name when it is text holding a secret."""
+    if path.suffix.lower() not in TEXT_ARTIFACTS or not path.is_file() or path.stat().st_size > MAX_REDACTED_BYTES:
+        yield path
+        return
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:  # not text after all
+        yield path
+        return
+    clean = redact_text(text)
+    if path.suffix.lower() == ".json":  # redacted as data: an escaped secret ("a\\"b") is found too
+        with contextlib.suppress(ValueError):
+            data = json.loads(text)
+            redacted = redact_record(data)
+            clean = text if redacted == data else json.dumps(redacted, indent=1)
+    if clean == text:
+        yield path
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        copy = Path(tmp) / path.name
+        copy.write_text(clean, encoding="utf-8")
+        yield copy
 
 
 def lost_insert_race(err: BaseException) -> bool:
