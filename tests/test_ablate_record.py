@@ -81,9 +81,12 @@ def test_every_execution_reattaches_the_one_parent_and_records_itself(study):
     protocol, run = study
     client = MlflowClient()
     assert [o.status for o in run()] == ["finished", "finished"]
+    (first,) = runs(client, "parent")
     assert [o.status for o in run()] == ["skipped", "skipped"]
     (parent,) = runs(client, "parent")
     assert parent.info.status == "FINISHED"
+    # A rerun that ran nothing does not stretch the study's span (before: its end moved to the rerun's end).
+    assert parent.info.end_time == first.info.end_time, (parent.info.end_time - first.info.end_time, "ms later")
     tags = parent.data.tags
     assert tags["code_fingerprint"] == current_code_fingerprint() and tags["mlflow.user"]
     assert protocol.description in tags["mlflow.note.content"] and "| seeds | 0, 1 |" in tags["mlflow.note.content"]

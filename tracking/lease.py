@@ -37,6 +37,7 @@ RELEASED_TAG = "lease.released"
 SUPERSEDED_TAG, CONTINUES_TAG = "superseded_by", "continues_run"
 LEASE_ENV, HEARTBEAT_ENV = "WORKBENCH_LEASE_SECONDS", "WORKBENCH_HEARTBEAT_SECONDS"
 DEFAULT_LEASE_SECONDS = 120.0
+RELEASE_WAIT_SECONDS = 15.0  # a beat on a reachable store takes well under a second
 
 
 def lease_seconds() -> float:
@@ -109,10 +110,15 @@ def _executions(tags: dict) -> dict[str, tuple[str, int, float]]:
     return found
 
 
+def execution_states(run: Run, now: float | None = None) -> dict[str, tuple[LeaseState, float]]:
+    """Execution tag -> (whether that execution is alive, its last heartbeat time) on a shared run."""
+    now = now or time.time()
+    return {key: (_judge(*e, now), e[2]) for key, e in _executions(run.data.tags).items()}
+
+
 def dead_executions(run: Run, now: float | None = None) -> list[str]:
     """The execution tags of a shared run whose executions are gone (killed ones never removed theirs)."""
-    now = now or time.time()
-    return [key for key, e in _executions(run.data.tags).items() if not _judge(*e, now).alive]
+    return [key for key, (state, _) in execution_states(run, now).items() if not state.alive]
 
 
 def lease_state(run: Run, now: float | None = None) -> LeaseState:
@@ -209,6 +215,9 @@ class Heartbeats:
         self._held: dict[str, tuple[str, str, str | None]] = {}  # run id -> (tracking uri, token, execution tag)
         self._lost: dict[str, str] = {}
         self._lock = threading.Lock()
+        # Held while a beat reads and writes a run's tags: ``release`` waits for a beat under
+        # way, so no renewal lands after the holder closed the run (a stale execution tag).
+        self._writing = threading.Lock()
         self._thread: threading.Thread | None = None
         self._extra: dict[str, object] = {}  # name -> callable renewing another lease (a queue's)
         # Set by ``hold``: the thread renews at once and then at the current interval, not
@@ -239,8 +248,14 @@ class Heartbeats:
         self._ensure_thread()
 
     def release(self, run_id: str) -> None:
+        """Stop renewing ``run_id``; returns once no beat of it is under way any more.
+
+        The wait is bounded: a beat stuck on an unreachable server must not hold up the end.
+        """
         with self._lock:
             self._held.pop(run_id, None)
+        if self._writing.acquire(timeout=RELEASE_WAIT_SECONDS):
+            self._writing.release()
 
     def check(self, run_id: str, verify: bool = False) -> None:
         """Raise ``LeaseLost`` when the run was taken over; ``verify`` reads the token from the store now."""
@@ -266,6 +281,10 @@ class Heartbeats:
                     pass
 
     def _beat(self, run_id: str, renew: bool = True) -> None:
+        with self._writing:
+            self._beat_held(run_id, renew)
+
+    def _beat_held(self, run_id: str, renew: bool) -> None:
         with self._lock:
             if run_id not in self._held:
                 return

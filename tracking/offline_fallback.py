@@ -26,6 +26,7 @@ from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 from tracking import redact
+from tracking.store_lock import ensure_store
 
 DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
 OFFLINE_DIR_ENV = "WORKBENCH_OFFLINE_DIR"
@@ -98,6 +99,7 @@ def fallback_exists() -> bool:
 
 def fallback_client() -> MlflowClient:
     offline_dir().mkdir(parents=True, exist_ok=True)
+    ensure_store(fallback_uri())  # two runs going offline at once must not both create its tables
     return MlflowClient(fallback_uri())
 
 
@@ -334,6 +336,7 @@ def set_process_uri(uri: str) -> None:
     # all, and to a page that opens on the GenAI views: the workbench prints its own
     # addresses (tracking.ui_links) instead.
     os.environ["MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"] = "true"
+    ensure_store(uri)  # a new SQLite file gets its tables from one process, not two at once
     mlflow.set_tracking_uri(uri)
     if configured is None:
         os.environ.pop("MLFLOW_TRACKING_URI", None)

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import json
 import os
-import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -20,11 +18,13 @@ from mlflow.tracking import MlflowClient
 from tracking.offline_fallback import (ensure_experiment, fallback_client, fallback_exists, fallback_run_exists, fallback_uri,
                                       is_remote, is_unreachable, tracking_uri)
 from tracking import ui_links
-from tracking.redact import redact_argv
+from tracking.executions import (EXPECTED_TAG, children, close_dead_records, counts_of, end_time_for, iso, new_record,
+                                 study_status, write_record)
 from tracking.runs import configure_tracking, git_state
-from tracking.lease import (HEARTBEATS, HOST, SUPERSEDED_TAG, TOKEN_TAG, dead_executions, execution_tag,
-                           execution_value, lease_state, lease_tags, new_token, reap_expired)
+from tracking.lease import (HEARTBEATS, TOKEN_TAG, execution_states, execution_tag, execution_value, lease_state,
+                           lease_tags, new_token, reap_expired)
 from tracking.sink import SYNC_SYNCED, RunSink
+from tracking.store_lock import store_lock
 from workbench.train.fingerprint import current_code_fingerprint
 
 PROTOCOL_TAGS = ("protocol_name", "protocol_hash", "arm", "seed")
@@ -131,24 +131,28 @@ class StudyParent:
     expected_cells: int
     execution_token: str = ""
     execution: dict = field(default_factory=dict)
+    previous_end: int | None = None  # the parent's end time before this execution reopened it (ms)
+    started_ms: int = 0
+    status: str | None = None  # set by ``close_study_parent``
 
 
 def open_study_parent(protocol, protocol_file: Path, allow_dirty: bool, extra_tags: dict | None = None,
                       log=print) -> StudyParent:
     """Find the study's parent run (protocol hash + code fingerprint) or create it, and hold it.
 
-    Dead executions' runs of this protocol hash are marked KILLED first. A parent left
-    half-made by a killed execution gets its protocol files now. Two executions creating
-    the parent at once keep the older one (the other deletes its own).
+    Dead executions' runs of this protocol hash are marked KILLED first and their records
+    closed. A parent left half-made by a killed execution gets its protocol files now. On a
+    local store, executions starting together take turns (``store_lock``); on a server, two
+    executions creating the parent at once keep the older one (the other ends and deletes its own).
     """
     exp_id = experiment_id_for(protocol.name)
     client, key = MlflowClient(), study_key(protocol)
-    reap_expired(client, exp_id, f"tags.protocol_hash = '{protocol.hash}'", log=log)
     tags = {
         "mlflow.runName": f"{protocol.name}@{protocol.short_hash}",
         "protocol_name": protocol.name, "protocol_hash": protocol.hash, "study_key": key,
         "code_fingerprint": current_code_fingerprint(), "protocol_file": str(protocol_file),
         "allow_dirty": str(allow_dirty).lower(), "parent": "true", "mlflow.user": run_user(),
+        EXPECTED_TAG: str(_cell_count(protocol)),
         "mlflow.note.content": parent_note(protocol, f"`workbench report --protocol {protocol.name}` logs it to "
                                                      "this run's artifacts (report/report.html)"),
         **git_state(), **(extra_tags or {}),
@@ -156,8 +160,36 @@ def open_study_parent(protocol, protocol_file: Path, allow_dirty: bool, extra_ta
     launcher = os.environ.get("MLFLOW_RUN_ID")
     if launcher:
         tags["launcher_run_id"] = launcher  # the run `mlflow run` created around this execution
-    token, own = new_token(), new_token()  # the parent's lease token; this execution's own
-    found, uri = _parents(client, exp_id, key), configure_tracking()
+    own, started_ms = new_token(), int(time.time() * 1000)  # this execution's own lease token
+    with store_lock(configure_tracking()):
+        reap_expired(client, exp_id, f"tags.protocol_hash = '{protocol.hash}'", log=log)
+        sink, token, previous_end = _find_or_create_parent(client, exp_id, protocol, tags, own, log)
+        try:
+            HEARTBEATS.hold(sink.run_id, sink.uri, token, execution_tag(own))
+            _log_protocol_files(sink, protocol, protocol_file)
+            parent = StudyParent(sink.run_id, sink, protocol.name, _cell_count(protocol), own,
+                                 new_record(own, tags["git_commit"]), previous_end, started_ms)
+            write_record(sink, parent.execution)
+        except BaseException:
+            _let_go(sink, own)
+            raise
+    url = None if sink.offline else ui_links.experiment_url(sink.uri, exp_id)
+    if url:
+        log(f"MLflow UI (runs of this study): {url}")
+    if launcher and not sink.offline:
+        try:
+            MlflowClient().set_tag(launcher, "protocol_parent_run_id", sink.run_id)
+        except Exception as err:  # a cross-reference only: never worth stopping the study for
+            if not is_unreachable(err):
+                raise
+    return parent
+
+
+def _find_or_create_parent(client: MlflowClient, exp_id: str, protocol, tags: dict, own: str,
+                           log) -> tuple[RunSink, str, int | None]:
+    """(the parent's sink, the lease token this execution renews, the parent's earlier end time)."""
+    key, uri, token = tags["study_key"], configure_tracking(), new_token()
+    found = _parents(client, exp_id, key)
     offline_parent = _unsynced_fallback_parent(protocol.name, key) if uri != fallback_uri() else None
     if offline_parent is not None:
         # Made while the server was away and not synced yet: the study goes on in that one
@@ -166,46 +198,37 @@ def open_study_parent(protocol, protocol_file: Path, allow_dirty: bool, extra_ta
         found, uri = [offline_parent], fallback_uri()
         log(f"study {protocol.name}@{protocol.short_hash}: its parent run {offline_parent.info.run_id} is in the local "
             f"fallback store (logged while the server was away): continuing there; `workbench sync` copies it")
-    if found:
-        run = found[0]
-        shared = run.info.status == "RUNNING" and lease_state(run).alive and TOKEN_TAG in run.data.tags
-        sink = RunSink.attach(run, uri, protocol.name)
-        for gone in dead_executions(run):  # killed executions never removed their own tag
-            with contextlib.suppress(Exception):
-                MlflowClient(uri).delete_tag(run.info.run_id, gone)
-        # Executions alive at once share the parent's lease: each renews a tag of its own
-        # (``execution_tag``) and the parent is alive while any of them is.
-        token = run.data.tags[TOKEN_TAG] if shared else token
-        sink.set_tags({**{k: v for k, v in tags.items() if k != "mlflow.runName"},
-                       **({} if shared else lease_tags(token)), execution_tag(own): execution_value()})
-        log(f"study {protocol.name}@{protocol.short_hash}: parent run {run.info.run_id} reattached")
-    else:
+    if not found:
         sink = RunSink.create(protocol.name, {**tags, **lease_tags(token), execution_tag(own): execution_value()},
-                              uri=configure_tracking(), experiment_id=exp_id)
-        if not sink.offline:
-            oldest = _parents(client, exp_id, key)[0]
-            if oldest.info.run_id != sink.run_id:  # another execution made it first
-                client.delete_run(sink.run_id)
-                sink = RunSink.attach(oldest, configure_tracking(), protocol.name)
-                token = oldest.data.tags.get(TOKEN_TAG, token)  # share its lease
-                sink.set_tags({execution_tag(own): execution_value()})
-        log(f"study {protocol.name}@{protocol.short_hash}: parent run {sink.run_id} created")
-    url = None if sink.offline else ui_links.experiment_url(sink.uri, exp_id)
-    if url:
-        log(f"MLflow UI (runs of this study): {url}")
-    HEARTBEATS.hold(sink.run_id, sink.uri, token, execution_tag(own))
-    _log_protocol_files(sink, protocol, protocol_file)
-    parent = StudyParent(sink.run_id, sink, protocol.name, _cell_count(protocol), execution_token=own)
-    parent.execution = {"host": HOST, "pid": os.getpid(), "start": _now(), "end": None, "outcome": "running",
-                        "argv": redact_argv(sys.argv[1:])[:500], **{k: tags[k] for k in ("git_commit",)}}
-    _log_execution(parent)
-    if launcher and not sink.offline:
-        try:
-            MlflowClient().set_tag(launcher, "protocol_parent_run_id", sink.run_id)
-        except Exception as err:  # a cross-reference only: never worth stopping the study for
-            if not is_unreachable(err):
-                raise
-    return parent
+                              uri=uri, experiment_id=exp_id)
+        oldest = sink if sink.offline else _parents(client, exp_id, key)[0]
+        if oldest is sink or oldest.info.run_id == sink.run_id:
+            log(f"study {protocol.name}@{protocol.short_hash}: parent run {sink.run_id} created")
+            return sink, token, None
+        # Another execution (on another host: a local store is locked) made it first: end and
+        # delete this one, so that no deleted run stays RUNNING, and share the older one.
+        client.set_terminated(sink.run_id, "KILLED")
+        client.delete_run(sink.run_id)
+        found = [oldest]
+    run = found[0]
+    shared = run.info.status == "RUNNING" and lease_state(run).alive and TOKEN_TAG in run.data.tags
+    previous_end = None if run.info.status == "RUNNING" else run.info.end_time
+    sink = RunSink.attach(run, uri, protocol.name)
+    close_dead_records(sink, run)
+    # Executions alive at once share the parent's lease: each renews a tag of its own
+    # (``execution_tag``) and the parent is alive while any of them is.
+    token = run.data.tags[TOKEN_TAG] if shared else token
+    sink.set_tags({**{k: v for k, v in tags.items() if k != "mlflow.runName"},
+                   **({} if shared else lease_tags(token)), execution_tag(own): execution_value()})
+    log(f"study {protocol.name}@{protocol.short_hash}: parent run {run.info.run_id} reattached")
+    return sink, token, previous_end
+
+
+def _let_go(sink: RunSink, own: str) -> None:
+    """An execution that fails while opening the parent stops renewing it and removes its own tag."""
+    HEARTBEATS.release(sink.run_id)
+    with contextlib.suppress(Exception):
+        MlflowClient(fallback_uri() if sink.mirror_id else sink.uri).delete_tag(sink.local_run_id, execution_tag(own))
 
 
 def start_parent_run(protocol, protocol_file: Path, allow_dirty: bool, extra_tags: dict | None = None,
@@ -255,50 +278,31 @@ def _log_protocol_files(sink: RunSink, protocol, protocol_file: Path) -> None:
     sink.log_params({"protocol_description": protocol.description[:500]})
 
 
-def _now() -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%S%z")
-
-
-def _log_execution(parent: StudyParent) -> None:
-    """executions/<start>-<host>-<pid>.json on the parent: who ran the study, when, how it ended (redacted)."""
-    e = parent.execution
-    name = f"{e['start'].replace(':', '')}-{e['host']}-{e['pid']}.json"
-    with contextlib.suppress(Exception):  # a record of the execution, not worth failing it
-        parent.sink.log_record(e, f"executions/{name}")
-
-
 def child_counts(parent_run_id: str, expected: int, uri: str | None = None, experiment: str | None = None) -> dict[str, int]:
-    """Cell counts from the parent's children as they are in the store, not one execution's view.
-
-    One count per cell (run key): a cell continued in a new run because its old holder might
-    still write (``superseded_by``) is counted by the run that carries it on, and the closed
-    run only under ``superseded``; a cell with a FINISHED run is finished.
-    """
+    """Cell counts from the parent's children as they are in the store (``tracking.executions.counts_of``)."""
     client = MlflowClient(uri) if uri else MlflowClient()
     exp_id = (client.get_experiment_by_name(experiment).experiment_id if experiment
               else client.get_run(parent_run_id).info.experiment_id)
-    children = client.search_runs([exp_id], f"tags.mlflow.parentRunId = '{parent_run_id}' and tags.cell = 'true'",
-                                  max_results=50000)
-    by_cell: dict[str, list] = {}
-    for run in children:
-        by_cell.setdefault(run.data.tags.get("run_key") or run.info.run_id, []).append(run)
-    counts = {s.lower(): 0 for s in ("FINISHED", "RUNNING", "FAILED", "KILLED")}
-    counts["superseded"] = sum(SUPERSEDED_TAG in run.data.tags for run in children)
-    for runs in by_cell.values():
-        current = [r for r in runs if SUPERSEDED_TAG not in r.data.tags] or runs
-        statuses = {r.info.status for r in current}
-        status = "FINISHED" if "FINISHED" in statuses else max(current, key=lambda r: r.info.start_time or 0).info.status
-        counts[status.lower()] = counts.get(status.lower(), 0) + 1
-    counts["missing"] = max(0, expected - len(by_cell))
-    return counts
+    return counts_of(children(client, parent_run_id, exp_id), expected)
+
+
+def _fallback_children(parent: StudyParent) -> list[Run]:
+    with contextlib.suppress(Exception):
+        if fallback_exists():
+            local = fallback_client()
+            exp = local.get_experiment_by_name(parent.experiment)
+            return children(local, parent.run_id, exp.experiment_id) if exp else []
+    return []
 
 
 def close_study_parent(parent: StudyParent, outcome: str, why: str = "") -> str:
-    """Release the parent with a truthful status; returns it.
+    """Release the parent with a truthful status (``tracking.executions.study_status``); returns it.
 
     ``outcome``: "completed" (the execution went through every cell), "interrupted"
     (Ctrl-C, SIGTERM), "failed" (an error outside the cells) or "queued" (cells handed to
-    workers). While another execution still holds cells of this study, the parent stays RUNNING.
+    workers). While another execution still holds the parent or cells of this study, it
+    stays RUNNING. With the server away, only the children in the local fallback store can
+    be counted: cells not seen there are not called missing (``workbench sync`` recounts).
     """
     HEARTBEATS.release(parent.run_id)
     sink = parent.sink
@@ -306,33 +310,29 @@ def close_study_parent(parent: StudyParent, outcome: str, why: str = "") -> str:
         with contextlib.suppress(Exception):
             store = fallback_uri() if sink.mirror_id else sink.uri
             MlflowClient(store).delete_tag(sink.local_run_id, execution_tag(parent.execution_token))
-    counts = {}
+    runs, others, partial = [], False, False
     try:
         client = MlflowClient(sink.uri)
-        reap_expired(client, client.get_run(parent.run_id).info.experiment_id,
-                     f"tags.mlflow.parentRunId = '{parent.run_id}'")
-        counts = child_counts(parent.run_id, parent.expected_cells, sink.uri)
-    except Exception:  # noqa: BLE001 - the server went away: count the children logged locally meanwhile
-        with contextlib.suppress(Exception):
-            counts = child_counts(parent.run_id, parent.expected_cells, fallback_uri(), parent.experiment)
-    if counts:
+        exp_id = client.get_run(parent.run_id).info.experiment_id
+        reap_expired(client, exp_id, f"tags.mlflow.parentRunId = '{parent.run_id}'")
+        runs = children(client, parent.run_id, exp_id)
+        others = any(state.alive for state, _ in execution_states(client.get_run(parent.run_id)).values())
+    except Exception:  # noqa: BLE001 - the server went away: the children logged locally meanwhile are all we see
+        partial = True
+    if sink.uri != fallback_uri():  # cells continued locally during an outage count too (one per run key)
+        runs += _fallback_children(parent)
+    counts = counts_of(runs, parent.expected_cells)
+    if not partial:
         sink.log_metrics({f"cells_{k}": v for k, v in counts.items()}, step=_execution_index(parent))
-    if counts.get("running"):
-        status = "RUNNING"  # another execution is training cells of it now
-    elif outcome == "interrupted":
-        status = "KILLED"
-    elif outcome == "failed" or counts.get("failed") or counts.get("killed"):
-        status = "FAILED"
-    elif counts.get("missing"):
-        status = "SCHEDULED" if outcome == "queued" else "FAILED"
-    else:
-        status = "FINISHED"
-    parent.execution.update(end=_now(), outcome=outcome + (f": {why}" if why else ""), cells=counts, status=status)
-    _log_execution(parent)
+    status = study_status(outcome, {**counts, "missing": 0} if partial else counts, others)
+    parent.status = status
+    parent.execution.update(end=iso(), outcome=outcome + (f": {why}" if why else ""), cells=counts, status=status,
+                            **({"counted": "local fallback store only (server unreachable)"} if partial else {}))
+    write_record(sink, parent.execution)
     if status == "RUNNING":  # other executions are still at work on its cells; the last one ends it
         return status
     sink.set_tags({"last_execution_outcome": parent.execution["outcome"][:500]})
-    sink.end(status)
+    sink.end(status, end_time=end_time_for(parent.previous_end, parent.started_ms, runs) if not partial else None)
     return status
 
 

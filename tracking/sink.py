@@ -36,6 +36,11 @@ SYNC_SYNCED = "sync.synced_run_id"  # set by `workbench sync` once the run is fu
 # Text artifacts are redacted on their way up (``tracking.redact``); larger ones are data files.
 TEXT_ARTIFACTS = {".json", ".txt", ".yaml", ".yml", ".md", ".log", ".html", ".csv", ".cfg", ".ini", ".toml"}
 MAX_REDACTED_BYTES = 64 * 2**20
+# How an attempt ended. A run continued (or finished) later keeps them only as history, in
+# HISTORY_TAG, never as its current state: a FINISHED run with a killed_reason misleads.
+OUTCOME_TAGS = ("killed_reason", "end_reason", "failure", "nonfinite_loss_step", "nonfinite_loss_epoch")
+HISTORY_TAG = "earlier_ends"
+HISTORY_CHARS = 5000
 _SINKS: dict[str, "RunSink"] = {}
 
 
@@ -125,6 +130,7 @@ class RunSink:
         client = MlflowClient(uri)
         if run.info.status != "RUNNING":
             client.update_run(run.info.run_id, status="RUNNING")
+            _to_history(client, run, run.info.status, run.info.end_time)
         if uri == rs.fallback_uri() and SYNC_SYNCED in run.data.tags:
             # It changes again, so the next `workbench sync` must look at it again.
             client.delete_tag(run.info.run_id, SYNC_SYNCED)
@@ -196,11 +202,30 @@ class RunSink:
             client.log_inputs(self.mirror_id, datasets=self.journal.inputs)
 
     def log_params(self, params: dict) -> None:
-        """Params the run does not have yet (MLflow refuses to change one; resumed runs have them)."""
+        """Params the run does not have yet (MLflow refuses to change one; resumed runs have them).
+
+        Another execution sharing the run (two starts of one study) may log the same param a
+        moment earlier: the store refuses the second insert, and a param it now holds with
+        the same value is not an error (a different value is).
+        """
         new = {k: redact_text(v)[:6000] for k, v in params.items() if k not in self.journal.params}
-        if new:
-            self._do("log params", lambda c, r: log_batch(c, r, params=[Param(k, v) for k, v in new.items()]))
-            self.journal.params.update(new)
+        if not new:
+            return
+
+        def log(client: MlflowClient, run_id: str) -> None:
+            try:
+                log_batch(client, run_id, params=[Param(k, v) for k, v in new.items()])
+            except Exception as err:
+                if not lost_insert_race(err):
+                    raise
+                have = client.get_run(run_id).data.params
+                clash = {k for k, v in new.items() if k in have and have[k] != v}
+                if clash:
+                    raise
+                log_batch(client, run_id, params=[Param(k, v) for k, v in new.items() if k not in have])
+
+        self._do("log params", log)
+        self.journal.params.update(new)
 
     def set_tags(self, tags: dict) -> None:
         clean = {k: redact_text(v)[:8000] for k, v in tags.items()}
@@ -250,8 +275,16 @@ class RunSink:
 
         self._do("log model", call, retries=True)
 
-    def end(self, status: str = "FINISHED") -> None:
-        self._do("end run", lambda c, r: c.set_terminated(r, status))
+    def end(self, status: str = "FINISHED", end_time: int | None = None) -> None:
+        """End the run (``end_time``: ms, default now); a FINISHED run keeps earlier outcomes only as history."""
+        stale = {k: v for k, v in self.journal.tags.items() if k in OUTCOME_TAGS}
+        if status == "FINISHED" and stale:
+            history = _history_with(self.journal.tags.get(HISTORY_TAG, ""), "earlier", None, stale)
+            self.set_tags({HISTORY_TAG: history})
+            for key in stale:
+                self._do("clear tag", lambda c, r, key=key: c.delete_tag(r, key))
+                self.journal.tags.pop(key, None)
+        self._do("end run", lambda c, r: c.set_terminated(r, status, end_time=end_time))
         _SINKS.pop(self.run_id, None)
 
     # ------------------------------------------------------------ what the run holds
@@ -265,6 +298,26 @@ class RunSink:
             if m.key not in latest or (m.step, m.timestamp) >= (latest[m.key].step, latest[m.key].timestamp):
                 latest[m.key] = m
         return {k: m.value for k, m in latest.items()}
+
+
+def _history_with(history: str, status: str, end_time: int | None, outcome: dict[str, str]) -> str:
+    when = time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(end_time / 1000)) if end_time else "?"
+    line = f"{status} (ended {when}): " + "; ".join(f"{k}={v}" for k, v in outcome.items())
+    return "\n".join(filter(None, [history, line]))[-HISTORY_CHARS:]
+
+
+def _to_history(client: MlflowClient, run: Run, status: str, end_time: int | None) -> None:
+    """A run continued now: how its last attempt ended moves from its current tags into ``HISTORY_TAG``."""
+    tags = run.data.tags
+    outcome = {k: tags[k] for k in OUTCOME_TAGS if k in tags}
+    if not outcome:
+        return
+    history = _history_with(tags.get(HISTORY_TAG, ""), status, end_time, outcome)
+    log_batch(client, run.info.run_id, tags=[RunTag(HISTORY_TAG, history)])
+    for key in outcome:
+        client.delete_tag(run.info.run_id, key)
+        tags.pop(key, None)  # the journal is built from this run: it must not bring them back
+    tags[HISTORY_TAG] = history
 
 
 @contextlib.contextmanager

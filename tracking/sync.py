@@ -215,18 +215,43 @@ class Syncer:
             raise
 
     def run(self) -> SyncReport:
-        for run in self._local_runs():
+        runs, copied = self._local_runs(), []
+        for run in runs:
             name = run.data.tags.get("mlflow.runName", run.info.run_id)
             if self._synced_to(run) and not self.recheck:
                 self.report.runs_skipped += 1
                 continue
             try:
                 self._sync_run(run)
+                copied.append(run)
             except Exception as err:
                 if rs.is_unreachable(err) or rs.is_auth_failure(err):  # nothing more gets through: stop
                     raise
                 self.report.errors.append(f"{name} ({run.info.run_id}): {rs.redact_uri(str(err))[:500]}")
+        self._recount_parents(copied)
         return self.report
+
+    def _recount_parents(self, copied: list[Run]) -> None:
+        """The study parents of the runs copied now: counts and status from their children on the target.
+
+        A parent's counts in the fallback store saw only the cells logged there (an outage
+        hides the server's); and a parent goes before its children, so its copy cannot know.
+        """
+        from tracking.executions import recount_parent
+
+        parents = set()
+        for run in copied:
+            local = run.info.run_id if run.data.tags.get("parent") == "true" else run.data.tags.get(PARENT)
+            if local:
+                parents.add(self.server_id.get(local, local))
+        for server_id in sorted(parents):
+            try:
+                if self._exists(server_id):
+                    recount_parent(self.dst, server_id, log=self.log)
+            except Exception as err:
+                if rs.is_unreachable(err) or rs.is_auth_failure(err):
+                    raise
+                self.report.errors.append(f"recount of parent {server_id}: {rs.redact_uri(str(err))[:500]}")
 
     # ------------------------------------------------------------ one run
 
