@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import numpy as np
 import pytest
 import torch
 
@@ -221,3 +222,50 @@ def test_a_model_in_training_mode_and_a_stored_activation_of_the_wrong_shape_are
         run(model, x, [PatchStage("blocks.0.resid1")], patches={"blocks.0.resid1": torch.zeros(3, 5, 16)})
     with pytest.raises(InterventionError, match="model.eval"):
         run(model.train(), x, [SkipBranch(0, "mlp")])
+
+
+@pytest.mark.parametrize("family", ["plain", "layerscale_registers", "attention_pool"])
+def test_resuming_from_a_blocks_input_is_the_whole_forward(family):
+    from workbench.interventions.forward import block_inputs
+
+    model, x = make(family), images()
+    logits, cache = block_inputs(model, x)
+    same(logits, model(x), f"{family}: block_inputs logits vs model(x)")
+    _, acts = capture(model, x, ["blocks.1.resid2"])
+    for start, items in [(1, [HeadAblation(1, 3)]), (0, [SkipBranch(0, "mlp")]), (2, [PatchStage("head")]),
+                         (1, [PatchStage("blocks.1.resid1"), HeadAblation(1, 0)])]:
+        patches = {"head": logits.roll(1, 0), "blocks.1.resid1": acts["blocks.1.resid2"]}
+        full = run(model, x, items, patches=patches)
+        same(run(model, x, items, patches=patches, resume=(start, cache[start])), full, f"{family}: {items} from block {start}")
+    with pytest.raises(InterventionError, match="edit block 0 or earlier"):
+        run(model, x, [SkipBranch(0, "attn")], resume=(1, cache[1]))
+
+
+def test_evaluate_gives_each_examples_outcome_whatever_the_batching():
+    from workbench.data import NormStats
+    from workbench.interventions.evaluate import Inputs, derangement, evaluate, reference_means
+
+    model = make("plain", pooling="cls")
+    gen = torch.Generator().manual_seed(3)
+    uint8 = torch.randint(0, 256, (10, 3, 16, 16), dtype=torch.uint8, generator=gen)
+    labels, indices = torch.randint(0, 5, (10,), generator=gen), torch.arange(100, 110)
+    grid = [HeadAblation(0, 1), HeadAblation(1, 2, "mean"), SkipBranch(1, "mlp"), PatchStage("blocks.0.resid2")]
+    norm = NormStats((0.5, 0.5, 0.5), (0.25, 0.25, 0.25))
+    means, chosen = reference_means(model, uint8, 4, 0, Inputs(norm, 3, torch.device("cpu")))
+    assert len(set(chosen)) == 4 and means.images == 4
+    a = evaluate(model, uint8, labels, indices, Inputs(norm, 3, torch.device("cpu")), grid, means, patch_seed=1)
+    b = evaluate(model, uint8, labels, indices, Inputs(norm, 10, torch.device("cpu")), grid, means, patch_seed=1)
+    assert a.names == [i.name for i in grid] and a.predicted.shape == (4, 10)
+    assert np.array_equal(a.predicted, b.predicted) and np.array_equal(a.intact_predicted, b.intact_predicted)
+    assert np.abs(a.loss - b.loss).max() <= 1e-6, np.abs(a.loss - b.loss).max()
+    x = (uint8.float() / 255 - 0.5) / 0.25
+    want = run(model, x, [grid[1]], head_means=means)
+    assert np.array_equal(a.predicted[1], want.argmax(-1).numpy()), "mean-ablated head, whole batch at once"
+    source = a.patch_sources["blocks.0.resid2.patch"]
+    assert np.array_equal(source, derangement(10, 1)) and not np.any(source == np.arange(10))
+    _, acts = capture(model, x[torch.from_numpy(source)], ["blocks.0.resid2"])
+    patched = run(model, x, [grid[3]], patches={"blocks.0.resid2": acts["blocks.0.resid2"]})
+    assert np.array_equal(a.predicted[3], patched.argmax(-1).numpy())
+    m = a.metrics()
+    assert m["blocks.0.attn.head1.zero"]["accuracy"] == float((a.predicted[0] == labels.numpy()).mean())
+    assert a.attention.shape == (2, 4, 4, 4) and np.allclose(a.attention.sum(axis=(2, 3)) <= 1 + 1e-6, True)

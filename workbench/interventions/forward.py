@@ -51,6 +51,7 @@ class HeadMeans:
 # stage suffix inside a block -> (submodule path below the block, what replaces the stage)
 _BLOCK_HOOKED = {"attn.qkv": "attn.qkv", "attn.q_norm": "attn.q_norm", "attn.k_norm": "attn.k_norm",
                  "attn.probs": "attn.attn_drop", "attn.norm": "attn.norm", "mlp.norm": "mlp.norm"}
+_AFTER_BLOCKS = ("norm", "pool", "fc_norm", "head")
 _POOL_HOOKED = {"attn_pool.kv": "attn_pool.kv", "attn_pool.attn": "attn_pool.proj_drop",
                 "attn_pool.norm": "attn_pool.norm", "attn_pool.mlp": "attn_pool.mlp"}
 
@@ -177,10 +178,11 @@ def _head(model: VisionTransformer, x: torch.Tensor, n_prefix: int, plan: _Plan)
     return plan.at("head", model.head(x))
 
 
-def _forward(model: VisionTransformer, x: torch.Tensor, plan: _Plan) -> torch.Tensor:
-    x, n_prefix = _embed(model, x, plan)
-    for i, block in enumerate(model.blocks):
-        x = _block(block, i, x, plan)
+def _forward(model: VisionTransformer, x: torch.Tensor, plan: _Plan, start: int = -1) -> torch.Tensor:
+    """The whole forward from images, or from the tokens ``x`` entering block ``start`` (>= 0)."""
+    x, n_prefix = _embed(model, x, plan) if start < 0 else (x, model.cfg.num_prefix_tokens)
+    for i in range(max(start, 0), len(model.blocks)):
+        x = _block(model.blocks[i], i, x, plan)
     x = model.norm(x)
     if model.cfg.has_norm:
         x = plan.at("norm", x)
@@ -255,8 +257,28 @@ def _eval_only(model: VisionTransformer) -> None:
                                 "(dropout would make every edit a random one)")
 
 
+def first_edit_block(depth: int, singles) -> int:
+    """The first block an edit touches: the forward may start from the tokens entering it.
+
+    -1: an edit before the blocks (positions, tokens, ``patch_embed``, ``pos_add``, ...);
+    ``depth``: edits only after the last block (``norm``, pooling, ``head``).
+    """
+    first = depth
+    for s in singles:
+        if isinstance(s, (HeadAblation, SkipBranch)):
+            first = min(first, s.block)
+        elif isinstance(s, PatchStage) and s.stage.startswith("blocks."):
+            first = min(first, int(s.stage.split(".")[1]))
+        elif isinstance(s, PatchStage) and (s.stage in _AFTER_BLOCKS or s.stage.startswith("attn_pool.")):
+            continue
+        else:
+            return -1
+    return first
+
+
 def run(model: VisionTransformer, x: torch.Tensor, interventions: tuple[Intervention, ...] | list[Intervention] = (),
-        patches: Mapping[str, torch.Tensor] | None = None, head_means: HeadMeans | None = None) -> torch.Tensor:
+        patches: Mapping[str, torch.Tensor] | None = None, head_means: HeadMeans | None = None,
+        resume: tuple[int, torch.Tensor] | None = None) -> torch.Tensor:
     """Logits of ``model`` on ``x`` under ``interventions`` (applied together).
 
     Args:
@@ -265,17 +287,36 @@ def run(model: VisionTransformer, x: torch.Tensor, interventions: tuple[Interven
         interventions: Validated against the model first (``spec.check``).
         patches: Stage -> stored activation ``(B, ...)`` for each ``PatchStage``.
         head_means: Reference means for ``mean`` head ablations (``head_means(...)``).
+        resume: ``(k, tokens)``: start from the intact tokens entering block ``k``
+            (``block_inputs``) instead of from ``x``; every edit must lie at or after block ``k``.
+            The blocks before ``k`` would compute exactly those tokens again.
 
     Returns:
-        Logits ``(B, classes)``. With no intervention this is ``model(x)`` itself.
+        Logits ``(B, classes)``. With no intervention (and no ``resume``) this is ``model(x)`` itself.
     """
     _eval_only(model)
     singles = check(model.cfg, interventions)
-    if not singles:
+    if not singles and resume is None:
         return model(x)  # nothing hooked, nothing mirrored: the default path
+    start = -1
+    if resume is not None:
+        start, x = resume
+        if not 0 <= start <= first_edit_block(model.cfg.depth, singles):
+            raise InterventionError(f"resume at block {start}: the interventions edit block "
+                                    f"{first_edit_block(model.cfg.depth, singles)} or earlier")
     plan = _Plan(singles, patches or {}, head_means, None, set())
     with _hooks(model, plan, plan.patches):
-        return _forward(model, x, plan)
+        return _forward(model, x, plan, start)
+
+
+def block_inputs(model: VisionTransformer, x: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """Intact logits and the tokens entering each block; entry ``depth`` is the last block's output."""
+    cfg = model.cfg
+    first = "norm_pre" if cfg.norm_pre else "pos_add"
+    ends = [f"blocks.{i}.resid2" for i in range(cfg.depth)]
+    record: dict[str, torch.Tensor] = {}
+    logits = _forward(model, x, _Plan((), {}, None, record, {first, *ends}))
+    return logits, [record[first]] + [record[s] for s in ends]
 
 
 def mirrored_forward(model: VisionTransformer, x: torch.Tensor) -> torch.Tensor:
