@@ -44,7 +44,6 @@ from workbench.protocol.common import SCHEMA_VERSION, SHORT_HASH_LEN, ProtocolEr
 TOP_KEYS = ("name", "description", "acts_on", "pretrained", "interventions", "evaluation")
 REQUIRED_TOP = ("name", "description", "interventions")
 SPLITS = ("val", "test")
-MIN_RESAMPLES = 1000  # the report's bootstrap intervals rest on at least this many resamples
 PRETRAINED_ARM = "pretrained"
 
 
@@ -126,6 +125,8 @@ class InterventionEvaluation:
             drawn with ``mean_seed``.
         patch_seed: Seed of the derangement giving each example its patch source (another example).
         attention_maps: Record each head's mean attention map on the split, for the report.
+        confidence, seed: The report's intervals (t and bootstrap) and its bootstrap seed; the number
+            of resamples is the report's ``--resamples``, as for every protocol kind.
     """
 
     split: Literal["val", "test"] = "val"
@@ -134,7 +135,6 @@ class InterventionEvaluation:
     mean_seed: int = 0
     patch_seed: int = 0
     attention_maps: bool = True
-    n_resamples: int = 2000
     confidence: float = 0.95
     seed: int = 0
 
@@ -318,8 +318,6 @@ def _check_evaluation(e: InterventionEvaluation, grid: Grid, fail) -> None:
         i.endswith(".mean") for s in grid.sets for i in s["items"])
     if e.mean_images < (1 if uses_mean else 0):
         raise fail(f"evaluation.mean_images={e.mean_images!r}: mean ablation needs at least one reference image")
-    if e.n_resamples < MIN_RESAMPLES:
-        raise fail(f"evaluation.n_resamples={e.n_resamples}: must be >= {MIN_RESAMPLES}")
     if not 0.0 < e.confidence < 1.0:
         raise fail(f"evaluation.confidence={e.confidence!r}: must be in (0, 1)")
 
