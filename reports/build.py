@@ -82,6 +82,18 @@ def build_report(
         workbench.protocol.ProtocolError: The protocol file is invalid.
     """
     path = protocol_file(protocol)
+    if path is not None and kind_of(read_yaml(path)) == "intervention":
+        from reports.interventions import build_intervention_report  # it imports this module: imported when used
+        from workbench.protocol import load_intervention_protocol
+
+        return build_intervention_report(load_intervention_protocol(path), out_root, hash_prefix, n_resamples, log,
+                                         strict)
+    if path is None and "/" not in protocol and not protocol.endswith((".yaml", ".yml")):
+        from tracking.interventions import is_intervention_study
+
+        if is_intervention_study(protocol):
+            raise ReportError(f"{protocol} is an intervention protocol: report it with its protocol file "
+                              "(studies/protocols/<name>.yaml or a path)")
     if path is not None and kind_of(read_yaml(path)) == "transfer":
         return build_transfer_report(load_transfer_protocol(path), out_root, hash_prefix, commit, compare, n_resamples,
                                      log, strict)

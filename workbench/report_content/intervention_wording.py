@@ -1,0 +1,83 @@
+"""What an intervention report says about an effect, in the careful wording of ``wording.py``.
+
+A lead sentence in words ("Zero-ablating head 2 of block 1 lowers validation accuracy by 3.10
+points (...), lower in 5 of 5 seeds."), then the full paragraph of ``results_paragraph``
+(both intervals, the wider one deciding, the resolution of the seed level). "Lowers" and
+"raises" are used only when the wider of the two intervals excludes zero; otherwise the
+sentence says the seeds do not settle the sign.
+"""
+
+from __future__ import annotations
+
+import math
+
+from workbench.interventions.spec import DropTokens, HeadAblation, PatchStage, SkipBranch, ZeroPosEmbed, parse
+from workbench.report_content.rounding import fmt
+from workbench.report_content.wording import results_paragraph
+
+BRANCH_WORDS = {"attn": "attention", "mlp": "MLP"}
+
+
+def describe(name: str) -> str:
+    """An intervention's name in words, as the subject of a sentence (lower case)."""
+    if name.startswith("set."):
+        return f"applying the set `{name[4:]}`"
+    item = parse(name)
+    if isinstance(item, HeadAblation):
+        return f"{item.mode}-ablating head {item.head} of block {item.block}"
+    if isinstance(item, SkipBranch):
+        return f"skipping the {BRANCH_WORDS[item.branch]} branch of block {item.block}"
+    if isinstance(item, ZeroPosEmbed):
+        return "zeroing the position embedding"
+    if isinstance(item, DropTokens):
+        return "dropping the register tokens" if item.tokens == "registers" else "dropping the class token"
+    assert isinstance(item, PatchStage)
+    return f"patching `{item.stage}` with another image's activation"
+
+
+def effect_paragraph(row, split: str = "validation", decimals: int = 2) -> str:
+    """Lead sentence plus the careful paragraph for one ``summary.InterventionRow``."""
+    c = row.paired
+    careful = results_paragraph(c, row.bootstrap, a_label=f"`{row.name}`", b_label="`intact`", split=split,
+                                decimals=decimals)
+    what = describe(row.name)
+    what = what[0].upper() + what[1:]
+    mean = c.mean_difference * 100
+    t_ok = math.isfinite(c.ci_low) and math.isfinite(c.ci_high)
+    interval = (f"{c.confidence:.0%} t-interval of the change {fmt(c.ci_low * 100, decimals, True)} to "
+                f"{fmt(c.ci_high * 100, decimals, True)} points" if t_ok else "no t-interval")
+    ties = f", {c.ties} tied" if c.ties else ""
+    seeds = f"lower in {c.losses} of {c.n} seed{'s' if c.n != 1 else ''}{ties}"
+    if careful.sign_settled and mean < 0:
+        lead = f"{what} lowers {split} accuracy by {fmt(-mean, decimals)} points ({interval}), {seeds}."
+    elif careful.sign_settled:
+        lead = f"{what} raises {split} accuracy by {fmt(mean, decimals)} points ({interval}), {seeds}."
+    else:
+        lead = (f"{what} changes {split} accuracy by {fmt(mean, decimals, True)} points ({interval}), {seeds}; "
+                "these seeds do not settle whether it lowers accuracy.")
+    return f"{lead} {careful.text}"
+
+
+def heads_sentence(rows, mode: str, split: str = "validation", small: float = 1.0) -> str:
+    """How many heads matter: the count within ``small`` points on average, and the settled drops, named."""
+    heads = [r for r in rows if isinstance(r.item, HeadAblation) and r.item.mode == mode]
+    if not heads:
+        return ""
+    near = [r for r in heads if abs(r.paired.mean_difference * 100) < small]
+    settled = []
+    for r in heads:
+        p = results_paragraph(r.paired, r.bootstrap, split=split)
+        if p.sign_settled and r.paired.mean_difference < 0:
+            settled.append(r)
+    settled.sort(key=lambda r: r.paired.mean_difference)
+    named = ", ".join(f"`{r.name}` ({fmt(r.paired.mean_difference * 100, 2, True)})" for r in settled)
+    n = heads[0].paired.n
+    text = (f"{mode.capitalize()}-ablating one head at a time: {len(near)} of {len(heads)} heads change {split} "
+            f"accuracy by less than {small:g} point{'s' if small != 1 else ''} on average over {n} "
+            f"seed{'s' if n != 1 else ''}; ")
+    if settled:
+        text += (f"for {len(settled)} the wider of the two 95% intervals lies entirely below zero (a drop these seeds "
+                 f"settle): {named}.")
+    else:
+        text += "for none does the wider of the two 95% intervals lie entirely below zero."
+    return text
