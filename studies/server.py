@@ -1,4 +1,4 @@
-"""`workbench server`: run the shared MLflow tracking server, add its users, check a connection."""
+"""`workbench server`: run the shared MLflow tracking server, add its users, grant and revoke, check a connection."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import click
 
 from tracking import server as ts
 from tracking import server_process as sp
+from tracking import server_users as su
 from tracking.offline_fallback import check_server, redact_uri, tracking_uri
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
@@ -87,26 +88,53 @@ def add_user(username, tracking_uri, password_env, make_admin):
                                                             confirmation_prompt=True)
     admin, admin_password = _admin()
     try:
-        ts.add_user(tracking_uri, username, password, admin, admin_password, make_admin)
+        su.add_user(tracking_uri, username, password, admin, admin_password, make_admin)
     except ts.ServerConfigError as err:
         raise click.ClickException(str(err)) from None
     click.echo(f"created user {username}{' (admin)' if make_admin else ''} on {redact_uri(tracking_uri)}")
 
 
+def _check_permission(_ctx, _param, value: str) -> str:
+    try:
+        return su.check_permission(value)
+    except ts.ServerConfigError as err:
+        raise click.BadParameter(str(err)) from None
+
+
 @server.command("grant")
 @click.argument("username")
 @click.argument("experiment")
-@click.option("--permission", type=click.Choice(ts.PERMISSIONS), default="EDIT", show_default=True,
-              help="EDIT: log runs, tags, artifacts; MANAGE: also rename, delete, grant; NO_PERMISSIONS: revoke.")
+@click.option("--permission", default="EDIT", show_default=True, callback=_check_permission,
+              help=f"One of {', '.join(su.GRANT_PERMISSIONS)}. EDIT: create runs, change any run, rename; "
+                   "MANAGE: also delete and grant; DENY: not even read. Replaces a grant the user has.")
 @click.option("--tracking-uri", envvar="MLFLOW_TRACKING_URI", required=True, help="The server (env MLFLOW_TRACKING_URI).")
 def grant(username, experiment, permission, tracking_uri):
-    """Give USERNAME a permission on EXPERIMENT (name or id), as the admin: e.g. a worker account EDIT."""
+    """Give USERNAME a permission on EXPERIMENT (name or id), or change it, as the admin: e.g. a worker account EDIT."""
     admin, admin_password = _admin()
     try:
-        exp_id = ts.grant(tracking_uri, username, experiment, permission, admin, admin_password)
+        done = su.grant(tracking_uri, username, experiment, permission, admin, admin_password)
     except ts.ServerConfigError as err:
         raise click.ClickException(str(err)) from None
-    click.echo(f"{username}: {permission} on experiment {experiment!r} (id {exp_id}) on {redact_uri(tracking_uri)}")
+    change = ("" if done.before is None else " (unchanged)" if done.before == done.after else f" (was {done.before})")
+    click.echo(f"{username}: {permission} on experiment {experiment!r} (id {done.experiment_id}) on "
+               f"{redact_uri(tracking_uri)}{change}")
+    if permission == "EDIT":
+        click.echo(su.edit_warning(username, experiment), err=True)
+
+
+@server.command("revoke")
+@click.argument("username")
+@click.argument("experiment")
+@click.option("--tracking-uri", envvar="MLFLOW_TRACKING_URI", required=True, help="The server (env MLFLOW_TRACKING_URI).")
+def revoke(username, experiment, tracking_uri):
+    """Remove USERNAME's grant on EXPERIMENT (name or id), as the admin: the server's default permission applies again."""
+    admin, admin_password = _admin()
+    try:
+        done = su.revoke(tracking_uri, username, experiment, admin, admin_password)
+    except ts.ServerConfigError as err:
+        raise click.ClickException(str(err)) from None
+    click.echo(f"{username}: {done.before} on experiment {experiment!r} (id {done.experiment_id}) revoked on "
+               f"{redact_uri(tracking_uri)}; {username} now has {done.effective} there")
 
 
 @server.command("check")

@@ -28,6 +28,7 @@ from studies.sync import sync as sync_command
 from tracking import offline_fallback as resilient
 from tracking import server as ts
 from tracking import server_process as sp
+from tracking import server_users as su
 from tracking.server_process import RUNTIME_ENV
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -35,6 +36,8 @@ ADMIN = ("admin", "remote-admin-Passw0rd")
 WORKER = ("worker", "colab-worker-Passw0rd")
 ALICE = ("alice", "alice-owns-Passw0rd")
 BOB = ("bob", "bob-reads-Passw0rd")
+CAROL = ("carol", "carol-owns-Passw0rd")  # owns an experiment; dave collaborates on it
+DAVE = ("dave", "dave-helps-Passw0rd")
 PROTOCOL = """\
 name: remote
 description: one arm, two seeds, logged over HTTP
@@ -204,6 +207,34 @@ def test_unreachable_and_refused_are_told_apart():
     assert not resilient.is_unreachable(mlflow_said_no) and not resilient.is_auth_failure(mlflow_said_no)
 
 
+def test_grants_are_the_permissions_mlflow_accepts_on_an_experiment():
+    from mlflow.server.auth.permissions import RESOURCE_GRANTABLE_PERMISSIONS
+
+    assert set(su.GRANT_PERMISSIONS) == RESOURCE_GRANTABLE_PERMISSIONS
+
+
+def test_grant_refuses_no_permissions_in_one_line_before_asking_the_server(monkeypatch):
+    monkeypatch.setenv(ts.ADMIN_PASSWORD_ENV, ADMIN[1])
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    result = CliRunner().invoke(server_command, ["grant", "bob", "study", "--permission", "NO_PERMISSIONS",
+                                                 "--tracking-uri", f"http://127.0.0.1:{free_port()}"])
+    assert result.exit_code == 2, result.output
+    error = result.output.strip().splitlines()[-1]
+    assert error.startswith("Error: Invalid value for '--permission': 'NO_PERMISSIONS' is not a permission MLflow "
+                            "grants on an experiment (READ, USE, EDIT, MANAGE, DENY)"), error
+    assert "`workbench server revoke USER EXPERIMENT`" in error
+
+
+def test_an_admin_command_against_a_dead_server_says_one_line(monkeypatch):
+    url = f"http://127.0.0.1:{free_port()}"
+    monkeypatch.setenv(ts.ADMIN_PASSWORD_ENV, ADMIN[1])
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")  # the workbench's default: 3 (seconds, not minutes)
+    result = CliRunner().invoke(server_command, ["revoke", "dave", "study", "--tracking-uri", url])
+    lines = result.output.splitlines()  # not MLflow's "INTERNAL_ERROR (HTTP 500)"
+    assert result.exit_code == 1 and len(lines) == 1, result.output
+    assert lines[0].startswith(f"Error: could not revoke the grant of 'dave' on 'study': {url} unreachable ("), lines
+
+
 def test_the_colab_notebook_is_valid_nbformat_4():
     nb = json.loads((ROOT / "notebooks" / "colab_t4.ipynb").read_text())
     assert nb["nbformat"] == 4 and isinstance(nb["nbformat_minor"], int) and "metadata" in nb
@@ -273,6 +304,7 @@ def test_the_ready_line_and_no_secret_in_the_servers_environment(auth_server):
     assert len(ready) == 1 and auth_server.url in ready[0] and "basic-auth on" in ready[0], out[-2000:]
     assert "postgresql://***@127.0.0.1" in ready[0] and "default permission READ" in ready[0]
     assert DB_SECRET not in out and ADMIN[1] not in out
+    assert "StarletteDeprecationWarning" not in out, out[:3000]  # neither the launcher's nor the server's
     below = descendants(auth_server.proc.pid)
     assert below, "no server process under the launcher"
     for pid in below | {auth_server.proc.pid}:
@@ -407,6 +439,82 @@ def test_wrong_credentials_are_refused_with_a_clear_error(auth_server, isolated_
             assert needed in result.output, (command.name, result.output)
         assert wrong not in result.output
     assert os.path.getsize(isolated_tracking / "mlflow.db") == 0, "refused credentials must not send runs offline"
+
+
+@pytest.fixture(scope="module")
+def carol_and_dave(auth_server):
+    """Two more users of the module's server (created once, as the admin)."""
+    for user in (CAROL, DAVE):
+        su.add_user(auth_server.url, *user, *ADMIN)
+    return auth_server.url
+
+
+def admin_says(monkeypatch, *args: str) -> tuple[int, str]:
+    """``workbench server ARGS`` as the admin: (exit code, output)."""
+    monkeypatch.setenv(ts.ADMIN_USER_ENV, ADMIN[0])
+    monkeypatch.setenv(ts.ADMIN_PASSWORD_ENV, ADMIN[1])
+    result = CliRunner().invoke(server_command, list(args))
+    return result.exit_code, result.output
+
+
+@pytest.mark.integration
+def test_a_grant_is_changed_and_revoked_over_http(carol_and_dave, isolated_tracking, monkeypatch):
+    url = carol_and_dave
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", url)
+    client = MlflowClient(url)
+    as_user(monkeypatch, CAROL)
+    exp = client.create_experiment("carol-grants")
+    run = client.create_run(exp).info.run_id
+    where = f"on experiment 'carol-grants' (id {exp}) on {url}"
+    assert admin_says(monkeypatch, "grant", "dave", "carol-grants")[1].startswith(f"dave: EDIT {where}\n")
+    assert admin_says(monkeypatch, "grant", "dave", "carol-grants")[1].startswith(f"dave: EDIT {where} (unchanged)")
+    assert admin_says(monkeypatch, "grant", "dave", "carol-grants", "--permission", "manage") == \
+        (0, f"dave: MANAGE {where} (was EDIT)\n")
+    as_user(monkeypatch, DAVE)
+    assert http_status(lambda: client.delete_run(run)) is None  # MANAGE deletes
+    client.restore_run(run)
+    assert admin_says(monkeypatch, "revoke", "dave", "carol-grants") == \
+        (0, f"dave: MANAGE on experiment 'carol-grants' (id {exp}) revoked on {url}; dave now has READ there\n")
+    as_user(monkeypatch, DAVE)
+    assert http_status(lambda: client.log_metric(run, "loss", 1.0)) == 403
+    assert client.get_run(run).info.run_id == run  # the default, READ, again
+    assert admin_says(monkeypatch, "revoke", "dave", "carol-grants") == \
+        (1, f"Error: 'dave' holds no grant on experiment 'carol-grants' (id {exp}) on {url}; nothing changed\n")
+    assert admin_says(monkeypatch, "grant", "dave", "carol-grants", "--permission", "DENY")[0] == 0
+    as_user(monkeypatch, DAVE)
+    assert http_status(lambda: client.get_run(run)) == 403
+
+
+@pytest.mark.integration
+def test_edit_lets_a_collaborator_rename_and_fail_finished_runs_but_not_delete(carol_and_dave, isolated_tracking,
+                                                                                monkeypatch, tmp_path):
+    """What docs/server.md says READ, USE, EDIT and MANAGE allow, as MLflow 3.17 enforces it."""
+    url = carol_and_dave
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", url)
+    client = MlflowClient(url)
+    as_user(monkeypatch, CAROL)
+    exp = client.create_experiment("carol-edit")
+    run = client.create_run(exp).info.run_id
+    client.set_terminated(run, "FINISHED")
+    (tmp_path / "f.txt").write_text("dave's")
+    attempts = {
+        "log a metric": lambda: client.log_metric(run, "loss", 1.0),
+        "upload an artifact": lambda: client.log_artifact(run, str(tmp_path / "f.txt")),
+        "set a finished run of carol to FAILED": lambda: client.set_terminated(run, "FAILED"),
+        "tag the experiment": lambda: client.set_experiment_tag(exp, "by", "dave"),
+        "rename the experiment": lambda: client.rename_experiment(exp, "dave-renamed"),
+        "delete the run": lambda: client.delete_run(run),
+        "delete the experiment": lambda: client.delete_experiment(exp),
+    }
+    allowed = {}
+    for permission in ("USE", "EDIT"):
+        code, out = admin_says(monkeypatch, "grant", "dave", exp, "--permission", permission)
+        assert code == 0, out
+        as_user(monkeypatch, DAVE)
+        allowed[permission] = [what for what, action in attempts.items() if http_status(action) is None]
+    assert allowed == {"USE": [], "EDIT": list(attempts)[:5]}, allowed
+    assert "note: EDIT lets dave rename experiment" in out, out  # said when EDIT is granted
+    assert client.get_run(run).info.status == "FAILED" and client.get_experiment(exp).name == "dave-renamed"
 
 
 @pytest.mark.integration

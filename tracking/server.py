@@ -2,8 +2,8 @@
 
 Remote GPU workers (a Colab T4, a cluster node) log to it over HTTP(S) with
 MLFLOW_TRACKING_URI / MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD. This module
-builds the ``mlflow server`` command and its environment and administers users;
-``tracking.server_process`` runs it.
+builds the ``mlflow server`` command and its environment; ``tracking.server_process`` runs
+it and ``tracking.server_users`` administers its users and grants.
 
 - Secrets stay out of the command line and, as far as MLflow allows, out of the server's
   environment: a PostgreSQL password goes into a ``.pgpass`` file (``PGPASSFILE``) and
@@ -14,8 +14,7 @@ builds the ``mlflow server`` command and its environment and administers users;
 - Artifacts are proxied (``--serve-artifacts --artifacts-destination``): workers need no
   storage credentials of their own.
 - Users may read every experiment and change only their own (default permission READ;
-  MLflow gives the creator of an experiment MANAGE). ``grant`` gives a collaborator or a
-  worker account EDIT on one experiment.
+  MLflow gives the creator of an experiment MANAGE).
 - ``--allowed-hosts`` / ``--cors-allowed-origins`` must name the public host when the
   server sits behind a tunnel or reverse proxy.
 """
@@ -26,6 +25,7 @@ import contextlib
 import os
 import secrets
 import sys
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
@@ -41,12 +41,21 @@ NEW_USER_PASSWORD_ENV = "WORKBENCH_NEW_USER_PASSWORD"
 # The admin password older MLflow versions shipped in basic_auth.ini (GHSA-gq3w-7jj3-x7gr).
 LEGACY_DEFAULT_PASSWORD = "password1234"
 MIN_PASSWORD = 12  # MLflow's own minimum for basic-auth passwords
+# basic-auth's default_permission: what users may do where they hold no grant.
 PERMISSIONS = ("READ", "EDIT", "MANAGE", "NO_PERMISSIONS")
 AUTH_CACHE_SECONDS = 60
 # What the launcher's own environment may hold that the server has no use for.
 NOT_FOR_THE_SERVER = (ADMIN_PASSWORD_ENV, BACKEND_ENV, AUTH_DB_ENV, NEW_USER_PASSWORD_ENV, "MLFLOW_AUTH_ADMIN_PASSWORD",
                       "MLFLOW_TRACKING_URI", "MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD",
                       "MLFLOW_TRACKING_TOKEN")
+
+
+# mlflow.server.fastapi_app (imported by the server, the launcher and every admin call) imports
+# starlette's deprecated WSGI module, which warns in two lines on every command; nothing a
+# user can act on. Only that warning is silenced: here for this process, and through
+# PYTHONWARNINGS (same message, category and module) for the server's processes.
+_STARLETTE_WSGI = ("starlette.middleware.wsgi is deprecated", "UserWarning", "mlflow.server.fastapi_app")
+warnings.filterwarnings("ignore", message=_STARLETTE_WSGI[0], category=UserWarning, module=_STARLETTE_WSGI[2])
 
 
 class ServerConfigError(ValueError):
@@ -219,6 +228,8 @@ def prepared_server(cfg: ServerConfig, admin_user: str | None = None, admin_pass
         # MLflow's job runner starts processes in sessions of their own, out of reach of the
         # server's process group; the workbench uses no MLflow jobs.
         env.setdefault("MLFLOW_SERVER_ENABLE_JOB_EXECUTION", "false")
+        quiet = f"ignore:{':'.join(_STARLETTE_WSGI)}"  # after the user's own filters: it wins over them
+        env["PYTHONWARNINGS"] = ",".join(w for w in (env.get("PYTHONWARNINGS"), quiet) if w)
         if cfg.auth:
             ensure_admin(cfg.auth_db(), admin_user, admin_password)
             env["MLFLOW_AUTH_CONFIG_PATH"] = str(write_auth_config(folder, cfg, admin_user, auth_db))
@@ -241,99 +252,3 @@ def describe(cfg: ServerConfig) -> str:
     if cfg.allowed_hosts:
         parts.append(f"allowed hosts {cfg.allowed_hosts}")
     return "; ".join(parts)
-
-
-# ------------------------------------------------------------------ users and permissions
-
-
-@contextlib.contextmanager
-def _credentials(user: str, password: str):
-    """MLflow's auth client reads credentials from the environment; lend it the admin's for one call."""
-    keys = ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD")
-    saved = {k: os.environ.get(k) for k in keys}
-    os.environ.update(dict(zip(keys, (user, password))))
-    try:
-        yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-
-
-def _refused(err, tracking_uri: str, what: str) -> ServerConfigError:
-    """One line for a failed admin call: never MLflow's raw message (it may quote SQL and a password hash)."""
-    status = err.get_http_status_code()
-    if status in (401, 403):
-        return ServerConfigError(f"{redact_uri(tracking_uri)} refused the admin credentials "
-                                 f"({ADMIN_USER_ENV} / {ADMIN_PASSWORD_ENV})")
-    return ServerConfigError(f"could not {what}: {err.error_code} (HTTP {status}) from {redact_uri(tracking_uri)}")
-
-
-def _user_exists(client, username: str) -> bool:
-    from mlflow.exceptions import MlflowException
-
-    try:
-        client.get_user(username)
-        return True
-    except MlflowException as err:
-        if err.get_http_status_code() == 404:
-            return False
-        raise
-
-
-def add_user(tracking_uri: str, username: str, password: str, admin_user: str, admin_password: str,
-             make_admin: bool = False) -> None:
-    """Create a basic-auth user through the server's REST API (as the admin).
-
-    Raises:
-        ServerConfigError: A password MLflow would refuse, or the user exists already.
-    """
-    from mlflow.exceptions import MlflowException
-    from mlflow.server import get_app_client
-
-    if len(password) < MIN_PASSWORD:
-        raise ServerConfigError(f"the password of {username!r} is shorter than {MIN_PASSWORD} characters")
-    with _credentials(admin_user, admin_password):
-        client = get_app_client("basic-auth", tracking_uri=tracking_uri)
-        try:
-            if _user_exists(client, username):
-                raise ServerConfigError(f"user {username!r} already exists on {redact_uri(tracking_uri)}; nothing changed")
-            client.create_user(username, password)
-            if make_admin:
-                client.update_user_admin(username, True)
-        except MlflowException as err:
-            raise _refused(err, tracking_uri, f"create user {username!r}") from None
-
-
-def grant(tracking_uri: str, username: str, experiment: str, permission: str, admin_user: str,
-          admin_password: str) -> str:
-    """Give ``username`` ``permission`` on one experiment (by name or id); returns the experiment id.
-
-    Raises:
-        ServerConfigError: Unknown user or experiment, or refused admin credentials.
-    """
-    from mlflow.exceptions import MlflowException
-    from mlflow.server import get_app_client
-    from mlflow.tracking import MlflowClient
-
-    if permission not in PERMISSIONS:
-        raise ServerConfigError(f"permission {permission!r}: one of {', '.join(PERMISSIONS)}")
-    with _credentials(admin_user, admin_password):
-        client = get_app_client("basic-auth", tracking_uri=tracking_uri)
-        try:
-            if not _user_exists(client, username):
-                raise ServerConfigError(f"no user {username!r} on {redact_uri(tracking_uri)}; add it with "
-                                        "`workbench server add-user`")
-            tracking = MlflowClient(tracking_uri)
-            exp = tracking.get_experiment_by_name(experiment)
-            if exp is None and experiment.isdigit():
-                with contextlib.suppress(MlflowException):
-                    exp = tracking.get_experiment(experiment)
-            if exp is None:
-                raise ServerConfigError(f"no experiment {experiment!r} on {redact_uri(tracking_uri)}")
-            client.grant_user_permission(username, "experiment", exp.experiment_id, permission)
-        except MlflowException as err:
-            raise _refused(err, tracking_uri, f"grant {permission} on {experiment!r} to {username!r}") from None
-    return exp.experiment_id
