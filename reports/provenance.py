@@ -56,6 +56,13 @@ def run_ref(record: CellRecord) -> str:
     return f"[`{record.run_id}`]({url})" if url else f"`{record.run_id}`"
 
 
+def threads(record: CellRecord) -> str:
+    """The torch thread count the run trained with: part of its numbers (a resume with another count is marked)."""
+    started = record.params.get("threads") or record.tags.get("threads") or "n/a"
+    changed = record.tags.get("threads_changed")
+    return f"{started} ({changed})" if changed else started
+
+
 def runs_table(rows: list[tuple[str, int, CellRecord]], unit: str = "arm") -> Table:
     """One row per reported cell: (arm or regime, seed, its run)."""
     body = []
@@ -63,14 +70,17 @@ def runs_table(rows: list[tuple[str, int, CellRecord]], unit: str = "arm") -> Ta
         body.append([name, str(seed), run_ref(r), utc(r.start_time), short(r.commit, 10),
                      r.dirty, short(code_fingerprint(r)), short(r.params.get("data.fingerprint")),
                      short(r.params.get("data.split_fingerprint")),
-                     r.params.get("data.source") or r.params.get("data.display_name") or "n/a", device(r)])
+                     r.params.get("data.source") or r.params.get("data.display_name") or "n/a", device(r),
+                     threads(r)])
     notes = [f"Fingerprints: first {FINGERPRINT_CHARS} hex characters of the sha256 logged by the run (params "
              "`data.fingerprint`: the examples and labels; `data.split_fingerprint`: which examples went to which "
              "split; code fingerprint: param or tag `code_fingerprint`, n/a for runs that predate it). Dirty: "
-             "the checkout had uncommitted changes (tag `git_dirty`)."]
+             "the checkout had uncommitted changes (tag `git_dirty`). Threads: torch's intra-op threads the run "
+             "trained with (param `threads`); the count changes the order of floating-point sums, so a cell "
+             "reproduces bit for bit only at its own count, and a run resumed with another count says so."]
     return Table([unit, "seed", "run id", "started", "commit", "dirty", "code fingerprint", "data fingerprint",
-                  "split fingerprint", "dataset source", "device"], body,
-                 ["l", "r", "l", "l", "l", "l", "l", "l", "l", "l", "l"], notes, css_class="wide nowrap")
+                  "split fingerprint", "dataset source", "device", "threads"], body,
+                 ["l", "r", "l", "l", "l", "l", "l", "l", "l", "l", "l", "r"], notes, css_class="wide nowrap")
 
 
 def attempts_blocks(attempts: list[CellRecord], chosen: dict[tuple[str, int], CellRecord], unit: str = "arm") -> list[Block]:

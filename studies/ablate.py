@@ -17,6 +17,7 @@ from pathlib import Path
 import click
 from tqdm.auto import tqdm
 
+from studies.jobs import DEFAULT_THREADS_PER_JOB, check_jobs, describe, run_jobs
 from studies.options import check_protocol_amp, threads_option
 from studies.protocol import Cell, Protocol, ProtocolError, check_clean, check_frozen, load_protocol
 from studies.train import TrainOutcome, prepare_data, train_one
@@ -61,7 +62,10 @@ def run_cell(
     protocol: Protocol, cell: Cell, data: PreparedData, parent_run_id: str, output_dir: Path,
     device: str = "auto", data_path: str | None = None, allow_dirty: bool = False, **train_kw,
 ) -> CellOutcome:
-    """Train one cell as a child run; any exception becomes a failed outcome, not a crash."""
+    """Train one cell as a child run; any exception becomes a failed outcome, not a crash.
+
+    ``train_kw`` go to ``train_one`` (``threads``: the count the user asked for, 0 for none).
+    """
     tags = {"cell": "true", "protocol_name": protocol.name, "protocol_hash": protocol.hash, "arm": cell.arm,
             "seed": str(cell.seed), "is_reference": str(cell.is_reference).lower(),
             "allow_dirty": str(allow_dirty).lower()}
@@ -125,7 +129,7 @@ def held_parent(protocol: Protocol, protocol_file: Path, allow_dirty: bool, extr
 
 def run_protocol(
     protocol: Protocol, protocol_file: Path, output_dir: Path, device: str = "auto",
-    data_path: str | None = None, allow_dirty: bool = False, download: bool = False,
+    data_path: str | None = None, allow_dirty: bool = False, download: bool = False, threads: int = 0,
 ) -> list[CellOutcome]:
     """Run every cell of ``protocol`` in this process, under the study's one parent run."""
     data = prepare_protocol_data(protocol, data_path, download)
@@ -136,7 +140,8 @@ def run_protocol(
         with tqdm(protocol.cells(), desc=f"{protocol.name} cells", unit="cell") as bar:
             for cell in bar:
                 bar.set_postfix_str(cell.key)
-                outcome = run_cell(protocol, cell, data, parent.run_id, output_dir, device, data_path, allow_dirty)
+                outcome = run_cell(protocol, cell, data, parent.run_id, output_dir, device, data_path, allow_dirty,
+                                   threads=threads)
                 tqdm.write(f"[{outcome.status}] {outcome.message}")
                 outcomes.append(outcome)
     return outcomes
@@ -153,9 +158,14 @@ def run_protocol(
               help="Checkpoints and predictions of each cell.")
 @click.option("--storage", default=None,
               help="Optuna storage URL: queue the cells there for `workbench worker` instead of running them here.")
+@click.option("--jobs", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Train this many cells at once here, each in a worker process of its own with --threads threads "
+                   f"(default {DEFAULT_THREADS_PER_JOB} per job), through the cell queue; 0: one cell after another in "
+                   "this process.")
 @threads_option
-def ablate(protocol_path, allow_dirty, device, data_path, download, output_dir, storage, threads):
+def ablate(protocol_path, allow_dirty, device, data_path, download, output_dir, storage, threads, jobs):
     """Run (or resume) a frozen protocol: every arm at every seed, as MLflow child runs."""
+    check_jobs(jobs, storage)
     if storage:
         check_optuna_storage(storage)  # before any MLflow run exists
     try:
@@ -172,7 +182,15 @@ def ablate(protocol_path, allow_dirty, device, data_path, download, output_dir, 
                    f"  workbench worker --storage {redact(storage)} --study '{name}'")
         return
     check_protocol_amp(protocol, device)  # here, not when queuing: workers check their own device
-    outcomes = run_protocol(protocol, Path(protocol_path), Path(output_dir), device, data_path, allow_dirty, download)
+    if jobs:
+        tally = run_jobs(protocol, Path(protocol_path), Path(output_dir), jobs, threads, device, data_path,
+                         allow_dirty, download)
+        click.echo(describe(tally))
+        if tally["failed"] or tally["unfinished"] or tally["job_errors"]:
+            sys.exit(1)
+        return
+    outcomes = run_protocol(protocol, Path(protocol_path), Path(output_dir), device, data_path, allow_dirty, download,
+                            threads)
     summarize(outcomes)
     if any(o.status == "failed" for o in outcomes):
         sys.exit(1)

@@ -23,7 +23,13 @@ from tracking.lease import HEARTBEATS, RELEASED_TAG, LeaseLost, lease_tags, new_
 from tracking.protocols import run_user
 from tracking.runs import configure_tracking, environment_tags
 from tracking.sink import RunSink
-from tracking.training import MlflowTrainingObserver, log_run_inputs, log_training_result, open_keyed_run
+from tracking.training import (
+    MlflowTrainingObserver,
+    log_run_inputs,
+    log_training_result,
+    open_keyed_run,
+    started_threads,
+)
 from workbench.data import PreparedData, prepare
 from workbench.models.registry import build_model, model_config
 from workbench.train.config import DataSpec, ModelSpec, OptimConfig, RunConfig, TrainConfig
@@ -66,8 +72,13 @@ def train_one(
     params: dict | None = None,
     log=tqdm.write,
     take_over: bool = False,
+    threads: int = 0,
 ) -> TrainOutcome:
     """Train ``cfg`` on ``data`` in its own MLflow run (a child of ``parent_run_id``).
+
+    ``threads`` is the thread count the user asked for (``--threads``; 0: none asked). A
+    cell that already has a run trains with the count it started with unless one was asked
+    for (``cell_threads``): the count is part of the numbers.
 
     Every MLflow call goes through a ``RunSink``: if the tracking server is unreachable at
     the start or goes away mid-run, the run continues in the local fallback store and
@@ -95,8 +106,18 @@ def train_one(
     HEARTBEATS.hold(sink.run_id, sink.uri, token)
     run_dir = Path(output_dir) / key
     mlflow_observer = MlflowTrainingObserver(sink, fenced=True)
+    started = started_threads(sink, opened.continues) if opened.status is not None else None
+    with cell_threads(started, threads, run_name, log) as thread_tags:
+        return _train(cfg, data, sink, token, opened.status, run_dir, mlflow_observer, observer, run_name, params,
+                      thread_tags, log)
+
+
+def _train(cfg: TrainConfig, data: PreparedData, sink: RunSink, token: str, previous: str | None, run_dir: Path,
+           mlflow_observer: MlflowTrainingObserver, observer: TrainingObserver | None, run_name: str,
+           params: dict | None, thread_tags: dict, log) -> TrainOutcome:
+    """The training of one opened run, ended with a truthful status however it goes."""
     try:
-        trainer = Trainer(cfg, data, run_dir, Observers(mlflow_observer, _Announce(run_name, sink.run_id, opened.status, log),
+        trainer = Trainer(cfg, data, run_dir, Observers(mlflow_observer, _Announce(run_name, sink.run_id, previous, log),
                                                         observer))
         # Device capability (bf16 units) and the threads of this execution as tags (a resumed
         # run may run elsewhere); the first execution's threads also as a param.
@@ -104,7 +125,7 @@ def train_one(
         sink.set_tags({**environment_tags(str(trainer.device)), **device_capability(trainer.device),
                        "amp_dtype": str(trainer.amp_dtype or "float32").replace("torch.", ""),
                        "threads": str(threads), "run_dir": str(run_dir.resolve()),
-                       "resumed": str(opened.status is not None).lower()})
+                       "resumed": str(previous is not None).lower(), **thread_tags})
         log_run_inputs(sink, cfg, data, {"config_hash": trainer.hash, "threads": threads, **(params or {})})
         result = trainer.fit()
         example = next(iter(trainer.eval_loaders["val"])).images[:2]
@@ -131,6 +152,31 @@ def train_one(
     if not result.reload_proof.passed:
         return _end(sink, token, "FAILED", "failed", message)
     return _end(sink, token, "FINISHED", "finished", message)
+
+
+@contextlib.contextmanager
+def cell_threads(started: int | None, requested: int, run_name: str, log):
+    """Train a cell that already has a run with the thread count it started with, unless ``requested``.
+
+    The thread count changes the order of floating-point reductions, so a cell resumed with
+    another count is no longer bit-identical to an uninterrupted run: it keeps its own count
+    by default; a count the user asked for wins, and then the console says so and the run
+    is tagged ``threads_changed``. Yields the tags to record; restores the count afterwards.
+    """
+    before = torch.get_num_threads()
+    tags: dict[str, str] = {}
+    if started and started != before:
+        if requested:
+            log(f"{run_name}: resumed with {before} thread(s) as asked (--threads {requested}), but it started with "
+                f"{started}: from here on it is not bit-identical to an uninterrupted run (tagged threads_changed)")
+            tags["threads_changed"] = f"started with {started}, resumed with {before}"
+        else:
+            torch.set_num_threads(started)
+            log(f"{run_name}: resumes with {started} thread(s), the count it started with (--threads N overrides)")
+    try:
+        yield tags
+    finally:
+        torch.set_num_threads(before)
 
 
 class _Announce(TrainingObserver):
@@ -223,7 +269,7 @@ def train(**o):
     data = prepare_data(cfg.data, download=o["download"])
     click.echo(f"data: {data.display_name} from {data.source}")
     outcome = train_one(cfg, data, o["experiment"], Path(o["output_dir"]), run_name=f"{cfg.model.name}-seed{cfg.run.seed}",
-                        parent_run_id=os.environ.get("MLFLOW_RUN_ID"))
+                        parent_run_id=os.environ.get("MLFLOW_RUN_ID"), threads=o["threads"])
     click.echo(f"{outcome.status}: {outcome.message} (run {outcome.run_id})")
     if outcome.status == "failed":
         raise SystemExit(1)

@@ -24,10 +24,12 @@ from studies.cell_queue import (
     renew,
     requeue_expired,
 )
+from studies.jobs import OUTCOME_ATTR
 from studies.options import check_protocol_amp, threads_option
 from tracking.lease import HEARTBEAT_ENV, HEARTBEATS, LEASE_ENV, LeaseLost
 from tracking.runs import configure_tracking
 from tracking.storage_guard import check_optuna_storage
+from workbench.precision import set_threads
 from workbench.train.loop import TrainingObserver
 
 
@@ -100,6 +102,8 @@ def drain(study: optuna.Study, run_one, grace: float, poll_seconds: float = 2.0,
             tally["lost"] += 1
             log(f"cell {trial.user_attrs['cell']}: stopped, lease lost: {why}; another worker has it")
             continue
+        # What became of the cell, for `ablate --jobs` to count (a skipped cell completes too).
+        study._storage.set_trial_user_attr(trial._trial_id, OUTCOME_ATTR, status)
         if status == "failed":
             study.tell(trial, state=TrialState.FAIL)
             tally["failed"] += 1
@@ -122,9 +126,14 @@ def drain(study: optuna.Study, run_one, grace: float, poll_seconds: float = 2.0,
               help="Seconds between lease renewals.")
 @click.option("--grace", type=click.FloatRange(min=0.5), default=GRACE_SECONDS, show_default=True,
               help="A cell whose lease was not renewed for this long is handed to another worker.")
+@click.option("--default-threads", type=click.IntRange(min=1), default=None, hidden=True,
+              help="Threads for new cells when --threads is not given (ablate --jobs); resumed cells keep theirs.")
 @threads_option
-def worker(storage, study_name, device, data_path, output_dir, max_cells, requeue_stale, heartbeat, grace, threads):
+def worker(storage, study_name, device, data_path, output_dir, max_cells, requeue_stale, heartbeat, grace, threads,
+           default_threads):
     """Pop queued protocol cells and train them until the queue is empty."""
+    if not threads and default_threads:
+        set_threads(default_threads)
     check_optuna_storage(storage)
     try:
         check_timing(heartbeat, grace)
@@ -133,10 +142,12 @@ def worker(storage, study_name, device, data_path, output_dir, max_cells, requeu
     # The cells' MLflow runs carry the same lease timing as the queue, for this command only
     # (invoked in-process, from a notebook or a test, it must not change later leases).
     with patch.dict(os.environ, {LEASE_ENV: str(grace), HEARTBEAT_ENV: str(heartbeat)}):
-        drain_queue(storage, study_name, device, data_path, output_dir, max_cells, requeue_stale, heartbeat, grace)
+        drain_queue(storage, study_name, device, data_path, output_dir, max_cells, requeue_stale, heartbeat, grace,
+                    threads)
 
 
-def drain_queue(storage, study_name, device, data_path, output_dir, max_cells, requeue_stale, heartbeat, grace):
+def drain_queue(storage, study_name, device, data_path, output_dir, max_cells, requeue_stale, heartbeat, grace,
+                threads=0):
     """The worker's work: pick the queue, prepare the data, hold the parent, drain the cells."""
     configure_tracking()
     store = open_storage(storage, heartbeat, grace)
@@ -156,7 +167,7 @@ def drain_queue(storage, study_name, device, data_path, output_dir, max_cells, r
             cell = protocol.cells()[index]
             click.echo(f"cell {index}: {cell.key} (took it from the queue)")
             outcome = run_cell(protocol, cell, data, parent.run_id, Path(output_dir), device, data_path, allow_dirty,
-                               observer=fence, take_over=True, log=click.echo)
+                               observer=fence, take_over=True, log=click.echo, threads=threads)
             click.echo(f"[{outcome.status}] {outcome.message}")
             return outcome.status, outcome.metrics.get("best_val_accuracy", float("nan"))
 

@@ -262,7 +262,7 @@ def test_numbers_equal_hand_computed_values(store, tmp_path):
         cells = [c.strip() for c in line.strip("|").split("|")]
         assert cells[:2] == [arm, str(seed)] and cells[4:] == [
             f"`{COMMIT_A[:10]}`", "false", f"`{CODE_FINGERPRINT[:16]}`", f"`{'f' * 16}`", f"`{'e' * 16}`",
-            "hand-made image folder", "cpu"], cells
+            "hand-made image folder", "cpu", "n/a"], cells  # threads: n/a, the hand-made run logged none
         assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC", cells[3]), cells[3]
     assert f"Tracking store `{fresh_uri()}`" in md and f"Built from: protocol hash `{store.protocol.hash}`" in md
     assert "Warnings" in md and "test: class 2" in md and result.problems == []

@@ -327,3 +327,14 @@ def log_model(result: TrainResult, model_factory, example: torch.Tensor, run_id:
         with contextlib.suppress(Exception):  # a half-uploaded model must not look usable
             client.finalize_logged_model(logged.model_id, "FAILED")
         raise
+
+
+def started_threads(sink: RunSink, continues: str | None = None) -> int | None:
+    """The thread count the cell's first execution trained with (its ``threads`` param), if recorded."""
+    value = sink.journal.params.get("threads")
+    if value is None and continues:  # a fresh run continuing one whose holder may still write
+        with contextlib.suppress(Exception):
+            value = MlflowClient(sink.uri).get_run(continues).data.params.get("threads")
+    with contextlib.suppress(TypeError, ValueError):
+        return int(value)
+    return None

@@ -1,0 +1,168 @@
+"""`ablate --jobs N` (local workers on the cell queue) and the thread count as part of a cell's record."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from mlflow.tracking import MlflowClient
+
+from data_fixtures import make_image_folder
+from studies.train import train_one
+from synthetic import synthetic_data, tiny_config
+from test_ablate import write_protocol
+from workbench.train.loop import StopTraining, TrainingObserver
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def study(tmp_path, mlflow_store, monkeypatch):
+    monkeypatch.setenv("WORKBENCH_CACHE_DIR", str(tmp_path / "cache"))
+    folder = tmp_path / "images"
+    make_image_folder(folder, per_class={"train": 14, "test": 4})
+    return tmp_path, folder
+
+
+def ablate(tmp_path: Path, folder: Path, *args: str, epochs: int = 2, wait: bool = True):
+    protocol = write_protocol(tmp_path, epochs=epochs)
+    command = [sys.executable, "-m", "studies.cli", "ablate", "--protocol", str(protocol), "--allow-dirty",
+               "--device", "cpu", "--data-path", str(folder), "--output-dir", str(tmp_path / "out"), *args]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    if wait:
+        return subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    log = open(tmp_path / f"ablate-{time.monotonic_ns()}.log", "w")
+    return subprocess.Popen(command, cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True), Path(log.name)
+
+
+def runs(client: MlflowClient, what: str):
+    exp = client.get_experiment_by_name("tiny")
+    return client.search_runs([exp.experiment_id], f"tags.{what} = 'true'")
+
+
+def assert_record_clean(client: MlflowClient, expect_parent: str) -> list:
+    parents, cells = runs(client, "parent"), runs(client, "cell")
+    assert len(parents) == 1 and parents[0].info.status == expect_parent, \
+        [(p.info.run_id, p.info.status) for p in parents]
+    assert not [r for r in cells if r.info.status == "RUNNING"], "a cell run was left RUNNING"
+    assert {r.data.tags["mlflow.parentRunId"] for r in cells} == {parents[0].info.run_id}
+    return cells
+
+
+@pytest.mark.slow  # three processes start torch and MLflow (about 30 s on 2 idle cores)
+def test_jobs_train_every_cell_once_under_one_parent_with_a_fixed_thread_count(study):
+    tmp_path, folder = study
+    done = ablate(tmp_path, folder, "--jobs", "2")
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out[-4000:]
+    assert "2 jobs x 1 thread(s) each" in out and "cells: 4 run, 0 already finished (skipped), 0 failed" in out, out[-3000:]
+    assert re.search(r"^\[job 1\] cell \d: ", out, re.M) and re.search(r"^\[job 2\] cell \d: ", out, re.M), out[-3000:]
+    assert not [line for line in out.splitlines() if line.startswith("[job") and "%|" in line], \
+        "the workers drew progress bars of their own"
+    cells = assert_record_clean(MlflowClient(), "FINISHED")
+    assert sorted((r.data.tags["arm"], r.data.tags["seed"]) for r in cells) == [("cnn", "0"), ("cnn", "1"),
+                                                                                   ("vit", "0"), ("vit", "1")]
+    assert {r.data.params["threads"] for r in cells} == {"1"}, "every job trains with the fixed default of 1 thread"
+    assert not list((tmp_path / "out" / ".jobs").iterdir()), "the execution's queue folder was left behind"
+
+    again = ablate(tmp_path, folder, "--jobs", "2")
+    assert again.returncode == 0 and "cells: 0 run, 4 already finished (skipped), 0 failed" in again.stdout, \
+        (again.stdout + again.stderr)[-3000:]
+
+
+def test_jobs_and_storage_are_refused_together(tmp_path):
+    from click.testing import CliRunner
+
+    from studies.ablate import ablate as ablate_command
+
+    done = CliRunner().invoke(ablate_command, ["--protocol", str(write_protocol(tmp_path)), "--jobs", "2",
+                                               "--storage", f"journal:{tmp_path / 'q.log'}"])
+    assert done.exit_code == 2 and "give one of them" in done.output, done.output
+    assert not (tmp_path / "q.log").exists() and not (tmp_path / "mlflow.db").exists()
+
+
+def _wait_for_epochs(log: Path, jobs: int, timeout: float = 180) -> str:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        text = log.read_text()
+        if all(f"[job {j}] epoch 1:" in text for j in range(1, jobs + 1)):
+            return text
+        time.sleep(0.2)
+    raise AssertionError(f"the jobs did not train an epoch in {timeout} s:\n{log.read_text()[-3000:]}")
+
+
+@pytest.mark.slow  # two real interrupted executions with worker processes (about 40 s)
+@pytest.mark.parametrize("how", ["ctrl-c", "sigkill"])
+def test_a_stopped_coordinator_leaves_a_record_the_next_ablate_takes_over(study, how):
+    tmp_path, folder = study
+    proc, log = ablate(tmp_path, folder, "--jobs", "2", epochs=30, wait=False)
+    _wait_for_epochs(log, 2)
+    workers = [int(p) for p in subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True,
+                                              text=True).stdout.split()]
+    assert len(workers) == 2, workers
+    os.kill(proc.pid, signal.SIGINT if how == "ctrl-c" else signal.SIGKILL)
+    assert proc.wait(timeout=150) != 0
+    deadline = time.monotonic() + 60
+    while any(os.path.exists(f"/proc/{w}") for w in workers) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not any(os.path.exists(f"/proc/{w}") for w in workers), "a worker outlived its coordinator"
+    client = MlflowClient()
+    if how == "ctrl-c":
+        text = log.read_text()
+        assert "stopping 2 job(s) (SIGINT)" in text and "interrupted: parent run" in text, text[-3000:]
+        cells = assert_record_clean(client, "KILLED")
+        killed = [r for r in cells if r.info.status == "KILLED"]
+        assert len(killed) == 2 and all("KeyboardInterrupt" in r.data.tags.get("end_reason", "") for r in killed)
+
+    done = ablate(tmp_path, folder, "--jobs", "2", epochs=30)
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out[-4000:]
+    assert len(re.findall(r"resumed from epoch \d+", out)) == 2, out[-4000:]
+    cells = assert_record_clean(client, "FINISHED")
+    assert sorted(r.info.status for r in cells) == ["FINISHED"] * 4
+
+
+class _StopAfterEpoch(TrainingObserver):
+    """Records the thread count of every epoch and stops the run after ``stop_at`` epochs."""
+
+    def __init__(self, stop_at: int | None) -> None:
+        self.stop_at, self.threads = stop_at, []
+
+    def on_epoch(self, metrics: dict) -> None:
+        self.threads.append(torch.get_num_threads())
+        if self.stop_at is not None and len(self.threads) >= self.stop_at:
+            raise StopTraining("test stop")
+
+
+def test_a_resumed_cell_keeps_its_thread_count_unless_the_user_overrides_it(mlflow_store, tmp_path):
+    data, cfg, out = synthetic_data(n_train=64, n_val=32, n_test=16), tiny_config(epochs=3), tmp_path / "out"
+    before = torch.get_num_threads()
+    lines: list[str] = []
+    try:
+        torch.set_num_threads(1)
+        first = _StopAfterEpoch(stop_at=1)
+        assert train_one(cfg, data, "t", out, "tiny", observer=first, log=lines.append).status == "stopped"
+        torch.set_num_threads(2)  # as a later execution with torch's default on 2 cores
+        second = _StopAfterEpoch(stop_at=1)
+        assert train_one(cfg, data, "t", out, "tiny", observer=second, log=lines.append).status == "stopped"
+        assert torch.get_num_threads() == 2, "the cell's count must not outlive the cell"
+        third = _StopAfterEpoch(stop_at=None)
+        done = train_one(cfg, data, "t", out, "tiny", observer=third, log=lines.append, threads=2)
+    finally:
+        torch.set_num_threads(before)
+    assert done.status == "finished", done.message
+    assert first.threads == [1] and second.threads == [1], (first.threads, second.threads)
+    assert third.threads == [2], third.threads
+    assert any("resumes with 1 thread(s), the count it started with" in line for line in lines), lines
+    assert any("not bit-identical to an uninterrupted run" in line for line in lines), lines
+    run = MlflowClient().get_run(done.run_id)
+    assert run.data.params["threads"] == "1"
+    assert run.data.tags["threads_changed"] == "started with 1, resumed with 2"
