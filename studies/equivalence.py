@@ -6,14 +6,22 @@ import sys
 
 import click
 
-from workbench.convert.timm_weights import load_timm_weights
+from dataclasses import replace
+
+from workbench.convert.timm_weights import load_timm_weights, resolve_architecture
+
+# --weights values that build the model from a seed rather than load a checkpoint.
+RANDOM_SOURCES = ("random", "timm-init")
 
 
 @click.command("equivalence")
 @click.option("--model", "models", multiple=True, default=["vit_base_patch16_224"], show_default=True,
               help="timm architecture or pinned checkpoint name; repeat for several (one MLflow run each).")
 @click.option("--weights", default="random", show_default=True,
-              help="'random' (seeded init, labelled not pretrained), 'hub' (pinned checkpoint) or a local safetensors file/folder.")
+              help="'random' (every tensor given its own seeded random values, labelled not pretrained), "
+                   "'timm-init' (timm's own init: constant norms, biases and LayerScale gammas, blind to swapped "
+                   "tensors; kept to reproduce a plain timm-built model), 'hub' (pinned checkpoint) or a local "
+                   "safetensors file/folder.")
 @click.option("--batch", default=2, show_default=True, type=click.IntRange(min=1))
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option("--tolerance", default=0.0, show_default=True, type=click.FloatRange(min=0.0),
@@ -31,15 +39,28 @@ def equivalence(models, weights, batch, seed, tolerance, input_kind, device, gra
     from tracking.runs import environment_tags, start_run
     from workbench.convert.checkpoints import CheckpointError
     from workbench.convert.timm_vit import UnsupportedTimmModel
-    from workbench.equivalence import run_equivalence
+    from workbench.equivalence import randomize_every_tensor, run_equivalence
+    from workbench.equivalence_coverage import config_from_name
     from workbench.models.registry import UnknownModel
 
     if run_all:
-        return _coverage(batch, seed, tolerance, experiment, input_kind, device)
+        if weights not in RANDOM_SOURCES:
+            raise click.BadParameter(f"{weights!r}: --all compares reduced models, so weights must be "
+                                     f"{' or '.join(RANDOM_SOURCES)}", param_hint="'--weights'")
+        return _coverage(batch, seed, tolerance, experiment, input_kind, device, randomize=weights == "random")
     failed = []
     for name in models:
         try:
-            loaded = load_timm_weights(name, weights, seed=seed)
+            # Options are read off a meta-device build first: an unsupported model is refused
+            # in a second, before a full build, an init or a checkpoint download.
+            config_from_name(timm_name(name))
+            loaded = load_timm_weights(name, "random" if weights in RANDOM_SOURCES else weights, seed=seed)
+            if weights == "random":
+                count = randomize_every_tensor(loaded.model, seed)
+                loaded = replace(loaded, description=f"{loaded.architecture}: all {count} tensors randomised (seed {seed})")
+            elif weights == "timm-init":
+                loaded = replace(loaded, source="timm-init",
+                                 description=f"{loaded.architecture} timm's own init (seed {seed}; constant norms, biases, gammas)")
             click.echo(f"{name}: weights = {loaded.label()}")
             report = run_equivalence(
                 loaded.model, loaded.architecture, batch=batch, seed=seed, tolerance=tolerance,
@@ -75,7 +96,15 @@ def equivalence(models, weights, batch, seed, tolerance, input_kind, device, gra
         sys.exit(1)
 
 
-def _coverage(batch: int, seed: int, tolerance: float, experiment: str, input_kind: str, device: str) -> None:
+def timm_name(name: str) -> str:
+    """The timm model name ``load_timm_weights`` builds for a model or pinned checkpoint name:
+    a pin's "arch.tag" (the tag sets head and image size), else the architecture."""
+    architecture, pin_name = resolve_architecture(name)
+    return pin_name if pin_name and pin_name.split(".", 1)[0] == architecture else architecture
+
+
+def _coverage(batch: int, seed: int, tolerance: float, experiment: str, input_kind: str, device: str,
+              randomize: bool) -> None:
     """Every architecture of timm's ViT modules: match at the tolerance, or refused by name."""
     from tqdm import tqdm
 
@@ -88,11 +117,11 @@ def _coverage(batch: int, seed: int, tolerance: float, experiment: str, input_ki
     for name, module in progress:
         progress.set_postfix_str(name)
         rows.append(check_architecture(name, module, batch=batch, seed=seed, tolerance=tolerance,
-                                       input_kind=input_kind, device=device))
+                                       input_kind=input_kind, device=device, randomize=randomize))
     table = coverage_table(rows)
     summary = coverage_summary(table)
     params = {"mode": "coverage", "batch": batch, "seed": seed, "input_kind": input_kind, "reduced": True, "dtype": "float32",
-              "reference": "timm unfused attention (fused_attn=False)", "weights": "seeded random init"}
+              "reference": "timm unfused attention (fused_attn=False)", "weights": f"every tensor randomised (seed {seed})" if randomize else f"timm's own init (seed {seed})"}
     with start_run(experiment, run_name="equivalence-coverage", tags=environment_tags(device)):
         log_coverage(table, summary, params)
     with pd_display():

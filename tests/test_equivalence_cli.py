@@ -18,6 +18,7 @@ def test_equivalence_run_is_logged_with_metrics_artifacts_and_verdict(mlflow_sto
     result = CliRunner().invoke(main, ["equivalence", "--model", "vit_tiny_patch16_224", "--batch", "1"])
     assert result.exit_code == 0, result.output
     assert "PASS vit_tiny_patch16_224" in result.output and "NOT PRETRAINED" in result.output
+    assert "all 152 tensors randomised (seed 0)" in result.output
 
     client = MlflowClient(mlflow_store)
     experiment = client.get_experiment_by_name("equivalence")
@@ -75,6 +76,43 @@ def test_cli_accepts_a_timm_vit_outside_the_old_whitelist(mlflow_store, monkeypa
     assert "PASS vit_small_patch16_384" in result.output
 
 
+def reduced_weights(monkeypatch):
+    """load_timm_weights at width 64, depth 2 (same options): CLI tests in seconds."""
+    import workbench.convert.timm_weights as tw
+
+    real = tw.load_timm_weights
+    monkeypatch.setattr("studies.equivalence.load_timm_weights",
+                        lambda name, source, seed: real(name, source, seed=seed, embed_dim=64, depth=2, num_heads=2))
+
+
+def test_no_gradients_still_compares_plain_forward(mlflow_store, monkeypatch):
+    from workbench.models.vit import Block
+
+    real = Block.forward
+
+    def forward_with_bug(self, x, record=None, prefix=""):
+        if record is not None:
+            return real(self, x, record, prefix)
+        return x + self.ls1(self.attn(self.norm1(x)))  # the bug: the MLP branch is dropped
+
+    monkeypatch.setattr(Block, "forward", forward_with_bug)
+    reduced_weights(monkeypatch)
+    result = CliRunner().invoke(main, ["equivalence", "--model", "vit_small_patch16_224", "--batch", "1", "--no-gradients"])
+    assert result.exit_code == 1, result.output
+    assert "FAIL vit_small_patch16_224" in result.output and "0 of 2 forward() logits" in result.output, result.output
+
+
+def test_timm_init_is_an_explicit_labelled_choice(mlflow_store, monkeypatch):
+    reduced_weights(monkeypatch)
+    result = CliRunner().invoke(main, ["equivalence", "--model", "vit_small_patch16_224", "--batch", "1",
+                                       "--weights", "timm-init", "--no-gradients"])
+    assert result.exit_code == 0, result.output
+    assert "timm's own init" in result.output and "2 of 2 forward() logits within 0" in result.output
+    client = MlflowClient(mlflow_store)
+    (run,) = client.search_runs([client.get_experiment_by_name("equivalence").experiment_id])
+    assert run.data.params["weight_source"] == "timm-init" and run.data.metrics["forward_passed"] == 2
+
+
 @pytest.mark.slow
 def test_cli_full_size_vit_small_384(mlflow_store):
     result = CliRunner().invoke(main, ["equivalence", "--model", "vit_small_patch16_384", "--batch", "1"])
@@ -93,7 +131,7 @@ def test_unsupported_or_unknown_model_is_one_line_and_nonzero(mlflow_store, mode
     result = CliRunner().invoke(main, ["equivalence", "--model", model, "--batch", "1"])
     assert result.exit_code != 0
     assert expected in result.output and "Traceback" not in result.output, result.output
-    assert len(result.output.strip().splitlines()) <= 2, result.output  # weights line at most, then the error
+    assert len(result.output.strip().splitlines()) == 1, result.output  # refused before any weights line
 
 
 def test_coverage_mode_prints_and_logs_a_table(mlflow_store, monkeypatch):

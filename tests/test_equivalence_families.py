@@ -16,7 +16,7 @@ import timm
 import torch
 
 from workbench.convert.timm_vit import UnsupportedTimmModel, config_from_timm
-from workbench.equivalence import run_equivalence
+from workbench.equivalence import randomize_every_tensor, run_equivalence
 from workbench.equivalence_coverage import check_architecture, option_signature, reduced_model
 
 # (timm architecture, what it exercises)
@@ -74,6 +74,7 @@ def test_family_matches_exactly_at_reduced_size(name, what):
 def test_option_matches_exactly(label, kwargs):
     torch.manual_seed(0)
     model = timm.create_model("vit_tiny_patch16_224", pretrained=False, **{**SMALL, **kwargs})
+    randomize_every_tensor(model, seed=0)
     report = run_equivalence(model, label, batch=2, seed=0, tolerance=0.0)
     assert report.passed and report.max_abs_diff == 0.0, describe(report)
 
@@ -151,5 +152,6 @@ def test_full_size_family_model_matches_exactly(name):
     from workbench.convert.timm_weights import load_timm_weights
 
     weights = load_timm_weights(name, "random", seed=0)
+    randomize_every_tensor(weights.model, seed=0)
     report = run_equivalence(weights.model, name, batch=1, seed=0, tolerance=0.0)
     assert report.passed and report.max_abs_diff == 0.0, describe(report)

@@ -57,6 +57,8 @@ def log_equivalence(report: EquivalenceReport, params: dict) -> None:
             "gradients_total": len(grads),
             "gradients_passed": report.gradients_passed,
             "gradient_max_abs_diff": float(grads["max_abs_diff"].max()) if len(grads) else float("nan"),
+            "forward_passed": sum(row.passed for row in report.forward),
+            "forward_max_abs_diff": report.forward_max_abs_diff,
             **{
                 f"{name}_max_abs_diff": max(r.max_abs_diff for r in rows)
                 for name, rows in report.fused.items()
@@ -69,6 +71,7 @@ def log_equivalence(report: EquivalenceReport, params: dict) -> None:
         (out / "stages.json").write_text(table.to_json(orient="records", indent=1))
         grads.to_csv(out / "gradients.csv", index=False)
         report.fused_table().to_csv(out / "fused_stages.csv", index=False)
+        report.forward_table().to_csv(out / "forward.csv", index=False)
         (out / "mapping_audit.json").write_text(
             json.dumps({"summary": report.audit.summary(), "pairs": report.audit.pairs}, indent=1)
         )

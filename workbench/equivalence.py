@@ -3,6 +3,11 @@
 timm's activations are captured with forward hooks on its own modules; the glass-box
 model records the same stage names itself. The comparison is exact by default
 (tolerance 0.0 in fp32): both run the same operations in the same order.
+
+A comparison is only as strong as its weights: timm's own init makes every norm weight 1,
+every bias 0 and every LayerScale gamma the same constant, so a mapping that swaps two
+such tensors computes the same function. ``randomize_every_tensor`` gives every tensor
+its own seeded random values before a comparison.
 """
 
 from __future__ import annotations
@@ -50,6 +55,36 @@ _MODEL_POINTS = {
 }
 # Stages timm computes inline, with no module to hook: compared through what follows them.
 NOT_EXPOSED_BY_TIMM = ("attn_pool.probs",)
+
+
+# Spread of a tensor whose init is (nearly) constant: large enough that a swapped or
+# missing tensor changes every stage after it, small enough to keep activations finite.
+_MIN_RANDOM_SCALE = 0.02
+
+
+@torch.no_grad()
+def randomize_every_tensor(model: nn.Module, seed: int) -> int:
+    """Overwrite every float tensor of ``model``'s state dict with seeded random values.
+
+    Each tensor gets its own independent draw (normal, scaled like its current values:
+    the root mean square, at least 0.02), so no two tensors share values and no tensor is
+    constant: norm weights and biases, LayerScale gammas, class/register tokens, position
+    embeddings, projections and biases alike. Non-persistent buffers are derived values
+    that no weight mapping carries and are left alone.
+
+    Returns:
+        The number of tensors randomised.
+    """
+    gen = torch.Generator().manual_seed(seed)
+    count = 0
+    for tensor in model.state_dict().values():  # shares storage with the parameters
+        if not tensor.is_floating_point():
+            continue
+        scale = max(tensor.double().pow(2).mean().sqrt().item(), _MIN_RANDOM_SCALE) if tensor.numel() else 0.0
+        values = torch.randn(tensor.shape, generator=gen, dtype=torch.float32) * scale
+        tensor.copy_(values.to(dtype=tensor.dtype, device=tensor.device))
+        count += 1
+    return count
 
 
 def _flatten_patches(x: torch.Tensor) -> torch.Tensor:
@@ -141,6 +176,9 @@ class EquivalenceReport:
     stages: list[StageDiff]
     gradients: pd.DataFrame
     fused: dict[str, list[StageDiff]] = field(default_factory=dict)
+    # The models' plain forward() logits (no recorder: the path training and benchmarks
+    # run), on both attention paths; asserted like the stages.
+    forward: list[StageDiff] = field(default_factory=list)
 
     @property
     def stages_passed(self) -> int:
@@ -156,14 +194,22 @@ class EquivalenceReport:
             self.audit.complete
             and self.stages_passed == len(self.stages)
             and self.gradients_passed == len(self.gradients)
+            and all(row.passed for row in self.forward)
         )
 
     @property
     def max_abs_diff(self) -> float:
         return max((s.max_abs_diff for s in self.stages), default=float("nan"))
 
+    @property
+    def forward_max_abs_diff(self) -> float:
+        return max((s.max_abs_diff for s in self.forward), default=float("nan"))
+
     def stage_table(self) -> pd.DataFrame:
         return pd.DataFrame([vars(s) for s in self.stages])
+
+    def forward_table(self) -> pd.DataFrame:
+        return pd.DataFrame([vars(s) for s in self.forward])
 
     def fused_table(self) -> pd.DataFrame:
         frames = [pd.DataFrame([vars(s) for s in rows]).assign(comparison=name) for name, rows in self.fused.items()]
@@ -175,6 +221,8 @@ class EquivalenceReport:
             f"{verdict} {self.architecture}: {self.audit.summary()}; "
             f"{self.stages_passed} of {len(self.stages)} stages within {self.tolerance:g} "
             f"(max difference {self.max_abs_diff:.3g}); "
+            f"{sum(r.passed for r in self.forward)} of {len(self.forward)} forward() logits within {self.tolerance:g} "
+            f"(max difference {self.forward_max_abs_diff:.3g}); "
             f"{self.gradients_passed} of {len(self.gradients)} gradients within {self.tolerance:g} "
             f"(max difference {self.gradients['max_abs_diff'].max():.3g})"
         )
@@ -237,8 +285,10 @@ def run_equivalence(
 ) -> EquivalenceReport:
     """Compare timm (unfused attention) with the glass-box model stage by stage.
 
-    Also measures, for the report only, timm's fused attention against the glass-box
-    fast path and against its hand-written path.
+    Also compares both models' plain ``forward()`` logits, timm unfused against the
+    glass-box written path and timm fused against the glass-box fast path (asserted:
+    the same kernels run on each side), and measures, for the report only, timm's fused
+    attention stage by stage against the glass-box fast and hand-written paths.
     """
     timm_model = timm_model.to(device).eval()
     glass, audit = glassbox_from_timm(timm_model)
@@ -249,19 +299,26 @@ def run_equivalence(
 
     set_timm_fused(timm_model, False)
     with torch.no_grad():
-        _, ref = timm_forward_stages(timm_model, x, glass)
+        logits, ref = timm_forward_stages(timm_model, x, glass)
         _, ours = glass.set_fast_attention(False).forward_stages(x)
         stages = compare_stages(ref, ours, order, tolerance)
+        # forward() takes no recorder: its blocks run Block.forward's own two lines, a
+        # path the stage record never touches.
+        plain = {"forward()": glass(x)}
 
         set_timm_fused(timm_model, True)
-        _, ref_fused = timm_forward_stages(timm_model, x, glass)
+        logits_fused, ref_fused = timm_forward_stages(timm_model, x, glass)
         fused_order = [n for n in order if not n.endswith("attn.probs")]
         _, ours_fast = glass.set_fast_attention(True).forward_stages(x)
+        plain_fast = {"forward() fast attention": glass(x)}
         fused = {
             "timm_fused_vs_glassbox_fast": compare_stages(ref_fused, ours_fast, fused_order, tolerance),
             "timm_fused_vs_glassbox_written": compare_stages(ref_fused, ours, fused_order, tolerance),
         }
+        # Same kernels on both sides (timm unfused vs written, timm fused vs fast): exact.
+        timm_logits = {"forward()": logits, "forward() fast attention": logits_fused}
+        forward = compare_stages(timm_logits, {**plain, **plain_fast}, list(timm_logits), tolerance)
     set_timm_fused(timm_model, False)
     glass.set_fast_attention(False)
     grads = compare_gradients(timm_model, glass, x, seed) if gradients else pd.DataFrame(columns=["tensor", "max_abs_diff"])
-    return EquivalenceReport(architecture, tolerance, audit, stages, grads, fused)
+    return EquivalenceReport(architecture, tolerance, audit, stages, grads, fused, forward)

@@ -17,7 +17,7 @@ import pandas as pd
 import torch
 
 from workbench.convert.timm_vit import UnsupportedTimmModel, WeightMappingError, config_from_timm
-from workbench.equivalence import run_equivalence
+from workbench.equivalence import randomize_every_tensor, run_equivalence
 from workbench.models.registry import TIMM_VIT_MODULES
 from workbench.models.vit_config import ViTConfig
 
@@ -68,6 +68,17 @@ def _create(name: str, **kwargs) -> torch.nn.Module:
     return timm.create_model(name, pretrained=False, **kwargs)
 
 
+def config_from_name(name: str, **kwargs) -> ViTConfig:
+    """The glass-box config of timm architecture ``name``, read off a model built on the
+    meta device: no memory, no init, well under a second even for a hybrid or ViT-g.
+
+    Raises:
+        UnsupportedTimmModel: naming every option the glass-box ViT does not implement.
+    """
+    with torch.device("meta"):
+        return config_from_timm(_create(name, **kwargs))
+
+
 def reduced_model(name: str, full: ViTConfig, seed: int = 0) -> torch.nn.Module:
     """``name`` rebuilt small with every option of ``full`` (checked, not assumed).
 
@@ -95,20 +106,25 @@ def reduced_model(name: str, full: ViTConfig, seed: int = 0) -> torch.nn.Module:
 
 def check_architecture(
     name: str, module: str = "", batch: int = 2, seed: int = 0, tolerance: float = 0.0, reduced: bool = True,
-    input_kind: str = "gaussian", device: str = "cpu",
+    input_kind: str = "gaussian", device: str = "cpu", randomize: bool = True,
 ) -> CoverageRow:
-    """Match or refusal of one architecture; never raises for a model it cannot handle."""
+    """Match or refusal of one architecture; never raises for a model it cannot handle.
+
+    ``randomize`` (the default) gives every tensor its own random values first
+    (``randomize_every_tensor``); False keeps timm's init, whose constant norms, biases
+    and gammas cannot tell swapped tensors apart.
+    """
     row = CoverageRow(name, module, "error", reduced=reduced)
     try:
-        with torch.device("meta"):
-            full_model = _create(name)
-        full = config_from_timm(full_model)
+        full = config_from_name(name)
         row.family_options = family_options(full)
         if reduced:
             model = reduced_model(name, full, seed)
         else:
             torch.manual_seed(seed)
             model = _create(name).eval()
+        if randomize:
+            randomize_every_tensor(model, seed)
         report = run_equivalence(model, name, batch=batch, seed=seed, tolerance=tolerance,
                                  input_kind=input_kind, device=device)
     except UnsupportedTimmModel as err:
