@@ -225,6 +225,21 @@ def test_grant_refuses_no_permissions_in_one_line_before_asking_the_server(monke
     assert "`workbench server revoke USER EXPERIMENT`" in error
 
 
+def test_run_user_is_the_account_that_logs_in_to_the_server(monkeypatch):
+    from tracking.runs import run_user
+
+    monkeypatch.delenv("MLFLOW_TRACKING_USERNAME", raising=False)
+    monkeypatch.setenv("WORKBENCH_USER", "someone-local")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "sqlite:///runs.db")
+    assert run_user() == "someone-local"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "https://mlflow.example.org")  # a token or no auth: no account known
+    assert run_user() == "someone-local"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "https://carol%40lab:pw@mlflow.example.org")
+    assert run_user() == "carol@lab"
+    monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", "worker")  # what MLflow sends when both are set
+    assert run_user() == "worker"
+
+
 def test_an_admin_command_against_a_dead_server_says_one_line(monkeypatch):
     url = f"http://127.0.0.1:{free_port()}"
     monkeypatch.setenv(ts.ADMIN_PASSWORD_ENV, ADMIN[1])
@@ -404,6 +419,7 @@ def test_a_protocol_runs_over_http_with_auth_and_no_credential_is_logged(auth_se
                 {"predictions/val.csv", "predictions/test.csv"}
             models = client.search_logged_models([exp.experiment_id], filter_string=f"source_run_id = '{run.info.run_id}'")
             assert [m.status for m in models] == ["READY"]
+            assert run.data.tags["mlflow.user"] == WORKER[0], "the account that logged in, not the OS user"
         for value in [*run.data.params.values(), *run.data.tags.values()]:
             for secret in (WORKER[1], f"{WORKER[0]}:{WORKER[1]}", ADMIN[1]):
                 assert secret not in value, f"a credential was logged in run {run.info.run_id}"
@@ -515,6 +531,24 @@ def test_edit_lets_a_collaborator_rename_and_fail_finished_runs_but_not_delete(c
     assert allowed == {"USE": [], "EDIT": list(attempts)[:5]}, allowed
     assert "note: EDIT lets dave rename experiment" in out, out  # said when EDIT is granted
     assert client.get_run(run).info.status == "FAILED" and client.get_experiment(exp).name == "dave-renamed"
+
+
+@pytest.mark.integration
+def test_runs_record_the_account_that_logged_in(carol_and_dave, isolated_tracking, monkeypatch):
+    from tracking.runs import start_run
+    from tracking.training import open_keyed_run
+
+    host = carol_and_dave.removeprefix("http://")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"http://{DAVE[0]}:{DAVE[1]}@{host}")  # the user in the URL
+    with start_run("dave-runs") as run:
+        fluent = run.info.run_id
+    opened = open_keyed_run("dave-runs", "key-1", {"mlflow.user": "root"})  # as a cell of `ablate` or `train`
+    opened.sink.end("FINISHED")
+    client = MlflowClient(carol_and_dave)
+    as_user(monkeypatch, DAVE)
+    for run_id in (fluent, opened.run_id):
+        seen = client.get_run(run_id)
+        assert (seen.data.tags["mlflow.user"], seen.info.user_id) == ("dave", "dave"), run_id
 
 
 @pytest.mark.integration

@@ -3,7 +3,8 @@
 The embedded default is a SQLite store in the working directory (``sqlite:///mlflow.db``);
 MLFLOW_TRACKING_URI (and MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD for a
 server) override it, as everywhere in MLflow. MLflow reads the credentials itself; this
-project never logs, tags or prints them (``tracking.offline_fallback.scrub`` / ``redact_uri``).
+project never logs, tags or prints them (``tracking.redact``). On a server with basic-auth
+a run's ``mlflow.user`` is the account that logged in (``run_user``), not the OS user.
 When the server cannot be reached, runs go to a local fallback store instead
 (``tracking.offline_fallback``), to be copied over later by ``workbench sync``.
 """
@@ -11,11 +12,13 @@ When the server cannot be reached, runs go to a local fallback store instead
 from __future__ import annotations
 
 import contextlib
+import getpass
 import os
 import platform
 import subprocess
 from pathlib import Path
 from typing import Iterator
+from urllib.parse import unquote, urlsplit
 
 import click
 import mlflow
@@ -48,6 +51,25 @@ def configure_tracking(allow_offline: bool = True) -> str:
     uri = resilient.active_store_uri()
     resilient.set_process_uri(uri)
     return uri
+
+
+def run_user() -> str:
+    """Who a new run belongs to, for its ``mlflow.user`` tag (the UI's "Created by").
+
+    On a tracking server reached with basic-auth credentials it is the account that logs
+    in: MLFLOW_TRACKING_USERNAME, else the user name in MLFLOW_TRACKING_URI
+    (``https://alice:...@host``), as MLflow itself chooses them. That holds for runs
+    kept in the local fallback store while the server is away too: they are the account's
+    runs, synced later. Otherwise WORKBENCH_USER, else the OS user, as MLflow would say.
+    """
+    uri = resilient.tracking_uri()
+    if resilient.is_remote(uri):
+        account = os.environ.get("MLFLOW_TRACKING_USERNAME") or unquote(urlsplit(uri).username or "")
+        if account:
+            return account
+    with contextlib.suppress(Exception):  # getpass raises when the uid has no name (containers)
+        return os.environ.get("WORKBENCH_USER") or getpass.getuser()
+    return "unknown"
 
 
 def git_state(path: Path | None = None) -> dict[str, str]:
@@ -94,7 +116,8 @@ def start_run(experiment: str, run_name: str | None = None, tags: dict | None = 
     if not os.environ.get("MLFLOW_RUN_ID"):
         # ensure_experiment puts a fallback experiment's artifacts beside the fallback store
         mlflow.set_experiment(experiment_id=resilient.ensure_experiment(mlflow.MlflowClient(uri), experiment))
-    with mlflow.start_run(run_name=run_name) as run:
+    # MLflow's own default is the OS user; a run continued under `mlflow run` gets the tag too.
+    with mlflow.start_run(run_name=run_name, tags={"mlflow.user": run_user()}) as run:
         if uri == resilient.fallback_uri():
             from tracking.sink import offline_tags
 

@@ -12,7 +12,7 @@ from mlflow.tracking import MlflowClient
 
 from tracking import ui_links
 from tracking.lease import HEARTBEATS, RELEASED_TAG, TOKEN_TAG, lease_tags, new_token
-from tracking.runs import configure_tracking, git_state
+from tracking.runs import configure_tracking, git_state, run_user
 from tracking.sink import RunSink
 
 
@@ -23,7 +23,8 @@ def start_sweep_parent(experiment: str, name: str, tags: dict, params: dict, log
     protocol see a live sweep, and mark its parent KILLED only once the sweep is gone.
     """
     token = new_token()
-    tags = {"mlflow.runName": name, "sweep": name, "sweep_parent": "true", **git_state(), **tags, **lease_tags(token)}
+    tags = {"mlflow.runName": name, "mlflow.user": run_user(), "sweep": name, "sweep_parent": "true", **git_state(),
+            **tags, **lease_tags(token)}
     sink = RunSink.create(experiment, tags, uri=configure_tracking())
     HEARTBEATS.hold(sink.run_id, sink.uri, token)
     sink.log_params(params)

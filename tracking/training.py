@@ -17,6 +17,7 @@ from mlflow.tracking import MlflowClient
 from tracking import offline_fallback as rs
 from tracking.lease import (CONTINUES_TAG, HEARTBEATS, REASON_TAG, SUPERSEDED_TAG, TOKEN_TAG, is_mine, lease_state,
                            possible_writer)
+from tracking.runs import run_user
 from tracking.sink import SYNC_SYNCED, RunSink, log_batch, store_for
 
 from workbench.data import PreparedData
@@ -119,7 +120,9 @@ def open_keyed_run(experiment: str, key: str, tags: dict, parent_run_id: str | N
     A run with this key that exists only in the local fallback store (not synced yet)
     continues there even when the server is back: one run, one timeline, merged by
     ``workbench sync``. A FINISHED run is returned without a sink (nothing to do).
+    A new run belongs to ``run_user()``: the account logged in to the server, if any.
     """
+    tags = {**tags, "mlflow.user": run_user()}
     if rs.is_remote(rs.tracking_uri()) and rs.fallback_exists():
         found = _find_in_fallback(experiment, key, unsynced=True)
         if found is not None:
