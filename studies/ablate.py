@@ -144,6 +144,10 @@ def run_protocol(
                                    threads=threads)
                 tqdm.write(f"[{outcome.status}] {outcome.message}")
                 outcomes.append(outcome)
+    if parent.status == "FAILED" and not any(o.status == "failed" for o in outcomes):
+        # The exit status agrees with the record (before: `parent run ...: FAILED` and exit 0).
+        cells = ", ".join(f"{n} {what}" for what, n in (parent.execution.get("cells") or {}).items() if n)
+        raise click.ClickException(f"parent run {parent.run_id} ended FAILED (cells: {cells or 'none counted'})")
     return outcomes
 
 

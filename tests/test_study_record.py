@@ -106,3 +106,27 @@ def test_sync_recounts_a_parent_from_its_children_on_the_target(mlflow_store, tm
     counts = {k.removeprefix("cells_"): v for k, v in now.data.metrics.items() if k.startswith("cells_")}
     assert counts == {"finished": 4, "running": 0, "failed": 0, "killed": 0, "superseded": 0, "missing": 0}, counts
     assert now.info.status == "FINISHED", lines
+
+
+def test_ablate_exits_non_zero_when_the_parent_ended_failed(study, monkeypatch, tmp_path):  # noqa: F811
+    """Before: `parent run ...: FAILED` and exit 0 (here: a cell that never got a run, so the study is incomplete)."""
+    from click.testing import CliRunner
+
+    import studies.ablate as ablate_mod
+    from studies.cli import main
+
+    real = ablate_mod.run_cell
+
+    def seed1_never_runs(protocol, cell, *args, **kwargs):
+        if cell.seed == 1:
+            return ablate_mod.CellOutcome(cell, "busy", f"{cell.key}: running elsewhere (stand-in)")
+        return real(protocol, cell, *args, **kwargs)
+
+    monkeypatch.setattr(ablate_mod, "run_cell", seed1_never_runs)
+    result = CliRunner().invoke(main, ["ablate", "--protocol", str(tmp_path / "rec.yaml"), "--allow-dirty", "--device",
+                                       "cpu", "--data-path", str(tmp_path / "images"), "--output-dir",
+                                       str(tmp_path / "out")])
+    (parent,) = runs(MlflowClient(), "parent")
+    assert parent.info.status == "FAILED"
+    assert result.exit_code == 1, result.output
+    assert f"parent run {parent.info.run_id} ended FAILED (cells: 1 finished, 1 missing)" in result.output
