@@ -13,7 +13,6 @@ import numpy as np
 import pytest
 import torch
 
-from workbench.equivalence import randomize_every_tensor
 from workbench.interventions import (
     DropTokens, HeadAblation, InterventionError, InterventionSet, PatchStage, SkipBranch, ZeroPosEmbed, capture,
     head_means, mirrored_forward, parse, patchable_stages, run,
@@ -33,9 +32,18 @@ FAMILIES = {
 }
 
 
+@torch.no_grad()
+def randomize(model: torch.nn.Module, seed: int) -> None:
+    """Every float tensor its own seeded normal draw (scale 0.02 up to the tensor's RMS): no constant left."""
+    gen = torch.Generator().manual_seed(seed)
+    for tensor in model.state_dict().values():
+        scale = max(tensor.double().pow(2).mean().sqrt().item(), 0.02)
+        tensor.copy_(torch.randn(tensor.shape, generator=gen) * scale)
+
+
 def make(family: str, seed: int = 0, **extra) -> VisionTransformer:
     model = VisionTransformer(ViTConfig(**BASE, **FAMILIES[family], **extra)).eval()
-    randomize_every_tensor(model, seed)
+    randomize(model, seed)
     return model
 
 
