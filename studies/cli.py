@@ -58,12 +58,14 @@ _USER_ERROR_NAMES = {"MlflowException", "OptunaError", "SafetensorError", "YAMLE
 
 
 def one_line(err: BaseException) -> str:
-    """The exception's message as one line (KeyError's quotes removed, CUDA errors explained)."""
+    """The exception's message as one line (KeyError's quotes removed, CUDA errors explained, secrets masked)."""
+    from tracking.redact import redact_text  # MLflow's messages quote the tracking URL as given, password and all
+
     if isinstance(err, KeyError) and type(err).__str__ is KeyError.__str__ and len(err.args) == 1:
         text = str(err.args[0])
     else:
         text = str(err)
-    text = " ".join(line.strip() for line in text.splitlines() if line.strip()) or type(err).__name__
+    text = " ".join(line.strip() for line in redact_text(text).splitlines() if line.strip()) or type(err).__name__
     if "CUDA" in text and any(s in text for s in ("not compiled", "not available", "no NVIDIA driver", "No CUDA GPUs")):
         return f"CUDA is not available on this machine ({text}); use --device cpu or --device auto"
     ours = type(err).__module__.split(".")[0] in _OUR_PACKAGES

@@ -179,6 +179,13 @@ def test_uris_and_values_are_redacted(monkeypatch):
     assert resilient.scrub("token s3cret-value and bob:s3cret-value") == "token *** and ***"
 
 
+def test_an_error_line_shows_no_credential():
+    from studies.cli import one_line
+
+    err = MlflowException("API request to http://dave:s3cret-pw@h:5000/api/2.0/mlflow/runs/get failed with exception x")
+    assert one_line(err) == "API request to http://***@h:5000/api/2.0/mlflow/runs/get failed with exception x"
+
+
 def test_unreachable_and_refused_are_told_apart():
     import requests
     from mlflow.utils.rest_utils import verify_rest_response
@@ -550,6 +557,26 @@ def test_runs_record_the_account_that_logged_in(carol_and_dave, isolated_trackin
         seen = client.get_run(run_id)
         assert (seen.data.tags["mlflow.user"], seen.info.user_id) == ("dave", "dave"), run_id
 
+
+@pytest.mark.integration
+def test_sync_prints_no_credentialed_url(carol_and_dave, isolated_tracking, tmp_path, monkeypatch, capfd):
+    import importlib
+
+    import tracking
+
+    local = MlflowClient(f"sqlite:///{tmp_path / 'offline.db'}")
+    exp = local.create_experiment("dave-offline", artifact_location=(tmp_path / "art").as_uri())
+    run = local.create_run(exp, tags={"mlflow.runName": "offline-run"}).info.run_id
+    local.log_metric(run, "loss", 0.5)
+    local.set_terminated(run, "FINISHED")
+    monkeypatch.delenv("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", raising=False)  # as in a new process:
+    importlib.reload(tracking)  # what importing the workbench's tracking package sets
+    target = carol_and_dave.replace("http://", f"http://{DAVE[0]}:{DAVE[1]}@")
+    result = CliRunner().invoke(sync_command, ["--from", f"sqlite:///{tmp_path / 'offline.db'}", "--to", target])
+    assert result.exit_code == 0 and "runs: 1 created" in result.output, result.output
+    out, err = capfd.readouterr()
+    for text in (result.output, out, err):
+        assert DAVE[1] not in text and "View run" not in text, text
 
 @pytest.mark.integration
 def test_a_server_that_dies_at_start_exits_non_zero(tmp_path):

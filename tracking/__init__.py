@@ -1,0 +1,13 @@
+"""The only package that talks to MLflow (see DESIGN.md, "Layers").
+
+Set once, for every process that imports any of it (every command that creates runs):
+MLflow's client prints ``View run <name> at: <tracking URI>/#/...`` whenever it ends a run
+on a server, the URI's user name and password included when they are in it
+(``http://alice:PW@host``), and to a page that opens on the GenAI views. The workbench
+prints its own credential-free addresses instead (``tracking.ui_links``). Forced, not a
+default: a credential on the console is never what a user asked for.
+"""
+
+import os
+
+os.environ["MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"] = "true"

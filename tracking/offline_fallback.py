@@ -332,10 +332,6 @@ def set_process_uri(uri: str) -> None:
     that would make this process (and every subprocess) forget which server it serves.
     """
     configured = os.environ.get("MLFLOW_TRACKING_URI")
-    # MLflow prints "View run <name> at: <uri>/#/..." itself at every run's end, userinfo and
-    # all, and to a page that opens on the GenAI views: the workbench prints its own
-    # addresses (tracking.ui_links) instead.
-    os.environ["MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"] = "true"
     ensure_store(uri)  # a new SQLite file gets its tables from one process, not two at once
     mlflow.set_tracking_uri(uri)
     if configured is None:
