@@ -22,6 +22,7 @@ from mlflow.tracking import MlflowClient
 
 from tracking import ui_links
 from tracking.runs import configure_tracking
+from workbench.report_content.portable import portable_text
 
 PAGE_SIZE = 1000  # below every store's per-page cap; pages are followed to the end
 
@@ -77,14 +78,16 @@ class ParentRecord:
 
 
 def tracking_uri() -> str:
-    """The configured tracking URI with any user name or password removed (safe to print)."""
+    """The configured tracking URI as a page may print it: any user name or password removed, and
+    a local store's absolute path relative to the working directory (``sqlite:////work/x/stores/a.db``
+    run from ``/work/x`` shows as ``sqlite:///stores/a.db``, as the user could have given it)."""
     uri = configure_tracking(allow_offline=False)
     parts = urlsplit(uri)
     if parts.username or parts.password:
         host = parts.hostname or ""
         netloc = f"{host}:{parts.port}" if parts.port else host
         return urlunsplit(parts._replace(netloc=netloc))
-    return uri
+    return portable_text(uri)
 
 
 def run_url(record: CellRecord) -> str | None:
