@@ -13,6 +13,7 @@ exits 1 on any. Section content lives in ``document``, ``results``, ``configurat
 
 from __future__ import annotations
 
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -20,6 +21,7 @@ from reports import configuration, document, results, tables
 from reports import transfer_report
 from reports.provenance import BuildInputs, stale_items
 from reports.collect import ReportError, StudyData, load_study, protocol_file, resolve_protocol
+from reports.evidence import EVIDENCE_DIR, export_evidence, load_evidence
 from reports.render import Figure, to_html, to_markdown
 from tracking import queries
 from workbench.atomic import atomic_write_bytes
@@ -61,7 +63,7 @@ def parse_compare(values: tuple[str, ...] | list[str]) -> list[tuple[str, str]]:
 def build_report(
     protocol: str, out_root: Path = DEFAULT_OUT_ROOT, hash_prefix: str | None = None, commit: str | None = None,
     compare: list[tuple[str, str]] | None = None, n_resamples: int = tables.BOOTSTRAP_RESAMPLES, log: bool = True,
-    strict: bool = False,
+    strict: bool = False, evidence: bool = False,
 ) -> ReportResult:
     """Build, write and (optionally) log the report of one protocol hash.
 
@@ -75,6 +77,9 @@ def build_report(
         log: Log the report files to the newest parent run of the hash (and to the
             ``mlflow run`` launcher run when there is one).
         strict: Only recorded in the report's build inputs; the caller fails on ``result.problems``.
+        evidence: Also export the study's evidence (run records and per-example predictions)
+            to ``out_root/<protocol name>/evidence/``, from which ``build_from_evidence``
+            rebuilds the same report without the store. Ablation protocols only.
 
     Raises:
         ReportError: Nothing to report, a bad option, or runs lacking what the report needs.
@@ -82,6 +87,9 @@ def build_report(
         workbench.protocol.ProtocolError: The protocol file is invalid.
     """
     path = protocol_file(protocol)
+    kind = kind_of(read_yaml(path)) if path is not None else "ablation"
+    if evidence and kind != "ablation":
+        raise ReportError(f"--evidence: evidence export is for ablation protocols; {protocol} is a {kind} protocol")
     if path is not None and kind_of(read_yaml(path)) == "intervention":
         from reports.interventions import build_intervention_report  # it imports this module: imported when used
         from workbench.protocol import load_intervention_protocol
@@ -94,16 +102,61 @@ def build_report(
         if is_intervention_study(protocol):
             raise ReportError(f"{protocol} is an intervention protocol: report it with its protocol file "
                               "(studies/protocols/<name>.yaml or a path)")
-    if path is not None and kind_of(read_yaml(path)) == "transfer":
-        return build_transfer_report(load_transfer_protocol(path), out_root, hash_prefix, commit, compare, n_resamples,
-                                     log, strict)
+    stored = None
     if path is None and "/" not in protocol and not protocol.endswith((".yaml", ".yml")):
         stored = transfer_report.stored_by_name(protocol, hash_prefix)  # a transfer protocol known only to the store
+    if stored is not None or (path is not None and kind_of(read_yaml(path)) == "transfer"):
+        if evidence:
+            raise ReportError(f"--evidence: evidence export is for ablation protocols; {protocol} is a transfer protocol")
         if stored is not None:
             return build_transfer_report(stored, out_root, hash_prefix, commit, compare, n_resamples, log, strict,
                                          from_store=True)
+        return build_transfer_report(load_transfer_protocol(path), out_root, hash_prefix, commit, compare, n_resamples,
+                                     log, strict)
     spec, counts = resolve_protocol(protocol, hash_prefix)
     study = load_study(spec, counts, commit)
+    log_targets = [study.parent_run_id] if log and study.parent_run_id else []
+    inputs = BuildInputs(spec.source, spec.hash, hash_prefix, commit, list(compare or []), n_resamples,
+                         tables.BOOTSTRAP_SEED, tables.CONFIDENCE, strict)
+    with tempfile.TemporaryDirectory() as tmp:
+        analysis = queries.analysis_figures(spec.name, spec.hash, Path(tmp))
+    result = render_study(study, inputs, Path(out_root), log_targets, analysis)
+    if log and not study.parent_run_id:
+        result.messages.append(f"no parent run of {spec.name}@{spec.short_hash} found: the report is not logged to MLflow")
+    _log(result, result.folder, log_targets if log else None)
+    if evidence:
+        folder = export_evidence(result.folder / EVIDENCE_DIR, study, inputs, log_targets, analysis)
+        result.messages.append(f"wrote the evidence of {len(study.cells)} cells to {folder} "
+                               f"(rebuild: workbench report --from-evidence {folder} --out-dir DIR)")
+    return result
+
+
+def build_from_evidence(evidence_dir: Path, out_root: Path) -> ReportResult:
+    """Rebuild a published report from its evidence export alone: no MLflow store is opened.
+
+    The study (every cell run of the hash, the choice of one per cell, predictions, curves),
+    the build options and the analysis figures come from the export; the report goes through
+    the same rendering as ``build_report`` and differs from the published one by one header
+    line saying it was rebuilt from the export.
+
+    Raises:
+        ReportError: The export is incomplete or damaged (the message names the file), or the
+            output folder is the one holding the export (the published report is never overwritten).
+    """
+    loaded = load_evidence(Path(evidence_dir))
+    folder = Path(out_root) / loaded.study.spec.name
+    if folder.resolve() == Path(evidence_dir).resolve().parent:
+        raise ReportError(f"--out-dir {out_root}: {folder} holds the evidence and its published report; "
+                          "rebuild into another folder and compare")
+    result = render_study(loaded.study, loaded.inputs, Path(out_root), loaded.logged_to, loaded.analysis)
+    result.messages.insert(1, f"rebuilt from {evidence_dir} without the MLflow store (nothing is logged)")
+    return result
+
+
+def render_study(study: StudyData, inputs: BuildInputs, out_root: Path, log_targets: list[str],
+                 analysis: list[queries.AnalysisFigure]) -> ReportResult:
+    """Compute every table and figure of an ablation study and write the report files."""
+    spec = study.spec
     config, conflicts = configuration.protocol_config(spec.canonical)
     messages = [(f"{spec.name}@{spec.short_hash}: {len(study.cells)} of {len(spec.arms) * len(spec.seeds)} cells "
                  f"have a finished run ({spec.source})")]
@@ -112,32 +165,25 @@ def build_report(
     if not study.cells:
         raise ReportError("\n".join(messages + [f"no finished cell runs of {spec.name}@{spec.short_hash}: nothing to report"]))
     try:
-        pairs = tables.comparison_pairs(study, compare or [])
+        pairs = tables.comparison_pairs(study, inputs.compare)
     except ValueError as err:
         raise ReportError(str(err)) from err
     summaries = {split: [tables.arm_summary(study, arm, split) for arm in spec.arms] for split in spec.splits}
-    comparisons = {split: [tables.compare(study, a, b, split, n_resamples) for a, b in pairs] for split in spec.splits}
-    log_targets = [study.parent_run_id] if log and study.parent_run_id else []
-    if log and not study.parent_run_id:
-        messages.append(f"no parent run of {spec.name}@{spec.short_hash} found: the report is not logged to MLflow")
-
-    inputs = BuildInputs(spec.source, spec.hash, hash_prefix, commit, list(compare or []), n_resamples,
-                         tables.BOOTSTRAP_SEED, tables.CONFIDENCE, strict)
+    comparisons = {split: [tables.compare(study, a, b, split, inputs.n_resamples) for a, b in pairs]
+                   for split in spec.splits}
     decimals = {split: results.display_decimals(rows) for split, rows in summaries.items()}
     items = {split: results.contents(comparisons[split], summaries[split], len(spec.seeds), decimals[split])
              for split in spec.splits}
     blocks = (document.header(study, inputs, log_targets, conflicts) + results.results_section(study, items)
               + configuration.configuration_blocks(config, conflicts)
               + document.accuracy_section(study, summaries, decimals)
-              + results.comparison_section(study, items, n_resamples) + document.per_class_section(study)
-              + configuration.cost_blocks(study, config) + document.curves_section(study) + _analysis(spec)
-              + document.runs_section(study))
+              + results.comparison_section(study, items, inputs.n_resamples) + document.per_class_section(study)
+              + configuration.cost_blocks(study, config) + document.curves_section(study)
+              + document.analysis_section(analysis) + document.runs_section(study))
     folder = Path(out_root) / spec.name
     figure_paths = _write(folder, blocks, f"{spec.name}@{spec.short_hash} report")
-    result = ReportResult(folder, folder / "report.md", folder / "report.html", figure_paths, study, summaries, comparisons,
-                          messages=messages, problems=stale_items(study.attempts, [f"{a}/seed{s}" for a, s, _ in study.missing]))
-    _log(result, folder, log_targets if log else None)
-    return result
+    return ReportResult(folder, folder / "report.md", folder / "report.html", figure_paths, study, summaries, comparisons,
+                        messages=messages, problems=stale_items(study.attempts, [f"{a}/seed{s}" for a, s, _ in study.missing]))
 
 
 def build_transfer_report(
@@ -186,14 +232,6 @@ def _log(result: ReportResult, folder: Path, targets: list[str] | None) -> None:
         queries.log_report(run_id, folder)
         result.logged_to.append(run_id)
         result.messages.append(f"logged the report to run {run_id} (artifacts report/)")
-
-
-def _analysis(spec) -> list:
-    """Analysis figures logged by `workbench figures` on a parent run of this hash, if any."""
-    import tempfile
-
-    with tempfile.TemporaryDirectory() as tmp:
-        return document.analysis_section(queries.analysis_figures(spec.name, spec.hash, Path(tmp)))
 
 
 def _write(folder: Path, blocks: list, title: str) -> list[Path]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -19,6 +20,7 @@ import numpy as np
 import pandas as pd
 
 from workbench.protocol import SHORT_HASH_LEN, load_protocol
+from workbench.report_content.portable import relative
 from tracking import queries
 from tracking.protocols import reap_dead_runs
 from tracking.queries import CellRecord, QueryError
@@ -63,6 +65,7 @@ class CellData:
     record: CellRecord
     predictions: dict[str, pd.DataFrame] = field(default_factory=dict)
     curves: dict[str, dict[int, float]] = field(default_factory=dict)
+    sources: dict[str, str] = field(default_factory=dict)  # split -> sha256 of the predictions file as logged
 
 
 @dataclass
@@ -80,6 +83,8 @@ class StudyData:
     commit_filter: str | None
     num_classes: int = 0
     attempts: list[CellRecord] = field(default_factory=list)  # newer unfinished runs of reported cells
+    rebuilt_from: str = ""  # the evidence export the study was read from ("" when read from the store)
+    records: list[CellRecord] = field(default_factory=list)  # every cell run of the hash, any status, as read
 
 
 def _spec_from_canonical(canonical: dict, digest: str, source: str) -> ProtocolSpec:
@@ -165,12 +170,13 @@ def resolve_protocol(protocol: str, hash_prefix: str | None = None) -> tuple[Pro
 
 def shown_path(path: Path) -> str:
     """The file as the report names it: relative to the project when inside it, so the text
-    does not depend on whether it was given by name, relative or absolute path."""
+    does not depend on whether it was given by name, relative or absolute path; elsewhere
+    relative to the working directory (a published page names no absolute path)."""
     resolved = path.resolve()
     try:
         return str(resolved.relative_to(PROTOCOL_DIR.parent.parent))
     except ValueError:
-        return str(resolved)
+        return relative(str(resolved))
 
 
 def _newest(records: list[CellRecord]) -> CellRecord:
@@ -187,29 +193,38 @@ def load_study(spec: ProtocolSpec, counts: dict[str, int], commit: str | None = 
     """Choose one finished run per cell and load its predictions and training curves."""
     reap_dead_runs(spec.name, spec.hash)  # a dead execution's runs show as KILLED, not RUNNING
     records = queries.cell_records(spec.name, spec.hash)
+    parents = queries.parent_runs(spec.name, spec.hash)
+    with tempfile.TemporaryDirectory() as tmp:
+        return assemble_study(spec, counts, records, parents[0].run_id if parents else None, queries.tracking_uri(),
+                              commit, lambda record: _cell_data(record, spec, Path(tmp) / record.run_id))
+
+
+def assemble_study(spec: ProtocolSpec, counts: dict[str, int], records: list[CellRecord], parent_run_id: str | None,
+                   tracking_uri: str, commit: str | None, cell_data: Callable[[CellRecord], CellData]) -> StudyData:
+    """The study from its cell runs (any status): the one rule choosing a run per cell, wherever the
+    runs come from (the MLflow store, or a published evidence export). ``cell_data`` loads the
+    chosen run's predictions and curves."""
     expected = {(a, s) for a in spec.arms for s in spec.seeds}
     unexpected = [r for r in records if (r.arm, r.seed) not in expected]
-    parents = queries.parent_runs(spec.name, spec.hash)
-    study = StudyData(spec, queries.tracking_uri(), {}, [], [], {h: n for h, n in counts.items() if h != spec.hash},
-                      unexpected, parents[0].run_id if parents else None, commit)
+    study = StudyData(spec, tracking_uri, {}, [], [], {h: n for h, n in counts.items() if h != spec.hash},
+                      unexpected, parent_run_id, commit, records=list(records))
     # Runs group by the fingerprint of the code that computed them: without --commit the
     # report uses the group of the newest finished run, never a mix of code versions.
     code = lambda r: r.params.get("code_fingerprint", "")  # noqa: E731
     done = [r for r in records if r.status == "FINISHED"]
     group = code(_newest(done)) if done and commit is None else None
-    with tempfile.TemporaryDirectory() as tmp:
-        for seed in spec.seeds:
-            for arm in spec.arms:
-                mine = [r for r in records if (r.arm, r.seed) == (arm, seed)]
-                finished = [r for r in mine if r.status == "FINISHED"]
-                usable = [r for r in finished if code(r) == group] if group is not None else \
-                    [r for r in finished if commit is None or r.commit.startswith(commit) or code(r).startswith(commit)]
-                if not usable:
-                    study.missing.append((arm, seed, _why_missing(mine, finished, f"commit {commit}" if commit else f"code fingerprint {group}")))
-                    continue
-                chosen = _newest(usable)
-                study.superseded.extend(r for r in finished if r is not chosen)
-                study.cells[(arm, seed)] = _cell_data(chosen, spec, Path(tmp) / chosen.run_id)
+    for seed in spec.seeds:
+        for arm in spec.arms:
+            mine = [r for r in records if (r.arm, r.seed) == (arm, seed)]
+            finished = [r for r in mine if r.status == "FINISHED"]
+            usable = [r for r in finished if code(r) == group] if group is not None else \
+                [r for r in finished if commit is None or r.commit.startswith(commit) or code(r).startswith(commit)]
+            if not usable:
+                study.missing.append((arm, seed, _why_missing(mine, finished, f"commit {commit}" if commit else f"code fingerprint {group}")))
+                continue
+            chosen = _newest(usable)
+            study.superseded.extend(r for r in finished if r is not chosen)
+            study.cells[(arm, seed)] = cell_data(chosen)
     study.superseded.sort(key=lambda r: (spec.arms.index(r.arm), spec.seeds.index(r.seed), r.run_id))
     study.attempts = newer_attempts(records, {k: c.record for k, c in study.cells.items()}, spec.arms, spec.seeds)
     study.num_classes = max((sum(c.startswith("prob_") for c in t.columns)
@@ -244,6 +259,7 @@ def _cell_data(record: CellRecord, spec: ProtocolSpec, tmp: Path) -> CellData:
                 raise ReportError(f"{record.arm}/seed{record.seed}: {err}; the report needs the saved predictions") from err
             continue  # a test result can be absent (a dataset without a test split): has_split says so
         cell.predictions[split] = _read_predictions(path)
+        cell.sources[split] = hashlib.sha256(path.read_bytes()).hexdigest()
     cell.curves = {key: queries.metric_history(record.run_id, key) for key in CURVE_METRICS + COST_METRICS}
     return cell
 

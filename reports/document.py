@@ -15,6 +15,7 @@ from reports.provenance import BuildInputs
 from reports.render import Block, Bullets, Figure, Heading, Para, Table
 from reports.tables import ArmSummary
 from workbench.report_content.numbers import mean_interval
+from workbench.report_content.portable import portable_text
 from workbench.report_content.predictions import DegenerateReport, degenerate_predictions
 from workbench.report_content.rounding import fmt
 
@@ -69,7 +70,7 @@ def header(study: StudyData, inputs: BuildInputs, logged_to: list[str], conflict
             f"Protocol `{spec.name}`, hash `{spec.hash}` (from {spec.source}).",
             (f"Arms: {', '.join(arm_label(study, a) for a in spec.arms)}; seeds: {', '.join(map(str, spec.seeds))} "
              f"(paired by seed); splits reported: {', '.join(SPLIT_TITLES[s].lower() for s in spec.splits)}."),
-            *provenance.header_bullets(inputs, spec.name, chosen, logged_to),
+            *provenance.header_bullets(inputs, spec.name, chosen, logged_to, study.tracking_uri, study.rebuilt_from),
             f"Cells with a finished run: **{len(study.cells)} of {expected}**" +
             ("." if len(study.cells) == expected else f" {FLAG} missing cells are listed under Runs; every mean states its n."),
             ("Accuracies in %, differences in percentage points (a − b); every interval is 95%; the configuration "
@@ -224,12 +225,12 @@ def runs_section(study: StudyData) -> list[Block]:
     rows = [(arm, seed, study.cells[(arm, seed)].record) for seed in spec.seeds for arm in spec.arms
             if (arm, seed) in study.cells]
     chosen = {k: c.record for k, c in study.cells.items()}
-    blocks = provenance.provenance_blocks(rows, study.attempts, chosen, "arm")
+    blocks = provenance.provenance_blocks(rows, study.attempts, chosen, "arm", study.tracking_uri)
     if study.superseded:
         chosen = {k: c.record.run_id for k, c in study.cells.items()}
         blocks += [Heading(3, "Superseded runs (not used)"), Table(
             ["arm", "seed", "run id", "commit", "used instead"],
-            [[r.arm, str(r.seed), provenance.run_ref(r), f"`{r.commit[:10]}`", f"`{chosen[(r.arm, r.seed)]}`"]
+            [[r.arm, str(r.seed), provenance.run_ref(r, study.tracking_uri), f"`{r.commit[:10]}`", f"`{chosen[(r.arm, r.seed)]}`"]
              for r in study.superseded], ["l", "r", "l", "l", "l"])]
     if study.missing:
         blocks += [Heading(3, "Missing cells"), Table(
@@ -249,4 +250,4 @@ def analysis_section(found: list) -> list[Block]:
     blocks = [Heading(2, "Analysis figures"),
               Para(f"Built by `workbench figures` from these runs' checkpoints and predictions and logged on parent run "
                    f"`{found[0].run_id}` (artifacts `figures/`). Attention maps are diagnostics, not explanations.")]
-    return blocks + [Figure(f"analysis_{f.filename}", f.caption, f.png) for f in found]
+    return blocks + [Figure(f"analysis_{f.filename}", portable_text(f.caption), f.png) for f in found]

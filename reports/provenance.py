@@ -12,10 +12,12 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 
 from reports.render import Block, Heading, Para, Table
-from tracking import queries
+from tracking import queries, ui_links
 from tracking.queries import CellRecord
+from workbench.report_content.portable import portable_text
 
 FLAG = "⚠"
+REBUILT_PREFIX = "Rebuilt offline from the evidence export"  # the one line a rebuilt report adds
 FINGERPRINT_CHARS = 16  # at least 12 hex characters: enough to tell any two data versions apart by eye
 CODE_FINGERPRINT_KEYS = ("code_fingerprint", "code.fingerprint")  # param or tag, whichever the run has
 
@@ -50,10 +52,15 @@ def precision(record: CellRecord) -> str:
     return "fp32" if amp in ("off", "None", "") else f"{amp.replace('torch.', '')} autocast"
 
 
-def run_ref(record: CellRecord) -> str:
-    """The run id, as a link to its page when the store is a server."""
-    url = queries.run_url(record)
+def run_ref(record: CellRecord, store: str | None = None) -> str:
+    """The run id, as a link to its page when the store (default: the configured one) is a server."""
+    url = queries.run_url(record) if store is None else ui_links.run_url(store, record.experiment_id, record.run_id)
     return f"[`{record.run_id}`]({url})" if url else f"`{record.run_id}`"
+
+
+def dataset_source(record: CellRecord) -> str:
+    """Where the run's data came from, with no absolute path of the machine that ran it."""
+    return portable_text(record.params.get("data.source") or record.params.get("data.display_name") or "n/a")
 
 
 def threads(record: CellRecord) -> str:
@@ -63,15 +70,13 @@ def threads(record: CellRecord) -> str:
     return f"{started} ({changed})" if changed else started
 
 
-def runs_table(rows: list[tuple[str, int, CellRecord]], unit: str = "arm") -> Table:
+def runs_table(rows: list[tuple[str, int, CellRecord]], unit: str = "arm", store: str | None = None) -> Table:
     """One row per reported cell: (arm or regime, seed, its run)."""
     body = []
     for name, seed, r in rows:
-        body.append([name, str(seed), run_ref(r), utc(r.start_time), short(r.commit, 10),
+        body.append([name, str(seed), run_ref(r, store), utc(r.start_time), short(r.commit, 10),
                      r.dirty, short(code_fingerprint(r)), short(r.params.get("data.fingerprint")),
-                     short(r.params.get("data.split_fingerprint")),
-                     r.params.get("data.source") or r.params.get("data.display_name") or "n/a", device(r),
-                     threads(r)])
+                     short(r.params.get("data.split_fingerprint")), dataset_source(r), device(r), threads(r)])
     notes = [f"Fingerprints: first {FINGERPRINT_CHARS} hex characters of the sha256 logged by the run (params "
              "`data.fingerprint`: the examples and labels; `data.split_fingerprint`: which examples went to which "
              "split; code fingerprint: param or tag `code_fingerprint`, n/a for runs that predate it). Dirty: "
@@ -83,11 +88,12 @@ def runs_table(rows: list[tuple[str, int, CellRecord]], unit: str = "arm") -> Ta
                  ["l", "r", "l", "l", "l", "l", "l", "l", "l", "l", "l", "r"], notes, css_class="wide nowrap")
 
 
-def attempts_blocks(attempts: list[CellRecord], chosen: dict[tuple[str, int], CellRecord], unit: str = "arm") -> list[Block]:
+def attempts_blocks(attempts: list[CellRecord], chosen: dict[tuple[str, int], CellRecord], unit: str = "arm",
+                    store: str | None = None) -> list[Block]:
     """Later unfinished attempts of reported cells (FAILED, KILLED, RUNNING): listed, never used."""
     if not attempts:
         return []
-    rows = [[r.arm, str(r.seed), run_ref(r), r.status, utc(r.start_time), f"`{chosen[(r.arm, r.seed)].run_id}`"]
+    rows = [[r.arm, str(r.seed), run_ref(r, store), r.status, utc(r.start_time), f"`{chosen[(r.arm, r.seed)].run_id}`"]
             for r in attempts]
     return [Heading(3, "Newer attempts of reported cells (not used)"), Table(
         [unit, "seed", "run id", "status", "started", "reported run"], rows, ["l", "r", "l", "l", "l", "l"],
@@ -110,8 +116,10 @@ class BuildInputs:
     strict: bool
 
 
-def header_bullets(inputs: BuildInputs, experiment: str, chosen_rule: str, logged_to: list[str]) -> list[str]:
-    """The store, the experiment, the rule choosing a run per cell and every build option."""
+def header_bullets(inputs: BuildInputs, experiment: str, chosen_rule: str, logged_to: list[str],
+                   store: str | None = None, rebuilt_from: str = "") -> list[str]:
+    """The store (default: the configured one), the experiment, the rule choosing a run per cell and
+    every build option; for a report rebuilt from a published evidence export, a line saying so."""
     options = [f"--resamples {inputs.n_resamples}"]
     if inputs.hash_option:
         options.append(f"--hash {inputs.hash_option}")
@@ -121,20 +129,24 @@ def header_bullets(inputs: BuildInputs, experiment: str, chosen_rule: str, logge
     if inputs.strict:
         options.append("--strict")
     items = [
-        f"Tracking store `{queries.tracking_uri()}` (credentials removed), experiment `{experiment}`; {chosen_rule}.",
+        f"Tracking store `{queries.tracking_uri() if store is None else store}` (credentials removed), experiment "
+        f"`{experiment}`; {chosen_rule}.",
         (f"Built from: protocol hash `{inputs.protocol_hash}` ({inputs.protocol_source}); options "
          f"`{' '.join(options)}`; bootstrap seed {inputs.bootstrap_seed}, confidence {inputs.confidence:.0%}. "
          "Nothing else enters: rebuilding from the same runs gives the same bytes."),
     ]
     if logged_to:
         items.append(f"This report is logged as an artifact (`report/`) of run(s) {', '.join(f'`{r}`' for r in logged_to)}.")
+    if rebuilt_from:
+        items.append(f"{REBUILT_PREFIX} `{rebuilt_from}` (the runs' records and per-example predictions), without "
+                     "the MLflow store: the store, runs and options above are the ones the export recorded.")
     return items
 
 
 def provenance_blocks(rows: list[tuple[str, int, CellRecord]], attempts: list[CellRecord],
-                      chosen: dict[tuple[str, int], CellRecord], unit: str) -> list[Block]:
+                      chosen: dict[tuple[str, int], CellRecord], unit: str, store: str | None = None) -> list[Block]:
     return [Heading(2, "Runs"), Para(f"Every number above comes from these MLflow runs (one per {unit} and seed)."),
-            runs_table(rows, unit)] + attempts_blocks(attempts, chosen, unit)
+            runs_table(rows, unit, store)] + attempts_blocks(attempts, chosen, unit, store)
 
 
 def stale_items(attempts: list[CellRecord], missing: list[str]) -> list[str]:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from reports.build import DEFAULT_OUT_ROOT, build_report, parse_compare
+from reports.build import DEFAULT_OUT_ROOT, build_from_evidence, build_report, parse_compare
 from reports.collect import ReportError
 from reports.index import build_all
 from reports.tables import BOOTSTRAP_RESAMPLES
@@ -37,12 +37,26 @@ from workbench.protocol import ProtocolError
 @click.option("--strict", is_flag=True,
               help="Exit 1 (after writing the report) when a cell has no finished run or a reported run is stale "
                    "(a newer FAILED, KILLED or RUNNING attempt of its cell exists).")
-def report(protocol, all_protocols, hash_prefix, commit, compare, out_root, resamples, log, strict):
+@click.option("--evidence", is_flag=True,
+              help="Also export the study's evidence to OUT_DIR/<protocol>/evidence/: every cell run's record and "
+                   "the reported runs' per-example predictions, enough to rebuild the report without the store. "
+                   "Ablation protocols only.")
+@click.option("--from-evidence", "from_evidence", type=click.Path(file_okay=False), default=None,
+              help="Rebuild a report from an evidence export (a folder written by --evidence) instead of the "
+                   "MLflow store, with the options it was built with; writes OUT_DIR/<protocol>/, logs nothing.")
+@click.pass_context
+def report(ctx, protocol, all_protocols, hash_prefix, commit, compare, out_root, resamples, log, strict, evidence,
+           from_evidence):
     """Build reports/<protocol>/report.md and report.html from the protocol's finished MLflow runs.
 
     Ablation and transfer protocols alike (the kind is read from the protocol file).
     """
+    if from_evidence:
+        _from_evidence(ctx, Path(from_evidence), Path(out_root))
+        return
     if all_protocols:
+        if evidence:
+            raise click.UsageError("--evidence applies to one protocol: give --protocol")
         for name, value in (("--protocol", protocol), ("--hash", hash_prefix), ("--commit", commit),
                             ("--compare", compare)):
             if value:
@@ -62,7 +76,7 @@ def report(protocol, all_protocols, hash_prefix, commit, compare, out_root, resa
         raise click.UsageError("give --protocol FILE_OR_NAME, or --all")
     try:
         result = build_report(protocol, Path(out_root), hash_prefix, commit, parse_compare(compare), resamples, log,
-                              strict)
+                              strict, evidence)
     except (ReportError, ProtocolError, QueryError) as err:
         raise click.ClickException(str(err)) from err
     for message in result.messages:
@@ -73,3 +87,24 @@ def report(protocol, all_protocols, hash_prefix, commit, compare, out_root, resa
             click.echo(f"strict: {problem}", err=True)
         click.echo(f"--strict: {len(result.problems)} missing cell(s) or stale run(s); exit 1", err=True)
         raise SystemExit(1)
+
+
+# What --from-evidence refuses beside it: the export holds the protocol, the runs and the build options.
+NOT_WITH_EVIDENCE = {"protocol": "--protocol", "all_protocols": "--all", "hash_prefix": "--hash", "commit": "--commit",
+                     "compare": "--compare", "resamples": "--resamples", "log": "--log/--no-log", "strict": "--strict",
+                     "evidence": "--evidence"}
+
+
+def _from_evidence(ctx: click.Context, folder: Path, out_root: Path) -> None:
+    given = [option for name, option in NOT_WITH_EVIDENCE.items()
+             if ctx.get_parameter_source(name) is not click.core.ParameterSource.DEFAULT]
+    if given:
+        raise click.UsageError(f"{', '.join(given)}: not with --from-evidence (the export holds the protocol, the runs "
+                               "and the options the report was built with)")
+    try:
+        result = build_from_evidence(folder, out_root)
+    except ReportError as err:
+        raise click.ClickException(str(err)) from err
+    for message in result.messages:
+        click.echo(message)
+    click.echo(f"wrote {result.markdown}, {result.html} and {len(result.figures)} figures in {result.folder / 'figures'}")

@@ -1,0 +1,95 @@
+"""Checks for a report rebuilt from its evidence: no store opened, every number at its place.
+
+``numbers_by_place``: every number of a Markdown report, by place. A place is a table cell (section headings, table number in the section, row number, column
+header) or a section's running text (all its numbers in order). Comparing places rather than
+the whole text lets a published report be checked against a rebuild by newer report code that
+added a column or a sentence elsewhere: every number the published page shows must be shown
+again, at the same place, with the same digits.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from reports import document, results, tables
+from reports.evidence import load_evidence
+from reports.provenance import REBUILT_PREFIX
+from reports.render import Figure, to_markdown
+from tracking import queries
+
+NUMBER = re.compile(r"[+−-]?\d[\d,]*(?:\.\d+)?")
+
+
+def without_rebuilt_line(md: str) -> str:
+    """The report without the one line a rebuild from evidence adds (documented in docs/reports.md)."""
+    return "\n".join(line for line in md.split("\n") if not line.startswith(f"- {REBUILT_PREFIX}"))
+
+
+def numbers_by_place(md: str) -> dict[tuple, list[str]]:
+    out: dict[tuple, list[str]] = {}
+    headings: list[str] = []
+    header: list[str] | None = None
+    table, row = 0, 0
+    for line in without_rebuilt_line(md).split("\n"):
+        if line.startswith("#"):
+            level = len(line) - len(line.lstrip("#"))
+            headings = headings[: level - 1] + [line.lstrip("#").strip()]
+            header, table = None, 0
+            continue
+        section = " / ".join(headings)
+        if line.startswith("|"):
+            cells = [c.strip() for c in line.strip().strip("|").split("|")]
+            if header is None:
+                header, table, row = cells, table + 1, 0
+            elif not set(line) <= set("|:- "):
+                row += 1
+                for column, cell in zip(header, cells):
+                    out[(section, table, row, column)] = NUMBER.findall(cell)
+            continue
+        header = None
+        out.setdefault((section, "text"), []).extend(NUMBER.findall(line))
+    return out
+
+
+def number_differences(published: str, rebuilt: str) -> tuple[int, list[str]]:
+    """(numbers compared, differences): every place of ``published`` against the same place of ``rebuilt``."""
+    a, b = numbers_by_place(published), numbers_by_place(rebuilt)
+    compared, diffs = 0, []
+    for place, numbers in a.items():
+        compared += len(numbers)
+        if place not in b:
+            diffs.append(f"{place}: {numbers} published, place absent from the rebuild")
+        elif b[place] != numbers:
+            diffs.append(f"{place}: published {numbers}, rebuilt {b[place]}")
+    return compared, diffs
+
+
+def forbid_store(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """No MLflow store from here on: the configured one does not exist and any query fails the test."""
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'absent.db'}")
+
+    def no_store(*args, **kwargs):
+        raise AssertionError("the rebuild from evidence opened the MLflow store")
+
+    for name in ("configure_tracking", "MlflowClient", "search_runs", "download_artifact", "metric_history",
+                 "parent_runs", "analysis_figures"):
+        monkeypatch.setattr(queries, name, no_store)
+
+
+def accuracy_differences(folder: Path) -> tuple[int, list[str]]:
+    """(table places checked, differences): the Accuracy tables of ``folder/report.md`` against the
+    same tables rendered from ``folder/evidence`` alone (no bootstrap: fast). Also fails on an export
+    that is damaged (sha256) or whose logged accuracies differ from its predictions."""
+    study = load_evidence(folder / "evidence").study
+    assert tables.consistency_problems(study) == [], "logged accuracy differs from the exported predictions"
+    summaries = {split: [tables.arm_summary(study, arm, split) for arm in study.spec.arms] for split in study.spec.splits}
+    decimals = {split: results.display_decimals(rows) for split, rows in summaries.items()}
+    blocks = [b for b in document.accuracy_section(study, summaries, decimals) if not isinstance(b, Figure)]
+    expected = {k: v for k, v in numbers_by_place(to_markdown(blocks)).items() if k[1] != "text"}
+    text = (folder / "report.md").read_text()
+    published = numbers_by_place("## Accuracy" + text.split("\n## Accuracy", 1)[1].split("\n## ", 1)[0])
+    return len(expected), [f"{place}: report {published.get(place)}, evidence {numbers}"
+                           for place, numbers in expected.items() if published.get(place) != numbers]

@@ -1,0 +1,50 @@
+"""Published studies carry their evidence: each rebuilds, offline, to the numbers of its report.md.
+
+For every folder under docs/results/ with an ``evidence/`` export: the export is intact (every
+file's sha256, the protocol hash), every reported run's logged accuracy equals the one its
+exported predictions give, and the per-seed accuracies the published report prints are those
+of the export (default tier, about a second). The full rebuild, every number of report.md at
+its place (bootstraps included: about 10 s for 33 cells), is in the `slow` tier. Studies
+published before evidence existed are named in docs/results/README.md, saying why they have none.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from rebuild_checks import accuracy_differences, forbid_store, number_differences
+
+from reports.build import build_from_evidence
+
+RESULTS = Path(__file__).resolve().parent.parent / "docs" / "results"
+STUDIES = sorted(p for p in RESULTS.iterdir() if (p / "report.md").is_file()) if RESULTS.is_dir() else []
+WITH_EVIDENCE = [p.name for p in STUDIES if (p / "evidence" / "runs.json").is_file()]
+NO_EVIDENCE_NOTE = "published before evidence exports existed"  # the README's paragraph on studies without one
+
+
+def test_every_published_study_has_evidence_or_says_why_not():
+    readme = (RESULTS / "README.md").read_text()
+    paragraphs = [" ".join(p.split()) for p in readme.split("\n\n")]
+    note = next((p for p in paragraphs if NO_EVIDENCE_NOTE in p), "")
+    without = [p.name for p in STUDIES if p.name not in WITH_EVIDENCE]
+    unexplained = [name for name in without if f"`{name}`" not in note]
+    assert STUDIES and not unexplained, f"published without evidence and not named in the README's note: {unexplained}"
+    stale = [name for name in WITH_EVIDENCE if f"`{name}`" in note]
+    assert not stale, f"the README says these have no evidence, but they do: {stale}"
+
+
+@pytest.mark.parametrize("study", WITH_EVIDENCE)
+def test_published_evidence_is_intact_and_gives_the_reported_accuracies(study, tmp_path, monkeypatch):
+    forbid_store(monkeypatch, tmp_path)
+    checked, diffs = accuracy_differences(RESULTS / study)
+    assert checked > 0 and not diffs, diffs[:20]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("study", WITH_EVIDENCE)
+def test_published_report_rebuilds_from_its_evidence_number_for_number(study, tmp_path, monkeypatch):
+    forbid_store(monkeypatch, tmp_path)
+    rebuilt = build_from_evidence(RESULTS / study / "evidence", tmp_path)
+    compared, diffs = number_differences((RESULTS / study / "report.md").read_text(), rebuilt.markdown.read_text())
+    assert compared > 0 and not diffs, f"{len(diffs)} places differ: {diffs[:20]}"
