@@ -55,7 +55,8 @@ def ranked_table(rows: list[InterventionRow], confidence: float, n_resamples: in
                   f"{confidence:.0%} bootstrap", "lower in", "change per seed"], body,
                  ["r", "l", "r", "r", "r", "r", "r"],
                  [f"Change = accuracy with the intervention minus the intact model's, same cell and images, in points; "
-                  "largest drop first. t-interval: Student-t over seeds (df = n − 1), * where it excludes zero; "
+                  "largest drop first. t-interval: Student-t over seeds (df = n − 1), * where it excludes zero (never for a "
+                  "zero-width interval); "
                   f"bootstrap: hierarchical over seeds, then images ({n_resamples:,} resamples), endpoints to the "
                   "decimals their Monte-Carlo error supports. 'lower in': seeds where the intervention lowered "
                   "accuracy. Per seed in seed order."], css_class="wide")
@@ -90,7 +91,8 @@ def arm_blocks(arm: str, rows: list[InterventionRow], cells: dict[int, ti.CellRe
         matrices = {m: head_matrix(rows, m, depth, heads) for m in modes}
         blocks += [Heading(h, f"Heads ({arm})"), Figure(f"heads_{arm}.png", (
             "Mean accuracy change (points) when one head is ablated, block x head, over seeds; * where the 95% "
-            "t-interval over seeds excludes zero. Blue: accuracy rises, red: it falls."),
+            "t-interval over seeds excludes zero (a zero-width interval, the same change in every seed, is no spread, not "
+            "certainty, and is not marked). Blue: accuracy rises, red: it falls."),
             _png(figs.heads_heatmap(matrices, f"{protocol.name}: {arm}, one head ablated at a time")))]
     blocks += [Heading(h, f"Every intervention, ranked ({arm})"), ranked_table(rows, e.confidence, n_resamples)]
     others = [r for r in rows if not isinstance(r.item, HeadAblation)]

@@ -121,3 +121,18 @@ def test_formatting_does_not_change_the_hash_and_a_value_does():
     b = parsed(lambda d: d.update(interventions={"branches": "all", "heads": "all", "head_modes": ["zero", "mean"]}))
     c = parsed(lambda d: d.update(evaluation={"batch_size": 128}))
     assert a.hash == b.hash != c.hash
+
+
+def test_the_pretrained_example_in_the_docs_is_a_valid_protocol(tmp_path):
+    text = (Path(__file__).resolve().parents[1] / "docs" / "interventions.md").read_text()
+    block = text[text.index("name: imagenette_vit_b16_heads"):]
+    block = block[:block.index("```")]
+    p = load_any(write_doc(tmp_path, block))
+    assert p.kind == "intervention" and p.pretrained.weights == "hub" and len(p.pretrained.class_index) == 10
+    assert p.pretrained.class_index["n03888605"] == 701 and p.cells()[0].key == "pretrained/seed0"
+
+
+def write_doc(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "imagenette_vit_b16_heads.yaml"
+    path.write_text(text)
+    return path

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from PIL import Image
 from test_report import store  # noqa: F401  (fixture)
+from test_report_interventions import logged  # noqa: F401  (fixture)
 from test_report_transfer import transfer_store  # noqa: F401  (fixture)
 
 from reports.build import build_report
@@ -104,3 +105,16 @@ def test_transfer_html_report_renders_in_chromium(transfer_store, tmp_path):  # 
     pixels = np.asarray(Image.open(shot).convert("RGB"))
     dark = (pixels.sum(axis=2) < 300).mean()
     assert 0.005 < dark < 0.5, f"screenshot looks blank or broken: {dark:.4f} of pixels dark"
+
+
+def test_intervention_html_report_renders_in_chromium(logged, tmp_path):  # noqa: F811 (fixture)
+    result = build_report(str(logged["path"]), tmp_path / "out", n_resamples=1000, log=False)
+    page = probe(tmp_path, result.html.read_text())
+    assert len(page["images"]) == 3 and all(w > 0 and h > 0 and ok for w, h, ok in page["images"]), page["images"]
+    assert page["tables"] == 4, page  # ranked, seed consistency, runs, acted-on models
+    assert page["headings"] == ["Results", "Heads (vit)", "Every intervention, ranked (vit)",
+                                "Branches, positions and tokens (vit)", "Seed consistency (vit)",
+                                "Attention maps beside the effects (vit)", "Runs"], page["headings"]
+    assert len(page["quotes"]) == 3 and all("t-interval" in q and "bootstrap" in q for q in page["quotes"])
+    assert "`blocks.1.mlp.skip`" not in page["rows"] and page["rows"][:3] == ["1", "2", "3"], page["rows"][:5]
+    assert not page["overflow"], "the page scrolls sideways: a wide table escaped its scroll box"

@@ -55,9 +55,10 @@ class InterventionRow:
         return self.paired.losses
 
     def excludes_zero(self, which: str = "t") -> bool:
+        """Whether the interval lies on one side of zero; a zero-width interval (no spread) never counts."""
         low, high = (self.paired.ci_low, self.paired.ci_high) if which == "t" else (self.bootstrap.low,
                                                                                     self.bootstrap.high)
-        return math.isfinite(low) and math.isfinite(high) and (low > 0 or high < 0)
+        return math.isfinite(low) and math.isfinite(high) and high > low and (low > 0 or high < 0)
 
 
 def _item(name: str) -> Intervention | None:
