@@ -322,7 +322,7 @@ def close_study_parent(parent: StudyParent, outcome: str, why: str = "") -> str:
     if sink.uri != fallback_uri():  # cells continued locally during an outage count too (one per run key)
         runs += _fallback_children(parent)
     counts = counts_of(runs, parent.expected_cells)
-    if not partial:
+    if not partial or not counts["missing"]:  # a partial count that found every cell is complete
         sink.log_metrics({f"cells_{k}": v for k, v in counts.items()}, step=_execution_index(parent))
     status = study_status(outcome, {**counts, "missing": 0} if partial else counts, others)
     parent.status = status

@@ -19,6 +19,7 @@ from tracking.lease import (CONTINUES_TAG, HEARTBEATS, REASON_TAG, SUPERSEDED_TA
                            possible_writer)
 from tracking.runs import run_user
 from tracking.sink import SYNC_SYNCED, RunSink, log_batch, store_for
+from tracking.store_lock import store_lock
 
 from workbench.data import PreparedData
 from workbench.train.config import TrainConfig
@@ -123,6 +124,13 @@ def open_keyed_run(experiment: str, key: str, tags: dict, parent_run_id: str | N
     A new run belongs to ``run_user()``: the account logged in to the server, if any.
     """
     tags = {**tags, "mlflow.user": run_user()}
+    # Two executions reaching the same cell at once on a local store: one run, not two.
+    with store_lock(store_for(parent_run_id)):
+        return _find_or_create_keyed(experiment, key, tags, parent_run_id, take_over)
+
+
+def _find_or_create_keyed(experiment: str, key: str, tags: dict, parent_run_id: str | None,
+                          take_over: bool) -> KeyedRun:
     if rs.is_remote(rs.tracking_uri()) and rs.fallback_exists():
         found = _find_in_fallback(experiment, key, unsynced=True)
         if found is not None:
