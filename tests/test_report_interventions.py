@@ -71,3 +71,22 @@ def test_summary_matrix_and_seed_consistency_from_outcomes():
 def test_an_intervention_protocol_known_only_by_name_is_refused_in_one_line(logged, tmp_path):
     with pytest.raises(ReportError, match="tiny_logged is an intervention protocol: report it with its protocol file"):
         build_report("tiny_logged", tmp_path / "out", log=False)
+
+
+def test_cells_of_another_interventions_code_are_never_mixed_in(logged):
+    import time
+
+    from mlflow.entities import Param
+    from mlflow.tracking import MlflowClient
+
+    from tracking.interventions import finished_cells
+
+    client, protocol = MlflowClient(), logged["protocol"]
+    exp_id = client.get_run(logged["parent"]).info.experiment_id
+    time.sleep(0.01)  # a later end time than the logged cells
+    run_id = client.create_run(exp_id, tags={"cell": "true", "protocol_name": protocol.name, "arm": "vit", "seed": "0",
+                                             "protocol_hash": protocol.hash}).info.run_id
+    client.log_batch(run_id, params=[Param("code_fingerprint", "f" * 16)])
+    client.set_terminated(run_id, "FINISHED")
+    chosen, records = finished_cells(protocol.name, protocol.hash)
+    assert {k: r.run_id for k, r in chosen.items()} == {("vit", 0): run_id} and len(records) == 4

@@ -132,11 +132,18 @@ class CellResult:
 
 
 def finished_cells(protocol_name: str, protocol_hash: str) -> tuple[dict[tuple[str, int], CellRecord], list[CellRecord]]:
-    """The newest finished run of each (arm, seed) of the hash, and every cell run (for the runs table)."""
+    """The newest finished run of each (arm, seed) of the hash, and every cell run (for the runs table).
+
+    Code versions are never mixed: only runs of the newest finished run's interventions code
+    fingerprint (param ``code_fingerprint``) are chosen; a cell finished only with other code is missing.
+    """
     records = queries.cell_records(protocol_name, protocol_hash)
+    finished = sorted((r for r in records if r.status == "FINISHED"), key=lambda r: (r.end_time, r.run_id), reverse=True)
+    code = finished[0].params.get("code_fingerprint") if finished else None
     chosen: dict[tuple[str, int], CellRecord] = {}
-    for r in sorted((r for r in records if r.status == "FINISHED"), key=lambda r: (r.end_time, r.run_id), reverse=True):
-        chosen.setdefault((r.arm, r.seed), r)
+    for r in finished:
+        if r.params.get("code_fingerprint") == code:
+            chosen.setdefault((r.arm, r.seed), r)
     return chosen, records
 
 
