@@ -30,8 +30,6 @@ EPOCH_METRICS = ("train_loss", "train_accuracy", "val_loss", "val_accuracy", "lr
                  "images_per_second", "best_epoch")
 # Set on a run once that part of its summary is in the store: a resume completes only the rest.
 SUMMARY_ARTIFACTS_TAG = "summary.artifacts"
-# MLflow keeps dataset digests to 36 characters; the full fingerprint is logged as a param.
-DIGEST_CHARS = 36
 
 
 def flatten(prefix: str, value, out: dict) -> dict:
@@ -212,11 +210,8 @@ def _continue_in_new_run(old: Run, uri: str, experiment: str, tags: dict, parent
 
 
 def log_run_inputs(sink: RunSink, cfg: TrainConfig, data: PreparedData, extra_params: dict | None = None) -> None:
-    """Flattened config params, data identity, and the dataset as an MLflow input."""
-    from mlflow.data.http_dataset_source import HTTPDatasetSource
-    from mlflow.data.meta_dataset import MetaDataset
-    from mlflow.entities import DatasetInput, InputTag
-    from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT
+    """Flattened config params, data identity, and the dataset as an MLflow input (``tracking.datasets``)."""
+    from tracking.datasets import training_dataset_input
 
     params = flatten("", cfg.to_dict(), {})
     params.update({
@@ -231,12 +226,7 @@ def log_run_inputs(sink: RunSink, cfg: TrainConfig, data: PreparedData, extra_pa
         **(extra_params or {}),
     })
     sink.log_params(params)  # only the ones a resumed run does not have yet
-    dataset = MetaDataset(
-        source=HTTPDatasetSource(url=f"file://{data.name}/{data.display_name}"),
-        name=f"{data.name}-split{data.split_seed}",
-        digest=data.data_fingerprint[:DIGEST_CHARS],
-    )
-    sink.log_inputs([DatasetInput(dataset._to_mlflow_entity(), [InputTag(MLFLOW_DATASET_CONTEXT, "training")])])
+    sink.log_inputs([training_dataset_input(data)])
 
 
 def log_training_result(sink: RunSink, result: TrainResult, cfg: TrainConfig, model_factory,
