@@ -172,12 +172,14 @@ def format_table(result: dict) -> str:
 
 
 @click.command("benchmark-loader")
-@click.option("--n-images", default=10_000, show_default=True, help="Images per epoch.")
-@click.option("--batch-size", default=256, show_default=True)
-@click.option("--repeats", default=3, show_default=True, help="Timed epochs per loader (median reported).")
-@click.option("--num-workers", default=0, show_default=True, help="DataLoader workers for the torchvision side.")
+@click.option("--n-images", default=10_000, show_default=True, type=click.IntRange(min=1), help="Images per epoch.")
+@click.option("--batch-size", default=256, show_default=True, type=click.IntRange(min=1))
+@click.option("--repeats", default=3, show_default=True, type=click.IntRange(min=1),
+              help="Timed epochs per loader (median reported).")
+@click.option("--num-workers", default=0, show_default=True, type=click.IntRange(min=0),
+              help="DataLoader workers for the torchvision side.")
 @click.option("--device", default=None, help="cpu or cuda (default: cuda when available).")
-@click.option("--torch-threads", default=None, type=int, help="torch intra-op threads (default: unchanged).")
+@click.option("--torch-threads", default=None, type=click.IntRange(min=1), help="torch intra-op threads (default: unchanged).")
 def benchmark_loader(
     n_images: int, batch_size: int, repeats: int, num_workers: int, device: str | None, torch_threads: int | None
 ) -> dict:

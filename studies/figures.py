@@ -20,7 +20,8 @@ import click
 
 from tracking import figures as tf
 from workbench.analysis.artifacts import CRITERION
-from workbench.analysis.common import DIAGNOSTIC, save_png
+from workbench.analysis.common import DIAGNOSTIC, FILE_MODE, save_png
+from workbench.analysis.panels import check_block
 from workbench.convert.checkpoints import atomic_write_bytes
 from workbench.analysis.study import RunInputs, StudyInputs, study_figures
 from workbench.data import PreparedData
@@ -93,6 +94,11 @@ def protocol_figures(protocol: str | None, run_ids: tuple[str, ...], output_dir:
                + (f" ({len(runs.superseded)} older reruns not used)" if runs.superseded else ""))
     with tempfile.TemporaryDirectory() as tmp:
         cells = [tf.load_cell(run, Path(tmp)) for run in runs.cells]
+    for cell in cells:  # the per-head figure is drawn for the ViT cells: refuse a block they lack first
+        spec = cell.config["model"]
+        depth = getattr(model_config(spec["name"], **spec.get("overrides", {})), "depth", None)
+        if depth is not None:
+            checked_block(block, depth)
     data = prepare_checked(cells, data_path, download)
     reference = {c.arm for c in cells if c.run.data.tags.get("is_reference") == "true"}
     inputs = StudyInputs(title, [run_inputs(c, reference) for c in cells], data.val.images, data.val.labels,
@@ -120,6 +126,7 @@ def timm_figures(model: str, weights: str, images: tuple[str, ...], output_dir: 
     if not images:
         raise click.UsageError("--timm-model needs at least one --image")
     loaded = load_timm_weights(model, weights, seed=seed)
+    checked_block(block, len(loaded.model.blocks))
     built = inspect_timm(loaded, images, block=block)
     folder = Path(output_dir) if output_dir else DEFAULT_ROOT / "timm" / loaded.architecture / "figures"
     names = write_figures(built, folder, loaded.label())
@@ -128,6 +135,14 @@ def timm_figures(model: str, weights: str, images: tuple[str, ...], output_dir: 
                   "pretrained": loaded.pretrained, "images": ",".join(Path(i).name for i in images)[:500], "block": block}
         run_id = tf.log_inspection(folder, names, params)
         click.echo(f"logged {len(names)} files to run {run_id} (artifacts {tf.FIGURES_ARTIFACT_PATH}/)")
+
+
+def checked_block(block: int, depth: int) -> None:
+    """``--block`` in the model's range, refused before any figure is drawn."""
+    try:
+        check_block(block, depth)
+    except ValueError as err:
+        raise click.BadParameter(str(err), param_hint="'--block'") from err
 
 
 def write_figures(built, folder: Path, title: str) -> list[str]:
@@ -149,7 +164,7 @@ def write_figures(built, folder: Path, title: str) -> list[str]:
         "background_artifact": {"criterion": CRITERION, "diagnostic": DIAGNOSTIC,
                                 "flagged": {n: {"flagged": f, "checked": c} for n, (f, c) in built.flagged.items()}},
     }
-    atomic_write_bytes(folder / MANIFEST, json.dumps(manifest, indent=1).encode())
+    atomic_write_bytes(folder / MANIFEST, json.dumps(manifest, indent=1).encode(), FILE_MODE)
     click.echo(f"wrote {len(built.figures)} figures and {MANIFEST} to {folder}: {', '.join(built.figures)}")
     for name, (hits, checked) in built.flagged.items():
         verdict = "maps concentrate on a few background patches (known ViT artifact)" if hits else "none flagged"

@@ -26,6 +26,7 @@ import pandas as pd
 
 from studies.ablate import prepare_protocol_data
 from studies.options import check_protocol_amp, threads_option
+from studies.preflight import check_writable_folder
 from studies.protocol import ProtocolError, load_protocol
 from studies.train import train_one
 from workbench.bench.recipe import plain_fit
@@ -81,6 +82,16 @@ def summary(table: pd.DataFrame, title: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def parse_seeds(text: str) -> set[int]:
+    """``"0,1"`` -> {0, 1}; anything that is not a comma-separated list of integers is refused."""
+    parts = [p.strip() for p in text.split(",")]
+    bad = [p for p in parts if not p.lstrip("-").isdigit()]
+    if bad:
+        raise click.BadParameter(f"{text!r}: {bad[0]!r} is not an integer seed; give comma-separated integers, "
+                                 "e.g. 0,1", param_hint="'--seeds'")
+    return {int(p) for p in parts}
+
+
 @click.command("benchmark-recipe")
 @click.option("--protocol", "protocol_path", required=True, type=click.Path(exists=True, dir_okay=False))
 @click.option("--seeds", default=None, help="Comma-separated seeds (default: the protocol's).")
@@ -98,9 +109,14 @@ def benchmark_recipe(protocol_path, seeds, arms, epochs, subset, device, data_pa
     """Time a protocol's cells: the workbench's training against a plain PyTorch loop of the same recipe."""
     try:
         protocol = load_protocol(protocol_path)
-        wanted_seeds = {int(s) for s in seeds.split(",")} if seeds else set(protocol.seeds)
-    except (ProtocolError, ValueError) as err:
+    except ProtocolError as err:
         raise click.ClickException(str(err)) from err
+    check_writable_folder(output_dir)
+    wanted_seeds = parse_seeds(seeds) if seeds else set(protocol.seeds)
+    missing = wanted_seeds - set(protocol.seeds)
+    if missing:
+        raise click.BadParameter(f"no seed {', '.join(map(str, sorted(missing)))} in {protocol.name} "
+                                 f"(its seeds: {', '.join(map(str, protocol.seeds))})", param_hint="'--seeds'")
     wanted_arms = set(arms.split(",")) if arms else {a.name for a in protocol.arms}
     unknown = wanted_arms - {a.name for a in protocol.arms}
     if unknown:

@@ -54,7 +54,8 @@ def status(protocol_path):
         click.echo(f"{protocol.name}@{protocol.short_hash}: never run here (no MLflow store at {uri}); next ablate: "
                    f"start all {len(protocol.cells())} cells")
         return
-    configure_tracking()
+    # A reader: an unreachable server is an error, never an answer from the local fallback store.
+    configure_tracking(allow_offline=False)
     fingerprint = current_code_fingerprint()
     if not study_runs(protocol) and not reap_dead_runs(protocol.name) and not experiment_exists(protocol.name):
         click.echo(f"{protocol.name}@{protocol.short_hash}: never run here; next ablate: start all "

@@ -7,9 +7,35 @@ from pathlib import Path
 import click
 
 
+def local_store_uri(value: str) -> str:
+    """``--from`` as an SQLite URL: a path to an SQLite file is taken as ``sqlite:///<path>``.
+
+    Raises:
+        click.BadParameter: the file does not exist, is not an SQLite database, or the value
+            is neither an SQLite URL nor a path to one (MLflow would read a folder as a
+            file store, which MLflow 3 refuses).
+    """
+    from tracking.storage_guard import check_sqlite_file, sqlite_file
+
+    uri = value if "://" in value else f"sqlite:///{Path(value).expanduser().resolve()}"
+    path = sqlite_file(uri)
+    if path is None:
+        raise click.BadParameter(f"{value}: not a local SQLite store; give sqlite:///path/to/mlflow.db or the path "
+                                 "of the .db file", param_hint="'--from'")
+    if not path.is_file():
+        raise click.BadParameter(f"{value}: {path} does not exist" if not path.exists() else
+                                 f"{value}: {path} is a folder, not an SQLite database file", param_hint="'--from'")
+    try:
+        check_sqlite_file(uri)
+    except ValueError as err:
+        raise click.BadParameter(str(err), param_hint="'--from'") from err
+    return uri
+
+
 @click.command("sync")
 @click.option("--from", "source", default=None,
-              help="Local store holding the runs (default: the fallback store, $WORKBENCH_OFFLINE_DIR/mlflow.db).")
+              help="Local store holding the runs: sqlite:///path or the path of the .db file "
+                   "(default: the fallback store, $WORKBENCH_OFFLINE_DIR/mlflow.db).")
 @click.option("--to", "target", default=None, help="Tracking server (default: $MLFLOW_TRACKING_URI).")
 @click.option("--recheck", is_flag=True, help="Compare runs marked synced with the server again (copies only what is missing).")
 @click.option("--dry-run", is_flag=True, help="List each local run, where it would go and how; copy nothing.")
@@ -27,11 +53,14 @@ def sync(source, target, recheck, dry_run):
     from tracking.sync import plan as plan_sync
     from tracking.sync import sync as sync_runs
 
-    source = source or fallback_uri()
+    if source is None:
+        source = fallback_uri()
+        if not Path(source.removeprefix("sqlite:///")).exists():  # nothing was ever logged offline here
+            click.echo(f"no local runs: {redact_uri(source)} does not exist")
+            return
+    else:
+        source = local_store_uri(source)
     target = target or tracking_uri()
-    if source.startswith("sqlite:///") and not Path(source.removeprefix("sqlite:///")).exists():
-        click.echo(f"no local runs: {redact_uri(source)} does not exist")
-        return
     if is_remote(target):
         state = check_server(target)  # wrong credentials: TrackingAuthError, a clear message
         if state != "up":

@@ -19,6 +19,7 @@ import torch
 from tqdm.auto import tqdm
 
 from studies.options import check_amp, threads_option
+from studies.preflight import check_trainable, check_writable_folder, outcome_line, trainable_problem
 from tracking.lease import HEARTBEATS, RELEASED_TAG, LeaseLost, lease_tags, new_token
 from tracking.protocols import run_user
 from tracking.runs import configure_tracking, environment_tags
@@ -85,6 +86,8 @@ def train_one(
     training goes on (``workbench sync`` copies it to the server later).
     """
     resolve_amp(cfg.run.amp, resolve_device(cfg.run.device))  # AmpUnsupported before any run is opened
+    check_trainable(cfg, data)  # one class, or a batch larger than the training split: before any run
+    check_writable_folder(output_dir)  # a read-only folder would fail at the first checkpoint, after an epoch
     configure_tracking()
     key = run_key_for(cfg, data, identity)
     token = new_token()
@@ -266,10 +269,14 @@ def train(**o):
         check_amp(cfg.run.amp, cfg.run.device)  # bf16 without native units, fp16 on CPU: refused here
     except (ValueError, KeyError) as err:
         raise click.UsageError(str(err)) from err
+    check_writable_folder(o["output_dir"])  # before the data is decoded, not after an epoch
     data = prepare_data(cfg.data, download=o["download"])
-    click.echo(f"data: {data.display_name} from {data.source}")
+    click.echo(f"data: {data.source}")  # the source starts with the dataset's name
+    problem = trainable_problem(cfg, data)
+    if problem:
+        raise click.ClickException(problem)
     outcome = train_one(cfg, data, o["experiment"], Path(o["output_dir"]), run_name=f"{cfg.model.name}-seed{cfg.run.seed}",
                         parent_run_id=os.environ.get("MLFLOW_RUN_ID"), threads=o["threads"])
-    click.echo(f"{outcome.status}: {outcome.message} (run {outcome.run_id})")
+    click.echo(outcome_line(outcome.status, outcome.message, outcome.run_id))
     if outcome.status == "failed":
         raise SystemExit(1)

@@ -22,6 +22,7 @@ from tqdm.auto import tqdm
 from reports.transfer import transfer_markdown
 from studies.ablate import held_parent, sigterm_raises
 from studies.options import check_amp, threads_option
+from studies.preflight import check_writable_folder
 from studies.protocol import ProtocolError, check_clean, check_frozen, load_protocol, load_transfer_protocol
 from tracking import transfer as tt
 from tracking.lease import HEARTBEATS, RELEASED_TAG, LeaseLost, lease_tags, new_token
@@ -358,6 +359,7 @@ def transfer(protocol_path, source_override, allow_dirty, device, data_path, dow
     try:
         protocol = open_transfer_protocol(protocol_path, allow_dirty)
         check_amp(protocol.run.amp, device)
+        check_writable_folder(output_dir)  # before the data or a source model is loaded
         outcomes = run_transfer(protocol, Path(protocol_path), Path(output_dir), device, data_path, allow_dirty,
                                 download, source_override)
     except (ProtocolError, SourceError, DatasetNotFound) as err:

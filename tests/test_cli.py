@@ -17,6 +17,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 
+from cli_errors import one_error_problems
 from data_fixtures import make_image_folder
 from studies.cli import LAZY_COMMANDS, main
 from workbench.convert.checkpoints import CheckpointError, load_state_dict_file
@@ -139,16 +140,9 @@ def test_every_command_answers_bad_input_with_one_line(bad_inputs):
     failures = []
     for args, named in CASES:
         result = CliRunner().invoke(main, args)
-        errors = [line for line in result.output.splitlines() if line.startswith("Error")]
-        problems = [
-            "exit code 0" if result.exit_code == 0 else "",
-            f"raised {result.exception!r}" if result.exception and not isinstance(result.exception, SystemExit) else "",
-            "a traceback" if "Traceback" in result.output else "",
-            f"{len(errors)} error lines" if len(errors) != 1 else "",
-            f"the error does not name {named!r}" if errors and named not in errors[0] else "",
-        ]
-        if any(problems):
-            failures.append(f"workbench {' '.join(args)}: {', '.join(p for p in problems if p)}\n{result.output[-800:]}")
+        problems = one_error_problems(result, named)
+        if problems:
+            failures.append(f"workbench {' '.join(args)}: {problems}\n{result.output[-800:]}")
     assert not failures, "\n\n".join(failures)
 
 

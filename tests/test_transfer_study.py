@@ -32,6 +32,7 @@ name: tiny_source
 description: the ablation protocol whose cell is the transfer source
 dataset: {name: cifar10, train_size: 40, val_size: 10}
 model: {name: cifar_vit, image_size: 16, patch_size: 8, dim: 16, depth: 2, heads: 2}
+run: {batch_size: 8}
 arms: [{name: vit, reference: true}]
 seeds: [0]
 """

@@ -35,6 +35,9 @@ def configure_tracking(allow_offline: bool = True) -> str:
     fallback store, with one warning naming it. Code that only reads runs (reports)
     passes ``allow_offline=False``: an answer from the wrong store would be worse than none.
     """
+    from tracking.storage_guard import check_sqlite_file, check_sqlite_writable
+
+    check_sqlite_file(resilient.tracking_uri(), "MLFLOW_TRACKING_URI")  # a file that is not SQLite: named
     if not allow_offline:
         uri = resilient.tracking_uri()
         store = Path(uri.removeprefix("sqlite:///")) if uri.startswith("sqlite:///") else None
@@ -48,6 +51,7 @@ def configure_tracking(allow_offline: bool = True) -> str:
                 raise click.ClickException(f"tracking server {resilient.redact_uri(uri)} unreachable ({state})")
         resilient.set_process_uri(uri)
         return uri
+    check_sqlite_writable(resilient.tracking_uri(), "MLFLOW_TRACKING_URI")  # before any run is opened
     uri = resilient.active_store_uri()
     resilient.set_process_uri(uri)
     return uri

@@ -58,11 +58,17 @@ def stores_in_use() -> dict[str, str]:
 
 
 def check_optuna_storage(storage: str) -> None:
-    """Refuse an Optuna storage that is one of MLflow's databases.
+    """Refuse an Optuna storage URL that cannot work (an unknown scheme, a file that is not
+    an SQLite database) or that is one of MLflow's databases.
 
     Raises:
-        click.BadParameter: One line naming both URLs (passwords hidden) and what to do.
+        click.BadParameter: One line naming the URL (passwords hidden), what is wrong and what to do.
     """
+    try:
+        check_storage_url(storage)
+        check_sqlite_file(storage)
+    except ValueError as err:
+        raise click.BadParameter(str(err), param_hint="--storage") from err
     mine = location(storage)
     if mine is None:
         return
@@ -72,3 +78,72 @@ def check_optuna_storage(storage: str) -> None:
                 f"{rs.redact_uri(storage)} is {what} ({rs.redact_uri(uri)}); Optuna would write its tables into "
                 "MLflow's database. Give Optuna a database of its own, e.g. sqlite:///optuna.db or "
                 "postgresql://.../optuna", param_hint="--storage")
+
+
+SQLITE_HEADER = b"SQLite format 3\x00"
+STORAGE_EXAMPLES = "postgresql://user@host/optuna, sqlite:///optuna.db or journal:/shared/queue.log"
+
+
+def check_storage_url(url: str) -> None:
+    """Refuse a storage URL SQLAlchemy cannot use: no scheme, or a database it has no dialect for.
+
+    Raises:
+        ValueError: naming the URL (password hidden) and the valid forms.
+    """
+    if url.startswith("journal:"):
+        return
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError, NoSuchModuleError
+
+    try:
+        make_url(url).get_dialect()
+    except (ArgumentError, NoSuchModuleError, ValueError) as err:
+        scheme = url.split("://", 1)[0] if "://" in url else ""
+        what = f"unknown database scheme {scheme!r}" if scheme else "not a database URL"
+        raise ValueError(f"{rs.redact_uri(url)}: {what}; give e.g. {STORAGE_EXAMPLES}") from err
+
+
+def sqlite_file(url: str) -> Path | None:
+    """The database file of a ``sqlite:`` URL, else None (journal files are not SQLite)."""
+    where = location(url)
+    if url.startswith("journal:") or where is None or where[0] != "file":
+        return None
+    return Path(where[1])
+
+
+def check_sqlite_file(url: str, what: str = "") -> None:
+    """Refuse a ``sqlite:`` URL whose file exists but is not an SQLite database (an empty
+    file is one SQLite will initialise).
+
+    Raises:
+        ValueError: naming the file and, if given, the setting it came from.
+    """
+    path = sqlite_file(url)
+    if path is None or not path.exists():
+        return
+    named = f"{what}={rs.redact_uri(url)}: " if what else f"{rs.redact_uri(url)}: "
+    if path.is_dir():
+        raise ValueError(f"{named}{path} is a folder, not an SQLite database file")
+    with open(path, "rb") as f:
+        head = f.read(len(SQLITE_HEADER))
+    if head and head != SQLITE_HEADER:
+        raise ValueError(f"{named}{path} is not an SQLite database (its first bytes are {head[:8].hex(' ')})")
+
+
+def check_sqlite_writable(url: str, what: str = "") -> None:
+    """Refuse a ``sqlite:`` store this process cannot write: SQLite needs the file and its
+    folder (for its journal) writable, and the folder must exist.
+
+    Raises:
+        ValueError: naming the file or folder and, if given, the setting it came from.
+    """
+    path = sqlite_file(url)
+    if path is None:
+        return
+    named = f"{what}={rs.redact_uri(url)}: " if what else f"{rs.redact_uri(url)}: "
+    folder = path.parent
+    if not folder.is_dir():
+        raise ValueError(f"{named}the folder {folder} does not exist")
+    for target in ([path] if path.exists() else []) + [folder]:
+        if not os.access(target, os.W_OK):
+            raise ValueError(f"{named}{target} is read-only (cannot write there); point it at a writable store")

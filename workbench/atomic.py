@@ -7,7 +7,9 @@ goes through here.
 
 from __future__ import annotations
 
+import errno
 import os
+import shutil
 import tempfile
 from pathlib import Path
 from typing import BinaryIO, Callable
@@ -26,6 +28,27 @@ def current_umask() -> int:
     return mask
 
 
+# A failed write that leaves less than this free on the file system is taken as a full disk:
+# torch.save reports a short write as "[enforce fail at inline_container.cc] unexpected pos".
+FULL_DISK_BYTES = 1 << 20
+
+
+class WriteFailed(OSError):
+    """A write that did not happen, naming the file (the previous version, if any, is intact)."""
+
+    def __str__(self) -> str:
+        return self.strerror
+
+
+def _disk_full(folder: Path, err: BaseException) -> bool:
+    if isinstance(err, OSError) and err.errno == errno.ENOSPC:
+        return True
+    try:
+        return shutil.disk_usage(folder).free < FULL_DISK_BYTES
+    except OSError:
+        return False
+
+
 def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], object], mode: int | None = None) -> None:
     """Call ``write(f)`` on a temp file beside ``path``, make it durable, rename it over ``path``.
 
@@ -34,8 +57,11 @@ def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], object], m
     files only their owner should read (checkpoints, caches, lock files).
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    except OSError as err:
+        raise WriteFailed(err.errno, f"cannot write {path}: {err.strerror or err}") from err
     try:
         if mode is not None:
             os.fchmod(fd, mode & ~current_umask())
@@ -44,8 +70,13 @@ def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], object], m
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as err:
+        full = isinstance(err, (OSError, RuntimeError)) and _disk_full(path.parent, err)  # before the temp file goes
         Path(tmp).unlink(missing_ok=True)
+        if full:
+            raise WriteFailed(errno.ENOSPC, f"no space left on device writing {path}") from err
+        if isinstance(err, OSError) and not isinstance(err, WriteFailed):
+            raise WriteFailed(err.errno, f"cannot write {path}: {err.strerror or err}") from err
         raise
     try:  # make the rename itself durable; not every platform can open a folder
         dir_fd = os.open(path.parent, os.O_RDONLY)

@@ -20,6 +20,7 @@ from workbench.convert.checkpoints import atomic_write_bytes
 from workbench.data.transforms import NormStats
 
 DPI = 100
+FILE_MODE = 0o666  # masked by the umask as open() masks it, like the report files beside the figures
 DIAGNOSTIC = ("Diagnostic, not an explanation: attention weights show where information flowed, "
               "not why the model predicted what it did.")
 
@@ -37,9 +38,9 @@ def png_bytes(fig: Figure) -> bytes:
 
 
 def save_png(fig: Figure, path: str | Path) -> Path:
-    """Write the figure atomically as a PNG; return the path."""
+    """Write the figure atomically as a PNG (readable like the reports: 0644 under umask 022); return the path."""
     path = Path(path)
-    atomic_write_bytes(path, png_bytes(fig))
+    atomic_write_bytes(path, png_bytes(fig), FILE_MODE)
     return path
 
 

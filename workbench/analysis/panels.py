@@ -51,6 +51,17 @@ class AttentionFigures:
         return sum(c.flagged for c in self.checks[name]), len(self.checks[name])
 
 
+def check_block(block: int, depth: int) -> None:
+    """Refuse a block index the model does not have (Python's negative indices allowed).
+
+    Raises:
+        ValueError: naming the index and the valid range.
+    """
+    if not -depth <= block < depth:
+        raise ValueError(f"block {block} does not exist: the model has {depth} blocks "
+                         f"(give 0 to {depth - 1}, or -{depth} to -1 counting from the last)")
+
+
 def attention_figures(
     model: VisionTransformer, x: torch.Tensor, norm: NormStats, where: str,
     row_labels: Callable[[torch.Tensor], list[str]], block: int = -1,
@@ -65,6 +76,7 @@ def attention_figures(
         row_labels: Logits ``(B, K)`` -> one label per image.
         block: Block of the per-head figure (negative counts from the end).
     """
+    check_block(block, model.cfg.depth)
     shown = display_images(x, norm)
     analysis = analyse_attention(model, x)
     background = background_patches(torch.from_numpy(shown).permute(0, 3, 1, 2), model.cfg.patch_size)

@@ -66,7 +66,11 @@ def load_images(paths: Sequence[str | Path], model: torch.nn.Module) -> tuple[to
 
 
 def _row_labels(logits: torch.Tensor, names: list[str], num_classes: int) -> list[str]:
-    """File name and top-1 prediction (ImageNet class names for 1000-class heads)."""
+    """File name and top-1 prediction (ImageNet class names for 1000-class heads).
+
+    A model without a classifier returns features, not class scores: its rows say so."""
+    if num_classes == 0:
+        return [f"{name}\nfeatures (no classifier)" for name in names]
     probs = logits.float().softmax(-1)
     info = None
     if num_classes == 1000:

@@ -257,6 +257,10 @@ def _arm(raw: Any, where: str, base: dict[str, Any], fail) -> Arm:
 
 
 def _check_arms(arms: list[Arm], fail) -> None:
+    for i, arm in enumerate(arms):
+        data, run = arm.config.data, arm.config.run
+        where = f"arms[{i}].overrides.run.batch_size" if "batch_size" in arm.overrides.get("run", {}) else "run.batch_size"
+        c.check_batch_fits(run.batch_size, where, data.train_size, data.subset, fail)
     c.unique_names([a.name for a in arms], "arm", fail)
     c.one_reference([a.name for a in arms if a.reference], "arm", fail)
     # An arm equal to another (say, an override restating the base) wastes compute and makes

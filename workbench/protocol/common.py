@@ -74,8 +74,26 @@ def read_yaml(path: str | Path) -> Any:
             return yaml.load(f, Loader=_Loader)
     except OSError as e:
         raise ProtocolError(f"{path}: cannot read protocol file: {e}") from e
+    except UnicodeDecodeError as e:  # a binary file given for a protocol
+        raise ProtocolError(f"{path}: not a text (UTF-8) protocol file: byte 0x{e.object[e.start]:02x} at "
+                            f"position {e.start}") from e
     except yaml.YAMLError as e:
         raise ProtocolError(f"{path}: invalid YAML: {e}") from e
+
+
+def check_batch_fits(batch_size: int, where: str, train_size: int | None, subset: int | None, fail) -> None:
+    """Refuse a batch larger than the training split, when the protocol fixes that split's size.
+
+    ``subset`` keeps at most that many images per split. Otherwise the size is known only
+    once the data is loaded, and the training entry point checks it then.
+    """
+    sizes = {k: v for k, v in (("dataset.train_size", train_size), ("dataset.subset", subset)) if v}
+    if not sizes:
+        return
+    key, n_train = min(sizes.items(), key=lambda kv: kv[1])
+    if batch_size > n_train:
+        raise fail(f"{where}={batch_size}: larger than the training split ({key}={n_train}); every epoch would be "
+                   f"one short batch")
 
 
 def canonical_json(obj: Any) -> str:

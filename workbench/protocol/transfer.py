@@ -190,6 +190,7 @@ def parse_transfer_protocol(data: Any, source: str = "<protocol>") -> TransferPr
     for key in ("batch_size", "eval_batch_size"):
         if getattr(run, key) < 1:
             raise fail(f"run.{key}={getattr(run, key)!r}: must be a positive integer")
+    c.check_batch_fits(run.batch_size, "run.batch_size", dataset.train_size, dataset.subset, fail)
     if run.amp not in AMP_MODES:
         raise fail(f"run.amp={run.amp!r}: must be one of {', '.join(AMP_MODES)}")
     evaluation = Evaluation(**c.section(top.get("evaluation"), "evaluation", Evaluation, c.field_names(Evaluation), fail))

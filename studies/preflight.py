@@ -1,0 +1,68 @@
+"""Checks a training command makes before any work: bad input is refused in one line up front.
+
+Each check names the option, file or value at fault. They run before data is decoded or a
+run is opened where they can (output folder), or as soon as the data is known (class
+count, batch size against the training split), never after an epoch has been spent.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import click
+
+from workbench.data import PreparedData
+from workbench.train.config import TrainConfig
+
+
+def check_writable_folder(folder: str | Path, option: str = "--output-dir") -> None:
+    """Create ``folder`` if needed and prove a file can be written in it.
+
+    Raises:
+        click.BadParameter: naming the option, the folder and what the system said.
+    """
+    folder = Path(folder)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".write-check-"):
+            pass
+    except OSError as err:
+        why = err.strerror or str(err)
+        raise click.BadParameter(f"{folder}: cannot write there ({why}); give a writable folder",
+                                 param_hint=f"'{option}'") from err
+
+
+def trainable_problem(cfg: TrainConfig, data: PreparedData) -> str | None:
+    """Why ``cfg`` cannot train on ``data`` as asked, or None.
+
+    Fewer than two classes gives a classifier nothing to learn (accuracy is 1.0 whatever it
+    does); a batch larger than the training split silently trains on one short batch per
+    epoch, not the recipe asked for.
+    """
+    classes = data.class_names
+    if len(classes) < 2:
+        return (f"{data.source}: {len(classes)} class{'' if len(classes) == 1 else 'es'} "
+                f"({', '.join(classes) or 'none'}); a classifier needs at least 2")
+    n_train = len(data.train.labels)
+    if cfg.run.batch_size > n_train:
+        return (f"batch_size {cfg.run.batch_size} is larger than the training split ({n_train} images of "
+                f"{data.display_name}); use a batch size of at most {n_train} or more training images")
+    return None
+
+
+def check_trainable(cfg: TrainConfig, data: PreparedData) -> None:
+    """``trainable_problem`` as an error.
+
+    Raises:
+        ValueError: naming the data or the batch size.
+    """
+    problem = trainable_problem(cfg, data)
+    if problem:
+        raise ValueError(problem)
+
+
+def outcome_line(status: str, message: str, run_id: str) -> str:
+    """One console line for a training outcome, saying its status and run once each."""
+    line = message if message.split(": ", 1)[-1].startswith(status) else f"{status}: {message}"
+    return line if run_id in line else f"{line} (run {run_id})"
