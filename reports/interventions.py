@@ -27,7 +27,7 @@ from workbench.interventions.spec import HeadAblation
 from workbench.interventions.summary import CellOutcomes, InterventionRow, head_matrix, ranked, seed_consistency, summarize
 from workbench.protocol import SHORT_HASH_LEN, InterventionProtocol
 from workbench.report_content.intervention_wording import effect_paragraph, heads_sentence
-from workbench.report_content.rounding import bootstrap_display, fmt
+from workbench.report_content.rounding import bootstrap_display, exact_decimals, fmt
 
 FLAG = "⚠"
 SPLIT_WORDS = {"val": "validation", "test": "test"}
@@ -48,8 +48,10 @@ def _boot(row: InterventionRow) -> str:
 
 
 def ranked_table(rows: list[InterventionRow], confidence: float, n_resamples: int) -> Table:
-    body = [[str(i + 1), f"`{r.name}`", fmt(r.paired.mean_difference * 100, 2, True), _t(r), _boot(r),
-             f"{r.lower_in} of {r.paired.n}", " / ".join(fmt(d * 100, 2, True) for d in r.paired.differences)]
+    # Per-seed changes are multiples of 100 / images (0.125 points on 800): shown exactly, as few decimals as that takes.
+    d = exact_decimals([x * 100 for r in rows for x in r.paired.differences], 2, 3)
+    body = [[str(i + 1), f"`{r.name}`", fmt(r.paired.mean_difference * 100, d, True), _t(r), _boot(r),
+             f"{r.lower_in} of {r.paired.n}", " / ".join(fmt(x * 100, d, True) for x in r.paired.differences)]
             for i, r in enumerate(ranked(rows))]
     return Table(["rank", "intervention", "mean change, points", f"{confidence:.0%} t-interval",
                   f"{confidence:.0%} bootstrap", "lower in", "change per seed"], body,
@@ -138,7 +140,8 @@ def build_blocks(protocol: InterventionProtocol, digest: str, inputs: provenance
             outcomes = {s: CellOutcomes(c.names, c.labels, c.intact_predicted, c.predicted) for s, c in cells.items()}
             rows = summarize(outcomes, n_resamples, e.confidence, e.seed)
             depth, heads = _shape(protocol, arm, cells)
-            intact = ", ".join(f"{100 * o.accuracy():.2f}" for o in outcomes.values())
+            accuracies = [100 * o.accuracy() for o in outcomes.values()]
+            intact = ", ".join(fmt(a, exact_decimals(accuracies, 2, 3)) for a in accuracies)
             results.append(Para(f"**{arm}**: intact {split} accuracy {intact} % (seeds {', '.join(map(str, cells))}); "
                                 f"{len(rows)} interventions, each applied on its own to every cell."))
             results += [Para(t) for t in (heads_sentence(rows, m, split) for m in ("zero", "mean")) if t]

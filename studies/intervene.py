@@ -271,7 +271,8 @@ def intervene(protocol_path, allow_dirty, device, data_path, download, output_di
     evaluated = sum(o.seconds for o in outcomes)
     click.echo(f"cells: {counts['finished']} run, {counts['skipped']} already finished (skipped), "
                f"{counts['failed']} failed{held}")
-    click.echo(f"time: {evaluated:.1f} s evaluating interventions ({torch.get_num_threads()} threads), "
+    used = torch.get_num_threads()  # --threads was applied when it was parsed
+    click.echo(f"time: {evaluated:.1f} s evaluating interventions ({used} thread{'s' if used != 1 else ''}), "
                f"{time.perf_counter() - started:.1f} s in all; report: workbench report --protocol {protocol_path}")
     for o in outcomes:
         if o.status == "failed":

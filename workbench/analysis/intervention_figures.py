@@ -8,6 +8,7 @@ minus intact); a colour scale centred on zero keeps drops and gains apart.
 from __future__ import annotations
 
 import math
+import textwrap
 
 import numpy as np
 from matplotlib.figure import Figure
@@ -94,6 +95,7 @@ def attention_beside_effects(maps: np.ndarray, mean: np.ndarray, marked: np.ndar
             change = mean[b, h] * POINTS
             effect = "n/a" if not math.isfinite(change) else f"{change:+.1f}" + ("*" if marked[b, h] else "")
             ax.set_title(f"b{b} h{h}: {effect}", fontsize=7)
-    fig.suptitle(f"{title}\nmean attention of {query} onto the patches; title: accuracy change (points) when "
-                 "the head is zero-ablated, * t-interval excludes 0", fontsize=8)
+    note = (f"mean attention of {query} onto the patches (each map its own colour scale); above each map: the "
+            "accuracy change in points when that head is zero-ablated, * where the t-interval excludes 0")
+    fig.suptitle(f"{title}\n" + textwrap.fill(note, width=int(18 * fig.get_figwidth())), fontsize=7)
     return fig
