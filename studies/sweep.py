@@ -10,6 +10,7 @@ trial is a full training run with checkpoints, predictions and reload proof.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import itertools
 import random
 from dataclasses import fields, replace
@@ -26,7 +27,8 @@ from studies.options import check_amp, threads_option
 from studies.train import train_one
 from tracking.runs import configure_tracking
 from tracking.storage_guard import check_optuna_storage
-from tracking.sweep import end_sweep_parent, start_sweep_parent
+from tracking.store_lock import store_lock
+from tracking.sweep import best_under, end_sweep_parent, start_sweep_parent, sweep_key
 from workbench.models.registry import model_config
 from workbench.train.config import TrainConfig
 from workbench.train.loop import StopTraining, TrainingObserver
@@ -182,6 +184,51 @@ def check_space(cfg: TrainConfig, space: dict[str, tuple], seed: int = 0) -> Non
                              f"(e.g. {dict(zip(names, combo))}: {error})", param_hint="--param")
 
 
+class TrialSeededSampler(optuna.samplers.BaseSampler):
+    """TPE whose random stream is seeded by (``--sampler-seed``, trial number), not once per process.
+
+    One ``TPESampler(seed=0)`` per process drew the same points in every process: two
+    executions sharing a storage, or a sweep resumed, trained the same configurations
+    again. Trial numbers are unique in a study, so each trial gets a stream of its own;
+    the same study run again in the same order draws the same points (reproducible).
+    TPE's constant liar (Optuna's default) counts the trials still running elsewhere.
+    """
+
+    def __init__(self, seed: int, **tpe_options) -> None:
+        self.seed, self.tpe_options = seed, tpe_options
+        self._by_trial: dict[int, optuna.samplers.TPESampler] = {}
+
+    def _tpe(self, trial) -> optuna.samplers.TPESampler:
+        if trial.number not in self._by_trial:
+            digest = hashlib.sha256(f"{self.seed}:{trial.number}".encode()).digest()
+            self._by_trial[trial.number] = optuna.samplers.TPESampler(
+                seed=int.from_bytes(digest[:4], "big"), **self.tpe_options)
+        return self._by_trial[trial.number]
+
+    def infer_relative_search_space(self, study, trial):
+        return self._tpe(trial).infer_relative_search_space(study, trial)
+
+    def sample_relative(self, study, trial, search_space):
+        return self._tpe(trial).sample_relative(study, trial, search_space)
+
+    def sample_independent(self, study, trial, param_name, param_distribution):
+        return self._tpe(trial).sample_independent(study, trial, param_name, param_distribution)
+
+    def before_trial(self, study, trial) -> None:
+        self._tpe(trial).before_trial(study, trial)
+
+    def after_trial(self, study, trial, state, values) -> None:
+        self._tpe(trial).after_trial(study, trial, state, values)
+        self._by_trial.pop(trial.number, None)
+
+
+def same_configuration(study: optuna.Study, trial: optuna.Trial, values: dict):
+    """An earlier trial (complete or running) of the study with exactly these values, if any."""
+    states = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.RUNNING)
+    return next((t for t in study.get_trials(deepcopy=False, states=states)
+                 if t.number != trial.number and t.params == values), None)
+
+
 class PruningObserver(TrainingObserver):
     """Reports validation accuracy to Optuna each epoch; stops the run when the pruner says so."""
 
@@ -227,23 +274,33 @@ def sweep(protocol_path, arm, params, trials, seed, sampler_seed, storage, study
     check_space(base, space, sampler_seed)  # before any trial, study or MLflow run exists
     check_amp(base.run.amp, device)
     name = study_name or f"sweep:{protocol.name}@{protocol.short_hash}:{chosen.name}"
-    try:  # before any MLflow run exists: a refused storage leaves nothing behind
-        optuna_storage = open_storage(storage) if storage else None
-    except ValueError as err:
-        raise click.BadParameter(str(err), param_hint="--storage") from None
-    study = optuna.create_study(
-        study_name=name, storage=optuna_storage, direction="maximize",
-        load_if_exists=True, sampler=optuna.samplers.TPESampler(seed=sampler_seed),
-        pruner=optuna.pruners.MedianPruner(n_startup_trials=3, n_warmup_steps=1),
-    )
+    with store_lock(storage or ""):  # two sweeps starting on a new SQLite file would both create Optuna's tables
+        try:  # before any MLflow run exists: a refused storage leaves nothing behind
+            optuna_storage = open_storage(storage) if storage else None
+        except ValueError as err:
+            raise click.BadParameter(str(err), param_hint="--storage") from None
+        study = optuna.create_study(
+            study_name=name, storage=optuna_storage, direction="maximize",
+            load_if_exists=True, sampler=TrialSeededSampler(sampler_seed),
+            pruner=optuna.pruners.MedianPruner(n_startup_trials=3, n_warmup_steps=1),
+        )
     configure_tracking()
     data = prepare_protocol_data(protocol, data_path, download=False)
+    where = redact(storage) if storage else "in-memory"
     parent = start_sweep_parent(
         protocol.name, name, {"protocol_name": protocol.name, "protocol_hash": protocol.hash, "arm": chosen.name},
-        {"search_space": repr(space)[:500], "storage": redact(storage) if storage else "in-memory"})
+        {"search_space": repr(space)[:500], "storage": where},
+        sweep_key(protocol.hash, chosen.name, name, where, repr(space)))
 
     def objective(trial: optuna.Trial) -> float:
         values = suggest(trial, space)
+        twin = same_configuration(study, trial, values)
+        if twin is not None:  # a point drawn again (a discrete space): never trained twice
+            trial.set_user_attr("repeats_trial", twin.number)
+            if twin.state == optuna.trial.TrialState.COMPLETE:
+                click.echo(f"trial {trial.number}: the configuration of trial {twin.number}; its value, nothing trained")
+                return twin.value
+            raise optuna.TrialPruned(f"the configuration of trial {twin.number}, running now")
         try:
             cfg = apply(base, values)
         except (ValueError, TypeError) as err:
@@ -262,9 +319,12 @@ def sweep(protocol_path, arm, params, trials, seed, sampler_seed, storage, study
         return outcome.metrics["best_val_accuracy"]
 
     def summary() -> tuple[tuple | None, dict[str, int]]:
-        done = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
-        best = (study.best_trial.number, study.best_trial.value, study.best_trial.params) if done else None
-        return best, {s.name.lower(): sum(t.state == s for t in study.trials) for s in optuna.trial.TrialState}
+        trials = study.get_trials(deepcopy=False)
+        done = [(t.number, t.value, t.params, t.user_attrs.get("mlflow_run_id")) for t in trials
+                if t.state == optuna.trial.TrialState.COMPLETE]
+        # The best trial whose run is this parent's child (older executions' trials hang elsewhere).
+        return best_under(parent, done), {s.name.lower(): sum(t.state == s for t in trials)
+                                          for s in optuna.trial.TrialState}
 
     try:
         with sigterm_raises():
@@ -279,6 +339,6 @@ def sweep(protocol_path, arm, params, trials, seed, sampler_seed, storage, study
         click.echo(f"best trial {best[0]}: val accuracy {best[1]:.4f} with {best[2]}")
     click.echo(f"{name}: {states}")
     end_sweep_parent(parent, best, states)
-    if parent.offline:
-        click.echo(f"sweep parent and trials logged locally (run {parent.local_run_id}): "
+    if parent.sink.offline:
+        click.echo(f"sweep parent and trials logged locally (run {parent.sink.local_run_id}): "
                    "`workbench sync` copies them to the server", err=True)

@@ -45,11 +45,47 @@ def test_sweep_runs_trials_as_child_runs_and_resumes_from_storage(tmp_path, mlfl
         trial = study.trials[int(run.data.tags["trial_number"])]
         assert float(run.data.params["optim.lr"]) == pytest.approx(trial.params["optim.lr"], rel=1e-12)
         assert run.data.params["model.overrides.dim"] == str(trial.params["model.dim"])
-        assert run.data.tags["mlflow.parentRunId"]
         if trial.state == optuna.trial.TrialState.COMPLETE:
             assert trial.value == run.data.metrics["best_val_accuracy"]
-    parents = client.search_runs([exp.experiment_id], "tags.sweep_parent = 'true'")
-    assert len(parents) == 2 and all("best_trial" in p.data.tags for p in parents)
+    # A resumed sweep draws new points (before: TPESampler(seed=0) anew in each process repeated trials 0 and 1).
+    points = [tuple(sorted(t.params.items())) for t in study.trials]
+    assert len(set(points)) == 4, points
+    # ... under its one parent, reattached (before: one parent per execution), naming a trial run under it.
+    (parent,) = client.search_runs([exp.experiment_id], "tags.sweep_parent = 'true'")
+    assert parent.info.status == "FINISHED" and {r.data.tags["mlflow.parentRunId"] for r in runs} == {parent.info.run_id}
+    best = study.trials[int(parent.data.tags["best_trial"])]
+    assert best.value == max(t.value for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE)
+    assert client.get_run(best.user_attrs["mlflow_run_id"]).data.tags["mlflow.parentRunId"] == parent.info.run_id
+
+
+@pytest.mark.slow  # two processes with their own imports and data: 20 s on 2 idle cores
+def test_two_processes_sharing_a_storage_train_different_configurations_under_one_parent(tmp_path, mlflow_store):
+    """Before: both processes trained lr 0.00125, wd 0.00726 (TPESampler(seed=0) anew in each) under two parents."""
+    folder = tmp_path / "images"
+    make_image_folder(folder, per_class={"train": 14, "test": 4})
+    protocol = write_protocol(tmp_path, epochs=1)
+    storage = f"sqlite:///{tmp_path / 'optuna.db'}"
+    args = [sys.executable, "-m", "studies.cli", "sweep", "--protocol", str(protocol), "--param",
+            "optim.lr=float:1e-4:1e-2:log", "--param", "optim.weight_decay=float:1e-4:1e-1:log", "--trials", "1",
+            "--storage", storage, "--data-path", str(folder), "--device", "cpu", "--output-dir", str(tmp_path / "out")]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "WORKBENCH_CACHE_DIR": str(tmp_path / "cache")}
+    sides = [subprocess.Popen(args, env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for _ in range(2)]
+    try:
+        outputs = [side.communicate(timeout=900)[0] for side in sides]
+    finally:
+        for side in sides:
+            side.kill()
+    assert [side.returncode for side in sides] == [0, 0], "\n\n".join(out[-3000:] for out in outputs)
+    study = optuna.load_study(study_name=optuna.get_all_study_names(storage)[0], storage=storage)
+    points = [tuple(sorted(t.params.items())) for t in study.trials]
+    assert len(points) == 2 and points[0] != points[1], points
+    client = MlflowClient(mlflow_store)
+    exp = client.get_experiment_by_name("tiny")
+    (parent,) = client.search_runs([exp.experiment_id], "tags.sweep_parent = 'true'")
+    trials = client.search_runs([exp.experiment_id], "tags.trial_number != ''")
+    assert len(trials) == 2 and {r.data.tags["mlflow.parentRunId"] for r in trials} == {parent.info.run_id}
+    assert parent.info.status == "FINISHED", parent.info.status
 
 
 def test_ctrl_c_ends_the_sweep_parent_killed_and_a_live_sweep_is_never_reaped(tmp_path, mlflow_store, monkeypatch):
@@ -94,6 +130,26 @@ def test_ctrl_c_ends_the_sweep_parent_killed_and_a_live_sweep_is_never_reaped(tm
     assert parent.data.tags["end_reason"].startswith("KeyboardInterrupt")
     assert parent.data.tags[RELEASED_TAG] == parent.data.tags[TOKEN_TAG]
     assert parent.data.metrics["trials_complete"] == 1 and parent.data.tags["best_trial"] == "0"
+
+
+def test_a_point_drawn_again_is_recognised_and_seeds_differ_per_trial():
+    from studies.sweep import TrialSeededSampler, same_configuration
+
+    study = optuna.create_study(direction="maximize", sampler=TrialSeededSampler(0))
+    first = study.ask()
+    first.suggest_categorical("x", [1, 2])
+    study.tell(first, 0.5)
+    again = study.ask()
+    assert same_configuration(study, again, {"x": first.params["x"]}).number == 0
+    assert same_configuration(study, again, {"x": 3 - first.params["x"]}) is None
+    # Two processes on one storage, each with its own sampler and the same --sampler-seed (before: both drew
+    # the same first point); the same trial number draws the same point again (reproducible).
+    storage = optuna.storages.InMemoryStorage()
+    one = optuna.create_study(study_name="s", storage=storage, sampler=TrialSeededSampler(0))
+    two = optuna.load_study(study_name="s", storage=storage, sampler=TrialSeededSampler(0))
+    draws = [side.ask().suggest_float("lr", 1e-4, 1e-2, log=True) for side in (one, two)]
+    alone = optuna.create_study(sampler=TrialSeededSampler(0)).ask().suggest_float("lr", 1e-4, 1e-2, log=True)
+    assert draws[0] != draws[1] and alone == draws[0], (draws, alone)
 
 
 def test_pruning_observer_stops_a_trial_the_pruner_rejects():
