@@ -23,6 +23,8 @@ LAZY_COMMANDS: dict[str, tuple[str, str, str]] = {
                   "Time glass-box and timm ViTs (and a training step and the loader) against the machine's limit."),
     "benchmark-loader": ("studies.data_benchmark", "benchmark_loader",
                          "Compare TensorLoader with a per-image torchvision pipeline and print a table."),
+    "benchmark-jobs": ("studies.jobs_benchmark", "benchmark_jobs",
+                       "Cells per hour of `ablate --jobs` layouts (two single-thread jobs against one two-thread job)."),
     "benchmark-recipe": ("studies.recipe_benchmark", "benchmark_recipe",
                          "Time a protocol's cells: the workbench's training against a plain PyTorch loop of the same recipe."),
     "equivalence": ("studies.equivalence", "equivalence",

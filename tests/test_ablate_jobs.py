@@ -166,3 +166,32 @@ def test_a_resumed_cell_keeps_its_thread_count_unless_the_user_overrides_it(mlfl
     run = MlflowClient().get_run(done.run_id)
     assert run.data.params["threads"] == "1"
     assert run.data.tags["threads_changed"] == "started with 1, resumed with 2"
+
+
+def test_jobs_benchmark_layouts_quick_protocol_and_ratios(tmp_path):
+    import click
+
+    from studies.jobs_benchmark import agreement, parse_layouts, quick_protocol, summarize
+    from studies.protocol import load_protocol
+
+    assert parse_layouts("2x1, 1x2") == [(2, 1), (1, 2)]
+    for bad in ("2x1", "2x0,1x2", "two,1x2", "2-1,1x2"):
+        with pytest.raises(click.BadParameter):
+            parse_layouts(bad)
+    source = ROOT / "studies" / "protocols" / "cifar10_seed_table.yaml"
+    quick = load_protocol(quick_protocol(source, tmp_path, 1000, 200, 1, [0]))
+    original = load_protocol(source)
+    assert quick.name == "cifar10_seed_table_jobs_benchmark" and tuple(quick.seeds) == (0,), quick.seeds
+    assert [a.name for a in quick.arms] == [a.name for a in original.arms]
+    assert quick.dataset.train_size == 1000 and quick.dataset.val_size == 200
+    assert {c.train_config().run.epochs for c in quick.cells()} == {1}
+
+    cells = {"base/0": 0.5, "p4_w96/0": 0.6}
+    rows = [{"round": 1, "jobs": 2, "threads": 1, "wall_s": 100.0, "cells": cells},
+            {"round": 1, "jobs": 1, "threads": 2, "wall_s": 130.0, "cells": {"base/0": 0.5, "p4_w96/0": 0.61}},
+            {"round": 1, "jobs": 1, "threads": 1, "wall_s": 190.0, "cells": dict(cells)}]
+    per_layout, text = summarize(rows, (1, 2), "t")
+    by = per_layout.set_index("layout")
+    assert abs(by.loc["2x1", "cells_per_hour"] - 72.0) < 1e-9 and abs(by.loc["2x1", "ratio"] - 1.3) < 1e-9, by
+    assert "goal at least 1.25 for 2x1 against 1x2 on 2 cores: met" in text, text
+    assert agreement(rows) == ["1 thread(s): layouts 1x1, 2x1 gave the same best validation accuracy in every cell"]

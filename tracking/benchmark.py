@@ -133,3 +133,27 @@ def log_benchmark(result: BenchmarkResult, params: dict) -> None:
         mlflow.log_artifacts(tmp, artifact_path=ARTIFACT_DIR)
     met, total = sum(g.met for g in result.goals), len(result.goals)
     mlflow.set_tags({"goals": f"{met} of {total} met", "verdict": "goals met" if met == total else "goals missed"})
+
+
+def finished_cell_results(store: str, experiment: str) -> dict[str, float]:
+    """``arm/seed`` -> best validation accuracy of every finished cell run of ``experiment`` in ``store``."""
+    client = mlflow.MlflowClient(store)
+    exp = client.get_experiment_by_name(experiment)
+    if exp is None:
+        return {}
+    runs = client.search_runs([exp.experiment_id], "tags.cell = 'true' and attributes.status = 'FINISHED'")
+    return {f"{r.data.tags['arm']}/{r.data.tags['seed']}": r.data.metrics.get("best_val_accuracy")
+            for r in sorted(runs, key=lambda r: (r.data.tags["arm"], r.data.tags["seed"]))}
+
+
+def log_jobs_benchmark(per_layout, folder: Path, params: dict) -> str:
+    """One run in experiment ``jobs-benchmark``: settings, cells per hour and ratio per layout, the files."""
+    mlflow.set_experiment("jobs-benchmark")
+    with mlflow.start_run(run_name=f"{params['protocol']} {params['layouts']}") as run:
+        mlflow.log_params({f"bench.{k}": v for k, v in params.items()})
+        for r in per_layout.to_dict("records"):
+            mlflow.log_metrics({f"{r['layout']}.cells_per_hour": r["cells_per_hour"], f"{r['layout']}.ratio": r["ratio"],
+                                f"{r['layout']}.wall_s": r["wall_s"]})
+        for name in ("results.csv", "summary.md"):
+            mlflow.log_artifact(str(folder / name), artifact_path=ARTIFACT_DIR)
+        return run.info.run_id
