@@ -9,8 +9,11 @@ subcommand reach one handler here, which prints them as one line; `workbench --d
 from __future__ import annotations
 
 import copy
+import errno
 import functools
 import importlib
+import logging
+import traceback
 
 import click
 
@@ -68,6 +71,13 @@ def one_line(err: BaseException) -> str:
     else:
         text = str(err)
     text = " ".join(line.strip() for line in redact_text(text).splitlines() if line.strip()) or type(err).__name__
+    from tracking.store_errors import explain  # a store that is read-only, full or not a database
+
+    store_problem = explain(err)
+    if store_problem:
+        return store_problem
+    if isinstance(err, OSError) and err.errno == errno.ENOSPC and err.filename:
+        return f"no space left on device writing {err.filename}"
     if "CUDA" in text and any(s in text for s in ("not compiled", "not available", "no NVIDIA driver", "No CUDA GPUs")):
         return f"CUDA is not available on this machine ({text}); use --device cpu or --device auto"
     ours = type(err).__module__.split(".")[0] in _OUR_PACKAGES
@@ -143,7 +153,9 @@ class LazyGroup(click.Group):
         try:
             return super().invoke(ctx)
         except click.exceptions.ClickException as err:
-            if not ctx.params.get("debug"):  # a command's own multi-line message, as one line too
+            if ctx.params.get("debug"):  # where it was raised, and the error it was raised from
+                traceback.print_exception(err)
+            else:  # a command's own multi-line message, as one line too
                 err.message = " ".join(line.strip() for line in err.message.splitlines() if line.strip())
             raise
         except (click.exceptions.Exit, click.exceptions.Abort):
@@ -159,6 +171,10 @@ class LazyGroup(click.Group):
               help="Show the full traceback of an error (also: WORKBENCH_DEBUG=1).")
 def main(debug: bool) -> None:
     """Glass-Box ViT Workbench."""
+    if not debug:
+        # MLflow logs every database error with its traceback before raising it again; the
+        # error itself reaches the one handler above and is printed as one line.
+        logging.getLogger("mlflow.store.db.utils").setLevel(logging.CRITICAL)
 
 
 @main.command("pin")
