@@ -86,6 +86,7 @@ def _load(path: str | Path, expected: str | None) -> AnyProtocol:
     data = read_yaml(path)
     kind = kind_of(data)
     if expected and kind != expected:
+        parse_any(data, source=str(path))  # a broken file's own problem first: it names the key
         raise ProtocolError(f"{path}: is {_a(kind)} protocol, not {_a(expected)} protocol")
     protocol = parse_any(data, source=str(path))
     if protocol.name != path.stem:  # names map to files one to one
