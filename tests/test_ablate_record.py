@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -16,7 +18,9 @@ import workbench.train.loop as loop_mod
 from data_fixtures import make_image_folder
 from studies.ablate import open_protocol, run_protocol
 from studies.cli import main
-from tracking.lease import HEARTBEAT_TAG, HOST_TAG, PID_TAG, REASON_TAG, TOKEN_TAG
+from tracking.executions import iso
+from tracking.lease import EXEC_PREFIX, HEARTBEAT_TAG, HOST_TAG, PID_TAG, REASON_TAG, TOKEN_TAG
+from tracking.sink import HISTORY_TAG, OUTCOME_TAGS
 from workbench.train.fingerprint import current_code_fingerprint
 
 PROTOCOL = """\
@@ -77,9 +81,12 @@ def assert_clean(client: MlflowClient, experiment: str, cells: int) -> None:
         assert [str(m.status).split(".")[-1] for m in models] == ["READY"], models
 
 
-def test_every_execution_reattaches_the_one_parent_and_records_itself(study):
+def test_every_execution_reattaches_the_one_parent_and_records_itself(study, monkeypatch, tmp_path):
     protocol, run = study
     client = MlflowClient()
+    # `ablate --storage postgresql://mlflow:PW@host/optuna` (the runbook's own form): before, the password was
+    # in every executions/*.json, readable by any READ user.
+    monkeypatch.setattr(sys, "argv", SECRET_ARGV)
     assert [o.status for o in run()] == ["finished", "finished"]
     (first,) = runs(client, "parent")
     assert [o.status for o in run()] == ["skipped", "skipped"]
@@ -94,6 +101,9 @@ def test_every_execution_reattaches_the_one_parent_and_records_itself(study):
                for a in client.list_artifacts(parent.info.run_id, "executions")]
     assert len(records) == 2 and {r["outcome"] for r in records} == {"completed"}
     assert all(r["host"] and r["pid"] and r["end"] and r["status"] == "FINISHED" for r in records)
+    for record in records:  # the command line is there, minus its secrets
+        assert "--storage postgresql://***@db.example/optuna --password '***' --api-token=***" in record["argv"], record
+    assert_no_secret(client, [parent, *runs(client, "cell")], tmp_path / "download")
     # counts come from the children, also in an execution that only skipped
     assert parent.data.metrics["cells_finished"] == 2 and parent.data.metrics["cells_missing"] == 0
     exp = client.get_experiment_by_name("rec")
@@ -109,7 +119,25 @@ def test_every_execution_reattaches_the_one_parent_and_records_itself(study):
     assert_clean(client, "rec", 2)
 
 
-def test_a_dead_executions_runs_are_killed_and_its_cell_resumes_under_the_one_parent(study, monkeypatch, capsys):
+def open_record(client: MlflowClient, parent_id: str, pid: int, folder: Path) -> dict:
+    """What a SIGKILLed execution leaves on a parent: its lease tag (process gone) and its record, still open."""
+    beat, host = time.time() - 30, socket.gethostname()
+    client.set_tag(parent_id, EXEC_PREFIX + "gone", f"{host} {pid} {beat:.3f}")
+    record = {"host": host, "pid": pid, "execution": "gone", "start": iso(beat - 60), "end": None,
+              "outcome": "running", "argv": "ablate"}
+    path = folder / f"{record['start'].replace(':', '')}-{host}-{pid}.json"
+    path.write_text(json.dumps(record))
+    client.log_artifact(parent_id, str(path), "executions")
+    return {"pid": pid, "beat": beat}
+
+
+def execution_records(client: MlflowClient, run_id: str) -> list[dict]:
+    return [json.loads(Path(client.download_artifacts(run_id, a.path)).read_text())
+            for a in client.list_artifacts(run_id, "executions")]
+
+
+def test_a_dead_executions_runs_are_killed_and_its_cell_resumes_under_the_one_parent(study, monkeypatch, capsys,
+                                                                                       tmp_path):
     protocol, run = study
     client = MlflowClient()
     run()
@@ -128,6 +156,8 @@ def test_a_dead_executions_runs_are_killed_and_its_cell_resumes_under_the_one_pa
     client.set_tag(cell.info.run_id, "mlflow.parentRunId", stray.info.run_id)
     client.delete_tag(cell.info.run_id, "summary.artifacts")
     client.create_logged_model(cell.info.experiment_id, name="model", source_run_id=cell.info.run_id)
+    # ... and its own lease tag on the parent and its record, still open (it never wrote its end).
+    dead = open_record(client, parent.info.run_id, int(lease[PID_TAG]), tmp_path)
     shown = CliRunner().invoke(main, ["status", "--protocol", str(protocol_file(protocol))])
     assert shown.exit_code == 0, shown.output
     assert f"marked run {stray.info.run_id}" in shown.output and f"parent run {parent.info.run_id}: KILLED" in shown.output
@@ -147,6 +177,16 @@ def test_a_dead_executions_runs_are_killed_and_its_cell_resumes_under_the_one_pa
     client.delete_run(stray.info.run_id)  # the test's stand-in for an older parent; not part of the study now
     assert client.get_run(cell.info.run_id).data.tags["previous_parent_run_id"] == stray.info.run_id
     assert_clean(client, "rec", 2)
+    # Its record is closed by this execution (before: `outcome: running` forever), and the FINISHED parent
+    # keeps the reaper's killed_reason only as history (before: as its current state).
+    records = execution_records(client, parent.info.run_id)
+    (closed,) = [r for r in records if r["pid"] == dead["pid"]]
+    assert closed["outcome"].startswith(f"died: process {dead['pid']} on") and closed["status"] == "KILLED", closed
+    assert closed["end"] == iso(dead["beat"]) and all(r["outcome"] != "running" and r["end"] for r in records)
+    now = client.get_run(parent.info.run_id)
+    assert now.info.status == "FINISHED"
+    assert not [k for k in now.data.tags if k in OUTCOME_TAGS or k.startswith(EXEC_PREFIX)], now.data.tags
+    assert now.data.tags[HISTORY_TAG].startswith("KILLED (ended ") and "is gone" in now.data.tags[HISTORY_TAG]
 
 
 def test_ctrl_c_ends_the_parent_and_the_cell_killed_and_the_rerun_finishes(study, monkeypatch):
@@ -163,11 +203,16 @@ def test_ctrl_c_ends_the_parent_and_the_cell_killed_and_the_rerun_finishes(study
         run()
     (parent,) = runs(client, "parent")
     assert parent.info.status == "KILLED"
-    assert [r.info.status for r in runs(client, "cell")] == ["KILLED"]
+    (cell,) = runs(client, "cell")
+    assert cell.info.status == "KILLED" and "KeyboardInterrupt" in cell.data.tags["end_reason"]
     monkeypatch.setattr(loop_mod.Trainer, "_end_epoch", real)
     assert [o.status for o in run()] == ["finished", "finished"]
     assert client.get_run(parent.info.run_id).info.status == "FINISHED"
     assert_clean(client, "rec", 2)
+    # The finished cell keeps how its first attempt ended only as history (before: a current end_reason).
+    tags = client.get_run(cell.info.run_id).data.tags
+    assert not [k for k in tags if k in OUTCOME_TAGS], tags
+    assert tags[HISTORY_TAG].startswith("KILLED (ended ") and "end_reason=KeyboardInterrupt" in tags[HISTORY_TAG]
 
 
 def test_a_cell_whose_holder_may_still_write_continues_in_a_new_run(study, capsys):
@@ -258,29 +303,21 @@ def _artifact_files(client: MlflowClient, run_id: str, into: Path) -> list[Path]
     return [p for p in folder.rglob("*") if p.is_file()]
 
 
-def test_no_secret_of_the_command_line_reaches_any_record_of_the_parent_or_its_cells(study, monkeypatch, tmp_path):
-    """`ablate --storage postgresql://user:PW@host/db` (the runbook's form): a READ user sees every record."""
-    _, run = study
-    secrets = ("S3cretPW", "hunter22pw", "tok-Secret-9")
-    monkeypatch.setattr(sys, "argv", ["workbench", "ablate", "--storage", "postgresql://mlflow:S3cretPW@db.example/optuna",
-                                      "--password", "hunter22pw", "--api-token=tok-Secret-9", "--protocol", "rec.yaml"])
-    run()
-    run()  # a second execution reattaches and writes its own record
-    client = MlflowClient()
-    (parent,) = runs(client, "parent")
+SECRET_ARGV = ["workbench", "ablate", "--storage", "postgresql://mlflow:S3cretPW@db.example/optuna", "--password",
+               "hunter22pw", "--api-token=tok-Secret-9", "--protocol", "rec.yaml"]
+SECRETS = ("S3cretPW", "hunter22pw", "tok-Secret-9")
+
+
+def assert_no_secret(client: MlflowClient, runs_: list, into: Path) -> None:
+    """No secret of SECRET_ARGV in any tag, param or artifact file of ``runs_`` (what a READ user can read)."""
     checked = 0
-    for r in [parent, *runs(client, "cell")]:
+    for r in runs_:
         values = "\n".join([*r.data.tags, *r.data.tags.values(), *r.data.params, *r.data.params.values()])
-        leaked = [s for s in secrets if s in values]
+        leaked = [s for s in SECRETS if s in values]
         assert not leaked, f"run {r.info.run_id}: {leaked} in its tags or params"
-        for path in _artifact_files(client, r.info.run_id, tmp_path / "dl" / r.info.run_id):
-            content = path.read_bytes()
-            leaked = [s for s in secrets if s.encode() in content]
+        folder = Path(client.download_artifacts(r.info.run_id, "", str(into / r.info.run_id)))
+        for path in [p for p in folder.rglob("*") if p.is_file()]:
+            leaked = [s for s in SECRETS if s.encode() in path.read_bytes()]
             assert not leaked, f"run {r.info.run_id}: {leaked} in artifact {path.name}"
             checked += 1
     assert checked > 10, checked
-    records = [json.loads(Path(client.download_artifacts(parent.info.run_id, a.path)).read_text())
-               for a in client.list_artifacts(parent.info.run_id, "executions")]
-    assert len(records) == 2
-    for record in records:  # the command line is still there, minus the secrets
-        assert "--storage postgresql://***@db.example/optuna --password '***' --api-token=***" in record["argv"], record
