@@ -48,7 +48,12 @@ OUTCOME_ATTR = "outcome"  # trial user attribute a worker sets: finished, skippe
 
 
 def _die_with_parent() -> None:
-    """In the child before exec: SIGTERM when the coordinator dies, even by SIGKILL (Linux)."""
+    """In the child before exec: SIGTERM when the coordinator dies, even by SIGKILL (Linux).
+
+    Also SIGINT back to its default: a coordinator started in the background by a shell
+    ignores SIGINT and would pass that on, so the one SIGINT it forwards would be lost.
+    """
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
     with contextlib.suppress(Exception):
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
         libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
