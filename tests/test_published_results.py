@@ -59,10 +59,15 @@ def test_the_fashion_mnist_numbers_in_the_readme_are_the_reports():
 
 @pytest.mark.skipif(not RESULTS.exists(), reason="no published results")
 def test_the_cifar_directions_in_the_readme_are_the_reports():
-    rows = paired(RESULTS / "cifar10_ablations_cpu" / "report.md", "Validation")
-    expected = [(("p4_w96", "p8_w96"), False), (("p8_w96", "p16_w96"), False), (("p8_w192", "base"), True),
-                (("p8_w192", "p16_w192"), False), (("p4_w96", "base"), True), (("p8_w192", "p8_w96"), False),
+    """The seed's table beside cifar10_seed_table: every README row is the report's paired comparison."""
+    rows = paired(RESULTS / "cifar10_seed_table" / "report.md", "Validation")
+    expected = [(("p4_w96", "base"), False), (("base", "p16_w96"), False), (("p4_w192", "p8_w192"), False),
+                (("p8_w192", "p16_w192"), False), (("p4_w192", "p4_w96"), False), (("p8_w192", "base"), False),
                 (("p16_w192", "p16_w96"), False), (("pos_none", "base"), True), (("pool_mean", "base"), False),
-                (("heads8", "base"), False), (("heads12", "base"), False), (("heads16", "base"), False)]
+                (("heads4", "base"), False), (("heads12", "base"), False), (("heads16", "base"), False)]
     for pair, invert in expected:
         in_readme(shown(*rows[pair], 3, invert=invert), f"{' − '.join(pair[::-1] if invert else pair)}")
+    accuracy = (RESULTS / "cifar10_seed_table" / "report.md").read_text().split("## Accuracy", 1)[1]
+    for arm in ("base", "p4_w192"):
+        row = next(line for line in accuracy.splitlines() if line.startswith(f"| {arm} "))
+        in_readme(f"{row.strip('|').split('|')[2].strip()}%", f"{arm} mean validation accuracy")
