@@ -27,6 +27,8 @@ from dataclasses import dataclass
 from mlflow.entities import Run, RunTag
 from mlflow.tracking import MlflowClient
 
+from tracking.offline_fallback import is_remote, known_down
+
 HOST_TAG, PID_TAG, TOKEN_TAG, HEARTBEAT_TAG = "lease.host", "lease.pid", "lease.token", "lease.heartbeat"
 REASON_TAG = "killed_reason"
 # A run several executions share (a study's parent): each renews a tag of its own,
@@ -215,9 +217,9 @@ class Heartbeats:
         self._held: dict[str, tuple[str, str, str | None]] = {}  # run id -> (tracking uri, token, execution tag)
         self._lost: dict[str, str] = {}
         self._lock = threading.Lock()
-        # Held while a beat reads and writes a run's tags: ``release`` waits for a beat under
-        # way, so no renewal lands after the holder closed the run (a stale execution tag).
-        self._writing = threading.Lock()
+        # Run id -> lock held while a beat reads and writes that run's tags: ``release`` waits
+        # for a beat of the run under way, so no renewal lands after the holder closed it.
+        self._writers: dict[str, threading.Lock] = {}
         self._thread: threading.Thread | None = None
         self._extra: dict[str, object] = {}  # name -> callable renewing another lease (a queue's)
         # Set by ``hold``: the thread renews at once and then at the current interval, not
@@ -253,9 +255,14 @@ class Heartbeats:
         The wait is bounded: a beat stuck on an unreachable server must not hold up the end.
         """
         with self._lock:
-            self._held.pop(run_id, None)
-        if self._writing.acquire(timeout=RELEASE_WAIT_SECONDS):
-            self._writing.release()
+            held = self._held.pop(run_id, None)
+            writer = self._writers.get(run_id)
+        if held is None or writer is None or (is_remote(held[0]) and known_down(held[0])):
+            return  # no beat of it yet, or one stuck on a server that is away: it writes nothing
+        if writer.acquire(timeout=RELEASE_WAIT_SECONDS):
+            with self._lock:
+                self._writers.pop(run_id, None)
+            writer.release()
 
     def check(self, run_id: str, verify: bool = False) -> None:
         """Raise ``LeaseLost`` when the run was taken over; ``verify`` reads the token from the store now."""
@@ -281,7 +288,11 @@ class Heartbeats:
                     pass
 
     def _beat(self, run_id: str, renew: bool = True) -> None:
-        with self._writing:
+        with self._lock:
+            if run_id not in self._held:
+                return
+            writer = self._writers.setdefault(run_id, threading.Lock())
+        with writer:
             self._beat_held(run_id, renew)
 
     def _beat_held(self, run_id: str, renew: bool) -> None:

@@ -22,9 +22,9 @@ from mlflow.tracking import MlflowClient
 from tracking import ui_links
 from tracking.lease import (HEARTBEATS, RELEASED_TAG, TOKEN_TAG, execution_states, execution_tag, execution_value,
                             lease_state, lease_tags, new_token, reap_expired)
-from tracking.offline_fallback import ensure_experiment, fallback_uri
+from tracking.offline_fallback import ensure_experiment, fallback_exists, fallback_uri
 from tracking.runs import configure_tracking, git_state, run_user
-from tracking.sink import RunSink
+from tracking.sink import SYNC_SERVER_RUN, RunSink
 from tracking.store_lock import store_lock
 
 SWEEP_KEY = "sweep_key"
@@ -108,18 +108,23 @@ def best_under(parent: SweepParent, completed: list[tuple[int, float, dict, str 
     another parent (an older execution's) is not this sweep's to name.
     """
     sink = parent.sink
+    reached = True
     try:
         client = MlflowClient(sink.uri)
         exp_id = client.get_run(sink.run_id).info.experiment_id
         mine = {r.info.run_id for r in client.search_runs(
             [exp_id], f"tags.mlflow.parentRunId = '{sink.run_id}'", max_results=50000)}
-    except Exception:  # noqa: BLE001 - the server is away: the trials this process ran are known to be its
-        mine = set()
-    if sink.offline:
+    except Exception:  # noqa: BLE001 - the server is away: its trials are in the local store
+        mine, reached = set(), False
+    if (sink.offline or not reached) and fallback_exists():
+        # A trial cut off by an outage has a local mirror that names its server run; the
+        # parent may not have gone offline itself yet (it wrote nothing since the outage).
         with contextlib.suppress(Exception):
             local = MlflowClient(fallback_uri())
-            mine |= {r.info.run_id for r in local.search_runs(
-                [ensure_experiment(local, sink.experiment)], f"tags.mlflow.parentRunId = '{sink.run_id}'")}
+            exp_id = ensure_experiment(local, sink.experiment)
+            for parent_id in {sink.run_id, sink.local_run_id}:  # MLflow's filter has no OR
+                for run in local.search_runs([exp_id], f"tags.mlflow.parentRunId = '{parent_id}'"):
+                    mine |= {run.info.run_id, run.data.tags.get(SYNC_SERVER_RUN)} - {None}
     ours = [c for c in completed if c[3] in mine]
     if not ours:
         return None
