@@ -25,6 +25,7 @@ from tqdm.auto import tqdm
 
 from studies.ablate import held_parent, prepare_protocol_data, sigterm_raises
 from studies.options import threads_option
+from studies.preflight import remove_abandoned_cache_files
 from studies.protocol import ProtocolError, check_clean, check_frozen
 from studies.transfer import end_cell
 from tracking import interventions as ti
@@ -93,6 +94,7 @@ def prepare_execution(protocol: InterventionProtocol, device: str, data_path: st
         return Execution(protocol, prepare_protocol_data(protocol.source, data_path, download), dev, workdir)
     spec = protocol.pretrained
     acted = pretrained_model(spec.model, spec.weights, spec.seed, spec.timm_kwargs)
+    remove_abandoned_cache_files()
     data = prepare(spec.dataset, path=data_path, download=download, split_seed=spec.split_seed,
                    val_size=spec.val_size, subset=spec.subset)
     cfg = acted.model.cfg

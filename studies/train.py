@@ -19,9 +19,10 @@ import torch
 from tqdm.auto import tqdm
 
 from studies.options import check_amp, threads_option
-from studies.preflight import check_trainable, check_writable_folder, outcome_line, trainable_problem
+from studies.preflight import (check_trainable, check_writable_folder, outcome_line, remove_abandoned_cache_files,
+                               trainable_problem)
 from tracking.lease import HEARTBEATS, RELEASED_TAG, LeaseLost, lease_tags, new_token
-from tracking.protocols import run_user
+from tracking.runs import run_user
 from tracking.runs import configure_tracking, environment_tags
 from tracking.sink import RunSink
 from tracking.training import (
@@ -48,6 +49,7 @@ class TrainOutcome:
 
 
 def prepare_data(spec: DataSpec, download: bool = False) -> PreparedData:
+    remove_abandoned_cache_files()
     return prepare(
         spec.name, path=spec.path, download=download, split_seed=spec.split_seed,
         train_size=spec.train_size, val_size=spec.val_size, subset=spec.subset,

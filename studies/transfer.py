@@ -22,7 +22,7 @@ from tqdm.auto import tqdm
 from reports.transfer import transfer_markdown
 from studies.ablate import held_parent, sigterm_raises
 from studies.options import check_amp, threads_option
-from studies.preflight import check_writable_folder
+from studies.preflight import check_writable_folder, remove_abandoned_cache_files
 from studies.protocol import ProtocolError, check_clean, check_frozen, load_protocol, load_transfer_protocol
 from tracking import transfer as tt
 from tracking.lease import HEARTBEATS, RELEASED_TAG, LeaseLost, lease_tags, new_token
@@ -107,6 +107,7 @@ def source_identity(source: SourceModel, spec: SourceSpec) -> str:
 
 def prepare_transfer_data(spec: TransferData, data_path: str | None, download: bool, image_size: int) -> PreparedData:
     """Load the dataset; with ``size: auto`` prefer local RetinaMNIST files at the model's input size."""
+    remove_abandoned_cache_files()
     common = dict(path=data_path, split_seed=spec.split_seed, train_size=spec.train_size, val_size=spec.val_size,
                   subset=spec.subset)
     if spec.name != "retinamnist" or (data_path and Path(data_path).is_file()):

@@ -11,8 +11,14 @@ import errno
 import os
 import shutil
 import tempfile
+import time
 from pathlib import Path
 from typing import BinaryIO, Callable
+
+try:
+    import fcntl
+except ImportError:  # not POSIX: temp files are not locked, and none is ever taken as abandoned
+    fcntl = None
 
 
 def current_umask() -> int:
@@ -49,6 +55,45 @@ def _disk_full(folder: Path, err: BaseException) -> bool:
         return False
 
 
+# A temp file younger than this is never taken as abandoned: its writer may not hold its lock yet.
+ABANDONED_AFTER_SECONDS = 120.0
+
+
+def _hold(fd: int) -> None:
+    """Lock the temp file for as long as its writer lives (the kernel drops it when the process dies)."""
+    if fcntl is not None:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+
+
+def remove_abandoned_temp_files(folder: str | os.PathLike) -> list[Path]:
+    """Delete the temp files of ``atomic_write`` in ``folder`` whose writer is gone; returns them.
+
+    A write killed with SIGKILL (or a lost machine) cannot remove its temp file; a writer
+    still alive holds a lock on it, so a temp file nobody holds and older than
+    ``ABANDONED_AFTER_SECONDS`` is a leftover. Two processes may clean at once.
+    """
+    removed: list[Path] = []
+    if fcntl is None:
+        return removed
+    for tmp in Path(folder).glob(".*.tmp"):
+        try:
+            if time.time() - tmp.stat().st_mtime < ABANDONED_AFTER_SECONDS:
+                continue
+            fd = os.open(tmp, os.O_RDONLY)
+        except OSError:
+            continue  # gone already, or not ours to read
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            continue  # a live writer holds it
+        else:
+            tmp.unlink(missing_ok=True)
+            removed.append(tmp)
+        finally:
+            os.close(fd)
+    return removed
+
+
 def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], object], mode: int | None = None) -> None:
     """Call ``write(f)`` on a temp file beside ``path``, make it durable, rename it over ``path``.
 
@@ -63,6 +108,7 @@ def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], object], m
     except OSError as err:
         raise WriteFailed(err.errno, f"cannot write {path}: {err.strerror or err}") from err
     try:
+        _hold(fd)
         if mode is not None:
             os.fchmod(fd, mode & ~current_umask())
         with os.fdopen(fd, "wb") as f:
