@@ -420,13 +420,13 @@ def test_a_protocol_runs_over_http_with_auth_and_no_credential_is_logged(auth_se
     runs = client.search_runs([exp.experiment_id])
     assert len(runs) == 3 and all(r.info.status == "FINISHED" for r in runs)
     for run in runs:
+        assert run.data.tags["mlflow.user"] == WORKER[0], "the account that logged in, not the OS user (parent too)"
         if run.data.tags.get("cell") == "true":
             assert [m.step for m in client.get_metric_history(run.info.run_id, "val_accuracy")] == [1, 2]
             assert {a.path for a in client.list_artifacts(run.info.run_id, "predictions")} == \
                 {"predictions/val.csv", "predictions/test.csv"}
             models = client.search_logged_models([exp.experiment_id], filter_string=f"source_run_id = '{run.info.run_id}'")
             assert [m.status for m in models] == ["READY"]
-            assert run.data.tags["mlflow.user"] == WORKER[0], "the account that logged in, not the OS user"
         for value in [*run.data.params.values(), *run.data.tags.values()]:
             for secret in (WORKER[1], f"{WORKER[0]}:{WORKER[1]}", ADMIN[1]):
                 assert secret not in value, f"a credential was logged in run {run.info.run_id}"

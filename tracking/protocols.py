@@ -20,7 +20,7 @@ from tracking.offline_fallback import (ensure_experiment, fallback_client, fallb
 from tracking import ui_links
 from tracking.executions import (EXPECTED_TAG, children, close_dead_records, counts_of, end_time_for, iso, new_record,
                                  study_status, write_record)
-from tracking.runs import configure_tracking, git_state
+from tracking.runs import configure_tracking, git_state, run_user
 from tracking.lease import (HEARTBEATS, TOKEN_TAG, execution_states, execution_tag, execution_value, lease_state,
                            lease_tags, new_token, reap_expired)
 from tracking.sink import SYNC_SYNCED, RunSink
@@ -348,15 +348,6 @@ def end_parent_run(run_id: str, counts: dict[str, int], experiment: str | None =
     sink = RunSink.for_run(run_id, experiment)
     sink.log_metrics({f"cells_{status}": n for status, n in counts.items()})
     sink.end("FAILED" if counts.get("failed") else "FINISHED")
-
-
-def run_user() -> str:
-    """Who runs the study, for the UI's "Created by" (as MLflow itself would say)."""
-    import getpass
-
-    with contextlib.suppress(Exception):
-        return os.environ.get("WORKBENCH_USER") or getpass.getuser()
-    return "unknown"
 
 
 def parent_status(run_id: str) -> str | None:
