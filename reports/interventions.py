@@ -64,6 +64,24 @@ def ranked_table(rows: list[InterventionRow], confidence: float, n_resamples: in
                   "accuracy. Per seed in seed order."], css_class="wide")
 
 
+def seed_head_changes(rows: list[InterventionRow], mode: str, depth: int, heads: int) -> dict[int, np.ndarray]:
+    """Seed -> ``(depth, heads)`` accuracy change (fraction) of each head ablated in ``mode`` in that seed's model.
+
+    The heads of separately trained seeds do not correspond by index (a block's heads are
+    interchangeable at initialisation), so these per-seed matrices, not their mean, show
+    each model's heads.
+    """
+    head_rows = [r for r in rows if isinstance(r.item, HeadAblation) and r.item.mode == mode
+                 and r.item.block < depth and r.item.head < heads]
+    out: dict[int, np.ndarray] = {}
+    for seed in sorted(head_rows[0].intact) if head_rows else []:
+        change = np.full((depth, heads), np.nan)
+        for r in head_rows:
+            change[r.item.block, r.item.head] = r.intervened[seed] - r.intact[seed]
+        out[seed] = change
+    return out
+
+
 def consistency_table(rows: list[InterventionRow], modes: list[str]) -> list[Block]:
     body = []
     for mode in modes:
@@ -78,9 +96,12 @@ def consistency_table(rows: list[InterventionRow], modes: list[str]) -> list[Blo
         return [Para("Seed consistency needs at least two seeds and three heads.")]
     return [Table(["heads", "seed pairs", "mean ρ", "min ρ", "max ρ", "pairs without spread"], body,
                   ["l", "r", "r", "r", "r", "r"],
-                  ["Spearman rank correlation of the heads' accuracy changes between every two seeds: +1 when two "
-                   "seeds rank the heads' importance alike, 0 when unrelated. A pair where one seed's changes are "
-                   "all equal has no ranking (counted, not averaged)."])]
+                  ["Spearman rank correlation of the heads' accuracy changes between every two seeds, head by index: +1 "
+                   "when two seeds rank the heads' importance alike, 0 when unrelated. Separately trained seeds have "
+                   "no reason to put an important head at the same index (a block's heads are interchangeable at "
+                   "initialisation), so ρ near 0 is what index-free importance predicts; what the seeds share shows "
+                   "in the per-block means and in the per-seed counts under Results. A pair where one seed's changes "
+                   "are all equal has no ranking (counted, not averaged)."])]
 
 
 def arm_blocks(arm: str, rows: list[InterventionRow], cells: dict[int, ti.CellResult], protocol: InterventionProtocol,
@@ -94,7 +115,9 @@ def arm_blocks(arm: str, rows: list[InterventionRow], cells: dict[int, ti.CellRe
         blocks += [Heading(h, f"Heads ({arm})"), Figure(f"heads_{arm}.png", (
             "Mean accuracy change (points) when one head is ablated, block x head, over seeds; * where the 95% "
             "t-interval over seeds excludes zero (a zero-width interval, the same change in every seed, is no spread, not "
-            "certainty, and is not marked). Blue: accuracy rises, red: it falls."),
+            "certainty, and is not marked). Blue: accuracy rises, red: it falls. Heads of separately trained seeds do "
+            "not correspond by index: a square is the mean over seeds of whichever head each model has there, so it "
+            "says how much a head of that block costs, not that one particular head matters."),
             _png(figs.heads_heatmap(matrices, f"{protocol.name}: {arm}, one head ablated at a time")))]
     blocks += [Heading(h, f"Every intervention, ranked ({arm})"), ranked_table(rows, e.confidence, n_resamples)]
     others = [r for r in rows if not isinstance(r.item, HeadAblation)]
@@ -103,14 +126,16 @@ def arm_blocks(arm: str, rows: list[InterventionRow], cells: dict[int, ti.CellRe
             "Mean accuracy change per intervention (bar), 95% t-interval over seeds (thick line), 95% hierarchical "
             "bootstrap (thin line), each seed (dots)."), _png(figs.effect_bars(others, f"{protocol.name}: {arm}")))]
     blocks += [Heading(h, f"Seed consistency ({arm})")] + consistency_table(rows, modes)
-    maps = [c.attention for c in cells.values() if c.attention is not None]
+    maps = {seed: c.attention for seed, c in cells.items() if c.attention is not None}
     if maps and "zero" in modes:
-        mean, marked = head_matrix(rows, "zero", depth, heads)
+        changes = seed_head_changes(rows, "zero", depth, heads)
         blocks += [Heading(h, f"Attention maps beside the effects ({arm})"), Figure(f"attention_{arm}.png", (
-            "Each head's mean attention map on the evaluation images (mean over images and seeds), titled with its "
-            "zero-ablation effect: whether the heads whose attention looks focused are the ones that matter. "
-            "Attention shows where information flowed, not why the model predicted what it did."),
-            _png(figs.attention_beside_effects(np.mean(maps, axis=0), mean, marked,
+            "Each head's mean attention map on the evaluation images in each seed's model (one row per seed and block), "
+            "titled with the accuracy change when that head alone is zero-ablated in that model: whether the heads "
+            "whose attention looks focused are the ones that matter. Per seed, not averaged: heads of separately "
+            "trained seeds do not correspond by index. Attention shows where information flowed, not why the model "
+            "predicted what it did."),
+            _png(figs.attention_beside_effects({s: maps[s] for s in changes if s in maps}, changes,
                                                next(iter(cells.values())).attention_query, f"{protocol.name}: {arm}")))]
     return blocks
 

@@ -74,28 +74,34 @@ def effect_bars(rows: list[InterventionRow], title: str) -> Figure:
     return fig
 
 
-def attention_beside_effects(maps: np.ndarray, mean: np.ndarray, marked: np.ndarray, query: str,
+def attention_beside_effects(maps: dict[int, np.ndarray], changes: dict[int, np.ndarray], query: str,
                              title: str) -> Figure:
-    """Each head's mean attention map (over seeds and images), titled with its zero-ablation effect.
+    """Each head's mean attention map in each seed's model, titled with that head's zero-ablation effect there.
+
+    Per seed, never averaged over seeds: the heads of separately trained seeds do not
+    correspond by index, so a mean over seeds of "head 2" would blend unrelated heads.
 
     Args:
-        maps: ``(depth, heads, rows, cols)`` mean attention onto the patches.
-        mean, marked: ``(depth, heads)`` mean accuracy change (fraction) and t-interval-excludes-zero.
+        maps: seed -> ``(depth, heads, rows, cols)`` mean attention onto the patches over the images.
+        changes: seed -> ``(depth, heads)`` accuracy change (fraction) of that head zero-ablated.
         query: Which query the maps are of ("the class token", ...), for the title.
     """
-    depth, heads = maps.shape[:2]
-    fig = Figure(figsize=(0.4 + 1.55 * heads, 0.6 + 1.65 * depth), dpi=100, layout="constrained")
-    axes = fig.subplots(depth, heads, squeeze=False)
-    for b in range(depth):
-        for h in range(heads):
-            ax = axes[b, h]
-            ax.imshow(maps[b, h], cmap="viridis")
-            ax.set_xticks([])
-            ax.set_yticks([])
-            change = mean[b, h] * POINTS
-            effect = "n/a" if not math.isfinite(change) else f"{change:+.1f}" + ("*" if marked[b, h] else "")
-            ax.set_title(f"b{b} h{h}: {effect}", fontsize=7)
-    note = (f"mean attention of {query} onto the patches (each map its own colour scale); above each map: the "
-            "accuracy change in points when that head is zero-ablated, * where the t-interval excludes 0")
+    seeds = sorted(maps)
+    depth, heads = maps[seeds[0]].shape[:2]
+    fig = Figure(figsize=(0.9 + 1.3 * heads, 0.8 + 1.35 * depth * len(seeds)), dpi=100, layout="constrained")
+    axes = fig.subplots(depth * len(seeds), heads, squeeze=False)
+    for i, seed in enumerate(seeds):
+        for b in range(depth):
+            row = i * depth + b
+            for h in range(heads):
+                ax = axes[row, h]
+                ax.imshow(maps[seed][b, h], cmap="viridis")
+                ax.set_xticks([])
+                ax.set_yticks([])
+                change = changes[seed][b, h] * POINTS
+                ax.set_title(f"h{h}: " + ("n/a" if not math.isfinite(change) else f"{change:+.2f}"), fontsize=7)
+            axes[row, 0].set_ylabel(f"seed {seed}\nblock {b}", fontsize=7)
+    note = (f"mean attention of {query} onto the patches (each map its own colour scale), one row per seed and block; "
+            "above each map: the accuracy change in points in that seed when that head alone is zero-ablated")
     fig.suptitle(f"{title}\n" + textwrap.fill(note, width=int(18 * fig.get_figwidth())), fontsize=7)
     return fig

@@ -80,4 +80,23 @@ def heads_sentence(rows, mode: str, split: str = "validation", small: float = 1.
                  f"settle): {named}.")
     else:
         text += "for none does the wider of the two 95% intervals lie entirely below zero."
-    return text
+    return text + " " + per_seed_heads(heads, split, small)
+
+
+def per_seed_heads(heads, split: str, small: float) -> str:
+    """Model by model: how many heads cost less than ``small`` points alone, and the largest single-head drop.
+
+    Index-free: the heads of separately trained seeds do not correspond by index, so this is
+    the comparison with "most heads can be removed, a few cannot" that holds in each model.
+    """
+    seeds = sorted(heads[0].intact)
+    change = {s: [(r.intervened[s] - r.intact[s]) * 100 for r in heads] for s in seeds}
+    within = [sum(abs(c) < small for c in change[s]) for s in seeds]
+    worst = [min(change[s]) for s in seeds]
+    if len(seeds) == 1:
+        return (f"In this model {within[0]} of {len(heads)} heads cost less than {small:g} point{'s' if small != 1 else ''} "
+                f"when removed alone; the largest single-head drop is {fmt(-worst[0], 2)} points.")
+    return (f"Model by model (heads of separately trained seeds do not correspond by index, so this is the comparison "
+            f"that needs no alignment): {', '.join(map(str, within))} of {len(heads)} heads cost less than {small:g} "
+            f"point{'s' if small != 1 else ''} when removed alone, and the largest single-head drop is "
+            f"{', '.join(fmt(-w, 2) for w in worst)} points (seeds {', '.join(map(str, seeds))}).")
