@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from decimal import ROUND_HALF_UP, Decimal
 from pathlib import Path
 
 import pytest
@@ -71,3 +72,53 @@ def test_the_cifar_directions_in_the_readme_are_the_reports():
     for arm in ("base", "p4_w192"):
         row = next(line for line in accuracy.splitlines() if line.startswith(f"| {arm} "))
         in_readme(f"{row.strip('|').split('|')[2].strip()}%", f"{arm} mean validation accuracy")
+
+
+def ranked_rows(report: Path) -> dict[str, tuple[str, str, str]]:
+    """Intervention name -> (mean change, t-interval, 'lower in') from an intervention report's ranked table."""
+    section = report.read_text().split("## Every intervention, ranked", 1)[1].split("\n## ", 1)[0]
+    out = {}
+    for line in section.splitlines():
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        if len(cells) == 7 and cells[1].startswith("`"):
+            out[cells[1].strip("`")] = (cells[2], cells[3].rstrip("*"), cells[5])
+    return out
+
+
+@pytest.mark.skipif(not RESULTS.exists(), reason="no published results")
+def test_the_intervention_numbers_in_the_readme_are_the_reports():
+    """The heads paragraph: every change, interval, seed count and per-model count is the report's."""
+    report = RESULTS / "fmnist_seed_recipe_heads" / "report.md"
+    rows = ranked_rows(report)
+    readme = " ".join(README.split())
+
+    def interval(name: str) -> str:
+        low, high = rows[name][1].strip("[]").split(", ")
+        return f"{low} to {high}".replace("-", "−")
+
+    def says(text: str, what: str) -> None:
+        if text not in readme:
+            pytest.fail(f"{what}: README lacks {text!r}")
+
+    def two(value: str) -> str:  # the table's exact value to 2 decimals, halves away from zero as the report rounds
+        return str(Decimal(value).quantize(Decimal("0.01"), ROUND_HALF_UP)).replace("-", "−")
+
+    says(f"position embedding by {two(rows['pos_embed.zero'][0])[1:]} points ({interval('pos_embed.zero')}, "
+         f"{rows['pos_embed.zero'][2]})", "position embedding")
+    says(f"block 0: {two(rows['blocks.0.attn.skip'][0])[1:]} points, 95% t-interval "
+         f"{interval('blocks.0.attn.skip')}, lower in {rows['blocks.0.attn.skip'][2]} seeds", "attention branch 0")
+    for block in (0, 2):
+        name = f"blocks.{block}.mlp.skip"
+        says(f"({two(rows[name][0])}, {interval(name)}", f"MLP branch {block}")
+    attn = sorted((rows[f"blocks.{b}.attn.skip"][0] for b in range(3)), key=float)
+    says(f"{two(attn[-1])[1:]} to {two(attn[0])[1:]} points", "attention branches' range")
+    zero = sorted((rows[n][0] for n in rows if n.endswith(".zero") and ".head" in n), key=float)
+    says(f"by {zero[-1][1:]} to {two(zero[0])[1:]} points over 5 seeds", "single heads' range")
+    text = " ".join(report.read_text().split())
+    for mode in ("Zero", "Mean"):
+        sentence = text.split(f"{mode}-ablating one head at a time:", 1)[1].split("Model by model", 1)[1]
+        counts = re.search(r": ([\d, ]+) of 12 heads cost less than 1 point", sentence).group(1).split(", ")
+        says(f"{', '.join(counts[:-1])} and {counts[-1]}", f"{mode}-ablation per-model counts")
+    worst = re.search(r"largest single-head drop is ([\d., ]+) points",
+                      text.split("Zero-ablating one head at a time:", 1)[1]).group(1).split(", ")
+    says(f"drop per model is {min(worst, key=float)} to {max(worst, key=float)} points", "largest single-head drop")
