@@ -87,15 +87,17 @@ def test_every_execution_reattaches_the_one_parent_and_records_itself(study, mon
     # `ablate --storage postgresql://mlflow:PW@host/optuna` (the runbook's own form): before, the password was
     # in every executions/*.json, readable by any READ user.
     monkeypatch.setattr(sys, "argv", SECRET_ARGV)
+    monkeypatch.setenv("WORKBENCH_USER", "alice")
     assert [o.status for o in run()] == ["finished", "finished"]
     (first,) = runs(client, "parent")
+    monkeypatch.setenv("WORKBENCH_USER", "colab")  # another account reattaches it (a worker): not its creator
     assert [o.status for o in run()] == ["skipped", "skipped"]
     (parent,) = runs(client, "parent")
     assert parent.info.status == "FINISHED"
     # A rerun that ran nothing does not stretch the study's span (before: its end moved to the rerun's end).
     assert parent.info.end_time == first.info.end_time, (parent.info.end_time - first.info.end_time, "ms later")
     tags = parent.data.tags
-    assert tags["code_fingerprint"] == current_code_fingerprint() and tags["mlflow.user"]
+    assert tags["code_fingerprint"] == current_code_fingerprint() and tags["mlflow.user"] == "alice"
     assert protocol.description in tags["mlflow.note.content"] and "| seeds | 0, 1 |" in tags["mlflow.note.content"]
     records = [json.loads(Path(client.download_artifacts(parent.info.run_id, a.path)).read_text())
                for a in client.list_artifacts(parent.info.run_id, "executions")]

@@ -218,7 +218,9 @@ def _find_or_create_parent(client: MlflowClient, exp_id: str, protocol, tags: di
     # Executions alive at once share the parent's lease: each renews a tag of its own
     # (``execution_tag``) and the parent is alive while any of them is.
     token = run.data.tags[TOKEN_TAG] if shared else token
-    sink.set_tags({**{k: v for k, v in tags.items() if k != "mlflow.runName"},
+    # Its name and its creator (mlflow.user, the UI's "Created by") stay those of the execution
+    # that made it: a worker of another account reattaching it is not its owner.
+    sink.set_tags({**{k: v for k, v in tags.items() if k not in ("mlflow.runName", "mlflow.user")},
                    **({} if shared else lease_tags(token)), execution_tag(own): execution_value()})
     log(f"study {protocol.name}@{protocol.short_hash}: parent run {run.info.run_id} reattached")
     return sink, token, previous_end
