@@ -98,7 +98,8 @@ def warning_items(study: StudyData, conflicts: list[str] = ()) -> list[str]:
             out.append(f"the runs used {len(values)} different {what} ({', '.join(v[:12] for v in values)}): "
                        "seeds may not be paired on identical data")
     commits = sorted({r.commit for r in chosen})
-    if len(commits) > 1:
+    code = {r.params.get("code_fingerprint") or r.tags.get("code_fingerprint") for r in chosen}
+    if len(commits) > 1 and (len(code) > 1 or None in code):
         out.append(f"the chosen runs come from {len(commits)} code commits ({', '.join(c[:10] for c in commits)}); "
                    "pass `--commit` to report one")
     dirty = sorted(f"{r.arm}/seed{r.seed}" for r in chosen if r.dirty != "false")
