@@ -5,8 +5,9 @@ source. A user who exported ``MLFLOW_TRACKING_URI=sqlite:///$PWD/stores/x.db`` g
 absolute path only to say "this folder's ``stores/x.db``"; the page shows it as
 ``sqlite:///stores/x.db``, relative to the working directory the report was built from,
 the way the user could have given it. Paths outside that directory become ``../``
-paths. Nothing else in the text changes, so a text with no absolute path is returned as
-it came (and rewriting is idempotent).
+paths, except system-wide ones (``/usr/...``, the same on every machine). Nothing else
+in the text changes, so a text with no absolute path is returned as it came (and
+rewriting is idempotent).
 """
 
 from __future__ import annotations
@@ -21,9 +22,14 @@ _STORE_URI = re.compile(r"\b(?P<scheme>sqlite:///|file://)(?P<path>/[^\s\"'`<>|)
 _ABSOLUTE = re.compile(r"(?<![^\s(\[{\"'=,;`])/(?=[^\s/])[^\s\"'`<>|)\],;]*")
 
 
+# System-wide locations (a Debian dataset package's /usr/share/datasets/...) name the same
+# file on every machine that has the package: kept as they are, not turned into ../../usr.
+SYSTEM_PREFIXES = ("/usr/",)
+
+
 def relative(path: str, base: str | None = None) -> str:
-    """``path`` relative to ``base`` (default: the working directory); relative paths unchanged."""
-    if not os.path.isabs(path):
+    """``path`` relative to ``base`` (default: the working directory); relative and system-wide paths unchanged."""
+    if not os.path.isabs(path) or path.startswith(SYSTEM_PREFIXES):
         return path
     return os.path.relpath(path, base or os.getcwd())
 
