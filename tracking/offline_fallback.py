@@ -185,6 +185,11 @@ def is_auth_failure(err: BaseException) -> bool:
     return _http_failure(err) in (401, 403)
 
 
+def is_permission_denied(err: BaseException) -> bool:
+    """HTTP 403: the server knows the account and will not let it do this (e.g. write to another's experiment)."""
+    return _http_failure(err) == 403
+
+
 def describe_failure(err: BaseException) -> str:
     """A short, credential-free reason for a warning line."""
     import requests

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import shlex
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -13,10 +14,12 @@ from pathlib import Path
 import click
 import mlflow
 from mlflow.entities import Run
+from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
-from tracking.offline_fallback import (ensure_experiment, fallback_client, fallback_exists, fallback_run_exists, fallback_uri,
-                                      is_remote, is_unreachable, tracking_uri)
+from tracking.offline_fallback import (TrackingAuthError, ensure_experiment, fallback_client, fallback_exists,
+                                      fallback_run_exists, fallback_uri, is_permission_denied, is_remote, is_unreachable,
+                                      redact_uri, tracking_uri)
 from tracking import ui_links
 from tracking.executions import (EXPECTED_TAG, children, close_dead_records, counts_of, end_time_for, iso, new_record,
                                  study_status, write_record)
@@ -162,8 +165,13 @@ def open_study_parent(protocol, protocol_file: Path, allow_dirty: bool, extra_ta
         tags["launcher_run_id"] = launcher  # the run `mlflow run` created around this execution
     own, started_ms = new_token(), int(time.time() * 1000)  # this execution's own lease token
     with store_lock(configure_tracking()):
-        reap_expired(client, exp_id, f"tags.protocol_hash = '{protocol.hash}'", log=log)
-        sink, token, previous_end = _find_or_create_parent(client, exp_id, protocol, tags, own, log)
+        try:
+            reap_expired(client, exp_id, f"tags.protocol_hash = '{protocol.hash}'", log=log)
+            sink, token, previous_end = _find_or_create_parent(client, exp_id, protocol, tags, own, log)
+        except MlflowException as err:
+            if is_permission_denied(err):
+                raise _no_edit_grant(client, exp_id) from None
+            raise
         try:
             HEARTBEATS.hold(sink.run_id, sink.uri, token, execution_tag(own))
             _log_protocol_files(sink, protocol, protocol_file)
@@ -183,6 +191,15 @@ def open_study_parent(protocol, protocol_file: Path, allow_dirty: bool, extra_ta
             if not is_unreachable(err):
                 raise
     return parent
+
+
+def _no_edit_grant(client: MlflowClient, exp_id: str) -> TrackingAuthError:
+    """The error for HTTP 403 on a study's runs: this account may read the experiment, not write to it."""
+    name, account = client.get_experiment(exp_id).name, run_user()
+    return TrackingAuthError(
+        f"MLflow tracking server {redact_uri(tracking_uri())} does not let account {account!r} write to experiment "
+        f"{name!r} (id {exp_id}), which another account created (HTTP 403). Its owner or the server's admin gives "
+        f"it EDIT: workbench server grant {shlex.quote(account)} {shlex.quote(name)} --permission EDIT")
 
 
 def _find_or_create_parent(client: MlflowClient, exp_id: str, protocol, tags: dict, own: str,
