@@ -93,3 +93,10 @@ def test_cells_of_another_interventions_code_are_never_mixed_in(logged):
     client.set_terminated(run_id, "FINISHED")
     chosen, records = finished_cells(protocol.name, protocol.hash)
     assert {k: r.run_id for k, r in chosen.items()} == {("vit", 0): run_id} and len(records) == 4
+
+
+def test_the_store_index_names_an_intervention_study_by_its_kind(logged):
+    from tracking.queries import protocol_entries
+
+    kinds = {e.name: e.kind for e in protocol_entries()}
+    assert kinds.get("tiny_logged") == "intervention", kinds  # `report --all` said "ablation"

@@ -104,9 +104,15 @@ class ProtocolEntry:
     newest_parent: str
     parent_status: str
     start_time: int
-    kind: str  # "transfer" or "ablation"
+    kind: str  # "ablation", "transfer" or "intervention"
     cell_status: dict[str, int]  # status -> cell runs of the newest hash
     hashes: int
+
+
+def protocol_kind(parent: Run) -> str:
+    """What a study parent ran, from its tags."""
+    tags = parent.data.tags
+    return next((kind for kind in ("transfer", "intervention") if tags.get(kind) == "true"), "ablation")
 
 
 def protocol_entries() -> list[ProtocolEntry]:
@@ -126,7 +132,7 @@ def protocol_entries() -> list[ProtocolEntry]:
             cells[run.info.status] = cells.get(run.info.status, 0) + 1
         out.append(ProtocolEntry(exp.name, digest, newest.info.run_id, newest.info.status,
                                  int(newest.info.start_time or 0),
-                                 "transfer" if newest.data.tags.get("transfer") == "true" else "ablation",
+                                 protocol_kind(newest),
                                  dict(sorted(cells.items())), len({r.data.tags.get("protocol_hash") for r in named})))
     return out
 
