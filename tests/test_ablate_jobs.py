@@ -39,8 +39,11 @@ def ablate(tmp_path: Path, folder: Path, *args: str, epochs: int = 2, wait: bool
     if wait:
         return subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     log = open(tmp_path / f"ablate-{time.monotonic_ns()}.log", "w")
+    # SIGINT at its default, as in a terminal: a test run started in the background (CI under
+    # nohup) passes SIG_IGN on, and an ablate that ignores SIGINT would rightly never stop.
     return subprocess.Popen(command, cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True), Path(log.name)
+                            start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL)), Path(log.name)
 
 
 def runs(client: MlflowClient, what: str):

@@ -579,6 +579,7 @@ def test_sync_prints_no_credentialed_url(carol_and_dave, isolated_tracking, tmp_
         assert DAVE[1] not in text and "View run" not in text, text
 
 @pytest.mark.integration
+@pytest.mark.slow  # 6 s of server start: the default tier neared its 5 minutes (docs/testing.md)
 def test_a_server_that_dies_at_start_exits_non_zero(tmp_path):
     nothing = "nosuchdb://127.0.0.1/runs"  # the server process refuses it after the launcher started it
     launcher = Launcher(["--backend-store-uri", nothing, "--auth-db-uri", f"sqlite:///{tmp_path / 'auth.db'}",
@@ -591,6 +592,7 @@ def test_a_server_that_dies_at_start_exits_non_zero(tmp_path):
 
 
 @pytest.mark.integration
+@pytest.mark.slow  # 13 s with its teardown: the default tier neared its 5 minutes (docs/testing.md)
 def test_sigkill_of_the_launcher_leaves_no_server_and_no_secret_file(tmp_path):
     port = free_port()
     launcher = Launcher(["--backend-store-uri", f"sqlite:///{tmp_path / 'runs.db'}", "--auth-db-uri",

@@ -88,6 +88,7 @@ def test_two_processes_sharing_a_storage_train_different_configurations_under_on
     assert parent.info.status == "FINISHED", parent.info.status
 
 
+@pytest.mark.slow  # 9 s: the default tier neared its 5 minutes (docs/testing.md)
 def test_ctrl_c_ends_the_sweep_parent_killed_and_a_live_sweep_is_never_reaped(tmp_path, mlflow_store, monkeypatch):
     """The sweep's parent holds a lease: `status` of the protocol leaves a live sweep alone; Ctrl-C ends it KILLED."""
     import studies.sweep as sweep_mod
