@@ -26,7 +26,15 @@ def frame_inside_a_database_call():
     return seen[0]
 
 
-def test_a_stop_inside_a_database_call_is_sent_again_and_raised_outside(monkeypatch):
+@pytest.fixture
+def sigint_at_its_default():
+    """As in a terminal: a test run started in the background (CI under nohup) inherits SIGINT ignored."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
+def test_a_stop_inside_a_database_call_is_sent_again_and_raised_outside(monkeypatch, sigint_at_its_default):
     timers = []
 
     class Timer:
