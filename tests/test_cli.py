@@ -154,6 +154,7 @@ def test_debug_shows_the_traceback(bad_inputs, monkeypatch):
     assert isinstance(result.exception, ValueError)
 
 
+@pytest.mark.slow  # 5 to 7 s: the default tier reached 4 min 59 s on a fresh clone (docs/testing.md)
 def test_a_real_process_prints_one_line_and_no_traceback(bad_inputs):
     proc = run_python("", "-m", "studies.cli", "equivalence", "--model", "vit_tiny_patch16_224", "--weights",
                       "random.bin", cwd=bad_inputs)

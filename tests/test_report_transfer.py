@@ -163,6 +163,7 @@ def test_transfer_report_numbers_files_and_logging(transfer_store, tmp_path):
     assert again.figures[0].read_bytes() == result.figures[0].read_bytes(), "rebuilding changed a figure"
 
 
+@pytest.mark.slow  # 5 to 7 s: the default tier reached 4 min 59 s on a fresh clone (docs/testing.md)
 def test_transfer_report_options(transfer_store, tmp_path):
     protocol = transfer_store["protocol"]
     with pytest.raises(ReportError, match="--hash ffff: matches 0 recorded hashes"):
