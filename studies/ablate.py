@@ -8,10 +8,7 @@ cell continues from its checkpoint in its own MLflow run, and the rest run.
 from __future__ import annotations
 
 import contextlib
-import os
-import signal
 import sys
-import threading
 import traceback
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -22,6 +19,7 @@ from tqdm.auto import tqdm
 from studies.jobs import DEFAULT_THREADS_PER_JOB, check_jobs, describe, run_jobs
 from studies.options import check_protocol_amp, threads_option
 from studies.protocol import Cell, Protocol, ProtocolError, check_clean, check_frozen, load_protocol
+from studies.stop_signals import Terminated, as_stop, sigterm_raises
 from studies.train import TrainOutcome, prepare_data, train_one
 from tracking.protocols import cell_runs, close_study_parent, open_study_parent, recorded_hashes
 from tracking.runs import configure_tracking
@@ -78,6 +76,8 @@ def run_cell(
             identity=cell_identity(cell), tags=tags, params={"arm": cell.arm, "seed": cell.seed}, **train_kw,
         )
     except Exception as err:  # one failing cell must not take the others down
+        if as_stop(err) is not err:  # a Ctrl-C or SIGTERM that came out as another error: stop
+            raise as_stop(err) from err
         traceback.print_exc()
         return CellOutcome(cell, "failed", f"{cell.key}: failed ({type(err).__name__}: {err})")
     return CellOutcome(cell, outcome.status, outcome.message, outcome.run_id, outcome.metrics)
@@ -87,63 +87,6 @@ def prepare_protocol_data(protocol: Protocol, data_path: str | None, download: b
     """Load the dataset once and make the split every cell shares (the pairing)."""
     spec = protocol.dataset if data_path is None else replace(protocol.dataset, path=data_path)
     return prepare_data(spec, download)
-
-
-class Terminated(KeyboardInterrupt):
-    """SIGTERM, raised in the main thread so that every run records how the execution ended (KILLED, as Ctrl-C)."""
-
-
-# Frames of a database call: an exception raised inside one can leave its transaction open on
-# a connection nobody closes, and a SQLite store then refuses every later write ("database is
-# locked" after 20 s): the run's end, the parent's counts. Seen once in CI's SIGTERM test.
-DB_CALL_MARKERS = (f"{os.sep}sqlalchemy{os.sep}", f"{os.sep}sqlite3{os.sep}")
-DEFER_SECONDS, MAX_DEFERRALS = 0.05, 100  # at most 5 s: a stop is never lost to a stuck call
-
-
-def in_database_call(frame) -> bool:
-    while frame is not None:
-        if any(marker in frame.f_code.co_filename for marker in DB_CALL_MARKERS):
-            return True
-        frame = frame.f_back
-    return False
-
-
-def _stop_between_writes(make_error):
-    """A signal handler raising ``make_error(signum)``, but never inside a database call: it is sent again shortly."""
-    deferred = [0]
-
-    def handler(signum, frame):
-        if in_database_call(frame) and deferred[0] < MAX_DEFERRALS:
-            deferred[0] += 1
-            threading.Timer(DEFER_SECONDS, os.kill, (os.getpid(), signum)).start()
-            return
-        raise make_error(signum)
-
-    return handler
-
-
-@contextlib.contextmanager
-def sigterm_raises():
-    """Turn SIGTERM into ``Terminated`` for the duration (a batch scheduler's stop is not a crash).
-
-    SIGTERM and Ctrl-C are raised between database calls, never inside one (see
-    ``DB_CALL_MARKERS``). A SIGINT this process ignores (started in the background) stays ignored.
-    """
-    try:
-        previous = signal.signal(signal.SIGTERM, _stop_between_writes(
-            lambda signum: Terminated(f"signal {signal.Signals(signum).name}")))
-    except ValueError:  # not the main thread: leave signals alone
-        yield
-        return
-    previous_int = signal.getsignal(signal.SIGINT)
-    if previous_int is signal.default_int_handler:
-        signal.signal(signal.SIGINT, _stop_between_writes(lambda signum: KeyboardInterrupt()))
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-        if previous_int is signal.default_int_handler:
-            signal.signal(signal.SIGINT, previous_int)
 
 
 @contextlib.contextmanager

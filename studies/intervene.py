@@ -23,7 +23,8 @@ import click
 import torch
 from tqdm.auto import tqdm
 
-from studies.ablate import held_parent, prepare_protocol_data, sigterm_raises
+from studies.ablate import held_parent, prepare_protocol_data
+from studies.stop_signals import sigterm_raises
 from studies.options import threads_option
 from studies.preflight import remove_abandoned_cache_files
 from studies.protocol import ProtocolError, check_clean, check_frozen

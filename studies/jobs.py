@@ -171,7 +171,8 @@ def run_jobs(protocol: Protocol, protocol_file: Path, output_dir: Path, jobs: in
     """
     import optuna
 
-    from studies.ablate import finished_cells, held_parent, prepare_protocol_data, sigterm_raises
+    from studies.ablate import finished_cells, held_parent, prepare_protocol_data
+    from studies.stop_signals import sigterm_raises
     from studies.cell_queue import counts, enqueue_cells, open_storage
 
     # Decode and cache the data once here, so the workers only read the cache.
@@ -208,7 +209,7 @@ def _drive(study, total: int, n_jobs: int, command: list[str]) -> int:
 
     Returns how many workers exited with an error.
     """
-    from studies.ablate import Terminated
+    from studies.stop_signals import Terminated
     from studies.cell_queue import counts
 
     jobs = start_jobs(n_jobs, command)

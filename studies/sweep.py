@@ -20,7 +20,8 @@ import click
 import optuna
 import yaml
 
-from studies.ablate import prepare_protocol_data, sigterm_raises
+from studies.ablate import prepare_protocol_data
+from studies.stop_signals import sigterm_raises
 from studies.cell_queue import open_storage, redact
 from studies.protocol import ProtocolError, load_protocol
 from studies.options import check_amp, threads_option

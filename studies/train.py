@@ -21,6 +21,7 @@ from tqdm.auto import tqdm
 from studies.options import check_amp, threads_option
 from studies.preflight import (check_trainable, check_writable_folder, outcome_line, remove_abandoned_cache_files,
                                trainable_problem)
+from studies.stop_signals import as_stop
 from tracking.lease import HEARTBEATS, RELEASED_TAG, LeaseLost, lease_tags, new_token
 from tracking.runs import run_user
 from tracking.runs import configure_tracking, environment_tags
@@ -146,10 +147,14 @@ def _train(cfg: TrainConfig, data: PreparedData, sink: RunSink, token: str, prev
         sink.set_tags({"stopped": str(err) or "stopped by an observer"})
         return _end(sink, token, "KILLED", "stopped", f"{run_name}: stopped ({err})")
     except BaseException as err:  # as MLflow's run context did: the run records why it ended
+        stop = as_stop(err)  # a Ctrl-C that torch.save turned into a RuntimeError is still a Ctrl-C
         with contextlib.suppress(Exception):  # never hide the real error behind a logging one
-            interrupted = isinstance(err, (KeyboardInterrupt, SystemExit))
-            sink.set_tags({"end_reason": f"{type(err).__name__}: {err}"[:500]})
+            interrupted = isinstance(stop, (KeyboardInterrupt, SystemExit))
+            reason = f"{type(stop).__name__}: {stop}" + (f" (came out as {type(err).__name__}: {err})" if stop is not err else "")
+            sink.set_tags({"end_reason": reason[:500]})
             _end(sink, token, "KILLED" if interrupted else "FAILED", "failed", "")
+        if stop is not err:
+            raise stop from err
         raise
     message = f"{run_name}: best val accuracy {result.final_metrics['best_val_accuracy']:.4f} at epoch {result.best_epoch}; {result.reload_proof.summary()}"
     if sink.offline:

@@ -20,7 +20,8 @@ import torch
 from tqdm.auto import tqdm
 
 from reports.transfer import transfer_markdown
-from studies.ablate import held_parent, sigterm_raises
+from studies.ablate import held_parent
+from studies.stop_signals import sigterm_raises
 from studies.options import check_amp, threads_option
 from studies.preflight import check_writable_folder, remove_abandoned_cache_files
 from studies.protocol import ProtocolError, check_clean, check_frozen, load_protocol, load_transfer_protocol

@@ -11,7 +11,8 @@ import click
 import optuna
 from optuna.trial import TrialState
 
-from studies.ablate import held_parent, prepare_protocol_data, run_cell, sigterm_raises
+from studies.ablate import held_parent, prepare_protocol_data, run_cell
+from studies.stop_signals import pending_stop, sigterm_raises
 from studies.cell_queue import (
     GRACE_SECONDS,
     HEARTBEAT_SECONDS,
@@ -73,6 +74,8 @@ def drain(study: optuna.Study, run_one, grace: float, poll_seconds: float = 2.0,
     tally = {"ran": 0, "skipped": 0, "failed": 0, "lost": 0}
     waiting_said = None
     while max_cells is None or tally["ran"] + tally["failed"] < max_cells:
+        if pending_stop() is not None:  # never take another cell after Ctrl-C or SIGTERM
+            raise pending_stop()
         requeue_expired(study, grace, log)
         state = counts(study)
         if not state["waiting"]:

@@ -123,7 +123,9 @@ def test_a_stopped_coordinator_leaves_a_record_the_next_ablate_takes_over(study,
         assert "stopping 2 job(s) (SIGINT)" in text and "interrupted: parent run" in text, text[-3000:]
         cells = assert_record_clean(client, "KILLED")
         killed = [r for r in cells if r.info.status == "KILLED"]
-        assert len(killed) == 2 and all("KeyboardInterrupt" in r.data.tags.get("end_reason", "") for r in killed)
+        assert len(killed) == 2 and all("KeyboardInterrupt" in r.data.tags.get("end_reason", "") for r in killed), \
+            ([(r.data.tags["mlflow.runName"], r.info.status, r.data.tags.get("end_reason")) for r in cells],
+             text.replace("\r", "\n")[-3000:])
 
     done = ablate(tmp_path, folder, "--jobs", "2", epochs=30)
     out = done.stdout + done.stderr

@@ -157,3 +157,21 @@ def test_a_parent_closed_while_a_heartbeat_is_under_way_gets_no_late_lease_tag(m
     client.delete_tag(run.info.run_id, EXEC_PREFIX + "mine")  # what the closing execution does after release
     beats._beat(run.info.run_id)  # not held any more: writes nothing
     assert EXEC_PREFIX + "mine" not in real_get_run(client, run.info.run_id).data.tags
+
+
+def test_two_executions_reattaching_one_killed_run_together_both_get_it(mlflow_store):
+    """Both read the run while it still had ``killed_reason``; the first moves it to the history and
+    deletes it, so the second's delete finds nothing. In CI a worker died at start on that
+    (RESOURCE_DOES_NOT_EXIST) beside another worker that had just reattached the parent."""
+    from tracking.sink import HISTORY_TAG, RunSink
+
+    client = MlflowClient()
+    exp = client.create_experiment("rec")
+    run_id = client.create_run(exp, tags={"killed_reason": "process 1 on vm is gone"}).info.run_id
+    client.set_terminated(run_id, "KILLED")
+    first_read, second_read = client.get_run(run_id), client.get_run(run_id)  # both before either attaches
+    RunSink.attach(first_read, mlflow_store, "rec")
+    RunSink.attach(second_read, mlflow_store, "rec")
+    run = client.get_run(run_id)
+    assert run.info.status == "RUNNING" and "killed_reason" not in run.data.tags, run.data.tags
+    assert "killed_reason=process 1 on vm is gone" in run.data.tags[HISTORY_TAG], run.data.tags[HISTORY_TAG]

@@ -56,14 +56,23 @@ def no_worker_left_behind():
             proc.wait(timeout=30)
 
 
-def wait_for(what: str, condition, timeout: float = 300, every: float = 0.2):
+def wait_for(what: str, condition, timeout: float = 300, every: float = 0.2, logs: dict[str, Path] | None = None):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         found = condition()
         if found:
             return found
         time.sleep(every)
-    raise AssertionError(f"timed out waiting for {what}")
+    shown = "".join(f"\n--- {name} worker (end) ---\n{tail(log)}" for name, log in (logs or {}).items())
+    raise AssertionError(f"timed out waiting for {what}{shown}")
+
+
+def tail(log: Path, chars: int = 2500) -> str:
+    """The end of a worker's log without its progress bars (CI once showed only 'timed out')."""
+    if not log.exists():
+        return "(no log)"
+    lines = [line for line in log.read_text().replace("\r", "\n").splitlines() if line.strip() and "it/s" not in line]
+    return "\n".join(lines)[-chars:]
 
 
 def epochs_done(log: Path) -> int:
@@ -164,7 +173,7 @@ def test_killed_paused_and_requeued_workers_every_cell_exactly_once(queue, tmp_p
         paused = start(common, env, tmp_path, logs["paused"])
         steady = start(common, env, tmp_path, logs["steady"])
         victims = wait_for("two workers mid-cell", lambda: (mid_cell(logs["killed"]), mid_cell(logs["paused"]))
-                           if mid_cell(logs["killed"]) and mid_cell(logs["paused"]) else None, every=0.05)
+                           if mid_cell(logs["killed"]) and mid_cell(logs["paused"]) else None, every=0.05, logs=logs)
         # Paused right after an epoch line: the moment between the lease check and the metric upload
         # is the one that fencing alone cannot close (MLflow has no conditional write).
         os.killpg(killed.pid, signal.SIGKILL)
@@ -173,12 +182,14 @@ def test_killed_paused_and_requeued_workers_every_cell_exactly_once(queue, tmp_p
         killed_cell, paused_cell = map(int, victims)
         # By hand, while the steady worker is busy and alive: only the expired leases are re-queued.
         requeue = start([*common, "--requeue-stale"], env, tmp_path, logs["requeue"])
-        wait_for("the --requeue-stale report", lambda: re.search(r"re-queued (\d+) cells", logs["requeue"].read_text()))
+        wait_for("the --requeue-stale report", lambda: re.search(r"re-queued (\d+) cells", logs["requeue"].read_text()),
+                 logs=logs)
         study = optuna.load_study(study_name=f"cells:tiny@{_short_hash(protocol)}", storage=open_storage(storage, 2, 10))
         # Past the grace period a live worker hands the paused worker's cell on and another one takes it.
         wait_for("the paused cell taken over", lambda: any(
             t.user_attrs.get("cell") == paused_cell and t.user_attrs.get("retry_of") is not None
-            for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING, TrialState.COMPLETE))), timeout=300)
+            for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING, TrialState.COMPLETE))), timeout=300,
+                 logs=logs)
         os.killpg(paused.pid, signal.SIGCONT)
         outputs = {}
         for name, proc in (("paused", paused), ("steady", steady), ("requeue", requeue)):

@@ -7,14 +7,22 @@ nobody closes; a SQLite store then refuses every later write for 20 s and fails 
 
 from __future__ import annotations
 
+import io
+import os
 import signal
 import sys
+import time
 
 import pytest
 import sqlalchemy as sa
+import torch
+from mlflow.tracking import MlflowClient
 
-from studies import ablate
-from studies.ablate import Terminated, in_database_call, sigterm_raises
+from studies import stop_signals
+from studies.stop_signals import Terminated, in_database_call, sigterm_raises
+from studies.train import train_one
+from synthetic import synthetic_data, tiny_config
+from workbench.train.loop import TrainingObserver
 
 
 def frame_inside_a_database_call():
@@ -44,7 +52,7 @@ def test_a_stop_inside_a_database_call_is_sent_again_and_raised_outside(monkeypa
         def start(self):
             pass
 
-    monkeypatch.setattr(ablate.threading, "Timer", Timer)
+    monkeypatch.setattr(stop_signals.threading, "Timer", Timer)
     inside, outside = frame_inside_a_database_call(), sys._getframe()
     assert in_database_call(inside) and not in_database_call(outside)
     with sigterm_raises():
@@ -57,7 +65,7 @@ def test_a_stop_inside_a_database_call_is_sent_again_and_raised_outside(monkeypa
         assert int_handler(signal.SIGINT, inside) is None and len(timers) == 2
         with pytest.raises(KeyboardInterrupt):
             int_handler(signal.SIGINT, outside)
-        for _ in range(ablate.MAX_DEFERRALS - 1):  # a call that never returns does not hold a stop forever
+        for _ in range(stop_signals.MAX_DEFERRALS - 1):  # a call that never returns does not hold a stop forever
             handler(signal.SIGTERM, inside)
         with pytest.raises(Terminated):
             handler(signal.SIGTERM, inside)
@@ -71,3 +79,68 @@ def test_an_ignored_sigint_stays_ignored(monkeypatch):
             assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+class _InterruptedFile(io.BytesIO):
+    """A file whose second write is hit by a real Ctrl-C (this process sends itself SIGINT)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.writes = 0
+
+    def write(self, data):
+        self.writes += 1
+        if self.writes == 2:
+            os.kill(os.getpid(), signal.SIGINT)
+        return super().write(data)
+
+
+def test_a_stop_during_an_atomic_write_is_raised_after_the_file_is_complete(tmp_path, sigint_at_its_default):
+    from workbench.atomic import atomic_write
+
+    target = tmp_path / "checkpoint.pt"
+    state = {"w": torch.arange(10_000, dtype=torch.float32)}
+    with sigterm_raises():
+        with pytest.raises(KeyboardInterrupt):
+            atomic_write(target, lambda f: torch.save(state, _Forward(f)))
+            time.sleep(2)  # the deferred signal comes back 50 ms after the write
+    assert torch.equal(torch.load(target, weights_only=True)["w"], state["w"]), "the checkpoint was cut"
+    assert [p.name for p in tmp_path.iterdir()] == ["checkpoint.pt"], "a temp file was left"
+
+
+class _Forward(io.RawIOBase):
+    """Writes go to ``f``; the second one is hit by a real Ctrl-C."""
+
+    def __init__(self, f) -> None:
+        self.f, self.writes = f, 0
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data) -> int:
+        self.writes += 1
+        if self.writes == 2:
+            os.kill(os.getpid(), signal.SIGINT)
+        return self.f.write(data)
+
+
+def test_a_stop_that_torch_save_turns_into_another_error_is_still_a_stop(mlflow_store, tmp_path,
+                                                                       sigint_at_its_default):
+    """torch's zip writer makes ``RuntimeError: [enforce fail ...] unexpected pos`` of a Ctrl-C that
+    lands inside ``torch.save``: CI's ``ablate --jobs`` worker then recorded its cell FAILED and
+    trained the next cell after Ctrl-C. The run must end KILLED for the Ctrl-C, and the error go up
+    as a KeyboardInterrupt."""
+    class SaveOnEpoch(TrainingObserver):
+        def on_epoch(self, metrics: dict) -> None:
+            torch.save({"w": torch.zeros(1000)}, _InterruptedFile())  # not an atomic write: nothing defers it
+
+    data = synthetic_data(n_train=64, n_val=32, n_test=16)
+    with sigterm_raises():
+        with pytest.raises(KeyboardInterrupt) as raised:
+            train_one(tiny_config(epochs=3), data, "tiny", tmp_path / "out", "tiny", observer=SaveOnEpoch(),
+                      log=lambda line: None)
+    assert isinstance(raised.value.__cause__, RuntimeError) and "unexpected pos" in str(raised.value.__cause__)
+    (run,) = MlflowClient().search_runs([MlflowClient().get_experiment_by_name("tiny").experiment_id])
+    assert run.info.status == "KILLED", run.info.status
+    reason = run.data.tags["end_reason"]
+    assert reason.startswith("KeyboardInterrupt") and "came out as RuntimeError" in reason, reason

@@ -1,0 +1,109 @@
+"""Ctrl-C and SIGTERM in a study: raised where they cannot break a write, and never forgotten.
+
+A stop raised inside a database call can leave its transaction open on a connection nobody
+closes: a SQLite store then refuses every later write ("database is locked" after 20 s), the
+run's end and the parent's counts among them (seen once in CI's SIGTERM test). A stop raised
+inside ``torch.save`` is turned by torch's zip writer into ``RuntimeError: [enforce fail at
+inline_container.cc:672] . unexpected pos ...``: in CI a worker of ``ablate --jobs`` then
+recorded its cell FAILED, took the next cell and trained on after Ctrl-C. So the handler sends
+the signal again shortly while either is under way, and remembers the stop: an error that
+surfaces while a stop is pending is reported as that stop (``pending_stop``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import threading
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised in the main thread so that every run records how the execution ended (KILLED, as Ctrl-C)."""
+
+
+# Frames a stop must not interrupt: a database call (SQLAlchemy, sqlite3) and an atomic file
+# write (checkpoints, caches: workbench/atomic.py holds the temp file until it is renamed).
+DB_CALL_MARKERS = (f"{os.sep}sqlalchemy{os.sep}", f"{os.sep}sqlite3{os.sep}")
+WRITE_MARKERS = (f"{os.sep}workbench{os.sep}atomic.py",)
+DEFER_SECONDS, MAX_DEFERRALS = 0.05, 200  # at most 10 s: a stop is never lost to a stuck call
+
+_pending: list[BaseException] = []  # the stop this process was asked for, once asked
+
+
+def _inside(frame, markers: tuple[str, ...]) -> bool:
+    while frame is not None:
+        if any(marker in frame.f_code.co_filename for marker in markers):
+            return True
+        frame = frame.f_back
+    return False
+
+
+def in_database_call(frame) -> bool:
+    return _inside(frame, DB_CALL_MARKERS)
+
+
+def in_protected_call(frame) -> bool:
+    """Inside a database call or an atomic write: a stop raised here would break it."""
+    return _inside(frame, DB_CALL_MARKERS + WRITE_MARKERS)
+
+
+def pending_stop() -> BaseException | None:
+    """The Ctrl-C or SIGTERM received since ``sigterm_raises`` began, if any."""
+    return _pending[0] if _pending else None
+
+
+def as_stop(err: BaseException) -> BaseException:
+    """``err`` itself, or the pending stop when ``err`` is another error raised after it.
+
+    The stop may have been turned into something else on its way up (torch's zip writer makes a
+    ``RuntimeError`` of it); what ended the work is still the user's stop, not a failure.
+    """
+    stop = pending_stop()
+    if stop is None or isinstance(err, KeyboardInterrupt):
+        return err
+    replaced = type(stop)(*stop.args)
+    replaced.__cause__ = err
+    return replaced
+
+
+def _stop_between_writes(make_error):
+    """A signal handler raising ``make_error(signum)``, but never inside a protected call: it is sent again shortly."""
+    deferred = [0]
+
+    def handler(signum, frame):
+        if not _pending:
+            _pending.append(make_error(signum))
+        if in_protected_call(frame) and deferred[0] < MAX_DEFERRALS:
+            deferred[0] += 1
+            threading.Timer(DEFER_SECONDS, os.kill, (os.getpid(), signum)).start()
+            return
+        raise make_error(signum)
+
+    return handler
+
+
+@contextlib.contextmanager
+def sigterm_raises():
+    """Turn SIGTERM into ``Terminated`` for the duration (a batch scheduler's stop is not a crash).
+
+    SIGTERM and Ctrl-C are raised between database calls and atomic writes, never inside one. A
+    SIGINT this process ignores (started in the background) stays ignored.
+    """
+    try:
+        previous = signal.signal(signal.SIGTERM, _stop_between_writes(
+            lambda signum: Terminated(f"signal {signal.Signals(signum).name}")))
+    except ValueError:  # not the main thread: leave signals alone
+        yield
+        return
+    _pending.clear()
+    previous_int = signal.getsignal(signal.SIGINT)
+    if previous_int is signal.default_int_handler:
+        signal.signal(signal.SIGINT, _stop_between_writes(lambda signum: KeyboardInterrupt()))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        if previous_int is signal.default_int_handler:
+            signal.signal(signal.SIGINT, previous_int)
+        _pending.clear()
