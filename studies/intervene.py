@@ -11,11 +11,9 @@ parent run with leases, as ``ablate`` and ``transfer`` do.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import sys
 import time
-import traceback
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -24,11 +22,11 @@ import torch
 from tqdm.auto import tqdm
 
 from studies.ablate import held_parent, prepare_protocol_data
-from studies.stop_signals import sigterm_raises
+from studies.cell_end import end_after_error, end_cell
 from studies.options import threads_option
 from studies.preflight import remove_abandoned_cache_files
 from studies.protocol import ProtocolError, check_clean, check_frozen
-from studies.transfer import end_cell
+from studies.stop_signals import sigterm_raises
 from tracking import interventions as ti
 from tracking.lease import HEARTBEATS, LeaseLost, lease_tags, new_token
 from tracking.protocols import recorded_hashes
@@ -173,16 +171,8 @@ def run_cell(ex: Execution, cell: InterventionCell, allow_dirty: bool) -> CellOu
     except LeaseLost as err:  # another execution holds the run now: not one more write to it
         HEARTBEATS.release(sink.run_id)
         return CellOutcome(cell, "lost", f"{cell.key}: stopped without logging more: {err}", sink.run_id)
-    except Exception as err:  # one failing cell must not take the others down
-        traceback.print_exc()
-        sink.set_tags({"failure": f"{type(err).__name__}: {err}"[:500]})
-        end_cell(sink, token, "FAILED")
-        return CellOutcome(cell, "failed", f"{cell.key}: {type(err).__name__}: {err}", sink.run_id)
-    except BaseException as err:  # Ctrl-C, SIGTERM: the run records how the execution ended
-        with contextlib.suppress(Exception):
-            sink.set_tags({"end_reason": f"{type(err).__name__}: {err}"[:500]})
-            end_cell(sink, token, "KILLED" if isinstance(err, KeyboardInterrupt) else "FAILED")
-        raise
+    except BaseException as err:  # a failing cell must not take the others down; Ctrl-C goes up
+        return CellOutcome(cell, "failed", f"{cell.key}: {end_after_error(sink, token, err)}", sink.run_id)
 
 
 def _evaluate_cell(ex: Execution, cell: InterventionCell, sink: RunSink, token: str, run_id: str | None) -> CellOutcome:

@@ -21,10 +21,10 @@ import optuna
 import yaml
 
 from studies.ablate import prepare_protocol_data
-from studies.stop_signals import sigterm_raises
 from studies.cell_queue import open_storage, redact
 from studies.protocol import ProtocolError, load_protocol
 from studies.options import check_amp, threads_option
+from studies.stop_signals import sigterm_raises
 from studies.train import train_one
 from tracking.runs import configure_tracking
 from tracking.storage_guard import check_optuna_storage

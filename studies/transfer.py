@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import sys
-import traceback
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -21,12 +20,13 @@ from tqdm.auto import tqdm
 
 from reports.transfer import transfer_markdown
 from studies.ablate import held_parent
-from studies.stop_signals import sigterm_raises
+from studies.cell_end import end_after_error, end_cell
 from studies.options import check_amp, threads_option
 from studies.preflight import check_writable_folder, remove_abandoned_cache_files
 from studies.protocol import ProtocolError, check_clean, check_frozen, load_protocol, load_transfer_protocol
+from studies.stop_signals import sigterm_raises
 from tracking import transfer as tt
-from tracking.lease import HEARTBEATS, RELEASED_TAG, LeaseLost, lease_tags, new_token
+from tracking.lease import HEARTBEATS, LeaseLost, lease_tags, new_token
 from tracking.protocols import recorded_hashes
 from tracking.runs import configure_tracking, environment_tags
 from tracking.sink import RunSink
@@ -62,13 +62,6 @@ class OpenCell:
     run_dir: Path
     selection: Selection
     token: str
-
-
-def end_cell(sink: RunSink, token: str, status: str) -> None:
-    """End a cell's run as its holder: released first, so the next execution may continue it in place."""
-    HEARTBEATS.release(sink.run_id)
-    sink.set_tags({RELEASED_TAG: token})
-    sink.end(status)
 
 
 def open_transfer_protocol(path: str, allow_dirty: bool) -> TransferProtocol:
@@ -230,15 +223,8 @@ def select_phase(ex: Execution, cell: TransferCell, allow_dirty: bool) -> CellOu
     except LeaseLost as err:  # another execution holds the run now: not one more write to it
         HEARTBEATS.release(sink.run_id)
         return CellOutcome(cell, "lost", f"{cell.key}: stopped without logging more: {err}", sink.run_id)
-    except Exception as err:  # one failing cell must not take the others down
-        traceback.print_exc()
-        end_cell(sink, token, "FAILED")
-        return CellOutcome(cell, "failed", f"{cell.key}: {type(err).__name__}: {err}", sink.run_id)
-    except BaseException as err:  # Ctrl-C, SIGTERM: the run records how the execution ended
-        with contextlib.suppress(Exception):
-            sink.set_tags({"end_reason": f"{type(err).__name__}: {err}"[:500]})
-            end_cell(sink, token, "KILLED" if isinstance(err, KeyboardInterrupt) else "FAILED")
-        raise
+    except BaseException as err:  # a failing cell must not take the others down; Ctrl-C goes up
+        return CellOutcome(cell, "failed", f"{cell.key}: {end_after_error(sink, token, err)}", sink.run_id)
     tqdm.write(f"[selected] {cell.key}: epoch {selection.best_epoch}, val QWK {selection.best_val['val_qwk']:.4f} "
                f"({selection.seconds:.1f} s)")
     return OpenCell(cell, sink, run_dir, selection, token)
@@ -255,10 +241,8 @@ def evaluate_phase(ex: Execution, held: OpenCell) -> CellOutcome:
     except LeaseLost as err:
         HEARTBEATS.release(sink.run_id)
         return CellOutcome(cell, "lost", f"{cell.key}: stopped without logging more: {err}", sink.run_id)
-    except Exception as err:
-        traceback.print_exc()
-        end_cell(sink, held.token, "FAILED")
-        return CellOutcome(cell, "failed", f"{cell.key}: {type(err).__name__}: {err}", sink.run_id)
+    except BaseException as err:  # the run records why it ended; Ctrl-C goes up
+        return CellOutcome(cell, "failed", f"{cell.key}: {end_after_error(sink, held.token, err)}", sink.run_id)
     qwk = result.cis["qwk"]
     end_cell(sink, held.token, "FINISHED" if result.agree else "FAILED")
     where = f" [logged locally, run {sink.local_run_id}: `workbench sync` copies it to the server]" if sink.offline else ""
@@ -302,9 +286,8 @@ def run_transfer(
                     tqdm.write(f"[{result.status}] {result.message}")
             ex.guard.release()  # selection of every cell is over: phase 2 may read the test split
             parent.log_params({"data.n_test": len(ex.guard.split())})
-            while pending:
-                outcomes.append(evaluate_phase(ex, pending[0]))
-                pending.pop(0)
+            while pending:  # taken off first: evaluate_phase ends its cell's run however it ends
+                outcomes.append(evaluate_phase(ex, pending.pop(0)))
                 tqdm.write(f"[{outcomes[-1].status}] {outcomes[-1].message}")
         except BaseException as err:
             # Selected cells waiting for their test evaluation end with the execution, as it ended;

@@ -12,7 +12,6 @@ import optuna
 from optuna.trial import TrialState
 
 from studies.ablate import held_parent, prepare_protocol_data, run_cell
-from studies.stop_signals import pending_stop, sigterm_raises
 from studies.cell_queue import (
     GRACE_SECONDS,
     HEARTBEAT_SECONDS,
@@ -27,6 +26,7 @@ from studies.cell_queue import (
 )
 from studies.jobs import OUTCOME_ATTR
 from studies.options import check_protocol_amp, threads_option
+from studies.stop_signals import pending_stop, sigterm_raises
 from tracking.lease import HEARTBEAT_ENV, HEARTBEATS, LEASE_ENV, LeaseLost
 from tracking.runs import configure_tracking
 from tracking.storage_guard import check_optuna_storage

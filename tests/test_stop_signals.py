@@ -144,3 +144,33 @@ def test_a_stop_that_torch_save_turns_into_another_error_is_still_a_stop(mlflow_
     assert run.info.status == "KILLED", run.info.status
     reason = run.data.tags["end_reason"]
     assert reason.startswith("KeyboardInterrupt") and "came out as RuntimeError" in reason, reason
+
+
+@pytest.mark.parametrize("what", ["error", "ctrl-c", "ctrl-c come out as an error"])
+def test_a_transfer_or_intervention_cell_ends_failed_for_an_error_and_killed_for_a_stop(mlflow_store, what,
+                                                                                         sigint_at_its_default):
+    """``end_after_error``, as the transfer and intervene cells call it from their ``except``."""
+    from studies.cell_end import end_after_error
+    from tracking.sink import RunSink
+
+    sink = RunSink.create("cells", {"mlflow.runName": "cell"})
+    with sigterm_raises():
+        try:
+            if what == "error":
+                raise ValueError("bad input")
+            if what == "ctrl-c":
+                signal.getsignal(signal.SIGINT)(signal.SIGINT, sys._getframe())
+            torch.save({"w": torch.zeros(1000)}, _InterruptedFile())  # the Ctrl-C lands in the zip writer
+        except BaseException as err:  # noqa: BLE001 - as the cells do
+            if what == "error":
+                assert end_after_error(sink, "token", err) == "ValueError: bad input"
+            else:
+                with pytest.raises(KeyboardInterrupt):
+                    end_after_error(sink, "token", err)
+    run = MlflowClient().get_run(sink.run_id)
+    if what == "error":
+        assert run.info.status == "FAILED" and run.data.tags["failure"] == "ValueError: bad input", run.data.tags
+    else:
+        assert run.info.status == "KILLED", run.info.status
+        assert run.data.tags["end_reason"].startswith("KeyboardInterrupt"), run.data.tags
+        assert ("came out as RuntimeError" in run.data.tags["end_reason"]) == (what != "ctrl-c"), run.data.tags
