@@ -103,6 +103,8 @@ def test_every_execution_reattaches_the_one_parent_and_records_itself(study, mon
                for a in client.list_artifacts(parent.info.run_id, "executions")]
     assert len(records) == 2 and {r["outcome"] for r in records} == {"completed"}
     assert all(r["host"] and r["pid"] and r["end"] and r["status"] == "FINISHED" for r in records)
+    # Who ran each execution: the account (here WORKBENCH_USER), as on the runs it created.
+    assert sorted(r["user"] for r in records) == ["alice", "colab"], records
     for record in records:  # the command line is there, minus its secrets
         assert "--storage postgresql://***@db.example/optuna --password '***' --api-token=***" in record["argv"], record
     assert_no_secret(client, [parent, *runs(client, "cell")], tmp_path / "download")

@@ -30,6 +30,7 @@ from mlflow.tracking import MlflowClient
 from tracking.offline_fallback import fallback_uri
 from tracking.lease import EXEC_PREFIX, HEARTBEAT_TAG, HOST, SUPERSEDED_TAG, execution_states, pid_alive
 from tracking.redact import redact_argv
+from tracking.runs import run_user
 from tracking.sink import RunSink, log_batch
 
 RECORDS = "executions"
@@ -43,8 +44,8 @@ def iso(seconds: float | None = None) -> str:
 
 def new_record(execution: str, git_commit: str) -> dict:
     """This execution's record as it starts (``execution``: its own lease token)."""
-    return {"host": HOST, "pid": os.getpid(), "execution": execution, "start": iso(), "end": None,
-            "outcome": "running", "argv": redact_argv(sys.argv[1:])[:500], "git_commit": git_commit}
+    return {"host": HOST, "pid": os.getpid(), "user": run_user(), "execution": execution, "start": iso(),
+            "end": None, "outcome": "running", "argv": redact_argv(sys.argv[1:])[:500], "git_commit": git_commit}
 
 
 def record_name(record: dict) -> str:
