@@ -75,8 +75,11 @@ def _completed_cells(study: optuna.Study) -> set[int]:
 
 
 def enqueue_cells(protocol: Protocol, protocol_file: Path, storage, parent_run_id: str, finished: set[tuple[str, int]],
-                  settings: dict) -> tuple[str, int]:
-    """Put every cell without a finished run into the queue, once. Returns (study name, cells enqueued)."""
+                  settings: dict, order: list[int] | None = None) -> tuple[str, int]:
+    """Put every cell without a finished run into the queue, once. Returns (study name, cells enqueued).
+
+    ``order``: cell indices in the order workers should take them (default: protocol order).
+    """
     name = study_name_for(protocol)
     study = optuna.create_study(study_name=name, storage=storage, direction="maximize", load_if_exists=True)
     study.set_user_attr("protocol_file", str(protocol_file))
@@ -87,7 +90,9 @@ def enqueue_cells(protocol: Protocol, protocol_file: Path, storage, parent_run_i
     queued = {t.user_attrs.get("cell") for t in study.get_trials(
         deepcopy=False, states=(TrialState.WAITING, TrialState.RUNNING, TrialState.COMPLETE))}
     added = 0
-    for index, cell in enumerate(protocol.cells()):
+    cells = protocol.cells()
+    for index in order if order is not None else range(len(cells)):
+        cell = cells[index]
         if (cell.arm, cell.seed) in finished or index in queued:
             continue
         study.enqueue_trial({"cell": index}, user_attrs={"cell": index, "arm": cell.arm, "seed": cell.seed})

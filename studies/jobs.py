@@ -172,8 +172,9 @@ def run_jobs(protocol: Protocol, protocol_file: Path, output_dir: Path, jobs: in
     import optuna
 
     from studies.ablate import finished_cells, held_parent, prepare_protocol_data
-    from studies.stop_signals import sigterm_raises
+    from studies.cell_order import longest_first
     from studies.cell_queue import counts, enqueue_cells, open_storage
+    from studies.stop_signals import sigterm_raises
 
     # Decode and cache the data once here, so the workers only read the cache.
     data = prepare_protocol_data(protocol, data_path, download)
@@ -184,9 +185,11 @@ def run_jobs(protocol: Protocol, protocol_file: Path, output_dir: Path, jobs: in
                f"{jobs} jobs x {threads or DEFAULT_THREADS_PER_JOB} thread(s) each")
     try:
         with sigterm_raises(), held_parent(protocol, protocol_file, allow_dirty, {"queue": "jobs"}) as parent:
+            order, order_line = longest_first(protocol, data.train.images.shape[-1])
+            tqdm.write(order_line)
             study_name, added = enqueue_cells(protocol, protocol_file, open_storage(storage_url), parent.run_id,
                                               finished_cells(protocol), {"allow_dirty": allow_dirty,
-                                                                         "download": download})
+                                                                         "download": download}, order)
             skipped = len(protocol.cells()) - added
             if skipped:
                 tqdm.write(f"{skipped} cells already finished (skipped)")

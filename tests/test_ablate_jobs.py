@@ -67,6 +67,8 @@ def test_jobs_train_every_cell_once_under_one_parent_with_a_fixed_thread_count(s
     out = done.stdout + done.stderr
     assert done.returncode == 0, out[-4000:]
     assert "2 jobs x 1 thread(s) each" in out and "cells: 4 run, 0 already finished (skipped), 0 failed" in out, out[-3000:]
+    assert "queue order: most training work first (estimated as FLOPs per image x epochs): cnn first, vit last" in out, \
+        out[-3000:]
     assert re.search(r"^\[job 1\] cell \d: ", out, re.M) and re.search(r"^\[job 2\] cell \d: ", out, re.M), out[-3000:]
     assert not [line for line in out.splitlines() if line.startswith("[job") and "%|" in line], \
         "the workers drew progress bars of their own"
