@@ -21,7 +21,8 @@ from reports import configuration, document, results, tables
 from reports import transfer_report
 from reports.provenance import BuildInputs, stale_items
 from reports.collect import ReportError, StudyData, load_study, protocol_file, resolve_protocol
-from reports.evidence import EVIDENCE_DIR, export_evidence, load_evidence
+from reports.evidence import EVIDENCE_DIR, export_evidence, export_format, load_evidence
+from reports.intervention_evidence import FORMAT as INTERVENTION_FORMAT, load_intervention_evidence
 from reports.render import Figure, to_html, to_markdown
 from tracking import queries
 from workbench.atomic import atomic_write_bytes
@@ -79,7 +80,7 @@ def build_report(
         strict: Only recorded in the report's build inputs; the caller fails on ``result.problems``.
         evidence: Also export the study's evidence (run records and per-example predictions)
             to ``out_root/<protocol name>/evidence/``, from which ``build_from_evidence``
-            rebuilds the same report without the store. Ablation protocols only.
+            rebuilds the same report without the store. Ablation and intervention protocols.
 
     Raises:
         ReportError: Nothing to report, a bad option, or runs lacking what the report needs.
@@ -88,14 +89,15 @@ def build_report(
     """
     path = protocol_file(protocol)
     kind = kind_of(read_yaml(path)) if path is not None else "ablation"
-    if evidence and kind != "ablation":
-        raise ReportError(f"--evidence: evidence export is for ablation protocols; {protocol} is a {kind} protocol")
-    if path is not None and kind_of(read_yaml(path)) == "intervention":
+    if evidence and kind == "transfer":
+        raise ReportError(f"--evidence: evidence export is for ablation and intervention protocols; {protocol} is a "
+                          f"{kind} protocol")
+    if path is not None and kind == "intervention":
         from reports.interventions import build_intervention_report  # it imports this module: imported when used
         from workbench.protocol import load_intervention_protocol
 
         return build_intervention_report(load_intervention_protocol(path), out_root, hash_prefix, n_resamples, log,
-                                         strict)
+                                         strict, evidence)
     if path is None and "/" not in protocol and not protocol.endswith((".yaml", ".yml")):
         from tracking.interventions import is_intervention_study
 
@@ -107,7 +109,8 @@ def build_report(
         stored = transfer_report.stored_by_name(protocol, hash_prefix)  # a transfer protocol known only to the store
     if stored is not None or (path is not None and kind_of(read_yaml(path)) == "transfer"):
         if evidence:
-            raise ReportError(f"--evidence: evidence export is for ablation protocols; {protocol} is a transfer protocol")
+            raise ReportError(f"--evidence: evidence export is for ablation and intervention protocols; {protocol} is "
+                              "a transfer protocol")
         if stored is not None:
             return build_transfer_report(stored, out_root, hash_prefix, commit, compare, n_resamples, log, strict,
                                          from_store=True)
@@ -143,14 +146,26 @@ def build_from_evidence(evidence_dir: Path, out_root: Path) -> ReportResult:
         ReportError: The export is incomplete or damaged (the message names the file), or the
             output folder is the one holding the export (the published report is never overwritten).
     """
-    loaded = load_evidence(Path(evidence_dir))
-    folder = Path(out_root) / loaded.study.spec.name
-    if folder.resolve() == Path(evidence_dir).resolve().parent:
-        raise ReportError(f"--out-dir {out_root}: {folder} holds the evidence and its published report; "
-                          "rebuild into another folder and compare")
-    result = render_study(loaded.study, loaded.inputs, Path(out_root), loaded.logged_to, loaded.analysis)
+    evidence_dir = Path(evidence_dir)
+    if export_format(evidence_dir) == INTERVENTION_FORMAT:
+        from reports.interventions import render_intervention_study  # it imports this module: imported when used
+
+        intervened = load_intervention_evidence(evidence_dir)
+        _check_rebuild_folder(evidence_dir, out_root, intervened.study.protocol.name)
+        result = render_intervention_study(intervened.study, intervened.inputs, Path(out_root), intervened.logged_to)
+    else:
+        loaded = load_evidence(evidence_dir)
+        _check_rebuild_folder(evidence_dir, out_root, loaded.study.spec.name)
+        result = render_study(loaded.study, loaded.inputs, Path(out_root), loaded.logged_to, loaded.analysis)
     result.messages.insert(1, f"rebuilt from {evidence_dir} without the MLflow store (nothing is logged)")
     return result
+
+
+def _check_rebuild_folder(evidence_dir: Path, out_root: Path, name: str) -> None:
+    folder = Path(out_root) / name
+    if folder.resolve() == evidence_dir.resolve().parent:
+        raise ReportError(f"--out-dir {out_root}: {folder} holds the evidence and its published report; "
+                          "rebuild into another folder and compare")
 
 
 def render_study(study: StudyData, inputs: BuildInputs, out_root: Path, log_targets: list[str],

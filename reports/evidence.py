@@ -54,17 +54,38 @@ def _prediction_bytes(table: pd.DataFrame) -> bytes:
     return rows.to_csv(index=False, lineterminator="\n").encode("utf-8")
 
 
-def _cell_entry(record: CellRecord, histories: dict) -> dict:
-    """A cell run as published: the fields the report reads, cleaned of secrets and absolute paths."""
+def cell_entry(record: CellRecord, histories: dict | None = None) -> dict:
+    """A cell run as published: the fields the report reads, cleaned of secrets and absolute paths
+    (and its metric histories, for reports that read them)."""
     clean = run_export.clean_text
-    return {
+    entry = {
         "run_id": record.run_id, "experiment_id": record.experiment_id, "status": record.status,
         "start_time": record.start_time, "end_time": record.end_time,
         "params": {k: clean(v) for k, v in sorted(record.params.items())},
         "tags": {k: clean(v) for k, v in sorted(record.tags.items())},
         "metrics": {k: run_export.json_number(v) for k, v in sorted(record.metrics.items())},
-        "metric_history": histories,
     }
+    return entry if histories is None else entry | {"metric_history": histories}
+
+
+def write_gzip(folder: Path, name: str, data: bytes) -> str:
+    """Write ``folder/name`` as gzip without a timestamp (same bytes every time); the sha256 of ``data``."""
+    atomic_write_bytes(folder / name, gzip.compress(data, compresslevel=9, mtime=0), FILE_MODE)
+    return hashlib.sha256(data).hexdigest()
+
+
+def write_document(folder: Path, document: dict, readme: str) -> None:
+    """``runs.json`` (sorted keys, strict JSON) and ``README.md``, each written atomically."""
+    text = json.dumps(document, sort_keys=True, indent=1, ensure_ascii=False, allow_nan=False) + "\n"
+    atomic_write_bytes(folder / RUNS_FILE, text.encode("utf-8"), FILE_MODE)
+    atomic_write_bytes(folder / "README.md", readme.encode("utf-8"), FILE_MODE)
+
+
+def remove_stale(folder: Path, pattern: str, written: set[Path]) -> None:
+    """Remove files of an earlier export that this one did not write (a cell whose reported run changed)."""
+    for stale in sorted(folder.glob(pattern)):
+        if stale not in written:
+            stale.unlink()
 
 
 def export_evidence(folder: Path, study: StudyData, inputs: BuildInputs, logged_to: list[str],
@@ -79,7 +100,7 @@ def export_evidence(folder: Path, study: StudyData, inputs: BuildInputs, logged_
     cells, written = [], set()
     for record in sorted(study.records, key=lambda r: (r.arm, r.seed, r.run_id)):
         histories = run_export.metric_histories(record.run_id)
-        entry = _cell_entry(record, histories)
+        entry = cell_entry(record, histories)
         cell = study.cells.get((record.arm, record.seed))
         if cell is not None and cell.record.run_id == record.run_id:
             for key, curve in cell.curves.items():
@@ -88,11 +109,10 @@ def export_evidence(folder: Path, study: StudyData, inputs: BuildInputs, logged_
             entry["predictions"] = {}
             for split, table in sorted(cell.predictions.items()):
                 name = f"predictions/{record.arm}.seed{record.seed}.{split}.csv.gz"
-                text = _prediction_bytes(table)
-                atomic_write_bytes(folder / name, gzip.compress(text, compresslevel=9, mtime=0), FILE_MODE)
+                digest = write_gzip(folder, name, _prediction_bytes(table))
                 written.add(folder / name)
                 entry["predictions"][split] = {
-                    "file": name, "rows": len(table), "sha256": hashlib.sha256(text).hexdigest(),
+                    "file": name, "rows": len(table), "sha256": digest,
                     "classes": sum(c.startswith("prob_") for c in table.columns),
                     "logged_file": f"predictions/{split}.csv", "logged_sha256": cell.sources.get(split, ""),
                 }
@@ -116,12 +136,8 @@ def export_evidence(folder: Path, study: StudyData, inputs: BuildInputs, logged_
                               "caption": run_export.clean_text(f.caption), "run_id": f.run_id,
                               "sha256": hashlib.sha256(f.png).hexdigest()} for f in analysis],
     }
-    text = json.dumps(document, sort_keys=True, indent=1, ensure_ascii=False, allow_nan=False) + "\n"
-    atomic_write_bytes(folder / RUNS_FILE, text.encode("utf-8"), FILE_MODE)
-    atomic_write_bytes(folder / "README.md", _readme(spec, len(study.cells), len(cells)).encode("utf-8"), FILE_MODE)
-    for stale in sorted((folder / "predictions").glob("*.csv.gz")):
-        if stale not in written:
-            stale.unlink()  # a cell whose reported run changed since an earlier export
+    write_document(folder, document, _readme(spec, len(study.cells), len(cells)))
+    remove_stale(folder / "predictions", "*.csv.gz", written)
     return folder
 
 
@@ -179,7 +195,8 @@ def _curve(points: list) -> dict[int, float]:
     return {int(step): float(value) for step, _, value in points}
 
 
-def _record(entry: dict, where: str) -> CellRecord:
+def cell_record(entry: dict, where: str) -> CellRecord:
+    """A published cell run read back (``where``, the file, starts any error)."""
     tags = entry["tags"]
     try:
         seed = int(tags.get("seed", ""))
@@ -194,15 +211,20 @@ def _record(entry: dict, where: str) -> CellRecord:
         experiment_id=entry["experiment_id"])
 
 
-def _read_table(folder: Path, info: dict) -> pd.DataFrame:
-    path = folder / info["file"]
+def read_gzip(path: Path, sha256: str) -> bytes:
+    """The decompressed bytes of an exported file, checked against the sha256 ``runs.json`` records."""
     try:
-        text = gzip.decompress(path.read_bytes())
+        data = gzip.decompress(path.read_bytes())
     except (OSError, EOFError, gzip.BadGzipFile) as err:
         raise ReportError(f"{path}: not readable ({err})") from err
-    if hashlib.sha256(text).hexdigest() != info["sha256"]:
+    if hashlib.sha256(data).hexdigest() != sha256:
         raise ReportError(f"{path}: sha256 differs from the one {RUNS_FILE} records: the file was changed")
-    table = pd.read_csv(io.BytesIO(text))
+    return data
+
+
+def _read_table(folder: Path, info: dict) -> pd.DataFrame:
+    path = folder / info["file"]
+    table = pd.read_csv(io.BytesIO(read_gzip(path, info["sha256"])))
     if tuple(table.columns) != PREDICTION_COLUMNS or len(table) != info["rows"]:
         raise ReportError(f"{path}: expected columns {', '.join(PREDICTION_COLUMNS)} and {info['rows']} rows")
     return table.sort_values("index", kind="stable").reset_index(drop=True)
@@ -228,15 +250,34 @@ def load_evidence(folder: Path) -> Evidence:
     Raises:
         ReportError: A file is missing, damaged or of another format; the message names it.
     """
+    return read_document(folder, FORMAT, _evidence)
+
+
+def export_format(folder: Path) -> str:
+    """The ``format`` an export's ``runs.json`` declares (which kind of report it rebuilds)."""
+    return str(_document(folder).get("format"))
+
+
+def _document(folder: Path) -> dict:
     path = folder / RUNS_FILE
     try:
         doc = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as err:
         raise ReportError(f"{path}: not a readable evidence export ({err})") from err
-    if doc.get("format") != FORMAT:
-        raise ReportError(f"{path}: format {doc.get('format')!r}, expected {FORMAT!r}")
+    if not isinstance(doc, dict):
+        raise ReportError(f"{path}: not an evidence export (a JSON object expected)")
+    return doc
+
+
+def read_document(folder: Path, expected: str, read):
+    """``read(folder, doc)`` on the export's ``runs.json`` of format ``expected``; a missing key or
+    another format is a ``ReportError`` naming the file."""
+    path = folder / RUNS_FILE
+    doc = _document(folder)
+    if doc.get("format") != expected:
+        raise ReportError(f"{path}: format {doc.get('format')!r}, expected {expected!r}")
     try:
-        return _evidence(folder, doc)
+        return read(folder, doc)
     except KeyError as err:
         raise ReportError(f"{path}: key {err} missing") from err
 
@@ -252,7 +293,7 @@ def _evidence(folder: Path, doc: dict) -> Evidence:
     spec = ProtocolSpec(p["name"], p["hash"], p["description"], tuple(p["arms"]), p["reference"],
                         tuple(int(s) for s in p["seeds"]), bool(p["evaluate_test"]), p["source"], p["canonical"])
     entries = {e["run_id"]: e for e in doc["cells"]}
-    records = [_record(e, where) for e in doc["cells"]]
+    records = [cell_record(e, where) for e in doc["cells"]]
 
     def cell_data(record: CellRecord) -> CellData:
         entry = entries[record.run_id]

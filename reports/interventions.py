@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -140,16 +141,38 @@ def arm_blocks(arm: str, rows: list[InterventionRow], cells: dict[int, ti.CellRe
     return blocks
 
 
-def build_blocks(protocol: InterventionProtocol, digest: str, inputs: provenance.BuildInputs, log_targets: list[str],
-                 n_resamples: int) -> tuple[list[Block], list[str], list[str], int]:
-    """The report's blocks, its warnings, what ``--strict`` refuses, and the number of reported cells."""
+@dataclass
+class InterventionStudy:
+    """What the report is computed from: every cell run of the hash, the run chosen per cell and
+    what each chosen run logged (from the store, or read back from an evidence export)."""
+
+    protocol: InterventionProtocol
+    digest: str
+    chosen: dict[tuple[str, int], queries.CellRecord]
+    records: list[queries.CellRecord]
+    cells: dict[tuple[str, int], ti.CellResult]
+    tracking_uri: str
+    rebuilt_from: str = ""  # the evidence export it was read from ("" when read from the store)
+
+
+def load_study(protocol: InterventionProtocol, digest: str) -> InterventionStudy:
+    """The study from the MLflow store: each cell's newest finished run and its logged outcomes."""
     chosen, records = ti.finished_cells(protocol.name, digest)
-    arms, seeds = list(protocol.arms), list(protocol.seeds)
-    missing = [f"{a}/seed{s}" for s in seeds for a in arms if (a, s) not in chosen]
-    attempts = newer_attempts(records, chosen, tuple(arms), tuple(seeds))
     if not chosen:
         raise ReportError(f"{protocol.name}@{digest[:SHORT_HASH_LEN]}: no finished intervention cells; run "
                           f"`workbench intervene --protocol {shown_path(Path(protocol.source_file))}` first")
+    with tempfile.TemporaryDirectory() as tmp:
+        cells = {key: ti.read_cell(record, Path(tmp)) for key, record in chosen.items()}
+    return InterventionStudy(protocol, digest, chosen, records, cells, queries.tracking_uri())
+
+
+def build_blocks(study: InterventionStudy, inputs: provenance.BuildInputs, log_targets: list[str],
+                 n_resamples: int) -> tuple[list[Block], list[str], list[str], int]:
+    """The report's blocks, its warnings, what ``--strict`` refuses, and the number of reported cells."""
+    protocol, digest, chosen, store = study.protocol, study.digest, study.chosen, study.tracking_uri
+    arms, seeds = list(protocol.arms), list(protocol.seeds)
+    missing = [f"{a}/seed{s}" for s in seeds for a in arms if (a, s) not in chosen]
+    attempts = newer_attempts(study.records, chosen, tuple(arms), tuple(seeds))
     e = protocol.evaluation
     split = SPLIT_WORDS[e.split]
     warnings = [f"{len(missing)} expected cell(s) have no finished run: {', '.join(missing)}"] if missing else []
@@ -157,21 +180,20 @@ def build_blocks(protocol: InterventionProtocol, digest: str, inputs: provenance
                  for r in attempts]
     results: list[Block] = [Heading(2, "Results")]
     sections: list[Block] = []
-    with tempfile.TemporaryDirectory() as tmp:
-        for arm in arms:
-            cells = {s: ti.read_cell(chosen[(arm, s)], Path(tmp)) for s in seeds if (arm, s) in chosen}
-            if not cells:
-                continue
-            outcomes = {s: CellOutcomes(c.names, c.labels, c.intact_predicted, c.predicted) for s, c in cells.items()}
-            rows = summarize(outcomes, n_resamples, e.confidence, e.seed)
-            depth, heads = _shape(protocol, arm, cells)
-            accuracies = [100 * o.accuracy() for o in outcomes.values()]
-            intact = ", ".join(fmt(a, exact_decimals(accuracies, 2, 3)) for a in accuracies)
-            results.append(Para(f"**{arm}**: intact {split} accuracy {intact} % (seeds {', '.join(map(str, cells))}); "
-                                f"{len(rows)} interventions, each applied on its own to every cell."))
-            results += [Para(t) for t in (heads_sentence(rows, m, split) for m in ("zero", "mean")) if t]
-            results += [Quote(effect_paragraph(r, split)) for r in ranked(rows)[:TOP_EFFECTS]]
-            sections += arm_blocks(arm, rows, cells, protocol, depth, heads, 2, n_resamples)
+    for arm in arms:
+        cells = {s: study.cells[(arm, s)] for s in seeds if (arm, s) in chosen}
+        if not cells:
+            continue
+        outcomes = {s: CellOutcomes(c.names, c.labels, c.intact_predicted, c.predicted) for s, c in cells.items()}
+        rows = summarize(outcomes, n_resamples, e.confidence, e.seed)
+        depth, heads = _shape(protocol, arm, cells)
+        accuracies = [100 * o.accuracy() for o in outcomes.values()]
+        intact = ", ".join(fmt(a, exact_decimals(accuracies, 2, 3)) for a in accuracies)
+        results.append(Para(f"**{arm}**: intact {split} accuracy {intact} % (seeds {', '.join(map(str, cells))}); "
+                            f"{len(rows)} interventions, each applied on its own to every cell."))
+        results += [Para(t) for t in (heads_sentence(rows, m, split) for m in ("zero", "mean")) if t]
+        results += [Quote(effect_paragraph(r, split)) for r in ranked(rows)[:TOP_EFFECTS]]
+        sections += arm_blocks(arm, rows, cells, protocol, depth, heads, 2, n_resamples)
     n = len(chosen)
     expected = len(arms) * len(seeds)
     acted = (f"the finished ViT cells of `{protocol.acts_on.protocol}` (hash `{protocol.acts_on.hash[:SHORT_HASH_LEN]}`)"
@@ -183,12 +205,12 @@ def build_blocks(protocol: InterventionProtocol, digest: str, inputs: provenance
                  f"image); evaluated on the {split} split; mean ablation over {e.mean_images:,} training images "
                  f"(seed {e.mean_seed}).",
                  *provenance.header_bullets(inputs, protocol.name, "one run per cell: its newest finished run",
-                                            log_targets),
+                                            log_targets, store, study.rebuilt_from),
                  f"Cells with a finished run: **{n} of {expected}**" + ("." if n == expected else f" {FLAG}")])]
     if warnings:
         header += [Heading(2, "Warnings"), Bullets([f"{FLAG} {w}" for w in warnings])]
     rows = [(a, s, chosen[(a, s)]) for s in seeds for a in arms if (a, s) in chosen]
-    blocks = (header + results + sections + provenance.provenance_blocks(rows, attempts, chosen, "arm")
+    blocks = (header + results + sections + provenance.provenance_blocks(rows, attempts, chosen, "arm", store)
               + acted_on_blocks(rows))
     return blocks, warnings, provenance.stale_items(attempts, missing), n
 
@@ -232,9 +254,10 @@ def _parse_head(name: str) -> HeadAblation | None:
 
 
 def build_intervention_report(protocol: InterventionProtocol, out_root: Path, hash_prefix: str | None,
-                              n_resamples: int, log: bool, strict: bool):
-    """Build, write and (optionally) log the report; returns ``reports.build.ReportResult``."""
-    from reports.build import ReportResult, _log, _write  # build dispatches here: imported when called
+                              n_resamples: int, log: bool, strict: bool, evidence: bool = False):
+    """Build, write and (optionally) log the report, and with ``evidence`` export what it was computed
+    from to ``<out_root>/<name>/evidence/``; returns ``reports.build.ReportResult``."""
+    from reports.build import _log  # build dispatches here: imported when called
 
     counts = queries.hash_counts(protocol.name)
     digest = resolve_hash(protocol.name, counts, hash_prefix, protocol.hash)
@@ -245,15 +268,31 @@ def build_intervention_report(protocol: InterventionProtocol, out_root: Path, ha
     log_targets = [parents[0].run_id] if log and parents else []
     inputs = provenance.BuildInputs(f"file {shown_path(Path(protocol.source_file))}", digest, hash_prefix, None, [],
                                     n_resamples, protocol.evaluation.seed, protocol.evaluation.confidence, strict)
-    blocks, warnings, problems, n = build_blocks(protocol, digest, inputs, log_targets, n_resamples)
-    folder = Path(out_root) / protocol.name
-    figure_paths = _write(folder, blocks, f"{protocol.name}@{digest[:SHORT_HASH_LEN]} intervention report")
-    expected = len(protocol.arms) * len(protocol.seeds)
-    messages = [f"{protocol.name}@{digest[:SHORT_HASH_LEN]}: {n} of {expected} cells have a finished run "
-                "(intervention protocol)"] + [f"warning: {w}" for w in warnings]
+    study = load_study(protocol, digest)
+    result = render_intervention_study(study, inputs, Path(out_root), log_targets)
     if log and not parents:
-        messages.append(f"no parent run of {protocol.name}@{digest[:SHORT_HASH_LEN]} found: the report is not logged")
-    result = ReportResult(folder, folder / "report.md", folder / "report.html", figure_paths, messages=messages,
-                          problems=problems)
-    _log(result, folder, log_targets if log else None)
+        result.messages.append(f"no parent run of {protocol.name}@{digest[:SHORT_HASH_LEN]} found: the report is not logged")
+    _log(result, result.folder, log_targets if log else None)
+    if evidence:
+        from reports.intervention_evidence import export_intervention_evidence
+
+        folder = export_intervention_evidence(result.folder / "evidence", study, inputs, log_targets)
+        result.messages.append(f"wrote the evidence of {len(study.chosen)} cells to {folder} "
+                               f"(rebuild: workbench report --from-evidence {folder} --out-dir DIR)")
     return result
+
+
+def render_intervention_study(study: InterventionStudy, inputs: provenance.BuildInputs, out_root: Path,
+                              log_targets: list[str]):
+    """Compute every table and figure and write the report files; returns ``reports.build.ReportResult``."""
+    from reports.build import ReportResult, _write  # build dispatches here: imported when called
+
+    protocol, short = study.protocol, study.digest[:SHORT_HASH_LEN]
+    blocks, warnings, problems, n = build_blocks(study, inputs, log_targets, inputs.n_resamples)
+    folder = Path(out_root) / protocol.name
+    figure_paths = _write(folder, blocks, f"{protocol.name}@{short} intervention report")
+    expected = len(protocol.arms) * len(protocol.seeds)
+    messages = [f"{protocol.name}@{short}: {n} of {expected} cells have a finished run "
+                "(intervention protocol)"] + [f"warning: {w}" for w in warnings]
+    return ReportResult(folder, folder / "report.md", folder / "report.html", figure_paths, messages=messages,
+                        problems=problems)

@@ -39,8 +39,9 @@ from workbench.protocol import ProtocolError
                    "(a newer FAILED, KILLED or RUNNING attempt of its cell exists).")
 @click.option("--evidence", is_flag=True,
               help="Also export the study's evidence to OUT_DIR/<protocol>/evidence/: every cell run's record and "
-                   "the reported runs' per-example predictions, enough to rebuild the report without the store. "
-                   "Ablation protocols only.")
+                   "the reported runs' per-example predictions (intervention protocols: per-example outcomes of every "
+                   "intervention and the attention maps), enough to rebuild the report without the store. "
+                   "Ablation and intervention protocols.")
 @click.option("--from-evidence", "from_evidence", type=click.Path(file_okay=False), default=None,
               help="Rebuild a report from an evidence export (a folder written by --evidence) instead of the "
                    "MLflow store, with the options it was built with; writes OUT_DIR/<protocol>/, logs nothing.")

@@ -10,12 +10,16 @@ again, at the same place, with the same digits.
 from __future__ import annotations
 
 import re
+import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 
 from reports import document, results, tables
 from reports.evidence import load_evidence
+from reports.intervention_evidence import load_intervention_evidence
 from reports.provenance import REBUILT_PREFIX
 from reports.render import Figure, to_markdown
 from tracking import queries
@@ -67,6 +71,23 @@ def number_differences(published: str, rebuilt: str) -> tuple[int, list[str]]:
     return compared, diffs
 
 
+@contextmanager
+def store_in(root: Path, empty_mlflow_db: Path) -> Iterator[str]:
+    """A copy of the empty store at ``root/mlflow.db``, configured by absolute path (as
+    ``sqlite:///$PWD/...`` gives it), with the working directory at ``root``: conftest's
+    ``mlflow_store`` for a fixture built once per module."""
+    import mlflow
+
+    shutil.copyfile(empty_mlflow_db, root / "mlflow.db")
+    uri = f"sqlite:///{root / 'mlflow.db'}"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("MLFLOW_TRACKING_URI", uri)
+        patch.delenv("MLFLOW_RUN_ID", raising=False)
+        patch.chdir(root)
+        mlflow.set_tracking_uri(uri)
+        yield uri
+
+
 def forbid_store(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """No MLflow store from here on: the configured one does not exist and any query fails the test."""
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'absent.db'}")
@@ -93,3 +114,34 @@ def accuracy_differences(folder: Path) -> tuple[int, list[str]]:
     published = numbers_by_place("## Accuracy" + text.split("\n## Accuracy", 1)[1].split("\n## ", 1)[0])
     return len(expected), [f"{place}: report {published.get(place)}, evidence {numbers}"
                            for place, numbers in expected.items() if published.get(place) != numbers]
+
+
+def intervention_accuracy_differences(folder: Path, tolerance: float = 1e-9) -> tuple[int, list[str]]:
+    """(values checked, differences) of an intervention export: every reported cell's logged
+    ``intact_accuracy`` and ``accuracy/<name>`` against the accuracy its exported outcomes give
+    (within ``tolerance``), and the intact accuracies ``folder/report.md`` prints per arm against
+    the same outcomes (to half a unit of the last printed decimal). Also fails on an export that is
+    damaged (sha256) or whose protocol no longer hashes to the recorded hash."""
+    study = load_intervention_evidence(folder / "evidence").study
+    text = (folder / "report.md").read_text()
+    checked, diffs = 0, []
+    for arm in study.protocol.arms:
+        cells = [(seed, study.cells[(arm, seed)]) for seed in study.protocol.seeds if (arm, seed) in study.cells]
+        for seed, cell in cells:
+            logged = cell.record.metrics
+            expected = {"intact_accuracy": (cell.intact_predicted == cell.labels).mean()}
+            expected |= {f"accuracy/{n}": (cell.predicted[k] == cell.labels).mean() for k, n in enumerate(cell.names)}
+            for key, value in expected.items():
+                checked += 1
+                if key not in logged or abs(logged[key] - value) > tolerance:
+                    diffs.append(f"{arm}/seed{seed} {key}: logged {logged.get(key)}, outcomes give {value}")
+        line = next((x for x in text.split("\n") if x.startswith(f"**{arm}**: intact ")), "")
+        shown = NUMBER.findall(line.split("accuracy", 1)[-1].split("%", 1)[0])
+        for (seed, cell), number in zip(cells, shown):
+            checked += 1
+            value = 100 * (cell.intact_predicted == cell.labels).mean()
+            if abs(float(number) - value) > 0.5 * 10 ** -len(number.partition(".")[2]):
+                diffs.append(f"{arm}/seed{seed}: report.md shows intact accuracy {number}, outcomes give {value}")
+        if len(shown) != len(cells):
+            diffs.append(f"{arm}: report.md shows {len(shown)} intact accuracies, the export has {len(cells)} cells")
+    return checked, diffs

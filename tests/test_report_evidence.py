@@ -14,11 +14,10 @@ import shutil
 import time
 from pathlib import Path
 
-import mlflow
 import pytest
 from click.testing import CliRunner
 from mlflow.tracking import MlflowClient
-from rebuild_checks import accuracy_differences, forbid_store, number_differences, without_rebuilt_line
+from rebuild_checks import accuracy_differences, forbid_store, number_differences, store_in, without_rebuilt_line
 from test_report import COMMIT_B, VAL_CORRECT, TEST_CORRECT, log_cell, make_store
 
 from reports import document
@@ -60,13 +59,7 @@ def published(tmp_path_factory, empty_mlflow_db):
     """The study's report built from its store with --evidence, as a study is published; built once
     for this module (as conftest's ``mlflow_store`` does per test: a copied store, cwd beside it)."""
     root = tmp_path_factory.mktemp("published")
-    shutil.copyfile(empty_mlflow_db, root / "mlflow.db")
-    uri = f"sqlite:///{root / 'mlflow.db'}"  # absolute, as `sqlite:///$PWD/...` gives it
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("MLFLOW_TRACKING_URI", uri)
-        patch.delenv("MLFLOW_RUN_ID", raising=False)
-        patch.chdir(root)
-        mlflow.set_tracking_uri(uri)
+    with store_in(root, empty_mlflow_db):
         store = rich_study(root)
         result = build_report(str(store.protocol_path), root / "docs", compare=[("cnn", "wide")], n_resamples=200,
                               evidence=True)

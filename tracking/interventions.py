@@ -129,6 +129,7 @@ class CellResult:
     predicted: np.ndarray  # (K, N)
     attention: np.ndarray | None  # (depth, heads, rows, cols)
     attention_query: str
+    indices: np.ndarray | None = None  # (N,) each example's position in the dataset's source split
 
 
 def finished_cells(protocol_name: str, protocol_hash: str) -> tuple[dict[tuple[str, int], CellRecord], list[CellRecord]]:
@@ -138,13 +139,18 @@ def finished_cells(protocol_name: str, protocol_hash: str) -> tuple[dict[tuple[s
     fingerprint (param ``code_fingerprint``) are chosen; a cell finished only with other code is missing.
     """
     records = queries.cell_records(protocol_name, protocol_hash)
+    return choose_cells(records), records
+
+
+def choose_cells(records: list[CellRecord]) -> dict[tuple[str, int], CellRecord]:
+    """The rule of ``finished_cells`` on given records (also those read back from an evidence export)."""
     finished = sorted((r for r in records if r.status == "FINISHED"), key=lambda r: (r.end_time, r.run_id), reverse=True)
     code = finished[0].params.get("code_fingerprint") if finished else None
     chosen: dict[tuple[str, int], CellRecord] = {}
     for r in finished:
         if r.params.get("code_fingerprint") == code:
             chosen.setdefault((r.arm, r.seed), r)
-    return chosen, records
+    return chosen
 
 
 def read_cell(record: CellRecord, workdir: Path) -> CellResult:
@@ -153,11 +159,12 @@ def read_cell(record: CellRecord, workdir: Path) -> CellResult:
     with np.load(queries.download_artifact(record.run_id, PER_EXAMPLE, folder)) as z:
         names, labels = [str(n) for n in z["names"]], z["labels"]
         intact, predicted = z["intact_predicted"], z["predicted"]
+        indices = z["indices"] if "indices" in z.files else None
     attention, query = None, ""
     if queries.has_artifact(record.run_id, ATTENTION):
         with np.load(queries.download_artifact(record.run_id, ATTENTION, folder)) as z:
             attention, query = z["maps"], str(z["query"])
-    return CellResult(record, names, labels, intact, predicted, attention, query)
+    return CellResult(record, names, labels, intact, predicted, attention, query, indices)
 
 
 def is_intervention_study(protocol_name: str) -> bool:
