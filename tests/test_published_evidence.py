@@ -3,8 +3,11 @@
 For every folder under docs/results/ with an ``evidence/`` export: the export is intact (every
 file's sha256, the protocol hash), every reported run's logged accuracy equals the one its
 exported predictions give, and the per-seed accuracies the published report prints are those
-of the export (default tier, about a second). The full rebuild, every number of report.md at
-its place (bootstraps included: about 10 s for 33 cells), is in the `slow` tier. Studies
+of the export (default tier, about a second). For an intervention study (format
+``workbench-intervention-evidence/1``) the same, per intervention: each cell's logged
+``accuracy/<name>`` against its exported outcomes, and the intact accuracies of Results. The
+full rebuild, every number of report.md at its place (bootstraps included: about 10 s for 33
+cells), is in the `slow` tier. Studies
 published before evidence existed are named in docs/results/README.md, saying why they have none.
 """
 
@@ -13,9 +16,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from rebuild_checks import accuracy_differences, forbid_store, number_differences
+from rebuild_checks import accuracy_differences, forbid_store, intervention_accuracy_differences, number_differences
 
 from reports.build import build_from_evidence
+from reports.evidence import export_format
+from reports.intervention_evidence import FORMAT as INTERVENTION_FORMAT
 
 RESULTS = Path(__file__).resolve().parent.parent / "docs" / "results"
 STUDIES = sorted(p for p in RESULTS.iterdir() if (p / "report.md").is_file()) if RESULTS.is_dir() else []
@@ -38,7 +43,8 @@ def test_every_published_study_has_evidence_or_says_why_not():
 @pytest.mark.parametrize("study", WITH_EVIDENCE)
 def test_published_evidence_is_intact_and_gives_the_reported_accuracies(study, tmp_path, monkeypatch):
     forbid_store(monkeypatch, tmp_path)
-    checked, diffs = accuracy_differences(RESULTS / study)
+    intervention = export_format(RESULTS / study / "evidence") == INTERVENTION_FORMAT
+    checked, diffs = (intervention_accuracy_differences if intervention else accuracy_differences)(RESULTS / study)
     assert checked > 0 and not diffs, diffs[:20]
 
 
