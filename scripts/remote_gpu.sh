@@ -13,6 +13,10 @@
 # Whatever the server's state, training runs: while it is unreachable runs go to the local
 # store in $WORKBENCH_OFFLINE_DIR (default ./mlflow-offline), and the `workbench sync` at
 # the end (or any later one) copies them over, exactly once.
+#
+# WORKBENCH_DEVICE (default cuda) picks the device: `cpu` runs the same flow on a machine
+# without a GPU (the project's tests run this script that way against a local server).
+# VENV (default .venv, relative to the checkout or absolute) is where the project is installed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -22,20 +26,26 @@ if [[ "$MLFLOW_TRACKING_URI" == http://* && "$MLFLOW_TRACKING_URI" != http://127
 fi
 export WORKBENCH_OFFLINE_DIR="${WORKBENCH_OFFLINE_DIR:-$PWD/mlflow-offline}"
 VENV="${VENV:-.venv}"
+[[ "$VENV" == /* ]] || VENV="$PWD/$VENV"
+DEVICE="${WORKBENCH_DEVICE:-cuda}"
 
 # 1. Install the project (once) into a venv; the machine's CUDA build of torch is kept when present.
 if [ ! -x "$VENV/bin/workbench" ]; then
   python3 -m venv --system-site-packages "$VENV"
   "$VENV/bin/pip" install -q -e .
 fi
-export PATH="$PWD/$VENV/bin:$PATH"
+export PATH="$VENV/bin:$PATH"
 
-# 2. The GPU.
-python - <<'PY'
+# 2. The GPU (or the device asked for).
+if [ "$DEVICE" = cuda ]; then
+  python - <<'PY'
 import torch
 assert torch.cuda.is_available(), "no CUDA device visible (check CUDA_VISIBLE_DEVICES and the driver)"
 print(f"GPU: {torch.cuda.get_device_name(0)}, torch {torch.__version__}, bf16 {torch.cuda.is_bf16_supported()}")
 PY
+else
+  echo "device: $DEVICE (WORKBENCH_DEVICE)"
+fi
 
 # 3. The server: reachable and the credentials accepted? (Unreachable is not fatal: runs go offline.)
 workbench server check || echo "continuing: runs will be logged to $WORKBENCH_OFFLINE_DIR until the server is back" >&2
@@ -47,7 +57,7 @@ shift || true
 extra=()
 [ "$command" = worker ] || extra=(--download)  # a worker takes its settings from the queue
 status=0
-workbench "$command" --device cuda ${extra[@]+"${extra[@]}"} "$@" || status=$?
+workbench "$command" --device "$DEVICE" ${extra[@]+"${extra[@]}"} "$@" || status=$?
 
 # 5. Copy whatever was logged offline; safe to repeat.
 workbench sync || echo "sync failed (server away?): run \`workbench sync\` again later" >&2
