@@ -89,9 +89,6 @@ def build_report(
     """
     path = protocol_file(protocol)
     kind = kind_of(read_yaml(path)) if path is not None else "ablation"
-    if evidence and kind == "transfer":
-        raise ReportError(f"--evidence: evidence export is for ablation and intervention protocols; {protocol} is a "
-                          f"{kind} protocol")
     if path is not None and kind == "intervention":
         from reports.interventions import build_intervention_report  # it imports this module: imported when used
         from workbench.protocol import load_intervention_protocol
@@ -107,7 +104,7 @@ def build_report(
     stored = None
     if path is None and "/" not in protocol and not protocol.endswith((".yaml", ".yml")):
         stored = transfer_report.stored_by_name(protocol, hash_prefix)  # a transfer protocol known only to the store
-    if stored is not None or (path is not None and kind_of(read_yaml(path)) == "transfer"):
+    if stored is not None or (path is not None and kind == "transfer"):
         if evidence:
             raise ReportError(f"--evidence: evidence export is for ablation and intervention protocols; {protocol} is "
                               "a transfer protocol")

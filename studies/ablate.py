@@ -76,8 +76,9 @@ def run_cell(
             identity=cell_identity(cell), tags=tags, params={"arm": cell.arm, "seed": cell.seed}, **train_kw,
         )
     except Exception as err:  # one failing cell must not take the others down
-        if as_stop(err) is not err:  # a Ctrl-C or SIGTERM that came out as another error: stop
-            raise as_stop(err) from err
+        stop = as_stop(err)
+        if stop is not err:  # a Ctrl-C or SIGTERM that came out as another error: stop
+            raise stop from err
         traceback.print_exc()
         return CellOutcome(cell, "failed", f"{cell.key}: failed ({type(err).__name__}: {err})")
     return CellOutcome(cell, outcome.status, outcome.message, outcome.run_id, outcome.metrics)

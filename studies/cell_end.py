@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import traceback
 
-from studies.stop_signals import as_stop
+from studies.stop_signals import as_stop, stop_reason
 from tracking.lease import HEARTBEATS, RELEASED_TAG
 from tracking.sink import RunSink
 
@@ -39,8 +39,7 @@ def end_after_error(sink: RunSink, token: str, err: BaseException) -> str:
         end_cell(sink, token, "FAILED")
         return reason
     with contextlib.suppress(Exception):  # never hide the real stop behind a logging error
-        reason = f"{type(stop).__name__}: {stop}" + (f" (came out as {type(err).__name__}: {err})" if stop is not err else "")
-        sink.set_tags({"end_reason": reason[:REASON_CHARS]})
+        sink.set_tags({"end_reason": stop_reason(stop, err)[:REASON_CHARS]})
         end_cell(sink, token, "KILLED" if isinstance(stop, KeyboardInterrupt) else "FAILED")
     if stop is err:
         raise err

@@ -34,16 +34,14 @@ def longest_first(protocol: Protocol, image_size: int) -> tuple[list[int], str]:
     Ties keep protocol order (the seeds of one arm stay together). A model whose work cannot be
     estimated keeps the protocol's order for every cell.
     """
-    indices = list(range(len(protocol.cells())))
+    cells = protocol.cells()
+    indices = list(range(len(cells)))
     try:
         work = cell_work(protocol, image_size)
     except (ValueError, KeyError) as err:  # an arm this estimate does not know: order as written
-        work, why = None, str(err)
-    else:
-        why = "a model without a FLOPs estimate"
+        return indices, f"queue order: as in the protocol ({err})"
     if work is None:
-        return indices, f"queue order: as in the protocol ({why})"
+        return indices, "queue order: as in the protocol (a model without a FLOPs estimate)"
     order = sorted(indices, key=lambda i: -work[i])
-    cells = protocol.cells()
     return order, (f"queue order: most training work first (estimated as FLOPs per image x epochs): "
                    f"{cells[order[0]].arm} first, {cells[order[-1]].arm} last")

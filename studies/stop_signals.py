@@ -67,6 +67,12 @@ def as_stop(err: BaseException) -> BaseException:
     return replaced
 
 
+def stop_reason(stop: BaseException, err: BaseException) -> str:
+    """What ended the work, for a run's ``end_reason``: the stop, and what it came out as if it changed."""
+    reason = f"{type(stop).__name__}: {stop}"
+    return reason if stop is err else f"{reason} (came out as {type(err).__name__}: {err})"
+
+
 def _stop_between_writes(make_error):
     """A signal handler raising ``make_error(signum)``, but never inside a protected call: it is sent again shortly."""
     deferred = [0]

@@ -21,7 +21,7 @@ from tqdm.auto import tqdm
 from studies.options import check_amp, threads_option
 from studies.preflight import (check_trainable, check_writable_folder, outcome_line, remove_abandoned_cache_files,
                                trainable_problem)
-from studies.stop_signals import as_stop
+from studies.stop_signals import as_stop, stop_reason
 from tracking.lease import HEARTBEATS, RELEASED_TAG, LeaseLost, lease_tags, new_token
 from tracking.runs import run_user
 from tracking.runs import configure_tracking, environment_tags
@@ -150,8 +150,7 @@ def _train(cfg: TrainConfig, data: PreparedData, sink: RunSink, token: str, prev
         stop = as_stop(err)  # a Ctrl-C that torch.save turned into a RuntimeError is still a Ctrl-C
         with contextlib.suppress(Exception):  # never hide the real error behind a logging one
             interrupted = isinstance(stop, (KeyboardInterrupt, SystemExit))
-            reason = f"{type(stop).__name__}: {stop}" + (f" (came out as {type(err).__name__}: {err})" if stop is not err else "")
-            sink.set_tags({"end_reason": reason[:500]})
+            sink.set_tags({"end_reason": stop_reason(stop, err)[:500]})
             _end(sink, token, "KILLED" if interrupted else "FAILED", "failed", "")
         if stop is not err:
             raise stop from err
