@@ -8,6 +8,11 @@ inline_container.cc:672] . unexpected pos ...``: in CI a worker of ``ablate --jo
 recorded its cell FAILED, took the next cell and trained on after Ctrl-C. So the handler sends
 the signal again shortly while either is under way, and remembers the stop: an error that
 surfaces while a stop is pending is reported as that stop (``pending_stop``).
+
+A stop can also be swallowed whole: raised inside a ``__del__``, a weakref or garbage-collector
+callback, Python prints "Exception ignored in ..." and goes on. In CI a Ctrl-C landed in
+importlib's module-lock callback and one job of ``ablate --jobs`` trained its cell to the end.
+Such a stop is sent again (``sys.unraisablehook``), so it is raised in the code that was running.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import sys
 import threading
 
 
@@ -27,8 +33,10 @@ class Terminated(KeyboardInterrupt):
 DB_CALL_MARKERS = (f"{os.sep}sqlalchemy{os.sep}", f"{os.sep}sqlite3{os.sep}")
 WRITE_MARKERS = (f"{os.sep}workbench{os.sep}atomic.py",)
 DEFER_SECONDS, MAX_DEFERRALS = 0.05, 200  # at most 10 s: a stop is never lost to a stuck call
+RESEND_SECONDS = 0.01  # a swallowed stop comes back this soon, in the code that was running
 
 _pending: list[BaseException] = []  # the stop this process was asked for, once asked
+_signums: list[int] = []  # the signal that asked for it, to send again if Python swallows the stop
 
 
 def _inside(frame, markers: tuple[str, ...]) -> bool:
@@ -80,6 +88,7 @@ def _stop_between_writes(make_error):
     def handler(signum, frame):
         if not _pending:
             _pending.append(make_error(signum))
+            _signums.append(signum)
         if in_protected_call(frame) and deferred[0] < MAX_DEFERRALS:
             deferred[0] += 1
             threading.Timer(DEFER_SECONDS, os.kill, (os.getpid(), signum)).start()
@@ -87,6 +96,19 @@ def _stop_between_writes(make_error):
         raise make_error(signum)
 
     return handler
+
+
+def _resend_swallowed_stops(previous_hook):
+    """An unraisable-exception hook: a pending stop Python could not raise is sent again, not printed."""
+
+    def hook(unraisable):
+        if _pending and isinstance(unraisable.exc_value, KeyboardInterrupt):
+            # From another thread: sent from here, the handler would run (and be swallowed) in this hook.
+            threading.Timer(RESEND_SECONDS, os.kill, (os.getpid(), _signums[0])).start()
+            return
+        previous_hook(unraisable)
+
+    return hook
 
 
 @contextlib.contextmanager
@@ -103,13 +125,17 @@ def sigterm_raises():
         yield
         return
     _pending.clear()
+    _signums.clear()
     previous_int = signal.getsignal(signal.SIGINT)
     if previous_int is signal.default_int_handler:
         signal.signal(signal.SIGINT, _stop_between_writes(lambda signum: KeyboardInterrupt()))
+    previous_hook, sys.unraisablehook = sys.unraisablehook, _resend_swallowed_stops(sys.unraisablehook)
     try:
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
         if previous_int is signal.default_int_handler:
             signal.signal(signal.SIGINT, previous_int)
+        sys.unraisablehook = previous_hook
         _pending.clear()
+        _signums.clear()

@@ -108,6 +108,33 @@ def test_a_stop_during_an_atomic_write_is_raised_after_the_file_is_complete(tmp_
     assert [p.name for p in tmp_path.iterdir()] == ["checkpoint.pt"], "a temp file was left"
 
 
+class _StoppedWhileCollected:
+    """Its ``__del__`` is hit by a real Ctrl-C, as importlib's module-lock callback was in CI."""
+
+    def __del__(self) -> None:
+        os.kill(os.getpid(), signal.SIGINT)
+        deadline = time.monotonic() + 0.5
+        while time.monotonic() < deadline:  # the handler runs here, inside __del__
+            pass
+
+
+def test_a_stop_python_swallows_in_a_callback_is_raised_again_in_the_running_code(sigint_at_its_default):
+    """Python cannot raise from ``__del__`` or a weakref callback: it prints "Exception ignored in"
+    and goes on. In CI one job of ``ablate --jobs`` then trained its cell to the end after Ctrl-C."""
+    reached = []
+    with sigterm_raises():
+        with pytest.raises(KeyboardInterrupt):
+            _StoppedWhileCollected()  # collected at once: __del__ runs here
+            reached.append("after __del__")
+            deadline = time.monotonic() + 2
+            while time.monotonic() < deadline:
+                pass
+            reached.append("loop ended")  # the stop was lost
+        assert stop_signals.pending_stop() is not None
+    assert reached in ([], ["after __del__"]), reached
+    assert sys.unraisablehook is not None and stop_signals.pending_stop() is None
+
+
 class _Forward(io.RawIOBase):
     """Writes go to ``f``; the second one is hit by a real Ctrl-C."""
 
