@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from tracking.redact import redact_argv, redact_record, redact_text
 from tracking.sink import redacted_copy
@@ -47,3 +48,41 @@ def test_command_lines_records_and_text_files(tmp_path, monkeypatch):
     clean.write_text("id,label\n0,monkey\n")
     with redacted_copy(clean) as copy:
         assert copy == clean
+
+
+def test_a_models_tokens_are_not_secrets_but_secret_tokens_still_are():
+    """A protocol's ``class_token: false`` and a run's config.json were once masked to ``***``."""
+    config = {"model": {"class_token": False, "register_tokens": 4, "dist_token": True, "pooling": "mean"},
+              "api_token": "abcd1234", "db_password": 123456, "auth": {"access_token": "t0ken-value"},
+              "SOME_TOKEN_FLAG": True, "GITHUB_TOKEN": "false"}
+    assert redact_record(config, {}) == {
+        "model": {"class_token": False, "register_tokens": 4, "dist_token": True, "pooling": "mean"},
+        "api_token": "***", "db_password": "***", "auth": {"access_token": "***"},
+        "SOME_TOKEN_FLAG": True, "GITHUB_TOKEN": "false"}
+    protocol = "arms:\n  - {name: pool_mean, overrides: {model: {class_token: false, pooling: mean}}}\n" \
+               "model: {cls_token: true, mask-token: none}\n"
+    assert redact_text(protocol, {}) == protocol
+    as_json = json.dumps(config)
+    assert redact_text(as_json, {}) == as_json.replace('"abcd1234"', '"***"').replace('"t0ken-value"', '"***"')
+    assert redact_text("--class-token false --api-token s3cr3t access_token: xyz CLS_TOKEN=yes", {}) == \
+        "--class-token false --api-token *** access_token: *** CLS_TOKEN=yes"
+    assert redact_argv(["train", "--class-token", "true", "--db-token", "tok1"]) == \
+        "train --class-token true --db-token '***'"
+
+
+def test_every_shipped_protocol_and_its_canonical_json_go_up_unchanged(tmp_path):
+    """The protocol artifacts are the frozen record: masking a value in them breaks their hash."""
+    from workbench.protocol import load_any
+
+    protocols = sorted((Path(__file__).resolve().parent.parent / "studies" / "protocols").glob("*.yaml"))
+    assert protocols
+    for path in protocols:
+        canonical = tmp_path / "canonical.json"
+        canonical.write_text(load_any(path).canonical_json())
+        for artifact in (path, canonical):
+            with redacted_copy(artifact) as upload:
+                assert upload == artifact, f"{path.name}: {artifact.name} would go up changed"
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"model": {"name": "cifar_vit", "class_token": False, "pooling": "mean"}}))
+    with redacted_copy(config) as upload:
+        assert upload == config

@@ -25,6 +25,10 @@ MASK = "***"
 # not PWD (the shell's current directory).
 _SECRET_WORDS = r"(?:password|passwd|passphrase|token|secret|api[_-]?key|apikey|access[_-]?key|private[_-]?key|credentials?)"
 _SECRET_NAME = re.compile(rf"{_SECRET_WORDS}(?:$|[_-])", re.IGNORECASE)
+# ...but a model's tokens are not secrets: ``class_token: false`` in a protocol or a run's
+# config.json was once masked to ``***``, and `figures` could not rebuild the model from it.
+_MODEL_TOKEN = re.compile(r"(?:^|[^a-z])(?:class|cls|dist|distill|distillation|mask|register|reg|prefix|pad|bos|eos"
+                          r"|unk|sep|special)[_-]?tokens?$", re.IGNORECASE)
 # One of these is in every secret word: a text without any skips the patterns (a fast path for big files).
 _HINTS = ("passw", "passphrase", "token", "secret", "apikey", "credential",
           *(f"{word}{sep}key" for word in ("api", "access", "private") for sep in ("_", "-", "")))
@@ -44,10 +48,16 @@ _NOT_SECRETS = {"", "true", "false", "yes", "no", "on", "off", "none", "null"}
 MIN_SECRET_CHARS = 4
 
 
+def is_secret_name(name: str) -> bool:
+    """``PGPASSWORD``, ``--db-token``, ``access_token``: yes; ``class_token``, ``TOKENIZERS_PARALLELISM``: no."""
+    name = name.strip("'\"-")
+    return bool(_SECRET_NAME.search(name)) and not _MODEL_TOKEN.search(name)
+
+
 def secret_env_values(environ=None) -> list[str]:
     """Values of the environment variables whose names say they are secret, longest first."""
     environ = os.environ if environ is None else environ
-    values = {v for k, v in environ.items() if _SECRET_NAME.search(k) and _worth_hiding(v)}
+    values = {v for k, v in environ.items() if is_secret_name(k) and _worth_hiding(v)}
     user, password = environ.get("MLFLOW_TRACKING_USERNAME"), environ.get("MLFLOW_TRACKING_PASSWORD")
     if user and password:
         values.add(f"{user}:{password}")
@@ -65,7 +75,8 @@ def redact_url(text: str) -> str:
 
 def _mask_value(match: re.Match) -> str:
     value = match.group("value")
-    if value == MASK or (value.startswith(('"', "'")) and value[1:-1] == MASK):
+    bare = value[1:-1] if value.startswith(('"', "'")) else value
+    if bare == MASK or bare.lower() in _NOT_SECRETS or not is_secret_name(match.group("name")):
         return match.group(0)
     quote = value[0] if value[:1] in ('"', "'") else ""
     return f"{match.group('name')}{match.group('sep')}{quote}{MASK}{quote}"
@@ -87,15 +98,24 @@ def redact_text(text, environ=None) -> str:
 
 
 def redact_record(value, environ=None):
-    """A JSON-like record (dicts, lists, strings) with every string redacted; keys naming a secret masked whole."""
+    """A JSON-like record (dicts, lists, strings) with every string redacted; keys naming a secret masked whole.
+
+    A flag under such a key (``true``/``false``/``null``) is no secret and stays as it is.
+    """
     if isinstance(value, dict):
-        return {k: (MASK if isinstance(k, str) and _SECRET_NAME.search(k) and v not in (None, "")
+        return {k: (MASK if isinstance(k, str) and is_secret_name(k) and _maskable(v)
                     else redact_record(v, environ)) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [redact_record(v, environ) for v in value]
     if isinstance(value, str):
         return redact_text(value, environ)
     return value
+
+
+def _maskable(value) -> bool:
+    if isinstance(value, str):
+        return value.lower() not in _NOT_SECRETS
+    return isinstance(value, (int, float, list, dict)) and not isinstance(value, bool)
 
 
 def redact_argv(argv: list[str]) -> str:
@@ -106,7 +126,7 @@ def redact_argv(argv: list[str]) -> str:
             words.append(MASK)
             hide_next = False
             continue
-        if word.startswith("--") and "=" not in word and _SECRET_NAME.search(word[2:]):
+        if word.startswith("--") and "=" not in word and is_secret_name(word[2:]):
             hide_next = True
         words.append(word)
     return redact_text(shlex.join(words))
