@@ -188,3 +188,20 @@ def test_timm_mode_on_new_families(tmp_path, monkeypatch, mlflow_store, model):
         assert "rollout is not drawn" in result.output
     else:
         assert "rollout is not drawn" not in result.output
+
+
+def test_a_config_masked_by_the_old_redaction_is_named_not_a_traceback(tmp_path, image_folder):
+    """Runs logged between 0dcb45c and 6299e84 hold ``"class_token": "***"`` in config.json; int('***') was the error."""
+    fake_protocol_runs(tmp_path, image_folder, name="masked")
+    client = MlflowClient()
+    run = client.search_runs([client.get_experiment_by_name("masked").experiment_id], "tags.arm = 'vit'")[0]
+    folder = tmp_path / "masked_config"
+    folder.mkdir()
+    config = json.loads(Path(client.download_artifacts(run.info.run_id, "config.json", str(folder))).read_text())
+    config["model"]["overrides"]["class_token"] = "***"
+    (folder / "config.json").write_text(json.dumps(config))
+    client.log_artifact(run.info.run_id, str(folder / "config.json"))
+    result = CliRunner().invoke(figures, ["--run-id", run.info.run_id, "--data-path", str(image_folder), "--no-log",
+                                          "--output-dir", str(tmp_path / "x")])
+    assert result.exit_code == 1, result.output
+    assert "model.overrides.class_token = '***'" in result.output and run.info.run_id in result.output, result.output

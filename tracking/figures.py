@@ -158,8 +158,19 @@ def load_cell(run: Run, workdir: Path) -> CellArtifacts:
         raise FiguresError(str(err)) from err
     if "val" not in predictions:
         raise FiguresError(f"run {run_id} has no predictions/val.csv")
+    if masked := masked_fields(config):
+        raise FiguresError(f"run {run_id}: its config.json has masked values ({', '.join(masked)} = '***'), written "
+                           "by a workbench whose redaction took class_token for a secret (from commit 0dcb45c until 6299e84); "
+                           "train the cell again to draw its figures")
     history = {key: metric_history(run_id, key) for key in CURVE_METRICS}
     return CellArtifacts(run, config, state["model"], predictions, history)
+
+
+def masked_fields(value, path: str = "") -> list[str]:
+    """Dotted names of the values in a run's config that a redaction replaced by ``***``."""
+    if isinstance(value, dict):
+        return [f for k, v in value.items() for f in masked_fields(v, f"{path}.{k}" if path else str(k))]
+    return [path] if value == "***" else []
 
 
 def log_figures(run_id: str, folder: Path, names: list[str]) -> None:
