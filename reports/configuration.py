@@ -49,6 +49,14 @@ def _seconds(s: float) -> str:
     return f"{s:.1f} s" if s < 600 else f"{s / 60:.1f} min"
 
 
+def run_layout(spans: list[tuple[int, int]]) -> str:
+    """How the runs shared the wall clock: the first-to-last span is the study's wall time only if none overlapped."""
+    ordered = sorted(spans)
+    if any(start < end for (_, end), (start, _) in zip(ordered, ordered[1:])):
+        return "some at the same time (`ablate --jobs` or several workers)"
+    return "one after another: the study's wall time when one execution ran them all"
+
+
 def cost_blocks(study: StudyData, table: ConfigTable | None) -> list[Block]:
     """Per arm: training wall time, epochs run, images per second, device, precision, size and FLOPs."""
     by_arm = {row["arm"].removesuffix(" (reference)"): row for row in (table.rows if table else [])}
@@ -90,8 +98,9 @@ def cost_blocks(study: StudyData, table: ConfigTable | None) -> list[Block]:
     span = ""
     if records:
         first, last = min(r.start_time for r in records), max(r.end_time for r in records)
+        how = run_layout([(r.start_time, r.end_time) for r in records])
         span = (f" From the first reported run's start to the last one's end: {_seconds((last - first) / 1000)} "
-                f"({len(records)} runs; the study's wall time when one execution ran them all, back to back).")
+                f"({len(records)} runs, {how}).")
     notes.insert(1, "Run time: the MLflow run's start to its end, mean per run: training plus evaluation, "
                  "checkpoints, the reload proof, the test pass (where the protocol has one) and the logged model."
                  + span

@@ -254,6 +254,7 @@ def test_numbers_equal_hand_computed_values(store, tmp_path):
     vit_runs = [MlflowClient().get_run(run_id).info for (arm, _), run_id in store.cells.items() if arm == "vit"]
     mean_span = sum((r.end_time - r.start_time) / 1000 for r in vit_runs) / len(vit_runs)
     assert cost["vit"][3] == f"{mean_span:.1f} s", (cost["vit"][3], mean_span)
+    assert "(9 runs, one after another: the study's wall time when one execution ran them all)" in md
     # Provenance: every run, its code, data and split fingerprints (16 hex), source, device, start time.
     lines = [line for line in md.splitlines() if line.startswith("| ") and "`ffffffffffffffff`" in line]
     assert len(lines) == 9, lines
@@ -453,3 +454,12 @@ def test_run_ids_link_to_the_server_and_credentials_never_show(monkeypatch):
     monkeypatch.setattr(runs, "configure_tracking", lambda allow_offline=False: "http://alice:s3cret@127.0.0.1:9/")
     monkeypatch.setattr(queries, "configure_tracking", lambda allow_offline=False: "http://alice:s3cret@127.0.0.1:9/")
     assert queries.tracking_uri() == "http://127.0.0.1:9/", "the header names the store without its password"
+
+
+def test_the_wall_time_sentence_says_whether_runs_overlapped():
+    """With ``ablate --jobs`` the first-to-last span is not runs back to back (it once said so for every study)."""
+    from reports.configuration import run_layout
+
+    assert run_layout([(0, 10), (10, 20), (25, 30)]).startswith("one after another")
+    assert run_layout([(0, 100), (150, 200), (10, 20)]).startswith("some at the same time")  # inside the first
+    assert run_layout([(5, 9), (0, 6)]).startswith("some at the same time")
