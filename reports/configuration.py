@@ -53,7 +53,7 @@ def run_layout(spans: list[tuple[int, int]]) -> str:
     """How the runs shared the wall clock: the first-to-last span is the study's wall time only if none overlapped."""
     ordered = sorted(spans)
     if any(start < end for (_, end), (start, _) in zip(ordered, ordered[1:])):
-        return "some at the same time (`ablate --jobs` or several workers)"
+        return "some of them at the same time, as `ablate --jobs` or several workers run them"
     return "one after another: the study's wall time when one execution ran them all"
 
 

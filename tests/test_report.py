@@ -461,5 +461,5 @@ def test_the_wall_time_sentence_says_whether_runs_overlapped():
     from reports.configuration import run_layout
 
     assert run_layout([(0, 10), (10, 20), (25, 30)]).startswith("one after another")
-    assert run_layout([(0, 100), (150, 200), (10, 20)]).startswith("some at the same time")  # inside the first
-    assert run_layout([(5, 9), (0, 6)]).startswith("some at the same time")
+    assert run_layout([(0, 100), (150, 200), (10, 20)]).startswith("some of them at the same time")  # inside the first
+    assert run_layout([(5, 9), (0, 6)]).startswith("some of them at the same time")
