@@ -98,6 +98,7 @@ def test_an_uncommitted_protocol_is_refused_without_allow_dirty(setup):
         open_protocol(str(path), allow_dirty=False)
 
 
+@pytest.mark.slow  # two ablate executions (about 15 s idle): moved when the default tier passed 5 minutes
 def test_one_failing_cell_loses_nothing_and_the_rerun_runs_only_it(setup, monkeypatch):
     tmp_path, folder = setup
     path = write_protocol(tmp_path)

@@ -87,6 +87,7 @@ def test_html_report_renders_tables_and_figures_in_chromium(store, tmp_path):  #
                           "install one (Debian: fonts-dejavu-core or fonts-liberation)")
 
 
+@pytest.mark.slow  # a transfer study and Chromium (about 20 s idle); the ablation page stays in the default tier
 def test_transfer_html_report_renders_in_chromium(transfer_store, tmp_path):  # noqa: F811 (fixture)
     result = build_report(str(transfer_store["path"]), tmp_path / "out", n_resamples=1000, log=False)
     page = probe(tmp_path, result.html.read_text())

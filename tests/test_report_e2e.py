@@ -14,6 +14,7 @@ from reports.build import build_report
 from studies.ablate import open_protocol, run_protocol
 
 
+@pytest.mark.slow  # a real ablate run, then its report (about 20 s idle): moved when the default tier passed 5 minutes
 def test_report_of_a_real_ablate_run(tmp_path, mlflow_store, monkeypatch):
     monkeypatch.setenv("WORKBENCH_CACHE_DIR", str(tmp_path / "cache"))
     folder = tmp_path / "images"
