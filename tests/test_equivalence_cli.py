@@ -88,12 +88,8 @@ def reduced_weights(monkeypatch):
 def test_no_gradients_still_compares_plain_forward(mlflow_store, monkeypatch):
     from workbench.models.vit import Block
 
-    real = Block.forward
-
-    def forward_with_bug(self, x, record=None, prefix=""):
-        if record is not None:
-            return real(self, x, record, prefix)
-        return x + self.ls1(self.attn(self.norm1(x)))  # the bug: the MLP branch is dropped
+    def forward_with_bug(self, x):
+        return self.hook_resid2(self.hook_resid1(x + self.attn(self.norm1(x))))  # the bug: the MLP branch is dropped
 
     monkeypatch.setattr(Block, "forward", forward_with_bug)
     reduced_weights(monkeypatch)

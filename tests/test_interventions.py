@@ -15,7 +15,7 @@ import torch
 
 from workbench.interventions import (
     DropTokens, HeadAblation, InterventionError, InterventionSet, PatchStage, SkipBranch, ZeroPosEmbed, capture,
-    head_means, mirrored_forward, parse, patchable_stages, run,
+    head_means, parse, patchable_stages, run,
 )
 from workbench.models.vit import ViTConfig, VisionTransformer
 
@@ -61,17 +61,24 @@ def hooks_of(model: torch.nn.Module) -> int:
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
-def test_the_mirror_is_bitwise_the_model_and_its_analysis_stages(family):
+def test_hooks_that_edit_nothing_leave_the_forward_bitwise_and_capture_is_its_analysis(family):
+    from workbench.models.hooks import attached
+
     model, x = make(family), images()
-    same(mirrored_forward(model, x), model(x), f"{family}: mirrored forward vs model(x)")
+    plain = model(x)
+    with attached(model, [(stage, lambda a: None) for stage in model.stage_names()]):
+        same(model(x), plain, f"{family}: every hook point hooked vs model(x)")
     logits, acts = capture(model, x)
     analysis = model.forward_analysis(x)
     same(logits, analysis.logits, f"{family}: capture logits vs forward_analysis")
     assert set(acts) == set(patchable_stages(model.cfg)) and set(acts) <= set(analysis.hidden_states)
     for stage, value in acts.items():
         same(value, analysis.hidden_states[stage], f"{family}: stage {stage}")
-    model.set_fast_attention(True)  # the fused path too: the mirror calls the same modules
-    same(mirrored_forward(model, x), model(x), f"{family}: mirrored forward vs model(x), fast attention")
+    model.set_fast_attention(True)  # the fused path too: hooks on the probs switch it off for the call only
+    fused = model(x)
+    with attached(model, [(stage, lambda a: None) for stage in model.stage_names() if not stage.endswith("probs")]):
+        same(model(x), fused, f"{family}: every hook point but the maps hooked vs model(x), fast attention")
+    assert all(m.fast for m in model.modules() if hasattr(m, "fast")), "the fast path was not restored"
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))

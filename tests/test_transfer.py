@@ -158,7 +158,7 @@ def test_cached_features_equal_a_direct_forward_pass(setup):
         direct = torch.cat([model.forward_head(model.forward_features(x), pre_logits=True) for x, _, _ in loader])
         tokens = []
         for x, _, _ in loader:
-            h = model._embed(x, None)
+            h = model.embed(x)
             tokens.append(model.blocks[0](h))
         tokens = torch.cat(tokens)
     diff = (cache.pooled["train"].inputs - direct).abs().max().item()

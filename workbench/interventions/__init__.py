@@ -17,7 +17,7 @@ frozen values (``spec``)::
 See docs/interventions.md.
 """
 
-from workbench.interventions.forward import HeadMeans, capture, head_means, mirrored_forward, run
+from workbench.interventions.forward import HeadMeans, capture, head_means, run
 from workbench.interventions.spec import (
     DropTokens, HeadAblation, Intervention, InterventionError, InterventionSet, PatchStage, SkipBranch, ZeroPosEmbed,
     check, flatten, parse, patchable_stages,
@@ -25,6 +25,6 @@ from workbench.interventions.spec import (
 
 __all__ = [
     "DropTokens", "HeadAblation", "HeadMeans", "Intervention", "InterventionError", "InterventionSet", "PatchStage",
-    "SkipBranch", "ZeroPosEmbed", "capture", "check", "flatten", "head_means", "mirrored_forward", "parse",
+    "SkipBranch", "ZeroPosEmbed", "capture", "check", "flatten", "head_means", "parse",
     "patchable_stages", "run",
 ]

@@ -26,7 +26,7 @@ import re
 from dataclasses import dataclass
 from typing import Literal, Union
 
-from workbench.models.vit import ViTConfig, VisionTransformer
+from workbench.models.vit import ViTConfig, stage_names_of
 
 HEAD_MODES = ("zero", "mean")
 BRANCHES = ("attn", "mlp")
@@ -188,13 +188,7 @@ def patchable_stages(cfg: ViTConfig) -> list[str]:
 
 
 def _stage_names(cfg: ViTConfig) -> list[str]:
-    # stage_names reads only the config: call it without building any weights.
-    return VisionTransformer.stage_names(_ConfigOnly(cfg))
-
-
-@dataclass(frozen=True)
-class _ConfigOnly:
-    cfg: ViTConfig
+    return stage_names_of(cfg)  # the model's hook points, built on the meta device (no weights)
 
 
 def compact_stage_list(stages: list[str]) -> str:

@@ -1,9 +1,14 @@
 """Glass-box Vision Transformer written from basic layers.
 
-The forward pass is spelled out op by op so that every intermediate activation has a
-stable stage name (see ``stage_names``) and so that, with the same weights, it is the
-same function as timm's ``VisionTransformer``: the operations are the ones timm runs, in
-the same order, which is what makes a 0.0 difference possible rather than merely small.
+The model has one forward body, read top-down: ``embed`` -> ``blocks`` -> ``norm`` ->
+``forward_head``. It is spelled out op by op so that, with the same weights, it is the same
+function as timm's ``VisionTransformer``: the operations are the ones timm runs, in the
+same order, which is what makes a 0.0 difference possible rather than merely small.
+
+Every intermediate activation with a stage name is a hook point on that body
+(``workbench.models.hooks``): analysis mode, interventions and probes attach hooks for one
+call; with none attached the forward is the fast path. ``stage_names`` comes from the
+model's hook points.
 
 Stages per block (8 for a plain ViT): ``norm1``, ``attn.qkv``, ``attn.probs`` (the
 attention map), ``attn`` (after the output projection), ``resid1``, ``norm2``, ``mlp``,
@@ -27,66 +32,47 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from workbench.models.hooks import HookPoint, attached, hook_points, name_hook_points, record_hooks
 from workbench.models.vit_config import ViTConfig
-from workbench.models.vit_layers import AttentionPool, Attention, LayerScale, Recorder, make_mlp, make_norm
+from workbench.models.vit_layers import AttentionPool, Attention, LayerScale, make_mlp, make_norm
 
-__all__ = ["ViTConfig", "VisionTransformer", "Block", "Analysis", "count_parameters", "BLOCK_STAGES"]
-
-BLOCK_STAGES = ("norm1", "attn.qkv", "attn.probs", "attn", "resid1", "norm2", "mlp", "resid2")
-POOL_STAGES = ("attn_pool.kv", "attn_pool.probs", "attn_pool.attn", "attn_pool.norm", "attn_pool.mlp")
+__all__ = ["ViTConfig", "VisionTransformer", "Block", "Analysis", "count_parameters", "stage_names_of"]
 
 
-def block_stages(cfg: ViTConfig) -> list[str]:
-    """The stages of one block, in execution order, for the options ``cfg`` switches on."""
-    names = ["norm1", "attn.qkv"]
-    names += ["attn.q_norm", "attn.k_norm"] if cfg.qk_norm else []
-    names += ["attn.probs"] + (["attn.norm"] if cfg.scale_attn_norm else []) + ["attn"]
-    names += ["ls1"] if cfg.layer_scale_init is not None else []
-    names += ["resid1", "norm2"] + (["mlp.norm"] if cfg.scale_mlp_norm else []) + ["mlp"]
-    names += ["ls2"] if cfg.layer_scale_init is not None else []
-    return names + ["resid2"]
+def _point_if(enabled: bool, local_name: str) -> nn.Module:
+    # An option that is off has no stage: an identity that is not a hook point keeps the
+    # body the same for every family without adding a name to the stage list.
+    return HookPoint(local_name) if enabled else nn.Identity()
 
 
 class Block(nn.Module):
-    """Pre-norm transformer block: x + ls1(attn(norm1(x))), then x + ls2(mlp(norm2(x)))."""
+    """Pre-norm transformer block: x + ls1(attn(norm1(x))), then x + ls2(mlp(norm2(x))).
+
+    Stages, in execution order: norm1, attn.* (inside Attention), attn, ls1, resid1, norm2,
+    mlp.* (inside the MLP), mlp, ls2, resid2 (ls1 / ls2 only with LayerScale).
+    """
 
     def __init__(self, cfg: ViTConfig) -> None:
         super().__init__()
         scaled = cfg.layer_scale_init is not None
         self.norm1 = make_norm(cfg)
+        self.hook_norm1 = HookPoint("norm1")
         self.attn = Attention(cfg)
+        self.hook_attn = HookPoint("attn")
         self.ls1 = LayerScale(cfg.dim, cfg.layer_scale_init) if scaled else nn.Identity()
+        self.hook_ls1 = _point_if(scaled, "ls1")
+        self.hook_resid1 = HookPoint("resid1")
         self.norm2 = make_norm(cfg)
+        self.hook_norm2 = HookPoint("norm2")
         self.mlp = make_mlp(cfg)
+        self.hook_mlp = HookPoint("mlp")
         self.ls2 = LayerScale(cfg.dim, cfg.layer_scale_init) if scaled else nn.Identity()
+        self.hook_ls2 = _point_if(scaled, "ls2")
+        self.hook_resid2 = HookPoint("resid2")
 
-    def forward(self, x: torch.Tensor, record: Recorder | None = None, prefix: str = "") -> torch.Tensor:
-        if record is None:
-            x = x + self.ls1(self.attn(self.norm1(x)))
-            return x + self.ls2(self.mlp(self.norm2(x)))
-        return self._forward_recorded(x, record, prefix)
-
-    def _forward_recorded(self, x: torch.Tensor, record: Recorder, prefix: str) -> torch.Tensor:
-        # Same arithmetic as forward(), with every intermediate handed to the recorder.
-        h = self.norm1(x)
-        record(f"{prefix}norm1", h)
-        h = self.attn(h, record, prefix)
-        record(f"{prefix}attn", h)
-        if isinstance(self.ls1, LayerScale):
-            h = self.ls1(h)
-            record(f"{prefix}ls1", h)
-        x = x + h
-        record(f"{prefix}resid1", x)
-        h = self.norm2(x)
-        record(f"{prefix}norm2", h)
-        h = self.mlp(h, record, prefix)
-        record(f"{prefix}mlp", h)
-        if isinstance(self.ls2, LayerScale):
-            h = self.ls2(h)
-            record(f"{prefix}ls2", h)
-        x = x + h
-        record(f"{prefix}resid2", x)
-        return x
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, N, D) -> (B, N, D)
+        x = self.hook_resid1(x + self.hook_ls1(self.ls1(self.hook_attn(self.attn(self.hook_norm1(self.norm1(x)))))))
+        return self.hook_resid2(x + self.hook_ls2(self.ls2(self.hook_mlp(self.mlp(self.hook_norm2(self.norm2(x)))))))
 
 
 @dataclass
@@ -109,15 +95,20 @@ class Analysis:
 
 
 class VisionTransformer(nn.Module):
-    """ViT with timm's method names: forward_features, forward_head, forward."""
+    """ViT with timm's method names: forward_features, forward_head, forward_intermediates, forward."""
 
     def __init__(self, cfg: ViTConfig) -> None:
         super().__init__()
         self.cfg = cfg
+        # How many prefix (class and register) tokens precede the patches. An intervention
+        # that drops prefix tokens lowers it for its one call (as timm's attribute of the name).
+        self.num_prefix_tokens = cfg.num_prefix_tokens
         # A strided convolution is the patch projection: one linear map per non-overlapping
         # patch. It is also timm's op, which keeps the comparison exact.
         self.patch_proj = nn.Conv2d(cfg.in_channels, cfg.dim, cfg.patch_hw, stride=cfg.patch_hw, bias=cfg.patch_bias)
+        self.hook_patch_embed = HookPoint("patch_embed")
         self.patch_norm = make_norm(cfg) if cfg.embed_norm else None
+        self.hook_patch_embed_norm = _point_if(cfg.embed_norm, "patch_embed.norm")
         self.cls_token = nn.Parameter(torch.zeros(1, 1, cfg.dim)) if cfg.class_token else None
         self.register_tokens = (
             nn.Parameter(torch.zeros(1, cfg.register_tokens, cfg.dim)) if cfg.register_tokens else None
@@ -125,13 +116,20 @@ class VisionTransformer(nn.Module):
         pos_len = cfg.num_patches + (0 if cfg.no_embed_class else cfg.num_prefix_tokens)
         self.pos_embed = nn.Parameter(torch.zeros(1, pos_len, cfg.dim)) if cfg.pos_embed == "learned" else None
         self.pos_drop = nn.Dropout(cfg.pos_dropout)
-        self.norm_pre = make_norm(cfg) if cfg.norm_pre else None
+        self.hook_pos_add = HookPoint("pos_add")
+        self.norm_pre = make_norm(cfg) if cfg.norm_pre else nn.Identity()
+        self.hook_norm_pre = _point_if(cfg.norm_pre, "norm_pre")
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.depth))
         self.norm = make_norm(cfg) if cfg.has_norm else nn.Identity()
+        self.hook_norm = _point_if(cfg.has_norm, "norm")
         self.attn_pool = AttentionPool(cfg) if cfg.pooling == "map" else None
+        self.hook_pool = _point_if(cfg.pooling != "cls", "pool")
         self.fc_norm = make_norm(cfg) if cfg.has_fc_norm else nn.Identity()
+        self.hook_fc_norm = _point_if(cfg.has_fc_norm, "fc_norm")
         self.head_drop = nn.Dropout(cfg.head_dropout)
         self.head = nn.Linear(cfg.dim, cfg.num_classes) if cfg.num_classes else nn.Identity()
+        self.hook_head = HookPoint("head")
+        name_hook_points(self)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -158,87 +156,84 @@ class VisionTransformer(nn.Module):
                 module.fast = enabled
         return self
 
-    # ---- forward pieces -------------------------------------------------------------
-    def _embed(self, x: torch.Tensor, record: Recorder | None) -> torch.Tensor:
-        x = self.patch_proj(x).flatten(2).transpose(1, 2)  # (B, C, h, w) -> (B, h*w, D)
-        if record:
-            record("patch_embed", x)
+    # ---- the forward, top-down ------------------------------------------------------
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.forward_head(self.forward_features(x))
+
+    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
+        """Images (B, C, H, W) -> normalised tokens (B, N, D)."""
+        return self.forward_blocks(self.embed(x))
+
+    def embed(self, x: torch.Tensor) -> torch.Tensor:
+        """Images (B, C, H, W) -> the tokens entering the first block (B, P + h*w, D)."""
+        x = self.hook_patch_embed(self.patch_proj(x).flatten(2).transpose(1, 2))  # (B, C, h, w) -> (B, h*w, D)
         if self.patch_norm is not None:
-            x = self.patch_norm(x)
-            if record:
-                record("patch_embed.norm", x)
+            x = self.hook_patch_embed_norm(self.patch_norm(x))
+        x = self.hook_pos_add(self.pos_drop(self._add_prefix_and_positions(x)))
+        return self.hook_norm_pre(self.norm_pre(x))
+
+    def _add_prefix_and_positions(self, x: torch.Tensor) -> torch.Tensor:
         prefix = [t.expand(x.shape[0], -1, -1) for t in (self.cls_token, self.register_tokens) if t is not None]
         if self.pos_embed is None:
-            x = torch.cat(prefix + [x], dim=1) if prefix else x
-        elif self.cfg.no_embed_class:
+            return torch.cat(prefix + [x], dim=1) if prefix else x
+        if self.cfg.no_embed_class:
             # positions cover patches only; prefix tokens are concatenated afterwards
             x = x + self.pos_embed
-            x = torch.cat(prefix + [x], dim=1) if prefix else x
-        else:
-            x = torch.cat(prefix + [x], dim=1) if prefix else x  # (B, P + h*w, D)
-            x = x + self.pos_embed
-        x = self.pos_drop(x)
-        if record:
-            record("pos_add", x)
-        if self.norm_pre is not None:
-            x = self.norm_pre(x)
-            if record:
-                record("norm_pre", x)
-        return x
+            return torch.cat(prefix + [x], dim=1) if prefix else x
+        x = torch.cat(prefix + [x], dim=1) if prefix else x  # (B, P + h*w, D)
+        return x + self.pos_embed
 
-    def forward_features(self, x: torch.Tensor, record: Recorder | None = None) -> torch.Tensor:
-        """Images (B, C, H, W) -> normalised tokens (B, N, D)."""
-        x = self._embed(x, record)
-        for i, block in enumerate(self.blocks):
-            x = block(x, record, f"blocks.{i}.")
-        x = self.norm(x)
-        if record and self.cfg.has_norm:
-            record("norm", x)
-        return x
+    def forward_blocks(self, x: torch.Tensor, start: int = 0) -> torch.Tensor:
+        """The tokens entering block ``start`` (B, N, D) -> the normalised tokens after the last block."""
+        for block in self.blocks[start:]:
+            x = block(x)
+        return self.hook_norm(self.norm(x))
 
-    def pool(self, x: torch.Tensor, record: Recorder | None = None) -> torch.Tensor:
+    def pool(self, x: torch.Tensor) -> torch.Tensor:
         """Tokens (B, N, D) -> one vector per image (B, D)."""
         if self.cfg.pooling == "cls":
             return x[:, 0]
         if not self.cfg.pool_include_prefix:
-            x = x[:, self.cfg.num_prefix_tokens :]  # patch tokens only
-        x = self.attn_pool(x, record) if self.attn_pool is not None else x.mean(dim=1)
-        if record:
-            record("pool", x)
-        return x
+            x = x[:, self.num_prefix_tokens :]  # patch tokens only
+        x = self.attn_pool(x) if self.attn_pool is not None else x.mean(dim=1)
+        return self.hook_pool(x)
 
-    def forward_head(
-        self, x: torch.Tensor, pre_logits: bool = False, record: Recorder | None = None
-    ) -> torch.Tensor:
-        x = self.pool(x, record)
-        if self.cfg.has_fc_norm:
-            x = self.fc_norm(x)
-            if record:
-                record("fc_norm", x)
-        x = self.head_drop(x)
-        if pre_logits:
-            return x
-        x = self.head(x)
-        if record:
-            record("head", x)
-        return x
+    def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
+        x = self.head_drop(self.hook_fc_norm(self.fc_norm(self.pool(x))))
+        return x if pre_logits else self.hook_head(self.head(x))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.forward_head(self.forward_features(x))
+    # ---- timm's intermediates -------------------------------------------------------
+    def forward_intermediates(self, x: torch.Tensor, indices: int | list[int] | None = None,
+                              return_prefix_tokens: bool = False, norm: bool = False, stop_early: bool = False,
+                              output_fmt: str = "NCHW", intermediates_only: bool = False,
+                              output_dict: bool = False):
+        """timm's ``VisionTransformer.forward_intermediates``: the blocks' outputs at ``indices``.
 
+        Same arguments and outputs as timm's (an int takes the last n blocks, a list the
+        blocks at those indices, negative from the end); see
+        ``workbench.models.intermediates`` for the layout.
+        """
+        from workbench.models.intermediates import forward_intermediates
+
+        return forward_intermediates(self, x, indices=indices, return_prefix_tokens=return_prefix_tokens, norm=norm,
+                                     stop_early=stop_early, output_fmt=output_fmt,
+                                     intermediates_only=intermediates_only, output_dict=output_dict)
+
+    # ---- recorded forwards (hooks on the one forward) --------------------------------
     def forward_stages(self, x: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """Forward on the current attention path, returning logits and every stage.
 
         On the fast path there are no ``attn.probs`` stages: the fused kernel never
-        materialises the attention map.
+        materialises the attention map, and recording does not change the path.
         """
         states: dict[str, torch.Tensor] = {}
+        names = [n for n in self.stage_names() if not (n.endswith("probs") and self._probs_owner_is_fast(n))]
+        with attached(self, record_hooks(states, names)):
+            logits = self(x)
+        return logits, {n: states[n] for n in self.stage_names() if n in states}
 
-        def record(name: str, value: torch.Tensor) -> None:
-            states[name] = value
-
-        logits = self.forward_head(self.forward_features(x, record), record=record)
-        return logits, states
+    def _probs_owner_is_fast(self, stage: str) -> bool:
+        return bool(self.get_submodule(stage.rsplit(".", 1)[0]).fast)
 
     def forward_analysis(self, x: torch.Tensor) -> Analysis:
         """Run the written-out attention path and return every stage and attention map.
@@ -246,31 +241,32 @@ class VisionTransformer(nn.Module):
         Analysis always uses the hand-written attention, whatever the fast-path setting,
         so attention maps exist and do not depend on how the model is usually run.
         """
-        modules = [m for m in self.modules() if isinstance(m, (Attention, AttentionPool))]
-        fast = [m.fast for m in modules]
-        self.set_fast_attention(False)
-        try:
-            logits, states = self.forward_stages(x)
-        finally:
-            for module, was_fast in zip(modules, fast):
-                module.fast = was_fast
+        states: dict[str, torch.Tensor] = {}
+        with attached(self, record_hooks(states, self.stage_names())):  # probs hooks: written-out path
+            logits = self(x)
         attentions = [states[f"blocks.{i}.attn.probs"] for i in range(self.cfg.depth)]
         return Analysis(logits=logits, hidden_states=states, attentions=attentions,
                         pool_attention=states.get("attn_pool.probs"))
 
     def stage_names(self) -> list[str]:
-        """Stage names in execution order, as forward_analysis records them."""
-        cfg = self.cfg
-        names = ["patch_embed"] + (["patch_embed.norm"] if cfg.embed_norm else []) + ["pos_add"]
-        names += ["norm_pre"] if cfg.norm_pre else []
-        per_block = block_stages(cfg)
-        for i in range(cfg.depth):
-            names += [f"blocks.{i}.{s}" for s in per_block]
-        names += ["norm"] if cfg.has_norm else []
-        names += list(POOL_STAGES) if cfg.pooling == "map" else []
-        names += ["pool"] if cfg.pooling != "cls" else []
-        names += ["fc_norm"] if cfg.has_fc_norm else []
-        return names + ["head"]
+        """Stage names in execution order: the model's hook points."""
+        return list(hook_points(self))
+
+
+def stage_names_of(cfg: ViTConfig) -> list[str]:
+    """The stage names of a model with config ``cfg``, without building its weights."""
+    return list(_stage_names_cached(cfg))
+
+
+def _stage_names_cached(cfg: ViTConfig) -> tuple[str, ...]:
+    key = repr(cfg)
+    if key not in _STAGE_CACHE:
+        with torch.device("meta"):  # no memory, no init cost: only the module tree is needed
+            _STAGE_CACHE[key] = tuple(VisionTransformer(cfg).stage_names())
+    return _STAGE_CACHE[key]
+
+
+_STAGE_CACHE: dict[str, tuple[str, ...]] = {}
 
 
 def count_parameters(model: nn.Module) -> tuple[int, int]:

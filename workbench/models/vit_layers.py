@@ -7,15 +7,12 @@ timm's, so a weight mapping is (almost) the identity.
 
 from __future__ import annotations
 
-from typing import Callable
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from workbench.models.hooks import HookPoint
 from workbench.models.vit_config import ViTConfig
-
-Recorder = Callable[[str, torch.Tensor], None]
 
 
 class RMSNorm(nn.Module):
@@ -83,18 +80,17 @@ class MLP(nn.Module):
         self.fc1 = nn.Linear(cfg.dim, hidden, bias=bias)
         self.act = make_act(cfg.act if act is None else act)
         self.norm = make_norm(cfg, hidden) if inner_norm else None
+        self.hook_norm = HookPoint("norm") if inner_norm else nn.Identity()
         self.fc2 = nn.Linear(hidden, cfg.dim, bias=bias)
         self.drop = nn.Dropout(cfg.dropout)
 
     def hidden(self, x: torch.Tensor) -> torch.Tensor:
         return self.drop(self.act(self.fc1(x)))
 
-    def forward(self, x: torch.Tensor, record: Recorder | None = None, prefix: str = "") -> torch.Tensor:
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.hidden(x)
         if self.norm is not None:
-            h = self.norm(h)
-            if record:
-                record(f"{prefix}mlp.norm", h)
+            h = self.hook_norm(self.norm(h))
         return self.drop(self.fc2(h))
 
 
@@ -151,38 +147,34 @@ class Attention(nn.Module):
         self.head_dim = cfg.dim // cfg.heads
         self.scale = self.head_dim**-0.5
         self.qkv = nn.Linear(cfg.dim, 3 * cfg.dim, bias=cfg.qkv_bias)
+        self.hook_qkv = HookPoint("qkv")
         self.q_norm = make_norm(cfg, self.head_dim) if cfg.qk_norm else None
         self.k_norm = make_norm(cfg, self.head_dim) if cfg.qk_norm else None
+        if cfg.qk_norm:
+            self.hook_q_norm, self.hook_k_norm = HookPoint("q_norm"), HookPoint("k_norm")
+        self.hook_probs = HookPoint("probs")  # the attention map: on the written-out path only
         self.attn_drop = nn.Dropout(cfg.attn_dropout)
         self.norm = make_norm(cfg) if cfg.scale_attn_norm else None
+        self.hook_norm = HookPoint("norm") if cfg.scale_attn_norm else nn.Identity()
         self.out_proj = nn.Linear(cfg.dim, cfg.dim, bias=cfg.proj_bias)
         self.out_drop = nn.Dropout(cfg.dropout)
         self.fast = False  # use scaled_dot_product_attention instead of the written-out form
 
-    def forward(self, x: torch.Tensor, record: Recorder | None = None, prefix: str = "") -> torch.Tensor:
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, N, C = x.shape
-        qkv = self.qkv(x)  # (B, N, 3C)
-        if record:
-            record(f"{prefix}attn.qkv", qkv)
+        qkv = self.hook_qkv(self.qkv(x))  # (B, N, 3C)
         qkv = qkv.reshape(B, N, 3, self.heads, self.head_dim).permute(2, 0, 3, 1, 4)  # (3, B, H, N, d)
         q, k, v = qkv.unbind(0)  # each (B, H, N, d)
         if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-            if record:
-                record(f"{prefix}attn.q_norm", q)
-                record(f"{prefix}attn.k_norm", k)
+            q, k = self.hook_q_norm(self.q_norm(q)), self.hook_k_norm(self.k_norm(k))
         if self.fast:
             out = F.scaled_dot_product_attention(q, k, v, dropout_p=self.attn_drop.p if self.training else 0.0)
         else:
-            probs = attention_probs(q, k, self.scale)
-            if record:
-                record(f"{prefix}attn.probs", probs)
+            probs = self.hook_probs(attention_probs(q, k, self.scale))  # (B, H, N, N)
             out = self.attn_drop(probs) @ v  # (B, H, N, d)
-        out = out.transpose(1, 2).reshape(B, N, C)  # (B, N, C): heads concatenated
+        out = out.transpose(1, 2).reshape(B, N, C)  # (B, N, C): heads concatenated, out_proj's input
         if self.norm is not None:
-            out = self.norm(out)
-            if record:
-                record(f"{prefix}attn.norm", out)
+            out = self.hook_norm(self.norm(out))
         return self.out_drop(self.out_proj(out))
 
 
@@ -202,33 +194,25 @@ class AttentionPool(nn.Module):
         self.latent = nn.Parameter(torch.zeros(1, 1, cfg.dim))
         self.q = nn.Linear(cfg.dim, cfg.dim)
         self.kv = nn.Linear(cfg.dim, 2 * cfg.dim)
+        self.hook_kv, self.hook_probs = HookPoint("kv"), HookPoint("probs")
         self.proj = nn.Linear(cfg.dim, cfg.dim)
         self.proj_drop = nn.Dropout(0.0)  # timm's ViT builds its pool with drop=0
+        self.hook_attn = HookPoint("attn")
         self.norm = make_norm(cfg)
+        self.hook_norm = HookPoint("norm")
         self.mlp = MLP(cfg, hidden=cfg.pool_hidden_dim, bias=True, inner_norm=False)
+        self.hook_mlp = HookPoint("mlp")
         self.fast = False
 
-    def forward(self, x: torch.Tensor, record: Recorder | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, N, C = x.shape
         q = self.q(self.latent.expand(B, -1, -1)).reshape(B, 1, self.heads, self.head_dim).transpose(1, 2)  # (B, H, 1, d)
-        kv = self.kv(x)  # (B, N, 2C)
-        if record:
-            record("attn_pool.kv", kv)
+        kv = self.hook_kv(self.kv(x))  # (B, N, 2C)
         k, v = kv.reshape(B, N, 2, self.heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)  # each (B, H, N, d)
         if self.fast:
             out = F.scaled_dot_product_attention(q, k, v)
         else:
-            probs = attention_probs(q, k, self.scale)  # (B, H, 1, N)
-            if record:
-                record("attn_pool.probs", probs)
-            out = probs @ v
-        out = self.proj_drop(self.proj(out.transpose(1, 2).reshape(B, 1, C)))  # (B, 1, C)
-        if record:
-            record("attn_pool.attn", out)
-        h = self.norm(out)
-        if record:
-            record("attn_pool.norm", h)
-        h = self.mlp(h)
-        if record:
-            record("attn_pool.mlp", h)
+            out = self.hook_probs(attention_probs(q, k, self.scale)) @ v  # probs (B, H, 1, N)
+        out = self.hook_attn(self.proj_drop(self.proj(out.transpose(1, 2).reshape(B, 1, C))))  # (B, 1, C)
+        h = self.hook_mlp(self.mlp(self.hook_norm(self.norm(out))))
         return (out + h)[:, 0]  # (B, C): the one latent token

@@ -80,14 +80,14 @@ def compute_features(
         pooled, tokens, labels, indices = [], {s: [] for s in starts}, [], []
         for images, y, idx in loader:
             with torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
-                x = model._embed(images, None)  # (B, N, D): patches, prefix tokens, positions
+                x = model.embed(images)  # (B, N, D): patches, prefix tokens, positions
                 for i, block in enumerate(model.blocks):
                     if i in tokens:
                         tokens[i].append(x.float())
                     x = block(x)
                 if depth in tokens:
                     tokens[depth].append(x.float())
-                feats = model.forward_head(model.norm(x), pre_logits=True)  # (B, D)
+                feats = model.forward_head(model.forward_blocks(x, start=depth), pre_logits=True)  # (B, D): norm, pool
             pooled.append(feats.float())
             labels.append(y)
             indices.append(idx)
@@ -109,9 +109,4 @@ def head_forward(model: VisionTransformer) -> Callable[[torch.Tensor], torch.Ten
 def tail_forward(model: VisionTransformer, start: int) -> Callable[[torch.Tensor], torch.Tensor]:
     """Partial fine-tuning: tokens entering block ``start`` (B, N, D) -> logits."""
 
-    def forward(x: torch.Tensor) -> torch.Tensor:
-        for block in model.blocks[start:]:
-            x = block(x)
-        return model.forward_head(model.norm(x))
-
-    return forward
+    return lambda x: model.forward_head(model.forward_blocks(x, start))
