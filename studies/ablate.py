@@ -19,6 +19,7 @@ from tqdm.auto import tqdm
 from studies.jobs import DEFAULT_THREADS_PER_JOB, check_jobs, describe, run_jobs
 from studies.options import check_protocol_amp, threads_option
 from studies.protocol import Cell, Protocol, ProtocolError, check_clean, check_frozen, load_protocol
+from studies.status import older_code_notice
 from studies.stop_signals import Terminated, as_stop, sigterm_raises
 from studies.train import TrainOutcome, prepare_data, train_one
 from tracking.protocols import cell_runs, close_study_parent, open_study_parent, recorded_hashes
@@ -45,6 +46,9 @@ def open_protocol(path: str, allow_dirty: bool) -> Protocol:
     check_clean(path, allow_dirty)
     configure_tracking()
     check_frozen(protocol, recorded_hashes(protocol.name))
+    notice = older_code_notice(protocol, cell_runs(protocol.name, protocol.hash), current_code_fingerprint())
+    if notice:
+        click.echo(notice)
     return protocol
 
 

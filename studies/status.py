@@ -40,6 +40,29 @@ def cell_state(runs: list, fingerprint: str) -> tuple[str, str]:
     return f"{label} (run {rid}{': ' + why if why else ''})", action
 
 
+def older_code_notice(protocol, runs: list, fingerprint: str) -> str | None:
+    """One line when cells finished here only with other code: the next ablate trains them again.
+
+    The code fingerprint is part of a cell's identity (``studies.ablate.cell_identity``), so
+    after a change to the result library the old runs are kept but no longer count as done.
+    """
+    done_now = {(r.data.tags.get("arm"), r.data.tags.get("seed")) for r in runs
+                if r.info.status == "FINISHED" and r.data.params.get("code_fingerprint") == fingerprint}
+    older: dict[tuple, object] = {}
+    for r in runs:
+        key = (r.data.tags.get("arm"), r.data.tags.get("seed"))
+        if r.info.status == "FINISHED" and r.data.params.get("code_fingerprint") != fingerprint and key not in done_now:
+            older.setdefault(key, r)
+    if not older:
+        return None
+    codes = sorted({r.data.params.get("code_fingerprint", "?") for r in older.values()})
+    commits = sorted({(r.data.tags.get("git_commit") or "unknown")[:12] for r in older.values()})
+    return (f"{protocol.name}: {len(older)} of {len(protocol.cells())} cells finished here with other code "
+            f"(code {', '.join(codes)}, commit {', '.join(commits)}), not with this code ({fingerprint}): the next "
+            f"ablate trains them again and keeps the old runs; to reproduce the old ones, run ablate from a checkout "
+            f"of that commit (git worktree add ../old-code {commits[0]})")
+
+
 @click.command("status")
 @click.option("--protocol", "protocol_path", required=True, type=click.Path(exists=True, dir_okay=False),
               help="Protocol YAML file.")
@@ -64,6 +87,9 @@ def status(protocol_path):
     reap_dead_runs(protocol.name, protocol.hash, log=lambda line: click.echo(line))
     runs = cell_runs(protocol.name, protocol.hash)
     click.echo(f"{protocol.name}@{protocol.short_hash}, code {fingerprint}: {len(protocol.cells())} cells")
+    notice = older_code_notice(protocol, runs, fingerprint)
+    if notice:
+        click.echo(notice)
     for parent in study_runs(protocol):
         url = run_url(mlflow.get_tracking_uri(), parent.info.experiment_id, parent.info.run_id)
         click.echo(f"parent run {parent.info.run_id}: {parent.info.status}" + (f" ({url})" if url else ""))

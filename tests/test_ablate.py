@@ -81,6 +81,33 @@ def test_cells_are_paired_child_runs_and_a_rerun_skips_them(setup):
     assert len(cell_runs(client, "tiny")) == 4
 
 
+def test_cells_of_other_code_are_named_in_one_line_by_ablate_and_status(setup, capsys):
+    """A store whose cells finished with other code (as after the result library changed): one line, no training."""
+    from click.testing import CliRunner
+    from mlflow.entities import Param, RunStatus, RunTag
+
+    from studies.cli import main
+
+    tmp_path, _ = setup
+    path = write_protocol(tmp_path, epochs=1)
+    protocol = open_protocol(str(path), allow_dirty=True)
+    assert "other code" not in capsys.readouterr().out  # a new store: nothing to say
+    client = MlflowClient()
+    experiment = client.get_experiment_by_name("tiny").experiment_id
+    for cell in protocol.cells():
+        run = client.create_run(experiment, tags={"cell": "true", "protocol_name": "tiny", "protocol_hash": protocol.hash,
+                                                  "arm": cell.arm, "seed": str(cell.seed), "git_commit": "abc123" * 7})
+        client.log_batch(run.info.run_id, params=[Param("code_fingerprint", "e" * 16)], tags=[RunTag("x", "y")])
+        client.set_terminated(run.info.run_id, RunStatus.to_string(RunStatus.FINISHED))
+    open_protocol(str(path), allow_dirty=True)
+    (line,) = [x for x in capsys.readouterr().out.splitlines() if "other code" in x]
+    assert f"4 of 4 cells finished here with other code (code {'e' * 16}, commit abc123abc123)" in line, line
+    assert "trains them again" in line and "git worktree add ../old-code abc123abc123" in line, line
+    result = CliRunner().invoke(main, ["status", "--protocol", str(path)])
+    assert result.exit_code == 0, result.output
+    assert sum("4 of 4 cells finished here with other code" in x for x in result.output.splitlines()) == 1, result.output
+
+
 def test_a_changed_protocol_with_the_same_name_is_refused(setup):
     tmp_path, folder = setup
     path = write_protocol(tmp_path, epochs=1)
