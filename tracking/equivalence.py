@@ -59,6 +59,8 @@ def log_equivalence(report: EquivalenceReport, params: dict) -> None:
             "gradient_max_abs_diff": float(grads["max_abs_diff"].max()) if len(grads) else float("nan"),
             "forward_passed": sum(row.passed for row in report.forward),
             "forward_max_abs_diff": report.forward_max_abs_diff,
+            "intermediates_passed": sum(row.passed for row in report.intermediates),
+            "intermediates_compared": len(report.intermediates),
             **{
                 f"{name}_max_abs_diff": max(r.max_abs_diff for r in rows)
                 for name, rows in report.fused.items()

@@ -176,9 +176,11 @@ class EquivalenceReport:
     stages: list[StageDiff]
     gradients: pd.DataFrame
     fused: dict[str, list[StageDiff]] = field(default_factory=dict)
-    # The models' plain forward() logits (no recorder: the path training and benchmarks
-    # run), on both attention paths; asserted like the stages.
+    # The models' plain forward() logits (no hook attached: the path training and
+    # benchmarks run), on both attention paths; asserted like the stages.
     forward: list[StageDiff] = field(default_factory=list)
+    # forward_intermediates() of both models with the same arguments; asserted too.
+    intermediates: list[StageDiff] = field(default_factory=list)
 
     @property
     def stages_passed(self) -> int:
@@ -195,6 +197,7 @@ class EquivalenceReport:
             and self.stages_passed == len(self.stages)
             and self.gradients_passed == len(self.gradients)
             and all(row.passed for row in self.forward)
+            and all(row.passed for row in self.intermediates)
         )
 
     @property
@@ -209,7 +212,7 @@ class EquivalenceReport:
         return pd.DataFrame([vars(s) for s in self.stages])
 
     def forward_table(self) -> pd.DataFrame:
-        return pd.DataFrame([vars(s) for s in self.forward])
+        return pd.DataFrame([vars(s) for s in self.forward + self.intermediates])
 
     def fused_table(self) -> pd.DataFrame:
         frames = [pd.DataFrame([vars(s) for s in rows]).assign(comparison=name) for name, rows in self.fused.items()]
@@ -223,6 +226,8 @@ class EquivalenceReport:
             f"(max difference {self.max_abs_diff:.3g}); "
             f"{sum(r.passed for r in self.forward)} of {len(self.forward)} forward() logits within {self.tolerance:g} "
             f"(max difference {self.forward_max_abs_diff:.3g}); "
+            f"{sum(r.passed for r in self.intermediates)} of {len(self.intermediates)} forward_intermediates() "
+            f"outputs within {self.tolerance:g}; "
             f"{self.gradients_passed} of {len(self.gradients)} gradients within {self.tolerance:g} "
             f"(max difference {self.gradients['max_abs_diff'].max():.3g})"
         )
@@ -258,6 +263,23 @@ def compare_gradients(timm_model: nn.Module, glass: VisionTransformer, x: torch.
     for model in (timm_model, glass):
         model.zero_grad(set_to_none=True)
     return pd.DataFrame(rows)
+
+
+def intermediates_of(model: nn.Module, x: torch.Tensor) -> dict[str, torch.Tensor]:
+    """``forward_intermediates`` with timm's default arguments and with prefix tokens, normed, NLC.
+
+    Row names say which call: the glass-box model and timm must give the same tensors.
+    """
+    final, per_block = model.forward_intermediates(x)  # every block, NCHW, not normed
+    rows = {"forward_intermediates() features": final}
+    rows.update({f"forward_intermediates() block {i}": y for i, y in enumerate(per_block)})
+    if getattr(model, "num_prefix_tokens", 0):
+        pairs = model.forward_intermediates(x, indices=[0, -1], return_prefix_tokens=True, norm=True,
+                                            output_fmt="NLC", intermediates_only=True)
+        for i, (spatial, prefix) in zip((0, -1), pairs):
+            rows[f"forward_intermediates(normed, NLC) block {i} patches"] = spatial
+            rows[f"forward_intermediates(normed, NLC) block {i} prefix"] = prefix
+    return rows
 
 
 def make_input(kind: str, shape: tuple[int, ...], seed: int) -> torch.Tensor:
@@ -302,9 +324,10 @@ def run_equivalence(
         logits, ref = timm_forward_stages(timm_model, x, glass)
         _, ours = glass.set_fast_attention(False).forward_stages(x)
         stages = compare_stages(ref, ours, order, tolerance)
-        # forward() takes no recorder: its blocks run Block.forward's own two lines, a
-        # path the stage record never touches.
+        # forward() with no hook attached: the fast path a training run takes (the stage
+        # record above is the same body with recording hooks attached for one call).
         plain = {"forward()": glass(x)}
+        ours_intermediates = intermediates_of(glass, x)
 
         set_timm_fused(timm_model, True)
         logits_fused, ref_fused = timm_forward_stages(timm_model, x, glass)
@@ -318,7 +341,10 @@ def run_equivalence(
         # Same kernels on both sides (timm unfused vs written, timm fused vs fast): exact.
         timm_logits = {"forward()": logits, "forward() fast attention": logits_fused}
         forward = compare_stages(timm_logits, {**plain, **plain_fast}, list(timm_logits), tolerance)
+        set_timm_fused(timm_model, False)
+        theirs = intermediates_of(timm_model, x)
+        intermediates = compare_stages(theirs, ours_intermediates, list(theirs), tolerance)
     set_timm_fused(timm_model, False)
     glass.set_fast_attention(False)
     grads = compare_gradients(timm_model, glass, x, seed) if gradients else pd.DataFrame(columns=["tensor", "max_abs_diff"])
-    return EquivalenceReport(architecture, tolerance, audit, stages, grads, fused, forward)
+    return EquivalenceReport(architecture, tolerance, audit, stages, grads, fused, forward, intermediates)
