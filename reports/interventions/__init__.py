@@ -1,0 +1,1 @@
+"""The intervention report and its evidence."""

@@ -1,0 +1,1 @@
+"""Ablation studies: ablate, train, --jobs, workers, the cell queue, status and sweeps."""

@@ -1,0 +1,1 @@
+"""Speed: the ViT against timm, the loader, --jobs layouts, the recipe, calibration."""

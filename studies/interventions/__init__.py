@@ -1,0 +1,1 @@
+"""Intervention studies: heads, branches and patches of trained cells."""

@@ -1,0 +1,1 @@
+"""The commands around the studies: equivalence, figures, report, server, sync."""

@@ -1,0 +1,1 @@
+"""What each kind of run logs: training, transfer, interventions, equivalence, benchmarks, sweeps, figures."""

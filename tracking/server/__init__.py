@@ -1,0 +1,1 @@
+"""The shared MLflow tracking server: its command, process, watchdog and users."""
