@@ -11,7 +11,6 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import click
 import mlflow
 from mlflow.entities import Run
 from mlflow.exceptions import MlflowException
@@ -34,7 +33,7 @@ from workbench.train.fingerprint import current_code_fingerprint
 PROTOCOL_TAGS = ("protocol_name", "protocol_hash", "arm", "seed")
 
 
-class ProtocolRecordError(click.ClickException):
+class ProtocolRecordError(RuntimeError):
     """The protocol's runs are spread over several experiments: which record is frozen is ambiguous."""
 
 

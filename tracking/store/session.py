@@ -20,11 +20,14 @@ from pathlib import Path
 from typing import Iterator
 from urllib.parse import unquote, urlsplit
 
-import click
 import mlflow
 
 from tracking.store import health, offline_store, uris
 from tracking.store.uris import DEFAULT_TRACKING_URI, redact_uri  # noqa: F401  (re-exported)
+
+
+class StoreUnavailableError(RuntimeError):
+    """A reader's store is not there (no such SQLite file, or a server that does not answer); said in one line."""
 
 
 def configure_tracking(allow_offline: bool = True) -> str:
@@ -43,12 +46,12 @@ def configure_tracking(allow_offline: bool = True) -> str:
         store = Path(uri.removeprefix("sqlite:///")) if uri.startswith("sqlite:///") else None
         if store is not None and not store.exists():
             # Opening it would create an empty store here: a reader only says what is missing.
-            raise click.ClickException(f"no MLflow store at {uri} ({store.resolve()} does not exist): nothing was run "
-                                       "against it; set MLFLOW_TRACKING_URI to the store that holds the runs")
+            raise StoreUnavailableError(f"no MLflow store at {uri} ({store.resolve()} does not exist): nothing was "
+                                        "run against it; set MLFLOW_TRACKING_URI to the store that holds the runs")
         if uris.is_remote(uri):
             state = health.server_state(uri)
             if state != "up":
-                raise click.ClickException(f"tracking server {uris.redact_uri(uri)} unreachable ({state})")
+                raise StoreUnavailableError(f"tracking server {uris.redact_uri(uri)} unreachable ({state})")
         uris.set_process_uri(uri)
         return uri
     check_sqlite_writable(uris.tracking_uri(), "MLFLOW_TRACKING_URI")  # before any run is opened
@@ -78,7 +81,7 @@ def run_user() -> str:
 
 def git_state(path: Path | None = None) -> dict[str, str]:
     """Commit and dirty flag of the project checkout ("unknown" outside git)."""
-    cwd = path or Path(__file__).resolve().parent.parent
+    cwd = path or Path(__file__).resolve().parents[2]  # the checkout (tracking/store/session.py)
 
     def git(*args: str) -> str:
         return subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, check=True).stdout.strip()

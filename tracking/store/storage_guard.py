@@ -15,8 +15,6 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import click
-
 from tracking.store import offline_store, uris
 
 DEFAULT_PORTS = {"postgresql": 5432, "mysql": 3306, "mariadb": 3306, "mssql": 1433}
@@ -62,22 +60,20 @@ def check_optuna_storage(storage: str) -> None:
     an SQLite database) or that is one of MLflow's databases.
 
     Raises:
-        click.BadParameter: One line naming the URL (passwords hidden), what is wrong and what to do.
+        ValueError: One line naming the URL (passwords hidden), what is wrong and what to do
+            (``studies.runtime.options.check_storage_option`` says it as a ``--storage`` usage error).
     """
-    try:
-        check_storage_url(storage)
-        check_sqlite_file(storage)
-    except ValueError as err:
-        raise click.BadParameter(str(err), param_hint="--storage") from err
+    check_storage_url(storage)
+    check_sqlite_file(storage)
     mine = location(storage)
     if mine is None:
         return
     for what, uri in stores_in_use().items():
         if location(uri) == mine:
-            raise click.BadParameter(
+            raise ValueError(
                 f"{uris.redact_uri(storage)} is {what} ({uris.redact_uri(uri)}); Optuna would write its tables into "
                 "MLflow's database. Give Optuna a database of its own, e.g. sqlite:///optuna.db or "
-                "postgresql://.../optuna", param_hint="--storage")
+                "postgresql://.../optuna")
 
 
 SQLITE_HEADER = b"SQLite format 3\x00"

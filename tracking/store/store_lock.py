@@ -18,7 +18,6 @@ import os
 import threading
 from pathlib import Path
 
-import click
 from filelock import FileLock, Timeout
 
 LOCK_TIMEOUT_ENV = "WORKBENCH_STORE_LOCK_SECONDS"
@@ -26,6 +25,10 @@ DEFAULT_LOCK_TIMEOUT = 300.0  # the steps it guards take well under a second; a 
 _LOCKS: dict[str, FileLock] = {}
 _GUARD = threading.Lock()
 _READY: set[str] = set()
+
+
+class StoreLockTimeout(RuntimeError):
+    """Another process held the store's lock for too long; the message names the lock file."""
 
 
 def sqlite_path(uri: str) -> Path | None:
@@ -56,8 +59,8 @@ def store_lock(uri: str):
     try:
         lock.acquire(timeout=timeout)
     except Timeout:
-        raise click.ClickException(f"{path}.lock: another process has held this MLflow store's lock for over "
-                                   f"{timeout:g} s (a stalled execution?); nothing was written") from None
+        raise StoreLockTimeout(f"{path}.lock: another process has held this MLflow store's lock for over "
+                               f"{timeout:g} s (a stalled execution?); nothing was written") from None
     try:
         yield
     finally:
