@@ -5,14 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import click
-import mlflow
 
 from studies.runtime.study_protocol import ProtocolError, load_protocol
 from tracking.record.lease import REASON_TAG, lease_state, possible_writer
 from tracking.record.protocol_runs import cell_runs, experiment_exists, reap_dead_runs, study_runs
 from tracking.store.session import configure_tracking
 from tracking.store.ui_links import run_url
-from tracking.store.uris import tracking_uri
+from tracking.store.uris import process_uri, tracking_uri
 from workbench.train.fingerprint import current_code_fingerprint
 
 
@@ -91,7 +90,7 @@ def status(protocol_path):
     if notice:
         click.echo(notice)
     for parent in study_runs(protocol):
-        url = run_url(mlflow.get_tracking_uri(), parent.info.experiment_id, parent.info.run_id)
+        url = run_url(process_uri(), parent.info.experiment_id, parent.info.run_id)
         click.echo(f"parent run {parent.info.run_id}: {parent.info.status}" + (f" ({url})" if url else ""))
     plan: dict[str, int] = {}
     for cell in protocol.cells():

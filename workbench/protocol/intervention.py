@@ -39,7 +39,10 @@ from workbench.interventions.spec import (
 from workbench.models.registry import model_config
 from workbench.models.vit import ViTConfig
 from workbench.protocol import common
+from workbench.protocol.ablation import parse_protocol
 from workbench.protocol.common import SCHEMA_VERSION, SHORT_HASH_LEN, ProtocolError, canonical_json
+from workbench.protocol.files import load_file
+from workbench.protocol.transfer import parse_transfer_protocol
 
 TOP_KEYS = ("name", "description", "acts_on", "pretrained", "interventions", "evaluation")
 REQUIRED_TOP = ("name", "description", "interventions")
@@ -323,15 +326,14 @@ def _check_evaluation(e: InterventionEvaluation, grid: Grid, fail) -> None:
 
 
 def _acts_on(value: Any, source: str, fail) -> tuple[ActsOn, Any]:
-    from workbench.protocol import load_protocol  # the package imports this module
-
     raw = common.section(value, "acts_on", ActsOn, common.field_names(ActsOn), fail)
     common.required(raw, ("protocol", "hash"), "acts_on", fail)
     name = common.identifier(raw["protocol"], "acts_on.protocol", fail)
     path = Path(source).parent / f"{name}.yaml"
     if not path.is_file():
         raise fail(f"acts_on.protocol={name!r}: no protocol file {path}")
-    acted = load_protocol(path)
+    acted = load_file(path, "ablation", {"ablation": parse_protocol, "transfer": parse_transfer_protocol,
+                                         "intervention": parse_intervention_protocol})
     if raw["hash"] != acted.hash:
         raise fail(f"acts_on.hash={raw['hash']!r}: {path} has hash {acted.hash}; the cells acted on are pinned "
                    "by the full hash of their protocol")
