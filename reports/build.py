@@ -20,6 +20,7 @@ from reports import configuration, document, results, tables
 from reports.collect import ReportError, StudyData, load_study, protocol_file, resolve_protocol
 from reports.evidence import EVIDENCE_DIR, export_evidence, export_format, load_evidence
 from reports.interventions.intervention_evidence import FORMAT as INTERVENTION_FORMAT, load_intervention_evidence
+from reports.interventions.intervention_report import build_intervention_report, render_intervention_study
 from reports.output import ReportResult, log_report, write_report
 from reports.provenance import BuildInputs, stale_items
 from reports.transfer import transfer_report
@@ -67,7 +68,6 @@ def build_report(
     path = protocol_file(protocol)
     kind = kind_of(read_yaml(path)) if path is not None else "ablation"
     if path is not None and kind == "intervention":
-        from reports.interventions.intervention_report import build_intervention_report  # it imports this module: imported when used
         from workbench.protocol import load_intervention_protocol
 
         return build_intervention_report(load_intervention_protocol(path), out_root, hash_prefix, n_resamples, log,
@@ -122,8 +122,6 @@ def build_from_evidence(evidence_dir: Path, out_root: Path) -> ReportResult:
     """
     evidence_dir = Path(evidence_dir)
     if export_format(evidence_dir) == INTERVENTION_FORMAT:
-        from reports.interventions.intervention_report import render_intervention_study  # it imports this module: imported when used
-
         intervened = load_intervention_evidence(evidence_dir)
         _check_rebuild_folder(evidence_dir, out_root, intervened.study.protocol.name)
         result = render_intervention_study(intervened.study, intervened.inputs, Path(out_root), intervened.logged_to)

@@ -18,7 +18,9 @@ import numpy as np
 from reports import provenance
 from reports.collect import ReportError, newer_attempts, resolve_hash, shown_path
 from reports.figures import report_png
+from reports.interventions.intervention_evidence import export_intervention_evidence
 from reports.interventions.intervention_study import InterventionStudy, load_study
+from reports.output import ReportResult, log_report, write_report
 from reports.render import Block, Bullets, Figure, Heading, Para, Quote, Table
 from tracking.kinds import intervention_runs
 from tracking.record import queries
@@ -232,8 +234,6 @@ def build_intervention_report(protocol: InterventionProtocol, out_root: Path, ha
                               n_resamples: int, log: bool, strict: bool, evidence: bool = False):
     """Build, write and (optionally) log the report, and with ``evidence`` export what it was computed
     from to ``<out_root>/<name>/evidence/``; returns ``reports.output.ReportResult``."""
-    from reports.output import log_report  # build dispatches here: imported when called
-
     counts = queries.hash_counts(protocol.name)
     digest = resolve_hash(protocol.name, counts, hash_prefix, protocol.hash)
     if digest != protocol.hash:
@@ -249,8 +249,6 @@ def build_intervention_report(protocol: InterventionProtocol, out_root: Path, ha
         result.messages.append(f"no parent run of {protocol.name}@{digest[:SHORT_HASH_LEN]} found: the report is not logged")
     log_report(result, result.folder, log_targets if log else None)
     if evidence:
-        from reports.interventions.intervention_evidence import export_intervention_evidence
-
         folder = export_intervention_evidence(result.folder / "evidence", study, inputs, log_targets)
         result.messages.append(f"wrote the evidence of {len(study.chosen)} cells to {folder} "
                                f"(rebuild: workbench report --from-evidence {folder} --out-dir DIR)")
@@ -260,8 +258,6 @@ def build_intervention_report(protocol: InterventionProtocol, out_root: Path, ha
 def render_intervention_study(study: InterventionStudy, inputs: provenance.BuildInputs, out_root: Path,
                               log_targets: list[str]):
     """Compute every table and figure and write the report files; returns ``reports.output.ReportResult``."""
-    from reports.output import ReportResult, write_report  # build dispatches here: imported when called
-
     protocol, short = study.protocol, study.digest[:SHORT_HASH_LEN]
     blocks, warnings, problems, n = build_blocks(study, inputs, log_targets, inputs.n_resamples)
     folder = Path(out_root) / protocol.name

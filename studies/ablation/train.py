@@ -22,9 +22,6 @@ from studies.runtime.options import check_amp, threads_option
 from studies.runtime.preflight import (check_trainable, check_writable_folder, outcome_line, remove_abandoned_cache_files,
                                        trainable_problem)
 from studies.runtime.stop_signals import as_stop, stop_reason
-from tracking.record.lease import HEARTBEATS, RELEASED_TAG, LeaseLost, lease_tags, new_token
-from tracking.record.sink import RunSink
-from tracking.store.session import configure_tracking, environment_tags, run_user
 from tracking.kinds.training_runs import (
     MlflowTrainingObserver,
     log_run_inputs,
@@ -32,6 +29,9 @@ from tracking.kinds.training_runs import (
     open_keyed_run,
     started_threads,
 )
+from tracking.record.lease import HEARTBEATS, RELEASED_TAG, LeaseLost, lease_tags, new_token
+from tracking.record.sink import RunSink
+from tracking.store.session import configure_tracking, environment_tags, run_user
 from workbench.data import PreparedData, prepare
 from workbench.models.registry import build_model, model_config
 from workbench.precision import device_capability, resolve_amp

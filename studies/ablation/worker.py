@@ -12,7 +12,6 @@ import optuna
 from optuna.trial import TrialState
 
 from studies.ablation.ablate import run_cell
-from studies.runtime.study_execution import held_parent, prepare_protocol_data
 from studies.ablation.cell_queue import (
     GRACE_SECONDS,
     HEARTBEAT_SECONDS,
@@ -28,6 +27,7 @@ from studies.ablation.cell_queue import (
 from studies.ablation.jobs import OUTCOME_ATTR
 from studies.runtime.options import check_protocol_amp, check_storage_option, threads_option
 from studies.runtime.stop_signals import pending_stop, sigterm_raises
+from studies.runtime.study_execution import held_parent, prepare_protocol_data
 from tracking.record.lease import HEARTBEAT_ENV, HEARTBEATS, LEASE_ENV, LeaseLost
 from tracking.store.session import configure_tracking
 from workbench.precision import set_threads

@@ -1,1 +1,1 @@
-"""Intervention studies: heads, branches and patches of trained cells."""
+"""Intervention studies (``workbench intervene``): heads, branches, positions and patches of trained cells."""

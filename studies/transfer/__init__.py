@@ -1,1 +1,1 @@
-"""Transfer studies: linear probe, partial and full fine-tuning from one source."""
+"""Transfer studies (``workbench transfer``): linear probe, partial and full fine-tuning from one source."""

@@ -19,10 +19,10 @@ from dataclasses import dataclass
 from mlflow.entities import Run
 from mlflow.tracking import MlflowClient
 
-from tracking.store import ui_links
 from tracking.record.lease import (HEARTBEATS, RELEASED_TAG, TOKEN_TAG, execution_states, execution_tag, execution_value,
                                    lease_state, lease_tags, new_token, reap_expired)
 from tracking.record.sink import SYNC_SERVER_RUN, RunSink
+from tracking.store import ui_links
 from tracking.store.offline_store import ensure_experiment, fallback_exists, fallback_uri
 from tracking.store.session import configure_tracking, git_state, run_user
 from tracking.store.store_lock import store_lock

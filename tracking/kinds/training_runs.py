@@ -14,10 +14,10 @@ import torch
 from mlflow.entities import Run, RunTag
 from mlflow.tracking import MlflowClient
 
-from tracking.store import health, offline_store, uris
 from tracking.record.lease import (CONTINUES_TAG, HEARTBEATS, REASON_TAG, SUPERSEDED_TAG, TOKEN_TAG, is_mine, lease_state,
-                           possible_writer)
+                                   possible_writer)
 from tracking.record.sink import SYNC_SYNCED, RunSink, log_batch, store_for
+from tracking.store import health, offline_store, uris
 from tracking.store.session import run_user
 from tracking.store.store_lock import store_lock
 

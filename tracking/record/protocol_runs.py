@@ -16,18 +16,18 @@ from mlflow.entities import Run
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
+from tracking.record.executions import (EXPECTED_TAG, children, close_dead_records, counts_of, end_time_for, iso, new_record,
+                                        study_status, write_record)
+from tracking.record.lease import (HEARTBEATS, TOKEN_TAG, execution_states, execution_tag, execution_value, lease_state,
+                                   lease_tags, new_token, reap_expired)
+from tracking.record.sink import SYNC_SYNCED, RunSink
+from tracking.store import ui_links
 from tracking.store.health import TrackingAuthError, is_permission_denied, is_unreachable
 from tracking.store.offline_store import (ensure_experiment, fallback_client, fallback_exists, fallback_run_exists,
                                           fallback_uri)
-from tracking.store import ui_links
-from tracking.store.uris import is_remote, redact_uri, tracking_uri
-from tracking.record.executions import (EXPECTED_TAG, children, close_dead_records, counts_of, end_time_for, iso, new_record,
-                                        study_status, write_record)
 from tracking.store.session import configure_tracking, git_state, run_user
-from tracking.record.lease import (HEARTBEATS, TOKEN_TAG, execution_states, execution_tag, execution_value, lease_state,
-                           lease_tags, new_token, reap_expired)
-from tracking.record.sink import SYNC_SYNCED, RunSink
 from tracking.store.store_lock import store_lock
+from tracking.store.uris import is_remote, redact_uri, tracking_uri
 from workbench.train.fingerprint import current_code_fingerprint
 
 PROTOCOL_TAGS = ("protocol_name", "protocol_hash", "arm", "seed")
