@@ -15,6 +15,7 @@ from mlflow.tracking import MlflowClient
 
 from studies.ablation import sweep
 from studies.transfer import transfer_study
+from tracking.kinds import transfer_runs
 from data_fixtures import make_image_folder, md5
 from servers import isolated_tracking, workbench_server  # noqa: F401  (fixture)
 from studies.cli import main
@@ -182,5 +183,5 @@ def check_transfer_on_server(state: dict, protocol, local: dict, server) -> None
     assert state["linear_probe-seed0"]["id"] == local["linear_probe-seed0"].data.tags[SYNC_SERVER_RUN]
 
     # What sync put on the server is a complete study: the report section builds from it.
-    section = transfer_study.tt.transfer_section("tiny_transfer")
+    section = transfer_runs.transfer_section("tiny_transfer")
     assert len(section.kappa_table) == 2 and section.kappa_table["logged_equals_file"].all()
