@@ -14,42 +14,20 @@ exits 1 on any. Section content lives in ``document``, ``results``, ``configurat
 from __future__ import annotations
 
 import tempfile
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from reports import configuration, document, results, tables
-from reports import transfer_report
-from reports.provenance import BuildInputs, stale_items
 from reports.collect import ReportError, StudyData, load_study, protocol_file, resolve_protocol
 from reports.evidence import EVIDENCE_DIR, export_evidence, export_format, load_evidence
-from reports.intervention_evidence import FORMAT as INTERVENTION_FORMAT, load_intervention_evidence
-from reports.render import Figure, to_html, to_markdown
-from tracking import queries
-from workbench.atomic import atomic_write_bytes
+from reports.interventions.intervention_evidence import FORMAT as INTERVENTION_FORMAT, load_intervention_evidence
+from reports.interventions.intervention_report import build_intervention_report, render_intervention_study
+from reports.output import ReportResult, log_report, write_report
+from reports.provenance import BuildInputs, stale_items
+from reports.transfer import transfer_report
+from tracking.record import queries
 from workbench.protocol import SHORT_HASH_LEN, TransferProtocol, kind_of, load_transfer_protocol, read_yaml
-from workbench.transfer.report import TransferSection
 
 DEFAULT_OUT_ROOT = Path("reports")
-REPORT_FILE_MODE = 0o666  # masked by the umask like any file open() creates: 0644 (group-readable) under umask 022
-
-
-@dataclass
-class ReportResult:
-    """Where the report went and the numbers in it (for callers and tests)."""
-
-    folder: Path
-    markdown: Path
-    html: Path
-    figures: list[Path]
-    study: StudyData | None = None  # ablation protocols
-    summaries: dict[str, list[tables.ArmSummary]] = field(default_factory=dict)
-    comparisons: dict[str, list[tables.Comparison]] = field(default_factory=dict)
-    logged_to: list[str] = field(default_factory=list)
-    messages: list[str] = field(default_factory=list)  # what the command line should print
-    section: TransferSection | None = None  # transfer protocols
-    problems: list[str] = field(default_factory=list)  # missing cells and stale runs: `--strict` exits 1 on any
-
-
 def parse_compare(values: tuple[str, ...] | list[str]) -> list[tuple[str, str]]:
     """``["cnn:vit_small"]`` -> ``[("cnn", "vit_small")]``."""
     pairs = []
@@ -84,19 +62,18 @@ def build_report(
 
     Raises:
         ReportError: Nothing to report, a bad option, or runs lacking what the report needs.
-        tracking.queries.QueryError: The protocol was never run against this tracking store.
+        tracking.record.queries.QueryError: The protocol was never run against this tracking store.
         workbench.protocol.ProtocolError: The protocol file is invalid.
     """
     path = protocol_file(protocol)
     kind = kind_of(read_yaml(path)) if path is not None else "ablation"
     if path is not None and kind == "intervention":
-        from reports.interventions import build_intervention_report  # it imports this module: imported when used
         from workbench.protocol import load_intervention_protocol
 
         return build_intervention_report(load_intervention_protocol(path), out_root, hash_prefix, n_resamples, log,
                                          strict, evidence)
     if path is None and "/" not in protocol and not protocol.endswith((".yaml", ".yml")):
-        from tracking.interventions import is_intervention_study
+        from tracking.kinds.intervention_runs import is_intervention_study
 
         if is_intervention_study(protocol):
             raise ReportError(f"{protocol} is an intervention protocol: report it with its protocol file "
@@ -123,7 +100,7 @@ def build_report(
     result = render_study(study, inputs, Path(out_root), log_targets, analysis)
     if log and not study.parent_run_id:
         result.messages.append(f"no parent run of {spec.name}@{spec.short_hash} found: the report is not logged to MLflow")
-    _log(result, result.folder, log_targets if log else None)
+    log_report(result, result.folder, log_targets if log else None)
     if evidence:
         folder = export_evidence(result.folder / EVIDENCE_DIR, study, inputs, log_targets, analysis)
         result.messages.append(f"wrote the evidence of {len(study.cells)} cells to {folder} "
@@ -145,8 +122,6 @@ def build_from_evidence(evidence_dir: Path, out_root: Path) -> ReportResult:
     """
     evidence_dir = Path(evidence_dir)
     if export_format(evidence_dir) == INTERVENTION_FORMAT:
-        from reports.interventions import render_intervention_study  # it imports this module: imported when used
-
         intervened = load_intervention_evidence(evidence_dir)
         _check_rebuild_folder(evidence_dir, out_root, intervened.study.protocol.name)
         result = render_intervention_study(intervened.study, intervened.inputs, Path(out_root), intervened.logged_to)
@@ -193,7 +168,7 @@ def render_study(study: StudyData, inputs: BuildInputs, out_root: Path, log_targ
               + configuration.cost_blocks(study, config) + document.curves_section(study)
               + document.analysis_section(analysis) + document.runs_section(study))
     folder = Path(out_root) / spec.name
-    figure_paths = _write(folder, blocks, f"{spec.name}@{spec.short_hash} report")
+    figure_paths = write_report(folder, blocks, f"{spec.name}@{spec.short_hash} report")
     return ReportResult(folder, folder / "report.md", folder / "report.html", figure_paths, study, summaries, comparisons,
                         messages=messages, problems=stale_items(study.attempts, [f"{a}/seed{s}" for a, s, _ in study.missing]))
 
@@ -223,7 +198,7 @@ def build_transfer_report(
                          section.confidence, strict)
     blocks, warnings, problems = transfer_report.build_blocks(protocol, digest, section, inputs, log_targets)
     folder = Path(out_root) / protocol.name
-    figure_paths = _write(folder, blocks, f"{protocol.name}@{short} transfer report")
+    figure_paths = write_report(folder, blocks, f"{protocol.name}@{short} transfer report")
     expected = len(protocol.regimes) * len(protocol.seeds)
     messages = [f"{protocol.name}@{short}: {len(section.kappa_table)} of {expected} cells have a finished run "
                 "(transfer protocol)"] + [f"warning: {w}" for w in warnings]
@@ -231,34 +206,5 @@ def build_transfer_report(
         messages.append(f"no parent run of {protocol.name}@{short} found: the report is not logged to MLflow")
     result = ReportResult(folder, folder / "report.md", folder / "report.html", figure_paths, messages=messages,
                           section=section, problems=problems)
-    _log(result, folder, log_targets if log else None)
+    log_report(result, folder, log_targets if log else None)
     return result
-
-
-def _log(result: ReportResult, folder: Path, targets: list[str] | None) -> None:
-    """Log the report files to ``targets`` and to the ``mlflow run`` launcher run; ``None``: --no-log."""
-    if targets is None:
-        return
-    launcher = queries.launcher_run_id()  # `mlflow run -e report` wraps this process in a run: it gets a copy
-    for run_id in targets + ([launcher] if launcher and launcher not in targets else []):
-        queries.log_report(run_id, folder)
-        result.logged_to.append(run_id)
-        result.messages.append(f"logged the report to run {run_id} (artifacts report/)")
-
-
-def _write(folder: Path, blocks: list, title: str) -> list[Path]:
-    """Write figures, then the Markdown and HTML; drop figures a previous build left behind."""
-    figures_dir = folder / "figures"
-    written = []
-    for block in blocks:
-        if isinstance(block, Figure):
-            path = figures_dir / block.filename
-            atomic_write_bytes(path, block.png, REPORT_FILE_MODE)
-            written.append(path)
-    for stale in sorted(figures_dir.glob("*.png")) if figures_dir.is_dir() else []:
-        if stale not in written:
-            stale.unlink()  # e.g. a test-split figure of a protocol version that no longer evaluates test
-    atomic_write_bytes(folder / "report.md", to_markdown(blocks).encode("utf-8"), REPORT_FILE_MODE)
-    atomic_write_bytes(folder / "report.html", to_html(blocks, title).encode("utf-8"), REPORT_FILE_MODE)
-    return written
-

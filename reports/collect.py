@@ -19,11 +19,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from tracking.record import queries
+from tracking.record.protocol_runs import reap_dead_runs
+from tracking.record.queries import CellRecord, QueryError
 from workbench.protocol import SHORT_HASH_LEN, load_protocol
 from workbench.report_content.portable import relative
-from tracking import queries
-from tracking.protocols import reap_dead_runs
-from tracking.queries import CellRecord, QueryError
 
 PROTOCOL_DIR = Path(__file__).resolve().parent.parent / "studies" / "protocols"
 CURVE_METRICS = ("val_accuracy", "val_loss", "train_accuracy", "train_loss")

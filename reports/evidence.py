@@ -16,7 +16,7 @@
 the same rule that chooses one run per cell (``collect.assemble_study``), so a report rebuilt
 from the export shows the same numbers as the one built from the store. Everything is
 written deterministically (sorted keys, gzip without a timestamp) and atomically; strings
-carry no credentials and no absolute paths (``tracking.run_export``).
+carry no credentials and no absolute paths (``tracking.export.run_export``).
 """
 
 from __future__ import annotations
@@ -33,8 +33,9 @@ import pandas as pd
 from reports import tables
 from reports.collect import CellData, CURVE_METRICS, COST_METRICS, ProtocolSpec, ReportError, StudyData, assemble_study
 from reports.provenance import BuildInputs
-from tracking import queries, run_export
-from tracking.queries import AnalysisFigure, CellRecord
+from tracking.export import run_export
+from tracking.record import queries
+from tracking.record.queries import AnalysisFigure, CellRecord
 from workbench.atomic import atomic_write_bytes
 from workbench.protocol.common import canonical_json
 

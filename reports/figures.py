@@ -18,13 +18,13 @@ from matplotlib.figure import Figure
 
 from reports.collect import CURVE_METRICS, StudyData
 from reports.tables import PerClass
-from workbench.analysis import result_figures as rf
+from workbench.analysis import result_figures
 
 DPI = 100
 STYLE = {"font.size": 9, "axes.spines.top": False, "axes.spines.right": False, "svg.hashsalt": "report"}
 
 
-def _png(fig: Figure) -> bytes:
+def report_png(fig: Figure) -> bytes:
     FigureCanvasAgg(fig)
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=DPI, metadata={"Software": None})
@@ -36,7 +36,7 @@ def curves(study: StudyData) -> bytes:
     histories = {arm: {seed: cell.curves for (a, seed), cell in sorted(study.cells.items()) if a == arm}
                  for arm in study.spec.arms}
     histories = {arm: seeds for arm, seeds in histories.items() if seeds}
-    return _png(rf.curves_figure(histories, CURVE_METRICS, f"{study.spec.name}@{study.spec.short_hash}: training curves"))
+    return report_png(result_figures.curves_figure(histories, CURVE_METRICS, f"{study.spec.name}@{study.spec.short_hash}: training curves"))
 
 
 def paired_seeds(study: StudyData, split: str, values: dict[str, dict[int, float]]) -> bytes:
@@ -60,10 +60,10 @@ def paired_seeds(study: StudyData, split: str, values: dict[str, dict[int, float
         ax.set_title("per seed (lines join a seed's arms; bar = mean)", fontsize=9)
         ax.grid(axis="y", alpha=0.3)
         ax.legend(fontsize=7, loc="best")
-        return _png(fig)
+        return report_png(fig)
 
 
 def confusion(per_class: list[PerClass], class_names: list[str], split: str) -> bytes:
     """Confusion matrix per arm, counts summed over seeds (the library's one confusion figure)."""
     matrices = {f"{pc.arm} ({split}, {len(pc.seeds)} seeds summed)": pc.confusion for pc in per_class}
-    return _png(rf.confusion_figure(matrices, class_names, f"{split} confusion matrices"))
+    return report_png(result_figures.confusion_figure(matrices, class_names, f"{split} confusion matrices"))

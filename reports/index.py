@@ -12,9 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from reports.render import Block, Bullets, Heading, Para, Table, to_html, to_markdown
 from reports.provenance import utc
-from tracking import queries
+from reports.render import Block, Bullets, Heading, Para, Table, to_html, to_markdown
+from tracking.record import queries
 from workbench.atomic import atomic_write_bytes
 from workbench.protocol import SHORT_HASH_LEN
 

@@ -12,8 +12,9 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 
 from reports.render import Block, Heading, Para, Table
-from tracking import queries, ui_links
-from tracking.queries import CellRecord
+from tracking.record import queries
+from tracking.record.queries import CellRecord
+from tracking.store import ui_links
 from workbench.report_content.portable import portable_text
 
 FLAG = "⚠"

@@ -17,8 +17,7 @@ from reports import tables
 from reports.collect import StudyData
 from reports.render import Block, Figure, Heading, Para, Quote, Table
 from reports.tables import ArmSummary, Comparison
-from workbench.report_content import comparison as content
-from workbench.report_content import forest
+from workbench.report_content import comparison, forest
 from workbench.report_content.numbers import bootstrap_seed_multisets, min_wilcoxon_p
 from workbench.report_content.rounding import exact_decimals, fmt, paired_display
 
@@ -40,15 +39,15 @@ def p_text(p: float) -> str:
 
 
 def contents(comparisons: list[Comparison], summaries: list[ArmSummary], expected: int,
-             decimals: int) -> list[tuple[Comparison, content.ComparisonContent | None]]:
+             decimals: int) -> list[tuple[Comparison, comparison.ComparisonContent | None]]:
     values = {s.arm: s.values for s in summaries}
     out = []
     for c in comparisons:
         if c.paired is None:
             out.append((c, None))
             continue
-        cc = content.comparison_content(c.paired, c.bootstrap, values[c.a], values[c.b], a_label=c.a, b_label=c.b,
-                                        split=SPLIT_WORDS[c.split], expected_n=expected)
+        cc = comparison.comparison_content(c.paired, c.bootstrap, values[c.a], values[c.b], a_label=c.a, b_label=c.b,
+                                           split=SPLIT_WORDS[c.split], expected_n=expected)
         # The per-seed display at the split's decimals, the same as the accuracy table's.
         per_seed = paired_display([values[c.a][s] for s in cc.seeds], [values[c.b][s] for s in cc.seeds], 100.0, decimals)
         out.append((c, replace(cc, per_seed=per_seed)))

@@ -20,38 +20,38 @@ import click
 # name -> (module, attribute, short help shown by `workbench --help` without importing it).
 # tests/test_cli.py checks every short help against the command's own docstring.
 LAZY_COMMANDS: dict[str, tuple[str, str, str]] = {
-    "ablate": ("studies.ablate", "ablate",
+    "ablate": ("studies.ablation.ablate", "ablate",
                "Run (or resume) a frozen protocol: every arm at every seed, as MLflow child runs."),
-    "benchmark": ("studies.benchmark", "benchmark",
+    "benchmark": ("studies.benchmarks.vit_benchmark", "benchmark",
                   "Time glass-box and timm ViTs (and a training step and the loader) against the machine's limit."),
-    "benchmark-loader": ("studies.data_benchmark", "benchmark_loader",
+    "benchmark-loader": ("studies.benchmarks.data_benchmark", "benchmark_loader",
                          "Compare TensorLoader with a per-image torchvision pipeline and print a table."),
-    "benchmark-jobs": ("studies.jobs_benchmark", "benchmark_jobs",
+    "benchmark-jobs": ("studies.benchmarks.jobs_benchmark", "benchmark_jobs",
                        "Cells per hour of `ablate --jobs` layouts (two single-thread jobs against one two-thread job)."),
-    "benchmark-recipe": ("studies.recipe_benchmark", "benchmark_recipe",
+    "benchmark-recipe": ("studies.benchmarks.recipe_benchmark", "benchmark_recipe",
                          "Time a protocol's cells: the workbench's training against a plain PyTorch loop of the same recipe."),
-    "equivalence": ("studies.equivalence", "equivalence",
+    "equivalence": ("studies.tools.equivalence_check", "equivalence",
                     "Compare glass-box and timm ViTs at every stage; exit 1 if any stage exceeds the tolerance."),
-    "benchmark-intervene": ("studies.intervene_benchmark", "benchmark_intervene",
+    "benchmark-intervene": ("studies.benchmarks.intervene_benchmark", "benchmark_intervene",
                             "Time an intervention protocol's grid on random-weight models of its architecture (no data, no MLflow store)."),
-    "figures": ("studies.figures", "figures",
+    "figures": ("studies.tools.figures", "figures",
                 "Analysis figures: a finished protocol's study figures, or a timm ViT's attention on images."),
-    "intervene": ("studies.intervene", "intervene",
+    "intervene": ("studies.interventions.intervene", "intervene",
                   "Evaluate an intervention protocol: every head, branch and patch of every acted-on model, as MLflow child runs."),
-    "report": ("studies.report", "report",
+    "report": ("studies.tools.report", "report",
                "Build reports/<protocol>/report.md and report.html from the protocol's finished MLflow runs."),
-    "server": ("studies.server", "server",
+    "server": ("studies.tools.server", "server",
                "Run and administer the shared MLflow tracking server (PostgreSQL, proxied artifacts, basic-auth)."),
-    "status": ("studies.status", "status",
+    "status": ("studies.ablation.status", "status",
                "Each cell's state (finished, running on host/pid, stale, failed, missing) and the next `ablate`'s plan."),
-    "sweep": ("studies.sweep", "sweep",
+    "sweep": ("studies.ablation.sweep", "sweep",
               "Tune fields of one protocol arm with TPE and median pruning; every trial is an MLflow run."),
-    "sync": ("studies.sync", "sync",
+    "sync": ("studies.tools.sync", "sync",
              "Copy offline runs to the server: params, metric histories, tags, artifacts, models, parents; exactly once."),
-    "train": ("studies.train", "train", "Train one model; re-running the same command resumes or skips it."),
-    "transfer": ("studies.transfer", "transfer",
+    "train": ("studies.ablation.train", "train", "Train one model; re-running the same command resumes or skips it."),
+    "transfer": ("studies.transfer.transfer_study", "transfer",
                  "Run (or resume) a transfer protocol: linear probe, partial and full fine-tuning at paired seeds."),
-    "worker": ("studies.worker", "worker", "Pop queued protocol cells and train them until the queue is empty."),
+    "worker": ("studies.ablation.worker", "worker", "Pop queued protocol cells and train them until the queue is empty."),
 }
 
 # Error types whose message is written for the user: shown as is. Anything else is shown
@@ -64,14 +64,14 @@ _USER_ERROR_NAMES = {"MlflowException", "OptunaError", "SafetensorError", "YAMLE
 
 def one_line(err: BaseException) -> str:
     """The exception's message as one line (KeyError's quotes removed, CUDA errors explained, secrets masked)."""
-    from tracking.redact import redact_text  # MLflow's messages quote the tracking URL as given, password and all
+    from tracking.store.redact import redact_text  # MLflow's messages quote the tracking URL as given, password and all
 
     if isinstance(err, KeyError) and type(err).__str__ is KeyError.__str__ and len(err.args) == 1:
         text = str(err.args[0])
     else:
         text = str(err)
     text = " ".join(line.strip() for line in redact_text(text).splitlines() if line.strip()) or type(err).__name__
-    from tracking.store_errors import explain  # a store that is read-only, full or not a database
+    from tracking.store.store_errors import explain  # a store that is read-only, full or not a database
 
     store_problem = explain(err)
     if store_problem:

@@ -38,7 +38,7 @@ def _no_lease_outlives_its_test():
     test's tmp_path would cost each later beat seconds and let a later test's lease expire.
     """
     yield
-    from tracking.lease import HEARTBEATS
+    from tracking.record.lease import HEARTBEATS
 
     with HEARTBEATS._lock:
         HEARTBEATS._held.clear()

@@ -17,7 +17,7 @@ import numpy as np
 from mlflow.entities import Metric, Param
 from mlflow.tracking import MlflowClient
 
-from tracking.protocols import end_parent_run, start_parent_run
+from tracking.record.protocol_runs import end_parent_run, start_parent_run
 from workbench.protocol import load_intervention_protocol
 
 ABLATION = """\

@@ -19,10 +19,10 @@ import pytest
 
 from reports import document, results, tables
 from reports.evidence import load_evidence
-from reports.intervention_evidence import load_intervention_evidence
+from reports.interventions.intervention_evidence import load_intervention_evidence
 from reports.provenance import REBUILT_PREFIX
 from reports.render import Figure, to_markdown
-from tracking import queries
+from tracking.record import queries
 
 NUMBER = re.compile(r"[+−-]?\d[\d,]*(?:\.\d+)?")
 

@@ -141,7 +141,7 @@ def workbench_server(backend_uri: str, artifacts: Path, admin: tuple[str, str] |
     The auth ini stays in place until the context ends, so the test may kill and start
     the server again on the same port, backend and artifact store.
     """
-    from tracking.server import ServerConfig, prepared_server
+    from tracking.server.server_config import ServerConfig, prepared_server
 
     cfg = ServerConfig(backend_uri, str(artifacts), port=free_port(), workers=1, auth=admin is not None,
                        auth_database_uri=auth_db)
@@ -158,16 +158,16 @@ def workbench_server(backend_uri: str, artifacts: Path, admin: tuple[str, str] |
 @pytest.fixture
 def isolated_tracking(tmp_path, monkeypatch):
     """Fallback store in tmp_path, no remembered server state, no credentials from the caller's shell."""
-    from tracking import offline_fallback as resilient
+    from tracking.store import offline_store
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("WORKBENCH_OFFLINE_DIR", str(tmp_path / "offline"))
     monkeypatch.setenv("WORKBENCH_CACHE_DIR", str(tmp_path / "cache"))
     for key in ("MLFLOW_RUN_ID", "MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD", "MLFLOW_TRACKING_TOKEN"):
         monkeypatch.delenv(key, raising=False)
-    resilient.forget_health()
+    offline_store.forget_health()
     yield tmp_path / "offline"
-    resilient.forget_health()
+    offline_store.forget_health()
     import mlflow
 
     while mlflow.active_run():

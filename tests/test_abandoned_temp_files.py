@@ -15,7 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-from studies.preflight import remove_abandoned_cache_files
+from studies.runtime.preflight import remove_abandoned_cache_files
 from workbench.atomic import ABANDONED_AFTER_SECONDS, remove_abandoned_temp_files
 
 ROOT = Path(__file__).resolve().parents[1]

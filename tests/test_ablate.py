@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-import studies.ablate as ablate_mod
+from studies.ablation import ablate
 from data_fixtures import make_image_folder
-from studies.ablate import open_protocol, run_protocol
-from studies.protocol import ProtocolDirtyError, ProtocolFrozenError
+from studies.ablation.ablate import open_protocol, run_protocol
+from studies.runtime.study_protocol import ProtocolDirtyError, ProtocolFrozenError
 
 PROTOCOL = """\
 name: {name}
@@ -130,18 +130,18 @@ def test_one_failing_cell_loses_nothing_and_the_rerun_runs_only_it(setup, monkey
     tmp_path, folder = setup
     path = write_protocol(tmp_path)
     protocol = open_protocol(str(path), allow_dirty=True)
-    real = ablate_mod.train_one
+    real = ablate.train_one
 
     def flaky(cfg, data, experiment, output_dir, run_name, **kw):
         if run_name == "cnn-seed0":
             raise RuntimeError("CUDA error: an illegal memory access (simulated)")
         return real(cfg, data, experiment, output_dir, run_name, **kw)
 
-    monkeypatch.setattr(ablate_mod, "train_one", flaky)
+    monkeypatch.setattr(ablate, "train_one", flaky)
     first = run_protocol(protocol, path, tmp_path / "out", device="cpu", data_path=str(folder), allow_dirty=True)
     assert [o.status for o in first] == ["finished", "failed", "finished", "finished"]
     assert "illegal memory access" in first[1].message
-    monkeypatch.setattr(ablate_mod, "train_one", real)
+    monkeypatch.setattr(ablate, "train_one", real)
     second = run_protocol(protocol, path, tmp_path / "out", device="cpu", data_path=str(folder), allow_dirty=True)
     assert [o.status for o in second] == ["skipped", "finished", "skipped", "skipped"]
 

@@ -15,7 +15,7 @@ import torch
 from mlflow.tracking import MlflowClient
 
 from data_fixtures import make_image_folder
-from studies.train import train_one
+from studies.ablation.train import train_one
 from synthetic import synthetic_data, tiny_config
 from test_ablate import write_protocol
 from workbench.train.loop import StopTraining, TrainingObserver
@@ -86,7 +86,7 @@ def test_jobs_train_every_cell_once_under_one_parent_with_a_fixed_thread_count(s
 def test_jobs_and_storage_are_refused_together(tmp_path):
     from click.testing import CliRunner
 
-    from studies.ablate import ablate as ablate_command
+    from studies.ablation.ablate import ablate as ablate_command
 
     done = CliRunner().invoke(ablate_command, ["--protocol", str(write_protocol(tmp_path)), "--jobs", "2",
                                                "--storage", f"journal:{tmp_path / 'q.log'}"])
@@ -178,8 +178,8 @@ def test_a_resumed_cell_keeps_its_thread_count_unless_the_user_overrides_it(mlfl
 def test_jobs_benchmark_layouts_quick_protocol_and_ratios(tmp_path):
     import click
 
-    from studies.jobs_benchmark import agreement, parse_layouts, quick_protocol, summarize
-    from studies.protocol import load_protocol
+    from studies.benchmarks.jobs_benchmark import agreement, parse_layouts, quick_protocol, summarize
+    from studies.runtime.study_protocol import load_protocol
 
     assert parse_layouts("2x1, 1x2") == [(2, 1), (1, 2)]
     for bad in ("2x1", "2x0,1x2", "two,1x2", "2-1,1x2"):

@@ -14,13 +14,13 @@ import pytest
 from click.testing import CliRunner
 from mlflow.tracking import MlflowClient
 
-import workbench.train.loop as loop_mod
+from workbench.train import loop
 from data_fixtures import make_image_folder
-from studies.ablate import open_protocol, run_protocol
+from studies.ablation.ablate import open_protocol, run_protocol
 from studies.cli import main
-from tracking.executions import iso
-from tracking.lease import EXEC_PREFIX, HEARTBEAT_TAG, HOST_TAG, PID_TAG, REASON_TAG, TOKEN_TAG
-from tracking.sink import HISTORY_TAG, OUTCOME_TAGS
+from tracking.record.executions import iso
+from tracking.record.lease import EXEC_PREFIX, HEARTBEAT_TAG, HOST_TAG, PID_TAG, REASON_TAG, TOKEN_TAG
+from tracking.record.sink import HISTORY_TAG, OUTCOME_TAGS
 from workbench.train.fingerprint import current_code_fingerprint
 
 PROTOCOL = """\
@@ -168,7 +168,7 @@ def test_a_dead_executions_runs_are_killed_and_its_cell_resumes_under_the_one_pa
     assert f"vit/seed1: stale, marked KILLED (run {cell.info.run_id}: process" in shown.output, shown.output
     assert f"-> next ablate: resume it in run {cell.info.run_id}" in shown.output
     assert "vit/seed0: finished (run" in shown.output and "next ablate: skip it x1, resume it in run" in shown.output
-    monkeypatch.setattr(loop_mod.Trainer, "_summarize", lambda self, pos: pytest.fail("summary computed twice"))
+    monkeypatch.setattr(loop.Trainer, "_summarize", lambda self, pos: pytest.fail("summary computed twice"))
     capsys.readouterr()
     outcomes = run()
     out = capsys.readouterr()
@@ -196,20 +196,20 @@ def test_a_dead_executions_runs_are_killed_and_its_cell_resumes_under_the_one_pa
 def test_ctrl_c_ends_the_parent_and_the_cell_killed_and_the_rerun_finishes(study, monkeypatch):
     _, run = study
     client = MlflowClient()
-    real = loop_mod.Trainer._end_epoch
+    real = loop.Trainer._end_epoch
 
     def interrupted(self, pos):
         real(self, pos)
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(loop_mod.Trainer, "_end_epoch", interrupted)
+    monkeypatch.setattr(loop.Trainer, "_end_epoch", interrupted)
     with pytest.raises(KeyboardInterrupt):
         run()
     (parent,) = runs(client, "parent")
     assert parent.info.status == "KILLED"
     (cell,) = runs(client, "cell")
     assert cell.info.status == "KILLED" and "KeyboardInterrupt" in cell.data.tags["end_reason"]
-    monkeypatch.setattr(loop_mod.Trainer, "_end_epoch", real)
+    monkeypatch.setattr(loop.Trainer, "_end_epoch", real)
     assert [o.status for o in run()] == ["finished", "finished"]
     assert client.get_run(parent.info.run_id).info.status == "FINISHED"
     assert_clean(client, "rec", 2)
@@ -221,7 +221,7 @@ def test_ctrl_c_ends_the_parent_and_the_cell_killed_and_the_rerun_finishes(study
 
 def test_a_cell_whose_holder_may_still_write_continues_in_a_new_run(study, capsys):
     """MLflow cannot refuse a late write, so a run whose holder may wake up is closed, not continued."""
-    from tracking.lease import RELEASED_TAG, SUPERSEDED_TAG, Heartbeats, LeaseLost
+    from tracking.record.lease import RELEASED_TAG, SUPERSEDED_TAG, Heartbeats, LeaseLost
 
     protocol, run = study
     client = MlflowClient()
@@ -271,7 +271,7 @@ def test_a_cell_whose_holder_may_still_write_continues_in_a_new_run(study, capsy
 
 def test_a_shared_parent_stays_alive_while_any_of_its_executions_is(study):
     """Workers share the study's parent: the first one's death must not mark it KILLED under the others."""
-    from tracking.lease import EXEC_PREFIX, execution_tag, lease_state, reap_expired
+    from tracking.record.lease import EXEC_PREFIX, execution_tag, lease_state, reap_expired
 
     _, run = study
     client = MlflowClient()

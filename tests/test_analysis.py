@@ -10,9 +10,9 @@ import torch
 from PIL import Image
 
 from conftest import assert_close
-from workbench.analysis import attention_figures as af
-from workbench.analysis import result_figures as rf
+from workbench.analysis import result_figures
 from workbench.analysis.artifacts import background_patches, check_maps
+from workbench.analysis.attention_figures import overlay_figure, patch_grid_figure, position_similarity_figure
 from workbench.analysis.common import png_bytes, save_png
 from workbench.analysis.embeddings import pooled_features, position_similarity, tsne_2d
 from workbench.analysis.panels import attention_figures
@@ -165,22 +165,22 @@ def test_every_figure_is_a_png_of_figsize_times_dpi(tmp_path):
     assert "Diagnostic, not an explanation" in figs.rollout.get_supxlabel()
     assert "CLS token row" in figs.rollout.get_suptitle()
     shown = figs.shown
-    cm = rf.confusion_matrix(np.array([0, 1, 2, 2]), np.array([0, 2, 2, 2]), 3)
+    cm = result_figures.confusion_matrix(np.array([0, 1, 2, 2]), np.array([0, 2, 2, 2]), 3)
     assert cm.tolist() == [[1, 0, 0], [0, 0, 1], [0, 0, 2]]
-    acc = rf.per_class_accuracy(np.array([0, 1, 2, 2]), np.array([0, 2, 2, 2]), 3)
+    acc = result_figures.per_class_accuracy(np.array([0, 1, 2, 2]), np.array([0, 2, 2, 2]), 3)
     assert acc.tolist() == [1.0, 0.0, 1.0]
     history = {"vit": {0: {"val_accuracy": {1: 0.5, 2: 0.6}}, 1: {"val_accuracy": {1: 0.4}}}}
     names = ("a", "b", "c")
     built = {
         "rollout": figs.rollout,
         "heads": figs.heads,
-        "patch_grid": af.patch_grid_figure(shown[0], 4, 1, "tiny"),
-        "positions": af.position_similarity_figure(position_similarity(model).numpy(), "tiny"),
-        "curves": rf.curves_figure(history),
-        "confusion": rf.confusion_figure({"vit": cm, "cnn": cm}, names),
-        "per_class": rf.per_class_accuracy_figure({"vit": np.stack([acc, acc])}, names),
-        "tsne": rf.tsne_figure({"vit": (np.random.rand(4, 2), np.array([0, 1, 2, 2]))}, names),
-        "summary": rf.summary_figure([rf.ArmSummary("vit", "tiny", 123, {"val": {0: 0.5, 1: 0.6}}, {0: 2, 1: 1})], "s"),
+        "patch_grid": patch_grid_figure(shown[0], 4, 1, "tiny"),
+        "positions": position_similarity_figure(position_similarity(model).numpy(), "tiny"),
+        "curves": result_figures.curves_figure(history),
+        "confusion": result_figures.confusion_figure({"vit": cm, "cnn": cm}, names),
+        "per_class": result_figures.per_class_accuracy_figure({"vit": np.stack([acc, acc])}, names),
+        "tsne": result_figures.tsne_figure({"vit": (np.random.rand(4, 2), np.array([0, 1, 2, 2]))}, names),
+        "summary": result_figures.summary_figure([result_figures.ArmSummary("vit", "tiny", 123, {"val": {0: 0.5, 1: 0.6}}, {0: 2, 1: 1})], "s"),
     }
     for name, fig in built.items():
         assert_exact_size(fig)
@@ -196,7 +196,7 @@ def test_flagged_maps_say_so_on_the_figure():
     maps = np.full((1, 4, 4), 0.01)
     maps[0, 0, 0] = 0.9
     checks = check_maps(torch.from_numpy(maps), background_patches(torch.from_numpy(images).permute(0, 3, 1, 2), 4))
-    fig = af.overlay_figure(images, {"rollout": maps}, "t", ["img"], {"rollout": checks})
+    fig = overlay_figure(images, {"rollout": maps}, "t", ["img"], {"rollout": checks})
     assert "1 of 1 maps FLAGGED" in fig.get_supxlabel() and "known ViT artifact" in fig.get_supxlabel()
     assert "BACKGROUND ARTIFACT" in fig.axes[1].get_xlabel()
 
@@ -255,9 +255,9 @@ def test_summary_figure_of_eleven_arms_keeps_its_table_inside_and_names_every_ba
     from matplotlib.table import Table
 
     rng = np.random.default_rng(0)
-    arms = [rf.ArmSummary(f"arm{i}", "cifar_vit", 1_000_000 + i, {"val": {s: 0.3 + 0.01 * rng.random() for s in range(3)}},
-                          {s: 6 for s in range(3)}) for i in range(11)]
-    fig = rf.summary_figure(arms, "eleven arms")
+    arms = [result_figures.ArmSummary(f"arm{i}", "cifar_vit", 1_000_000 + i, {"val": {s: 0.3 + 0.01 * rng.random() for s in range(3)}},
+                                      {s: 6 for s in range(3)}) for i in range(11)]
+    fig = result_figures.summary_figure(arms, "eleven arms")
     canvas = FigureCanvasAgg(fig)
     canvas.draw()
     renderer = canvas.get_renderer()
@@ -268,5 +268,5 @@ def test_summary_figure_of_eleven_arms_keeps_its_table_inside_and_names_every_ba
 
     labels = [[t.get_text() for t in ax.get_xticklabels()] for ax in fig.findobj(Axes) if ax.axison]
     assert labels == [[a.arm for a in arms]], labels
-    colors = rf.arm_colors([a.arm for a in arms])
+    colors = result_figures.arm_colors([a.arm for a in arms])
     assert len(set(colors.values())) == 11, "two arms share a colour"

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from click.testing import CliRunner
 from torch.utils.flop_counter import FlopCounterMode
 
-from studies.benchmark import benchmark
+from studies.benchmarks.vit_benchmark import benchmark
 from workbench.bench import (
     BenchConfig,
     Goal,
@@ -227,7 +227,7 @@ def test_benchmark_quick_logs_metrics_and_artifacts(mlflow_store, tmp_path):
 
 
 def test_precision_goal_is_the_bf16_speedup_and_skipped_without_bf16(monkeypatch):
-    from workbench.bench import precision as bench_precision
+    from workbench.bench import precision
     from workbench.bench.report import evaluate_goals
 
     row = {"section": "train_precision", "model": "cifar_vit", "batch": 128, "variant": "bf16",
@@ -237,12 +237,12 @@ def test_precision_goal_is_the_bf16_speedup_and_skipped_without_bf16(monkeypatch
     assert goal.met and goal.measured == 1.9
     slower = pd.DataFrame([{**row, "speedup_vs_fp32": 1.5, "speedup_vs_fp32_q3": 1.85}])
     assert evaluate_goals(pd.DataFrame(), pd.DataFrame(), None, "cpu", slower)[0].verdict == "no (within noise)"
-    monkeypatch.setattr(bench_precision, "bf16_supported", lambda device: False)
-    assert bench_precision.run_precision(BenchConfig(precision_models=("fmnist_vit",)), 64).empty
+    monkeypatch.setattr(precision, "bf16_supported", lambda device: False)
+    assert precision.run_precision(BenchConfig(precision_models=("fmnist_vit",)), 64).empty
 
 
 def test_library_never_imports_mlflow():
-    import workbench.bench as pkg
+    import workbench.bench
 
-    for path in Path(pkg.__file__).parent.glob("*.py"):
+    for path in Path(workbench.bench.__file__).parent.glob("*.py"):
         assert "mlflow" not in path.read_text(), f"{path.name} mentions mlflow: the library must not log"

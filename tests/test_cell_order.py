@@ -6,9 +6,9 @@ import optuna
 import pytest
 import yaml
 
-from studies.cell_order import cell_work, longest_first
-from studies.cell_queue import enqueue_cells, open_storage
-from studies.protocol import load_protocol, parse_protocol
+from studies.ablation.cell_order import cell_work, longest_first
+from studies.ablation.cell_queue import enqueue_cells, open_storage
+from studies.runtime.study_protocol import load_protocol, parse_protocol
 from test_ablate import PROTOCOL
 
 

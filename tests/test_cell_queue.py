@@ -11,10 +11,10 @@ import pytest
 from click.testing import CliRunner
 from optuna.trial import TrialState
 
-from studies.cell_queue import LEASE_ATTR, holds, new_lease, open_storage, renew, requeue_expired
+from studies.ablation.cell_queue import LEASE_ATTR, holds, new_lease, open_storage, renew, requeue_expired
+from studies.ablation.worker import QueueFence
 from studies.cli import main
-from studies.worker import QueueFence
-from tracking.lease import LeaseLost
+from tracking.record.lease import LeaseLost
 
 
 def dead_pid() -> int:

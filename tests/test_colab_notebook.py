@@ -43,11 +43,11 @@ from mlflow.tracking import MlflowClient
 
 from data_fixtures import CIFAR_CLASSES, make_image_folder
 from servers import Launcher, free_port, isolated_tracking  # noqa: F401 (fixture)
-from studies.ablate import ablate
-from studies.server import server as server_command
-from studies.worker import worker
-from tracking import server as ts
-from tracking.server_process import RUNTIME_ENV
+from studies.ablation.ablate import ablate
+from studies.ablation.worker import worker
+from studies.tools.server import server as server_command
+from tracking.server import server_config
+from tracking.server.server_process import RUNTIME_ENV
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOK = ROOT / "notebooks" / "colab_t4.ipynb"
@@ -201,7 +201,7 @@ def run_notebook(nb, cwd: Path, env: dict, before: dict) -> list[tuple[str, floa
 def auth_server(tmp_path: Path) -> Launcher:
     """``workbench server start`` with basic-auth (not started yet); SQLite for runs and users."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "WORKBENCH_"))}
-    env |= {ts.ADMIN_USER_ENV: ADMIN[0], ts.ADMIN_PASSWORD_ENV: ADMIN[1], RUNTIME_ENV: str(tmp_path / "run"),
+    env |= {server_config.ADMIN_USER_ENV: ADMIN[0], server_config.ADMIN_PASSWORD_ENV: ADMIN[1], RUNTIME_ENV: str(tmp_path / "run"),
             "OMP_NUM_THREADS": "1"}
     return Launcher(["--backend-store-uri", f"sqlite:///{tmp_path}/server-runs.db",
                      "--auth-db-uri", f"sqlite:///{tmp_path}/server-users.db",
@@ -223,8 +223,8 @@ def prepare_server_and_queue(url: str, origin: Path, queue: str, monkeypatch) ->
     """
     runner = CliRunner()
     monkeypatch.setenv("MLFLOW_TRACKING_URI", url)
-    monkeypatch.setenv(ts.ADMIN_USER_ENV, ADMIN[0])
-    monkeypatch.setenv(ts.ADMIN_PASSWORD_ENV, ADMIN[1])
+    monkeypatch.setenv(server_config.ADMIN_USER_ENV, ADMIN[0])
+    monkeypatch.setenv(server_config.ADMIN_PASSWORD_ENV, ADMIN[1])
     for account in (COLAB, ALICE):
         monkeypatch.setenv("WORKBENCH_NEW_USER_PASSWORD", account[1])
         added = runner.invoke(server_command, ["add-user", account[0]])

@@ -15,7 +15,7 @@ import pytest
 from mlflow.entities import Param, ViewType
 from mlflow.tracking import MlflowClient
 
-from tracking.lease import EXEC_PREFIX, Heartbeats
+from tracking.record.lease import EXEC_PREFIX, Heartbeats
 
 ROOT = Path(__file__).resolve().parent.parent
 PROTOCOL = """\
@@ -80,7 +80,7 @@ def test_a_param_another_execution_logged_first_is_no_error_when_it_is_the_same(
     """Before: `UNIQUE constraint failed: params.key, params.run_uuid` (protocol_description) crashed the second start."""
     from mlflow.exceptions import MlflowException
 
-    from tracking.sink import RunSink
+    from tracking.record.sink import RunSink
 
     client = MlflowClient()
     run = client.create_run(client.create_experiment("rec"))
@@ -104,7 +104,7 @@ def test_a_param_another_execution_logged_first_is_no_error_when_it_is_the_same(
 
 
 def test_a_new_store_gets_its_tables_under_the_lock(tmp_path):
-    from tracking.store_lock import ensure_store, store_lock
+    from tracking.store.store_lock import ensure_store, store_lock
 
     uri = f"sqlite:///{tmp_path / 'new' / 'mlflow.db'}"
     held, done = threading.Event(), threading.Event()
@@ -163,7 +163,7 @@ def test_two_executions_reattaching_one_killed_run_together_both_get_it(mlflow_s
     """Both read the run while it still had ``killed_reason``; the first moves it to the history and
     deletes it, so the second's delete finds nothing. In CI a worker died at start on that
     (RESOURCE_DOES_NOT_EXIST) beside another worker that had just reattached the parent."""
-    from tracking.sink import HISTORY_TAG, RunSink
+    from tracking.record.sink import HISTORY_TAG, RunSink
 
     client = MlflowClient()
     exp = client.create_experiment("rec")

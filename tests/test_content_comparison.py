@@ -7,7 +7,7 @@ from decimal import Decimal
 import numpy as np
 from scipy import stats as sps
 
-from workbench import stats as S
+from workbench import stats
 from workbench.report_content.comparison import arm_content, comparison_content
 from workbench.report_content.wording import results_paragraph
 
@@ -20,8 +20,8 @@ def test_comparison_content_is_consistent_with_the_statistics():
         pa, pb = np.where(rng.random(800) < 0.85, y, (y + 1) % 10), np.where(rng.random(800) < 0.8, y, (y + 1) % 10)
         per_a[s], per_b[s] = (y, pa), (y, pb)
         acc_a[s], acc_b[s] = float((pa == y).mean()), float((pb == y).mean())
-    pc = S.paired_seed_comparison(acc_a, acc_b, names=("cnn", "vit"))
-    ci = S.paired_hierarchical_bootstrap(per_a, per_b, "accuracy", n_resamples=1000, seed=0)
+    pc = stats.paired_seed_comparison(acc_a, acc_b, names=("cnn", "vit"))
+    ci = stats.paired_hierarchical_bootstrap(per_a, per_b, "accuracy", n_resamples=1000, seed=0)
     content = comparison_content(pc, ci, acc_a, acc_b, a_label="cnn", b_label="vit")
     assert content.paragraph == results_paragraph(pc, ci, a_label="cnn", b_label="vit")
     d = np.array(pc.differences)

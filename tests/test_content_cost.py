@@ -8,7 +8,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from workbench.models.registry import build_model, model_config
 from workbench.models.vit import ViTConfig
-from workbench.report_content import cost as C
+from workbench.report_content import cost
 
 
 def real_count(name: str, overrides: dict, shape: tuple[int, ...]) -> tuple[int, int]:
@@ -27,20 +27,20 @@ def real_count(name: str, overrides: dict, shape: tuple[int, ...]) -> tuple[int,
 ])
 def test_model_cost_equals_real_model_counts(name, overrides, shape):
     params, flops = real_count(name, overrides, shape)
-    got = C.model_cost(name, overrides, image_size=shape[-1])
+    got = cost.model_cost(name, overrides, image_size=shape[-1])
     assert got.parameters == params == got.trainable_parameters, (got.parameters, params)
     assert got.forward_flops == flops, f"analytic {got.forward_flops} vs counted {flops}: diff {got.forward_flops - flops}"
     assert got.train_flops is not None and 2 * got.forward_flops < got.train_flops <= 3 * got.forward_flops
-    assert C.counted_flops(build_model(model_config(name, **overrides)), shape) == flops
+    assert cost.counted_flops(build_model(model_config(name, **overrides)), shape) == flops
 
 
 def test_published_study_model_sizes():
-    assert C.model_cost("fmnist_vit").parameters == 105_546
-    assert C.model_cost("fmnist_cnn", image_size=28).parameters == 117_498
-    unknown = C.model_cost("fmnist_cnn")
+    assert cost.model_cost("fmnist_vit").parameters == 105_546
+    assert cost.model_cost("fmnist_cnn", image_size=28).parameters == 117_498
+    unknown = cost.model_cost("fmnist_cnn")
     assert unknown.forward_flops is None and "input size" in unknown.method
     with pytest.raises(ValueError, match="image_size=32 but the ViT config says 28"):
-        C.model_cost("fmnist_vit", image_size=32)
+        cost.model_cost("fmnist_vit", image_size=32)
 
 
 def test_regime_trainable_parameters():
@@ -50,8 +50,8 @@ def test_regime_trainable_parameters():
     head = cfg.dim * 5 + 5
     block = sum(p.numel() for p in model.blocks[0].parameters())
     norm = 2 * cfg.dim
-    linear, partial, full = (C.vit_regime_cost(cfg, "linear"), C.vit_regime_cost(cfg, "partial", 2),
-                             C.vit_regime_cost(cfg, "full"))
+    linear, partial, full = (cost.vit_regime_cost(cfg, "linear"), cost.vit_regime_cost(cfg, "partial", 2),
+                             cost.vit_regime_cost(cfg, "full"))
     assert (linear.trainable_parameters, partial.trainable_parameters, full.trainable_parameters) == \
         (head, 2 * block + norm + head, total)
     assert linear.parameters == partial.parameters == full.parameters == total
@@ -59,24 +59,24 @@ def test_regime_trainable_parameters():
 
 
 def test_training_cost_and_arm_summary():
-    run = C.training_cost(120.0, 10, train_size=3200, device="cpu", precision="off", train_flops_per_image=1_000_000)
+    run = cost.training_cost(120.0, 10, train_size=3200, device="cpu", precision="off", train_flops_per_image=1_000_000)
     assert run.images_seen == 32_000 and abs(run.images_per_second - 32_000 / 120) < 1e-12
     assert abs(run.achieved_flops_per_second - 1e6 * 32_000 / 120) < 1e-3
-    other = C.training_cost(80.0, 7, images_seen=22_400, device="cuda", precision="off")
-    summary = C.arm_cost([run, other])
+    other = cost.training_cost(80.0, 7, images_seen=22_400, device="cuda", precision="off")
+    summary = cost.arm_cost([run, other])
     assert abs(summary.mean_wall_seconds - 100.0) < 1e-12 and summary.total_wall_seconds == 200.0
     assert summary.epochs_run == [10, 7] and summary.devices == ["cpu", "cuda"]
     assert abs(summary.mean_images_per_second - (32_000 / 120 + 22_400 / 80) / 2) < 1e-9
     with pytest.raises(ValueError, match="wall_seconds=0"):
-        C.training_cost(0, 1, images_seen=1)
+        cost.training_cost(0, 1, images_seen=1)
     with pytest.raises(ValueError, match="images_seen or train_size"):
-        C.training_cost(1.0, 1)
+        cost.training_cost(1.0, 1)
 
 
 @pytest.mark.slow  # imports timm and builds ViT-B/16 on the meta device: several seconds
 def test_timm_vit_config_matches_the_source_architecture():
-    cfg = C.timm_vit_config("vit_base_patch16_224", num_classes=5)
+    cfg = cost.timm_vit_config("vit_base_patch16_224", num_classes=5)
     assert (cfg.image_size, cfg.patch_size, cfg.dim, cfg.depth, cfg.heads, cfg.num_classes) == (224, 16, 768, 12, 12, 5)
-    full = C.vit_regime_cost(cfg, "full")
+    full = cost.vit_regime_cost(cfg, "full")
     assert full.parameters == 85_802_501  # timm's own count for this architecture with a 5-class head
     assert full.forward_flops == 35_126_128_128  # FlopCounterMode on the timm model with a 5-class head

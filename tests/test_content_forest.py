@@ -7,7 +7,7 @@ import math
 import numpy as np
 from matplotlib.figure import Figure
 
-from workbench import stats as S
+from workbench import stats
 from workbench.report_content.forest import ForestRow, figure_png, forest_plot, forest_rows
 
 
@@ -19,8 +19,8 @@ def test_forest_plot_values_equal_inputs_and_render():
     rng = np.random.default_rng(0)
     ref = {s: 0.80 + rng.normal(0, 0.01) for s in range(3)}
     arms = {f"arm{i}": {s: ref[s] + 0.01 * i + rng.normal(0, 0.01) for s in range(3)} for i in range(1, 11)}
-    comps = {a: S.paired_seed_comparison(v, ref, names=(a, "base")) for a, v in arms.items()}
-    boots = {a: S.CI(c.mean_difference, c.mean_difference - 0.004, c.mean_difference + 0.004, 2000)
+    comps = {a: stats.paired_seed_comparison(v, ref, names=(a, "base")) for a, v in arms.items()}
+    boots = {a: stats.CI(c.mean_difference, c.mean_difference - 0.004, c.mean_difference + 0.004, 2000)
              for a, c in comps.items() if a != "arm3"}  # arm3 without a bootstrap
     rows = forest_rows(comps, boots)
     fig = forest_plot(rows, "base")

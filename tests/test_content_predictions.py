@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from workbench import stats as S
+from workbench import stats
 from workbench.report_content.predictions import ZeroWidthIntervalError, degenerate_predictions, interval_text
 
 
@@ -50,7 +50,7 @@ def test_zero_width_recall_interval_needs_the_warning():
     rng = np.random.default_rng(1)
     y, p = retina_like(rng, {1, 4})
     recall4 = lambda yy, pp: float(((pp == 4) & (yy == 4)).sum() / max(1, (yy == 4).sum()))  # noqa: E731
-    ci = S.bootstrap_ci(y, p, recall4, n_resamples=200, seed=0, num_classes=5)
+    ci = stats.bootstrap_ci(y, p, recall4, n_resamples=200, seed=0, num_classes=5)
     assert (ci.estimate, ci.low, ci.high) == (0.0, 0.0, 0.0)
     with pytest.raises(ZeroWidthIntervalError, match="zero-width interval 0.000 \\[0.000, 0.000\\] needs a warning"):
         interval_text(ci.estimate, ci.low, ci.high, what="grade 4 recall")

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from workbench import stats as S
+from workbench import stats
 from workbench.report_content.wording import results_paragraph
 
 
@@ -80,8 +80,8 @@ def test_paragraph_numbers_equal_the_statistics():
         pa, pb = np.where(rng.random(400) < 0.8, y, (y + 1) % 3), np.where(rng.random(400) < 0.75, y, (y + 1) % 3)
         per_a[s], per_b[s] = (y, pa), (y, pb)
         acc_a[s], acc_b[s] = float((pa == y).mean()), float((pb == y).mean())
-    pc = S.paired_seed_comparison(acc_a, acc_b, names=("cnn", "vit"))
-    ci = S.paired_hierarchical_bootstrap(per_a, per_b, "accuracy", n_resamples=2000, seed=0)
+    pc = stats.paired_seed_comparison(acc_a, acc_b, names=("cnn", "vit"))
+    ci = stats.paired_hierarchical_bootstrap(per_a, per_b, "accuracy", n_resamples=2000, seed=0)
     par = results_paragraph(pc, ci, a_label="cnn", b_label="vit", expected_n=4)
     shown = [float(x) for x in re.findall(r"[-+]?\d+\.\d+", par.text.split(").")[0])]
     mean, t_low, t_high, b_low, b_high = shown

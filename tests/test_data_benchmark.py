@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from click.testing import CliRunner
 
-from studies.data_benchmark import benchmark_loader, format_table, run_loader_benchmark
+from studies.benchmarks.data_benchmark import benchmark_loader, format_table, run_loader_benchmark
 
 
 def test_run_loader_benchmark_returns_figures():
@@ -25,6 +25,6 @@ def test_benchmark_command_prints_table():
 
 
 def test_benchmark_module_does_not_import_mlflow():
-    import studies.data_benchmark as mod
+    from studies.benchmarks import data_benchmark
 
-    assert "mlflow" not in open(mod.__file__).read()
+    assert "mlflow" not in open(data_benchmark.__file__).read()

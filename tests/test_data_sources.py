@@ -16,12 +16,12 @@ from data_fixtures import (
     trust_fashion_mnist,
 )
 
-from workbench.data import DatasetNotFound, checksums, load_dataset, locate as sources
+from workbench.data import DatasetNotFound, checksums, load_dataset, locate
 
 
 def test_not_found_lists_every_place_and_remedies(isolated, monkeypatch):
     system = isolated / "usr-share-fm"
-    monkeypatch.setattr(sources, "SYSTEM_DIRS", {"fashion_mnist": (system,)})
+    monkeypatch.setattr(locate, "SYSTEM_DIRS", {"fashion_mnist": (system,)})
     monkeypatch.setenv("WORKBENCH_DATA_DIR", str(isolated / "datadir"))
     with pytest.raises(DatasetNotFound) as e:
         load_dataset("fashion_mnist")
@@ -47,7 +47,7 @@ def test_not_found_when_env_unset_and_image_folder_needs_path(isolated):
 def test_bad_explicit_path_is_an_error_not_a_fallback(isolated, monkeypatch):
     folder = isolated / "system-fm"
     make_fashion_mnist(folder)
-    monkeypatch.setattr(sources, "SYSTEM_DIRS", {"fashion_mnist": (folder,)})
+    monkeypatch.setattr(locate, "SYSTEM_DIRS", {"fashion_mnist": (folder,)})
     with pytest.raises(DatasetNotFound) as e:
         load_dataset("fashion_mnist", isolated / "nowhere", verify=False)
     assert [p.kind for p in e.value.places] == ["explicit path"]
@@ -57,7 +57,7 @@ def test_order_env_dir_before_system_copy(isolated, monkeypatch):
     env_dir, system = isolated / "datadir", isolated / "system"
     env_data = make_fashion_mnist(env_dir / "fashion-mnist", seed=1)
     make_fashion_mnist(system, seed=2)
-    monkeypatch.setattr(sources, "SYSTEM_DIRS", {"fashion_mnist": (system,)})
+    monkeypatch.setattr(locate, "SYSTEM_DIRS", {"fashion_mnist": (system,)})
     monkeypatch.setenv("WORKBENCH_DATA_DIR", str(env_dir))
     ds = load_dataset("fashion_mnist", verify=False)
     assert ds.resolution.used.kind == "$WORKBENCH_DATA_DIR"
@@ -75,7 +75,7 @@ def test_download_only_when_allowed_then_found_in_user_cache(isolated, monkeypat
         calls.append((root, size))
         make_retinamnist(root / "retinamnist.npz")
 
-    monkeypatch.setitem(sources.DOWNLOADERS, "retinamnist", fake_download)
+    monkeypatch.setitem(locate.DOWNLOADERS, "retinamnist", fake_download)
     with pytest.raises(DatasetNotFound):
         load_dataset("retinamnist")
     assert calls == []
@@ -89,7 +89,7 @@ def test_download_failure_is_reported(isolated, monkeypatch):
     def offline(root, size):
         raise OSError("Network is unreachable")
 
-    monkeypatch.setitem(sources.DOWNLOADERS, "cifar10", offline)
+    monkeypatch.setitem(locate.DOWNLOADERS, "cifar10", offline)
     with pytest.raises(DatasetNotFound, match=r"download: .* \(failed: OSError: Network is unreachable\)"):
         load_dataset("cifar10", download=True)
 

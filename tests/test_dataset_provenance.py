@@ -10,7 +10,7 @@ from mlflow.tracking import MlflowClient
 
 from data_fixtures import make_image_folder, make_retinamnist
 from synthetic import synthetic_data
-from tracking.datasets import training_dataset_input
+from tracking.kinds.dataset_inputs import training_dataset_input
 from workbench.data import locate, prepare
 
 

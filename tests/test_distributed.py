@@ -25,7 +25,7 @@ from mlflow.tracking import MlflowClient
 from optuna.trial import TrialState
 
 from data_fixtures import make_image_folder
-from studies.cell_queue import open_storage
+from studies.ablation.cell_queue import open_storage
 from servers import mlflow_server, postgres_server
 from test_ablate import write_protocol
 
@@ -211,6 +211,6 @@ def test_killed_paused_and_requeued_workers_every_cell_exactly_once(queue, tmp_p
 
 
 def _short_hash(protocol_path: Path) -> str:
-    from studies.protocol import load_protocol
+    from studies.runtime.study_protocol import load_protocol
 
     return load_protocol(protocol_path).short_hash

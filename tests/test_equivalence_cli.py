@@ -43,9 +43,9 @@ def test_equivalence_run_is_logged_with_metrics_artifacts_and_verdict(mlflow_sto
 
 
 def test_failing_equivalence_exits_nonzero_and_tags_fail(mlflow_store, monkeypatch):
-    import workbench.equivalence as eq
+    from workbench import equivalence
 
-    real = eq.glassbox_from_timm
+    real = equivalence.glassbox_from_timm
 
     def perturbed(model):
         glass, audit = real(model)
@@ -53,7 +53,7 @@ def test_failing_equivalence_exits_nonzero_and_tags_fail(mlflow_store, monkeypat
             glass.head.bias.add_(1e-3)  # a difference only at the last stage
         return glass, audit
 
-    monkeypatch.setattr(eq, "glassbox_from_timm", perturbed)
+    monkeypatch.setattr(equivalence, "glassbox_from_timm", perturbed)
     result = CliRunner().invoke(main, ["equivalence", "--model", "vit_tiny_patch16_224", "--batch", "1", "--no-gradients"])
     assert result.exit_code == 1, result.output
     assert "FAIL vit_tiny_patch16_224" in result.output and "99 of 100 stages" in result.output
@@ -66,10 +66,10 @@ def test_failing_equivalence_exits_nonzero_and_tags_fail(mlflow_store, monkeypat
 def test_cli_accepts_a_timm_vit_outside_the_old_whitelist(mlflow_store, monkeypatch):
     """vit_small_patch16_384 was refused by name before; any timm ViT architecture is accepted now.
     Built at reduced width/depth (same options) to stay fast; the full-size run is in the slow tier."""
-    import workbench.convert.timm_weights as tw
+    from workbench.convert import timm_weights
 
-    real = tw.load_timm_weights
-    monkeypatch.setattr("studies.equivalence.load_timm_weights",
+    real = timm_weights.load_timm_weights
+    monkeypatch.setattr("studies.tools.equivalence_check.load_timm_weights",
                         lambda name, source, seed: real(name, source, seed=seed, embed_dim=64, depth=2, num_heads=2))
     result = CliRunner().invoke(main, ["equivalence", "--model", "vit_small_patch16_384", "--batch", "1"])
     assert result.exit_code == 0, result.output
@@ -78,10 +78,10 @@ def test_cli_accepts_a_timm_vit_outside_the_old_whitelist(mlflow_store, monkeypa
 
 def reduced_weights(monkeypatch):
     """load_timm_weights at width 64, depth 2 (same options): CLI tests in seconds."""
-    import workbench.convert.timm_weights as tw
+    from workbench.convert import timm_weights
 
-    real = tw.load_timm_weights
-    monkeypatch.setattr("studies.equivalence.load_timm_weights",
+    real = timm_weights.load_timm_weights
+    monkeypatch.setattr("studies.tools.equivalence_check.load_timm_weights",
                         lambda name, source, seed: real(name, source, seed=seed, embed_dim=64, depth=2, num_heads=2))
 
 

@@ -16,7 +16,7 @@ import timm
 import torch
 from click.testing import CliRunner
 
-import workbench.convert.timm_vit as timm_vit
+from workbench.convert import timm_vit
 from workbench.equivalence import randomize_every_tensor, run_equivalence
 
 # LayerScale and a register token switched on, so gammas and tokens are tensors to get wrong.

@@ -13,10 +13,10 @@ from mlflow.tracking import MlflowClient
 from PIL import Image
 
 from data_fixtures import make_image_folder
-from studies.figures import figures
-from studies.protocol import load_protocol
-from studies.train import prepare_data
-from tracking.figures import find_protocol_runs
+from studies.ablation.train import prepare_data
+from studies.runtime.study_protocol import load_protocol
+from studies.tools.figures import figures
+from tracking.kinds.figure_runs import find_protocol_runs
 from workbench.analysis.study import FIGURE_FILES
 from workbench.data import TensorLoader
 from workbench.models.registry import build_model, model_config
@@ -173,10 +173,10 @@ def test_timm_vit_through_the_weight_mapping(tmp_path, mlflow_store):
 @pytest.mark.parametrize("model", ["vit_base_patch16_siglip_224", "vit_small_patch14_reg4_dinov2"])
 def test_timm_mode_on_new_families(tmp_path, monkeypatch, mlflow_store, model):
     """SigLIP (attention-pool head, no class token) and DINOv2 with registers, at reduced size."""
-    import workbench.convert.timm_weights as tw
+    from workbench.convert import timm_weights
 
-    real = tw.load_timm_weights
-    monkeypatch.setattr(tw, "load_timm_weights", lambda name, source, seed: real(
+    real = timm_weights.load_timm_weights
+    monkeypatch.setattr(timm_weights, "load_timm_weights", lambda name, source, seed: real(
         name, source, seed=seed, embed_dim=64, depth=2, num_heads=2, img_size=64 if "siglip" in name else 56))
     image = tmp_path / "photo.png"
     Image.fromarray(np.random.default_rng(0).integers(0, 256, (90, 120, 3), dtype=np.uint8)).save(image)

@@ -12,11 +12,11 @@ import pandas as pd
 import pytest
 from mlflow.tracking import MlflowClient
 
-import studies.intervene as intervene_mod
+from tracking.kinds import intervention_runs
 from data_fixtures import make_image_folder
 from reports.build import build_report
-from studies.ablate import open_protocol, run_protocol
-from studies.intervene import open_intervention_protocol, run_intervention_protocol
+from studies.ablation.ablate import open_protocol, run_protocol
+from studies.interventions.intervene import open_intervention_protocol, run_intervention_protocol
 from workbench.interventions import InterventionError
 
 pytestmark = pytest.mark.e2e  # a real MLflow store (the module's own, trained once)
@@ -136,7 +136,7 @@ def test_every_intervention_is_logged_per_cell_and_a_rerun_recomputes_nothing(tr
     def no_download(*a, **k):
         raise AssertionError("a rerun must not download or evaluate a finished cell")
 
-    monkeypatch.setattr(intervene_mod.ti, "trained_cell", no_download)
+    monkeypatch.setattr(intervention_runs, "trained_cell", no_download)
     _, again = intervene(tmp_path, folder, write_intervention(tmp_path, ablation))
     assert [o.status for o in again] == ["skipped"] * 2, [o.message for o in again]
     assert len(runs("tiny_heads")) == 2
@@ -158,7 +158,7 @@ def test_every_intervention_is_logged_per_cell_and_a_rerun_recomputes_nothing(tr
 def test_a_checkpoint_that_does_not_reproduce_its_predictions_fails_its_cell_only(trained, monkeypatch):
     tmp_path, folder, ablation = trained
     client = MlflowClient()
-    real = intervene_mod.ti.trained_cell
+    real = intervention_runs.trained_cell
 
     def off_by_a_millionth(name, digest, arm, seed, workdir):
         cell = real(name, digest, arm, seed, workdir)
@@ -166,7 +166,7 @@ def test_a_checkpoint_that_does_not_reproduce_its_predictions_fails_its_cell_onl
             cell.predictions["val"].loc[0, "prob_0"] += np.float32(1e-6)
         return cell
 
-    monkeypatch.setattr(intervene_mod.ti, "trained_cell", off_by_a_millionth)
+    monkeypatch.setattr(intervention_runs, "trained_cell", off_by_a_millionth)
     _, outcomes = intervene(tmp_path, folder, write_intervention(tmp_path, ablation, "tiny_proof"))
     assert [o.status for o in outcomes] == ["failed", "finished"], [o.message for o in outcomes]
     assert "NOT reproduced" in outcomes[0].message and "nothing evaluated" in outcomes[0].message

@@ -19,7 +19,7 @@ from rebuild_checks import forbid_store, number_differences, store_in, without_r
 
 from reports.build import build_from_evidence, build_report
 from reports.collect import ReportError
-from reports.intervention_evidence import FORMAT
+from reports.interventions.intervention_evidence import FORMAT
 
 
 pytestmark = pytest.mark.e2e  # a real MLflow store (conftest marks tests by fixture name; this one is shared)

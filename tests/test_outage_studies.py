@@ -13,18 +13,19 @@ import yaml
 from click.testing import CliRunner
 from mlflow.tracking import MlflowClient
 
-import studies.sweep as sweep_mod
-import studies.transfer as st
+from studies.ablation import sweep
+from studies.transfer import transfer_study
+from tracking.kinds import transfer_runs
 from data_fixtures import make_image_folder, md5
 from servers import isolated_tracking, workbench_server  # noqa: F401  (fixture)
 from studies.cli import main
-from studies.sync import sync as sync_command
+from studies.tools.sync import sync as sync_command
 from test_ablate import write_protocol
 from test_sync import RUN_FILES, assert_steps_once, snapshot
 from test_transfer import learnable_retina, one_thread, protocol_dict, regime  # noqa: F401 (autouse fixture)
 from test_transfer_study import log_source_run
-from tracking import offline_fallback as resilient
-from tracking.sink import SYNC_SERVER_RUN, SYNC_SYNCED
+from tracking.record.sink import SYNC_SERVER_RUN, SYNC_SYNCED
+from tracking.store import offline_store, uris
 from workbench.data import checksums
 from workbench.train.loop import Observers, TrainingObserver
 
@@ -55,7 +56,7 @@ def server(isolated_tracking, tmp_path, monkeypatch):  # noqa: F811
 
 
 def local_runs(experiment: str) -> dict:
-    client = MlflowClient(resilient.fallback_uri())
+    client = MlflowClient(offline_store.fallback_uri())
     exp = client.get_experiment_by_name(experiment)
     return {r.data.tags["mlflow.runName"]: r for r in client.search_runs([exp.experiment_id])}
 
@@ -78,8 +79,8 @@ def sync_twice(server, experiments: tuple[str, ...]) -> dict:
 
 def restart(server) -> None:
     server.start()  # same port, backend store and artifact store
-    resilient.forget_health()
-    resilient.set_process_uri(server.url)  # the study that went offline left MLflow pointing at the local store
+    offline_store.forget_health()
+    uris.set_process_uri(server.url)  # the study that went offline left MLflow pointing at the local store
 
 
 def test_sweep_and_transfer_study_survive_a_server_killed_mid_run(server, tmp_path, monkeypatch):
@@ -98,8 +99,8 @@ def run_sweep_killed_mid_trial(server, tmp_path, monkeypatch) -> tuple[str, dict
     make_image_folder(folder, per_class={"train": 14, "test": 4})
     protocol = write_protocol(tmp_path, epochs=2)
     killer = KillOnce(server)
-    train_one = sweep_mod.train_one
-    monkeypatch.setattr(sweep_mod, "train_one",
+    train_one = sweep.train_one
+    monkeypatch.setattr(sweep, "train_one",
                         lambda *a, observer=None, **kw: train_one(*a, observer=Observers(killer, observer), **kw))
     result = CliRunner().invoke(main, [
         "sweep", "--protocol", str(protocol), "--param", "optim.lr=float:1e-3:1e-2:log", "--trials", "2",
@@ -148,10 +149,10 @@ def run_transfer_killed_mid_cell(server, tmp_path, monkeypatch):
     path = tmp_path / f"{data['name']}.yaml"
     path.write_text(yaml.safe_dump(data))
     killer = KillOnce(server)
-    select = st.select_cell
-    monkeypatch.setattr(st, "select_cell", lambda *a: select(*a[:-1], Observers(a[-1], killer)))
-    protocol = st.open_transfer_protocol(str(path), allow_dirty=True)
-    outcomes = st.run_transfer(protocol, path, tmp_path / "out", "cpu", str(tmp_path / "retinamnist.npz"), True)
+    select = transfer_study.select_cell
+    monkeypatch.setattr(transfer_study, "select_cell", lambda *a: select(*a[:-1], Observers(a[-1], killer)))
+    protocol = transfer_study.open_transfer_protocol(str(path), allow_dirty=True)
+    outcomes = transfer_study.run_transfer(protocol, path, tmp_path / "out", "cpu", str(tmp_path / "retinamnist.npz"), True)
     assert killer.killed_at == 1
     assert [o.status for o in outcomes] == ["finished", "finished"], [o.message for o in outcomes]
     assert all("workbench sync" in o.message for o in outcomes), [o.message for o in outcomes]
@@ -182,5 +183,5 @@ def check_transfer_on_server(state: dict, protocol, local: dict, server) -> None
     assert state["linear_probe-seed0"]["id"] == local["linear_probe-seed0"].data.tags[SYNC_SERVER_RUN]
 
     # What sync put on the server is a complete study: the report section builds from it.
-    section = st.tt.transfer_section("tiny_transfer")
+    section = transfer_runs.transfer_section("tiny_transfer")
     assert len(section.kappa_table) == 2 and section.kappa_table["logged_equals_file"].all()

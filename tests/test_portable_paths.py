@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tracking import queries
+from tracking.record import queries
 from workbench.report_content.portable import portable_text
 
 
@@ -26,5 +26,5 @@ def test_published_pages_name_paths_as_given_relative_to_the_build_folder(tmp_pa
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/stores/x.db")
     (tmp_path / "stores").mkdir()
     (tmp_path / "stores" / "x.db").touch()
-    monkeypatch.setattr("tracking.runs.resilient.set_process_uri", lambda uri: None)
+    monkeypatch.setattr("tracking.store.uris.set_process_uri", lambda uri: None)
     assert queries.tracking_uri() == "sqlite:///stores/x.db"

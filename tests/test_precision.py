@@ -7,8 +7,8 @@ import torch
 from click.testing import CliRunner
 from mlflow.tracking import MlflowClient
 
-import workbench.precision as precision
-from studies.train import train, train_one
+from studies.ablation.train import train, train_one
+from workbench import precision
 from synthetic import synthetic_data, tiny_config
 from workbench.precision import AmpUnsupported, resolve_amp
 from workbench.train.loop import Trainer
@@ -93,7 +93,7 @@ def test_calibration_measures_rates_and_projects_wall_time():
 def test_ablate_refuses_a_bf16_protocol_on_a_cpu_without_bf16_before_any_cell(mlflow_store, tmp_path, monkeypatch):
     import yaml
 
-    from studies.ablate import ablate
+    from studies.ablation.ablate import ablate
 
     protocol = {"name": "tiny_bf16", "description": "bf16 refusal", "dataset": {"name": "fashion_mnist"},
                 "model": {"name": "fmnist_vit"}, "run": {"epochs": 1, "amp": "bf16"},

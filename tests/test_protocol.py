@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from studies.protocol import (
+from studies.runtime.study_protocol import (
     SPLIT_KEYS,
     ProtocolDirtyError,
     ProtocolError,

@@ -20,7 +20,7 @@ from rebuild_checks import accuracy_differences, forbid_store, intervention_accu
 
 from reports.build import build_from_evidence
 from reports.evidence import export_format
-from reports.intervention_evidence import FORMAT as INTERVENTION_FORMAT
+from reports.interventions.intervention_evidence import FORMAT as INTERVENTION_FORMAT
 
 RESULTS = Path(__file__).resolve().parent.parent / "docs" / "results"
 STUDIES = sorted(p for p in RESULTS.iterdir() if (p / "report.md").is_file()) if RESULTS.is_dir() else []

@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import pandas as pd
 
-from studies.recipe_benchmark import compare_cells, summary
+from studies.benchmarks.recipe_benchmark import compare_cells, summary
 from synthetic import synthetic_data, tiny_config
 from workbench.bench.recipe import plain_fit
 from workbench.train.loop import Trainer

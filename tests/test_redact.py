@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tracking.redact import redact_argv, redact_record, redact_text
-from tracking.sink import redacted_copy
+from tracking.record.sink import redacted_copy
+from tracking.store.redact import redact_argv, redact_record, redact_text
 
 ENV = {"PGPASSWORD": "pg-S3cret", "HF_TOKEN": "hf_abcdef", "MLFLOW_TRACKING_USERNAME": "bob",
        "MLFLOW_TRACKING_PASSWORD": "bobpw1", "TOKENIZERS_PARALLELISM": "false", "PWD": "/work/main",

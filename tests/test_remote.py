@@ -22,14 +22,13 @@ from mlflow.tracking import MlflowClient
 
 from data_fixtures import make_image_folder
 from servers import Launcher, descendants, free_port, isolated_tracking, postgres_server, running  # noqa: F401
-from studies.ablate import ablate
-from studies.server import server as server_command
-from studies.sync import sync as sync_command
-from tracking import offline_fallback as resilient
-from tracking import server as ts
-from tracking import server_process as sp
-from tracking import server_users as su
-from tracking.server_process import RUNTIME_ENV
+from studies.ablation.ablate import ablate
+from studies.cli import main
+from studies.tools.server import server as server_command
+from studies.tools.sync import sync as sync_command
+from tracking.server import server_config, server_process, server_users
+from tracking.server.server_process import RUNTIME_ENV
+from tracking.store import health, offline_store, uris
 
 ROOT = Path(__file__).resolve().parent.parent
 ADMIN = ("admin", "remote-admin-Passw0rd")
@@ -62,14 +61,14 @@ seeds: [0, 1]
     (None, "a-fine-password-1", "set WORKBENCH_SERVER_ADMIN_USER"),
 ])
 def test_the_launcher_refuses_missing_default_or_weak_admin_passwords(user, password, error, tmp_path):
-    cfg = ts.ServerConfig("sqlite:///x.db", str(tmp_path))
-    with pytest.raises(ts.ServerConfigError, match=error):
-        with ts.prepared_server(cfg, user, password):
+    cfg = server_config.ServerConfig("sqlite:///x.db", str(tmp_path))
+    with pytest.raises(server_config.ServerConfigError, match=error):
+        with server_config.prepared_server(cfg, user, password):
             pass
 
 
 def test_server_start_refuses_the_default_password_before_starting_anything(monkeypatch, tmp_path):
-    monkeypatch.setenv(ts.ADMIN_PASSWORD_ENV, "password1234")
+    monkeypatch.setenv(server_config.ADMIN_PASSWORD_ENV, "password1234")
     result = CliRunner().invoke(server_command, ["start", "--backend-store-uri", f"sqlite:///{tmp_path}/m.db",
                                                  "--artifacts-destination", str(tmp_path / "a")])
     assert result.exit_code == 1 and "published default" in result.output, result.output
@@ -79,13 +78,13 @@ def test_server_start_refuses_the_default_password_before_starting_anything(monk
 
 def test_server_environment_keeps_secrets_off_the_command_line_and_the_ini_private(tmp_path, monkeypatch):
     created = []
-    monkeypatch.setattr(ts, "ensure_admin", lambda *args: created.append(args) or True)  # no users database here
+    monkeypatch.setattr(server_config, "ensure_admin", lambda *args: created.append(args) or True)  # no users database here
     monkeypatch.setenv(RUNTIME_ENV, str(tmp_path / "run"))
-    monkeypatch.setenv(ts.ADMIN_PASSWORD_ENV, ADMIN[1])
-    cfg = ts.ServerConfig("postgresql://mlflow:db-secret-99@127.0.0.1/mlflow", str(tmp_path / "art"), port=5099,
-                          allowed_hosts="mlflow.example.org", cors_allowed_origins="https://mlflow.example.org",
-                          auth_database_uri="postgresql://mlflow:db-secret-99@127.0.0.1:5433/mlflow_auth")
-    with ts.prepared_server(cfg, *ADMIN) as (cmd, env):
+    monkeypatch.setenv(server_config.ADMIN_PASSWORD_ENV, ADMIN[1])
+    cfg = server_config.ServerConfig("postgresql://mlflow:db-secret-99@127.0.0.1/mlflow", str(tmp_path / "art"), port=5099,
+                                     allowed_hosts="mlflow.example.org", cors_allowed_origins="https://mlflow.example.org",
+                                     auth_database_uri="postgresql://mlflow:db-secret-99@127.0.0.1:5433/mlflow_auth")
+    with server_config.prepared_server(cfg, *ADMIN) as (cmd, env):
         ini = Path(env["MLFLOW_AUTH_CONFIG_PATH"])
         folder = ini.parent
         assert stat.S_IMODE(folder.stat().st_mode) == 0o700 and stat.S_IMODE(ini.stat().st_mode) == 0o600
@@ -106,18 +105,18 @@ def test_server_environment_keeps_secrets_off_the_command_line_and_the_ini_priva
             assert cmd[cmd.index(flag) + 1] == value
         assert "--serve-artifacts" in cmd and cmd[cmd.index("--artifacts-destination") + 1] == str(tmp_path / "art")
     assert not folder.exists(), "the runtime folder outlives the server"
-    assert "db-secret-99" not in ts.describe(cfg)
+    assert "db-secret-99" not in server_config.describe(cfg)
 
 
 def test_pgpass_lines_escape_and_other_uris_pass_through():
-    assert ts.split_password("postgresql+psycopg://u:p%3Aw%5Cd@db.example.org:6543/runs") == \
+    assert server_config.split_password("postgresql+psycopg://u:p%3Aw%5Cd@db.example.org:6543/runs") == \
         ("postgresql+psycopg://u@db.example.org:6543/runs", "db.example.org:6543:runs:u:p\\:w\\\\d")
-    assert ts.split_password("postgresql://u@h/db") == ("postgresql://u@h/db", None)
-    assert ts.split_password("sqlite:///x.db") == ("sqlite:///x.db", None)
+    assert server_config.split_password("postgresql://u@h/db") == ("postgresql://u@h/db", None)
+    assert server_config.split_password("sqlite:///x.db") == ("sqlite:///x.db", None)
 
 
 def test_server_start_on_a_port_in_use_exits_1_in_one_line(tmp_path, monkeypatch):
-    monkeypatch.setenv(ts.ADMIN_PASSWORD_ENV, ADMIN[1])
+    monkeypatch.setenv(server_config.ADMIN_PASSWORD_ENV, ADMIN[1])
     monkeypatch.setenv(RUNTIME_ENV, str(tmp_path / "run"))
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
@@ -135,20 +134,20 @@ def test_runtime_folders_of_dead_launchers_are_removed_at_the_next_start(tmp_pat
     monkeypatch.setenv(RUNTIME_ENV, str(tmp_path / "run"))
     dead = subprocess.Popen(["true"])
     dead.wait()
-    stale = sp.runtime_root() / f"launch-{dead.pid}"
+    stale = server_process.runtime_root() / f"launch-{dead.pid}"
     stale.mkdir()
     (stale / "basic_auth.ini").write_text("left by a launcher that died")
-    alive = sp.runtime_root() / f"launch-{os.getppid()}"
+    alive = server_process.runtime_root() / f"launch-{os.getppid()}"
     alive.mkdir()
-    folder = sp.new_runtime_dir()
+    folder = server_process.new_runtime_dir()
     assert not stale.exists() and alive.exists() and folder.exists()
-    assert stat.S_IMODE(sp.runtime_root().stat().st_mode) == 0o700
+    assert stat.S_IMODE(server_process.runtime_root().stat().st_mode) == 0o700
 
 
 def test_protocol_record_survives_a_rename_of_its_experiment(tmp_path, monkeypatch):
     from mlflow.tracking import MlflowClient
 
-    from tracking.protocols import ProtocolRecordError, experiment_id_for, recorded_hashes
+    from tracking.record.protocol_runs import ProtocolRecordError, experiment_id_for, recorded_hashes
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'runs.db'}")
@@ -171,12 +170,12 @@ def test_protocol_record_survives_a_rename_of_its_experiment(tmp_path, monkeypat
 
 
 def test_uris_and_values_are_redacted(monkeypatch):
-    assert resilient.redact_uri("https://bob:s3cret@mlflow.example.org/x") == "https://***@mlflow.example.org/x"
-    assert resilient.redact_uri("postgresql://u:p@h:5432/db and http://h/p?a=b@c") == \
+    assert uris.redact_uri("https://bob:s3cret@mlflow.example.org/x") == "https://***@mlflow.example.org/x"
+    assert uris.redact_uri("postgresql://u:p@h:5432/db and http://h/p?a=b@c") == \
         "postgresql://***@h:5432/db and http://h/p?a=b@c"
     monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", "bob")
     monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", "s3cret-value")
-    assert resilient.scrub("token s3cret-value and bob:s3cret-value") == "token *** and ***"
+    assert uris.scrub("token s3cret-value and bob:s3cret-value") == "token *** and ***"
 
 
 def test_an_error_line_shows_no_credential():
@@ -206,22 +205,22 @@ def test_unreachable_and_refused_are_told_apart():
             verify_rest_response(response, "/api/2.0/mlflow/runs/log-batch")
         return caught.value
 
-    assert resilient.is_unreachable(wrapped(requests.exceptions.ConnectionError("refused")))
-    assert resilient.is_unreachable(answered(502, b"Bad Gateway"))  # a tunnel whose server is down
+    assert health.is_unreachable(wrapped(requests.exceptions.ConnectionError("refused")))
+    assert health.is_unreachable(answered(502, b"Bad Gateway"))  # a tunnel whose server is down
     refused = answered(401, b"You are not authenticated.")
-    assert resilient.is_auth_failure(refused) and not resilient.is_unreachable(refused)
+    assert health.is_auth_failure(refused) and not health.is_unreachable(refused)
     mlflow_said_no = answered(400, b'{"error_code": "INVALID_PARAMETER_VALUE", "message": "Changing param values"}')
-    assert not resilient.is_unreachable(mlflow_said_no) and not resilient.is_auth_failure(mlflow_said_no)
+    assert not health.is_unreachable(mlflow_said_no) and not health.is_auth_failure(mlflow_said_no)
 
 
 def test_grants_are_the_permissions_mlflow_accepts_on_an_experiment():
     from mlflow.server.auth.permissions import RESOURCE_GRANTABLE_PERMISSIONS
 
-    assert set(su.GRANT_PERMISSIONS) == RESOURCE_GRANTABLE_PERMISSIONS
+    assert set(server_users.GRANT_PERMISSIONS) == RESOURCE_GRANTABLE_PERMISSIONS
 
 
 def test_grant_refuses_no_permissions_in_one_line_before_asking_the_server(monkeypatch):
-    monkeypatch.setenv(ts.ADMIN_PASSWORD_ENV, ADMIN[1])
+    monkeypatch.setenv(server_config.ADMIN_PASSWORD_ENV, ADMIN[1])
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
     result = CliRunner().invoke(server_command, ["grant", "bob", "study", "--permission", "NO_PERMISSIONS",
                                                  "--tracking-uri", f"http://127.0.0.1:{free_port()}"])
@@ -233,7 +232,7 @@ def test_grant_refuses_no_permissions_in_one_line_before_asking_the_server(monke
 
 
 def test_run_user_is_the_account_that_logs_in_to_the_server(monkeypatch):
-    from tracking.runs import run_user
+    from tracking.store.session import run_user
 
     monkeypatch.delenv("MLFLOW_TRACKING_USERNAME", raising=False)
     monkeypatch.setenv("WORKBENCH_USER", "someone-local")
@@ -249,7 +248,7 @@ def test_run_user_is_the_account_that_logs_in_to_the_server(monkeypatch):
 
 def test_an_admin_command_against_a_dead_server_says_one_line(monkeypatch):
     url = f"http://127.0.0.1:{free_port()}"
-    monkeypatch.setenv(ts.ADMIN_PASSWORD_ENV, ADMIN[1])
+    monkeypatch.setenv(server_config.ADMIN_PASSWORD_ENV, ADMIN[1])
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")  # the workbench's default: 3 (seconds, not minutes)
     result = CliRunner().invoke(server_command, ["revoke", "dave", "study", "--tracking-uri", url])
     lines = result.output.splitlines()  # not MLflow's "INTERNAL_ERROR (HTTP 500)"
@@ -281,7 +280,7 @@ DB_SECRET = "db-secret-in-the-uri-31"  # PostgreSQL trusts loopback here; it sti
 
 def server_env(root: Path) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "WORKBENCH_"))}
-    return {**env, ts.ADMIN_USER_ENV: ADMIN[0], ts.ADMIN_PASSWORD_ENV: ADMIN[1], RUNTIME_ENV: str(root / "run"),
+    return {**env, server_config.ADMIN_USER_ENV: ADMIN[0], server_config.ADMIN_PASSWORD_ENV: ADMIN[1], RUNTIME_ENV: str(root / "run"),
             "OMP_NUM_THREADS": "1"}
 
 
@@ -341,8 +340,8 @@ def test_the_ready_line_and_no_secret_in_the_servers_environment(auth_server):
 def test_users_read_every_experiment_and_change_only_their_own(auth_server, isolated_tracking, tmp_path, monkeypatch):
     url = auth_server.url
     monkeypatch.setenv("MLFLOW_TRACKING_URI", url)
-    monkeypatch.setenv(ts.ADMIN_USER_ENV, ADMIN[0])
-    monkeypatch.setenv(ts.ADMIN_PASSWORD_ENV, ADMIN[1])
+    monkeypatch.setenv(server_config.ADMIN_USER_ENV, ADMIN[0])
+    monkeypatch.setenv(server_config.ADMIN_PASSWORD_ENV, ADMIN[1])
     runner = CliRunner()
     for user in (ALICE, BOB):
         monkeypatch.setenv("WORKBENCH_NEW_USER_PASSWORD", user[1])
@@ -395,8 +394,8 @@ def test_users_read_every_experiment_and_change_only_their_own(auth_server, isol
 def test_a_protocol_runs_over_http_with_auth_and_no_credential_is_logged(auth_server, isolated_tracking, tmp_path,
                                                                           monkeypatch, capfd):
     url = auth_server.url
-    monkeypatch.setenv(ts.ADMIN_USER_ENV, ADMIN[0])
-    monkeypatch.setenv(ts.ADMIN_PASSWORD_ENV, ADMIN[1])
+    monkeypatch.setenv(server_config.ADMIN_USER_ENV, ADMIN[0])
+    monkeypatch.setenv(server_config.ADMIN_PASSWORD_ENV, ADMIN[1])
     monkeypatch.setenv("WORKBENCH_NEW_USER_PASSWORD", WORKER[1])
     added = CliRunner().invoke(server_command, ["add-user", WORKER[0], "--tracking-uri", url])
     assert added.exit_code == 0 and f"created user {WORKER[0]}" in added.output, added.output
@@ -450,16 +449,16 @@ def test_wrong_credentials_are_refused_with_a_clear_error(auth_server, isolated_
     monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", ADMIN[0])
     monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", wrong)
     (tmp_path / "remote.yaml").write_text(PROTOCOL)
-    for command, args in ((ablate, ["--protocol", str(tmp_path / "remote.yaml"), "--allow-dirty"]), (sync_command, []),
-                          (server_command, ["check"])):
-        resilient.forget_health()
+    # through `workbench`, as a user runs them: tracking/ raises a plain error, the CLI says it in one line
+    for args in (["ablate", "--protocol", str(tmp_path / "remote.yaml"), "--allow-dirty"], ["sync"], ["server", "check"]):
+        offline_store.forget_health()
         (isolated_tracking / "mlflow.db").parent.mkdir(exist_ok=True)
         (isolated_tracking / "mlflow.db").touch()  # so that sync gets as far as the server
-        result = CliRunner().invoke(command, args)
+        result = CliRunner().invoke(main, args)
         assert result.exit_code == 1, result.output
         for needed in (auth_server.url, "refused the credentials", "HTTP 401", "MLFLOW_TRACKING_USERNAME",
                        "MLFLOW_TRACKING_PASSWORD"):
-            assert needed in result.output, (command.name, result.output)
+            assert needed in result.output, (args[0], result.output)
         assert wrong not in result.output
     assert os.path.getsize(isolated_tracking / "mlflow.db") == 0, "refused credentials must not send runs offline"
 
@@ -468,14 +467,14 @@ def test_wrong_credentials_are_refused_with_a_clear_error(auth_server, isolated_
 def carol_and_dave(auth_server):
     """Two more users of the module's server (created once, as the admin)."""
     for user in (CAROL, DAVE):
-        su.add_user(auth_server.url, *user, *ADMIN)
+        server_users.add_user(auth_server.url, *user, *ADMIN)
     return auth_server.url
 
 
 def admin_says(monkeypatch, *args: str) -> tuple[int, str]:
     """``workbench server ARGS`` as the admin: (exit code, output)."""
-    monkeypatch.setenv(ts.ADMIN_USER_ENV, ADMIN[0])
-    monkeypatch.setenv(ts.ADMIN_PASSWORD_ENV, ADMIN[1])
+    monkeypatch.setenv(server_config.ADMIN_USER_ENV, ADMIN[0])
+    monkeypatch.setenv(server_config.ADMIN_PASSWORD_ENV, ADMIN[1])
     result = CliRunner().invoke(server_command, list(args))
     return result.exit_code, result.output
 
@@ -542,8 +541,8 @@ def test_edit_lets_a_collaborator_rename_and_fail_finished_runs_but_not_delete(c
 
 @pytest.mark.integration
 def test_runs_record_the_account_that_logged_in(carol_and_dave, isolated_tracking, monkeypatch):
-    from tracking.runs import start_run
-    from tracking.training import open_keyed_run
+    from tracking.store.session import start_run
+    from tracking.kinds.training_runs import open_keyed_run
 
     host = carol_and_dave.removeprefix("http://")
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"http://{DAVE[0]}:{DAVE[1]}@{host}")  # the user in the URL

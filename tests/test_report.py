@@ -23,13 +23,13 @@ from mlflow.entities import Metric, Param
 from mlflow.tracking import MlflowClient
 
 from reports.build import build_report
+from reports.collect import ReportError
+from studies.runtime.study_protocol import load_protocol
+from studies.tools.report import report as report_command
+from tracking.record.protocol_runs import end_parent_run, start_parent_run
 from workbench.models.registry import build_model, model_config
 from workbench.report_content.numbers import decimals_for_error
 from workbench.report_content.rounding import fmt
-from reports.collect import ReportError
-from studies.protocol import load_protocol
-from studies.report import report as report_command
-from tracking.protocols import end_parent_run, start_parent_run
 
 PROTOCOL = """\
 name: {name}
@@ -438,7 +438,7 @@ def test_analysis_figures_logged_on_the_parent_are_embedded(store, tmp_path):
 def test_run_ids_link_to_the_server_and_credentials_never_show(monkeypatch):
     from reports import provenance
     from reports.render import Para, to_html
-    from tracking import queries
+    from tracking.record import queries
 
     record = queries.CellRecord("abc123", "vit", 0, "FINISHED", COMMIT_A, "false", 0, 0, "", {}, {}, {}, "7")
     monkeypatch.setattr(queries, "tracking_uri", lambda: "https://mlflow.example.org:5000")
@@ -450,8 +450,8 @@ def test_run_ids_link_to_the_server_and_credentials_never_show(monkeypatch):
     assert provenance.run_ref(record) == "`abc123`", "no link for a local store"
     monkeypatch.undo()
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://alice:s3cret@127.0.0.1:9/")
-    from tracking import runs
-    monkeypatch.setattr(runs, "configure_tracking", lambda allow_offline=False: "http://alice:s3cret@127.0.0.1:9/")
+    from tracking.store import session
+    monkeypatch.setattr(session, "configure_tracking", lambda allow_offline=False: "http://alice:s3cret@127.0.0.1:9/")
     monkeypatch.setattr(queries, "configure_tracking", lambda allow_offline=False: "http://alice:s3cret@127.0.0.1:9/")
     assert queries.tracking_uri() == "http://127.0.0.1:9/", "the header names the store without its password"
 

@@ -11,7 +11,7 @@ from test_ablate import PROTOCOL
 
 from reports import tables
 from reports.build import build_report
-from studies.ablate import open_protocol, run_protocol
+from studies.ablation.ablate import open_protocol, run_protocol
 
 
 @pytest.mark.slow  # a real ablate run, then its report (about 20 s idle): moved when the default tier passed 5 minutes

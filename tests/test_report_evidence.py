@@ -22,11 +22,11 @@ from test_report import COMMIT_B, VAL_CORRECT, TEST_CORRECT, log_cell, make_stor
 
 from reports import document
 from reports.build import build_from_evidence, build_report
-from reports.evidence import load_evidence
-from reports.render import to_markdown
 from reports.collect import ReportError
+from reports.evidence import load_evidence
 from reports.provenance import REBUILT_PREFIX
-from studies.report import report as report_command
+from reports.render import to_markdown
+from studies.tools.report import report as report_command
 
 PNG = bytes.fromhex("89504e470d0a1a0a0000000d4948445200000001000000010806000000"
                     "1f15c4890000000d49444154789c6360000002000001e221bc330000000049454e44ae426082")

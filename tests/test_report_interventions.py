@@ -82,7 +82,7 @@ def test_cells_of_another_interventions_code_are_never_mixed_in(logged):
     from mlflow.entities import Param
     from mlflow.tracking import MlflowClient
 
-    from tracking.interventions import finished_cells
+    from tracking.kinds.intervention_runs import finished_cells
 
     client, protocol = MlflowClient(), logged["protocol"]
     exp_id = client.get_run(logged["parent"]).info.experiment_id
@@ -96,7 +96,7 @@ def test_cells_of_another_interventions_code_are_never_mixed_in(logged):
 
 
 def test_the_store_index_names_an_intervention_study_by_its_kind(logged):
-    from tracking.queries import protocol_entries
+    from tracking.record.queries import protocol_entries
 
     kinds = {e.name: e.kind for e in protocol_entries()}
     assert kinds.get("tiny_logged") == "intervention", kinds  # `report --all` said "ablation"

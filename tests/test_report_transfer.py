@@ -21,8 +21,8 @@ from test_report import table_rows
 
 from reports.build import build_report
 from reports.collect import ReportError
-from studies.report import report as report_command
-from tracking.protocols import end_parent_run, start_parent_run
+from studies.tools.report import report as report_command
+from tracking.record.protocol_runs import end_parent_run, start_parent_run
 from workbench.protocol import load_transfer_protocol
 from workbench.report_content.numbers import decimals_for_error
 from workbench.report_content.rounding import fmt
@@ -218,5 +218,5 @@ def test_one_protocol_parser():
     sources = {str(p.relative_to(root)): p.read_text() for folder in ("studies", "reports", "tracking", "workbench")
                for p in sorted((root / folder).rglob("*.py"))}
     assert [f for f, text in sources.items() if "yaml.load(" in text] == ["workbench/protocol/common.py"]
-    assert not [f for f, text in sources.items() if f.startswith("reports/") or f == "studies/report.py"
+    assert not [f for f, text in sources.items() if f.startswith("reports/") or f == "studies/tools/report.py"
                 if "import yaml" in text], "a report module reads YAML itself"

@@ -10,7 +10,7 @@ import pytest
 from scipy import stats as sps
 from sklearn.metrics import accuracy_score, cohen_kappa_score, f1_score
 
-from workbench import stats as S
+from workbench import stats
 
 
 def assert_near(actual, expected, tol: float, what: str = "") -> None:
@@ -50,23 +50,23 @@ def test_qwk_equals_sklearn_on_random_data():
         if trial % 2:  # correlated predictions too, not only chance-level ones
             p = np.clip(y + rng.integers(-1, 2, n), 0, k - 1)
         want = cohen_kappa_score(y, p, weights="quadratic", labels=np.arange(k))
-        assert_near(S.quadratic_weighted_kappa(y, p, k), want, 1e-12, f"QWK trial {trial}")
+        assert_near(stats.quadratic_weighted_kappa(y, p, k), want, 1e-12, f"QWK trial {trial}")
         # The vectorised confusion-count version used by the bootstrap must agree too.
-        assert_near(S.bootstrap_ci(y, p, "qwk", n_resamples=1, num_classes=k).estimate, want, 1e-12, "vectorised QWK")
+        assert_near(stats.bootstrap_ci(y, p, "qwk", n_resamples=1, num_classes=k).estimate, want, 1e-12, "vectorised QWK")
 
 
 def test_qwk_with_a_class_absent_keeps_ordinal_positions():
     y, p = np.array([0, 0, 2, 2, 4]), np.array([0, 2, 2, 4, 4])  # classes 1 and 3 never occur
-    assert_near(S.quadratic_weighted_kappa(y, p, 5), cohen_kappa_score(y, p, weights="quadratic"), 1e-12, "QWK")
+    assert_near(stats.quadratic_weighted_kappa(y, p, 5), cohen_kappa_score(y, p, weights="quadratic"), 1e-12, "QWK")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # sklearn rightly warns that kappa is undefined here
-        assert math.isnan(S.quadratic_weighted_kappa(np.zeros(4, int), np.zeros(4, int), 3))  # nan, not a crash
+        assert math.isnan(stats.quadratic_weighted_kappa(np.zeros(4, int), np.zeros(4, int), 3))  # nan, not a crash
 
 
 def test_classification_metrics_match_sklearn_and_handle_absent_class():
     rng = np.random.default_rng(1)
     y, p = ordinal_predictions(rng, 500, k=5)
-    m = S.classification_metrics(y, p, num_classes=6)  # class 5 absent from both sides
+    m = stats.classification_metrics(y, p, num_classes=6)  # class 5 absent from both sides
     assert m["n"] == 500
     assert_near(m["accuracy"], accuracy_score(y, p), 1e-12, "accuracy")
     assert_near(m["macro_f1"], f1_score(y, p, average="macro"), 1e-12, "macro F1 leaves the absent class out")
@@ -88,8 +88,8 @@ def test_vectorised_metrics_equal_their_callable_versions():
         "qwk": lambda a, b: cohen_kappa_score(a, b, labels=range(4), weights="quadratic"),
     }
     for name, fn in callables.items():
-        fast = S.bootstrap_ci(y, p, name, n_resamples=200, seed=5, num_classes=4)
-        slow = S.bootstrap_ci(y, p, fn, n_resamples=200, seed=5, num_classes=4)
+        fast = stats.bootstrap_ci(y, p, name, n_resamples=200, seed=5, num_classes=4)
+        slow = stats.bootstrap_ci(y, p, fn, n_resamples=200, seed=5, num_classes=4)
         assert_near([fast.estimate, fast.low, fast.high], [slow.estimate, slow.low, slow.high], 1e-12, name)
 
 
@@ -105,12 +105,12 @@ def test_vectorised_metrics_equal_their_callable_versions():
 )
 def test_bad_inputs_get_clear_errors(labels, predicted, num_classes, match):
     with pytest.raises(ValueError, match=match):
-        S.classification_metrics(np.array(labels), np.array(predicted), num_classes)
+        stats.classification_metrics(np.array(labels), np.array(predicted), num_classes)
 
 
 def test_unknown_metric_name_is_an_error():
     with pytest.raises(ValueError, match="unknown metric 'kappa'"):
-        S.bootstrap_ci([0, 1], [0, 1], "kappa")
+        stats.bootstrap_ci([0, 1], [0, 1], "kappa")
 
 
 # ---------------------------------------------------------------- bootstrap over examples
@@ -119,7 +119,7 @@ def test_unknown_metric_name_is_an_error():
 def test_bootstrap_accuracy_matches_known_answer():
     n, acc = 10_000, 0.8
     y, p = exact_accuracy(n, acc, np.random.default_rng(3))
-    ci = S.bootstrap_ci(y, p, "accuracy", seed=0)
+    ci = stats.bootstrap_ci(y, p, "accuracy", seed=0)
     assert ci.estimate == acc and ci.n_resamples == 1000 and ci.n_undefined == 0
     assert ci.method == "percentile bootstrap over examples"
     assert ci.low < acc < ci.high
@@ -134,7 +134,7 @@ def test_bootstrap_width_shrinks_with_n():
     rng = np.random.default_rng(4)
     widths = []
     for n in (100, 1_000, 10_000):
-        ci = S.bootstrap_ci(*exact_accuracy(n, 0.8, rng), "accuracy", seed=1)
+        ci = stats.bootstrap_ci(*exact_accuracy(n, 0.8, rng), "accuracy", seed=1)
         widths.append(ci.high - ci.low)
     assert widths[0] > widths[1] > widths[2], f"widths {widths} should shrink with n"
     # Width goes as 1/sqrt(n): 10x the examples, about 1/sqrt(10) the width.
@@ -145,16 +145,16 @@ def test_bootstrap_width_shrinks_with_n():
 def test_bootstrap_is_deterministic_given_seed():
     y, p = ordinal_predictions(np.random.default_rng(5), 300)
     for metric in ("qwk", lambda a, b: float(np.mean(a == b))):
-        first = S.bootstrap_ci(y, p, metric, n_resamples=300, seed=7)
-        assert first == S.bootstrap_ci(y, p, metric, n_resamples=300, seed=7)
-        assert first == S.bootstrap_ci(y, p, metric, n_resamples=300, seed=np.random.default_rng(7))
-        assert first != S.bootstrap_ci(y, p, metric, n_resamples=300, seed=8)
+        first = stats.bootstrap_ci(y, p, metric, n_resamples=300, seed=7)
+        assert first == stats.bootstrap_ci(y, p, metric, n_resamples=300, seed=7)
+        assert first == stats.bootstrap_ci(y, p, metric, n_resamples=300, seed=np.random.default_rng(7))
+        assert first != stats.bootstrap_ci(y, p, metric, n_resamples=300, seed=8)
 
 
 def test_paired_bootstrap_of_identical_predictions_is_exactly_zero():
     y, p = ordinal_predictions(np.random.default_rng(6), 400)
     for metric in ("accuracy", "macro_f1", "qwk", lambda a, b: float(np.mean(a == b))):
-        ci = S.paired_bootstrap_difference(y, p, p.copy(), metric, seed=3)
+        ci = stats.paired_bootstrap_difference(y, p, p.copy(), metric, seed=3)
         assert (ci.estimate, ci.low, ci.high) == (0.0, 0.0, 0.0), f"{metric}: {ci}"
 
 
@@ -164,10 +164,10 @@ def test_paired_bootstrap_is_narrower_than_unpaired_for_correlated_arms():
     pb = pa.copy()
     flip = rng.permutation(y.size)[:100]  # b differs from a on 5% of examples only
     pb[flip] = y[flip]
-    paired = S.paired_bootstrap_difference(y, pa, pb, "accuracy", seed=0)
+    paired = stats.paired_bootstrap_difference(y, pa, pb, "accuracy", seed=0)
     want = accuracy_score(y, pa) - accuracy_score(y, pb)
     assert_near(paired.estimate, want, 1e-12, "paired estimate")
-    single = S.bootstrap_ci(y, pa, "accuracy", seed=0)
+    single = stats.bootstrap_ci(y, pa, "accuracy", seed=0)
     assert paired.high - paired.low < 0.5 * (single.high - single.low)
     assert paired.high < 0  # b fixed errors only, so a - b is clearly negative
 
@@ -176,20 +176,20 @@ def test_paired_bootstrap_is_narrower_than_unpaired_for_correlated_arms():
 
 
 def test_summarize_over_seeds():
-    s = S.summarize_over_seeds({2: 0.7, 0: 0.9, 1: 0.8})
+    s = stats.summarize_over_seeds({2: 0.7, 0: 0.9, 1: 0.8})
     assert s["seeds"] == [0, 1, 2] and s["values"] == [0.9, 0.8, 0.7] and s["n"] == 3
     assert_near([s["mean"], s["std"]], [0.8, 0.1], 1e-12, "mean, std")
-    one = S.summarize_over_seeds({5: 0.5})
+    one = stats.summarize_over_seeds({5: 0.5})
     assert one["mean"] == 0.5 and one["n"] == 1 and math.isnan(one["std"])
     with pytest.raises(ValueError, match=r"seed\(s\) \[1\]"):
-        S.summarize_over_seeds({0: 0.5, 1: float("nan")})
+        stats.summarize_over_seeds({0: 0.5, 1: float("nan")})
 
 
 def test_paired_seed_comparison_equals_hand_computation():
     a = {0: 0.81, 1: 0.79, 2: 0.84, 3: 0.80, 4: 0.78}
     b = {0: 0.78, 1: 0.80, 2: 0.80, 3: 0.80, 4: 0.75}
     d = np.array([0.03, -0.01, 0.04, 0.0, 0.03])
-    c = S.paired_seed_comparison(a, b)
+    c = stats.paired_seed_comparison(a, b)
     assert c.seeds == [0, 1, 2, 3, 4] and c.n == 5
     assert_near(c.differences, d, 1e-12, "per-seed differences")
     mean, sd = d.mean(), d.std(ddof=1)
@@ -207,19 +207,19 @@ def test_paired_seed_comparison_equals_hand_computation():
 def test_paired_seed_comparison_refuses_missing_seeds():
     a, b = {0: 0.8, 1: 0.9, 2: 0.7}, {0: 0.7, 1: 0.8, 3: 0.6}
     with pytest.raises(ValueError, match=r"missing in ours: \[3\], missing in baseline: \[2\]"):
-        S.paired_seed_comparison(a, b, names=("ours", "baseline"))
-    c = S.paired_seed_comparison(a, b, allow_missing=True)
+        stats.paired_seed_comparison(a, b, names=("ours", "baseline"))
+    c = stats.paired_seed_comparison(a, b, allow_missing=True)
     assert c.seeds == [0, 1] and c.missing_in_a == [3] and c.missing_in_b == [2]
     assert "2 shared seeds" in c.note
     with pytest.raises(ValueError, match="no seed in common"):
-        S.paired_seed_comparison({0: 1.0}, {1: 1.0}, allow_missing=True)
+        stats.paired_seed_comparison({0: 1.0}, {1: 1.0}, allow_missing=True)
 
 
 def test_paired_seed_comparison_degenerate_cases_say_why():
-    one = S.paired_seed_comparison({0: 0.9}, {0: 0.8})
+    one = stats.paired_seed_comparison({0: 0.9}, {0: 0.8})
     assert_near(one.mean_difference, 0.1, 1e-12, "n=1 mean")
     assert math.isnan(one.p_value) and math.isnan(one.ci_low) and "fewer than 2 seeds" in one.note
-    same = S.paired_seed_comparison({0: 0.5, 1: 0.5}, {0: 0.25, 1: 0.25})
+    same = stats.paired_seed_comparison({0: 0.5, 1: 0.5}, {0: 0.25, 1: 0.25})
     assert (same.ci_low, same.ci_high, same.mean_difference) == (0.25, 0.25, 0.25)
     assert math.isnan(same.p_value) and "same difference" in same.note
 
@@ -233,12 +233,12 @@ def test_hierarchical_bootstrap():
         fix = rng.permutation(300)[:30]
         pb[fix] = y[fix]
         per_a[s], per_b[s] = (y, pa), (y.copy(), pb)
-    ci = S.paired_hierarchical_bootstrap(per_a, per_b, "accuracy", n_resamples=500, seed=0)
+    ci = stats.paired_hierarchical_bootstrap(per_a, per_b, "accuracy", n_resamples=500, seed=0)
     want = np.mean([accuracy_score(*per_a[s]) - accuracy_score(*per_b[s]) for s in range(4)])
     assert_near(ci.estimate, want, 1e-12, "seed-mean difference")
     assert ci.low <= ci.estimate <= ci.high < 0 and ci.n_resamples == 500
-    assert ci == S.paired_hierarchical_bootstrap(per_a, per_b, "accuracy", n_resamples=500, seed=0)
-    same = S.paired_hierarchical_bootstrap(per_a, per_a, "qwk", n_resamples=200, seed=0)
+    assert ci == stats.paired_hierarchical_bootstrap(per_a, per_b, "accuracy", n_resamples=500, seed=0)
+    same = stats.paired_hierarchical_bootstrap(per_a, per_a, "qwk", n_resamples=200, seed=0)
     assert (same.estimate, same.low, same.high) == (0.0, 0.0, 0.0)
 
 
@@ -247,6 +247,6 @@ def test_hierarchical_bootstrap_refuses_unpaired_input():
     other = y.copy()
     other[0] = (other[0] + 1) % 5
     with pytest.raises(ValueError, match="seed 0: the arms were not evaluated on identical examples"):
-        S.paired_hierarchical_bootstrap({0: (y, p)}, {0: (other, p)}, "accuracy")
+        stats.paired_hierarchical_bootstrap({0: (y, p)}, {0: (other, p)}, "accuracy")
     with pytest.raises(ValueError, match=r"missing in b: \[1\]"):
-        S.paired_hierarchical_bootstrap({0: (y, p), 1: (y, p)}, {0: (y, p)}, "accuracy")
+        stats.paired_hierarchical_bootstrap({0: (y, p), 1: (y, p)}, {0: (y, p)}, "accuracy")

@@ -18,9 +18,9 @@ import sqlalchemy as sa
 import torch
 from mlflow.tracking import MlflowClient
 
-from studies import stop_signals
-from studies.stop_signals import Terminated, in_database_call, sigterm_raises
-from studies.train import train_one
+from studies.ablation.train import train_one
+from studies.runtime import stop_signals
+from studies.runtime.stop_signals import Terminated, in_database_call, sigterm_raises
 from synthetic import synthetic_data, tiny_config
 from workbench.train.loop import TrainingObserver
 
@@ -177,8 +177,8 @@ def test_a_stop_that_torch_save_turns_into_another_error_is_still_a_stop(mlflow_
 def test_a_transfer_or_intervention_cell_ends_failed_for_an_error_and_killed_for_a_stop(mlflow_store, what,
                                                                                          sigint_at_its_default):
     """``end_after_error``, as the transfer and intervene cells call it from their ``except``."""
-    from studies.cell_end import end_after_error
-    from tracking.sink import RunSink
+    from studies.runtime.cell_end import end_after_error
+    from tracking.record.sink import RunSink
 
     sink = RunSink.create("cells", {"mlflow.runName": "cell"})
     with sigterm_raises():

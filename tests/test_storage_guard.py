@@ -8,10 +8,11 @@ import click
 import pytest
 from click.testing import CliRunner
 
-from studies.ablate import ablate
-from studies.sweep import sweep
-from studies.worker import worker
-from tracking.storage_guard import check_optuna_storage, location
+from studies.ablation.ablate import ablate
+from studies.ablation.sweep import sweep
+from studies.ablation.worker import worker
+from studies.runtime.options import check_storage_option
+from tracking.store.storage_guard import location
 
 ROOT = Path(__file__).resolve().parent.parent
 SMOKE = str(ROOT / "studies" / "protocols" / "smoke.yaml")
@@ -40,10 +41,10 @@ def test_the_guard_checks_the_tracking_store_the_fallback_and_the_servers_databa
                         (f"sqlite:///{tmp_path}/offline/mlflow.db", "the local fallback store"),
                         ("postgresql://optuna:x@127.0.0.1:5432/mlflow", "WORKBENCH_SERVER_BACKEND_URI")):
         with pytest.raises(click.BadParameter, match=what) as caught:
-            check_optuna_storage(clash)
+            check_storage_option(clash)
         assert "db-secret-77" not in caught.value.format_message()
     for fine in ("sqlite:///optuna.db", "postgresql://optuna@127.0.0.1:5432/optuna", "journal:queue.log"):
-        check_optuna_storage(fine)
+        check_storage_option(fine)
 
 
 @pytest.mark.parametrize("command, args", [

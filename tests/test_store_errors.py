@@ -53,10 +53,10 @@ def test_store_errors_are_one_line_naming_the_store(mlflow_store):
 
 
 def test_a_read_only_store_is_refused_before_any_run(workdir, monkeypatch):
-    import tracking.storage_guard as guard
+    from tracking.store import storage_guard
 
     real = os.access
-    monkeypatch.setattr(guard.os, "access", lambda path, mode: False if Path(path).name == "mlflow.db" else real(path, mode))
+    monkeypatch.setattr(storage_guard.os, "access", lambda path, mode: False if Path(path).name == "mlflow.db" else real(path, mode))
     result = CliRunner().invoke(main, [*TINY_TRAIN, "--data-path", "two"])
     problems = one_error_problems(result, "mlflow.db is read-only")
     assert not problems, f"{problems}\n{result.output[-1500:]}"

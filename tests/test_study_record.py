@@ -12,8 +12,8 @@ from test_ablate_record import runs, study  # noqa: F401  (study: a fixture)
 
 def test_sync_recounts_a_parent_from_its_children_on_the_target(mlflow_store, tmp_path):
     """Before: the server's parent kept the fallback store's `cells_finished=3 cells_missing=1` for 4 finished cells."""
-    from tracking.sink import SYNC_SERVER_RUN
-    from tracking.sync import sync
+    from tracking.record.sink import SYNC_SERVER_RUN
+    from tracking.export.offline_sync import sync
 
     server = MlflowClient(mlflow_store)
     exp = server.create_experiment("rec")
@@ -47,17 +47,17 @@ def test_ablate_exits_non_zero_when_the_parent_ended_failed(study, monkeypatch, 
     """Before: `parent run ...: FAILED` and exit 0 (here: a cell that never got a run, so the study is incomplete)."""
     from click.testing import CliRunner
 
-    import studies.ablate as ablate_mod
+    from studies.ablation import ablate
     from studies.cli import main
 
-    real = ablate_mod.run_cell
+    real = ablate.run_cell
 
     def seed1_never_runs(protocol, cell, *args, **kwargs):
         if cell.seed == 1:
-            return ablate_mod.CellOutcome(cell, "busy", f"{cell.key}: running elsewhere (stand-in)")
+            return ablate.CellOutcome(cell, "busy", f"{cell.key}: running elsewhere (stand-in)")
         return real(protocol, cell, *args, **kwargs)
 
-    monkeypatch.setattr(ablate_mod, "run_cell", seed1_never_runs)
+    monkeypatch.setattr(ablate, "run_cell", seed1_never_runs)
     result = CliRunner().invoke(main, ["ablate", "--protocol", str(tmp_path / "rec.yaml"), "--allow-dirty", "--device",
                                        "cpu", "--data-path", str(tmp_path / "images"), "--output-dir",
                                        str(tmp_path / "out")])

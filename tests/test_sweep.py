@@ -14,8 +14,8 @@ from click.testing import CliRunner
 from mlflow.tracking import MlflowClient
 
 from data_fixtures import make_image_folder
+from studies.ablation.sweep import PruningObserver, parse_space
 from studies.cli import main
-from studies.sweep import PruningObserver, parse_space
 from test_ablate import write_protocol
 from workbench.train.loop import StopTraining
 
@@ -91,8 +91,8 @@ def test_two_processes_sharing_a_storage_train_different_configurations_under_on
 @pytest.mark.slow  # 9 s: the default tier neared its 5 minutes (docs/testing.md)
 def test_ctrl_c_ends_the_sweep_parent_killed_and_a_live_sweep_is_never_reaped(tmp_path, mlflow_store, monkeypatch):
     """The sweep's parent holds a lease: `status` of the protocol leaves a live sweep alone; Ctrl-C ends it KILLED."""
-    import studies.sweep as sweep_mod
-    from tracking.lease import RELEASED_TAG, TOKEN_TAG
+    from studies.ablation import sweep
+    from tracking.record.lease import RELEASED_TAG, TOKEN_TAG
 
     monkeypatch.setenv("WORKBENCH_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setenv("WORKBENCH_LEASE_SECONDS", "3")  # short: a run without heartbeats looks dead soon
@@ -101,7 +101,7 @@ def test_ctrl_c_ends_the_sweep_parent_killed_and_a_live_sweep_is_never_reaped(tm
     make_image_folder(folder, per_class={"train": 14, "test": 4})
     protocol = write_protocol(tmp_path, epochs=2)
     seen = []
-    real = sweep_mod.train_one
+    real = sweep.train_one
 
     def interrupted_second_trial(cfg, *args, **kwargs):
         if seen:
@@ -109,7 +109,7 @@ def test_ctrl_c_ends_the_sweep_parent_killed_and_a_live_sweep_is_never_reaped(tm
 
             time.sleep(3.5)  # past the lease: only the heartbeat keeps the parent alive now
             # What `workbench status` does (another process: a process never reaps its own runs).
-            check = subprocess.run([sys.executable, "-c", "from tracking.protocols import reap_dead_runs; "
+            check = subprocess.run([sys.executable, "-c", "from tracking.record.protocol_runs import reap_dead_runs; "
                                     "print([r for r, _ in reap_dead_runs('tiny')])"],
                                    env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True)
             assert check.returncode == 0, check.stderr
@@ -118,7 +118,7 @@ def test_ctrl_c_ends_the_sweep_parent_killed_and_a_live_sweep_is_never_reaped(tm
         seen.append(kwargs["parent_run_id"])
         return real(cfg, *args, **kwargs)
 
-    monkeypatch.setattr(sweep_mod, "train_one", interrupted_second_trial)
+    monkeypatch.setattr(sweep, "train_one", interrupted_second_trial)
 
     args = ["sweep", "--protocol", str(protocol), "--param", "optim.lr=float:1e-4:1e-2:log", "--trials", "3",
             "--data-path", str(folder), "--device", "cpu", "--output-dir", str(tmp_path / "out")]
@@ -134,7 +134,7 @@ def test_ctrl_c_ends_the_sweep_parent_killed_and_a_live_sweep_is_never_reaped(tm
 
 
 def test_a_point_drawn_again_is_recognised_and_seeds_differ_per_trial():
-    from studies.sweep import TrialSeededSampler, same_configuration
+    from studies.ablation.sweep import TrialSeededSampler, same_configuration
 
     study = optuna.create_study(direction="maximize", sampler=TrialSeededSampler(0))
     first = study.ask()
@@ -211,8 +211,8 @@ def test_space_whose_fields_are_valid_alone_but_never_together_is_refused(tmp_pa
 
 
 def test_space_check_lets_partly_valid_spaces_through(tmp_path):
-    from studies.protocol import load_protocol
-    from studies.sweep import check_space
+    from studies.runtime.study_protocol import load_protocol
+    from studies.ablation.sweep import check_space
 
     arm = load_protocol(write_protocol(tmp_path)).reference
     check_space(arm.config, parse_space(("model.heads=choice:3,4",)))  # 4 divides 16: trials with 3 are pruned

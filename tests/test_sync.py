@@ -13,17 +13,17 @@ import pytest
 from click.testing import CliRunner
 from mlflow.tracking import MlflowClient
 
-import studies.ablate as ablate_mod
+from studies.ablation import ablate
 from data_fixtures import make_image_folder
 from servers import free_port, isolated_tracking, workbench_server  # noqa: F401  (fixture)
-from studies.ablate import open_protocol, run_protocol
-from studies.sync import sync as sync_command
-from studies.train import train_one
+from studies.ablation.ablate import open_protocol, run_protocol
+from studies.ablation.train import train_one
+from studies.tools.sync import sync as sync_command
 from synthetic import synthetic_data, tiny_config
-from tracking import offline_fallback as resilient
-from tracking.sink import SYNC_SERVER_RUN, SYNC_SYNCED, RunSink
-from tracking.sync import sync
-from tracking.training import EPOCH_METRICS
+from tracking.export.offline_sync import sync
+from tracking.kinds.training_runs import EPOCH_METRICS
+from tracking.record.sink import SYNC_SERVER_RUN, SYNC_SYNCED, RunSink
+from tracking.store import health, offline_store
 from workbench.train.loop import TrainingObserver
 
 ADMIN = ("admin", "outage-test-Passw0rd")
@@ -85,9 +85,9 @@ def test_unreachable_at_start_logs_locally_and_sync_copies_once(isolated_trackin
     parent.log_metrics({"cells_finished": 1})
     parent.end("FINISHED")
 
-    local = snapshot(MlflowClient(resilient.fallback_uri()), "q")
+    local = snapshot(MlflowClient(offline_store.fallback_uri()), "q")
     target = f"sqlite:///{tmp_path / 'target.db'}"  # sync works into any store; the server case is below
-    report = sync(resilient.fallback_uri(), target)
+    report = sync(offline_store.fallback_uri(), target)
     assert (report.runs_created, report.models, report.errors) == (2, 1, []), report.summary()
     copied = snapshot(MlflowClient(target), "q")
     assert copied["child"]["tags"]["mlflow.parentRunId"] == copied["parent"]["id"]
@@ -97,9 +97,9 @@ def test_unreachable_at_start_logs_locally_and_sync_copies_once(isolated_trackin
     assert copied["child"]["files"] == RUN_FILES
     assert_steps_once(copied["child"]["metrics"], epochs=2)
 
-    again = sync(resilient.fallback_uri(), target)
+    again = sync(offline_store.fallback_uri(), target)
     assert (again.runs_created, again.runs_skipped) == (0, 2), again.summary()
-    rechecked = sync(resilient.fallback_uri(), target, recheck=True)
+    rechecked = sync(offline_store.fallback_uri(), target, recheck=True)
     assert (rechecked.runs_created, rechecked.metric_points, rechecked.artifacts, rechecked.models, rechecked.params) \
         == (0, 0, 0, 0, 0), rechecked.summary()
     assert snapshot(MlflowClient(target), "q") == copied
@@ -130,7 +130,7 @@ def test_server_killed_mid_run_then_sync_holds_everything_exactly_once(isolated_
         monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", ADMIN[0])
         monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", ADMIN[1])
         killer = KillServerAfterEpoch(server, epoch=1)
-        monkeypatch.setattr(ablate_mod, "train_one", functools.partial(train_one, observer=killer))
+        monkeypatch.setattr(ablate, "train_one", functools.partial(train_one, observer=killer))
         protocol = open_protocol(str(protocol_file), allow_dirty=True)
         outcomes = run_protocol(protocol, protocol_file, tmp_path / "out", device="cpu", data_path=str(folder),
                                 allow_dirty=True)
@@ -140,7 +140,7 @@ def test_server_killed_mid_run_then_sync_holds_everything_exactly_once(isolated_
         assert f"tracking server {server.url} unreachable" in err and "workbench sync" in err
 
         # Locally: a mirror of the killed cell's server run, the second cell whole, the parent's end.
-        local = MlflowClient(resilient.fallback_uri())
+        local = MlflowClient(offline_store.fallback_uri())
         runs = local.search_runs([local.get_experiment_by_name("outage").experiment_id])
         by_name = {r.data.tags["mlflow.runName"]: r for r in runs}
         assert set(by_name) == {"vit-seed0", "vit-seed1", f"outage@{protocol.short_hash}"}
@@ -150,7 +150,7 @@ def test_server_killed_mid_run_then_sync_holds_everything_exactly_once(isolated_
         assert SYNC_SERVER_RUN not in by_name["vit-seed1"].data.tags
 
         server.start()  # same port, backend store and artifact store
-        resilient.forget_health()
+        offline_store.forget_health()
         result = CliRunner().invoke(sync_command, [], catch_exceptions=False)
         assert result.exit_code == 0, result.output
         assert "runs: 1 created, 2 updated" in result.output, result.output
@@ -194,11 +194,11 @@ def test_a_study_begun_offline_keeps_its_one_parent_when_the_server_is_back(isol
     with workbench_server(f"sqlite:///{tmp_path / 'server.db'}", tmp_path / "artifacts", None) as server:
         server.kill()  # away when the study starts
         monkeypatch.setenv("MLFLOW_TRACKING_URI", server.url)
-        resilient.forget_health()
+        offline_store.forget_health()
         protocol = open_protocol(str(protocol_file), allow_dirty=True)
         run = functools.partial(run_protocol, protocol, protocol_file, tmp_path / "out", device="cpu",
                                 data_path=str(folder), allow_dirty=True)
-        real, calls = ablate_mod.train_one, []
+        real, calls = ablate.train_one, []
 
         def ctrl_c_after_the_first_cell(*args, **kwargs):
             if calls:
@@ -206,18 +206,18 @@ def test_a_study_begun_offline_keeps_its_one_parent_when_the_server_is_back(isol
             calls.append(1)
             return real(*args, **kwargs)
 
-        monkeypatch.setattr(ablate_mod, "train_one", ctrl_c_after_the_first_cell)
+        monkeypatch.setattr(ablate, "train_one", ctrl_c_after_the_first_cell)
         with pytest.raises(KeyboardInterrupt):
             run()
-        monkeypatch.setattr(ablate_mod, "train_one", real)
+        monkeypatch.setattr(ablate, "train_one", real)
         server.start()
-        resilient.forget_health()
+        offline_store.forget_health()
         capsys.readouterr()
         assert [o.status for o in run()] == ["skipped", "finished"]
         out = capsys.readouterr().out
         assert "is in the local fallback store (logged while the server was away): continuing there" in out, out
 
-        local = MlflowClient(resilient.fallback_uri())
+        local = MlflowClient(offline_store.fallback_uri())
         exp = local.get_experiment_by_name("outage")
         (parent,) = local.search_runs([exp.experiment_id], "tags.parent = 'true'")
         cells = local.search_runs([exp.experiment_id], "tags.cell = 'true'")
@@ -239,7 +239,7 @@ def test_uploads_retry_with_backoff_on_transient_errors_only(monkeypatch):
     from mlflow.exceptions import MlflowException
 
     sleeps, calls = [], []
-    monkeypatch.setattr(resilient.time, "sleep", sleeps.append)
+    monkeypatch.setattr(health.time, "sleep", sleeps.append)
 
     def flaky():
         calls.append(1)
@@ -247,7 +247,7 @@ def test_uploads_retry_with_backoff_on_transient_errors_only(monkeypatch):
             raise requests.exceptions.ConnectionError("connection reset by peer")
         return "uploaded"
 
-    assert resilient.with_retries(flaky, "upload big.pt", attempts=5) == "uploaded"
+    assert health.with_retries(flaky, "upload big.pt", attempts=5) == "uploaded"
     assert sleeps == [2.0, 4.0]
     calls.clear()
 
@@ -256,12 +256,12 @@ def test_uploads_retry_with_backoff_on_transient_errors_only(monkeypatch):
         raise MlflowException("API request to endpoint /x failed with error code 401 != 200. Response body: 'no'")
 
     with pytest.raises(MlflowException):
-        resilient.with_retries(refused, "upload", attempts=5)
+        health.with_retries(refused, "upload", attempts=5)
     assert len(calls) == 1, "a refused credential is not retried"
 
 
 def test_targets_are_normalised_without_credentials(tmp_path, monkeypatch):
-    from tracking.sync import normalise_target, target_tag
+    from tracking.export.offline_sync import normalise_target, target_tag
 
     monkeypatch.chdir(tmp_path)
     assert normalise_target("http://bob:s3cret@MLflow.Example.org:80/") == "http://mlflow.example.org"
@@ -275,7 +275,7 @@ def test_targets_are_normalised_without_credentials(tmp_path, monkeypatch):
 def _local_runs(uri: str) -> dict[str, str]:
     """A parent and a finished child with a metric history and a file, in a local store."""
     client = MlflowClient(uri)
-    exp = resilient.ensure_experiment(client, "targets")
+    exp = offline_store.ensure_experiment(client, "targets")
     parent = client.create_run(exp, tags={"mlflow.runName": "parent"}).info.run_id
     child = client.create_run(exp, tags={"mlflow.runName": "child", "mlflow.parentRunId": parent}).info.run_id
     for step in (1, 2, 3):

@@ -12,8 +12,7 @@ import pytest
 import torch
 
 from synthetic import synthetic_data, tiny_config
-from workbench.train import checkpoint as ckpt
-from workbench.train.checkpoint import CheckpointCorrupted, atomic_torch_save, load_checkpoint
+from workbench.train.checkpoint import FORMAT, CheckpointCorrupted, atomic_torch_save, load_checkpoint
 from workbench.train.evaluate import compare_predictions, predict, read_predictions
 from workbench.train.loop import NonFiniteLoss, Trainer
 
@@ -93,15 +92,15 @@ def test_reload_proof_reproduces_saved_predictions_and_detects_tampering(tmp_pat
 
 def test_crash_while_writing_a_checkpoint_keeps_the_previous_one(tmp_path, monkeypatch):
     path = tmp_path / "last.pt"
-    atomic_torch_save({"format": ckpt.FORMAT, "epoch": 1, "w": torch.ones(3)}, path)
+    atomic_torch_save({"format": FORMAT, "epoch": 1, "w": torch.ones(3)}, path)
 
     def crashing_save(obj, f, *a, **k):
         f.write(b"PK\x03\x04 half a zip file")
         raise KeyboardInterrupt("power cut")
 
-    monkeypatch.setattr(ckpt.torch, "save", crashing_save)
+    monkeypatch.setattr(torch, "save", crashing_save)  # the torch the checkpoint module saves with
     with pytest.raises(KeyboardInterrupt):
-        atomic_torch_save({"format": ckpt.FORMAT, "epoch": 2, "w": torch.zeros(3)}, path)
+        atomic_torch_save({"format": FORMAT, "epoch": 2, "w": torch.zeros(3)}, path)
     monkeypatch.undo()
     state = load_checkpoint(path)
     assert state["epoch"] == 1 and torch.equal(state["w"], torch.ones(3))
@@ -116,7 +115,7 @@ def test_corrupted_checkpoint_is_named(tmp_path):
 
 
 def test_nan_loss_stops_with_the_step_and_keeps_last_good_checkpoint(tmp_path, monkeypatch):
-    import workbench.train.loop as loop
+    from workbench.train import loop
 
     real = torch.nn.functional.cross_entropy
     calls = {"n": 0}

@@ -8,7 +8,7 @@ import torch
 from mlflow.tracking import MlflowClient
 
 import mlflow
-from studies.train import train_one
+from studies.ablation.train import train_one
 from synthetic import synthetic_data, tiny_config
 from test_train import kill_child_mid_epoch, run_child
 from workbench.train.checkpoint import load_checkpoint
@@ -83,13 +83,13 @@ def test_killed_run_resumes_in_the_same_mlflow_run(mlflow_store, tmp_path):
 
 def _first_run_dir(out):
     """train_one puts checkpoints under OUTPUT/<run key>/; the key is fixed by config and data."""
-    from studies.train import run_key_for
+    from studies.ablation.train import run_key_for
 
     return out / run_key_for(tiny_config(epochs=4, checkpoint_every_steps=3), synthetic_data()) / "checkpoints" / "last.pt"
 
 
 def test_nan_loss_marks_the_run_failed_with_the_step(mlflow_store, tmp_path, monkeypatch):
-    import workbench.train.loop as loop
+    from workbench.train import loop
 
     real = torch.nn.functional.cross_entropy
     calls = {"n": 0}
@@ -114,7 +114,7 @@ def test_a_dataset_insert_lost_to_another_run_is_linked_on_the_next_try(mlflow_s
     from mlflow.entities import DatasetInput
     from mlflow.exceptions import RestException
 
-    from tracking.sink import RunSink
+    from tracking.record.sink import RunSink
 
     dataset = MetaDataset(source=HTTPDatasetSource(url="file://x/y"), name="images-split3", digest="d" * 36)
     inputs = [DatasetInput(dataset._to_mlflow_entity(), [])]

@@ -21,11 +21,11 @@ from data_fixtures import make_retinamnist
 from workbench.data import NORM_STATS, PreparedSplit, TensorLoader, prepare
 from workbench.models.registry import model_config
 from workbench.models.vit import VisionTransformer
+from workbench.protocol import TransferProtocolError, parse_transfer_protocol
 from workbench.stats import paired_bootstrap_difference
 from workbench.train.checkpoint import FORMAT, atomic_torch_save, load_checkpoint
 from workbench.transfer.evaluate import metric_cis
 from workbench.transfer.features import compute_features
-from workbench.protocol import TransferProtocolError, parse_transfer_protocol
 from workbench.transfer.regimes import epoch_order, freeze, param_groups
 from workbench.transfer.report import CellPredictions, build_section
 from workbench.transfer.runner import (
@@ -136,7 +136,7 @@ def test_protocol_hash_ignores_formatting_and_shipped_protocols_load():
     c = parse_transfer_protocol(protocol_dict(seeds=[0, 2]))
     assert a.hash == b.hash != c.hash
     assert [cell.key for cell in a.cells()][:3] == ["linear_probe/seed0", "partial_ft/seed0", "full_ft/seed0"]
-    from studies.transfer import load_transfer_protocol
+    from studies.transfer.transfer_study import load_transfer_protocol
 
     for name in ("retina_transfer", "retina_transfer_smoke"):
         p = load_transfer_protocol(Path(__file__).parent.parent / "studies" / "protocols" / f"{name}.yaml")
@@ -325,7 +325,7 @@ def test_report_section_tables_and_confusion():
         cm = section.confusion[regime_name]
         preds = [c.table["predicted"].to_numpy() for c in cells if c.regime == regime_name]
         assert cm.shape == (5, 5) and cm.sum() == 240 and np.trace(cm) == sum(int((p == y).sum()) for p in preds), cm
-    from reports.transfer import transfer_markdown  # rendering lives in reports/, not in the library
+    from reports.transfer.transfer_blocks import transfer_markdown  # rendering lives in reports/, not in the library
 
     markdown = transfer_markdown(section)
     assert "| regime       | seed |" in markdown and "full_ft − linear_probe" in markdown, markdown
@@ -336,8 +336,8 @@ def test_report_section_tables_and_confusion():
 
 
 def test_the_transfer_library_never_imports_mlflow():
-    import workbench.transfer as pkg
+    from workbench import transfer
 
-    for path in Path(pkg.__file__).parent.glob("*.py"):
+    for path in Path(transfer.__file__).parent.glob("*.py"):
         text = path.read_text()
         assert "import mlflow" not in text and "from mlflow" not in text, f"{path.name} imports mlflow"

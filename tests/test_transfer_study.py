@@ -12,14 +12,14 @@ import yaml
 from mlflow.tracking import MlflowClient
 from sklearn.metrics import cohen_kappa_score
 
-import studies.transfer as st
+from studies.transfer import transfer_study
 from conftest import assert_close
 from data_fixtures import md5
 from test_transfer import one_thread  # noqa: F401 (autouse fixture)
 from test_transfer import RecordingSplit, learnable_retina, make_source_checkpoint, protocol_dict
-from reports.transfer import transfer_markdown
-import tracking.transfer as tt
-from tracking.transfer import transfer_section
+from reports.transfer.transfer_blocks import transfer_markdown
+from tracking.kinds import transfer_runs
+from tracking.kinds.transfer_runs import transfer_section
 from workbench.convert.checkpoints import sha256_file
 from workbench.data import NORM_STATS, checksums
 from workbench.protocol.transfer import SourceSpec
@@ -56,7 +56,7 @@ def test_source_loads_from_an_mlflow_run(mlflow_store, tmp_path):
     run_id, checkpoint = log_source_run(tmp_path)
     expected = torch.load(checkpoint, weights_only=True)["model"]
     for uri in (f"runs:/{run_id}", f"runs:/{run_id}/checkpoints/best.pt", f"runs:/{run_id}/model"):
-        source = st.resolve_source(SourceSpec(weights="runs:/unused"), uri, tmp_path / "p.yaml", tmp_path / "dl" / uri[-5:])
+        source = transfer_study.resolve_source(SourceSpec(weights="runs:/unused"), uri, tmp_path / "p.yaml", tmp_path / "dl" / uri[-5:])
         state = source.model.state_dict()
         assert state.keys() == expected.keys() and all(torch.equal(state[k], expected[k]) for k in state), uri
         info = source.info
@@ -64,20 +64,20 @@ def test_source_loads_from_an_mlflow_run(mlflow_store, tmp_path):
         assert info.sha256 == sha256_file(checkpoint) and source.norm == NORM_STATS["cifar10"]
     assert "logged model" in info.description and "on CIFAR-10 (JPEG copy)" in info.description
     with pytest.raises(ValueError, match="no such run"):
-        st.resolve_source(SourceSpec(weights="runs:/0123456789abcdef"), None, tmp_path / "p.yaml", tmp_path / "dl2")
+        transfer_study.resolve_source(SourceSpec(weights="runs:/0123456789abcdef"), None, tmp_path / "p.yaml", tmp_path / "dl2")
 
 
 def test_source_from_a_finished_cell_of_an_ablation_protocol(mlflow_store, tmp_path):
-    from studies.protocol import load_protocol
+    from studies.runtime.study_protocol import load_protocol
 
     (tmp_path / "tiny_source.yaml").write_text(SOURCE_PROTOCOL)
     spec = SourceSpec(weights="protocol:tiny_source/vit/seed0")
     with pytest.raises(ValueError, match="run `workbench ablate --protocol studies/protocols/tiny_source.yaml` first"):
-        st.resolve_source(spec, None, tmp_path / "transfer.yaml", tmp_path / "dl")
+        transfer_study.resolve_source(spec, None, tmp_path / "transfer.yaml", tmp_path / "dl")
     protocol_hash = load_protocol(tmp_path / "tiny_source.yaml").hash
     run_id, checkpoint = log_source_run(tmp_path, "tiny_source", {"protocol_hash": protocol_hash, "arm": "vit",
                                                                   "seed": "0", "cell": "true"})
-    source = st.resolve_source(spec, None, tmp_path / "transfer.yaml", tmp_path / "dl")
+    source = transfer_study.resolve_source(spec, None, tmp_path / "transfer.yaml", tmp_path / "dl")
     assert source.info.run_id == run_id and source.info.sha256 == sha256_file(checkpoint)
     assert source.info.uri == "protocol:tiny_source/vit/seed0"
 
@@ -114,13 +114,13 @@ def test_protocol_end_to_end_selection_never_reads_the_test_split(mlflow_store, 
     run_id, _ = log_source_run(tmp_path)
     path = write_protocol(tmp_path, run_id)
     events: list = []
-    prepare = st.prepare_transfer_data
+    prepare = transfer_study.prepare_transfer_data
 
     def recording_prepare(*args, **kwargs):  # the test split, wrapped so every read is recorded
         data = prepare(*args, **kwargs)
         return type(data)(**{**vars(data), "test": RecordingSplit(data.test, events)})
 
-    release, evaluate, select = TestSplitGuard.release, st.evaluate_on_test, st.select_cell
+    release, evaluate, select = TestSplitGuard.release, transfer_study.evaluate_on_test, transfer_study.select_cell
     selected, interrupted = [], []
 
     def evaluate_failing_once(selection, *args):  # an interruption between the phases, for one cell
@@ -129,12 +129,12 @@ def test_protocol_end_to_end_selection_never_reads_the_test_split(mlflow_store, 
             raise RuntimeError("interrupted before the test evaluation")
         return evaluate(selection, *args)
 
-    monkeypatch.setattr(st, "prepare_transfer_data", recording_prepare)
+    monkeypatch.setattr(transfer_study, "prepare_transfer_data", recording_prepare)
     monkeypatch.setattr(TestSplitGuard, "release", lambda self: (events.append(("selection finished", "")), release(self)))
-    monkeypatch.setattr(st, "evaluate_on_test", evaluate_failing_once)
-    monkeypatch.setattr(st, "select_cell", lambda cell, *a: (selected.append(cell.key), select(cell, *a))[1])
-    protocol = st.open_transfer_protocol(str(path), allow_dirty=True)
-    outcomes = st.run_transfer(protocol, path, tmp_path / "out", "cpu", str(tmp_path / "retinamnist.npz"), True)
+    monkeypatch.setattr(transfer_study, "evaluate_on_test", evaluate_failing_once)
+    monkeypatch.setattr(transfer_study, "select_cell", lambda cell, *a: (selected.append(cell.key), select(cell, *a))[1])
+    protocol = transfer_study.open_transfer_protocol(str(path), allow_dirty=True)
+    outcomes = transfer_study.run_transfer(protocol, path, tmp_path / "out", "cpu", str(tmp_path / "retinamnist.npz"), True)
     assert [o.status for o in outcomes] == ["finished"] * 5 + ["failed"], [o.message for o in outcomes]
     assert len(selected) == 6
 
@@ -145,9 +145,9 @@ def test_protocol_end_to_end_selection_never_reads_the_test_split(mlflow_store, 
     # Rerun after a commit that touches no result code: finished cells are skipped (cells are keyed by the
     # code fingerprint, not the commit); the interrupted one keeps its selection and is only tested.
     later = lambda: {"git_commit": "a-later-docs-commit", "git_dirty": "false"}  # noqa: E731
-    monkeypatch.setattr("tracking.runs.git_state", later)
-    monkeypatch.setattr("tracking.protocols.git_state", later)
-    again = st.run_transfer(protocol, path, tmp_path / "out", "cpu", str(tmp_path / "retinamnist.npz"), True)
+    monkeypatch.setattr("tracking.store.session.git_state", later)
+    monkeypatch.setattr("tracking.record.protocol_runs.git_state", later)
+    again = transfer_study.run_transfer(protocol, path, tmp_path / "out", "cpu", str(tmp_path / "retinamnist.npz"), True)
     assert [o.status for o in again] == ["skipped"] * 5 + ["finished"], [o.message for o in again]
     assert len(selected) == 6, f"a finished selection was retrained: {selected}"
 
@@ -157,7 +157,7 @@ def test_protocol_end_to_end_selection_never_reads_the_test_split(mlflow_store, 
     assert len(cells) == 6 and {r.info.status for r in cells} == {"FINISHED"}
     # The commit is recorded (the cell completed after it says so), the identity is the code fingerprint.
     assert sorted(r.data.tags["git_commit"] == "a-later-docs-commit" for r in cells) == [False] * 5 + [True]
-    assert {r.data.params["code_fingerprint"] for r in cells} == {tt.transfer_code_fingerprint()}
+    assert {r.data.params["code_fingerprint"] for r in cells} == {transfer_runs.transfer_code_fingerprint()}
     assert {r.data.tags["lease.released"] == r.data.tags["lease.token"] for r in cells} == {True}
     (parent,) = client.search_runs([exp], "tags.parent = 'true'")
     assert parent.info.status == "FINISHED" and parent.data.metrics["cells_finished"] == 6, parent.data.metrics
@@ -205,7 +205,7 @@ def test_ctrl_c_ends_every_held_run_killed_and_the_rerun_only_tests_the_selected
     monkeypatch.setitem(checksums.RETINAMNIST_MD5, 28, md5(tmp_path / "retinamnist.npz"))
     run_id, _ = log_source_run(tmp_path)
     path = write_protocol(tmp_path, run_id, seeds=(0,))
-    evaluate, select = st.evaluate_on_test, st.select_cell
+    evaluate, select = transfer_study.evaluate_on_test, transfer_study.select_cell
     selected, tested = [], []
 
     def interrupted_at_the_second(selection, *args):
@@ -214,12 +214,12 @@ def test_ctrl_c_ends_every_held_run_killed_and_the_rerun_only_tests_the_selected
         tested.append(selection.regime)
         return evaluate(selection, *args)
 
-    monkeypatch.setattr(st, "evaluate_on_test", interrupted_at_the_second)
-    monkeypatch.setattr(st, "select_cell", lambda cell, *a: (selected.append(cell.key), select(cell, *a))[1])
-    protocol = st.open_transfer_protocol(str(path), allow_dirty=True)
+    monkeypatch.setattr(transfer_study, "evaluate_on_test", interrupted_at_the_second)
+    monkeypatch.setattr(transfer_study, "select_cell", lambda cell, *a: (selected.append(cell.key), select(cell, *a))[1])
+    protocol = transfer_study.open_transfer_protocol(str(path), allow_dirty=True)
     args = (protocol, path, tmp_path / "out", "cpu", str(tmp_path / "retinamnist.npz"), True)
     with pytest.raises(KeyboardInterrupt):
-        st.run_transfer(*args)
+        transfer_study.run_transfer(*args)
     client = MlflowClient()
     exp = client.get_experiment_by_name("tiny_transfer").experiment_id
     cells = client.search_runs([exp], "tags.cell = 'true'")
@@ -230,8 +230,8 @@ def test_ctrl_c_ends_every_held_run_killed_and_the_rerun_only_tests_the_selected
     (parent,) = client.search_runs([exp], "tags.parent = 'true'")
     assert parent.info.status == "KILLED" and "KeyboardInterrupt" in parent.data.tags["last_execution_outcome"]
 
-    monkeypatch.setattr(st, "evaluate_on_test", evaluate)
-    outcomes = st.run_transfer(*args)
+    monkeypatch.setattr(transfer_study, "evaluate_on_test", evaluate)
+    outcomes = transfer_study.run_transfer(*args)
     assert [o.status for o in outcomes] == ["skipped", "finished", "finished"], [o.message for o in outcomes]
     assert len(selected) == 3, f"a selection was trained again: {selected}"
     cells = client.search_runs([exp], "tags.cell = 'true'")

@@ -4,7 +4,7 @@ Set once, for every process that imports any of it (every command that creates r
 MLflow's client prints ``View run <name> at: <tracking URI>/#/...`` whenever it ends a run
 on a server, the URI's user name and password included when they are in it
 (``http://alice:PW@host``), and to a page that opens on the GenAI views. The workbench
-prints its own credential-free addresses instead (``tracking.ui_links``). Forced, not a
+prints its own credential-free addresses instead (``tracking.store.ui_links``). Forced, not a
 default: a credential on the console is never what a user asked for.
 
 MLflow's per-download progress bar is off by default (a user may set

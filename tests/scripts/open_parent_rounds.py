@@ -32,8 +32,8 @@ def meet(here: Path) -> None:
 
 def main() -> int:
     folder, rounds = Path(sys.argv[1]), int(sys.argv[2])
-    from studies.ablate import open_protocol
-    from tracking.protocols import close_study_parent, open_study_parent
+    from studies.ablation.ablate import open_protocol
+    from tracking.record.protocol_runs import close_study_parent, open_study_parent
 
     failed = 0
     for k in range(rounds):

@@ -1,7 +1,7 @@
 """Child process for the kill-and-resume tests: train the tiny config into a run folder.
 
 Usage: train_child.py RUN_DIR [mlflow EXPERIMENT]
-With "mlflow", trains through studies.train.train_one (MLFLOW_TRACKING_URI from the env).
+With "mlflow", trains through studies.ablation.train.train_one (MLFLOW_TRACKING_URI from the env).
 """
 
 import os
@@ -21,7 +21,7 @@ from synthetic import synthetic_data, tiny_config  # noqa: E402
 # since then is lost and must be redone identically), whatever the machine's speed.
 KILL_AT = int(os.environ.get("WB_KILL_AT_FORWARD", "0"))
 if KILL_AT:
-    import workbench.train.loop as loop
+    from workbench.train import loop
 
     original_init = loop.Trainer.__init__
 
@@ -43,7 +43,7 @@ run_dir = Path(sys.argv[1])
 cfg = tiny_config(epochs=4, checkpoint_every_steps=3)
 data = synthetic_data()
 if len(sys.argv) > 2 and sys.argv[2] == "mlflow":
-    from studies.train import train_one
+    from studies.ablation.train import train_one
 
     outcome = train_one(cfg, data, sys.argv[3], run_dir, run_name="child")
     print(outcome.status, outcome.run_id)

@@ -1,7 +1,7 @@
 """Analysis: attention rollout and maps, embedding views, and the figures built from them.
 
 Pure functions returning tensors, arrays and matplotlib figures (Agg, no pyplot); nothing
-here logs anywhere (``tracking.figures`` logs the figures to MLflow).
+here logs anywhere (``tracking.kinds.figure_runs`` logs the figures to MLflow).
 
 Usage::
 

@@ -14,8 +14,8 @@ import numpy as np
 import torch
 from matplotlib.figure import Figure
 
-from workbench.analysis import attention_figures as af
 from workbench.analysis.artifacts import ArtifactCheck, background_patches, check_maps
+from workbench.analysis.attention_figures import head_maps_figure, overlay_figure
 from workbench.analysis.common import display_images
 from workbench.analysis.rollout import AttentionAnalysis, analyse_attention
 from workbench.data.transforms import NormStats
@@ -85,22 +85,22 @@ def attention_figures(
     query = analysis.layout.query_label
     if analysis.rollout_maps is None:  # no token carries the prediction: say so, draw what the head reads
         checks = {POOL: check_maps(last, background)}
-        rollout = af.overlay_figure(shown, {POOL: last.numpy()},
-                                    f"Attention-pool map: {where}\n{analysis.statement}", rows, checks)
+        rollout = overlay_figure(shown, {POOL: last.numpy()},
+                                 f"Attention-pool map: {where}\n{analysis.statement}", rows, checks)
     else:
         roll = analysis.rollout_maps.maps
         label = POOL if analysis.layout.head == "pool" else LAST
         checks = {label: check_maps(last, background), ROLLOUT: check_maps(roll, background)}
-        rollout = af.overlay_figure(shown, {label: last.numpy(), ROLLOUT: roll.numpy()},
-                                    f"Attention rollout and last-layer attention: {where}\nmaps read from the {query}",
-                                    rows, checks)
+        rollout = overlay_figure(shown, {label: last.numpy(), ROLLOUT: roll.numpy()},
+                                 f"Attention rollout and last-layer attention: {where}\nmaps read from the {query}",
+                                 rows, checks)
     block = block % len(analysis.attentions)
     heads = analysis.head_maps(block).maps  # (B, heads, rows, cols)
     n_heads = heads.shape[1]
     head_checks = [check_maps(heads[:, h], background) for h in range(n_heads)]  # [head][image]
     per_image = [[head_checks[h][i] for h in range(n_heads)] for i in range(len(shown))]
     block_query = "CLS token row" if analysis.layout.query == "cls" else "mean over patch-token rows"
-    head_fig = af.head_maps_figure(shown, heads.numpy(), block, f"Attention per head: {where}\nmaps read from the {block_query}",
-                                   rows, per_image)
+    head_fig = head_maps_figure(shown, heads.numpy(), block, f"Attention per head: {where}\nmaps read from the {block_query}",
+                                rows, per_image)
     return AttentionFigures(rollout, head_fig, block, analysis, shown,
                             {"rollout": [c for cs in checks.values() for c in cs], "heads": [c for cs in head_checks for c in cs]})

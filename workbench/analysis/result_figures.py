@@ -1,7 +1,7 @@
 """Figures of training results: curves, confusion matrices, per-class accuracy, t-SNE, summary.
 
 Inputs are plain arrays and dicts keyed by arm and seed, so these work on anything that
-produced predictions and per-epoch metrics; ``tracking.figures`` reads them from MLflow.
+produced predictions and per-epoch metrics; ``tracking.kinds.figure_runs`` reads them from MLflow.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The eight figures of the Fashion-MNIST ViT vs CNN study, from in-memory runs.
 
 ``study_figures`` takes trained models, their predictions and per-epoch metrics and the
-validation images (``tracking.figures`` reads all of it back from MLflow) and returns the
+validation images (``tracking.kinds.figure_runs`` reads all of it back from MLflow) and returns the
 figures by file name. The ViT figures use the protocol's reference ViT arm at its lowest
 seed, so rebuilding from the same runs gives the same pictures.
 """
@@ -15,9 +15,7 @@ import torch
 from matplotlib.figure import Figure
 from torch import nn
 
-from workbench.analysis import attention_figures as af
-from workbench.analysis import panels
-from workbench.analysis import result_figures as rf
+from workbench.analysis import attention_figures, panels, result_figures
 from workbench.analysis.common import display_images
 from workbench.analysis.embeddings import pooled_features, position_similarity, tsne_2d
 from workbench.data.transforms import NormStats, normalize, resize_batch
@@ -165,7 +163,7 @@ def tsne_figure(inputs: StudyInputs, vit: RunInputs | None, runs: list[RunInputs
             else "pooled features"
         panels[f"{run.arm} seed {run.seed}: {what}"] = (tsne_2d(pooled_features(run.model, x), seed=seed), labels)
     perplexity = min(30.0, max(1.0, (len(labels) - 1) / 3))
-    return rf.tsne_figure(
+    return result_figures.tsne_figure(
         panels, inputs.class_names,
         f"t-SNE of pre-logits features, {len(labels)} validation images, coloured by true class: {inputs.title}",
         f"scikit-learn TSNE, perplexity {perplexity:g}, PCA init, seed {seed}. t-SNE keeps neighbourhoods, "
@@ -192,10 +190,10 @@ def study_figures(inputs: StudyInputs, n_images: int = 6, tsne_points: int = 800
     if vit is not None:
         cfg = vit.model.cfg
         first = model_inputs(inputs.images[pick_examples(inputs.labels, 1)], inputs.norm, inputs.resize_to)
-        figs["patches"] = af.patch_grid_figure(display_images(first, inputs.norm)[0], cfg.patch_size, cfg.num_prefix_tokens,
-                                               f"{inputs.data_label} validation image, {vit.arm} ({vit.model_name})")
+        figs["patches"] = attention_figures.patch_grid_figure(display_images(first, inputs.norm)[0], cfg.patch_size, cfg.num_prefix_tokens,
+                                                              f"{inputs.data_label} validation image, {vit.arm} ({vit.model_name})")
         if vit.model.pos_embed is not None:
-            figs["positional_embeddings"] = af.position_similarity_figure(
+            figs["positional_embeddings"] = attention_figures.position_similarity_figure(
                 position_similarity(vit.model).numpy(), f"{inputs.title}, arm {vit.arm} seed {vit.seed}")
         attn = _attention(vit, inputs, n_images, block)
         figs["attention_rollout"], figs["attention_heads"] = attn.rollout, attn.heads
@@ -204,20 +202,20 @@ def study_figures(inputs: StudyInputs, n_images: int = 6, tsne_points: int = 800
     else:
         messages.append("no ViT arm: patch, positional-embedding, attention and t-SNE figures skipped")
     histories = {arm: {r.seed: r.history for r in runs if r.arm == arm} for arm in arms}
-    figs["curves"] = rf.curves_figure(histories, title=f"Training curves by arm: {inputs.title}")
-    figs["summary"] = rf.summary_figure(_summaries(runs, arms), f"Summary: {inputs.title} ({inputs.data_label})",
-                                        "Accuracy from each run's predictions tables (best-validation checkpoint).")
+    figs["curves"] = result_figures.curves_figure(histories, title=f"Training curves by arm: {inputs.title}")
+    figs["summary"] = result_figures.summary_figure(_summaries(runs, arms), f"Summary: {inputs.title} ({inputs.data_label})",
+                                                    "Accuracy from each run's predictions tables (best-validation checkpoint).")
     figs["confusion_matrices"] = _confusion(runs, arms, inputs)
     ordered = {FIGURE_FILES[k]: figs[k] for k in FIGURE_FILES if k in figs}
     return StudyFigures(ordered, {FIGURE_FILES[k]: v for k, v in flagged.items()}, messages,
                         {FIGURE_FILES[k]: FIGURE_CAPTIONS[k] for k in FIGURE_FILES if k in figs})
 
 
-def _summaries(runs: list[RunInputs], arms: list[str]) -> list[rf.ArmSummary]:
+def _summaries(runs: list[RunInputs], arms: list[str]) -> list[result_figures.ArmSummary]:
     out = []
     for arm in arms:
         mine = [r for r in runs if r.arm == arm]
-        summary = rf.ArmSummary(arm, mine[0].model_name, count_parameters(mine[0].model)[0])
+        summary = result_figures.ArmSummary(arm, mine[0].model_name, count_parameters(mine[0].model)[0])
         for r in mine:
             for split, table in r.predictions.items():
                 summary.accuracy.setdefault(split, {})[r.seed] = float((table["label"] == table["predicted"]).mean())
@@ -234,8 +232,8 @@ def _confusion(runs: list[RunInputs], arms: list[str], inputs: StudyInputs) -> F
         for arm in arms:
             tables = [r.predictions[split] for r in runs if r.arm == arm and split in r.predictions]
             if tables:
-                cm = sum(rf.confusion_matrix(t["label"].to_numpy(), t["predicted"].to_numpy(), k) for t in tables)
+                cm = sum(result_figures.confusion_matrix(t["label"].to_numpy(), t["predicted"].to_numpy(), k) for t in tables)
                 matrices[f"{arm}, {split} (sum of {len(tables)} seeds)"] = cm
     # One row per split while that stays readable; many arms wrap onto rows of four.
     ncols = len(arms) if len(arms) <= 4 else 4
-    return rf.confusion_figure(matrices, inputs.class_names, f"Confusion matrices: {inputs.title}", ncols=ncols)
+    return result_figures.confusion_figure(matrices, inputs.class_names, f"Confusion matrices: {inputs.title}", ncols=ncols)

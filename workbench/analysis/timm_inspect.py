@@ -15,11 +15,10 @@ from pathlib import Path
 import torch
 from matplotlib.figure import Figure
 
-from workbench.analysis import attention_figures as af
-from workbench.analysis import panels
+from workbench.analysis import attention_figures, panels
 from workbench.analysis.embeddings import position_similarity
-from workbench.convert.timm_weights import TimmWeights
 from workbench.convert.timm_vit import glassbox_from_timm
+from workbench.convert.timm_weights import TimmWeights
 from workbench.data.transforms import NormStats
 
 CAPTIONS = {
@@ -108,13 +107,13 @@ def inspect_timm(weights: TimmWeights, image_paths: Sequence[str | Path], block:
     for i, name in enumerate(names):
         key = f"patch_grid_{Path(name).stem}.png"
         key = key if key not in figs else f"patch_grid_{Path(name).stem}_{i}.png"  # same name in two folders
-        figs[key] = af.patch_grid_figure(shown[i], glass.cfg.patch_size, glass.cfg.num_prefix_tokens,
-                                                              f"{name}, {weights.architecture}")
+        figs[key] = attention_figures.patch_grid_figure(shown[i], glass.cfg.patch_size, glass.cfg.num_prefix_tokens,
+                                                                             f"{name}, {weights.architecture}")
     messages = [(f"{weights.architecture}: {audit.summary()}; input {tuple(config['input_size'])}, "
                 f"mean {tuple(round(m, 4) for m in norm.mean)}, std {tuple(round(s, 4) for s in norm.std)}, "
                 f"{config['interpolation']} resize, crop_pct {config['crop_pct']}")]
     if glass.pos_embed is not None:
-        figs["positional_embeddings.png"] = af.position_similarity_figure(position_similarity(glass).numpy(), where)
+        figs["positional_embeddings.png"] = attention_figures.position_similarity_figure(position_similarity(glass).numpy(), where)
     else:
         messages.append("no learned positional embedding: positional-embedding figure skipped")
     if attn.analysis.statement:

@@ -12,7 +12,7 @@ Pieces: ``timing`` (interleaved rounds, CUDA events or perf_counter), ``flops`` 
 counts from the config), ``machine`` (square-matmul throughput, device description),
 ``models`` (one set of weights in four variants), ``suite`` (inference and training
 step), ``profiling`` (torch.profiler tables), ``report`` (goals, Markdown). The library
-never logs; ``tracking.benchmark`` does.
+never logs; ``tracking.kinds.benchmark_runs`` does.
 """
 
 from workbench.bench.flops import cnn_forward_flops, cnn_train_flops, vit_forward_flops, vit_train_flops

@@ -23,7 +23,7 @@ from torch import nn
 
 from workbench.bench.machine import matmul_fn
 from workbench.bench.models import build_bench_model
-from workbench.bench.suite import BenchConfig, _input
+from workbench.bench.suite import BenchConfig, bench_input
 from workbench.bench.timing import Samples, Spread, time_interleaved
 from workbench.precision import bf16_supported
 
@@ -92,7 +92,7 @@ def run_precision(
         for batch in cfg.precision_batch_sizes:
             if progress:
                 progress(f"training step {name} batch {batch}: fp32 vs bf16 autocast")
-            x = _input(bench, batch, device, cfg.seed)
+            x = bench_input(bench, batch, device, cfg.seed)
             g = torch.Generator().manual_seed(cfg.seed)
             y = torch.randint(0, bench.num_classes, (batch,), generator=g).to(device)
             fns = {

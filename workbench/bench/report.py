@@ -138,7 +138,7 @@ def evaluate_goals(inference: pd.DataFrame, train: pd.DataFrame, loader: dict | 
     Args:
         inference: ``run_inference`` rows.
         train: ``run_training`` rows.
-        loader: ``studies.data_benchmark.run_loader_benchmark`` result, or None.
+        loader: ``studies.benchmarks.data_benchmark.run_loader_benchmark`` result, or None.
         device: Device the figures were measured on (goals are stated for CPU).
         precision: ``run_precision`` rows (fp32 vs bf16 training step), or None.
     """
@@ -259,7 +259,7 @@ def markdown_summary(
     elif precision is not None:
         parts += ["## Training step, fp32 vs bf16 autocast", "Not measured: no model given (`--precision-model`) or no native bf16 on this device."]
     if loader is not None:
-        parts += ["## Data loader (studies.data_benchmark)", markdown_table([loader], {
+        parts += ["## Data loader (studies.benchmarks.data_benchmark)", markdown_table([loader], {
             "ours_images_per_s": "TensorLoader images/s", "torchvision_images_per_s": "torchvision images/s",
             "ratio": "ratio", "n_images": "images", "batch_size": "batch", "torch_threads": "threads"},
             {"ours_images_per_s": ",.0f", "torchvision_images_per_s": ",.0f", "ratio": ".1f"})]  # fmt: skip

@@ -2,7 +2,7 @@
 
 Everything is measured in the same process, one after the other, with the same thread
 setting, so every ratio and every fraction of peak compares figures of the same machine
-state. The loader benchmark lives in ``studies.data_benchmark`` (it is an entry point of
+state. The loader benchmark lives in ``studies.benchmarks.data_benchmark`` (it is an entry point of
 its own); the caller passes it in as a function, since the library does not import
 ``studies``.
 """

@@ -149,7 +149,7 @@ def _measure(
     return _rows(section, bench, batch, samples, flops_per_image, probe_n)
 
 
-def _input(bench: BenchModel, batch: int, device: torch.device, seed: int) -> torch.Tensor:
+def bench_input(bench: BenchModel, batch: int, device: torch.device, seed: int) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(batch, bench.in_channels, bench.image_size, bench.image_size, generator=g)  # (B, C, H, W)
     return x.to(device)
@@ -198,7 +198,7 @@ def run_inference(
         for batch in _batches_for(bench, cfg):
             if progress:
                 progress(f"inference {name} batch {batch}: {', '.join(bench.variants)}")
-            x = _input(bench, batch, device, cfg.seed)
+            x = bench_input(bench, batch, device, cfg.seed)
             fns = {k: _inference_fn(m, x) for k, m in bench.variants.items()}
             rows += _measure("inference", bench, batch, fns, bench.forward_flops, cfg, probe_n)
         del bench
@@ -222,7 +222,7 @@ def run_training(
         for batch in cfg.train_batch_sizes:
             if progress:
                 progress(f"training step {name} batch {batch}: {', '.join(bench.variants)}")
-            x = _input(bench, batch, device, cfg.seed)
+            x = bench_input(bench, batch, device, cfg.seed)
             g = torch.Generator().manual_seed(cfg.seed)
             y = torch.randint(0, bench.num_classes, (batch,), generator=g).to(device)
             fns = {}

@@ -30,6 +30,7 @@ from workbench.protocol.common import (
     check_frozen,
     read_yaml,
 )
+from workbench.protocol.files import kind_of, load_file
 from workbench.protocol.intervention import (
     InterventionCell,
     InterventionProtocol,
@@ -57,41 +58,17 @@ __all__ = [
     "parse_protocol", "parse_transfer_protocol", "read_yaml",
 ]
 
-TRANSFER_MARKERS = ("regimes", "source")
-INTERVENTION_MARKER = "interventions"
 AnyProtocol = Protocol | TransferProtocol | InterventionProtocol
-
-
-def kind_of(data: Any) -> str:
-    """``intervention`` for parsed content with ``interventions``, ``transfer`` with ``regimes`` or
-    ``source``, else ``ablation``."""
-    if isinstance(data, dict) and INTERVENTION_MARKER in data:
-        return "intervention"
-    return "transfer" if isinstance(data, dict) and any(k in data for k in TRANSFER_MARKERS) else "ablation"
+PARSERS = {"ablation": parse_protocol, "transfer": parse_transfer_protocol, "intervention": parse_intervention_protocol}
 
 
 def parse_any(data: Any, source: str = "<protocol>") -> AnyProtocol:
     """Validate parsed content of any kind."""
-    parse = {"transfer": parse_transfer_protocol, "intervention": parse_intervention_protocol}.get(
-        kind_of(data), parse_protocol)
-    return parse(data, source=source)
-
-
-def _a(kind: str) -> str:
-    return f"an {kind}" if kind[0] in "aeiou" else f"a {kind}"
+    return PARSERS[kind_of(data)](data, source=source)
 
 
 def _load(path: str | Path, expected: str | None) -> AnyProtocol:
-    path = Path(path)
-    data = read_yaml(path)
-    kind = kind_of(data)
-    if expected and kind != expected:
-        parse_any(data, source=str(path))  # a broken file's own problem first: it names the key
-        raise ProtocolError(f"{path}: is {_a(kind)} protocol, not {_a(expected)} protocol")
-    protocol = parse_any(data, source=str(path))
-    if protocol.name != path.stem:  # names map to files one to one
-        raise ProtocolError(f"{path}: name {protocol.name!r} must equal the file name stem {path.stem!r}")
-    return protocol
+    return load_file(path, expected, PARSERS)
 
 
 def load_any(path: str | Path) -> AnyProtocol:

@@ -29,7 +29,7 @@ from typing import Any
 
 from workbench.data.locate import DATASET_NAMES
 from workbench.models.registry import STUDY_MODELS, model_config
-from workbench.protocol import common as c
+from workbench.protocol import common
 from workbench.protocol.common import SCHEMA_VERSION, SHORT_HASH_LEN, ProtocolError, canonical_json
 from workbench.train.config import DataSpec, ModelSpec, OptimConfig, RunConfig, TrainConfig
 
@@ -38,14 +38,14 @@ REQUIRED_TOP = ("name", "description", "dataset", "model", "arms", "seeds")
 ARM_KEYS = ("name", "reference", "overrides")
 OVERRIDE_SECTIONS = ("model", "dataset", "optim", "run")
 # Where the data lives is per machine (the data fingerprint identifies the data): run time.
-DATASET_KEYS = c.field_names(DataSpec, exclude=("path",))
+DATASET_KEYS = common.field_names(DataSpec, exclude=("path",))
 # Pairing by seed needs the identical split in every arm, so arms may not change these.
 SPLIT_KEYS = ("name", "split_seed", "train_size", "val_size", "subset")
-OPTIM_KEYS = c.field_names(OptimConfig)
+OPTIM_KEYS = common.field_names(OptimConfig)
 # Seeds, device and determinism are chosen per cell at run time (Cell.train_config); every
 # other RunConfig field is a protocol key (a new field enters the hash: the pinned-hash test says so).
 RUNTIME_RUN_KEYS = ("seed", "device", "deterministic")
-RUN_KEYS = c.field_names(RunConfig, exclude=RUNTIME_RUN_KEYS)
+RUN_KEYS = common.field_names(RunConfig, exclude=RUNTIME_RUN_KEYS)
 # Keys people reach for, with the reason they are not protocol keys.
 KEY_HINTS = {
     ("run", "seed"): " (seeds come from the protocol's 'seeds' list, one cell per seed)",
@@ -153,29 +153,29 @@ def parse_protocol(data: Any, source: str = "<protocol>") -> Protocol:
     def fail(msg: str) -> ProtocolError:
         return ProtocolError(f"{source}: {msg}")
 
-    top = c.mapping(data, "", TOP_KEYS, fail)
-    c.required(top, REQUIRED_TOP, "", fail)
-    name = c.identifier(top["name"], "name", fail)
-    text = c.description(top["description"], fail)
+    top = common.mapping(data, "", TOP_KEYS, fail)
+    common.required(top, REQUIRED_TOP, "", fail)
+    name = common.identifier(top["name"], "name", fail)
+    text = common.description(top["description"], fail)
     base = {
-        "dataset": c.section(top["dataset"], "dataset", DataSpec, DATASET_KEYS, fail, KEY_HINTS),
+        "dataset": common.section(top["dataset"], "dataset", DataSpec, DATASET_KEYS, fail, KEY_HINTS),
         "model": _model_section(top["model"], "model", None, fail),
-        "optim": c.section(top.get("optim"), "optim", OptimConfig, OPTIM_KEYS, fail, KEY_HINTS),
-        "run": c.section(top.get("run"), "run", RunConfig, RUN_KEYS, fail, KEY_HINTS),
+        "optim": common.section(top.get("optim"), "optim", OptimConfig, OPTIM_KEYS, fail, KEY_HINTS),
+        "run": common.section(top.get("run"), "run", RunConfig, RUN_KEYS, fail, KEY_HINTS),
     }
     if base["dataset"].get("name") not in DATASET_NAMES:
         raise fail(f"dataset.name={base['dataset'].get('name')!r}: must be one of {', '.join(DATASET_NAMES)}")
     # Build the base before the arms so a bad base value is reported once, as the base's.
-    data = c.build(DataSpec, base["dataset"], "dataset", fail)
-    optim = c.build(OptimConfig, base["optim"], "optim", fail)
-    run = c.build(RunConfig, base["run"], "run", fail)
+    data = common.build(DataSpec, base["dataset"], "dataset", fail)
+    optim = common.build(OptimConfig, base["optim"], "optim", fail)
+    run = common.build(RunConfig, base["run"], "run", fail)
     if not isinstance(top["arms"], list) or not top["arms"]:
         raise fail(f"arms={top['arms']!r}: must be a non-empty list of arms")
     arms = [_arm(raw, f"arms[{i}]", base, fail) for i, raw in enumerate(top["arms"])]
     _check_arms(arms, fail)
-    seeds = c.seeds(top["seeds"], fail)
+    seeds = common.seeds(top["seeds"], fail)
 
-    canonical, digest = c.canonical_and_hash({
+    canonical, digest = common.canonical_and_hash({
         "schema": SCHEMA_VERSION,
         "name": name,
         "description": text,
@@ -202,8 +202,8 @@ def _model_section(value: Any, where: str, base_name: str | None, fail) -> dict[
     if name not in STUDY_MODELS:
         raise fail(f"{where}.name={name!r}: must be one of the study models {', '.join(STUDY_MODELS)}")
     config_cls = type(STUDY_MODELS[name])
-    c.mapping(raw, where, ("name",) + c.field_names(config_cls), fail, label=f"for model {name}")
-    model = {"name": name, "overrides": c.section(raw, where, config_cls, tuple(raw), fail)}
+    common.mapping(raw, where, ("name",) + common.field_names(config_cls), fail, label=f"for model {name}")
+    model = {"name": name, "overrides": common.section(raw, where, config_cls, tuple(raw), fail)}
     if name != base_name:  # a complete model; an arm's fields on the base model are checked merged
         _check_model(model, where, fail)
     return model
@@ -218,17 +218,17 @@ def _check_model(model: dict[str, Any], where: str, fail) -> None:
 
 
 def _arm(raw: Any, where: str, base: dict[str, Any], fail) -> Arm:
-    arm = c.mapping(raw, where, ARM_KEYS, fail)
-    name = c.identifier(arm.get("name"), f"{where}.name", fail)
+    arm = common.mapping(raw, where, ARM_KEYS, fail)
+    name = common.identifier(arm.get("name"), f"{where}.name", fail)
     reference = arm.get("reference", False)
     if not isinstance(reference, bool):
         raise fail(f"{where}.reference={reference!r}: must be true or false")
     at = f"{where}.overrides"
-    over = c.mapping(arm.get("overrides"), at, OVERRIDE_SECTIONS, fail)
+    over = common.mapping(arm.get("overrides"), at, OVERRIDE_SECTIONS, fail)
     norm = {
-        "dataset": c.section(over.get("dataset"), f"{at}.dataset", DataSpec, DATASET_KEYS, fail, KEY_HINTS),
-        "optim": c.section(over.get("optim"), f"{at}.optim", OptimConfig, OPTIM_KEYS, fail, KEY_HINTS),
-        "run": c.section(over.get("run"), f"{at}.run", RunConfig, RUN_KEYS, fail, KEY_HINTS),
+        "dataset": common.section(over.get("dataset"), f"{at}.dataset", DataSpec, DATASET_KEYS, fail, KEY_HINTS),
+        "optim": common.section(over.get("optim"), f"{at}.optim", OptimConfig, OPTIM_KEYS, fail, KEY_HINTS),
+        "run": common.section(over.get("run"), f"{at}.run", RunConfig, RUN_KEYS, fail, KEY_HINTS),
     }
     split = [k for k in SPLIT_KEYS if k in norm["dataset"]]
     if split:
@@ -249,9 +249,9 @@ def _arm(raw: Any, where: str, base: dict[str, Any], fail) -> Arm:
             model = m
     config = TrainConfig(
         model=ModelSpec(model["name"], dict(model["overrides"])),
-        data=c.build(DataSpec, base["dataset"] | norm["dataset"], f"{at}.dataset", fail),
-        optim=c.build(OptimConfig, base["optim"] | norm["optim"], f"{at}.optim", fail),
-        run=c.build(RunConfig, base["run"] | norm["run"], f"{at}.run", fail),
+        data=common.build(DataSpec, base["dataset"] | norm["dataset"], f"{at}.dataset", fail),
+        optim=common.build(OptimConfig, base["optim"] | norm["optim"], f"{at}.optim", fail),
+        run=common.build(RunConfig, base["run"] | norm["run"], f"{at}.run", fail),
     )
     return Arm(name, reference, {k: v for k, v in norm.items() if v}, config)
 
@@ -260,9 +260,9 @@ def _check_arms(arms: list[Arm], fail) -> None:
     for i, arm in enumerate(arms):
         data, run = arm.config.data, arm.config.run
         where = f"arms[{i}].overrides.run.batch_size" if "batch_size" in arm.overrides.get("run", {}) else "run.batch_size"
-        c.check_batch_fits(run.batch_size, where, data.train_size, data.subset, fail)
-    c.unique_names([a.name for a in arms], "arm", fail)
-    c.one_reference([a.name for a in arms if a.reference], "arm", fail)
+        common.check_batch_fits(run.batch_size, where, data.train_size, data.subset, fail)
+    common.unique_names([a.name for a in arms], "arm", fail)
+    common.one_reference([a.name for a in arms if a.reference], "arm", fail)
     # An arm equal to another (say, an override restating the base) wastes compute and makes
     # a report compare a configuration with itself. Compare built architectures, since
     # {} and {patch_size: 4} can be the same model.

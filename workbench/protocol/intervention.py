@@ -38,8 +38,11 @@ from workbench.interventions.spec import (
 )
 from workbench.models.registry import model_config
 from workbench.models.vit import ViTConfig
-from workbench.protocol import common as c
+from workbench.protocol import common
+from workbench.protocol.ablation import parse_protocol
 from workbench.protocol.common import SCHEMA_VERSION, SHORT_HASH_LEN, ProtocolError, canonical_json
+from workbench.protocol.files import load_file
+from workbench.protocol.transfer import parse_transfer_protocol
 
 TOP_KEYS = ("name", "description", "acts_on", "pretrained", "interventions", "evaluation")
 REQUIRED_TOP = ("name", "description", "interventions")
@@ -213,15 +216,15 @@ def parse_intervention_protocol(data: Any, source: str = "<protocol>") -> Interv
     def fail(msg: str) -> InterventionProtocolError:
         return InterventionProtocolError(f"{source}: {msg}")
 
-    top = c.mapping(data, "", TOP_KEYS, fail)
-    c.required(top, REQUIRED_TOP, "", fail)
-    name = c.identifier(top["name"], "name", fail)
-    text = c.description(top["description"], fail)
+    top = common.mapping(data, "", TOP_KEYS, fail)
+    common.required(top, REQUIRED_TOP, "", fail)
+    name = common.identifier(top["name"], "name", fail)
+    text = common.description(top["description"], fail)
     if ("acts_on" in top) == ("pretrained" in top):
         raise fail("give exactly one of acts_on (trained cells of an ablation protocol) or pretrained (a timm ViT)")
     grid = _grid(top["interventions"], fail)
-    evaluation = InterventionEvaluation(**c.section(top.get("evaluation"), "evaluation", InterventionEvaluation,
-                                                    c.field_names(InterventionEvaluation), fail))
+    evaluation = InterventionEvaluation(**common.section(top.get("evaluation"), "evaluation", InterventionEvaluation,
+                                                         common.field_names(InterventionEvaluation), fail))
     _check_evaluation(evaluation, grid, fail)
     acts_on = pretrained = acted = None
     if "acts_on" in top:
@@ -230,7 +233,7 @@ def parse_intervention_protocol(data: Any, source: str = "<protocol>") -> Interv
             _check_grid(grid, _arm_config(acted, arm), f"arm {arm}", fail)
     else:
         pretrained = _pretrained(top["pretrained"], fail)
-    canonical, digest = c.canonical_and_hash({
+    canonical, digest = common.canonical_and_hash({
         "schema": SCHEMA_VERSION, "kind": "intervention", "name": name, "description": text,
         "acts_on": asdict(acts_on) if acts_on else None, "pretrained": asdict(pretrained) if pretrained else None,
         "interventions": asdict(grid), "evaluation": asdict(evaluation),
@@ -276,7 +279,7 @@ def _selection(value: Any, where: str, fail, one) -> str | tuple[str, ...]:
 
 
 def _grid(value: Any, fail) -> Grid:
-    raw = c.mapping(value, "interventions", c.field_names(Grid), fail)
+    raw = common.mapping(value, "interventions", common.field_names(Grid), fail)
     modes = _strings(raw.get("head_modes", list(Grid.head_modes)), "interventions.head_modes", fail, HEAD_MODES)
     sets = raw.get("sets", [])
     if not isinstance(sets, list):
@@ -284,16 +287,16 @@ def _grid(value: Any, fail) -> Grid:
     parsed_sets = []
     for i, s in enumerate(sets):
         where = f"interventions.sets[{i}]"
-        entry = c.mapping(s, where, ("name", "items"), fail)
-        c.required(entry, ("name", "items"), where, fail)
+        entry = common.mapping(s, where, ("name", "items"), fail)
+        common.required(entry, ("name", "items"), where, fail)
         items = _strings(entry["items"], f"{where}.items", fail)
         for j, item in enumerate(items):
             try:
                 parse(item)
             except InterventionError as err:
                 raise fail(f"{where}.items[{j}]: {err}") from None
-        parsed_sets.append({"name": c.identifier(entry["name"], f"{where}.name", fail), "items": list(items)})
-    c.unique_names([s["name"] for s in parsed_sets], "set", fail)
+        parsed_sets.append({"name": common.identifier(entry["name"], f"{where}.name", fail), "items": list(items)})
+    common.unique_names([s["name"] for s in parsed_sets], "set", fail)
     position = raw.get("position_embedding", True)
     if not isinstance(position, bool):
         raise fail(f"interventions.position_embedding={position!r}: must be true or false")
@@ -323,15 +326,14 @@ def _check_evaluation(e: InterventionEvaluation, grid: Grid, fail) -> None:
 
 
 def _acts_on(value: Any, source: str, fail) -> tuple[ActsOn, Any]:
-    from workbench.protocol import load_protocol  # the package imports this module
-
-    raw = c.section(value, "acts_on", ActsOn, c.field_names(ActsOn), fail)
-    c.required(raw, ("protocol", "hash"), "acts_on", fail)
-    name = c.identifier(raw["protocol"], "acts_on.protocol", fail)
+    raw = common.section(value, "acts_on", ActsOn, common.field_names(ActsOn), fail)
+    common.required(raw, ("protocol", "hash"), "acts_on", fail)
+    name = common.identifier(raw["protocol"], "acts_on.protocol", fail)
     path = Path(source).parent / f"{name}.yaml"
     if not path.is_file():
         raise fail(f"acts_on.protocol={name!r}: no protocol file {path}")
-    acted = load_protocol(path)
+    acted = load_file(path, "ablation", {"ablation": parse_protocol, "transfer": parse_transfer_protocol,
+                                         "intervention": parse_intervention_protocol})
     if raw["hash"] != acted.hash:
         raise fail(f"acts_on.hash={raw['hash']!r}: {path} has hash {acted.hash}; the cells acted on are pinned "
                    "by the full hash of their protocol")
@@ -363,8 +365,8 @@ def _check_grid(grid: Grid, cfg: ViTConfig, what: str, fail) -> None:
 
 
 def _pretrained(value: Any, fail) -> Pretrained:
-    raw = c.section(value, "pretrained", Pretrained, c.field_names(Pretrained), fail)
-    c.required(raw, ("model",), "pretrained", fail)
+    raw = common.section(value, "pretrained", Pretrained, common.field_names(Pretrained), fail)
+    common.required(raw, ("model",), "pretrained", fail)
     spec = Pretrained(**raw)
     if spec.dataset not in DATASET_NAMES:
         raise fail(f"pretrained.dataset={spec.dataset!r}: must be one of {', '.join(DATASET_NAMES)}")

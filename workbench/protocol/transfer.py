@@ -27,7 +27,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, get_type_hints
 
-from workbench.protocol import common as c
+from workbench.protocol import common
 from workbench.protocol.common import SCHEMA_VERSION, SHORT_HASH_LEN, ProtocolError, canonical_json
 from workbench.train.config import OptimConfig
 
@@ -37,7 +37,7 @@ AMP_MODES = ("off", "bf16", "fp16")
 MIN_RESAMPLES = 1000  # the report's intervals rest on at least this many bootstrap resamples
 TOP_KEYS = ("name", "description", "source", "dataset", "run", "evaluation", "regimes", "seeds")
 REQUIRED_TOP = ("name", "description", "source", "dataset", "regimes", "seeds")
-OPTIM_KEYS = c.field_names(OptimConfig)
+OPTIM_KEYS = common.field_names(OptimConfig)
 
 
 class TransferProtocolError(ProtocolError):
@@ -170,30 +170,30 @@ def parse_transfer_protocol(data: Any, source: str = "<protocol>") -> TransferPr
     def fail(msg: str) -> TransferProtocolError:
         return TransferProtocolError(f"{source}: {msg}")
 
-    top = c.mapping(data, "", TOP_KEYS, fail)
-    c.required(top, REQUIRED_TOP, "", fail)
-    name = c.identifier(top["name"], "name", fail)
-    text = c.description(top["description"], fail)
-    raw_source = c.section(top["source"], "source", SourceSpec, c.field_names(SourceSpec), fail)
+    top = common.mapping(data, "", TOP_KEYS, fail)
+    common.required(top, REQUIRED_TOP, "", fail)
+    name = common.identifier(top["name"], "name", fail)
+    text = common.description(top["description"], fail)
+    raw_source = common.section(top["source"], "source", SourceSpec, common.field_names(SourceSpec), fail)
     if "weights" not in raw_source:
         raise fail("source.weights: required (hub, random, a path, runs:/<id>[/path] or protocol:<name>/<arm>/seed<k>)")
     src = SourceSpec(**raw_source)
     if src.weights in ("hub", "random") and not src.model:
         raise fail(f"source.model: required with weights {src.weights!r} (a timm architecture or pinned checkpoint name)")
-    dataset = TransferData(**c.section(top["dataset"], "dataset", TransferData, c.field_names(TransferData), fail))
+    dataset = TransferData(**common.section(top["dataset"], "dataset", TransferData, common.field_names(TransferData), fail))
     if dataset.size != "auto" and dataset.size not in RETINA_SIZES:
         raise fail(f"dataset.size={dataset.size!r}: must be 'auto' or one of {RETINA_SIZES}")
     for key in ("subset", "train_size", "val_size"):
         if getattr(dataset, key) is not None and getattr(dataset, key) < 1:
             raise fail(f"dataset.{key}={getattr(dataset, key)!r}: must be a positive integer or null")
-    run = TransferRunSpec(**c.section(top.get("run"), "run", TransferRunSpec, c.field_names(TransferRunSpec), fail))
+    run = TransferRunSpec(**common.section(top.get("run"), "run", TransferRunSpec, common.field_names(TransferRunSpec), fail))
     for key in ("batch_size", "eval_batch_size"):
         if getattr(run, key) < 1:
             raise fail(f"run.{key}={getattr(run, key)!r}: must be a positive integer")
-    c.check_batch_fits(run.batch_size, "run.batch_size", dataset.train_size, dataset.subset, fail)
+    common.check_batch_fits(run.batch_size, "run.batch_size", dataset.train_size, dataset.subset, fail)
     if run.amp not in AMP_MODES:
         raise fail(f"run.amp={run.amp!r}: must be one of {', '.join(AMP_MODES)}")
-    evaluation = Evaluation(**c.section(top.get("evaluation"), "evaluation", Evaluation, c.field_names(Evaluation), fail))
+    evaluation = Evaluation(**common.section(top.get("evaluation"), "evaluation", Evaluation, common.field_names(Evaluation), fail))
     if evaluation.n_resamples < MIN_RESAMPLES:
         raise fail(f"evaluation.n_resamples={evaluation.n_resamples}: must be >= {MIN_RESAMPLES}")
     if not 0.0 < evaluation.confidence < 1.0:
@@ -202,9 +202,9 @@ def parse_transfer_protocol(data: Any, source: str = "<protocol>") -> TransferPr
         raise fail(f"regimes={top['regimes']!r}: must be a non-empty list")
     regimes = tuple(_regime(raw, f"regimes[{i}]", fail) for i, raw in enumerate(top["regimes"]))
     _check_regimes(regimes, fail)
-    seeds = c.seeds(top["seeds"], fail)
+    seeds = common.seeds(top["seeds"], fail)
 
-    canonical, digest = c.canonical_and_hash({
+    canonical, digest = common.canonical_and_hash({
         "schema": SCHEMA_VERSION, "kind": "transfer", "name": name, "description": text,
         "source": asdict(src), "dataset": asdict(dataset), "run": asdict(run), "evaluation": asdict(evaluation),
         "regimes": [asdict(r) for r in regimes], "seeds": list(seeds),
@@ -215,7 +215,7 @@ def parse_transfer_protocol(data: Any, source: str = "<protocol>") -> TransferPr
 # --- helpers -----------------------------------------------------------------------------
 
 # A regime's keys are its own fields plus the optimiser's, written flat (``lr: 1e-4``).
-REGIME_KEYS = c.field_names(Regime, exclude=("optim",)) + OPTIM_KEYS
+REGIME_KEYS = common.field_names(Regime, exclude=("optim",)) + OPTIM_KEYS
 
 
 def _regime_hints() -> dict[str, Any]:
@@ -223,13 +223,13 @@ def _regime_hints() -> dict[str, Any]:
 
 
 def _regime(raw: Any, where: str, fail) -> Regime:
-    values = c.section(raw, where, _regime_hints(), REGIME_KEYS, fail)
-    c.required(values, ("name", "kind", "epochs"), where, fail)
-    name = c.identifier(values.pop("name"), f"{where}.name", fail)
+    values = common.section(raw, where, _regime_hints(), REGIME_KEYS, fail)
+    common.required(values, ("name", "kind", "epochs"), where, fail)
+    name = common.identifier(values.pop("name"), f"{where}.name", fail)
     kind = values.pop("kind")
     if kind not in REGIME_KINDS:
         raise fail(f"{where}.kind={kind!r}: must be one of {', '.join(REGIME_KINDS)}")
-    optim = c.build(OptimConfig, {k: values.pop(k) for k in OPTIM_KEYS if k in values}, where, fail)
+    optim = common.build(OptimConfig, {k: values.pop(k) for k in OPTIM_KEYS if k in values}, where, fail)
     regime = Regime(name=name, kind=kind, reference=values.get("reference", False), epochs=values["epochs"],
                     optim=optim, blocks=values.get("blocks"), layer_decay=values.get("layer_decay"),
                     patience=values.get("patience"))
@@ -247,8 +247,8 @@ def _regime(raw: Any, where: str, fail) -> Regime:
 
 
 def _check_regimes(regimes: tuple[Regime, ...], fail) -> None:
-    c.unique_names([r.name for r in regimes], "regime", fail)
-    c.one_reference([r.name for r in regimes if r.reference], "regime", fail)
+    common.unique_names([r.name for r in regimes], "regime", fail)
+    common.one_reference([r.name for r in regimes if r.reference], "regime", fail)
     seen: dict[str, str] = {}
     for r in regimes:
         key = canonical_json({k: v for k, v in asdict(r).items() if k not in ("name", "reference")})

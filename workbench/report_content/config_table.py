@@ -96,7 +96,7 @@ def _split(d: Mapping[str, Any]) -> str:
 
 
 def arm_config(canonical: Mapping[str, Any], arm: Mapping[str, Any]) -> dict[str, Any]:
-    """One arm's merged sections (model as {name, overrides}), as ``studies.protocol`` merges them.
+    """One arm's merged sections (model as {name, overrides}), as ``studies.runtime.study_protocol`` merges them.
 
     An arm's model override with another ``name`` starts from that registry model; without
     one (or the same name) its fields are merged over the base model's.

@@ -1,0 +1,223 @@
+"""An intervention study's evidence: its run records and per-example outcomes, and the study read back.
+
+``workbench report --evidence`` on an intervention protocol writes ``<report folder>/evidence/``:
+
+- ``runs.json`` (format ``workbench-intervention-evidence/1``): the protocol (its hashed
+  canonical content, and the text of its file and of the acted-on protocol's file, from
+  which it is parsed again and its hash checked), the store and experiment as the report
+  names them, the build options, every cell run of the hash (any status: ids, status,
+  times, params, tags, latest metrics), the parent runs, and per reported cell its files
+  with their sha256.
+- ``outcomes/<arm>.seed<seed>.csv.gz``: one row per evaluated example: ``index`` (in the
+  dataset's source split), ``label``, ``intact`` (the intact model's predicted class), then
+  one column per intervention, named as in the report, with the class predicted under it.
+- ``attention/<arm>.seed<seed>.npy.gz``: each head's mean attention map (``.npy``, float32,
+  depth x heads x rows x cols), which only the attention figure reads.
+- ``README.md``: the format in words, and the command that rebuilds the report.
+
+``load_intervention_evidence`` reads it back into the ``InterventionStudy`` the report is
+rendered from, choosing one run per cell by the rule the store build uses
+(``tracking.kinds.intervention_runs.choose_cells``). The shared mechanics (cleaned run records, gzip
+without a timestamp, sha256 checks, atomic writes) are ``reports.evidence``'s.
+"""
+
+from __future__ import annotations
+
+import io
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from reports.collect import ReportError
+from reports.evidence import (EVIDENCE_DIR, RUNS_FILE, cell_entry, cell_record, read_document, read_gzip,
+                              remove_stale, write_document, write_gzip)
+from reports.interventions.intervention_study import InterventionStudy
+from reports.provenance import BuildInputs
+from tracking.export import run_export
+from tracking.kinds import intervention_runs
+from tracking.record import queries
+from workbench.protocol import ProtocolError, load_intervention_protocol
+
+FORMAT = "workbench-intervention-evidence/1"
+FIXED_COLUMNS = ("index", "label", "intact")
+
+
+def _outcome_bytes(cell: intervention_runs.CellResult) -> bytes:
+    """The cell's outcomes as CSV text: one row per example, one column per intervention."""
+    n = len(cell.labels)
+    indices = cell.indices if cell.indices is not None else np.full(n, -1)  # -1: the run logged no indices
+    table = pd.DataFrame(np.column_stack([indices, cell.labels, cell.intact_predicted, cell.predicted.T]).astype("int64"),
+                         columns=[*FIXED_COLUMNS, *cell.names])  # (N, 3 + K)
+    return table.to_csv(index=False, lineterminator="\n").encode("utf-8")
+
+
+def _npy_bytes(array: np.ndarray) -> bytes:
+    buffer = io.BytesIO()
+    np.save(buffer, np.ascontiguousarray(array, dtype=np.float32), allow_pickle=False)
+    return buffer.getvalue()
+
+
+def _protocol_files(study: InterventionStudy) -> dict[str, str]:
+    """The protocol file and the acted-on protocol's file, by file name: what parses to the hash again."""
+    path = Path(study.protocol.source_file)
+    files = {path.name: path.read_text(encoding="utf-8")}
+    if study.protocol.acts_on is not None:
+        acted = path.parent / f"{study.protocol.acts_on.protocol}.yaml"
+        files[acted.name] = acted.read_text(encoding="utf-8")
+    return files
+
+
+def export_intervention_evidence(folder: Path, study: InterventionStudy, inputs: BuildInputs,
+                                 logged_to: list[str]) -> Path:
+    """Write ``folder`` (``runs.json``, ``outcomes/``, ``attention/``, ``README.md``) for ``study`` as reported."""
+    protocol, cells, written = study.protocol, [], set()
+    reported = {r.run_id: key for key, r in study.chosen.items()}
+    for record in sorted(study.records, key=lambda r: (r.arm, r.seed, r.run_id)):
+        entry = cell_entry(record)
+        if record.run_id in reported:
+            cell = study.cells[reported[record.run_id]]
+            stem = f"{record.arm}.seed{record.seed}"
+            name = f"outcomes/{stem}.csv.gz"
+            entry["outcomes"] = {"file": name, "sha256": write_gzip(folder, name, _outcome_bytes(cell)),
+                                 "rows": len(cell.labels), "interventions": list(cell.names),
+                                 "indices_logged": cell.indices is not None}
+            written.add(folder / name)
+            if cell.attention is not None:
+                name = f"attention/{stem}.npy.gz"
+                entry["attention"] = {"file": name, "sha256": write_gzip(folder, name, _npy_bytes(cell.attention)),
+                                      "shape": list(cell.attention.shape), "query": cell.attention_query}
+                written.add(folder / name)
+        cells.append(entry)
+    document = {
+        "format": FORMAT,
+        "protocol": {"name": protocol.name, "hash": study.digest, "source": inputs.protocol_source,
+                     "canonical": protocol.canonical, "files": _protocol_files(study)},
+        "store": {"tracking_uri": study.tracking_uri, "experiment": protocol.name},
+        "build": {"hash_option": inputs.hash_option, "resamples": inputs.n_resamples,
+                  "bootstrap_seed": inputs.bootstrap_seed, "confidence": inputs.confidence, "strict": inputs.strict,
+                  "logged_to": list(logged_to)},
+        "parents": [run_export.run_record(p.run_id) for p in queries.parent_runs(protocol.name, study.digest)],
+        "cells": cells,
+    }
+    write_document(folder, document, _readme(protocol.name, study.digest, len(study.chosen), len(cells)))
+    for sub, pattern in (("outcomes", "*.csv.gz"), ("attention", "*.npy.gz")):
+        remove_stale(folder / sub, pattern, written)
+    return folder
+
+
+def _readme(name: str, digest: str, reported: int, runs: int) -> str:
+    return f"""# Evidence of {name}@{digest[:12]}
+
+What the intervention report beside this folder (`../report.md`) was computed from, exported
+by `workbench report --evidence` from the runs the report was built from, so that anyone can
+check every number and rebuild the report (its tables, paragraphs and figures) without the
+MLflow store:
+
+```bash
+workbench report --from-evidence {name}/evidence --out-dir rebuilt  # run from the folder that holds {name}/
+```
+
+The rebuilt `report.md` equals `../report.md` except for one added header line
+("Rebuilt offline from the evidence export ...").
+
+- `runs.json` (format `{FORMAT}`, JSON with sorted keys): the protocol (its hashed
+  canonical content, hash `{digest}`, and the text of its file and of the acted-on
+  protocol's file, which a rebuild parses again and checks against the hash), the tracking
+  store and experiment as the report names them, the build options and the run the report
+  was logged to, all {runs} cell runs of the hash (any status: run id, status, start and end
+  times in ms since the epoch, params, tags, latest metrics, among them `accuracy/<name>` of
+  each intervention), the parent runs, and per reported cell its files below with their
+  sha256 (of the decompressed bytes).
+- `outcomes/<arm>.seed<seed>.csv.gz`: for each of the {reported} reported cells, one row per
+  evaluated example: `index` (position in the dataset's source split; -1 where the run logged
+  none), `label`, `intact` (the class the intact model predicted), then one column per
+  intervention, named as in the report, with the class predicted under that intervention
+  alone. Every accuracy change, interval and seed count of the report comes from these
+  (each cell logged them to MLflow as `interventions/per_example.npz`, which also holds
+  per-example losses; the report uses none).
+- `attention/<arm>.seed<seed>.npy.gz`: each head's mean attention map on the evaluation
+  images (NumPy `.npy`, float32, blocks x heads x rows x columns), drawn in the attention figure.
+
+Strings carry no credentials and no absolute paths: paths are relative to the directory
+the report was built from.
+"""
+
+
+# --------------------------------------------------------------------------------- load
+
+
+@dataclass
+class InterventionEvidence:
+    """An intervention study read back from its evidence export, with what the report was built with."""
+
+    study: InterventionStudy
+    inputs: BuildInputs
+    logged_to: list[str]
+
+
+def _protocol(where: str, p: dict):
+    """The protocol parsed again from the exported files, its hash checked against the recorded one."""
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, text in p["files"].items():
+            if Path(name).name != name:
+                raise ReportError(f"{where}: protocol file name {name!r} is not a plain file name")
+            (Path(tmp) / name).write_text(text, encoding="utf-8")
+        try:
+            protocol = load_intervention_protocol(Path(tmp) / f"{p['name']}.yaml")
+        except ProtocolError as err:
+            raise ReportError(f"{where}: the exported protocol does not parse ({err})") from err
+    if protocol.hash != p["hash"] or protocol.canonical != p["canonical"]:
+        raise ReportError(f"{where}: the exported protocol file hashes to {protocol.hash[:12]}, not protocol.hash "
+                          f"{p['hash'][:12]}")
+    return protocol
+
+
+def _cell(folder: Path, record: queries.CellRecord, entry: dict) -> intervention_runs.CellResult:
+    info = entry["outcomes"]
+    path = folder / info["file"]
+    table = pd.read_csv(io.BytesIO(read_gzip(path, info["sha256"])))
+    names = list(info["interventions"])
+    if list(table.columns) != [*FIXED_COLUMNS, *names] or len(table) != info["rows"]:
+        raise ReportError(f"{path}: expected columns {', '.join(FIXED_COLUMNS)} and the {len(names)} interventions "
+                          f"{RUNS_FILE} lists, {info['rows']} rows")
+    values = table.to_numpy(dtype=np.int64)  # (N, 3 + K)
+    attention, query = None, ""
+    if "attention" in entry:
+        a = entry["attention"]
+        attention = np.load(io.BytesIO(read_gzip(folder / a["file"], a["sha256"])), allow_pickle=False)
+        query = a["query"]
+    return intervention_runs.CellResult(record, names, values[:, 1], values[:, 2], values[:, 3:].T, attention, query,
+                                        values[:, 0] if info["indices_logged"] else None)
+
+
+def _evidence(folder: Path, doc: dict) -> InterventionEvidence:
+    where = str(folder / RUNS_FILE)
+    p, build = doc["protocol"], doc["build"]
+    protocol = _protocol(where, p)
+    entries = {e["run_id"]: e for e in doc["cells"]}
+    records = [cell_record(e, where) for e in doc["cells"]]
+    chosen = intervention_runs.choose_cells(records)
+    if not chosen:
+        raise ReportError(f"{where}: no finished cell run: nothing to rebuild")
+    lacking = [f"{r.arm}/seed{r.seed} ({r.run_id})" for r in chosen.values() if "outcomes" not in entries[r.run_id]]
+    if lacking:
+        raise ReportError(f"{where}: reported cells whose outcomes were not exported: {', '.join(lacking)}")
+    cells = {key: _cell(folder, r, entries[r.run_id]) for key, r in chosen.items()}
+    study = InterventionStudy(protocol, p["hash"], chosen, records, cells, doc["store"]["tracking_uri"],
+                              f"{protocol.name}/{EVIDENCE_DIR}")
+    e = protocol.evaluation  # the bootstrap seed and confidence are the protocol's: its hash is checked above
+    inputs = BuildInputs(p["source"], p["hash"], build["hash_option"], None, [], int(build["resamples"]), e.seed,
+                         e.confidence, bool(build["strict"]))
+    return InterventionEvidence(study, inputs, list(build["logged_to"]))
+
+
+def load_intervention_evidence(folder: Path) -> InterventionEvidence:
+    """The study and build options of an intervention evidence export; no MLflow store is opened.
+
+    Raises:
+        ReportError: A file is missing, damaged or of another format; the message names it.
+    """
+    return read_document(Path(folder), FORMAT, _evidence)

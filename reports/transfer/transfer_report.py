@@ -1,0 +1,178 @@
+"""Build a transfer protocol's report: the same pipeline, files, provenance and checks as an ablation report.
+
+The numbers come from ``tracking.kinds.transfer_runs.transfer_section`` (the newest finished run of each
+(regime, seed) of the hash, for the source of the newest execution); the cells' MLflow
+records give the provenance table, the compute cost and the newer unfinished attempts.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+
+from reports import configuration, figures, provenance
+from reports.collect import ReportError, newer_attempts, resolve_hash, shown_path
+from reports.render import Block, Bullets, Heading, Para, Table
+from reports.transfer import transfer_blocks
+from tracking.kinds import transfer_runs
+from tracking.record import queries
+from tracking.record.queries import CellRecord
+from workbench.protocol import SHORT_HASH_LEN, TransferProtocol, load_transfer_protocol
+from workbench.report_content.cost import arm_cost, training_cost
+from workbench.transfer.report import TransferSection
+
+FLAG = "⚠"
+
+
+def _source_config(canonical: dict, num_classes: int):
+    """The source ViT's config for trained-parameter counts; None when it cannot be known offline."""
+    model = (canonical.get("source") or {}).get("model")
+    if not model:
+        return None
+    try:
+        from workbench.report_content.cost import timm_vit_config
+
+        return timm_vit_config(model, num_classes)
+    except Exception:  # noqa: BLE001 - an unknown or non-ViT architecture: the table says n/a
+        return None
+
+
+def cost_blocks(section: TransferSection, chosen: dict[tuple[str, int], CellRecord], regimes: list[str],
+                config=None, source_cfg=None) -> list[Block]:
+    """Per regime: training + selection wall time, epochs run, images/s, device, precision, trained parameters, FLOPs."""
+    trained = {row["regime"].removesuffix(" (reference)"): row["trained parameters"] for row in (config.rows if config else [])}
+    flops = "n/a"
+    if source_cfg is not None:
+        from workbench.report_content.config_table import flops_text
+        from workbench.bench.flops import vit_forward_flops
+
+        flops = flops_text(vit_forward_flops(source_cfg)["total"])
+    rows = []
+    for regime in regimes:
+        records = [r for (g, _), r in sorted(chosen.items(), key=lambda kv: kv[0][1]) if g == regime]
+        if not records:
+            continue
+        runs, epochs = [], []
+        for r in records:
+            n_epochs = len(queries.metric_history(r.run_id, "val_qwk"))
+            epochs.append(str(n_epochs))
+            seconds, train = r.metrics.get("selection_seconds", 0.0), int(float(r.params.get("data.n_train", 0) or 0))
+            if seconds and seconds > 0 and train:
+                runs.append(training_cost(seconds, n_epochs, train_size=train, device=provenance.device(r),
+                                          precision=provenance.precision(r)))
+        if runs:
+            c = arm_cost(runs)
+            row = [regime, str(len(records)), f"{c.mean_wall_seconds:.1f} s", f"{c.total_wall_seconds:.1f} s",
+                   " / ".join(epochs), f"{c.mean_images_per_second:,.0f}", ", ".join(c.devices), ", ".join(c.precisions)]
+        else:
+            row = [regime, str(len(records)), "n/a", "n/a", " / ".join(epochs), "n/a",
+                   ", ".join(sorted({provenance.device(r) for r in records})),
+                   ", ".join(sorted({provenance.precision(r) for r in records}))]
+        rows.append(row + [trained.get(regime, "n/a"), flops])
+    return [Heading(2, "Compute cost"), Table(
+        ["regime", "runs", "wall time / run", "wall time, all runs", "epochs run", "images/s", "device", "precision",
+         "trained parameters", "FLOPs / image (forward)"],
+        rows, ["l", "r", "r", "r", "r", "r", "l", "l", "r", "r"],
+        ["Wall time: metric `selection_seconds` (training and selection on validation, feature caching included); "
+         "images/s: training images (param `data.n_train`) x epochs run / that time. Epochs run per seed in seed "
+         "order; n/a where the run did not log them."])]
+
+
+def build_blocks(protocol: TransferProtocol, digest: str, section: TransferSection, inputs: provenance.BuildInputs,
+                 log_targets: list[str]) -> tuple[list[Block], list[str], list[str]]:
+    """The report's blocks, its warnings and what ``--strict`` refuses (missing cells, stale runs)."""
+    short = digest[:SHORT_HASH_LEN]
+    records = queries.cell_records(protocol.name, digest)
+    by_id = {r.run_id: r for r in records}
+    kappa = section.kappa_table
+    chosen = {(r["regime"], int(r["seed"])): by_id[r["run_id"]] for _, r in kappa.iterrows() if r["run_id"] in by_id}
+    regimes = [r.name for r in protocol.regimes]
+    canonical = protocol.canonical
+    attempts = newer_attempts(records, chosen, tuple(regimes), tuple(protocol.seeds))
+    missing = [f"{g}/seed{s}" for s in protocol.seeds for g in regimes if (g, s) not in chosen]
+    source_cfg = _source_config(canonical, section.num_classes)
+    config, conflicts = configuration.protocol_config(canonical, source_cfg)
+    report = transfer_blocks.degenerate(section)
+    warnings = [f"the description contradicts the hashed protocol: {c}" for c in conflicts]
+    warnings += [f"{len(missing)} expected cell(s) have no finished run for this source: {', '.join(missing)}"] if missing else []
+    warnings += [f"{r.arm}/seed{r.seed} has a newer {r.status} run {r.run_id} (started {provenance.utc(r.start_time)}); "
+                 "the report uses the older finished run (see Runs)" for r in attempts]
+    warnings += [f"the cell {m} disagrees with its own predictions file" for m in
+                 (f"{r['regime']}/seed{int(r['seed'])}" for _, r in kappa.iterrows() if not r["logged_equals_file"])]
+    warnings += report.warnings if report else []
+    expected = len(regimes) * len(protocol.seeds)
+    rule = "one run per cell: its newest finished run for the source of the newest execution"
+    header: list[Block] = [
+        Heading(1, f"Report: {protocol.name}@{short}"),
+        Para(protocol.description + (f" {FLAG} (contradicts the hashed protocol: see Warnings)" if conflicts else "")),
+        Bullets([f"Transfer protocol `{protocol.name}`, hash `{digest}` (from {inputs.protocol_source}).",
+                 f"Regimes: {', '.join(g + (' (reference)' if g == protocol.reference.name else '') for g in regimes)}; "
+                 f"seeds: {', '.join(map(str, protocol.seeds))} (paired by seed); metric: test QWK (quadratic weighted "
+                 "kappa), with accuracy and macro-F1.",
+                 *provenance.header_bullets(inputs, protocol.name, rule, log_targets),
+                 f"Cells with a finished run: **{len(kappa)} of {expected}**" + ("." if len(kappa) == expected else f" {FLAG}")]),
+    ]
+    if warnings:
+        header += [Heading(2, "Warnings"), Bullets([f"{FLAG} {w}" for w in warnings])]
+    curves = {g: {int(s): {k: queries.metric_history(run_id, k) for k in transfer_blocks.CURVE_METRICS}
+                  for s, run_id in zip(group["seed"], group["run_id"])}
+              for g, group in kappa.groupby("regime", sort=False)}
+    rows = [(g, s, chosen[(g, s)]) for s in protocol.seeds for g in regimes if (g, s) in chosen]
+    blocks = (header + transfer_blocks.results_blocks(section, protocol.reference.name, len(protocol.seeds))
+              + configuration.configuration_blocks(config, conflicts) + transfer_blocks.section_blocks(section)
+              + cost_blocks(section, chosen, regimes, config, source_cfg) + transfer_blocks.figure_blocks(section, curves, figures.report_png)
+              + provenance.provenance_blocks(rows, attempts, chosen, "regime"))
+    return blocks, warnings, provenance.stale_items(attempts, missing)
+
+
+def stored_protocol(name: str, digest: str) -> TransferProtocol | None:
+    """The transfer protocol of ``digest`` as its parent run logged it (``protocol/<name>.yaml``), hash-checked.
+
+    None when the hash is not a transfer protocol's or no parent run holds its file.
+    """
+    for parent in queries.parent_runs(name, digest):
+        if not queries.has_artifact(parent.run_id, "protocol/canonical.json"):
+            continue
+        with tempfile.TemporaryDirectory() as tmp:
+            canonical = json.loads(queries.download_artifact(parent.run_id, "protocol/canonical.json", Path(tmp))
+                                   .read_text(encoding="utf-8"))
+            if canonical.get("kind") != "transfer":
+                return None
+            for suffix in (".yaml", ".yml"):
+                artifact = f"protocol/{name}{suffix}"
+                if queries.has_artifact(parent.run_id, artifact):
+                    loaded = load_transfer_protocol(queries.download_artifact(parent.run_id, artifact, Path(tmp)))
+                    if loaded.hash == digest:
+                        return loaded
+    return None
+
+
+def stored_by_name(name: str, hash_prefix: str | None) -> TransferProtocol | None:
+    """A transfer protocol given by name only (no file here): the one its parent runs logged, else None."""
+    counts = queries.hash_counts(name)
+    return stored_protocol(name, resolve_hash(name, counts, hash_prefix, None))
+
+
+def load_section(protocol: TransferProtocol, hash_prefix: str | None, n_resamples: int,
+                 from_store: bool = False) -> tuple[str, TransferSection, str, TransferProtocol]:
+    """The hash to report, its section, where the protocol came from, and the protocol of that hash.
+
+    Another recorded hash than the file's is reported with the protocol file its parent run
+    logged (hash-checked), so the configuration, regimes and seeds are that version's.
+    ``from_store``: ``protocol`` itself came from a parent run (given by name, no file here).
+    """
+    counts = queries.hash_counts(protocol.name)
+    digest = resolve_hash(protocol.name, counts, hash_prefix, protocol.hash)
+    try:
+        section = transfer_runs.transfer_section(protocol.name, protocol_hash=digest, n_resamples=n_resamples)
+    except LookupError as err:
+        recorded = ", ".join(h[:SHORT_HASH_LEN] for h in counts) or "none"
+        raise ReportError(f"{err} (recorded hashes of {protocol.name!r}: {recorded}; pick one with --hash)") from err
+    if digest == protocol.hash and not from_store:
+        return digest, section, f"file {shown_path(Path(protocol.source_file))}", protocol
+    stored = protocol if digest == protocol.hash else stored_protocol(protocol.name, digest)
+    if stored is None:
+        raise ReportError(f"{protocol.name}@{digest[:SHORT_HASH_LEN]}: no parent run holds the protocol file of that "
+                          "hash (protocol/<name>.yaml); report it with its file")
+    return digest, section, f"protocol/{protocol.name}.yaml logged on its parent run", stored

@@ -1,0 +1,261 @@
+"""`ablate --jobs N`: several cells at once on one machine, through the cell queue.
+
+There is no second scheduler here. The coordinator (the `ablate` process) opens the
+study's parent, puts the cells without a finished run into a cell queue of its own (an
+Optuna journal file under the output folder, one per execution) and starts N local
+`workbench worker` processes on it: the same queue, leases, fencing and record rules as
+remote workers. It relays their console lines, prefixed with the job, under one overall
+progress bar, and closes the parent when they are done.
+
+Threads: every job runs with a fixed number of torch threads (``--threads``, default 1 per
+job), so a cell's numbers do not depend on how many jobs ran the study (the thread count
+changes floating-point reduction order; docs/precision.md).
+
+Stopping: Ctrl-C or SIGTERM reaches the coordinator only (the workers run in sessions of
+their own, so a terminal's Ctrl-C is not delivered twice); it forwards one SIGINT (SIGTERM)
+to every worker, which ends its cell's run KILLED as an in-process `ablate` does, and the
+parent is closed as interrupted. If the coordinator is SIGKILLed, the kernel sends its
+workers SIGTERM (PR_SET_PDEATHSIG), so no orphan goes on training; the next `ablate`
+reaps what is left and resumes every cell from its checkpoint with a fresh queue.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import queue
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import click
+from tqdm.auto import tqdm
+
+from studies.runtime.study_protocol import Protocol
+from tracking.record.lease import pid_alive
+
+DEFAULT_THREADS_PER_JOB = 1
+STOP_WAIT_SECONDS = 120  # a worker ends its cell's run within this after SIGINT, or is killed
+JOBS_FOLDER = ".jobs"  # under the output folder: one sub-folder (queue file, owner pid) per execution
+OUTCOME_ATTR = "outcome"  # trial user attribute a worker sets: finished, skipped, failed, busy
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: SIGTERM when the coordinator dies, even by SIGKILL (Linux).
+
+    Also SIGINT back to its default: a coordinator started in the background by a shell
+    ignores SIGINT and would pass that on, so the one SIGINT it forwards would be lost.
+    """
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    with contextlib.suppress(Exception):
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+@dataclass
+class Job:
+    index: int
+    process: subprocess.Popen
+    current: str = ""  # the cell it is training, for the progress bar
+
+
+def queue_folder(output_dir: Path) -> Path:
+    """A fresh folder for this execution's queue; folders of coordinators that are gone are removed."""
+    root = output_dir / JOBS_FOLDER
+    root.mkdir(parents=True, exist_ok=True)
+    for old in root.iterdir():
+        owner = old / "owner"
+        with contextlib.suppress(ValueError, OSError):
+            if not pid_alive(int(owner.read_text().strip())):
+                shutil.rmtree(old, ignore_errors=True)
+    folder = root / f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    folder.mkdir()
+    (folder / "owner").write_text(str(os.getpid()))
+    return folder
+
+
+def worker_command(storage: str, study: str, threads: int, device: str, output_dir: Path,
+                   data_path: str | None) -> list[str]:
+    """The worker of one job. ``threads`` 0: none asked for, so each job gets the fixed default
+    (``--default-threads``: new cells start with it, a resumed cell keeps the count it started with)."""
+    command = [sys.executable, "-m", "studies.cli", "worker", "--storage", storage, "--study", study,
+               "--device", device, "--output-dir", str(output_dir)]
+    command += ["--threads", str(threads)] if threads else ["--default-threads", str(DEFAULT_THREADS_PER_JOB)]
+    return command + (["--data-path", data_path] if data_path else [])
+
+
+def start_jobs(n: int, command: list[str]) -> list[Job]:
+    # Workers print no progress bars (TQDM_DISABLE): the coordinator draws the one bar.
+    env = {**os.environ, "TQDM_DISABLE": "1", "PYTHONUNBUFFERED": "1"}
+    return [Job(i + 1, subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                        bufsize=1, env=env, start_new_session=True, preexec_fn=_die_with_parent))
+            for i in range(n)]
+
+
+def _reader(job: Job, lines: queue.Queue) -> None:
+    for line in job.process.stdout:
+        lines.put((job, line.rstrip("\n")))
+    lines.put((job, None))  # end of this job's output
+
+
+def relay(jobs: list[Job], progress, lines: queue.Queue, open_streams: set[int], timeout: float = 1.0) -> None:
+    """Print the jobs' lines until ``timeout`` passes without one; track each job's current cell."""
+    deadline = time.monotonic() + timeout
+    while open_streams and time.monotonic() < deadline:
+        try:
+            job, line = lines.get(timeout=max(0.01, deadline - time.monotonic()))
+        except queue.Empty:
+            return
+        if line is None:
+            open_streams.discard(job.index)
+            continue
+        if not line.strip():
+            continue
+        if line.startswith("cell ") and "(took it from the queue)" in line:
+            job.current = line.split(": ", 1)[1].split(" ", 1)[0]
+        tqdm.write(f"[job {job.index}] {line}")
+        sys.stdout.flush()  # promptly into a pipe or a log file too, not only on a terminal
+        progress(jobs)
+
+
+def stop_jobs(jobs: list[Job], signum: int, lines: queue.Queue, open_streams: set[int]) -> None:
+    """One signal to every live worker, then wait (relaying their last lines); kill what will not end."""
+    for job in jobs:
+        if job.process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                job.process.send_signal(signum)
+    deadline = time.monotonic() + STOP_WAIT_SECONDS
+    while any(j.process.poll() is None for j in jobs) and time.monotonic() < deadline:
+        with contextlib.suppress(KeyboardInterrupt):  # a second Ctrl-C must not cut the workers' cleanup short
+            relay(jobs, lambda _: None, lines, open_streams, timeout=0.5)
+    for job in jobs:
+        if job.process.poll() is None:
+            tqdm.write(f"[job {job.index}] did not stop within {STOP_WAIT_SECONDS} s: killed; the next ablate reaps its run")
+            job.process.kill()
+    with contextlib.suppress(KeyboardInterrupt):
+        relay(jobs, lambda _: None, lines, open_streams, timeout=0.5)
+
+
+def outcomes(study) -> dict[str, int]:
+    """Final outcome per queued cell: a re-queued attempt counts once, by its last state."""
+    from optuna.trial import TrialState
+
+    last: dict[int, tuple[TrialState, str]] = {}
+    for trial in sorted(study.get_trials(deepcopy=False), key=lambda t: t.number):
+        cell = trial.user_attrs.get("cell")
+        if cell is not None:
+            last[cell] = (trial.state, trial.user_attrs.get(OUTCOME_ATTR, ""))
+    tally = {"finished": 0, "skipped": 0, "failed": 0, "busy": 0, "unfinished": 0, "job_errors": 0}
+    for state, outcome in last.values():
+        if state == TrialState.COMPLETE:
+            tally[outcome if outcome in ("skipped", "busy") else "finished"] += 1
+        elif state == TrialState.FAIL:
+            tally["failed"] += 1
+        else:
+            tally["unfinished"] += 1
+    return tally
+
+
+def run_jobs(protocol: Protocol, protocol_file: Path, output_dir: Path, jobs: int, threads: int, device: str,
+             data_path: str | None, allow_dirty: bool, download: bool) -> dict[str, int]:
+    """Run the protocol's unfinished cells with ``jobs`` local workers; returns the outcome tally.
+
+    ``threads``: per job, as the user asked (0: the fixed default, ``DEFAULT_THREADS_PER_JOB``).
+    """
+    import optuna
+
+    from studies.runtime.study_execution import finished_cells, held_parent, prepare_protocol_data
+    from studies.ablation.cell_order import longest_first
+    from studies.ablation.cell_queue import counts, enqueue_cells, open_storage
+    from studies.runtime.stop_signals import sigterm_raises
+
+    # Decode and cache the data once here, so the workers only read the cache.
+    data = prepare_protocol_data(protocol, data_path, download)
+    folder = queue_folder(output_dir)
+    storage_url = f"journal:{folder / 'queue.log'}"
+    tqdm.write(f"{protocol.name}@{protocol.short_hash}: {len(protocol.cells())} cells on {data.display_name} "
+               f"({len(data.train.labels)} train / {len(data.val.labels)} val), data {data.data_fingerprint[:12]}; "
+               f"{jobs} jobs x {threads or DEFAULT_THREADS_PER_JOB} thread(s) each")
+    try:
+        with sigterm_raises(), held_parent(protocol, protocol_file, allow_dirty, {"queue": "jobs"}) as parent:
+            order, order_line = longest_first(protocol, data.train.images.shape[-1])
+            tqdm.write(order_line)
+            study_name, added = enqueue_cells(protocol, protocol_file, open_storage(storage_url), parent.run_id,
+                                              finished_cells(protocol), {"allow_dirty": allow_dirty,
+                                                                         "download": download}, order)
+            skipped = len(protocol.cells()) - added
+            if skipped:
+                tqdm.write(f"{skipped} cells already finished (skipped)")
+            study = optuna.load_study(study_name=study_name, storage=open_storage(storage_url))
+            errors = 0
+            if added:
+                errors = _drive(study, added, min(jobs, added),
+                                worker_command(storage_url, study_name, threads, device, output_dir, data_path))
+            tally = outcomes(study)
+            tally["job_errors"] = errors
+            tally["skipped"] += skipped
+            tqdm.write(f"queue: {counts(study)}")
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    return tally
+
+
+def _drive(study, total: int, n_jobs: int, command: list[str]) -> int:
+    """Start the workers, show one bar over the queued cells, stop them all on Ctrl-C/SIGTERM.
+
+    Returns how many workers exited with an error.
+    """
+    from studies.runtime.stop_signals import Terminated
+    from studies.ablation.cell_queue import counts
+
+    jobs = start_jobs(n_jobs, command)
+    lines: queue.Queue = queue.Queue()
+    open_streams = {j.index for j in jobs}
+    for job in jobs:
+        threading.Thread(target=_reader, args=(job, lines), daemon=True).start()
+    with tqdm(total=total, desc="cells", unit="cell") as bar:
+        def progress(js: list[Job]) -> None:
+            bar.set_postfix_str(", ".join(f"{j.index}: {j.current}" for j in js if j.current and j.process.poll() is None))
+
+        try:
+            while open_streams or any(j.process.poll() is None for j in jobs):
+                if not open_streams:
+                    time.sleep(0.2)  # output closed, process not reaped yet
+                relay(jobs, progress, lines, open_streams)
+                state = counts(study)
+                bar.n = min(total, state["complete"] + state["fail"])
+                bar.refresh()
+        except (KeyboardInterrupt, Terminated) as err:
+            signum = signal.SIGTERM if isinstance(err, Terminated) else signal.SIGINT
+            tqdm.write(f"stopping {sum(j.process.poll() is None for j in jobs)} job(s) "
+                       f"({signal.Signals(signum).name}); each ends its cell's run")
+            stop_jobs(jobs, signum, lines, open_streams)
+            raise
+        bar.n = min(total, counts(study)["complete"] + counts(study)["fail"])
+    for job in jobs:
+        if job.process.returncode:
+            tqdm.write(f"[job {job.index}] exited with status {job.process.returncode}")
+    return sum(bool(j.process.returncode) for j in jobs)
+
+
+def describe(tally: dict[str, int]) -> str:
+    text = f"cells: {tally['finished']} run, {tally['skipped']} already finished (skipped), {tally['failed']} failed"
+    if tally["busy"]:
+        text += f", {tally['busy']} running elsewhere"
+    if tally["unfinished"]:
+        text += f", {tally['unfinished']} not finished"
+    if tally["job_errors"]:
+        text += f"; {tally['job_errors']} job(s) exited with an error (their lines above say why)"
+    return text
+
+
+def check_jobs(jobs: int, storage: str | None) -> None:
+    if jobs and storage:
+        raise click.UsageError("--jobs runs cells here; --storage queues them for remote workers: give one of them")

@@ -1,0 +1,287 @@
+"""Entry point: train one configuration, resumably, tracked in MLflow.
+
+The same ``train_one`` runs each cell of a protocol. A run is identified by a key made
+of the config hash, the data and split fingerprints and any extra identity (protocol
+hash, arm, seed); running the same key again continues the unfinished MLflow run and its
+checkpoints, or skips it when it already finished.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import click
+import torch
+from tqdm.auto import tqdm
+
+from studies.runtime.options import check_amp, threads_option
+from studies.runtime.preflight import (check_trainable, check_writable_folder, outcome_line, remove_abandoned_cache_files,
+                                       trainable_problem)
+from studies.runtime.stop_signals import as_stop, stop_reason
+from tracking.kinds.training_runs import (
+    MlflowTrainingObserver,
+    log_run_inputs,
+    log_training_result,
+    open_keyed_run,
+    started_threads,
+)
+from tracking.record.lease import HEARTBEATS, RELEASED_TAG, LeaseLost, lease_tags, new_token
+from tracking.record.sink import RunSink
+from tracking.store.session import configure_tracking, environment_tags, run_user
+from workbench.data import PreparedData, prepare
+from workbench.models.registry import build_model, model_config
+from workbench.precision import device_capability, resolve_amp
+from workbench.train.config import DataSpec, ModelSpec, OptimConfig, RunConfig, TrainConfig
+from workbench.train.loop import NonFiniteLoss, Observers, StopTraining, Trainer, TrainingObserver, config_hash, resolve_device
+
+
+@dataclass
+class TrainOutcome:
+    run_id: str
+    status: str  # "finished", "skipped" (already finished), "busy" (running elsewhere), "stopped", "lost" or "failed"
+    message: str
+    metrics: dict = field(default_factory=dict)  # the run's latest metrics, wherever the run is logged
+    offline: bool = False  # logged to the local fallback store (see `workbench sync`)
+
+
+def prepare_data(spec: DataSpec, download: bool = False) -> PreparedData:
+    remove_abandoned_cache_files()
+    return prepare(
+        spec.name, path=spec.path, download=download, split_seed=spec.split_seed,
+        train_size=spec.train_size, val_size=spec.val_size, subset=spec.subset,
+    )
+
+
+def run_key_for(cfg: TrainConfig, data: PreparedData, identity: dict | None = None) -> str:
+    parts = [config_hash(cfg), data.data_fingerprint, data.split_fingerprint]
+    parts += [f"{k}={v}" for k, v in sorted((identity or {}).items())]
+    return hashlib.sha256("|".join(parts).encode()).hexdigest()[:24]
+
+
+def train_one(
+    cfg: TrainConfig,
+    data: PreparedData,
+    experiment: str,
+    output_dir: Path,
+    run_name: str,
+    parent_run_id: str | None = None,
+    identity: dict | None = None,
+    tags: dict | None = None,
+    observer: TrainingObserver | None = None,
+    params: dict | None = None,
+    log=tqdm.write,
+    take_over: bool = False,
+    threads: int = 0,
+) -> TrainOutcome:
+    """Train ``cfg`` on ``data`` in its own MLflow run (a child of ``parent_run_id``).
+
+    ``threads`` is the thread count the user asked for (``--threads``; 0: none asked). A
+    cell that already has a run trains with the count it started with unless one was asked
+    for (``cell_threads``): the count is part of the numbers.
+
+    Every MLflow call goes through a ``RunSink``: if the tracking server is unreachable at
+    the start or goes away mid-run, the run continues in the local fallback store and
+    training goes on (``workbench sync`` copies it to the server later).
+    """
+    resolve_amp(cfg.run.amp, resolve_device(cfg.run.device))  # AmpUnsupported before any run is opened
+    check_trainable(cfg, data)  # one class, or a batch larger than the training split: before any run
+    check_writable_folder(output_dir)  # a read-only folder would fail at the first checkpoint, after an epoch
+    configure_tracking()
+    key = run_key_for(cfg, data, identity)
+    token = new_token()
+    opened = open_keyed_run(experiment, key, {"mlflow.runName": run_name, "mlflow.user": run_user(),
+                                              **(tags or {}), **lease_tags(token)}, parent_run_id,
+                            take_over)
+    if opened.status == "FINISHED":
+        return TrainOutcome(opened.run_id, "skipped", f"{run_name}: skipped (finished in run {opened.run_id})",
+                            opened.metrics)
+    if opened.status == "BUSY":
+        return TrainOutcome(opened.run_id, "busy", f"{run_name}: not touched ({opened.why}, run {opened.run_id})",
+                            opened.metrics)
+    sink = opened.sink
+    if opened.continues:
+        log(f"{run_name}: continuing in a new run {sink.run_id}: the holder of run {opened.continues} "
+            "may still write to that one")
+    if opened.status is not None:
+        sink.set_tags(lease_tags(token))  # this execution holds the run now; an older holder is fenced off
+    HEARTBEATS.hold(sink.run_id, sink.uri, token)
+    run_dir = Path(output_dir) / key
+    mlflow_observer = MlflowTrainingObserver(sink, fenced=True)
+    started = started_threads(sink, opened.continues) if opened.status is not None else None
+    with cell_threads(started, threads, run_name, log) as thread_tags:
+        return _train(cfg, data, sink, token, opened.status, run_dir, mlflow_observer, observer, run_name, params,
+                      thread_tags, log)
+
+
+def _train(cfg: TrainConfig, data: PreparedData, sink: RunSink, token: str, previous: str | None, run_dir: Path,
+           mlflow_observer: MlflowTrainingObserver, observer: TrainingObserver | None, run_name: str,
+           params: dict | None, thread_tags: dict, log) -> TrainOutcome:
+    """The training of one opened run, ended with a truthful status however it goes."""
+    try:
+        trainer = Trainer(cfg, data, run_dir, Observers(mlflow_observer, _Announce(run_name, sink.run_id, previous, log),
+                                                        observer))
+        # Device capability (bf16 units) and the threads of this execution as tags (a resumed
+        # run may run elsewhere); the first execution's threads also as a param.
+        threads = torch.get_num_threads()
+        sink.set_tags({**environment_tags(str(trainer.device)), **device_capability(trainer.device),
+                       "amp_dtype": str(trainer.amp_dtype or "float32").replace("torch.", ""),
+                       "threads": str(threads), "run_dir": str(run_dir.resolve()),
+                       "resumed": str(previous is not None).lower(), **thread_tags})
+        log_run_inputs(sink, cfg, data, {"config_hash": trainer.hash, "threads": threads, **(params or {})})
+        result = trainer.fit()
+        example = next(iter(trainer.eval_loaders["val"])).images[:2]
+        log_training_result(sink, result, cfg, lambda: build_model(trainer.model.cfg), example,
+                            check=lambda: mlflow_observer.check(sync=True))
+    except LeaseLost as err:  # the run is someone else's now: not one more write to it
+        HEARTBEATS.release(sink.run_id)
+        return TrainOutcome(sink.run_id, "lost", f"{run_name}: stopped without logging more: {err}")
+    except NonFiniteLoss as err:
+        sink.set_tags({"failure": str(err), "nonfinite_loss_step": err.step, "nonfinite_loss_epoch": err.epoch})
+        return _end(sink, token, "FAILED", "failed", f"{run_name}: {err}")
+    except StopTraining as err:
+        sink.set_tags({"stopped": str(err) or "stopped by an observer"})
+        return _end(sink, token, "KILLED", "stopped", f"{run_name}: stopped ({err})")
+    except BaseException as err:  # as MLflow's run context did: the run records why it ended
+        stop = as_stop(err)  # a Ctrl-C that torch.save turned into a RuntimeError is still a Ctrl-C
+        with contextlib.suppress(Exception):  # never hide the real error behind a logging one
+            interrupted = isinstance(stop, (KeyboardInterrupt, SystemExit))
+            sink.set_tags({"end_reason": stop_reason(stop, err)[:500]})
+            _end(sink, token, "KILLED" if interrupted else "FAILED", "failed", "")
+        if stop is not err:
+            raise stop from err
+        raise
+    message = f"{run_name}: best val accuracy {result.final_metrics['best_val_accuracy']:.4f} at epoch {result.best_epoch}; {result.reload_proof.summary()}"
+    if sink.offline:
+        message += f" [logged locally, run {sink.local_run_id}: `workbench sync` copies it to the server]"
+    if not result.reload_proof.passed:
+        return _end(sink, token, "FAILED", "failed", message)
+    return _end(sink, token, "FINISHED", "finished", message)
+
+
+@contextlib.contextmanager
+def cell_threads(started: int | None, requested: int, run_name: str, log):
+    """Train a cell that already has a run with the thread count it started with, unless ``requested``.
+
+    The thread count changes the order of floating-point reductions, so a cell resumed with
+    another count is no longer bit-identical to an uninterrupted run: it keeps its own count
+    by default; a count the user asked for wins, and then the console says so and the run
+    is tagged ``threads_changed``. Yields the tags to record; restores the count afterwards.
+    """
+    before = torch.get_num_threads()
+    tags: dict[str, str] = {}
+    if started and started != before:
+        if requested:
+            log(f"{run_name}: resumed with {before} thread(s) as asked (--threads {requested}), but it started with "
+                f"{started}: from here on it is not bit-identical to an uninterrupted run (tagged threads_changed)")
+            tags["threads_changed"] = f"started with {started}, resumed with {before}"
+        else:
+            torch.set_num_threads(started)
+            log(f"{run_name}: resumes with {started} thread(s), the count it started with (--threads N overrides)")
+    try:
+        yield tags
+    finally:
+        torch.set_num_threads(before)
+
+
+class _Announce(TrainingObserver):
+    """One console line saying whether a cell starts, resumes (from where) or only completes its summary."""
+
+    def __init__(self, run_name: str, run_id: str, previous: str | None, log) -> None:
+        self.run_name, self.run_id, self.previous, self.log = run_name, run_id, previous, log
+
+    def on_start(self, info: dict) -> None:
+        where = f"in run {self.run_id}"
+        if info.get("finished"):
+            self.log(f"{self.run_name}: training had ended; completing its summary {where}")
+        elif info.get("resumed"):
+            self.log(f"{self.run_name}: resumed from epoch {info['epoch']} step {info['step']} {where}")
+        elif self.previous is not None:
+            self.log(f"{self.run_name}: restarted from scratch {where} ({self.previous}, no checkpoint here)")
+        else:
+            self.log(f"{self.run_name}: started {where}")
+
+
+def _end(sink: RunSink, token: str, run_status: str, status: str, message: str) -> TrainOutcome:
+    HEARTBEATS.release(sink.run_id)
+    # This execution ends the run itself and will not write to it again: a later one may continue it.
+    sink.set_tags({RELEASED_TAG: token})
+    sink.end(run_status)
+    return TrainOutcome(sink.run_id, status, message, sink.latest_metrics(), sink.offline)
+
+
+def parse_overrides(pairs: tuple[str, ...]) -> dict:
+    """``("dim=96", "pooling=mean")`` -> typed overrides (YAML scalars)."""
+    import yaml
+
+    out = {}
+    for pair in pairs:
+        if "=" not in pair:
+            raise click.BadParameter(f"{pair!r}: expected FIELD=VALUE", param_hint="--set")
+        key, value = pair.split("=", 1)
+        out[key.strip()] = yaml.safe_load(value)
+    return out
+
+
+@click.command("train")
+@click.option("--model", default="fmnist_vit", show_default=True, help="Study model name (see workbench.models.registry).")
+@click.option("--set", "overrides", multiple=True, help="Model field override FIELD=VALUE, e.g. --set dim=96.")
+@click.option("--dataset", default="fashion_mnist", show_default=True)
+@click.option("--data-path", default=None, help="Explicit dataset file or folder.")
+@click.option("--download/--no-download", default=False, show_default=True, help="Allow a dataset download.")
+@click.option("--train-size", type=int, default=None)
+@click.option("--val-size", type=int, default=None)
+@click.option("--subset", type=int, default=None, help="At most this many images per split (smoke runs); 0 = all.")
+@click.option("--split-seed", type=int, default=42, show_default=True)
+@click.option("--hflip/--no-hflip", default=False, show_default=True)
+@click.option("--rotate", "rotate_degrees", type=float, default=0.0, show_default=True)
+@click.option("--translate", "translate_fraction", type=float, default=0.0, show_default=True)
+@click.option("--crop-padding", type=int, default=0, show_default=True)
+@click.option("--epochs", type=int, default=10, show_default=True)
+@click.option("--batch-size", type=int, default=128, show_default=True)
+@click.option("--lr", type=float, default=1e-3, show_default=True)
+@click.option("--weight-decay", type=float, default=1e-4, show_default=True)
+@click.option("--warmup-epochs", type=float, default=0.0, show_default=True)
+@click.option("--label-smoothing", type=float, default=0.0, show_default=True)
+@click.option("--grad-clip", type=float, default=None)
+@click.option("--patience", type=int, default=None, help="Early stopping patience in epochs.")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--device", default="auto", show_default=True)
+@click.option("--amp", type=click.Choice(["off", "bf16", "fp16"]), default="off", show_default=True)
+@click.option("--checkpoint-every", type=int, default=None, help="Also checkpoint every N steps.")
+@click.option("--evaluate-test/--no-evaluate-test", default=False, show_default=True)
+@click.option("--experiment", default="train", show_default=True)
+@click.option("--output-dir", type=click.Path(file_okay=False), default="outputs/train", show_default=True)
+@threads_option
+def train(**o):
+    """Train one model; re-running the same command resumes or skips it."""
+    try:
+        cfg = TrainConfig(
+            model=ModelSpec(o["model"], parse_overrides(o["overrides"])),
+            data=DataSpec(o["dataset"], path=o["data_path"], train_size=o["train_size"], val_size=o["val_size"],
+                          split_seed=o["split_seed"], subset=o["subset"] or None, crop_padding=o["crop_padding"],
+                          hflip=o["hflip"], rotate_degrees=o["rotate_degrees"], translate_fraction=o["translate_fraction"]),
+            optim=OptimConfig(lr=o["lr"], weight_decay=o["weight_decay"], warmup_epochs=o["warmup_epochs"],
+                              label_smoothing=o["label_smoothing"], grad_clip=o["grad_clip"]),
+            run=RunConfig(epochs=o["epochs"], batch_size=o["batch_size"], seed=o["seed"], patience=o["patience"],
+                          device=o["device"], amp=o["amp"], checkpoint_every_steps=o["checkpoint_every"],
+                          evaluate_test=o["evaluate_test"]),
+        )
+        model_config(cfg.model.name, **cfg.model.overrides)  # fail on a bad field before loading data
+        check_amp(cfg.run.amp, cfg.run.device)  # bf16 without native units, fp16 on CPU: refused here
+    except (ValueError, KeyError) as err:
+        raise click.UsageError(str(err)) from err
+    check_writable_folder(o["output_dir"])  # before the data is decoded, not after an epoch
+    data = prepare_data(cfg.data, download=o["download"])
+    click.echo(f"data: {data.source}")  # the source starts with the dataset's name
+    problem = trainable_problem(cfg, data)
+    if problem:
+        raise click.ClickException(problem)
+    outcome = train_one(cfg, data, o["experiment"], Path(o["output_dir"]), run_name=f"{cfg.model.name}-seed{cfg.run.seed}",
+                        parent_run_id=os.environ.get("MLFLOW_RUN_ID"), threads=o["threads"])
+    click.echo(outcome_line(outcome.status, outcome.message, outcome.run_id))
+    if outcome.status == "failed":
+        raise SystemExit(1)

@@ -1,0 +1,179 @@
+"""Entry point: a worker that pops protocol cells from an Optuna queue and trains each exactly once."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from unittest.mock import patch
+
+import click
+import optuna
+from optuna.trial import TrialState
+
+from studies.ablation.ablate import run_cell
+from studies.ablation.cell_queue import (
+    GRACE_SECONDS,
+    HEARTBEAT_SECONDS,
+    check_timing,
+    counts,
+    holds,
+    load_queued_protocol,
+    new_lease,
+    open_storage,
+    renew,
+    requeue_expired,
+)
+from studies.ablation.jobs import OUTCOME_ATTR
+from studies.runtime.options import check_protocol_amp, check_storage_option, threads_option
+from studies.runtime.stop_signals import pending_stop, sigterm_raises
+from studies.runtime.study_execution import held_parent, prepare_protocol_data
+from tracking.record.lease import HEARTBEAT_ENV, HEARTBEATS, LEASE_ENV, LeaseLost
+from tracking.store.session import configure_tracking
+from workbench.precision import set_threads
+from workbench.train.loop import TrainingObserver
+
+
+def pick_study(storage, name: str | None) -> optuna.Study:
+    names = [s.study_name for s in optuna.get_all_study_summaries(storage) if s.study_name.startswith("cells:")]
+    if name is None:
+        if len(names) != 1:
+            raise click.ClickException(f"pass --study: the storage holds {len(names)} cell queues: {', '.join(names) or 'none'}")
+        name = names[0]
+    if name not in names:
+        raise click.ClickException(f"no cell queue {name!r} in the storage; it holds: {', '.join(names) or 'none'}")
+    return optuna.load_study(study_name=name, storage=storage)
+
+
+class QueueFence(TrainingObserver):
+    """Stops the cell (``LeaseLost``) as soon as its trial is no longer this worker's."""
+
+    def __init__(self, study: optuna.Study, trial_id: int, lease: dict) -> None:
+        self.study, self.trial_id, self.lease, self.lost = study, trial_id, lease, None
+
+    def beat(self) -> None:
+        if self.lost is None:
+            try:
+                renew(self.study, self.trial_id, self.lease)
+            except Exception:  # noqa: BLE001 - a finished trial refuses the write: read why
+                self.lost = holds(self.study, self.trial_id, self.lease)
+
+    def check(self, sync: bool = False) -> None:
+        if sync and self.lost is None:
+            self.lost = holds(self.study, self.trial_id, self.lease)
+        if self.lost:
+            raise LeaseLost(self.lost)
+
+
+def drain(study: optuna.Study, run_one, grace: float, poll_seconds: float = 2.0, max_cells: int | None = None,
+          log=click.echo) -> dict[str, int]:
+    """Pop and run queued cells until none is waiting or running anywhere; re-queue expired leases.
+
+    ``run_one(trial, fence) -> (outcome status, value)``. Returns this worker's tally.
+    """
+    tally = {"ran": 0, "skipped": 0, "failed": 0, "lost": 0}
+    waiting_said = None
+    while max_cells is None or tally["ran"] + tally["failed"] < max_cells:
+        if pending_stop() is not None:  # never take another cell after Ctrl-C or SIGTERM
+            raise pending_stop()
+        requeue_expired(study, grace, log)
+        state = counts(study)
+        if not state["waiting"]:
+            if not state["running"]:
+                break
+            if waiting_said != state["running"]:  # say it once per change, not every poll
+                log(f"waiting: {state['running']} cell(s) running on other workers; a lease expired after "
+                    f"{grace:g} s is taken over")
+                waiting_said = state["running"]
+            time.sleep(poll_seconds)
+            continue
+        waiting_said = None
+        trial = study.ask()
+        if "cell" not in trial.user_attrs:  # another worker popped the last waiting cell first
+            study.tell(trial, state=TrialState.PRUNED)
+            continue
+        lease = new_lease()
+        renew(study, trial._trial_id, lease)
+        fence = QueueFence(study, trial._trial_id, lease)
+        HEARTBEATS.also("queue", fence.beat)
+        try:
+            status, value = run_one(trial, fence)
+        finally:
+            HEARTBEATS.also("queue", None)
+        why = fence.lost or holds(study, trial._trial_id, lease)
+        if status == "lost" or why:
+            tally["lost"] += 1
+            log(f"cell {trial.user_attrs['cell']}: stopped, lease lost: {why}; another worker has it")
+            continue
+        # What became of the cell, for `ablate --jobs` to count (a skipped cell completes too).
+        study._storage.set_trial_user_attr(trial._trial_id, OUTCOME_ATTR, status)
+        if status == "failed":
+            study.tell(trial, state=TrialState.FAIL)
+            tally["failed"] += 1
+        else:
+            study.tell(trial, value)
+            tally["skipped" if status == "skipped" else "ran"] += 1
+    return tally
+
+
+@click.command("worker")
+@click.option("--storage", required=True, help="Optuna storage URL (postgresql://..., sqlite:///queue.db, journal:/shared/queue.log).")
+@click.option("--study", "study_name", default=None, help="Cell queue name (cells:<protocol>@<hash>); default: the only one.")
+@click.option("--device", default="auto", show_default=True)
+@click.option("--data-path", default=None, help="Where this machine keeps the dataset.")
+@click.option("--output-dir", type=click.Path(file_okay=False), default="outputs/ablate", show_default=True)
+@click.option("--max-cells", type=int, default=None, help="Stop after this many cells.")
+@click.option("--requeue-stale", is_flag=True,
+              help="Re-queue the cells whose worker's lease expired, then go on (workers also do this by themselves).")
+@click.option("--heartbeat", type=click.FloatRange(min=0.1), default=HEARTBEAT_SECONDS, show_default=True,
+              help="Seconds between lease renewals.")
+@click.option("--grace", type=click.FloatRange(min=0.5), default=GRACE_SECONDS, show_default=True,
+              help="A cell whose lease was not renewed for this long is handed to another worker.")
+@click.option("--default-threads", type=click.IntRange(min=1), default=None, hidden=True,
+              help="Threads for new cells when --threads is not given (ablate --jobs); resumed cells keep theirs.")
+@threads_option
+def worker(storage, study_name, device, data_path, output_dir, max_cells, requeue_stale, heartbeat, grace, threads,
+           default_threads):
+    """Pop queued protocol cells and train them until the queue is empty."""
+    if not threads and default_threads:
+        set_threads(default_threads)
+    check_storage_option(storage)
+    try:
+        check_timing(heartbeat, grace)
+    except ValueError as err:
+        raise click.BadParameter(str(err), param_hint="--heartbeat") from err
+    # The cells' MLflow runs carry the same lease timing as the queue, for this command only
+    # (invoked in-process, from a notebook or a test, it must not change later leases).
+    with patch.dict(os.environ, {LEASE_ENV: str(grace), HEARTBEAT_ENV: str(heartbeat)}):
+        drain_queue(storage, study_name, device, data_path, output_dir, max_cells, requeue_stale, heartbeat, grace,
+                    threads)
+
+
+def drain_queue(storage, study_name, device, data_path, output_dir, max_cells, requeue_stale, heartbeat, grace,
+                threads=0):
+    """The worker's work: pick the queue, prepare the data, hold the parent, drain the cells."""
+    configure_tracking()
+    store = open_storage(storage, heartbeat, grace)
+    study = pick_study(store, study_name)
+    if requeue_stale:
+        click.echo(f"re-queued {requeue_expired(study, grace, click.echo)} cells whose lease expired")
+    protocol = load_queued_protocol(study)
+    check_protocol_amp(protocol, device)
+    settings = study.user_attrs.get("settings", {})
+    allow_dirty = settings.get("allow_dirty", False)
+    data = prepare_protocol_data(protocol, data_path, settings.get("download", False))
+
+    with sigterm_raises(), held_parent(protocol, Path(study.user_attrs["protocol_file"]), allow_dirty,
+                                       {"queue": "optuna"}, queued=True) as parent:
+        def run_one(trial, fence) -> tuple[str, float]:
+            index = trial.user_attrs["cell"]
+            cell = protocol.cells()[index]
+            click.echo(f"cell {index}: {cell.key} (took it from the queue)")
+            outcome = run_cell(protocol, cell, data, parent.run_id, Path(output_dir), device, data_path, allow_dirty,
+                               observer=fence, take_over=True, log=click.echo, threads=threads)
+            click.echo(f"[{outcome.status}] {outcome.message}")
+            return outcome.status, outcome.metrics.get("best_val_accuracy", float("nan"))
+
+        tally = drain(study, run_one, grace, poll_seconds=min(2.0, heartbeat), max_cells=max_cells)
+    click.echo(f"worker ran {tally['ran']} cells ({tally['skipped']} already finished, {tally['failed']} failed, "
+               f"{tally['lost']} lost to another worker); queue: {counts(study)}")

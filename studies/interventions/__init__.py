@@ -1,0 +1,1 @@
+"""Intervention studies (``workbench intervene``): heads, branches, positions and patches of trained cells."""

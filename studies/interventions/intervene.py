@@ -1,0 +1,274 @@
+"""Entry point: every intervention of a frozen intervention protocol on every acted-on model.
+
+For each cell (an arm at a seed of the acted-on ablation protocol, or the one pretrained
+model) the execution finds the trained cell's newest finished run, keys the intervention
+cell by it (a rerun skips finished cells before downloading anything), reloads the best
+checkpoint and re-verifies it against the cell's saved validation predictions (the reload
+proof), then evaluates the intact model and each intervention over the in-memory split in
+batches and logs the outcome (tracking/kinds/intervention_runs.py). Cells run under the study's one
+parent run with leases, as ``ablate`` and ``transfer`` do.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import sys
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import click
+import torch
+from tqdm.auto import tqdm
+
+from studies.runtime.cell_end import end_after_error, end_cell
+from studies.runtime.options import threads_option
+from studies.runtime.preflight import remove_abandoned_cache_files
+from studies.runtime.stop_signals import sigterm_raises
+from studies.runtime.study_execution import held_parent, prepare_protocol_data
+from studies.runtime.study_protocol import ProtocolError, check_clean, check_frozen
+from tracking.kinds import intervention_runs
+from tracking.kinds.transfer_runs import find_finished_cell
+from tracking.record.lease import HEARTBEATS, LeaseLost, lease_tags, new_token
+from tracking.record.protocol_runs import recorded_hashes
+from tracking.record.sink import RunSink
+from tracking.store.session import configure_tracking, environment_tags
+from workbench.data import DatasetNotFound, PreparedData, PreparedSplit, prepare
+from workbench.interventions import HeadAblation, InterventionError, flatten
+from workbench.interventions.evaluate import Inputs, evaluate, reference_means
+from workbench.interventions.sources import ActedModel, model_labels, pretrained_model, reload_proof, trained_cell_model
+from workbench.models.vit import ViTConfig
+from workbench.precision import resolve_amp
+from workbench.protocol import InterventionCell, InterventionProtocol, load_intervention_protocol
+from workbench.protocol.intervention import check_against_model
+from workbench.train.loop import resolve_device
+from workbench.transfer.source_model import SourceError, adapt_split
+
+DEFAULT_PROTOCOL = "studies/protocols/smoke_heads.yaml"
+BENCHMARK_GOAL_SECONDS = 120.0  # every head and branch of fmnist_seed_recipe's ViT, 5 seeds, 800 images, 2 cores
+
+
+@dataclass
+class CellOutcome:
+    cell: InterventionCell
+    status: str  # finished | skipped | failed | busy | lost
+    message: str
+    run_id: str | None = None
+    seconds: float = 0.0  # evaluation wall time (0 when nothing was evaluated)
+
+
+@dataclass
+class Execution:
+    """What one execution shares across its cells."""
+
+    protocol: InterventionProtocol
+    data: PreparedData
+    device: torch.device
+    workdir: Path
+    parent: str = ""
+    pretrained: ActedModel | None = None
+
+    @property
+    def split(self) -> PreparedSplit:
+        split = self.data.test if self.protocol.evaluation.split == "test" else self.data.val
+        if split is None:
+            raise ProtocolError(f"{self.protocol.source_file}: evaluation.split=test but {self.data.display_name} "
+                                "has no test split")
+        return split
+
+
+def open_intervention_protocol(path: str, allow_dirty: bool) -> InterventionProtocol:
+    protocol = load_intervention_protocol(path)
+    check_clean(path, allow_dirty)
+    configure_tracking()
+    check_frozen(protocol, recorded_hashes(protocol.name))
+    return protocol
+
+
+def prepare_execution(protocol: InterventionProtocol, device: str, data_path: str | None, download: bool,
+                      workdir: Path) -> Execution:
+    """The data every cell shares (the acted-on protocol's split), and a pretrained model, loaded once."""
+    dev = resolve_device(device)
+    if protocol.acts_on is not None:
+        return Execution(protocol, prepare_protocol_data(protocol.source, data_path, download), dev, workdir)
+    spec = protocol.pretrained
+    acted = pretrained_model(spec.model, spec.weights, spec.seed, spec.timm_kwargs)
+    remove_abandoned_cache_files()
+    data = prepare(spec.dataset, path=data_path, download=download, split_seed=spec.split_seed,
+                   val_size=spec.val_size, subset=spec.subset)
+    cfg = acted.model.cfg
+    to_model = model_labels(data.class_names, spec.class_index, cfg.num_classes)
+    splits = {}
+    for name in ("train", "val", "test"):
+        split = getattr(data, name)
+        if split is not None:  # the model's channels and output classes, the dataset's images
+            split = adapt_split(split, cfg.in_channels)
+            splits[name] = PreparedSplit(split.images, to_model[split.labels], split.indices, split.source_split)
+    data = replace(data, norm=acted.norm, **splits)
+    return Execution(protocol, data, dev, workdir, pretrained=acted)
+
+
+def cell_key(ex: Execution, cell: InterventionCell, identity: str) -> str:
+    """Protocol hash, arm, seed, the acted-on weights, data and split, and the code that computes the results."""
+    parts = [ex.protocol.hash, cell.arm, str(cell.seed), identity, ex.data.data_fingerprint, ex.data.split_fingerprint,
+             f"code={intervention_runs.intervention_code_fingerprint()}"]
+    return hashlib.sha256("|".join(parts).encode()).hexdigest()[:24]
+
+
+def _inputs(ex: Execution, cfg: ViTConfig, batch_size: int, amp: str, resize_to: int | None) -> Inputs:
+    if resize_to is None and ex.data.train.images.shape[-1] != cfg.image_hw[-1]:
+        resize_to = cfg.image_hw[-1]  # a pretrained model's input size
+    return Inputs(ex.data.norm, batch_size, ex.device, resize_to, resolve_amp(amp, ex.device))
+
+
+def _acted(ex: Execution, cell: InterventionCell, run_id: str | None):
+    """(model, proof inputs, evaluation inputs, saved predictions, description) of a cell."""
+    p = ex.protocol
+    if ex.pretrained is not None:
+        cfg = ex.pretrained.model.cfg
+        return ex.pretrained.model, None, _inputs(ex, cfg, p.evaluation.batch_size, "off", None), None, \
+            ex.pretrained.description
+    trained = intervention_runs.trained_cell(p.acts_on.protocol, p.acts_on.hash, cell.arm, cell.seed, ex.workdir / "sources")
+    params = trained.run.data.params
+    for key, here in (("data.fingerprint", ex.data.data_fingerprint), ("data.split_fingerprint", ex.data.split_fingerprint)):
+        if params.get(key) != here:
+            raise InterventionError(f"the trained run {run_id} has {key} {str(params.get(key))[:12]}, the data here "
+                                    f"{here[:12]}: not the data the cell was trained and validated on")
+    model = trained_cell_model(trained.config, trained.state_dict).to(ex.device)
+    arm = next(a for a in p.source.arms if a.name == cell.arm).config
+    proof = _inputs(ex, model.cfg, arm.run.eval_batch_size, arm.run.amp, arm.data.resize_to)
+    inputs = _inputs(ex, model.cfg, p.evaluation.batch_size, arm.run.amp, arm.data.resize_to)
+    description = f"{p.acts_on.protocol} cell {cell.key}, best checkpoint of run {run_id}"
+    return model, proof, inputs, trained.predictions["val"], description
+
+
+def run_cell(ex: Execution, cell: InterventionCell, allow_dirty: bool) -> CellOutcome:
+    """Skip, or evaluate and log one cell; any error fails this cell only."""
+    p = ex.protocol
+    try:
+        run_id = None if ex.pretrained else find_finished_cell(p.acts_on.protocol, p.acts_on.hash, cell.arm, cell.seed)
+    except SourceError as err:
+        return CellOutcome(cell, "failed", f"{cell.key}: {err}")
+    identity = ex.pretrained.identity if ex.pretrained else run_id
+    token = new_token()
+    tags = {"cell": "true", "intervention": "true", "protocol_name": p.name, "protocol_hash": p.hash, "arm": cell.arm,
+            "seed": str(cell.seed), "source_run_id": run_id or "", "source_identity": identity,
+            "allow_dirty": str(allow_dirty).lower(), **lease_tags(token)}
+    opened = intervention_runs.open_cell_run(p.name, cell_key(ex, cell, identity), f"{cell.arm}-seed{cell.seed}", ex.parent, tags)
+    if opened.status == "FINISHED":
+        return CellOutcome(cell, "skipped", f"{cell.key}: already finished in run {opened.run_id}", opened.run_id)
+    if opened.status == "BUSY":
+        return CellOutcome(cell, "busy", f"{cell.key}: not touched ({opened.why}, run {opened.run_id})", opened.run_id)
+    sink = opened.sink
+    if opened.continues:
+        tqdm.write(f"{cell.key}: continuing in a new run {sink.run_id}: the holder of run {opened.continues} "
+                   "may still write to that one")
+    if opened.status is not None:
+        sink.set_tags(lease_tags(token))
+    HEARTBEATS.hold(sink.run_id, sink.uri, token)
+    try:
+        return _evaluate_cell(ex, cell, sink, token, run_id)
+    except LeaseLost as err:  # another execution holds the run now: not one more write to it
+        HEARTBEATS.release(sink.run_id)
+        return CellOutcome(cell, "lost", f"{cell.key}: stopped without logging more: {err}", sink.run_id)
+    except BaseException as err:  # a failing cell must not take the others down; Ctrl-C goes up
+        return CellOutcome(cell, "failed", f"{cell.key}: {end_after_error(sink, token, err)}", sink.run_id)
+
+
+def _evaluate_cell(ex: Execution, cell: InterventionCell, sink: RunSink, token: str, run_id: str | None) -> CellOutcome:
+    p, e = ex.protocol, ex.protocol.evaluation
+    model, proof_inputs, inputs, saved, description = _acted(ex, cell, run_id)
+    grid = check_against_model(p, model.cfg, f"model of {cell.key}")
+    fingerprint = intervention_runs.intervention_code_fingerprint()
+    sink.set_tags({**environment_tags(str(ex.device)), "code_fingerprint": fingerprint,
+                   "threads": str(torch.get_num_threads()), "acted_on": description[:500]})
+    sink.log_params({"arm": cell.arm, "seed": cell.seed, "split": e.split, "batch_size": e.batch_size,
+                     "mean_images": e.mean_images, "mean_seed": e.mean_seed, "patch_seed": e.patch_seed,
+                     "interventions": len(grid), "code_fingerprint": fingerprint, "source_run_id": run_id or "",
+                     "data.fingerprint": ex.data.data_fingerprint, "data.split_fingerprint": ex.data.split_fingerprint,
+                     "data.display_name": ex.data.display_name, "amp": str(inputs.amp_dtype or "off")})
+    proof = None
+    if saved is not None:  # first: the checkpoint must be the one that made the cell's predictions
+        proof = reload_proof(model, ex.data.val, saved, proof_inputs)
+        if not proof.passed:
+            raise InterventionError(f"{proof.summary()}: the checkpoint of run {run_id} is not the one that made "
+                                    "its saved predictions; nothing evaluated")
+    needs_mean = any(isinstance(s, HeadAblation) and s.mode == "mean" for s in flatten(grid))
+    means, reference = (reference_means(model, ex.data.train.images, e.mean_images, e.mean_seed, inputs)
+                        if needs_mean else (None, None))
+    split = ex.split
+    with tqdm(total=len(split), desc=f"{cell.key} {len(grid)} interventions", unit="img", leave=False) as bar:
+        ev = evaluate(model, split.images, split.labels, split.indices, inputs, grid, means, e.patch_seed,
+                      e.attention_maps, progress=lambda done: bar.update(done - bar.n))
+    HEARTBEATS.check(sink.run_id, verify=True)
+    intervention_runs.log_cell(sink, ev, proof, reference, {"acted_on": description, "split": e.split},
+                               check=lambda: HEARTBEATS.check(sink.run_id, verify=True))
+    end_cell(sink, token, "FINISHED")
+    worst = min(ev.metrics().items(), key=lambda kv: kv[1]["accuracy_change"])
+    proof_text = f"; {proof.summary()}" if proof else ""
+    where = f" [logged locally, run {sink.local_run_id}: `workbench sync` copies it to the server]" if sink.offline else ""
+    return CellOutcome(cell, "finished", (
+        f"{cell.key}: intact {e.split} accuracy {ev.intact_accuracy:.4f}; {len(grid)} interventions on {len(split)} "
+        f"images in {ev.seconds:.1f} s; largest drop {worst[0]} {100 * worst[1]['accuracy_change']:+.2f} points"
+        f"{proof_text}{where}"), sink.run_id, ev.seconds)
+
+
+def run_intervention_protocol(protocol: InterventionProtocol, protocol_file: Path, output_dir: Path,
+                              device: str = "auto", data_path: str | None = None, allow_dirty: bool = False,
+                              download: bool = False) -> list[CellOutcome]:
+    """Every cell of ``protocol`` under the study's one parent run; returns the outcomes."""
+    configure_tracking()
+    workdir = Path(output_dir) / protocol.name
+    ex = prepare_execution(protocol, device, data_path, download, workdir)
+    acted = (f"{protocol.acts_on.protocol}@{protocol.acts_on.hash[:12]} arms {', '.join(protocol.arms)}"
+             if protocol.acts_on else ex.pretrained.description)
+    tqdm.write(f"{protocol.name}@{protocol.short_hash}: acts on {acted}; {len(protocol.cells())} cells; "
+               f"{ex.data.display_name}, {len(ex.split)} {protocol.evaluation.split} images")
+    extra = {"intervention": "true", "acts_on": acted[:500]}
+    started = time.perf_counter()
+    outcomes: list[CellOutcome] = []
+    with sigterm_raises(), held_parent(protocol, protocol_file, allow_dirty, extra) as held:
+        ex.parent = held.run_id
+        for cell in protocol.cells():
+            outcome = run_cell(ex, cell, allow_dirty)
+            tqdm.write(f"[{outcome.status}] {outcome.message}")
+            outcomes.append(outcome)
+        evaluated = sum(o.seconds for o in outcomes)
+        held.sink.log_metrics({"evaluation_seconds": evaluated, "execution_seconds": time.perf_counter() - started,
+                               "cells_evaluated": sum(o.status == "finished" for o in outcomes)})
+    return outcomes
+
+
+@click.command("intervene")
+@click.option("--protocol", "protocol_path", default=DEFAULT_PROTOCOL, show_default=True,
+              type=click.Path(exists=True, dir_okay=False), help="Intervention protocol YAML file.")
+@click.option("--allow-dirty", is_flag=True, help="Run a protocol file with uncommitted changes (recorded on the runs).")
+@click.option("--device", default="auto", show_default=True)
+@click.option("--data-path", default=None, help="Where this machine keeps the dataset, if not in the usual places.")
+@click.option("--download/--no-download", default=False, show_default=True)
+@click.option("--output-dir", type=click.Path(file_okay=False), default="outputs/intervene", show_default=True,
+              help="Downloaded checkpoints of the acted-on cells.")
+@threads_option
+def intervene(protocol_path, allow_dirty, device, data_path, download, output_dir, threads):
+    """Evaluate an intervention protocol: every head, branch and patch of every acted-on model, as MLflow child runs."""
+    started = time.perf_counter()
+    try:
+        protocol = open_intervention_protocol(protocol_path, allow_dirty)
+        outcomes = run_intervention_protocol(protocol, Path(protocol_path), Path(output_dir), device, data_path,
+                                             allow_dirty, download)
+    except (ProtocolError, SourceError, DatasetNotFound, InterventionError) as err:
+        raise click.ClickException(str(err)) from err
+    counts = {s: sum(o.status == s for o in outcomes) for s in ("finished", "skipped", "failed", "busy", "lost")}
+    held = (f", {counts['busy']} held by another live execution (not touched)" if counts["busy"] else "") + \
+        (f", {counts['lost']} taken over by another execution" if counts["lost"] else "")
+    evaluated = sum(o.seconds for o in outcomes)
+    click.echo(f"cells: {counts['finished']} run, {counts['skipped']} already finished (skipped), "
+               f"{counts['failed']} failed{held}")
+    used = torch.get_num_threads()  # --threads was applied when it was parsed
+    click.echo(f"time: {evaluated:.1f} s evaluating interventions ({used} thread{'s' if used != 1 else ''}), "
+               f"{time.perf_counter() - started:.1f} s in all; report: workbench report --protocol {protocol_path}")
+    for o in outcomes:
+        if o.status == "failed":
+            click.echo(f"  FAILED {o.message}", err=True)
+    if counts["failed"]:
+        sys.exit(1)

@@ -1,0 +1,3 @@
+"""What every study kind shares: the protocol file and its git check (``study_protocol``), options
+and up-front checks (``options``, ``preflight``), stop signals, the data prepared once and the parent
+run held per execution (``study_execution``), and the end of a leased cell (``cell_end``)."""

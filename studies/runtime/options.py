@@ -1,0 +1,48 @@
+"""Options shared by the training entry points (train, ablate, worker, sweep, transfer), and their checks."""
+
+from __future__ import annotations
+
+import click
+
+from workbench.precision import AmpUnsupported, resolve_amp, set_threads
+
+
+def _apply_threads(ctx: click.Context, param: click.Parameter, value: int) -> int:
+    # Set at parse time, before any data or model is touched: every entry point that takes
+    # the option trains under it, and train_one records the count in effect on each run.
+    # The command also receives the value (and ignores it): it is applied here already.
+    set_threads(value)
+    return value
+
+
+threads_option = click.option(
+    "--threads", type=click.IntRange(min=0), default=0, show_default=True, callback=_apply_threads,
+    help="torch intra-op threads (0: torch's default, one per core; on a shared machine set it to the free cores).",
+)
+
+
+def check_amp(amp: str, device: str) -> None:
+    """Refuse an autocast precision the device cannot run, as a usage error, before any data is loaded."""
+    from workbench.train.loop import resolve_device
+
+    try:
+        resolve_amp(amp, resolve_device(device))
+    except AmpUnsupported as err:
+        raise click.UsageError(str(err)) from err
+
+
+def check_protocol_amp(protocol, device: str) -> None:
+    """``check_amp`` for every arm of a protocol (an arm may override ``run.amp``)."""
+    for amp in dict.fromkeys(cell.train_config(device=device).run.amp for cell in protocol.cells()):
+        check_amp(amp, device)
+
+
+def check_storage_option(storage: str) -> None:
+    """The Optuna storage guard (``tracking.store.storage_guard``) as a ``--storage`` usage error (exit 2),
+    before any MLflow run exists."""
+    from tracking.store.storage_guard import check_optuna_storage
+
+    try:
+        check_optuna_storage(storage)
+    except ValueError as err:
+        raise click.BadParameter(str(err), param_hint="--storage") from err

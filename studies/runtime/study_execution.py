@@ -1,0 +1,52 @@
+"""What every execution of a study does around its cells: the data prepared once, the parent run held.
+
+Shared by ``ablate`` (in process and with ``--jobs``), ``worker``, ``transfer`` and ``intervene``:
+each execution prepares the protocol's data once (one split, the pairing every cell shares), holds
+the study's one parent run for as long as it runs and closes it with a truthful status however it
+ends, and skips the cells that already have a finished run of this code.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import replace
+from pathlib import Path
+
+from tqdm.auto import tqdm
+
+from studies.ablation.train import prepare_data
+from studies.runtime.stop_signals import Terminated
+from studies.runtime.study_protocol import Protocol
+from tracking.record.protocol_runs import cell_runs, close_study_parent, open_study_parent
+from workbench.data import PreparedData
+from workbench.train.fingerprint import current_code_fingerprint
+
+
+def prepare_protocol_data(protocol: Protocol, data_path: str | None, download: bool) -> PreparedData:
+    """Load the dataset once and make the split every cell shares (the pairing)."""
+    spec = protocol.dataset if data_path is None else replace(protocol.dataset, path=data_path)
+    return prepare_data(spec, download)
+
+@contextlib.contextmanager
+def held_parent(protocol: Protocol, protocol_file: Path, allow_dirty: bool, extra_tags: dict | None = None,
+                queued: bool = False):
+    """The study's parent run for one execution, closed with a truthful status however it ends."""
+    parent = open_study_parent(protocol, protocol_file, allow_dirty, extra_tags, log=tqdm.write)
+    try:
+        yield parent
+    except (KeyboardInterrupt, Terminated) as err:
+        status = close_study_parent(parent, "interrupted", f"{type(err).__name__} {err}".strip())
+        tqdm.write(f"interrupted: parent run {parent.run_id} ended {status}")
+        raise
+    except BaseException as err:
+        close_study_parent(parent, "failed", f"{type(err).__name__}: {err}")
+        raise
+    else:
+        status = close_study_parent(parent, "queued" if queued else "completed")
+        tqdm.write(f"parent run {parent.run_id}: {status}")
+
+def finished_cells(protocol: Protocol) -> set[tuple[str, int]]:
+    """(arm, seed) of the cells that have a finished run of this code (never queued again)."""
+    fingerprint = current_code_fingerprint()
+    return {(r.data.tags.get("arm"), int(r.data.tags.get("seed", -1))) for r in cell_runs(protocol.name, protocol.hash)
+            if r.info.status == "FINISHED" and r.data.params.get("code_fingerprint") == fingerprint}

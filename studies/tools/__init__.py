@@ -1,0 +1,1 @@
+"""The commands around the studies: ``equivalence_check``, ``figures``, ``report``, ``server``, ``sync``."""

@@ -1,0 +1,1 @@
+"""Transfer studies (``workbench transfer``): linear probe, partial and full fine-tuning from one source."""

@@ -1,0 +1,361 @@
+"""Entry point: a transfer protocol's regimes × seeds from one source, selected on validation QWK, tested once.
+
+Phase 1 trains and selects every cell on validation, with the test split locked away.
+Phase 2 releases it and evaluates each selected checkpoint once. Rerunning the same
+command skips finished cells, reuses finished selections and retrains the rest; the report
+section is rebuilt from MLflow at the end and logged on the execution's parent run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import sys
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import click
+import torch
+from tqdm.auto import tqdm
+
+from reports.transfer.transfer_blocks import transfer_markdown
+from studies.runtime.cell_end import end_after_error, end_cell
+from studies.runtime.options import check_amp, threads_option
+from studies.runtime.preflight import check_writable_folder, remove_abandoned_cache_files
+from studies.runtime.stop_signals import sigterm_raises
+from studies.runtime.study_execution import held_parent
+from studies.runtime.study_protocol import ProtocolError, check_clean, check_frozen, load_protocol, load_transfer_protocol
+from tracking.kinds import transfer_runs
+from tracking.record.lease import HEARTBEATS, LeaseLost, lease_tags, new_token
+from tracking.record.protocol_runs import recorded_hashes
+from tracking.record.sink import RunSink
+from tracking.store.session import configure_tracking, environment_tags
+from workbench.data import DatasetNotFound, PreparedData, prepare
+from workbench.precision import device_capability, resolve_amp
+from workbench.protocol.transfer import SourceSpec, TransferCell, TransferData, TransferProtocol
+from workbench.train.loop import resolve_device
+from workbench.transfer.features import FeatureCache, compute_features
+from workbench.transfer.runner import (
+    Selection, TestSplitGuard, TransferContext, evaluate_on_test, select_cell, split_off_test,
+)
+from workbench.transfer.source_model import (
+    SourceError, SourceModel, load_local_source, load_timm_source, parse_protocol_cell, parse_weights,
+)
+
+DEFAULT_PROTOCOL = "studies/protocols/retina_transfer_smoke.yaml"
+
+
+@dataclass
+class CellOutcome:
+    cell: TransferCell
+    status: str  # finished | skipped | failed | busy (another live execution holds it) | lost (taken over)
+    message: str
+    run_id: str | None = None
+
+
+@dataclass
+class OpenCell:
+    """A cell selected in phase 1 whose run this execution holds (leased) until phase 2 ends it."""
+
+    cell: TransferCell
+    sink: RunSink
+    run_dir: Path
+    selection: Selection
+    token: str
+
+
+def open_transfer_protocol(path: str, allow_dirty: bool) -> TransferProtocol:
+    protocol = load_transfer_protocol(path)
+    check_clean(path, allow_dirty)
+    configure_tracking()
+    check_frozen(protocol, recorded_hashes(protocol.name))
+    return protocol
+
+
+def resolve_source(spec: SourceSpec, override: str | None, protocol_file: Path, download_dir: Path) -> SourceModel:
+    """Load the source named by ``--source`` or the protocol: timm (hub/random/file) or a workbench run."""
+    weights = override or spec.weights
+    scheme, rest = parse_weights(weights)
+    if scheme in ("hub", "random"):
+        if not spec.model:
+            raise SourceError(f"weights {scheme!r} need source.model in the protocol")
+        return load_timm_source(spec.model, scheme, spec.seed)
+    if scheme == "path":
+        return load_local_source(rest, spec.model, uri=weights)
+    if scheme == "protocol":
+        name, arm, seed = parse_protocol_cell(rest)
+        source_protocol = load_protocol(Path(protocol_file).parent / f"{name}.yaml")
+        rest = transfer_runs.find_finished_cell(name, source_protocol.hash, arm, seed)
+    local, run_id, note = transfer_runs.download_run_source(rest, download_dir)
+    trained_on = transfer_runs.run_param(run_id, "data.display_name")
+    source = load_local_source(local, spec.model, uri=weights, run_id=run_id, trained_on=trained_on)
+    if note:
+        source.info = replace(source.info, description=f"{source.info.description} ({note})")
+    return source
+
+
+def source_identity(source: SourceModel, spec: SourceSpec) -> str:
+    """sha256 of the weights file, or what fixes a random init."""
+    return source.info.sha256 or f"random:{source.info.architecture}:seed{spec.seed}"
+
+
+def prepare_transfer_data(spec: TransferData, data_path: str | None, download: bool, image_size: int) -> PreparedData:
+    """Load the dataset; with ``size: auto`` prefer local RetinaMNIST files at the model's input size."""
+    remove_abandoned_cache_files()
+    common = dict(path=data_path, split_seed=spec.split_seed, train_size=spec.train_size, val_size=spec.val_size,
+                  subset=spec.subset)
+    if spec.name != "retinamnist" or (data_path and Path(data_path).is_file()):
+        return prepare(spec.name, download=download, **common)  # an explicit file holds one size
+    if spec.size != "auto":
+        return prepare(spec.name, download=download, size=spec.size, **common)
+    if image_size in (64, 128, 224):
+        try:
+            return prepare(spec.name, download=False, size=image_size, **common)
+        except DatasetNotFound:
+            pass  # fall back to 28 px upsampled in batches, which the input description then says
+    return prepare(spec.name, download=download, size=28, **common)
+
+
+def _cell_params(cell: TransferCell, ex: "Execution") -> dict:
+    r, ctx, data = cell.regime, ex.ctx, ex.data
+    params = {"regime.name": r.name, "regime.kind": r.kind, "regime.epochs": r.epochs, "regime.blocks": r.blocks,
+              "regime.layer_decay": r.layer_decay, "regime.patience": r.patience, "seed": cell.seed,
+              "batch_size": ctx.batch_size, "eval_batch_size": ctx.eval_batch_size, "amp": str(ctx.amp_dtype),
+              "threads": torch.get_num_threads(),
+              "inputs": ex.inputs, "data.fingerprint": data.data_fingerprint,
+              "data.split_fingerprint": data.split_fingerprint, "data.n_train": len(data.train), "data.n_val": len(data.val)}
+    return params | {f"optim.{k}": v for k, v in vars(r.optim).items()} | ex.source.info.as_params()
+
+
+@dataclass
+class Execution:
+    """What one execution of a protocol shares across its cells."""
+
+    protocol: TransferProtocol
+    source: SourceModel
+    data: PreparedData  # train and val only: the test split is behind ``guard``
+    guard: TestSplitGuard
+    ctx: TransferContext
+    identity: str
+    inputs: str
+    output_dir: Path
+    parent: str = ""
+    cache: FeatureCache | None = None
+
+    def features(self) -> FeatureCache:
+        """The frozen backbone's features, computed on first use and shared by every seed."""
+        if self.cache is None:
+            cfg, ctx = self.source.cfg, self.ctx
+            starts = [cfg.depth - r.blocks for r in self.protocol.regimes if r.kind == "partial"]
+            self.cache = compute_features(self.source.model.to(ctx.device), {"train": self.data.train, "val": self.data.val},
+                                          ctx.norm, ctx.resize_to, ctx.device, ctx.eval_batch_size, ctx.amp_dtype, starts)
+            RunSink.for_run(self.parent, self.protocol.name).log_metrics({"feature_cache_seconds": self.cache.seconds})
+            tqdm.write(f"features of {self.cache.images} images cached in {self.cache.seconds:.1f} s")
+        return self.cache
+
+
+def prepare_execution(protocol: TransferProtocol, protocol_file: Path, output_dir: Path, device: str,
+                      data_path: str | None, download: bool, source_override: str | None) -> Execution:
+    """Source, data (test split locked away at once) and the shared context."""
+    output_dir = Path(output_dir) / protocol.name
+    source = resolve_source(protocol.source, source_override, Path(protocol_file), output_dir / "sources")
+    cfg = source.cfg
+    data = prepare_transfer_data(protocol.dataset, data_path, download, cfg.image_size)
+    if data.test is None:  # the container's field, not the images: nothing is read here
+        raise ProtocolError(f"{protocol_file}: {data.display_name} has no test split; a transfer study reports test metrics")
+    dev, side = resolve_device(device), data.train.images.shape[-1]
+    ctx = TransferContext(dev, resolve_amp(protocol.run.amp, dev), protocol.run.batch_size,
+                          protocol.run.eval_batch_size, source.norm, None if side == cfg.image_size else cfg.image_size,
+                          len(data.class_names))
+    selection_data, guard = split_off_test(data, cfg.in_channels)  # from here on only phase 2 can read the test split
+    inputs = (f"{side} px images upsampled in batches to {cfg.image_size} px (bilinear)" if ctx.resize_to
+              else f"{side} px images at the model's input size")
+    return Execution(protocol, source, selection_data, guard, ctx, source_identity(source, protocol.source), inputs,
+                     output_dir)
+
+
+def cell_key(ex: "Execution", cell: TransferCell) -> str:
+    """A cell's identity: protocol, regime, seed, source, data and split, and the code that computes results.
+
+    The code is ``tt.transfer_code_fingerprint()`` (the result library, transfer included, and
+    the torch/timm versions), not the git commit: a commit of docs or reports re-trains nothing.
+    """
+    p, data = ex.protocol, ex.data
+    return hashlib.sha256("|".join([p.hash, cell.regime.name, str(cell.seed), ex.identity, data.data_fingerprint,
+                                   data.split_fingerprint, f"code={transfer_runs.transfer_code_fingerprint()}"]).encode()
+                          ).hexdigest()[:24]
+
+
+def select_phase(ex: Execution, cell: TransferCell, allow_dirty: bool) -> CellOutcome | OpenCell:
+    """Phase 1 for one cell: skip it, reuse its finished selection, or train and select it."""
+    p, data = ex.protocol, ex.data
+    key, token = cell_key(ex, cell), new_token()
+    tags = {"cell": "true", "transfer": "true", "protocol_name": p.name, "protocol_hash": p.hash,
+            "arm": cell.regime.name, "seed": str(cell.seed), "regime_kind": cell.regime.kind,
+            "is_reference": str(cell.regime.reference).lower(), "source_identity": ex.identity,
+            "allow_dirty": str(allow_dirty).lower(), **lease_tags(token)}
+    opened = transfer_runs.open_cell_run(p.name, key, f"{cell.regime.name}-seed{cell.seed}", ex.parent, tags)
+    if opened.status == "FINISHED":
+        return CellOutcome(cell, "skipped", f"{cell.key}: already finished in run {opened.run_id}", opened.run_id)
+    if opened.status == "BUSY":
+        return CellOutcome(cell, "busy", f"{cell.key}: not touched ({opened.why}, run {opened.run_id})", opened.run_id)
+    sink, run_dir = opened.sink, ex.output_dir / key
+    if opened.continues:
+        tqdm.write(f"{cell.key}: continuing in a new run {sink.run_id}: the holder of run {opened.continues} "
+                   "may still write to that one")
+    if opened.status is not None:
+        sink.set_tags(lease_tags(token))  # this execution holds the run now
+    HEARTBEATS.hold(sink.run_id, sink.uri, token)
+    try:
+        sink.set_tags({**environment_tags(str(ex.ctx.device)), "code_fingerprint": transfer_runs.transfer_code_fingerprint(),
+                       **device_capability(ex.ctx.device),
+                       "threads": str(torch.get_num_threads()), "run_dir": str(run_dir.resolve()),
+                       "resumed": str(opened.status is not None).lower()})
+        sink.log_params({**_cell_params(cell, ex), "code_fingerprint": transfer_runs.transfer_code_fingerprint()})
+        selection = Selection.load(run_dir) if sink.journal.tags.get("phase") == "selected" else None
+        if selection is None:
+            cache = ex.features() if cell.regime.kind != "full" else None
+            selection = select_cell(cell, ex.source, data, cache, ex.ctx, run_dir, transfer_runs.TransferEpochObserver(sink))
+            HEARTBEATS.check(sink.run_id, verify=True)
+            transfer_runs.log_selection(sink, selection, p.run.log_checkpoints)
+        if not selection.proof["passed"]:
+            raise RuntimeError(f"{selection.proof['what']} failed: {selection.proof['summary']}")
+    except LeaseLost as err:  # another execution holds the run now: not one more write to it
+        HEARTBEATS.release(sink.run_id)
+        return CellOutcome(cell, "lost", f"{cell.key}: stopped without logging more: {err}", sink.run_id)
+    except BaseException as err:  # a failing cell must not take the others down; Ctrl-C goes up
+        return CellOutcome(cell, "failed", f"{cell.key}: {end_after_error(sink, token, err)}", sink.run_id)
+    tqdm.write(f"[selected] {cell.key}: epoch {selection.best_epoch}, val QWK {selection.best_val['val_qwk']:.4f} "
+               f"({selection.seconds:.1f} s)")
+    return OpenCell(cell, sink, run_dir, selection, token)
+
+
+def evaluate_phase(ex: Execution, held: OpenCell) -> CellOutcome:
+    """Phase 2 for one selected cell: the single test evaluation, logged; FINISHED only if file and memory agree."""
+    evaluation, cell, sink = ex.protocol.evaluation, held.cell, held.sink
+    try:
+        HEARTBEATS.check(sink.run_id, verify=True)
+        result = evaluate_on_test(held.selection, ex.source, ex.guard, ex.ctx, held.run_dir, evaluation)
+        HEARTBEATS.check(sink.run_id, verify=True)
+        transfer_runs.log_test(sink, result, evaluation.n_resamples, evaluation.confidence)
+    except LeaseLost as err:
+        HEARTBEATS.release(sink.run_id)
+        return CellOutcome(cell, "lost", f"{cell.key}: stopped without logging more: {err}", sink.run_id)
+    except BaseException as err:  # the run records why it ended; Ctrl-C goes up
+        return CellOutcome(cell, "failed", f"{cell.key}: {end_after_error(sink, held.token, err)}", sink.run_id)
+    qwk = result.cis["qwk"]
+    end_cell(sink, held.token, "FINISHED" if result.agree else "FAILED")
+    where = f" [logged locally, run {sink.local_run_id}: `workbench sync` copies it to the server]" if sink.offline else ""
+    return CellOutcome(cell, "finished" if result.agree else "failed",
+                       f"{cell.key}: test QWK {qwk.estimate:.4f} [{qwk.low:.4f}, {qwk.high:.4f}], "
+                       f"metrics from file {'agree' if result.agree else 'DIFFER'}{where}", sink.run_id)
+
+
+def run_transfer(
+    protocol: TransferProtocol, protocol_file: Path, output_dir: Path, device: str = "auto",
+    data_path: str | None = None, allow_dirty: bool = False, download: bool = False,
+    source_override: str | None = None,
+) -> list[CellOutcome]:
+    """Run (or resume) every cell of ``protocol`` under the study's one parent run; returns the outcomes.
+
+    However the execution ends (finished, failed, Ctrl-C, SIGTERM), the runs it holds end
+    with a status that says so, and the parent's cell counts come from its children.
+    """
+    configure_tracking()
+    ex = prepare_execution(protocol, protocol_file, output_dir, device, data_path, download, source_override)
+    tqdm.write(f"{protocol.name}@{protocol.short_hash}: source {ex.source.info.label()} [{ex.identity[:16]}]; "
+               f"{ex.data.display_name}, {len(ex.data.train)} train / {len(ex.data.val)} val; {ex.inputs}")
+    extra = {"transfer": "true", "source_identity": ex.identity, "source_override": source_override or ""}
+    with sigterm_raises(), held_parent(protocol, protocol_file, allow_dirty, extra) as held:
+        ex.parent = held.run_id
+        parent = held.sink
+        parent.log_params({
+            **ex.source.info.as_params(), "transfer.regimes": ",".join(r.name for r in protocol.regimes),
+            "transfer.reference": protocol.reference.name, "transfer.num_classes": ex.ctx.num_classes,
+            "evaluation.n_resamples": protocol.evaluation.n_resamples,
+            "evaluation.confidence": protocol.evaluation.confidence, "evaluation.seed": protocol.evaluation.seed,
+            "inputs": ex.inputs, "data.display_name": ex.data.display_name,
+            "data.fingerprint": ex.data.data_fingerprint, "data.split_fingerprint": ex.data.split_fingerprint})
+        outcomes: list[CellOutcome] = []
+        pending: list[OpenCell] = []
+        try:
+            for cell in protocol.cells():
+                result = select_phase(ex, cell, allow_dirty)
+                (pending if isinstance(result, OpenCell) else outcomes).append(result)
+                if isinstance(result, CellOutcome) and result.status in ("busy", "lost"):
+                    tqdm.write(f"[{result.status}] {result.message}")
+            ex.guard.release()  # selection of every cell is over: phase 2 may read the test split
+            parent.log_params({"data.n_test": len(ex.guard.split())})
+            while pending:  # taken off first: evaluate_phase ends its cell's run however it ends
+                outcomes.append(evaluate_phase(ex, pending.pop(0)))
+                tqdm.write(f"[{outcomes[-1].status}] {outcomes[-1].message}")
+        except BaseException as err:
+            # Selected cells waiting for their test evaluation end with the execution, as it ended;
+            # the next execution reuses their selection (tag ``phase``) and only tests them.
+            interrupted = isinstance(err, KeyboardInterrupt)
+            for held_cell in pending:
+                with contextlib.suppress(Exception):
+                    held_cell.sink.set_tags({"end_reason": f"{type(err).__name__}: {err}"[:500]})
+                    end_cell(held_cell.sink, held_cell.token, "KILLED" if interrupted else "FAILED")
+            raise
+        if any(o.status in ("finished", "skipped") for o in outcomes):
+            log_section(ex, parent)
+    return outcomes
+
+
+def log_section(ex: Execution, parent: RunSink) -> None:
+    """Rebuild the report section from the tracking server and log it on the parent run.
+
+    The section is read back from the server; with the server away (the study went on in
+    the local store) it is left for ``workbench report`` after ``workbench sync``.
+    """
+    later = (f"transfer section not built: the tracking server is unreachable; run `workbench sync`, then "
+             f"`workbench report --protocol {ex.protocol.name}`")
+    if parent.offline:
+        tqdm.write(later)
+        return
+    try:
+        section = transfer_runs.transfer_section(ex.protocol.name, ex.protocol.hash, ex.identity)
+    except Exception as err:
+        if not transfer_runs.section_unavailable(err):
+            raise
+        tqdm.write(later)
+        return
+    markdown = transfer_markdown(section)
+    transfer_runs.log_section(parent, section, markdown)
+    click.echo(markdown)
+
+
+@click.command("transfer")
+@click.option("--protocol", "protocol_path", default=DEFAULT_PROTOCOL, show_default=True,
+              type=click.Path(exists=True, dir_okay=False), help="Transfer protocol YAML file.")
+@click.option("--source", "source_override", default=None,
+              help="Override the protocol's source weights: hub, random, a local file, runs:/<id>[/path] "
+                   "or protocol:<name>/<arm>/seed<k>. Cells are keyed by the source's sha256.")
+@click.option("--allow-dirty", is_flag=True, help="Run a protocol file with uncommitted changes (recorded on the runs).")
+@click.option("--device", default="auto", show_default=True)
+@click.option("--data-path", default=None, help="Where this machine keeps the dataset, if not in the usual places.")
+@click.option("--download/--no-download", default=False, show_default=True)
+@click.option("--output-dir", type=click.Path(file_okay=False), default="outputs/transfer", show_default=True,
+              help="Checkpoints, predictions and downloaded sources of each cell.")
+@threads_option
+def transfer(protocol_path, source_override, allow_dirty, device, data_path, download, output_dir, threads):
+    """Run (or resume) a transfer protocol: linear probe, partial and full fine-tuning at paired seeds."""
+    try:
+        protocol = open_transfer_protocol(protocol_path, allow_dirty)
+        check_amp(protocol.run.amp, device)
+        check_writable_folder(output_dir)  # before the data or a source model is loaded
+        outcomes = run_transfer(protocol, Path(protocol_path), Path(output_dir), device, data_path, allow_dirty,
+                                download, source_override)
+    except (ProtocolError, SourceError, DatasetNotFound) as err:
+        raise click.ClickException(str(err)) from err
+    counts = {s: sum(o.status == s for o in outcomes) for s in ("finished", "skipped", "failed", "busy", "lost")}
+    held = (f", {counts['busy']} held by another live execution (not touched)" if counts["busy"] else "") + \
+        (f", {counts['lost']} taken over by another execution" if counts["lost"] else "")
+    click.echo(f"cells: {counts['finished']} run, {counts['skipped']} already finished (skipped), "
+               f"{counts['failed']} failed{held}")
+    for o in outcomes:
+        if o.status == "failed":
+            click.echo(f"  FAILED {o.message}", err=True)
+    if counts["failed"]:
+        sys.exit(1)

@@ -1,0 +1,124 @@
+"""Logging of a benchmark result to MLflow: metrics, CSVs, the plot (``workbench.analysis.benchmark_figures``)
+and the Markdown summary."""
+
+from __future__ import annotations
+
+import json
+import math
+import tempfile
+from pathlib import Path
+
+import mlflow
+
+from workbench.analysis.benchmark_figures import plot_benchmark
+from workbench.bench.run import BenchmarkResult
+
+ARTIFACT_DIR = "benchmark"
+FILES = ("results.csv", "matmul.csv", "goals.csv", "summary.md", "benchmark.png", "machine.json")
+_ROW_METRICS = {
+    "median_s": "ms_median", "q1_s": "ms_q1", "q3_s": "ms_q3", "images_per_s": "images_per_s",
+    "achieved_gflops": "achieved_gflops", "fraction_of_fp32_peak": "fraction_of_fp32_peak",
+    "probe_gflops": "matmul_probe_gflops",
+    "ratio_to_timm_fused": "ratio_to_timm_fused", "ratio_to_timm_fused_q1": "ratio_to_timm_fused_q1",
+    "ratio_to_timm_fused_q3": "ratio_to_timm_fused_q3", "ratio_to_timm_fused_best": "ratio_to_timm_fused_best",
+    "ratio_to_timm_unfused": "ratio_to_timm_unfused", "ratio_to_timm_unfused_best": "ratio_to_timm_unfused_best",
+    "fraction_of_own_peak": "fraction_of_own_peak", "own_probe_gflops": "own_matmul_probe_gflops",
+    "speedup_vs_fp32": "speedup_vs_fp32", "speedup_vs_fp32_q1": "speedup_vs_fp32_q1",
+    "speedup_vs_fp32_q3": "speedup_vs_fp32_q3", "speedup_vs_fp32_best": "speedup_vs_fp32_best",
+}  # fmt: skip
+
+
+def benchmark_metrics(result: BenchmarkResult) -> dict[str, float]:
+    """Flat metric dict: ``{section}/{model}/b{batch}/{variant}/{what}``, ``matmul/...``,
+    ``loader/...``, ``goal/...``. Times are logged in milliseconds; NaNs are left out."""
+    metrics: dict[str, float] = {}
+    for p in result.peaks:
+        metrics |= {f"matmul/{p.dtype}/tflops_median": p.tflops.median, f"matmul/{p.dtype}/tflops_q1": p.tflops.q1,
+                    f"matmul/{p.dtype}/tflops_q3": p.tflops.q3}  # fmt: skip
+    for row in result.timings().to_dict("records"):
+        prefix = f"{row['section']}/{row['model']}/b{row['batch']}/{row['variant']}"
+        for column, name in _ROW_METRICS.items():
+            value = row.get(column)
+            if value is None or (isinstance(value, float) and math.isnan(value)):
+                continue
+            metrics[f"{prefix}/{name}"] = float(value) * (1e3 if name.startswith("ms_") else 1.0)
+    if result.loader is not None:
+        for key in ("ours_images_per_s", "torchvision_images_per_s", "ratio"):
+            metrics[f"loader/{key}"] = float(result.loader[key])
+    for goal in result.goals:
+        metrics[f"goal/{goal.key}/measured"] = goal.measured
+        metrics[f"goal/{goal.key}/met"] = float(goal.met)
+        if math.isfinite(goal.best):
+            metrics[f"goal/{goal.key}/best"] = goal.best
+    metrics["goals_total"] = float(len(result.goals))
+    metrics["goals_met"] = float(sum(g.met for g in result.goals))
+    return metrics
+
+
+def write_benchmark_files(result: BenchmarkResult, out: Path) -> list[Path]:
+    """Write the CSVs, plot, Markdown summary and machine description into ``out``."""
+    out.mkdir(parents=True, exist_ok=True)
+    result.timings().to_csv(out / "results.csv", index=False)
+    rows = [{"dtype": p.dtype, "n": p.n, "repeats": p.repeats, "tflops_median": p.tflops.median,
+             "tflops_q1": p.tflops.q1, "tflops_q3": p.tflops.q3, "tflops_min": p.tflops.min,
+             "tflops_max": p.tflops.max} for p in result.peaks]  # fmt: skip
+    import pandas as pd
+
+    pd.DataFrame(rows).to_csv(out / "matmul.csv", index=False)
+    result.goals_table().to_csv(out / "goals.csv", index=False)
+    (out / "summary.md").write_text(result.markdown)
+    (out / "machine.json").write_text(json.dumps({"machine": result.info, "config": result.config.to_dict(),
+                                                  "loader": result.loader}, indent=1, default=str))  # fmt: skip
+    plot_benchmark(result).savefig(out / "benchmark.png", dpi=110)
+    written = [out / name for name in FILES]
+    if result.profiles:
+        (out / "profiles").mkdir(exist_ok=True)
+        for p in result.profiles:
+            path = out / "profiles" / f"{p.model}_{p.variant}_b{p.batch}.txt"
+            header = f"{p.model} {p.variant} batch {p.batch}: {p.aten_calls:.0f} ATen calls per forward"
+            path.write_text(f"{header}\n\n{p.table}\n")
+            written.append(path)
+    return written
+
+
+def log_benchmark(result: BenchmarkResult, params: dict) -> None:
+    """Params, machine tags, metrics, and the files under ``benchmark/`` in the active run.
+
+    Params are the effective settings, prefixed ``bench.``: under ``mlflow run`` the entry
+    point's own parameters are already logged under their plain names, with the values as
+    given (``--quick`` replaces some of them, and MLflow refuses to change a logged param).
+    """
+    mlflow.log_params({f"bench.{k}": v for k, v in {**result.config.to_dict(), **params}.items()})
+    mlflow.set_tags({f"machine.{k}": v for k, v in result.info.items()})
+    items = sorted(benchmark_metrics(result).items())
+    for i in range(0, len(items), 500):  # MLflow caps a batch at 1000 metrics
+        mlflow.log_metrics(dict(items[i : i + 500]))
+    with tempfile.TemporaryDirectory() as tmp:
+        write_benchmark_files(result, Path(tmp))
+        mlflow.log_artifacts(tmp, artifact_path=ARTIFACT_DIR)
+    met, total = sum(g.met for g in result.goals), len(result.goals)
+    mlflow.set_tags({"goals": f"{met} of {total} met", "verdict": "goals met" if met == total else "goals missed"})
+
+
+def finished_cell_results(store: str, experiment: str) -> dict[str, float]:
+    """``arm/seed`` -> best validation accuracy of every finished cell run of ``experiment`` in ``store``."""
+    client = mlflow.MlflowClient(store)
+    exp = client.get_experiment_by_name(experiment)
+    if exp is None:
+        return {}
+    runs = client.search_runs([exp.experiment_id], "tags.cell = 'true' and attributes.status = 'FINISHED'")
+    return {f"{r.data.tags['arm']}/{r.data.tags['seed']}": r.data.metrics.get("best_val_accuracy")
+            for r in sorted(runs, key=lambda r: (r.data.tags["arm"], r.data.tags["seed"]))}
+
+
+def log_jobs_benchmark(per_layout, folder: Path, params: dict) -> str:
+    """One run in experiment ``jobs-benchmark``: settings, cells per hour and ratio per layout, the files."""
+    mlflow.set_experiment("jobs-benchmark")
+    with mlflow.start_run(run_name=f"{params['protocol']} {params['layouts']}") as run:
+        mlflow.log_params({f"bench.{k}": v for k, v in params.items()})
+        for r in per_layout.to_dict("records"):
+            mlflow.log_metrics({f"{r['layout']}.cells_per_hour": r["cells_per_hour"], f"{r['layout']}.ratio": r["ratio"],
+                                f"{r['layout']}.wall_s": r["wall_s"]})
+        for name in ("results.csv", "summary.md"):
+            mlflow.log_artifact(str(folder / name), artifact_path=ARTIFACT_DIR)
+        return run.info.run_id

@@ -1,0 +1,198 @@
+"""MLflow side of intervention studies: the acted-on cells read back, what a cell logs, the report's inputs.
+
+Layout, as for ablations: one experiment per intervention protocol; one parent run per study
+(protocol hash + training code fingerprint, tag ``intervention=true``); a child run per acted-on
+model (arm, seed), tagged ``cell=true``, ``arm``, ``seed``, ``source_run_id`` (the trained cell)
+and keyed by ``run_key`` = protocol hash, arm, seed, the acted-on weights (the trained cell's
+run id, or the pretrained weights' sha256), data and split fingerprints and
+``intervention_code_fingerprint()``. A child logs, per intervention ``<name>``:
+``accuracy/<name>``, ``loss/<name>``, ``accuracy_change/<name>``, ``loss_change/<name>``
+(``source_agreement/<name>`` for patches), plus ``intact_accuracy``, ``intact_loss``, the
+reload proof and the wall time; and the artifacts ``interventions/per_example.npz``
+(compressed: every example's class, loss and correctness, intact and under each
+intervention), ``interventions/attention.npz`` (each head's mean attention map) and
+``interventions/summary.json``.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import tempfile
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+from mlflow.tracking import MlflowClient
+
+from tracking.kinds.figure_runs import CellArtifacts, load_cell
+from tracking.kinds.training_runs import KeyedRun, open_keyed_run
+from tracking.kinds.transfer_runs import find_finished_cell
+from tracking.record import queries
+from tracking.record.queries import CellRecord
+from tracking.record.sink import RunSink
+from workbench.interventions.evaluate import Evaluation
+from workbench.train.evaluate import ReloadProof
+from workbench.train.fingerprint import RESULT_PACKAGES, code_fingerprint
+
+ARTIFACT_DIR = "interventions"
+PER_EXAMPLE = f"{ARTIFACT_DIR}/per_example.npz"
+ATTENTION = f"{ARTIFACT_DIR}/attention.npz"
+SUMMARY = f"{ARTIFACT_DIR}/summary.json"
+# The interventions library computes these results too (with the ablation's result packages):
+# a change there re-evaluates; a commit of docs, reports or CLI text does not.
+INTERVENTION_RESULT_PACKAGES = RESULT_PACKAGES + ("interventions",)
+
+
+@lru_cache(maxsize=1)
+def intervention_code_fingerprint() -> str:
+    return code_fingerprint(packages=INTERVENTION_RESULT_PACKAGES)
+
+
+# ---------------------------------------------------------------- the acted-on cells
+
+
+def trained_cell(protocol_name: str, protocol_hash: str, arm: str, seed: int, workdir: Path) -> CellArtifacts:
+    """The newest finished run of a trained cell with its config, best checkpoint and saved predictions.
+
+    Raises:
+        workbench.transfer.source_model.SourceError: No finished run of that cell (says what to run).
+        tracking.kinds.figure_runs.FiguresError: The run lacks its checkpoint, config or predictions.
+    """
+    run_id = find_finished_cell(protocol_name, protocol_hash, arm, seed)
+    return load_cell(MlflowClient().get_run(run_id), workdir)
+
+
+# ---------------------------------------------------------------- cell runs
+
+
+def open_cell_run(experiment: str, run_key: str, run_name: str, parent_run_id: str, tags: dict) -> KeyedRun:
+    """The cell's run by ``run_key`` (FINISHED: without a sink; BUSY: held by a live execution) or a new one."""
+    return open_keyed_run(experiment, run_key, {"mlflow.runName": run_name, **tags}, parent_run_id)
+
+
+def _artifact(sink: RunSink, folder: Path, name: str, data: bytes) -> None:
+    path = folder / name
+    path.write_bytes(data)
+    sink.log_artifact(path, artifact_path=ARTIFACT_DIR)
+
+
+def _npz(**arrays) -> bytes:
+    buffer = io.BytesIO()
+    np.savez_compressed(buffer, **arrays)
+    return buffer.getvalue()
+
+
+def log_cell(sink: RunSink, ev: Evaluation, proof: ReloadProof | None, reference: np.ndarray | None,
+             extra: dict, check=lambda: None) -> None:
+    """Metrics per intervention, the per-example outcomes, the attention maps and a summary; ``check`` fences writes."""
+    metrics = {"intact_accuracy": ev.intact_accuracy, "intact_loss": float(ev.intact_loss.astype(np.float64).mean()),
+               "evaluation_seconds": ev.seconds, "interventions": len(ev.names), "examples": len(ev.labels)}
+    if proof is not None:
+        metrics |= {"reload_proof_passed": float(proof.passed), "reload_proof_max_abs_diff": proof.max_abs_prob_diff}
+    per = ev.metrics()
+    for name, values in per.items():
+        metrics |= {f"{key}/{name}": value for key, value in values.items()}
+    check()
+    sink.log_metrics(metrics)
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        check()
+        _artifact(sink, folder, "per_example.npz", _npz(
+            names=np.array(ev.names), labels=ev.labels, indices=ev.indices, intact_predicted=ev.intact_predicted,
+            intact_loss=ev.intact_loss, predicted=ev.predicted.astype(np.int32), loss=ev.loss, correct=ev.correct(),
+            **{f"patch_source/{k}": v for k, v in ev.patch_sources.items()}))
+        if ev.attention is not None:
+            check()
+            _artifact(sink, folder, "attention.npz", _npz(maps=ev.attention.astype(np.float32),
+                                                           query=np.array(ev.attention_query)))
+        summary = {"intact": {"accuracy": ev.intact_accuracy, "loss": metrics["intact_loss"]}, "interventions": per,
+                   "seconds": ev.seconds, "mean_reference_indices": None if reference is None else reference.tolist(),
+                   "reload_proof": proof.summary() if proof is not None else "not applicable (pretrained weights)",
+                   **extra}
+        check()
+        _artifact(sink, folder, "summary.json", json.dumps(summary, indent=1).encode())
+
+
+# ---------------------------------------------------------------- read back for the report
+
+
+@dataclass
+class CellResult:
+    """One finished intervention cell as the report reads it."""
+
+    record: CellRecord
+    names: list[str]
+    labels: np.ndarray
+    intact_predicted: np.ndarray
+    predicted: np.ndarray  # (K, N)
+    attention: np.ndarray | None  # (depth, heads, rows, cols)
+    attention_query: str
+    indices: np.ndarray | None = None  # (N,) each example's position in the dataset's source split
+
+
+def finished_cells(protocol_name: str, protocol_hash: str) -> tuple[dict[tuple[str, int], CellRecord], list[CellRecord]]:
+    """The newest finished run of each (arm, seed) of the hash, and every cell run (for the runs table).
+
+    Code versions are never mixed: only runs of the newest finished run's interventions code
+    fingerprint (param ``code_fingerprint``) are chosen; a cell finished only with other code is missing.
+    """
+    records = queries.cell_records(protocol_name, protocol_hash)
+    return choose_cells(records), records
+
+
+def choose_cells(records: list[CellRecord]) -> dict[tuple[str, int], CellRecord]:
+    """The rule of ``finished_cells`` on given records (also those read back from an evidence export)."""
+    finished = sorted((r for r in records if r.status == "FINISHED"), key=lambda r: (r.end_time, r.run_id), reverse=True)
+    code = finished[0].params.get("code_fingerprint") if finished else None
+    chosen: dict[tuple[str, int], CellRecord] = {}
+    for r in finished:
+        if r.params.get("code_fingerprint") == code:
+            chosen.setdefault((r.arm, r.seed), r)
+    return chosen
+
+
+def read_cell(record: CellRecord, workdir: Path) -> CellResult:
+    """The per-example outcomes and attention maps a finished cell logged."""
+    folder = Path(workdir) / record.run_id
+    with np.load(queries.download_artifact(record.run_id, PER_EXAMPLE, folder)) as z:
+        names, labels = [str(n) for n in z["names"]], z["labels"]
+        intact, predicted = z["intact_predicted"], z["predicted"]
+        indices = z["indices"] if "indices" in z.files else None
+    attention, query = None, ""
+    if queries.has_artifact(record.run_id, ATTENTION):
+        with np.load(queries.download_artifact(record.run_id, ATTENTION, folder)) as z:
+            attention, query = z["maps"], str(z["query"])
+    return CellResult(record, names, labels, intact, predicted, attention, query, indices)
+
+
+def is_intervention_study(protocol_name: str) -> bool:
+    """Whether the store holds an intervention study of this name (its parent runs say so)."""
+    client = MlflowClient()
+    exp = client.get_experiment_by_name(protocol_name)
+    return exp is not None and bool(client.search_runs(
+        [exp.experiment_id], "tags.intervention = 'true' and tags.parent = 'true'", max_results=1))
+
+
+def log_benchmark(protocol_name: str, timing, params: dict) -> str:
+    """A ``benchmark-intervene`` measurement as a run of the experiment ``benchmark-intervene``; returns its id."""
+    import statistics
+
+    import mlflow
+
+    from tracking.store.session import configure_tracking, start_run
+
+    configure_tracking()
+    with start_run("benchmark-intervene", run_name=f"{protocol_name} grid timing",
+                   tags={"benchmark": "intervene", "protocol_name": protocol_name}) as run:
+        mlflow.log_params({**params, "threads": timing.threads})
+        mlflow.log_metrics({"total_seconds": timing.total, "cell_seconds_median": statistics.median(timing.cell_seconds),
+                            "cell_seconds_min": min(timing.cell_seconds), "cell_seconds_max": max(timing.cell_seconds),
+                            "intact_pass_seconds_median": statistics.median(timing.intact_seconds),
+                            "forward_equivalents": timing.forward_equivalents})
+        if params.get("goal_seconds"):  # only a run of the goal's own configuration says whether it is met
+            mlflow.log_metric("goal_met", float(timing.total < params["goal_seconds"]))
+        for i, seconds in enumerate(timing.cell_seconds):
+            mlflow.log_metric("cell_seconds", seconds, step=i)
+        return run.info.run_id

@@ -1,0 +1,384 @@
+"""MLflow records of protocol executions: frozen hashes, parent runs, finished cells."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import shlex
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import mlflow
+from mlflow.entities import Run
+from mlflow.exceptions import MlflowException
+from mlflow.tracking import MlflowClient
+
+from tracking.record.executions import (EXPECTED_TAG, children, close_dead_records, counts_of, end_time_for, iso, new_record,
+                                        study_status, write_record)
+from tracking.record.lease import (HEARTBEATS, TOKEN_TAG, execution_states, execution_tag, execution_value, lease_state,
+                                   lease_tags, new_token, reap_expired)
+from tracking.record.sink import SYNC_SYNCED, RunSink
+from tracking.store import ui_links
+from tracking.store.health import TrackingAuthError, is_permission_denied, is_unreachable
+from tracking.store.offline_store import (ensure_experiment, fallback_client, fallback_exists, fallback_run_exists,
+                                          fallback_uri)
+from tracking.store.session import configure_tracking, git_state, run_user
+from tracking.store.store_lock import store_lock
+from tracking.store.uris import is_remote, redact_uri, tracking_uri
+from workbench.train.fingerprint import current_code_fingerprint
+
+PROTOCOL_TAGS = ("protocol_name", "protocol_hash", "arm", "seed")
+
+
+class ProtocolRecordError(RuntimeError):
+    """The protocol's runs are spread over several experiments: which record is frozen is ambiguous."""
+
+
+def experiment_id_for(protocol_name: str) -> str:
+    """Each protocol has one experiment holding all its runs, created under the protocol's name.
+
+    It is found by the ``protocol_name`` tag of the runs it holds, not by its name alone:
+    an experiment renamed in the UI keeps the protocol's frozen record (recorded hashes,
+    finished cells), and the next execution continues it instead of starting a new one.
+    """
+    configure_tracking()
+    client = MlflowClient()
+    holding = _experiments_holding(client, protocol_name)
+    if len(holding) > 1:
+        names = ", ".join(f"{n!r} (id {i})" for i, n in sorted(holding.items()))
+        raise ProtocolRecordError(f"runs of protocol {protocol_name!r} are in {len(holding)} experiments: {names}; "
+                                  "move them into one (or delete the stray experiment) before running it again")
+    if holding:
+        return next(iter(holding))
+    return ensure_experiment(client, protocol_name)
+
+
+def _experiments_holding(client: MlflowClient, protocol_name: str) -> dict[str, str]:
+    """``{experiment id: name}`` of the active experiments holding a parent run of this protocol."""
+    named = client.get_experiment_by_name(protocol_name)
+    if named is not None and named.lifecycle_stage == "active" and client.search_runs(
+            [named.experiment_id], f"tags.protocol_name = '{protocol_name}'", max_results=1):
+        return {named.experiment_id: named.name}  # the usual case, one query; a renamed copy cannot be told apart
+    experiments = {e.experiment_id: e.name for e in client.search_experiments(max_results=50000)}
+    ids, found = list(experiments), {}
+    for i in range(0, len(ids), 100):  # search_runs takes at most 100 experiments at once
+        for run in client.search_runs(ids[i:i + 100], f"tags.protocol_name = '{protocol_name}' and tags.parent = 'true'",
+                                      max_results=1000):
+            found[run.info.experiment_id] = experiments[run.info.experiment_id]
+    return found
+
+
+def recorded_hashes(protocol_name: str) -> set[str]:
+    """Every protocol hash this protocol name has been run with."""
+    runs = MlflowClient().search_runs(
+        [experiment_id_for(protocol_name)], filter_string=f"tags.protocol_name = '{protocol_name}'", max_results=5000
+    )
+    return {r.data.tags.get("protocol_hash", "") for r in runs} - {""}
+
+
+def cell_runs(protocol_name: str, protocol_hash: str) -> list[Run]:
+    """All cell runs (children) recorded for this protocol hash, any status."""
+    return MlflowClient().search_runs(
+        [experiment_id_for(protocol_name)],
+        filter_string=f"tags.protocol_hash = '{protocol_hash}' and tags.cell = 'true'",
+        max_results=50000,
+    )
+
+
+def study_key(protocol) -> str:
+    """One study = one protocol hash run by one code fingerprint: its one parent run's key."""
+    return hashlib.sha256(f"{protocol.hash}|{current_code_fingerprint()}".encode()).hexdigest()[:24]
+
+
+def parent_note(protocol, report_hint: str) -> str:
+    """The parent's description in the MLflow UI: what the study is, its configuration, its report."""
+    arms = getattr(protocol, "arms", None) or getattr(protocol, "regimes", ())  # ablation arms / transfer regimes
+    rows = [("protocol", f"`{protocol.name}` @ `{protocol.short_hash}`"),
+            ("dataset", getattr(getattr(protocol, "dataset", None), "name", "?")),
+            ("arms", ", ".join(getattr(a, "name", str(a)) for a in arms)),
+            ("seeds", ", ".join(map(str, getattr(protocol, "seeds", ())))),
+            ("cells", str(_cell_count(protocol))), ("code fingerprint", f"`{current_code_fingerprint()}`")]
+    table = "\n".join(f"| {k} | {v} |" for k, v in rows)
+    return (f"{protocol.description.strip()}\n\n| | |\n|---|---|\n{table}\n\n"
+            f"Cells are this run's children (group the runs list by `arm`). Report: {report_hint}")
+
+
+def _cell_count(protocol) -> int:
+    cells = getattr(protocol, "cells", None)
+    if callable(cells):
+        return len(cells())
+    arms = getattr(protocol, "arms", None) or getattr(protocol, "regimes", ())
+    return len(arms) * len(getattr(protocol, "seeds", ()))
+
+
+def reap_dead_runs(protocol_name: str, protocol_hash: str | None = None, log=None) -> list[tuple[str, str]]:
+    """Mark this protocol's RUNNING runs whose lease expired as KILLED (reads only an existing experiment)."""
+    client = MlflowClient()
+    exp = client.get_experiment_by_name(protocol_name)
+    if exp is None:
+        return []
+    where = f"tags.protocol_hash = '{protocol_hash}'" if protocol_hash else f"tags.protocol_name = '{protocol_name}'"
+    return reap_expired(client, exp.experiment_id, where, log=log)
+
+
+@dataclass
+class StudyParent:
+    """The one parent run of a study, held by this execution until ``close_study_parent``."""
+
+    run_id: str
+    sink: RunSink
+    experiment: str
+    expected_cells: int
+    execution_token: str = ""
+    execution: dict = field(default_factory=dict)
+    previous_end: int | None = None  # the parent's end time before this execution reopened it (ms)
+    started_ms: int = 0
+    status: str | None = None  # set by ``close_study_parent``
+
+
+def open_study_parent(protocol, protocol_file: Path, allow_dirty: bool, extra_tags: dict | None = None,
+                      log=print) -> StudyParent:
+    """Find the study's parent run (protocol hash + code fingerprint) or create it, and hold it.
+
+    Dead executions' runs of this protocol hash are marked KILLED first and their records
+    closed. A parent left half-made by a killed execution gets its protocol files now. On a
+    local store, executions starting together take turns (``store_lock``); on a server, two
+    executions creating the parent at once keep the older one (the other ends and deletes its own).
+    """
+    exp_id = experiment_id_for(protocol.name)
+    client, key = MlflowClient(), study_key(protocol)
+    tags = {
+        "mlflow.runName": f"{protocol.name}@{protocol.short_hash}",
+        "protocol_name": protocol.name, "protocol_hash": protocol.hash, "study_key": key,
+        "code_fingerprint": current_code_fingerprint(), "protocol_file": str(protocol_file),
+        "allow_dirty": str(allow_dirty).lower(), "parent": "true", "mlflow.user": run_user(),
+        EXPECTED_TAG: str(_cell_count(protocol)),
+        "mlflow.note.content": parent_note(protocol, f"`workbench report --protocol {protocol.name}` logs it to "
+                                                     "this run's artifacts (report/report.html)"),
+        **git_state(), **(extra_tags or {}),
+    }
+    launcher = os.environ.get("MLFLOW_RUN_ID")
+    if launcher:
+        tags["launcher_run_id"] = launcher  # the run `mlflow run` created around this execution
+    own, started_ms = new_token(), int(time.time() * 1000)  # this execution's own lease token
+    with store_lock(configure_tracking()):
+        try:
+            reap_expired(client, exp_id, f"tags.protocol_hash = '{protocol.hash}'", log=log)
+            sink, token, previous_end = _find_or_create_parent(client, exp_id, protocol, tags, own, log)
+        except MlflowException as err:
+            if is_permission_denied(err):
+                raise _no_edit_grant(client, exp_id) from None
+            raise
+        try:
+            HEARTBEATS.hold(sink.run_id, sink.uri, token, execution_tag(own))
+            _log_protocol_files(sink, protocol, protocol_file)
+            parent = StudyParent(sink.run_id, sink, protocol.name, _cell_count(protocol), own,
+                                 new_record(own, tags["git_commit"]), previous_end, started_ms)
+            write_record(sink, parent.execution)
+        except BaseException:
+            _let_go(sink, own)
+            raise
+    url = None if sink.offline else ui_links.experiment_url(sink.uri, exp_id)
+    if url:
+        log(f"MLflow UI (runs of this study): {url}")
+    if launcher and not sink.offline:
+        try:
+            MlflowClient().set_tag(launcher, "protocol_parent_run_id", sink.run_id)
+        except Exception as err:  # a cross-reference only: never worth stopping the study for
+            if not is_unreachable(err):
+                raise
+    return parent
+
+
+def _no_edit_grant(client: MlflowClient, exp_id: str) -> TrackingAuthError:
+    """The error for HTTP 403 on a study's runs: this account may read the experiment, not write to it."""
+    name, account = client.get_experiment(exp_id).name, run_user()
+    return TrackingAuthError(
+        f"MLflow tracking server {redact_uri(tracking_uri())} does not let account {account!r} write to experiment "
+        f"{name!r} (id {exp_id}), which another account created (HTTP 403). Its owner or the server's admin gives "
+        f"it EDIT: workbench server grant {shlex.quote(account)} {shlex.quote(name)} --permission EDIT")
+
+
+def _find_or_create_parent(client: MlflowClient, exp_id: str, protocol, tags: dict, own: str,
+                           log) -> tuple[RunSink, str, int | None]:
+    """(the parent's sink, the lease token this execution renews, the parent's earlier end time)."""
+    key, uri, token = tags["study_key"], configure_tracking(), new_token()
+    found = _parents(client, exp_id, key)
+    offline_parent = _unsynced_fallback_parent(protocol.name, key) if uri != fallback_uri() else None
+    if offline_parent is not None:
+        # Made while the server was away and not synced yet: the study goes on in that one
+        # parent (and its cells where they are), one timeline that `workbench sync` merges,
+        # instead of a second parent on the server.
+        found, uri = [offline_parent], fallback_uri()
+        log(f"study {protocol.name}@{protocol.short_hash}: its parent run {offline_parent.info.run_id} is in the local "
+            f"fallback store (logged while the server was away): continuing there; `workbench sync` copies it")
+    if not found:
+        sink = RunSink.create(protocol.name, {**tags, **lease_tags(token), execution_tag(own): execution_value()},
+                              uri=uri, experiment_id=exp_id)
+        oldest = sink if sink.offline else _parents(client, exp_id, key)[0]
+        if oldest is sink or oldest.info.run_id == sink.run_id:
+            log(f"study {protocol.name}@{protocol.short_hash}: parent run {sink.run_id} created")
+            return sink, token, None
+        # Another execution (on another host: a local store is locked) made it first: end and
+        # delete this one, so that no deleted run stays RUNNING, and share the older one.
+        client.set_terminated(sink.run_id, "KILLED")
+        client.delete_run(sink.run_id)
+        found = [oldest]
+    run = found[0]
+    shared = run.info.status == "RUNNING" and lease_state(run).alive and TOKEN_TAG in run.data.tags
+    previous_end = None if run.info.status == "RUNNING" else run.info.end_time
+    sink = RunSink.attach(run, uri, protocol.name)
+    close_dead_records(sink, run)
+    # Executions alive at once share the parent's lease: each renews a tag of its own
+    # (``execution_tag``) and the parent is alive while any of them is.
+    token = run.data.tags[TOKEN_TAG] if shared else token
+    # Its name and its creator (mlflow.user, the UI's "Created by") stay those of the execution
+    # that made it: a worker of another account reattaching it is not its owner.
+    sink.set_tags({**{k: v for k, v in tags.items() if k not in ("mlflow.runName", "mlflow.user")},
+                   **({} if shared else lease_tags(token)), execution_tag(own): execution_value()})
+    log(f"study {protocol.name}@{protocol.short_hash}: parent run {run.info.run_id} reattached")
+    return sink, token, previous_end
+
+
+def _let_go(sink: RunSink, own: str) -> None:
+    """An execution that fails while opening the parent stops renewing it and removes its own tag."""
+    HEARTBEATS.release(sink.run_id)
+    with contextlib.suppress(Exception):
+        MlflowClient(fallback_uri() if sink.mirror_id else sink.uri).delete_tag(sink.local_run_id, execution_tag(own))
+
+
+def start_parent_run(protocol, protocol_file: Path, allow_dirty: bool, extra_tags: dict | None = None,
+                     log=lambda _: None) -> str:
+    """The study's parent run id (held by this execution); see ``open_study_parent``."""
+    return open_study_parent(protocol, protocol_file, allow_dirty, extra_tags, log=log).run_id
+
+
+def experiment_exists(protocol_name: str) -> bool:
+    return MlflowClient().get_experiment_by_name(protocol_name) is not None
+
+
+def study_runs(protocol) -> list[Run]:
+    """The parent run(s) of this study (normally one), oldest first; none when never run."""
+    client = MlflowClient()
+    exp = client.get_experiment_by_name(protocol.name)
+    return _parents(client, exp.experiment_id, study_key(protocol)) if exp else []
+
+
+def _unsynced_fallback_parent(experiment: str, key: str) -> Run | None:
+    """The study's parent in the local fallback store when it is not on the server yet (not synced)."""
+    if not (is_remote(tracking_uri()) and fallback_exists()):
+        return None
+    local = fallback_client()
+    exp = local.get_experiment_by_name(experiment)
+    found = [r for r in _parents(local, exp.experiment_id, key) if SYNC_SYNCED not in r.data.tags] if exp else []
+    return found[0] if found else None
+
+
+def _parents(client: MlflowClient, exp_id: str, key: str) -> list[Run]:
+    runs = client.search_runs([exp_id], filter_string=f"tags.study_key = '{key}' and tags.parent = 'true'",
+                              max_results=100)
+    return sorted(runs, key=lambda r: (r.info.start_time or 0, r.info.run_id))
+
+
+def _log_protocol_files(sink: RunSink, protocol, protocol_file: Path) -> None:
+    """The protocol as run (file and canonical JSON); a parent reattached after a kill may lack them."""
+    with contextlib.suppress(Exception):
+        have = {a.path for a in MlflowClient(sink.uri).list_artifacts(sink.local_run_id, "protocol")}
+        if {"protocol/canonical.json", f"protocol/{Path(protocol_file).name}"} <= have:
+            return
+    sink.log_artifact(protocol_file, artifact_path="protocol")
+    with tempfile.TemporaryDirectory() as tmp:
+        canonical = Path(tmp) / "canonical.json"
+        canonical.write_text(protocol.canonical_json())
+        sink.log_artifact(canonical, artifact_path="protocol")
+    sink.log_params({"protocol_description": protocol.description[:500]})
+
+
+def child_counts(parent_run_id: str, expected: int, uri: str | None = None, experiment: str | None = None) -> dict[str, int]:
+    """Cell counts from the parent's children as they are in the store (``tracking.record.executions.counts_of``)."""
+    client = MlflowClient(uri) if uri else MlflowClient()
+    exp_id = (client.get_experiment_by_name(experiment).experiment_id if experiment
+              else client.get_run(parent_run_id).info.experiment_id)
+    return counts_of(children(client, parent_run_id, exp_id), expected)
+
+
+def _fallback_children(parent: StudyParent) -> list[Run]:
+    with contextlib.suppress(Exception):
+        if fallback_exists():
+            local = fallback_client()
+            exp = local.get_experiment_by_name(parent.experiment)
+            return children(local, parent.run_id, exp.experiment_id) if exp else []
+    return []
+
+
+def close_study_parent(parent: StudyParent, outcome: str, why: str = "") -> str:
+    """Release the parent with a truthful status (``tracking.record.executions.study_status``); returns it.
+
+    ``outcome``: "completed" (the execution went through every cell), "interrupted"
+    (Ctrl-C, SIGTERM), "failed" (an error outside the cells) or "queued" (cells handed to
+    workers). While another execution still holds the parent or cells of this study, it
+    stays RUNNING. With the server away, only the children in the local fallback store can
+    be counted: cells not seen there are not called missing (``workbench sync`` recounts).
+    """
+    HEARTBEATS.release(parent.run_id)
+    sink = parent.sink
+    if parent.execution_token:  # this execution no longer keeps the parent alive
+        with contextlib.suppress(Exception):
+            store = fallback_uri() if sink.mirror_id else sink.uri
+            MlflowClient(store).delete_tag(sink.local_run_id, execution_tag(parent.execution_token))
+    runs, others, partial = [], False, False
+    try:
+        client = MlflowClient(sink.uri)
+        exp_id = client.get_run(parent.run_id).info.experiment_id
+        reap_expired(client, exp_id, f"tags.mlflow.parentRunId = '{parent.run_id}'")
+        runs = children(client, parent.run_id, exp_id)
+        others = any(state.alive for state, _ in execution_states(client.get_run(parent.run_id)).values())
+    except Exception:  # noqa: BLE001 - the server went away: the children logged locally meanwhile are all we see
+        partial = True
+    if sink.uri != fallback_uri():  # cells continued locally during an outage count too (one per run key)
+        runs += _fallback_children(parent)
+    counts = counts_of(runs, parent.expected_cells)
+    if not partial or not counts["missing"]:  # a partial count that found every cell is complete
+        sink.log_metrics({f"cells_{k}": v for k, v in counts.items()}, step=_execution_index(parent))
+    status = study_status(outcome, {**counts, "missing": 0} if partial else counts, others)
+    parent.status = status
+    parent.execution.update(end=iso(), outcome=outcome + (f": {why}" if why else ""), cells=counts, status=status,
+                            **({"counted": "local fallback store only (server unreachable)"} if partial else {}))
+    write_record(sink, parent.execution)
+    if status == "RUNNING":  # other executions are still at work on its cells; the last one ends it
+        return status
+    sink.set_tags({"last_execution_outcome": parent.execution["outcome"][:500]})
+    sink.end(status, end_time=end_time_for(parent.previous_end, parent.started_ms, runs) if not partial else None)
+    return status
+
+
+def _execution_index(parent: StudyParent) -> int:
+    with contextlib.suppress(Exception):
+        return len(MlflowClient(parent.sink.uri).list_artifacts(parent.sink.local_run_id, "executions"))
+    return 0
+
+
+def end_parent_run(run_id: str, counts: dict[str, int], experiment: str | None = None) -> None:
+    """Cell counts and the final status; a server gone meanwhile gets them through a local mirror."""
+    HEARTBEATS.release(run_id)
+    sink = RunSink.for_run(run_id, experiment)
+    sink.log_metrics({f"cells_{status}": n for status, n in counts.items()})
+    sink.end("FAILED" if counts.get("failed") else "FINISHED")
+
+
+def parent_status(run_id: str) -> str | None:
+    """The parent's status in its store, or None when the server cannot be asked now."""
+    uri = fallback_uri() if fallback_run_exists(run_id) else tracking_uri()
+    try:
+        return MlflowClient(uri).get_run(run_id).info.status
+    except Exception as err:
+        if is_unreachable(err):
+            return None
+        raise
+
+
+def log_report_artifact(run_id: str, path: Path, artifact_path: str = "report") -> None:
+    mlflow.tracking.MlflowClient().log_artifact(run_id, str(path), artifact_path=artifact_path)
