@@ -27,7 +27,7 @@ from workbench.analysis import intervention_figures as figs
 from workbench.interventions.spec import HeadAblation
 from workbench.interventions.summary import CellOutcomes, InterventionRow, head_matrix, ranked, seed_consistency, summarize
 from workbench.protocol import SHORT_HASH_LEN, InterventionProtocol
-from workbench.report_content.intervention_wording import effect_paragraph, heads_sentence
+from workbench.report_content.intervention_wording import effect_caveats, effect_paragraph, heads_sentence
 from workbench.report_content.rounding import bootstrap_display, exact_decimals, fmt
 
 FLAG = "⚠"
@@ -192,7 +192,9 @@ def build_blocks(study: InterventionStudy, inputs: provenance.BuildInputs, log_t
         results.append(Para(f"**{arm}**: intact {split} accuracy {intact} % (seeds {', '.join(map(str, cells))}); "
                             f"{len(rows)} interventions, each applied on its own to every cell."))
         results += [Para(t) for t in (heads_sentence(rows, m, split) for m in ("zero", "mean")) if t]
-        results += [Quote(effect_paragraph(r, split)) for r in ranked(rows)[:TOP_EFFECTS]]
+        top = ranked(rows)[:TOP_EFFECTS]
+        results += [Quote(effect_paragraph(r, split)) for r in top]
+        results += [Para(t) for t in [effect_caveats(top, split)] if t]
         sections += arm_blocks(arm, rows, cells, protocol, depth, heads, 2, n_resamples)
     n = len(chosen)
     expected = len(arms) * len(seeds)
