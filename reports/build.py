@@ -19,12 +19,13 @@ from pathlib import Path
 
 from reports import configuration, document, results, tables
 from reports import transfer_report
+from reports.summary import Summary, ablation_metrics, paired_metrics, results_text
 from reports.provenance import BuildInputs, stale_items
 from reports.collect import ReportError, StudyData, load_study, protocol_file, resolve_protocol
 from reports.evidence import EVIDENCE_DIR, export_evidence, export_format, load_evidence
 from reports.intervention_evidence import FORMAT as INTERVENTION_FORMAT, load_intervention_evidence
 from reports.render import Figure, to_html, to_markdown
-from tracking import queries
+from tracking import queries, report_summary
 from workbench.atomic import atomic_write_bytes
 from workbench.protocol import SHORT_HASH_LEN, TransferProtocol, kind_of, load_transfer_protocol, read_yaml
 from workbench.transfer.report import TransferSection
@@ -48,6 +49,7 @@ class ReportResult:
     messages: list[str] = field(default_factory=list)  # what the command line should print
     section: TransferSection | None = None  # transfer protocols
     problems: list[str] = field(default_factory=list)  # missing cells and stale runs: `--strict` exits 1 on any
+    summary: Summary | None = None  # what the parent run gets besides the files: comparisons as metrics, Results as text
 
 
 def parse_compare(values: tuple[str, ...] | list[str]) -> list[tuple[str, str]]:
@@ -194,8 +196,13 @@ def render_study(study: StudyData, inputs: BuildInputs, out_root: Path, log_targ
               + document.analysis_section(analysis) + document.runs_section(study))
     folder = Path(out_root) / spec.name
     figure_paths = _write(folder, blocks, f"{spec.name}@{spec.short_hash} report")
+    expected = len(spec.arms) * len(spec.seeds)
+    summary = Summary(ablation_metrics(items), results_text(
+        blocks, f"Results of the report: {spec.name}@{spec.short_hash}, {len(study.cells)} of {expected} cells",
+        "accuracy differences in percentage points"))
     return ReportResult(folder, folder / "report.md", folder / "report.html", figure_paths, study, summaries, comparisons,
-                        messages=messages, problems=stale_items(study.attempts, [f"{a}/seed{s}" for a, s, _ in study.missing]))
+                        messages=messages, problems=stale_items(study.attempts, [f"{a}/seed{s}" for a, s, _ in study.missing]),
+                        summary=summary)
 
 
 def build_transfer_report(
@@ -229,8 +236,13 @@ def build_transfer_report(
                 "(transfer protocol)"] + [f"warning: {w}" for w in warnings]
     if log and not parents:
         messages.append(f"no parent run of {protocol.name}@{short} found: the report is not logged to MLflow")
+    metrics = {k: v for (a, b, metric), (paired, boot) in section.paired.items()
+               for k, v in paired_metrics(a, b, f"test_{metric}", paired, boot, scale=1.0).items()}
+    summary = Summary(metrics, results_text(blocks, f"Results of the report: {protocol.name}@{short}, "
+                                            f"{len(section.kappa_table)} of {expected} cells",
+                                            "differences of QWK, accuracy and macro-F1 as fractions, as in the report"))
     result = ReportResult(folder, folder / "report.md", folder / "report.html", figure_paths, messages=messages,
-                          section=section, problems=problems)
+                          section=section, problems=problems, summary=summary)
     _log(result, folder, log_targets if log else None)
     return result
 
@@ -244,6 +256,11 @@ def _log(result: ReportResult, folder: Path, targets: list[str] | None) -> None:
         queries.log_report(run_id, folder)
         result.logged_to.append(run_id)
         result.messages.append(f"logged the report to run {run_id} (artifacts report/)")
+    for run_id in targets if result.summary is not None else []:  # the study's parent: its answer in the UI
+        stale = report_summary.log_summary(run_id, result.summary.metrics, result.summary.text)
+        result.messages.append(
+            f"run {run_id}: the report's {result.summary.comparisons} comparisons as metrics (cmp.*) and its results "
+            "as the description" + (f"; {stale} comparison(s) no longer made set to NaN" if stale else ""))
 
 
 def _write(folder: Path, blocks: list, title: str) -> list[Path]:

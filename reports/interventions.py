@@ -21,6 +21,7 @@ from reports import provenance
 from reports.collect import ReportError, newer_attempts, resolve_hash, shown_path
 from reports.figures import _png
 from reports.render import Block, Bullets, Figure, Heading, Para, Quote, Table
+from reports.summary import Summary, paired_metrics, results_text
 from tracking import interventions as ti
 from tracking import queries
 from workbench.analysis import intervention_figures as figs
@@ -167,8 +168,9 @@ def load_study(protocol: InterventionProtocol, digest: str) -> InterventionStudy
 
 
 def build_blocks(study: InterventionStudy, inputs: provenance.BuildInputs, log_targets: list[str],
-                 n_resamples: int) -> tuple[list[Block], list[str], list[str], int]:
-    """The report's blocks, its warnings, what ``--strict`` refuses, and the number of reported cells."""
+                 n_resamples: int) -> tuple[list[Block], list[str], list[str], int, dict[str, float]]:
+    """The report's blocks, its warnings, what ``--strict`` refuses, the number of reported cells, and every
+    intervention's comparison with the intact model as ``cmp.<arm>.<intervention>_vs_intact.<split>.*`` metrics."""
     protocol, digest, chosen, store = study.protocol, study.digest, study.chosen, study.tracking_uri
     arms, seeds = list(protocol.arms), list(protocol.seeds)
     missing = [f"{a}/seed{s}" for s in seeds for a in arms if (a, s) not in chosen]
@@ -180,12 +182,15 @@ def build_blocks(study: InterventionStudy, inputs: provenance.BuildInputs, log_t
                  for r in attempts]
     results: list[Block] = [Heading(2, "Results")]
     sections: list[Block] = []
+    metrics: dict[str, float] = {}
     for arm in arms:
         cells = {s: study.cells[(arm, s)] for s in seeds if (arm, s) in chosen}
         if not cells:
             continue
         outcomes = {s: CellOutcomes(c.names, c.labels, c.intact_predicted, c.predicted) for s, c in cells.items()}
         rows = summarize(outcomes, n_resamples, e.confidence, e.seed)
+        for r in rows:
+            metrics |= paired_metrics(f"{arm}.{r.name}", "intact", e.split, r.paired, r.bootstrap)
         depth, heads = _shape(protocol, arm, cells)
         accuracies = [100 * o.accuracy() for o in outcomes.values()]
         intact = ", ".join(fmt(a, exact_decimals(accuracies, 2, 3)) for a in accuracies)
@@ -214,7 +219,7 @@ def build_blocks(study: InterventionStudy, inputs: provenance.BuildInputs, log_t
     rows = [(a, s, chosen[(a, s)]) for s in seeds for a in arms if (a, s) in chosen]
     blocks = (header + results + sections + provenance.provenance_blocks(rows, attempts, chosen, "arm", store)
               + acted_on_blocks(rows))
-    return blocks, warnings, provenance.stale_items(attempts, missing), n
+    return blocks, warnings, provenance.stale_items(attempts, missing), n, metrics
 
 
 def acted_on_blocks(rows: list[tuple[str, int, queries.CellRecord]]) -> list[Block]:
@@ -290,11 +295,13 @@ def render_intervention_study(study: InterventionStudy, inputs: provenance.Build
     from reports.build import ReportResult, _write  # build dispatches here: imported when called
 
     protocol, short = study.protocol, study.digest[:SHORT_HASH_LEN]
-    blocks, warnings, problems, n = build_blocks(study, inputs, log_targets, inputs.n_resamples)
+    blocks, warnings, problems, n, metrics = build_blocks(study, inputs, log_targets, inputs.n_resamples)
     folder = Path(out_root) / protocol.name
     figure_paths = _write(folder, blocks, f"{protocol.name}@{short} intervention report")
     expected = len(protocol.arms) * len(protocol.seeds)
     messages = [f"{protocol.name}@{short}: {n} of {expected} cells have a finished run "
                 "(intervention protocol)"] + [f"warning: {w}" for w in warnings]
+    summary = Summary(metrics, results_text(blocks, f"Results of the report: {protocol.name}@{short}, {n} of {expected} "
+                                            "cells", "accuracy changes in percentage points (intervened minus intact)"))
     return ReportResult(folder, folder / "report.md", folder / "report.html", figure_paths, messages=messages,
-                        problems=problems)
+                        problems=problems, summary=summary)

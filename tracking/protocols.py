@@ -20,7 +20,7 @@ from mlflow.tracking import MlflowClient
 from tracking.offline_fallback import (TrackingAuthError, ensure_experiment, fallback_client, fallback_exists,
                                       fallback_run_exists, fallback_uri, is_permission_denied, is_remote, is_unreachable,
                                       redact_uri, tracking_uri)
-from tracking import ui_links
+from tracking import report_summary, ui_links
 from tracking.executions import (EXPECTED_TAG, children, close_dead_records, counts_of, end_time_for, iso, new_record,
                                  study_status, write_record)
 from tracking.runs import configure_tracking, git_state, run_user
@@ -237,7 +237,9 @@ def _find_or_create_parent(client: MlflowClient, exp_id: str, protocol, tags: di
     token = run.data.tags[TOKEN_TAG] if shared else token
     # Its name and its creator (mlflow.user, the UI's "Created by") stay those of the execution
     # that made it: a worker of another account reattaching it is not its owner.
-    sink.set_tags({**{k: v for k, v in tags.items() if k not in ("mlflow.runName", "mlflow.user")},
+    # The last report's results stay at the top of its description (tracking/report_summary.py).
+    note = {"mlflow.note.content": report_summary.kept_results(run.data.tags, tags["mlflow.note.content"])}
+    sink.set_tags({**{k: v for k, v in tags.items() if k not in ("mlflow.runName", "mlflow.user")}, **note,
                    **({} if shared else lease_tags(token)), execution_tag(own): execution_value()})
     log(f"study {protocol.name}@{protocol.short_hash}: parent run {run.info.run_id} reattached")
     return sink, token, previous_end
