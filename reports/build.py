@@ -198,7 +198,7 @@ def render_study(study: StudyData, inputs: BuildInputs, out_root: Path, log_targ
     figure_paths = _write(folder, blocks, f"{spec.name}@{spec.short_hash} report")
     expected = len(spec.arms) * len(spec.seeds)
     summary = Summary(ablation_metrics(items), results_text(
-        blocks, f"Results of the report: {spec.name}@{spec.short_hash}, {len(study.cells)} of {expected} cells",
+        blocks, f": {spec.name}@{spec.short_hash}, {len(study.cells)} of {expected} cells",
         "accuracy differences in percentage points"))
     return ReportResult(folder, folder / "report.md", folder / "report.html", figure_paths, study, summaries, comparisons,
                         messages=messages, problems=stale_items(study.attempts, [f"{a}/seed{s}" for a, s, _ in study.missing]),
@@ -238,9 +238,9 @@ def build_transfer_report(
         messages.append(f"no parent run of {protocol.name}@{short} found: the report is not logged to MLflow")
     metrics = {k: v for (a, b, metric), (paired, boot) in section.paired.items()
                for k, v in paired_metrics(a, b, f"test_{metric}", paired, boot, scale=1.0).items()}
-    summary = Summary(metrics, results_text(blocks, f"Results of the report: {protocol.name}@{short}, "
+    summary = Summary(metrics, results_text(blocks, f": {protocol.name}@{short}, "
                                             f"{len(section.kappa_table)} of {expected} cells",
-                                            "differences of QWK, accuracy and macro-F1 as fractions, as in the report"))
+                                            "QWK differences (test_qwk) as the report shows them"))
     result = ReportResult(folder, folder / "report.md", folder / "report.html", figure_paths, messages=messages,
                           section=section, problems=problems, summary=summary)
     _log(result, folder, log_targets if log else None)

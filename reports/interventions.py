@@ -301,7 +301,7 @@ def render_intervention_study(study: InterventionStudy, inputs: provenance.Build
     expected = len(protocol.arms) * len(protocol.seeds)
     messages = [f"{protocol.name}@{short}: {n} of {expected} cells have a finished run "
                 "(intervention protocol)"] + [f"warning: {w}" for w in warnings]
-    summary = Summary(metrics, results_text(blocks, f"Results of the report: {protocol.name}@{short}, {n} of {expected} "
+    summary = Summary(metrics, results_text(blocks, f": {protocol.name}@{short}, {n} of {expected} "
                                             "cells", "accuracy changes in percentage points (intervened minus intact)"))
     return ReportResult(folder, folder / "report.md", folder / "report.html", figure_paths, messages=messages,
                         problems=problems, summary=summary)

@@ -60,7 +60,7 @@ def results_section(study: StudyData, items: dict[str, list]) -> list[Block]:
     """Per split: the comparisons as a table, one stated result each, the caveats they share once, a forest plot."""
     blocks: list[Block] = [Heading(2, "Results")]
     for split, pairs in items.items():
-        blocks += [Heading(3, SPLIT_TITLES[split]), results_table(pairs)]
+        blocks += [Heading(3, SPLIT_TITLES[split])] + ([results_table(pairs)] if pairs else [])
         for c, cc in pairs:
             if cc is None:
                 blocks.append(Para(f"{FLAG} {c.a} − {c.b} on {SPLIT_WORDS[split]}: {c.note or 'no paired seeds'}."))

@@ -14,7 +14,7 @@ import math
 from dataclasses import dataclass
 
 from reports.render import Block, Bullets, Heading, Para, Quote
-from tracking.report_summary import LIMIT, SEPARATOR, comparison_metrics
+from tracking.report_summary import HEAD, LIMIT, SEPARATOR, comparison_metrics
 
 BUDGET = LIMIT - len(SEPARATOR) - 1000  # leave the protocol's description at least a first paragraph below
 FOOTER = ("Every comparison's numbers are metrics of this run, `cmp.<a>_vs_<b>.<split>.<stat>`: `mean_diff`, "
@@ -37,9 +37,11 @@ class Summary:
 def results_text(blocks: list[Block], title: str, unit: str) -> str:
     """The Results section of ``blocks`` as Markdown for the run's description, within ``BUDGET`` characters.
 
-    Stated results become list items, sub-headings bold lines, paragraphs stay paragraphs;
-    tables and figures are left to the report. Results that do not fit are counted, not cut
-    mid-sentence.
+    ``title`` follows "Results of the report" in its heading (which marks the block for the next build).
+
+    Stated results become list items, sub-headings bold lines, paragraphs stay paragraphs
+    (a paragraph the same as one above, the caveats of a second split, is said once); tables
+    and figures are left to the report. Results that do not fit are counted, not cut mid-sentence.
     """
     parts, inside = [], False
     for block in blocks:
@@ -52,11 +54,11 @@ def results_text(blocks: list[Block], title: str, unit: str) -> str:
             parts.append(f"**{block.text}**")
         elif isinstance(block, Quote):
             parts.append(f"- {block.text}")
-        elif isinstance(block, Para):
+        elif isinstance(block, Para) and block.text not in parts:  # the caveats of a second split: said above
             parts.append(block.text)
         elif isinstance(block, Bullets):
             parts += [f"- {item}" for item in block.items]
-    head, foot = f"### {title}", FOOTER.format(unit=unit)
+    head, foot = f"{HEAD}{title}", FOOTER.format(unit=unit)
     kept, used = [], len(head) + len(foot) + 4
     for i, part in enumerate(parts):
         if used + len(part) + 2 > BUDGET - 150:  # 150: room for the line saying what was left out

@@ -238,7 +238,8 @@ def _find_or_create_parent(client: MlflowClient, exp_id: str, protocol, tags: di
     # Its name and its creator (mlflow.user, the UI's "Created by") stay those of the execution
     # that made it: a worker of another account reattaching it is not its owner.
     # The last report's results stay at the top of its description (tracking/report_summary.py).
-    note = {"mlflow.note.content": report_summary.kept_results(run.data.tags, tags["mlflow.note.content"])}
+    note = {"mlflow.note.content": report_summary.kept_results(run.data.tags.get("mlflow.note.content", ""),
+                                                                tags["mlflow.note.content"])}
     sink.set_tags({**{k: v for k, v in tags.items() if k not in ("mlflow.runName", "mlflow.user")}, **note,
                    **({} if shared else lease_tags(token)), execution_tag(own): execution_value()})
     log(f"study {protocol.name}@{protocol.short_hash}: parent run {run.info.run_id} reattached")

@@ -5,10 +5,12 @@ rendered as Markdown) on the run's page, and metrics as columns of the runs list
 report is built, its study's parent run gets, for every comparison the report makes, the
 metrics ``cmp.<a>_vs_<b>.<split>.<stat>`` (``comparison_metrics``: mean_diff, t_low, t_high,
 boot_low, boot_high, wins, n) and, at the top of its description, the report's Results
-sentences and caveats; the protocol's description the parent was created with stays below.
-Each build replaces the block of the build before (kept apart in the tag ``report.results``
-so it can be found again), and a comparison an earlier build made but this one does not
-gets NaN in each of its metrics, so the run shows no number the report no longer states.
+sentences and caveats; the protocol's description the parent was created with stays below,
+after a rule. Each build replaces the block of the build before (the block starts with
+``HEAD`` and ends at the first rule), values are rounded to ``DECIMALS`` (far below any digit
+the report shows, and free of float noise in the UI), and a comparison an earlier build made
+but this one does not gets NaN in each of its metrics, so the run shows no number the report
+no longer states.
 """
 
 from __future__ import annotations
@@ -23,8 +25,9 @@ from mlflow.tracking import MlflowClient
 PREFIX = "cmp."
 STATS = ("mean_diff", "t_low", "t_high", "boot_low", "boot_high", "wins", "n")
 NOTE_TAG = "mlflow.note.content"
-RESULTS_TAG = "report.results"  # the block this module put at the top of the description, to find and replace it
+HEAD = "### Results of the report"  # how the block this module puts at the top of the description starts
 SEPARATOR = "\n\n---\n\n"  # between the results block and the protocol's description (a rule in the UI)
+DECIMALS = 6
 BATCH = 1000  # MLflow's log_batch accepts at most 1,000 metrics per call
 LIMIT = 8000  # MLflow's longest tag value (mlflow.utils.validation.MAX_TAG_VAL_LENGTH); longer ones are cut or refused
 CUT = "\n\n… (shortened to fit MLflow's 8,000-character description: the whole text is the protocol file's)"
@@ -34,21 +37,23 @@ def comparison_metrics(a: str, b: str, split: str, *, mean_diff: float, t_low: f
                        boot_low: float, boot_high: float, wins: int, n: int) -> dict[str, float]:
     """The metrics of one comparison a - b on ``split``, keyed ``cmp.<a>_vs_<b>.<split>.<stat>`` (NaN where absent)."""
     values = (mean_diff, t_low, t_high, boot_low, boot_high, wins, n)
-    return {f"{PREFIX}{a}_vs_{b}.{split}.{stat}": float(v) for stat, v in zip(STATS, values)}
+    return {f"{PREFIX}{a}_vs_{b}.{split}.{stat}": round(float(v), DECIMALS) for stat, v in zip(STATS, values)}
 
 
-def with_results(note: str, previous_block: str, block: str) -> str:
-    """``note`` with ``block`` at its top in place of ``previous_block`` (or of nothing the first time).
+def results_block(note: str) -> str:
+    """The block an earlier build put at the top of ``note`` ("" if none)."""
+    return note.split(SEPARATOR, 1)[0] if note.startswith(HEAD) else ""
+
+
+def with_results(note: str, block: str) -> str:
+    """``note`` with ``block`` at its top in place of an earlier build's block.
 
     The whole stays within MLflow's ``LIMIT``: the block comes first (``block`` itself must
     fit), the protocol's description below it is shortened, saying so, when it does not.
     """
     if len(block) > LIMIT:
         raise ValueError(f"a results block of {len(block)} characters does not fit MLflow's {LIMIT}")
-    head = previous_block + SEPARATOR
-    base = note[len(head):] if previous_block and note.startswith(head) else note
-    if previous_block and base == previous_block:  # a note that was only the block
-        base = ""
+    base = (note.split(SEPARATOR, 1)[1] if SEPARATOR in note else "") if note.startswith(HEAD) else note
     was_cut = base.endswith(CUT)  # shortened by an earlier build: shorten it afresh, and say so again
     base = base[:-len(CUT)] if was_cut else base
     room = LIMIT - len(block) - len(SEPARATOR)
@@ -58,10 +63,10 @@ def with_results(note: str, previous_block: str, block: str) -> str:
     return block + SEPARATOR + base if base else block
 
 
-def kept_results(tags: Mapping[str, str], note: str) -> str:
-    """The description a reattached parent should get: ``note`` with the last report's block still on top."""
-    block = tags.get(RESULTS_TAG, "")
-    return with_results(note, "", block) if block and not note.startswith(block) else note
+def kept_results(old_note: str, note: str) -> str:
+    """The description a reattached parent should get: its new ``note`` with the last report's block still on top."""
+    block = results_block(old_note)
+    return with_results(note, block) if block else note
 
 
 def log_summary(run_id: str, metrics: Mapping[str, float], block: str, client: MlflowClient | None = None) -> int:
@@ -74,8 +79,7 @@ def log_summary(run_id: str, metrics: Mapping[str, float], block: str, client: M
     entries = [Metric(k, float(v), now, 0) for k, v in {**metrics, **stale}.items()]
     for i in range(0, len(entries), BATCH):
         client.log_batch(run_id, metrics=entries[i:i + BATCH])
-    tags = run.data.tags
-    note = with_results(tags.get(NOTE_TAG, ""), tags.get(RESULTS_TAG, ""), block)
-    client.set_tag(run_id, RESULTS_TAG, block)
-    client.set_tag(run_id, NOTE_TAG, note)
+    if not block.startswith(HEAD):
+        raise ValueError(f"a results block starts with {HEAD!r}, so the next build can find and replace it")
+    client.set_tag(run_id, NOTE_TAG, with_results(run.data.tags.get(NOTE_TAG, ""), block))
     return len({k.rsplit(".", 1)[0] for k in stale})
