@@ -257,10 +257,11 @@ def _log(result: ReportResult, folder: Path, targets: list[str] | None) -> None:
         result.logged_to.append(run_id)
         result.messages.append(f"logged the report to run {run_id} (artifacts report/)")
     for run_id in targets if result.summary is not None else []:  # the study's parent: its answer in the UI
-        stale = report_summary.log_summary(run_id, result.summary.metrics, result.summary.text)
+        stale, page = report_summary.log_summary(run_id, result.summary.metrics, result.summary.text)
         result.messages.append(
             f"run {run_id}: the report's {result.summary.comparisons} comparisons as metrics (cmp.*) and its results "
-            "as the description" + (f"; {stale} comparison(s) no longer made set to NaN" if stale else ""))
+            "as the description" + (f"; {stale} comparison(s) no longer made set to NaN" if stale else "")
+            + (f"; in the MLflow UI: {page}" if page else ""))
 
 
 def _write(folder: Path, blocks: list, title: str) -> list[Path]:

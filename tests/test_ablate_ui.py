@@ -99,8 +99,9 @@ def test_the_parent_run_page_shows_the_reports_comparison(tmp_path):
         (parent,) = client.search_runs([exp.experiment_id], "tags.parent = 'true'")
         md = (tmp_path / "reports" / "ui2" / "report.md").read_text()
         stated = next(line[2:] for line in md.splitlines() if line.startswith("> On validation, wide minus vit"))
-        page = text_of(open_page(tmp_path, f"{url}/#/experiments/{exp.experiment_id}/runs/{parent.info.run_id}"
-                                           "?workflowType=machine_learning"))
+        address = f"{url}/#/experiments/{exp.experiment_id}/runs/{parent.info.run_id}?workflowType=machine_learning"
+        assert f"in the MLflow UI: {address}" in done.stdout, done.stdout  # report prints the parent's page
+        page = text_of(open_page(tmp_path, address))
         assert "Description Results of the report: ui2@" in page, page[:3000]
         # The page shows the description's first result (collapsed after it) and every cmp.* metric of the run.
         assert " ".join(stated.split())[:60] in page, (stated, page[:3000])

@@ -22,6 +22,8 @@ from collections.abc import Mapping
 from mlflow.entities import Metric
 from mlflow.tracking import MlflowClient
 
+from tracking import ui_links
+
 PREFIX = "cmp."
 STATS = ("mean_diff", "t_low", "t_high", "boot_low", "boot_high", "wins", "n")
 NOTE_TAG = "mlflow.note.content"
@@ -69,8 +71,13 @@ def kept_results(old_note: str, note: str) -> str:
     return with_results(note, block) if block else note
 
 
-def log_summary(run_id: str, metrics: Mapping[str, float], block: str, client: MlflowClient | None = None) -> int:
-    """Put a report's comparisons and result text on ``run_id``; returns how many earlier comparisons' metrics went NaN."""
+def log_summary(run_id: str, metrics: Mapping[str, float], block: str,
+                client: MlflowClient | None = None) -> tuple[int, str | None]:
+    """Put a report's comparisons and result text on ``run_id``.
+
+    Returns how many earlier comparisons' metrics went NaN, and the run's page in the UI (the
+    runs view, no credentials; None for a local store, which has no UI address).
+    """
     client = client or MlflowClient()
     run = client.get_run(run_id)
     stale = {k: math.nan for k in run.data.metrics if k.startswith(PREFIX) and k not in metrics
@@ -82,4 +89,5 @@ def log_summary(run_id: str, metrics: Mapping[str, float], block: str, client: M
     if not block.startswith(HEAD):
         raise ValueError(f"a results block starts with {HEAD!r}, so the next build can find and replace it")
     client.set_tag(run_id, NOTE_TAG, with_results(run.data.tags.get(NOTE_TAG, ""), block))
-    return len({k.rsplit(".", 1)[0] for k in stale})
+    page = ui_links.run_url(client.tracking_uri, run.info.experiment_id, run_id)
+    return len({k.rsplit(".", 1)[0] for k in stale}), page
