@@ -48,7 +48,10 @@ test-slow: $(STAMP)
 test-all: $(STAMP)
 	$(PY) -m pytest -m ''
 
+# The MLflow UI on the embedded store. It first prints each study's runs page: MLflow 3.17 opens an
+# experiment on its GenAI "Overview" unless the address says ?workflowType=machine_learning.
 ui: $(STAMP)
+	@$(PY) -m tracking.store.ui_links sqlite:///mlflow.db http://127.0.0.1:5000
 	mlflow ui --backend-store-uri sqlite:///mlflow.db --host 127.0.0.1 --port 5000
 
 clean:

@@ -21,7 +21,7 @@ from reports.collect import ReportError, StudyData, load_study, protocol_file, r
 from reports.evidence import EVIDENCE_DIR, export_evidence, export_format, load_evidence
 from reports.interventions.intervention_evidence import FORMAT as INTERVENTION_FORMAT, load_intervention_evidence
 from reports.interventions.intervention_report import build_intervention_report, render_intervention_study
-from reports.output import ReportResult, log_report, write_report
+from reports.output import ReportResult, Summary, ablation_metrics, log_report, paired_metrics, results_text, write_report
 from reports.provenance import BuildInputs, stale_items
 from reports.transfer import transfer_report
 from tracking.record import queries
@@ -169,8 +169,13 @@ def render_study(study: StudyData, inputs: BuildInputs, out_root: Path, log_targ
               + document.analysis_section(analysis) + document.runs_section(study))
     folder = Path(out_root) / spec.name
     figure_paths = write_report(folder, blocks, f"{spec.name}@{spec.short_hash} report")
+    expected = len(spec.arms) * len(spec.seeds)
+    summary = Summary(ablation_metrics(items), results_text(
+        blocks, f": {spec.name}@{spec.short_hash}, {len(study.cells)} of {expected} cells",
+        "accuracy differences in percentage points"))
     return ReportResult(folder, folder / "report.md", folder / "report.html", figure_paths, study, summaries, comparisons,
-                        messages=messages, problems=stale_items(study.attempts, [f"{a}/seed{s}" for a, s, _ in study.missing]))
+                        messages=messages, problems=stale_items(study.attempts, [f"{a}/seed{s}" for a, s, _ in study.missing]),
+                        summary=summary)
 
 
 def build_transfer_report(
@@ -204,7 +209,12 @@ def build_transfer_report(
                 "(transfer protocol)"] + [f"warning: {w}" for w in warnings]
     if log and not parents:
         messages.append(f"no parent run of {protocol.name}@{short} found: the report is not logged to MLflow")
+    metrics = {k: v for (a, b, metric), (paired, boot) in section.paired.items()
+               for k, v in paired_metrics(a, b, f"test_{metric}", paired, boot, scale=1.0).items()}
+    summary = Summary(metrics, results_text(blocks, f": {protocol.name}@{short}, "
+                                            f"{len(section.kappa_table)} of {expected} cells",
+                                            "QWK differences (test_qwk) as the report shows them"))
     result = ReportResult(folder, folder / "report.md", folder / "report.html", figure_paths, messages=messages,
-                          section=section, problems=problems)
+                          section=section, problems=problems, summary=summary)
     log_report(result, folder, log_targets if log else None)
     return result

@@ -139,8 +139,9 @@ def header_bullets(inputs: BuildInputs, experiment: str, chosen_rule: str, logge
     if logged_to:
         items.append(f"This report is logged as an artifact (`report/`) of run(s) {', '.join(f'`{r}`' for r in logged_to)}.")
     if rebuilt_from:
+        logged = "; the copy logged to that run is the store build's" if logged_to else ""
         items.append(f"{REBUILT_PREFIX} `{rebuilt_from}` (the runs' records and per-example predictions), without "
-                     "the MLflow store: the store, runs and options above are the ones the export recorded.")
+                     f"the MLflow store: the store, runs and options above are the ones the export recorded{logged}.")
     return items
 
 

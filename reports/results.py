@@ -20,6 +20,7 @@ from reports.tables import ArmSummary, Comparison
 from workbench.report_content import comparison, forest
 from workbench.report_content.numbers import bootstrap_seed_multisets, min_wilcoxon_p
 from workbench.report_content.rounding import exact_decimals, fmt, paired_display
+from workbench.report_content.wording import section_caveats
 
 SPLIT_WORDS = {"val": "validation", "test": "test"}
 SPLIT_TITLES = {"val": "Validation", "test": "Test"}
@@ -55,15 +56,18 @@ def contents(comparisons: list[Comparison], summaries: list[ArmSummary], expecte
 
 
 def results_section(study: StudyData, items: dict[str, list]) -> list[Block]:
-    """One paragraph per comparison and split, stating the result in words, and a forest plot per split."""
+    """Per split: the comparisons as a table, one stated result each, the caveats they share once, a forest plot."""
     blocks: list[Block] = [Heading(2, "Results")]
     for split, pairs in items.items():
-        blocks.append(Heading(3, SPLIT_TITLES[split]))
+        blocks += [Heading(3, SPLIT_TITLES[split])] + ([results_table(pairs)] if pairs else [])
         for c, cc in pairs:
             if cc is None:
                 blocks.append(Para(f"{FLAG} {c.a} − {c.b} on {SPLIT_WORDS[split]}: {c.note or 'no paired seeds'}."))
             else:
                 blocks.append(Quote(cc.paragraph.text))
+        caveats = section_caveats(cc.paragraph for _, cc in pairs if cc is not None)
+        if caveats:
+            blocks.append(Para(caveats))
         rows = [cc.forest_row for c, cc in pairs if cc is not None and c.b == study.spec.reference]
         if rows:
             fig = forest.forest_plot(rows, study.spec.reference, metric=f"{SPLIT_WORDS[split]} accuracy",
@@ -73,6 +77,31 @@ def results_section(study: StudyData, items: dict[str, list]) -> list[Block]:
                 "dot = mean difference, thick bar = 95% t-interval over seeds, thin bar = 95% hierarchical bootstrap; "
                 "wins k of n = seeds where the arm is ahead."), forest.figure_png(fig)))
     return blocks
+
+
+def results_table(pairs: list[tuple[Comparison, content.ComparisonContent | None]]) -> Table:
+    """One row per comparison: mean, both intervals, who is ahead in how many seeds, and what the wider interval says."""
+    body = []
+    for c, cc in pairs:
+        if cc is None:
+            body.append([f"{c.a} − {c.b}", "n/a", "n/a", "n/a", f"0 of {c.expected_n} {FLAG}", "no paired seeds"])
+            continue
+        p, par = c.paired, cc.paragraph
+        ahead = par.ahead.replace(" seeds", "").replace(" seed", "") + ("" if p.n == c.expected_n else f" {FLAG}")
+        if par.sign_settled:
+            sign = f"{par.settled_for} ahead ({par.driving_interval} excludes 0)"
+        elif par.sign_settled is False:
+            sign = f"not settled ({par.driving_interval} includes 0)"
+        else:
+            sign = "n/a (no interval)"
+        boot = f"[{cc.bootstrap.low}, {cc.bootstrap.high}]" if cc.bootstrap else "n/a"
+        t = (f"[{fmt(100 * p.ci_low, 2, True)}, {fmt(100 * p.ci_high, 2, True)}]"
+             if math.isfinite(p.ci_low) and math.isfinite(p.ci_high) else "n/a")
+        body.append([f"{c.a} − {c.b}", fmt(100 * p.mean_difference, 2, True), t, boot, ahead, sign])
+    return Table(["a − b", "mean", "95% t-interval", "95% bootstrap", "seeds", "sign"], body,
+                 ["l", "r", "r", "r", "l", "l"],
+                 ["Differences in points. Sign: settled where the wider of the two intervals (named) excludes zero. "
+                  "Per-seed differences, effect sizes and p-values: Seed-paired comparisons."])
 
 
 def comparison_section(study: StudyData, items: dict[str, list], n_resamples: int) -> list[Block]:

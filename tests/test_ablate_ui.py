@@ -70,6 +70,45 @@ def test_experiment_page_lists_the_parent_and_its_cells_and_no_password_is_print
         assert re.search(r"Created by \S+", page) and "Created by —" not in page, page[:3000]
 
 
+TWO_ARMS = PROTOCOL.replace("description: one-arm protocol for record tests", "description: two-arm protocol for the UI") \
+    .replace("  - {{name: vit, reference: true}}\n",
+             "  - {{name: vit, reference: true}}\n  - {{name: wide, overrides: {{model: {{dim: 32}}}}}}\n")
+
+
+def test_the_parent_run_page_shows_the_reports_comparison(tmp_path):
+    """After `workbench report`, the parent's page in the UI shows the stated result and the cmp.* metrics."""
+    if BROWSER is None:
+        pytest.skip("headless Chromium not installed (Debian: apt-get install chromium)")
+    folder = tmp_path / "images"
+    make_image_folder(folder, per_class={"train": 8, "test": 3})
+    path = tmp_path / "ui2.yaml"
+    path.write_text(TWO_ARMS.format(name="ui2", epochs=1, seeds="[0, 1]"))
+    with mlflow_server(f"sqlite:///{tmp_path / 'server.db'}", tmp_path / "artifacts") as url:
+        env = {**os.environ, "PYTHONPATH": str(ROOT), "MLFLOW_TRACKING_URI": url, "OMP_NUM_THREADS": "1",
+               "WORKBENCH_CACHE_DIR": str(tmp_path / "cache")}
+        env.pop("MLFLOW_RUN_ID", None)
+        for args in (["ablate", "--protocol", str(path), "--allow-dirty", "--data-path", str(folder), "--device", "cpu",
+                      "--output-dir", str(tmp_path / "out")],
+                     ["report", "--protocol", str(path), "--out-dir", str(tmp_path / "reports"), "--resamples", "200"]):
+            done = subprocess.run([sys.executable, "-m", "studies.cli", *args], env=env, cwd=tmp_path,
+                                  capture_output=True, text=True, timeout=600)
+            assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+        assert "the report's 2 comparisons as metrics (cmp.*)" in done.stdout, done.stdout
+        client = MlflowClient(url)
+        exp = client.get_experiment_by_name("ui2")
+        (parent,) = client.search_runs([exp.experiment_id], "tags.parent = 'true'")
+        md = (tmp_path / "reports" / "ui2" / "report.md").read_text()
+        stated = next(line[2:] for line in md.splitlines() if line.startswith("> On validation, wide minus vit"))
+        address = f"{url}/#/experiments/{exp.experiment_id}/runs/{parent.info.run_id}?workflowType=machine_learning"
+        assert f"in the MLflow UI: {address}" in done.stdout, done.stdout  # report prints the parent's page
+        page = text_of(open_page(tmp_path, address))
+        assert "Description Results of the report: ui2@" in page, page[:3000]
+        # The page shows the description's first result (collapsed after it) and every cmp.* metric of the run.
+        assert " ".join(stated.split())[:60] in page, (stated, page[:3000])
+        shown = repr(parent.data.metrics["cmp.wide_vs_vit.val.mean_diff"]).removesuffix(".0")  # as JavaScript prints it
+        assert f"cmp.wide_vs_vit.val.mean_diff {shown}" in page, page[:4000]
+
+
 def text_of(dom: str) -> str:
     text = re.sub(r"<style.*?</style>|<script.*?</script>", "", dom, flags=re.S)
     return re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", text))

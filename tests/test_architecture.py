@@ -202,7 +202,8 @@ def test_no_folder_holds_more_than_a_dozen_modules():
     assert not problems, f"folders of more than {MAX_MODULES} modules:\n" + "\n".join(problems)
 
 
-DOTTED = re.compile(r"(?<![\w./-])((?:workbench|tracking|studies|reports)(?:\.[A-Za-z_]\w*)+)")
+# a dotted module path; not a file name such as reports.md or studies.yaml
+DOTTED = re.compile(r"(?<![\w./-])((?:workbench|tracking|studies|reports)(?:\.(?!(?:md|py|yaml|html|json|csv)\b)[A-Za-z_]\w*)+)")
 PATH = re.compile(r"(?<![\w./-])((?:workbench|tracking|studies|reports)/[\w/]+\.py)\b")
 
 

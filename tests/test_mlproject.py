@@ -101,3 +101,25 @@ def test_optional_strings_pass_through_exactly_or_not_at_all(entry, name, value,
     assert parsed[dest] == value
     _, parsed = parse(cli_args(entry, {**base, name: ""}))
     assert parsed[dest] is None
+
+
+def test_conda_yaml_installs_pyprojects_dependencies():
+    """`mlflow run .` without --env-manager builds conda.yaml's environment: the same dependencies as pyproject.toml."""
+    import tomllib
+
+    import yaml
+    from packaging.specifiers import SpecifierSet
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    conda = yaml.safe_load((ROOT / "conda.yaml").read_text())
+    assert Path(PROJECT.env_config_path).name == "conda.yaml", PROJECT.env_config_path  # MLproject's conda_env
+    pip = next(d["pip"] for d in conda["dependencies"] if isinstance(d, dict) and "pip" in d)
+    listed = [d for d in pip if d != "-e ."]
+    missing = sorted(set(project["dependencies"]) - set(listed))
+    extra = sorted(set(listed) - set(project["dependencies"]))
+    assert not missing and not extra, f"conda.yaml lacks {missing}, has beyond pyproject.toml {extra}"
+    assert listed == project["dependencies"], "conda.yaml lists them in another order than pyproject.toml"
+    assert "-e ." in pip, "conda.yaml must install the project itself"
+    python = next(d for d in conda["dependencies"] if isinstance(d, str) and d.startswith("python="))
+    version = python.split("=", 1)[1]
+    assert version in SpecifierSet(project["requires-python"]), (python, project["requires-python"])

@@ -1,4 +1,4 @@
-"""The README's Results section says what the published reports say (docs/results/)."""
+"""The README's Results and docs/results/README.md's tables beside the seed study say what the published reports say."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "docs" / "results"
 
 
-def paired(report: Path, split: str) -> dict[tuple[str, str], tuple[float, float, float, int]]:
-    """(a, b) -> (mean, t-interval low, high, seeds won by a) from a report's seed-paired table of ``split``."""
+def paired(report: Path, split: str) -> dict[tuple[str, str], tuple[float, float, float, int, int]]:
+    """(a, b) -> (mean, t-interval low, high, seeds won by a, ties) from a report's seed-paired table of ``split``."""
     text = report.read_text()
     section = text.split("## Seed-paired comparisons", 1)[1].split("\n## ", 1)[0]
     block = section.split(f"### {split}", 1)[1].split("\n### ", 1)[0]
@@ -26,18 +26,21 @@ def paired(report: Path, split: str) -> dict[tuple[str, str], tuple[float, float
             mean = float(cells[2 + n])
             low, high = (float(v) for v in cells[3 + n].strip("[]").split(","))
             won = int(cells[-3].split(" of ")[0])
-            out[(a, b)] = (mean, low, high, won)
+            ties = int(re.search(r"\((\d+) tied\)", cells[-3]).group(1)) if "tied" in cells[-3] else 0
+            out[(a, b)] = (mean, low, high, won, ties)
     return out
 
 
-def shown(mean: float, low: float, high: float, won: int, seeds: int, invert: bool = False) -> str:
-    """The README's form: '+0.70 [−0.73, +2.13], 3 of 3' (Unicode minus), optionally as b − a."""
+def shown(mean: float, low: float, high: float, won: int, ties: int, seeds: int, invert: bool = False) -> str:
+    """The README's form: '+0.70 [−0.73, +2.13], 3 of 3' (Unicode minus), optionally as b − a (b's seeds ahead)."""
     if invert:
-        mean, low, high, won = -mean, -high, -low, seeds - won
-    return f"{mean:+.2f} [{low:+.2f}, {high:+.2f}], {won} of {seeds}".replace("-", "−")
+        mean, low, high, won = -mean, -high, -low, seeds - won - ties
+    tied = f" ({ties} tied)" if ties else ""
+    return f"{mean:+.2f} [{low:+.2f}, {high:+.2f}], {won} of {seeds}{tied}".replace("-", "−")
 
 
-README = (ROOT / "README.md").read_text()
+README = " ".join((ROOT / "README.md").read_text().split())  # line breaks of the source are not the text's
+SEED_TABLES = (RESULTS / "README.md").read_text() if RESULTS.exists() else ""  # docs/results: beside the seed study
 
 
 def in_readme(text: str, what: str) -> None:
@@ -45,33 +48,50 @@ def in_readme(text: str, what: str) -> None:
         pytest.fail(f"{what}: README lacks {text!r}")
 
 
+def in_seed_tables(text: str, what: str) -> None:
+    if text not in SEED_TABLES:
+        pytest.fail(f"{what}: docs/results/README.md lacks {text!r}")
+
+
 @pytest.mark.skipif(not RESULTS.exists(), reason="no published results")
 def test_the_fashion_mnist_numbers_in_the_readme_are_the_reports():
     report = RESULTS / "fmnist_seed_recipe" / "report.md"
-    mean, low, high, won = paired(report, "Test")[("cnn", "vit")]
-    difference = shown(mean, low, high, won, 5).rsplit(",", 1)[0]
-    in_readme(f"| CNN − ViT | +8.51 | {difference}, CNN ahead in {won} of 5 seeds |", "CNN − ViT on test")
+    mean, low, high, won, ties = paired(report, "Test")[("cnn", "vit")]
+    difference = shown(mean, low, high, won, ties, 5).rsplit(",", 1)[0]
+    in_seed_tables(f"| CNN − ViT | +8.51 | {difference}, CNN ahead in {won} of 5 seeds |", "CNN − ViT on test")
+    in_readme(f"CNN − ViT {difference}, CNN ahead in {won} of 5 seeds", "CNN − ViT on test")
     accuracy = report.read_text().split("## Accuracy", 1)[1].split("### Test", 1)[1]
     for arm, label in (("cnn", "CNN"), ("vit (reference)", "ViT")):
         row = next(line for line in accuracy.splitlines() if line.startswith(f"| {arm} "))
         cells = [c.strip() for c in row.strip("|").split("|")]
-        in_readme(f" | {cells[2]} {cells[3]} |", f"{label} test accuracy")
+        in_seed_tables(f" | {cells[2]} {cells[3]} |", f"{label} test accuracy")
+        in_readme(f"{label} {cells[2]}% {cells[3]}", f"{label} test accuracy")
 
 
 @pytest.mark.skipif(not RESULTS.exists(), reason="no published results")
-def test_the_cifar_directions_in_the_readme_are_the_reports():
-    """The seed's table beside cifar10_seed_table: every README row is the report's paired comparison."""
+def test_the_cifar_directions_beside_the_seed_and_in_the_readme_are_the_reports():
+    """The seed's table beside cifar10_seed_table, each row in the seed's direction; the README's summary of it."""
     rows = paired(RESULTS / "cifar10_seed_table" / "report.md", "Validation")
+    # (pair, invert): invert where the seed's better arm is the report's b, so the row reads in the seed's direction.
     expected = [(("p4_w96", "base"), False), (("base", "p16_w96"), False), (("p4_w192", "p8_w192"), False),
                 (("p8_w192", "p16_w192"), False), (("p4_w192", "p4_w96"), False), (("p8_w192", "base"), False),
                 (("p16_w192", "p16_w96"), False), (("pos_none", "base"), True), (("pool_mean", "base"), False),
-                (("heads4", "base"), False), (("heads12", "base"), False), (("heads16", "base"), False)]
+                (("heads4", "base"), False), (("heads12", "base"), True), (("heads16", "base"), True)]
     for pair, invert in expected:
+        in_seed_tables(shown(*rows[pair], 3, invert=invert), f"{' − '.join(pair[::-1] if invert else pair)}")
+    for label, (pair, invert) in {"4 − 8 heads": (("heads4", "base"), False), "8 − 12 heads": (("heads12", "base"), True),
+                                  "8 − 16 heads": (("heads16", "base"), True)}.items():
+        in_seed_tables(f"{label}: {shown(*rows[pair], 3, invert=invert)}", label)
+    for pair, invert in [(("p4_w96", "base"), False), (("p4_w192", "p4_w96"), False), (("pos_none", "base"), True),
+                         (("pool_mean", "base"), False), (("heads4", "base"), False)]:
         in_readme(shown(*rows[pair], 3, invert=invert), f"{' − '.join(pair[::-1] if invert else pair)}")
+    in_readme(f"4 − 8 heads: {shown(*rows[('heads4', 'base')], 3)}", "4 − 8 heads")
     accuracy = (RESULTS / "cifar10_seed_table" / "report.md").read_text().split("## Accuracy", 1)[1]
     for arm in ("base", "p4_w192"):
         row = next(line for line in accuracy.splitlines() if line.startswith(f"| {arm} "))
-        in_readme(f"{row.strip('|').split('|')[2].strip()}%", f"{arm} mean validation accuracy")
+        mean = f"{row.strip('|').split('|')[2].strip()}%"
+        in_readme(mean, f"{arm} mean validation accuracy")
+        in_seed_tables(mean, f"{arm} mean validation accuracy")
 
 
 def ranked_rows(report: Path) -> dict[str, tuple[str, str, str]]:
@@ -122,3 +142,13 @@ def test_the_intervention_numbers_in_the_readme_are_the_reports():
     worst = re.search(r"largest single-head drop is ([\d., ]+) points",
                       text.split("Zero-ablating one head at a time:", 1)[1]).group(1).split(", ")
     says(f"drop per model is {min(worst, key=float)} to {max(worst, key=float)} points", "largest single-head drop")
+
+
+@pytest.mark.skipif(not RESULTS.exists(), reason="no published results")
+def test_the_cost_numbers_in_the_readme_are_the_published_ones():
+    span = re.search(r"From the first reported run's start to the last one's end: ([\d.]+) min \((\d+) runs",
+                     (RESULTS / "cifar10_seed_table" / "report.md").read_text())
+    in_readme(f"`cifar10_seed_table`: {span.group(2)} cells in {span.group(1)} minutes", "seed table wall time")
+    total = re.search(r"Total: plain [\d.]+ s, workbench [\d.]+ s, ratio ([\d.]+)",
+                      (RESULTS / "fmnist_seed_recipe" / "recipe_benchmark.md").read_text())
+    in_readme(f"took {total.group(1)}x a plain PyTorch loop", "workbench against a plain loop")

@@ -228,11 +228,21 @@ def test_numbers_equal_hand_computed_values(store, tmp_path):
                 shown = Decimal(va[4 + i]) - Decimal(vb[4 + i])
                 assert Decimal(cells[1 + i]) == shown, (split, name, i, cells[1 + i], va[4 + i], vb[4 + i])
     assert acc[1]["vit (reference)"][4:7] == ["83.333", "66.667", "83.333"], "test values at 3 decimals (5/6)"
-    # A stated result per comparison, with both intervals and the seed-level resolution; no verdict word.
+    # A stated result per comparison with both intervals, the seed-level resolution once per section; no verdict word.
     assert ("> On validation, cnn minus vit is -20.00 points of accuracy (95% t-interval -69.68 to +29.68; bootstrap "
             in md)
-    assert "vit is ahead in 2 of 3 seeds, 1 tied." in md and "Wilcoxon signed-rank p is 0.25" in md
-    assert "only 10 distinct seed sets" in md and "significant" not in md
+    assert "with vit ahead in 2 of 3 seeds, 1 tied;" in md and "significant" not in md.replace(
+        "no difference is called significant", "")
+    results = md.split("\n## Results\n", 1)[1].split("\n## ", 1)[0]
+    for split in ("Validation", "Test"):
+        part = results.split(f"### {split}\n", 1)[1].split("\n### ", 1)[0]
+        assert part.count("Wilcoxon signed-rank p is 0.25") == 1 and part.count("only 10 distinct seed sets") == 1, part
+        summary = table_rows(part, "a − b", "mean")[0]
+        assert part.count("\n> On ") == len(summary), part
+        # The Results table repeats the Seed-paired comparisons' numbers, not numbers of its own.
+        paired = comp[0 if split == "Validation" else 1]
+        for name, cells in summary.items():
+            assert cells[:3] == [paired[name][4], paired[name][5], paired[name][6]], (split, name, cells, paired[name])
     assert "![" in md and "figures/forest_val.png" in md and "figures/forest_test.png" in md
     # per class (validation, vit): the wrong examples are the last ones, all of class 2
     # seed 0: 2 of 4 right, seed 1: 1 of 4, seed 2: 3 of 4 -> mean 50.00, std 25.00

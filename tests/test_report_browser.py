@@ -64,11 +64,11 @@ def test_html_report_renders_tables_and_figures_in_chromium(store, tmp_path):  #
     result = build_report(str(store.protocol_path), tmp_path / "out", log=False)
     page = probe(tmp_path, result.html.read_text())
     assert len(page["images"]) == 7 and all(w > 0 and h > 0 and ok for w, h, ok in page["images"]), page["images"]
-    # configuration x 2, accuracy, comparisons, per-class and predicted-class counts for val and test, cost, runs
-    assert page["tables"] == 12, page
+    # results, configuration x 2, accuracy, comparisons, per-class and predicted-class counts for val and test, cost, runs
+    assert page["tables"] == 14, page
     assert page["headings"] == ["Warnings", "Results", "Configuration", "Accuracy", "Seed-paired comparisons",
                                 "Per-class accuracy", "Compute cost", "Training curves", "Runs"], page["headings"]
-    assert page["rows"].count("vit (reference)") == 3 and page["rows"].count("cnn − vit") == 2, page["rows"]
+    assert page["rows"].count("vit (reference)") == 3 and page["rows"].count("cnn − vit") == 4, page["rows"]
     assert len(page["quotes"]) == 4 and all("ahead in" in q and "t-interval" in q for q in page["quotes"]), page["quotes"]
     assert not page["overflow"], "the page scrolls sideways: a wide table escaped its scroll box"
 

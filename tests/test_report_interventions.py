@@ -10,7 +10,7 @@ from reports.build import build_report
 from reports.collect import ReportError
 from workbench.interventions import HeadAblation, SkipBranch
 from workbench.interventions.summary import CellOutcomes, head_matrix, ranked, seed_consistency, summarize
-from workbench.report_content.intervention_wording import describe, effect_paragraph
+from workbench.report_content.intervention_wording import describe, effect_caveats, effect_paragraph
 
 
 @pytest.fixture
@@ -69,6 +69,10 @@ def test_summary_matrix_and_seed_consistency_from_outcomes():
     assert describe(SkipBranch(0, "attn").name) == "skipping the attention branch of block 0"
     text = effect_paragraph(rows[1], "validation")
     assert text.startswith("Zero-ablating head 1 of block 0 lowers validation accuracy by 27.78 points")
+    # One sentence: the boilerplate of the seed level is the section's (effect_caveats), said once.
+    assert text.count(". ") == 0 and "descriptive p: paired t-test" in text and "Wilcoxon signed-rank p is" not in text
+    caveats = effect_caveats(rows, "validation")
+    assert caveats.count("With 3 seeds") == 1 and caveats.count("only 10 distinct seed sets") == 1, caveats
 
 
 def test_an_intervention_protocol_known_only_by_name_is_refused_in_one_line(logged, tmp_path):

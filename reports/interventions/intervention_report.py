@@ -20,7 +20,7 @@ from reports.collect import ReportError, newer_attempts, resolve_hash, shown_pat
 from reports.figures import report_png
 from reports.interventions.intervention_evidence import export_intervention_evidence
 from reports.interventions.intervention_study import InterventionStudy, load_study
-from reports.output import ReportResult, log_report, write_report
+from reports.output import ReportResult, Summary, log_report, paired_metrics, results_text, write_report
 from reports.render import Block, Bullets, Figure, Heading, Para, Quote, Table
 from tracking.kinds import intervention_runs
 from tracking.record import queries
@@ -28,7 +28,7 @@ from workbench.analysis import intervention_figures
 from workbench.interventions.spec import HeadAblation
 from workbench.interventions.summary import CellOutcomes, InterventionRow, head_matrix, ranked, seed_consistency, summarize
 from workbench.protocol import SHORT_HASH_LEN, InterventionProtocol
-from workbench.report_content.intervention_wording import effect_paragraph, heads_sentence
+from workbench.report_content.intervention_wording import effect_caveats, effect_paragraph, heads_sentence
 from workbench.report_content.rounding import bootstrap_display, exact_decimals, fmt
 
 FLAG = "⚠"
@@ -144,8 +144,9 @@ def arm_blocks(arm: str, rows: list[InterventionRow], cells: dict[int, intervent
 
 
 def build_blocks(study: InterventionStudy, inputs: provenance.BuildInputs, log_targets: list[str],
-                 n_resamples: int) -> tuple[list[Block], list[str], list[str], int]:
-    """The report's blocks, its warnings, what ``--strict`` refuses, and the number of reported cells."""
+                 n_resamples: int) -> tuple[list[Block], list[str], list[str], int, dict[str, float]]:
+    """The report's blocks, its warnings, what ``--strict`` refuses, the number of reported cells, and every
+    intervention's comparison with the intact model as ``cmp.<arm>.<intervention>_vs_intact.<split>.*`` metrics."""
     protocol, digest, chosen, store = study.protocol, study.digest, study.chosen, study.tracking_uri
     arms, seeds = list(protocol.arms), list(protocol.seeds)
     missing = [f"{a}/seed{s}" for s in seeds for a in arms if (a, s) not in chosen]
@@ -157,19 +158,24 @@ def build_blocks(study: InterventionStudy, inputs: provenance.BuildInputs, log_t
                  for r in attempts]
     results: list[Block] = [Heading(2, "Results")]
     sections: list[Block] = []
+    metrics: dict[str, float] = {}
     for arm in arms:
         cells = {s: study.cells[(arm, s)] for s in seeds if (arm, s) in chosen}
         if not cells:
             continue
         outcomes = {s: CellOutcomes(c.names, c.labels, c.intact_predicted, c.predicted) for s, c in cells.items()}
         rows = summarize(outcomes, n_resamples, e.confidence, e.seed)
+        for r in rows:
+            metrics |= paired_metrics(f"{arm}.{r.name}", "intact", e.split, r.paired, r.bootstrap)
         depth, heads = _shape(protocol, arm, cells)
         accuracies = [100 * o.accuracy() for o in outcomes.values()]
         intact = ", ".join(fmt(a, exact_decimals(accuracies, 2, 3)) for a in accuracies)
         results.append(Para(f"**{arm}**: intact {split} accuracy {intact} % (seeds {', '.join(map(str, cells))}); "
                             f"{len(rows)} interventions, each applied on its own to every cell."))
         results += [Para(t) for t in (heads_sentence(rows, m, split) for m in ("zero", "mean")) if t]
-        results += [Quote(effect_paragraph(r, split)) for r in ranked(rows)[:TOP_EFFECTS]]
+        top = ranked(rows)[:TOP_EFFECTS]
+        results += [Quote(effect_paragraph(r, split)) for r in top]
+        results += [Para(t) for t in [effect_caveats(top, split)] if t]
         sections += arm_blocks(arm, rows, cells, protocol, depth, heads, 2, n_resamples)
     n = len(chosen)
     expected = len(arms) * len(seeds)
@@ -189,7 +195,7 @@ def build_blocks(study: InterventionStudy, inputs: provenance.BuildInputs, log_t
     rows = [(a, s, chosen[(a, s)]) for s in seeds for a in arms if (a, s) in chosen]
     blocks = (header + results + sections + provenance.provenance_blocks(rows, attempts, chosen, "arm", store)
               + acted_on_blocks(rows))
-    return blocks, warnings, provenance.stale_items(attempts, missing), n
+    return blocks, warnings, provenance.stale_items(attempts, missing), n, metrics
 
 
 def acted_on_blocks(rows: list[tuple[str, int, queries.CellRecord]]) -> list[Block]:
@@ -259,11 +265,13 @@ def render_intervention_study(study: InterventionStudy, inputs: provenance.Build
                               log_targets: list[str]):
     """Compute every table and figure and write the report files; returns ``reports.output.ReportResult``."""
     protocol, short = study.protocol, study.digest[:SHORT_HASH_LEN]
-    blocks, warnings, problems, n = build_blocks(study, inputs, log_targets, inputs.n_resamples)
+    blocks, warnings, problems, n, metrics = build_blocks(study, inputs, log_targets, inputs.n_resamples)
     folder = Path(out_root) / protocol.name
     figure_paths = write_report(folder, blocks, f"{protocol.name}@{short} intervention report")
     expected = len(protocol.arms) * len(protocol.seeds)
     messages = [f"{protocol.name}@{short}: {n} of {expected} cells have a finished run "
                 "(intervention protocol)"] + [f"warning: {w}" for w in warnings]
+    summary = Summary(metrics, results_text(blocks, f": {protocol.name}@{short}, {n} of {expected} "
+                                            "cells", "accuracy changes in percentage points (intervened minus intact)"))
     return ReportResult(folder, folder / "report.md", folder / "report.html", figure_paths, messages=messages,
-                        problems=problems)
+                        problems=problems, summary=summary)

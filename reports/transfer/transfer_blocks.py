@@ -18,6 +18,7 @@ from workbench.report_content import comparison, forest
 from workbench.report_content.numbers import bootstrap_seed_multisets, decimals_for_error, mean_interval, min_wilcoxon_p
 from workbench.report_content.predictions import DegenerateReport, degenerate_predictions
 from workbench.report_content.rounding import fmt
+from workbench.report_content.wording import section_caveats
 from workbench.transfer.report import TransferSection
 
 METRIC_LABELS = {"qwk": "QWK", "accuracy": "accuracy", "macro_f1": "macro-F1"}
@@ -161,6 +162,8 @@ def results_blocks(section: TransferSection, reference: str, expected_n: int) ->
         return [Heading(2, "Results"), Para("No regime pair has two or more seeds: no comparison over seeds.")]
     blocks: list[Block] = [Heading(2, "Results")]
     blocks += [Quote(cc.paragraph.text.replace("  of", " of")) for _, _, cc in items]
+    caveats = section_caveats(cc.paragraph for _, _, cc in items)
+    blocks += [Para(caveats)] if caveats else []
     rows = [cc.forest_row for a, b, cc in items if b == reference]
     if rows:
         fig = forest.forest_plot(rows, reference, scale=1.0, unit="", metric="test QWK",

@@ -16,10 +16,11 @@ from mlflow.entities import Run
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
+from tracking.record import report_summary
 from tracking.record.executions import (EXPECTED_TAG, children, close_dead_records, counts_of, end_time_for, iso, new_record,
                                         study_status, write_record)
 from tracking.record.lease import (HEARTBEATS, TOKEN_TAG, execution_states, execution_tag, execution_value, lease_state,
-                                   lease_tags, new_token, reap_expired)
+                                  lease_tags, new_token, reap_expired)
 from tracking.record.sink import SYNC_SYNCED, RunSink
 from tracking.store import ui_links
 from tracking.store.health import TrackingAuthError, is_permission_denied, is_unreachable
@@ -237,7 +238,10 @@ def _find_or_create_parent(client: MlflowClient, exp_id: str, protocol, tags: di
     token = run.data.tags[TOKEN_TAG] if shared else token
     # Its name and its creator (mlflow.user, the UI's "Created by") stay those of the execution
     # that made it: a worker of another account reattaching it is not its owner.
-    sink.set_tags({**{k: v for k, v in tags.items() if k not in ("mlflow.runName", "mlflow.user")},
+    # The last report's results stay at the top of its description (tracking/record/report_summary.py).
+    note = {"mlflow.note.content": report_summary.kept_results(run.data.tags.get("mlflow.note.content", ""),
+                                                                tags["mlflow.note.content"])}
+    sink.set_tags({**{k: v for k, v in tags.items() if k not in ("mlflow.runName", "mlflow.user")}, **note,
                    **({} if shared else lease_tags(token)), execution_tag(own): execution_value()})
     log(f"study {protocol.name}@{protocol.short_hash}: parent run {run.info.run_id} reattached")
     return sink, token, previous_end

@@ -1,10 +1,12 @@
 """What an intervention report says about an effect, in the careful wording of ``wording.py``.
 
-A lead sentence in words ("Zero-ablating head 2 of block 1 lowers validation accuracy by 3.10
-points (...), lower in 5 of 5 seeds."), then the full paragraph of ``results_paragraph``
-(both intervals, the wider one deciding, the resolution of the seed level). "Lowers" and
-"raises" are used only when the wider of the two intervals excludes zero; otherwise the
-sentence says the seeds do not settle the sign.
+One sentence per effect, in words ("Zero-ablating head 2 of block 1 lowers validation accuracy
+by 3.10 points (95% t-interval of the change ...; bootstrap ...), lower in 5 of 5 seeds; even
+the wider of the two intervals, the t-interval, lies entirely below zero."), decided as
+``results_paragraph`` decides (both intervals, the wider one deciding). "Lowers" and "raises"
+are used only when the wider of the two intervals excludes zero; otherwise the sentence says
+the seeds do not settle the sign. The resolution of the seed level is the same for every
+effect of a section: ``effect_caveats`` states it once.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import math
 
 from workbench.interventions.spec import DropTokens, HeadAblation, PatchStage, SkipBranch, ZeroPosEmbed, parse
 from workbench.report_content.rounding import fmt
-from workbench.report_content.wording import results_paragraph
+from workbench.report_content.wording import p_value_text, results_paragraph, section_caveats
 
 BRANCH_WORDS = {"attn": "attention", "mlp": "MLP"}
 
@@ -36,26 +38,36 @@ def describe(name: str) -> str:
 
 
 def effect_paragraph(row, split: str = "validation", decimals: int = 2) -> str:
-    """Lead sentence plus the careful paragraph for one ``summary.InterventionRow``."""
+    """The stated effect of one ``summary.InterventionRow``: one sentence, then any exception ``results_paragraph`` names."""
+    careful = _careful(row, split, decimals)
     c = row.paired
-    careful = results_paragraph(c, row.bootstrap, a_label=f"`{row.name}`", b_label="`intact`", split=split,
-                                decimals=decimals)
     what = describe(row.name)
     what = what[0].upper() + what[1:]
     mean = c.mean_difference * 100
-    t_ok = math.isfinite(c.ci_low) and math.isfinite(c.ci_high)
-    interval = (f"{c.confidence:.0%} t-interval of the change {fmt(c.ci_low * 100, decimals, True)} to "
-                f"{fmt(c.ci_high * 100, decimals, True)} points" if t_ok else "no t-interval")
+    interval = careful.intervals.replace("t-interval", "t-interval of the change", 1)
     ties = f", {c.ties} tied" if c.ties else ""
     seeds = f"lower in {c.losses} of {c.n} seed{'s' if c.n != 1 else ''}{ties}"
+    p = f"descriptive p: paired t-test {p_value_text(c.p_value)}, Wilcoxon signed-rank {p_value_text(c.wilcoxon_p_value)}"
     if careful.sign_settled and mean < 0:
-        lead = f"{what} lowers {split} accuracy by {fmt(-mean, decimals)} points ({interval}), {seeds}."
+        lead = (f"{what} lowers {split} accuracy by {fmt(-mean, decimals)} points ({interval}), {seeds}; "
+                f"{careful.verdict} ({p}).")
     elif careful.sign_settled:
-        lead = f"{what} raises {split} accuracy by {fmt(mean, decimals)} points ({interval}), {seeds}."
+        lead = (f"{what} raises {split} accuracy by {fmt(mean, decimals)} points ({interval}), {seeds}; "
+                f"{careful.verdict} ({p}).")
     else:
         lead = (f"{what} changes {split} accuracy by {fmt(mean, decimals, True)} points ({interval}), {seeds}; "
-                "these seeds do not settle whether it lowers accuracy.")
-    return f"{lead} {careful.text}"
+                f"{careful.verdict}, so these seeds do not settle whether it lowers accuracy ({p}).")
+    return " ".join([lead, *careful.exceptions])  # seeds missing, a note, a zero-width interval: after the result
+
+
+def effect_caveats(rows, split: str = "validation") -> str:
+    """The caveats the effects of ``rows`` share (the seed level's resolution, the p-values' status), once."""
+    return section_caveats(_careful(r, split) for r in rows)
+
+
+def _careful(row, split: str, decimals: int = 2):
+    return results_paragraph(row.paired, row.bootstrap, a_label=f"`{row.name}`", b_label="`intact`", split=split,
+                             decimals=decimals)
 
 
 def heads_sentence(rows, mode: str, split: str = "validation", small: float = 1.0) -> str:
