@@ -18,9 +18,11 @@ from tqdm.auto import tqdm
 
 from studies.jobs import DEFAULT_THREADS_PER_JOB, check_jobs, describe, run_jobs
 from studies.options import check_protocol_amp, threads_option
+from studies.secret_options import storage_options, worker_hint
 from studies.protocol import Cell, Protocol, ProtocolError, check_clean, check_frozen, load_protocol
 from studies.stop_signals import Terminated, as_stop, sigterm_raises
 from studies.train import TrainOutcome, prepare_data, train_one
+from tracking.executions import work_line
 from tracking.protocols import cell_runs, close_study_parent, open_study_parent, recorded_hashes
 from tracking.runs import configure_tracking
 from tracking.storage_guard import check_optuna_storage
@@ -105,7 +107,10 @@ def held_parent(protocol: Protocol, protocol_file: Path, allow_dirty: bool, extr
         close_study_parent(parent, "failed", f"{type(err).__name__}: {err}")
         raise
     else:
-        status = close_study_parent(parent, "queued" if queued else "completed")
+        if parent.work is not None:  # a worker: its record says what it trained, not "queued"
+            status = close_study_parent(parent, "worker", work_line(parent.work))
+        else:
+            status = close_study_parent(parent, "queued" if queued else "completed")
         tqdm.write(f"parent run {parent.run_id}: {status}")
 
 
@@ -142,8 +147,8 @@ def run_protocol(
 @click.option("--download/--no-download", default=False, show_default=True)
 @click.option("--output-dir", type=click.Path(file_okay=False), default="outputs/ablate", show_default=True,
               help="Checkpoints and predictions of each cell.")
-@click.option("--storage", default=None,
-              help="Optuna storage URL: queue the cells there for `workbench worker` instead of running them here.")
+@storage_options(required=False, from_env=False,
+                 help="Optuna storage URL: queue the cells there for `workbench worker` instead of running them here.")
 @click.option("--jobs", type=click.IntRange(min=0), default=0, show_default=True,
               help="Train this many cells at once here, each in a worker process of its own with --threads threads "
                    f"(default {DEFAULT_THREADS_PER_JOB} per job), through the cell queue; 0: one cell after another in "
@@ -159,20 +164,22 @@ def ablate(protocol_path, allow_dirty, device, data_path, download, output_dir, 
     except ProtocolError as err:
         raise click.ClickException(str(err)) from err
     if storage:
-        from studies.cell_queue import enqueue_cells, open_storage, redact
+        from studies.cell_queue import enqueue_cells, open_storage
 
+        # Optuna's tables first, before the parent is touched: a storage that fails (unreachable,
+        # another Optuna's schema) leaves the study's record as it was.
+        queue = open_storage(storage)
         with held_parent(protocol, Path(protocol_path), allow_dirty, {"queue": "optuna"}, queued=True) as parent:
-            name, added = enqueue_cells(protocol, Path(protocol_path), open_storage(storage), parent.run_id,
+            name, added = enqueue_cells(protocol, Path(protocol_path), queue, parent.run_id,
                                         finished_cells(protocol), {"allow_dirty": allow_dirty, "download": download})
-        click.echo(f"queued {added} cells in {name}; parent run {parent.run_id}. Start workers with:\n"
-                   f"  workbench worker --storage {redact(storage)} --study '{name}'")
+        click.echo(f"queued {added} cells in {name}; parent run {parent.run_id}. {worker_hint(storage, name)}")
         return
     check_protocol_amp(protocol, device)  # here, not when queuing: workers check their own device
     if jobs:
         tally = run_jobs(protocol, Path(protocol_path), Path(output_dir), jobs, threads, device, data_path,
                          allow_dirty, download)
         click.echo(describe(tally))
-        if tally["failed"] or tally["unfinished"] or tally["job_errors"]:
+        if tally["failed"] or tally["unfinished"]:  # a worker that died and was replaced is not a failed study
             sys.exit(1)
         return
     outcomes = run_protocol(protocol, Path(protocol_path), Path(output_dir), device, data_path, allow_dirty, download,
