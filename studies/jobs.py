@@ -292,26 +292,30 @@ def _drive(study, total: int, n_jobs: int, command: list[str], env: dict) -> dic
             bar.set_postfix_str(", ".join(f"{j.index}: {j.current}" for j in js if j.current and j.process.poll() is None))
 
         try:
-            while open_streams or any(j.process.poll() is None for j in jobs):
+            while True:
                 if not open_streams:
                     time.sleep(0.2)  # output closed, process not reaped yet
                 relay(jobs, progress, lines, open_streams)
                 replace_the_dead()
-                state = counts(study)
-                bar.n = min(total, state["complete"] + state["fail"])
+                bar.n = min(total, cells_done(study))
                 bar.refresh()
-            replace_the_dead()  # one that ended in the last round: said, and replaced if cells are left
-            while open_streams or any(j.process.poll() is None for j in jobs):
-                relay(jobs, progress, lines, open_streams)
-                replace_the_dead()
+                if not open_streams and all(j.process.poll() is not None for j in jobs):
+                    replace_the_dead()  # one that ended just now: said, and replaced if cells are left
+                    if not open_streams:
+                        break
         except (KeyboardInterrupt, Terminated) as err:
             signum = signal.SIGTERM if isinstance(err, Terminated) else signal.SIGINT
             tqdm.write(f"stopping {sum(j.process.poll() is None for j in jobs)} job(s) "
                        f"({signal.Signals(signum).name}); each ends its cell's run")
             stop_jobs(jobs, signum, lines, open_streams)
             raise
-        bar.n = min(total, counts(study)["complete"] + counts(study)["fail"])
+        bar.n = min(total, cells_done(study))
     return tally
+
+
+def cells_done(study) -> int:
+    """Queued cells that reached their end (a dead worker's attempt, re-queued, does not count twice)."""
+    return sum(n for what, n in outcomes(study).items() if what != "unfinished")
 
 
 def describe(tally: dict[str, int]) -> str:

@@ -168,6 +168,7 @@ def _pg_tables(url: str) -> set[str]:
         engine.dispose()
 
 
+@pytest.mark.slow  # PostgreSQL, MLflow's migrations on it and an ablate subprocess: about 45 s on 2 busy cores
 @pytest.mark.integration
 def test_on_postgresql_each_tool_is_refused_the_others_database_and_no_password_is_in_any_argv(tmp_path, monkeypatch):
     """PostgreSQL with passwords (scram-sha-256), a client with none of the server's settings.

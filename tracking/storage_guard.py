@@ -252,7 +252,10 @@ def look_inside(url: str) -> Schema | None:
     if path is not None:
         if not path.is_file() or path.stat().st_size == 0:
             return None
-        return _sqlite_schema(path)
+        try:
+            return _sqlite_schema(path)
+        except sqlite3.Error as err:  # locked, unreadable: named, never a traceback
+            raise StorageClash(f"{rs.redact_uri(url)}: cannot look into this database ({err})") from None
     try:
         return _server_schema(url)
     except Exception as err:  # noqa: BLE001 - the driver's own errors: one line, named
