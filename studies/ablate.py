@@ -18,8 +18,8 @@ from tqdm.auto import tqdm
 
 from studies.jobs import DEFAULT_THREADS_PER_JOB, check_jobs, describe, run_jobs
 from studies.options import check_protocol_amp, threads_option
-from studies.secret_options import storage_options, worker_hint
 from studies.protocol import Cell, Protocol, ProtocolError, check_clean, check_frozen, load_protocol
+from studies.secret_options import storage_options, worker_hint
 from studies.stop_signals import Terminated, as_stop, sigterm_raises
 from studies.train import TrainOutcome, prepare_data, train_one
 from tracking.executions import work_line

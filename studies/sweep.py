@@ -22,9 +22,9 @@ import yaml
 
 from studies.ablate import prepare_protocol_data
 from studies.cell_queue import open_storage, quiet_optuna, redact
+from studies.options import check_amp, threads_option
 from studies.protocol import ProtocolError, load_protocol
 from studies.secret_options import storage_options
-from studies.options import check_amp, threads_option
 from studies.stop_signals import sigterm_raises
 from studies.train import train_one
 from tracking.runs import configure_tracking

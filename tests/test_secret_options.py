@@ -32,6 +32,9 @@ def test_has_password_sees_userinfo_and_secret_query_parameters_only():
      "--tracking-uri"),
 ])
 def test_a_password_typed_on_the_command_line_gets_one_redacted_warning(args, option, tmp_path, monkeypatch):
+    import studies.secret_options as secret_options
+
+    monkeypatch.setattr(secret_options, "_warned", set())  # once per process: this test's command is a process
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("WORKBENCH_OFFLINE_DIR", str(tmp_path / "offline"))
     (tmp_path / "offline").mkdir()
