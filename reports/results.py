@@ -79,7 +79,7 @@ def results_section(study: StudyData, items: dict[str, list]) -> list[Block]:
     return blocks
 
 
-def results_table(pairs: list[tuple[Comparison, content.ComparisonContent | None]]) -> Table:
+def results_table(pairs: list[tuple[Comparison, comparison.ComparisonContent | None]]) -> Table:
     """One row per comparison: mean, both intervals, who is ahead in how many seeds, and what the wider interval says."""
     body = []
     for c, cc in pairs:

@@ -6,7 +6,9 @@
 #   export MLFLOW_TRACKING_URI=https://mlflow.example.org     # the server, behind TLS
 #   export MLFLOW_TRACKING_USERNAME=worker1                   # `workbench server add-user worker1`
 #   export MLFLOW_TRACKING_PASSWORD=...                       # e.g. from your secret store, never in a file in git
-#   scripts/remote_gpu.sh worker --storage "$WORKBENCH_QUEUE_URL"           # drain a queue of protocol cells
+#   export WORKBENCH_STORAGE=postgresql://worker1@db-host/optuna   # the queue `ablate --storage` filled; its password
+#                                                             # in ~/.pgpass or PGPASSWORD (never on a command line)
+#   scripts/remote_gpu.sh worker                              # drain that queue of protocol cells
 #   scripts/remote_gpu.sh ablate --protocol studies/protocols/smoke.yaml    # or run a protocol here
 #   scripts/remote_gpu.sh transfer --protocol studies/protocols/retina_transfer.yaml
 #
@@ -17,6 +19,8 @@
 # WORKBENCH_DEVICE (default cuda) picks the device: `cpu` runs the same flow on a machine
 # without a GPU (the project's tests run this script that way against a local server).
 # VENV (default .venv, relative to the checkout or absolute) is where the project is installed.
+# Secrets travel in the environment only: `ps` shows every process's command line to every
+# user of the machine, so no URL with a password is passed as an argument here.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -54,6 +58,10 @@ workbench server check || echo "continuing: runs will be logged to $WORKBENCH_OF
 #    AMP comes from the protocol's run.amp (fp16 on a T4, bf16 on A100/H100).
 command="${1:-worker}"
 shift || true
+if [ "$command" = worker ] && [ -z "${WORKBENCH_STORAGE:-}" ] && [[ " $* " != *" --storage"* ]]; then
+  echo "set WORKBENCH_STORAGE to the queue's URL (the Optuna storage \`ablate --storage\` filled)" >&2
+  exit 2
+fi
 extra=()
 [ "$command" = worker ] || extra=(--download)  # a worker takes its settings from the queue
 status=0

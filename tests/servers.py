@@ -42,8 +42,13 @@ def _as_postgres(cmd: list[str]) -> subprocess.CompletedProcess:
 
 
 @contextlib.contextmanager
-def postgres_server(databases=("workbench",)):
-    """Yield ``postgresql://postgres@127.0.0.1:PORT`` with the given databases created."""
+def postgres_server(databases=("workbench",), password: str | None = None):
+    """Yield ``postgresql://postgres@127.0.0.1:PORT`` with the given databases created.
+
+    ``password``: TCP connections need it (scram-sha-256), as on a real server; the URL
+    yielded holds none (give it in the URL, PGPASSWORD or a password file). Without it,
+    loopback is trusted.
+    """
     bindir = postgres_bin()
     if bindir is None:
         pytest.skip("PostgreSQL binaries not found (apt-get install postgresql)")
@@ -55,8 +60,14 @@ def postgres_server(databases=("workbench",)):
         shutil.chown(root, "postgres")
         shutil.chown(sock, "postgres")
     port = free_port()
+    auth = ["-A", "trust"]
+    if password is not None:
+        (root / "pw").write_text(password + "\n")
+        if os.geteuid() == 0:
+            shutil.chown(root / "pw", "postgres")
+        auth = ["--auth-local=trust", "--auth-host=scram-sha-256", f"--pwfile={root / 'pw'}"]
     steps = [
-        [str(bindir / "initdb"), "-D", str(data), "-U", "postgres", "-A", "trust", "--no-sync"],
+        [str(bindir / "initdb"), "-D", str(data), "-U", "postgres", *auth, "--no-sync"],
         [str(bindir / "pg_ctl"), "-D", str(data), "-l", str(root / "log"), "-w", "-o",
          f"-p {port} -h 127.0.0.1 -k {sock} -F", "start"],
     ]
@@ -65,8 +76,8 @@ def postgres_server(databases=("workbench",)):
             done = _as_postgres(cmd)
             if done.returncode:
                 raise RuntimeError(f"{cmd[0]} failed: {done.stdout}{done.stderr}")
-        for db in databases:
-            _as_postgres([str(bindir / "createdb"), "-h", "127.0.0.1", "-p", str(port), "-U", "postgres", db])
+        for db in databases:  # through the socket: trusted either way
+            _as_postgres([str(bindir / "createdb"), "-h", str(sock), "-p", str(port), "-U", "postgres", db])
         yield f"postgresql://postgres@127.0.0.1:{port}"
     finally:
         _as_postgres([str(bindir / "pg_ctl"), "-D", str(data), "-m", "immediate", "stop"])

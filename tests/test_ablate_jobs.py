@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -18,6 +19,7 @@ from data_fixtures import make_image_folder
 from studies.ablation.train import train_one
 from synthetic import synthetic_data, tiny_config
 from test_ablate import write_protocol
+from tracking.record.executions import work_line
 from workbench.train.loop import StopTraining, TrainingObserver
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -31,11 +33,11 @@ def study(tmp_path, mlflow_store, monkeypatch):
     return tmp_path, folder
 
 
-def ablate(tmp_path: Path, folder: Path, *args: str, epochs: int = 2, wait: bool = True):
+def ablate(tmp_path: Path, folder: Path, *args: str, epochs: int = 2, wait: bool = True, env: dict | None = None):
     protocol = write_protocol(tmp_path, epochs=epochs)
     command = [sys.executable, "-m", "studies.cli", "ablate", "--protocol", str(protocol), "--allow-dirty",
                "--device", "cpu", "--data-path", str(folder), "--output-dir", str(tmp_path / "out"), *args]
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
     if wait:
         return subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     log = open(tmp_path / f"ablate-{time.monotonic_ns()}.log", "w")
@@ -135,6 +137,50 @@ def test_a_stopped_coordinator_leaves_a_record_the_next_ablate_takes_over(study,
     assert len(re.findall(r"resumed from epoch \d+", out)) == 2, out[-4000:]
     cells = assert_record_clean(client, "FINISHED")
     assert sorted(r.info.status for r in cells) == ["FINISHED"] * 4
+
+
+@pytest.mark.slow  # ablate --jobs 2 with one worker SIGKILLed mid-cell, a replacement and a resume (about 40 s)
+def test_a_killed_worker_is_named_and_replaced_and_no_secret_reaches_a_workers_argv_or_environment(study):
+    """Before: the dead worker went unmentioned, nobody took its place, and the study exited 1
+    ("their lines above say why") although every cell finished; the workers' argv held the
+    queue URL and their environment everything of the coordinator's."""
+    from sampler import ArgvSampler
+
+    tmp_path, folder = study
+    secret = "unrelated-DBPASS-of-the-shell-31"
+    with ArgvSampler(secret) as sampler:
+        proc, log = ablate(tmp_path, folder, "--jobs", "2", epochs=30, wait=False, env={"DBPASS": secret})
+        _wait_for_epochs(log, 2)
+        workers = [int(p) for p in subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True,
+                                                  text=True).stdout.split()]
+        assert len(workers) == 2, workers
+        for pid in workers:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            environ = dict(line.split(b"=", 1) for line in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+                           if b"=" in line)
+            assert b"worker" in argv and not [a for a in argv if a.startswith(b"--storage")], argv
+            assert environ[b"WORKBENCH_STORAGE"].startswith(b"journal:"), sorted(environ)
+            assert b"DBPASS" not in environ and secret.encode() not in b"".join(environ.values()), sorted(environ)
+        os.kill(workers[0], signal.SIGKILL)
+        assert proc.wait(timeout=300) == 0, log.read_text()[-4000:]
+    text = log.read_text().replace("\r", "\n")
+    sampler.check(seen="worker")
+    died = re.findall(r"^\[job ([12])\] died \(killed by SIGKILL\) on cell (\S+); started job 3 in its place", text, re.M)
+    assert len(died) == 1, text[-4000:]
+    assert "cells: 4 run, 0 already finished (skipped), 0 failed; 1 worker(s) died ([job N] lines above say how), " \
+           "1 replaced" in text, text[-3000:]
+    assert len(re.findall(r"resumed from epoch \d+", text)) == 1, text[-4000:]  # the killed worker's cell
+    client = MlflowClient()
+    cells = assert_record_clean(client, "FINISHED")
+    assert sorted(r.info.status for r in cells) == ["FINISHED"] * 4
+    (parent,) = runs(client, "parent")
+    records = [json.loads(Path(client.download_artifacts(parent.info.run_id, a.path)).read_text())
+               for a in client.list_artifacts(parent.info.run_id, "executions")]
+    outcomes = sorted(r["outcome"].split(":")[0] for r in records)
+    assert outcomes == ["completed", "died", "worker", "worker"], [r["outcome"] for r in records]
+    trained = [r for r in records if r["outcome"].startswith("worker: trained ")]
+    assert len(trained) == 2 and sum(r["work"]["ran"] for r in trained) >= 3, [r["outcome"] for r in records]
+    assert all(r["outcome"] == f"worker: {work_line(r['work'])}" for r in trained)
 
 
 class _StopAfterEpoch(TrainingObserver):

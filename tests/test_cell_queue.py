@@ -70,3 +70,29 @@ def test_a_heartbeat_not_shorter_than_the_grace_period_is_refused(tmp_path):
                                        "--grace", "5"])
     assert result.exit_code == 2 and "--heartbeat 60 must be shorter than --grace 5" in result.output, result.output
     assert "Traceback" not in result.output
+
+
+def test_optunas_info_lines_are_off_the_console_unless_debugging(monkeypatch):
+    import logging
+
+    import optuna
+
+    from studies.ablation.cell_queue import quiet_optuna
+
+    said: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: said.append(record.getMessage())
+    logging.getLogger("optuna").addHandler(handler)  # beside Optuna's own console handler
+    try:
+        monkeypatch.delenv("WORKBENCH_DEBUG", raising=False)
+        quiet_optuna()
+        optuna.create_study(study_name="quiet")
+        assert said == [], said
+        monkeypatch.setenv("WORKBENCH_DEBUG", "1")
+        quiet_optuna()
+        optuna.create_study(study_name="told")
+        assert said == ["A new study created in memory with name: told"], said
+    finally:
+        logging.getLogger("optuna").removeHandler(handler)
+        monkeypatch.delenv("WORKBENCH_DEBUG", raising=False)
+        quiet_optuna()

@@ -91,7 +91,8 @@ def test_boolean_parameters_accept_true_and_1_and_refuse_others_by_name(entry, n
 
 
 @pytest.mark.parametrize("entry,name,value,extra", [
-    ("sweep", "storage", "sqlite:///a b.db", {}), ("transfer", "source", "runs:/abc/model", {}),
+    ("sweep", "storage", "sqlite:///a b.db", {}), ("worker", "storage", "sqlite:///a b.db", {}),
+    ("worker", "storage_env", "MY_QUEUE", {}), ("transfer", "source", "runs:/abc/model", {}),
     ("transfer", "data_path", "/data/my retina", {}), ("figures", "data_path", "/data/x y", {}),
     ("figures", "timm_model", "vit_tiny_patch16_224", {"image": "README.md"})])
 def test_optional_strings_pass_through_exactly_or_not_at_all(entry, name, value, extra):

@@ -268,31 +268,39 @@ def test_the_colab_notebook_is_valid_nbformat_4():
                    "torch.cuda", "workbench worker", "--device cuda", "workbench ablate", "workbench sync"):
         assert needed in code, needed
     script = (ROOT / "scripts" / "remote_gpu.sh").read_text()
-    for needed in ("MLFLOW_TRACKING_URI", "remote_gpu.sh worker --storage", "workbench sync", "set -euo pipefail"):
+    for needed in ("MLFLOW_TRACKING_URI", "export WORKBENCH_STORAGE=", "remote_gpu.sh worker ", "workbench sync",
+                   "set -euo pipefail"):
         assert needed in script, needed
+    assert "--storage" not in code.replace("--storage-env", ""), "the notebook puts the queue's URL in argv"
+    assert "remote_gpu.sh worker --storage" not in script, "the script's usage puts the queue's URL in argv"
 
 
 # ---------------------------------------------------------------- a real server on PostgreSQL
 
 
 DB_SECRET = "db-secret-in-the-uri-31"  # PostgreSQL trusts loopback here; it still must never leak
+UNRELATED_SECRET = "unrelated-DBPASS-31"  # in the launcher's shell for something else: no child may inherit it
 
 
 def server_env(root: Path) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "WORKBENCH_"))}
     return {**env, server_config.ADMIN_USER_ENV: ADMIN[0], server_config.ADMIN_PASSWORD_ENV: ADMIN[1], RUNTIME_ENV: str(root / "run"),
-            "OMP_NUM_THREADS": "1"}
+            "OMP_NUM_THREADS": "1", "DBPASS": UNRELATED_SECRET}
 
 
 @pytest.fixture(scope="module")
 def auth_server(tmp_path_factory):
-    """``workbench server start`` itself (a subprocess) on PostgreSQL; one per module."""
+    """``workbench server start`` itself (a subprocess) on PostgreSQL; one per module.
+
+    The databases' URIs (with a password) come from the environment, as docs/server.md
+    starts it: nothing secret is in the launcher's argv.
+    """
     root = tmp_path_factory.mktemp("remote")
     with postgres_server(("mlflow", "mlflow_auth")) as pg:
         pg = pg.replace("postgresql://postgres@", f"postgresql://postgres:{DB_SECRET}@")
-        server = Launcher(["--backend-store-uri", f"{pg}/mlflow", "--auth-db-uri", f"{pg}/mlflow_auth",
-                           "--artifacts-destination", str(root / "artifacts"), "--port", str(free_port()),
-                           "--workers", "1"], server_env(root), root / "launcher.log")
+        env = {**server_env(root), server_config.BACKEND_ENV: f"{pg}/mlflow", server_config.AUTH_DB_ENV: f"{pg}/mlflow_auth"}
+        server = Launcher(["--artifacts-destination", str(root / "artifacts"), "--port", str(free_port()),
+                           "--workers", "1"], env, root / "launcher.log")
         server.start()
         try:
             yield server
@@ -326,14 +334,25 @@ def test_the_ready_line_and_no_secret_in_the_servers_environment(auth_server):
     assert "postgresql://***@127.0.0.1" in ready[0] and "default permission READ" in ready[0]
     assert DB_SECRET not in out and ADMIN[1] not in out
     assert "StarletteDeprecationWarning" not in out, out[:3000]  # neither the launcher's nor the server's
+    assert "warning:" not in out, out[:3000]  # no password on its command line, so no warning
     below = descendants(auth_server.proc.pid)
-    assert below, "no server process under the launcher"
+    assert len(below) >= 2, "no server and watchdog under the launcher"
+    commands = []
     for pid in below | {auth_server.proc.pid}:
         with open(f"/proc/{pid}/environ", "rb") as f:
             environ = f.read()
-        if pid != auth_server.proc.pid:  # the launcher was started with them; it passes them to no one
-            assert ADMIN[1].encode() not in environ, f"the admin password in the environment of {pid}"
-        assert DB_SECRET.encode() not in environ, f"the database password in the environment of {pid}"
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            argv = f.read()
+            commands.append(argv.replace(b"\0", b" ").decode())
+        for secret in (DB_SECRET, ADMIN[1], UNRELATED_SECRET):
+            assert secret.encode() not in argv, f"a password in the argv of {pid}"
+        if pid == auth_server.proc.pid:
+            continue  # the launcher was started with them; it passes them to no one
+        for secret in (DB_SECRET, ADMIN[1], UNRELATED_SECRET):
+            assert secret.encode() not in environ, f"{secret} in the environment of {pid} ({commands[-1][:80]})"
+        names = {line.split(b"=", 1)[0].decode() for line in environ.split(b"\0") if b"=" in line}
+        assert not names & {"DBPASS", server_config.BACKEND_ENV, server_config.AUTH_DB_ENV, "OMP_NUM_THREADS"}, (pid, sorted(names))
+    assert any("server_watchdog.py" in c for c in commands), commands  # the watchdog was checked too
 
 
 @pytest.mark.integration
@@ -505,6 +524,16 @@ def test_a_grant_is_changed_and_revoked_over_http(carol_and_dave, isolated_track
     assert admin_says(monkeypatch, "grant", "dave", "carol-grants", "--permission", "DENY")[0] == 0
     as_user(monkeypatch, DAVE)
     assert http_status(lambda: client.get_run(run)) == 403
+    # dave (no admin, holding DENY) tries a grant as if he were the admin: the real reason, not "no experiment"
+    monkeypatch.setenv(server_config.ADMIN_USER_ENV, DAVE[0])
+    monkeypatch.setenv(server_config.ADMIN_PASSWORD_ENV, DAVE[1])
+    for experiment in (exp, "carol-grants"):
+        result = CliRunner().invoke(server_command, ["grant", "dave", experiment])
+        assert result.exit_code == 1 and f"experiment {experiment!r} on {url}: the server refused to show it " \
+            "(HTTP 403): 'dave' (WORKBENCH_SERVER_ADMIN_USER) is not an admin of this server" in result.output, \
+            result.output
+        assert "no experiment" not in result.output and DAVE[1] not in result.output
+    assert "holds DENY there" in CliRunner().invoke(server_command, ["grant", "dave", exp]).output
 
 
 @pytest.mark.integration

@@ -19,6 +19,7 @@ from studies.ablation.jobs import DEFAULT_THREADS_PER_JOB, check_jobs, describe,
 from studies.ablation.status import older_code_notice
 from studies.ablation.train import TrainOutcome, train_one
 from studies.runtime.options import check_protocol_amp, check_storage_option, threads_option
+from studies.runtime.secret_options import storage_options, worker_hint
 from studies.runtime.stop_signals import as_stop, sigterm_raises
 from studies.runtime.study_execution import finished_cells, held_parent, prepare_protocol_data
 from studies.runtime.study_protocol import Cell, Protocol, ProtocolError, check_clean, check_frozen, load_protocol
@@ -120,8 +121,8 @@ def run_protocol(
 @click.option("--download/--no-download", default=False, show_default=True)
 @click.option("--output-dir", type=click.Path(file_okay=False), default="outputs/ablate", show_default=True,
               help="Checkpoints and predictions of each cell.")
-@click.option("--storage", default=None,
-              help="Optuna storage URL: queue the cells there for `workbench worker` instead of running them here.")
+@storage_options(required=False, from_env=False,
+                 help="Optuna storage URL: queue the cells there for `workbench worker` instead of running them here.")
 @click.option("--jobs", type=click.IntRange(min=0), default=0, show_default=True,
               help="Train this many cells at once here, each in a worker process of its own with --threads threads "
                    f"(default {DEFAULT_THREADS_PER_JOB} per job), through the cell queue; 0: one cell after another in "
@@ -137,20 +138,22 @@ def ablate(protocol_path, allow_dirty, device, data_path, download, output_dir, 
     except ProtocolError as err:
         raise click.ClickException(str(err)) from err
     if storage:
-        from studies.ablation.cell_queue import enqueue_cells, open_storage, redact
+        from studies.ablation.cell_queue import enqueue_cells, open_storage
 
+        # Optuna's tables first, before the parent is touched: a storage that fails (unreachable,
+        # another Optuna's schema) leaves the study's record as it was.
+        queue = open_storage(storage)
         with held_parent(protocol, Path(protocol_path), allow_dirty, {"queue": "optuna"}, queued=True) as parent:
-            name, added = enqueue_cells(protocol, Path(protocol_path), open_storage(storage), parent.run_id,
+            name, added = enqueue_cells(protocol, Path(protocol_path), queue, parent.run_id,
                                         finished_cells(protocol), {"allow_dirty": allow_dirty, "download": download})
-        click.echo(f"queued {added} cells in {name}; parent run {parent.run_id}. Start workers with:\n"
-                   f"  workbench worker --storage {redact(storage)} --study '{name}'")
+        click.echo(f"queued {added} cells in {name}; parent run {parent.run_id}. {worker_hint(storage, name)}")
         return
     check_protocol_amp(protocol, device)  # here, not when queuing: workers check their own device
     if jobs:
         tally = run_jobs(protocol, Path(protocol_path), Path(output_dir), jobs, threads, device, data_path,
                          allow_dirty, download)
         click.echo(describe(tally))
-        if tally["failed"] or tally["unfinished"] or tally["job_errors"]:
+        if tally["failed"] or tally["unfinished"]:  # a worker that died and was replaced is not a failed study
             sys.exit(1)
         return
     outcomes = run_protocol(protocol, Path(protocol_path), Path(output_dir), device, data_path, allow_dirty, download,

@@ -29,9 +29,30 @@ from optuna.trial import FrozenTrial, TrialState
 
 from studies.runtime.study_protocol import Protocol, load_protocol
 from tracking.record.lease import HOST, pid_alive
+from tracking.store.storage_guard import refuse_mlflow_database
 
 # Optuna's "experimental" warnings add nothing for users here.
 warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+
+
+def debugging() -> bool:
+    """``workbench --debug`` (or WORKBENCH_DEBUG=1) is on for this command."""
+    import click
+
+    ctx = click.get_current_context(silent=True)
+    if ctx is not None and ctx.find_root().params.get("debug"):
+        return True
+    return os.environ.get("WORKBENCH_DEBUG", "").lower() in ("1", "true", "yes")
+
+
+def quiet_optuna() -> None:
+    """Optuna's INFO lines (``[I 2026-...] A new study created in Journal with name: ...``, ``Trial 3
+    finished with value ...``) only with ``--debug``: the workbench says what happened in its own
+    lines. Its warnings stay."""
+    optuna.logging.set_verbosity(optuna.logging.INFO if debugging() else optuna.logging.WARNING)
+
+
+quiet_optuna()
 
 HEARTBEAT_SECONDS = 10
 GRACE_SECONDS = 30
@@ -45,14 +66,19 @@ def check_timing(heartbeat: float, grace: float) -> None:
 
 
 def open_storage(url: str, heartbeat: float = HEARTBEAT_SECONDS, grace: float = GRACE_SECONDS):
-    """RDB storage (PostgreSQL, MySQL, SQLite URL) or a journal file (``journal:/path``)."""
+    """RDB storage (PostgreSQL, MySQL, SQLite URL) or a journal file (``journal:/path``).
+
+    Optuna creates its tables here, so the target is looked into first, from whichever
+    machine this runs on: one of MLflow's databases is refused (``StorageClash``, a
+    ValueError naming it) and nothing is created.
+    """
     check_timing(heartbeat, grace)
+    quiet_optuna()  # a --debug given to this command, whose module was imported before it was parsed
+    refuse_mlflow_database(url)
     if url.startswith("journal:"):
         from optuna.storages.journal import JournalFileBackend, JournalStorage
 
         return JournalStorage(JournalFileBackend(url.removeprefix("journal:")))
-    if url.startswith("sqlite:") and "mlflow" in Path(url.split("///")[-1]).name:
-        raise ValueError(f"{url}: never share MLflow's SQLite file with Optuna; use a database of its own")
     # No Optuna heartbeats: the lease below does the same job on every storage, with fencing.
     return RDBStorage(url, engine_kwargs={"pool_pre_ping": True})
 

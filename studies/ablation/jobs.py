@@ -11,6 +11,15 @@ Threads: every job runs with a fixed number of torch threads (``--threads``, def
 job), so a cell's numbers do not depend on how many jobs ran the study (the thread count
 changes floating-point reduction order; docs/precision.md).
 
+A worker that dies (killed by a signal, the OOM killer, an exit code) while cells are left
+is named with how it ended, and a replacement worker starts in its place (at most
+``max(2, N)`` in one execution); the dead worker's cell goes back to the queue (its lease
+names a process that is gone) and continues from its checkpoint. The study's exit status
+is its cells': 0 when every cell finished, whatever happened to the workers on the way.
+
+The workers' environment is an allow-list (``tracking.store.child_env.worker_env``) and their
+queue URL comes as ``WORKBENCH_STORAGE``: nothing secret is in their argv.
+
 Stopping: Ctrl-C or SIGTERM reaches the coordinator only (the workers run in sessions of
 their own, so a terminal's Ctrl-C is not delivered twice); it forwards one SIGINT (SIGTERM)
 to every worker, which ends its cell's run KILLED as an in-process `ablate` does, and the
@@ -25,6 +34,7 @@ import contextlib
 import ctypes
 import os
 import queue
+import re
 import shutil
 import signal
 import subprocess
@@ -45,6 +55,7 @@ DEFAULT_THREADS_PER_JOB = 1
 STOP_WAIT_SECONDS = 120  # a worker ends its cell's run within this after SIGINT, or is killed
 JOBS_FOLDER = ".jobs"  # under the output folder: one sub-folder (queue file, owner pid) per execution
 OUTCOME_ATTR = "outcome"  # trial user attribute a worker sets: finished, skipped, failed, busy
+CELL_END = re.compile(r"^\[[a-z]+\] ")
 
 
 def _die_with_parent() -> None:
@@ -81,22 +92,40 @@ def queue_folder(output_dir: Path) -> Path:
     return folder
 
 
-def worker_command(storage: str, study: str, threads: int, device: str, output_dir: Path,
-                   data_path: str | None) -> list[str]:
-    """The worker of one job. ``threads`` 0: none asked for, so each job gets the fixed default
-    (``--default-threads``: new cells start with it, a resumed cell keeps the count it started with)."""
-    command = [sys.executable, "-m", "studies.cli", "worker", "--storage", storage, "--study", study,
+def worker_command(study: str, threads: int, device: str, output_dir: Path, data_path: str | None,
+                   debug: bool = False) -> list[str]:
+    """The worker of one job (its queue comes through ``worker_environment``, not argv). ``threads``
+    0: none asked for, so each job gets the fixed default (``--default-threads``: new cells start
+    with it, a resumed cell keeps the count it started with)."""
+    command = [sys.executable, "-m", "studies.cli", *(["--debug"] if debug else []), "worker", "--study", study,
                "--device", device, "--output-dir", str(output_dir)]
     command += ["--threads", str(threads)] if threads else ["--default-threads", str(DEFAULT_THREADS_PER_JOB)]
     return command + (["--data-path", data_path] if data_path else [])
 
 
-def start_jobs(n: int, command: list[str]) -> list[Job]:
-    # Workers print no progress bars (TQDM_DISABLE): the coordinator draws the one bar.
-    env = {**os.environ, "TQDM_DISABLE": "1", "PYTHONUNBUFFERED": "1"}
-    return [Job(i + 1, subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                        bufsize=1, env=env, start_new_session=True, preexec_fn=_die_with_parent))
-            for i in range(n)]
+def worker_environment(storage: str) -> dict:
+    """The allow-listed environment of a job's worker, with its queue in WORKBENCH_STORAGE.
+
+    Workers print no progress bars (TQDM_DISABLE): the coordinator draws the one bar.
+    """
+    from studies.runtime.secret_options import STORAGE_ENV
+    from tracking.store.child_env import worker_env
+
+    return {**worker_env(), STORAGE_ENV: storage, "TQDM_DISABLE": "1", "PYTHONUNBUFFERED": "1"}
+
+
+def start_job(index: int, command: list[str], env: dict) -> Job:
+    return Job(index, subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                       bufsize=1, env=env, start_new_session=True, preexec_fn=_die_with_parent))
+
+
+def how_it_ended(returncode: int) -> str:
+    """``killed by SIGKILL`` or ``exit code 1``: a Popen return code in words."""
+    if returncode < 0:
+        with contextlib.suppress(ValueError):
+            return f"killed by {signal.Signals(-returncode).name}"
+        return f"killed by signal {-returncode}"
+    return f"exit code {returncode}"
 
 
 def _reader(job: Job, lines: queue.Queue) -> None:
@@ -120,6 +149,8 @@ def relay(jobs: list[Job], progress, lines: queue.Queue, open_streams: set[int],
             continue
         if line.startswith("cell ") and "(took it from the queue)" in line:
             job.current = line.split(": ", 1)[1].split(" ", 1)[0]
+        elif CELL_END.match(line):  # the worker's "[finished] ..." line: it holds no cell now
+            job.current = ""
         tqdm.write(f"[job {job.index}] {line}")
         sys.stdout.flush()  # promptly into a pipe or a log file too, not only on a terminal
         progress(jobs)
@@ -152,7 +183,7 @@ def outcomes(study) -> dict[str, int]:
         cell = trial.user_attrs.get("cell")
         if cell is not None:
             last[cell] = (trial.state, trial.user_attrs.get(OUTCOME_ATTR, ""))
-    tally = {"finished": 0, "skipped": 0, "failed": 0, "busy": 0, "unfinished": 0, "job_errors": 0}
+    tally = {"finished": 0, "skipped": 0, "failed": 0, "busy": 0, "unfinished": 0}
     for state, outcome in last.values():
         if state == TrialState.COMPLETE:
             tally[outcome if outcome in ("skipped", "busy") else "finished"] += 1
@@ -173,7 +204,7 @@ def run_jobs(protocol: Protocol, protocol_file: Path, output_dir: Path, jobs: in
 
     from studies.runtime.study_execution import finished_cells, held_parent, prepare_protocol_data
     from studies.ablation.cell_order import longest_first
-    from studies.ablation.cell_queue import counts, enqueue_cells, open_storage
+    from studies.ablation.cell_queue import counts, debugging, enqueue_cells, open_storage
     from studies.runtime.stop_signals import sigterm_raises
 
     # Decode and cache the data once here, so the workers only read the cache.
@@ -194,12 +225,12 @@ def run_jobs(protocol: Protocol, protocol_file: Path, output_dir: Path, jobs: in
             if skipped:
                 tqdm.write(f"{skipped} cells already finished (skipped)")
             study = optuna.load_study(study_name=study_name, storage=open_storage(storage_url))
-            errors = 0
+            died = {"died": 0, "replaced": 0}
             if added:
-                errors = _drive(study, added, min(jobs, added),
-                                worker_command(storage_url, study_name, threads, device, output_dir, data_path))
-            tally = outcomes(study)
-            tally["job_errors"] = errors
+                died = _drive(study, added, min(jobs, added),
+                              worker_command(study_name, threads, device, output_dir, data_path, debugging()),
+                              worker_environment(storage_url))
+            tally = {**outcomes(study), **died}
             tally["skipped"] += skipped
             tqdm.write(f"queue: {counts(study)}")
     finally:
@@ -207,42 +238,84 @@ def run_jobs(protocol: Protocol, protocol_file: Path, output_dir: Path, jobs: in
     return tally
 
 
-def _drive(study, total: int, n_jobs: int, command: list[str]) -> int:
-    """Start the workers, show one bar over the queued cells, stop them all on Ctrl-C/SIGTERM.
+def _drive(study, total: int, n_jobs: int, command: list[str], env: dict) -> dict[str, int]:
+    """Start the workers, show one bar over the queued cells, replace a worker that died while
+    cells are left, stop them all on Ctrl-C/SIGTERM.
 
-    Returns how many workers exited with an error.
+    Returns ``{"died": workers that ended with an error or a signal, "replaced": ...}``.
     """
     from studies.runtime.stop_signals import Terminated
     from studies.ablation.cell_queue import counts
 
-    jobs = start_jobs(n_jobs, command)
+    jobs: list[Job] = []
     lines: queue.Queue = queue.Queue()
-    open_streams = {j.index for j in jobs}
-    for job in jobs:
+    open_streams: set[int] = set()
+    ended: set[int] = set()
+    tally = {"died": 0, "replaced": 0}
+    most = max(2, n_jobs)  # a worker that dies at every start must not be started forever
+
+    def launch() -> Job:
+        job = start_job(len(jobs) + 1, command, env)
+        jobs.append(job)
+        open_streams.add(job.index)
         threading.Thread(target=_reader, args=(job, lines), daemon=True).start()
+        return job
+
+    def replace_the_dead() -> None:
+        for job in jobs:
+            if job.index in ended or job.process.poll() is None:
+                continue
+            ended.add(job.index)
+            if not job.process.returncode:
+                continue
+            tally["died"] += 1
+            on = f" on cell {job.current}" if job.current else ""
+            state = counts(study)
+            left = state["waiting"] + state["running"]
+            if not left:
+                tqdm.write(f"[job {job.index}] died ({how_it_ended(job.process.returncode)}){on}; no cell is left "
+                           "to replace it for")
+            elif tally["replaced"] >= most:
+                tqdm.write(f"[job {job.index}] died ({how_it_ended(job.process.returncode)}){on}; not replaced "
+                           f"({most} workers were replaced already); the next ablate trains what is left")
+            else:
+                tally["replaced"] += 1
+                new = launch()
+                tqdm.write(f"[job {job.index}] died ({how_it_ended(job.process.returncode)}){on}; started job "
+                           f"{new.index} in its place ({'its cell goes back to the queue, ' if on else ''}"
+                           f"{left} cell(s) waiting or running)")
+
+    for _ in range(n_jobs):
+        launch()
     with tqdm(total=total, desc="cells", unit="cell") as bar:
         def progress(js: list[Job]) -> None:
             bar.set_postfix_str(", ".join(f"{j.index}: {j.current}" for j in js if j.current and j.process.poll() is None))
 
         try:
-            while open_streams or any(j.process.poll() is None for j in jobs):
+            while True:
                 if not open_streams:
                     time.sleep(0.2)  # output closed, process not reaped yet
                 relay(jobs, progress, lines, open_streams)
-                state = counts(study)
-                bar.n = min(total, state["complete"] + state["fail"])
+                replace_the_dead()
+                bar.n = min(total, cells_done(study))
                 bar.refresh()
+                if not open_streams and all(j.process.poll() is not None for j in jobs):
+                    replace_the_dead()  # one that ended just now: said, and replaced if cells are left
+                    if not open_streams:
+                        break
         except (KeyboardInterrupt, Terminated) as err:
             signum = signal.SIGTERM if isinstance(err, Terminated) else signal.SIGINT
             tqdm.write(f"stopping {sum(j.process.poll() is None for j in jobs)} job(s) "
                        f"({signal.Signals(signum).name}); each ends its cell's run")
             stop_jobs(jobs, signum, lines, open_streams)
             raise
-        bar.n = min(total, counts(study)["complete"] + counts(study)["fail"])
-    for job in jobs:
-        if job.process.returncode:
-            tqdm.write(f"[job {job.index}] exited with status {job.process.returncode}")
-    return sum(bool(j.process.returncode) for j in jobs)
+        bar.n = min(total, cells_done(study))
+    return tally
+
+
+def cells_done(study) -> int:
+    """Queued cells that reached their end (a dead worker's attempt, re-queued, does not count twice)."""
+    return sum(n for what, n in outcomes(study).items() if what != "unfinished")
 
 
 def describe(tally: dict[str, int]) -> str:
@@ -251,8 +324,8 @@ def describe(tally: dict[str, int]) -> str:
         text += f", {tally['busy']} running elsewhere"
     if tally["unfinished"]:
         text += f", {tally['unfinished']} not finished"
-    if tally["job_errors"]:
-        text += f"; {tally['job_errors']} job(s) exited with an error (their lines above say why)"
+    if tally.get("died"):
+        text += (f"; {tally['died']} worker(s) died ([job N] lines above say how), {tally['replaced']} replaced")
     return text
 
 

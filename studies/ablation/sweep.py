@@ -20,9 +20,10 @@ import click
 import optuna
 import yaml
 
-from studies.ablation.cell_queue import open_storage, redact
+from studies.ablation.cell_queue import open_storage, quiet_optuna, redact
 from studies.ablation.train import train_one
 from studies.runtime.options import check_amp, check_storage_option, threads_option
+from studies.runtime.secret_options import storage_options
 from studies.runtime.stop_signals import sigterm_raises
 from studies.runtime.study_execution import prepare_protocol_data
 from studies.runtime.study_protocol import ProtocolError, load_protocol
@@ -249,7 +250,7 @@ class PruningObserver(TrainingObserver):
 @click.option("--trials", type=click.IntRange(min=1), default=10, show_default=True, help="Trials this process runs.")
 @click.option("--seed", type=int, default=None, help="Training seed (default: the protocol's first seed).")
 @click.option("--sampler-seed", type=int, default=0, show_default=True)
-@click.option("--storage", default=None, help="Optuna storage URL; without it the study lives in memory.")
+@storage_options(required=False, help="Optuna storage URL; without it the study lives in memory.")
 @click.option("--name", "study_name", default=None, help="Study name (default: sweep:<protocol>@<hash>:<arm>).")
 @click.option("--device", default="auto", show_default=True)
 @click.option("--data-path", default=None)
@@ -279,6 +280,7 @@ def sweep(protocol_path, arm, params, trials, seed, sampler_seed, storage, study
             optuna_storage = open_storage(storage) if storage else None
         except ValueError as err:
             raise click.BadParameter(str(err), param_hint="--storage") from None
+        quiet_optuna()
         study = optuna.create_study(
             study_name=name, storage=optuna_storage, direction="maximize",
             load_if_exists=True, sampler=TrialSeededSampler(sampler_seed),

@@ -26,6 +26,7 @@ from studies.ablation.cell_queue import (
 )
 from studies.ablation.jobs import OUTCOME_ATTR
 from studies.runtime.options import check_protocol_amp, check_storage_option, threads_option
+from studies.runtime.secret_options import storage_options
 from studies.runtime.stop_signals import pending_stop, sigterm_raises
 from studies.runtime.study_execution import held_parent, prepare_protocol_data
 from tracking.record.lease import HEARTBEAT_ENV, HEARTBEATS, LEASE_ENV, LeaseLost
@@ -66,12 +67,14 @@ class QueueFence(TrainingObserver):
 
 
 def drain(study: optuna.Study, run_one, grace: float, poll_seconds: float = 2.0, max_cells: int | None = None,
-          log=click.echo) -> dict[str, int]:
+          log=click.echo, tally: dict | None = None) -> dict[str, int]:
     """Pop and run queued cells until none is waiting or running anywhere; re-queue expired leases.
 
-    ``run_one(trial, fence) -> (outcome status, value)``. Returns this worker's tally.
+    ``run_one(trial, fence) -> (outcome status, value)``. Returns this worker's tally
+    (``tally``, when given, is filled in place as cells end: a Ctrl-C leaves it as far as it got).
     """
-    tally = {"ran": 0, "skipped": 0, "failed": 0, "lost": 0}
+    tally = {} if tally is None else tally
+    tally.update({"ran": 0, "skipped": 0, "failed": 0, "lost": 0})
     waiting_said = None
     while max_cells is None or tally["ran"] + tally["failed"] < max_cells:
         if pending_stop() is not None:  # never take another cell after Ctrl-C or SIGTERM
@@ -113,11 +116,14 @@ def drain(study: optuna.Study, run_one, grace: float, poll_seconds: float = 2.0,
         else:
             study.tell(trial, value)
             tally["skipped" if status == "skipped" else "ran"] += 1
+    else:
+        tally["stopped"] = f"stopped at --max-cells {max_cells}"
     return tally
 
 
 @click.command("worker")
-@click.option("--storage", required=True, help="Optuna storage URL (postgresql://..., sqlite:///queue.db, journal:/shared/queue.log).")
+@storage_options(required=True, help="Optuna storage URL (postgresql://user@host/optuna, sqlite:///queue.db, "
+                                      "journal:/shared/queue.log).")
 @click.option("--study", "study_name", default=None, help="Cell queue name (cells:<protocol>@<hash>); default: the only one.")
 @click.option("--device", default="auto", show_default=True)
 @click.option("--data-path", default=None, help="Where this machine keeps the dataset.")
@@ -174,6 +180,7 @@ def drain_queue(storage, study_name, device, data_path, output_dir, max_cells, r
             click.echo(f"[{outcome.status}] {outcome.message}")
             return outcome.status, outcome.metrics.get("best_val_accuracy", float("nan"))
 
-        tally = drain(study, run_one, grace, poll_seconds=min(2.0, heartbeat), max_cells=max_cells)
+        parent.work = {}  # the record says what this worker trained (tracking.record.executions.work_line)
+        tally = drain(study, run_one, grace, poll_seconds=min(2.0, heartbeat), max_cells=max_cells, tally=parent.work)
     click.echo(f"worker ran {tally['ran']} cells ({tally['skipped']} already finished, {tally['failed']} failed, "
                f"{tally['lost']} lost to another worker); queue: {counts(study)}")

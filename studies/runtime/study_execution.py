@@ -17,6 +17,7 @@ from tqdm.auto import tqdm
 from studies.ablation.train import prepare_data
 from studies.runtime.stop_signals import Terminated
 from studies.runtime.study_protocol import Protocol
+from tracking.record.executions import work_line
 from tracking.record.protocol_runs import cell_runs, close_study_parent, open_study_parent
 from workbench.data import PreparedData
 from workbench.train.fingerprint import current_code_fingerprint
@@ -26,6 +27,7 @@ def prepare_protocol_data(protocol: Protocol, data_path: str | None, download: b
     """Load the dataset once and make the split every cell shares (the pairing)."""
     spec = protocol.dataset if data_path is None else replace(protocol.dataset, path=data_path)
     return prepare_data(spec, download)
+
 
 @contextlib.contextmanager
 def held_parent(protocol: Protocol, protocol_file: Path, allow_dirty: bool, extra_tags: dict | None = None,
@@ -42,8 +44,12 @@ def held_parent(protocol: Protocol, protocol_file: Path, allow_dirty: bool, extr
         close_study_parent(parent, "failed", f"{type(err).__name__}: {err}")
         raise
     else:
-        status = close_study_parent(parent, "queued" if queued else "completed")
+        if parent.work is not None:  # a worker: its record says what it trained, not "queued"
+            status = close_study_parent(parent, "worker", work_line(parent.work))
+        else:
+            status = close_study_parent(parent, "queued" if queued else "completed")
         tqdm.write(f"parent run {parent.run_id}: {status}")
+
 
 def finished_cells(protocol: Protocol) -> set[tuple[str, int]]:
     """(arm, seed) of the cells that have a finished run of this code (never queued again)."""

@@ -6,6 +6,7 @@ import os
 
 import click
 
+from studies.runtime.secret_options import DATABASE_INSTEAD, TRACKING_INSTEAD, warn_if_in_argv
 from tracking.server import server_config, server_process, server_users
 from tracking.store.health import check_server
 from tracking.store.uris import redact_uri, tracking_uri
@@ -19,7 +20,7 @@ def server() -> None:
 
 
 @server.command("start")
-@click.option("--backend-store-uri", envvar=server_config.BACKEND_ENV, required=True,
+@click.option("--backend-store-uri", envvar=server_config.BACKEND_ENV, required=True, callback=warn_if_in_argv(DATABASE_INSTEAD),
               help=f"Runs database, e.g. postgresql://mlflow@127.0.0.1:5432/mlflow (env {server_config.BACKEND_ENV}).")
 @click.option("--artifacts-destination", envvar=server_config.ARTIFACTS_ENV, default="./mlartifacts", show_default=True,
               help=f"Where proxied artifacts are stored: a folder or s3://... (env {server_config.ARTIFACTS_ENV}).")
@@ -28,7 +29,7 @@ def server() -> None:
 @click.option("--port", type=int, default=5000, show_default=True)
 @click.option("--workers", type=int, default=2, show_default=True)
 @click.option("--auth/--no-auth", default=True, show_default=True, help="basic-auth (--no-auth only on loopback).")
-@click.option("--auth-db-uri", envvar=server_config.AUTH_DB_ENV, default=None,
+@click.option("--auth-db-uri", envvar=server_config.AUTH_DB_ENV, default=None, callback=warn_if_in_argv(DATABASE_INSTEAD),
               help=f"Users database, e.g. postgresql://mlflow@127.0.0.1/mlflow_auth (env {server_config.AUTH_DB_ENV}); "
                    "default sqlite ./mlflow-auth.db.")
 @click.option("--default-permission", type=click.Choice(server_config.PERMISSIONS), default="READ", show_default=True,
@@ -72,7 +73,8 @@ def _admin() -> tuple[str, str]:
 
 @server.command("add-user")
 @click.argument("username")
-@click.option("--tracking-uri", envvar="MLFLOW_TRACKING_URI", required=True, help="The server (env MLFLOW_TRACKING_URI).")
+@click.option("--tracking-uri", envvar="MLFLOW_TRACKING_URI", required=True, callback=warn_if_in_argv(TRACKING_INSTEAD),
+              help="The server (env MLFLOW_TRACKING_URI).")
 @click.option("--password-env", default=server_config.NEW_USER_PASSWORD_ENV, show_default=True,
               help="Name of the environment variable holding the new password (for scripts); "
                    "prompted for (hidden) when it is unset.")
@@ -106,7 +108,8 @@ def _check_permission(_ctx, _param, value: str) -> str:
 @click.option("--permission", default="EDIT", show_default=True, callback=_check_permission,
               help=f"One of {', '.join(server_users.GRANT_PERMISSIONS)}. EDIT: create runs, change any run, rename; "
                    "MANAGE: also delete and grant; DENY: not even read. Replaces a grant the user has.")
-@click.option("--tracking-uri", envvar="MLFLOW_TRACKING_URI", required=True, help="The server (env MLFLOW_TRACKING_URI).")
+@click.option("--tracking-uri", envvar="MLFLOW_TRACKING_URI", required=True, callback=warn_if_in_argv(TRACKING_INSTEAD),
+              help="The server (env MLFLOW_TRACKING_URI).")
 def grant(username, experiment, permission, tracking_uri):
     """Give USERNAME a permission on EXPERIMENT (name or id), or change it, as the admin: e.g. a worker account EDIT."""
     admin, admin_password = _admin()
@@ -124,7 +127,8 @@ def grant(username, experiment, permission, tracking_uri):
 @server.command("revoke")
 @click.argument("username")
 @click.argument("experiment")
-@click.option("--tracking-uri", envvar="MLFLOW_TRACKING_URI", required=True, help="The server (env MLFLOW_TRACKING_URI).")
+@click.option("--tracking-uri", envvar="MLFLOW_TRACKING_URI", required=True, callback=warn_if_in_argv(TRACKING_INSTEAD),
+              help="The server (env MLFLOW_TRACKING_URI).")
 def revoke(username, experiment, tracking_uri):
     """Remove USERNAME's grant on EXPERIMENT (name or id), as the admin: the server's default permission applies again."""
     admin, admin_password = _admin()

@@ -6,6 +6,8 @@ from pathlib import Path
 
 import click
 
+from studies.runtime.secret_options import TRACKING_INSTEAD, warn_if_in_argv
+
 
 def local_store_uri(value: str) -> str:
     """``--from`` as an SQLite URL: a path to an SQLite file is taken as ``sqlite:///<path>``.
@@ -36,7 +38,9 @@ def local_store_uri(value: str) -> str:
 @click.option("--from", "source", default=None,
               help="Local store holding the runs: sqlite:///path or the path of the .db file "
                    "(default: the fallback store, $WORKBENCH_OFFLINE_DIR/mlflow.db).")
-@click.option("--to", "target", default=None, help="Tracking server (default: $MLFLOW_TRACKING_URI).")
+@click.option("--to", "target", default=None, callback=warn_if_in_argv(TRACKING_INSTEAD),
+              help="Tracking server (default: $MLFLOW_TRACKING_URI; its account from MLFLOW_TRACKING_USERNAME / "
+                   "MLFLOW_TRACKING_PASSWORD or ~/.mlflow/credentials, never needed in the URL).")
 @click.option("--recheck", is_flag=True, help="Compare runs marked synced with the server again (copies only what is missing).")
 @click.option("--dry-run", is_flag=True, help="List each local run, where it would go and how; copy nothing.")
 def sync(source, target, recheck, dry_run):

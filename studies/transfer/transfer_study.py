@@ -177,7 +177,7 @@ def prepare_execution(protocol: TransferProtocol, protocol_file: Path, output_di
 def cell_key(ex: "Execution", cell: TransferCell) -> str:
     """A cell's identity: protocol, regime, seed, source, data and split, and the code that computes results.
 
-    The code is ``tt.transfer_code_fingerprint()`` (the result library, transfer included, and
+    The code is ``transfer_runs.transfer_code_fingerprint()`` (the result library, transfer included, and
     the torch/timm versions), not the git commit: a commit of docs or reports re-trains nothing.
     """
     p, data = ex.protocol, ex.data

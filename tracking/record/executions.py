@@ -36,6 +36,16 @@ from tracking.store.session import run_user
 RECORDS = "executions"
 EXPECTED_TAG = "cells_expected"  # the study's cell count, so a parent can be recounted anywhere (sync)
 COUNT_KEYS = ("finished", "running", "failed", "killed", "superseded", "missing")
+# Executions after which cells not run yet may still be waiting in a queue (not missing).
+QUEUE_OUTCOMES = ("queued", "worker")
+
+
+def work_line(work: dict) -> str:
+    """What a worker execution did itself: ``trained 2 cells, 0 already finished, 0 failed, 0 lost to another worker``."""
+    ran = work.get("ran", 0)
+    line = (f"trained {ran} cell{'' if ran == 1 else 's'}, {work.get('skipped', 0)} already finished, "
+            f"{work.get('failed', 0)} failed, {work.get('lost', 0)} lost to another worker")
+    return line + (f"; {work['stopped']}" if work.get("stopped") else "")
 
 
 def iso(seconds: float | None = None) -> str:
@@ -134,7 +144,8 @@ def counts_of(runs: list[Run], expected: int) -> dict[str, int]:
 
 
 def study_status(outcome: str, counts: dict[str, int], others_hold_it: bool = False) -> str:
-    """The parent's status when an execution ends with ``outcome`` (completed, interrupted, failed, queued).
+    """The parent's status when an execution ends with ``outcome`` (completed, interrupted, failed,
+    queued, or worker: a worker that took cells from the queue).
 
     Another execution still holding the parent, or cells still RUNNING -> RUNNING (the last
     one to end decides); Ctrl-C or SIGTERM -> KILLED; an error or a failed or killed cell ->
@@ -147,7 +158,7 @@ def study_status(outcome: str, counts: dict[str, int], others_hold_it: bool = Fa
     if outcome == "failed" or counts.get("failed") or counts.get("killed"):
         return "FAILED"
     if counts.get("missing"):
-        return "SCHEDULED" if outcome == "queued" else "FAILED"
+        return "SCHEDULED" if outcome in QUEUE_OUTCOMES else "FAILED"
     return "FINISHED"
 
 
@@ -194,7 +205,7 @@ def recount_parent(client: MlflowClient, run_id: str, log=print) -> dict[str, in
         log_batch(client, run_id, metrics=[Metric(f"cells_{k}", float(v), now, step) for k, v in counts.items()])
         log(f"parent {run_id}: cells counted on the target: " + ", ".join(f"{v} {k}" for k, v in counts.items() if v))
     outcome = run.data.tags.get("last_execution_outcome", "").split(":")[0]
-    if run.info.status in ("FINISHED", "FAILED", "SCHEDULED") and outcome in ("completed", "failed", "queued"):
+    if run.info.status in ("FINISHED", "FAILED", "SCHEDULED") and outcome in ("completed", "failed", *QUEUE_OUTCOMES):
         status = study_status(outcome, counts)
         if status != run.info.status:
             client.set_terminated(run_id, status, end_time=run.info.end_time)

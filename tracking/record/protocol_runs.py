@@ -138,6 +138,9 @@ class StudyParent:
     previous_end: int | None = None  # the parent's end time before this execution reopened it (ms)
     started_ms: int = 0
     status: str | None = None  # set by ``close_study_parent``
+    # What this execution did with cells itself, when it is a worker (``tracking.record.executions.work_line``):
+    # filled while it works, so a record closed by Ctrl-C says how far it got too.
+    work: dict | None = None
 
 
 def open_study_parent(protocol, protocol_file: Path, allow_dirty: bool, extra_tags: dict | None = None,
@@ -322,8 +325,9 @@ def close_study_parent(parent: StudyParent, outcome: str, why: str = "") -> str:
     """Release the parent with a truthful status (``tracking.record.executions.study_status``); returns it.
 
     ``outcome``: "completed" (the execution went through every cell), "interrupted"
-    (Ctrl-C, SIGTERM), "failed" (an error outside the cells) or "queued" (cells handed to
-    workers). While another execution still holds the parent or cells of this study, it
+    (Ctrl-C, SIGTERM), "failed" (an error outside the cells), "queued" (cells handed to
+    workers) or "worker" (a worker took cells from the queue; ``parent.work`` says which).
+    While another execution still holds the parent or cells of this study, it
     stays RUNNING. With the server away, only the children in the local fallback store can
     be counted: cells not seen there are not called missing (``workbench sync`` recounts).
     """
@@ -349,6 +353,8 @@ def close_study_parent(parent: StudyParent, outcome: str, why: str = "") -> str:
         sink.log_metrics({f"cells_{k}": v for k, v in counts.items()}, step=_execution_index(parent))
     status = study_status(outcome, {**counts, "missing": 0} if partial else counts, others)
     parent.status = status
+    if parent.work is not None:  # the worker's own tally, beside the study's counts
+        parent.execution["work"] = dict(parent.work)
     parent.execution.update(end=iso(), outcome=outcome + (f": {why}" if why else ""), cells=counts, status=status,
                             **({"counted": "local fallback store only (server unreachable)"} if partial else {}))
     write_record(sink, parent.execution)

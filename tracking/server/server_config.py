@@ -6,9 +6,11 @@ builds the ``mlflow server`` command and its environment; ``tracking.server.serv
 it and ``tracking.server.server_users`` administers its users and grants.
 
 - Secrets stay out of the command line and, as far as MLflow allows, out of the server's
-  environment: a PostgreSQL password goes into a ``.pgpass`` file (``PGPASSFILE``) and
-  the URIs the server sees carry none; the admin account is created by the launcher
-  before the server starts, so the admin password never reaches the server at all.
+  environment: a PostgreSQL password (in a URI, or the launcher's ``PGPASSWORD``) goes
+  into a ``.pgpass`` file (``PGPASSFILE``) and the URIs the server sees carry none; the
+  admin account is created by the launcher before the server starts, so the admin
+  password never reaches the server at all. The server's environment is an allow-list
+  (``tracking.store.child_env.server_env``): nothing else of the launcher's shell reaches it.
 - Those files (``.pgpass``, ``basic_auth.ini``) live in a private runtime folder (mode
   0700) that is removed when the server stops, even when its launcher is SIGKILLed.
 - Artifacts are proxied (``--serve-artifacts --artifacts-destination``): workers need no
@@ -30,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
+from tracking.store.child_env import server_env
 from tracking.store.uris import redact_uri
 
 ADMIN_USER_ENV = "WORKBENCH_SERVER_ADMIN_USER"
@@ -44,10 +47,6 @@ MIN_PASSWORD = 12  # MLflow's own minimum for basic-auth passwords
 # basic-auth's default_permission: what users may do where they hold no grant.
 PERMISSIONS = ("READ", "EDIT", "MANAGE", "NO_PERMISSIONS")
 AUTH_CACHE_SECONDS = 60
-# What the launcher's own environment may hold that the server has no use for.
-NOT_FOR_THE_SERVER = (ADMIN_PASSWORD_ENV, BACKEND_ENV, AUTH_DB_ENV, NEW_USER_PASSWORD_ENV, "MLFLOW_AUTH_ADMIN_PASSWORD",
-                      "MLFLOW_TRACKING_URI", "MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD",
-                      "MLFLOW_TRACKING_TOKEN")
 
 
 # mlflow.server.fastapi_app (imported by the server, the launcher and every admin call) imports
@@ -127,11 +126,22 @@ def check_admin_credentials(user: str | None, password: str | None) -> None:
         raise ServerConfigError(f"{ADMIN_PASSWORD_ENV} must not be derived from the user name")
 
 
-def split_password(uri: str) -> tuple[str, str | None]:
+def pgpass_line(url, password: str) -> str:
+    """The ``.pgpass`` line (host:port:database:user:password, escaped) of a parsed PostgreSQL URL."""
+    def esc(value) -> str:
+        return str(value).replace("\\", "\\\\").replace(":", "\\:")
+
+    return ":".join(esc(v) for v in (url.host or "localhost", url.port or 5432, url.database or "*",
+                                     url.username or "*", password))
+
+
+def split_password(uri: str, pgpassword: str | None = None) -> tuple[str, str | None]:
     """``(uri without its password, the .pgpass line holding it)`` for PostgreSQL; other URIs unchanged.
 
     libpq (under psycopg) reads the password from the file named by PGPASSFILE, so the
-    URI the server keeps in its environment holds none.
+    URI the server keeps in its environment holds none. ``pgpassword``: the launcher's
+    ``PGPASSWORD``, the password of a URI that has none (it goes into the file too, so the
+    server's environment never holds it).
     """
     if not uri.startswith("postgresql"):
         return uri, None
@@ -139,14 +149,18 @@ def split_password(uri: str) -> tuple[str, str | None]:
 
     url = make_url(uri)
     if url.password is None:
-        return uri, None
+        return uri, (pgpass_line(url, pgpassword) if pgpassword else None)
+    # url.set(password=None) would keep it: _replace drops it
+    return url._replace(password=None).render_as_string(hide_password=False), pgpass_line(url, url.password)
 
-    def esc(value) -> str:
-        return str(value).replace("\\", "\\\\").replace(":", "\\:")
 
-    line = ":".join(esc(v) for v in (url.host or "localhost", url.port or 5432, url.database or "*",
-                                     url.username or "*", url.password))
-    return url._replace(password=None).render_as_string(hide_password=False), line  # set(password=None) keeps it
+def _user_pgpass(environ) -> str:
+    """The launcher's own password file (``PGPASSFILE``, else ``~/.pgpass``), read once, or ''."""
+    path = environ.get("PGPASSFILE") or (Path(environ["HOME"]) / ".pgpass" if environ.get("HOME") else None)
+    try:
+        return Path(path).read_text() if path else ""
+    except OSError:
+        return ""
 
 
 def write_private(path: Path, text: str) -> Path:
@@ -216,15 +230,26 @@ def prepared_server(cfg: ServerConfig, admin_user: str | None = None, admin_pass
 
     if cfg.auth:
         check_admin_credentials(admin_user, admin_password)
-    env = {k: v for k, v in (os.environ if base_env is None else base_env).items() if k not in NOT_FOR_THE_SERVER}
+    from tracking.store.storage_guard import refuse_optuna_database
+
+    for what, uri in ((BACKEND_ENV, cfg.backend_store_uri), (AUTH_DB_ENV, cfg.auth_db())):
+        try:  # before MLflow creates a table in either (the launcher creates the users tables below)
+            refuse_optuna_database(uri, what)
+        except ValueError as err:
+            raise ServerConfigError(str(err)) from None
+    source = os.environ if base_env is None else base_env
+    env = server_env(source)  # an allow-list: an unrelated DBPASS=... in the launcher's shell stays there
     folder = Path(folder) if folder is not None else new_runtime_dir()
     try:
-        backend, backend_pass = split_password(cfg.backend_store_uri)
-        auth_db, auth_pass = split_password(cfg.auth_db())
+        backend, backend_pass = split_password(cfg.backend_store_uri, source.get("PGPASSWORD"))
+        auth_db, auth_pass = split_password(cfg.auth_db(), source.get("PGPASSWORD"))
         env["MLFLOW_BACKEND_STORE_URI"] = backend
         lines = [line for line in dict.fromkeys((backend_pass, auth_pass)) if line]
-        if lines:
-            env["PGPASSFILE"] = str(write_private(folder / ".pgpass", "\n".join(lines) + "\n"))
+        if lines:  # libpq takes the first line that matches: the launcher's own file follows for the rest
+            text = "\n".join(lines) + "\n" + _user_pgpass(source)
+            env["PGPASSFILE"] = str(write_private(folder / ".pgpass", text))
+        elif source.get("PGPASSFILE"):
+            env["PGPASSFILE"] = source["PGPASSFILE"]
         # MLflow's job runner starts processes in sessions of their own, out of reach of the
         # server's process group; the workbench uses no MLflow jobs.
         env.setdefault("MLFLOW_SERVER_ENABLE_JOB_EXECUTION", "false")

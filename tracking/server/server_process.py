@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Callable
 
 from tracking.record.lease import pid_alive
+from tracking.store.child_env import watchdog_env
 
 RUNTIME_ENV = "WORKBENCH_SERVER_RUNTIME_DIR"
 START_TIMEOUT = 180.0
@@ -117,8 +118,9 @@ def _healthy(url: str) -> bool:
 def start_watchdog(pgid: int, folder: Path) -> tuple[subprocess.Popen, int]:
     """The watchdog and the write end of its pipe (keep it open for as long as the server should live)."""
     read_end, write_end = os.pipe()  # neither end is inherited by the server (close_fds)
+    # Its environment is the basics only: the launcher's holds the database URIs and more.
     watchdog = subprocess.Popen([sys.executable, str(WATCHDOG), str(pgid), str(folder)], stdin=read_end,
-                                start_new_session=True, stdout=subprocess.DEVNULL)
+                                start_new_session=True, stdout=subprocess.DEVNULL, env=watchdog_env())
     os.close(read_end)
     return watchdog, write_end
 

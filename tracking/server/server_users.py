@@ -74,8 +74,11 @@ def _refused(err, tracking_uri: str, what: str) -> ServerConfigError:
     if health.is_unreachable(err):  # connection refused, timeouts, 5xx of a proxy; never 401 / 403
         return ServerConfigError(f"could not {what}: {where} unreachable ({health.describe_failure(err)})")
     status = err.get_http_status_code()
-    if status in (401, 403):
+    if status == 401:
         return ServerConfigError(f"{where} refused the admin credentials ({ADMIN_USER_ENV} / {ADMIN_PASSWORD_ENV})")
+    if status == 403:  # logged in, but not allowed: the account is no admin
+        return ServerConfigError(f"could not {what}: {where} answered HTTP 403 (forbidden): the account in "
+                                 f"{ADMIN_USER_ENV} logged in but is not the server's admin")
     return ServerConfigError(f"could not {what}: {err.error_code} (HTTP {status}) from {where}")
 
 
@@ -111,25 +114,53 @@ def _require_user(client, tracking_uri: str, username: str) -> None:
                                 "`workbench server add-user`")
 
 
-def _experiment_id(tracking_uri: str, experiment: str) -> str:
-    """The id of an experiment given by name or id (asked as the admin)."""
+def _experiment_id(tracking_uri: str, experiment: str, client=None, acting: str | None = None) -> str:
+    """The id of an experiment given by name or id (asked as the admin).
+
+    An experiment the acting account may not read (HTTP 403: it is no admin and holds DENY,
+    or the default permission lets it see nothing) is named as that, not as missing.
+    """
     from mlflow.exceptions import MlflowException
     from mlflow.tracking import MlflowClient
 
-    tracking = MlflowClient(tracking_uri)
-    exp = tracking.get_experiment_by_name(experiment)
+    tracking, denied = MlflowClient(tracking_uri), False
+    try:
+        exp = tracking.get_experiment_by_name(experiment)
+    except MlflowException as err:
+        if err.get_http_status_code() != 403:
+            raise
+        exp, denied = None, True
     if exp is None and experiment.isdigit():
-        with contextlib.suppress(MlflowException):
+        try:
             exp = tracking.get_experiment(experiment)
+        except MlflowException as err:
+            denied = denied or err.get_http_status_code() == 403
+    if exp is None and denied and client is not None and acting:
+        raise ServerConfigError(_cannot_see(client, tracking_uri, experiment, acting))
     if exp is None:
         raise ServerConfigError(f"no experiment {experiment!r} on {redact_uri(tracking_uri)}")
     return exp.experiment_id
 
 
+def _cannot_see(client, tracking_uri: str, experiment: str, acting: str) -> str:
+    """Why the acting account was refused an experiment: what it is and what it holds there."""
+    from mlflow.exceptions import MlflowException
+
+    what, holds = "", ""
+    with contextlib.suppress(MlflowException, AttributeError):
+        what = "" if client.get_user(acting).is_admin else " is not an admin of this server and"
+    if experiment.isdigit():  # an account may read its own permission on an id
+        with contextlib.suppress(MlflowException, AttributeError):
+            holds = f" holds {client.get_user_permission(acting, 'experiment', experiment).permission} there"
+    reason = f"{acting!r} ({ADMIN_USER_ENV}){what}{holds or ' may not read it'}"
+    return (f"experiment {experiment!r} on {redact_uri(tracking_uri)}: the server refused to show it (HTTP 403): "
+            f"{reason}; grant and revoke run as the server's admin account ({ADMIN_USER_ENV} / {ADMIN_PASSWORD_ENV})")
+
+
 def _current_grant(client, tracking_uri: str, username: str, experiment: str):
     """``(experiment id, the user's own grant row on it or None)``; an unknown user or experiment is an error."""
     _require_user(client, tracking_uri, username)
-    exp_id = _experiment_id(tracking_uri, experiment)
+    exp_id = _experiment_id(tracking_uri, experiment, client, os.environ.get("MLFLOW_TRACKING_USERNAME"))
     return exp_id, _own_grant(client, username, exp_id)
 
 

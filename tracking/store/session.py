@@ -38,9 +38,10 @@ def configure_tracking(allow_offline: bool = True) -> str:
     fallback store, with one warning naming it. Code that only reads runs (reports)
     passes ``allow_offline=False``: an answer from the wrong store would be worse than none.
     """
-    from tracking.store.storage_guard import check_sqlite_file, check_sqlite_writable
+    from tracking.store.storage_guard import check_sqlite_file, check_sqlite_writable, refuse_optuna_database
 
     check_sqlite_file(uris.tracking_uri(), "MLFLOW_TRACKING_URI")  # a file that is not SQLite: named
+    refuse_optuna_database(uris.tracking_uri(), "MLFLOW_TRACKING_URI")  # Optuna's database: before MLflow writes
     if not allow_offline:
         uri = uris.tracking_uri()
         store = Path(uri.removeprefix("sqlite:///")) if uri.startswith("sqlite:///") else None

@@ -2,17 +2,31 @@
 
 Optuna creates its tables in whatever database its storage URL names; in MLflow's
 database they break MLflow's schema check (a misleading "version" error on the next
-start). The guard compares *resolved locations*, not spellings: the same SQLite file by
-its resolved path (``sqlite:///mlflow.db`` from this folder and ``sqlite:////abs/mlflow.db``
-are one file), the same PostgreSQL or MySQL database by host, port and name (``localhost``
-and ``127.0.0.1`` are one host, a missing port is the default one). It is checked against
-the tracking store, the local fallback store and, on the server's machine, the server's
-backend and users databases. Call it before anything is created.
+start), and both keep their schema revision in one ``alembic_version`` table. Two checks,
+both before anything is created:
+
+- *Looking inside* the target database, from any machine (``look_inside``): a storage
+  whose database holds MLflow's tables (``experiments``, ``runs``, ``alembic_version`` at
+  one of MLflow's revisions, or its users database's ``alembic_version_auth``) is refused
+  for Optuna; a tracking store (or a server's database) that holds Optuna's tables
+  (``studies``, ``trials``, ``version_info``) is refused for MLflow. A client machine
+  knows nothing of the server's settings; the database itself says what it holds.
+- *Resolved locations*, which catch a store MLflow has not written yet: the same SQLite
+  file by its resolved path (``sqlite:///mlflow.db`` from this folder and
+  ``sqlite:////abs/mlflow.db`` are one file), the same PostgreSQL or MySQL database by
+  host, port and name (``localhost`` and ``127.0.0.1`` are one host, a missing port is
+  the default one), against the tracking store, the local fallback store and, on the
+  server's machine, the server's backend and users databases.
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import os
+import re
+import sqlite3
+from dataclasses import dataclass
 from pathlib import Path
 
 from tracking.store import offline_store, uris
@@ -57,7 +71,8 @@ def stores_in_use() -> dict[str, str]:
 
 def check_optuna_storage(storage: str) -> None:
     """Refuse an Optuna storage URL that cannot work (an unknown scheme, a file that is not
-    an SQLite database) or that is one of MLflow's databases.
+    an SQLite database, a database that cannot be reached) or that is one of MLflow's
+    databases: by location against this machine's stores, and by looking inside.
 
     Raises:
         ValueError: One line naming the URL (passwords hidden), what is wrong and what to do
@@ -66,14 +81,14 @@ def check_optuna_storage(storage: str) -> None:
     check_storage_url(storage)
     check_sqlite_file(storage)
     mine = location(storage)
-    if mine is None:
-        return
-    for what, uri in stores_in_use().items():
+    for what, uri in stores_in_use().items() if mine else ():
         if location(uri) == mine:
             raise ValueError(
                 f"{uris.redact_uri(storage)} is {what} ({uris.redact_uri(uri)}); Optuna would write its tables into "
                 "MLflow's database. Give Optuna a database of its own, e.g. sqlite:///optuna.db or "
                 "postgresql://.../optuna")
+    # what this machine's settings cannot know: the database itself says whose it is (StorageClash is a ValueError)
+    refuse_mlflow_database(storage)
 
 
 SQLITE_HEADER = b"SQLite format 3\x00"
@@ -143,3 +158,168 @@ def check_sqlite_writable(url: str, what: str = "") -> None:
     for target in ([path] if path.exists() else []) + [folder]:
         if not os.access(target, os.W_OK):
             raise ValueError(f"{named}{target} is read-only (cannot write there); point it at a writable store")
+
+
+# ------------------------------------------------------------------ looking inside a database
+
+MLFLOW_TABLES = ("experiments", "runs")
+MLFLOW_AUTH_VERSION_TABLE = "alembic_version_auth"  # MLflow's users database (basic-auth)
+OPTUNA_TABLES = ("studies", "trials", "version_info")
+CONNECT_TIMEOUT_SECONDS = 10
+
+
+class StorageClash(ValueError):
+    """A database that holds the other tool's tables (or cannot be looked into)."""
+
+
+@dataclass(frozen=True)
+class Schema:
+    """What a database holds: its table names and the revision in ``alembic_version``."""
+
+    tables: frozenset[str]
+    revision: str | None = None
+
+
+@functools.lru_cache(maxsize=1)
+def _revisions() -> tuple[frozenset[str], frozenset[str]]:
+    """(MLflow's schema revisions, Optuna's), read from their migration scripts (nothing imported)."""
+    import importlib.util
+
+    def scripts(package: str, *sub: str) -> list[Path]:
+        spec = importlib.util.find_spec(package)
+        if spec is None or not spec.submodule_search_locations:
+            return []
+        return list(Path(spec.submodule_search_locations[0], *sub).glob("*.py"))
+
+    found = []
+    for files in (scripts("mlflow", "store", "db_migrations", "versions"),
+                  scripts("optuna", "storages", "_rdb", "alembic", "versions")):
+        ids = set()
+        for path in files:
+            match = re.search(r"^revision\s*(?::\s*str\s*)?=\s*['\"]([^'\"]+)['\"]", path.read_text(), re.MULTILINE)
+            if match:
+                ids.add(match.group(1))
+        found.append(frozenset(ids))
+    return found[0], found[1]
+
+
+def _sqlite_schema(path: Path) -> Schema:
+    """Read-only (an existing file is never changed, a missing one never created)."""
+    with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5)) as db:
+        tables = frozenset(r[0] for r in db.execute("select name from sqlite_master where type = 'table'"))
+        revision = None
+        if "alembic_version" in tables:
+            row = db.execute("select version_num from alembic_version").fetchone()
+            revision = row[0] if row else None
+    return Schema(tables, revision)
+
+
+def _server_schema(url: str) -> Schema:
+    from sqlalchemy import create_engine, inspect, text
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.pool import NullPool
+
+    parsed = make_url(url)
+    args = {"connect_timeout": CONNECT_TIMEOUT_SECONDS} if parsed.get_backend_name() == "postgresql" else {}
+    engine = create_engine(parsed, poolclass=NullPool, connect_args=args)
+    try:
+        with engine.connect() as conn:
+            tables = frozenset(inspect(conn).get_table_names())
+            revision = None
+            if "alembic_version" in tables:
+                revision = conn.execute(text("select version_num from alembic_version")).scalar()
+    finally:
+        engine.dispose()
+    return Schema(tables, revision)
+
+
+def look_inside(url: str) -> Schema | None:
+    """The schema of the database ``url`` names; None when there is none to look at yet (a SQLite
+    file that does not exist or is empty, HTTP, a journal file, in-memory SQLite).
+
+    Raises:
+        StorageClash: the database cannot be reached (naming it, password hidden, and why).
+    """
+    if url.startswith("journal:") or location(url) is None:
+        return None
+    path = sqlite_file(url)
+    if path is not None:
+        if not path.is_file() or path.stat().st_size == 0:
+            return None
+        try:
+            return _sqlite_schema(path)
+        except sqlite3.Error as err:  # locked, unreadable: named, never a traceback
+            raise StorageClash(f"{uris.redact_uri(url)}: cannot look into this database ({err})") from None
+    try:
+        return _server_schema(url)
+    except Exception as err:  # noqa: BLE001 - the driver's own errors: one line, named
+        reason = " ".join(str(getattr(err, "orig", None) or err).split())[:300]
+        hint = ("; leave the password out of the URL and give it in PGPASSWORD or ~/.pgpass (PGPASSFILE), or "
+                "pass the whole URL in an environment variable" if "password" in reason.lower() else "")
+        raise StorageClash(f"{uris.redact_uri(url)}: cannot look into this database ({uris.redact_uri(reason)}){hint}") from None
+
+
+def mlflow_signs(schema: Schema) -> list[str]:
+    """What in ``schema`` is MLflow's (empty: nothing)."""
+    mlflow_revisions, _ = _revisions()
+    signs = [t for t in (*MLFLOW_TABLES, MLFLOW_AUTH_VERSION_TABLE) if t in schema.tables]
+    if schema.revision and schema.revision in mlflow_revisions:
+        signs.append(f"alembic_version at MLflow's revision {schema.revision}")
+    return signs
+
+
+def optuna_signs(schema: Schema) -> list[str]:
+    """What in ``schema`` is Optuna's (empty: nothing)."""
+    _, optuna_revisions = _revisions()
+    signs = [t for t in OPTUNA_TABLES if t in schema.tables]
+    if schema.revision and schema.revision in optuna_revisions:
+        signs.append(f"alembic_version at Optuna's revision {schema.revision}")
+    return signs
+
+
+def refuse_mlflow_database(storage: str) -> None:
+    """Refuse an Optuna storage whose database holds MLflow's tables (or an SQLite file as a journal).
+
+    Raises:
+        StorageClash: one line naming the database (password hidden) and what MLflow keeps there.
+    """
+    if storage.startswith("journal:"):
+        path = Path(storage.removeprefix("journal:")).expanduser()
+        with contextlib.suppress(OSError):
+            if path.is_file():
+                with open(path, "rb") as f:
+                    if f.read(len(SQLITE_HEADER)) == SQLITE_HEADER:
+                        raise StorageClash(f"{storage}: {path.resolve()} is an SQLite database, not an Optuna journal "
+                                           "file; Optuna would append its log to it. Give the journal a file of its own")
+        return
+    schema = look_inside(storage)
+    signs = mlflow_signs(schema) if schema else []
+    if signs:
+        raise StorageClash(f"{uris.redact_uri(storage)} is one of MLflow's databases (it holds {', '.join(signs)}); "
+                           "Optuna would write its tables into it and break both. Give Optuna a database of its own, "
+                           "e.g. postgresql://.../optuna or sqlite:///optuna.db; nothing was created")
+
+
+_checked_for_mlflow: set[str] = set()
+
+
+def refuse_optuna_database(uri: str, what: str) -> None:
+    """Refuse an MLflow store (``what``: the setting it came from) whose database holds Optuna's tables.
+
+    A database that cannot be reached is left to MLflow to report. Checked once per process and URI.
+
+    Raises:
+        ValueError: one line naming the setting and the database (password hidden).
+    """
+    if uri in _checked_for_mlflow or location(uri) is None:
+        return
+    try:
+        schema = look_inside(uri)
+    except StorageClash:
+        return
+    signs = optuna_signs(schema) if schema else []
+    if signs:
+        raise ValueError(f"{what}={uris.redact_uri(uri)} is an Optuna storage (it holds {', '.join(signs)}); MLflow "
+                         "would write its tables into it and break both. Give MLflow a database of its own; "
+                         "nothing was created")
+    _checked_for_mlflow.add(uri)
