@@ -18,13 +18,14 @@ from tqdm.auto import tqdm
 
 from studies.jobs import DEFAULT_THREADS_PER_JOB, check_jobs, describe, run_jobs
 from studies.options import check_protocol_amp, threads_option
+from studies.preflight import check_protocol_fits
 from studies.protocol import Cell, Protocol, ProtocolError, check_clean, check_frozen, load_protocol
 from studies.stop_signals import Terminated, as_stop, sigterm_raises
 from studies.train import TrainOutcome, prepare_data, train_one
-from tracking.protocols import cell_runs, close_study_parent, open_study_parent, recorded_hashes
+from tracking.protocols import cell_runs, close_study_parent, frozen_hashes, open_study_parent
 from tracking.runs import configure_tracking
 from tracking.storage_guard import check_optuna_storage
-from workbench.data import PreparedData
+from workbench.data import DatasetNotFound, PreparedData, SplitSizeError
 from workbench.train.fingerprint import current_code_fingerprint
 
 DEFAULT_PROTOCOL = "studies/protocols/smoke.yaml"
@@ -44,7 +45,7 @@ def open_protocol(path: str, allow_dirty: bool) -> Protocol:
     protocol = load_protocol(path)
     check_clean(path, allow_dirty)
     configure_tracking()
-    check_frozen(protocol, recorded_hashes(protocol.name))
+    check_frozen(protocol, frozen_hashes(protocol.name))
     return protocol
 
 
@@ -85,9 +86,23 @@ def run_cell(
 
 
 def prepare_protocol_data(protocol: Protocol, data_path: str | None, download: bool) -> PreparedData:
-    """Load the dataset once and make the split every cell shares (the pairing)."""
+    """Load the dataset once and make the split every cell shares (the pairing).
+
+    Raises:
+        ProtocolError: The protocol's split sizes do not fit the dataset (naming the file and keys).
+    """
     spec = protocol.dataset if data_path is None else replace(protocol.dataset, path=data_path)
-    return prepare_data(spec, download)
+    try:
+        return prepare_data(spec, download)
+    except SplitSizeError as err:
+        raise ProtocolError(f"{protocol.source}: dataset: {err}") from err
+
+
+def prepare_checked_data(protocol: Protocol, data_path: str | None, download: bool) -> PreparedData:
+    """``prepare_protocol_data``, then refuse arms that do not fit it: every check before the parent opens."""
+    data = prepare_protocol_data(protocol, data_path, download)
+    check_protocol_fits(protocol, data, tqdm.write)
+    return data
 
 
 @contextlib.contextmanager
@@ -114,7 +129,7 @@ def run_protocol(
     data_path: str | None = None, allow_dirty: bool = False, download: bool = False, threads: int = 0,
 ) -> list[CellOutcome]:
     """Run every cell of ``protocol`` in this process, under the study's one parent run."""
-    data = prepare_protocol_data(protocol, data_path, download)
+    data = prepare_checked_data(protocol, data_path, download)
     tqdm.write(f"{protocol.name}@{protocol.short_hash}: {len(protocol.cells())} cells on {data.display_name} "
                f"({len(data.train.labels)} train / {len(data.val.labels)} val), data {data.data_fingerprint[:12]}")
     outcomes = []
@@ -161,6 +176,11 @@ def ablate(protocol_path, allow_dirty, device, data_path, download, output_dir, 
     if storage:
         from studies.cell_queue import enqueue_cells, open_storage, redact
 
+        try:  # the workers load the data where they run; when it is here too, check it before queuing
+            prepare_checked_data(protocol, data_path, download=False)
+        except DatasetNotFound:
+            click.echo(f"{protocol.dataset.name} is not on this machine: each worker checks the arms against "
+                       "its data before training", err=True)
         with held_parent(protocol, Path(protocol_path), allow_dirty, {"queue": "optuna"}, queued=True) as parent:
             name, added = enqueue_cells(protocol, Path(protocol_path), open_storage(storage), parent.run_id,
                                         finished_cells(protocol), {"allow_dirty": allow_dirty, "download": download})

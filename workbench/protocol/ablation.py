@@ -153,6 +153,7 @@ def parse_protocol(data: Any, source: str = "<protocol>") -> Protocol:
     def fail(msg: str) -> ProtocolError:
         return ProtocolError(f"{source}: {msg}")
 
+    c.check_finite(data, fail)
     top = c.mapping(data, "", TOP_KEYS, fail)
     c.required(top, REQUIRED_TOP, "", fail)
     name = c.identifier(top["name"], "name", fail)

@@ -213,6 +213,7 @@ def parse_intervention_protocol(data: Any, source: str = "<protocol>") -> Interv
     def fail(msg: str) -> InterventionProtocolError:
         return InterventionProtocolError(f"{source}: {msg}")
 
+    c.check_finite(data, fail)
     top = c.mapping(data, "", TOP_KEYS, fail)
     c.required(top, REQUIRED_TOP, "", fail)
     name = c.identifier(top["name"], "name", fail)

@@ -27,6 +27,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, get_type_hints
 
+from workbench.data.locate import DATASET_NAMES
 from workbench.protocol import common as c
 from workbench.protocol.common import SCHEMA_VERSION, SHORT_HASH_LEN, ProtocolError, canonical_json
 from workbench.train.config import OptimConfig
@@ -170,6 +171,7 @@ def parse_transfer_protocol(data: Any, source: str = "<protocol>") -> TransferPr
     def fail(msg: str) -> TransferProtocolError:
         return TransferProtocolError(f"{source}: {msg}")
 
+    c.check_finite(data, fail)
     top = c.mapping(data, "", TOP_KEYS, fail)
     c.required(top, REQUIRED_TOP, "", fail)
     name = c.identifier(top["name"], "name", fail)
@@ -181,6 +183,8 @@ def parse_transfer_protocol(data: Any, source: str = "<protocol>") -> TransferPr
     if src.weights in ("hub", "random") and not src.model:
         raise fail(f"source.model: required with weights {src.weights!r} (a timm architecture or pinned checkpoint name)")
     dataset = TransferData(**c.section(top["dataset"], "dataset", TransferData, c.field_names(TransferData), fail))
+    if dataset.name not in DATASET_NAMES:
+        raise fail(f"dataset.name={dataset.name!r}: must be one of {', '.join(DATASET_NAMES)}")
     if dataset.size != "auto" and dataset.size not in RETINA_SIZES:
         raise fail(f"dataset.size={dataset.size!r}: must be 'auto' or one of {RETINA_SIZES}")
     for key in ("subset", "train_size", "val_size"):

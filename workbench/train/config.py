@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+import math
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Literal
 
 
@@ -10,6 +11,15 @@ def _positive(owner: str, key: str, value: Any, allow_zero: bool = False) -> Non
     ok = isinstance(value, (int, float)) and not isinstance(value, bool) and (value >= 0 if allow_zero else value > 0)
     if not ok:
         raise ValueError(f"{owner}.{key}={value!r}: must be {'>= 0' if allow_zero else '> 0'}")
+
+
+def _finite(owner: str, config: Any) -> None:
+    """Refuse inf and nan in any number field: ``lr=inf`` passes ``> 0`` and fails only at the first step."""
+    for f in fields(config):
+        values = getattr(config, f.name)
+        for value in values if isinstance(values, (tuple, list)) else (values,):
+            if isinstance(value, float) and not math.isfinite(value):
+                raise ValueError(f"{owner}.{f.name}={values!r}: must be a finite number (not inf or nan)")
 
 
 @dataclass(frozen=True)
@@ -43,6 +53,7 @@ class DataSpec:
     resize_to: int | None = None  # batched resize (e.g. 28 px -> 224 px for pretrained models)
 
     def __post_init__(self) -> None:
+        _finite("data", self)
         for key in ("train_size", "val_size", "subset", "resize_to"):
             value = getattr(self, key)
             if value is not None:
@@ -67,6 +78,7 @@ class OptimConfig:
     grad_clip: float | None = None
 
     def __post_init__(self) -> None:
+        _finite("optim", self)
         _positive("optim", "lr", self.lr)
         _positive("optim", "weight_decay", self.weight_decay, allow_zero=True)
         _positive("optim", "warmup_epochs", self.warmup_epochs, allow_zero=True)
