@@ -25,6 +25,7 @@ from studies.train import TrainOutcome, prepare_data, train_one
 from tracking.protocols import cell_runs, close_study_parent, frozen_hashes, open_study_parent
 from tracking.runs import configure_tracking
 from tracking.storage_guard import check_optuna_storage
+from tracking.store_errors import StoreUnwritable, explain
 from workbench.data import DatasetNotFound, PreparedData, SplitSizeError
 from workbench.train.fingerprint import current_code_fingerprint
 
@@ -80,6 +81,9 @@ def run_cell(
         stop = as_stop(err)
         if stop is not err:  # a Ctrl-C or SIGTERM that came out as another error: stop
             raise stop from err
+        store_problem = explain(err)
+        if store_problem:  # a full or read-only store: every later cell would train, then fail the same way
+            raise StoreUnwritable(f"{cell.key}: {store_problem}") from err
         traceback.print_exc()
         return CellOutcome(cell, "failed", f"{cell.key}: failed ({type(err).__name__}: {err})")
     return CellOutcome(cell, outcome.status, outcome.message, outcome.run_id, outcome.metrics)
@@ -117,7 +121,12 @@ def held_parent(protocol: Protocol, protocol_file: Path, allow_dirty: bool, extr
         tqdm.write(f"interrupted: parent run {parent.run_id} ended {status}")
         raise
     except BaseException as err:
-        close_study_parent(parent, "failed", f"{type(err).__name__}: {err}")
+        try:
+            close_study_parent(parent, "failed", f"{type(err).__name__}: {err}")
+        except Exception as close_err:  # a full store may refuse this too: the first error is the one to say
+            if not explain(close_err):
+                raise
+            tqdm.write(f"parent run {parent.run_id} left open ({explain(close_err)}); the next execution ends it")
         raise
     else:
         status = close_study_parent(parent, "queued" if queued else "completed")

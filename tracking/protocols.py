@@ -98,10 +98,18 @@ def frozen_hashes(protocol_name: str) -> set[str]:
     return {r.data.tags.get("protocol_hash", "") for r in runs if cell_started(r)} - {""}
 
 
-def cell_runs(protocol_name: str, protocol_hash: str) -> list[Run]:
-    """All cell runs (children) recorded for this protocol hash, any status."""
-    return MlflowClient().search_runs(
-        [experiment_id_for(protocol_name)],
+def cell_runs(protocol_name: str, protocol_hash: str, *, reader: bool = False) -> list[Run]:
+    """All cell runs (children) recorded for this protocol hash, any status.
+
+    ``reader``: only look (``workbench status``): no experiment is created and the store
+    may be read-only, so it is not configured for writing first.
+    """
+    client = MlflowClient()
+    ids = list(_experiments_holding(client, protocol_name)) if reader else [experiment_id_for(protocol_name)]
+    if not ids:
+        return []
+    return client.search_runs(
+        ids,
         filter_string=f"tags.protocol_hash = '{protocol_hash}' and tags.cell = 'true'",
         max_results=50000,
     )
