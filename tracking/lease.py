@@ -180,7 +180,7 @@ def last_sign_of_life(run: Run) -> int | None:
         beats.append(float(run.data.tags[HEARTBEAT_TAG]))
     if not beats:
         return None
-    return max(int(max(beats) * 1000), run.info.start_time or 0)
+    return max(round(max(beats) * 1000), run.info.start_time or 0)
 
 
 def reap_expired(client: MlflowClient, experiment_id: str, filter_string: str = "", log=None) -> list[tuple[str, str]]:
