@@ -55,6 +55,16 @@ CASES = [
     ([*TINY_TRAIN, "--data-path", "two", "--output-dir", "a_file/out"], "'--output-dir'"),
     ([*TINY_TRAIN, "--data-path", "two", "--batch-size", "100"], "batch_size 100 is larger than the training split"),
     ([*TINY_TRAIN, "--data-path", "one"], "1 class (cat); a classifier needs at least 2"),
+    # non-finite numbers, refused by the option before any data or run (issue 31: --lr inf failed at step 1)
+    ([*TINY_TRAIN, "--data-path", "two", "--lr", "inf"], "Invalid value for '--lr': 'inf' is not a finite number"),
+    ([*TINY_TRAIN, "--data-path", "two", "--grad-clip", "nan"], "'--grad-clip': 'nan' is not a finite number"),
+    ([*TINY_TRAIN, "--data-path", "two", "--set", "dropout=.nan"], "'dropout=.nan': '.nan' is not a finite number"),
+    (["worker", "--storage", "sqlite:///q.db", "--heartbeat", "inf"], "'--heartbeat': 'inf' is not a finite number"),
+    (["sweep", "--protocol", str(PROTOCOLS / "smoke.yaml"), "--param", "optim.lr=float:1e-4:inf"],
+     "LOW and HIGH must be finite numbers"),
+    # a model that does not fit the data: refused before the run opens, with the --set that fixes it
+    ([*TINY_TRAIN[:3], "--dataset", "image_folder", "--epochs", "1", "--device", "cpu", "--data-path", "two"],
+     "num_classes=10: the data has 2 classes; pass --set num_classes=2"),
 ]
 
 
@@ -130,9 +140,22 @@ def test_console_says_where_the_data_came_from_and_the_run_once(workdir):
     assert first.exit_code == 0, first.output
     (data_line,) = [line for line in first.output.splitlines() if line.startswith("data: ")]
     assert data_line.count(" from ") == 1, data_line
+    (split,) = [line for line in first.output.splitlines() if line.startswith("split: ")]  # the defaults, stated
+    assert split.startswith("split: 14 train / 2 val, carved from the official training split with split seed 42 "
+                            "(the default sizes of image_folder; --train-size/--val-size change them); test 4"), split
     again = CliRunner().invoke(main, [*TINY_TRAIN, "--data-path", "two", "--output-dir", "out"])
     (last,) = again.output.strip().splitlines()[-1:]
     assert last.count("skipped") == 1 and last.count("(run ") + last.count("in run ") == 1, last
+
+
+def test_train_help_states_the_data_defaults():
+    from workbench.data import DEFAULT_SIZES
+
+    text = " ".join(CliRunner().invoke(main, ["train", "--help"]).output.split())
+    (train_n, val_n) = DEFAULT_SIZES["fashion_mnist"]
+    for part in (f"fashion_mnist {train_n:,} / {val_n:,}", "the seed study's subset, not all 60,000",
+                 "an image folder without val/: 10% of train/ for validation", "[default: fashion_mnist]"):
+        assert part in text, f"{part!r} not in train --help: {text}"
 
 
 def test_figures_block_out_of_range_is_refused_with_the_range(workdir):

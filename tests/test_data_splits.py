@@ -109,7 +109,7 @@ def test_prepare_retinamnist_keeps_official_splits(isolated):
     data = prepare("retinamnist", path=path, verify=False)
     assert (len(data.train), len(data.val), len(data.test)) == (40, 10, 20)
     assert data.val.source_split == "val" and data.val.indices.tolist() == list(range(10))
-    with pytest.raises(ValueError, match="official train/val splits"):
+    with pytest.raises(ValueError, match=r"train_size=30: RetinaMNIST.* has its own validation split \(10 images\)"):
         prepare("retinamnist", path=path, verify=False, train_size=30)
 
 

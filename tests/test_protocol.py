@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import re
 import subprocess
 from dataclasses import fields
 from pathlib import Path
@@ -392,6 +393,49 @@ def test_shipped_protocol_hash_is_unchanged(name):
                                             f"canonical JSON now: {p.canonical_json()}")
 
 
+# --- non-finite numbers (issue 31: `lr: .inf` reached the JSON encoder) ------------------------
+
+NON_FINITE = [  # (YAML text replaced in BASE's dump, the key the error must name)
+    ("lr: 0.001", "lr: .inf", "optim.lr=inf"),
+    ("lr: 0.001", "lr: .nan", "optim.lr=nan"),
+    ("lr: 0.001", "lr: -.Inf", "optim.lr=-inf"),
+    ("lr: 0.002", "lr: .inf", "arms[2].overrides.optim.lr=inf"),
+    ("split_seed: 7", "split_seed: 7\n  rotate_degrees: .nan", "dataset.rotate_degrees=nan"),
+]
+
+
+@pytest.mark.parametrize("old, new, key", NON_FINITE, ids=[k for *_, k in NON_FINITE])
+def test_a_non_finite_number_in_a_protocol_is_refused_naming_the_key(tmp_path, old, new, key):
+    text = yaml.safe_dump(BASE, sort_keys=False)
+    assert old in text, text
+    message = load_error(tmp_path, text.replace(old, new, 1))
+    assert f"{key}: must be a finite number (not inf or nan)" in message, message
+
+
+def test_a_non_finite_number_in_a_transfer_or_intervention_protocol_is_refused():
+    message = transfer_error(lambda d: d["regimes"][1].update(lr=float("inf")))
+    assert "regimes[1].lr=inf: must be a finite number" in message, message
+    message = transfer_error(lambda d: d.update(evaluation={"confidence": float("nan")}))
+    assert "evaluation.confidence=nan: must be a finite number" in message, message
+    from workbench.protocol import parse_intervention_protocol
+
+    with pytest.raises(ProtocolError, match=r"i.yaml: pretrained.timm_kwargs.drop_rate=inf: must be a finite"):
+        parse_intervention_protocol({"name": "i", "description": "d", "interventions": {},
+                                     "pretrained": {"model": "vit_tiny_patch16_224", "weights": "random",
+                                                    "timm_kwargs": {"drop_rate": float("inf")}}}, source="i.yaml")
+
+
+def test_the_library_configs_refuse_non_finite_numbers_too():
+    from workbench.train.config import OptimConfig
+
+    for kwargs, key in (({"lr": float("inf")}, "optim.lr=inf"), ({"grad_clip": float("nan")}, "optim.grad_clip=nan"),
+                        ({"betas": (0.9, float("inf"))}, "optim.betas=(0.9, inf)")):
+        with pytest.raises(ValueError, match=re.escape(f"{key}: must be a finite number")):
+            OptimConfig(**kwargs)
+    with pytest.raises(ValueError, match=r"data.translate_fraction=inf: must be a finite number"):
+        DataSpec("image_folder", translate_fraction=float("inf"))
+
+
 # --- one schema for both kinds -------------------------------------------------------------
 
 TRANSFER = {
@@ -428,6 +472,7 @@ def transfer_error(edit) -> str:
         (lambda d: d.update(run={"amp": "fp8"}), ["run.amp='fp8'"]),
         (lambda d: d.update(evaluation={"confidence": "high"}), ["evaluation.confidence='high'", "expected float"]),
         (lambda d: d["regimes"][1].update(name="probe"), ["duplicate regime name(s) 'probe'"]),
+        (lambda d: d["dataset"].update(name="imagefolder"), ["dataset.name='imagefolder'", "image_folder"]),
     ],
 )
 def test_transfer_errors_name_the_dotted_key(edit, expected):

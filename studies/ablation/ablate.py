@@ -21,11 +21,13 @@ from studies.ablation.train import TrainOutcome, train_one
 from studies.runtime.options import check_protocol_amp, check_storage_option, threads_option
 from studies.runtime.secret_options import storage_options, worker_hint
 from studies.runtime.stop_signals import as_stop, sigterm_raises
-from studies.runtime.study_execution import finished_cells, held_parent, prepare_protocol_data
+from studies.runtime.study_execution import finished_cells, held_parent, prepare_checked_data
 from studies.runtime.study_protocol import Cell, Protocol, ProtocolError, check_clean, check_frozen, load_protocol
-from tracking.record.protocol_runs import cell_runs, recorded_hashes
+from tracking.record.protocol_runs import cell_runs, frozen_hashes
 from tracking.store.session import configure_tracking
-from workbench.data import PreparedData
+from studies.runtime.cell_end import StoreUnwritable
+from tracking.store.store_errors import explain
+from workbench.data import DatasetNotFound, PreparedData
 from workbench.train.fingerprint import current_code_fingerprint
 
 DEFAULT_PROTOCOL = "studies/protocols/smoke.yaml"
@@ -45,7 +47,7 @@ def open_protocol(path: str, allow_dirty: bool) -> Protocol:
     protocol = load_protocol(path)
     check_clean(path, allow_dirty)
     configure_tracking()
-    check_frozen(protocol, recorded_hashes(protocol.name))
+    check_frozen(protocol, frozen_hashes(protocol.name))
     notice = older_code_notice(protocol, cell_runs(protocol.name, protocol.hash), current_code_fingerprint())
     if notice:
         click.echo(notice)
@@ -83,6 +85,9 @@ def run_cell(
         stop = as_stop(err)
         if stop is not err:  # a Ctrl-C or SIGTERM that came out as another error: stop
             raise stop from err
+        store_problem = explain(err)
+        if store_problem:  # a full or read-only store: every later cell would train, then fail the same way
+            raise StoreUnwritable(f"{cell.key}: {store_problem}") from err
         traceback.print_exc()
         return CellOutcome(cell, "failed", f"{cell.key}: failed ({type(err).__name__}: {err})")
     return CellOutcome(cell, outcome.status, outcome.message, outcome.run_id, outcome.metrics)
@@ -93,7 +98,7 @@ def run_protocol(
     data_path: str | None = None, allow_dirty: bool = False, download: bool = False, threads: int = 0,
 ) -> list[CellOutcome]:
     """Run every cell of ``protocol`` in this process, under the study's one parent run."""
-    data = prepare_protocol_data(protocol, data_path, download)
+    data = prepare_checked_data(protocol, data_path, download)
     tqdm.write(f"{protocol.name}@{protocol.short_hash}: {len(protocol.cells())} cells on {data.display_name} "
                f"({len(data.train.labels)} train / {len(data.val.labels)} val), data {data.data_fingerprint[:12]}")
     outcomes = []
@@ -140,6 +145,11 @@ def ablate(protocol_path, allow_dirty, device, data_path, download, output_dir, 
     if storage:
         from studies.ablation.cell_queue import enqueue_cells, open_storage
 
+        try:  # the workers load the data where they run; when it is here too, check it before queuing
+            prepare_checked_data(protocol, data_path, download=False)
+        except DatasetNotFound:
+            click.echo(f"{protocol.dataset.name} is not on this machine: each worker checks the arms against "
+                       "its data before training", err=True)
         # Optuna's tables first, before the parent is touched: a storage that fails (unreachable,
         # another Optuna's schema) leaves the study's record as it was.
         queue = open_storage(storage)

@@ -202,13 +202,13 @@ def run_jobs(protocol: Protocol, protocol_file: Path, output_dir: Path, jobs: in
     """
     import optuna
 
-    from studies.runtime.study_execution import finished_cells, held_parent, prepare_protocol_data
+    from studies.runtime.study_execution import finished_cells, held_parent, prepare_checked_data
     from studies.ablation.cell_order import longest_first
     from studies.ablation.cell_queue import counts, debugging, enqueue_cells, open_storage
     from studies.runtime.stop_signals import sigterm_raises
 
     # Decode and cache the data once here, so the workers only read the cache.
-    data = prepare_protocol_data(protocol, data_path, download)
+    data = prepare_checked_data(protocol, data_path, download)  # every check before the parent run opens
     folder = queue_folder(output_dir)
     storage_url = f"journal:{folder / 'queue.log'}"
     tqdm.write(f"{protocol.name}@{protocol.short_hash}: {len(protocol.cells())} cells on {data.display_name} "

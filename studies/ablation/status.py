@@ -10,8 +10,10 @@ from studies.runtime.study_protocol import ProtocolError, load_protocol
 from tracking.record.lease import REASON_TAG, lease_state, possible_writer
 from tracking.record.protocol_runs import cell_runs, experiment_exists, reap_dead_runs, study_runs
 from tracking.store.session import configure_tracking
+from tracking.store.store_lock import sqlite_path, writable
 from tracking.store.ui_links import run_url
-from tracking.store.uris import process_uri, tracking_uri
+from tracking.store.uris import process_uri
+from tracking.store.uris import tracking_uri
 from workbench.train.fingerprint import current_code_fingerprint
 
 
@@ -62,6 +64,15 @@ def older_code_notice(protocol, runs: list, fingerprint: str) -> str | None:
             f"of that commit (git worktree add ../old-code {commits[0]})")
 
 
+def _never_run(protocol, read_only: bool) -> bool:
+    """No parent, no run of the name to mark KILLED (a writable store only), no experiment."""
+    if study_runs(protocol):
+        return False
+    if not read_only and reap_dead_runs(protocol.name):
+        return False
+    return not experiment_exists(protocol.name)
+
+
 @click.command("status")
 @click.option("--protocol", "protocol_path", required=True, type=click.Path(exists=True, dir_okay=False),
               help="Protocol YAML file.")
@@ -79,12 +90,17 @@ def status(protocol_path):
     # A reader: an unreachable server is an error, never an answer from the local fallback store.
     configure_tracking(allow_offline=False)
     fingerprint = current_code_fingerprint()
-    if not study_runs(protocol) and not reap_dead_runs(protocol.name) and not experiment_exists(protocol.name):
+    store = sqlite_path(uri)
+    read_only = store is not None and not writable(store)  # a reader needs no lock and marks nothing
+    if _never_run(protocol, read_only):
         click.echo(f"{protocol.name}@{protocol.short_hash}: never run here; next ablate: start all "
                    f"{len(protocol.cells())} cells")
         return
-    reap_dead_runs(protocol.name, protocol.hash, log=lambda line: click.echo(line))
-    runs = cell_runs(protocol.name, protocol.hash)
+    if read_only:  # runs whose lease expired are shown, not marked
+        click.echo(f"{uri} is read-only here: runs whose holder died are shown as they are recorded (not marked KILLED)")
+    else:
+        reap_dead_runs(protocol.name, protocol.hash, log=lambda line: click.echo(line))
+    runs = cell_runs(protocol.name, protocol.hash, reader=True)
     click.echo(f"{protocol.name}@{protocol.short_hash}, code {fingerprint}: {len(protocol.cells())} cells")
     notice = older_code_notice(protocol, runs, fingerprint)
     if notice:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import itertools
+import math
 import random
 from dataclasses import fields, replace
 from pathlib import Path
@@ -62,7 +63,10 @@ def _distribution(spec: str, kind: str, args: list[str]) -> tuple:
         return click.BadParameter(f"{spec!r}: {why}", param_hint="--param")
 
     if kind == "choice" and len(args) == 1:
-        return ("choice", [yaml.safe_load(v) for v in args[0].split(",")])
+        values = [yaml.safe_load(v) for v in args[0].split(",")]
+        if any(isinstance(v, float) and not math.isfinite(v) for v in values):
+            raise bad("every choice must be a finite number (inf and nan are refused)")
+        return ("choice", values)
     if not ((kind == "float" and (len(args) == 2 or args[2:] == ["log"])) or (kind == "int" and len(args) == 2)):
         raise bad("kind must be float:LOW:HIGH[:log], int:LOW:HIGH or choice:A,B,...")
     number = float if kind == "float" else int
@@ -70,6 +74,8 @@ def _distribution(spec: str, kind: str, args: list[str]) -> tuple:
         low, high = number(args[0]), number(args[1])
     except ValueError:
         raise bad(f"LOW and HIGH must be {kind} numbers") from None
+    if not (math.isfinite(low) and math.isfinite(high)):
+        raise bad("LOW and HIGH must be finite numbers (inf and nan are refused)")
     if low > high:
         raise bad("LOW must not exceed HIGH")
     if kind == "int":

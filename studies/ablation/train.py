@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,7 +19,7 @@ import click
 import torch
 from tqdm.auto import tqdm
 
-from studies.runtime.options import check_amp, threads_option
+from studies.runtime.options import FINITE, check_amp, threads_option
 from studies.runtime.preflight import (check_trainable, check_writable_folder, outcome_line, remove_abandoned_cache_files,
                                        trainable_problem)
 from studies.runtime.stop_signals import as_stop, stop_reason
@@ -30,12 +31,16 @@ from tracking.kinds.training_runs import (
     started_threads,
 )
 from tracking.record.lease import HEARTBEATS, RELEASED_TAG, LeaseLost, lease_tags, new_token
+from tracking.record.protocol_runs import STARTED_TAG
 from tracking.record.sink import RunSink
 from tracking.store.session import configure_tracking, environment_tags, run_user
-from workbench.data import PreparedData, prepare
+from workbench.data import DEFAULT_SIZES, PreparedData, prepare
+from workbench.data.locate import DATASET_NAMES
+from workbench.data.prepare import DEFAULT_VAL_FRACTION
 from workbench.models.registry import build_model, model_config
 from workbench.precision import device_capability, resolve_amp
 from workbench.train.config import DataSpec, ModelSpec, OptimConfig, RunConfig, TrainConfig
+from workbench.train.fits import DataShape, misfits
 from workbench.train.loop import NonFiniteLoss, Observers, StopTraining, Trainer, TrainingObserver, config_hash, resolve_device
 
 
@@ -130,7 +135,7 @@ def _train(cfg: TrainConfig, data: PreparedData, sink: RunSink, token: str, prev
         sink.set_tags({**environment_tags(str(trainer.device)), **device_capability(trainer.device),
                        "amp_dtype": str(trainer.amp_dtype or "float32").replace("torch.", ""),
                        "threads": str(threads), "run_dir": str(run_dir.resolve()),
-                       "resumed": str(previous is not None).lower(), **thread_tags})
+                       "resumed": str(previous is not None).lower(), STARTED_TAG: "true", **thread_tags})
         log_run_inputs(sink, cfg, data, {"config_hash": trainer.hash, "threads": threads, **(params or {})})
         result = trainer.fit()
         example = next(iter(trainer.eval_loaders["val"])).images[:2]
@@ -223,30 +228,65 @@ def parse_overrides(pairs: tuple[str, ...]) -> dict:
             raise click.BadParameter(f"{pair!r}: expected FIELD=VALUE", param_hint="--set")
         key, value = pair.split("=", 1)
         out[key.strip()] = yaml.safe_load(value)
+        if isinstance(out[key.strip()], float) and not math.isfinite(out[key.strip()]):
+            raise click.BadParameter(f"{pair!r}: {value.strip()!r} is not a finite number (inf and nan are refused)",
+                                     param_hint="--set")
     return out
 
 
-@click.command("train")
+def _data_defaults() -> str:
+    """What a training run gets without --train-size / --val-size, from the data layer's own defaults."""
+    carved = "; ".join(f"{name} {t:,} / {v:,}" for name, (t, v) in DEFAULT_SIZES.items())
+    return (f"Without --train-size/--val-size the training and validation images are carved, stratified, from "
+            f"the dataset's official training split: {carved} (fashion_mnist: the seed study's subset, not all "
+            f"60,000); an image folder without val/: {DEFAULT_VAL_FRACTION:.0%} of train/ for validation, the rest "
+            f"for training. RetinaMNIST and folders with val/ keep their official splits. The official test split "
+            f"is used only with --evaluate-test.")
+
+
+def split_line(data: PreparedData, spec: DataSpec) -> str:
+    """The console line saying which images this run trains and validates on, and whether they are defaults."""
+    sizes = f"{len(data.train):,} train / {len(data.val):,} val"
+    if data.val.source_split == "val":
+        where = "the dataset's official train and val splits"
+    elif spec.train_size is None and spec.val_size is None:
+        seed_study = ": the seed study's subset" if data.name == "fashion_mnist" else ""
+        where = (f"carved from the official training split with split seed {spec.split_seed} (the default sizes of "
+                 f"{data.name}{seed_study}; --train-size/--val-size change them)")
+    else:
+        where = f"carved from the official training split with split seed {spec.split_seed}"
+    subset = f", at most {spec.subset:,} per split (--subset)" if spec.subset else ""
+    test = f"; test {len(data.test):,} (read only with --evaluate-test)" if data.test is not None else ""
+    return f"split: {sizes}, {where}{subset}{test}"
+
+
+@click.command("train", epilog=_data_defaults())
 @click.option("--model", default="fmnist_vit", show_default=True, help="Study model name (see workbench.models.registry).")
 @click.option("--set", "overrides", multiple=True, help="Model field override FIELD=VALUE, e.g. --set dim=96.")
-@click.option("--dataset", default="fashion_mnist", show_default=True)
+@click.option("--dataset", default="fashion_mnist", show_default=True,
+              help=f"One of {', '.join(DATASET_NAMES)} (image_folder: your images, with --data-path DIR).")
 @click.option("--data-path", default=None, help="Explicit dataset file or folder.")
 @click.option("--download/--no-download", default=False, show_default=True, help="Allow a dataset download.")
-@click.option("--train-size", type=int, default=None)
-@click.option("--val-size", type=int, default=None)
+@click.option("--train-size", type=int, default=None,
+              help=f"Training images carved from the official training split (default per dataset: "
+                   f"{', '.join(f'{k} {t:,}' for k, (t, _) in DEFAULT_SIZES.items())}; see below).")
+@click.option("--val-size", type=int, default=None,
+              help=f"Validation images carved likewise (default: "
+                   f"{', '.join(f'{k} {v:,}' for k, (_, v) in DEFAULT_SIZES.items())}; "
+                   f"an image folder without val/: {DEFAULT_VAL_FRACTION:.0%}).")
 @click.option("--subset", type=int, default=None, help="At most this many images per split (smoke runs); 0 = all.")
 @click.option("--split-seed", type=int, default=42, show_default=True)
 @click.option("--hflip/--no-hflip", default=False, show_default=True)
-@click.option("--rotate", "rotate_degrees", type=float, default=0.0, show_default=True)
-@click.option("--translate", "translate_fraction", type=float, default=0.0, show_default=True)
+@click.option("--rotate", "rotate_degrees", type=FINITE, default=0.0, show_default=True)
+@click.option("--translate", "translate_fraction", type=FINITE, default=0.0, show_default=True)
 @click.option("--crop-padding", type=int, default=0, show_default=True)
 @click.option("--epochs", type=int, default=10, show_default=True)
 @click.option("--batch-size", type=int, default=128, show_default=True)
-@click.option("--lr", type=float, default=1e-3, show_default=True)
-@click.option("--weight-decay", type=float, default=1e-4, show_default=True)
-@click.option("--warmup-epochs", type=float, default=0.0, show_default=True)
-@click.option("--label-smoothing", type=float, default=0.0, show_default=True)
-@click.option("--grad-clip", type=float, default=None)
+@click.option("--lr", type=FINITE, default=1e-3, show_default=True)
+@click.option("--weight-decay", type=FINITE, default=1e-4, show_default=True)
+@click.option("--warmup-epochs", type=FINITE, default=0.0, show_default=True)
+@click.option("--label-smoothing", type=FINITE, default=0.0, show_default=True)
+@click.option("--grad-clip", type=FINITE, default=None)
 @click.option("--patience", type=int, default=None, help="Early stopping patience in epochs.")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--device", default="auto", show_default=True)
@@ -277,7 +317,15 @@ def train(**o):
     check_writable_folder(o["output_dir"])  # before the data is decoded, not after an epoch
     data = prepare_data(cfg.data, download=o["download"])
     click.echo(f"data: {data.source}")  # the source starts with the dataset's name
-    problem = trainable_problem(cfg, data)
+    click.echo(split_line(data, cfg.data))  # defaults stated: fashion_mnist is 3,200 images, not 60,000
+    problem = trainable_problem(cfg, data)  # one class, or a batch larger than the training split
+    if len(data.class_names) >= 2:  # every other misfit too, before the run opens, each with its fix
+        shape = DataShape.of(data)
+        wrong = [f"{m.field}={m.value!r}: {m.why}; pass --set {m.field}={m.wanted}" for m in
+                 misfits(cfg.model.name, cfg.model.overrides, shape, cfg.data.resize_to)]
+        if wrong:
+            problem = "; ".join([f"model {cfg.model.name} does not fit {shape.describe()}: {wrong[0]}", *wrong[1:],
+                                 *([problem] if problem else [])])
     if problem:
         raise click.ClickException(problem)
     outcome = train_one(cfg, data, o["experiment"], Path(o["output_dir"]), run_name=f"{cfg.model.name}-seed{cfg.run.seed}",

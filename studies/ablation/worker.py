@@ -25,7 +25,7 @@ from studies.ablation.cell_queue import (
     requeue_expired,
 )
 from studies.ablation.jobs import OUTCOME_ATTR
-from studies.runtime.options import check_protocol_amp, check_storage_option, threads_option
+from studies.runtime.options import FiniteFloat, check_protocol_amp, check_storage_option, threads_option
 from studies.runtime.secret_options import storage_options
 from studies.runtime.stop_signals import pending_stop, sigterm_raises
 from studies.runtime.study_execution import held_parent, prepare_protocol_data
@@ -131,9 +131,9 @@ def drain(study: optuna.Study, run_one, grace: float, poll_seconds: float = 2.0,
 @click.option("--max-cells", type=int, default=None, help="Stop after this many cells.")
 @click.option("--requeue-stale", is_flag=True,
               help="Re-queue the cells whose worker's lease expired, then go on (workers also do this by themselves).")
-@click.option("--heartbeat", type=click.FloatRange(min=0.1), default=HEARTBEAT_SECONDS, show_default=True,
+@click.option("--heartbeat", type=FiniteFloat(min=0.1), default=HEARTBEAT_SECONDS, show_default=True,
               help="Seconds between lease renewals.")
-@click.option("--grace", type=click.FloatRange(min=0.5), default=GRACE_SECONDS, show_default=True,
+@click.option("--grace", type=FiniteFloat(min=0.5), default=GRACE_SECONDS, show_default=True,
               help="A cell whose lease was not renewed for this long is handed to another worker.")
 @click.option("--default-threads", type=click.IntRange(min=1), default=None, hidden=True,
               help="Threads for new cells when --threads is not given (ablate --jobs); resumed cells keep theirs.")

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import click
 
+from studies.runtime.options import FiniteFloat
 from workbench.bench.suite import DEFAULT_MODELS
 
 # --quick: a configuration that exercises every code path in seconds. It replaces the
@@ -78,9 +79,9 @@ def _resolve_device(device: str) -> str:
 @click.option("--repeats", default=30, show_default=True, type=click.IntRange(min=1),
               help="Interleaved timed rounds (at most: see --max-seconds).")
 @click.option("--warmup", default=2, show_default=True, type=click.IntRange(min=0), help="Untimed calls per variant.")
-@click.option("--min-sample-ms", default=50.0, show_default=True, type=click.FloatRange(min=0.0),
+@click.option("--min-sample-ms", default=50.0, show_default=True, type=FiniteFloat(min=0.0),
               help="Shortest timed sample; faster calls are repeated within it.")
-@click.option("--max-seconds", default=60.0, show_default=True, type=click.FloatRange(min=0.0),
+@click.option("--max-seconds", default=60.0, show_default=True, type=FiniteFloat(min=0.0),
               help="Time budget of one comparison's timed rounds; at least 3 rounds run (0: no budget).")
 @click.option("--device", default="cpu", show_default=True, help="cpu, cuda, cuda:N or auto.")
 @click.option("--threads", default=0, show_default=True, type=click.IntRange(min=0),

@@ -30,7 +30,7 @@ from studies.runtime.study_protocol import ProtocolError, check_clean, check_fro
 from tracking.kinds import intervention_runs
 from tracking.kinds.transfer_runs import find_finished_cell
 from tracking.record.lease import HEARTBEATS, LeaseLost, lease_tags, new_token
-from tracking.record.protocol_runs import recorded_hashes
+from tracking.record.protocol_runs import STARTED_TAG, frozen_hashes
 from tracking.record.sink import RunSink
 from tracking.store.session import configure_tracking, environment_tags
 from workbench.data import DatasetNotFound, PreparedData, PreparedSplit, prepare
@@ -81,7 +81,7 @@ def open_intervention_protocol(path: str, allow_dirty: bool) -> InterventionProt
     protocol = load_intervention_protocol(path)
     check_clean(path, allow_dirty)
     configure_tracking()
-    check_frozen(protocol, recorded_hashes(protocol.name))
+    check_frozen(protocol, frozen_hashes(protocol.name))
     return protocol
 
 
@@ -181,7 +181,7 @@ def _evaluate_cell(ex: Execution, cell: InterventionCell, sink: RunSink, token: 
     grid = check_against_model(p, model.cfg, f"model of {cell.key}")
     fingerprint = intervention_runs.intervention_code_fingerprint()
     sink.set_tags({**environment_tags(str(ex.device)), "code_fingerprint": fingerprint,
-                   "threads": str(torch.get_num_threads()), "acted_on": description[:500]})
+                   "threads": str(torch.get_num_threads()), "acted_on": description[:500], STARTED_TAG: "true"})
     sink.log_params({"arm": cell.arm, "seed": cell.seed, "split": e.split, "batch_size": e.batch_size,
                      "mean_images": e.mean_images, "mean_seed": e.mean_seed, "patch_seed": e.patch_seed,
                      "interventions": len(grid), "code_fingerprint": fingerprint, "source_run_id": run_id or "",

@@ -9,9 +9,17 @@ from __future__ import annotations
 import contextlib
 import traceback
 
+import click
+
 from studies.runtime.stop_signals import as_stop, stop_reason
 from tracking.record.lease import HEARTBEATS, RELEASED_TAG
 from tracking.record.sink import RunSink
+from tracking.store.store_errors import explain
+
+
+class StoreUnwritable(click.ClickException):
+    """The tracking store cannot take more writes (full, read-only): every later cell would fail the same way."""
+
 
 REASON_CHARS = 500
 
@@ -27,11 +35,19 @@ def end_after_error(sink: RunSink, token: str, err: BaseException) -> str:
     """End a cell's run for ``err`` and say why; call it from the ``except`` that caught ``err``.
 
     An error: the run ends FAILED with tag ``failure`` and the caller goes on with the next cell.
-    Ctrl-C or SIGTERM, also one that came out as another error (``as_stop``: torch's zip writer
+    A full or read-only tracking store (``tracking.store.store_errors.explain``): the run ends FAILED
+    if the store still takes that, and ``StoreUnwritable`` goes up naming the store. Ctrl-C or
+    SIGTERM, also one that came out as another error (``as_stop``: torch's zip writer
     turns one into a ``RuntimeError``): the run ends KILLED with tag ``end_reason`` and the stop
     goes up, so no further cell starts. Any other exit (``SystemExit``) ends it FAILED and goes up.
     """
     stop = as_stop(err)
+    store_problem = explain(err) if isinstance(stop, Exception) else None
+    if store_problem:  # a full or read-only store: said once, naming it; no later cell could be recorded either
+        with contextlib.suppress(Exception):
+            sink.set_tags({"failure": store_problem[:REASON_CHARS]})
+            end_cell(sink, token, "FAILED")
+        raise StoreUnwritable(store_problem) from err
     if isinstance(stop, Exception):
         traceback.print_exc()
         reason = f"{type(err).__name__}: {err}"

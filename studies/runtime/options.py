@@ -2,9 +2,34 @@
 
 from __future__ import annotations
 
+import math
+
 import click
 
 from workbench.precision import AmpUnsupported, resolve_amp, set_threads
+
+
+class FiniteFloat(click.FloatRange):
+    """A float option that refuses ``inf`` and ``nan`` (click's FLOAT and FloatRange accept both).
+
+    ``--lr inf`` passed every range check and failed at the first training step; ``nan``
+    compares false with any bound, so a range never catches it.
+    """
+
+    name = "float"
+
+    def _describe_range(self) -> str:
+        # No bounds: nothing to show (click would print "x<=None"); with bounds, click's own text.
+        return super()._describe_range() if self.min is not None or self.max is not None else ""
+
+    def convert(self, value, param, ctx):
+        number = super().convert(value, param, ctx)
+        if isinstance(number, float) and not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number (inf and nan are refused)", param, ctx)
+        return number
+
+
+FINITE = FiniteFloat()
 
 
 def _apply_threads(ctx: click.Context, param: click.Parameter, value: int) -> int:

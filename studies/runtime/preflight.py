@@ -15,7 +15,9 @@ import click
 from workbench.atomic import remove_abandoned_temp_files
 from workbench.data import PreparedData
 from workbench.data.cache import cache_dir
+from workbench.protocol import Protocol, ProtocolError
 from workbench.train.config import TrainConfig
+from workbench.train.fits import DataShape, misfits, patch_note
 
 
 def check_writable_folder(folder: str | Path, option: str = "--output-dir") -> None:
@@ -62,6 +64,43 @@ def check_trainable(cfg: TrainConfig, data: PreparedData) -> None:
     problem = trainable_problem(cfg, data)
     if problem:
         raise ValueError(problem)
+
+
+def protocol_misfits(protocol: Protocol, data: PreparedData) -> list[str]:
+    """Every reason an arm of ``protocol`` cannot train on ``data``, one line each, naming the protocol key.
+
+    Classes, channels and (for a ViT) image size against the model, then the class count and
+    the batch size against the training split (``trainable_problem``); a problem of the base
+    model that several arms inherit is said once.
+    """
+    if len(data.class_names) < 2:  # no model fits: say that, not "set num_classes: 1"
+        return [trainable_problem(protocol.arms[0].config, data)]
+    shape, lines = DataShape.of(data), []
+    for i, arm in enumerate(protocol.arms):
+        cfg, over = arm.config, arm.overrides.get("model", {})
+        for m in misfits(cfg.model.name, cfg.model.overrides, shape, cfg.data.resize_to):
+            in_arm = "name" in over or m.field in over  # the arm's own model, or a field it sets
+            lines.append(m.line(f"arms[{i}].overrides.model.{m.field}" if in_arm else f"model.{m.field}"))
+        problem = trainable_problem(cfg, data)
+        if problem and problem.startswith("batch_size"):
+            own = "batch_size" in arm.overrides.get("run", {})
+            problem = f"{f'arms[{i}].overrides.run' if own else 'run'}.{problem}"
+        lines += [problem] if problem else []
+    return list(dict.fromkeys(lines))
+
+
+def check_protocol_fits(protocol: Protocol, data: PreparedData, log=click.echo) -> None:
+    """Refuse a protocol whose arms do not fit the loaded data, before the study's parent run opens.
+
+    Raises:
+        ProtocolError: ``<file>: does not fit <data>: <problem>; <problem>`` (one line).
+    """
+    lines = protocol_misfits(protocol, data)
+    if lines:
+        raise ProtocolError(f"{protocol.source}: does not fit {DataShape.of(data).describe()}: " + "; ".join(lines))
+    notes = {patch_note(a.config.model.name, a.config.model.overrides) for a in protocol.arms} - {None}
+    for note in sorted(notes):
+        log(f"note: {protocol.source}: {note}")
 
 
 def outcome_line(status: str, message: str, run_id: str) -> str:

@@ -15,18 +15,34 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 from studies.ablation.train import prepare_data
+from studies.runtime.preflight import check_protocol_fits
 from studies.runtime.stop_signals import Terminated
-from studies.runtime.study_protocol import Protocol
+from studies.runtime.study_protocol import Protocol, ProtocolError
 from tracking.record.executions import work_line
 from tracking.record.protocol_runs import cell_runs, close_study_parent, open_study_parent
-from workbench.data import PreparedData
+from tracking.store.store_errors import explain
+from workbench.data import PreparedData, SplitSizeError
 from workbench.train.fingerprint import current_code_fingerprint
 
 
 def prepare_protocol_data(protocol: Protocol, data_path: str | None, download: bool) -> PreparedData:
-    """Load the dataset once and make the split every cell shares (the pairing)."""
+    """Load the dataset once and make the split every cell shares (the pairing).
+
+    Raises:
+        ProtocolError: The protocol's split sizes do not fit the dataset (naming the file and keys).
+    """
     spec = protocol.dataset if data_path is None else replace(protocol.dataset, path=data_path)
-    return prepare_data(spec, download)
+    try:
+        return prepare_data(spec, download)
+    except SplitSizeError as err:
+        raise ProtocolError(f"{protocol.source}: dataset: {err}") from err
+
+
+def prepare_checked_data(protocol: Protocol, data_path: str | None, download: bool) -> PreparedData:
+    """``prepare_protocol_data``, then refuse arms that do not fit it: every check before the parent opens."""
+    data = prepare_protocol_data(protocol, data_path, download)
+    check_protocol_fits(protocol, data, tqdm.write)
+    return data
 
 
 @contextlib.contextmanager
@@ -41,7 +57,12 @@ def held_parent(protocol: Protocol, protocol_file: Path, allow_dirty: bool, extr
         tqdm.write(f"interrupted: parent run {parent.run_id} ended {status}")
         raise
     except BaseException as err:
-        close_study_parent(parent, "failed", f"{type(err).__name__}: {err}")
+        try:
+            close_study_parent(parent, "failed", f"{type(err).__name__}: {err}")
+        except Exception as close_err:  # a full store may refuse this too: the first error is the one to say
+            if not explain(close_err):
+                raise
+            tqdm.write(f"parent run {parent.run_id} left open ({explain(close_err)}); the next execution ends it")
         raise
     else:
         if parent.work is not None:  # a worker: its record says what it trained, not "queued"

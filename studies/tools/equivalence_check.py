@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 
 import click
 
-from dataclasses import replace
-
+from studies.runtime.options import FiniteFloat
 from workbench.convert.timm_weights import load_timm_weights, resolve_architecture
 
 # --weights values that build the model from a seed rather than load a checkpoint.
@@ -24,7 +24,7 @@ RANDOM_SOURCES = ("random", "timm-init")
                    "safetensors file/folder.")
 @click.option("--batch", default=2, show_default=True, type=click.IntRange(min=1))
 @click.option("--seed", default=0, show_default=True, type=int)
-@click.option("--tolerance", default=0.0, show_default=True, type=click.FloatRange(min=0.0),
+@click.option("--tolerance", default=0.0, show_default=True, type=FiniteFloat(min=0.0),
               help="Largest allowed |difference| at any stage and any gradient.")
 @click.option("--input", "input_kind", type=click.Choice(["gaussian", "uniform"]), default="gaussian", show_default=True)
 @click.option("--device", default="cpu", show_default=True)

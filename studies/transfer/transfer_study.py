@@ -27,10 +27,10 @@ from studies.runtime.study_execution import held_parent
 from studies.runtime.study_protocol import ProtocolError, check_clean, check_frozen, load_protocol, load_transfer_protocol
 from tracking.kinds import transfer_runs
 from tracking.record.lease import HEARTBEATS, LeaseLost, lease_tags, new_token
-from tracking.record.protocol_runs import recorded_hashes
+from tracking.record.protocol_runs import STARTED_TAG, frozen_hashes
 from tracking.record.sink import RunSink
 from tracking.store.session import configure_tracking, environment_tags
-from workbench.data import DatasetNotFound, PreparedData, prepare
+from workbench.data import DatasetNotFound, PreparedData, SplitSizeError, prepare
 from workbench.precision import device_capability, resolve_amp
 from workbench.protocol.transfer import SourceSpec, TransferCell, TransferData, TransferProtocol
 from workbench.train.loop import resolve_device
@@ -68,7 +68,7 @@ def open_transfer_protocol(path: str, allow_dirty: bool) -> TransferProtocol:
     protocol = load_transfer_protocol(path)
     check_clean(path, allow_dirty)
     configure_tracking()
-    check_frozen(protocol, recorded_hashes(protocol.name))
+    check_frozen(protocol, frozen_hashes(protocol.name))
     return protocol
 
 
@@ -84,7 +84,10 @@ def resolve_source(spec: SourceSpec, override: str | None, protocol_file: Path, 
         return load_local_source(rest, spec.model, uri=weights)
     if scheme == "protocol":
         name, arm, seed = parse_protocol_cell(rest)
-        source_protocol = load_protocol(Path(protocol_file).parent / f"{name}.yaml")
+        source_file = Path(protocol_file).parent / f"{name}.yaml"
+        source_protocol = load_protocol(source_file)
+        key = f"--source {weights!r}" if override else f"{protocol_file}: source.weights={weights!r}"
+        check_source_cell(key, source_protocol, arm, seed)  # before the store is asked
         rest = transfer_runs.find_finished_cell(name, source_protocol.hash, arm, seed)
     local, run_id, note = transfer_runs.download_run_source(rest, download_dir)
     trained_on = transfer_runs.run_param(run_id, "data.display_name")
@@ -92,6 +95,18 @@ def resolve_source(spec: SourceSpec, override: str | None, protocol_file: Path, 
     if note:
         source.info = replace(source.info, description=f"{source.info.description} ({note})")
     return source
+
+
+def check_source_cell(key: str, source, arm: str, seed: int) -> None:
+    """Refuse a ``protocol:<name>/<arm>/seed<k>`` source whose arm or seed its protocol does not have.
+
+    ``key`` says where the source was given (the protocol's ``source.weights`` or ``--source``).
+    """
+    arms = [a.name for a in source.arms]
+    if arm not in arms:
+        raise SourceError(f"{key}: {source.source} has no arm {arm!r} (arms: {', '.join(arms)})")
+    if seed not in source.seeds:
+        raise SourceError(f"{key}: {source.source} has no seed {seed} (seeds: {', '.join(map(str, source.seeds))})")
 
 
 def source_identity(source: SourceModel, spec: SourceSpec) -> str:
@@ -160,7 +175,16 @@ def prepare_execution(protocol: TransferProtocol, protocol_file: Path, output_di
     output_dir = Path(output_dir) / protocol.name
     source = resolve_source(protocol.source, source_override, Path(protocol_file), output_dir / "sources")
     cfg = source.cfg
-    data = prepare_transfer_data(protocol.dataset, data_path, download, cfg.image_size)
+    try:
+        data = prepare_transfer_data(protocol.dataset, data_path, download, cfg.image_size)
+    except SplitSizeError as err:
+        raise ProtocolError(f"{protocol_file}: dataset: {err}") from err
+    if len(data.class_names) < 2:  # a new head with one output learns nothing
+        raise ProtocolError(f"{protocol_file}: {data.display_name} has {len(data.class_names)} class(es); "
+                            "a transfer study needs at least 2")
+    if protocol.run.batch_size > len(data.train):
+        raise ProtocolError(f"{protocol_file}: run.batch_size={protocol.run.batch_size}: larger than the training "
+                            f"split ({len(data.train)} images of {data.display_name})")
     if data.test is None:  # the container's field, not the images: nothing is read here
         raise ProtocolError(f"{protocol_file}: {data.display_name} has no test split; a transfer study reports test metrics")
     dev, side = resolve_device(device), data.train.images.shape[-1]
@@ -210,7 +234,7 @@ def select_phase(ex: Execution, cell: TransferCell, allow_dirty: bool) -> CellOu
         sink.set_tags({**environment_tags(str(ex.ctx.device)), "code_fingerprint": transfer_runs.transfer_code_fingerprint(),
                        **device_capability(ex.ctx.device),
                        "threads": str(torch.get_num_threads()), "run_dir": str(run_dir.resolve()),
-                       "resumed": str(opened.status is not None).lower()})
+                       "resumed": str(opened.status is not None).lower(), STARTED_TAG: "true"})
         sink.log_params({**_cell_params(cell, ex), "code_fingerprint": transfer_runs.transfer_code_fingerprint()})
         selection = Selection.load(run_dir) if sink.journal.tags.get("phase") == "selected" else None
         if selection is None:

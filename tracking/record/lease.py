@@ -170,6 +170,20 @@ def possible_writer(run: Run) -> str | None:
     return f"process {pid} on {host} cannot be seen from here"
 
 
+def last_sign_of_life(run: Run) -> int | None:
+    """A dead run's end (ms): its last heartbeat, any execution's; None (now) for a run without a lease.
+
+    Not the time of the execution that finds it dead: a study killed at 10:05 and reaped by a
+    rerun at 14:00 ended at 10:05 (docs/study-record.md: the end is the study's last work).
+    """
+    beats = [beat for *_, beat in _executions(run.data.tags).values()]
+    with contextlib.suppress(KeyError, ValueError):
+        beats.append(float(run.data.tags[HEARTBEAT_TAG]))
+    if not beats:
+        return None
+    return max(round(max(beats) * 1000), run.info.start_time or 0)
+
+
 def reap_expired(client: MlflowClient, experiment_id: str, filter_string: str = "", log=None) -> list[tuple[str, str]]:
     """Mark every RUNNING run (matching ``filter_string``) whose lease expired as KILLED, with the reason.
 
@@ -190,7 +204,7 @@ def reap_expired(client: MlflowClient, experiment_id: str, filter_string: str = 
         try:
             # log_batch: two reapers may write the new tag at once; MLflow retries that insert there.
             client.log_batch(run.info.run_id, tags=[RunTag(REASON_TAG, state.why[:500])])
-            client.set_terminated(run.info.run_id, "KILLED")
+            client.set_terminated(run.info.run_id, "KILLED", end_time=last_sign_of_life(run))
         except Exception:
             with contextlib.suppress(Exception):
                 if client.get_run(run.info.run_id).info.status != "RUNNING":

@@ -80,10 +80,37 @@ def recorded_hashes(protocol_name: str) -> set[str]:
     return {r.data.tags.get("protocol_hash", "") for r in runs} - {""}
 
 
-def cell_runs(protocol_name: str, protocol_hash: str) -> list[Run]:
-    """All cell runs (children) recorded for this protocol hash, any status."""
-    return MlflowClient().search_runs(
+# Set on a cell run when its work begins (model built, data checked, first step next). A
+# protocol name is frozen by its first cell that started: not by a parent, or cells, that
+# failed before any training (a misfit found late, a crash while opening).
+STARTED_TAG = "work_started"
+
+
+def cell_started(run: Run) -> bool:
+    """Whether a cell run started its work: finished, tagged ``STARTED_TAG``, or (older records) logged a metric."""
+    return run.info.status == "FINISHED" or run.data.tags.get(STARTED_TAG) == "true" or bool(run.data.metrics)
+
+
+def frozen_hashes(protocol_name: str) -> set[str]:
+    """The hashes that froze this protocol name: those with a cell that started training (``cell_started``)."""
+    runs = MlflowClient().search_runs(
         [experiment_id_for(protocol_name)],
+        filter_string=f"tags.protocol_name = '{protocol_name}' and tags.cell = 'true'", max_results=50000)
+    return {r.data.tags.get("protocol_hash", "") for r in runs if cell_started(r)} - {""}
+
+
+def cell_runs(protocol_name: str, protocol_hash: str, *, reader: bool = False) -> list[Run]:
+    """All cell runs (children) recorded for this protocol hash, any status.
+
+    ``reader``: only look (``workbench status``): no experiment is created and the store
+    may be read-only, so it is not configured for writing first.
+    """
+    client = MlflowClient()
+    ids = list(_experiments_holding(client, protocol_name)) if reader else [experiment_id_for(protocol_name)]
+    if not ids:
+        return []
+    return client.search_runs(
+        ids,
         filter_string=f"tags.protocol_hash = '{protocol_hash}' and tags.cell = 'true'",
         max_results=50000,
     )

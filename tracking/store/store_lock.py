@@ -67,12 +67,26 @@ def store_lock(uri: str):
         lock.release()
 
 
+def writable(path: Path) -> bool:
+    """Whether this process can write the store file and its folder (read-only mount, permissions)."""
+    return os.access(path.parent, os.W_OK) and (not path.exists() or os.access(path, os.W_OK))
+
+
 def ensure_store(uri: str) -> None:
-    """Let MLflow create a new SQLite store's tables (or check an existing one) under the lock, once per process."""
-    if uri in _READY or sqlite_path(uri) is None:
+    """Let MLflow create a new SQLite store's tables (or check an existing one) under the lock, once per process.
+
+    An existing store that cannot be written (a read-only mount, a copy shared for reading)
+    is opened without the lock: its tables exist, nothing is created, and the lock file
+    could not be made beside it anyway. Reading needs no lock.
+    """
+    path = sqlite_path(uri)
+    if uri in _READY or path is None:
         return
     from mlflow.tracking import MlflowClient
 
-    with store_lock(uri):
-        MlflowClient(uri).search_experiments(max_results=1)  # builds the store: tables and migrations
+    if path.exists() and not writable(path):
+        MlflowClient(uri).search_experiments(max_results=1)
+    else:
+        with store_lock(uri):
+            MlflowClient(uri).search_experiments(max_results=1)  # builds the store: tables and migrations
     _READY.add(uri)

@@ -30,7 +30,7 @@ Decoded tensors are cached, so only the first load of a source decodes it.
 from workbench.data.augment import AugmentConfig, augment_batch, sample_params
 from workbench.data.cache import cache_dir
 from workbench.data.dataset import ImageDataset, Resolution, SplitTensors
-from workbench.data.errors import ChecksumMismatch, DataFormatError, DatasetNotFound, Place
+from workbench.data.errors import ChecksumMismatch, DataFormatError, DatasetNotFound, Place, SplitSizeError
 from workbench.data.load_dataset import load_dataset
 from workbench.data.batches import Batch, TensorLoader, derive_seed
 from workbench.data.prepare import DEFAULT_SIZES, PreparedData, PreparedSplit, prepare
@@ -39,6 +39,7 @@ from workbench.data.splits import SplitIndices, make_split, split_fingerprint, s
 from workbench.data.transforms import IMAGENET_STATS, NORM_STATS, NormStats, compute_norm_stats, normalize, resize_batch
 
 __all__ = [
+    "SplitSizeError",
     "DATASET_NAMES",
     "DEFAULT_SIZES",
     "IMAGENET_STATS",

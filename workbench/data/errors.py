@@ -77,3 +77,11 @@ class DataFormatError(ValueError):
     Raised for a truncated file, a bad magic number, a missing key or a wrong array shape;
     the message names the file (and key) with what was found versus what was expected.
     """
+
+
+class SplitSizeError(ValueError):
+    """The split sizes asked for (``train_size``, ``val_size``) do not fit the dataset.
+
+    The message names the size keys, the values and how many images there are, so a study
+    can refuse its protocol in one line before any run opens.
+    """

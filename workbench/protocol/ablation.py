@@ -153,6 +153,7 @@ def parse_protocol(data: Any, source: str = "<protocol>") -> Protocol:
     def fail(msg: str) -> ProtocolError:
         return ProtocolError(f"{source}: {msg}")
 
+    common.check_finite(data, fail)
     top = common.mapping(data, "", TOP_KEYS, fail)
     common.required(top, REQUIRED_TOP, "", fail)
     name = common.identifier(top["name"], "name", fail)

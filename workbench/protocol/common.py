@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import re
 import types
 from dataclasses import fields
@@ -96,6 +97,22 @@ def check_batch_fits(batch_size: int, where: str, train_size: int | None, subset
                    f"one short batch")
 
 
+def check_finite(value: Any, fail: Fail, where: str = "") -> None:
+    """Refuse ``inf`` and ``nan`` anywhere in a protocol's content (YAML's ``.inf``, ``.nan``), naming the key.
+
+    Checked on the raw content before any section is validated, so a non-finite value in a
+    free-form mapping (``timm_kwargs``) is named too, not reported later by the JSON encoder.
+    """
+    if isinstance(value, float) and not math.isfinite(value):
+        raise fail(f"{where or 'protocol'}={value!r}: must be a finite number (not inf or nan)")
+    if isinstance(value, dict):
+        for key, item in value.items():
+            check_finite(item, fail, f"{where}.{key}" if where else str(key))
+    elif isinstance(value, (list, tuple)):
+        for i, item in enumerate(value):
+            check_finite(item, fail, f"{where}[{i}]")
+
+
 def canonical_json(obj: Any) -> str:
     """The exact text that is hashed: sorted keys, no spaces, no NaN."""
     return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
@@ -111,8 +128,10 @@ def check_frozen(protocol: Any, previous_hashes: set[str]) -> None:
     """Refuse a protocol whose name was already run with other content.
 
     Args:
-        protocol: A loaded protocol of either kind (``name``, ``hash``, ``short_hash``).
-        previous_hashes: Full hashes recorded for earlier runs of this protocol name.
+        protocol: A loaded protocol of any kind (``name``, ``hash``, ``short_hash``).
+        previous_hashes: Full hashes of this protocol name that froze it: the hashes with a
+            cell that started training (``tracking.record.protocol_runs.frozen_hashes``), not a parent
+            that failed before any cell trained.
 
     Raises:
         ProtocolFrozenError: ``previous_hashes`` holds a hash other than ``protocol.hash``.
@@ -121,8 +140,8 @@ def check_frozen(protocol: Any, previous_hashes: set[str]) -> None:
     if others:
         raise ProtocolFrozenError(
             f"protocol {protocol.name!r} was already run with hash {', '.join(h[:SHORT_HASH_LEN] for h in others)}; "
-            f"this file has hash {protocol.short_hash}: protocols are frozen once run — "
-            "make a new protocol file with a new name"
+            f"this file has hash {protocol.short_hash}: a protocol name is frozen once a cell of it has started "
+            "training — make a new protocol file with a new name"
         )
 
 

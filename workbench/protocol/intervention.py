@@ -56,7 +56,13 @@ class InterventionProtocolError(ProtocolError):
 
 @dataclass(frozen=True)
 class ActsOn:
-    """The trained cells: an ablation protocol (a file beside this one) pinned by its full hash."""
+    """The trained cells: an ablation protocol (a file beside this one) pinned by its full hash.
+
+    Attributes:
+        protocol: The ablation protocol's name (its file sits beside this one).
+        hash: Its full protocol hash: the file must still have it.
+        arms: Which of its ViT arms to act on; empty: every ViT arm.
+    """
 
     protocol: str
     hash: str
@@ -72,8 +78,13 @@ class Pretrained:
             ViT architecture.
         weights: ``hub`` (the pinned checkpoint, sha256-checked), ``random`` (seeded timm init,
             NOT pretrained) or a local safetensors / weights-only file.
+        seed: Seed of a ``random`` init; the cell's seed.
         timm_kwargs: Passed to ``timm.create_model`` (a reduced size for tests).
         dataset: A dataset name (``image_folder`` for your own labelled images).
+        split_seed: Seed of a carved validation split and of ``subset``.
+        val_size: Validation images carved from the training split when the dataset has no
+            validation split; null: the dataset's default.
+        subset: Keep at most this many images of every split, stratified by class; null: all.
         class_index: Dataset class name -> model output index; default: the dataset's label
             order, which needs a head with exactly the dataset's classes.
     """
@@ -91,7 +102,18 @@ class Pretrained:
 
 @dataclass(frozen=True)
 class Grid:
-    """Which interventions every cell gets, each evaluated on its own."""
+    """Which interventions every cell gets, each evaluated on its own.
+
+    Attributes:
+        heads: Heads to ablate one at a time: ``all``, ``none`` or names like ``blocks.1.attn.head2``.
+        head_modes: How a head is ablated: ``zero`` and/or ``mean`` (its mean over training images).
+        branches: Residual branches to skip one at a time: ``all``, ``none`` or names like
+            ``blocks.0.attn``, ``blocks.2.mlp``.
+        position_embedding: Also evaluate the model with its position embedding zeroed.
+        tokens: Tokens to drop: ``registers`` and/or ``class``.
+        patches: Stages where each example gets another example's activation (``blocks.1.resid2``).
+        sets: Named sets of interventions applied together: ``{name, items}``.
+    """
 
     heads: str | tuple[str, ...] = "all"
     head_modes: tuple[str, ...] = ("zero", "mean")
@@ -124,12 +146,15 @@ class InterventionEvaluation:
 
     Attributes:
         split: ``val`` (default) or ``test`` (then evaluated once per cell, as the protocol says).
+        batch_size: Batch size of the evaluations.
         mean_images: Training images whose per-head mean replaces a head in ``mean`` ablation,
             drawn with ``mean_seed``.
+        mean_seed: Seed of the draw of those training images.
         patch_seed: Seed of the derangement giving each example its patch source (another example).
         attention_maps: Record each head's mean attention map on the split, for the report.
-        confidence, seed: The report's intervals (t and bootstrap) and its bootstrap seed; the number
-            of resamples is the report's ``--resamples``, as for every protocol kind.
+        confidence: Confidence level of the report's intervals (t and bootstrap); the number of
+            resamples is the report's ``--resamples``, as for every protocol kind.
+        seed: Seed of the report's bootstrap.
     """
 
     split: Literal["val", "test"] = "val"
@@ -216,6 +241,7 @@ def parse_intervention_protocol(data: Any, source: str = "<protocol>") -> Interv
     def fail(msg: str) -> InterventionProtocolError:
         return InterventionProtocolError(f"{source}: {msg}")
 
+    common.check_finite(data, fail)
     top = common.mapping(data, "", TOP_KEYS, fail)
     common.required(top, REQUIRED_TOP, "", fail)
     name = common.identifier(top["name"], "name", fail)

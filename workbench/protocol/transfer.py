@@ -27,6 +27,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, get_type_hints
 
+from workbench.data.locate import DATASET_NAMES
 from workbench.protocol import common
 from workbench.protocol.common import SCHEMA_VERSION, SHORT_HASH_LEN, ProtocolError, canonical_json
 from workbench.train.config import OptimConfig
@@ -64,7 +65,18 @@ class SourceSpec:
 
 @dataclass(frozen=True)
 class TransferData:
-    """The target dataset. ``size: auto`` uses files at the model's input size when present."""
+    """The target dataset.
+
+    Attributes:
+        name: The dataset (retinamnist, or another of the workbench's datasets).
+        size: RetinaMNIST's image side: 28, 64, 128 or 224; ``auto``: the file at the source
+            model's input size when present, else 28 px upsampled in batches.
+        split_seed: Seed of carved splits and of ``subset``.
+        subset: Keep at most this many images of every split, stratified by class; null: all.
+        train_size: Training images carved from the official training split (datasets without
+            a validation split); null: the dataset's default.
+        val_size: Validation images carved likewise; null: the dataset's default.
+    """
 
     name: str = "retinamnist"
     size: int | str = "auto"
@@ -76,7 +88,14 @@ class TransferData:
 
 @dataclass(frozen=True)
 class TransferRunSpec:
-    """Batching and numerics shared by every regime (shared batch size keeps batches paired)."""
+    """Batching and numerics shared by every regime (shared batch size keeps batches paired).
+
+    Attributes:
+        batch_size: Training batch size of every regime.
+        eval_batch_size: Batch size of feature caching and evaluation.
+        amp: Autocast precision: off, bf16 or fp16.
+        log_checkpoints: Log each cell's selected checkpoint to MLflow as an artifact.
+    """
 
     batch_size: int = 64
     eval_batch_size: int = 256
@@ -86,7 +105,13 @@ class TransferRunSpec:
 
 @dataclass(frozen=True)
 class Evaluation:
-    """Bootstrap settings of the test-set intervals and paired regime comparisons."""
+    """Bootstrap settings of the test-set intervals and paired regime comparisons.
+
+    Attributes:
+        n_resamples: Bootstrap resamples of each interval (at least 1000).
+        confidence: Confidence level of every interval, in (0, 1).
+        seed: Seed of the bootstrap resampling.
+    """
 
     n_resamples: int = 2000
     confidence: float = 0.95
@@ -98,6 +123,12 @@ class Regime:
     """One way of adapting the source: what is trained, for how long, how fast.
 
     Attributes:
+        name: Safe identifier, unique within the protocol.
+        kind: ``linear`` (a new head on frozen features), ``partial`` (the last ``blocks``
+            blocks too) or ``full`` (every parameter).
+        reference: Whether the other regimes are compared against this one (exactly one is).
+        epochs: Training epochs (the ceiling when ``patience`` stops earlier).
+        optim: The optimiser (its fields are written flat in the regime: ``lr: 1.0e-4``).
         blocks: Partial regime: the last ``blocks`` transformer blocks are trained (with the
             final norm and the head).
         layer_decay: Layer-wise lr decay: layer ``l`` of ``L + 1`` gets ``lr * decay**(L + 1 - l)``.
@@ -170,6 +201,7 @@ def parse_transfer_protocol(data: Any, source: str = "<protocol>") -> TransferPr
     def fail(msg: str) -> TransferProtocolError:
         return TransferProtocolError(f"{source}: {msg}")
 
+    common.check_finite(data, fail)
     top = common.mapping(data, "", TOP_KEYS, fail)
     common.required(top, REQUIRED_TOP, "", fail)
     name = common.identifier(top["name"], "name", fail)
@@ -181,6 +213,8 @@ def parse_transfer_protocol(data: Any, source: str = "<protocol>") -> TransferPr
     if src.weights in ("hub", "random") and not src.model:
         raise fail(f"source.model: required with weights {src.weights!r} (a timm architecture or pinned checkpoint name)")
     dataset = TransferData(**common.section(top["dataset"], "dataset", TransferData, common.field_names(TransferData), fail))
+    if dataset.name not in DATASET_NAMES:
+        raise fail(f"dataset.name={dataset.name!r}: must be one of {', '.join(DATASET_NAMES)}")
     if dataset.size != "auto" and dataset.size not in RETINA_SIZES:
         raise fail(f"dataset.size={dataset.size!r}: must be 'auto' or one of {RETINA_SIZES}")
     for key in ("subset", "train_size", "val_size"):

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+import math
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Literal
 
 
@@ -10,6 +11,15 @@ def _positive(owner: str, key: str, value: Any, allow_zero: bool = False) -> Non
     ok = isinstance(value, (int, float)) and not isinstance(value, bool) and (value >= 0 if allow_zero else value > 0)
     if not ok:
         raise ValueError(f"{owner}.{key}={value!r}: must be {'>= 0' if allow_zero else '> 0'}")
+
+
+def _finite(owner: str, config: Any) -> None:
+    """Refuse inf and nan in any number field: ``lr=inf`` passes ``> 0`` and fails only at the first step."""
+    for f in fields(config):
+        values = getattr(config, f.name)
+        for value in values if isinstance(values, (tuple, list)) else (values,):
+            if isinstance(value, float) and not math.isfinite(value):
+                raise ValueError(f"{owner}.{f.name}={values!r}: must be a finite number (not inf or nan)")
 
 
 @dataclass(frozen=True)
@@ -28,7 +38,26 @@ class ModelSpec:
 
 @dataclass(frozen=True)
 class DataSpec:
-    """Which data, which split, and which train-only augmentation."""
+    """Which data, which split, and which train-only augmentation.
+
+    Attributes:
+        name: The dataset: fashion_mnist, cifar10, retinamnist or image_folder (your own
+            images: ``train/<class>/*.png`` under the folder given with ``--data-path``).
+        path: Where this machine keeps the data (a run-time choice, never a protocol key).
+        train_size: Training images carved, stratified by class, from the official training
+            split; null: the data layer's default for the dataset (docs/data.md). Not allowed
+            for a dataset with its own validation split (RetinaMNIST, a folder with ``val/``).
+        val_size: Validation images carved the same way; null: the dataset's default.
+        split_seed: Seed of the stratified split and of ``subset``.
+        subset: Keep at most this many images of every split, stratified by class (smoke
+            runs); null: all.
+        crop_padding: Training only: pad by this many pixels, then crop back at random; 0: off.
+        hflip: Training only: flip horizontally at random.
+        rotate_degrees: Training only: rotate by up to this many degrees at random.
+        translate_fraction: Training only: shift by up to this fraction of the image side at random.
+        resize_to: Resize every batch to this side in pixels (28 px data for a 224 px model);
+            null: the images as stored.
+    """
 
     name: str
     path: str | None = None
@@ -43,6 +72,7 @@ class DataSpec:
     resize_to: int | None = None  # batched resize (e.g. 28 px -> 224 px for pretrained models)
 
     def __post_init__(self) -> None:
+        _finite("data", self)
         for key in ("train_size", "val_size", "subset", "resize_to"):
             value = getattr(self, key)
             if value is not None:
@@ -56,7 +86,17 @@ class DataSpec:
 
 @dataclass(frozen=True)
 class OptimConfig:
-    """AdamW with a cosine schedule and optional linear warmup."""
+    """AdamW with a cosine schedule and optional linear warmup.
+
+    Attributes:
+        lr: Peak learning rate of AdamW, reached after the warmup.
+        weight_decay: AdamW's (decoupled) weight decay.
+        betas: AdamW's two moment coefficients, each in [0, 1).
+        warmup_epochs: Linear warmup from 0 to ``lr`` over this many epochs (fractions allowed); 0: none.
+        min_lr_ratio: Where the cosine schedule ends, as a fraction of ``lr``.
+        label_smoothing: Label smoothing of the cross-entropy loss, in [0, 1).
+        grad_clip: Clip the gradients' global norm to this value; null: no clipping.
+    """
 
     lr: float = 1e-3
     weight_decay: float = 1e-4
@@ -67,6 +107,7 @@ class OptimConfig:
     grad_clip: float | None = None
 
     def __post_init__(self) -> None:
+        _finite("optim", self)
         _positive("optim", "lr", self.lr)
         _positive("optim", "weight_decay", self.weight_decay, allow_zero=True)
         _positive("optim", "warmup_epochs", self.warmup_epochs, allow_zero=True)
@@ -83,7 +124,23 @@ class OptimConfig:
 
 @dataclass(frozen=True)
 class RunConfig:
-    """Budget, early stopping, checkpointing and numerics of one training run."""
+    """Budget, early stopping, checkpointing and numerics of one training run.
+
+    Attributes:
+        epochs: Training epochs (the ceiling when ``patience`` stops earlier).
+        batch_size: Training batch size; at most the number of training images.
+        eval_batch_size: Batch size of the validation and test evaluations.
+        seed: The cell's seed (from the protocol's ``seeds``, never a protocol key).
+        patience: Stop after this many epochs without a better ``monitor``; null: train every epoch.
+        monitor: The validation metric that picks the best epoch (and drives early stopping).
+        checkpoint_every_steps: Also checkpoint every this many optimizer steps (besides every
+            epoch); null: at epoch ends only.
+        device: Where to train (a run-time choice: ``--device``).
+        amp: Autocast precision: off, bf16 or fp16 (docs/precision.md).
+        deterministic: Deterministic kernels (a run-time choice).
+        evaluate_test: Evaluate the best-validation checkpoint once on the test split; for
+            every arm or none (a paired comparison needs both).
+    """
 
     epochs: int = 10
     batch_size: int = 128

@@ -26,6 +26,7 @@ from workbench.models.registry import build_model, model_config
 from workbench.precision import resolve_amp
 from workbench.train.checkpoint import FORMAT, atomic_torch_save, capture_rng, load_checkpoint, restore_rng
 from workbench.train.config import TrainConfig
+from workbench.train.fits import DataShape, misfits
 from workbench.atomic import atomic_write
 from workbench.train.evaluate import (
     ReloadProof,
@@ -176,15 +177,13 @@ class Trainer:
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=amp == torch.float16)
 
     def _build_model(self) -> nn.Module:
-        cfg = model_config(self.cfg.model.name, **self.cfg.model.overrides)
-        wanted = {"in_channels": self.data.train.images.shape[1], "num_classes": len(self.data.class_names)}
-        for key, value in wanted.items():
-            if getattr(cfg, key) != value:
-                raise ValueError(
-                    f"model {self.cfg.model.name!r} has {key}={getattr(cfg, key)} but dataset "
-                    f"{self.data.name!r} needs {value}; set model.{key}: {value}"
-                )
-        return build_model(cfg)
+        spec = self.cfg.model
+        shape = DataShape.of(self.data)
+        wrong = misfits(spec.name, spec.overrides, shape, self.cfg.data.resize_to)
+        if wrong:  # entry points check this before a run opens (workbench.train.fits); this is the backstop
+            raise ValueError(f"model {spec.name!r} does not fit {shape.describe()}: "
+                             + "; ".join(m.line(f"model.{m.field}") for m in wrong))
+        return build_model(model_config(spec.name, **spec.overrides))
 
     # ---- hooks for subclasses (e.g. workbench.transfer: QWK selection, layer-wise lr decay) ----
     def _param_groups(self) -> list:
