@@ -22,6 +22,7 @@ from studies.options import check_amp, threads_option
 from studies.preflight import (check_trainable, check_writable_folder, outcome_line, remove_abandoned_cache_files,
                                trainable_problem)
 from studies.stop_signals import as_stop, stop_reason
+from tracking.create_once import ClaimLost
 from tracking.lease import HEARTBEATS, RELEASED_TAG, LeaseLost, lease_tags, new_token
 from tracking.runs import run_user
 from tracking.runs import configure_tracking, environment_tags
@@ -32,6 +33,7 @@ from tracking.training import (
     log_training_result,
     open_keyed_run,
     started_threads,
+    withdraw_candidate,
 )
 from workbench.data import PreparedData, prepare
 from workbench.models.registry import build_model, model_config
@@ -111,7 +113,7 @@ def train_one(
         sink.set_tags(lease_tags(token))  # this execution holds the run now; an older holder is fenced off
     HEARTBEATS.hold(sink.run_id, sink.uri, token)
     run_dir = Path(output_dir) / key
-    mlflow_observer = MlflowTrainingObserver(sink, fenced=True)
+    mlflow_observer = MlflowTrainingObserver(sink, fenced=True, confirm=opened.confirm)
     started = started_threads(sink, opened.continues) if opened.status is not None else None
     with cell_threads(started, threads, run_name, log) as thread_tags:
         return _train(cfg, data, sink, token, opened.status, run_dir, mlflow_observer, observer, run_name, params,
@@ -137,6 +139,10 @@ def _train(cfg: TrainConfig, data: PreparedData, sink: RunSink, token: str, prev
         example = next(iter(trainer.eval_loaders["val"])).images[:2]
         log_training_result(sink, result, cfg, lambda: build_model(trainer.model.cfg), example,
                             check=lambda: mlflow_observer.check(sync=True))
+    except ClaimLost as err:  # another execution's run is the cell's after all: this one never trained
+        HEARTBEATS.release(sink.run_id)
+        withdraw_candidate(sink, err)
+        return TrainOutcome(err.winner or sink.run_id, "busy", f"{run_name}: not trained: {err}")
     except LeaseLost as err:  # the run is someone else's now: not one more write to it
         HEARTBEATS.release(sink.run_id)
         return TrainOutcome(sink.run_id, "lost", f"{run_name}: stopped without logging more: {err}")
