@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 
 import pytest
-from mlflow.entities import ViewType
+from mlflow.entities import RunTag, ViewType
 from mlflow.tracking import MlflowClient
 
 from tracking import create_once
@@ -90,6 +90,32 @@ def test_a_candidate_sorting_first_that_appears_after_the_wait_stops_this_one_be
     withdraw_candidate(opened.sink, lost.value)
     assert_withdrawn(client, opened.run_id, theirs)
     assert [r.info.run_id for r in found()] == [theirs]
+
+
+def test_of_two_executions_resuming_one_killed_cell_at_once_the_token_left_on_it_decides(parent, monkeypatch):
+    import subprocess
+    import sys
+
+    client, exp_id, parent_id = parent
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()  # its holder's process is gone: the run may be resumed in place
+    killed = client.create_run(exp_id, tags={"run_key": KEY, "cell": "true", "mlflow.parentRunId": parent_id,
+                                             **lease_tags(new_token()), "lease.pid": str(gone.pid)}).info.run_id
+    client.set_terminated(killed, "KILLED")
+    real, theirs = create_once.settle, other_execution_lease()
+
+    def other_writes_its_token_meanwhile(c):  # the other execution's token lands after ours
+        client.log_batch(killed, tags=[RunTag(k, v) for k, v in theirs.items()])
+        real(c)
+
+    monkeypatch.setattr(create_once, "settle", other_writes_its_token_meanwhile)
+    opened = open_cell(parent_id)
+    assert (opened.status, opened.run_id, opened.sink) == ("BUSY", killed, None), opened
+    assert "took run" in opened.why and "at the same moment" in opened.why, opened.why
+    run = client.get_run(killed)
+    assert run.info.status == "KILLED" and run.data.tags["lease.token"] == theirs["lease.token"], "left to them"
+    monkeypatch.setattr(create_once, "settle", real)
+    assert create_once.holder_after_wait(client, killed, theirs["lease.token"]) is None  # they hold it
 
 
 def test_two_candidates_with_one_start_time_are_ordered_by_run_id(parent):
