@@ -18,6 +18,11 @@ import pytest
 import torch
 
 torch.set_num_threads(min(2, os.cpu_count() or 1))
+# On a tracking server every new parent or cell run waits this long before it looks for
+# another execution's candidate (tracking/record/create_once.py, default 2 s). Tests with one
+# execution at a time need no such wait; tests/test_concurrent_server.py gives its
+# executions the default (its subprocesses get no WORKBENCH_* variable).
+os.environ.setdefault("WORKBENCH_CLAIM_SETTLE_SECONDS", "0.2")
 
 # Fixtures that give a test a real MLflow store: such a test runs trainings or studies
 # end to end, so it is marked `e2e` and left out of `make test-fast` (still in the default tier).

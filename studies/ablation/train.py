@@ -29,7 +29,9 @@ from tracking.kinds.training_runs import (
     log_training_result,
     open_keyed_run,
     started_threads,
+    withdraw_candidate,
 )
+from tracking.record.create_once import ClaimLost
 from tracking.record.lease import HEARTBEATS, RELEASED_TAG, LeaseLost, lease_tags, new_token
 from tracking.record.protocol_runs import STARTED_TAG
 from tracking.record.sink import RunSink
@@ -115,7 +117,7 @@ def train_one(
         sink.set_tags(lease_tags(token))  # this execution holds the run now; an older holder is fenced off
     HEARTBEATS.hold(sink.run_id, sink.uri, token)
     run_dir = Path(output_dir) / key
-    mlflow_observer = MlflowTrainingObserver(sink, fenced=True)
+    mlflow_observer = MlflowTrainingObserver(sink, fenced=True, confirm=opened.confirm)
     started = started_threads(sink, opened.continues) if opened.status is not None else None
     with cell_threads(started, threads, run_name, log) as thread_tags:
         return _train(cfg, data, sink, token, opened.status, run_dir, mlflow_observer, observer, run_name, params,
@@ -141,6 +143,10 @@ def _train(cfg: TrainConfig, data: PreparedData, sink: RunSink, token: str, prev
         example = next(iter(trainer.eval_loaders["val"])).images[:2]
         log_training_result(sink, result, cfg, lambda: build_model(trainer.model.cfg), example,
                             check=lambda: mlflow_observer.check(sync=True))
+    except ClaimLost as err:  # another execution's run is the cell's after all: this one never trained
+        HEARTBEATS.release(sink.run_id)
+        withdraw_candidate(sink, err)
+        return TrainOutcome(err.winner or sink.run_id, "busy", f"{run_name}: not trained: {err}")
     except LeaseLost as err:  # the run is someone else's now: not one more write to it
         HEARTBEATS.release(sink.run_id)
         return TrainOutcome(sink.run_id, "lost", f"{run_name}: stopped without logging more: {err}")

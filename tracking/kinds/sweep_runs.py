@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from mlflow.entities import Run
 from mlflow.tracking import MlflowClient
 
+from tracking.record import create_once
 from tracking.record.lease import (HEARTBEATS, RELEASED_TAG, TOKEN_TAG, execution_states, execution_tag, execution_value,
                                    lease_state, lease_tags, new_token, reap_expired)
 from tracking.record.sink import SYNC_SERVER_RUN, RunSink
@@ -71,8 +72,8 @@ def start_sweep_parent(experiment: str, name: str, tags: dict, params: dict, key
 
 
 def _parents(client: MlflowClient, exp_id: str, key: str) -> list[Run]:
-    runs = client.search_runs([exp_id], f"tags.{SWEEP_KEY} = '{key}' and tags.sweep_parent = 'true'", max_results=100)
-    return sorted(runs, key=lambda r: (r.info.start_time or 0, r.info.run_id))
+    return create_once.ordered(client.search_runs(
+        [exp_id], f"tags.{SWEEP_KEY} = '{key}' and tags.sweep_parent = 'true'", max_results=100))
 
 
 def _find_or_create(client: MlflowClient, exp_id: str, experiment: str, tags: dict, own: str,
@@ -81,12 +82,14 @@ def _find_or_create(client: MlflowClient, exp_id: str, experiment: str, tags: di
     if not found:
         sink = RunSink.create(experiment, {**tags, **lease_tags(token), execution_tag(own): execution_value()},
                               uri=client.tracking_uri, experiment_id=exp_id)
-        oldest = None if sink.offline else _parents(client, exp_id, tags[SWEEP_KEY])[0]
-        if oldest is None or oldest.info.run_id == sink.run_id:
+        first = None if sink.offline else create_once.resolve_new(client, sink.run_id,
+                                                                  lambda: _parents(client, exp_id, tags[SWEEP_KEY]))
+        if first is None or first.info.run_id == sink.run_id:
             return sink, token
-        client.set_terminated(sink.run_id, "KILLED")  # another execution (on another host) made it first
-        client.delete_run(sink.run_id)
-        found = [oldest]
+        # Another execution made it at the same moment and it sorts first (``tracking.record.create_once``).
+        create_once.withdraw(client, sink.run_id, first.info.run_id,
+                             "another execution created this sweep's parent at the same moment")
+        found = [first]
     run = found[0]
     shared = run.info.status == "RUNNING" and lease_state(run).alive and TOKEN_TAG in run.data.tags
     sink = RunSink.attach(run, client.tracking_uri, experiment)  # an earlier end_reason becomes history
@@ -97,6 +100,8 @@ def _find_or_create(client: MlflowClient, exp_id: str, experiment: str, tags: di
     token = run.data.tags[TOKEN_TAG] if shared else token
     sink.set_tags({**{k: v for k, v in tags.items() if k != "mlflow.runName"}, **({} if shared else lease_tags(token)),
                    execution_tag(own): execution_value(), RELEASED_TAG: ""})
+    if not shared and not sink.offline:  # another execution may reopen it at this moment with its own token
+        token = create_once.shared_token(client, run.info.run_id, token)
     log(f"sweep {tags['sweep']}: parent run {run.info.run_id} reattached")
     return sink, token
 

@@ -8,19 +8,20 @@ import math
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import mlflow
 import torch
 from mlflow.entities import Run, RunTag
 from mlflow.tracking import MlflowClient
 
-from tracking.record.lease import (CONTINUES_TAG, HEARTBEATS, REASON_TAG, SUPERSEDED_TAG, TOKEN_TAG, is_mine, lease_state,
-                                   possible_writer)
+from tracking.record import create_once
+from tracking.record.lease import (CONTINUES_TAG, HEARTBEAT_TAG, HEARTBEATS, HOST_TAG, PID_TAG, REASON_TAG, SUPERSEDED_TAG,
+                                   TOKEN_TAG, is_mine, lease_state, possible_writer)
 from tracking.record.sink import SYNC_SYNCED, RunSink, log_batch, store_for
 from tracking.store import health, offline_store, uris
 from tracking.store.session import run_user
 from tracking.store.store_lock import store_lock
-
 from workbench.data import PreparedData
 from workbench.train.config import TrainConfig
 from workbench.train.fingerprint import current_code_fingerprint
@@ -30,6 +31,7 @@ EPOCH_METRICS = ("train_loss", "train_accuracy", "val_loss", "val_accuracy", "lr
                  "images_per_second", "best_epoch")
 # Set on a run once that part of its summary is in the store: a resume completes only the rest.
 SUMMARY_ARTIFACTS_TAG = "summary.artifacts"
+LEASE_TAGS = (HOST_TAG, PID_TAG, TOKEN_TAG, HEARTBEAT_TAG)
 
 
 def flatten(prefix: str, value, out: dict) -> dict:
@@ -53,16 +55,25 @@ class MlflowTrainingObserver(TrainingObserver):
     given a run id it logs straight to the current tracking store.
     """
 
-    def __init__(self, run: "RunSink | str", fenced: bool = False) -> None:
+    def __init__(self, run: "RunSink | str", fenced: bool = False, confirm=None) -> None:
         self.sink = run if isinstance(run, RunSink) else None
         self.run_id = run.run_id if isinstance(run, RunSink) else run
         self.client = MlflowClient()
         self._logged: set[int] | None = None
         self.fenced = fenced  # the run holds a lease (tracking.record.lease): stop once it is taken over
+        # Called once, at the first check (before the first training step or resumed epoch):
+        # raises when the cell's run turned out to be another execution's (``KeyedRun.confirm``).
+        self.confirm = confirm
 
     def check(self, sync: bool = False) -> None:
+        if self.confirm is not None:
+            confirm, self.confirm = self.confirm, None
+            confirm()
         if self.fenced:
             HEARTBEATS.check(self.run_id, verify=sync)
+
+    def on_start(self, info: dict) -> None:
+        self.check()  # before anyone says the cell starts
 
     def logged_epochs(self) -> set[int]:
         if self._logged is None:
@@ -100,6 +111,15 @@ class KeyedRun:
     why: str = ""  # for BUSY: who holds it
     previous_status: str | None = None
     continues: str | None = None  # the run this one continues because its holder may still write to it
+    # The look once more before the first training step (``tracking.record.create_once``): raises
+    # ``ClaimLost`` (or ``LeaseLost``) when another execution's run is the cell's after all.
+    confirm: Callable[[], None] | None = None
+
+
+def _candidates(client: MlflowClient, experiment_id: str, key: str) -> list[Run]:
+    """The runs that may be a cell's run: every run of its key not closed as superseded."""
+    runs = client.search_runs([experiment_id], filter_string=f"tags.run_key = '{key}'", max_results=50)
+    return [r for r in runs if SUPERSEDED_TAG not in r.data.tags]
 
 
 def _find_by_key(client: MlflowClient, experiment_id: str, key: str, unsynced: bool = False) -> Run | None:
@@ -147,12 +167,25 @@ def _find_or_create_keyed(experiment: str, key: str, tags: dict, parent_run_id: 
             if found is not None:
                 return _keyed(found, uri, experiment, tags, parent_run_id, take_over)
             sink = RunSink.create(experiment, {"run_key": key, **tags}, parent_run_id, uri=uri, experiment_id=exp_id)
-            return KeyedRun(sink, sink.run_id, None)
+            return KeyedRun(sink, sink.run_id, None) if sink.offline else _first_of_new(client, sink, exp_id, key)
     found = _find_in_fallback(experiment, key)
     if found is not None:
         return _keyed(found, uri, experiment, tags, parent_run_id, take_over)
     sink = RunSink.create(experiment, {"run_key": key, **tags}, parent_run_id, uri=uri)
     return KeyedRun(sink, sink.run_id, None)
+
+
+def _first_of_new(client: MlflowClient, sink: RunSink, exp_id: str, key: str) -> KeyedRun:
+    """The cell's new run, or the one another execution created at the same moment (``tracking.record.create_once``)."""
+    candidates = lambda: _candidates(client, exp_id, key)  # noqa: E731
+    first = create_once.resolve_new(client, sink.run_id, candidates)
+    if first.info.run_id == sink.run_id:
+        return KeyedRun(sink, sink.run_id, None,
+                        confirm=lambda: create_once.confirm_first(client, sink.run_id, candidates))
+    why = "another execution created its run at the same moment and trains it"
+    create_once.withdraw(client, sink.run_id, first.info.run_id, why)
+    status = "FINISHED" if first.info.status == "FINISHED" else "BUSY"
+    return KeyedRun(None, first.info.run_id, status, dict(first.data.metrics), why)
 
 
 def _find_in_fallback(experiment: str, key: str, unsynced: bool = False) -> Run | None:
@@ -172,12 +205,18 @@ def _keyed(run: Run, uri: str, experiment: str, tags: dict, parent_run_id: str |
     writer = possible_writer(run)
     if writer is not None:
         return _continue_in_new_run(run, uri, experiment, tags, parent_run_id, writer)
+    lease = {k: tags[k] for k in LEASE_TAGS if k in tags}
+    if TOKEN_TAG in lease:  # two executions resuming it at the same moment: the token left on it holds it
+        holder = create_once.claim_existing(MlflowClient(uri), run.info.run_id, lease)
+        if holder is not None:
+            return KeyedRun(None, run.info.run_id, "BUSY", dict(run.data.metrics), holder)
     sink = RunSink.attach(run, uri, experiment)
     old_parent = run.data.tags.get("mlflow.parentRunId")
     if parent_run_id and old_parent != parent_run_id:
         # A cell begun under another (older or duplicate) parent joins the study's one parent.
         sink.set_tags({"mlflow.parentRunId": parent_run_id, "previous_parent_run_id": old_parent or ""})
-    return KeyedRun(sink, run.info.run_id, run.info.status)
+    confirm = (lambda: HEARTBEATS.check(run.info.run_id, verify=True)) if TOKEN_TAG in lease else None
+    return KeyedRun(sink, run.info.run_id, run.info.status, confirm=confirm)
 
 
 def _continue_in_new_run(old: Run, uri: str, experiment: str, tags: dict, parent_run_id: str | None,
@@ -190,15 +229,24 @@ def _continue_in_new_run(old: Run, uri: str, experiment: str, tags: dict, parent
     run, which fills its earlier epochs from the checkpoint's history on resume.
     """
     client = MlflowClient(uri)
-    old_id = old.info.run_id
+    old_id, token = old.info.run_id, tags.get(TOKEN_TAG, "superseded")
     new_tags = {"run_key": old.data.tags.get("run_key", ""), **tags, CONTINUES_TAG: old_id}
     # Fence first (a new token on the old run), then open the new run: the old holder's
     # next check fails whatever happens after this line.
     # Tags through log_batch: a reaper may write the same new key at the same moment, and
     # MLflow retries a lost insert there (a single set_tag would fail with a server error).
-    log_batch(client, old_id, tags=[RunTag(TOKEN_TAG, tags.get(TOKEN_TAG, "superseded"))])
+    log_batch(client, old_id, tags=[RunTag(TOKEN_TAG, token)])
     sink = RunSink.create(experiment, new_tags, parent_run_id or old.data.tags.get("mlflow.parentRunId"),
                           uri=uri, experiment_id=old.info.experiment_id)
+    confirm = None
+    if TOKEN_TAG in tags and not sink.offline:
+        # Two executions continuing it at the same moment both fenced it: the token left on
+        # the old run says which one continues the cell (``tracking.record.create_once``).
+        holder = create_once.holder_after_wait(client, old_id, token)
+        if holder is not None:
+            create_once.withdraw(client, sink.run_id, "", holder)
+            return KeyedRun(None, old_id, "BUSY", dict(old.data.metrics), holder)
+        confirm = lambda: create_once.confirm_holder(client, old_id, token)  # noqa: E731
     closed = [RunTag(SUPERSEDED_TAG, sink.run_id)]
     if old.info.status == "RUNNING":
         closed.append(RunTag(REASON_TAG, f"taken over while its holder may still be alive ({writer}); "
@@ -206,7 +254,13 @@ def _continue_in_new_run(old: Run, uri: str, experiment: str, tags: dict, parent
     log_batch(client, old_id, tags=closed)
     if old.info.status == "RUNNING":
         client.set_terminated(old_id, "KILLED")
-    return KeyedRun(sink, sink.run_id, old.info.status, continues=f"{old_id} ({writer})")
+    return KeyedRun(sink, sink.run_id, old.info.status, continues=f"{old_id} ({writer})", confirm=confirm)
+
+
+def withdraw_candidate(sink: RunSink, lost: create_once.ClaimLost) -> None:
+    """Take back a cell's run that lost its claim before training (``create_once.withdraw``)."""
+    with contextlib.suppress(Exception):  # a server gone now: the reaper ends it once its lease expires
+        create_once.withdraw(MlflowClient(sink.uri), sink.run_id, lost.winner, str(lost))
 
 
 def log_run_inputs(sink: RunSink, cfg: TrainConfig, data: PreparedData, extra_params: dict | None = None) -> None:

@@ -7,7 +7,8 @@ The rules of the study record that do not depend on how a parent is found live h
   when it ends (outcome, end, counts, the status it left). An execution that died
   (SIGKILL, a lost machine) cannot: the next execution that finds its lease tag dead closes
   its record (``outcome: died: ...``, end = its last heartbeat).
-- Counts come from the children in the store, one per cell (``counts_of``).
+- Counts come from the children in the store, one per cell (``counts_of``), logged at a
+  step of the execution's own (``execution_step``).
 - The parent's status follows from how the execution ended, the counts and whether another
   execution still holds the parent (``study_status``).
 - The parent's end time is the end of the study's last work: an execution that ran nothing
@@ -66,6 +67,21 @@ def write_record(sink: RunSink, record: dict) -> None:
     """The record on the parent (redacted by the sink); a record is not worth failing the study for."""
     with contextlib.suppress(Exception):
         sink.log_record(record, f"{RECORDS}/{record_name(record)}")
+
+
+def execution_step(client: MlflowClient, run_id: str, record: dict) -> int:
+    """The step at which this execution logs the parent's counts: one point per execution, never shared.
+
+    Its place among the parent's execution records, by name (start, host, pid), counted
+    from 1: executions one after another get 1, 2, 3 as before, and two that ran at once
+    get a step each (before, both logged at the number of records, the same step). A step
+    that already holds counts (a ``workbench sync`` recount, say) gives way to the next free one.
+    """
+    names = sorted(Path(info.path).name for info in client.list_artifacts(run_id, RECORDS))
+    mine = record_name(record)
+    step = 1 + (names.index(mine) if mine in names else len(names))
+    taken = {m.step for m in client.get_metric_history(run_id, "cells_finished")}
+    return step if step not in taken else 1 + max(taken)
 
 
 def _open_records(client: MlflowClient, run_id: str) -> list[dict]:

@@ -16,9 +16,9 @@ from mlflow.entities import Run
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
-from tracking.record import report_summary
-from tracking.record.executions import (EXPECTED_TAG, children, close_dead_records, counts_of, end_time_for, iso, new_record,
-                                        study_status, write_record)
+from tracking.record import create_once, report_summary
+from tracking.record.executions import (EXPECTED_TAG, children, close_dead_records, counts_of, end_time_for, execution_step,
+                                        iso, new_record, study_status, write_record)
 from tracking.record.lease import (HEARTBEATS, TOKEN_TAG, execution_states, execution_tag, execution_value, lease_state,
                                   lease_tags, new_token, reap_expired)
 from tracking.record.sink import SYNC_SYNCED, RunSink
@@ -177,7 +177,7 @@ def open_study_parent(protocol, protocol_file: Path, allow_dirty: bool, extra_ta
     Dead executions' runs of this protocol hash are marked KILLED first and their records
     closed. A parent left half-made by a killed execution gets its protocol files now. On a
     local store, executions starting together take turns (``store_lock``); on a server, two
-    executions creating the parent at once keep the older one (the other ends and deletes its own).
+    executions creating the parent at once keep the first one (``tracking.record.create_once``).
     """
     exp_id = experiment_id_for(protocol.name)
     client, key = MlflowClient(), study_key(protocol)
@@ -249,15 +249,16 @@ def _find_or_create_parent(client: MlflowClient, exp_id: str, protocol, tags: di
     if not found:
         sink = RunSink.create(protocol.name, {**tags, **lease_tags(token), execution_tag(own): execution_value()},
                               uri=uri, experiment_id=exp_id)
-        oldest = sink if sink.offline else _parents(client, exp_id, key)[0]
-        if oldest is sink or oldest.info.run_id == sink.run_id:
+        first = None if sink.offline else create_once.resolve_new(client, sink.run_id,
+                                                                  lambda: _parents(client, exp_id, key))
+        if first is None or first.info.run_id == sink.run_id:
             log(f"study {protocol.name}@{protocol.short_hash}: parent run {sink.run_id} created")
             return sink, token, None
-        # Another execution (on another host: a local store is locked) made it first: end and
-        # delete this one, so that no deleted run stays RUNNING, and share the older one.
-        client.set_terminated(sink.run_id, "KILLED")
-        client.delete_run(sink.run_id)
-        found = [oldest]
+        # Another execution made it at the same moment and it sorts first (``tracking.record.create_once``):
+        # this one is withdrawn (no lease tag left, KILLED, deleted) and the first is shared.
+        create_once.withdraw(client, sink.run_id, first.info.run_id,
+                             "another execution created this study's parent at the same moment")
+        found = [first]
     run = found[0]
     shared = run.info.status == "RUNNING" and lease_state(run).alive and TOKEN_TAG in run.data.tags
     previous_end = None if run.info.status == "RUNNING" else run.info.end_time
@@ -273,6 +274,8 @@ def _find_or_create_parent(client: MlflowClient, exp_id: str, protocol, tags: di
                                                                 tags["mlflow.note.content"])}
     sink.set_tags({**{k: v for k, v in tags.items() if k not in ("mlflow.runName", "mlflow.user")}, **note,
                    **({} if shared else lease_tags(token)), execution_tag(own): execution_value()})
+    if not shared and not sink.offline:  # another execution may reopen it at this moment with its own token
+        token = create_once.shared_token(client, run.info.run_id, token)
     log(f"study {protocol.name}@{protocol.short_hash}: parent run {run.info.run_id} reattached")
     return sink, token, previous_end
 
@@ -312,9 +315,8 @@ def _unsynced_fallback_parent(experiment: str, key: str) -> Run | None:
 
 
 def _parents(client: MlflowClient, exp_id: str, key: str) -> list[Run]:
-    runs = client.search_runs([exp_id], filter_string=f"tags.study_key = '{key}' and tags.parent = 'true'",
-                              max_results=100)
-    return sorted(runs, key=lambda r: (r.info.start_time or 0, r.info.run_id))
+    return create_once.ordered(client.search_runs(
+        [exp_id], filter_string=f"tags.study_key = '{key}' and tags.parent = 'true'", max_results=100))
 
 
 def _log_protocol_files(sink: RunSink, protocol, protocol_file: Path) -> None:
@@ -377,7 +379,7 @@ def close_study_parent(parent: StudyParent, outcome: str, why: str = "") -> str:
         runs += _fallback_children(parent)
     counts = counts_of(runs, parent.expected_cells)
     if not partial or not counts["missing"]:  # a partial count that found every cell is complete
-        sink.log_metrics({f"cells_{k}": v for k, v in counts.items()}, step=_execution_index(parent))
+        sink.log_metrics({f"cells_{k}": v for k, v in counts.items()}, step=_execution_step(parent))
     status = study_status(outcome, {**counts, "missing": 0} if partial else counts, others)
     parent.status = status
     if parent.work is not None:  # the worker's own tally, beside the study's counts
@@ -392,9 +394,9 @@ def close_study_parent(parent: StudyParent, outcome: str, why: str = "") -> str:
     return status
 
 
-def _execution_index(parent: StudyParent) -> int:
+def _execution_step(parent: StudyParent) -> int:
     with contextlib.suppress(Exception):
-        return len(MlflowClient(parent.sink.uri).list_artifacts(parent.sink.local_run_id, "executions"))
+        return execution_step(MlflowClient(parent.sink.uri), parent.sink.local_run_id, parent.execution)
     return 0
 
 

@@ -6,9 +6,8 @@ gets its tables from whichever process touches it first (two at once collide: ``
 latest_metrics already exists``). For a local SQLite store the executions are on this
 machine, so a file lock next to the database (``mlflow.db.lock``) serialises those short
 steps: creating the store's tables, finding or creating a study's parent, finding or
-creating a cell's run. A tracking server's executions may be on other hosts: there the
-callers keep their find-create-check-again logic (the oldest parent wins), and this lock
-is a no-op.
+creating a cell's run. A tracking server's executions may be on other hosts: there this
+lock is a no-op and ``tracking.record.create_once`` decides (create, wait, the first candidate wins).
 """
 
 from __future__ import annotations
