@@ -41,7 +41,7 @@ seeds: [0, 1]
 K = 5
 LABELS = np.repeat(np.arange(K), 8)  # 40 test images, 8 per grade
 CORRECT = {("linear_probe", 0): 20, ("linear_probe", 1): 24, ("full_ft", 0): 30, ("full_ft", 1): 32}
-SOURCE = {"source.label": "vit_tiny (random init)", "source.kind": "timm", "source.uri": "random",
+SOURCE = {"source.label": "vit_tiny (random init)", "source.kind": "timm-random", "source.uri": "random",
           "source.sha256": "", "source.pretrained": "False", "source.norm_from": "timm pretrained config"}
 
 
@@ -117,7 +117,7 @@ def test_transfer_report_numbers_files_and_logging(transfer_store, tmp_path):
     md = result.markdown.read_text()
     assert md.startswith(f"# Report: tiny_transfer@{transfer_store['protocol'].short_hash}\n"), md[:200]
     for part in ("## Confusion matrices", "## Training curves", "## Runs", "full_ft − linear_probe",
-                 "pretrained: **NO**", "Cells with a finished run: **4 of 4**"):
+                 "weights: a seeded random init, **NOT PRETRAINED**", "Cells with a finished run: **4 of 4**"):
         assert part in md, f"{part!r} missing from report.md"
     for run_id in transfer_store["cells"].values():
         assert f"`{run_id}`" in md

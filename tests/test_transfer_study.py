@@ -60,7 +60,10 @@ def test_source_loads_from_an_mlflow_run(mlflow_store, tmp_path):
         state = source.model.state_dict()
         assert state.keys() == expected.keys() and all(torch.equal(state[k], expected[k]) for k in state), uri
         info = source.info
-        assert (info.kind, info.run_id, info.uri, info.pretrained) == ("workbench-checkpoint", run_id, uri, True)
+        # trained here, not a published checkpoint: never called pretrained, described as what it is
+        assert (info.kind, info.run_id, info.uri, info.pretrained) == ("workbench-checkpoint", run_id, uri, False)
+        assert info.provenance() == f"a checkpoint trained with this workbench (run {run_id}), not a published one"
+        assert "pretrained" not in info.label() and info.as_params()["source.provenance"] == info.provenance()
         assert info.sha256 == sha256_file(checkpoint) and source.norm == NORM_STATS["cifar10"]
     assert "logged model" in info.description and "on CIFAR-10 (JPEG copy)" in info.description
     with pytest.raises(ValueError, match="no such run"):

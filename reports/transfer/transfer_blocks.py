@@ -44,12 +44,23 @@ def _ci(row, name: str, warning: str | None = None) -> str:
     return text
 
 
+def _provenance(source: dict[str, str]) -> str:
+    """What the source weights are; runs logged before ``source.provenance`` existed say it from ``source.kind``."""
+    if source.get("source.provenance"):
+        return source["source.provenance"]
+    if source.get("source.kind") == "timm-hub":
+        return "a published pretrained checkpoint (pinned timm hub revision)"
+    if source.get("source.kind") == "timm-random":
+        return "a seeded random init, **NOT PRETRAINED**"
+    return f"{source.get('source.kind', 'unknown')} weights, not a published checkpoint"
+
+
 def source_text(source: dict[str, str]) -> str:
     """One sentence naming the source checkpoint and its provenance."""
     run = f" (run `{source['source.run_id']}`)" if source.get("source.run_id") else ""
     return (f"Source: {source.get('source.label', '?')}. Kind {source.get('source.kind', '?')}, weights "
             f"`{source.get('source.uri', '?')}`{run}, sha256 `{source.get('source.sha256') or 'none (random init)'}`, "
-            f"pretrained: {'yes' if source.get('source.pretrained') == 'True' else '**NO**'}. "
+            f"weights: {_provenance(source)}. "
             f"Inputs normalised with {source.get('source.norm_from', '?')}.")
 
 

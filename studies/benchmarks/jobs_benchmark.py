@@ -1,7 +1,7 @@
 """Entry point: cells per hour of `ablate --jobs J --threads T` layouts, side by side on this machine.
 
     workbench benchmark-jobs --protocol studies/protocols/cifar10_seed_table.yaml \\
-        --data-path ../shared/data/cifar10-jpg.tar.gz --train-size 10000 --val-size 2000 --epochs 1
+        --data-path $DATA/cifar10-jpg.tar.gz --train-size 10000 --val-size 2000 --epochs 1
 
 Every layout (default ``2x1``: two jobs of one thread, against ``1x2``: one job of two
 threads) runs the same cells: the protocol's arms at the given seeds, with the training and

@@ -42,7 +42,9 @@ class SourceInfo:
         path: The local file read ("" for a random init).
         run_id: The MLflow run the file came from ("" when none).
         sha256: Of the file read ("" for a random init).
-        pretrained: False only for a random init.
+        pretrained: True only for a published pretrained checkpoint (``timm-hub``, a pinned
+            hub revision); a local file or a workbench-trained checkpoint is not called
+            pretrained, whatever its weights: ``provenance`` says what it is.
         description: One line saying what the weights are.
         architecture: timm architecture (with tag) or workbench model name.
         norm_from: Where the input mean/std come from.
@@ -60,12 +62,23 @@ class SourceInfo:
     norm_from: str
     mapping: str = ""
 
+    def provenance(self) -> str:
+        """What the weights are, in words a report can print as they are."""
+        return {
+            "timm-hub": "a published pretrained checkpoint (pinned timm hub revision)",
+            "timm-random": "a seeded random init, NOT PRETRAINED",
+            "timm-local": "a local weights file, not a published checkpoint (what it holds is what its sha256 names)",
+            "workbench-checkpoint": ("a checkpoint trained with this workbench"
+                                     + (f" (run {self.run_id})" if self.run_id else "") + ", not a published one"),
+        }.get(self.kind, f"{self.kind} weights")
+
     def label(self) -> str:
-        return self.description if self.pretrained else f"{self.description} (NOT PRETRAINED)"
+        return self.description if self.pretrained else f"{self.description} ({self.provenance()})"
 
     def as_params(self) -> dict[str, str]:
         """Flat ``source.*`` strings (MLflow keeps params to 6,000 characters; these are short)."""
-        return {f"source.{k}": str(v) for k, v in asdict(self).items()} | {"source.label": self.label()}
+        return ({f"source.{k}": str(v) for k, v in asdict(self).items()}
+                | {"source.label": self.label(), "source.provenance": self.provenance()})
 
 
 @dataclass
@@ -135,7 +148,7 @@ def load_timm_source(name: str, weights: str, seed: int = 0, uri: str | None = N
     kind = {"random": "timm-random", "hub": "timm-hub"}.get(tw.source, "timm-local")
     path = "" if kind == "timm-random" else str(Path(weights).resolve()) if kind == "timm-local" else tw.description
     info = SourceInfo(kind=kind, uri=uri or weights, path=path, run_id=run_id, sha256=tw.sha256 or "",
-                      pretrained=tw.pretrained, description=f"timm {name}: {tw.description}",
+                      pretrained=kind == "timm-hub", description=f"timm {name}: {tw.description}",
                       architecture=name, norm_from=norm_from, mapping=audit.summary())
     return SourceModel(glass.eval(), norm, info)
 
@@ -184,7 +197,7 @@ def load_workbench_checkpoint(path: str | Path, uri: str | None = None, run_id: 
     trained = f"trained by this workbench on {trained_on or data_name}, best epoch {epoch}"
     trained += f", val accuracy {val:.4f}" if val is not None else ""
     info = SourceInfo(kind="workbench-checkpoint", uri=uri or str(path), path=str(path.resolve()), run_id=run_id,
-                      sha256=sha256_file(path), pretrained=True, description=f"workbench {name} {overrides}: {trained}",
+                      sha256=sha256_file(path), pretrained=False, description=f"workbench {name} {overrides}: {trained}",
                       architecture=name, norm_from=f"the source run's normalisation (NORM_STATS[{data_name!r}])")
     return SourceModel(model.eval(), NORM_STATS[data_name], info)
 
