@@ -327,6 +327,7 @@ def http_status(action) -> int | None:
 
 
 @pytest.mark.integration
+@pytest.mark.slow  # moved from the default tier to keep it under 5 min (docs/testing.md)
 def test_the_ready_line_and_no_secret_in_the_servers_environment(auth_server):
     out = auth_server.output()
     ready = [line for line in out.splitlines() if line.startswith("ready: ")]
@@ -410,6 +411,7 @@ def test_users_read_every_experiment_and_change_only_their_own(auth_server, isol
 
 
 @pytest.mark.integration
+@pytest.mark.slow  # moved from the default tier to keep it under 5 min (docs/testing.md)
 def test_a_protocol_runs_over_http_with_auth_and_no_credential_is_logged(auth_server, isolated_tracking, tmp_path,
                                                                           monkeypatch, capfd):
     url = auth_server.url

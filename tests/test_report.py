@@ -370,6 +370,7 @@ def test_report_is_logged_on_the_newest_parent_run(store, tmp_path):
     assert f"This report is logged as an artifact (`report/`) of run(s) `{rerun}`." in result.markdown.read_text()
 
 
+@pytest.mark.slow  # moved from the default tier to keep it under 5 min (docs/testing.md)
 def test_newest_finished_run_per_cell_unless_a_commit_is_given(store, tmp_path):
     client = MlflowClient()
     newer = log_cell(client, store.protocol, store.parents[0], "vit", 0, 10, 6, commit=COMMIT_B)

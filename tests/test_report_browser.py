@@ -60,6 +60,7 @@ def probe(tmp_path, html: str) -> dict:
     return json.loads(match.group(1).replace("&quot;", '"').replace("&amp;", "&"))
 
 
+@pytest.mark.slow  # moved from the default tier to keep it under 5 min (docs/testing.md)
 def test_html_report_renders_tables_and_figures_in_chromium(store, tmp_path):  # noqa: F811 (fixture)
     result = build_report(str(store.protocol_path), tmp_path / "out", log=False)
     page = probe(tmp_path, result.html.read_text())

@@ -34,7 +34,7 @@ def test_docs_tests_and_cli_text_leave_it_unchanged_model_and_training_code_chan
     lib = repo / "workbench"
     before = code_fingerprint(lib, versions=VERSIONS)
     (repo / "README.md").write_text((repo / "README.md").read_text() + "\nA typo fixed.\n")
-    cli = repo / "studies" / "ablate.py"
+    cli = repo / "studies" / "ablation" / "ablate.py"
     cli.write_text(cli.read_text().replace("Run (or resume) a frozen protocol", "Run or resume a frozen protocol"))
     (repo / "tests" / "test_ablate.py").write_text("# a new test\n")
     (lib / "stats.py").write_text((lib / "stats.py").read_text() + "\n# statistics are read-side\n")

@@ -110,6 +110,7 @@ def write_protocol(tmp_path: Path, run_id: str, seeds=(0, 1)) -> Path:
     return path
 
 
+@pytest.mark.slow  # moved from the default tier to keep it under 5 min (docs/testing.md)
 def test_protocol_end_to_end_selection_never_reads_the_test_split(mlflow_store, tmp_path, monkeypatch):
     monkeypatch.setenv("WORKBENCH_CACHE_DIR", str(tmp_path / "cache"))
     learnable_retina(tmp_path / "retinamnist.npz")
