@@ -312,6 +312,7 @@ def test_other_hashes_of_the_name_are_named_and_never_mixed(tmp_path, mlflow_sto
     assert [s.mean for s in by_name.summaries["val"]] == [s.mean for s in result.summaries["val"]]
 
 
+@pytest.mark.slow  # moved from the default tier to keep it under 5 min (docs/testing.md)
 def test_missing_cells_are_listed_and_flagged_not_silently_averaged(tmp_path, mlflow_store):
     store = make_store(tmp_path, skip=(("cnn", 2), ("wide", 1)))
     failed = log_cell(MlflowClient(), store.protocol, store.parents[0], "wide", 1, 8, 5, status="FAILED")
@@ -344,6 +345,7 @@ def test_missing_cells_are_listed_and_flagged_not_silently_averaged(tmp_path, ml
     assert any("missing: cnn/seed2 (no run)" == m for m in result.messages)
 
 
+@pytest.mark.slow  # moved from the default tier to keep it under 5 min (docs/testing.md)
 def test_rebuilding_gives_byte_identical_files(store, tmp_path):
     first = build_report(str(store.protocol_path), tmp_path / "one", log=False)
     files = {p.relative_to(first.folder): p.read_bytes() for p in sorted(first.folder.rglob("*")) if p.is_file()}
@@ -396,6 +398,7 @@ def test_newest_finished_run_per_cell_unless_a_commit_is_given(store, tmp_path):
     assert only_b.study.missing[0][2] == f"no finished run at commit bbbb (finished at {COMMIT_A[:10]})"
 
 
+@pytest.mark.slow  # moved from the default tier to keep it under 5 min (docs/testing.md)
 def test_cli_builds_compares_and_explains_errors(store, tmp_path):
     runner = CliRunner()
     out = tmp_path / "cli"

@@ -22,6 +22,7 @@ from workbench.train.loop import StopTraining
 ROOT = Path(__file__).resolve().parent.parent
 
 
+@pytest.mark.slow  # moved from the default tier to keep it under 5 min (docs/testing.md)
 def test_sweep_runs_trials_as_child_runs_and_resumes_from_storage(tmp_path, mlflow_store, monkeypatch):
     monkeypatch.setenv("WORKBENCH_CACHE_DIR", str(tmp_path / "cache"))
     folder = tmp_path / "images"
