@@ -44,7 +44,7 @@ from mlflow.tracking import MlflowClient
 from data_fixtures import CIFAR_CLASSES, make_image_folder
 from servers import Launcher, free_port, isolated_tracking  # noqa: F401 (fixture)
 from studies.ablation.ablate import ablate
-from studies.ablation.worker import worker
+from studies.cli import main as workbench
 from studies.tools.server import server as server_command
 from tracking.server import server_config
 from tracking.server.server_process import RUNTIME_ENV
@@ -235,8 +235,9 @@ def prepare_server_and_queue(url: str, origin: Path, queue: str, monkeypatch) ->
     assert queued.exit_code == 0 and "queued 2 cells" in queued.output, queued.output
     # Without the grant the notebook's worker is refused in one line that says what to do.
     as_account(monkeypatch, COLAB)
-    refused = runner.invoke(worker, ["--storage", queue, "--device", "cpu", "--data-path", str(origin.parent / "data"),
-                                     "--output-dir", str(origin.parent / "refused")])
+    # through `workbench` itself: tracking/ raises plain errors, the CLI says them in one line
+    refused = runner.invoke(workbench, ["worker", "--storage", queue, "--device", "cpu", "--data-path",
+                                        str(origin.parent / "data"), "--output-dir", str(origin.parent / "refused")])
     assert refused.exit_code == 1 and refused.output.strip().splitlines() == [
         f"Error: MLflow tracking server {url} does not let account 'colab' write to experiment 'colab_queue' (id 1), "
         "which another account created (HTTP 403). Its owner or the server's admin gives it EDIT: "
