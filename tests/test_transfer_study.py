@@ -186,7 +186,9 @@ def test_protocol_end_to_end_selection_never_reads_the_test_split(mlflow_store, 
     assert len(section.kappa_table) == 6 and section.kappa_table["logged_equals_file"].all()
     assert set(section.comparisons["seed"]) == {"0", "1", "all"}
     markdown = transfer_markdown(section)
-    assert f"runs:/{run_id}" in markdown and "NOT" not in markdown.split("pretrained:")[1][:5]
+    # a source trained here is described as what it is, never as a published pretrained checkpoint
+    assert f"runs:/{run_id}" in markdown and "weights: a checkpoint trained with this workbench" in markdown
+    assert "pretrained checkpoint" not in markdown and "NOT PRETRAINED" not in markdown
     assert list(section.summary["regime"]) == ["linear_probe", "partial_ft", "full_ft"]
     assert list(section.summary["seeds"]) == [2, 2, 2]
 
