@@ -372,11 +372,13 @@ SHIPPED_HASHES = {
     "cifar10_seed_table": "ec562143531713b50340b51dd32be795b382b695e6dd05bcb35ae47651b0d5af",
     "fmnist_seed_recipe": "a9df7b8b7b9c2bb7f1f2e1a6f9eb5063367da4767d80b8de94faa276468f1b49",
     "fmnist_seed_recipe_heads": "180efd1f7005ba3afcff6d964786444ec033187b1e661f34a1695019942f5184",
+    "fmnist_seed_recipe_faithfulness": "f36ae8d5e4d6c4933cfcf8a4d81050b83cb51eefda798eff3df8c0137d6f509a",
     "fmnist_vit_vs_cnn": "941bf144832b055f1796a83557c9fd9770fa78b1013b990868902bd882eb218b",
     "retina_transfer": "8082116498e236e110f1e2f8f7104d3e7ad637fef4a4ad85b85de78428229bbc",
     "retina_transfer_smoke": "d8d9cd44976fbaadf9c21310cc7fd8393712ccdab37792ebc98a7784ec47f916",
     "retina_transfer_smoke_source": "53ee7a266838a5dd07fc899532c4b590dd383a059729fcac7c0f1d21b02cdf40",
     "smoke": "7aa839f2e3e1c3262923563911987f48cb841f03918a397baf66a35756f6ed59",
+    "smoke_faithfulness": "1d328be6c95a5a4ed876b8b4f1eb6ebc0cb474f9d3e7c15257a6694a5428f73e",
     "smoke_heads": "2945147cc8fdd1dfe7fc56da1fb29d0f3b9c14d35a18c505ea37dcf482cf7aa6",
 }
 

@@ -9,7 +9,9 @@ alike, so there is one parser, one canonical form and one hash:
 - ``ablation``: arms × seeds training registry models from scratch (``Protocol``);
 - ``transfer``: regimes × seeds adapting one source checkpoint (``TransferProtocol``);
 - ``intervention``: a grid of interventions on trained cells or a pretrained ViT
-  (``InterventionProtocol``).
+  (``InterventionProtocol``);
+- ``attribution``: attribution methods scored against exact causal effects on trained cells or a
+  pretrained ViT (``AttributionProtocol``).
 
 ``load_any`` reads a file of any kind; a file with ``interventions`` is an intervention
 protocol, one with ``regimes`` (or ``source``) a transfer protocol, any other an ablation protocol.
@@ -21,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from workbench.protocol.ablation import SPLIT_KEYS, Arm, Cell, Protocol, parse_protocol
+from workbench.protocol.attribution import AttributionProtocol, AttributionProtocolError, parse_attribution_protocol
 from workbench.protocol.common import (
     SCHEMA_VERSION,
     SHORT_HASH_LEN,
@@ -50,6 +53,7 @@ from workbench.protocol.transfer import (
 )
 
 __all__ = [
+    "AttributionProtocol", "AttributionProtocolError", "parse_attribution_protocol", "load_attribution_protocol",
     "SCHEMA_VERSION", "SHORT_HASH_LEN", "SPLIT_KEYS", "Arm", "Cell", "Evaluation", "InterventionCell",
     "InterventionProtocol", "InterventionProtocolError", "Protocol", "ProtocolError",
     "ProtocolFrozenError", "Regime", "SourceSpec", "TransferCell", "TransferData", "TransferProtocol",
@@ -58,8 +62,9 @@ __all__ = [
     "parse_protocol", "parse_transfer_protocol", "read_yaml",
 ]
 
-AnyProtocol = Protocol | TransferProtocol | InterventionProtocol
-PARSERS = {"ablation": parse_protocol, "transfer": parse_transfer_protocol, "intervention": parse_intervention_protocol}
+AnyProtocol = Protocol | TransferProtocol | InterventionProtocol | AttributionProtocol
+PARSERS = {"ablation": parse_protocol, "transfer": parse_transfer_protocol, "intervention": parse_intervention_protocol,
+           "attribution": parse_attribution_protocol}
 
 
 def parse_any(data: Any, source: str = "<protocol>") -> AnyProtocol:
@@ -94,3 +99,8 @@ def load_transfer_protocol(path: str | Path) -> TransferProtocol:
 def load_intervention_protocol(path: str | Path) -> InterventionProtocol:
     """Read, validate and hash an intervention protocol file (``ProtocolError`` otherwise)."""
     return _load(path, "intervention")
+
+
+def load_attribution_protocol(path: str | Path) -> AttributionProtocol:
+    """Read, validate and hash an attribution protocol file (``ProtocolError`` otherwise)."""
+    return _load(path, "attribution")

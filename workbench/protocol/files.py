@@ -13,14 +13,17 @@ from workbench.protocol.common import ProtocolError, read_yaml
 
 TRANSFER_MARKERS = ("regimes", "source")
 INTERVENTION_MARKER = "interventions"
+ATTRIBUTION_MARKER = "attribution"
 Parsers = dict[str, Callable[..., Any]]  # kind -> parse(data, source=...)
 
 
 def kind_of(data: Any) -> str:
-    """``intervention`` for parsed content with ``interventions``, ``transfer`` with ``regimes`` or
-    ``source``, else ``ablation``."""
+    """``intervention`` for parsed content with ``interventions``, ``attribution`` with ``attribution``,
+    ``transfer`` with ``regimes`` or ``source``, else ``ablation``."""
     if isinstance(data, dict) and INTERVENTION_MARKER in data:
         return "intervention"
+    if isinstance(data, dict) and ATTRIBUTION_MARKER in data:
+        return "attribution"
     return "transfer" if isinstance(data, dict) and any(k in data for k in TRANSFER_MARKERS) else "ablation"
 
 
@@ -38,9 +41,10 @@ def load_file(path: str | Path, expected: str | None, parsers: Parsers):
     path = Path(path)
     data = read_yaml(path)
     kind = kind_of(data)
-    parse = parsers[kind]
+    parse = parsers.get(kind)
     if expected and kind != expected:
-        parse(data, source=str(path))  # a broken file's own problem first: it names the key
+        if parse is not None:
+            parse(data, source=str(path))  # a broken file's own problem first: it names the key
         raise ProtocolError(f"{path}: is {_a(kind)} protocol, not {_a(expected)} protocol")
     protocol = parse(data, source=str(path))
     if protocol.name != path.stem:  # names map to files one to one

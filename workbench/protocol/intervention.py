@@ -254,11 +254,11 @@ def parse_intervention_protocol(data: Any, source: str = "<protocol>") -> Interv
     _check_evaluation(evaluation, grid, fail)
     acts_on = pretrained = acted = None
     if "acts_on" in top:
-        acts_on, acted = _acts_on(top["acts_on"], source, fail)
+        acts_on, acted = acts_on_section(top["acts_on"], source, fail)
         for arm in acts_on.arms:
-            _check_grid(grid, _arm_config(acted, arm), f"arm {arm}", fail)
+            _check_grid(grid, arm_model_config(acted, arm), f"arm {arm}", fail)
     else:
-        pretrained = _pretrained(top["pretrained"], fail)
+        pretrained = pretrained_section(top["pretrained"], fail)
     canonical, digest = common.canonical_and_hash({
         "schema": SCHEMA_VERSION, "kind": "intervention", "name": name, "description": text,
         "acts_on": asdict(acts_on) if acts_on else None, "pretrained": asdict(pretrained) if pretrained else None,
@@ -351,7 +351,12 @@ def _check_evaluation(e: InterventionEvaluation, grid: Grid, fail) -> None:
         raise fail(f"evaluation.confidence={e.confidence!r}: must be in (0, 1)")
 
 
-def _acts_on(value: Any, source: str, fail) -> tuple[ActsOn, Any]:
+def acts_on_section(value: Any, source: str, fail, acts: str = "interventions act on ViT stages") -> tuple[ActsOn, Any]:
+    """The ``acts_on`` section: the ablation protocol beside ``source``, pinned by hash, and its ViT arms.
+
+    Shared by every kind that acts on trained cells (interventions, attribution); ``acts`` says
+    in the refusal of a non-ViT arm why it must be one.
+    """
     raw = common.section(value, "acts_on", ActsOn, common.field_names(ActsOn), fail)
     common.required(raw, ("protocol", "hash"), "acts_on", fail)
     name = common.identifier(raw["protocol"], "acts_on.protocol", fail)
@@ -363,20 +368,20 @@ def _acts_on(value: Any, source: str, fail) -> tuple[ActsOn, Any]:
     if raw["hash"] != acted.hash:
         raise fail(f"acts_on.hash={raw['hash']!r}: {path} has hash {acted.hash}; the cells acted on are pinned "
                    "by the full hash of their protocol")
-    vit_arms = tuple(a.name for a in acted.arms if isinstance(_arm_config(acted, a.name), ViTConfig))
+    vit_arms = tuple(a.name for a in acted.arms if isinstance(arm_model_config(acted, a.name), ViTConfig))
     arms = _strings(list(raw.get("arms") or vit_arms), "acts_on.arms", fail)
     for arm in arms:
         if arm not in {a.name for a in acted.arms}:
             raise fail(f"acts_on.arms: {arm!r} is not an arm of {name}; its arms: {', '.join(a.name for a in acted.arms)}")
         if arm not in vit_arms:
-            raise fail(f"acts_on.arms: {arm!r} is not a ViT arm (interventions act on ViT stages); "
+            raise fail(f"acts_on.arms: {arm!r} is not a ViT arm ({acts}); "
                        f"ViT arms of {name}: {', '.join(vit_arms) or 'none'}")
     if not arms:
         raise fail(f"acts_on: {name} has no ViT arm to act on")
     return ActsOn(name, raw["hash"], arms), acted
 
 
-def _arm_config(acted, arm: str):
+def arm_model_config(acted, arm: str):
     cfg = next(a.config for a in acted.arms if a.name == arm)
     return model_config(cfg.model.name, **cfg.model.overrides)
 
@@ -390,7 +395,7 @@ def _check_grid(grid: Grid, cfg: ViTConfig, what: str, fail) -> None:
             raise fail(f"interventions ({what}): {err}") from None
 
 
-def _pretrained(value: Any, fail) -> Pretrained:
+def pretrained_section(value: Any, fail) -> Pretrained:
     raw = common.section(value, "pretrained", Pretrained, common.field_names(Pretrained), fail)
     common.required(raw, ("model",), "pretrained", fail)
     spec = Pretrained(**raw)

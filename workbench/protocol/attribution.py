@@ -1,0 +1,187 @@
+"""Attribution protocols: score attribution maps against exact causal effects on trained cells.
+
+An attribution protocol trains nothing. It names what it acts on, the finished ViT cells of an
+ablation protocol (pinned by file and hash; the arms; every seed) or one pretrained timm ViT with
+a labelled dataset (the same two sections as an intervention protocol), which attribution
+methods to score, and on which images. Schema::
+
+    name: smoke_faithfulness                 # [a-z0-9_-], equal to the file stem
+    description: What the study asks.
+    acts_on: {protocol: smoke, hash: 7aa839f2..., arms: [vit]}   # studies/protocols/smoke.yaml
+    # or: pretrained: {model: ..., weights: hub, dataset: image_folder, ...}  (as for interventions)
+    attribution:
+      methods: [cls_attention, rollout, chefer, grad_x_input, random]
+      split: val               # val | test
+      images: 200              # the first N images of the split, the same for every cell
+      batch_size: 64
+      norm_threshold: 10.0     # a token is high-norm above k x its block's median patch-token norm
+      random_seed: 0           # seed of the random baseline's order
+      examples: 4              # images shown with every method's map beside the causal-effect map
+    evaluation: {confidence: 0.95, seed: 0}
+
+Cells are the acted-on protocol's arms x seeds (seed-major), one for a pretrained model, as for
+interventions. Keys, types, errors and the hash follow ``workbench.protocol.common``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+from workbench.models.vit import ViTConfig
+from workbench.protocol import common
+from workbench.protocol.common import SCHEMA_VERSION, SHORT_HASH_LEN, ProtocolError, canonical_json
+from workbench.protocol.intervention import (
+    PRETRAINED_ARM, ActsOn, InterventionCell, Pretrained, acts_on_section, arm_model_config, pretrained_section,
+)
+
+TOP_KEYS = ("name", "description", "acts_on", "pretrained", "attribution", "evaluation")
+REQUIRED_TOP = ("name", "description", "attribution")
+SPLITS = ("val", "test")
+# The methods' names, in report order; their definitions are in workbench.attribution.methods.
+METHODS = ("cls_attention", "rollout", "chefer", "grad_x_input", "random")
+
+
+class AttributionProtocolError(ProtocolError):
+    """An attribution protocol is invalid; the message names the file, the dotted key and the value."""
+
+
+@dataclass(frozen=True)
+class AttributionSettings:
+    """What is scored, on which images.
+
+    Attributes:
+        methods: Attribution methods to score, of ``cls_attention``, ``rollout``, ``chefer``,
+            ``grad_x_input``, ``random`` (docs/attribution.md defines each); ``random`` is the
+            baseline the report shows beside the others.
+        split: ``val`` (default) or ``test``.
+        images: How many images of the split (the first ones, the same for every cell).
+        batch_size: Images per forward pass (the causal effects run one pass per patch token).
+        norm_threshold: k: a patch token is high-norm when its L2 norm exceeds k x the median
+            patch-token norm of its block.
+        random_seed: Seed of the random baseline's order.
+        examples: Images drawn in the report with every method's map and the causal-effect map.
+    """
+
+    methods: tuple[str, ...] = METHODS
+    split: Literal["val", "test"] = "val"
+    images: int = 200
+    batch_size: int = 64
+    norm_threshold: float = 10.0
+    random_seed: int = 0
+    examples: int = 4
+
+
+@dataclass(frozen=True)
+class AttributionEvaluation:
+    """The report's interval settings: t-interval over seeds and the hierarchical bootstrap.
+
+    Attributes:
+        confidence: Confidence level of the report's intervals (t and bootstrap); the number of
+            resamples is the report's ``--resamples``, as for every protocol kind.
+        seed: Seed of the report's bootstrap.
+    """
+
+    confidence: float = 0.95
+    seed: int = 0
+
+
+AttributionCell = InterventionCell  # one acted-on model: an arm at a seed, as for interventions
+
+
+@dataclass(frozen=True)
+class AttributionProtocol:
+    name: str
+    description: str
+    acts_on: ActsOn | None
+    pretrained: Pretrained | None
+    settings: AttributionSettings
+    evaluation: AttributionEvaluation
+    hash: str
+    canonical: dict = field(repr=False, compare=False)
+    source_file: str = field(default="<protocol>", compare=False)
+    source: Any = field(default=None, repr=False, compare=False)  # the acted-on ablation Protocol
+
+    kind = "attribution"
+
+    @property
+    def short_hash(self) -> str:
+        return self.hash[:SHORT_HASH_LEN]
+
+    @property
+    def arms(self) -> tuple[str, ...]:
+        return (PRETRAINED_ARM,) if self.pretrained is not None else self.acts_on.arms
+
+    @property
+    def seeds(self) -> tuple[int, ...]:
+        return (self.pretrained.seed,) if self.pretrained is not None else tuple(self.source.seeds)
+
+    def canonical_json(self) -> str:
+        return canonical_json(self.canonical)
+
+    def cells(self) -> list[AttributionCell]:
+        """Seed-major, as the acted-on protocol's cells."""
+        return [InterventionCell(self.name, self.hash, arm, seed) for seed in self.seeds for arm in self.arms]
+
+    def model_config(self, arm: str) -> ViTConfig:
+        """An acted-on arm's model config (the trained cell's architecture)."""
+        return arm_model_config(self.source, arm)
+
+
+def parse_attribution_protocol(data: Any, source: str = "<protocol>") -> AttributionProtocol:
+    """Validate parsed YAML into an ``AttributionProtocol``; ``source`` starts every error message.
+
+    An ``acts_on`` protocol is read from the folder of ``source`` and must have the pinned hash.
+    """
+
+    def fail(msg: str) -> AttributionProtocolError:
+        return AttributionProtocolError(f"{source}: {msg}")
+
+    common.check_finite(data, fail)
+    top = common.mapping(data, "", TOP_KEYS, fail)
+    common.required(top, REQUIRED_TOP, "", fail)
+    name = common.identifier(top["name"], "name", fail)
+    text = common.description(top["description"], fail)
+    if ("acts_on" in top) == ("pretrained" in top):
+        raise fail("give exactly one of acts_on (trained cells of an ablation protocol) or pretrained (a timm ViT)")
+    settings = _settings(top["attribution"], fail)
+    evaluation = AttributionEvaluation(**common.section(
+        top.get("evaluation"), "evaluation", AttributionEvaluation, common.field_names(AttributionEvaluation), fail))
+    if not 0.0 < evaluation.confidence < 1.0:
+        raise fail(f"evaluation.confidence={evaluation.confidence!r}: must be in (0, 1)")
+    acts_on = pretrained = acted = None
+    if "acts_on" in top:
+        acts_on, acted = acts_on_section(top["acts_on"], source, fail,
+                                         acts="attribution maps are read off ViT attention and tokens")
+    else:
+        pretrained = pretrained_section(top["pretrained"], fail)
+    canonical, digest = common.canonical_and_hash({
+        "schema": SCHEMA_VERSION, "kind": "attribution", "name": name, "description": text,
+        "acts_on": asdict(acts_on) if acts_on else None, "pretrained": asdict(pretrained) if pretrained else None,
+        "attribution": asdict(settings), "evaluation": asdict(evaluation),
+    })
+    return AttributionProtocol(name, text, acts_on, pretrained, settings, evaluation, digest, canonical, source, acted)
+
+
+def _settings(value: Any, fail) -> AttributionSettings:
+    raw = common.section(value, "attribution", AttributionSettings, common.field_names(AttributionSettings), fail)
+    methods = raw.get("methods", list(METHODS))
+    if not isinstance(methods, (list, tuple)) or not methods or not all(isinstance(m, str) for m in methods):
+        raise fail(f"attribution.methods={list(methods) if isinstance(methods, tuple) else methods!r}: must be a non-empty list of {', '.join(METHODS)}")
+    bad = [m for m in methods if m not in METHODS]
+    if bad:
+        raise fail(f"attribution.methods: {bad[0]!r} is not a method; valid: {', '.join(METHODS)}")
+    if len(set(methods)) != len(methods):
+        raise fail(f"attribution.methods={list(methods)!r}: lists a method twice")
+    settings = AttributionSettings(**{**raw, "methods": tuple(m for m in METHODS if m in methods)})
+    if settings.split not in SPLITS:
+        raise fail(f"attribution.split={settings.split!r}: must be one of {', '.join(SPLITS)}")
+    for key in ("images", "batch_size"):
+        if getattr(settings, key) < 1:
+            raise fail(f"attribution.{key}={getattr(settings, key)!r}: must be a positive integer")
+    if not settings.norm_threshold > 1.0:
+        raise fail(f"attribution.norm_threshold={settings.norm_threshold!r}: must be above 1 (a multiple of the median)")
+    if not 0 <= settings.examples <= settings.images:
+        raise fail(f"attribution.examples={settings.examples!r}: must be between 0 and attribution.images "
+                   f"({settings.images})")
+    return settings
