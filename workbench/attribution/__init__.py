@@ -17,7 +17,7 @@ Usage::
 from workbench.attribution.agreement import mean_rho, spearman_per_image
 from workbench.attribution.causal import CausalEffects, single_token_effects, true_log_prob
 from workbench.attribution.cell import CellAttribution, MethodSummary, score_cell
-from workbench.attribution.curves import Curves, auc, count_grid, order_of, perturbation_curves
+from workbench.attribution.curves import Curves, auc, count_grid, even_counts, order_of, perturbation_curves
 from workbench.attribution.glassbox import AttributionError, PatchLayout, as_glassbox, layout_of
 from workbench.attribution.methods import (
     METHODS, attribute, chefer, cls_attention, grad_x_input, random_order, random_scores, rollout,
@@ -28,7 +28,7 @@ from workbench.attribution.token_norms import DEFAULT_K, TokenNorms, token_norms
 __all__ = [
     "AttributionError", "CausalEffects", "CellAttribution", "Curves", "DEFAULT_K", "METHODS", "MethodSummary",
     "PatchLayout", "TokenNorms", "all_but_one", "as_glassbox", "attribute", "auc", "chefer", "cls_attention",
-    "count_grid", "grad_x_input", "keep_patches_hook", "layout_of", "logits_keeping", "mean_rho", "order_of",
+    "count_grid", "even_counts", "grad_x_input", "keep_patches_hook", "layout_of", "logits_keeping", "mean_rho", "order_of",
     "perturbation_curves", "random_order", "random_scores", "rollout", "score_cell", "single_token_effects",
     "spearman_per_image", "token_norms", "true_log_prob",
 ]

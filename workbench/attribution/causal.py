@@ -12,7 +12,8 @@ it changes nothing. Log-probabilities are ``log_softmax`` of the logits in float
 The ``P`` drops of an image are one widened call: the image is embedded once and its token
 sequence repeated ``P`` times inside the ``pos_add`` hook, so a chunk of ``b`` images runs
 ``b * P`` sequences of ``prefix + P - 1`` tokens through the blocks; ``max_sequences``
-bounds ``b * P`` (memory).
+bounds ``b * P`` (memory). Only logits are read, so the calls run the fused attention kernel
+(``glassbox.fused_attention``: the same function up to float rounding).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from workbench.attribution.glassbox import as_glassbox, evaluating
+from workbench.attribution.glassbox import as_glassbox, evaluating, fused_attention
 from workbench.attribution.token_drop import all_but_one, logits_keeping
 
 
@@ -59,7 +60,7 @@ def single_token_effects(model, images: torch.Tensor, labels: torch.Tensor, *,
     chunk = max(1, max_sequences // P)
     effects, full, predicted = [], [], []
     keep_one = all_but_one(P)  # (P, P - 1)
-    with evaluating(glass):
+    with evaluating(glass), fused_attention(glass):
         for start in range(0, images.shape[0], chunk):
             x, y = images[start:start + chunk], labels[start:start + chunk]
             logits = glass(x)

@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from workbench.attribution.causal import true_log_prob
-from workbench.attribution.glassbox import AttributionError, as_glassbox, evaluating
+from workbench.attribution.glassbox import AttributionError, as_glassbox, evaluating, fused_attention
 from workbench.attribution.token_drop import logits_keeping
 
 
@@ -56,6 +56,13 @@ def auc(fractions, values) -> np.ndarray:
 def order_of(scores: torch.Tensor) -> torch.Tensor:
     """``(B, P)`` patch indices, most important first (ties: lower index first)."""
     return torch.argsort(torch.as_tensor(scores), dim=-1, descending=True, stable=True)
+
+
+def even_counts(num_patches: int, points: int) -> list[int]:
+    """``points`` token counts spread evenly over ``0..P`` (rounded, both ends held): a coarser, cheaper curve."""
+    if points < 2:
+        raise AttributionError(f"points={points!r}: a curve needs at least its two ends")
+    return sorted({round(j * num_patches / (points - 1)) for j in range(points)})
 
 
 def count_grid(num_patches: int, counts: Sequence[int] | None = None) -> np.ndarray:
@@ -117,7 +124,7 @@ def perturbation_curves(model, images: torch.Tensor, labels: torch.Tensor, score
     correct = {kind: np.empty((S, B, grid.size), dtype=bool) for kind in ("deletion", "insertion")}
     chunk = max(1, max_sequences // S)
     forwards = 0
-    with evaluating(glass):
+    with evaluating(glass), fused_attention(glass):
         for start in range(0, B, chunk):
             x, y = images[start:start + chunk], labels[start:start + chunk]
             b, rows = x.shape[0], slice(start, start + x.shape[0])

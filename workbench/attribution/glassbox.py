@@ -80,3 +80,20 @@ def evaluating(model: nn.Module) -> Iterator[None]:
         yield
     finally:
         model.train(was_training)
+
+
+@contextlib.contextmanager
+def fused_attention(model: VisionTransformer) -> Iterator[None]:
+    """The fused attention kernel for the block (logits only: no map is read), each module's flag restored after.
+
+    The token drops and curves read nothing but logits, so they may run the fused kernel
+    (``set_fast_attention``), which differs from the written-out path by float rounding only.
+    """
+    modules = [m for m in model.modules() if hasattr(m, "fast")]
+    before = [m.fast for m in modules]
+    model.set_fast_attention(True)
+    try:
+        yield
+    finally:
+        for module, flag in zip(modules, before):
+            module.fast = flag
