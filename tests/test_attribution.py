@@ -21,8 +21,12 @@ from workbench.models.hooks import attached
 from workbench.models.vit import ViTConfig, VisionTransformer
 
 BASE = dict(image_size=8, patch_size=2, in_channels=1, num_classes=3, dim=16, depth=2, heads=2, mlp_hidden=32)
-FAMILIES = {"plain": {}, "registers": dict(register_tokens=2), "layerscale_registers": dict(layer_scale_init=0.5,
-                                                                                              register_tokens=1)}
+FAMILIES = {
+    "plain": {},
+    "registers": dict(register_tokens=2),
+    "layerscale_registers": dict(layer_scale_init=0.5, register_tokens=1),
+    "registers_positions_on_patches_only": dict(register_tokens=1, no_embed_class=True),  # DINOv2-reg's layout
+}
 P = 16
 
 
@@ -185,10 +189,12 @@ def _tokens_by_hand(model: VisionTransformer, x: torch.Tensor) -> torch.Tensor:
     prefix = [model.cls_token.expand(x.shape[0], -1, -1)]
     if model.register_tokens is not None:
         prefix.append(model.register_tokens.expand(x.shape[0], -1, -1))
+    if model.cfg.no_embed_class:  # positions on the patches only, the prefix tokens without
+        return torch.cat(prefix + [patches + model.pos_embed], dim=1)
     return torch.cat(prefix + [patches], dim=1) + model.pos_embed
 
 
-@pytest.mark.parametrize("family", ["plain", "registers"])
+@pytest.mark.parametrize("family", ["plain", "registers", "registers_positions_on_patches_only"])
 def test_each_single_drop_is_the_model_run_on_the_sequence_without_that_token(family):
     model, (x, y) = make(family), batch(3)
     got = single_token_effects(model, x, y, max_sequences=20)  # chunks of one image: 16 drops each
