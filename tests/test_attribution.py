@@ -137,8 +137,13 @@ def test_chefer_is_the_generic_rule_on_independently_taken_gradients():
         cam = np.clip(g.numpy() * a.numpy(), 0, None).mean(axis=1)
         relevance = relevance + cam @ relevance
     p = model.cfg.num_prefix_tokens
-    diff = max_diff(chefer(model, x, y), relevance[:, 0, p:])
+    got = chefer(model, x, y)
+    diff = max_diff(got, relevance[:, 0, p:])
     assert diff <= 1e-12, f"chefer vs the rule by hand: max |difference| {diff:.3g}"
+    # a model run on the fused kernel: the hooks on the maps switch it to the written-out path for the call
+    model.set_fast_attention(True)
+    assert torch.equal(chefer(model, x, y), got)
+    assert all(block.attn.fast for block in model.blocks)
 
 
 def test_grad_x_input_matches_a_finite_difference_on_one_patch():
@@ -361,6 +366,7 @@ def test_score_cell_gives_every_array_per_image_and_a_summary_per_method():
     plain = model(x)
     cell = score_cell(model, x, y, list(METHODS), seed=2, k=5.0, image_index=[10, 11, 12], counts=[0, 8, 16])
     assert torch.equal(model(x), plain) and hooks_of(model) == 0
+    assert not any(block.attn.fast for block in model.blocks)  # the drops' fused kernel was for their calls only
     assert cell.image_index.tolist() == [10, 11, 12] and cell.norms.k == 5.0
     rows = {r.method: r for r in cell.summary()}
     assert list(rows) == list(METHODS)
