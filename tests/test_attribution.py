@@ -14,8 +14,9 @@ from scipy.stats import spearmanr
 
 from workbench.analysis.rollout import attention_rollout
 from workbench.attribution import (
-    METHODS, AttributionError, attribute, auc, chefer, cls_attention, grad_x_input, logits_keeping, order_of,
-    perturbation_curves, random_order, rollout, score_cell, single_token_effects, spearman_per_image, token_norms,
+    METHODS, AttributionError, attention_mass_on, attribute, auc, chefer, cls_attention, grad_x_input, logits_keeping,
+    order_of, perturbation_curves, random_order, rollout, score_cell, single_token_effects, spearman_per_image,
+    token_norms, top_mask,
 )
 from workbench.models.hooks import attached
 from workbench.models.vit import ViTConfig, VisionTransformer
@@ -328,6 +329,16 @@ def test_spearman_per_image_is_scipys_with_ties_and_nan_for_a_constant_vector():
     assert abs(spearman_per_image([[1, 2, 3]], [[10, 30, 20]])[0] - 0.5) <= 1e-12
 
 
+def test_cls_attention_on_the_tokens_that_matter_by_hand():
+    attention = np.array([[0.1, 0.4, 0.2, 0.3]])
+    effects = np.array([[5.0, -1.0, 5.0, 0.0]])  # a tie at the top: the lower index first
+    assert top_mask(effects, 2).tolist() == [[True, False, True, False]]
+    assert abs(attention_mass_on(attention, top_mask(effects, 2))[0] - 0.3) <= 1e-15
+    assert abs(attention_mass_on(attention * 2, top_mask(attention, 1))[0] - 0.4) <= 1e-15  # a share, any scale
+    with pytest.raises(ValueError, match="must be in 1..4"):
+        top_mask(effects, 5)
+
+
 # ------------------------------------------------------------------------------ token norms
 
 
@@ -375,6 +386,12 @@ def test_score_cell_gives_every_array_per_image_and_a_summary_per_method():
         assert abs(rows[m].mean_rho - np.nanmean(cell.rho[m])) <= 1e-12
         assert abs(rows[m].insertion_auc - cell.insertion_auc[m].mean()) <= 1e-12
     assert cell.forwards == cell.causal.forwards + cell.curves.forwards > 0
+    on_top = cell.cls_attention_on_top_effects(top=3)
+    attn = cell.norms.cls_attention
+    for b in range(3):
+        top = np.argsort(-cell.causal.effects[b], kind="stable")[:3]
+        assert abs(on_top[b] - attn[b, top].sum() / attn[b].sum()) <= 1e-12
+    assert (cell.cls_attention_concentration(top=3) >= on_top - 1e-12).all()  # no 3 tokens get more than its own top 3
 
 
 def test_a_timm_vit_converted_exactly_gives_the_same_logits_and_runs_every_method():
