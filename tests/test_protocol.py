@@ -378,7 +378,7 @@ SHIPPED_HASHES = {
     "retina_transfer_smoke_source": "53ee7a266838a5dd07fc899532c4b590dd383a059729fcac7c0f1d21b02cdf40",
     "smoke": "7aa839f2e3e1c3262923563911987f48cb841f03918a397baf66a35756f6ed59",
     "smoke_heads": "2945147cc8fdd1dfe7fc56da1fb29d0f3b9c14d35a18c505ea37dcf482cf7aa6",
-    "smoke_timm_arms": "0ffe3bcfd9320b16558d34a270154fdea8a75f37b32ca06ea48061e9e4ffb8e8",
+    "smoke_timm_arms": "5ec86d08fc219163dc65220c03a199d052f026fb66005237acc356688bf6b7c5",
 }
 
 

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from workbench.convert.timm_vit import UnsupportedTimmModel, glassbox_from_timm
-from workbench.models.timm_arm import TimmModelConfig
+from workbench.models.timm_arm import TimmModelConfig, create
 
 CHECK_IMAGES = 64  # enough to cover every class of a small validation batch; cheap on a CPU
 
@@ -38,7 +38,7 @@ def glassbox_check(model: nn.Module, images: torch.Tensor) -> dict[str, float]:
     """
     if not is_timm_vit(model):
         return {}
-    timm_model = _cpu_copy(model)
+    timm_model = eval_twin(_cpu_copy(model))
     try:
         glass, _ = glassbox_from_timm(timm_model)
     except UnsupportedTimmModel:
@@ -50,6 +50,23 @@ def glassbox_check(model: nn.Module, images: torch.Tensor) -> dict[str, float]:
     with torch.no_grad():
         diff = (timm_model(x) - glass.eval().set_fast_attention(False)(x)).abs().max().item()
     return {"glassbox_converted": 1.0, "glassbox_max_abs_logit_diff": float(diff), "glassbox_exact": float(diff == 0.0)}
+
+
+def eval_twin(model: nn.Module) -> nn.Module:
+    """The same trained weights in a model without stochastic depth: the same function in eval mode.
+
+    timm's ``DropPath`` is the identity in eval mode, so a ViT trained with ``drop_path_rate``
+    and its twin built without it compute the same logits from the same weights; the strict
+    mapping refuses the rate because training with it is not yet implemented in the glass box.
+    """
+    cfg = model.cfg
+    if not cfg.kwargs.get("drop_path_rate"):
+        return model
+    with torch.device("meta"):
+        twin = create(TimmModelConfig(cfg.architecture, cfg.kwargs | {"drop_path_rate": 0.0}))
+    twin.load_state_dict(model.state_dict(), strict=True, assign=True)
+    twin.cfg = cfg  # the arm as trained
+    return twin.eval()
 
 
 def _cpu_copy(model: nn.Module) -> nn.Module:

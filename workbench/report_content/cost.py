@@ -26,7 +26,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from workbench.bench.flops import cnn_forward_flops, cnn_train_flops, vit_forward_flops, vit_train_flops
 from workbench.models.cnn import CNNConfig
 from workbench.models.registry import build_model, model_config
-from workbench.models.timm_arm import TimmModelConfig, create
+from workbench.models.timm_arm import TIMM_PREFIX, TimmModelConfig, create
 from workbench.models.vit import ViTConfig
 
 ANALYTIC = "analytic multiply-accumulate count x 2 (workbench.bench.flops; LayerNorm, softmax, GELU, adds excluded)"
@@ -159,6 +159,8 @@ def timm_vit_config(architecture: str, num_classes: int) -> ViTConfig:
 
     from workbench.convert.timm_vit import config_from_timm
 
+    if architecture.startswith(TIMM_PREFIX):  # an arm's spelling; timm itself would read it as a hub repository
+        architecture = architecture[len(TIMM_PREFIX):]
     with torch.device("meta"):
         model = timm.create_model(architecture, pretrained=False, num_classes=num_classes)
     return config_from_timm(model)
