@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 import json
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import torch
@@ -208,3 +209,17 @@ def test_a_timm_arm_killed_mid_epoch_resumes_bit_identically(tmp_path, monkeypat
     for key, tensor in a["model"].items():
         diff = (tensor.double() - b["model"][key].double()).abs().max().item()
         assert torch.equal(tensor, b["model"][key]), f"{key}: max |difference| {diff:.3g} (must be bit-identical)"
+
+
+def test_jobs_hand_out_the_timm_cnn_first_by_its_counted_training_flops():
+    from studies.ablation.cell_order import longest_first
+    from workbench.protocol import load_protocol
+
+    smoke = load_protocol(Path(__file__).resolve().parent.parent / "studies" / "protocols" / "smoke_timm_arms.yaml")
+    order, line = longest_first(smoke, 32)
+    cells = smoke.cells()
+    # The timm ViT has the glass-box ViT's shape: its counted work equals the analytic count, a tie kept in
+    # protocol order (seed-major); timm's resnet10t has 4x the work and goes first.
+    assert [cells[i].key for i in order] == ["resnet10t/seed0", "resnet10t/seed1", "vit/seed0", "timm_vit/seed0",
+                                             "vit/seed1", "timm_vit/seed1"], line
+    assert "resnet10t first, timm_vit last" in line, line
