@@ -96,7 +96,7 @@ def test_a_timm_arm_is_initialised_from_the_cells_seed():
     assert "conv1.0.weight" in differ and "fc.weight" in differ, differ
 
 
-def test_timm_flops_are_counted_and_agree_with_the_analytic_count_of_the_same_vit():
+def test_a_timm_cnns_flops_are_counted_by_the_flop_counter():
     cost = model_cost("timm/resnet10t", {"num_classes": 10}, image_size=32)
     model = build_model(model_config("timm/resnet10t", num_classes=10)).eval()
     with FlopCounterMode(display=False) as counter, torch.no_grad():
@@ -104,7 +104,9 @@ def test_timm_flops_are_counted_and_agree_with_the_analytic_count_of_the_same_vi
     assert cost.forward_flops == counter.get_total_flops() > 0, (cost.forward_flops, counter.get_total_flops())
     assert cost.parameters == sum(p.numel() for p in model.parameters())
     assert 2.9 * cost.forward_flops < cost.train_flops < 3 * cost.forward_flops  # backward: about twice the forward
-    # A timm ViT: the counter's forward and training counts equal the glass-box formulas of its config.
+
+
+def test_a_timm_vits_counted_flops_equal_the_analytic_count_of_its_glass_box_config():
     vit = model_cost("timm/vit_tiny_patch16_224", VIT_KWARGS, image_size=32)
     with torch.device("meta"):
         glass_cfg = config_from_timm(build_model(model_config("timm/vit_tiny_patch16_224", **VIT_KWARGS)))

@@ -1,9 +1,12 @@
 """End to end: studies/protocols/smoke_timm_arms.yaml (the glass-box ViT, timm's resnet10t and a timm
-ViT arm on real CIFAR-10) through `workbench ablate --threads 1` into a fresh store, then `workbench report`."""
+ViT arm on real CIFAR-10) through `workbench ablate --threads 1` into a fresh store, then `workbench report`,
+then a transfer protocol whose source is the timm ViT arm's cell (RetinaMNIST, where a copy is here)."""
 
 from __future__ import annotations
 
 from pathlib import Path
+
+import shutil
 
 import pytest
 from click.testing import CliRunner
@@ -15,6 +18,18 @@ from workbench.data.locate import resolve
 ROOT = Path(__file__).resolve().parent.parent
 PROTOCOL = ROOT / "studies" / "protocols" / "smoke_timm_arms.yaml"
 SHARED_CIFAR = Path("/work/shared/data/cifar10-jpg.tar.gz")
+SHARED_RETINA = Path("/work/shared/data/retinamnist.npz")
+TRANSFER = """name: from_timm_vit
+description: A timm ViT arm's cell as a transfer source (a test, not a result).
+source: {weights: protocol:smoke_timm_arms/timm_vit/seed0}
+dataset: {name: retinamnist, size: auto, subset: 100}
+run: {batch_size: 32, eval_batch_size: 100, log_checkpoints: false}
+evaluation: {n_resamples: 1000}
+regimes:
+  - {name: linear_probe, kind: linear, reference: true, epochs: 2, lr: 3.0e-3}
+  - {name: full_ft, kind: full, epochs: 1, lr: 5.0e-4}
+seeds: [0]
+"""
 
 
 def cifar_path() -> str | None:
@@ -54,3 +69,21 @@ def test_smoke_timm_arms_trains_every_arm_and_reports(mlflow_store, tmp_path):
     report = (out / "smoke_timm_arms" / "report.md").read_text()
     assert "| resnet10t       | timm/resnet10t (num_classes 10)" in report, report[:3000]
     assert "4,927,618" in report and "44.8 MFLOPs" in report  # counted on the meta device
+
+    if not SHARED_RETINA.exists():
+        return  # the transfer part needs the RetinaMNIST copy of the project machine
+    folder = tmp_path / "transfer"
+    folder.mkdir()
+    shutil.copy(PROTOCOL, folder / PROTOCOL.name)  # the source protocol sits beside the transfer protocol
+    (folder / "from_timm_vit.yaml").write_text(TRANSFER)
+    result = CliRunner().invoke(main, ["transfer", "--protocol", str(folder / "from_timm_vit.yaml"), "--allow-dirty",
+                                       "--threads", "1", "--output-dir", str(tmp_path / "tout"),
+                                       "--data-path", str(SHARED_RETINA)])
+    assert result.exit_code == 0 and "cells: 2 run, 0 already finished (skipped), 0 failed" in result.output, \
+        result.output[-3000:]
+    (transfer,) = [e for e in client.search_experiments() if e.name == "from_timm_vit"]
+    for run in client.search_runs([transfer.experiment_id]):
+        params = run.data.params
+        assert params["source.architecture"] == "timm/vit_tiny_patch16_224", params
+        assert params["source.mapping"].startswith("32 of 32 source tensors used"), params["source.mapping"]
+        assert params["source.pretrained"] == "False" and "trained with this workbench" in params["source.provenance"]

@@ -149,8 +149,12 @@ def create(cfg: TimmModelConfig) -> nn.Module:
 
 @functools.lru_cache(maxsize=64)
 def shape_model(cfg: TimmModelConfig) -> nn.Module:
-    """The model built on the meta device, in eval mode: shapes, no memory, no init; cached per config."""
-    with torch.device("meta"):
+    """The model built on the meta device, in eval mode: shapes, no memory, no init; cached per config.
+
+    Built with the global RNG state saved and restored, so whether the cache was warm never
+    changes the draws of a cell's init that follows.
+    """
+    with torch.random.fork_rng(devices=[]), torch.device("meta"):
         return create(cfg).eval()
 
 

@@ -26,7 +26,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from workbench.bench.flops import cnn_forward_flops, cnn_train_flops, vit_forward_flops, vit_train_flops
 from workbench.models.cnn import CNNConfig
 from workbench.models.registry import build_model, model_config
-from workbench.models.timm_arm import TIMM_PREFIX, TimmModelConfig, create
+from workbench.models.timm_arm import TIMM_PREFIX, TimmModelConfig, shape_model
 from workbench.models.vit import ViTConfig
 
 ANALYTIC = "analytic multiply-accumulate count x 2 (workbench.bench.flops; LayerNorm, softmax, GELU, adds excluded)"
@@ -97,8 +97,7 @@ def counted_train_flops(model: nn.Module, input_shape: Sequence[int]) -> int:
 
 def timm_cost(cfg: TimmModelConfig, image_size: int | None) -> ModelCost:
     """Parameters and counted FLOPs per image of a timm arm (its fixed input size, or ``image_size``)."""
-    with torch.device("meta"):
-        model = create(cfg)
+    model = shape_model(cfg)  # the cached meta build; counted_train_flops leaves it as it found it
     n = sum(p.numel() for p in model.parameters())
     fixed = cfg.fixed_image_hw
     if fixed is not None and image_size is not None and fixed != (image_size, image_size):
@@ -107,7 +106,7 @@ def timm_cost(cfg: TimmModelConfig, image_size: int | None) -> ModelCost:
     if hw is None:
         return ModelCost(n, n, None, None, None, "FLOPs unknown: the timm model's input size was not given")
     shape = (cfg.in_channels, *hw)
-    return ModelCost(n, n, counted_flops(model.eval(), shape), counted_train_flops(model, shape), hw[0], COUNTED_TIMM)
+    return ModelCost(n, n, counted_flops(model, shape), counted_train_flops(model, shape), hw[0], COUNTED_TIMM)
 
 
 def model_cost(model_name: str, overrides: Mapping[str, Any] | None = None, image_size: int | None = None) -> ModelCost:
