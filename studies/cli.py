@@ -38,6 +38,8 @@ LAZY_COMMANDS: dict[str, tuple[str, str, str]] = {
                 "Analysis figures: a finished protocol's study figures, or a timm ViT's attention on images."),
     "intervene": ("studies.interventions.intervene", "intervene",
                   "Evaluate an intervention protocol: every head, branch and patch of every acted-on model, as MLflow child runs."),
+    "models": ("studies.tools.models_cli", "models",
+               "Model names for arms and `train --model`: the study models, and any timm model as timm/<name>."),
     "protocol": ("studies.tools.protocol_cli", "protocol",
                  "Protocol files: the key reference of every kind, generated from the schema."),
     "report": ("studies.tools.report", "report",

@@ -34,3 +34,9 @@ def tiny_config(epochs: int = 3, **run) -> TrainConfig:
     data = DataSpec("fashion_mnist", hflip=True, rotate_degrees=5, translate_fraction=0.06)
     return TrainConfig(model, data, OptimConfig(lr=3e-3, warmup_epochs=0.5),
                        RunConfig(epochs=epochs, batch_size=32, seed=0, device="cpu", **run))
+
+
+# A timm ViT arm shaped like tiny_config's model, for the synthetic 28 x 28 grey images.
+TIMM_ARM = ModelSpec("timm/vit_tiny_patch16_224", {"img_size": 28, "patch_size": 7, "in_chans": 1, "num_classes": 10,
+                                                   "embed_dim": 32, "depth": 2, "num_heads": 2, "mlp_ratio": 2.0,
+                                                   "drop_path_rate": 0.1})

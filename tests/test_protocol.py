@@ -380,6 +380,7 @@ SHIPPED_HASHES = {
     "smoke": "7aa839f2e3e1c3262923563911987f48cb841f03918a397baf66a35756f6ed59",
     "smoke_faithfulness": "1d328be6c95a5a4ed876b8b4f1eb6ebc0cb474f9d3e7c15257a6694a5428f73e",
     "smoke_heads": "2945147cc8fdd1dfe7fc56da1fb29d0f3b9c14d35a18c505ea37dcf482cf7aa6",
+    "smoke_timm_arms": "5ec86d08fc219163dc65220c03a199d052f026fb66005237acc356688bf6b7c5",
 }
 
 

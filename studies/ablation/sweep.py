@@ -32,6 +32,7 @@ from tracking.kinds.sweep_runs import best_under, end_sweep_parent, start_sweep_
 from tracking.store.session import configure_tracking
 from tracking.store.store_lock import store_lock
 from workbench.models.registry import model_config
+from workbench.models.timm_arm import is_timm_name
 from workbench.train.config import TrainConfig
 from workbench.train.loop import StopTraining, TrainingObserver
 
@@ -162,6 +163,8 @@ def check_space(cfg: TrainConfig, space: dict[str, tuple], seed: int = 0) -> Non
     """
     for field in space:
         section, key = field.split(".", 1)
+        if section == "model" and is_timm_name(cfg.model.name):
+            continue  # a timm arm's keys are timm.create_model's: the candidates' build below checks them
         known = section_fields(cfg, section)
         if key not in known:
             raise click.BadParameter(f"{field}: unknown field; {section} fields are {', '.join(known)}",

@@ -39,7 +39,8 @@ from tracking.store.session import configure_tracking, environment_tags, run_use
 from workbench.data import DEFAULT_SIZES, PreparedData, prepare
 from workbench.data.locate import DATASET_NAMES
 from workbench.data.prepare import DEFAULT_VAL_FRACTION
-from workbench.models.registry import build_model, model_config
+from workbench.models.registry import STUDY_MODELS, build_model, model_config
+from workbench.models.timm_arm import TimmModelError
 from workbench.precision import device_capability, resolve_amp
 from workbench.train.config import DataSpec, ModelSpec, OptimConfig, RunConfig, TrainConfig
 from workbench.train.fits import DataShape, misfits
@@ -251,8 +252,12 @@ def split_line(data: PreparedData, spec: DataSpec) -> str:
 
 
 @click.command("train", epilog=_data_defaults())
-@click.option("--model", default="fmnist_vit", show_default=True, help="Study model name (see workbench.models.registry).")
-@click.option("--set", "overrides", multiple=True, help="Model field override FIELD=VALUE, e.g. --set dim=96.")
+@click.option("--model", default="fmnist_vit", show_default=True,
+              help=f"A study model ({', '.join(STUDY_MODELS)}) or any timm model as timm/<architecture> "
+                   "(`workbench models --timm PATTERN` lists them).")
+@click.option("--set", "overrides", multiple=True,
+              help="Model field override FIELD=VALUE, e.g. --set dim=96; for a timm model a keyword argument of "
+                   "timm.create_model, e.g. --set num_classes=10 --set drop_path_rate=0.1.")
 @click.option("--dataset", default="fashion_mnist", show_default=True,
               help=f"One of {', '.join(DATASET_NAMES)} (image_folder: your images, with --data-path DIR).")
 @click.option("--data-path", default=None, help="Explicit dataset file or folder.")
@@ -302,6 +307,9 @@ def train(**o):
         )
         model_config(cfg.model.name, **cfg.model.overrides)  # fail on a bad field before loading data
         check_amp(cfg.run.amp, cfg.run.device)  # bf16 without native units, fp16 on CPU: refused here
+    except TimmModelError as err:  # the option at fault: --model, or the --set of one keyword argument
+        at = f"--model {err.value}" if err.key == "name" else f"--set {err.key}={err.value!r}"
+        raise click.UsageError(f"{at}: {err}") from err
     except (ValueError, KeyError) as err:
         raise click.UsageError(str(err)) from err
     check_writable_folder(o["output_dir"])  # before the data is decoded, not after an epoch
@@ -311,7 +319,7 @@ def train(**o):
     problem = trainable_problem(cfg, data)  # one class, or a batch larger than the training split
     if len(data.class_names) >= 2:  # every other misfit too, before the run opens, each with its fix
         shape = DataShape.of(data)
-        wrong = [f"{m.field}={m.value!r}: {m.why}; pass --set {m.field}={m.wanted}" for m in
+        wrong = [f"{m.field}={m.value!r}: {m.why}" + ("" if m.wanted is None else f"; pass --set {m.field}={m.wanted}") for m in
                  misfits(cfg.model.name, cfg.model.overrides, shape, cfg.data.resize_to)]
         if wrong:
             problem = "; ".join([f"model {cfg.model.name} does not fit {shape.describe()}: {wrong[0]}", *wrong[1:],

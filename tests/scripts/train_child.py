@@ -41,6 +41,12 @@ if KILL_AT:
 
 run_dir = Path(sys.argv[1])
 cfg = tiny_config(epochs=4, checkpoint_every_steps=3)
+if os.environ.get("WB_TIMM_ARM"):  # the same run with a timm ViT arm (stochastic depth on: RNG in every step)
+    from dataclasses import replace
+
+    from synthetic import TIMM_ARM
+
+    cfg = replace(cfg, model=TIMM_ARM)
 data = synthetic_data()
 if len(sys.argv) > 2 and sys.argv[2] == "mlflow":
     from studies.ablation.train import train_one

@@ -143,7 +143,7 @@ def build_bench_model(name: str, device: torch.device | str = "cpu", seed: int =
             f"seeded random init (seed {seed})",
         )  # fmt: skip
     else:
-        raise unknown_model(name)
+        raise unknown_model(name, timm_arms=False, timm_vits=True)
     variants = {k: m.to(device).eval() for k, m in _vit_variants(timm_model.eval()).items()}
     cfg = variants["glass_written"].cfg
     if cfg.image_hw[0] != cfg.image_hw[1]:

@@ -33,7 +33,7 @@ def resolve_architecture(name: str) -> tuple[str, str | None]:
         return pins[name].architecture, name
     if name in timm_vit_architectures():
         return name, None
-    raise unknown_model(name, tuple(sorted(pins)))
+    raise unknown_model(name, tuple(sorted(pins)), study=False, timm_arms=False, timm_vits=True)
 
 
 def load_timm_weights(name: str, source: str = "random", seed: int = 0, **model_kwargs) -> TimmWeights:

@@ -10,6 +10,7 @@ config, so a typo fails before any training starts. Schema (``optim``/``run`` op
     description: What the study tests.
     dataset: {name: fashion_mnist, train_size: 3200, val_size: 800, split_seed: 42, hflip: true}
     model: {name: fmnist_vit, dim: 96}   # a registry name plus field overrides
+    # or any timm model: {name: timm/resnet18, num_classes: 10} (kwargs of timm.create_model)
     optim: {lr: 1e-3, weight_decay: 1e-4}
     run: {epochs: 50, batch_size: 128, patience: 5, monitor: val_accuracy, evaluate_test: true}
     arms:
@@ -29,6 +30,7 @@ from typing import Any
 
 from workbench.data.locate import DATASET_NAMES
 from workbench.models.registry import STUDY_MODELS, model_config
+from workbench.models.timm_arm import LIST_HINT, TIMM_PREFIX, TimmModelError, is_timm_name, marker_hint
 from workbench.protocol import common
 from workbench.protocol.common import SCHEMA_VERSION, SHORT_HASH_LEN, ProtocolError, canonical_json
 from workbench.train.config import DataSpec, ModelSpec, OptimConfig, RunConfig, TrainConfig
@@ -195,16 +197,24 @@ def parse_protocol(data: Any, source: str = "<protocol>") -> Protocol:
 
 
 def _model_section(value: Any, where: str, base_name: str | None, fail) -> dict[str, Any]:
-    """``{name, overrides}``, overrides type-checked against the named registry model's config."""
+    """``{name, overrides}``, overrides type-checked against the named registry model's config.
+
+    A ``timm/<architecture>`` name takes any other key as a keyword argument of
+    ``timm.create_model``, checked by building the model on the meta device.
+    """
     if not isinstance(value, dict):
         raise fail(f"{where}={value!r}: must be a mapping with a model 'name' and field overrides")
     raw = dict(value)
     name = raw.pop("name", base_name)
-    if name not in STUDY_MODELS:
-        raise fail(f"{where}.name={name!r}: must be one of the study models {', '.join(STUDY_MODELS)}")
-    config_cls = type(STUDY_MODELS[name])
-    common.mapping(raw, where, ("name",) + common.field_names(config_cls), fail, label=f"for model {name}")
-    model = {"name": name, "overrides": common.section(raw, where, config_cls, tuple(raw), fail)}
+    if is_timm_name(name):
+        model = {"name": name, "overrides": raw}
+    elif name not in STUDY_MODELS:
+        raise fail(f"{where}.name={name!r}: must be one of the study models {', '.join(STUDY_MODELS)}, or a timm "
+                   f"architecture as {TIMM_PREFIX}<name>{marker_hint(name)}; {LIST_HINT}")
+    else:
+        config_cls = type(STUDY_MODELS[name])
+        common.mapping(raw, where, ("name",) + common.field_names(config_cls), fail, label=f"for model {name}")
+        model = {"name": name, "overrides": common.section(raw, where, config_cls, tuple(raw), fail)}
     if name != base_name:  # a complete model; an arm's fields on the base model are checked merged
         _check_model(model, where, fail)
     return model
@@ -214,6 +224,8 @@ def _check_model(model: dict[str, Any], where: str, fail) -> None:
     """Build the model config now, so a bad field combination fails at load time, not mid-run."""
     try:
         model_config(model["name"], **model["overrides"])
+    except TimmModelError as e:  # the key at fault, in one line
+        raise fail(e.line(where)) from e
     except (ValueError, TypeError, KeyError) as e:
         raise fail(f"bad model in {where!r} ({model['name']} with {model['overrides']}): {e}") from e
 

@@ -216,7 +216,14 @@ def model_rows() -> list[KeyRow]:
     """``model.name`` plus every field of the study models' configs, defaults per registry model."""
     names = ", ".join(STUDY_MODELS)
     rows = [KeyRow("model", "name", "str", "required", f"A study model: {names}; every other key of the "
-                   "section overrides a field of its config (the rows below, by model family).")]
+                   "section overrides a field of its config (the rows below, by model family). Or any timm model "
+                   "as `timm/<architecture>` (`workbench models --timm PATTERN` lists them).")]
+    rows.append(KeyRow("model (timm/<architecture>)", "any keyword argument", "YAML value", "timm's",
+                       "Passed to `timm.create_model(architecture, pretrained=False, **kwargs)`: `num_classes` "
+                       "(timm's default 1000: set it), `in_chans`, `img_size` where the model takes it, "
+                       "`drop_path_rate`, ...; checked by building the model on the meta device, a keyword the "
+                       "model does not take named in one line; `pretrained`, `checkpoint_path`, `features_only` "
+                       "refused (an arm trains from scratch and returns logits)."))
     for cls in (ViTConfig, CNNConfig):
         models = {n: c for n, c in STUDY_MODELS.items() if type(c) is cls}
         hints = get_type_hints(cls)

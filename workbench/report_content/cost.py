@@ -4,7 +4,10 @@ Parameters are counted on a built model: on PyTorch's ``meta`` device for large 
 (shapes only, no memory), on the CPU for the small study models. FLOPs per image come from the analytic counts in
 ``workbench.bench.flops`` (multiply-accumulates x 2, the convention of
 ``torch.utils.flop_counter``, which the benchmark tests hold them to); a model those
-formulas do not cover is counted by ``FlopCounterMode`` on the meta device.
+formulas do not cover is counted by ``FlopCounterMode`` on the meta device. A timm arm
+(``timm/<architecture>``) is counted that way, forward and forward + backward alike: the
+glass-box models keep their analytic counts (the published Configuration and Compute cost
+tables were made with them; the tests hold them to the counter).
 """
 
 from __future__ import annotations
@@ -23,10 +26,12 @@ from torch.utils.flop_counter import FlopCounterMode
 from workbench.bench.flops import cnn_forward_flops, cnn_train_flops, vit_forward_flops, vit_train_flops
 from workbench.models.cnn import CNNConfig
 from workbench.models.registry import build_model, model_config
+from workbench.models.timm_arm import TIMM_PREFIX, TimmModelConfig, shape_model
 from workbench.models.vit import ViTConfig
 
 ANALYTIC = "analytic multiply-accumulate count x 2 (workbench.bench.flops; LayerNorm, softmax, GELU, adds excluded)"
 COUNTED = "torch.utils.flop_counter.FlopCounterMode on the meta device"
+COUNTED_TIMM = "torch.utils.flop_counter.FlopCounterMode on the meta device (timm model: forward, and forward + backward)"
 
 
 @dataclass(frozen=True)
@@ -70,16 +75,52 @@ def counted_flops(model: nn.Module, input_shape: Sequence[int]) -> int:
     return int(counter.get_total_flops())
 
 
+def counted_train_flops(model: nn.Module, input_shape: Sequence[int]) -> int:
+    """Forward + backward FLOPs per image in training mode, counted by ``FlopCounterMode``.
+
+    Two images, halved: batch norm in training mode needs more than one value per channel.
+    The images need no gradient, so the first layer's input gradient is not computed (as in
+    a training step).
+    """
+    device = next(model.parameters()).device
+    x = torch.zeros((2, *input_shape), device=device)
+    was_training = model.training
+    model.train()
+    try:
+        with FlopCounterMode(display=False) as counter:
+            model(x).sum().backward()
+    finally:
+        model.train(was_training)
+        model.zero_grad(set_to_none=True)
+    return int(counter.get_total_flops()) // 2
+
+
+def timm_cost(cfg: TimmModelConfig, image_size: int | None) -> ModelCost:
+    """Parameters and counted FLOPs per image of a timm arm (its fixed input size, or ``image_size``)."""
+    model = shape_model(cfg)  # the cached meta build; counted_train_flops leaves it as it found it
+    n = sum(p.numel() for p in model.parameters())
+    fixed = cfg.fixed_image_hw
+    if fixed is not None and image_size is not None and fixed != (image_size, image_size):
+        raise ValueError(f"{cfg.name}: image_size={image_size} but the model takes {fixed[0]} x {fixed[1]} px")
+    hw = fixed or ((image_size, image_size) if image_size is not None else None)
+    if hw is None:
+        return ModelCost(n, n, None, None, None, "FLOPs unknown: the timm model's input size was not given")
+    shape = (cfg.in_channels, *hw)
+    return ModelCost(n, n, counted_flops(model, shape), counted_train_flops(model, shape), hw[0], COUNTED_TIMM)
+
+
 def model_cost(model_name: str, overrides: Mapping[str, Any] | None = None, image_size: int | None = None) -> ModelCost:
     """Parameters and FLOPs per image of a registry model with field overrides (a protocol arm).
 
     Args:
-        model_name: A study model name (``workbench.models.registry.STUDY_MODELS``).
+        model_name: A study model name (``workbench.models.registry.STUDY_MODELS``) or ``timm/<architecture>``.
         overrides: Field overrides, as in the protocol.
         image_size: Input side in pixels; a ViT knows its own, a CNN needs it (the dataset's
             side, or ``resize_to``). Without it a CNN's FLOPs are None.
     """
     cfg = model_config(model_name, **dict(overrides or {}))
+    if isinstance(cfg, TimmModelConfig):
+        return timm_cost(cfg, image_size)
     n = sum(p.numel() for p in _shape_model(cfg).parameters())
     if isinstance(cfg, ViTConfig):
         if image_size is not None and image_size != cfg.image_size:
@@ -117,6 +158,8 @@ def timm_vit_config(architecture: str, num_classes: int) -> ViTConfig:
 
     from workbench.convert.timm_vit import config_from_timm
 
+    if architecture.startswith(TIMM_PREFIX):  # an arm's spelling; timm itself would read it as a hub repository
+        architecture = architecture[len(TIMM_PREFIX):]
     with torch.device("meta"):
         model = timm.create_model(architecture, pretrained=False, num_classes=num_classes)
     return config_from_timm(model)

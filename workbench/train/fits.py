@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from workbench.models.registry import model_config
+from workbench.models.timm_arm import TimmModelConfig, refuses_input
 from workbench.models.vit_config import ViTConfig
 
 
@@ -49,14 +50,15 @@ class DataShape:
 class Misfit:
     """One disagreement between a model field and the data, with the value that fixes it."""
 
-    field: str  # a model config field, or ``resize_to`` (a dataset field)
+    field: str  # a model config field (a timm keyword argument), ``resize_to`` (a dataset field), or ``name``
     value: object
-    wanted: object
+    wanted: object  # None: no one value fixes it (a timm model that refuses the images)
     why: str
 
     def line(self, key: str) -> str:
-        """The message with the protocol key (or option) that holds the field."""
-        return f"{key}={self.value!r}: {self.why}; set {key.rsplit('.', 1)[-1]}: {self.wanted!r}"
+        """The message with the protocol key (or option) that holds the field (and its fix, when one value fixes it)."""
+        fix = "" if self.wanted is None else f"; set {key.rsplit('.', 1)[-1]}: {self.wanted!r}"
+        return f"{key}={self.value!r}: {self.why}{fix}"
 
 
 def misfits(model_name: str, overrides: dict, shape: DataShape, resize_to: int | None = None) -> list[Misfit]:
@@ -68,6 +70,8 @@ def misfits(model_name: str, overrides: dict, shape: DataShape, resize_to: int |
     position embedding fixes the token count.
     """
     cfg = model_config(model_name, **overrides)
+    if isinstance(cfg, TimmModelConfig):
+        return _timm_misfits(cfg, shape, resize_to)
     found = []
     if cfg.num_classes != len(shape.classes):
         found.append(Misfit("num_classes", cfg.num_classes, len(shape.classes),
@@ -82,6 +86,34 @@ def misfits(model_name: str, overrides: dict, shape: DataShape, resize_to: int |
             wanted = hw[0] if hw[0] == hw[1] else list(hw)
             found.append(Misfit("image_size", cfg.image_size, wanted,
                                 f"the images are {size}, and a learned position embedding fixes the size"))
+    return found
+
+
+def _timm_misfits(cfg: TimmModelConfig, shape: DataShape, resize_to: int | None) -> list[Misfit]:
+    """A timm arm's misfits, under timm's keyword names (``num_classes``, ``in_chans``, ``img_size``).
+
+    Beyond classes, channels and a fixed input size, one forward on the meta device asks the
+    model itself whether it takes an image of the data's shape (a CNN whose stem shrinks a
+    small image to nothing fails there).
+    """
+    found = []
+    if cfg.num_classes != len(shape.classes):
+        found.append(Misfit("num_classes", cfg.num_classes, len(shape.classes),
+                            f"the data has {len(shape.classes)} classes"))
+    if cfg.in_channels != shape.channels:
+        found.append(Misfit("in_chans", cfg.in_channels, shape.channels, f"the images have {shape.channels} channel(s)"))
+    hw = (resize_to, resize_to) if resize_to else (shape.height, shape.width)
+    fixed = cfg.fixed_image_hw
+    if fixed is not None and fixed != hw:
+        size = f"resized to {hw[0]} px (dataset.resize_to)" if resize_to else f"{hw[0]} x {hw[1]} px"
+        found.append(Misfit("img_size", cfg.kwargs.get("img_size", fixed[0] if fixed[0] == fixed[1] else list(fixed)),
+                            hw[0] if hw[0] == hw[1] else list(hw),
+                            f"the images are {size}, and the model's patch embedding takes one size only"))
+    if not found:
+        why = refuses_input(cfg, (shape.channels, *hw))
+        if why:
+            found.append(Misfit("name", cfg.name, None,
+                                f"a forward on an image of {shape.channels} x {hw[0]} x {hw[1]} fails: {why}"))
     return found
 
 

@@ -22,7 +22,9 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from workbench.data import AugmentConfig, PreparedData, TensorLoader, derive_seed
+from workbench.convert.arm_check import glassbox_check
 from workbench.models.registry import build_model, model_config
+from workbench.models.timm_arm import TimmModelConfig
 from workbench.precision import resolve_amp
 from workbench.train.checkpoint import FORMAT, atomic_torch_save, capture_rng, load_checkpoint, restore_rng
 from workbench.train.config import TrainConfig
@@ -382,6 +384,8 @@ class Trainer:
             test = predict(fresh, self.eval_loaders["test"], self.device, self.amp_dtype)
             predictions["test"] = save_predictions(test, self.run_dir / "predictions" / "test.csv")
             final.update({f"test_{k}": v for k, v in metrics_from_predictions(test).items()})
+        # A timm ViT arm: its best weights read across to the glass-box model, checked at 0.0.
+        final.update(glassbox_check(fresh, next(iter(self.eval_loaders["val"])).images))
         return self._result(pos, proof, predictions, final)
 
     def _result(self, pos: dict, proof: ReloadProof, predictions: dict[str, Path], final: dict) -> TrainResult:
@@ -395,8 +399,12 @@ class Trainer:
 
     def _fresh_model(self) -> nn.Module:
         """A new instance of the same architecture, so nothing is carried over but the checkpoint."""
+        cfg = getattr(self.model, "cfg", None)
+        if isinstance(cfg, TimmModelConfig):  # a timm model's non-persistent buffers need a real build
+            with torch.random.fork_rng(devices=[]):
+                return build_model(cfg).to(self.device).eval()
         with torch.device("meta"):
-            fresh = build_model(self.model.cfg) if hasattr(self.model, "cfg") else None
+            fresh = build_model(cfg) if cfg is not None else None
         if fresh is None:
             raise TypeError("reload proof needs a model with a .cfg (glass-box ViT or CNN)")
         return fresh.to_empty(device=self.device).eval()

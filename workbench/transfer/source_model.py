@@ -1,8 +1,9 @@
 """The source of a transfer study: a glass-box ViT with its weights, normalisation and provenance.
 
-Sources are timm ViTs (pinned hub checkpoint, seeded random init, or a local file), mapped
-onto the glass-box model through the strict mapping of ``workbench.convert.timm_vit``, or
-checkpoints written by this workbench's training loop, loaded directly. MLflow URIs
+Sources are timm ViTs (pinned hub checkpoint, seeded random init, or a local file; named
+bare or as an arm names them, ``timm/<architecture>``), mapped onto the glass-box model
+through the strict mapping of ``workbench.convert.timm_vit``, or checkpoints written by this
+workbench's training loop: a glass-box arm's loaded directly, a timm ViT arm's mapped. MLflow URIs
 (``runs:/...``) are resolved to local files by the tracking layer before they get here.
 """
 
@@ -19,7 +20,8 @@ from workbench.convert.checkpoints import CheckpointError, sha256_file
 from workbench.convert.timm_weights import load_timm_weights
 from workbench.convert.timm_vit import glassbox_from_timm
 from workbench.data import NORM_STATS, NormStats, PreparedSplit, derive_seed
-from workbench.models.registry import model_config
+from workbench.models.registry import build_model, model_config
+from workbench.models.timm_arm import TIMM_PREFIX, TimmModelConfig, is_timm_name
 from workbench.models.vit import ViTConfig, VisionTransformer
 from workbench.train.checkpoint import FORMAT as TRAIN_FORMAT
 from workbench.train.checkpoint import load_checkpoint
@@ -139,6 +141,7 @@ def load_timm_source(name: str, weights: str, seed: int = 0, uri: str | None = N
         uri: What the user gave (default ``weights``), for the provenance.
         run_id: MLflow run the file was downloaded from, if any.
     """
+    name = name[len(TIMM_PREFIX):] if is_timm_name(name) else name  # an arm's timm/<architecture> spelling
     try:
         tw = load_timm_weights(name, weights, seed)
     except (CheckpointError, KeyError) as err:
@@ -184,22 +187,45 @@ def load_workbench_checkpoint(path: str | Path, uri: str | None = None, run_id: 
     config = json.loads(config_path.read_text())
     name, overrides = config["model"]["name"], config["model"].get("overrides", {})
     cfg = model_config(name, **overrides)
-    if not isinstance(cfg, ViTConfig):
+    if not isinstance(cfg, (ViTConfig, TimmModelConfig)):
         raise SourceError(f"{path}: model {name!r} is not a ViT; transfer regimes train ViT blocks")
     data_name = config["data"]["name"]
     if data_name not in NORM_STATS:
         raise SourceError(f"{path}: the source run normalised {data_name!r} with statistics computed at run "
                           "time, which this workbench does not record; use a source trained on a registered dataset")
-    model = VisionTransformer(cfg)
-    model.load_state_dict(state["model"], strict=True)
+    mapping = ""
+    if isinstance(cfg, TimmModelConfig):  # a timm arm: read across to the glass-box model by the exact mapping
+        model, mapping = _glassbox_of_timm_arm(cfg, state["model"], path)
+    else:
+        model = VisionTransformer(cfg)
+        model.load_state_dict(state["model"], strict=True)
     epoch = state.get("epoch", "?")
     val = state.get("metrics", {}).get("val_accuracy")
     trained = f"trained by this workbench on {trained_on or data_name}, best epoch {epoch}"
     trained += f", val accuracy {val:.4f}" if val is not None else ""
     info = SourceInfo(kind="workbench-checkpoint", uri=uri or str(path), path=str(path.resolve()), run_id=run_id,
                       sha256=sha256_file(path), pretrained=False, description=f"workbench {name} {overrides}: {trained}",
-                      architecture=name, norm_from=f"the source run's normalisation (NORM_STATS[{data_name!r}])")
+                      architecture=name, norm_from=f"the source run's normalisation (NORM_STATS[{data_name!r}])",
+                      mapping=mapping)
     return SourceModel(model.eval(), NORM_STATS[data_name], info)
+
+
+def _glassbox_of_timm_arm(cfg: TimmModelConfig, state: dict, path: Path) -> tuple[VisionTransformer, str]:
+    """A trained timm arm's weights in the glass-box ViT (the strict mapping), or a SourceError naming why not."""
+    from workbench.convert.arm_check import eval_twin, is_timm_vit
+    from workbench.convert.timm_vit import UnsupportedTimmModel
+
+    with torch.random.fork_rng(devices=[]):  # the init is overwritten by the checkpoint: leave the RNG alone
+        timm_model = build_model(cfg)
+    if not is_timm_vit(timm_model):
+        raise SourceError(f"{path}: model {cfg.name!r} is not a timm ViT; transfer regimes train ViT blocks "
+                          "(a timm CNN cannot be a transfer source yet)")
+    timm_model.load_state_dict(state, strict=True)
+    try:
+        glass, audit = glassbox_from_timm(eval_twin(timm_model.eval()))
+    except UnsupportedTimmModel as err:
+        raise SourceError(f"{path}: {cfg.name}: {err}") from err
+    return glass, audit.summary()
 
 
 def load_local_source(path: str | Path, model: str | None = None, uri: str | None = None, run_id: str = "",
