@@ -1,0 +1,1 @@
+"""Figures of an attribution study (``workbench.analysis`` holds its dozen modules already)."""
