@@ -168,7 +168,7 @@ def _protocol(where: str, p: dict):
     return protocol
 
 
-def _cell(folder: Path, record: queries.CellRecord, entry: dict) -> attribution_runs.CellResult:
+def exported_cell(folder: Path, record: queries.CellRecord, entry: dict) -> attribution_runs.CellResult:
     info = entry["arrays"]
     path = folder / info["file"]
     try:
@@ -196,7 +196,7 @@ def _evidence(folder: Path, doc: dict) -> AttributionEvidence:
     lacking = [f"{r.arm}/seed{r.seed} ({r.run_id})" for r in chosen.values() if "arrays" not in entries[r.run_id]]
     if lacking:
         raise ReportError(f"{where}: reported cells whose arrays were not exported: {', '.join(lacking)}")
-    cells = {key: _cell(folder, r, entries[r.run_id]) for key, r in chosen.items()}
+    cells = {key: exported_cell(folder, r, entries[r.run_id]) for key, r in chosen.items()}
     study = AttributionStudy(protocol, p["hash"], chosen, records, cells, doc["store"]["tracking_uri"],
                              f"{protocol.name}/{EVIDENCE_DIR}")
     e = protocol.evaluation  # the bootstrap seed and confidence are the protocol's: its hash is checked above
