@@ -1,0 +1,126 @@
+"""One model, one set of images: every method's scores, the exact causal effects, the curves, the norms.
+
+``score_cell(model, images, labels, methods, seed, k)`` is the whole computation of one
+cell of an attribution study, returned as plain arrays: per image and method (so the report
+layer can pair cells by seed and image and use ``workbench.stats``'s t-interval over seeds
+and hierarchical bootstrap) and summarised per method (``summary``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from workbench.attribution.agreement import mean_rho, spearman_per_image
+from workbench.attribution.causal import CausalEffects, single_token_effects
+from workbench.attribution.curves import Curves, perturbation_curves
+from workbench.attribution.glassbox import AttributionError, as_glassbox
+from workbench.attribution.methods import attribute, check_methods
+from workbench.attribution.token_norms import DEFAULT_K, TokenNorms, token_norms
+
+
+@dataclass(frozen=True)
+class MethodSummary:
+    """One method's numbers over the cell's images.
+
+    Attributes:
+        mean_rho: Mean Spearman rho over the images where it is defined.
+        undefined_rho: Images where rho is NaN (constant scores or effects).
+        deletion_auc, insertion_auc: Mean AUC of the true-class probability curves.
+        deletion_accuracy_auc, insertion_accuracy_auc: The same for the accuracy curves.
+    """
+
+    method: str
+    mean_rho: float
+    undefined_rho: int
+    deletion_auc: float
+    insertion_auc: float
+    deletion_accuracy_auc: float
+    insertion_accuracy_auc: float
+
+
+@dataclass
+class CellAttribution:
+    """Everything ``score_cell`` computed, per image (index ``b`` = position in ``images``).
+
+    Attributes:
+        methods: The method names, in the order given.
+        labels, image_index: ``(B,)`` true classes and the images' indices in their split (pairing key).
+        scores: method -> ``(B, P)`` float64 attribution scores.
+        causal: The single-token drop effects ``(B, P)`` and the intact model's log-probability.
+        rho: method -> ``(B,)`` Spearman rho (NaN where undefined).
+        curves: Deletion and insertion curves, per image.
+        deletion_auc, insertion_auc: method -> ``(B,)`` per-image AUC of the probability curves.
+        norms: Token norms per block.
+        seed: The random baseline's seed.
+        seconds: Wall time of the cell; ``forwards``: sequences run through the blocks.
+    """
+
+    methods: tuple[str, ...]
+    labels: np.ndarray
+    image_index: np.ndarray
+    scores: dict[str, np.ndarray]
+    causal: CausalEffects
+    rho: dict[str, np.ndarray]
+    curves: Curves
+    deletion_auc: dict[str, np.ndarray]
+    insertion_auc: dict[str, np.ndarray]
+    norms: TokenNorms
+    seed: int
+    seconds: float
+    forwards: int
+
+    @property
+    def intact_accuracy(self) -> float:
+        return float((self.causal.predicted == self.labels).mean())
+
+    def summary(self) -> list[MethodSummary]:
+        """Per method: mean rho, the mean deletion and insertion AUCs (the random baseline is a method)."""
+        rows = []
+        for m in self.methods:
+            rho, undefined = mean_rho(self.rho[m])
+            rows.append(MethodSummary(
+                method=m, mean_rho=rho, undefined_rho=undefined,
+                deletion_auc=float(self.deletion_auc[m].mean()), insertion_auc=float(self.insertion_auc[m].mean()),
+                deletion_accuracy_auc=float(self.curves.deletion_auc(m, "correct").mean()),
+                insertion_accuracy_auc=float(self.curves.insertion_auc(m, "correct").mean())))
+        return rows
+
+
+def score_cell(model, images: torch.Tensor, labels: torch.Tensor, methods: Sequence[str], seed: int,
+               k: float = DEFAULT_K, *, image_index=None, counts: Sequence[int] | None = None,
+               batch_size: int = 100, max_sequences: int = 4096) -> CellAttribution:
+    """Scores, causal effects, curves, rho and token norms of one model on one set of images.
+
+    Args:
+        model: A glass-box ViT with CLS pooling, or a timm ViT (converted exactly).
+        images: ``(B, C, H, W)`` normalised as the model expects; ``labels`` ``(B,)`` true classes.
+        methods: Names from ``methods.METHODS`` (``random`` is the baseline).
+        seed: The random baseline's seed.
+        k: Token-norm outlier factor (``norms > k x`` the block's median).
+        image_index: ``(B,)`` the images' indices in their split, for pairing (default ``0..B-1``).
+        counts: Curve grid of removed/kept token counts (must hold 0 and ``P``; default every count).
+        batch_size: Images per call of a method; ``max_sequences`` bounds one widened drop call.
+    """
+    started = time.perf_counter()
+    glass = as_glassbox(model)
+    names = check_methods(methods)
+    if images.shape[0] == 0:
+        raise AttributionError("score_cell needs at least one image")
+    labels = torch.as_tensor(labels).long()
+    scores = attribute(glass, images, labels, names, seed=seed, batch_size=batch_size)
+    causal = single_token_effects(glass, images, labels, max_sequences=max_sequences)
+    curves = perturbation_curves(glass, images, labels, scores, counts=counts, max_sequences=max_sequences)
+    norms = token_norms(glass, images, k=k, batch_size=batch_size)
+    arrays = {m: s.numpy() for m, s in scores.items()}
+    index = np.arange(images.shape[0]) if image_index is None else np.asarray(image_index)
+    return CellAttribution(
+        methods=names, labels=labels.cpu().numpy(), image_index=index, scores=arrays, causal=causal,
+        rho={m: spearman_per_image(arrays[m], causal.effects) for m in names}, curves=curves,
+        deletion_auc={m: curves.deletion_auc(m) for m in names}, insertion_auc={m: curves.insertion_auc(m) for m in names},
+        norms=norms, seed=int(seed), seconds=time.perf_counter() - started,
+        forwards=causal.forwards + curves.forwards)
