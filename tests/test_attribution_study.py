@@ -43,7 +43,7 @@ def scored():
     images = torch.randn(5, 1, 8, 8)
     labels = torch.tensor([0, 1, 2, 0, 1])
     cell = score_cell(model, images, labels, METHODS, seed=3, k=1.5, image_index=np.arange(10, 15))
-    return cell, images.numpy()[:2]
+    return cell, np.arange(2 * 64, dtype=np.uint8).reshape(2, 1, 8, 8)  # the dataset's uint8 pixels
 
 
 def test_a_cells_metrics_and_arrays_are_what_the_module_says(scored):
@@ -89,7 +89,7 @@ def _cell(rng: np.random.Generator, seed: int, n: int = 20, p: int = 9, shift: f
     arrays = {"methods": np.array(METHODS), "labels": rng.integers(0, 3, n), "predicted": rng.integers(0, 3, n),
               "fractions": fractions, "effects": rng.normal(size=(n, p)), "norms": rng.gamma(2.0, size=(2, n, p)),
               "cls_attention": rng.random((n, p)), "grid": np.array([3, 3]), "norm_threshold": np.float64(2.5),
-              "example_images": np.zeros((0, 1, 6, 6), np.float32)}
+              "example_images": np.zeros((0, 1, 6, 6), np.uint8)}
     arrays["norms"][1, 0, 4] = 40.0  # one high-norm token in block 1
     arrays["median_norm"] = np.median(arrays["norms"].reshape(2, -1), axis=1)
     for m in METHODS:

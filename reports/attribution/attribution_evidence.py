@@ -131,7 +131,7 @@ The rebuilt `report.md` equals `../report.md` except for one added header line
   `effects` (log p(y) of the intact model minus log p(y) without that one patch token) and
   `cls_attention` are (N, P); `rho/<method>` (N,) (NaN where undefined); curves (N, F) over
   `fractions` (F,); `norms` (L, N, P) and `prefix_norms` (L, N, prefix); `example_images`
-  the first images as the model saw them (normalised). Every number, interval and figure of
+  the first scored images as the dataset holds them (uint8, E x C x H x W). Every number, interval and figure of
   the report comes from these.
 
 Strings carry no credentials and no absolute paths: paths are relative to the directory

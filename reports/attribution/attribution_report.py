@@ -15,6 +15,7 @@ import math
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from reports import provenance
 from reports.attribution.attribution_evidence import export_attribution_evidence
@@ -26,7 +27,8 @@ from reports.output import ReportResult, Summary, log_report, paired_metrics, re
 from reports.render import Block, Bullets, Figure, Heading, Para, Table
 from tracking.kinds.attribution_runs import CellResult
 from tracking.record import queries
-from workbench.analysis.faithfulness import attribution_figures
+from workbench.analysis.common import display_images
+from workbench.attribution import attribution_figures
 from workbench.protocol import SHORT_HASH_LEN, AttributionProtocol
 from workbench.report_content.rounding import bootstrap_display, fmt
 
@@ -162,32 +164,37 @@ def arm_blocks(arm: str, rows: list[MeasureRow], cells: dict[int, CellResult], p
     if any(r.vs_random is not None for r in rows):
         blocks += [Heading(3, f"Against the random baseline ({arm})"), random_table(rows, e.confidence, n_resamples)]
     curves = {kind: {m: mean_curves(cells, m, kind) for m in methods} for kind in ("deletion", "insertion")}
+    fractions = next(iter(curves["deletion"].values()))[0]
     blocks += [Heading(2, f"Deletion and insertion curves ({arm})"), Figure(f"curves_{arm}.png", (
         "True-class probability as patch tokens are removed (left) or kept (right) in each method's order, most "
         "important first, by the exact token drop (the same model on the shorter sequence; class and register tokens "
-        "kept). Line: mean over seeds of each seed's mean over images; band: the range over seeds. The random order "
-        "(dashed) is the baseline."),
-        report_png(attribution_figures.perturbation_curves(curves, f"{protocol.name}: {arm}")))]
+        "kept). Line: mean over seeds of each seed's mean over images (the legend's AUC is that line's); band: the "
+        "range over seeds. The random order (dashed) is the baseline."),
+        report_png(attribution_figures.curves_figure(
+            fractions, {m: c for m, (_, c) in curves["deletion"].items()},
+            {m: c for m, (_, c) in curves["insertion"].items()}, f"{protocol.name}: {arm}")))]
     seed = min(cells)
     a = cells[seed].arrays
     shown = len(a["example_images"])
     if shown:
         grid = (int(a["grid"][0]), int(a["grid"][1]))
+        titles = [f"class {int(y)}, predicted {int(p)}" for y, p in zip(a["labels"][:shown], a["predicted"][:shown])]
         blocks += [Heading(2, f"Examples ({arm})"), Figure(f"examples_{arm}.png", (
-            f"The first {shown} scored images of seed {seed}'s model: the image as the model saw it, the causal-effect "
-            "map (red: removing the token lowers the true class's log-probability; blue: raises it; scale per image) "
-            "and each method's map on the patch grid (scale per map)."),
-            report_png(attribution_figures.example_maps(
-                a["example_images"], a["effects"][:shown], {m: a[f"scores/{m}"][:shown] for m in methods if m != BASELINE},
-                grid, a["labels"][:shown], f"{protocol.name}: {arm}, seed {seed}")))]
-    norms = block_norms(cells)
-    ratios = [np.concatenate([(c.arrays["norms"][b] / c.arrays["median_norm"][b]).ravel() for _, c in sorted(cells.items())])
-              for b in range(len(norms))]
-    blocks += [Heading(2, f"Token norms ({arm})"), norms_table(norms, s.norm_threshold),
-               Figure(f"norms_{arm}.png", (
-                   f"Every patch token's norm over its block's median, every image and seed, per block (log counts); "
-                   f"dashed: the high-norm cut at {s.norm_threshold:g} × the median."),
-                   report_png(attribution_figures.norm_histograms(ratios, s.norm_threshold, f"{protocol.name}: {arm}")))]
+            f"The first {shown} scored images with seed {seed}'s model: each method's map on the patch grid (scale per "
+            "map; centred on zero for a map with negative scores) beside the causal-effect map (red: removing the "
+            "token lowers the true class's log-probability; blue: raises it; scale per image)."),
+            report_png(attribution_figures.example_maps_figure(
+                display_images(torch.from_numpy(a["example_images"])),
+                {m: a[f"scores/{m}"][:shown].reshape(shown, *grid) for m in methods if m != BASELINE},
+                a["effects"][:shown].reshape(shown, *grid), titles)))]
+    blocks += [Heading(2, f"Token norms ({arm})"), norms_table(block_norms(cells), s.norm_threshold)]
+    for seed, c in sorted(cells.items()):
+        blocks.append(Figure(f"norms_{arm}_seed{seed}.png", (
+            f"Seed {seed}: the L2 norm of every patch token of every scored image after each block (log bins, log "
+            f"counts); dashed: the high-norm cut at {s.norm_threshold:g} × the block's median."),
+            report_png(attribution_figures.norm_histograms_figure(
+                c.arrays["norms"].transpose(1, 0, 2), c.arrays["median_norm"], s.norm_threshold,
+                f"{protocol.name}: {arm}, seed {seed}"))))
     return blocks
 
 

@@ -225,7 +225,7 @@ def _score_cell(ex: Execution, cell: InterventionCell, sink: RunSink, token: str
                             batch_size=s.batch_size)
         bar.update(1)
     HEARTBEATS.check(sink.run_id, verify=True)
-    examples = x[: s.examples].cpu().numpy()
+    examples = ex.images.images[: s.examples].numpy()  # uint8, as in the dataset, for the report's example row
     metrics = attribution_runs.log_cell(sink, scored, examples, proof, {"acted_on": description, "split": s.split},
                                         check=lambda: HEARTBEATS.check(sink.run_id, verify=True))
     end_cell(sink, token, "FINISHED")

@@ -77,8 +77,8 @@ def per_image_arrays(cell: CellAttribution, example_images: np.ndarray) -> dict[
 
     Shapes (N images, P patch tokens, F curve points, L blocks): ``scores/<m>``, ``effects``,
     ``cls_attention`` ``(N, P)``; ``rho/<m>`` ``(N,)``; curves ``(N, F)``; ``norms`` ``(L, N, P)``
-    (block first); ``prefix_norms`` ``(L, N, prefix)``; ``example_images`` ``(E, C, H, W)`` as the
-    model saw them (normalised).
+    (block first); ``prefix_norms`` ``(L, N, prefix)``; ``example_images`` the first ``E`` scored
+    images as the dataset holds them, uint8 ``(E, C, H, W)``.
     """
     norms = cell.norms
     arrays = {
@@ -88,7 +88,7 @@ def per_image_arrays(cell: CellAttribution, example_images: np.ndarray) -> dict[
         "norms": norms.norms.transpose(1, 0, 2), "prefix_norms": norms.prefix_norms.transpose(1, 0, 2),
         "median_norm": norms.median, "norm_threshold": np.float64(norms.k), "cls_attention": norms.cls_attention,
         "grid": np.array(norms.layout.grid, dtype=np.int64), "prefix": np.int64(norms.layout.prefix),
-        "random_seed": np.int64(cell.seed), "example_images": np.asarray(example_images, dtype=np.float32),
+        "random_seed": np.int64(cell.seed), "example_images": np.asarray(example_images, dtype=np.uint8),
     }
     for m in cell.methods:
         arrays |= {f"scores/{m}": cell.scores[m], f"rho/{m}": cell.rho[m],

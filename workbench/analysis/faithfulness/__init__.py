@@ -1,1 +1,0 @@
-"""Figures of an attribution study (``workbench.analysis`` holds its dozen modules already)."""
