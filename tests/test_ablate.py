@@ -16,6 +16,7 @@ from mlflow.tracking import MlflowClient
 from studies.ablation import ablate
 from data_fixtures import make_image_folder
 from studies.ablation.ablate import open_protocol, run_protocol
+from studies.runtime.options import StudyOptions
 from studies.runtime.study_protocol import ProtocolDirtyError, ProtocolFrozenError
 
 PROTOCOL = """\
@@ -30,6 +31,11 @@ arms:
   - {{name: cnn, overrides: {{model: {{name: fmnist_cnn, in_channels: 3, num_classes: 3}}}}}}
 seeds: [0, 1]
 """
+
+
+def options_for(tmp_path: Path, folder: Path) -> StudyOptions:
+    """What the tests' ablate executions pass on: CPU, the test's image folder, a dirty protocol file."""
+    return StudyOptions(output_dir=tmp_path / "out", device="cpu", data_path=str(folder), allow_dirty=True)
 
 
 @pytest.fixture
@@ -55,7 +61,7 @@ def test_cells_are_paired_child_runs_and_a_rerun_skips_them(setup):
     tmp_path, folder = setup
     path = write_protocol(tmp_path)
     protocol = open_protocol(str(path), allow_dirty=True)
-    outcomes = run_protocol(protocol, path, tmp_path / "out", device="cpu", data_path=str(folder), allow_dirty=True)
+    outcomes = run_protocol(protocol, path, options_for(tmp_path, folder))
     assert [o.status for o in outcomes] == ["finished"] * 4, [o.message for o in outcomes]
     client = MlflowClient()
     runs = cell_runs(client, "tiny")
@@ -76,7 +82,7 @@ def test_cells_are_paired_child_runs_and_a_rerun_skips_them(setup):
     assert all(len(v) == 1 for v in by_seed.values()), by_seed
     assert {r.data.tags["arm"] for r in runs} == {"vit", "cnn"}
 
-    again = run_protocol(protocol, path, tmp_path / "out", device="cpu", data_path=str(folder), allow_dirty=True)
+    again = run_protocol(protocol, path, options_for(tmp_path, folder))
     assert [o.status for o in again] == ["skipped"] * 4
     assert len(cell_runs(client, "tiny")) == 4
 
@@ -112,7 +118,7 @@ def test_a_changed_protocol_with_the_same_name_is_refused(setup):
     tmp_path, folder = setup
     path = write_protocol(tmp_path, epochs=1)
     protocol = open_protocol(str(path), allow_dirty=True)
-    run_protocol(protocol, path, tmp_path / "out", device="cpu", data_path=str(folder), allow_dirty=True)
+    run_protocol(protocol, path, options_for(tmp_path, folder))
     path.write_text(PROTOCOL.format(name="tiny", epochs=2))
     with pytest.raises(ProtocolFrozenError, match=f"already run with hash {protocol.short_hash}.*new protocol file"):
         open_protocol(str(path), allow_dirty=True)
@@ -132,17 +138,17 @@ def test_one_failing_cell_loses_nothing_and_the_rerun_runs_only_it(setup, monkey
     protocol = open_protocol(str(path), allow_dirty=True)
     real = ablate.train_one
 
-    def flaky(cfg, data, experiment, output_dir, run_name, **kw):
-        if run_name == "cnn-seed0":
+    def flaky(cfg, data, **kw):
+        if kw["run_name"] == "cnn-seed0":
             raise RuntimeError("CUDA error: an illegal memory access (simulated)")
-        return real(cfg, data, experiment, output_dir, run_name, **kw)
+        return real(cfg, data, **kw)
 
     monkeypatch.setattr(ablate, "train_one", flaky)
-    first = run_protocol(protocol, path, tmp_path / "out", device="cpu", data_path=str(folder), allow_dirty=True)
+    first = run_protocol(protocol, path, options_for(tmp_path, folder))
     assert [o.status for o in first] == ["finished", "failed", "finished", "finished"]
     assert "illegal memory access" in first[1].message
     monkeypatch.setattr(ablate, "train_one", real)
-    second = run_protocol(protocol, path, tmp_path / "out", device="cpu", data_path=str(folder), allow_dirty=True)
+    second = run_protocol(protocol, path, options_for(tmp_path, folder))
     assert [o.status for o in second] == ["skipped", "finished", "skipped", "skipped"]
 
 

@@ -202,13 +202,13 @@ def test_a_resumed_cell_keeps_its_thread_count_unless_the_user_overrides_it(mlfl
     try:
         torch.set_num_threads(1)
         first = _StopAfterEpoch(stop_at=1)
-        assert train_one(cfg, data, "t", out, "tiny", observer=first, log=lines.append).status == "stopped"
+        assert train_one(cfg, data, experiment="t", output_dir=out, run_name="tiny", observer=first, log=lines.append).status == "stopped"
         torch.set_num_threads(2)  # as a later execution with torch's default on 2 cores
         second = _StopAfterEpoch(stop_at=1)
-        assert train_one(cfg, data, "t", out, "tiny", observer=second, log=lines.append).status == "stopped"
+        assert train_one(cfg, data, experiment="t", output_dir=out, run_name="tiny", observer=second, log=lines.append).status == "stopped"
         assert torch.get_num_threads() == 2, "the cell's count must not outlive the cell"
         third = _StopAfterEpoch(stop_at=None)
-        done = train_one(cfg, data, "t", out, "tiny", observer=third, log=lines.append, threads=2)
+        done = train_one(cfg, data, experiment="t", output_dir=out, run_name="tiny", observer=third, log=lines.append, threads=2)
     finally:
         torch.set_num_threads(before)
     assert done.status == "finished", done.message

@@ -17,6 +17,7 @@ from mlflow.tracking import MlflowClient
 from workbench.train import loop
 from data_fixtures import make_image_folder
 from studies.ablation.ablate import open_protocol, run_protocol
+from studies.runtime.options import StudyOptions
 from studies.cli import main
 from tracking.record.executions import iso
 from tracking.record.lease import EXEC_PREFIX, HEARTBEAT_TAG, HOST_TAG, PID_TAG, REASON_TAG, TOKEN_TAG
@@ -46,7 +47,8 @@ def study(tmp_path, mlflow_store, monkeypatch):
     protocol = open_protocol(str(path), allow_dirty=True)
 
     def run():
-        return run_protocol(protocol, path, tmp_path / "out", device="cpu", data_path=str(folder), allow_dirty=True)
+        return run_protocol(protocol, path, StudyOptions(output_dir=tmp_path / "out", device="cpu", data_path=str(folder),
+                                                         allow_dirty=True))
 
     return protocol, run
 

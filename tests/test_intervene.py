@@ -10,13 +10,17 @@ import mlflow
 import numpy as np
 import pandas as pd
 import pytest
+from click.testing import CliRunner
 from mlflow.tracking import MlflowClient
 
 from tracking.kinds import intervention_runs
 from data_fixtures import make_image_folder
 from reports.build import build_report
 from studies.ablation.ablate import open_protocol, run_protocol
-from studies.interventions.intervene import open_intervention_protocol, run_intervention_protocol
+from studies.cli import main
+from studies.interventions.intervene import InterventionStudy, run_intervention_protocol
+from studies.runtime.options import StudyOptions
+from studies.runtime.study_kind import open_study
 from workbench.interventions import InterventionError
 
 pytestmark = pytest.mark.e2e  # a real MLflow store (the module's own, trained once)
@@ -58,8 +62,8 @@ def trained_store(tmp_path_factory, empty_mlflow_db):
     with pytest.MonkeyPatch.context() as mp:
         _use_store(mp, tmp)
         protocol = open_protocol(str(tmp / "tiny.yaml"), allow_dirty=True)
-        outcomes = run_protocol(protocol, tmp / "tiny.yaml", tmp / "out", device="cpu", data_path=str(folder),
-                                allow_dirty=True)
+        outcomes = run_protocol(protocol, tmp / "tiny.yaml", StudyOptions(output_dir=tmp / "out", device="cpu",
+                                                                          data_path=str(folder), allow_dirty=True))
     assert [o.status for o in outcomes] == ["finished"] * 2, [o.message for o in outcomes]
     return tmp, folder, protocol
 
@@ -86,9 +90,9 @@ def write_intervention(tmp_path: Path, protocol, name: str = "tiny_heads") -> Pa
 
 
 def intervene(tmp_path: Path, folder: Path, path: Path):
-    protocol = open_intervention_protocol(str(path), allow_dirty=True)
-    return protocol, run_intervention_protocol(protocol, path, tmp_path / "iv", device="cpu", data_path=str(folder),
-                                               allow_dirty=True)
+    protocol = open_study(InterventionStudy, str(path), allow_dirty=True)
+    return protocol, run_intervention_protocol(protocol, path, StudyOptions(output_dir=tmp_path / "iv", device="cpu",
+                                                                            data_path=str(folder), allow_dirty=True))
 
 
 def runs(experiment: str, where: str = "tags.cell = 'true'"):
@@ -137,8 +141,13 @@ def test_every_intervention_is_logged_per_cell_and_a_rerun_recomputes_nothing(tr
         raise AssertionError("a rerun must not download or evaluate a finished cell")
 
     monkeypatch.setattr(intervention_runs, "trained_cell", no_download)
-    _, again = intervene(tmp_path, folder, write_intervention(tmp_path, ablation))
-    assert [o.status for o in again] == ["skipped"] * 2, [o.message for o in again]
+    rerun = CliRunner().invoke(main, ["intervene", "--protocol", str(write_intervention(tmp_path, ablation)),
+                                      "--allow-dirty", "--device", "cpu", "--data-path", str(folder),
+                                      "--output-dir", str(tmp_path / "iv")])  # the command, as a user runs it
+    assert rerun.exit_code == 0, rerun.output
+    assert rerun.output.count("[skipped] ") == 2, rerun.output
+    assert "cells: 0 run, 2 already finished (skipped), 0 failed\ntime: 0.0 s evaluating interventions" \
+        in rerun.output, rerun.output
     assert len(runs("tiny_heads")) == 2
 
     result = build_report(str(tmp_path / "tiny_heads.yaml"), tmp_path / "reports", log=False)

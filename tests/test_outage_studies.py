@@ -14,6 +14,8 @@ from click.testing import CliRunner
 from mlflow.tracking import MlflowClient
 
 from studies.ablation import sweep
+from studies.runtime.options import StudyOptions
+from studies.runtime.study_kind import open_study
 from studies.transfer import transfer_study
 from tracking.kinds import transfer_runs
 from data_fixtures import make_image_folder, md5
@@ -151,8 +153,9 @@ def run_transfer_killed_mid_cell(server, tmp_path, monkeypatch):
     killer = KillOnce(server)
     select = transfer_study.select_cell
     monkeypatch.setattr(transfer_study, "select_cell", lambda *a: select(*a[:-1], Observers(a[-1], killer)))
-    protocol = transfer_study.open_transfer_protocol(str(path), allow_dirty=True)
-    outcomes = transfer_study.run_transfer(protocol, path, tmp_path / "out", "cpu", str(tmp_path / "retinamnist.npz"), True)
+    protocol = open_study(transfer_study.TransferStudy, str(path), allow_dirty=True)
+    outcomes = transfer_study.run_transfer(protocol, path, StudyOptions(
+        output_dir=tmp_path / "out", device="cpu", data_path=str(tmp_path / "retinamnist.npz"), allow_dirty=True))
     assert killer.killed_at == 1
     assert [o.status for o in outcomes] == ["finished", "finished"], [o.message for o in outcomes]
     assert all("workbench sync" in o.message for o in outcomes), [o.message for o in outcomes]

@@ -71,7 +71,8 @@ def test_bf16_autocast_runs_the_training_step_in_bf16_and_the_reload_proof_holds
 @needs_bf16
 def test_train_one_records_capability_precision_and_threads(mlflow_store, tmp_path, restore_threads):
     torch.set_num_threads(1)
-    outcome = train_one(tiny_config(epochs=1, amp="bf16"), synthetic_data(96, 48, 10), "p", tmp_path / "o", "tiny")
+    outcome = train_one(tiny_config(epochs=1, amp="bf16"), synthetic_data(96, 48, 10), experiment="p",
+                        output_dir=tmp_path / "o", run_name="tiny")
     assert outcome.status == "finished", outcome.message
     client = MlflowClient(mlflow_store)
     (run,) = client.search_runs([client.get_experiment_by_name("p").experiment_id])

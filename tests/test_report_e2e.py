@@ -12,6 +12,7 @@ from test_ablate import PROTOCOL
 from reports import tables
 from reports.build import build_report
 from studies.ablation.ablate import open_protocol, run_protocol
+from studies.runtime.options import StudyOptions
 
 
 @pytest.mark.slow  # a real ablate run, then its report (about 20 s idle): moved when the default tier passed 5 minutes
@@ -22,7 +23,8 @@ def test_report_of_a_real_ablate_run(tmp_path, mlflow_store, monkeypatch):
     path = tmp_path / "tiny.yaml"
     path.write_text(PROTOCOL.format(name="tiny", epochs=2))
     protocol = open_protocol(str(path), allow_dirty=True)
-    outcomes = run_protocol(protocol, path, tmp_path / "train", device="cpu", data_path=str(folder), allow_dirty=True)
+    outcomes = run_protocol(protocol, path, StudyOptions(output_dir=tmp_path / "train", device="cpu", data_path=str(folder),
+                                                         allow_dirty=True))
     assert [o.status for o in outcomes] == ["finished"] * 4, [o.message for o in outcomes]
 
     result = build_report(str(path), tmp_path / "reports")

@@ -164,7 +164,8 @@ def test_a_stop_that_torch_save_turns_into_another_error_is_still_a_stop(mlflow_
     data = synthetic_data(n_train=64, n_val=32, n_test=16)
     with sigterm_raises():
         with pytest.raises(KeyboardInterrupt) as raised:
-            train_one(tiny_config(epochs=3), data, "tiny", tmp_path / "out", "tiny", observer=SaveOnEpoch(),
+            train_one(tiny_config(epochs=3), data, experiment="tiny", output_dir=tmp_path / "out", run_name="tiny",
+                      observer=SaveOnEpoch(),
                       log=lambda line: None)
     assert isinstance(raised.value.__cause__, RuntimeError) and "unexpected pos" in str(raised.value.__cause__)
     (run,) = MlflowClient().search_runs([MlflowClient().get_experiment_by_name("tiny").experiment_id])

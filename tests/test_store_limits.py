@@ -27,6 +27,7 @@ from cli_errors import one_error_problems
 from studies.cli import main, one_line
 from tracking.record.lease import HEARTBEAT_TAG, HOST_TAG, PID_TAG, TOKEN_TAG, last_sign_of_life
 from studies.runtime.cell_end import StoreUnwritable
+from studies.runtime.options import StudyOptions
 from workbench.protocol import load_protocol
 
 PROTOCOLS = Path(__file__).resolve().parents[1] / "studies" / "protocols"
@@ -73,14 +74,15 @@ def test_ablate_stops_at_the_first_cell_the_full_store_refuses(mlflow_store, tmp
     full_artifact_copy(monkeypatch)
     calls = []
 
-    def logging_fails(cfg, data, experiment, output_dir, run_name, **kw):
-        calls.append(run_name)
+    def logging_fails(cfg, data, **kw):
+        calls.append(kw["run_name"])
         client.log_artifact(run, str(tmp_path / "f"))  # where a trained cell's checkpoint upload fails
 
     monkeypatch.setattr(ablate, "train_one", logging_fails)
     protocol = load_protocol(PROTOCOLS / "smoke.yaml")
     with pytest.raises(StoreUnwritable, match=r"^vit/seed0: the MLflow artifact store .* is full"):
-        ablate.run_cell(protocol, protocol.cells()[0], None, "parent", tmp_path / "out")
+        ablate.run_cell(protocol, protocol.cells()[0], data=None, parent_run_id="parent",
+                        options=StudyOptions(output_dir=tmp_path / "out"))
     assert calls == ["vit-seed0"]
 
 

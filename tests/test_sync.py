@@ -17,6 +17,7 @@ from studies.ablation import ablate
 from data_fixtures import make_image_folder
 from servers import free_port, isolated_tracking, workbench_server  # noqa: F401  (fixture)
 from studies.ablation.ablate import open_protocol, run_protocol
+from studies.runtime.options import StudyOptions
 from studies.ablation.train import train_one
 from studies.tools.sync import sync as sync_command
 from synthetic import synthetic_data, tiny_config
@@ -78,8 +79,8 @@ def test_unreachable_at_start_logs_locally_and_sync_copies_once(isolated_trackin
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"http://127.0.0.1:{free_port()}")  # nothing listens there
     parent = RunSink.create("q", {"mlflow.runName": "parent", "parent": "true"})
     assert parent.offline
-    outcome = train_one(tiny_config(epochs=2, evaluate_test=True), synthetic_data(n_train=64, n_val=32, n_test=32), "q", tmp_path / "out",
-                        "child", parent_run_id=parent.run_id)
+    outcome = train_one(tiny_config(epochs=2, evaluate_test=True), synthetic_data(n_train=64, n_val=32, n_test=32),
+                        experiment="q", output_dir=tmp_path / "out", run_name="child", parent_run_id=parent.run_id)
     assert outcome.status == "finished" and outcome.offline, outcome.message
     assert "workbench sync" in outcome.message
     parent.log_metrics({"cells_finished": 1})
@@ -132,8 +133,8 @@ def test_server_killed_mid_run_then_sync_holds_everything_exactly_once(isolated_
         killer = KillServerAfterEpoch(server, epoch=1)
         monkeypatch.setattr(ablate, "train_one", functools.partial(train_one, observer=killer))
         protocol = open_protocol(str(protocol_file), allow_dirty=True)
-        outcomes = run_protocol(protocol, protocol_file, tmp_path / "out", device="cpu", data_path=str(folder),
-                                allow_dirty=True)
+        outcomes = run_protocol(protocol, protocol_file, StudyOptions(output_dir=tmp_path / "out", device="cpu",
+                                                                      data_path=str(folder), allow_dirty=True))
         assert killer.killed_in == 1
         assert [o.status for o in outcomes] == ["finished", "finished"], [o.message for o in outcomes]
         err = capsys.readouterr().err
@@ -196,8 +197,8 @@ def test_a_study_begun_offline_keeps_its_one_parent_when_the_server_is_back(isol
         monkeypatch.setenv("MLFLOW_TRACKING_URI", server.url)
         offline_store.forget_health()
         protocol = open_protocol(str(protocol_file), allow_dirty=True)
-        run = functools.partial(run_protocol, protocol, protocol_file, tmp_path / "out", device="cpu",
-                                data_path=str(folder), allow_dirty=True)
+        run = functools.partial(run_protocol, protocol, protocol_file, StudyOptions(
+            output_dir=tmp_path / "out", device="cpu", data_path=str(folder), allow_dirty=True))
         real, calls = ablate.train_one, []
 
         def ctrl_c_after_the_first_cell(*args, **kwargs):

@@ -23,7 +23,7 @@ def only_run(client: MlflowClient, experiment: str):
 def test_train_one_logs_everything_and_a_second_call_skips(mlflow_store, tmp_path):
     data = synthetic_data()
     cfg = tiny_config(epochs=2, evaluate_test=True)
-    outcome = train_one(cfg, data, "t", tmp_path / "out", run_name="tiny")
+    outcome = train_one(cfg, data, experiment="t", output_dir=tmp_path / "out", run_name="tiny")
     assert outcome.status == "finished", outcome.message
     client = MlflowClient(mlflow_store)
     run = only_run(client, "t")
@@ -60,7 +60,7 @@ def test_train_one_logs_everything_and_a_second_call_skips(mlflow_store, tmp_pat
         diff = (loaded(x) - reference.eval()(x)).abs().max().item()
     assert diff <= 1e-5, f"logged model vs best checkpoint: max |difference| {diff:.3g}"
 
-    again = train_one(cfg, data, "t", tmp_path / "out", run_name="tiny")
+    again = train_one(cfg, data, experiment="t", output_dir=tmp_path / "out", run_name="tiny")
     assert again.status == "skipped" and again.run_id == outcome.run_id
     only_run(client, "t")
 
@@ -99,7 +99,7 @@ def test_nan_loss_marks_the_run_failed_with_the_step(mlflow_store, tmp_path, mon
         return real(*args, **kwargs) * (float("inf") if calls["n"] == 4 else 1.0)
 
     monkeypatch.setattr(loop, "F", type("F", (), {"cross_entropy": staticmethod(poisoned)}))
-    outcome = train_one(tiny_config(epochs=2), synthetic_data(), "n", tmp_path / "out", run_name="nan")
+    outcome = train_one(tiny_config(epochs=2), synthetic_data(), experiment="n", output_dir=tmp_path / "out", run_name="nan")
     assert outcome.status == "failed" and "step 3" in outcome.message
     run = only_run(MlflowClient(mlflow_store), "n")
     assert run.info.status == "FAILED"

@@ -9,9 +9,13 @@ import pandas as pd
 import pytest
 import torch
 import yaml
+from click.testing import CliRunner
 from mlflow.tracking import MlflowClient
 from sklearn.metrics import cohen_kappa_score
 
+from studies.cli import main
+from studies.runtime.options import StudyOptions
+from studies.runtime.study_kind import open_study
 from studies.transfer import transfer_study
 from conftest import assert_close
 from data_fixtures import md5
@@ -137,8 +141,9 @@ def test_protocol_end_to_end_selection_never_reads_the_test_split(mlflow_store, 
     monkeypatch.setattr(TestSplitGuard, "release", lambda self: (events.append(("selection finished", "")), release(self)))
     monkeypatch.setattr(transfer_study, "evaluate_on_test", evaluate_failing_once)
     monkeypatch.setattr(transfer_study, "select_cell", lambda cell, *a: (selected.append(cell.key), select(cell, *a))[1])
-    protocol = transfer_study.open_transfer_protocol(str(path), allow_dirty=True)
-    outcomes = transfer_study.run_transfer(protocol, path, tmp_path / "out", "cpu", str(tmp_path / "retinamnist.npz"), True)
+    protocol = open_study(transfer_study.TransferStudy, str(path), allow_dirty=True)
+    outcomes = transfer_study.run_transfer(protocol, path, StudyOptions(
+        output_dir=tmp_path / "out", device="cpu", data_path=str(tmp_path / "retinamnist.npz"), allow_dirty=True))
     assert [o.status for o in outcomes] == ["finished"] * 5 + ["failed"], [o.message for o in outcomes]
     assert len(selected) == 6
 
@@ -151,8 +156,12 @@ def test_protocol_end_to_end_selection_never_reads_the_test_split(mlflow_store, 
     later = lambda: {"git_commit": "a-later-docs-commit", "git_dirty": "false"}  # noqa: E731
     monkeypatch.setattr("tracking.store.session.git_state", later)
     monkeypatch.setattr("tracking.record.protocol_runs.git_state", later)
-    again = transfer_study.run_transfer(protocol, path, tmp_path / "out", "cpu", str(tmp_path / "retinamnist.npz"), True)
-    assert [o.status for o in again] == ["skipped"] * 5 + ["finished"], [o.message for o in again]
+    again = CliRunner().invoke(main, ["transfer", "--protocol", str(path), "--allow-dirty", "--device", "cpu",
+                                      "--data-path", str(tmp_path / "retinamnist.npz"),
+                                      "--output-dir", str(tmp_path / "out")])  # the command, as a user runs it
+    assert again.exit_code == 0, again.output
+    assert again.output.count("[skipped] ") == 5 and again.output.count("[finished] ") == 1, again.output
+    assert "cells: 1 run, 5 already finished (skipped), 0 failed" in again.output, again.output
     assert len(selected) == 6, f"a finished selection was retrained: {selected}"
 
     client = MlflowClient()
@@ -222,8 +231,9 @@ def test_ctrl_c_ends_every_held_run_killed_and_the_rerun_only_tests_the_selected
 
     monkeypatch.setattr(transfer_study, "evaluate_on_test", interrupted_at_the_second)
     monkeypatch.setattr(transfer_study, "select_cell", lambda cell, *a: (selected.append(cell.key), select(cell, *a))[1])
-    protocol = transfer_study.open_transfer_protocol(str(path), allow_dirty=True)
-    args = (protocol, path, tmp_path / "out", "cpu", str(tmp_path / "retinamnist.npz"), True)
+    protocol = open_study(transfer_study.TransferStudy, str(path), allow_dirty=True)
+    args = (protocol, path, StudyOptions(output_dir=tmp_path / "out", device="cpu",
+                                          data_path=str(tmp_path / "retinamnist.npz"), allow_dirty=True))
     with pytest.raises(KeyboardInterrupt):
         transfer_study.run_transfer(*args)
     client = MlflowClient()

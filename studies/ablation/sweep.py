@@ -314,7 +314,8 @@ def sweep(protocol_path, arm, params, trials, seed, sampler_seed, storage, study
         except (ValueError, TypeError) as err:
             raise optuna.TrialPruned(f"invalid combination: {err}") from err
         outcome = train_one(
-            cfg, data, protocol.name, Path(output_dir) / protocol.name, run_name=f"{name}#{trial.number}",
+            cfg, data, experiment=protocol.name, output_dir=Path(output_dir) / protocol.name,
+            run_name=f"{name}#{trial.number}",
             parent_run_id=parent.run_id, identity={"sweep": name, "trial": trial.number},
             tags={"sweep": name, "trial_number": str(trial.number), "arm": chosen.name, "seed": str(seed)},
             observer=PruningObserver(trial),

@@ -12,17 +12,17 @@ import contextlib
 import hashlib
 import math
 import os
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import click
 import torch
 from tqdm.auto import tqdm
 
+from studies.runtime.cell_end import end_after_error, end_cell
 from studies.runtime.options import FINITE, check_amp, threads_option
+from studies.runtime.outcome import CellOutcome, Status
 from studies.runtime.preflight import (check_trainable, check_writable_folder, outcome_line, remove_abandoned_cache_files,
                                        trainable_problem)
-from studies.runtime.stop_signals import as_stop, stop_reason
 from tracking.kinds.training_runs import (
     MlflowTrainingObserver,
     log_run_inputs,
@@ -32,7 +32,7 @@ from tracking.kinds.training_runs import (
     withdraw_candidate,
 )
 from tracking.record.create_once import ClaimLost
-from tracking.record.lease import HEARTBEATS, RELEASED_TAG, LeaseLost, lease_tags, new_token
+from tracking.record.lease import HEARTBEATS, LeaseLost, lease_tags, new_token
 from tracking.record.protocol_runs import STARTED_TAG
 from tracking.record.sink import RunSink
 from tracking.store.session import configure_tracking, environment_tags, run_user
@@ -44,15 +44,6 @@ from workbench.precision import device_capability, resolve_amp
 from workbench.train.config import DataSpec, ModelSpec, OptimConfig, RunConfig, TrainConfig
 from workbench.train.fits import DataShape, misfits
 from workbench.train.loop import NonFiniteLoss, Observers, StopTraining, Trainer, TrainingObserver, config_hash, resolve_device
-
-
-@dataclass
-class TrainOutcome:
-    run_id: str
-    status: str  # "finished", "skipped" (already finished), "busy" (running elsewhere), "stopped", "lost" or "failed"
-    message: str
-    metrics: dict = field(default_factory=dict)  # the run's latest metrics, wherever the run is logged
-    offline: bool = False  # logged to the local fallback store (see `workbench sync`)
 
 
 def prepare_data(spec: DataSpec, download: bool = False) -> PreparedData:
@@ -72,6 +63,7 @@ def run_key_for(cfg: TrainConfig, data: PreparedData, identity: dict | None = No
 def train_one(
     cfg: TrainConfig,
     data: PreparedData,
+    *,
     experiment: str,
     output_dir: Path,
     run_name: str,
@@ -83,7 +75,7 @@ def train_one(
     log=tqdm.write,
     take_over: bool = False,
     threads: int = 0,
-) -> TrainOutcome:
+) -> CellOutcome:
     """Train ``cfg`` on ``data`` in its own MLflow run (a child of ``parent_run_id``).
 
     ``threads`` is the thread count the user asked for (``--threads``; 0: none asked). A
@@ -104,11 +96,11 @@ def train_one(
                                               **(tags or {}), **lease_tags(token)}, parent_run_id,
                             take_over)
     if opened.status == "FINISHED":
-        return TrainOutcome(opened.run_id, "skipped", f"{run_name}: skipped (finished in run {opened.run_id})",
-                            opened.metrics)
+        return CellOutcome(None, Status.SKIPPED, f"{run_name}: skipped (finished in run {opened.run_id})",
+                           opened.run_id, opened.metrics)
     if opened.status == "BUSY":
-        return TrainOutcome(opened.run_id, "busy", f"{run_name}: not touched ({opened.why}, run {opened.run_id})",
-                            opened.metrics)
+        return CellOutcome(None, Status.BUSY, f"{run_name}: not touched ({opened.why}, run {opened.run_id})",
+                           opened.run_id, opened.metrics)
     sink = opened.sink
     if opened.continues:
         log(f"{run_name}: continuing in a new run {sink.run_id}: the holder of run {opened.continues} "
@@ -126,8 +118,8 @@ def train_one(
 
 def _train(cfg: TrainConfig, data: PreparedData, sink: RunSink, token: str, previous: str | None, run_dir: Path,
            mlflow_observer: MlflowTrainingObserver, observer: TrainingObserver | None, run_name: str,
-           params: dict | None, thread_tags: dict, log) -> TrainOutcome:
-    """The training of one opened run, ended with a truthful status however it goes."""
+           params: dict | None, thread_tags: dict, log) -> CellOutcome:
+    """The training of one opened run, ended with a truthful status however it goes (``studies.runtime.cell_end``)."""
     try:
         trainer = Trainer(cfg, data, run_dir, Observers(mlflow_observer, _Announce(run_name, sink.run_id, previous, log),
                                                         observer))
@@ -146,31 +138,25 @@ def _train(cfg: TrainConfig, data: PreparedData, sink: RunSink, token: str, prev
     except ClaimLost as err:  # another execution's run is the cell's after all: this one never trained
         HEARTBEATS.release(sink.run_id)
         withdraw_candidate(sink, err)
-        return TrainOutcome(err.winner or sink.run_id, "busy", f"{run_name}: not trained: {err}")
+        return CellOutcome(None, Status.BUSY, f"{run_name}: not trained: {err}", err.winner or sink.run_id)
     except LeaseLost as err:  # the run is someone else's now: not one more write to it
         HEARTBEATS.release(sink.run_id)
-        return TrainOutcome(sink.run_id, "lost", f"{run_name}: stopped without logging more: {err}")
+        return CellOutcome(None, Status.LOST, f"{run_name}: stopped without logging more: {err}", sink.run_id)
     except NonFiniteLoss as err:
         sink.set_tags({"failure": str(err), "nonfinite_loss_step": err.step, "nonfinite_loss_epoch": err.epoch})
-        return _end(sink, token, "FAILED", "failed", f"{run_name}: {err}")
+        return _ended(sink, token, "FAILED", Status.FAILED, f"{run_name}: {err}")
     except StopTraining as err:
         sink.set_tags({"stopped": str(err) or "stopped by an observer"})
-        return _end(sink, token, "KILLED", "stopped", f"{run_name}: stopped ({err})")
-    except BaseException as err:  # as MLflow's run context did: the run records why it ended
-        stop = as_stop(err)  # a Ctrl-C that torch.save turned into a RuntimeError is still a Ctrl-C
-        with contextlib.suppress(Exception):  # never hide the real error behind a logging one
-            interrupted = isinstance(stop, (KeyboardInterrupt, SystemExit))
-            sink.set_tags({"end_reason": stop_reason(stop, err)[:500]})
-            _end(sink, token, "KILLED" if interrupted else "FAILED", "failed", "")
-        if stop is not err:
-            raise stop from err
-        raise
+        return _ended(sink, token, "KILLED", Status.STOPPED, f"{run_name}: stopped ({err})")
+    except BaseException as err:  # the run records why it ended; a stop or a full store goes up from here
+        end_after_error(sink, token, err, show_traceback=False)
+        raise  # an error: the run ended FAILED (tag failure); the caller decides what it means
     message = f"{run_name}: best val accuracy {result.final_metrics['best_val_accuracy']:.4f} at epoch {result.best_epoch}; {result.reload_proof.summary()}"
     if sink.offline:
         message += f" [logged locally, run {sink.local_run_id}: `workbench sync` copies it to the server]"
     if not result.reload_proof.passed:
-        return _end(sink, token, "FAILED", "failed", message)
-    return _end(sink, token, "FINISHED", "finished", message)
+        return _ended(sink, token, "FAILED", Status.FAILED, message)
+    return _ended(sink, token, "FINISHED", Status.FINISHED, message)
 
 
 @contextlib.contextmanager
@@ -216,12 +202,9 @@ class _Announce(TrainingObserver):
             self.log(f"{self.run_name}: started {where}")
 
 
-def _end(sink: RunSink, token: str, run_status: str, status: str, message: str) -> TrainOutcome:
-    HEARTBEATS.release(sink.run_id)
-    # This execution ends the run itself and will not write to it again: a later one may continue it.
-    sink.set_tags({RELEASED_TAG: token})
-    sink.end(run_status)
-    return TrainOutcome(sink.run_id, status, message, sink.latest_metrics(), sink.offline)
+def _ended(sink: RunSink, token: str, run_status: str, status: Status, message: str) -> CellOutcome:
+    end_cell(sink, token, run_status)  # released first: this execution will not write to the run again
+    return CellOutcome(None, status, message, sink.run_id, sink.latest_metrics(), offline=sink.offline)
 
 
 def parse_overrides(pairs: tuple[str, ...]) -> dict:
@@ -334,8 +317,9 @@ def train(**o):
                                  *([problem] if problem else [])])
     if problem:
         raise click.ClickException(problem)
-    outcome = train_one(cfg, data, o["experiment"], Path(o["output_dir"]), run_name=f"{cfg.model.name}-seed{cfg.run.seed}",
-                        parent_run_id=os.environ.get("MLFLOW_RUN_ID"), threads=o["threads"])
+    outcome = train_one(cfg, data, experiment=o["experiment"], output_dir=Path(o["output_dir"]),
+                        run_name=f"{cfg.model.name}-seed{cfg.run.seed}", parent_run_id=os.environ.get("MLFLOW_RUN_ID"),
+                        threads=o["threads"])
     click.echo(outcome_line(outcome.status, outcome.message, outcome.run_id))
     if outcome.status == "failed":
         raise SystemExit(1)

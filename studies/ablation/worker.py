@@ -25,7 +25,7 @@ from studies.ablation.cell_queue import (
     requeue_expired,
 )
 from studies.ablation.jobs import OUTCOME_ATTR
-from studies.runtime.options import FiniteFloat, check_protocol_amp, check_storage_option, threads_option
+from studies.runtime.options import FiniteFloat, StudyOptions, check_protocol_amp, check_storage_option, threads_option
 from studies.runtime.secret_options import storage_options
 from studies.runtime.stop_signals import pending_stop, sigterm_raises
 from studies.runtime.study_execution import held_parent, prepare_protocol_data
@@ -175,8 +175,9 @@ def drain_queue(storage, study_name, device, data_path, output_dir, max_cells, r
             index = trial.user_attrs["cell"]
             cell = protocol.cells()[index]
             click.echo(f"cell {index}: {cell.key} (took it from the queue)")
-            outcome = run_cell(protocol, cell, data, parent.run_id, Path(output_dir), device, data_path, allow_dirty,
-                               observer=fence, take_over=True, log=click.echo, threads=threads)
+            outcome = run_cell(protocol, cell, data=data, parent_run_id=parent.run_id, options=StudyOptions(
+                output_dir=Path(output_dir), device=device, data_path=data_path, allow_dirty=allow_dirty, threads=threads),
+                observer=fence, take_over=True, log=click.echo)
             click.echo(f"[{outcome.status}] {outcome.message}")
             return outcome.status, outcome.metrics.get("best_val_accuracy", float("nan"))
 

@@ -51,7 +51,7 @@ def compare_cells(cells: list[tuple[str, int, TrainConfig]], data: PreparedData,
                 row |= {"plain_s": time.perf_counter() - started, "plain_best_val_accuracy": r.best_val_accuracy,
                         "plain_best_epoch": r.best_epoch, "plain_test_accuracy": r.test_accuracy}
             else:
-                out = train_one(cfg, data, experiment, output_dir, run_name=f"{arm}-seed{seed}",
+                out = train_one(cfg, data, experiment=experiment, output_dir=output_dir, run_name=f"{arm}-seed{seed}",
                                 identity={"recipe_benchmark": nonce, "arm": arm, "seed": seed},
                                 tags={"recipe_benchmark": nonce})
                 if out.status != "finished":

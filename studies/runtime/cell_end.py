@@ -1,7 +1,10 @@
 """How a study cell's run ends when its holder ends it: done, failed, or stopped by the user.
 
-Shared by ``transfer`` and ``intervene``, whose cells are leased runs that this execution holds
-(``ablate`` ends its runs inside ``studies.ablation.train``, with the same rules).
+The one end of every leased run a study trains or evaluates: ``ablate``'s cells (and ``train``'s and
+a sweep's runs, in ``studies.ablation.train``), ``transfer``'s and ``intervene``'s. The rules: the
+lease is released first (so the next execution may continue the run in place), an error ends it
+FAILED with tag ``failure``, Ctrl-C or SIGTERM ends it KILLED with tag ``end_reason``, and a full or
+read-only store stops the execution (``StoreUnwritable``): every later cell would fail the same way.
 """
 
 from __future__ import annotations
@@ -10,9 +13,12 @@ import contextlib
 import traceback
 
 import click
+from tqdm.auto import tqdm
 
+from studies.runtime.outcome import CellOutcome, Status
 from studies.runtime.stop_signals import as_stop, stop_reason
-from tracking.record.lease import HEARTBEATS, RELEASED_TAG
+from tracking.kinds.training_runs import KeyedRun
+from tracking.record.lease import HEARTBEATS, RELEASED_TAG, LeaseLost, lease_tags
 from tracking.record.sink import RunSink
 from tracking.store.store_errors import explain
 
@@ -24,6 +30,40 @@ class StoreUnwritable(click.ClickException):
 REASON_CHARS = 500
 
 
+def hold_opened(cell, opened: KeyedRun, token: str, log=tqdm.write) -> CellOutcome | None:
+    """The outcome of a cell whose run needs nothing from this execution, or None: this execution holds it now.
+
+    ``opened`` is the cell's run found or created by its key with lease tags of ``token``: FINISHED
+    (skipped), BUSY (a live execution elsewhere holds it: not touched), or to work on, whose lease
+    this execution takes (an older holder is fenced off) and renews from here on.
+    """
+    if opened.status == "FINISHED":
+        return CellOutcome(cell, Status.SKIPPED, f"{cell.key}: already finished in run {opened.run_id}", opened.run_id)
+    if opened.status == "BUSY":
+        return CellOutcome(cell, Status.BUSY, f"{cell.key}: not touched ({opened.why}, run {opened.run_id})",
+                           opened.run_id)
+    sink = opened.sink
+    if opened.continues:
+        log(f"{cell.key}: continuing in a new run {sink.run_id}: the holder of run {opened.continues} "
+            "may still write to that one")
+    if opened.status is not None:
+        sink.set_tags(lease_tags(token))  # this execution holds the run now
+    HEARTBEATS.hold(sink.run_id, sink.uri, token)
+    return None
+
+
+def outcome_of_error(cell, sink: RunSink, token: str, err: BaseException) -> CellOutcome:
+    """A held cell's outcome for ``err``, from the ``except`` that caught it (``end_after_error``).
+
+    A lost lease: another execution holds the run now, so not one more write to it (LOST). Any other
+    error ends the run FAILED and fails this cell only; a stop or a full store goes up.
+    """
+    if isinstance(err, LeaseLost):
+        HEARTBEATS.release(sink.run_id)
+        return CellOutcome(cell, Status.LOST, f"{cell.key}: stopped without logging more: {err}", sink.run_id)
+    return CellOutcome(cell, Status.FAILED, f"{cell.key}: {end_after_error(sink, token, err)}", sink.run_id)
+
+
 def end_cell(sink: RunSink, token: str, status: str) -> None:
     """End a cell's run as its holder: released first, so the next execution may continue it in place."""
     HEARTBEATS.release(sink.run_id)
@@ -31,7 +71,7 @@ def end_cell(sink: RunSink, token: str, status: str) -> None:
     sink.end(status)
 
 
-def end_after_error(sink: RunSink, token: str, err: BaseException) -> str:
+def end_after_error(sink: RunSink, token: str, err: BaseException, show_traceback: bool = True) -> str:
     """End a cell's run for ``err`` and say why; call it from the ``except`` that caught ``err``.
 
     An error: the run ends FAILED with tag ``failure`` and the caller goes on with the next cell.
@@ -40,6 +80,7 @@ def end_after_error(sink: RunSink, token: str, err: BaseException) -> str:
     SIGTERM, also one that came out as another error (``as_stop``: torch's zip writer
     turns one into a ``RuntimeError``): the run ends KILLED with tag ``end_reason`` and the stop
     goes up, so no further cell starts. Any other exit (``SystemExit``) ends it FAILED and goes up.
+    ``show_traceback``: print the error's traceback (a caller that raises the error again does not).
     """
     stop = as_stop(err)
     store_problem = explain(err) if isinstance(stop, Exception) else None
@@ -49,10 +90,12 @@ def end_after_error(sink: RunSink, token: str, err: BaseException) -> str:
             end_cell(sink, token, "FAILED")
         raise StoreUnwritable(store_problem) from err
     if isinstance(stop, Exception):
-        traceback.print_exc()
+        if show_traceback:
+            traceback.print_exc()
         reason = f"{type(err).__name__}: {err}"
-        sink.set_tags({"failure": reason[:REASON_CHARS]})
-        end_cell(sink, token, "FAILED")
+        with contextlib.suppress(Exception):  # never hide the real error behind a logging one
+            sink.set_tags({"failure": reason[:REASON_CHARS]})
+            end_cell(sink, token, "FAILED")
         return reason
     with contextlib.suppress(Exception):  # never hide the real stop behind a logging error
         sink.set_tags({"end_reason": stop_reason(stop, err)[:REASON_CHARS]})
@@ -60,3 +103,11 @@ def end_after_error(sink: RunSink, token: str, err: BaseException) -> str:
     if stop is err:
         raise err
     raise stop from err
+
+
+def end_with_execution(sink: RunSink, token: str, err: BaseException) -> None:
+    """End a run this execution holds but is not working on (a transfer cell waiting for its test) as the
+    execution ended: KILLED for Ctrl-C or SIGTERM, FAILED otherwise, with tag ``end_reason``; never raises."""
+    with contextlib.suppress(Exception):
+        sink.set_tags({"end_reason": f"{type(err).__name__}: {err}"[:REASON_CHARS]})
+        end_cell(sink, token, "KILLED" if isinstance(err, KeyboardInterrupt) else "FAILED")

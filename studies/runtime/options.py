@@ -1,8 +1,15 @@
-"""Options shared by the training entry points (train, ablate, worker, sweep, transfer), and their checks."""
+"""Options shared by the training entry points (train, ablate, worker, sweep, transfer, intervene), and their checks.
+
+``study_options`` is the one stack of options every study command takes (``ablate``, ``transfer``,
+``intervene``); the command receives them as one ``StudyOptions``, which travels on as it is.
+"""
 
 from __future__ import annotations
 
+import functools
 import math
+from dataclasses import dataclass
+from pathlib import Path
 
 import click
 
@@ -44,6 +51,50 @@ threads_option = click.option(
     "--threads", type=click.IntRange(min=0), default=0, show_default=True, callback=_apply_threads,
     help="torch intra-op threads (0: torch's default, one per core; on a shared machine set it to the free cores).",
 )
+
+
+@dataclass(frozen=True)
+class StudyOptions:
+    """What every execution of a study passes on to its cells, built once from the command line."""
+
+    output_dir: Path = Path("outputs")  # checkpoints, predictions, downloaded sources (each command's own default)
+    device: str = "auto"
+    data_path: str | None = None  # where this machine keeps the dataset, if not in the usual places
+    allow_dirty: bool = False  # a protocol file with uncommitted changes may run (recorded on the runs)
+    download: bool = False  # a dataset download is allowed
+    threads: int = 0  # the --threads asked for (0: none); applied when the option was parsed
+
+
+STUDY_OPTION_NAMES = ("allow_dirty", "device", "data_path", "download", "output_dir", "threads")
+
+
+def study_options(output_dir: str, output_help: str):
+    """The options of a study command (``--allow-dirty``, ``--device``, ``--data-path``, ``--download``,
+    ``--output-dir`` with this command's default and help, ``--threads``), given to it as ``options``."""
+
+    def decorate(command):
+        @functools.wraps(command)
+        def with_options(*args, **kwargs):
+            values = {name: kwargs.pop(name) for name in STUDY_OPTION_NAMES}
+            values["output_dir"] = Path(values["output_dir"])
+            return command(*args, options=StudyOptions(**values), **kwargs)
+
+        stack = [
+            click.option("--allow-dirty", is_flag=True,
+                         help="Run a protocol file with uncommitted changes (recorded on the runs)."),
+            click.option("--device", default="auto", show_default=True),
+            click.option("--data-path", default=None,
+                         help="Where this machine keeps the dataset, if not in the usual places."),
+            click.option("--download/--no-download", default=False, show_default=True),
+            click.option("--output-dir", type=click.Path(file_okay=False), default=output_dir, show_default=True,
+                         help=output_help),
+            threads_option,
+        ]
+        for option in reversed(stack):  # listed in --help in this order
+            with_options = option(with_options)
+        return with_options
+
+    return decorate
 
 
 def check_amp(amp: str, device: str) -> None:

@@ -8,9 +8,7 @@ section is rebuilt from MLflow at the end and logged on the execution's parent r
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
-import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -19,15 +17,15 @@ import torch
 from tqdm.auto import tqdm
 
 from reports.transfer.transfer_blocks import transfer_markdown
-from studies.runtime.cell_end import end_after_error, end_cell
-from studies.runtime.options import check_amp, threads_option
+from studies.runtime.cell_end import end_cell, end_with_execution, hold_opened, outcome_of_error
+from studies.runtime.options import StudyOptions, check_amp, study_options
+from studies.runtime.outcome import CellOutcome, Status
 from studies.runtime.preflight import check_writable_folder, remove_abandoned_cache_files
-from studies.runtime.stop_signals import sigterm_raises
-from studies.runtime.study_execution import held_parent
-from studies.runtime.study_protocol import ProtocolError, check_clean, check_frozen, load_protocol, load_transfer_protocol
+from studies.runtime.study_kind import StudyKind, open_study, run_cells, run_study, said_in_one_line
+from studies.runtime.study_protocol import ProtocolError, load_protocol, load_transfer_protocol
 from tracking.kinds import transfer_runs
-from tracking.record.lease import HEARTBEATS, LeaseLost, lease_tags, new_token
-from tracking.record.protocol_runs import STARTED_TAG, frozen_hashes
+from tracking.record.lease import HEARTBEATS, lease_tags, new_token
+from tracking.record.protocol_runs import STARTED_TAG
 from tracking.record.sink import RunSink
 from tracking.store.session import configure_tracking, environment_tags
 from workbench.data import DatasetNotFound, PreparedData, SplitSizeError, prepare
@@ -46,14 +44,6 @@ DEFAULT_PROTOCOL = "studies/protocols/retina_transfer_smoke.yaml"
 
 
 @dataclass
-class CellOutcome:
-    cell: TransferCell
-    status: str  # finished | skipped | failed | busy (another live execution holds it) | lost (taken over)
-    message: str
-    run_id: str | None = None
-
-
-@dataclass
 class OpenCell:
     """A cell selected in phase 1 whose run this execution holds (leased) until phase 2 ends it."""
 
@@ -62,14 +52,6 @@ class OpenCell:
     run_dir: Path
     selection: Selection
     token: str
-
-
-def open_transfer_protocol(path: str, allow_dirty: bool) -> TransferProtocol:
-    protocol = load_transfer_protocol(path)
-    check_clean(path, allow_dirty)
-    configure_tracking()
-    check_frozen(protocol, frozen_hashes(protocol.name))
-    return protocol
 
 
 def resolve_source(spec: SourceSpec, override: str | None, protocol_file: Path, download_dir: Path) -> SourceModel:
@@ -169,14 +151,14 @@ class Execution:
         return self.cache
 
 
-def prepare_execution(protocol: TransferProtocol, protocol_file: Path, output_dir: Path, device: str,
-                      data_path: str | None, download: bool, source_override: str | None) -> Execution:
+def prepare_execution(protocol: TransferProtocol, protocol_file: Path, options: StudyOptions, *,
+                      source_override: str | None = None) -> Execution:
     """Source, data (test split locked away at once) and the shared context."""
-    output_dir = Path(output_dir) / protocol.name
+    output_dir = options.output_dir / protocol.name
     source = resolve_source(protocol.source, source_override, Path(protocol_file), output_dir / "sources")
     cfg = source.cfg
     try:
-        data = prepare_transfer_data(protocol.dataset, data_path, download, cfg.image_size)
+        data = prepare_transfer_data(protocol.dataset, options.data_path, options.download, cfg.image_size)
     except SplitSizeError as err:
         raise ProtocolError(f"{protocol_file}: dataset: {err}") from err
     if len(data.class_names) < 2:  # a new head with one output learns nothing
@@ -187,7 +169,7 @@ def prepare_execution(protocol: TransferProtocol, protocol_file: Path, output_di
                             f"split ({len(data.train)} images of {data.display_name})")
     if data.test is None:  # the container's field, not the images: nothing is read here
         raise ProtocolError(f"{protocol_file}: {data.display_name} has no test split; a transfer study reports test metrics")
-    dev, side = resolve_device(device), data.train.images.shape[-1]
+    dev, side = resolve_device(options.device), data.train.images.shape[-1]
     ctx = TransferContext(dev, resolve_amp(protocol.run.amp, dev), protocol.run.batch_size,
                           protocol.run.eval_batch_size, source.norm, None if side == cfg.image_size else cfg.image_size,
                           len(data.class_names))
@@ -219,17 +201,10 @@ def select_phase(ex: Execution, cell: TransferCell, allow_dirty: bool) -> CellOu
             "is_reference": str(cell.regime.reference).lower(), "source_identity": ex.identity,
             "allow_dirty": str(allow_dirty).lower(), **lease_tags(token)}
     opened = transfer_runs.open_cell_run(p.name, key, f"{cell.regime.name}-seed{cell.seed}", ex.parent, tags)
-    if opened.status == "FINISHED":
-        return CellOutcome(cell, "skipped", f"{cell.key}: already finished in run {opened.run_id}", opened.run_id)
-    if opened.status == "BUSY":
-        return CellOutcome(cell, "busy", f"{cell.key}: not touched ({opened.why}, run {opened.run_id})", opened.run_id)
+    untouched = hold_opened(cell, opened, token)
+    if untouched is not None:
+        return untouched
     sink, run_dir = opened.sink, ex.output_dir / key
-    if opened.continues:
-        tqdm.write(f"{cell.key}: continuing in a new run {sink.run_id}: the holder of run {opened.continues} "
-                   "may still write to that one")
-    if opened.status is not None:
-        sink.set_tags(lease_tags(token))  # this execution holds the run now
-    HEARTBEATS.hold(sink.run_id, sink.uri, token)
     try:
         sink.set_tags({**environment_tags(str(ex.ctx.device)), "code_fingerprint": transfer_runs.transfer_code_fingerprint(),
                        **device_capability(ex.ctx.device),
@@ -244,11 +219,8 @@ def select_phase(ex: Execution, cell: TransferCell, allow_dirty: bool) -> CellOu
             transfer_runs.log_selection(sink, selection, p.run.log_checkpoints)
         if not selection.proof["passed"]:
             raise RuntimeError(f"{selection.proof['what']} failed: {selection.proof['summary']}")
-    except LeaseLost as err:  # another execution holds the run now: not one more write to it
-        HEARTBEATS.release(sink.run_id)
-        return CellOutcome(cell, "lost", f"{cell.key}: stopped without logging more: {err}", sink.run_id)
     except BaseException as err:  # a failing cell must not take the others down; Ctrl-C goes up
-        return CellOutcome(cell, "failed", f"{cell.key}: {end_after_error(sink, token, err)}", sink.run_id)
+        return outcome_of_error(cell, sink, token, err)
     tqdm.write(f"[selected] {cell.key}: epoch {selection.best_epoch}, val QWK {selection.best_val['val_qwk']:.4f} "
                f"({selection.seconds:.1f} s)")
     return OpenCell(cell, sink, run_dir, selection, token)
@@ -262,69 +234,83 @@ def evaluate_phase(ex: Execution, held: OpenCell) -> CellOutcome:
         result = evaluate_on_test(held.selection, ex.source, ex.guard, ex.ctx, held.run_dir, evaluation)
         HEARTBEATS.check(sink.run_id, verify=True)
         transfer_runs.log_test(sink, result, evaluation.n_resamples, evaluation.confidence)
-    except LeaseLost as err:
-        HEARTBEATS.release(sink.run_id)
-        return CellOutcome(cell, "lost", f"{cell.key}: stopped without logging more: {err}", sink.run_id)
     except BaseException as err:  # the run records why it ended; Ctrl-C goes up
-        return CellOutcome(cell, "failed", f"{cell.key}: {end_after_error(sink, held.token, err)}", sink.run_id)
+        return outcome_of_error(cell, sink, held.token, err)
     qwk = result.cis["qwk"]
     end_cell(sink, held.token, "FINISHED" if result.agree else "FAILED")
     where = f" [logged locally, run {sink.local_run_id}: `workbench sync` copies it to the server]" if sink.offline else ""
-    return CellOutcome(cell, "finished" if result.agree else "failed",
+    return CellOutcome(cell, Status.FINISHED if result.agree else Status.FAILED,
                        f"{cell.key}: test QWK {qwk.estimate:.4f} [{qwk.low:.4f}, {qwk.high:.4f}], "
-                       f"metrics from file {'agree' if result.agree else 'DIFFER'}{where}", sink.run_id)
+                       f"metrics from file {'agree' if result.agree else 'DIFFER'}{where}", sink.run_id,
+                       offline=sink.offline)
 
 
-def run_transfer(
-    protocol: TransferProtocol, protocol_file: Path, output_dir: Path, device: str = "auto",
-    data_path: str | None = None, allow_dirty: bool = False, download: bool = False,
-    source_override: str | None = None,
-) -> list[CellOutcome]:
-    """Run (or resume) every cell of ``protocol`` under the study's one parent run; returns the outcomes.
+class TransferStudy(StudyKind):
+    """A transfer protocol's regimes x seeds: every cell selected on validation (phase 1, the test split locked
+    away), then each selected cell tested once (phase 2, ``deferred``)."""
 
-    However the execution ends (finished, failed, Ctrl-C, SIGTERM), the runs it holds end
-    with a status that says so, and the parent's cell counts come from its children.
-    """
-    configure_tracking()
-    ex = prepare_execution(protocol, protocol_file, output_dir, device, data_path, download, source_override)
-    tqdm.write(f"{protocol.name}@{protocol.short_hash}: source {ex.source.info.label()} [{ex.identity[:16]}]; "
-               f"{ex.data.display_name}, {len(ex.data.train)} train / {len(ex.data.val)} val; {ex.inputs}")
-    extra = {"transfer": "true", "source_identity": ex.identity, "source_override": source_override or ""}
-    with sigterm_raises(), held_parent(protocol, protocol_file, allow_dirty, extra) as held:
-        ex.parent = held.run_id
-        parent = held.sink
-        parent.log_params({
+    user_errors = (ProtocolError, SourceError, DatasetNotFound)
+
+    def __init__(self, options: StudyOptions, source_override: str | None = None) -> None:
+        self.options, self.source_override = options, source_override
+        self.pending: list[OpenCell] = []  # selected, waiting for the test phase; this execution holds their runs
+
+    @classmethod
+    def load(cls, path: str) -> TransferProtocol:
+        return load_transfer_protocol(path)
+
+    def prepare(self, protocol: TransferProtocol, protocol_file: Path, options: StudyOptions) -> str:
+        configure_tracking()
+        self.ex = ex = prepare_execution(protocol, protocol_file, options, source_override=self.source_override)
+        return (f"{protocol.name}@{protocol.short_hash}: source {ex.source.info.label()} [{ex.identity[:16]}]; "
+                f"{ex.data.display_name}, {len(ex.data.train)} train / {len(ex.data.val)} val; {ex.inputs}")
+
+    def parent_tags(self) -> dict:
+        return {"transfer": "true", "source_identity": self.ex.identity, "source_override": self.source_override or ""}
+
+    def begin(self, parent) -> None:
+        ex, protocol = self.ex, self.ex.protocol
+        ex.parent = parent.run_id
+        parent.sink.log_params({
             **ex.source.info.as_params(), "transfer.regimes": ",".join(r.name for r in protocol.regimes),
             "transfer.reference": protocol.reference.name, "transfer.num_classes": ex.ctx.num_classes,
             "evaluation.n_resamples": protocol.evaluation.n_resamples,
             "evaluation.confidence": protocol.evaluation.confidence, "evaluation.seed": protocol.evaluation.seed,
             "inputs": ex.inputs, "data.display_name": ex.data.display_name,
             "data.fingerprint": ex.data.data_fingerprint, "data.split_fingerprint": ex.data.split_fingerprint})
-        outcomes: list[CellOutcome] = []
-        pending: list[OpenCell] = []
-        try:
-            for cell in protocol.cells():
-                result = select_phase(ex, cell, allow_dirty)
-                (pending if isinstance(result, OpenCell) else outcomes).append(result)
-                if isinstance(result, CellOutcome) and result.status in ("busy", "lost"):
-                    tqdm.write(f"[{result.status}] {result.message}")
-            ex.guard.release()  # selection of every cell is over: phase 2 may read the test split
-            parent.log_params({"data.n_test": len(ex.guard.split())})
-            while pending:  # taken off first: evaluate_phase ends its cell's run however it ends
-                outcomes.append(evaluate_phase(ex, pending.pop(0)))
-                tqdm.write(f"[{outcomes[-1].status}] {outcomes[-1].message}")
-        except BaseException as err:
-            # Selected cells waiting for their test evaluation end with the execution, as it ended;
-            # the next execution reuses their selection (tag ``phase``) and only tests them.
-            interrupted = isinstance(err, KeyboardInterrupt)
-            for held_cell in pending:
-                with contextlib.suppress(Exception):
-                    held_cell.sink.set_tags({"end_reason": f"{type(err).__name__}: {err}"[:500]})
-                    end_cell(held_cell.sink, held_cell.token, "KILLED" if interrupted else "FAILED")
-            raise
-        if any(o.status in ("finished", "skipped") for o in outcomes):
-            log_section(ex, parent)
-    return outcomes
+
+    def run_cell(self, cell: TransferCell, parent) -> CellOutcome | None:
+        result = select_phase(self.ex, cell, self.options.allow_dirty)
+        if isinstance(result, OpenCell):
+            self.pending.append(result)
+            return None
+        return result
+
+    def deferred(self, parent):
+        self.ex.guard.release()  # selection of every cell is over: phase 2 may read the test split
+        parent.sink.log_params({"data.n_test": len(self.ex.guard.split())})
+        while self.pending:  # taken off first: evaluate_phase ends its cell's run however it ends
+            yield evaluate_phase(self.ex, self.pending.pop(0))
+
+    def abandon(self, err: BaseException) -> None:
+        # Selected cells waiting for their test evaluation end with the execution, as it ended;
+        # the next execution reuses their selection (tag ``phase``) and only tests them.
+        for held in self.pending:
+            end_with_execution(held.sink, held.token, err)
+
+    def end(self, parent, outcomes: list[CellOutcome]) -> None:
+        if any(o.status in (Status.FINISHED, Status.SKIPPED) for o in outcomes):
+            log_section(self.ex, parent.sink)
+
+
+def run_transfer(protocol: TransferProtocol, protocol_file: Path, options: StudyOptions, *,
+                 source_override: str | None = None) -> list[CellOutcome]:
+    """Run (or resume) every cell of ``protocol`` under the study's one parent run; returns the outcomes.
+
+    However the execution ends (finished, failed, Ctrl-C, SIGTERM), the runs it holds end
+    with a status that says so, and the parent's cell counts come from its children.
+    """
+    return run_cells(TransferStudy(options, source_override), protocol, protocol_file, options)
 
 
 def log_section(ex: Execution, parent: RunSink) -> None:
@@ -356,30 +342,12 @@ def log_section(ex: Execution, parent: RunSink) -> None:
 @click.option("--source", "source_override", default=None,
               help="Override the protocol's source weights: hub, random, a local file, runs:/<id>[/path] "
                    "or protocol:<name>/<arm>/seed<k>. Cells are keyed by the source's sha256.")
-@click.option("--allow-dirty", is_flag=True, help="Run a protocol file with uncommitted changes (recorded on the runs).")
-@click.option("--device", default="auto", show_default=True)
-@click.option("--data-path", default=None, help="Where this machine keeps the dataset, if not in the usual places.")
-@click.option("--download/--no-download", default=False, show_default=True)
-@click.option("--output-dir", type=click.Path(file_okay=False), default="outputs/transfer", show_default=True,
-              help="Checkpoints, predictions and downloaded sources of each cell.")
-@threads_option
-def transfer(protocol_path, source_override, allow_dirty, device, data_path, download, output_dir, threads):
+@study_options("outputs/transfer", "Checkpoints, predictions and downloaded sources of each cell.")
+def transfer(protocol_path, source_override, options: StudyOptions):
     """Run (or resume) a transfer protocol: linear probe, partial and full fine-tuning at paired seeds."""
-    try:
-        protocol = open_transfer_protocol(protocol_path, allow_dirty)
-        check_amp(protocol.run.amp, device)
-        check_writable_folder(output_dir)  # before the data or a source model is loaded
-        outcomes = run_transfer(protocol, Path(protocol_path), Path(output_dir), device, data_path, allow_dirty,
-                                download, source_override)
-    except (ProtocolError, SourceError, DatasetNotFound) as err:
-        raise click.ClickException(str(err)) from err
-    counts = {s: sum(o.status == s for o in outcomes) for s in ("finished", "skipped", "failed", "busy", "lost")}
-    held = (f", {counts['busy']} held by another live execution (not touched)" if counts["busy"] else "") + \
-        (f", {counts['lost']} taken over by another execution" if counts["lost"] else "")
-    click.echo(f"cells: {counts['finished']} run, {counts['skipped']} already finished (skipped), "
-               f"{counts['failed']} failed{held}")
-    for o in outcomes:
-        if o.status == "failed":
-            click.echo(f"  FAILED {o.message}", err=True)
-    if counts["failed"]:
-        sys.exit(1)
+    kind = TransferStudy(options, source_override)
+    with said_in_one_line(kind):
+        protocol = open_study(TransferStudy, protocol_path, options.allow_dirty)
+        check_amp(protocol.run.amp, options.device)
+        check_writable_folder(options.output_dir)  # before the data or a source model is loaded
+    run_study(kind, protocol, Path(protocol_path), options)

@@ -45,7 +45,7 @@ data = synthetic_data()
 if len(sys.argv) > 2 and sys.argv[2] == "mlflow":
     from studies.ablation.train import train_one
 
-    outcome = train_one(cfg, data, sys.argv[3], run_dir, run_name="child")
+    outcome = train_one(cfg, data, experiment=sys.argv[3], output_dir=run_dir, run_name="child")
     print(outcome.status, outcome.run_id)
 else:
     from workbench.train.loop import Trainer
