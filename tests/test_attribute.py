@@ -23,6 +23,7 @@ from rebuild_checks import forbid_store, number_differences, without_rebuilt_lin
 from reports.build import build_from_evidence, build_report
 from studies.ablation.ablate import open_protocol, run_protocol
 from studies.attribution.attribute import open_attribution_protocol, run_attribution_protocol
+from studies.runtime.options import StudyOptions
 from tracking.kinds import attribution_runs, intervention_runs
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
@@ -67,8 +68,8 @@ def trained_store(tmp_path_factory, empty_mlflow_db):
     with pytest.MonkeyPatch.context() as mp:
         _use_store(mp, tmp)
         protocol = open_protocol(str(tmp / "tiny.yaml"), allow_dirty=True)
-        outcomes = run_protocol(protocol, tmp / "tiny.yaml", tmp / "out", device="cpu", data_path=str(folder),
-                                allow_dirty=True)
+        outcomes = run_protocol(protocol, tmp / "tiny.yaml", StudyOptions(output_dir=tmp / "out", device="cpu",
+                                                                          data_path=str(folder), allow_dirty=True))
     assert [o.status for o in outcomes] == ["finished"] * 2, [o.message for o in outcomes]
     return tmp, folder, protocol
 
@@ -87,8 +88,8 @@ def write_attribution(tmp: Path, protocol, name: str = "tiny_faithfulness") -> P
 
 def attribute(tmp: Path, folder: Path, path: Path):
     protocol = open_attribution_protocol(str(path), allow_dirty=True)
-    return protocol, run_attribution_protocol(protocol, path, tmp / "attr", device="cpu", data_path=str(folder),
-                                              allow_dirty=True)
+    return protocol, run_attribution_protocol(protocol, path, StudyOptions(output_dir=tmp / "attr", device="cpu",
+                                                                           data_path=str(folder), allow_dirty=True))
 
 
 def cell_runs(experiment: str):
@@ -151,7 +152,8 @@ def test_attribute_logs_every_method_a_rerun_computes_nothing_and_the_report_reb
                  "## Deletion and insertion curves (vit)", "## Examples (vit)", "## Token norms (vit)", "## Runs",
                  "### Acted-on models", "`chefer`", "`random` (baseline)"):
         assert part in md, part
-    assert sorted(p.name for p in result.figures) == ["curves_vit.png", "examples_vit.png", "norms_vit.png"]
+    assert sorted(p.name for p in result.figures) == ["curves_vit.png", "examples_vit.png", "norms_vit_seed0.png",
+                                                      "norms_vit_seed1.png"]
 
     forbid_store(monkeypatch, tmp)
     rebuilt = build_from_evidence(result.folder / "evidence", tmp / "rebuilt")

@@ -13,7 +13,6 @@ leases, as ``intervene`` does.
 from __future__ import annotations
 
 import hashlib
-import sys
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -23,16 +22,17 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from studies.runtime.cell_end import end_after_error, end_cell
-from studies.runtime.options import threads_option
+from studies.runtime.cell_end import end_cell, hold_opened, outcome_of_error
+from studies.runtime.options import StudyOptions, study_options
+from studies.runtime.outcome import CellOutcome, Status
 from studies.runtime.preflight import remove_abandoned_cache_files
-from studies.runtime.stop_signals import sigterm_raises
-from studies.runtime.study_execution import held_parent, prepare_protocol_data
-from studies.runtime.study_protocol import ProtocolError, check_clean, check_frozen
+from studies.runtime.study_execution import prepare_protocol_data
+from studies.runtime.study_kind import StudyKind, open_study, run_cells, run_study, said_in_one_line
+from studies.runtime.study_protocol import ProtocolError
 from tracking.kinds import attribution_runs, intervention_runs
 from tracking.kinds.transfer_runs import find_finished_cell
-from tracking.record.lease import HEARTBEATS, LeaseLost, lease_tags, new_token
-from tracking.record.protocol_runs import STARTED_TAG, frozen_hashes
+from tracking.record.lease import HEARTBEATS, lease_tags, new_token
+from tracking.record.protocol_runs import STARTED_TAG
 from tracking.record.sink import RunSink
 from tracking.store.session import configure_tracking, environment_tags
 from workbench.attribution import AttributionError, score_cell
@@ -47,17 +47,6 @@ from workbench.train.loop import resolve_device
 from workbench.transfer.source_model import SourceError, adapt_split
 
 DEFAULT_PROTOCOL = "studies/protocols/smoke_faithfulness.yaml"
-STATUSES = ("finished", "skipped", "failed", "busy", "lost")
-USER_ERRORS = (ProtocolError, SourceError, DatasetNotFound, InterventionError, AttributionError)
-
-
-@dataclass
-class CellOutcome:
-    cell: InterventionCell
-    status: str  # one of STATUSES
-    message: str
-    run_id: str | None = None
-    seconds: float = 0.0  # scoring wall time (0 when nothing was scored)
 
 
 @dataclass
@@ -71,14 +60,6 @@ class Execution:
     workdir: Path
     parent: str = ""
     pretrained: ActedModel | None = None
-
-
-def open_attribution_protocol(path: str, allow_dirty: bool) -> AttributionProtocol:
-    protocol = load_attribution_protocol(path)
-    check_clean(path, allow_dirty)
-    configure_tracking()
-    check_frozen(protocol, frozen_hashes(protocol.name))
-    return protocol
 
 
 def scored_images(protocol: AttributionProtocol, data: PreparedData) -> PreparedSplit:
@@ -112,14 +93,13 @@ def _pretrained_data(protocol: AttributionProtocol, data_path: str | None, downl
     return acted, replace(data, norm=acted.norm, **splits)
 
 
-def prepare_execution(protocol: AttributionProtocol, device: str, data_path: str | None, download: bool,
-                      workdir: Path) -> Execution:
+def prepare_execution(protocol: AttributionProtocol, options: StudyOptions) -> Execution:
     """The data every cell shares and its scored images (checked before any run opens); a pretrained model once."""
-    dev = resolve_device(device)
+    dev, workdir = resolve_device(options.device), options.output_dir / protocol.name
     if protocol.acts_on is not None:
-        data = prepare_protocol_data(protocol.source, data_path, download)
+        data = prepare_protocol_data(protocol.source, options.data_path, options.download)
         return Execution(protocol, data, scored_images(protocol, data), dev, workdir)
-    acted, data = _pretrained_data(protocol, data_path, download)
+    acted, data = _pretrained_data(protocol, options.data_path, options.download)
     return Execution(protocol, data, scored_images(protocol, data), dev, workdir, pretrained=acted)
 
 
@@ -173,7 +153,7 @@ def run_cell(ex: Execution, cell: InterventionCell, allow_dirty: bool) -> CellOu
     try:
         run_id = None if ex.pretrained else find_finished_cell(p.acts_on.protocol, p.acts_on.hash, cell.arm, cell.seed)
     except SourceError as err:
-        return CellOutcome(cell, "failed", f"{cell.key}: {err}")
+        return CellOutcome(cell, Status.FAILED, f"{cell.key}: {err}")
     identity = ex.pretrained.identity if ex.pretrained else run_id
     token = new_token()
     tags = {"cell": "true", "attribution": "true", "protocol_name": p.name, "protocol_hash": p.hash, "arm": cell.arm,
@@ -181,24 +161,13 @@ def run_cell(ex: Execution, cell: InterventionCell, allow_dirty: bool) -> CellOu
             "allow_dirty": str(allow_dirty).lower(), **lease_tags(token)}
     opened = attribution_runs.open_cell_run(p.name, cell_key(ex, cell, identity), f"{cell.arm}-seed{cell.seed}",
                                             ex.parent, tags)
-    if opened.status == "FINISHED":
-        return CellOutcome(cell, "skipped", f"{cell.key}: already finished in run {opened.run_id}", opened.run_id)
-    if opened.status == "BUSY":
-        return CellOutcome(cell, "busy", f"{cell.key}: not touched ({opened.why}, run {opened.run_id})", opened.run_id)
-    sink = opened.sink
-    if opened.continues:
-        tqdm.write(f"{cell.key}: continuing in a new run {sink.run_id}: the holder of run {opened.continues} "
-                   "may still write to that one")
-    if opened.status is not None:
-        sink.set_tags(lease_tags(token))
-    HEARTBEATS.hold(sink.run_id, sink.uri, token)
+    untouched = hold_opened(cell, opened, token)
+    if untouched is not None:
+        return untouched
     try:
-        return _score_cell(ex, cell, sink, token, run_id)
-    except LeaseLost as err:  # another execution holds the run now: not one more write to it
-        HEARTBEATS.release(sink.run_id)
-        return CellOutcome(cell, "lost", f"{cell.key}: stopped without logging more: {err}", sink.run_id)
+        return _score_cell(ex, cell, opened.sink, token, run_id)
     except BaseException as err:  # a failing cell must not take the others down; Ctrl-C goes up
-        return CellOutcome(cell, "failed", f"{cell.key}: {end_after_error(sink, token, err)}", sink.run_id)
+        return outcome_of_error(cell, opened.sink, token, err)
 
 
 def _score_cell(ex: Execution, cell: InterventionCell, sink: RunSink, token: str, run_id: str | None) -> CellOutcome:
@@ -232,75 +201,74 @@ def _score_cell(ex: Execution, cell: InterventionCell, sink: RunSink, token: str
     rhos = ", ".join(f"{m} {metrics[f'rho/{m}']:+.3f}" for m in s.methods if f"rho/{m}" in metrics)
     proof_text = f"; {proof.summary()}" if proof else ""
     where = f" [logged locally, run {sink.local_run_id}: `workbench sync` copies it to the server]" if sink.offline else ""
-    return CellOutcome(cell, "finished", (
+    return CellOutcome(cell, Status.FINISHED, (
         f"{cell.key}: intact {s.split} accuracy {scored.intact_accuracy:.4f} on {len(y)} images; "
         f"{len(s.methods)} methods and {scored.causal.effects.shape[1]} single-token drops in {scored.seconds:.1f} s "
-        f"({scored.forwards:,} sequences); Spearman rho {rhos}{proof_text}{where}"), sink.run_id, scored.seconds)
+        f"({scored.forwards:,} sequences); Spearman rho {rhos}{proof_text}{where}"), sink.run_id,
+        seconds=scored.seconds, offline=sink.offline)
 
 
-def run_attribution_protocol(protocol: AttributionProtocol, protocol_file: Path, output_dir: Path,
-                             device: str = "auto", data_path: str | None = None, allow_dirty: bool = False,
-                             download: bool = False) -> list[CellOutcome]:
-    """Every cell of ``protocol`` under the study's one parent run; returns the outcomes."""
-    configure_tracking()
-    ex = prepare_execution(protocol, device, data_path, download, Path(output_dir) / protocol.name)
-    acted = (f"{protocol.acts_on.protocol}@{protocol.acts_on.hash[:12]} arms {', '.join(protocol.arms)}"
-             if protocol.acts_on else ex.pretrained.description)
-    cells = protocol.cells()
-    tqdm.write(f"{protocol.name}@{protocol.short_hash}: acts on {acted}; {len(cells)} cells; "
-               f"{ex.data.display_name}, the first {len(ex.images)} {protocol.settings.split} images")
-    extra = {"attribution": "true", "acts_on": acted[:500]}
-    started = time.perf_counter()
-    outcomes: list[CellOutcome] = []
-    with sigterm_raises(), held_parent(protocol, protocol_file, allow_dirty, extra) as held:
-        ex.parent = held.run_id
-        with tqdm(total=len(cells), desc=f"{protocol.name} cells", unit="cell") as bar:
-            for cell in cells:
-                bar.set_postfix_str(cell.key)
-                outcome = run_cell(ex, cell, allow_dirty)
-                tqdm.write(f"[{outcome.status}] {outcome.message}")
-                outcomes.append(outcome)
-                bar.update(1)
-        scored = sum(o.seconds for o in outcomes)
-        held.sink.log_metrics({"evaluation_seconds": scored, "execution_seconds": time.perf_counter() - started,
-                               "cells_evaluated": sum(o.status == "finished" for o in outcomes)})
-    return outcomes
+class AttributionStudy(StudyKind):
+    """An attribution protocol: every method scored on every acted-on model, one cell per arm and seed."""
+
+    user_errors = (ProtocolError, SourceError, DatasetNotFound, InterventionError, AttributionError)
+
+    def __init__(self, options: StudyOptions) -> None:
+        self.options = options
+        self.command_started = time.perf_counter()  # the "in all" of the summary: from the command's start
+
+    @classmethod
+    def load(cls, path: str) -> AttributionProtocol:
+        return load_attribution_protocol(path)
+
+    def prepare(self, protocol: AttributionProtocol, protocol_file: Path, options: StudyOptions) -> str:
+        configure_tracking()
+        self.ex = ex = prepare_execution(protocol, options)
+        self.acted = (f"{protocol.acts_on.protocol}@{protocol.acts_on.hash[:12]} arms {', '.join(protocol.arms)}"
+                      if protocol.acts_on else ex.pretrained.description)
+        self.started, self.protocol_file = time.perf_counter(), protocol_file
+        return (f"{protocol.name}@{protocol.short_hash}: acts on {self.acted}; {len(protocol.cells())} cells; "
+                f"{ex.data.display_name}, the first {len(ex.images)} {protocol.settings.split} images")
+
+    def parent_tags(self) -> dict:
+        return {"attribution": "true", "acts_on": self.acted[:500]}
+
+    def begin(self, parent) -> None:
+        self.ex.parent = parent.run_id
+
+    def run_cell(self, cell: InterventionCell, parent) -> CellOutcome:
+        return run_cell(self.ex, cell, self.options.allow_dirty)
+
+    def end(self, parent, outcomes: list[CellOutcome]) -> None:
+        parent.sink.log_metrics({"evaluation_seconds": sum(o.seconds for o in outcomes),
+                                 "execution_seconds": time.perf_counter() - self.started,
+                                 "cells_evaluated": sum(o.status == Status.FINISHED for o in outcomes)})
+
+    def summary_lines(self, outcomes: list[CellOutcome]) -> list[str]:
+        used = torch.get_num_threads()  # --threads was applied when it was parsed
+        return [f"time: {sum(o.seconds for o in outcomes):.1f} s scoring attributions ({used} "
+                f"thread{'s' if used != 1 else ''}), {time.perf_counter() - self.command_started:.1f} s in all; "
+                f"report: workbench report --protocol {self.protocol_file}"]
 
 
-def tally_line(outcomes: list[CellOutcome]) -> str:
-    counts = {s: sum(o.status == s for o in outcomes) for s in STATUSES}
-    held = (f", {counts['busy']} held by another live execution (not touched)" if counts["busy"] else "") + \
-        (f", {counts['lost']} taken over by another execution" if counts["lost"] else "")
-    return (f"cells: {counts['finished']} run, {counts['skipped']} already finished (skipped), "
-            f"{counts['failed']} failed{held}")
+def open_attribution_protocol(path: str, allow_dirty: bool) -> AttributionProtocol:
+    """Load the protocol, refuse it uncommitted or run before with another hash (``open_study``)."""
+    return open_study(AttributionStudy, path, allow_dirty)
+
+
+def run_attribution_protocol(protocol: AttributionProtocol, protocol_file: Path,
+                             options: StudyOptions) -> list[CellOutcome]:
+    """Every cell of ``protocol`` under the study's one parent run; returns the outcomes (``run_cells``)."""
+    return run_cells(AttributionStudy(options), protocol, protocol_file, options)
 
 
 @click.command("attribute")
 @click.option("--protocol", "protocol_path", default=DEFAULT_PROTOCOL, show_default=True,
               type=click.Path(exists=True, dir_okay=False), help="Attribution protocol YAML file.")
-@click.option("--allow-dirty", is_flag=True, help="Run a protocol file with uncommitted changes (recorded on the runs).")
-@click.option("--device", default="auto", show_default=True)
-@click.option("--data-path", default=None, help="Where this machine keeps the dataset, if not in the usual places.")
-@click.option("--download/--no-download", default=False, show_default=True)
-@click.option("--output-dir", type=click.Path(file_okay=False), default="outputs/attribute", show_default=True,
-              help="Downloaded checkpoints of the acted-on cells.")
-@threads_option
-def attribute(protocol_path, allow_dirty, device, data_path, download, output_dir, threads):
+@study_options("outputs/attribute", "Downloaded checkpoints of the acted-on cells.")
+def attribute(protocol_path, options: StudyOptions):
     """Score an attribution protocol: every method against exact token-drop effects on every acted-on model, as MLflow child runs."""
-    started = time.perf_counter()
-    try:
-        protocol = open_attribution_protocol(protocol_path, allow_dirty)
-        outcomes = run_attribution_protocol(protocol, Path(protocol_path), Path(output_dir), device, data_path,
-                                            allow_dirty, download)
-    except USER_ERRORS as err:
-        raise click.ClickException(str(err)) from err
-    click.echo(tally_line(outcomes))
-    used = torch.get_num_threads()  # --threads was applied when it was parsed
-    click.echo(f"time: {sum(o.seconds for o in outcomes):.1f} s scoring attributions ({used} thread"
-               f"{'s' if used != 1 else ''}), {time.perf_counter() - started:.1f} s in all; "
-               f"report: workbench report --protocol {protocol_path}")
-    for o in outcomes:
-        if o.status == "failed":
-            click.echo(f"  FAILED {o.message}", err=True)
-    if any(o.status == "failed" for o in outcomes):
-        sys.exit(1)
+    kind = AttributionStudy(options)
+    with said_in_one_line(kind):
+        protocol = open_study(AttributionStudy, protocol_path, options.allow_dirty)
+    run_study(kind, protocol, Path(protocol_path), options)
