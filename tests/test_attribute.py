@@ -181,3 +181,36 @@ def test_a_checkpoint_that_does_not_reproduce_its_predictions_fails_its_cell_onl
     assert "NOT reproduced" in outcomes[0].message and "nothing scored" in outcomes[0].message
     failed = MlflowClient().get_run(outcomes[0].run_id)
     assert failed.info.status == "FAILED" and "intact_accuracy" not in failed.data.metrics
+
+
+PRETRAINED = """\
+name: tiny_timm_faithfulness
+description: a randomly initialised reduced timm ViT with a register token, on an image folder
+pretrained:
+  model: vit_tiny_patch16_224
+  weights: random
+  seed: 4
+  timm_kwargs: {img_size: 16, patch_size: 8, embed_dim: 16, depth: 2, num_heads: 2, num_classes: 5, reg_tokens: 1}
+  dataset: image_folder
+  val_size: 6
+  class_index: {cat: 4, dog: 0, emu: 2}
+attribution: {split: val, images: 6, batch_size: 4, norm_threshold: 2.0, examples: 1}
+"""
+
+
+def test_a_pretrained_timm_vit_on_an_image_folder(tmp_path, mlflow_store, monkeypatch):
+    monkeypatch.setenv("WORKBENCH_CACHE_DIR", str(tmp_path / "cache"))
+    folder = tmp_path / "images"
+    make_image_folder(folder, per_class={"train": 8, "test": 2})
+    path = tmp_path / "tiny_timm_faithfulness.yaml"
+    path.write_text(PRETRAINED)
+    _, outcomes = attribute(tmp_path, folder, path)
+    assert [o.status for o in outcomes] == ["finished"], [o.message for o in outcomes]
+    (cell,) = cell_runs("tiny_timm_faithfulness")
+    assert cell.data.tags["arm"] == "pretrained" and cell.data.tags["source_identity"] == "random:vit_tiny_patch16_224:seed4"
+    assert "reload_proof_passed" not in cell.data.metrics  # no saved predictions to reproduce
+    assert cell.data.metrics["patches"] == 4  # 16 px, patch 8; the class and register tokens are never scored
+    local = Path(urlparse(MlflowClient().get_run(cell.info.run_id).info.artifact_uri).path) / "attribution"
+    with np.load(local / "per_image.npz") as z:
+        assert set(np.unique(z["labels"])) <= {4, 0, 2}, "labels are the model's output indices of the classes"
+        assert int(z["prefix"]) == 2 and z["prefix_norms"].shape == (2, 6, 2)
