@@ -14,15 +14,20 @@ from scipy.stats import spearmanr
 
 from workbench.analysis.rollout import attention_rollout
 from workbench.attribution import (
-    METHODS, AttributionError, attribute, auc, chefer, cls_attention, grad_x_input, logits_keeping, order_of,
-    perturbation_curves, random_order, rollout, score_cell, single_token_effects, spearman_per_image, token_norms,
+    METHODS, AttributionError, attention_mass_on, attribute, auc, chefer, cls_attention, grad_x_input, logits_keeping,
+    order_of, perturbation_curves, random_order, rollout, score_cell, single_token_effects, spearman_per_image,
+    token_norms, top_mask,
 )
 from workbench.models.hooks import attached
 from workbench.models.vit import ViTConfig, VisionTransformer
 
 BASE = dict(image_size=8, patch_size=2, in_channels=1, num_classes=3, dim=16, depth=2, heads=2, mlp_hidden=32)
-FAMILIES = {"plain": {}, "registers": dict(register_tokens=2), "layerscale_registers": dict(layer_scale_init=0.5,
-                                                                                              register_tokens=1)}
+FAMILIES = {
+    "plain": {},
+    "registers": dict(register_tokens=2),
+    "layerscale_registers": dict(layer_scale_init=0.5, register_tokens=1),
+    "registers_positions_on_patches_only": dict(register_tokens=1, no_embed_class=True),  # DINOv2-reg's layout
+}
 P = 16
 
 
@@ -133,8 +138,13 @@ def test_chefer_is_the_generic_rule_on_independently_taken_gradients():
         cam = np.clip(g.numpy() * a.numpy(), 0, None).mean(axis=1)
         relevance = relevance + cam @ relevance
     p = model.cfg.num_prefix_tokens
-    diff = max_diff(chefer(model, x, y), relevance[:, 0, p:])
+    got = chefer(model, x, y)
+    diff = max_diff(got, relevance[:, 0, p:])
     assert diff <= 1e-12, f"chefer vs the rule by hand: max |difference| {diff:.3g}"
+    # a model run on the fused kernel: the hooks on the maps switch it to the written-out path for the call
+    model.set_fast_attention(True)
+    assert torch.equal(chefer(model, x, y), got)
+    assert all(block.attn.fast for block in model.blocks)
 
 
 def test_grad_x_input_matches_a_finite_difference_on_one_patch():
@@ -185,10 +195,12 @@ def _tokens_by_hand(model: VisionTransformer, x: torch.Tensor) -> torch.Tensor:
     prefix = [model.cls_token.expand(x.shape[0], -1, -1)]
     if model.register_tokens is not None:
         prefix.append(model.register_tokens.expand(x.shape[0], -1, -1))
+    if model.cfg.no_embed_class:  # positions on the patches only, the prefix tokens without
+        return torch.cat(prefix + [patches + model.pos_embed], dim=1)
     return torch.cat(prefix + [patches], dim=1) + model.pos_embed
 
 
-@pytest.mark.parametrize("family", ["plain", "registers"])
+@pytest.mark.parametrize("family", ["plain", "registers", "registers_positions_on_patches_only"])
 def test_each_single_drop_is_the_model_run_on_the_sequence_without_that_token(family):
     model, (x, y) = make(family), batch(3)
     got = single_token_effects(model, x, y, max_sequences=20)  # chunks of one image: 16 drops each
@@ -317,6 +329,16 @@ def test_spearman_per_image_is_scipys_with_ties_and_nan_for_a_constant_vector():
     assert abs(spearman_per_image([[1, 2, 3]], [[10, 30, 20]])[0] - 0.5) <= 1e-12
 
 
+def test_cls_attention_on_the_tokens_that_matter_by_hand():
+    attention = np.array([[0.1, 0.4, 0.2, 0.3]])
+    effects = np.array([[5.0, -1.0, 5.0, 0.0]])  # a tie at the top: the lower index first
+    assert top_mask(effects, 2).tolist() == [[True, False, True, False]]
+    assert abs(attention_mass_on(attention, top_mask(effects, 2))[0] - 0.3) <= 1e-15
+    assert abs(attention_mass_on(attention * 2, top_mask(attention, 1))[0] - 0.4) <= 1e-15  # a share, any scale
+    with pytest.raises(ValueError, match="must be in 1..4"):
+        top_mask(effects, 5)
+
+
 # ------------------------------------------------------------------------------ token norms
 
 
@@ -355,6 +377,7 @@ def test_score_cell_gives_every_array_per_image_and_a_summary_per_method():
     plain = model(x)
     cell = score_cell(model, x, y, list(METHODS), seed=2, k=5.0, image_index=[10, 11, 12], counts=[0, 8, 16])
     assert torch.equal(model(x), plain) and hooks_of(model) == 0
+    assert not any(block.attn.fast for block in model.blocks)  # the drops' fused kernel was for their calls only
     assert cell.image_index.tolist() == [10, 11, 12] and cell.norms.k == 5.0
     rows = {r.method: r for r in cell.summary()}
     assert list(rows) == list(METHODS)
@@ -363,6 +386,12 @@ def test_score_cell_gives_every_array_per_image_and_a_summary_per_method():
         assert abs(rows[m].mean_rho - np.nanmean(cell.rho[m])) <= 1e-12
         assert abs(rows[m].insertion_auc - cell.insertion_auc[m].mean()) <= 1e-12
     assert cell.forwards == cell.causal.forwards + cell.curves.forwards > 0
+    on_top = cell.cls_attention_on_top_effects(top=3)
+    attn = cell.norms.cls_attention
+    for b in range(3):
+        top = np.argsort(-cell.causal.effects[b], kind="stable")[:3]
+        assert abs(on_top[b] - attn[b, top].sum() / attn[b].sum()) <= 1e-12
+    assert (cell.cls_attention_concentration(top=3) >= on_top - 1e-12).all()  # no 3 tokens get more than its own top 3
 
 
 def test_a_timm_vit_converted_exactly_gives_the_same_logits_and_runs_every_method():

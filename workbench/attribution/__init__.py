@@ -14,7 +14,7 @@ Usage::
     cell.norms.outlier_fraction
 """
 
-from workbench.attribution.agreement import mean_rho, spearman_per_image
+from workbench.attribution.agreement import attention_mass_on, mean_rho, spearman_per_image, top_mask
 from workbench.attribution.causal import CausalEffects, single_token_effects, true_log_prob
 from workbench.attribution.cell import CellAttribution, MethodSummary, score_cell
 from workbench.attribution.curves import Curves, auc, count_grid, even_counts, order_of, perturbation_curves
@@ -27,8 +27,8 @@ from workbench.attribution.token_norms import DEFAULT_K, TokenNorms, token_norms
 
 __all__ = [
     "AttributionError", "CausalEffects", "CellAttribution", "Curves", "DEFAULT_K", "METHODS", "MethodSummary",
-    "PatchLayout", "TokenNorms", "all_but_one", "as_glassbox", "attribute", "auc", "chefer", "cls_attention",
-    "count_grid", "even_counts", "grad_x_input", "keep_patches_hook", "layout_of", "logits_keeping", "mean_rho", "order_of",
-    "perturbation_curves", "random_order", "random_scores", "rollout", "score_cell", "single_token_effects",
-    "spearman_per_image", "token_norms", "true_log_prob",
+    "PatchLayout", "TokenNorms", "all_but_one", "as_glassbox", "attention_mass_on", "attribute", "auc", "chefer",
+    "cls_attention", "count_grid", "even_counts", "grad_x_input", "keep_patches_hook", "layout_of", "logits_keeping",
+    "mean_rho", "order_of", "perturbation_curves", "random_order", "random_scores", "rollout", "score_cell",
+    "single_token_effects", "spearman_per_image", "token_norms", "top_mask", "true_log_prob",
 ]

@@ -31,3 +31,20 @@ def mean_rho(rho) -> tuple[float, int]:
     r = np.asarray(rho, dtype=np.float64)
     defined = np.isfinite(r)
     return (float(r[defined].mean()) if defined.any() else float("nan")), int((~defined).sum())
+
+
+def top_mask(values, top: int) -> np.ndarray:
+    """``(B, P)`` bool: each row's ``top`` largest values (ties: the lower index first, as the curves' order)."""
+    v = np.asarray(values, dtype=np.float64)
+    if not 1 <= top <= v.shape[1]:
+        raise ValueError(f"top={top!r}: must be in 1..{v.shape[1]}")
+    order = np.argsort(-v, axis=1, kind="stable")[:, :top]
+    mask = np.zeros(v.shape, dtype=bool)
+    np.put_along_axis(mask, order, True, axis=1)
+    return mask
+
+
+def attention_mass_on(attention, chosen) -> np.ndarray:
+    """``(B,)`` share of each row's attention mass over the patches that falls on the ``chosen`` ``(B, P)`` tokens."""
+    a = np.asarray(attention, dtype=np.float64)
+    return (a * np.asarray(chosen, dtype=bool)).sum(axis=1) / a.sum(axis=1)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from workbench.attribution.agreement import mean_rho, spearman_per_image
+from workbench.attribution.agreement import attention_mass_on, mean_rho, spearman_per_image, top_mask
 from workbench.attribution.causal import CausalEffects, single_token_effects
 from workbench.attribution.curves import Curves, perturbation_curves
 from workbench.attribution.glassbox import AttributionError, as_glassbox
@@ -78,6 +78,15 @@ class CellAttribution:
     def intact_accuracy(self) -> float:
         return float((self.causal.predicted == self.labels).mean())
 
+    def cls_attention_on_top_effects(self, top: int = 5) -> np.ndarray:
+        """``(B,)`` share of the last block's CLS attention on patches that falls on the ``top`` tokens of largest
+        causal effect: "does CLS attend to the tokens that matter?" (``top / P`` if it attends at random)."""
+        return attention_mass_on(self.norms.cls_attention, top_mask(self.causal.effects, top))
+
+    def cls_attention_concentration(self, top: int = 5) -> np.ndarray:
+        """``(B,)`` share of the last block's CLS attention on patches that falls on its own ``top`` tokens."""
+        return attention_mass_on(self.norms.cls_attention, top_mask(self.norms.cls_attention, top))
+
     def summary(self) -> list[MethodSummary]:
         """Per method: mean rho, the mean deletion and insertion AUCs (the random baseline is a method)."""
         rows = []
@@ -121,6 +130,7 @@ def score_cell(model, images: torch.Tensor, labels: torch.Tensor, methods: Seque
     return CellAttribution(
         methods=names, labels=labels.cpu().numpy(), image_index=index, scores=arrays, causal=causal,
         rho={m: spearman_per_image(arrays[m], causal.effects) for m in names}, curves=curves,
-        deletion_auc={m: curves.deletion_auc(m) for m in names}, insertion_auc={m: curves.insertion_auc(m) for m in names},
+        deletion_auc={m: curves.deletion_auc(m) for m in names},
+        insertion_auc={m: curves.insertion_auc(m) for m in names},
         norms=norms, seed=int(seed), seconds=time.perf_counter() - started,
         forwards=causal.forwards + curves.forwards)
