@@ -12,12 +12,15 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+import click
 import pytest
 import yaml
+from click.testing import CliRunner
 from mlflow.tracking import MlflowClient
 
 from studies.runtime.cell_end import end_cell, hold_opened, outcome_of_error
-from studies.runtime.options import StudyOptions
+from studies.cli import main
+from studies.runtime.options import StudyOptions, study_options
 from studies.runtime.outcome import CellOutcome, Status, tally, tally_line
 from studies.runtime.study_kind import StudyKind, open_study, run_study
 from tracking.kinds.training_runs import open_keyed_run
@@ -38,6 +41,33 @@ def test_the_one_tally_line_names_what_occurred():
     assert tally_line(tally(outcomes)) == ("cells: 2 run, 1 already finished (skipped), 1 failed, 1 held by another "
                                            "live execution (not touched), 1 taken over by another execution, "
                                            "1 stopped by an observer")
+
+
+def test_a_study_commands_options_arrive_as_one_object():
+    got = []
+
+    @click.command()
+    @click.option("--protocol")
+    @study_options("outputs/counts", "Where the counts go.")
+    def counts(protocol, options):
+        got.append((protocol, options))
+
+    result = CliRunner().invoke(counts, ["--protocol", "p.yaml", "--device", "cpu", "--data-path", "d",
+                                         "--allow-dirty", "--download", "--output-dir", "o", "--threads", "0"])
+    assert result.exit_code == 0, result.output
+    assert got == [("p.yaml", StudyOptions(output_dir=Path("o"), device="cpu", data_path="d", allow_dirty=True,
+                                           download=True, threads=0))]
+    assert CliRunner().invoke(counts, []).exit_code == 0 and got[-1][1] == StudyOptions(output_dir=Path("outputs/counts"))
+
+
+@pytest.mark.parametrize("command, default, words", [("ablate", "outputs/ablate", "Checkpoints and predictions"),
+                                                     ("transfer", "outputs/transfer", "downloaded sources"),
+                                                     ("intervene", "outputs/intervene", "Downloaded checkpoints")])
+def test_each_study_command_keeps_its_own_output_folder_and_help(command, default, words):
+    text = " ".join(CliRunner().invoke(main, [command, "--help"]).output.split())
+    for option in ("--allow-dirty", "--device", "--data-path", "--download / --no-download", "--threads"):
+        assert option in text, (option, text)
+    assert f"{words}" in text and f"[default: {default}]" in text, text
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,9 @@
 
 Resuming is running the same command again: cells whose finished run exists (same
 protocol hash, arm, seed, code fingerprint and data fingerprint) are skipped, an interrupted
-cell continues from its checkpoint in its own MLflow run, and the rest run.
+cell continues from its checkpoint in its own MLflow run, and the rest run. In this process
+the cells are a study kind (``AblationStudy``) run by the driver every kind shares
+(``studies.runtime.study_kind``); ``--jobs`` and ``--storage`` hand them to workers instead.
 """
 
 from __future__ import annotations

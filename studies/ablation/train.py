@@ -112,11 +112,12 @@ def train_one(
     mlflow_observer = MlflowTrainingObserver(sink, fenced=True, confirm=opened.confirm)
     started = started_threads(sink, opened.continues) if opened.status is not None else None
     with cell_threads(started, threads, run_name, log) as thread_tags:
-        return _train(cfg, data, sink, token, opened.status, run_dir, mlflow_observer, observer, run_name, params,
-                      thread_tags, log)
+        return _train(cfg, data, sink, token=token, previous=opened.status, run_dir=run_dir,
+                      mlflow_observer=mlflow_observer, observer=observer, run_name=run_name, params=params,
+                      thread_tags=thread_tags, log=log)
 
 
-def _train(cfg: TrainConfig, data: PreparedData, sink: RunSink, token: str, previous: str | None, run_dir: Path,
+def _train(cfg: TrainConfig, data: PreparedData, sink: RunSink, *, token: str, previous: str | None, run_dir: Path,
            mlflow_observer: MlflowTrainingObserver, observer: TrainingObserver | None, run_name: str,
            params: dict | None, thread_tags: dict, log) -> CellOutcome:
     """The training of one opened run, ended with a truthful status however it goes (``studies.runtime.cell_end``)."""

@@ -98,7 +98,7 @@ def cell_key(ex: Execution, cell: InterventionCell, identity: str) -> str:
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:24]
 
 
-def _inputs(ex: Execution, cfg: ViTConfig, batch_size: int, amp: str, resize_to: int | None) -> Inputs:
+def _inputs(ex: Execution, cfg: ViTConfig, *, batch_size: int, amp: str, resize_to: int | None) -> Inputs:
     if resize_to is None and ex.data.train.images.shape[-1] != cfg.image_hw[-1]:
         resize_to = cfg.image_hw[-1]  # a pretrained model's input size
     return Inputs(ex.data.norm, batch_size, ex.device, resize_to, resolve_amp(amp, ex.device))
@@ -109,8 +109,8 @@ def _acted(ex: Execution, cell: InterventionCell, run_id: str | None):
     p = ex.protocol
     if ex.pretrained is not None:
         cfg = ex.pretrained.model.cfg
-        return ex.pretrained.model, None, _inputs(ex, cfg, p.evaluation.batch_size, "off", None), None, \
-            ex.pretrained.description
+        inputs = _inputs(ex, cfg, batch_size=p.evaluation.batch_size, amp="off", resize_to=None)
+        return ex.pretrained.model, None, inputs, None, ex.pretrained.description
     trained = intervention_runs.trained_cell(p.acts_on.protocol, p.acts_on.hash, cell.arm, cell.seed, ex.workdir / "sources")
     params = trained.run.data.params
     for key, here in (("data.fingerprint", ex.data.data_fingerprint), ("data.split_fingerprint", ex.data.split_fingerprint)):
@@ -119,8 +119,8 @@ def _acted(ex: Execution, cell: InterventionCell, run_id: str | None):
                                     f"{here[:12]}: not the data the cell was trained and validated on")
     model = trained_cell_model(trained.config, trained.state_dict).to(ex.device)
     arm = next(a for a in p.source.arms if a.name == cell.arm).config
-    proof = _inputs(ex, model.cfg, arm.run.eval_batch_size, arm.run.amp, arm.data.resize_to)
-    inputs = _inputs(ex, model.cfg, p.evaluation.batch_size, arm.run.amp, arm.data.resize_to)
+    proof = _inputs(ex, model.cfg, batch_size=arm.run.eval_batch_size, amp=arm.run.amp, resize_to=arm.data.resize_to)
+    inputs = _inputs(ex, model.cfg, batch_size=p.evaluation.batch_size, amp=arm.run.amp, resize_to=arm.data.resize_to)
     description = f"{p.acts_on.protocol} cell {cell.key}, best checkpoint of run {run_id}"
     return model, proof, inputs, trained.predictions["val"], description
 
@@ -142,12 +142,13 @@ def run_cell(ex: Execution, cell: InterventionCell, allow_dirty: bool) -> CellOu
     if untouched is not None:
         return untouched
     try:
-        return _evaluate_cell(ex, cell, opened.sink, token, run_id)
+        return _evaluate_cell(ex, cell, sink=opened.sink, token=token, run_id=run_id)
     except BaseException as err:  # a failing cell must not take the others down; Ctrl-C goes up
         return outcome_of_error(cell, opened.sink, token, err)
 
 
-def _evaluate_cell(ex: Execution, cell: InterventionCell, sink: RunSink, token: str, run_id: str | None) -> CellOutcome:
+def _evaluate_cell(ex: Execution, cell: InterventionCell, *, sink: RunSink, token: str,
+                   run_id: str | None) -> CellOutcome:
     p, e = ex.protocol, ex.protocol.evaluation
     model, proof_inputs, inputs, saved, description = _acted(ex, cell, run_id)
     grid = check_against_model(p, model.cfg, f"model of {cell.key}")
