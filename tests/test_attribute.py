@@ -150,7 +150,8 @@ def test_attribute_logs_every_method_a_rerun_computes_nothing_and_the_report_reb
     assert md.startswith(f"# Report: tiny_faithfulness@{protocol.short_hash}\n") and "**2 of 2**" in md, md[:600]
     for part in ("## Results", "## Faithfulness (vit)", "### Against the random baseline (vit)",
                  "## Deletion and insertion curves (vit)", "## Examples (vit)", "## Token norms (vit)", "## Runs",
-                 "### Acted-on models", "`chefer`", "`random` (baseline)"):
+                 "### Acted-on models", "`chefer`", "`random` (baseline)",
+                 "## Does CLS attend to the tokens that matter? (vit)"):
         assert part in md, part
     assert sorted(p.name for p in result.figures) == ["curves_vit.png", "examples_vit.png", "norms_vit_seed0.png",
                                                       "norms_vit_seed1.png"]

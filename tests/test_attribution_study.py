@@ -17,7 +17,7 @@ from scipy import stats as sps
 
 from reports.attribution import attribution_report
 from reports.attribution.attribution_evidence import exported_cell, npz_bytes
-from reports.attribution.faithfulness import block_norms, faithfulness_rows, value_bootstrap
+from reports.attribution.faithfulness import attention_on_effects, block_norms, faithfulness_rows, value_bootstrap
 from reports.collect import ReportError
 from reports.render import to_markdown
 from tracking.kinds import attribution_runs
@@ -79,8 +79,19 @@ def test_a_cells_metrics_and_arrays_are_what_the_module_says(scored):
         high = arrays["norms"][block] > 1.5 * np.median(arrays["norms"][block])
         diffs[f"high_norm_fraction/block{block}"] = abs(metrics[f"high_norm_fraction/block{block}"] - high.mean())
     diffs["intact_accuracy"] = abs(metrics["intact_accuracy"] - (arrays["predicted"] == arrays["labels"]).mean())
+    diffs["cls_attention_on_top_effects"] = abs(metrics["cls_attention_on_top_effects"]
+                                                - _share_on_top(arrays["cls_attention"], arrays["effects"], 4).mean())
     bad = {k: v for k, v in diffs.items() if not v <= TOL}
     assert not bad, f"max difference {max(diffs.values()):.3g}: {bad}"
+
+
+def _share_on_top(attention: np.ndarray, ranked: np.ndarray, top: int) -> np.ndarray:
+    """By hand: per image, the attention share on the ``top`` patches of largest ``ranked`` value."""
+    out = []
+    for a, r in zip(attention, ranked):
+        chosen = sorted(range(len(r)), key=lambda i: (-r[i], i))[:top]
+        out.append(a[chosen].sum() / a.sum())
+    return np.array(out)
 
 
 def _cell(rng: np.random.Generator, seed: int, n: int = 20, p: int = 9, shift: float = 0.0) -> attribution_runs.CellResult:
@@ -161,6 +172,13 @@ def test_token_norm_numbers_are_the_norms_recomputed():
         assert b1.attention_share[s] == pytest.approx((attn * high).sum(axis=1)[rows].mean(), abs=TOL)
         assert b1.effect_high[s] == pytest.approx(a["effects"][high].mean(), abs=TOL)
     assert b1.positions.get((1, 1), 0) >= 2, b1.positions  # the planted token at patch 4 = row 1, col 1, both seeds
+    attention = attention_on_effects(cells)
+    assert attention.top == 5 and attention.chance == pytest.approx(5 / 9, abs=TOL)
+    for s, c in cells.items():
+        a = c.arrays
+        assert attention.on_top_effects[s] == pytest.approx(_share_on_top(a["cls_attention"], a["effects"], 5).mean(), abs=TOL)
+        assert attention.concentration[s] == pytest.approx(
+            _share_on_top(a["cls_attention"], a["cls_attention"], 5).mean(), abs=TOL)
 
 
 def test_exported_arrays_read_back_the_same_and_a_changed_file_is_refused(tmp_path):

@@ -20,7 +20,8 @@ import torch
 from reports import provenance
 from reports.attribution.attribution_evidence import export_attribution_evidence
 from reports.attribution.attribution_study import AttributionStudy, load_study
-from reports.attribution.faithfulness import BASELINE, BETTER, MEASURES, BlockNorms, MeasureRow, block_norms, faithfulness_rows, mean_curves
+from reports.attribution.faithfulness import (BASELINE, BETTER, MEASURES, AttentionOnEffects, BlockNorms, MeasureRow,
+                                              attention_on_effects, block_norms, faithfulness_rows, mean_curves)
 from reports.collect import ReportError, newer_attempts, resolve_hash, shown_path
 from reports.figures import report_png
 from reports.output import ReportResult, Summary, log_report, paired_metrics, results_text, write_report
@@ -155,6 +156,22 @@ def norms_table(blocks: list[BlockNorms], k: float) -> Table:
                   "positions most often high-norm, over every seed and image."], css_class="wide nowrap")
 
 
+def attention_table(a: AttentionOnEffects) -> Table:
+    seeds = sorted(a.on_top_effects)
+    body = [[str(s), fmt(100 * a.on_top_effects[s], 1), fmt(100 * a.chance, 1), fmt(100 * a.concentration[s], 1)]
+            for s in seeds]
+    if len(seeds) > 1:
+        body.append(["mean", fmt(100 * float(np.mean([a.on_top_effects[s] for s in seeds])), 1), fmt(100 * a.chance, 1),
+                     fmt(100 * float(np.mean([a.concentration[s] for s in seeds])), 1)])
+    return Table(["seed", f"CLS attention on the {a.top} tokens of largest effect, %", "uniform attention, %",
+                  f"CLS attention on its own {a.top} most-attended tokens, %"], body, ["l", "r", "r", "r"],
+                 [f"Per image, the share of the last block's class-token attention over the patch tokens (heads "
+                  f"averaged) that falls on the {a.top} patch tokens whose removal alone lowers the true class's "
+                  f"log-probability most, then the mean over the seed's images; uniform attention would put "
+                  f"{a.top} / {round(a.top / a.chance)} of it there. The last column says how concentrated the "
+                  "attention is: its share on its own most-attended tokens."])
+
+
 def arm_blocks(arm: str, rows: list[MeasureRow], cells: dict[int, CellResult], protocol: AttributionProtocol,
                n_resamples: int) -> list[Block]:
     """Every table and figure of one acted-on arm."""
@@ -187,6 +204,8 @@ def arm_blocks(arm: str, rows: list[MeasureRow], cells: dict[int, CellResult], p
                 display_images(torch.from_numpy(a["example_images"])),
                 {m: a[f"scores/{m}"][:shown].reshape(shown, *grid) for m in methods if m != BASELINE},
                 a["effects"][:shown].reshape(shown, *grid), titles)))]
+    blocks += [Heading(2, f"Does CLS attend to the tokens that matter? ({arm})"),
+               attention_table(attention_on_effects(cells))]
     blocks += [Heading(2, f"Token norms ({arm})"), norms_table(block_norms(cells), s.norm_threshold)]
     for seed, c in sorted(cells.items()):
         blocks.append(Figure(f"norms_{arm}_seed{seed}.png", (

@@ -18,9 +18,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tracking.kinds.attribution_runs import CellResult
+from tracking.kinds.attribution_runs import TOP_TOKENS, CellResult
 from workbench import stats
-from workbench.attribution import auc
+from workbench.attribution import attention_mass_on, auc, top_mask
 
 MEASURES = ("rho", "deletion_auc", "insertion_auc")
 # Which way is more faithful: rho and insertion AUC higher, deletion AUC lower.
@@ -175,3 +175,25 @@ def block_norms(cells: dict[int, CellResult]) -> list[BlockNorms]:
                 positions[where] = positions.get(where, 0) + 1
         out.append(BlockNorms(block, positions=positions, **fields))
     return out
+
+
+@dataclass(frozen=True)
+class AttentionOnEffects:
+    """Does CLS attend to the tokens that matter? Per seed, means over its images."""
+
+    top: int  # tokens counted
+    chance: float  # top / P: the share of uniform attention
+    on_top_effects: dict[int, float]  # CLS attention share on the ``top`` tokens of largest causal effect
+    concentration: dict[int, float]  # CLS attention share on its own ``top`` most-attended tokens
+
+
+def attention_on_effects(cells: dict[int, CellResult]) -> AttentionOnEffects:
+    """The last block's CLS attention against the causal effects, from the logged arrays."""
+    p = next(iter(cells.values())).arrays["effects"].shape[1]
+    top = min(TOP_TOKENS, p)
+    on, own = {}, {}
+    for s, c in sorted(cells.items()):
+        attention, effects = c.arrays["cls_attention"], c.arrays["effects"]
+        on[s] = float(attention_mass_on(attention, top_mask(effects, top)).mean())
+        own[s] = float(attention_mass_on(attention, top_mask(attention, top)).mean())
+    return AttentionOnEffects(top, top / p, on, own)

@@ -15,6 +15,10 @@ fingerprints and ``attribution_code_fingerprint()``. A child logs
   ``high_norm_token_share/block<i>`` (mean over the images with such a token), and
   ``high_norm_effect/block<i>`` / ``other_effect/block<i>`` (mean causal effect, NaN-free: a
   block without such a token logs no effect);
+- ``cls_attention_on_top_effects`` (the share of the last block's CLS attention over the patches
+  that falls on the ``TOP_TOKENS`` tokens of largest causal effect, mean over images; chance is
+  ``TOP_TOKENS / patches``) and ``cls_attention_concentration`` (the share on its own
+  ``TOP_TOKENS`` most-attended tokens);
 - ``intact_accuracy``, ``intact_log_prob``, ``images``, ``patches``, ``forwards``, the reload
   proof and ``evaluation_seconds``;
 
@@ -56,6 +60,7 @@ ATTRIBUTION_RESULT_PACKAGES = RESULT_PACKAGES + ("interventions", "attribution")
 PER_IMAGE_KEYS = ("methods", "labels", "indices", "predicted", "full_log_prob", "effects", "fractions", "norms",
                   "prefix_norms", "median_norm", "norm_threshold", "cls_attention", "grid", "prefix", "random_seed",
                   "example_images")
+TOP_TOKENS = 5  # "does CLS attend to the tokens that matter?": its attention on the 5 of largest effect
 METHOD_ARRAYS = ("scores", "rho", "deletion_prob", "insertion_prob", "deletion_correct", "insertion_correct")
 
 
@@ -108,6 +113,10 @@ def cell_metrics(cell: CellAttribution) -> dict[str, float]:
     metrics = {"intact_accuracy": cell.intact_accuracy, "intact_log_prob": float(cell.causal.full_log_prob.mean()),
                "images": len(cell.labels), "patches": cell.causal.effects.shape[1], "forwards": cell.forwards,
                "evaluation_seconds": cell.seconds, "norm_threshold": cell.norms.k}
+    top = min(TOP_TOKENS, cell.causal.effects.shape[1])
+    metrics |= {"attention_top_tokens": top,
+                "cls_attention_on_top_effects": float(cell.cls_attention_on_top_effects(top).mean()),
+                "cls_attention_concentration": float(cell.cls_attention_concentration(top).mean())}
     for s in cell.summary():
         metrics |= {f"rho/{s.method}": s.mean_rho, f"rho_undefined/{s.method}": s.undefined_rho,
                     f"deletion_auc/{s.method}": s.deletion_auc, f"insertion_auc/{s.method}": s.insertion_auc,
