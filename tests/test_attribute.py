@@ -131,6 +131,11 @@ def test_attribute_logs_every_method_a_rerun_computes_nothing_and_the_report_reb
             assert z["example_images"].shape == (2, 3, 8, 8)
             for method in METHODS:
                 assert abs(m[f"rho/{method}"] - np.nanmean(z[f"rho/{method}"])) <= 1e-12, method
+                history = client.get_metric_history(cell.info.run_id, f"deletion_curve/{method}")
+                mean = z[f"deletion_prob/{method}"].mean(axis=0)  # (F,) over counts 0..4
+                assert sorted(p.step for p in history) == list(range(5)), history
+                worst = max(abs(p.value - mean[p.step]) for p in history)
+                assert worst <= 1e-6, f"max |logged - mean curve| {worst:.3g}"
         assert (local / "summary.json").is_file()
 
     def no_download(*a, **k):

@@ -21,6 +21,9 @@ fingerprints and ``attribution_code_fingerprint()``. A child logs
   ``TOP_TOKENS`` most-attended tokens);
 - ``intact_accuracy``, ``intact_log_prob``, ``images``, ``patches``, ``forwards``, the reload
   proof and ``evaluation_seconds``;
+- the mean curves as metric histories, step = patch tokens removed (deletion) or kept
+  (insertion): ``deletion_curve/<m>`` and ``insertion_curve/<m>`` (mean true-class probability
+  over the images), so the MLflow UI draws them;
 
 and the artifacts ``attribution/per_image.npz`` (compressed; ``PER_IMAGE_KEYS``) and
 ``attribution/summary.json``.
@@ -159,6 +162,11 @@ def log_cell(sink: RunSink, cell: CellAttribution, example_images: np.ndarray, p
         metrics |= {"reload_proof_passed": float(proof.passed), "reload_proof_max_abs_diff": proof.max_abs_prob_diff}
     check()
     sink.log_metrics(metrics)
+    patches = cell.causal.effects.shape[1]
+    for j, fraction in enumerate(cell.curves.fractions):
+        check()
+        sink.log_metrics({f"{kind}_curve/{m}": float(getattr(cell.curves, f"{kind}_prob")[m][:, j].mean())
+                          for m in cell.methods for kind in ("deletion", "insertion")}, step=round(fraction * patches))
     summary = {"methods": list(cell.methods), "per_method": {s.method: vars(s) for s in cell.summary()},
                "images": len(cell.labels), "seconds": cell.seconds, "forwards": cell.forwards,
                "norm_threshold": cell.norms.k, "random_seed": cell.seed,
