@@ -17,6 +17,8 @@ import tempfile
 from pathlib import Path
 
 from reports import configuration, document, results, tables
+from reports.attribution.attribution_evidence import FORMAT as ATTRIBUTION_FORMAT, load_attribution_evidence
+from reports.attribution.attribution_report import build_attribution_report, render_attribution_study
 from reports.collect import ReportError, StudyData, load_study, protocol_file, resolve_protocol
 from reports.evidence import EVIDENCE_DIR, export_evidence, export_format, load_evidence
 from reports.interventions.intervention_evidence import FORMAT as INTERVENTION_FORMAT, load_intervention_evidence
@@ -58,7 +60,7 @@ def build_report(
         strict: Only recorded in the report's build inputs; the caller fails on ``result.problems``.
         evidence: Also export the study's evidence (run records and per-example predictions)
             to ``out_root/<protocol name>/evidence/``, from which ``build_from_evidence``
-            rebuilds the same report without the store. Ablation and intervention protocols.
+            rebuilds the same report without the store. Ablation, intervention and attribution protocols.
 
     Raises:
         ReportError: Nothing to report, a bad option, or runs lacking what the report needs.
@@ -72,19 +74,26 @@ def build_report(
 
         return build_intervention_report(load_intervention_protocol(path), out_root, hash_prefix, n_resamples, log,
                                          strict, evidence)
+    if path is not None and kind == "attribution":
+        from workbench.protocol import load_attribution_protocol
+
+        return build_attribution_report(load_attribution_protocol(path), out_root, hash_prefix, n_resamples, log,
+                                        strict, evidence)
     if path is None and "/" not in protocol and not protocol.endswith((".yaml", ".yml")):
+        from tracking.kinds.attribution_runs import is_attribution_study
         from tracking.kinds.intervention_runs import is_intervention_study
 
-        if is_intervention_study(protocol):
-            raise ReportError(f"{protocol} is an intervention protocol: report it with its protocol file "
-                              "(studies/protocols/<name>.yaml or a path)")
+        for what, known in (("an intervention", is_intervention_study), ("an attribution", is_attribution_study)):
+            if known(protocol):
+                raise ReportError(f"{protocol} is {what} protocol: report it with its protocol file "
+                                  "(studies/protocols/<name>.yaml or a path)")
     stored = None
     if path is None and "/" not in protocol and not protocol.endswith((".yaml", ".yml")):
         stored = transfer_report.stored_by_name(protocol, hash_prefix)  # a transfer protocol known only to the store
     if stored is not None or (path is not None and kind == "transfer"):
         if evidence:
-            raise ReportError(f"--evidence: evidence export is for ablation and intervention protocols; {protocol} is "
-                              "a transfer protocol")
+            raise ReportError(f"--evidence: evidence export is for ablation, intervention and attribution protocols; "
+                              f"{protocol} is a transfer protocol")
         if stored is not None:
             return build_transfer_report(stored, out_root, hash_prefix, commit, compare, n_resamples, log, strict,
                                          from_store=True)
@@ -121,7 +130,11 @@ def build_from_evidence(evidence_dir: Path, out_root: Path) -> ReportResult:
             output folder is the one holding the export (the published report is never overwritten).
     """
     evidence_dir = Path(evidence_dir)
-    if export_format(evidence_dir) == INTERVENTION_FORMAT:
+    if export_format(evidence_dir) == ATTRIBUTION_FORMAT:
+        attributed = load_attribution_evidence(evidence_dir)
+        _check_rebuild_folder(evidence_dir, out_root, attributed.study.protocol.name)
+        result = render_attribution_study(attributed.study, attributed.inputs, Path(out_root), attributed.logged_to)
+    elif export_format(evidence_dir) == INTERVENTION_FORMAT:
         intervened = load_intervention_evidence(evidence_dir)
         _check_rebuild_folder(evidence_dir, out_root, intervened.study.protocol.name)
         result = render_intervention_study(intervened.study, intervened.inputs, Path(out_root), intervened.logged_to)

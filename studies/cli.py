@@ -20,6 +20,8 @@ import click
 # name -> (module, attribute, short help shown by `workbench --help` without importing it).
 # tests/test_cli.py checks every short help against the command's own docstring.
 LAZY_COMMANDS: dict[str, tuple[str, str, str]] = {
+    "attribute": ("studies.attribution.attribute", "attribute",
+                  "Score an attribution protocol: every method against exact token-drop effects on every acted-on model, as MLflow child runs."),
     "ablate": ("studies.ablation.ablate", "ablate",
                "Run (or resume) a frozen protocol: every arm at every seed, as MLflow child runs."),
     "benchmark": ("studies.benchmarks.vit_benchmark", "benchmark",

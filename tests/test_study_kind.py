@@ -62,7 +62,8 @@ def test_a_study_commands_options_arrive_as_one_object():
 
 @pytest.mark.parametrize("command, default, words", [("ablate", "outputs/ablate", "Checkpoints and predictions"),
                                                      ("transfer", "outputs/transfer", "downloaded sources"),
-                                                     ("intervene", "outputs/intervene", "Downloaded checkpoints")])
+                                                     ("intervene", "outputs/intervene", "Downloaded checkpoints"),
+                                                     ("attribute", "outputs/attribute", "Downloaded checkpoints")])
 def test_each_study_command_keeps_its_own_output_folder_and_help(command, default, words):
     text = " ".join(CliRunner().invoke(main, [command, "--help"]).output.split())
     for option in ("--allow-dirty", "--device", "--data-path", "--download / --no-download", "--threads"):

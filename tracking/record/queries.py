@@ -104,7 +104,7 @@ class ProtocolEntry:
     newest_parent: str
     parent_status: str
     start_time: int
-    kind: str  # "ablation", "transfer" or "intervention"
+    kind: str  # "ablation", "transfer", "intervention" or "attribution"
     cell_status: dict[str, int]  # status -> cell runs of the newest hash
     hashes: int
 
@@ -112,7 +112,7 @@ class ProtocolEntry:
 def protocol_kind(parent: Run) -> str:
     """What a study parent ran, from its tags."""
     tags = parent.data.tags
-    return next((kind for kind in ("transfer", "intervention") if tags.get(kind) == "true"), "ablation")
+    return next((kind for kind in ("transfer", "intervention", "attribution") if tags.get(kind) == "true"), "ablation")
 
 
 def protocol_entries() -> list[ProtocolEntry]:

@@ -1,0 +1,1 @@
+"""The report of an attribution protocol: faithfulness of every method, token norms, evidence."""

@@ -1,0 +1,1 @@
+"""Attribution studies (``workbench attribute``): attribution maps scored against exact token-drop effects."""

@@ -1,0 +1,229 @@
+"""MLflow side of attribution studies: what a cell logs, and the cells read back for the report.
+
+Layout, as for interventions: one experiment per attribution protocol; one parent run per study
+(protocol hash + training code fingerprint, tag ``attribution=true``); a child run per acted-on
+model (arm, seed), tagged ``cell=true``, ``attribution=true``, ``arm``, ``seed``,
+``source_run_id`` (the trained cell) and keyed by ``run_key`` = protocol hash, arm, seed, the
+acted-on weights (the trained cell's run id, or the pretrained weights' sha256), data and split
+fingerprints and ``attribution_code_fingerprint()``. A child logs
+
+- per method ``<m>``: ``rho/<m>`` (mean Spearman rho over the images where it is defined),
+  ``rho_undefined/<m>``, ``deletion_auc/<m>``, ``insertion_auc/<m>`` (true-class probability),
+  ``deletion_accuracy_auc/<m>``, ``insertion_accuracy_auc/<m>``;
+- per block ``i``: ``high_norm_fraction/block<i>`` (patch tokens above k x the block's median),
+  ``median_norm/block<i>``, ``cls_attention_on_high_norm/block<i>`` and
+  ``high_norm_token_share/block<i>`` (mean over the images with such a token), and
+  ``high_norm_effect/block<i>`` / ``other_effect/block<i>`` (mean causal effect, NaN-free: a
+  block without such a token logs no effect);
+- ``cls_attention_on_top_effects`` (the share of the last block's CLS attention over the patches
+  that falls on the ``TOP_TOKENS`` tokens of largest causal effect, mean over images; chance is
+  ``TOP_TOKENS / patches``) and ``cls_attention_concentration`` (the share on its own
+  ``TOP_TOKENS`` most-attended tokens);
+- ``intact_accuracy``, ``intact_log_prob``, ``images``, ``patches``, ``forwards``, the reload
+  proof and ``evaluation_seconds``;
+- the mean curves as metric histories, step = patch tokens removed (deletion) or kept
+  (insertion): ``deletion_curve/<m>`` and ``insertion_curve/<m>`` (mean true-class probability
+  over the images), so the MLflow UI draws them;
+
+and the artifacts ``attribution/per_image.npz`` (compressed; ``PER_IMAGE_KEYS``) and
+``attribution/summary.json``.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import tempfile
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+from mlflow.tracking import MlflowClient
+
+from tracking.kinds.intervention_runs import choose_cells
+from tracking.kinds.training_runs import KeyedRun, open_keyed_run
+from tracking.record import queries
+from tracking.record.queries import CellRecord
+from tracking.record.sink import RunSink
+from workbench.attribution import CellAttribution
+from workbench.train.evaluate import ReloadProof
+from workbench.train.fingerprint import RESULT_PACKAGES, code_fingerprint
+
+ARTIFACT_DIR = "attribution"
+PER_IMAGE = f"{ARTIFACT_DIR}/per_image.npz"
+SUMMARY = f"{ARTIFACT_DIR}/summary.json"
+# The interventions and attribution libraries compute these results (the token drop is an
+# intervention's hook), with the training result packages: a change there re-evaluates; a
+# commit of docs, reports or CLI text does not.
+ATTRIBUTION_RESULT_PACKAGES = RESULT_PACKAGES + ("interventions", "attribution")
+# per_image.npz: the arrays without a method in their name; per method m also scores/<m>,
+# rho/<m>, deletion_prob/<m>, insertion_prob/<m>, deletion_correct/<m>, insertion_correct/<m>.
+PER_IMAGE_KEYS = ("methods", "labels", "indices", "predicted", "full_log_prob", "effects", "fractions", "norms",
+                  "prefix_norms", "median_norm", "norm_threshold", "cls_attention", "grid", "prefix", "random_seed",
+                  "example_images")
+TOP_TOKENS = 5  # "does CLS attend to the tokens that matter?": its attention on the 5 of largest effect
+METHOD_ARRAYS = ("scores", "rho", "deletion_prob", "insertion_prob", "deletion_correct", "insertion_correct")
+
+
+@lru_cache(maxsize=1)
+def attribution_code_fingerprint() -> str:
+    return code_fingerprint(packages=ATTRIBUTION_RESULT_PACKAGES)
+
+
+# ---------------------------------------------------------------- cell runs
+
+
+def open_cell_run(experiment: str, run_key: str, run_name: str, parent_run_id: str, tags: dict) -> KeyedRun:
+    """The cell's run by ``run_key`` (FINISHED: without a sink; BUSY: held by a live execution) or a new one."""
+    return open_keyed_run(experiment, run_key, {"mlflow.runName": run_name, **tags}, parent_run_id)
+
+
+def per_image_arrays(cell: CellAttribution, example_images: np.ndarray) -> dict[str, np.ndarray]:
+    """What ``per_image.npz`` holds: every per-image number the report reads, and the example images.
+
+    Shapes (N images, P patch tokens, F curve points, L blocks): ``scores/<m>``, ``effects``,
+    ``cls_attention`` ``(N, P)``; ``rho/<m>`` ``(N,)``; curves ``(N, F)``; ``norms`` ``(L, N, P)``
+    (block first); ``prefix_norms`` ``(L, N, prefix)``; ``example_images`` the first ``E`` scored
+    images as the dataset holds them, uint8 ``(E, C, H, W)``.
+    """
+    norms = cell.norms
+    arrays = {
+        "methods": np.array(cell.methods), "labels": cell.labels.astype(np.int64),
+        "indices": np.asarray(cell.image_index, dtype=np.int64), "predicted": cell.causal.predicted.astype(np.int64),
+        "full_log_prob": cell.causal.full_log_prob, "effects": cell.causal.effects, "fractions": cell.curves.fractions,
+        "norms": norms.norms.transpose(1, 0, 2), "prefix_norms": norms.prefix_norms.transpose(1, 0, 2),
+        "median_norm": norms.median, "norm_threshold": np.float64(norms.k), "cls_attention": norms.cls_attention,
+        "grid": np.array(norms.layout.grid, dtype=np.int64), "prefix": np.int64(norms.layout.prefix),
+        "random_seed": np.int64(cell.seed), "example_images": np.asarray(example_images, dtype=np.uint8),
+    }
+    for m in cell.methods:
+        arrays |= {f"scores/{m}": cell.scores[m], f"rho/{m}": cell.rho[m],
+                   f"deletion_prob/{m}": cell.curves.deletion_prob[m], f"insertion_prob/{m}": cell.curves.insertion_prob[m],
+                   f"deletion_correct/{m}": cell.curves.deletion_correct[m],
+                   f"insertion_correct/{m}": cell.curves.insertion_correct[m]}
+    return arrays
+
+
+def _finite(metrics: dict[str, float]) -> dict[str, float]:
+    """MLflow stores NaN, but a report reading it back has no use for one: an undefined number is not logged."""
+    return {k: float(v) for k, v in metrics.items() if math.isfinite(float(v))}
+
+
+def cell_metrics(cell: CellAttribution) -> dict[str, float]:
+    """The metrics of one cell (see the module docstring), computed from ``cell`` alone."""
+    metrics = {"intact_accuracy": cell.intact_accuracy, "intact_log_prob": float(cell.causal.full_log_prob.mean()),
+               "images": len(cell.labels), "patches": cell.causal.effects.shape[1], "forwards": cell.forwards,
+               "evaluation_seconds": cell.seconds, "norm_threshold": cell.norms.k}
+    top = min(TOP_TOKENS, cell.causal.effects.shape[1])
+    metrics |= {"attention_top_tokens": top,
+                "cls_attention_on_top_effects": float(cell.cls_attention_on_top_effects(top).mean()),
+                "cls_attention_concentration": float(cell.cls_attention_concentration(top).mean())}
+    for s in cell.summary():
+        metrics |= {f"rho/{s.method}": s.mean_rho, f"rho_undefined/{s.method}": s.undefined_rho,
+                    f"deletion_auc/{s.method}": s.deletion_auc, f"insertion_auc/{s.method}": s.insertion_auc,
+                    f"deletion_accuracy_auc/{s.method}": s.deletion_accuracy_auc,
+                    f"insertion_accuracy_auc/{s.method}": s.insertion_accuracy_auc}
+    norms = cell.norms
+    share, tokens = norms.attention_share()  # (N, L), NaN where an image has no high-norm token at a block
+    inside, outside = norms.effect_of_outliers(cell.causal.effects)
+    with np.errstate(invalid="ignore"):
+        for block in range(norms.median.shape[0]):
+            has = np.isfinite(share[:, block])
+            metrics |= {f"high_norm_fraction/block{block}": float(norms.outlier_fraction[block]),
+                        f"median_norm/block{block}": float(norms.median[block]),
+                        f"images_with_high_norm/block{block}": int(has.sum())}
+            if has.any():
+                metrics |= {f"cls_attention_on_high_norm/block{block}": float(share[has, block].mean()),
+                            f"high_norm_token_share/block{block}": float(tokens[has, block].mean())}
+            metrics |= {f"high_norm_effect/block{block}": float(inside[block]),
+                        f"other_effect/block{block}": float(outside[block])}
+    return _finite(metrics)
+
+
+def _artifact(sink: RunSink, folder: Path, name: str, data: bytes) -> None:
+    path = folder / name
+    path.write_bytes(data)
+    sink.log_artifact(path, artifact_path=ARTIFACT_DIR)
+
+
+def npz_bytes(arrays: dict[str, np.ndarray]) -> bytes:
+    buffer = io.BytesIO()
+    np.savez_compressed(buffer, **arrays)
+    return buffer.getvalue()
+
+
+def log_cell(sink: RunSink, cell: CellAttribution, example_images: np.ndarray, proof: ReloadProof | None,
+             extra: dict, check=lambda: None) -> dict[str, float]:
+    """The cell's metrics, its per-image arrays and a summary; ``check`` fences each write. Returns the metrics."""
+    metrics = cell_metrics(cell)
+    if proof is not None:
+        metrics |= {"reload_proof_passed": float(proof.passed), "reload_proof_max_abs_diff": proof.max_abs_prob_diff}
+    check()
+    sink.log_metrics(metrics)
+    patches = cell.causal.effects.shape[1]
+    for j, fraction in enumerate(cell.curves.fractions):
+        check()
+        sink.log_metrics({f"{kind}_curve/{m}": float(getattr(cell.curves, f"{kind}_prob")[m][:, j].mean())
+                          for m in cell.methods for kind in ("deletion", "insertion")}, step=round(fraction * patches))
+    summary = {"methods": list(cell.methods), "per_method": {s.method: vars(s) for s in cell.summary()},
+               "images": len(cell.labels), "seconds": cell.seconds, "forwards": cell.forwards,
+               "norm_threshold": cell.norms.k, "random_seed": cell.seed,
+               "auc": "trapezoid over the fractions of patch tokens removed (deletion) or kept (insertion), 0 to 1, "
+                      "both ends included",
+               "reload_proof": proof.summary() if proof is not None else "not applicable (pretrained weights)", **extra}
+    with tempfile.TemporaryDirectory() as tmp:
+        check()
+        _artifact(sink, Path(tmp), "per_image.npz", npz_bytes(per_image_arrays(cell, example_images)))
+        check()
+        _artifact(sink, Path(tmp), "summary.json",
+                  json.dumps(summary, indent=1, sort_keys=True, default=float).encode())
+    return metrics
+
+
+# ---------------------------------------------------------------- read back for the report
+
+
+@dataclass
+class CellResult:
+    """One finished attribution cell as the report reads it: its record and its ``per_image.npz`` arrays."""
+
+    record: CellRecord
+    arrays: dict[str, np.ndarray]
+
+    @property
+    def methods(self) -> list[str]:
+        return [str(m) for m in self.arrays["methods"]]
+
+    def per_method(self, name: str, method: str) -> np.ndarray:
+        return self.arrays[f"{name}/{method}"]
+
+
+def read_npz(data: bytes) -> dict[str, np.ndarray]:
+    with np.load(io.BytesIO(data), allow_pickle=False) as z:
+        return {k: z[k] for k in z.files}
+
+
+def finished_cells(protocol_name: str, protocol_hash: str) -> tuple[dict[tuple[str, int], CellRecord], list[CellRecord]]:
+    """The newest finished run of each (arm, seed) of the hash, and every cell run (for the runs table).
+
+    Only runs of the newest finished run's attribution code fingerprint are chosen (code
+    versions are never mixed), by the rule of ``tracking.kinds.intervention_runs.choose_cells``.
+    """
+    records = queries.cell_records(protocol_name, protocol_hash)
+    return choose_cells(records), records
+
+
+def read_cell(record: CellRecord, workdir: Path) -> CellResult:
+    """The per-image arrays a finished cell logged."""
+    path = queries.download_artifact(record.run_id, PER_IMAGE, Path(workdir) / record.run_id)
+    return CellResult(record, read_npz(path.read_bytes()))
+
+
+def is_attribution_study(protocol_name: str) -> bool:
+    """Whether the store holds an attribution study of this name (its parent runs say so)."""
+    client = MlflowClient()
+    exp = client.get_experiment_by_name(protocol_name)
+    return exp is not None and bool(client.search_runs(
+        [exp.experiment_id], "tags.attribution = 'true' and tags.parent = 'true'", max_results=1))
