@@ -372,7 +372,7 @@ SHIPPED_HASHES = {
     "cifar10_seed_table": "ec562143531713b50340b51dd32be795b382b695e6dd05bcb35ae47651b0d5af",
     "fmnist_seed_recipe": "a9df7b8b7b9c2bb7f1f2e1a6f9eb5063367da4767d80b8de94faa276468f1b49",
     "fmnist_seed_recipe_heads": "180efd1f7005ba3afcff6d964786444ec033187b1e661f34a1695019942f5184",
-    "fmnist_seed_recipe_faithfulness": "f36ae8d5e4d6c4933cfcf8a4d81050b83cb51eefda798eff3df8c0137d6f509a",
+    "fmnist_seed_recipe_faithfulness": "4a2a91bf9a58ec659371cf6fa242245f8977b30e41adaa8381434b6ad8a018dc",
     "fmnist_vit_vs_cnn": "941bf144832b055f1796a83557c9fd9770fa78b1013b990868902bd882eb218b",
     "retina_transfer": "8082116498e236e110f1e2f8f7104d3e7ad637fef4a4ad85b85de78428229bbc",
     "retina_transfer_smoke": "d8d9cd44976fbaadf9c21310cc7fd8393712ccdab37792ebc98a7784ec47f916",
