@@ -220,7 +220,7 @@ def benchmark_loader(
     n_images: int, batch_size: int, repeats: int, num_workers: int, device: str | None, torch_threads: int | None,
     randaugment_ops: int,
 ) -> dict:
-    """Compare TensorLoader with a per-image torchvision pipeline (and with RandAugment) and print a table."""
+    """Compare TensorLoader with a per-image torchvision pipeline and print a table."""
     result = run_loader_benchmark(n_images, batch_size, repeats, num_workers, device, torch_threads=torch_threads,
                                   randaugment_ops=randaugment_ops)
     click.echo(format_table(result))
