@@ -15,13 +15,24 @@ def test_run_loader_benchmark_returns_figures():
     assert result["ours_images_per_s"] > 0 and result["torchvision_images_per_s"] > 0
     assert abs(result["ratio"] - result["ours_images_per_s"] / result["torchvision_images_per_s"]) < 1e-9
     assert "ratio ours / torchvision" in format_table(result)
+    assert "randaugment_images_per_s" not in result, "RandAugment is timed only when asked for"
+
+
+def test_randaugment_is_timed_beside_the_plain_loader_in_the_same_rounds():
+    result = run_loader_benchmark(n_images=32, batch_size=16, repeats=1, device="cpu", torch_threads=1,
+                                  randaugment_ops=2)
+    assert len(result["randaugment_seconds"]) == len(result["ours_seconds"]) == 1
+    expected = result["ours_images_per_s"] / result["randaugment_images_per_s"]
+    assert abs(result["randaugment_slowdown"] - expected) < 1e-9, (result["randaugment_slowdown"], expected)
+    assert "RandAugment cost" in format_table(result)
 
 
 def test_benchmark_command_prints_table():
-    out = CliRunner().invoke(benchmark_loader, ["--n-images", "64", "--batch-size", "32", "--repeats", "1",
+    out = CliRunner().invoke(benchmark_loader, ["--n-images", "32", "--batch-size", "16", "--repeats", "1",
                                                 "--device", "cpu"])  # fmt: skip
     assert out.exit_code == 0, out.output
     assert "workbench TensorLoader" in out.output and "torchvision v2" in out.output
+    assert "+ RandAugment (2 ops, magnitude 9" in out.output, out.output
 
 
 def test_benchmark_module_does_not_import_mlflow():

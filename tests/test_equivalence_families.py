@@ -53,6 +53,7 @@ KWARG_OPTIONS = [
     ("mean_pool_with_prefix", dict(global_pool="avg", pool_include_prefix=True, reg_tokens=2)),
     ("map_pool_with_class_token", dict(global_pool="map", fc_norm=True)),
     ("rmsnorm_layerscale_norm_pre", dict(norm_layer="rmsnorm", init_values=0.1, pre_norm=True)),
+    ("stochastic_depth", dict(drop_path_rate=0.1)),  # read across as ViTConfig.drop_path_rate (tests/test_drop_path.py)
 ]
 
 
@@ -122,7 +123,6 @@ REFUSED = [
     ("vit_dpwee_patch16_reg1_gap_256", {}, "block_fn=DiffParallelScalingBlock"),
     ("vit_dwee_patch16_reg1_gap_256", {}, "attn_layer=DiffAttention"),
     ("vit_intern300m_patch14_448", {}, "dynamic_img_size=True"),
-    ("vit_tiny_patch16_224", {"drop_path_rate": 0.1}, "drop_path_rate > 0"),
     ("vit_tiny_patch16_224", {"patch_drop_rate": 0.1}, "patch_drop_rate > 0"),
     ("vit_tiny_patch16_224", {"global_pool": "max"}, "global_pool='max'"),
     ("vit_tiny_patch16_224", {"global_pool": "prr"}, "global_pool='prr'"),

@@ -7,6 +7,11 @@ usual torchvision ``Dataset`` + ``DataLoader`` with ``transforms.v2`` applied im
 image. Each side runs one full epoch per repeat; the median throughput is reported with
 the spread, and the ratio ours / torchvision is measured in the same process.
 
+With ``randaugment_ops`` (``--randaugment-ops``, 2 by default on the command line), a third
+loader times the same TensorLoader with RandAugment added (torchvision v2's ops, drawn per
+image, ``workbench.data.augment``) in the same rounds, so the cost of RandAugment is the
+ratio of two loaders measured side by side.
+
 This module never talks to MLflow: ``run_loader_benchmark`` returns a dict, which the CLI
 and the tracking layer log.
 """
@@ -16,6 +21,7 @@ from __future__ import annotations
 import os
 import statistics
 import time
+from dataclasses import replace
 
 import click
 import torch
@@ -25,6 +31,7 @@ from torchvision.transforms import InterpolationMode, v2
 from workbench.data import NORM_STATS, AugmentConfig, TensorLoader
 
 AUGMENT = AugmentConfig(crop_padding=4, hflip=True, rotate_degrees=5.0, translate_fraction=0.06)
+RANDAUGMENT_MAGNITUDE = 9
 
 
 class _PerImageDataset(Dataset):
@@ -79,6 +86,7 @@ def run_loader_benchmark(
     device: str | None = None,
     seed: int = 0,
     torch_threads: int | None = None,
+    randaugment_ops: int = 0,
 ) -> dict:
     """Measure training-loader throughput, ours versus torchvision, in images per second.
 
@@ -92,21 +100,25 @@ def run_loader_benchmark(
         torch_threads: Intra-op threads for this measurement (restored afterwards);
             ``None`` keeps the current setting. Per-image pipelines run best with 1 (what
             DataLoader workers use), so compare at equal settings.
+        randaugment_ops: Also time TensorLoader with RandAugment (this many ops, magnitude 9)
+            in the same rounds; 0: not measured.
 
     Returns:
         A flat dict: settings, per-repeat seconds, median images/s per side with min/max,
-        and ``ratio`` = ours / torchvision.
+        and ``ratio`` = ours / torchvision; with RandAugment also ``randaugment_images_per_s``
+        (min, max) and ``randaugment_slowdown`` = ours without / ours with RandAugment.
     """
     previous_threads = torch.get_num_threads()
     if torch_threads is not None:
         torch.set_num_threads(torch_threads)
     try:
-        return _run(n_images, batch_size, repeats, num_workers, device, seed)
+        return _run(n_images, batch_size, repeats, num_workers, device, seed, randaugment_ops)
     finally:
         torch.set_num_threads(previous_threads)
 
 
-def _run(n_images: int, batch_size: int, repeats: int, num_workers: int, device: str | None, seed: int) -> dict:
+def _run(n_images: int, batch_size: int, repeats: int, num_workers: int, device: str | None, seed: int,
+         randaugment_ops: int = 0) -> dict:
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     g = torch.Generator().manual_seed(seed)
     images = torch.randint(0, 256, (n_images, 3, 32, 32), dtype=torch.uint8, generator=g)  # (N, C, H, W)
@@ -119,16 +131,31 @@ def _run(n_images: int, batch_size: int, repeats: int, num_workers: int, device:
         generator=torch.Generator().manual_seed(seed), pin_memory=dev.type == "cuda",
     )  # fmt: skip
     _time_epoch(ours.iter_epoch(-1), dev)  # warm-up: first-call allocations, CUDA kernels
-    ours_s, ref_s = [], []
+    with_ra = None
+    if randaugment_ops:
+        with_ra = TensorLoader(images, labels, batch_size=batch_size, norm=NORM_STATS["cifar10"], seed=seed,
+                               augment=replace(AUGMENT, randaugment_ops=randaugment_ops,
+                                               randaugment_magnitude=RANDAUGMENT_MAGNITUDE), device=dev)
+        _time_epoch(with_ra.iter_epoch(-1), dev)
+    ours_s, ref_s, ra_s = [], [], []
     for r in range(repeats):
         ours_s.append(_time_epoch(ours.iter_epoch(r), dev)[0])
         ref_s.append(_time_epoch(reference, dev)[0])
+        if with_ra is not None:  # in the same rounds as the loader without it
+            ra_s.append(_time_epoch(with_ra.iter_epoch(r), dev)[0])
 
     def rate(seconds: list[float]) -> dict[str, float]:
         rates = [n_images / s for s in seconds]
         return {"median": statistics.median(rates), "min": min(rates), "max": max(rates)}
 
     o, t = rate(ours_s), rate(ref_s)
+    extra = {}
+    if ra_s:
+        a = rate(ra_s)
+        extra = {"randaugment": f"{randaugment_ops} ops, magnitude {RANDAUGMENT_MAGNITUDE}, after crop and flip",
+                 "randaugment_seconds": ra_s, "randaugment_images_per_s": a["median"],
+                 "randaugment_images_per_s_min": a["min"], "randaugment_images_per_s_max": a["max"],
+                 "randaugment_slowdown": o["median"] / a["median"]}
     return {
         "n_images": n_images,
         "batch_size": batch_size,
@@ -147,6 +174,7 @@ def _run(n_images: int, batch_size: int, repeats: int, num_workers: int, device:
         "torchvision_images_per_s_min": t["min"],
         "torchvision_images_per_s_max": t["max"],
         "ratio": o["median"] / t["median"],
+        **extra,
     }
 
 
@@ -160,6 +188,9 @@ def format_table(result: dict) -> str:
             *(f"{result[f'torchvision_images_per_s{s}']:,.0f}" for s in ("", "_min", "_max")),
         ),
     ]
+    if "randaugment_images_per_s" in result:
+        rows.append((f"workbench TensorLoader + RandAugment ({result['randaugment']})",
+                     *(f"{result[f'randaugment_images_per_s{s}']:,.0f}" for s in ("", "_min", "_max"))))
     widths = [max(len(r[i]) for r in rows) for i in range(4)]
     lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))) for r in rows]
     lines.insert(1, "-" * len(lines[0]))
@@ -168,6 +199,9 @@ def format_table(result: dict) -> str:
         f"{result['batch_size']}, {result['repeats']} repeats, device {result['device']}, "
         f"{result['cpu_count']} CPUs, {result['torch_threads']} torch threads)"
     )
+    if "randaugment_slowdown" in result:
+        lines.append(f"RandAugment cost: TensorLoader {result['randaugment_slowdown']:.1f}x slower with it "
+                     "(median images/s without / with, same rounds)")
     return "\n".join(lines)
 
 
@@ -180,11 +214,15 @@ def format_table(result: dict) -> str:
               help="DataLoader workers for the torchvision side.")
 @click.option("--device", default=None, help="cpu or cuda (default: cuda when available).")
 @click.option("--torch-threads", default=None, type=click.IntRange(min=1), help="torch intra-op threads (default: unchanged).")
+@click.option("--randaugment-ops", default=2, show_default=True, type=click.IntRange(min=0, max=16),
+              help="Also time TensorLoader with RandAugment (this many ops per image, magnitude 9); 0: not.")
 def benchmark_loader(
-    n_images: int, batch_size: int, repeats: int, num_workers: int, device: str | None, torch_threads: int | None
+    n_images: int, batch_size: int, repeats: int, num_workers: int, device: str | None, torch_threads: int | None,
+    randaugment_ops: int,
 ) -> dict:
     """Compare TensorLoader with a per-image torchvision pipeline and print a table."""
-    result = run_loader_benchmark(n_images, batch_size, repeats, num_workers, device, torch_threads=torch_threads)
+    result = run_loader_benchmark(n_images, batch_size, repeats, num_workers, device, torch_threads=torch_threads,
+                                  randaugment_ops=randaugment_ops)
     click.echo(format_table(result))
     return result
 

@@ -28,7 +28,7 @@ from workbench.train.fingerprint import current_code_fingerprint
 from workbench.train.loop import TrainingObserver, TrainResult
 
 EPOCH_METRICS = ("train_loss", "train_accuracy", "val_loss", "val_accuracy", "lr", "epoch_seconds",
-                 "images_per_second", "best_epoch")
+                 "images_per_second", "best_epoch", "raw_val_loss", "raw_val_accuracy")  # raw_*: with weight EMA
 # Set on a run once that part of its summary is in the store: a resume completes only the rest.
 SUMMARY_ARTIFACTS_TAG = "summary.artifacts"
 LEASE_TAGS = (HOST_TAG, PID_TAG, TOKEN_TAG, HEARTBEAT_TAG)

@@ -180,7 +180,7 @@ def config_from_timm(model: nn.Module) -> ViTConfig:
                 r.check(bias and not inner, "attention pool MLP without bias or with an inner norm")
             r.check(r.norm(pool.norm, "attn_pool"), "attention pool without norm")
 
-    block_options = set()
+    block_options, block_rates = set(), []
     for i, block in enumerate(model.blocks):
         if type(block) is not TimmBlock:
             r.refuse(f"block_fn={type(block).__name__}")
@@ -188,7 +188,7 @@ def config_from_timm(model: nn.Module) -> ViTConfig:
         attn = block.attn
         r.norm(block.norm1, "blocks")
         r.norm(block.norm2, "blocks")
-        r.check(_is_identity(block.drop_path1) and _is_identity(block.drop_path2), "drop_path_rate > 0 (stochastic depth)")
+        block_rates.append(_drop_path_rate(r, block))
         scales = []
         for ls in (block.ls1, block.ls2):
             if type(ls) is LayerScale:
@@ -212,6 +212,7 @@ def config_from_timm(model: nn.Module) -> ViTConfig:
             attn.attn_drop.p, scales[0], mlp_kind, hidden, mlp_bias, mlp_norm, getattr(block.mlp, "gate_last", True),
         ))
     r.check(len(block_options) <= 1, "blocks with different options")
+    drop_path_rate = _drop_path_rule(r, block_rates)
     kind, eps, norm_bias = r.eps_and_kind()
     r.check(len(r.acts) <= 1, f"mixed activations {sorted(r.acts)}")
     r.check(len(r.dropouts) <= 1, "different dropout rates in attention and MLP")
@@ -242,6 +243,7 @@ def config_from_timm(model: nn.Module) -> ViTConfig:
             attn_dropout=attn_drop,
             pos_dropout=model.pos_drop.p,
             head_dropout=model.head_drop.p,
+            drop_path_rate=drop_path_rate,
             layer_norm_eps=eps,
             norm_layer=kind,
             norm_bias=norm_bias,
@@ -263,6 +265,35 @@ def config_from_timm(model: nn.Module) -> ViTConfig:
         )
     except ValueError as err:  # a combination timm builds but the glass-box model does not
         raise UnsupportedTimmModel(f"unsupported timm ViT options: {err}") from err
+
+
+def _drop_path_rate(r: _Reader, block: nn.Module) -> float:
+    """A timm block's stochastic-depth rate (0.0 for identities); refused unless both branches share it."""
+    from timm.layers import DropPath
+
+    rates = []
+    for module in (block.drop_path1, block.drop_path2):
+        if _is_identity(module):
+            rates.append(0.0)
+        elif type(module) is DropPath and module.scale_by_keep:
+            rates.append(float(module.drop_prob))
+        else:
+            r.refuse(f"drop path {type(module).__name__} (scale_by_keep=False or another kind)")
+            rates.append(0.0)
+    r.check(rates[0] == rates[1], "different drop path rates on a block's two branches")
+    return rates[0]
+
+
+def _drop_path_rule(r: _Reader, rates: list[float]) -> float:
+    """The model's ``drop_path_rate``: the last block's, if every block follows timm's linear rule."""
+    from timm.layers import calculate_drop_path_rates
+
+    if not rates or not any(rates):
+        return 0.0
+    rate = rates[-1]
+    r.check(rates == calculate_drop_path_rates(rate, len(rates)),
+            "drop path rates other than timm's linear rule (linspace(0, drop_path_rate, depth))")
+    return rate
 
 
 def timm_key_for(glass_key: str) -> str:

@@ -6,7 +6,8 @@ device. There are no worker processes and no per-image Python code.
 
 Determinism: the epoch's order comes from a CPU ``torch.Generator`` seeded from
 (seed, epoch), so every arm of a seed sees the same order; a batch's augmentation comes
-from a generator seeded from (seed, epoch, batch index), so ``iter_epoch(e, start_batch=k)``
+from a generator seeded from (seed, epoch, batch index) (RandAugment's from one of its own,
+seeded the same way), so ``iter_epoch(e, start_batch=k)``
 yields exactly the batches k, k+1, ... of the uninterrupted epoch.
 """
 
@@ -18,7 +19,7 @@ from typing import NamedTuple
 
 import torch
 
-from workbench.data.augment import AugmentConfig, augment_batch, sample_params
+from workbench.data.augment import AugmentConfig, augment_batch, sample_params, sample_randaugment
 from workbench.data.transforms import NormStats, normalize, resize_batch
 
 
@@ -156,7 +157,10 @@ class TensorLoader:
         x = self.images.index_select(0, pos)  # (B, C, H, W) uint8
         if self.augment is not None:
             params = sample_params(self.augment, len(pos), _generator(self.seed, epoch, k, "augment"))
-            x = augment_batch(x, self.augment, params)  # float in [0, 1]
+            drawn = None
+            if self.augment.randaugment_ops:  # a generator of its own: the other draws stay as they were
+                drawn = sample_randaugment(self.augment, len(pos), _generator(self.seed, epoch, k, "randaugment"))
+            x = augment_batch(x, self.augment, params, drawn)  # float in [0, 1]
         else:
             x = x.float().div_(255.0)
         if self.to_rgb and x.shape[1] == 1:

@@ -34,7 +34,7 @@ from torch import nn
 
 from workbench.models.hooks import HookPoint, attached, hook_points, name_hook_points, record_hooks
 from workbench.models.vit_config import ViTConfig
-from workbench.models.vit_layers import AttentionPool, Attention, LayerScale, make_mlp, make_norm
+from workbench.models.vit_layers import AttentionPool, Attention, LayerScale, make_drop_path, make_mlp, make_norm
 
 __all__ = ["ViTConfig", "VisionTransformer", "Block", "Analysis", "count_parameters", "stage_names_of"]
 
@@ -50,9 +50,13 @@ class Block(nn.Module):
 
     Stages, in execution order: norm1, attn.* (inside Attention), attn, ls1, resid1, norm2,
     mlp.* (inside the MLP), mlp, ls2, resid2 (ls1 / ls2 only with LayerScale).
+
+    ``drop_path`` is this block's stochastic-depth rate (timm's ``drop_path1`` / ``drop_path2``
+    on the branch after LayerScale, before the residual add; not a stage: ``resid1`` / ``resid2``
+    see its result). At 0 both are ``nn.Identity``, as in timm.
     """
 
-    def __init__(self, cfg: ViTConfig) -> None:
+    def __init__(self, cfg: ViTConfig, drop_path: float = 0.0) -> None:
         super().__init__()
         scaled = cfg.layer_scale_init is not None
         self.norm1 = make_norm(cfg)
@@ -61,6 +65,7 @@ class Block(nn.Module):
         self.hook_attn = HookPoint("attn")
         self.ls1 = LayerScale(cfg.dim, cfg.layer_scale_init) if scaled else nn.Identity()
         self.hook_ls1 = _point_if(scaled, "ls1")
+        self.drop_path1 = make_drop_path(drop_path)
         self.hook_resid1 = HookPoint("resid1")
         self.norm2 = make_norm(cfg)
         self.hook_norm2 = HookPoint("norm2")
@@ -68,11 +73,14 @@ class Block(nn.Module):
         self.hook_mlp = HookPoint("mlp")
         self.ls2 = LayerScale(cfg.dim, cfg.layer_scale_init) if scaled else nn.Identity()
         self.hook_ls2 = _point_if(scaled, "ls2")
+        self.drop_path2 = make_drop_path(drop_path)
         self.hook_resid2 = HookPoint("resid2")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, N, D) -> (B, N, D)
-        x = self.hook_resid1(x + self.hook_ls1(self.ls1(self.hook_attn(self.attn(self.hook_norm1(self.norm1(x)))))))
-        return self.hook_resid2(x + self.hook_ls2(self.ls2(self.hook_mlp(self.mlp(self.hook_norm2(self.norm2(x)))))))
+        x = self.hook_resid1(x + self.drop_path1(self.hook_ls1(self.ls1(self.hook_attn(self.attn(
+            self.hook_norm1(self.norm1(x))))))))
+        return self.hook_resid2(x + self.drop_path2(self.hook_ls2(self.ls2(self.hook_mlp(self.mlp(
+            self.hook_norm2(self.norm2(x))))))))
 
 
 @dataclass
@@ -119,7 +127,7 @@ class VisionTransformer(nn.Module):
         self.hook_pos_add = HookPoint("pos_add")
         self.norm_pre = make_norm(cfg) if cfg.norm_pre else nn.Identity()
         self.hook_norm_pre = _point_if(cfg.norm_pre, "norm_pre")
-        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.depth))
+        self.blocks = nn.ModuleList(Block(cfg, drop_path=rate) for rate in drop_path_rates(cfg))
         self.norm = make_norm(cfg) if cfg.has_norm else nn.Identity()
         self.hook_norm = _point_if(cfg.has_norm, "norm")
         self.attn_pool = AttentionPool(cfg) if cfg.pooling == "map" else None
@@ -251,6 +259,18 @@ class VisionTransformer(nn.Module):
     def stage_names(self) -> list[str]:
         """Stage names in execution order: the model's hook points."""
         return list(hook_points(self))
+
+
+def drop_path_rates(cfg: ViTConfig) -> list[float]:
+    """Each block's stochastic-depth rate: timm's linear rule ``linspace(0, drop_path_rate, depth)``.
+
+    timm is imported only when the rate is set: a plain model's import and build stay as they were.
+    """
+    if not cfg.drop_path_rate:
+        return [0.0] * cfg.depth
+    from timm.layers import calculate_drop_path_rates
+
+    return calculate_drop_path_rates(cfg.drop_path_rate, cfg.depth)
 
 
 def stage_names_of(cfg: ViTConfig) -> list[str]:

@@ -45,6 +45,10 @@ class ViTConfig:
         pooling "map": attention pooling with one learned latent query (SigLIP).
         pool_include_prefix: pool over class/register tokens too.
         final_norm: False drops the norm after the blocks (and fc_norm).
+        drop_path_rate: stochastic depth (timm's ``drop_path_rate``): block i drops its
+            residual branches with probability ``drop_path_rate * i / (depth - 1)``
+            (timm's ``calculate_drop_path_rates``), in training only; 0: off, and the
+            blocks hold ``nn.Identity`` there, as timm's do.
         num_classes 0: no classifier; the model returns pre-logits features.
     """
 
@@ -68,6 +72,7 @@ class ViTConfig:
     attn_dropout: float = 0.0
     pos_dropout: float = 0.0
     head_dropout: float = 0.0
+    drop_path_rate: float = 0.0
     layer_norm_eps: float = 1e-6
     norm_layer: Literal["layernorm", "rmsnorm"] = "layernorm"
     norm_bias: bool = True
@@ -126,7 +131,7 @@ class ViTConfig:
             raise bad("register_tokens", self.register_tokens, "must be an integer >= 0")
         if self.fc_norm and self.pooling == "cls":
             raise bad("fc_norm", self.fc_norm, "fc_norm goes with mean or attention pooling only")
-        for key in ("dropout", "attn_dropout", "pos_dropout", "head_dropout"):
+        for key in ("dropout", "attn_dropout", "pos_dropout", "head_dropout", "drop_path_rate"):
             value = getattr(self, key)
             if not 0.0 <= value < 1.0:
                 raise bad(key, value, "must be in [0, 1)")

@@ -68,6 +68,15 @@ class LayerScale(nn.Module):
         return x * self.gamma
 
 
+def make_drop_path(rate: float) -> nn.Module:
+    """timm's stochastic depth on a residual branch: ``DropPath(rate)``, or ``nn.Identity`` at 0 (as timm)."""
+    if rate <= 0.0:
+        return nn.Identity()
+    from timm.layers import DropPath  # only when on: a plain model never imports timm
+
+    return DropPath(rate)
+
+
 class MLP(nn.Module):
     """fc1 -> act -> [norm] -> fc2 (timm ``Mlp``)."""
 

@@ -13,9 +13,10 @@ config, so a typo fails before any training starts. Schema (``optim``/``run`` op
     # or any timm model: {name: timm/resnet18, num_classes: 10} (kwargs of timm.create_model)
     optim: {lr: 1e-3, weight_decay: 1e-4}
     run: {epochs: 50, batch_size: 128, patience: 5, monitor: val_accuracy, evaluate_test: true}
+    recipe: {mixup_alpha: 0.8, ema_decay: 0.999}   # optional, timm's recipe parts (all off by default)
     arms:
       - {name: vit, reference: true}
-      - {name: cnn, overrides: {model: {name: fmnist_cnn}}}   # sections: model/dataset/optim/run
+      - {name: cnn, overrides: {model: {name: fmnist_cnn}}}   # sections: model/dataset/optim/run/recipe
     seeds: [0, 1, 2]
 
 The hash is sha256 of canonical JSON of the validated protocol with defaults filled (see
@@ -33,12 +34,12 @@ from workbench.models.registry import STUDY_MODELS, model_config
 from workbench.models.timm_arm import LIST_HINT, TIMM_PREFIX, TimmModelError, is_timm_name, marker_hint
 from workbench.protocol import common
 from workbench.protocol.common import SCHEMA_VERSION, SHORT_HASH_LEN, ProtocolError, canonical_json
-from workbench.train.config import DataSpec, ModelSpec, OptimConfig, RunConfig, TrainConfig
+from workbench.train.config import DataSpec, ModelSpec, OptimConfig, RecipeConfig, RunConfig, TrainConfig
 
-TOP_KEYS = ("name", "description", "dataset", "model", "optim", "run", "arms", "seeds")
+TOP_KEYS = ("name", "description", "dataset", "model", "optim", "run", "recipe", "arms", "seeds")
 REQUIRED_TOP = ("name", "description", "dataset", "model", "arms", "seeds")
 ARM_KEYS = ("name", "reference", "overrides")
-OVERRIDE_SECTIONS = ("model", "dataset", "optim", "run")
+OVERRIDE_SECTIONS = ("model", "dataset", "optim", "run", "recipe")
 # Where the data lives is per machine (the data fingerprint identifies the data): run time.
 DATASET_KEYS = common.field_names(DataSpec, exclude=("path",))
 # Pairing by seed needs the identical split in every arm, so arms may not change these.
@@ -48,6 +49,9 @@ OPTIM_KEYS = common.field_names(OptimConfig)
 # other RunConfig field is a protocol key (a new field enters the hash: the pinned-hash test says so).
 RUNTIME_RUN_KEYS = ("seed", "device", "deterministic")
 RUN_KEYS = common.field_names(RunConfig, exclude=RUNTIME_RUN_KEYS)
+# timm's recipe parts: hashed only where they differ from their off default (RecipeConfig.changed),
+# so every protocol written before the section existed keeps its hash.
+RECIPE_KEYS = common.field_names(RecipeConfig)
 # Keys people reach for, with the reason they are not protocol keys.
 KEY_HINTS = {
     ("run", "seed"): " (seeds come from the protocol's 'seeds' list, one cell per seed)",
@@ -121,6 +125,7 @@ class Protocol:
     hash: str
     canonical: dict[str, Any] = field(repr=False, compare=False)
     source: str = field(default="<protocol>", compare=False)
+    recipe: RecipeConfig = field(default_factory=RecipeConfig)
 
     kind = "ablation"
 
@@ -165,6 +170,7 @@ def parse_protocol(data: Any, source: str = "<protocol>") -> Protocol:
         "model": _model_section(top["model"], "model", None, fail),
         "optim": common.section(top.get("optim"), "optim", OptimConfig, OPTIM_KEYS, fail, KEY_HINTS),
         "run": common.section(top.get("run"), "run", RunConfig, RUN_KEYS, fail, KEY_HINTS),
+        "recipe": common.section(top.get("recipe"), "recipe", RecipeConfig, RECIPE_KEYS, fail, KEY_HINTS),
     }
     if base["dataset"].get("name") not in DATASET_NAMES:
         raise fail(f"dataset.name={base['dataset'].get('name')!r}: must be one of {', '.join(DATASET_NAMES)}")
@@ -172,13 +178,14 @@ def parse_protocol(data: Any, source: str = "<protocol>") -> Protocol:
     data = common.build(DataSpec, base["dataset"], "dataset", fail)
     optim = common.build(OptimConfig, base["optim"], "optim", fail)
     run = common.build(RunConfig, base["run"], "run", fail)
+    recipe = common.build(RecipeConfig, base["recipe"], "recipe", fail)
     if not isinstance(top["arms"], list) or not top["arms"]:
         raise fail(f"arms={top['arms']!r}: must be a non-empty list of arms")
     arms = [_arm(raw, f"arms[{i}]", base, fail) for i, raw in enumerate(top["arms"])]
     _check_arms(arms, fail)
     seeds = common.seeds(top["seeds"], fail)
 
-    canonical, digest = common.canonical_and_hash({
+    content = {
         "schema": SCHEMA_VERSION,
         "name": name,
         "description": text,
@@ -188,9 +195,12 @@ def parse_protocol(data: Any, source: str = "<protocol>") -> Protocol:
         "run": {k: getattr(run, k) for k in RUN_KEYS},
         "arms": [{"name": a.name, "reference": a.reference, "overrides": a.overrides} for a in arms],
         "seeds": list(seeds),
-    })
+    }
+    if recipe.changed():  # absent when every part is off: the hash of a protocol without recipe parts stays
+        content["recipe"] = recipe.changed()
+    canonical, digest = common.canonical_and_hash(content)
     model = ModelSpec(base["model"]["name"], dict(base["model"]["overrides"]))
-    return Protocol(name, text, data, model, optim, run, tuple(arms), seeds, digest, canonical, source)
+    return Protocol(name, text, data, model, optim, run, tuple(arms), seeds, digest, canonical, source, recipe)
 
 
 # --- helpers -----------------------------------------------------------------------------
@@ -242,6 +252,7 @@ def _arm(raw: Any, where: str, base: dict[str, Any], fail) -> Arm:
         "dataset": common.section(over.get("dataset"), f"{at}.dataset", DataSpec, DATASET_KEYS, fail, KEY_HINTS),
         "optim": common.section(over.get("optim"), f"{at}.optim", OptimConfig, OPTIM_KEYS, fail, KEY_HINTS),
         "run": common.section(over.get("run"), f"{at}.run", RunConfig, RUN_KEYS, fail, KEY_HINTS),
+        "recipe": common.section(over.get("recipe"), f"{at}.recipe", RecipeConfig, RECIPE_KEYS, fail, KEY_HINTS),
     }
     split = [k for k in SPLIT_KEYS if k in norm["dataset"]]
     if split:
@@ -260,11 +271,18 @@ def _arm(raw: Any, where: str, base: dict[str, Any], fail) -> Arm:
             _check_model(model, f"{at}.model", fail)
         else:  # another model starts from its registry config: the base's fields belong to the base model
             model = m
+    run = common.build(RunConfig, base["run"] | norm["run"], f"{at}.run", fail)
+    recipe = common.build(RecipeConfig, base["recipe"] | norm["recipe"], f"{at}.recipe", fail)
+    if recipe.mixes and run.batch_size % 2:  # timm's Mixup pairs image i with image B-1-i
+        where = f"{at}.run.batch_size" if "batch_size" in norm["run"] else "run.batch_size"
+        raise fail(f"{where}={run.batch_size}: mixup and CutMix (recipe.mixup_alpha / recipe.cutmix_alpha) need "
+                   "an even batch size (timm's Mixup pairs each image with another)")
     config = TrainConfig(
         model=ModelSpec(model["name"], dict(model["overrides"])),
         data=common.build(DataSpec, base["dataset"] | norm["dataset"], f"{at}.dataset", fail),
         optim=common.build(OptimConfig, base["optim"] | norm["optim"], f"{at}.optim", fail),
-        run=common.build(RunConfig, base["run"] | norm["run"], f"{at}.run", fail),
+        run=run,
+        recipe=recipe,
     )
     return Arm(name, reference, {k: v for k, v in norm.items() if v}, config)
 
@@ -282,7 +300,8 @@ def _check_arms(arms: list[Arm], fail) -> None:
     seen: dict[tuple, str] = {}
     for arm in arms:
         cfg = arm.config
-        resolved = (cfg.model.name, model_config(cfg.model.name, **cfg.model.overrides), cfg.data, cfg.optim, cfg.run)
+        resolved = (cfg.model.name, model_config(cfg.model.name, **cfg.model.overrides), cfg.data, cfg.optim, cfg.run,
+                    cfg.recipe)
         if resolved in seen:
             raise fail(f"arm {arm.name!r} resolves to the same config as arm {seen[resolved]!r}; drop one of them")
         seen[resolved] = arm.name

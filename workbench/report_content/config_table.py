@@ -108,7 +108,31 @@ def arm_config(canonical: Mapping[str, Any], arm: Mapping[str, Any]) -> dict[str
         fields = {k: v for k, v in over["model"].items() if k != "name"}
         name = over["model"].get("name", base_model["name"])
         model = {"name": name, "overrides": (model["overrides"] | fields) if name == base_model["name"] else fields}
-    return {"model": model, **{s: dict(canonical[s]) | dict(over.get(s) or {}) for s in ("dataset", "optim", "run")}}
+    # ``recipe`` is in the canonical form only where a part is on (absent: every part off).
+    recipe = dict(canonical.get("recipe") or {}) | dict(over.get("recipe") or {})
+    return {"model": model, "recipe": recipe,
+            **{s: dict(canonical[s]) | dict(over.get(s) or {}) for s in ("dataset", "optim", "run")}}
+
+
+def recipe_text(recipe: Mapping[str, Any]) -> str:
+    """An arm's timm recipe parts in words (``recipe`` of the canonical form: only fields that are on)."""
+    parts = []
+    mix, cut = recipe.get("mixup_alpha") or 0, recipe.get("cutmix_alpha") or 0
+    if mix or cut:
+        kinds = " + ".join(k for k, on in ((f"mixup alpha {_g(mix)}", mix), (f"CutMix alpha {_g(cut)}", cut)) if on)
+        details = [f"mode {recipe.get('mixup_mode', 'batch')}"]
+        if recipe.get("mixup_prob", 1.0) != 1.0:
+            details.append(f"prob {_g(recipe['mixup_prob'])}")
+        if mix and cut:
+            details.append(f"CutMix share {_g(recipe.get('mixup_switch_prob', 0.5))}")
+        parts.append(f"{kinds} ({', '.join(details)}; soft-target loss)")
+    if recipe.get("randaugment_ops"):
+        parts.append(f"RandAugment {recipe['randaugment_ops']} ops, magnitude {recipe.get('randaugment_magnitude', 9)}")
+    if recipe.get("ema_decay") is not None:
+        parts.append(f"weight EMA decay {_g(recipe['ema_decay'])}" + (" with warmup" if recipe.get("ema_warmup") else "")
+                     + " (the EMA model is evaluated and reported)")
+    return "; ".join(parts) or "none"
+
 
 
 def _model_text(model: Mapping[str, Any]) -> str:
@@ -125,6 +149,8 @@ def _ablation_table(c: Mapping[str, Any]) -> ConfigTable:
               ("test split", "evaluated once per cell" if c["run"].get("evaluate_test") else "not used")]
     rows, notes = [], []
     image_size = d.get("resize_to") or NATIVE_IMAGE_SIZE.get(d["name"])
+    # A recipe column only where some arm uses a recipe part: a protocol without one renders as before.
+    with_recipe = any(arm_config(c, arm)["recipe"] for arm in c["arms"])
     for arm in c["arms"]:
         cfg = arm_config(c, arm)
         r = cfg["run"]
@@ -139,8 +165,10 @@ def _ablation_table(c: Mapping[str, Any]) -> ConfigTable:
                      "optimiser": _optimiser(cfg["optim"]), "schedule": _schedule(cfg["optim"]),
                      "epochs": str(r["epochs"]), "batch size": f"{r['batch_size']} (eval {r.get('eval_batch_size', '?')})",
                      "precision": _precision(r.get("amp", "off")),
-                     "early stopping": _early_stopping(r.get("patience"), r.get("monitor", "val_accuracy"))})
-    return ConfigTable("ablation", common, ARM_COLUMNS, rows, notes + description_conflicts(c))
+                     "early stopping": _early_stopping(r.get("patience"), r.get("monitor", "val_accuracy")),
+                     "recipe": recipe_text(cfg["recipe"])})
+    columns = ARM_COLUMNS + ("recipe",) if with_recipe else ARM_COLUMNS
+    return ConfigTable("ablation", common, columns, rows, notes + description_conflicts(c))
 
 
 def _precision(amp: str) -> str:

@@ -170,11 +170,97 @@ class RunConfig:
 
 
 @dataclass(frozen=True)
+class RecipeConfig:
+    """timm's training-recipe parts, each off by default (stochastic depth is ``model.drop_path_rate``).
+
+    Attributes:
+        mixup_alpha: Mixup (timm's ``Mixup``): images and targets mixed with weight ~ Beta(a, a); 0: off.
+            With mixup or CutMix on, the loss is timm's ``SoftTargetCrossEntropy`` on the mixed,
+            label-smoothed (`optim.label_smoothing`) targets, and `train_accuracy` is measured against
+            each mixed image's dominant target; `run.batch_size` must be even (timm's rule).
+        cutmix_alpha: CutMix (timm's ``Mixup``): a box of the paired image pasted in, its area ~ Beta(a, a); 0: off.
+        mixup_prob: Probability that a batch (or element) is mixed at all, in (0, 1].
+        mixup_switch_prob: With both mixup and CutMix on: probability of CutMix instead of mixup, in [0, 1].
+        mixup_mode: How mixing parameters are drawn: one per batch, per pair of images, or per image (timm's modes).
+        randaugment_ops: RandAugment (torchvision v2's ``RandAugment``, per image on the uint8 batch): this
+            many random ops per image, after crop and flip; 0: off.
+        randaugment_magnitude: RandAugment's magnitude, 0 to 30 (of its 31 bins; 9 as in the paper and DeiT).
+        ema_decay: Weight EMA (timm's ``ModelEmaV3``), updated after every optimiser step; when set, the EMA
+            model is the one evaluated, selected, checkpointed as best and reported (the raw model's
+            validation metrics are logged as `raw_val_loss` / `raw_val_accuracy`); null: off.
+        ema_warmup: EMA decay warmup (timm's ``use_warmup``: decay grows as 1 - (1 + step)^(-2/3) up to
+            `ema_decay`).
+    """
+
+    mixup_alpha: float = 0.0
+    cutmix_alpha: float = 0.0
+    mixup_prob: float = 1.0
+    mixup_switch_prob: float = 0.5
+    mixup_mode: Literal["batch", "pair", "elem"] = "batch"
+    randaugment_ops: int = 0
+    randaugment_magnitude: int = 9
+    ema_decay: float | None = None
+    ema_warmup: bool = False
+
+    def __post_init__(self) -> None:
+        _finite("recipe", self)
+        _positive("recipe", "mixup_alpha", self.mixup_alpha, allow_zero=True)
+        _positive("recipe", "cutmix_alpha", self.cutmix_alpha, allow_zero=True)
+        if not 0 < self.mixup_prob <= 1:
+            raise ValueError(f"recipe.mixup_prob={self.mixup_prob!r}: must be in (0, 1]")
+        if not 0 <= self.mixup_switch_prob <= 1:
+            raise ValueError(f"recipe.mixup_switch_prob={self.mixup_switch_prob!r}: must be in [0, 1]")
+        if self.mixup_mode not in ("batch", "pair", "elem"):
+            raise ValueError(f"recipe.mixup_mode={self.mixup_mode!r}: must be 'batch', 'pair' or 'elem'")
+        for key, top in (("randaugment_ops", 16), ("randaugment_magnitude", 30)):
+            value = getattr(self, key)
+            if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= top:
+                raise ValueError(f"recipe.{key}={value!r}: must be an integer in [0, {top}]")
+        if self.ema_decay is not None and not 0 < self.ema_decay < 1:
+            raise ValueError(f"recipe.ema_decay={self.ema_decay!r}: must be in (0, 1), or null for no EMA")
+        if not isinstance(self.ema_warmup, bool):
+            raise ValueError(f"recipe.ema_warmup={self.ema_warmup!r}: must be true or false")
+        if self.ema_warmup and self.ema_decay is None:
+            raise ValueError("recipe.ema_warmup=True: needs recipe.ema_decay (the EMA is off)")
+
+    @property
+    def mixes(self) -> bool:
+        """Whether mixup or CutMix is on (soft targets, an even batch)."""
+        return self.mixup_alpha > 0 or self.cutmix_alpha > 0
+
+    def changed(self) -> dict[str, Any]:
+        """The fields that differ from their off default: what a protocol hashes and a config records.
+
+        A recipe left at its defaults is absent from every hash, so the hashes of configs and
+        protocols written before these fields existed stay what they were.
+        """
+        off = RecipeConfig()
+        return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) != getattr(off, f.name)}
+
+
+@dataclass(frozen=True)
 class TrainConfig:
     model: ModelSpec
     data: DataSpec
     optim: OptimConfig = field(default_factory=OptimConfig)
     run: RunConfig = field(default_factory=RunConfig)
+    recipe: RecipeConfig = field(default_factory=RecipeConfig)
+
+    def __post_init__(self) -> None:
+        if self.recipe.mixes and self.run.batch_size % 2:
+            raise ValueError(f"run.batch_size={self.run.batch_size}: mixup and CutMix pair each image with another "
+                             "(timm's Mixup): the batch size must be even")
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        """The config as plain data; ``recipe`` only when a part is on, and then only its changed fields.
+
+        So a config without recipe parts has the dict (and the ``config_hash``, params and
+        ``config.json``) it had before the recipe existed.
+        """
+        content = asdict(self)
+        changed = self.recipe.changed()
+        if changed:
+            content["recipe"] = changed
+        else:
+            del content["recipe"]
+        return content

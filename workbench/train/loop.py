@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import torch
 import torch.nn.functional as F
@@ -155,13 +156,18 @@ class Trainer:
         torch.manual_seed(derive_seed(run.seed, "init"))  # model init depends on the run seed only
         self.model = (model if model is not None else self._build_model()).to(self.device)
         d = cfg.data
+        recipe = cfg.recipe
         augment = AugmentConfig(
             crop_padding=d.crop_padding, hflip=d.hflip, rotate_degrees=d.rotate_degrees,
-            translate_fraction=d.translate_fraction,
+            translate_fraction=d.translate_fraction, randaugment_ops=recipe.randaugment_ops,
+            randaugment_magnitude=recipe.randaugment_magnitude,
         )
         common = dict(norm=data.norm, device=self.device, resize_to=d.resize_to)
+        # Mixup pairs image i with image B-1-i, so every batch must be even: as timm's training
+        # loader, drop the last incomplete batch when mixing (off: every image, as before).
         self.train_loader = TensorLoader.from_split(
-            data.train, batch_size=run.batch_size, seed=run.seed, augment=augment, shuffle=True, **common
+            data.train, batch_size=run.batch_size, seed=run.seed, augment=augment, shuffle=True,
+            drop_last=recipe.mixes, **common
         )
         self.eval_loaders = {
             name: TensorLoader.from_split(split, batch_size=run.eval_batch_size, shuffle=False, **common)
@@ -177,6 +183,29 @@ class Trainer:
             self.optimizer, cosine_with_warmup(steps, warmup, cfg.optim.min_lr_ratio)
         )
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=amp == torch.float16)
+        self.mixup = self._build_mixup() if recipe.mixes else None
+        self.ema = self._build_ema() if recipe.ema_decay is not None else None
+
+    def _build_mixup(self):
+        """timm's ``Mixup`` (mixup and/or CutMix); it smooths the mixed targets with ``optim.label_smoothing``."""
+        from timm.data import Mixup
+
+        r = self.cfg.recipe
+        return Mixup(mixup_alpha=r.mixup_alpha, cutmix_alpha=r.cutmix_alpha, prob=r.mixup_prob,
+                     switch_prob=r.mixup_switch_prob, mode=r.mixup_mode,
+                     label_smoothing=self.cfg.optim.label_smoothing, num_classes=len(self.data.class_names))
+
+    def _build_ema(self):
+        """timm's ``ModelEmaV3`` of the model as initialised (a copy on the same device, in eval mode)."""
+        from timm.utils import ModelEmaV3
+
+        r = self.cfg.recipe
+        return ModelEmaV3(self.model, decay=r.ema_decay, use_warmup=r.ema_warmup)
+
+    @property
+    def evaluated_model(self) -> nn.Module:
+        """The model that is evaluated, selected and saved as best: the EMA's when EMA is on (as timm's train.py)."""
+        return self.model if self.ema is None else self.ema.module
 
     def _build_model(self) -> nn.Module:
         spec = self.cfg.model
@@ -220,6 +249,7 @@ class Trainer:
             "scheduler": self.scheduler.state_dict(),
             "scaler": self.scaler.state_dict(),
             "rng": capture_rng(),
+            **({"ema": self.ema.module.state_dict()} if self.ema is not None else {}),
             **pos,
         }
         atomic_torch_save(state, self.last_path)
@@ -238,6 +268,8 @@ class Trainer:
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.scaler.load_state_dict(state["scaler"])
+        if self.ema is not None:
+            self.ema.module.load_state_dict(state["ema"])
         restore_rng(state["rng"])
         return state
 
@@ -280,9 +312,14 @@ class Trainer:
         for images, labels, _ in self.train_loader.iter_epoch(epoch, start_batch=pos["batch"]):
             self.observer.check()
             started = time.perf_counter()
+            if self.mixup is not None:
+                images, targets = self._mix(images, labels, epoch, pos["batch"])
             with torch.autocast(self.device.type, dtype=self.amp_dtype, enabled=self.amp_dtype is not None):
                 logits = self.model(images)
-                loss = F.cross_entropy(logits.float(), labels, label_smoothing=self.cfg.optim.label_smoothing)
+                if self.mixup is None:
+                    loss = F.cross_entropy(logits.float(), labels, label_smoothing=self.cfg.optim.label_smoothing)
+                else:  # timm's SoftTargetCrossEntropy on the mixed, smoothed targets
+                    loss = torch.sum(-targets * F.log_softmax(logits.float(), dim=-1), dim=-1).mean()
             value = loss.item()
             if not math.isfinite(value):
                 bar.close()
@@ -295,8 +332,12 @@ class Trainer:
             self.scaler.step(self.optimizer)
             self.scaler.update()
             self.scheduler.step()
+            if self.ema is not None:
+                self.ema.update(self.model, step=pos["step"] + 1)  # timm's train.py: after the step, num_updates
             accum["loss_sum"] += value * len(labels)
-            accum["correct"] += int((logits.argmax(-1) == labels).sum())
+            # Under mixup / CutMix: agreement with each mixed image's dominant target (its soft target's argmax).
+            hits = labels if self.mixup is None else targets.argmax(-1)
+            accum["correct"] += int((logits.argmax(-1) == hits).sum())
             accum["seen"] += len(labels)
             accum["seconds"] += time.perf_counter() - started
             pos["batch"] += 1
@@ -308,9 +349,18 @@ class Trainer:
                 self._save(pos, kind="step")
         bar.close()
 
+    def _mix(self, images: torch.Tensor, labels: torch.Tensor, epoch: int, batch: int):
+        """timm's Mixup on one batch, its NumPy draws seeded from (seed, epoch, batch): the same after a resume."""
+        outer = np.random.get_state()  # timm draws from NumPy's global RNG: seed it for this batch only
+        np.random.seed(derive_seed(self.cfg.run.seed, epoch, batch, "mixup") % (1 << 32))
+        try:
+            return self.mixup(images, labels)
+        finally:
+            np.random.set_state(outer)
+
     def _end_epoch(self, pos: dict) -> None:
         accum, early, run = pos["accum"], pos["early"], self.cfg.run
-        val = predict(self.model, self.eval_loaders["val"], self.device, self.amp_dtype)
+        val = predict(self.evaluated_model, self.eval_loaders["val"], self.device, self.amp_dtype)
         metrics = {
             "epoch": pos["epoch"] + 1,
             "train_loss": accum["loss_sum"] / max(1, accum["seen"]),
@@ -320,13 +370,16 @@ class Trainer:
             "epoch_seconds": accum["seconds"],
             "images_per_second": accum["seen"] / max(accum["seconds"], 1e-9),
         }
+        if self.ema is not None:  # the EMA model is the reported one; the raw model's numbers beside it
+            raw = self._validation_metrics(predict(self.model, self.eval_loaders["val"], self.device, self.amp_dtype))
+            metrics.update(raw_val_loss=raw["val_loss"], raw_val_accuracy=raw["val_accuracy"])
         monitor, higher_is_better = self._monitored()
         score = metrics[monitor] if higher_is_better else -metrics[monitor]
         if early["best"] is None or score > early["best"]:
             self.observer.check(sync=True)
             early.update(best=score, best_epoch=pos["epoch"] + 1, bad_epochs=0)
             # Best weights and the predictions they made: the reload proof compares the two.
-            atomic_torch_save({"format": FORMAT, "config_hash": self.hash, "model": self.model.state_dict(),
+            atomic_torch_save({"format": FORMAT, "config_hash": self.hash, "model": self.evaluated_model.state_dict(),
                                "epoch": pos["epoch"] + 1, "metrics": metrics}, self.best_path)
             save_predictions(val, self.run_dir / "predictions" / "val.csv")
             self.observer.on_checkpoint(self.best_path, "best")
