@@ -40,6 +40,7 @@ import mlflow
 from mlflow.entities import LoggedModelOutput, Metric, Param, Run, RunTag, ViewType
 from mlflow.tracking import MlflowClient
 
+from tracking.record import schema
 from tracking.record.sink import SYNC_SERVER_RUN, SYNC_SYNCED, log_batch
 from tracking.store import health, offline_store, uris
 
@@ -241,7 +242,7 @@ class Syncer:
 
         parents = set()
         for run in copied:
-            local = run.info.run_id if run.data.tags.get("parent") == "true" else run.data.tags.get(PARENT)
+            local = run.info.run_id if run.data.tags.get(schema.PARENT) == schema.TRUE else run.data.tags.get(PARENT)
             if local:
                 parents.add(self.server_id.get(local, local))
         for server_id in sorted(parents):
@@ -296,9 +297,10 @@ class Syncer:
         found = self.dst.search_runs([exp_id], f"tags.`{SYNC_SOURCE_RUN}` = '{run.info.run_id}'", ViewType.ALL, 1)
         if found:
             return found[0].info.run_id, False
-        key = tags.get("run_key")
-        if key and run.info.status == "FINISHED":
-            twins = self.dst.search_runs([exp_id], f"tags.run_key = '{key}' and attributes.status = 'FINISHED'",
+        key = tags.get(schema.RUN_KEY)
+        if key and run.info.status == schema.FINISHED:
+            twins = self.dst.search_runs([exp_id], schema.all_of(schema.tag_is(schema.RUN_KEY, key),
+                                                                 schema.status_is(schema.FINISHED)),
                                          max_results=1)
             if twins:
                 self.log(f"{tags.get('mlflow.runName')}: the server already has a finished run of this cell "

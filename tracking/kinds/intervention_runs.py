@@ -27,10 +27,11 @@ import numpy as np
 from mlflow.tracking import MlflowClient
 
 from tracking.kinds.figure_runs import CellArtifacts, load_cell
-from tracking.kinds.training_runs import KeyedRun, open_keyed_run
 from tracking.kinds.transfer_runs import find_finished_cell
+from tracking.record.cell_runs import KeyedRun, open_keyed_run
 from tracking.record import queries
 from tracking.record.queries import CellRecord
+from tracking.record.schema import INTERVENTION, parent_filter
 from tracking.record.sink import RunSink
 from workbench.interventions.evaluate import Evaluation
 from workbench.train.evaluate import ReloadProof
@@ -172,7 +173,7 @@ def is_intervention_study(protocol_name: str) -> bool:
     client = MlflowClient()
     exp = client.get_experiment_by_name(protocol_name)
     return exp is not None and bool(client.search_runs(
-        [exp.experiment_id], "tags.intervention = 'true' and tags.parent = 'true'", max_results=1))
+        [exp.experiment_id], parent_filter(kind=INTERVENTION), max_results=1))
 
 
 def log_benchmark(protocol_name: str, timing, params: dict) -> str:

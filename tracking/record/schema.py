@@ -19,7 +19,7 @@ TRUE, FALSE = "true", "false"
 
 # Kind markers (value TRUE).
 CELL, PARENT, TRANSFER, INTERVENTION = "cell", "parent", "transfer", "intervention"
-SWEEP, SWEEP_PARENT = "sweep", "sweep_parent"
+SWEEP, SWEEP_PARENT, FIGURES = "sweep", "sweep_parent", "figures"
 
 # A cell's identity and what it was made with.
 PROTOCOL_NAME, PROTOCOL_HASH, ARM, SEED = "protocol_name", "protocol_hash", "arm", "seed"
