@@ -99,7 +99,7 @@ def _find_or_create(client: MlflowClient, exp_id: str, experiment: str, tags: di
             with contextlib.suppress(Exception):
                 client.delete_tag(run.info.run_id, key)
     token = run.data.tags[TOKEN_TAG] if shared else token
-    sink.set_tags({**{k: v for k, v in tags.items() if k != "mlflow.runName"}, **({} if shared else lease_tags(token)),
+    sink.set_tags({**{k: v for k, v in tags.items() if k != RUN_NAME}, **({} if shared else lease_tags(token)),
                    execution_tag(own): execution_value(), RELEASED_TAG: ""})
     if not shared and not sink.offline:  # another execution may reopen it at this moment with its own token
         token = create_once.shared_token(client, run.info.run_id, token)

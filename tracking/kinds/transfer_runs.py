@@ -24,7 +24,7 @@ from mlflow.tracking import MlflowClient
 from tracking.kinds.training_runs import EPOCH_METRICS, MlflowTrainingObserver
 from tracking.record.cell_runs import KeyedRun, open_keyed_run
 from tracking.record.queries import download_artifact, search_runs
-from tracking.record.schema import (ARM, FINISHED, PROTOCOL_HASH, SEED, SOURCE_IDENTITY, TRANSFER, cell_filter,
+from tracking.record.schema import (ARM, FINISHED, PROTOCOL_HASH, RUN_NAME, SEED, SOURCE_IDENTITY, TRANSFER, cell_filter,
                                     parent_filter)
 from tracking.record.sink import RunSink
 from tracking.store import health
@@ -130,7 +130,7 @@ def open_cell_run(experiment: str, run_key: str, run_name: str, parent_run_id: s
     A FINISHED run comes without a sink (nothing to log); any other comes with one, whose
     journal holds the run's tags (``phase``) and params.
     """
-    return open_keyed_run(experiment, run_key, {"mlflow.runName": run_name, **tags}, parent_run_id)
+    return open_keyed_run(experiment, run_key, {RUN_NAME: run_name, **tags}, parent_run_id)
 
 
 def _log_json(sink: RunSink, obj, name: str, artifact_path: str | None = None) -> None:

@@ -42,8 +42,9 @@ EXEC_PREFIX = "lease.exec."
 RELEASED_TAG = "lease.released"
 REASON_TAG = "killed_reason"
 SUPERSEDED_TAG, CONTINUES_TAG = "superseded_by", "continues_run"
-# On a cell run once its work began (the first epoch, selection or evaluation may follow).
-STARTED_TAG = "work_started"
+# On a cell run once its work began (the first epoch, selection or evaluation may follow);
+# RESUMED: whether that work continued from a checkpoint.
+STARTED_TAG, RESUMED = "work_started", "resumed"
 
 FINISHED, RUNNING = "FINISHED", "RUNNING"
 
