@@ -51,7 +51,7 @@ import click
 from tqdm.auto import tqdm
 
 from studies.runtime.study_protocol import Protocol
-from tracking.record.lease_rule import HOST, pid_alive
+from tracking.record.lease_rule import HOST, Lease, pid_alive
 
 DEFAULT_THREADS_PER_JOB = 1
 STOP_WAIT_SECONDS = 120  # a worker ends its cell's run within this after SIGINT, or is killed
@@ -185,9 +185,9 @@ def track(jobs: list[Job], trials) -> None:
     by_number = {t.number: t for t in trials}
     holding = {}
     for trial in trials:
-        lease = trial.user_attrs.get(LEASE_ATTR) or {}
-        if trial.state == TrialState.RUNNING and lease.get("host") == HOST and OUTCOME_ATTR not in trial.user_attrs:
-            holding[int(lease.get("pid", 0))] = trial
+        lease = Lease.from_record(trial.user_attrs.get(LEASE_ATTR))
+        if trial.state == TrialState.RUNNING and lease and lease.host == HOST and OUTCOME_ATTR not in trial.user_attrs:
+            holding[lease.pid] = trial
     for job in jobs:
         trial = holding.get(job.process.pid)
         if trial is not None:
