@@ -172,8 +172,9 @@ def enqueue_cells(protocol: Protocol, protocol_file: Path, storage, parent_run_i
     return name, added
 
 
-def counts(study: optuna.Study | CellQueue) -> dict[str, int]:
-    trials = study.get_trials(deepcopy=False) if isinstance(study, optuna.Study) else study.trials()
+def counts(queue: CellQueue) -> dict[str, int]:
+    """Trials per state (``waiting``, ``running``, ``complete``, ``fail``, ``pruned``)."""
+    trials = queue.trials()
     return {state.name.lower(): sum(t.state == state for t in trials) for state in TrialState}
 
 
