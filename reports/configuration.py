@@ -14,6 +14,7 @@ import statistics
 from reports.collect import StudyData
 from reports.provenance import device, precision
 from reports.render import Block, Heading, Table
+from tracking.record.schema import RESUMED, TRUE
 from workbench.report_content.config_table import ConfigTable, config_table, description_conflicts
 from workbench.report_content.cost import arm_cost, training_cost
 
@@ -77,7 +78,7 @@ def cost_blocks(study: StudyData, table: ConfigTable | None) -> list[Block]:
         spans = [(c.record.end_time - c.record.start_time) / 1000 for c in cells
                  if c.record.end_time and c.record.start_time]
         run_time = _seconds(statistics.fmean(spans)) if spans else "n/a"
-        resumed.extend(f"{arm}/seed{c.record.seed}" for c in cells if c.record.tags.get("resumed") == "true")
+        resumed.extend(f"{arm}/seed{c.record.seed}" for c in cells if c.record.tags.get(RESUMED) == TRUE)
         if runs:
             cost = arm_cost(runs)
             row = [arm, str(len(cells)), _seconds(cost.mean_wall_seconds), _seconds(cost.total_wall_seconds), run_time,

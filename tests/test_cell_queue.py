@@ -11,7 +11,7 @@ import pytest
 from click.testing import CliRunner
 from optuna.trial import TrialState
 
-from studies.ablation.cell_queue import LEASE_ATTR, holds, new_lease, open_storage, renew, requeue_expired
+from studies.ablation.cell_queue import LEASE_ATTR, CellQueue, holds, new_lease, open_storage, renew, requeue_expired
 from studies.ablation.worker import QueueFence
 from studies.cli import main
 from tracking.record.lease import LeaseLost
@@ -28,41 +28,42 @@ def study(tmp_path):
     storage = open_storage(f"journal:{tmp_path / 'queue.log'}", heartbeat=1, grace=5)
     study = optuna.create_study(study_name="cells:t@0", storage=storage, direction="maximize")
     for cell in range(4):
-        study.enqueue_trial({"cell": cell}, user_attrs={"cell": cell, "arm": "vit", "seed": cell})
-    return study
+        study.enqueue_trial({"cell": cell}, user_attrs={"cell": cell, "key": f"vit/seed{cell}", "arm": "vit", "seed": cell})
+    return CellQueue(study, storage)
 
 
 def test_only_expired_leases_are_requeued_and_finished_cells_never(study):
+    queue, study = study, study.study
     live, dead, stale, done = (study.ask() for _ in range(4))
-    renew(study, live._trial_id, new_lease())  # this process: alive, fresh heartbeat
-    renew(study, dead._trial_id, {**new_lease(), "pid": dead_pid()})  # its process is gone
-    renew(study, stale._trial_id, {**new_lease(), "host": "elsewhere"})
-    study._storage.set_trial_user_attr(stale._trial_id, LEASE_ATTR,
-                                       {**new_lease(), "host": "elsewhere", "heartbeat": time.time() - 60})
+    renew(queue, live.number, new_lease())  # this process: alive, fresh heartbeat
+    renew(queue, dead.number, {**new_lease(), "pid": dead_pid()})  # its process is gone
+    renew(queue, stale.number, {**new_lease(), "host": "elsewhere"})
+    queue.set_attr(stale.number, LEASE_ATTR, {**new_lease(), "host": "elsewhere", "heartbeat": time.time() - 60})
     study.tell(done, 1.0)
     lines = []
-    assert requeue_expired(study, grace=5, log=lines.append) == 2
+    assert requeue_expired(queue, grace=5, log=lines.append) == 2
     assert len(lines) == 2 and "is gone" in lines[0] and "expired: last heartbeat 60 s ago" in lines[1], lines
     states = {t.number: t.state for t in study.get_trials(deepcopy=False)}
     assert states[live.number] == TrialState.RUNNING and states[done.number] == TrialState.COMPLETE
     assert states[dead.number] == states[stale.number] == TrialState.FAIL
     waiting = sorted(t.user_attrs["cell"] for t in study.get_trials(deepcopy=False, states=(TrialState.WAITING,)))
     assert waiting == sorted([dead.user_attrs["cell"], stale.user_attrs["cell"]])
-    assert requeue_expired(study, grace=5, log=lines.append) == 0  # nothing twice
+    assert requeue_expired(queue, grace=5, log=lines.append) == 0  # nothing twice
 
 
 def test_a_worker_whose_lease_was_taken_over_stops_at_its_next_step(study):
-    trial = study.ask()
+    queue = study
+    trial = queue.study.ask()
     lease = {**new_lease(), "host": "paused-vm"}
-    renew(study, trial._trial_id, lease)
-    fence = QueueFence(study, trial._trial_id, lease)
+    renew(queue, trial.number, lease)
+    fence = QueueFence(queue, trial.number, lease)
     fence.check(sync=True)  # still ours
-    study._storage.set_trial_user_attr(trial._trial_id, LEASE_ATTR, {**lease, "heartbeat": time.time() - 60})
-    assert requeue_expired(study, grace=5, log=lambda _: None) == 1
+    queue.set_attr(trial.number, LEASE_ATTR, {**lease, "heartbeat": time.time() - 60})
+    assert requeue_expired(queue, grace=5, log=lambda _: None) == 1
     fence.beat()  # the paused worker's next heartbeat is refused: the trial is FAIL now
     with pytest.raises(LeaseLost, match="marked this cell FAIL"):
         fence.check()
-    assert holds(study, trial._trial_id, lease).startswith("the queue marked this cell FAIL")
+    assert holds(queue, trial.number, lease).startswith("the queue marked this cell FAIL")
 
 
 def test_a_heartbeat_not_shorter_than_the_grace_period_is_refused(tmp_path):

@@ -14,7 +14,7 @@ import pytest
 from mlflow.entities import RunTag, ViewType
 from mlflow.tracking import MlflowClient
 
-from tracking.kinds.training_runs import open_keyed_run, withdraw_candidate
+from tracking.record.cell_runs import open_keyed_run, withdraw_candidate
 from tracking.record import create_once
 from tracking.record.create_once import ClaimLost
 from tracking.record.lease import HOST, SUPERSEDED_TAG, lease_tags, new_token

@@ -573,7 +573,7 @@ def test_edit_lets_a_collaborator_rename_and_fail_finished_runs_but_not_delete(c
 @pytest.mark.integration
 def test_runs_record_the_account_that_logged_in(carol_and_dave, isolated_tracking, monkeypatch):
     from tracking.store.session import start_run
-    from tracking.kinds.training_runs import open_keyed_run
+    from tracking.record.cell_runs import open_keyed_run
 
     host = carol_and_dave.removeprefix("http://")
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"http://{DAVE[0]}:{DAVE[1]}@{host}")  # the user in the URL

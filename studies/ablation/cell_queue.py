@@ -4,6 +4,14 @@
 as an Optuna trial with the user attribute ``cell`` (its index in ``Protocol.cells()``).
 Workers (``workbench worker --storage URL``) pop waiting trials with ``study.ask()``.
 
+The queue's record says who holds which cell and how it ended, for ``ablate --jobs`` too
+(it reads its workers' cells from here, never from their console): a trial's user
+attributes ``cell``, ``key``, ``arm``, ``seed`` (written when it is queued), ``lease`` (the
+holder's host, pid, token and heartbeat, written right after ``ask``) and ``outcome``
+(finished, skipped, failed or busy: written by the holder right before it tells the queue).
+Trials are read and written through the public API of the storage this process opened
+(``CellQueue``), never through Optuna's private attributes.
+
 Exactly once, with fencing. A worker holding a cell holds a *lease* on its trial (user
 attribute ``lease``: host, pid, token, heartbeat time), renewed every ``heartbeat``
 seconds. Any worker that finds a RUNNING trial whose lease is older than ``grace``
@@ -18,7 +26,6 @@ from __future__ import annotations
 
 import os
 import time
-import uuid
 from pathlib import Path
 
 import warnings
@@ -28,7 +35,7 @@ from optuna.storages import RDBStorage
 from optuna.trial import FrozenTrial, TrialState
 
 from studies.runtime.study_protocol import Protocol, load_protocol
-from tracking.record.lease import HOST, pid_alive
+from tracking.record.lease_rule import Lease
 from tracking.store.storage_guard import refuse_mlflow_database
 
 # Optuna's "experimental" warnings add nothing for users here.
@@ -56,7 +63,8 @@ quiet_optuna()
 
 HEARTBEAT_SECONDS = 10
 GRACE_SECONDS = 30
-LEASE_ATTR = "lease"
+# The queue's record, in each trial's user attributes (the module says what each holds).
+CELL_ATTR, KEY_ATTR, LEASE_ATTR, OUTCOME_ATTR, RETRY_ATTR = "cell", "key", "lease", "outcome", "retry_of"
 
 
 def check_timing(heartbeat: float, grace: float) -> None:
@@ -97,7 +105,44 @@ def study_name_for(protocol: Protocol) -> str:
 
 
 def _completed_cells(study: optuna.Study) -> set[int]:
-    return {t.user_attrs.get("cell") for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))}
+    return {t.user_attrs.get(CELL_ATTR) for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))}
+
+
+class CellQueue:
+    """A cell queue: its Optuna study and the storage this process opened it on.
+
+    A trial is named by its public ``number``; its record is read and written through the
+    storage's public methods (``BaseStorage``), so nothing here uses a private attribute
+    of Optuna's study or trials.
+    """
+
+    def __init__(self, study: optuna.Study, storage) -> None:
+        self.study, self.storage = study, storage
+        self.study_id = storage.get_study_id_from_name(study.study_name)
+        self._ids: dict[int, int] = {}
+
+    @classmethod
+    def load(cls, name: str, storage) -> "CellQueue":
+        return cls(optuna.load_study(study_name=name, storage=storage), storage)
+
+    def trial_id(self, number: int) -> int:
+        if number not in self._ids:
+            self._ids[number] = self.storage.get_trial_id_from_study_id_trial_number(self.study_id, number)
+        return self._ids[number]
+
+    def trial(self, number: int) -> FrozenTrial:
+        return self.storage.get_trial(self.trial_id(number))
+
+    def trials(self, states=None) -> list[FrozenTrial]:
+        return self.study.get_trials(deepcopy=False, states=states)
+
+    def set_attr(self, number: int, key: str, value) -> None:
+        """One user attribute of a trial; raises once the trial is finished (Optuna refuses the write)."""
+        self.storage.set_trial_user_attr(self.trial_id(number), key, value)
+
+    def fail(self, number: int) -> bool:
+        """Mark a RUNNING trial FAIL; False when another process ended it first."""
+        return self.storage.set_trial_state_values(self.trial_id(number), TrialState.FAIL)
 
 
 def enqueue_cells(protocol: Protocol, protocol_file: Path, storage, parent_run_id: str, finished: set[tuple[str, int]],
@@ -113,7 +158,7 @@ def enqueue_cells(protocol: Protocol, protocol_file: Path, storage, parent_run_i
     study.set_user_attr("parent_run_id", parent_run_id)
     study.set_user_attr("settings", settings)
     # A cell already waiting, running or done in the queue is not added again.
-    queued = {t.user_attrs.get("cell") for t in study.get_trials(
+    queued = {t.user_attrs.get(CELL_ATTR) for t in study.get_trials(
         deepcopy=False, states=(TrialState.WAITING, TrialState.RUNNING, TrialState.COMPLETE))}
     added = 0
     cells = protocol.cells()
@@ -121,13 +166,15 @@ def enqueue_cells(protocol: Protocol, protocol_file: Path, storage, parent_run_i
         cell = cells[index]
         if (cell.arm, cell.seed) in finished or index in queued:
             continue
-        study.enqueue_trial({"cell": index}, user_attrs={"cell": index, "arm": cell.arm, "seed": cell.seed})
+        study.enqueue_trial({"cell": index}, user_attrs={CELL_ATTR: index, KEY_ATTR: cell.key, "arm": cell.arm,
+                                                         "seed": cell.seed})
         added += 1
     return name, added
 
 
-def counts(study: optuna.Study) -> dict[str, int]:
-    trials = study.get_trials(deepcopy=False)
+def counts(queue: CellQueue) -> dict[str, int]:
+    """Trials per state (``waiting``, ``running``, ``complete``, ``fail``, ``pruned``)."""
+    trials = queue.trials()
     return {state.name.lower(): sum(t.state == state for t in trials) for state in TrialState}
 
 
@@ -144,63 +191,62 @@ def load_queued_protocol(study: optuna.Study) -> Protocol:
 
 
 # ------------------------------------------------------------------ leases on trials
+# The rule is tracking.record.lease_rule's (one for MLflow runs and queue trials); this is its
+# queue side: the lease lives in the trial's user attribute ``lease``, a takeover fails the
+# trial and queues its cell again, and ``tell`` is the release.
 
 
 def new_lease() -> dict:
-    return {"host": HOST, "pid": os.getpid(), "token": uuid.uuid4().hex[:16], "heartbeat": time.time()}
+    """A lease of this process on a trial, in the form the queue stores."""
+    return Lease.mine().as_record()
 
 
-def renew(study: optuna.Study, trial_id: int, lease: dict) -> None:
+def renew(queue: CellQueue, number: int, lease: dict, now: float | None = None) -> None:
     """Write a fresh heartbeat; raises once the trial is no longer RUNNING (it was taken over)."""
-    study._storage.set_trial_user_attr(trial_id, LEASE_ATTR, {**lease, "heartbeat": time.time()})
+    queue.set_attr(number, LEASE_ATTR, Lease.from_record(lease).renewed(now).as_record())
 
 
-def holds(study: optuna.Study, trial_id: int, lease: dict) -> str | None:
+def holds(queue: CellQueue, number: int, lease: dict) -> str | None:
     """None while this lease still holds the trial, else one line saying why it does not."""
-    trial = study._storage.get_trial(trial_id)
+    trial = queue.trial(number)
     if trial.state != TrialState.RUNNING:
         return f"the queue marked this cell {trial.state.name} (its lease expired and it was handed on)"
-    token = trial.user_attrs.get(LEASE_ATTR, {}).get("token")
-    if token != lease["token"]:
-        return f"another worker holds this cell's lease now (token {token})"
+    found = Lease.from_record(trial.user_attrs.get(LEASE_ATTR))
+    if found is None or found.token != lease["token"]:
+        return f"another worker holds this cell's lease now (token {found.token if found else None})"
     return None
 
 
 def expired(trial: FrozenTrial, grace: float, now: float | None = None) -> str | None:
     """Why a RUNNING trial's lease is expired, or None while its holder is alive."""
-    now = now or time.time()
-    lease = trial.user_attrs.get(LEASE_ATTR)
+    now = time.time() if now is None else now
+    lease = Lease.from_record(trial.user_attrs.get(LEASE_ATTR))
     if lease is None:  # popped but never leased: the worker died right after popping
         started = trial.datetime_start.timestamp() if trial.datetime_start else now
         return f"no lease {now - started:.0f} s after it was popped" if now - started > grace else None
-    age = now - float(lease["heartbeat"])
-    if lease["host"] == HOST and not pid_alive(int(lease["pid"])):
-        return f"worker {lease['host']}/{lease['pid']} is gone (last heartbeat {age:.0f} s ago)"
-    if age > grace:
-        return f"lease of worker {lease['host']}/{lease['pid']} expired: last heartbeat {age:.0f} s ago (grace {grace:g} s)"
-    return None
+    state = lease.state(grace, now, limit="grace")
+    return None if state.alive else state.why
 
 
-
-def requeue_expired(study: optuna.Study, grace: float, log=print) -> int:
+def requeue_expired(queue: CellQueue, grace: float, log=print, now: float | None = None) -> int:
     """Fail every RUNNING trial whose lease expired and queue its cell again (unless it completed)."""
     n = 0
-    done = _completed_cells(study)
-    for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        why = expired(trial, grace)
+    done = _completed_cells(queue.study)
+    for trial in queue.trials(states=(TrialState.RUNNING,)):
+        why = expired(trial, grace, now)
         if why is None:
             continue
         try:  # the owner may have finished or been failed by another worker meanwhile
-            if not study._storage.set_trial_state_values(trial._trial_id, TrialState.FAIL):
+            if not queue.fail(trial.number):
                 continue
         except (RuntimeError, ValueError):
             continue
-        cell = trial.user_attrs.get("cell")
+        cell = trial.user_attrs.get(CELL_ATTR)
         if cell in done:
             log(f"cell {cell}: {why}; already completed, not queued again")
             continue
-        attrs = {k: v for k, v in trial.user_attrs.items() if k != LEASE_ATTR}
-        study.enqueue_trial({"cell": cell}, user_attrs={**attrs, "retry_of": trial.number})
+        attrs = {k: v for k, v in trial.user_attrs.items() if k not in (LEASE_ATTR, OUTCOME_ATTR)}
+        queue.study.enqueue_trial({"cell": cell}, user_attrs={**attrs, RETRY_ATTR: trial.number})
         log(f"re-queued cell {cell} ({attrs.get('arm')}/seed{attrs.get('seed')}): {why}")
         n += 1
     return n

@@ -5,7 +5,10 @@ study's parent, puts the cells without a finished run into a cell queue of its o
 Optuna journal file under the output folder, one per execution) and starts N local
 `workbench worker` processes on it: the same queue, leases, fencing and record rules as
 remote workers. It relays their console lines, prefixed with the job, under one overall
-progress bar, and closes the parent when they are done.
+progress bar, and closes the parent when they are done. Which cell each job holds and how
+each cell ended it reads from the queue's record (the lease naming the worker's process, the
+trial's outcome: ``studies.ablation.cell_queue``), never from the workers' console lines,
+which it only relays.
 
 Threads: every job runs with a fixed number of torch threads (``--threads``, default 1 per
 job), so a cell's numbers do not depend on how many jobs ran the study (the thread count
@@ -34,7 +37,6 @@ import contextlib
 import ctypes
 import os
 import queue
-import re
 import shutil
 import signal
 import subprocess
@@ -49,13 +51,11 @@ import click
 from tqdm.auto import tqdm
 
 from studies.runtime.study_protocol import Protocol
-from tracking.record.lease import pid_alive
+from tracking.record.lease_rule import HOST, Lease, pid_alive
 
 DEFAULT_THREADS_PER_JOB = 1
 STOP_WAIT_SECONDS = 120  # a worker ends its cell's run within this after SIGINT, or is killed
 JOBS_FOLDER = ".jobs"  # under the output folder: one sub-folder (queue file, owner pid) per execution
-OUTCOME_ATTR = "outcome"  # trial user attribute a worker sets: finished, skipped, failed, busy
-CELL_END = re.compile(r"^\[[a-z]+\] ")
 
 
 def _die_with_parent() -> None:
@@ -74,7 +74,8 @@ def _die_with_parent() -> None:
 class Job:
     index: int
     process: subprocess.Popen
-    current: str = ""  # the cell it is training, for the progress bar
+    current: str = ""  # the cell it holds (its key), read from the queue's record
+    held: int | None = None  # the number of that cell's trial
 
 
 def queue_folder(output_dir: Path) -> Path:
@@ -135,7 +136,8 @@ def _reader(job: Job, lines: queue.Queue) -> None:
 
 
 def relay(jobs: list[Job], progress, lines: queue.Queue, open_streams: set[int], timeout: float = 1.0) -> None:
-    """Print the jobs' lines until ``timeout`` passes without one; track each job's current cell."""
+    """Print the jobs' lines until ``timeout`` passes without one (progress text only: what a job
+    holds comes from the queue, ``track``)."""
     deadline = time.monotonic() + timeout
     while open_streams and time.monotonic() < deadline:
         try:
@@ -147,10 +149,6 @@ def relay(jobs: list[Job], progress, lines: queue.Queue, open_streams: set[int],
             continue
         if not line.strip():
             continue
-        if line.startswith("cell ") and "(took it from the queue)" in line:
-            job.current = line.split(": ", 1)[1].split(" ", 1)[0]
-        elif CELL_END.match(line):  # the worker's "[finished] ..." line: it holds no cell now
-            job.current = ""
         tqdm.write(f"[job {job.index}] {line}")
         sys.stdout.flush()  # promptly into a pipe or a log file too, not only on a terminal
         progress(jobs)
@@ -174,13 +172,41 @@ def stop_jobs(jobs: list[Job], signum: int, lines: queue.Queue, open_streams: se
         relay(jobs, lambda _: None, lines, open_streams, timeout=0.5)
 
 
-def outcomes(study) -> dict[str, int]:
-    """Final outcome per queued cell: a re-queued attempt counts once, by its last state."""
+def track(jobs: list[Job], trials) -> None:
+    """Set each job's cell from the queue's record: the RUNNING trial whose lease names the job's
+    process on this host and that has no outcome yet (a worker writes the outcome right before
+    it tells the queue). A job whose process is gone keeps the cell it held when it died unless
+    it ended that cell itself: another worker may have handed the cell on already.
+    """
     from optuna.trial import TrialState
 
+    from studies.ablation.cell_queue import KEY_ATTR, LEASE_ATTR, OUTCOME_ATTR
+
+    by_number = {t.number: t for t in trials}
+    holding = {}
+    for trial in trials:
+        lease = Lease.from_record(trial.user_attrs.get(LEASE_ATTR))
+        if trial.state == TrialState.RUNNING and lease and lease.host == HOST and OUTCOME_ATTR not in trial.user_attrs:
+            holding[lease.pid] = trial
+    for job in jobs:
+        trial = holding.get(job.process.pid)
+        if trial is not None:
+            job.held, job.current = trial.number, str(trial.user_attrs.get(KEY_ATTR, trial.user_attrs.get("cell")))
+            continue
+        old = by_number.get(job.held) if job.held is not None else None
+        if job.process.poll() is None or old is None or OUTCOME_ATTR in old.user_attrs:
+            job.held, job.current = None, ""
+
+
+def outcomes(trials) -> dict[str, int]:
+    """Final outcome per queued cell (from the queue's trials): a re-queued attempt counts once, by its last state."""
+    from optuna.trial import TrialState
+
+    from studies.ablation.cell_queue import CELL_ATTR, OUTCOME_ATTR
+
     last: dict[int, tuple[TrialState, str]] = {}
-    for trial in sorted(study.get_trials(deepcopy=False), key=lambda t: t.number):
-        cell = trial.user_attrs.get("cell")
+    for trial in sorted(trials, key=lambda t: t.number):
+        cell = trial.user_attrs.get(CELL_ATTR)
         if cell is not None:
             last[cell] = (trial.state, trial.user_attrs.get(OUTCOME_ATTR, ""))
     tally = {"finished": 0, "skipped": 0, "failed": 0, "busy": 0, "unfinished": 0}
@@ -200,11 +226,9 @@ def run_jobs(protocol: Protocol, protocol_file: Path, output_dir: Path, jobs: in
 
     ``threads``: per job, as the user asked (0: the fixed default, ``DEFAULT_THREADS_PER_JOB``).
     """
-    import optuna
-
     from studies.runtime.study_execution import finished_cells, held_parent, prepare_checked_data
     from studies.ablation.cell_order import longest_first
-    from studies.ablation.cell_queue import counts, debugging, enqueue_cells, open_storage
+    from studies.ablation.cell_queue import CellQueue, counts, debugging, enqueue_cells, open_storage
     from studies.runtime.stop_signals import sigterm_raises
 
     # Decode and cache the data once here, so the workers only read the cache.
@@ -218,104 +242,122 @@ def run_jobs(protocol: Protocol, protocol_file: Path, output_dir: Path, jobs: in
         with sigterm_raises(), held_parent(protocol, protocol_file, allow_dirty, {"queue": "jobs"}) as parent:
             order, order_line = longest_first(protocol, data.train.images.shape[-1])
             tqdm.write(order_line)
-            study_name, added = enqueue_cells(protocol, protocol_file, open_storage(storage_url), parent.run_id,
+            storage = open_storage(storage_url)
+            study_name, added = enqueue_cells(protocol, protocol_file, storage, parent.run_id,
                                               finished_cells(protocol), {"allow_dirty": allow_dirty,
                                                                          "download": download}, order)
             skipped = len(protocol.cells()) - added
             if skipped:
                 tqdm.write(f"{skipped} cells already finished (skipped)")
-            study = optuna.load_study(study_name=study_name, storage=open_storage(storage_url))
+            cell_queue = CellQueue.load(study_name, storage)
             died = {"died": 0, "replaced": 0}
             if added:
-                died = _drive(study, added, min(jobs, added),
-                              worker_command(study_name, threads, device, output_dir, data_path, debugging()),
-                              worker_environment(storage_url))
-            tally = {**outcomes(study), **died}
+                pool = JobPool(cell_queue, worker_command(study_name, threads, device, output_dir, data_path,
+                                                          debugging()), worker_environment(storage_url),
+                               most=max(2, min(jobs, added)))
+                died = pool.drive(added, min(jobs, added))
+            tally = {**outcomes(cell_queue.trials()), **died}
             tally["skipped"] += skipped
-            tqdm.write(f"queue: {counts(study)}")
+            tqdm.write(f"queue: {counts(cell_queue)}")
     finally:
         shutil.rmtree(folder, ignore_errors=True)
     return tally
 
 
-def _drive(study, total: int, n_jobs: int, command: list[str], env: dict) -> dict[str, int]:
-    """Start the workers, show one bar over the queued cells, replace a worker that died while
-    cells are left, stop them all on Ctrl-C/SIGTERM.
+class JobPool:
+    """The coordinator's workers on one queue: started, watched through the queue's record,
+    replaced when one dies while cells are left, stopped together on Ctrl-C/SIGTERM.
 
-    Returns ``{"died": workers that ended with an error or a signal, "replaced": ...}``.
+    ``most``: replacements at most (a worker that dies at every start must not be started forever).
     """
-    from studies.runtime.stop_signals import Terminated
-    from studies.ablation.cell_queue import counts
 
-    jobs: list[Job] = []
-    lines: queue.Queue = queue.Queue()
-    open_streams: set[int] = set()
-    ended: set[int] = set()
-    tally = {"died": 0, "replaced": 0}
-    most = max(2, n_jobs)  # a worker that dies at every start must not be started forever
+    def __init__(self, cell_queue, command: list[str], env: dict, most: int) -> None:
+        self.queue, self.command, self.env, self.most = cell_queue, command, env, most
+        self.jobs: list[Job] = []
+        self.lines: queue.Queue = queue.Queue()
+        self.open_streams: set[int] = set()
+        self.ended: set[int] = set()
+        self.tally = {"died": 0, "replaced": 0}
 
-    def launch() -> Job:
-        job = start_job(len(jobs) + 1, command, env)
-        jobs.append(job)
-        open_streams.add(job.index)
-        threading.Thread(target=_reader, args=(job, lines), daemon=True).start()
+    def launch(self) -> Job:
+        job = start_job(len(self.jobs) + 1, self.command, self.env)
+        self.jobs.append(job)
+        self.open_streams.add(job.index)
+        threading.Thread(target=_reader, args=(job, self.lines), daemon=True).start()
         return job
 
-    def replace_the_dead() -> None:
-        for job in jobs:
-            if job.index in ended or job.process.poll() is None:
+    def watch(self) -> list:
+        """Read the queue once: each job's cell (``track``); returns the trials."""
+        trials = self.queue.trials()
+        track(self.jobs, trials)
+        return trials
+
+    def replace_the_dead(self) -> None:
+        from studies.ablation.cell_queue import counts
+
+        for job in self.jobs:
+            if job.index in self.ended or job.process.poll() is None:
                 continue
-            ended.add(job.index)
+            self.ended.add(job.index)
             if not job.process.returncode:
                 continue
-            tally["died"] += 1
+            self.tally["died"] += 1
+            self.watch()  # the cell it held when it died, as the queue has it now
             on = f" on cell {job.current}" if job.current else ""
-            state = counts(study)
+            state = counts(self.queue)
             left = state["waiting"] + state["running"]
+            ended = how_it_ended(job.process.returncode)
             if not left:
-                tqdm.write(f"[job {job.index}] died ({how_it_ended(job.process.returncode)}){on}; no cell is left "
-                           "to replace it for")
-            elif tally["replaced"] >= most:
-                tqdm.write(f"[job {job.index}] died ({how_it_ended(job.process.returncode)}){on}; not replaced "
-                           f"({most} workers were replaced already); the next ablate trains what is left")
+                tqdm.write(f"[job {job.index}] died ({ended}){on}; no cell is left to replace it for")
+            elif self.tally["replaced"] >= self.most:
+                tqdm.write(f"[job {job.index}] died ({ended}){on}; not replaced ({self.most} workers were replaced "
+                           "already); the next ablate trains what is left")
             else:
-                tally["replaced"] += 1
-                new = launch()
-                tqdm.write(f"[job {job.index}] died ({how_it_ended(job.process.returncode)}){on}; started job "
-                           f"{new.index} in its place ({'its cell goes back to the queue, ' if on else ''}"
-                           f"{left} cell(s) waiting or running)")
+                self.tally["replaced"] += 1
+                new = self.launch()
+                tqdm.write(f"[job {job.index}] died ({ended}){on}; started job {new.index} in its place "
+                           f"({'its cell goes back to the queue, ' if on else ''}{left} cell(s) waiting or running)")
 
-    for _ in range(n_jobs):
-        launch()
-    with tqdm(total=total, desc="cells", unit="cell") as bar:
-        def progress(js: list[Job]) -> None:
-            bar.set_postfix_str(", ".join(f"{j.index}: {j.current}" for j in js if j.current and j.process.poll() is None))
+    def drive(self, total: int, n_jobs: int) -> dict[str, int]:
+        """Start ``n_jobs`` workers, show one bar over the ``total`` queued cells until all workers ended.
 
-        try:
-            while True:
-                if not open_streams:
-                    time.sleep(0.2)  # output closed, process not reaped yet
-                relay(jobs, progress, lines, open_streams)
-                replace_the_dead()
-                bar.n = min(total, cells_done(study))
-                bar.refresh()
-                if not open_streams and all(j.process.poll() is not None for j in jobs):
-                    replace_the_dead()  # one that ended just now: said, and replaced if cells are left
-                    if not open_streams:
-                        break
-        except (KeyboardInterrupt, Terminated) as err:
-            signum = signal.SIGTERM if isinstance(err, Terminated) else signal.SIGINT
-            tqdm.write(f"stopping {sum(j.process.poll() is None for j in jobs)} job(s) "
-                       f"({signal.Signals(signum).name}); each ends its cell's run")
-            stop_jobs(jobs, signum, lines, open_streams)
-            raise
-        bar.n = min(total, cells_done(study))
-    return tally
+        Returns ``{"died": workers that ended with an error or a signal, "replaced": ...}``.
+        """
+        from studies.runtime.stop_signals import Terminated
+
+        for _ in range(n_jobs):
+            self.launch()
+        with tqdm(total=total, desc="cells", unit="cell") as bar:
+            def progress(_=None) -> None:
+                bar.set_postfix_str(", ".join(f"{j.index}: {j.current}" for j in self.jobs
+                                              if j.current and j.process.poll() is None))
+
+            try:
+                while True:
+                    if not self.open_streams:
+                        time.sleep(0.2)  # output closed, process not reaped yet
+                    relay(self.jobs, progress, self.lines, self.open_streams)
+                    self.replace_the_dead()
+                    bar.n = min(total, cells_done(self.watch()))
+                    progress()
+                    bar.refresh()
+                    if not self.open_streams and all(j.process.poll() is not None for j in self.jobs):
+                        self.replace_the_dead()  # one that ended just now: said, and replaced if cells are left
+                        if not self.open_streams:
+                            break
+            except (KeyboardInterrupt, Terminated) as err:
+                signum = signal.SIGTERM if isinstance(err, Terminated) else signal.SIGINT
+                tqdm.write(f"stopping {sum(j.process.poll() is None for j in self.jobs)} job(s) "
+                           f"({signal.Signals(signum).name}); each ends its cell's run")
+                stop_jobs(self.jobs, signum, self.lines, self.open_streams)
+                raise
+            bar.n = min(total, cells_done(self.queue.trials()))
+        return self.tally
 
 
-def cells_done(study) -> int:
+def cells_done(trials) -> int:
     """Queued cells that reached their end (a dead worker's attempt, re-queued, does not count twice)."""
-    return sum(n for what, n in outcomes(study).items() if what != "unfinished")
+    return sum(n for what, n in outcomes(trials).items() if what != "unfinished")
 
 
 def describe(tally: dict[str, int]) -> str:

@@ -13,8 +13,11 @@ from optuna.trial import TrialState
 
 from studies.ablation.ablate import run_cell
 from studies.ablation.cell_queue import (
+    CELL_ATTR,
     GRACE_SECONDS,
     HEARTBEAT_SECONDS,
+    OUTCOME_ATTR,
+    CellQueue,
     check_timing,
     counts,
     holds,
@@ -24,7 +27,6 @@ from studies.ablation.cell_queue import (
     renew,
     requeue_expired,
 )
-from studies.ablation.jobs import OUTCOME_ATTR
 from studies.runtime.options import FiniteFloat, StudyOptions, check_protocol_amp, check_storage_option, threads_option
 from studies.runtime.secret_options import storage_options
 from studies.runtime.stop_signals import pending_stop, sigterm_raises
@@ -35,7 +37,7 @@ from workbench.precision import set_threads
 from workbench.train.loop import TrainingObserver
 
 
-def pick_study(storage, name: str | None) -> optuna.Study:
+def pick_study(storage, name: str | None) -> CellQueue:
     names = [s.study_name for s in optuna.get_all_study_summaries(storage) if s.study_name.startswith("cells:")]
     if name is None:
         if len(names) != 1:
@@ -43,30 +45,30 @@ def pick_study(storage, name: str | None) -> optuna.Study:
         name = names[0]
     if name not in names:
         raise click.ClickException(f"no cell queue {name!r} in the storage; it holds: {', '.join(names) or 'none'}")
-    return optuna.load_study(study_name=name, storage=storage)
+    return CellQueue.load(name, storage)
 
 
 class QueueFence(TrainingObserver):
     """Stops the cell (``LeaseLost``) as soon as its trial is no longer this worker's."""
 
-    def __init__(self, study: optuna.Study, trial_id: int, lease: dict) -> None:
-        self.study, self.trial_id, self.lease, self.lost = study, trial_id, lease, None
+    def __init__(self, queue: CellQueue, number: int, lease: dict) -> None:
+        self.queue, self.number, self.lease, self.lost = queue, number, lease, None
 
     def beat(self) -> None:
         if self.lost is None:
             try:
-                renew(self.study, self.trial_id, self.lease)
+                renew(self.queue, self.number, self.lease)
             except Exception:  # noqa: BLE001 - a finished trial refuses the write: read why
-                self.lost = holds(self.study, self.trial_id, self.lease)
+                self.lost = holds(self.queue, self.number, self.lease)
 
     def check(self, sync: bool = False) -> None:
         if sync and self.lost is None:
-            self.lost = holds(self.study, self.trial_id, self.lease)
+            self.lost = holds(self.queue, self.number, self.lease)
         if self.lost:
             raise LeaseLost(self.lost)
 
 
-def drain(study: optuna.Study, run_one, grace: float, poll_seconds: float = 2.0, max_cells: int | None = None,
+def drain(queue: CellQueue, run_one, grace: float, poll_seconds: float = 2.0, max_cells: int | None = None,
           log=click.echo, tally: dict | None = None) -> dict[str, int]:
     """Pop and run queued cells until none is waiting or running anywhere; re-queue expired leases.
 
@@ -79,8 +81,8 @@ def drain(study: optuna.Study, run_one, grace: float, poll_seconds: float = 2.0,
     while max_cells is None or tally["ran"] + tally["failed"] < max_cells:
         if pending_stop() is not None:  # never take another cell after Ctrl-C or SIGTERM
             raise pending_stop()
-        requeue_expired(study, grace, log)
-        state = counts(study)
+        requeue_expired(queue, grace, log)
+        state = counts(queue)
         if not state["waiting"]:
             if not state["running"]:
                 break
@@ -91,30 +93,32 @@ def drain(study: optuna.Study, run_one, grace: float, poll_seconds: float = 2.0,
             time.sleep(poll_seconds)
             continue
         waiting_said = None
-        trial = study.ask()
-        if "cell" not in trial.user_attrs:  # another worker popped the last waiting cell first
-            study.tell(trial, state=TrialState.PRUNED)
+        trial = queue.study.ask()
+        if CELL_ATTR not in trial.user_attrs:  # another worker popped the last waiting cell first
+            queue.study.tell(trial, state=TrialState.PRUNED)
             continue
+        # The lease names this worker: from now on the queue's record says which cell it holds.
         lease = new_lease()
-        renew(study, trial._trial_id, lease)
-        fence = QueueFence(study, trial._trial_id, lease)
+        renew(queue, trial.number, lease)
+        fence = QueueFence(queue, trial.number, lease)
         HEARTBEATS.also("queue", fence.beat)
         try:
             status, value = run_one(trial, fence)
         finally:
             HEARTBEATS.also("queue", None)
-        why = fence.lost or holds(study, trial._trial_id, lease)
+        why = fence.lost or holds(queue, trial.number, lease)
         if status == "lost" or why:
             tally["lost"] += 1
-            log(f"cell {trial.user_attrs['cell']}: stopped, lease lost: {why}; another worker has it")
+            log(f"cell {trial.user_attrs[CELL_ATTR]}: stopped, lease lost: {why}; another worker has it")
             continue
-        # What became of the cell, for `ablate --jobs` to count (a skipped cell completes too).
-        study._storage.set_trial_user_attr(trial._trial_id, OUTCOME_ATTR, status)
+        # What became of the cell, in the queue's record: `ablate --jobs` counts it from there
+        # (a skipped cell completes too), and a trial with an outcome is held by nobody.
+        queue.set_attr(trial.number, OUTCOME_ATTR, status)
         if status == "failed":
-            study.tell(trial, state=TrialState.FAIL)
+            queue.study.tell(trial, state=TrialState.FAIL)
             tally["failed"] += 1
         else:
-            study.tell(trial, value)
+            queue.study.tell(trial, value)
             tally["skipped" if status == "skipped" else "ran"] += 1
     else:
         tally["stopped"] = f"stopped at --max-cells {max_cells}"
@@ -160,9 +164,10 @@ def drain_queue(storage, study_name, device, data_path, output_dir, max_cells, r
     """The worker's work: pick the queue, prepare the data, hold the parent, drain the cells."""
     configure_tracking()
     store = open_storage(storage, heartbeat, grace)
-    study = pick_study(store, study_name)
+    queue = pick_study(store, study_name)
+    study = queue.study
     if requeue_stale:
-        click.echo(f"re-queued {requeue_expired(study, grace, click.echo)} cells whose lease expired")
+        click.echo(f"re-queued {requeue_expired(queue, grace, click.echo)} cells whose lease expired")
     protocol = load_queued_protocol(study)
     check_protocol_amp(protocol, device)
     settings = study.user_attrs.get("settings", {})
@@ -172,7 +177,7 @@ def drain_queue(storage, study_name, device, data_path, output_dir, max_cells, r
     with sigterm_raises(), held_parent(protocol, Path(study.user_attrs["protocol_file"]), allow_dirty,
                                        {"queue": "optuna"}, queued=True) as parent:
         def run_one(trial, fence) -> tuple[str, float]:
-            index = trial.user_attrs["cell"]
+            index = trial.user_attrs[CELL_ATTR]
             cell = protocol.cells()[index]
             click.echo(f"cell {index}: {cell.key} (took it from the queue)")
             outcome = run_cell(protocol, cell, data=data, parent_run_id=parent.run_id, options=StudyOptions(
@@ -182,6 +187,6 @@ def drain_queue(storage, study_name, device, data_path, output_dir, max_cells, r
             return outcome.status, outcome.metrics.get("best_val_accuracy", float("nan"))
 
         parent.work = {}  # the record says what this worker trained (tracking.record.executions.work_line)
-        tally = drain(study, run_one, grace, poll_seconds=min(2.0, heartbeat), max_cells=max_cells, tally=parent.work)
+        tally = drain(queue, run_one, grace, poll_seconds=min(2.0, heartbeat), max_cells=max_cells, tally=parent.work)
     click.echo(f"worker ran {tally['ran']} cells ({tally['skipped']} already finished, {tally['failed']} failed, "
-               f"{tally['lost']} lost to another worker); queue: {counts(study)}")
+               f"{tally['lost']} lost to another worker); queue: {counts(queue)}")

@@ -19,6 +19,7 @@ from pathlib import Path
 import click
 
 from tracking.kinds import figure_runs
+from tracking.record.schema import IS_REFERENCE, TRUE
 from workbench.analysis.artifacts import CRITERION
 from workbench.analysis.common import DIAGNOSTIC, FILE_MODE, save_png
 from workbench.analysis.panels import check_block
@@ -100,7 +101,7 @@ def protocol_figures(protocol: str | None, run_ids: tuple[str, ...], output_dir:
         if depth is not None:
             checked_block(block, depth)
     data = prepare_checked(cells, data_path, download)
-    reference = {c.arm for c in cells if c.run.data.tags.get("is_reference") == "true"}
+    reference = {c.arm for c in cells if c.run.data.tags.get(IS_REFERENCE) == TRUE}
     inputs = StudyInputs(title, [run_inputs(c, reference) for c in cells], data.val.images, data.val.labels,
                          data.class_names, data.norm, cells[0].config["data"].get("resize_to"), data.display_name)
     built = study_figures(inputs, n_images=n_images, tsne_points=tsne_points, block=block, seed=seed)

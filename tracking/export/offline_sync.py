@@ -40,15 +40,15 @@ import mlflow
 from mlflow.entities import LoggedModelOutput, Metric, Param, Run, RunTag, ViewType
 from mlflow.tracking import MlflowClient
 
+from tracking.record import schema
 from tracking.record.sink import SYNC_SERVER_RUN, SYNC_SYNCED, log_batch
 from tracking.store import health, offline_store, uris
 
 SYNC_SOURCE_RUN = "sync.source_run_id"
 SYNC_SOURCE_MODEL = "sync.source_model_id"
-PARENT = "mlflow.parentRunId"
 TERMINAL = ("FINISHED", "FAILED", "KILLED")
 SYNC_TO_PREFIX = "sync.to."
-NOT_COPIED_TAGS = (SYNC_SERVER_RUN, SYNC_SYNCED, PARENT)
+NOT_COPIED_TAGS = (SYNC_SERVER_RUN, SYNC_SYNCED, schema.PARENT_RUN_ID)
 DEFAULT_PORTS = {"http": 80, "https": 443}
 
 
@@ -106,7 +106,7 @@ def _ordered(runs: list[Run]) -> list[Run]:
         if run.info.run_id in done:
             return
         done.add(run.info.run_id)
-        parent = run.data.tags.get(PARENT)
+        parent = run.data.tags.get(schema.PARENT_RUN_ID)
         if parent in by_id:
             visit(by_id[parent])
         out.append(run)
@@ -217,7 +217,7 @@ class Syncer:
     def run(self) -> SyncReport:
         runs, copied = self._local_runs(), []
         for run in runs:
-            name = run.data.tags.get("mlflow.runName", run.info.run_id)
+            name = run.data.tags.get(schema.RUN_NAME, run.info.run_id)
             if self._synced_to(run) and not self.recheck:
                 self.report.runs_skipped += 1
                 continue
@@ -241,7 +241,7 @@ class Syncer:
 
         parents = set()
         for run in copied:
-            local = run.info.run_id if run.data.tags.get("parent") == "true" else run.data.tags.get(PARENT)
+            local = run.info.run_id if run.data.tags.get(schema.PARENT) == schema.TRUE else run.data.tags.get(schema.PARENT_RUN_ID)
             if local:
                 parents.add(self.server_id.get(local, local))
         for server_id in sorted(parents):
@@ -283,7 +283,7 @@ class Syncer:
             self.report.runs_updated += 1
         else:
             self.report.runs_unchanged += 1
-        self.log(f"{tags.get('mlflow.runName', local_id)}: local {local_id} -> server {target} "
+        self.log(f"{tags.get(schema.RUN_NAME, local_id)}: local {local_id} -> server {target} "
                  f"({'new' if created else 'merged'}, {run.info.status})")
 
     def _target(self, run: Run) -> tuple[str | None, bool]:
@@ -296,20 +296,21 @@ class Syncer:
         found = self.dst.search_runs([exp_id], f"tags.`{SYNC_SOURCE_RUN}` = '{run.info.run_id}'", ViewType.ALL, 1)
         if found:
             return found[0].info.run_id, False
-        key = tags.get("run_key")
-        if key and run.info.status == "FINISHED":
-            twins = self.dst.search_runs([exp_id], f"tags.run_key = '{key}' and attributes.status = 'FINISHED'",
+        key = tags.get(schema.RUN_KEY)
+        if key and run.info.status == schema.FINISHED:
+            twins = self.dst.search_runs([exp_id], schema.all_of(schema.tag_is(schema.RUN_KEY, key),
+                                                                 schema.status_is(schema.FINISHED)),
                                          max_results=1)
             if twins:
-                self.log(f"{tags.get('mlflow.runName')}: the server already has a finished run of this cell "
+                self.log(f"{tags.get(schema.RUN_NAME)}: the server already has a finished run of this cell "
                          f"({twins[0].info.run_id}); not copied")
                 self._mark_synced(run, twins[0].info.run_id)
                 self.report.duplicates += 1
                 return None, False
         new_tags = {k: v for k, v in tags.items() if not is_sync_tag(k)}
         new_tags[SYNC_SOURCE_RUN] = run.info.run_id
-        if tags.get(PARENT):
-            new_tags[PARENT] = self.server_id.get(tags[PARENT], tags[PARENT])
+        if tags.get(schema.PARENT_RUN_ID):
+            new_tags[schema.PARENT_RUN_ID] = self.server_id.get(tags[schema.PARENT_RUN_ID], tags[schema.PARENT_RUN_ID])
         created = self.dst.create_run(exp_id, start_time=run.info.start_time, tags=new_tags)
         return created.info.run_id, True
 
@@ -324,9 +325,9 @@ class Syncer:
 
     def _tags(self, run: Run, target: str) -> None:
         tags = [RunTag(k, v) for k, v in run.data.tags.items() if not is_sync_tag(k)]
-        parent = run.data.tags.get(PARENT)
+        parent = run.data.tags.get(schema.PARENT_RUN_ID)
         if parent:
-            tags.append(RunTag(PARENT, self.server_id.get(parent, parent)))
+            tags.append(RunTag(schema.PARENT_RUN_ID, self.server_id.get(parent, parent)))
         log_batch(self.dst, target, tags=tags)
 
     def _metrics(self, run: Run, target: str, created: bool) -> None:
@@ -412,6 +413,6 @@ def plan(source_uri: str, target_uri: str, recheck: bool = False) -> list[str]:
     uris.apply_http_defaults()
     syncer = Syncer(source_uri, target_uri, recheck)
     where = normalise_target(target_uri)
-    return [f"{run.data.tags.get('mlflow.runName', run.info.run_id)} (local {run.info.run_id}, {run.info.status}) -> "
+    return [f"{run.data.tags.get(schema.RUN_NAME, run.info.run_id)} (local {run.info.run_id}, {run.info.status}) -> "
             f"{where} experiment {syncer.experiments[run.info.experiment_id]!r}: {action}"
             for run, action in syncer.plan()]

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import mlflow
 
+from tracking.record.schema import ARM, CELL, FINISHED, SEED, TRUE, all_of, status_is, tag_is
 from workbench.analysis.benchmark_figures import plot_benchmark
 from workbench.bench.run import BenchmarkResult
 
@@ -106,9 +107,9 @@ def finished_cell_results(store: str, experiment: str) -> dict[str, float]:
     exp = client.get_experiment_by_name(experiment)
     if exp is None:
         return {}
-    runs = client.search_runs([exp.experiment_id], "tags.cell = 'true' and attributes.status = 'FINISHED'")
-    return {f"{r.data.tags['arm']}/{r.data.tags['seed']}": r.data.metrics.get("best_val_accuracy")
-            for r in sorted(runs, key=lambda r: (r.data.tags["arm"], r.data.tags["seed"]))}
+    runs = client.search_runs([exp.experiment_id], all_of(tag_is(CELL, TRUE), status_is(FINISHED)))
+    return {f"{r.data.tags[ARM]}/{r.data.tags[SEED]}": r.data.metrics.get("best_val_accuracy")
+            for r in sorted(runs, key=lambda r: (r.data.tags[ARM], r.data.tags[SEED]))}
 
 
 def log_jobs_benchmark(per_layout, folder: Path, params: dict) -> str:

@@ -22,6 +22,8 @@ from mlflow.tracking import MlflowClient
 
 from tracking.record.queries import QueryError, download_artifact, has_artifact, metric_history, search_runs
 from tracking.record.queries import launcher_run_id  # noqa: F401  (studies/tools/figures.py calls it from here)
+from tracking.record.schema import (ARM, CELL, FIGURES, FINISHED, PARENT_RUN_ID, PROTOCOL_HASH, PROTOCOL_NAME, SEED, TRUE,
+                                    cell_filter, parent_filter)
 from tracking.store.session import configure_tracking
 from workbench.train.checkpoint import load_checkpoint
 from workbench.train.evaluate import read_predictions
@@ -73,11 +75,11 @@ class CellArtifacts:
 
     @property
     def arm(self) -> str:
-        return self.run.data.tags.get("arm", "")
+        return self.run.data.tags.get(ARM, "")
 
     @property
     def seed(self) -> int:
-        return int(self.run.data.tags.get("seed", "0"))
+        return int(self.run.data.tags.get(SEED, "0"))
 
 
 def find_protocol_runs(name: str, protocol_hash: str | None = None) -> ProtocolRuns:
@@ -94,26 +96,25 @@ def find_protocol_runs(name: str, protocol_hash: str | None = None) -> ProtocolR
     exp = MlflowClient().get_experiment_by_name(name)
     if exp is None:
         raise FiguresError(f"no MLflow experiment named {name!r} at {mlflow.get_tracking_uri()}: run the protocol first")
-    parents = sorted(search_runs(exp.experiment_id, f"tags.parent = 'true' and tags.protocol_name = '{name}'"),
+    parents = sorted(search_runs(exp.experiment_id, parent_filter(name)),
                      key=lambda r: (-(r.info.start_time or 0), r.info.run_id))
     if protocol_hash is None:
         if not parents:
             raise FiguresError(f"protocol {name!r} has no parent run to take the hash from; pass the protocol file")
-        protocol_hash = parents[0].data.tags.get("protocol_hash", "")
-    parent = next((p for p in parents if p.data.tags.get("protocol_hash") == protocol_hash), None)
-    runs = search_runs(exp.experiment_id, f"tags.protocol_hash = '{protocol_hash}' and tags.cell = 'true' "
-                                          "and attributes.status = 'FINISHED'")
+        protocol_hash = parents[0].data.tags.get(PROTOCOL_HASH, "")
+    parent = next((p for p in parents if p.data.tags.get(PROTOCOL_HASH) == protocol_hash), None)
+    runs = search_runs(exp.experiment_id, cell_filter(protocol_hash, status=FINISHED))
     if not runs:
         raise FiguresError(f"no finished cell runs of {name}@{protocol_hash[:12]}: run or resume the protocol first")
     newest: dict[tuple[str, str], Run] = {}
     superseded = []
     for run in sorted(runs, key=lambda r: (r.info.end_time or 0, r.info.run_id), reverse=True):
-        key = (run.data.tags.get("arm", ""), run.data.tags.get("seed", ""))
+        key = (run.data.tags.get(ARM, ""), run.data.tags.get(SEED, ""))
         if key in newest:
             superseded.append(run.info.run_id)
         else:
             newest[key] = run
-    cells = sorted(newest.values(), key=lambda r: (r.data.tags.get("arm", ""), int(r.data.tags.get("seed", "0"))))
+    cells = sorted(newest.values(), key=lambda r: (r.data.tags.get(ARM, ""), int(r.data.tags.get(SEED, "0"))))
     return ProtocolRuns(name, protocol_hash, parent.info.run_id if parent else None, cells, superseded)
 
 
@@ -131,17 +132,17 @@ def runs_by_id(run_ids: list[str]) -> ProtocolRuns:
             run = client.get_run(run_id)
         except mlflow.exceptions.MlflowException as err:
             raise FiguresError(f"run {run_id}: {err}") from err
-        if run.data.tags.get("cell") != "true" or run.info.status != "FINISHED":
-            raise FiguresError(f"run {run_id} is not a finished protocol cell run (tag cell={run.data.tags.get('cell')!r}, "
+        if run.data.tags.get(CELL) != TRUE or run.info.status != FINISHED:
+            raise FiguresError(f"run {run_id} is not a finished protocol cell run (tag cell={run.data.tags.get(CELL)!r}, "
                                f"status {run.info.status})")
         runs.append(run)
-    hashes = {r.data.tags.get("protocol_hash", "") for r in runs}
+    hashes = {r.data.tags.get(PROTOCOL_HASH, "") for r in runs}
     if len(hashes) != 1:
         raise FiguresError(f"runs belong to {len(hashes)} protocol hashes {sorted(h[:12] for h in hashes)}; give runs of one")
-    name = runs[0].data.tags.get("protocol_name", "")
-    parents = {r.data.tags.get("mlflow.parentRunId") for r in runs} - {None}
+    name = runs[0].data.tags.get(PROTOCOL_NAME, "")
+    parents = {r.data.tags.get(PARENT_RUN_ID) for r in runs} - {None}
     parent = parents.pop() if len(parents) == 1 else None
-    cells = sorted(runs, key=lambda r: (r.data.tags.get("arm", ""), int(r.data.tags.get("seed", "0"))))
+    cells = sorted(runs, key=lambda r: (r.data.tags.get(ARM, ""), int(r.data.tags.get(SEED, "0"))))
     return ProtocolRuns(name, hashes.pop(), parent, cells)
 
 
@@ -190,7 +191,7 @@ def log_inspection(folder: Path, names: list[str], params: dict, experiment: str
     """
     from tracking.store.session import start_run
 
-    with start_run(experiment, run_name=f"{params.get('model', 'model')} figures", tags={"figures": "true"}) as run:
+    with start_run(experiment, run_name=f"{params.get('model', 'model')} figures", tags={FIGURES: TRUE}) as run:
         mlflow.log_params(params)
         log_figures(run.info.run_id, folder, names)
         return run.info.run_id

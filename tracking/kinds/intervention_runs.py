@@ -27,10 +27,11 @@ import numpy as np
 from mlflow.tracking import MlflowClient
 
 from tracking.kinds.figure_runs import CellArtifacts, load_cell
-from tracking.kinds.training_runs import KeyedRun, open_keyed_run
 from tracking.kinds.transfer_runs import find_finished_cell
+from tracking.record.cell_runs import KeyedRun, open_keyed_run
 from tracking.record import queries
 from tracking.record.queries import CellRecord
+from tracking.record.schema import INTERVENTION, PROTOCOL_NAME, RUN_NAME, parent_filter
 from tracking.record.sink import RunSink
 from workbench.interventions.evaluate import Evaluation
 from workbench.train.evaluate import ReloadProof
@@ -69,7 +70,7 @@ def trained_cell(protocol_name: str, protocol_hash: str, arm: str, seed: int, wo
 
 def open_cell_run(experiment: str, run_key: str, run_name: str, parent_run_id: str, tags: dict) -> KeyedRun:
     """The cell's run by ``run_key`` (FINISHED: without a sink; BUSY: held by a live execution) or a new one."""
-    return open_keyed_run(experiment, run_key, {"mlflow.runName": run_name, **tags}, parent_run_id)
+    return open_keyed_run(experiment, run_key, {RUN_NAME: run_name, **tags}, parent_run_id)
 
 
 def _artifact(sink: RunSink, folder: Path, name: str, data: bytes) -> None:
@@ -172,7 +173,7 @@ def is_intervention_study(protocol_name: str) -> bool:
     client = MlflowClient()
     exp = client.get_experiment_by_name(protocol_name)
     return exp is not None and bool(client.search_runs(
-        [exp.experiment_id], "tags.intervention = 'true' and tags.parent = 'true'", max_results=1))
+        [exp.experiment_id], parent_filter(kind=INTERVENTION), max_results=1))
 
 
 def log_benchmark(protocol_name: str, timing, params: dict) -> str:
@@ -185,7 +186,7 @@ def log_benchmark(protocol_name: str, timing, params: dict) -> str:
 
     configure_tracking()
     with start_run("benchmark-intervene", run_name=f"{protocol_name} grid timing",
-                   tags={"benchmark": "intervene", "protocol_name": protocol_name}) as run:
+                   tags={"benchmark": "intervene", PROTOCOL_NAME: protocol_name}) as run:
         mlflow.log_params({**params, "threads": timing.threads})
         mlflow.log_metrics({"total_seconds": timing.total, "cell_seconds_median": statistics.median(timing.cell_seconds),
                             "cell_seconds_min": min(timing.cell_seconds), "cell_seconds_max": max(timing.cell_seconds),

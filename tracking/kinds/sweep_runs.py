@@ -22,6 +22,7 @@ from mlflow.tracking import MlflowClient
 from tracking.record import create_once
 from tracking.record.lease import (HEARTBEATS, RELEASED_TAG, TOKEN_TAG, execution_states, execution_tag, execution_value,
                                    lease_state, lease_tags, new_token, reap_expired)
+from tracking.record.schema import PARENT_RUN_ID, RUN_NAME, SWEEP, SWEEP_PARENT, TRUE, USER, all_of, tag_is
 from tracking.record.sink import SYNC_SERVER_RUN, RunSink
 from tracking.store import ui_links
 from tracking.store.offline_store import ensure_experiment, fallback_exists, fallback_uri
@@ -55,7 +56,7 @@ def start_sweep_parent(experiment: str, name: str, tags: dict, params: dict, key
     protocol see a live sweep, and mark its parent KILLED only once every execution is gone.
     """
     own, uri = new_token(), configure_tracking()
-    tags = {"mlflow.runName": name, "mlflow.user": run_user(), "sweep": name, "sweep_parent": "true", SWEEP_KEY: key,
+    tags = {RUN_NAME: name, USER: run_user(), SWEEP: name, SWEEP_PARENT: TRUE, SWEEP_KEY: key,
             **git_state(), **tags}
     with store_lock(uri):  # two executions starting together on a local store take turns
         client = MlflowClient(uri)
@@ -73,7 +74,7 @@ def start_sweep_parent(experiment: str, name: str, tags: dict, params: dict, key
 
 def _parents(client: MlflowClient, exp_id: str, key: str) -> list[Run]:
     return create_once.ordered(client.search_runs(
-        [exp_id], f"tags.{SWEEP_KEY} = '{key}' and tags.sweep_parent = 'true'", max_results=100))
+        [exp_id], all_of(tag_is(SWEEP_KEY, key), tag_is(SWEEP_PARENT, TRUE)), max_results=100))
 
 
 def _find_or_create(client: MlflowClient, exp_id: str, experiment: str, tags: dict, own: str,
@@ -98,7 +99,7 @@ def _find_or_create(client: MlflowClient, exp_id: str, experiment: str, tags: di
             with contextlib.suppress(Exception):
                 client.delete_tag(run.info.run_id, key)
     token = run.data.tags[TOKEN_TAG] if shared else token
-    sink.set_tags({**{k: v for k, v in tags.items() if k != "mlflow.runName"}, **({} if shared else lease_tags(token)),
+    sink.set_tags({**{k: v for k, v in tags.items() if k != RUN_NAME}, **({} if shared else lease_tags(token)),
                    execution_tag(own): execution_value(), RELEASED_TAG: ""})
     if not shared and not sink.offline:  # another execution may reopen it at this moment with its own token
         token = create_once.shared_token(client, run.info.run_id, token)
@@ -118,7 +119,7 @@ def best_under(parent: SweepParent, completed: list[tuple[int, float, dict, str 
         client = MlflowClient(sink.uri)
         exp_id = client.get_run(sink.run_id).info.experiment_id
         mine = {r.info.run_id for r in client.search_runs(
-            [exp_id], f"tags.mlflow.parentRunId = '{sink.run_id}'", max_results=50000)}
+            [exp_id], tag_is(PARENT_RUN_ID, sink.run_id), max_results=50000)}
     except Exception:  # noqa: BLE001 - the server is away: its trials are in the local store
         mine, reached = set(), False
     if (sink.offline or not reached) and fallback_exists():
@@ -128,7 +129,7 @@ def best_under(parent: SweepParent, completed: list[tuple[int, float, dict, str 
             local = MlflowClient(fallback_uri())
             exp_id = ensure_experiment(local, sink.experiment)
             for parent_id in {sink.run_id, sink.local_run_id}:  # MLflow's filter has no OR
-                for run in local.search_runs([exp_id], f"tags.mlflow.parentRunId = '{parent_id}'"):
+                for run in local.search_runs([exp_id], tag_is(PARENT_RUN_ID, parent_id)):
                     mine |= {run.info.run_id, run.data.tags.get(SYNC_SERVER_RUN)} - {None}
     ours = [c for c in completed if c[3] in mine]
     if not ours:

@@ -21,8 +21,11 @@ from pathlib import Path
 import mlflow
 from mlflow.tracking import MlflowClient
 
-from tracking.kinds.training_runs import EPOCH_METRICS, KeyedRun, MlflowTrainingObserver, open_keyed_run
+from tracking.kinds.training_runs import EPOCH_METRICS, MlflowTrainingObserver
+from tracking.record.cell_runs import KeyedRun, open_keyed_run
 from tracking.record.queries import download_artifact, search_runs
+from tracking.record.schema import (ARM, FINISHED, PROTOCOL_HASH, RUN_NAME, SEED, SOURCE_IDENTITY, TRANSFER, cell_filter,
+                                    parent_filter)
 from tracking.record.sink import RunSink
 from tracking.store import health
 from workbench.train.evaluate import read_predictions
@@ -109,9 +112,7 @@ def find_finished_cell(protocol_name: str, protocol_hash: str, arm: str, seed: i
     client = MlflowClient()
     exp = client.get_experiment_by_name(protocol_name)
     runs = [] if exp is None else client.search_runs(
-        [exp.experiment_id],
-        filter_string=(f"tags.protocol_hash = '{protocol_hash}' and tags.arm = '{arm}' and tags.seed = '{seed}' "
-                       "and tags.cell = 'true' and attributes.status = 'FINISHED'"),
+        [exp.experiment_id], filter_string=cell_filter(protocol_hash, arm=arm, seed=seed, status=FINISHED),
         order_by=["attributes.start_time DESC"], max_results=1)
     if not runs:
         raise SourceError(f"protocol:{protocol_name}/{arm}/seed{seed}: no finished cell of hash {protocol_hash[:12]} "
@@ -129,7 +130,7 @@ def open_cell_run(experiment: str, run_key: str, run_name: str, parent_run_id: s
     A FINISHED run comes without a sink (nothing to log); any other comes with one, whose
     journal holds the run's tags (``phase``) and params.
     """
-    return open_keyed_run(experiment, run_key, {"mlflow.runName": run_name, **tags}, parent_run_id)
+    return open_keyed_run(experiment, run_key, {RUN_NAME: run_name, **tags}, parent_run_id)
 
 
 def _log_json(sink: RunSink, obj, name: str, artifact_path: str | None = None) -> None:
@@ -189,9 +190,7 @@ def log_test(sink: RunSink, result: TestResult, n_resamples: int, confidence: fl
 
 
 def _newest_parent(client: MlflowClient, experiment_id: str, protocol_hash: str | None):
-    where = "tags.transfer = 'true' and tags.parent = 'true'"
-    if protocol_hash:
-        where += f" and tags.protocol_hash = '{protocol_hash}'"
+    where = parent_filter(protocol_hash=protocol_hash, kind=TRANSFER)
     parents = client.search_runs([experiment_id], filter_string=where, order_by=["attributes.start_time DESC"],
                                  max_results=1)
     if not parents:
@@ -222,15 +221,15 @@ def transfer_section(
     if exp is None:
         raise LookupError(f"no experiment {protocol_name!r} in {mlflow.get_tracking_uri()}")
     parent = _newest_parent(client, exp.experiment_id, protocol_hash)
-    protocol_hash = protocol_hash or parent.data.tags["protocol_hash"]
-    source_identity = source_identity or parent.data.tags["source_identity"]
+    protocol_hash = protocol_hash or parent.data.tags[PROTOCOL_HASH]
+    source_identity = source_identity or parent.data.tags[SOURCE_IDENTITY]
     p = parent.data.params
-    runs = search_runs(exp.experiment_id, f"tags.protocol_hash = '{protocol_hash}' and tags.cell = 'true' and "
-                                          f"tags.source_identity = '{source_identity}' and attributes.status = 'FINISHED'")
+    runs = search_runs(exp.experiment_id, cell_filter(protocol_hash, status=FINISHED,
+                                                      **{SOURCE_IDENTITY: source_identity}))
     runs.sort(key=lambda r: r.info.start_time or 0, reverse=True)
     newest = {}
     for run in runs:  # newest first: keep the first of each (regime, seed)
-        newest.setdefault((run.data.tags["arm"], int(run.data.tags["seed"])), run)
+        newest.setdefault((run.data.tags[ARM], int(run.data.tags[SEED])), run)
     if not newest:
         raise LookupError(f"{protocol_name}@{protocol_hash[:12]}: no finished cells for source {source_identity}")
     with tempfile.TemporaryDirectory() as tmp:

@@ -38,12 +38,12 @@ from typing import Callable
 from mlflow.entities import Run, RunTag
 from mlflow.tracking import MlflowClient
 
-from tracking.record.lease import HOST_TAG, PID_TAG, REASON_TAG, SUPERSEDED_TAG, TOKEN_TAG, LeaseLost
+from tracking.record.lease import LeaseLost
+from tracking.record.schema import HOST_TAG, LEASE_PREFIX, PID_TAG, REASON_TAG, SUPERSEDED_TAG, TOKEN_TAG
 from tracking.store.store_lock import sqlite_path
 
 SETTLE_ENV = "WORKBENCH_CLAIM_SETTLE_SECONDS"
 DEFAULT_SETTLE_SECONDS = 2.0  # a create over HTTP takes well under a second, also on a loaded machine
-LEASE_PREFIX = "lease."
 
 
 class ClaimLost(LeaseLost):

@@ -28,7 +28,10 @@ from pathlib import Path
 from mlflow.entities import Metric, Run
 from mlflow.tracking import MlflowClient
 
-from tracking.record.lease import EXEC_PREFIX, HEARTBEAT_TAG, HOST, SUPERSEDED_TAG, execution_states, pid_alive
+from tracking.record.lease import execution_states
+from tracking.record.lease_rule import HOST, pid_alive
+from tracking.record.schema import (CELL, EXEC_PREFIX, HEARTBEAT_TAG, PARENT, PARENT_RUN_ID, RUN_KEY, SUPERSEDED_TAG, TRUE, all_of,
+                                    tag_is)
 from tracking.record.sink import RunSink, log_batch
 from tracking.store.offline_store import fallback_uri
 from tracking.store.redact import redact_argv
@@ -134,7 +137,7 @@ def _last_beat(run: Run) -> float | None:
 
 
 def children(client: MlflowClient, parent_run_id: str, experiment_id: str) -> list[Run]:
-    return client.search_runs([experiment_id], f"tags.mlflow.parentRunId = '{parent_run_id}' and tags.cell = 'true'",
+    return client.search_runs([experiment_id], all_of(tag_is(PARENT_RUN_ID, parent_run_id), tag_is(CELL, TRUE)),
                               max_results=50000)
 
 
@@ -147,7 +150,7 @@ def counts_of(runs: list[Run], expected: int) -> dict[str, int]:
     """
     by_cell: dict[str, list[Run]] = {}
     for run in runs:
-        by_cell.setdefault(run.data.tags.get("run_key") or run.info.run_id, []).append(run)
+        by_cell.setdefault(run.data.tags.get(RUN_KEY) or run.info.run_id, []).append(run)
     counts = dict.fromkeys(COUNT_KEYS, 0)
     counts["superseded"] = sum(SUPERSEDED_TAG in run.data.tags for run in runs)
     for cell in by_cell.values():
@@ -211,7 +214,7 @@ def recount_parent(client: MlflowClient, run_id: str, log=print) -> dict[str, in
     cells logged there. A parent still RUNNING (held) or KILLED (interrupted) keeps its status.
     """
     run = client.get_run(run_id)
-    counts = recount(client, run) if run.data.tags.get("parent") == "true" else None
+    counts = recount(client, run) if run.data.tags.get(PARENT) == TRUE else None
     if counts is None:
         return None
     before = {k: run.data.metrics.get(f"cells_{k}") for k in COUNT_KEYS}

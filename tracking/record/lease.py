@@ -18,26 +18,25 @@ from __future__ import annotations
 
 import contextlib
 import os
-import socket
 import threading
 import time
-import uuid
-from dataclasses import dataclass
 
 from mlflow.entities import Run, RunTag
 from mlflow.tracking import MlflowClient
 
+from tracking.record.lease_rule import HOST, Lease, LeaseState, new_token, pid_alive
+from tracking.record.schema import (CONTINUES_TAG, EXEC_PREFIX, HEARTBEAT_TAG, HOST_TAG, PID_TAG, REASON_TAG,
+                                    RELEASED_TAG, RUN_NAME, RUNNING, SUPERSEDED_TAG, TOKEN_TAG, status_is)
 from tracking.store.health import known_down
 from tracking.store.uris import is_remote
 
-HOST_TAG, PID_TAG, TOKEN_TAG, HEARTBEAT_TAG = "lease.host", "lease.pid", "lease.token", "lease.heartbeat"
-REASON_TAG = "killed_reason"
-# A run several executions share (a study's parent): each renews a tag of its own,
-# "lease.exec.<token>" = "<host> <pid> <heartbeat time>", and the run is alive while any is.
-EXEC_PREFIX = "lease.exec."
-# Set to the holder's token when the holder ended the run itself (it will not write again).
-RELEASED_TAG = "lease.released"
-SUPERSEDED_TAG, CONTINUES_TAG = "superseded_by", "continues_run"
+# The names the study runtime uses, the tag names among them (they live in tracking.record.schema).
+__all__ = ["CONTINUES_TAG", "EXEC_PREFIX", "HEARTBEATS", "HEARTBEAT_TAG", "HOST", "HOST_TAG", "Heartbeats",
+           "LeaseLost", "LeaseState", "PID_TAG", "REASON_TAG", "RELEASED_TAG", "SUPERSEDED_TAG", "TOKEN_TAG",
+           "dead_executions", "execution_states", "execution_tag", "execution_value", "heartbeat_seconds",
+           "is_mine", "last_sign_of_life", "lease_seconds", "lease_state", "lease_tags", "new_token", "pid_alive",
+           "possible_writer", "reap_expired"]
+
 LEASE_ENV, HEARTBEAT_ENV = "WORKBENCH_LEASE_SECONDS", "WORKBENCH_HEARTBEAT_SECONDS"
 DEFAULT_LEASE_SECONDS = 120.0
 RELEASE_WAIT_SECONDS = 15.0  # a beat on a reachable store takes well under a second
@@ -52,34 +51,9 @@ def heartbeat_seconds() -> float:
     return float(os.environ.get(HEARTBEAT_ENV) or max(0.5, lease_seconds() / 4))
 
 
-HOST = socket.gethostname()
-
-
-def new_token() -> str:
-    return uuid.uuid4().hex[:16]
-
-
 def lease_tags(token: str) -> dict[str, str]:
-    return {HOST_TAG: HOST, PID_TAG: str(os.getpid()), TOKEN_TAG: token, HEARTBEAT_TAG: f"{time.time():.3f}"}
-
-
-def pid_alive(pid: int) -> bool:
-    """Whether a process with this pid exists on this host (one owned by another user counts)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # someone else's process: it exists
-        return True
-    return True
-
-
-@dataclass(frozen=True)
-class LeaseState:
-    alive: bool
-    why: str  # "running on host/pid (heartbeat 3 s ago)" or why it is dead
-    host: str = ""
-    pid: int = 0
+    """The ``lease.*`` tags of a run this process holds from now on, under ``token``."""
+    return Lease.mine(token).as_tags()
 
 
 def execution_tag(token: str) -> str:
@@ -91,13 +65,7 @@ def execution_value(now: float | None = None) -> str:
 
 
 def _judge(host: str, pid: int, heartbeat: float, now: float) -> LeaseState:
-    age = now - heartbeat
-    if host == HOST and not pid_alive(pid):
-        return LeaseState(False, f"process {pid} on {host} is gone (last heartbeat {age:.0f} s ago)", host, pid)
-    if age > lease_seconds():
-        return LeaseState(False, f"lease of {host}/{pid} expired: last heartbeat {age:.0f} s ago "
-                                 f"(lease {lease_seconds():.0f} s)", host, pid)
-    return LeaseState(True, f"running on {host}/{pid} (heartbeat {age:.0f} s ago)", host, pid)
+    return Lease(host, pid, "", heartbeat).state(lease_seconds(), now)
 
 
 def _executions(tags: dict) -> dict[str, tuple[str, int, float]]:
@@ -139,11 +107,12 @@ def lease_state(run: Run, now: float | None = None) -> LeaseState:
             return LeaseState(True, alive[0].why + more, alive[0].host, alive[0].pid)
         return states[0] if len(states) == 1 else LeaseState(
             False, f"all {len(states)} executions are gone; the last: {states[0].why}", states[0].host, states[0].pid)
-    if HEARTBEAT_TAG not in tags:
+    lease = Lease.from_tags(tags)
+    if lease is None:
         # A run from before leases existed: judge by its age alone.
         age = now - (run.info.start_time or 0) / 1000
         return LeaseState(age < lease_seconds(), f"no lease; started {age:.0f} s ago")
-    return _judge(tags.get(HOST_TAG, "?"), int(tags.get(PID_TAG, "0") or 0), float(tags[HEARTBEAT_TAG]), now)
+    return lease.state(lease_seconds(), now)
 
 
 def is_mine(run: Run) -> bool:
@@ -160,14 +129,12 @@ def possible_writer(run: Run) -> str | None:
     check, and nothing in MLflow can refuse that write.
     """
     tags = run.data.tags
-    if HEARTBEAT_TAG not in tags or is_mine(run):
+    lease = Lease.from_tags(tags)
+    if lease is None:
         return None
     if tags.get(RELEASED_TAG) and tags.get(RELEASED_TAG) == tags.get(TOKEN_TAG):
         return None
-    host, pid = tags.get(HOST_TAG, "?"), int(tags.get(PID_TAG, "0") or 0)
-    if host == HOST:
-        return f"process {pid} on this host is still alive" if pid_alive(pid) else None
-    return f"process {pid} on {host} cannot be seen from here"
+    return lease.possible_writer()
 
 
 def last_sign_of_life(run: Run) -> int | None:
@@ -189,7 +156,7 @@ def reap_expired(client: MlflowClient, experiment_id: str, filter_string: str = 
 
     Returns ``[(run_id, reason)]``. Runs of this process are never touched.
     """
-    where = "attributes.status = 'RUNNING'" + (f" and {filter_string}" if filter_string else "")
+    where = status_is(RUNNING) + (f" and {filter_string}" if filter_string else "")
     reaped = []
     for run in client.search_runs([experiment_id], filter_string=where, max_results=5000):
         if is_mine(run) or lease_state(run).alive:
@@ -212,7 +179,7 @@ def reap_expired(client: MlflowClient, experiment_id: str, filter_string: str = 
             raise
         reaped.append((run.info.run_id, state.why))
         if log:
-            log(f"marked run {run.info.run_id} ({run.data.tags.get('mlflow.runName', '?')}) KILLED: {state.why}")
+            log(f"marked run {run.info.run_id} ({run.data.tags.get(RUN_NAME, '?')}) KILLED: {state.why}")
     return reaped
 
 
@@ -318,12 +285,12 @@ class Heartbeats:
         client = MlflowClient(uri)
         try:
             tags = client.get_run(run_id).data.tags
-            if tags.get(TOKEN_TAG, token) != token:
+            taken = Lease(HOST, os.getpid(), token, 0.0).taken_over(Lease.from_tags(tags))
+            if taken:
                 if tags.get(SUPERSEDED_TAG):
                     why = f"run {run_id} was taken over and the cell continues in run {tags[SUPERSEDED_TAG]}"
                 else:
-                    why = (f"run {run_id} was taken over by {tags.get(HOST_TAG, '?')}/{tags.get(PID_TAG, '?')} "
-                           f"(lease token {tags.get(TOKEN_TAG)} is not ours, {token})")
+                    why = f"run {run_id} was {taken}"
                 with self._lock:
                     self._lost[run_id] = why
                     self._held.pop(run_id, None)

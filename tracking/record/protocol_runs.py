@@ -21,6 +21,9 @@ from tracking.record.executions import (EXPECTED_TAG, children, close_dead_recor
                                         iso, new_record, study_status, write_record)
 from tracking.record.lease import (HEARTBEATS, TOKEN_TAG, execution_states, execution_tag, execution_value, lease_state,
                                   lease_tags, new_token, reap_expired)
+from tracking.record.schema import (ALLOW_DIRTY, FINISHED, PARENT, PROTOCOL_HASH, PROTOCOL_NAME, RUN_NAME,
+                                    STARTED_TAG, STUDY_KEY, TRUE, USER, all_of, cell_filter, flag, parent_filter,
+                                    tag_is)
 from tracking.record.sink import SYNC_SYNCED, RunSink
 from tracking.store import ui_links
 from tracking.store.health import TrackingAuthError, is_permission_denied, is_unreachable
@@ -31,7 +34,6 @@ from tracking.store.store_lock import store_lock
 from tracking.store.uris import is_remote, redact_uri, tracking_uri
 from workbench.train.fingerprint import current_code_fingerprint
 
-PROTOCOL_TAGS = ("protocol_name", "protocol_hash", "arm", "seed")
 
 
 class ProtocolRecordError(RuntimeError):
@@ -61,13 +63,12 @@ def _experiments_holding(client: MlflowClient, protocol_name: str) -> dict[str, 
     """``{experiment id: name}`` of the active experiments holding a parent run of this protocol."""
     named = client.get_experiment_by_name(protocol_name)
     if named is not None and named.lifecycle_stage == "active" and client.search_runs(
-            [named.experiment_id], f"tags.protocol_name = '{protocol_name}'", max_results=1):
+            [named.experiment_id], tag_is(PROTOCOL_NAME, protocol_name), max_results=1):
         return {named.experiment_id: named.name}  # the usual case, one query; a renamed copy cannot be told apart
     experiments = {e.experiment_id: e.name for e in client.search_experiments(max_results=50000)}
     ids, found = list(experiments), {}
     for i in range(0, len(ids), 100):  # search_runs takes at most 100 experiments at once
-        for run in client.search_runs(ids[i:i + 100], f"tags.protocol_name = '{protocol_name}' and tags.parent = 'true'",
-                                      max_results=1000):
+        for run in client.search_runs(ids[i:i + 100], parent_filter(protocol_name), max_results=1000):
             found[run.info.experiment_id] = experiments[run.info.experiment_id]
     return found
 
@@ -75,28 +76,27 @@ def _experiments_holding(client: MlflowClient, protocol_name: str) -> dict[str, 
 def recorded_hashes(protocol_name: str) -> set[str]:
     """Every protocol hash this protocol name has been run with."""
     runs = MlflowClient().search_runs(
-        [experiment_id_for(protocol_name)], filter_string=f"tags.protocol_name = '{protocol_name}'", max_results=5000
+        [experiment_id_for(protocol_name)], filter_string=tag_is(PROTOCOL_NAME, protocol_name), max_results=5000
     )
-    return {r.data.tags.get("protocol_hash", "") for r in runs} - {""}
+    return {r.data.tags.get(PROTOCOL_HASH, "") for r in runs} - {""}
 
 
-# Set on a cell run when its work begins (model built, data checked, first step next). A
-# protocol name is frozen by its first cell that started: not by a parent, or cells, that
-# failed before any training (a misfit found late, a crash while opening).
-STARTED_TAG = "work_started"
+# STARTED_TAG is set on a cell run when its work begins (model built, data checked, first
+# step next). A protocol name is frozen by its first cell that started: not by a parent, or
+# cells, that failed before any training (a misfit found late, a crash while opening).
 
 
 def cell_started(run: Run) -> bool:
     """Whether a cell run started its work: finished, tagged ``STARTED_TAG``, or (older records) logged a metric."""
-    return run.info.status == "FINISHED" or run.data.tags.get(STARTED_TAG) == "true" or bool(run.data.metrics)
+    return run.info.status == FINISHED or run.data.tags.get(STARTED_TAG) == TRUE or bool(run.data.metrics)
 
 
 def frozen_hashes(protocol_name: str) -> set[str]:
     """The hashes that froze this protocol name: those with a cell that started training (``cell_started``)."""
     runs = MlflowClient().search_runs(
         [experiment_id_for(protocol_name)],
-        filter_string=f"tags.protocol_name = '{protocol_name}' and tags.cell = 'true'", max_results=50000)
-    return {r.data.tags.get("protocol_hash", "") for r in runs if cell_started(r)} - {""}
+        filter_string=cell_filter(protocol_name=protocol_name), max_results=50000)
+    return {r.data.tags.get(PROTOCOL_HASH, "") for r in runs if cell_started(r)} - {""}
 
 
 def cell_runs(protocol_name: str, protocol_hash: str, *, reader: bool = False) -> list[Run]:
@@ -111,7 +111,7 @@ def cell_runs(protocol_name: str, protocol_hash: str, *, reader: bool = False) -
         return []
     return client.search_runs(
         ids,
-        filter_string=f"tags.protocol_hash = '{protocol_hash}' and tags.cell = 'true'",
+        filter_string=cell_filter(protocol_hash),
         max_results=50000,
     )
 
@@ -148,7 +148,7 @@ def reap_dead_runs(protocol_name: str, protocol_hash: str | None = None, log=Non
     exp = client.get_experiment_by_name(protocol_name)
     if exp is None:
         return []
-    where = f"tags.protocol_hash = '{protocol_hash}'" if protocol_hash else f"tags.protocol_name = '{protocol_name}'"
+    where = tag_is(PROTOCOL_HASH, protocol_hash) if protocol_hash else tag_is(PROTOCOL_NAME, protocol_name)
     return reap_expired(client, exp.experiment_id, where, log=log)
 
 
@@ -182,10 +182,10 @@ def open_study_parent(protocol, protocol_file: Path, allow_dirty: bool, extra_ta
     exp_id = experiment_id_for(protocol.name)
     client, key = MlflowClient(), study_key(protocol)
     tags = {
-        "mlflow.runName": f"{protocol.name}@{protocol.short_hash}",
-        "protocol_name": protocol.name, "protocol_hash": protocol.hash, "study_key": key,
+        RUN_NAME: f"{protocol.name}@{protocol.short_hash}",
+        PROTOCOL_NAME: protocol.name, PROTOCOL_HASH: protocol.hash, STUDY_KEY: key,
         "code_fingerprint": current_code_fingerprint(), "protocol_file": str(protocol_file),
-        "allow_dirty": str(allow_dirty).lower(), "parent": "true", "mlflow.user": run_user(),
+        ALLOW_DIRTY: flag(allow_dirty), PARENT: TRUE, USER: run_user(),
         EXPECTED_TAG: str(_cell_count(protocol)),
         "mlflow.note.content": parent_note(protocol, f"`workbench report --protocol {protocol.name}` logs it to "
                                                      "this run's artifacts (report/report.html)"),
@@ -197,7 +197,7 @@ def open_study_parent(protocol, protocol_file: Path, allow_dirty: bool, extra_ta
     own, started_ms = new_token(), int(time.time() * 1000)  # this execution's own lease token
     with store_lock(configure_tracking()):
         try:
-            reap_expired(client, exp_id, f"tags.protocol_hash = '{protocol.hash}'", log=log)
+            reap_expired(client, exp_id, tag_is(PROTOCOL_HASH, protocol.hash), log=log)
             sink, token, previous_end = _find_or_create_parent(client, exp_id, protocol, tags, own, log)
         except MlflowException as err:
             if is_permission_denied(err):
@@ -236,7 +236,7 @@ def _no_edit_grant(client: MlflowClient, exp_id: str) -> TrackingAuthError:
 def _find_or_create_parent(client: MlflowClient, exp_id: str, protocol, tags: dict, own: str,
                            log) -> tuple[RunSink, str, int | None]:
     """(the parent's sink, the lease token this execution renews, the parent's earlier end time)."""
-    key, uri, token = tags["study_key"], configure_tracking(), new_token()
+    key, uri, token = tags[STUDY_KEY], configure_tracking(), new_token()
     found = _parents(client, exp_id, key)
     offline_parent = _unsynced_fallback_parent(protocol.name, key) if uri != fallback_uri() else None
     if offline_parent is not None:
@@ -272,7 +272,7 @@ def _find_or_create_parent(client: MlflowClient, exp_id: str, protocol, tags: di
     # The last report's results stay at the top of its description (tracking/record/report_summary.py).
     note = {"mlflow.note.content": report_summary.kept_results(run.data.tags.get("mlflow.note.content", ""),
                                                                 tags["mlflow.note.content"])}
-    sink.set_tags({**{k: v for k, v in tags.items() if k not in ("mlflow.runName", "mlflow.user")}, **note,
+    sink.set_tags({**{k: v for k, v in tags.items() if k not in (RUN_NAME, USER)}, **note,
                    **({} if shared else lease_tags(token)), execution_tag(own): execution_value()})
     if not shared and not sink.offline:  # another execution may reopen it at this moment with its own token
         token = create_once.shared_token(client, run.info.run_id, token)
@@ -316,7 +316,7 @@ def _unsynced_fallback_parent(experiment: str, key: str) -> Run | None:
 
 def _parents(client: MlflowClient, exp_id: str, key: str) -> list[Run]:
     return create_once.ordered(client.search_runs(
-        [exp_id], filter_string=f"tags.study_key = '{key}' and tags.parent = 'true'", max_results=100))
+        [exp_id], filter_string=all_of(tag_is(STUDY_KEY, key), tag_is(PARENT, TRUE)), max_results=100))
 
 
 def _log_protocol_files(sink: RunSink, protocol, protocol_file: Path) -> None:

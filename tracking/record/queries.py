@@ -20,6 +20,8 @@ import mlflow
 from mlflow.entities import Run
 from mlflow.tracking import MlflowClient
 
+from tracking.record.schema import (ARM, ATTRIBUTION, INTERVENTION, PARENT_RUN_ID, PROTOCOL_HASH, PROTOCOL_NAME, SEED,
+                                    TRANSFER, TRUE, cell_filter, parent_filter)
 from tracking.store import ui_links
 from tracking.store.session import configure_tracking
 from workbench.report_content.portable import portable_text
@@ -112,7 +114,7 @@ class ProtocolEntry:
 def protocol_kind(parent: Run) -> str:
     """What a study parent ran, from its tags."""
     tags = parent.data.tags
-    return next((kind for kind in ("transfer", "intervention", "attribution") if tags.get(kind) == "true"), "ablation")
+    return next((kind for kind in (TRANSFER, INTERVENTION, ATTRIBUTION) if tags.get(kind) == TRUE), "ablation")
 
 
 def protocol_entries() -> list[ProtocolEntry]:
@@ -120,20 +122,20 @@ def protocol_entries() -> list[ProtocolEntry]:
     configure_tracking(allow_offline=False)
     out = []
     for exp in sorted(MlflowClient().search_experiments(), key=lambda e: e.name):
-        parents = sorted(search_runs(exp.experiment_id, "tags.parent = 'true'"),
+        parents = sorted(search_runs(exp.experiment_id, parent_filter()),
                          key=lambda r: (-(r.info.start_time or 0), r.info.run_id))
-        named = [r for r in parents if r.data.tags.get("protocol_name") == exp.name]
+        named = [r for r in parents if r.data.tags.get(PROTOCOL_NAME) == exp.name]
         if not named:
             continue
         newest = named[0]
-        digest = newest.data.tags.get("protocol_hash", "")
+        digest = newest.data.tags.get(PROTOCOL_HASH, "")
         cells: dict[str, int] = {}
-        for run in search_runs(exp.experiment_id, f"tags.protocol_hash = '{digest}' and tags.cell = 'true'"):
+        for run in search_runs(exp.experiment_id, cell_filter(digest)):
             cells[run.info.status] = cells.get(run.info.status, 0) + 1
         out.append(ProtocolEntry(exp.name, digest, newest.info.run_id, newest.info.status,
                                  int(newest.info.start_time or 0),
                                  protocol_kind(newest),
-                                 dict(sorted(cells.items())), len({r.data.tags.get("protocol_hash") for r in named})))
+                                 dict(sorted(cells.items())), len({r.data.tags.get(PROTOCOL_HASH) for r in named})))
     return out
 
 
@@ -161,8 +163,8 @@ def search_runs(experiment_id: str, filter_string: str) -> list[Run]:
 def hash_counts(protocol_name: str) -> dict[str, int]:
     """Protocol hash -> number of cell runs (any status) recorded under this protocol name."""
     counts: dict[str, int] = {}
-    for run in search_runs(_experiment_id(protocol_name), f"tags.protocol_name = '{protocol_name}' and tags.cell = 'true'"):
-        h = run.data.tags.get("protocol_hash", "")
+    for run in search_runs(_experiment_id(protocol_name), cell_filter(protocol_name=protocol_name)):
+        h = run.data.tags.get(PROTOCOL_HASH, "")
         if h:
             counts[h] = counts.get(h, 0) + 1
     for parent in parent_runs(protocol_name):  # a hash whose execution made no cell yet still counts
@@ -171,7 +173,7 @@ def hash_counts(protocol_name: str) -> dict[str, int]:
 
 
 def _seed(run: Run) -> int:
-    raw = run.data.tags.get("seed", "")
+    raw = run.data.tags.get(SEED, "")
     try:
         return int(raw)
     except ValueError as err:
@@ -180,13 +182,13 @@ def _seed(run: Run) -> int:
 
 def cell_records(protocol_name: str, protocol_hash: str) -> list[CellRecord]:
     """Every cell run of this protocol hash, any status, sorted by (arm, seed, run id)."""
-    runs = search_runs(_experiment_id(protocol_name), f"tags.protocol_hash = '{protocol_hash}' and tags.cell = 'true'")
+    runs = search_runs(_experiment_id(protocol_name), cell_filter(protocol_hash))
     records = [
         CellRecord(
-            run_id=r.info.run_id, arm=r.data.tags.get("arm", ""), seed=_seed(r), status=r.info.status,
+            run_id=r.info.run_id, arm=r.data.tags.get(ARM, ""), seed=_seed(r), status=r.info.status,
             commit=r.data.tags.get("git_commit", "unknown"), dirty=r.data.tags.get("git_dirty", "unknown"),
             start_time=int(r.info.start_time or 0), end_time=int(r.info.end_time or 0),
-            parent_run_id=r.data.tags.get("mlflow.parentRunId", ""),
+            parent_run_id=r.data.tags.get(PARENT_RUN_ID, ""),
             params=dict(r.data.params), metrics=dict(r.data.metrics), tags=dict(r.data.tags),
             experiment_id=r.info.experiment_id,
         )
@@ -197,11 +199,9 @@ def cell_records(protocol_name: str, protocol_hash: str) -> list[CellRecord]:
 
 def parent_runs(protocol_name: str, protocol_hash: str | None = None) -> list[ParentRecord]:
     """Parent runs (protocol executions), newest first; only ``protocol_hash``'s when given."""
-    where = f"tags.protocol_name = '{protocol_name}' and tags.parent = 'true'"
-    if protocol_hash:
-        where += f" and tags.protocol_hash = '{protocol_hash}'"
+    where = parent_filter(protocol_name, protocol_hash)
     parents = [
-        ParentRecord(r.info.run_id, r.data.tags.get("protocol_hash", ""), r.info.status, int(r.info.start_time or 0),
+        ParentRecord(r.info.run_id, r.data.tags.get(PROTOCOL_HASH, ""), r.info.status, int(r.info.start_time or 0),
                      r.data.tags.get("git_commit", "unknown"))
         for r in search_runs(_experiment_id(protocol_name), where)
     ]

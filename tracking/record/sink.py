@@ -26,6 +26,7 @@ import mlflow
 from mlflow.entities import DatasetInput, Metric, Param, Run, RunTag
 from mlflow.tracking import MlflowClient
 
+from tracking.record.schema import PARENT_RUN_ID
 from tracking.store import health, offline_store, uris
 from tracking.store.redact import redact_record, redact_text
 
@@ -123,7 +124,7 @@ class RunSink:
         uri = uri or store_for(parent_run_id)
         tags = {k: redact_text(v) for k, v in tags.items()}
         if parent_run_id:
-            tags["mlflow.parentRunId"] = parent_run_id
+            tags[PARENT_RUN_ID] = parent_run_id
         if uri != offline_store.fallback_uri():
             try:
                 client = MlflowClient(uri)
