@@ -23,8 +23,8 @@ from studies.cli import main
 from studies.runtime.options import StudyOptions, study_options
 from studies.runtime.outcome import CellOutcome, Status, tally, tally_line
 from studies.runtime.study_kind import StudyKind, open_study, run_study
-from tracking.kinds.training_runs import open_keyed_run
-from tracking.record.lease import lease_tags, new_token
+from tracking.record.cell_runs import open_leased_run
+from tracking.record.schema import CELL, PROTOCOL_HASH, PROTOCOL_NAME, RUN_NAME, TRUE
 
 
 def test_an_outcome_with_a_status_outside_the_vocabulary_is_refused():
@@ -117,13 +117,12 @@ class CountingStudy(StudyKind):
         return f"{protocol.name}: {len(protocol.numbers)} numbers"
 
     def run_cell(self, cell: CountCell, parent) -> CellOutcome:
-        token = new_token()
-        tags = {"cell": "true", "protocol_name": self.protocol.name, "protocol_hash": self.protocol.hash,
-                "mlflow.runName": cell.key, **lease_tags(token)}
-        opened = open_keyed_run(self.protocol.name, f"{self.protocol.hash[:8]}-{cell.key}", tags, parent.run_id)
-        untouched = hold_opened(cell, opened, token)
+        tags = {CELL: TRUE, PROTOCOL_NAME: self.protocol.name, PROTOCOL_HASH: self.protocol.hash, RUN_NAME: cell.key}
+        opened = open_leased_run(self.protocol.name, f"{self.protocol.hash[:8]}-{cell.key}", tags, parent.run_id)
+        untouched = hold_opened(cell, opened)
         if untouched is not None:
             return untouched
+        token = opened.token
         try:
             if cell.number < 0:
                 raise ValueError(f"{cell.number} is negative")

@@ -29,6 +29,7 @@ from studies.runtime.study_kind import StudyKind, open_study, run_cells, run_stu
 from studies.runtime.study_protocol import Cell, Protocol, load_protocol
 from tracking.record.protocol_runs import cell_runs
 from tracking.store.store_errors import explain
+from tracking.record.schema import cell_tags
 from workbench.data import DatasetNotFound, PreparedData
 from workbench.train.fingerprint import current_code_fingerprint
 
@@ -83,9 +84,8 @@ def run_cell(protocol: Protocol, cell: Cell, *, data: PreparedData, parent_run_i
 
     ``train_kw`` go to ``train_one`` (a worker's queue fence as ``observer``, ``take_over``, ``log``).
     """
-    tags = {"cell": "true", "protocol_name": protocol.name, "protocol_hash": protocol.hash, "arm": cell.arm,
-            "seed": str(cell.seed), "is_reference": str(cell.is_reference).lower(),
-            "allow_dirty": str(options.allow_dirty).lower()}
+    tags = cell_tags(protocol_name=protocol.name, protocol_hash=protocol.hash, arm=cell.arm, seed=cell.seed,
+                     is_reference=cell.is_reference, allow_dirty=options.allow_dirty)
     try:
         outcome = train_one(
             cell.train_config(device=options.device, data_path=options.data_path), data,

@@ -27,13 +27,12 @@ from tracking.kinds.training_runs import (
     MlflowTrainingObserver,
     log_run_inputs,
     log_training_result,
-    open_keyed_run,
     started_threads,
-    withdraw_candidate,
 )
+from tracking.record.cell_runs import open_leased_run, withdraw_candidate
 from tracking.record.create_once import ClaimLost
-from tracking.record.lease import HEARTBEATS, LeaseLost, lease_tags, new_token
-from tracking.record.protocol_runs import STARTED_TAG
+from tracking.record.lease import HEARTBEATS, LeaseLost
+from tracking.record.schema import RESUMED, RUN_NAME, STARTED_TAG, TRUE, USER, flag
 from tracking.record.sink import RunSink
 from tracking.store.session import configure_tracking, environment_tags, run_user
 from workbench.data import DEFAULT_SIZES, PreparedData, prepare
@@ -92,10 +91,8 @@ def train_one(
     check_writable_folder(output_dir)  # a read-only folder would fail at the first checkpoint, after an epoch
     configure_tracking()
     key = run_key_for(cfg, data, identity)
-    token = new_token()
-    opened = open_keyed_run(experiment, key, {"mlflow.runName": run_name, "mlflow.user": run_user(),
-                                              **(tags or {}), **lease_tags(token)}, parent_run_id,
-                            take_over)
+    opened = open_leased_run(experiment, key, {RUN_NAME: run_name, USER: run_user(), **(tags or {})}, parent_run_id,
+                             take_over=take_over)
     if opened.status == "FINISHED":
         return CellOutcome(None, Status.SKIPPED, f"{run_name}: skipped (finished in run {opened.run_id})",
                            opened.run_id, opened.metrics)
@@ -106,9 +103,7 @@ def train_one(
     if opened.continues:
         log(f"{run_name}: continuing in a new run {sink.run_id}: the holder of run {opened.continues} "
             "may still write to that one")
-    if opened.status is not None:
-        sink.set_tags(lease_tags(token))  # this execution holds the run now; an older holder is fenced off
-    HEARTBEATS.hold(sink.run_id, sink.uri, token)
+    token = opened.token
     run_dir = Path(output_dir) / key
     mlflow_observer = MlflowTrainingObserver(sink, fenced=True, confirm=opened.confirm)
     started = started_threads(sink, opened.continues) if opened.status is not None else None
@@ -131,7 +126,7 @@ def _train(cfg: TrainConfig, data: PreparedData, sink: RunSink, *, token: str, p
         sink.set_tags({**environment_tags(str(trainer.device)), **device_capability(trainer.device),
                        "amp_dtype": str(trainer.amp_dtype or "float32").replace("torch.", ""),
                        "threads": str(threads), "run_dir": str(run_dir.resolve()),
-                       "resumed": str(previous is not None).lower(), STARTED_TAG: "true", **thread_tags})
+                       RESUMED: flag(previous is not None), STARTED_TAG: TRUE, **thread_tags})
         log_run_inputs(sink, cfg, data, {"config_hash": trainer.hash, "threads": threads, **(params or {})})
         result = trainer.fit()
         example = next(iter(trainer.eval_loaders["val"])).images[:2]

@@ -31,10 +31,12 @@ from studies.runtime.study_kind import StudyKind, open_study, run_cells, run_stu
 from studies.runtime.study_protocol import ProtocolError
 from tracking.kinds import attribution_runs, intervention_runs
 from tracking.kinds.transfer_runs import find_finished_cell
-from tracking.record.lease import HEARTBEATS, lease_tags, new_token
+from tracking.record.lease import HEARTBEATS
 from tracking.record.protocol_runs import STARTED_TAG
 from tracking.record.sink import RunSink
 from tracking.store.session import configure_tracking, environment_tags
+from tracking.record.cell_runs import open_leased_run
+from tracking.record.schema import ATTRIBUTION, RUN_NAME, SOURCE_IDENTITY, SOURCE_RUN_ID, TRUE, cell_tags
 from workbench.attribution import AttributionError, score_cell
 from workbench.data import DatasetNotFound, PreparedData, PreparedSplit, prepare
 from workbench.interventions import InterventionError
@@ -155,15 +157,14 @@ def run_cell(ex: Execution, cell: InterventionCell, allow_dirty: bool) -> CellOu
     except SourceError as err:
         return CellOutcome(cell, Status.FAILED, f"{cell.key}: {err}")
     identity = ex.pretrained.identity if ex.pretrained else run_id
-    token = new_token()
-    tags = {"cell": "true", "attribution": "true", "protocol_name": p.name, "protocol_hash": p.hash, "arm": cell.arm,
-            "seed": str(cell.seed), "source_run_id": run_id or "", "source_identity": identity,
-            "allow_dirty": str(allow_dirty).lower(), **lease_tags(token)}
-    opened = attribution_runs.open_cell_run(p.name, cell_key(ex, cell, identity), f"{cell.arm}-seed{cell.seed}",
-                                            ex.parent, tags)
-    untouched = hold_opened(cell, opened, token)
+    tags = cell_tags(protocol_name=p.name, protocol_hash=p.hash, arm=cell.arm, seed=cell.seed, kind=ATTRIBUTION,
+                     allow_dirty=allow_dirty, **{SOURCE_RUN_ID: run_id or "", SOURCE_IDENTITY: identity})
+    opened = open_leased_run(p.name, cell_key(ex, cell, identity),
+                             {RUN_NAME: f"{cell.arm}-seed{cell.seed}", **tags}, ex.parent)
+    untouched = hold_opened(cell, opened)
     if untouched is not None:
         return untouched
+    token = opened.token
     try:
         return _score_cell(ex, cell, opened.sink, token, run_id)
     except BaseException as err:  # a failing cell must not take the others down; Ctrl-C goes up
@@ -231,7 +232,7 @@ class AttributionStudy(StudyKind):
                 f"{ex.data.display_name}, the first {len(ex.images)} {protocol.settings.split} images")
 
     def parent_tags(self) -> dict:
-        return {"attribution": "true", "acts_on": self.acted[:500]}
+        return {ATTRIBUTION: TRUE, "acts_on": self.acted[:500]}
 
     def begin(self, parent) -> None:
         self.ex.parent = parent.run_id

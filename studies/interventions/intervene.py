@@ -29,10 +29,12 @@ from studies.runtime.study_kind import StudyKind, open_study, run_cells, run_stu
 from studies.runtime.study_protocol import ProtocolError
 from tracking.kinds import intervention_runs
 from tracking.kinds.transfer_runs import find_finished_cell
-from tracking.record.lease import HEARTBEATS, lease_tags, new_token
+from tracking.record.lease import HEARTBEATS
 from tracking.record.protocol_runs import STARTED_TAG
 from tracking.record.sink import RunSink
 from tracking.store.session import configure_tracking, environment_tags
+from tracking.record.cell_runs import open_leased_run
+from tracking.record.schema import INTERVENTION, RUN_NAME, SOURCE_IDENTITY, SOURCE_RUN_ID, TRUE, cell_tags
 from workbench.data import DatasetNotFound, PreparedData, PreparedSplit, prepare
 from workbench.interventions import HeadAblation, InterventionError, flatten
 from workbench.interventions.evaluate import Inputs, evaluate, reference_means
@@ -133,12 +135,12 @@ def run_cell(ex: Execution, cell: InterventionCell, allow_dirty: bool) -> CellOu
     except SourceError as err:
         return CellOutcome(cell, Status.FAILED, f"{cell.key}: {err}")
     identity = ex.pretrained.identity if ex.pretrained else run_id
-    token = new_token()
-    tags = {"cell": "true", "intervention": "true", "protocol_name": p.name, "protocol_hash": p.hash, "arm": cell.arm,
-            "seed": str(cell.seed), "source_run_id": run_id or "", "source_identity": identity,
-            "allow_dirty": str(allow_dirty).lower(), **lease_tags(token)}
-    opened = intervention_runs.open_cell_run(p.name, cell_key(ex, cell, identity), f"{cell.arm}-seed{cell.seed}", ex.parent, tags)
-    untouched = hold_opened(cell, opened, token)
+    tags = cell_tags(protocol_name=p.name, protocol_hash=p.hash, arm=cell.arm, seed=cell.seed, kind=INTERVENTION,
+                     allow_dirty=allow_dirty, **{SOURCE_RUN_ID: run_id or "", SOURCE_IDENTITY: identity})
+    opened = open_leased_run(p.name, cell_key(ex, cell, identity),
+                             {RUN_NAME: f"{cell.arm}-seed{cell.seed}", **tags}, ex.parent)
+    untouched = hold_opened(cell, opened)
+    token = opened.token
     if untouched is not None:
         return untouched
     try:
@@ -209,7 +211,7 @@ class InterventionStudy(StudyKind):
                 f"{ex.data.display_name}, {len(ex.split)} {protocol.evaluation.split} images")
 
     def parent_tags(self) -> dict:
-        return {"intervention": "true", "acts_on": self.acted[:500]}
+        return {INTERVENTION: TRUE, "acts_on": self.acted[:500]}
 
     def begin(self, parent) -> None:
         self.ex.parent = parent.run_id

@@ -17,8 +17,8 @@ from tqdm.auto import tqdm
 
 from studies.runtime.outcome import CellOutcome, Status
 from studies.runtime.stop_signals import as_stop, stop_reason
-from tracking.kinds.training_runs import KeyedRun
-from tracking.record.lease import HEARTBEATS, RELEASED_TAG, LeaseLost, lease_tags
+from tracking.record.cell_runs import KeyedRun, end_held_run
+from tracking.record.lease import HEARTBEATS, LeaseLost
 from tracking.record.sink import RunSink
 from tracking.store.store_errors import explain
 
@@ -30,25 +30,21 @@ class StoreUnwritable(click.ClickException):
 REASON_CHARS = 500
 
 
-def hold_opened(cell, opened: KeyedRun, token: str, log=tqdm.write) -> CellOutcome | None:
-    """The outcome of a cell whose run needs nothing from this execution, or None: this execution holds it now.
+def hold_opened(cell, opened: KeyedRun, log=tqdm.write) -> CellOutcome | None:
+    """The outcome of a cell whose run needs nothing from this execution, or None: this execution holds it.
 
-    ``opened`` is the cell's run found or created by its key with lease tags of ``token``: FINISHED
-    (skipped), BUSY (a live execution elsewhere holds it: not touched), or to work on, whose lease
-    this execution takes (an older holder is fenced off) and renews from here on.
+    ``opened`` is the cell's run found or created by its key under this execution's lease
+    (``tracking.record.cell_runs.open_leased_run``): FINISHED (skipped), BUSY (a live execution
+    elsewhere holds it: not touched), or to work on (held from now on; an older holder is fenced off).
     """
     if opened.status == "FINISHED":
         return CellOutcome(cell, Status.SKIPPED, f"{cell.key}: already finished in run {opened.run_id}", opened.run_id)
     if opened.status == "BUSY":
         return CellOutcome(cell, Status.BUSY, f"{cell.key}: not touched ({opened.why}, run {opened.run_id})",
                            opened.run_id)
-    sink = opened.sink
     if opened.continues:
-        log(f"{cell.key}: continuing in a new run {sink.run_id}: the holder of run {opened.continues} "
+        log(f"{cell.key}: continuing in a new run {opened.sink.run_id}: the holder of run {opened.continues} "
             "may still write to that one")
-    if opened.status is not None:
-        sink.set_tags(lease_tags(token))  # this execution holds the run now
-    HEARTBEATS.hold(sink.run_id, sink.uri, token)
     return None
 
 
@@ -66,9 +62,7 @@ def outcome_of_error(cell, sink: RunSink, token: str, err: BaseException) -> Cel
 
 def end_cell(sink: RunSink, token: str, status: str) -> None:
     """End a cell's run as its holder: released first, so the next execution may continue it in place."""
-    HEARTBEATS.release(sink.run_id)
-    sink.set_tags({RELEASED_TAG: token})
-    sink.end(status)
+    end_held_run(sink, token, status)
 
 
 def end_after_error(sink: RunSink, token: str, err: BaseException, show_traceback: bool = True) -> str:

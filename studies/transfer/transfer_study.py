@@ -24,10 +24,12 @@ from studies.runtime.preflight import check_writable_folder, remove_abandoned_ca
 from studies.runtime.study_kind import StudyKind, open_study, run_cells, run_study, said_in_one_line
 from studies.runtime.study_protocol import ProtocolError, load_protocol, load_transfer_protocol
 from tracking.kinds import transfer_runs
-from tracking.record.lease import HEARTBEATS, lease_tags, new_token
+from tracking.record.lease import HEARTBEATS
 from tracking.record.protocol_runs import STARTED_TAG
 from tracking.record.sink import RunSink
 from tracking.store.session import configure_tracking, environment_tags
+from tracking.record.cell_runs import open_leased_run
+from tracking.record.schema import RUN_NAME, SOURCE_IDENTITY, TRANSFER, TRUE, cell_tags
 from workbench.data import DatasetNotFound, PreparedData, SplitSizeError, prepare
 from workbench.precision import device_capability, resolve_amp
 from workbench.protocol.transfer import SourceSpec, TransferCell, TransferData, TransferProtocol
@@ -195,13 +197,13 @@ def cell_key(ex: "Execution", cell: TransferCell) -> str:
 def select_phase(ex: Execution, cell: TransferCell, allow_dirty: bool) -> CellOutcome | OpenCell:
     """Phase 1 for one cell: skip it, reuse its finished selection, or train and select it."""
     p, data = ex.protocol, ex.data
-    key, token = cell_key(ex, cell), new_token()
-    tags = {"cell": "true", "transfer": "true", "protocol_name": p.name, "protocol_hash": p.hash,
-            "arm": cell.regime.name, "seed": str(cell.seed), "regime_kind": cell.regime.kind,
-            "is_reference": str(cell.regime.reference).lower(), "source_identity": ex.identity,
-            "allow_dirty": str(allow_dirty).lower(), **lease_tags(token)}
-    opened = transfer_runs.open_cell_run(p.name, key, f"{cell.regime.name}-seed{cell.seed}", ex.parent, tags)
-    untouched = hold_opened(cell, opened, token)
+    key = cell_key(ex, cell)
+    tags = cell_tags(protocol_name=p.name, protocol_hash=p.hash, arm=cell.regime.name, seed=cell.seed,
+                     is_reference=cell.regime.reference, kind=TRANSFER, allow_dirty=allow_dirty,
+                     regime_kind=cell.regime.kind, **{SOURCE_IDENTITY: ex.identity})
+    opened = open_leased_run(p.name, key, {RUN_NAME: f"{cell.regime.name}-seed{cell.seed}", **tags}, ex.parent)
+    untouched = hold_opened(cell, opened)
+    token = opened.token
     if untouched is not None:
         return untouched
     sink, run_dir = opened.sink, ex.output_dir / key
@@ -266,7 +268,7 @@ class TransferStudy(StudyKind):
                 f"{ex.data.display_name}, {len(ex.data.train)} train / {len(ex.data.val)} val; {ex.inputs}")
 
     def parent_tags(self) -> dict:
-        return {"transfer": "true", "source_identity": self.ex.identity, "source_override": self.source_override or ""}
+        return {TRANSFER: TRUE, SOURCE_IDENTITY: self.ex.identity, "source_override": self.source_override or ""}
 
     def begin(self, parent) -> None:
         ex, protocol = self.ex, self.ex.protocol

@@ -43,9 +43,9 @@ import numpy as np
 from mlflow.tracking import MlflowClient
 
 from tracking.kinds.intervention_runs import choose_cells
-from tracking.kinds.training_runs import KeyedRun, open_keyed_run
 from tracking.record import queries
 from tracking.record.queries import CellRecord
+from tracking.record.schema import ATTRIBUTION, parent_filter
 from tracking.record.sink import RunSink
 from workbench.attribution import CellAttribution
 from workbench.train.evaluate import ReloadProof
@@ -72,12 +72,7 @@ def attribution_code_fingerprint() -> str:
     return code_fingerprint(packages=ATTRIBUTION_RESULT_PACKAGES)
 
 
-# ---------------------------------------------------------------- cell runs
-
-
-def open_cell_run(experiment: str, run_key: str, run_name: str, parent_run_id: str, tags: dict) -> KeyedRun:
-    """The cell's run by ``run_key`` (FINISHED: without a sink; BUSY: held by a live execution) or a new one."""
-    return open_keyed_run(experiment, run_key, {"mlflow.runName": run_name, **tags}, parent_run_id)
+# ---------------------------------------------------------------- what a cell logs
 
 
 def per_image_arrays(cell: CellAttribution, example_images: np.ndarray) -> dict[str, np.ndarray]:
@@ -226,4 +221,4 @@ def is_attribution_study(protocol_name: str) -> bool:
     client = MlflowClient()
     exp = client.get_experiment_by_name(protocol_name)
     return exp is not None and bool(client.search_runs(
-        [exp.experiment_id], "tags.attribution = 'true' and tags.parent = 'true'", max_results=1))
+        [exp.experiment_id], parent_filter(kind=ATTRIBUTION), max_results=1))

@@ -28,10 +28,9 @@ from mlflow.tracking import MlflowClient
 
 from tracking.kinds.figure_runs import CellArtifacts, load_cell
 from tracking.kinds.transfer_runs import find_finished_cell
-from tracking.record.cell_runs import KeyedRun, open_keyed_run
 from tracking.record import queries
 from tracking.record.queries import CellRecord
-from tracking.record.schema import INTERVENTION, PROTOCOL_NAME, RUN_NAME, parent_filter
+from tracking.record.schema import INTERVENTION, PROTOCOL_NAME, parent_filter
 from tracking.record.sink import RunSink
 from workbench.interventions.evaluate import Evaluation
 from workbench.train.evaluate import ReloadProof
@@ -65,12 +64,7 @@ def trained_cell(protocol_name: str, protocol_hash: str, arm: str, seed: int, wo
     return load_cell(MlflowClient().get_run(run_id), workdir)
 
 
-# ---------------------------------------------------------------- cell runs
-
-
-def open_cell_run(experiment: str, run_key: str, run_name: str, parent_run_id: str, tags: dict) -> KeyedRun:
-    """The cell's run by ``run_key`` (FINISHED: without a sink; BUSY: held by a live execution) or a new one."""
-    return open_keyed_run(experiment, run_key, {RUN_NAME: run_name, **tags}, parent_run_id)
+# ---------------------------------------------------------------- what a cell logs
 
 
 def _artifact(sink: RunSink, folder: Path, name: str, data: bytes) -> None:

@@ -12,7 +12,6 @@ import mlflow
 import torch
 from mlflow.tracking import MlflowClient
 
-from tracking.record.cell_runs import open_keyed_run, withdraw_candidate
 from tracking.record.lease import HEARTBEATS
 from tracking.record.sink import RunSink
 from tracking.store import health, offline_store
@@ -25,8 +24,6 @@ EPOCH_METRICS = ("train_loss", "train_accuracy", "val_loss", "val_accuracy", "lr
                  "images_per_second", "best_epoch", "raw_val_loss", "raw_val_accuracy")  # raw_*: with weight EMA
 # Set on a run once that part of its summary is in the store: a resume completes only the rest.
 SUMMARY_ARTIFACTS_TAG = "summary.artifacts"
-# studies/ablation/train.py still imports these two from here; they live in tracking.record.cell_runs.
-CELL_RUN_OPENERS = (open_keyed_run, withdraw_candidate)
 
 
 def flatten(prefix: str, value, out: dict) -> dict:

@@ -22,9 +22,8 @@ import mlflow
 from mlflow.tracking import MlflowClient
 
 from tracking.kinds.training_runs import EPOCH_METRICS, MlflowTrainingObserver
-from tracking.record.cell_runs import KeyedRun, open_keyed_run
 from tracking.record.queries import download_artifact, search_runs
-from tracking.record.schema import (ARM, FINISHED, PROTOCOL_HASH, RUN_NAME, SEED, SOURCE_IDENTITY, TRANSFER, cell_filter,
+from tracking.record.schema import (ARM, FINISHED, PROTOCOL_HASH, SEED, SOURCE_IDENTITY, TRANSFER, cell_filter,
                                     parent_filter)
 from tracking.record.sink import RunSink
 from tracking.store import health
@@ -121,16 +120,7 @@ def find_finished_cell(protocol_name: str, protocol_hash: str, arm: str, seed: i
     return runs[0].info.run_id
 
 
-# ---------------------------------------------------------------- cell runs
-
-
-def open_cell_run(experiment: str, run_key: str, run_name: str, parent_run_id: str, tags: dict) -> KeyedRun:
-    """Find the cell's run by ``run_key`` (in the server or the fallback store) or create it.
-
-    A FINISHED run comes without a sink (nothing to log); any other comes with one, whose
-    journal holds the run's tags (``phase``) and params.
-    """
-    return open_keyed_run(experiment, run_key, {RUN_NAME: run_name, **tags}, parent_run_id)
+# ---------------------------------------------------------------- what a cell logs
 
 
 def _log_json(sink: RunSink, obj, name: str, artifact_path: str | None = None) -> None:
