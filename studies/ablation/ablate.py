@@ -134,8 +134,7 @@ def ablate(protocol_path, options: StudyOptions, storage, jobs):
         return
     check_protocol_amp(protocol, options.device)  # here, not when queuing: workers check their own device
     if jobs:
-        tally = run_jobs(protocol, Path(protocol_path), options.output_dir, jobs, options.threads, options.device,
-                         options.data_path, options.allow_dirty, options.download)
+        tally = run_jobs(protocol, Path(protocol_path), options, jobs=jobs)
         click.echo(describe(tally))
         if tally["failed"] or tally["unfinished"]:  # a worker that died and was replaced is not a failed study
             sys.exit(1)

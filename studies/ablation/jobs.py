@@ -50,6 +50,8 @@ from pathlib import Path
 import click
 from tqdm.auto import tqdm
 
+from studies.runtime.options import StudyOptions
+from studies.runtime.outcome import Status, tally_line
 from studies.runtime.study_protocol import Protocol
 from tracking.record.lease_rule import HOST, Lease, pid_alive
 
@@ -220,12 +222,13 @@ def outcomes(trials) -> dict[str, int]:
     return tally
 
 
-def run_jobs(protocol: Protocol, protocol_file: Path, output_dir: Path, jobs: int, threads: int, device: str,
-             data_path: str | None, allow_dirty: bool, download: bool) -> dict[str, int]:
+def run_jobs(protocol: Protocol, protocol_file: Path, options: StudyOptions, *, jobs: int) -> dict[str, int]:
     """Run the protocol's unfinished cells with ``jobs`` local workers; returns the outcome tally.
 
-    ``threads``: per job, as the user asked (0: the fixed default, ``DEFAULT_THREADS_PER_JOB``).
+    ``options.threads``: per job, as the user asked (0: the fixed default, ``DEFAULT_THREADS_PER_JOB``).
     """
+    output_dir, threads, device, data_path = options.output_dir, options.threads, options.device, options.data_path
+    allow_dirty, download = options.allow_dirty, options.download
     from studies.runtime.study_execution import finished_cells, held_parent, prepare_checked_data
     from studies.ablation.cell_order import longest_first
     from studies.ablation.cell_queue import CellQueue, counts, debugging, enqueue_cells, open_storage
@@ -361,9 +364,8 @@ def cells_done(trials) -> int:
 
 
 def describe(tally: dict[str, int]) -> str:
-    text = f"cells: {tally['finished']} run, {tally['skipped']} already finished (skipped), {tally['failed']} failed"
-    if tally["busy"]:
-        text += f", {tally['busy']} running elsewhere"
+    """The study's one tally line (``studies.runtime.outcome.tally_line``), plus what only ``--jobs`` has."""
+    text = tally_line({status: tally.get(status.value, 0) for status in Status})
     if tally["unfinished"]:
         text += f", {tally['unfinished']} not finished"
     if tally.get("died"):
