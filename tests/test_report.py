@@ -477,12 +477,3 @@ def test_the_wall_time_sentence_says_whether_runs_overlapped():
     assert run_layout([(0, 10), (10, 20), (25, 30)]).startswith("one after another")
     assert run_layout([(0, 100), (150, 200), (10, 20)]).startswith("some of them at the same time")  # inside the first
     assert run_layout([(5, 9), (0, 6)]).startswith("some of them at the same time")
-
-
-@pytest.mark.parametrize("args", [["--protocol", "nosuch"], ["--all"]])
-def test_a_report_against_a_store_that_is_not_there_says_so_and_creates_nothing(tmp_path, monkeypatch, args):
-    missing = tmp_path / "never.db"
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{missing}")
-    res = CliRunner().invoke(report_command, [*args, "--out-dir", str(tmp_path / "out"), "--no-log"])
-    assert res.exit_code == 1 and f"no tracking store at {missing}" in res.output, res.output
-    assert not missing.exists() and not (tmp_path / "out").exists()

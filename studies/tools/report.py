@@ -11,8 +11,6 @@ from reports.collect import ReportError
 from reports.index import build_all
 from reports.tables import BOOTSTRAP_RESAMPLES
 from tracking.record.queries import QueryError
-from tracking.store.store_lock import sqlite_path
-from tracking.store.uris import redact_uri, tracking_uri
 from workbench.protocol import ProtocolError
 
 
@@ -57,7 +55,6 @@ def report(ctx, protocol, all_protocols, hash_prefix, commit, compare, out_root,
     if from_evidence:
         _from_evidence(ctx, Path(from_evidence), Path(out_root))
         return
-    _check_store_exists()
     if all_protocols:
         if evidence:
             raise click.UsageError("--evidence applies to one protocol: give --protocol")
@@ -91,17 +88,6 @@ def report(ctx, protocol, all_protocols, hash_prefix, commit, compare, out_root,
             click.echo(f"strict: {problem}", err=True)
         click.echo(f"--strict: {len(result.problems)} missing cell(s) or stale run(s); exit 1", err=True)
         raise SystemExit(1)
-
-
-def _check_store_exists() -> None:
-    """A report only reads: a local SQLite store that is not there is said, not created empty."""
-    uri = tracking_uri()
-    path = sqlite_path(uri)
-    if path is not None and not path.exists():
-        raise click.ClickException(
-            f"no tracking store at {path} ({redact_uri(uri)}): nothing has been run against it yet; run the study "
-            "first, point MLFLOW_TRACKING_URI at the store that holds it, or rebuild a published report with "
-            "--from-evidence")
 
 
 # What --from-evidence refuses beside it: the export holds the protocol, the runs and the build options.
