@@ -191,3 +191,16 @@ def test_readers_of_a_store_that_does_not_exist_say_so_and_create_none(tmp_path,
     shown = CliRunner().invoke(main, ["status", "--protocol", str(PROTOCOLS / "smoke.yaml")])
     assert shown.exit_code == 0 and "never run here (no MLflow store at sqlite:///mlflow.db)" in shown.output, shown.output
     assert not (tmp_path / "mlflow.db").exists()
+
+
+def test_report_by_name_in_a_fresh_process_creates_no_store(tmp_path):
+    """As a user runs it: a fresh process (no MLflow URI left set by another test) in an empty folder.
+
+    A report by protocol name first asks whether the store holds an intervention or attribution
+    study of that name; that question once opened (and so created) an empty mlflow.db here.
+    """
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+    done = subprocess.run([sys.executable, "-m", "studies.cli", "report", "--protocol", "nosuch"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1 and "no MLflow store at sqlite:///mlflow.db" in done.stderr + done.stdout, done
+    assert sorted(p.name for p in tmp_path.iterdir()) == [], sorted(p.name for p in tmp_path.iterdir())

@@ -99,11 +99,11 @@ def test_a_protocol_that_does_not_fit_its_data_is_refused_before_any_run(folders
 
 
 def test_a_fitting_protocol_passes_the_checks_and_a_patch_that_does_not_divide_is_noted(folders, monkeypatch):
-    from studies.ablation import ablate
+    from studies.runtime import study_execution
     from studies.runtime.study_execution import prepare_checked_data
 
     notes = []
-    monkeypatch.setattr(ablate.tqdm, "write", notes.append)
+    monkeypatch.setattr(study_execution.tqdm, "write", notes.append)
     protocol = load_protocol(write(folders, model=FITS["model"].replace("patch_size: 4", "patch_size: 3")))
     data = prepare_checked_data(protocol, str(folders / "rgb"), download=False)
     assert len(data.class_names) == 3

@@ -47,6 +47,7 @@ from tracking.record import queries
 from tracking.record.queries import CellRecord
 from tracking.record.schema import ATTRIBUTION, parent_filter
 from tracking.record.sink import RunSink
+from tracking.store.session import configure_tracking
 from workbench.attribution import CellAttribution
 from workbench.train.evaluate import ReloadProof
 from workbench.train.fingerprint import RESULT_PACKAGES, code_fingerprint
@@ -218,6 +219,7 @@ def read_cell(record: CellRecord, workdir: Path) -> CellResult:
 
 def is_attribution_study(protocol_name: str) -> bool:
     """Whether the store holds an attribution study of this name (its parent runs say so)."""
+    configure_tracking(allow_offline=False)  # a reader: a store that is not there is said, not created
     client = MlflowClient()
     exp = client.get_experiment_by_name(protocol_name)
     return exp is not None and bool(client.search_runs(

@@ -32,6 +32,7 @@ from tracking.record import queries
 from tracking.record.queries import CellRecord
 from tracking.record.schema import INTERVENTION, PROTOCOL_NAME, parent_filter
 from tracking.record.sink import RunSink
+from tracking.store.session import configure_tracking
 from workbench.interventions.evaluate import Evaluation
 from workbench.train.evaluate import ReloadProof
 from workbench.train.fingerprint import RESULT_PACKAGES, code_fingerprint
@@ -164,6 +165,7 @@ def read_cell(record: CellRecord, workdir: Path) -> CellResult:
 
 def is_intervention_study(protocol_name: str) -> bool:
     """Whether the store holds an intervention study of this name (its parent runs say so)."""
+    configure_tracking(allow_offline=False)  # a reader: a store that is not there is said, not created
     client = MlflowClient()
     exp = client.get_experiment_by_name(protocol_name)
     return exp is not None and bool(client.search_runs(
@@ -176,7 +178,7 @@ def log_benchmark(protocol_name: str, timing, params: dict) -> str:
 
     import mlflow
 
-    from tracking.store.session import configure_tracking, start_run
+    from tracking.store.session import start_run
 
     configure_tracking()
     with start_run("benchmark-intervene", run_name=f"{protocol_name} grid timing",
