@@ -145,3 +145,42 @@ def intervention_accuracy_differences(folder: Path, tolerance: float = 1e-9) -> 
         if len(shown) != len(cells):
             diffs.append(f"{arm}: report.md shows {len(shown)} intact accuracies, the export has {len(cells)} cells")
     return checked, diffs
+
+
+def attribution_differences(folder: Path, tolerance: float = 1e-9) -> tuple[int, list[str]]:
+    """(values checked, differences) of an attribution export: each reported cell's logged
+    ``rho/<m>``, ``deletion_auc/<m>`` and ``insertion_auc/<m>`` against what its exported per-image
+    arrays give (within ``tolerance``), and the Faithfulness table of ``folder/report.md`` (means and
+    t-intervals over seeds, no bootstrap: fast) against the table rendered from the arrays alone.
+    Also fails on an export that is damaged (sha256) or whose protocol no longer hashes to the
+    recorded hash (``load_attribution_evidence``)."""
+    from reports.attribution.attribution_evidence import load_attribution_evidence
+    from reports.attribution.attribution_report import faithfulness_table
+    from reports.attribution.faithfulness import MEASURES, faithfulness_rows, per_image, seed_value
+
+    study = load_attribution_evidence(folder / "evidence").study
+    confidence = study.protocol.evaluation.confidence
+    text = (folder / "report.md").read_text()
+    title = text.split("\n", 1)[0]  # the page's "# Report: ..." heading: every section's place starts with it
+    published = numbers_by_place(text)
+    checked, diffs = 0, []
+    for arm in study.protocol.arms:
+        cells = {seed: study.cells[(arm, seed)] for seed in study.protocol.seeds if (arm, seed) in study.cells}
+        for seed, cell in cells.items():
+            for method in cell.methods:
+                for measure in MEASURES:
+                    key, value = f"{measure}/{method}", seed_value(per_image(cell, method, measure))
+                    logged = cell.record.metrics.get(key)
+                    checked += 1
+                    if logged is None or abs(logged - value) > tolerance:
+                        diffs.append(f"{arm}/seed{seed} {key}: logged {logged}, arrays give {value}")
+        rows = faithfulness_rows(cells, n_resamples=10, confidence=confidence, seed=0)
+        table = to_markdown([faithfulness_table(rows, confidence)])
+        expected = numbers_by_place(f"{title}\n\n## Faithfulness ({arm})\n\n{table}")
+        for place, numbers in expected.items():
+            if place[1] == "text":
+                continue
+            checked += 1
+            if published.get(place) != numbers:
+                diffs.append(f"{place}: report {published.get(place)}, evidence {numbers}")
+    return checked, diffs

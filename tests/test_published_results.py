@@ -152,3 +152,41 @@ def test_the_cost_numbers_in_the_readme_are_the_published_ones():
     total = re.search(r"Total: plain [\d.]+ s, workbench [\d.]+ s, ratio ([\d.]+)",
                       (RESULTS / "fmnist_seed_recipe" / "recipe_benchmark.md").read_text())
     in_readme(f"took {total.group(1)}x a plain PyTorch loop", "workbench against a plain loop")
+
+
+def faithfulness_rows(report: Path) -> dict[str, dict[str, str]]:
+    """The Faithfulness table of an attribution report: method -> column -> cell (the t columns in order)."""
+    section = report.read_text().split("\n## Faithfulness (vit)", 1)[1].split("\n#", 1)[0]
+    lines = [x for x in section.split("\n") if x.startswith("| `")]
+    out = {}
+    for line in lines:
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        method = cells[0].split("`")[1]
+        out[method] = {"rho": cells[1], "rho_t": cells[2], "deletion": cells[3], "insertion": cells[5]}
+    return out
+
+
+@pytest.mark.skipif(not (RESULTS / "fmnist_seed_recipe_faithfulness").exists(), reason="not published")
+def test_the_faithfulness_numbers_in_the_readmes_are_the_reports():
+    """Every rho, interval and AUC the README and docs/results/README.md give is the report's Faithfulness table's."""
+    rows = faithfulness_rows(RESULTS / "fmnist_seed_recipe_faithfulness" / "report.md")
+    tables = " ".join(SEED_TABLES.split())
+
+    def in_seed_tables(text: str, what: str) -> None:
+        if text not in tables:
+            pytest.fail(f"{what}: docs/results/README.md lacks {text!r}")
+
+    def unicode(text: str) -> str:  # the READMEs write the minus sign
+        return text.replace("-", "−")
+
+    for method in ("chefer", "cls_attention", "rollout"):
+        text = f"{unicode(rows[method]['rho'])} {unicode(rows[method]['rho_t'])}"
+        in_readme(text, f"{method} rho"), in_seed_tables(text, f"{method} rho")
+    in_readme(f"gradient × input little ({rows['grad_x_input']['rho']})", "grad x input rho")
+    in_readme(f"random order {unicode(rows['random']['rho'])}", "random rho")
+    in_readme(f"against {rows['random']['deletion']}, 5 of 5 seeds", "random deletion AUC")
+    insertion = ", ".join(rows[m]["insertion"] for m in ("cls_attention", "rollout", "grad_x_input"))
+    in_readme(f"(insertion AUC {insertion} against {rows['random']['insertion']}, 0 of 5 seeds)", "insertion AUCs")
+    in_seed_tables(f"{' and '.join(insertion.rsplit(', ', 1))} against {rows['random']['insertion']}", "insertion AUCs")
+    deletion = sorted(float(rows[m]["deletion"]) for m in rows if m != "random")
+    in_readme(f"(deletion AUC {deletion[0]:.3f} to {deletion[-1]:.3f} against", "deletion AUC range")
