@@ -51,7 +51,7 @@ def main() -> int:
     from studies.runtime import study_execution  # held_parent opens the study's parent from here
 
     study_execution.open_study_parent = meeting_first(study_execution.open_study_parent, folder, sides, "parent")
-    train.open_keyed_run = meeting_first(train.open_keyed_run, folder, sides, "cell")
+    train.open_leased_run = meeting_first(train.open_leased_run, folder, sides, "cell")
     meet(folder, sides, "start")
     try:
         workbench.main(args=args, prog_name="workbench", standalone_mode=True)
