@@ -38,12 +38,21 @@ def _median(values: list[float]) -> float:
     return v[len(v) // 2] if len(v) % 2 else 0.5 * (v[len(v) // 2 - 1] + v[len(v) // 2])
 
 
-def measure_arm(arm: str, cfg: TrainConfig, image_size: int = 28, steps: int = 5, warmup: int = 2,
+# The side of the images each dataset stores (the loader hands them on at that side unless
+# ``data.resize_to`` is set); a model whose config has no image size (the CNN, timm CNNs) is
+# timed at it, so a CIFAR-10 arm is timed at 32 px, not at 28.
+STORED_SIDE = {"fashion_mnist": 28, "cifar10": 32, "retinamnist": 28}
+
+
+def measure_arm(arm: str, cfg: TrainConfig, image_size: int | None = None, steps: int = 5, warmup: int = 2,
                 seed: int = 0) -> CellSpeed:
     """Time ``steps`` training steps and ``steps`` evaluation batches of ``cfg``'s model on CPU.
 
-    ``image_size`` is used only for models whose config has none (the CNN).
+    ``image_size`` is used only for models whose config has none (the CNN, timm CNNs); by
+    default ``data.resize_to`` or the side the dataset stores (28 for an image folder).
     """
+    if image_size is None:
+        image_size = cfg.data.resize_to or STORED_SIDE.get(cfg.data.name, 28)
     device = torch.device("cpu")
     amp = resolve_amp(cfg.run.amp, device)
     torch.manual_seed(seed)
