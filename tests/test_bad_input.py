@@ -59,6 +59,11 @@ CASES = [
     ([*TINY_TRAIN, "--data-path", "two", "--lr", "inf"], "Invalid value for '--lr': 'inf' is not a finite number"),
     ([*TINY_TRAIN, "--data-path", "two", "--grad-clip", "nan"], "'--grad-clip': 'nan' is not a finite number"),
     ([*TINY_TRAIN, "--data-path", "two", "--set", "dropout=.nan"], "'dropout=.nan': '.nan' is not a finite number"),
+    # recipe parts on the command line: an unknown key names the keys, a bad value its rule
+    ([*TINY_TRAIN, "--data-path", "two", "--recipe", "mixup=0.8"], "'mixup' is not a recipe key; the keys are mixup_alpha"),
+    ([*TINY_TRAIN, "--data-path", "two", "--recipe", "ema_decay=1.5"], "recipe.ema_decay=1.5: must be in (0, 1)"),
+    ([*TINY_TRAIN, "--data-path", "two", "--recipe", "mixup_alpha=0.8", "--batch-size", "7"],
+     "run.batch_size=7: mixup and CutMix pair each image"),
     (["worker", "--storage", "sqlite:///q.db", "--heartbeat", "inf"], "'--heartbeat': 'inf' is not a finite number"),
     (["sweep", "--protocol", str(PROTOCOLS / "smoke.yaml"), "--param", "optim.lr=float:1e-4:inf"],
      "LOW and HIGH must be finite numbers"),

@@ -271,3 +271,12 @@ def test_the_configuration_table_shows_recipe_parts_only_where_an_arm_uses_one()
                               "RandAugment 2 ops, magnitude 9; weight EMA decay 0.999 (the EMA model is evaluated "
                               "and reported)"), full["recipe"]
     assert "drop_path_rate 0.1" in full["model"], full["model"]
+
+
+def test_train_recipe_option_builds_the_recipe_section():
+    from studies.ablation.train import parse_recipe
+    from workbench.train.config import RecipeConfig
+
+    got = parse_recipe(("mixup_alpha=0.8", "cutmix_alpha=1.0", "randaugment_ops=2", "ema_decay=0.999", "ema_warmup=true"))
+    assert got == RecipeConfig(mixup_alpha=0.8, cutmix_alpha=1.0, randaugment_ops=2, ema_decay=0.999, ema_warmup=True), got
+    assert parse_recipe(()) == RecipeConfig() and parse_recipe(()).changed() == {}

@@ -224,3 +224,19 @@ def test_space_check_lets_partly_valid_spaces_through(tmp_path):
         check_space(arm.config, parse_space(("optim.lr=float:-2:-1",)))
     with pytest.raises(click.BadParameter, match="run.epoch: unknown field"):
         check_space(arm.config, parse_space(("run.epoch=int:1:3",)))
+
+
+def test_recipe_fields_are_a_search_section(tmp_path):
+    from studies.ablation.sweep import apply, check_space
+    from studies.runtime.study_protocol import load_protocol
+
+    arm = load_protocol(write_protocol(tmp_path)).reference
+    space = parse_space(("recipe.mixup_alpha=float:0:1", "recipe.randaugment_ops=int:0:2"))
+    check_space(arm.config, space)
+    cfg = apply(arm.config, {"recipe.mixup_alpha": 0.4, "recipe.randaugment_ops": 2})
+    assert (cfg.recipe.mixup_alpha, cfg.recipe.randaugment_ops) == (0.4, 2), cfg.recipe
+    assert cfg.optim == arm.config.optim and cfg.model == arm.config.model
+    with pytest.raises(click.BadParameter, match="recipe.ema_decay: every value fails validation"):
+        check_space(arm.config, parse_space(("recipe.ema_decay=float:1:2",)))
+    with pytest.raises(click.BadParameter, match="recipe.mixup: unknown field.*mixup_alpha"):
+        check_space(arm.config, parse_space(("recipe.mixup=float:0:1",)))

@@ -36,7 +36,7 @@ from workbench.models.timm_arm import is_timm_name
 from workbench.train.config import TrainConfig
 from workbench.train.loop import StopTraining, TrainingObserver
 
-SECTIONS = ("model", "optim", "run", "dataset")
+SECTIONS = ("model", "optim", "run", "dataset", "recipe")
 MAX_CHECKED_COMBINATIONS = 4096  # apply() takes microseconds: checking this many costs well under a second
 MAX_INT_CANDIDATES = 1024
 
@@ -100,21 +100,22 @@ def suggest(trial: optuna.Trial, space: dict[str, tuple]) -> dict[str, object]:
 
 def apply(cfg: TrainConfig, values: dict[str, object]) -> TrainConfig:
     """The arm's config with sampled values; validated like a protocol (bad values raise)."""
-    sections = {"model": dict(cfg.model.overrides), "optim": {}, "run": {}, "dataset": {}}
+    sections = {"model": dict(cfg.model.overrides), "optim": {}, "run": {}, "dataset": {}, "recipe": {}}
     for field, value in values.items():
         section, key = field.split(".", 1)
         sections[section][key] = value
     model = replace(cfg.model, overrides=sections["model"])
     model_config(model.name, **model.overrides)
     return replace(cfg, model=model, optim=replace(cfg.optim, **sections["optim"]),
-                   run=replace(cfg.run, **sections["run"]), data=replace(cfg.data, **sections["dataset"]))
+                   run=replace(cfg.run, **sections["run"]), data=replace(cfg.data, **sections["dataset"]),
+                   recipe=replace(cfg.recipe, **sections["recipe"]))
 
 
 def section_fields(cfg: TrainConfig, section: str) -> list[str]:
     """The field names a ``--param`` may set in ``section`` of ``cfg``."""
     if section == "model":
         return [f.name for f in fields(model_config(cfg.model.name, **cfg.model.overrides))]
-    return [f.name for f in fields({"optim": cfg.optim, "run": cfg.run, "dataset": cfg.data}[section])]
+    return [f.name for f in fields({"optim": cfg.optim, "run": cfg.run, "dataset": cfg.data, "recipe": cfg.recipe}[section])]
 
 
 def _candidates(spec: tuple) -> list:

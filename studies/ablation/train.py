@@ -12,6 +12,7 @@ import contextlib
 import hashlib
 import math
 import os
+from dataclasses import fields
 from pathlib import Path
 
 import click
@@ -41,7 +42,7 @@ from workbench.data.prepare import DEFAULT_VAL_FRACTION
 from workbench.models.registry import STUDY_MODELS, build_model, model_config
 from workbench.models.timm_arm import TimmModelError
 from workbench.precision import device_capability, resolve_amp
-from workbench.train.config import DataSpec, ModelSpec, OptimConfig, RunConfig, TrainConfig
+from workbench.train.config import DataSpec, ModelSpec, OptimConfig, RecipeConfig, RunConfig, TrainConfig
 from workbench.train.fits import DataShape, misfits
 from workbench.train.loop import NonFiniteLoss, Observers, StopTraining, Trainer, TrainingObserver, config_hash, resolve_device
 
@@ -204,20 +205,36 @@ def _ended(sink: RunSink, token: str, run_status: str, status: Status, message: 
     return CellOutcome(None, status, message, sink.run_id, sink.latest_metrics(), offline=sink.offline)
 
 
-def parse_overrides(pairs: tuple[str, ...]) -> dict:
+def parse_overrides(pairs: tuple[str, ...], option: str = "--set") -> dict:
     """``("dim=96", "pooling=mean")`` -> typed overrides (YAML scalars)."""
     import yaml
 
     out = {}
     for pair in pairs:
         if "=" not in pair:
-            raise click.BadParameter(f"{pair!r}: expected FIELD=VALUE", param_hint="--set")
+            raise click.BadParameter(f"{pair!r}: expected FIELD=VALUE", param_hint=option)
         key, value = pair.split("=", 1)
         out[key.strip()] = yaml.safe_load(value)
         if isinstance(out[key.strip()], float) and not math.isfinite(out[key.strip()]):
             raise click.BadParameter(f"{pair!r}: {value.strip()!r} is not a finite number (inf and nan are refused)",
-                                     param_hint="--set")
+                                     param_hint=option)
     return out
+
+
+RECIPE_KEYS = tuple(f.name for f in fields(RecipeConfig))
+
+
+def parse_recipe(pairs: tuple[str, ...]) -> RecipeConfig:
+    """``("mixup_alpha=0.8", "ema_decay=0.999")`` -> the recipe section, each key and value checked as a protocol's."""
+    values = parse_overrides(pairs, "--recipe")
+    unknown = [k for k in values if k not in RECIPE_KEYS]
+    if unknown:
+        raise click.BadParameter(f"{unknown[0]!r} is not a recipe key; the keys are {', '.join(RECIPE_KEYS)} "
+                                 "(stochastic depth is a model field: --set drop_path_rate=R)", param_hint="--recipe")
+    try:
+        return RecipeConfig(**values)
+    except ValueError as err:
+        raise click.BadParameter(str(err), param_hint="--recipe") from err
 
 
 def _data_defaults() -> str:
@@ -253,6 +270,10 @@ def split_line(data: PreparedData, spec: DataSpec) -> str:
 @click.option("--set", "overrides", multiple=True,
               help="Model field override FIELD=VALUE, e.g. --set dim=96; for a timm model a keyword argument of "
                    "timm.create_model, e.g. --set num_classes=10 --set drop_path_rate=0.1.")
+@click.option("--recipe", "recipe", multiple=True,
+              help="timm's recipe parts as KEY=VALUE, each off by default: mixup_alpha, cutmix_alpha, mixup_prob, "
+                   "mixup_switch_prob, mixup_mode, randaugment_ops, randaugment_magnitude, ema_decay, ema_warmup "
+                   "(docs/training.md), e.g. --recipe mixup_alpha=0.8 --recipe ema_decay=0.999.")
 @click.option("--dataset", default="fashion_mnist", show_default=True,
               help=f"One of {', '.join(DATASET_NAMES)} (image_folder: your images, with --data-path DIR).")
 @click.option("--data-path", default=None, help="Explicit dataset file or folder.")
@@ -299,6 +320,7 @@ def train(**o):
             run=RunConfig(epochs=o["epochs"], batch_size=o["batch_size"], seed=o["seed"], patience=o["patience"],
                           device=o["device"], amp=o["amp"], checkpoint_every_steps=o["checkpoint_every"],
                           evaluate_test=o["evaluate_test"]),
+            recipe=parse_recipe(o["recipe"]),
         )
         model_config(cfg.model.name, **cfg.model.overrides)  # fail on a bad field before loading data
         check_amp(cfg.run.amp, cfg.run.device)  # bf16 without native units, fp16 on CPU: refused here
