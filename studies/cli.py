@@ -13,6 +13,8 @@ import errno
 import functools
 import importlib
 import logging
+import os
+import sys
 import traceback
 
 import click
@@ -166,6 +168,11 @@ class LazyGroup(click.Group):
             raise
         except (click.exceptions.Exit, click.exceptions.Abort):
             raise
+        except BrokenPipeError:  # `workbench models --timm '*' | head`: the reader has gone, say nothing
+            # Python's own advice: point stdout at devnull so the interpreter's final flush does
+            # not raise again, and exit as a program killed by SIGPIPE conventionally does.
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            sys.exit(141)
         except Exception as err:  # every command's errors: one line unless --debug
             if ctx.params.get("debug"):
                 raise
