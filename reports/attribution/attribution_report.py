@@ -178,6 +178,10 @@ def _seed_mean(values: dict[int, float]) -> float:
     return float(np.mean(finite)) if finite else math.nan
 
 
+def _registers(n: int) -> str:
+    return f"{n} register{'s' if n != 1 else ''}"
+
+
 def concentration_table(blocks: list[BlockConcentration]) -> Table:
     first = blocks[0]
     k, p, registers = first.top_k, first.patches, first.registers_count
@@ -191,8 +195,8 @@ def concentration_table(blocks: list[BlockConcentration]) -> Table:
     header = ["block", "entropy (1 = uniform)", "most concentrated head's entropy", "top-1 patch, %",
               f"top {k} patches, %", "on CLS itself, %"]
     if registers:
-        header += [f"on the {registers} registers, %", "register norm / patch median"]
-    words = (f" With {registers} register tokens: the share of the whole row they receive, and their mean L2 norm "
+        header += [f"on the {_registers(registers)}, %", "register norm / patch median"]
+    words = (f" With {_registers(registers)}: the share of the whole row they receive, and their mean L2 norm "
              "after the block over the block's median patch-token norm (register norms are never in the patch "
              "statistics above).") if registers else " The model has no register tokens."
     return Table(header, body, ["r"] * len(header),
@@ -214,7 +218,7 @@ def concentration_panels(blocks: list[BlockConcentration]) -> tuple[dict, dict]:
                                                       "most concentrated head": per_seed("lowest_head_entropy")},
               "share on the top patch tokens": {"top 1": per_seed("top1"), f"top {first.top_k}": per_seed("topk")}}
     if first.registers_count:
-        panels["share of the whole row"] = {f"on the {first.registers_count} registers": per_seed("registers"),
+        panels["share of the whole row"] = {f"on the {_registers(first.registers_count)}": per_seed("registers"),
                                             "on CLS itself": per_seed("self_share")}
     else:
         panels["share of the whole row"] = {"on CLS itself": per_seed("self_share")}
