@@ -158,8 +158,9 @@ def test_attribute_logs_every_method_a_rerun_computes_nothing_and_the_report_reb
                  "### Acted-on models", "`chefer`", "`random` (baseline)",
                  "## Does CLS attend to the tokens that matter? (vit)"):
         assert part in md, part
-    assert sorted(p.name for p in result.figures) == ["curves_vit.png", "examples_vit.png", "norms_vit_seed0.png",
-                                                      "norms_vit_seed1.png"]
+    assert "## Attention concentration per block (vit)" in md and "The model has no register tokens." in md
+    assert sorted(p.name for p in result.figures) == ["concentration_vit.png", "curves_vit.png", "examples_vit.png",
+                                                      "norms_vit_seed0.png", "norms_vit_seed1.png"]
 
     forbid_store(monkeypatch, tmp)
     rebuilt = build_from_evidence(result.folder / "evidence", tmp / "rebuilt")
@@ -220,3 +221,11 @@ def test_a_pretrained_timm_vit_on_an_image_folder(tmp_path, mlflow_store, monkey
     with np.load(local / "per_image.npz") as z:
         assert set(np.unique(z["labels"])) <= {4, 0, 2}, "labels are the model's output indices of the classes"
         assert int(z["prefix"]) == 2 and z["prefix_norms"].shape == (2, 6, 2)
+        on_registers = z["cls_attention_on_registers"]  # (blocks, images): the one register's share of CLS attention
+        assert on_registers.shape == (2, 6) and (on_registers > 0).all()
+        register_norm = z["prefix_norms"][1, :, 1].mean()
+    m = cell.data.metrics
+    diff = max(abs(m[f"cls_attention_on_registers/block{b}"] - on_registers[b].mean()) for b in range(2))
+    assert diff <= 1e-12 and abs(m["register_norm/block1"] - register_norm) <= 1e-9 * register_norm, diff
+    md = build_report(str(path), tmp_path / "reports", n_resamples=50).markdown.read_text()
+    assert "## Attention concentration per block (pretrained)" in md and "on the 1 register, %" in md

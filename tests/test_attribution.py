@@ -15,8 +15,8 @@ from scipy.stats import spearmanr
 from workbench.analysis.rollout import attention_rollout
 from workbench.attribution import (
     METHODS, AttributionError, attention_mass_on, attribute, auc, chefer, cls_attention, grad_x_input, logits_keeping,
-    order_of, perturbation_curves, random_order, rollout, score_cell, single_token_effects, spearman_per_image,
-    token_norms, top_mask,
+    concentration, order_of, perturbation_curves, random_order, rollout, score_cell, single_token_effects,
+    spearman_per_image, token_norms, top_count, top_mask,
 )
 from workbench.models.hooks import attached
 from workbench.models.vit import ViTConfig, VisionTransformer
@@ -367,6 +367,81 @@ def test_token_norms_find_a_planted_high_norm_token_and_its_cls_attention():
     inside, outside = norms.effect_of_outliers(effects)
     assert inside.tolist() == [effects[1, 9]] * 2
     assert np.allclose(outside, np.delete(effects.ravel(), P + 9).mean(), atol=1e-12, rtol=0)
+
+
+def test_concentration_of_a_hand_made_cls_row_is_what_the_definitions_give():
+    # one block, two heads, 7 tokens: CLS, 2 registers, 4 patches (prefix 3)
+    head0 = [0.1, 0.2, 0.1, 0.3, 0.1, 0.1, 0.1]  # over the patches: 1/2, 1/6, 1/6, 1/6
+    head1 = [0.2, 0.0, 0.0, 0.8, 0.0, 0.0, 0.0]  # all patch attention on patch 0
+    uniform = [0.2, 0.0, 0.0, 0.2, 0.2, 0.2, 0.2]
+    rows = np.array([[[head0, head1]], [[uniform, uniform]]])  # (B=2, L=1, H=2, N=7)
+    c = concentration(rows, prefix=3, top_k=2)
+    mean = 11 / 14, 1 / 14  # the heads' mean row: 0.55, 0.05, 0.05, 0.05 on the patches (0.7 in all)
+    want = {
+        "top1": [[11 / 14], [0.25]], "topk": [[12 / 14], [0.5]],
+        "entropy": [[-(mean[0] * np.log(mean[0]) + 3 * mean[1] * np.log(mean[1])) / np.log(4)], [1.0]],
+        "registers": [[0.15], [0.0]], "self_share": [[0.15], [0.2]],
+        "top1_heads": [[[0.5, 1.0]], [[0.25, 0.25]]], "topk_heads": [[[2 / 3, 1.0]], [[0.5, 0.5]]],
+        "entropy_heads": [[[0.5 * np.log(12) / np.log(4), 0.0]], [[1.0, 1.0]]],
+        "registers_heads": [[[0.3, 0.0]], [[0.0, 0.0]]],
+    }
+    for name, expected in want.items():
+        diff = max_diff(getattr(c, name), expected)
+        assert diff <= 1e-12, f"{name}: {getattr(c, name).tolist()} vs {expected}: max |difference| {diff:.3g}"
+    assert c.top_k == 2 and concentration(rows, prefix=3).top_k == 1 == top_count(4)
+    assert [top_count(n) for n in (1, 16, 30, 49, 64)] == [1, 2, 3, 5, 7]  # ceil(P / 10), no float rounding
+    assert np.isnan(concentration(rows[..., :4], prefix=3).entropy).all()  # one patch: no entropy to normalise
+    with pytest.raises(ValueError, match="must be in 1..4"):
+        concentration(rows, prefix=3, top_k=5)
+
+
+def test_a_model_with_four_registers_goes_through_every_method_the_drops_and_the_norms():
+    model, (x, y) = make("plain", seed=4, register_tokens=4), batch(3)
+    p = model.cfg.num_prefix_tokens
+    assert p == 5
+    done: list[int] = []
+    cell = score_cell(model, x, y, list(METHODS), seed=1, k=3.0, counts=[0, 8, 16], batch_size=2,
+                      progress=done.append)
+    assert done == [2, 1]  # one call per image batch, with its size
+    for m in METHODS:
+        s = cell.scores[m]
+        assert s.shape == (3, P) and np.isfinite(s).all(), m  # patch tokens only: no register is scored
+    # batching does not change the cell: one batch of 3 gives the same scores and effects
+    whole = score_cell(model, x, y, list(METHODS), seed=1, k=3.0, counts=[0, 8, 16], batch_size=3)
+    for m in METHODS:
+        diff = max_diff(whole.scores[m], cell.scores[m])
+        assert diff <= 1e-6, f"{m}: batches of 2 vs 3: max |difference| {diff:.3g}"
+    assert max_diff(whole.causal.effects, cell.causal.effects) <= 1e-5
+    with torch.no_grad():
+        seq = _tokens_by_hand(model, x)  # CLS, 4 registers, 16 patches
+        full = torch.log_softmax(model.forward_head(model.forward_blocks(seq)).double(), -1)
+        i = 6
+        keep = [t for t in range(seq.shape[1]) if t != p + i]  # the registers stay, like CLS
+        dropped = torch.log_softmax(model.forward_head(model.forward_blocks(seq[:, keep])).double(), -1)
+        alone = torch.softmax(model.forward_head(model.forward_blocks(seq[:, :p])).double(), -1)
+        analysis = model.forward_analysis(x)
+    effect = (full - dropped).gather(1, y.view(-1, 1))[:, 0].numpy()
+    diff = max_diff(cell.causal.effects[:, i], effect)
+    assert diff <= 1e-5, f"effect of patch {i} vs the hand-built sequence with the 4 registers: {diff:.3g}"
+    prefix_only = alone.gather(1, y.view(-1, 1))[:, 0].numpy()  # every patch deleted: CLS and registers alone
+    for m in METHODS:
+        diff = max_diff(cell.curves.deletion_prob[m][:, -1], prefix_only)
+        assert diff <= 1e-6, f"{m}: deletion of every patch vs CLS and 4 registers alone: {diff:.3g}"
+    norms = cell.norms
+    assert norms.norms.shape == (3, 2, P) and norms.prefix_norms.shape == (3, 2, p)
+    for b in range(2):
+        tokens = analysis.hidden_states[f"blocks.{b}.resid2"].double().norm(dim=-1).numpy()
+        assert max_diff(norms.prefix_norms[:, b] / tokens[:, :p], 1.0) <= 1e-6, f"block {b}: register norms"
+        assert max_diff(norms.median[b], np.median(tokens[:, p:])) <= 1e-5 * np.median(tokens[:, p:]), b
+        row = analysis.attentions[b].double().mean(dim=1)[:, 0].numpy()  # (3, 21) heads averaged
+        c = norms.concentration
+        assert max_diff(c.registers[:, b], row[:, 1:p].sum(axis=1)) <= 1e-6, f"block {b}: CLS attention on registers"
+        assert max_diff(c.self_share[:, b], row[:, 0]) <= 1e-6, f"block {b}: CLS attention on itself"
+        q = row[:, p:] / row[:, p:].sum(axis=1, keepdims=True)
+        assert max_diff(c.top1[:, b], q.max(axis=1)) <= 1e-6, f"block {b}: top-1 share"
+        assert c.top_k == 2 and max_diff(c.topk[:, b], np.sort(q, axis=1)[:, -2:].sum(axis=1)) <= 1e-6, b
+    assert max_diff(norms.cls_attention, analysis.attentions[-1].double().mean(dim=1)[:, 0, p:]) <= 1e-7
+    assert (c.entropy > 0).all() and (c.entropy <= 1 + 1e-12).all() and (c.registers > 0).all()
 
 
 # ------------------------------------------------------------------------------ the cell, timm

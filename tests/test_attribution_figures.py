@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from workbench.attribution.attribution_figures import curves_figure, example_maps_figure, norm_histograms_figure
+from workbench.attribution.attribution_figures import (concentration_figure, curves_figure, example_maps_figure,
+                                                       norm_histograms_figure)
 from workbench.analysis.common import display_images, png_bytes
 from workbench.attribution import METHODS, score_cell
 from workbench.models.vit import ViTConfig, VisionTransformer
@@ -47,4 +48,17 @@ def test_example_maps_and_norm_histograms_render(cell):
     _is_png(fig)
     fig = norm_histograms_figure(c.norms.norms, c.norms.median, c.norms.k, "tiny ViT")
     assert len(fig.axes) == 2
+    _is_png(fig)
+
+
+def test_concentration_figure_draws_the_mean_over_seeds_per_block(cell):
+    _, c = cell
+    k = c.norms.concentration
+    entropy = np.stack([k.entropy.mean(axis=0), k.entropy[:2].mean(axis=0)])  # two "seeds" (S, L)
+    panels = {"entropy": {"heads averaged": entropy}, "registers": {"on the register": k.registers.mean(0)[None]}}
+    fig = concentration_figure(panels, "tiny ViT", {"entropy": {"uniform attention": 1.0}})
+    assert len(fig.axes) == 2 and len(fig.axes[0].collections) == 1 and not fig.axes[1].collections  # band: 2 seeds
+    drawn = fig.axes[0].lines[0].get_ydata()
+    assert np.max(np.abs(drawn - entropy.mean(axis=0))) <= 1e-12, drawn
+    assert fig.axes[0].lines[1].get_ydata()[0] == 1.0  # the uniform reference
     _is_png(fig)

@@ -17,13 +17,15 @@ from scipy import stats as sps
 
 from reports.attribution import attribution_report
 from reports.attribution.attribution_evidence import exported_cell, npz_bytes
-from reports.attribution.faithfulness import attention_on_effects, block_norms, faithfulness_rows, value_bootstrap
+from reports.attribution.faithfulness import (attention_on_effects, block_concentration, block_norms, faithfulness_rows,
+                                              has_concentration, value_bootstrap)
 from reports.collect import ReportError
 from reports.render import to_markdown
 from tracking.kinds import attribution_runs
 from tracking.record.queries import CellRecord
 from workbench.attribution import score_cell
 from workbench.models.vit import ViTConfig, VisionTransformer
+from workbench.report_content.rounding import fmt
 
 METHODS = ("cls_attention", "rollout", "chefer", "grad_x_input", "random")
 TOL = 1e-12
@@ -81,8 +83,55 @@ def test_a_cells_metrics_and_arrays_are_what_the_module_says(scored):
     diffs["intact_accuracy"] = abs(metrics["intact_accuracy"] - (arrays["predicted"] == arrays["labels"]).mean())
     diffs["cls_attention_on_top_effects"] = abs(metrics["cls_attention_on_top_effects"]
                                                 - _share_on_top(arrays["cls_attention"], arrays["effects"], 4).mean())
+    for block in range(depth):  # how concentrated CLS attention is: the metric is the mean of the logged array
+        for key in ("entropy", "top1", "topk", "on_self"):
+            diffs[f"cls_attention_{key}/block{block}"] = abs(metrics[f"cls_attention_{key}/block{block}"]
+                                                            - arrays[f"cls_attention_{key}"][block].mean())
+    heads = arrays["cls_attention_entropy_heads"]
+    assert arrays["cls_attention_entropy"].shape == (depth, n) and heads.shape == (depth, n, 2)
+    assert int(arrays["attention_top_k"]) == 1 == metrics["attention_concentration_k"]  # ceil(4 / 10)
+    assert not any(k.startswith(("cls_attention_on_registers", "register_norm")) for k in metrics)  # no registers
+    assert np.array_equal(arrays["cls_attention_on_registers"], np.zeros((depth, n)))
     bad = {k: v for k, v in diffs.items() if not v <= TOL}
     assert not bad, f"max difference {max(diffs.values()):.3g}: {bad}"
+
+
+def _with_concentration(cell: attribution_runs.CellResult, rng: np.random.Generator, registers: int = 2,
+                        heads: int = 3) -> attribution_runs.CellResult:
+    """The cell's arrays with random concentration arrays and ``registers`` register tokens' norms."""
+    a = dict(cell.arrays)
+    depth, n, _ = a["norms"].shape
+    a |= {"prefix": np.int64(1 + registers), "prefix_norms": rng.gamma(2.0, size=(depth, n, 1 + registers)),
+          "attention_top_k": np.int64(2)}
+    for key in attribution_runs.CONCENTRATION_ARRAYS:
+        a[key] = rng.random((depth, n, heads) if key.endswith("_heads") else (depth, n))
+    return attribution_runs.CellResult(cell.record, a)
+
+
+def test_concentration_numbers_are_the_arrays_recomputed_and_old_cells_have_none():
+    rng = np.random.default_rng(11)
+    old = {s: _cell(rng, s) for s in (0, 1)}
+    assert not has_concentration(old)  # evidence exported before the arrays existed: the report leaves them out
+    cells = {s: _with_concentration(c, rng) for s, c in old.items()}
+    assert has_concentration(cells)
+    blocks = block_concentration(cells)
+    diffs = {}
+    for b in blocks:
+        for s, c in cells.items():
+            a = c.arrays
+            diffs[f"{b.block}/{s}/entropy"] = abs(b.entropy[s] - a["cls_attention_entropy"][b.block].mean())
+            lowest = min(a["cls_attention_entropy_heads"][b.block][:, h].mean() for h in range(3))
+            diffs[f"{b.block}/{s}/head"] = abs(b.lowest_head_entropy[s] - lowest)
+            diffs[f"{b.block}/{s}/registers"] = abs(b.registers[s] - a["cls_attention_on_registers"][b.block].mean())
+            ratio = a["prefix_norms"][b.block, :, 1:].mean() / a["median_norm"][b.block]
+            diffs[f"{b.block}/{s}/norm"] = abs(b.register_norm_ratio[s] - ratio)
+    bad = {k: v for k, v in diffs.items() if not v <= TOL}
+    assert not bad, f"max difference {max(diffs.values()):.3g}: {bad}"
+    md = to_markdown([attribution_report.concentration_table(blocks)])
+    assert "on the 2 registers, %" in md and "register norm / patch median" in md and "top 2 patches, %" in md
+    block1 = next(cols for cols in (line.split("|")[1:-1] for line in md.splitlines()) if cols and cols[0].strip() == "1")
+    assert block1[1].strip() == fmt(np.mean([blocks[1].entropy[s] for s in cells]), 3), block1
+    assert block1[4].strip() == fmt(100 * np.mean([blocks[1].topk[s] for s in cells]), 1), block1
 
 
 def _share_on_top(attention: np.ndarray, ranked: np.ndarray, top: int) -> np.ndarray:
@@ -196,3 +245,30 @@ def test_exported_arrays_read_back_the_same_and_a_changed_file_is_refused(tmp_pa
     (tmp_path / "arrays" / "vit.seed0.npz").write_bytes(data[:-1] + bytes([data[-1] ^ 1]))
     with pytest.raises(ReportError, match=r"vit.seed0.npz: sha256 differs"):
         exported_cell(tmp_path, cell.record, entry)
+
+
+def test_the_attribution_fingerprint_covers_rollout_and_the_libraries_but_not_figures(tmp_path):
+    from workbench.train.fingerprint import LIBRARY_ROOT
+
+    root = tmp_path / "workbench"
+    for path in LIBRARY_ROOT.rglob("*.py"):
+        if "__pycache__" not in path.parts:
+            target = root / path.relative_to(LIBRARY_ROOT)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(path.read_bytes())
+    versions = {"torch": "1", "timm": "2"}
+    here = attribution_runs.attribution_fingerprint(LIBRARY_ROOT, versions)
+    assert attribution_runs.attribution_fingerprint(root, versions) == here  # a copy is the same code
+    changed = {}
+    for name in ("analysis/rollout.py", "attribution/cell.py", "interventions/forward.py", "models/vit.py",
+                 "analysis/attention_figures.py", "attribution/attribution_figures.py", "stats.py"):
+        path = root / name
+        before = path.read_bytes()
+        path.write_bytes(before + b"\n# edited\n")
+        changed[name] = attribution_runs.attribution_fingerprint(root, versions) != here
+        path.write_bytes(before)
+    want = {"analysis/rollout.py": True, "attribution/cell.py": True, "interventions/forward.py": True,
+            "models/vit.py": True, "analysis/attention_figures.py": False, "stats.py": False,
+            "attribution/attribution_figures.py": True}  # a figure module inside the package: the package's rule
+    assert changed == want, {k: v for k, v in changed.items() if want[k] != v}
+    assert attribution_runs.attribution_fingerprint(root, {"torch": "3", "timm": "2"}) != here

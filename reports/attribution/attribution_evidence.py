@@ -131,8 +131,12 @@ The rebuilt `report.md` equals `../report.md` except for one added header line
   `effects` (log p(y) of the intact model minus log p(y) without that one patch token) and
   `cls_attention` are (N, P); `rho/<method>` (N,) (NaN where undefined); curves (N, F) over
   `fractions` (F,); `norms` (L, N, P) and `prefix_norms` (L, N, prefix); `example_images`
-  the first scored images as the dataset holds them (uint8, E x C x H x W). Every number, interval and figure of
-  the report comes from these.
+  the first scored images as the dataset holds them (uint8, E x C x H x W); how concentrated the class
+  token's attention is per block (`workbench.attribution.concentration`), block first: `cls_attention_top1`,
+  `cls_attention_topk` (the top `attention_top_k` patch tokens), `cls_attention_entropy` (normalised, over the
+  patches), `cls_attention_on_self`, `cls_attention_on_registers` (L, N), and per head the `*_heads` arrays
+  (L, N, H); an export made before these arrays existed lacks them, and its report has no concentration
+  section. Every number, interval and figure of the report comes from these.
 
 Strings carry no credentials and no absolute paths: paths are relative to the directory
 the report was built from.

@@ -20,8 +20,9 @@ import torch
 from reports import provenance
 from reports.attribution.attribution_evidence import export_attribution_evidence
 from reports.attribution.attribution_study import AttributionStudy, load_study
-from reports.attribution.faithfulness import (BASELINE, BETTER, MEASURES, AttentionOnEffects, BlockNorms, MeasureRow,
-                                              attention_on_effects, block_norms, faithfulness_rows, mean_curves)
+from reports.attribution.faithfulness import (BASELINE, BETTER, MEASURES, AttentionOnEffects, BlockConcentration,
+                                              BlockNorms, MeasureRow, attention_on_effects, block_concentration,
+                                              block_norms, faithfulness_rows, has_concentration, mean_curves)
 from reports.collect import ReportError, newer_attempts, resolve_hash, shown_path
 from reports.figures import report_png
 from reports.output import ReportResult, Summary, log_report, paired_metrics, results_text, write_report
@@ -172,6 +173,60 @@ def attention_table(a: AttentionOnEffects) -> Table:
                   "attention is: its share on its own most-attended tokens."])
 
 
+def _seed_mean(values: dict[int, float]) -> float:
+    finite = [v for v in values.values() if math.isfinite(v)]
+    return float(np.mean(finite)) if finite else math.nan
+
+
+def _registers(n: int) -> str:
+    return f"{n} register{'s' if n != 1 else ''}"
+
+
+def concentration_table(blocks: list[BlockConcentration]) -> Table:
+    first = blocks[0]
+    k, p, registers = first.top_k, first.patches, first.registers_count
+    body = []
+    for b in blocks:
+        line = [str(b.block), fmt(_seed_mean(b.entropy), DECIMALS), fmt(_seed_mean(b.lowest_head_entropy), DECIMALS),
+                fmt(100 * _seed_mean(b.top1), 1), fmt(100 * _seed_mean(b.topk), 1), fmt(100 * _seed_mean(b.self_share), 1)]
+        if registers:
+            line += [fmt(100 * _seed_mean(b.registers), 1), fmt(_seed_mean(b.register_norm_ratio), 2)]
+        body.append(line)
+    header = ["block", "entropy (1 = uniform)", "most concentrated head's entropy", "top-1 patch, %",
+              f"top {k} patches, %", "on CLS itself, %"]
+    if registers:
+        header += [f"on the {_registers(registers)}, %", "register norm / patch median"]
+    words = (f" With {_registers(registers)}: the share of the whole row they receive, and their mean L2 norm "
+             "after the block over the block's median patch-token norm (register norms are never in the patch "
+             "statistics above).") if registers else " The model has no register tokens."
+    return Table(header, body, ["r"] * len(header),
+                 [f"How concentrated the class token's attention is, per block: its row of the attention map, heads "
+                  f"averaged (the most concentrated head: the lowest of the heads' mean entropies), over the {p} patch "
+                  "tokens renormalised to 1: normalised entropy −Σ q log q / log P (1: uniform, 0: all on one token), "
+                  f"the share on the top patch token and on the top {k} (⌈P / 10⌉; uniform attention: "
+                  f"{fmt(100 / p, 1)} % and {fmt(100 * k / p, 1)} %); and the share of the whole row the class token "
+                  "gives itself." + words + " Per seed the mean over its images, then the mean over seeds (the "
+                  "figure shows the seeds' range)."], css_class="wide nowrap")
+
+
+def concentration_panels(blocks: list[BlockConcentration]) -> tuple[dict, dict]:
+    def per_seed(field: str) -> np.ndarray:  # (seeds, L)
+        return np.array([[getattr(b, field)[s] for b in blocks] for s in sorted(blocks[0].entropy)])
+
+    first = blocks[0]
+    panels = {"normalised entropy over the patches": {"heads averaged": per_seed("entropy"),
+                                                      "most concentrated head": per_seed("lowest_head_entropy")},
+              "share on the top patch tokens": {"top 1": per_seed("top1"), f"top {first.top_k}": per_seed("topk")}}
+    if first.registers_count:
+        panels["share of the whole row"] = {f"on the {_registers(first.registers_count)}": per_seed("registers"),
+                                            "on CLS itself": per_seed("self_share")}
+    else:
+        panels["share of the whole row"] = {"on CLS itself": per_seed("self_share")}
+    uniform = {f"uniform, top {first.top_k}": first.top_k / first.patches, "uniform, top 1": 1 / first.patches}
+    return panels, {"normalised entropy over the patches": {"uniform attention": 1.0},
+                    "share on the top patch tokens": uniform}
+
+
 def arm_blocks(arm: str, rows: list[MeasureRow], cells: dict[int, CellResult], protocol: AttributionProtocol,
                n_resamples: int) -> list[Block]:
     """Every table and figure of one acted-on arm."""
@@ -206,6 +261,17 @@ def arm_blocks(arm: str, rows: list[MeasureRow], cells: dict[int, CellResult], p
                 a["effects"][:shown].reshape(shown, *grid), titles)))]
     blocks += [Heading(2, f"Does CLS attend to the tokens that matter? ({arm})"),
                attention_table(attention_on_effects(cells))]
+    if has_concentration(cells):  # evidence exported before these arrays existed has none: the section is left out
+        concentration = block_concentration(cells)
+        panels, reference = concentration_panels(concentration)
+        blocks += [Heading(2, f"Attention concentration per block ({arm})"), concentration_table(concentration),
+                   Figure(f"concentration_{arm}.png", (
+                       "The class token's attention per block: normalised entropy over the patch tokens (heads "
+                       "averaged, and the most concentrated head), its share on the top patch tokens, and the share of "
+                       "its whole row on itself (and on the register tokens, where the model has them). Line: mean "
+                       "over seeds; band: the range over seeds; dotted: uniform attention over the patches."),
+                       report_png(attribution_figures.concentration_figure(
+                           panels, f"{protocol.name}: {arm}, CLS attention per block", reference)))]
     blocks += [Heading(2, f"Token norms ({arm})"), norms_table(block_norms(cells), s.norm_threshold)]
     for seed, c in sorted(cells.items()):
         blocks.append(Figure(f"norms_{arm}_seed{seed}.png", (

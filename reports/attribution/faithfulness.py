@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tracking.kinds.attribution_runs import TOP_TOKENS, CellResult
+from tracking.kinds.attribution_runs import CONCENTRATION_KEYS, TOP_TOKENS, CellResult
 from workbench import stats
 from workbench.attribution import attention_mass_on, auc, top_mask
 
@@ -197,3 +197,57 @@ def attention_on_effects(cells: dict[int, CellResult]) -> AttentionOnEffects:
         on[s] = float(attention_mass_on(attention, top_mask(effects, top)).mean())
         own[s] = float(attention_mass_on(attention, top_mask(attention, top)).mean())
     return AttentionOnEffects(top, top / p, on, own)
+
+
+@dataclass(frozen=True)
+class BlockConcentration:
+    """How concentrated one block's CLS attention is over an arm's seeds (seed -> mean over its images).
+
+    Heads averaged unless said: ``entropy`` the normalised entropy over the patches (1: uniform),
+    ``lowest_head_entropy`` the most concentrated head's (the lowest of the heads' means),
+    ``top1`` / ``topk`` the share on the top 1 and top ``top_k`` patch tokens, ``self_share`` and
+    ``registers`` the shares of the whole row on CLS itself and on the register tokens, and
+    ``register_norm_ratio`` the register tokens' mean L2 norm over the block's median patch-token norm
+    (empty without registers). ``workbench.attribution.concentration`` defines each.
+    """
+
+    block: int
+    top_k: int
+    patches: int
+    registers_count: int
+    entropy: dict[int, float]
+    lowest_head_entropy: dict[int, float]
+    top1: dict[int, float]
+    topk: dict[int, float]
+    self_share: dict[int, float]
+    registers: dict[int, float]
+    register_norm_ratio: dict[int, float]
+
+
+def has_concentration(cells: dict[int, CellResult]) -> bool:
+    """Whether every cell logged the concentration arrays (evidence exported before them has none)."""
+    return all(all(k in c.arrays for k in CONCENTRATION_KEYS) for c in cells.values())
+
+
+def block_concentration(cells: dict[int, CellResult]) -> list[BlockConcentration]:
+    """Per block, the concentration of CLS attention per seed, from the logged per-image arrays."""
+    first = next(iter(cells.values())).arrays
+    depth, patches = first["cls_attention_entropy"].shape[0], first["effects"].shape[1]
+    registers = int(first["prefix"]) - 1
+    out = []
+    for block in range(depth):
+        fields: dict[str, dict[int, float]] = {k: {} for k in (
+            "entropy", "lowest_head_entropy", "top1", "topk", "self_share", "registers", "register_norm_ratio")}
+        for s in sorted(cells):
+            a = cells[s].arrays
+            fields["entropy"][s] = _nanmean(a["cls_attention_entropy"][block])
+            fields["lowest_head_entropy"][s] = min(_nanmean(h) for h in a["cls_attention_entropy_heads"][block].T)
+            fields["top1"][s] = float(a["cls_attention_top1"][block].mean())
+            fields["topk"][s] = float(a["cls_attention_topk"][block].mean())
+            fields["self_share"][s] = float(a["cls_attention_on_self"][block].mean())
+            fields["registers"][s] = float(a["cls_attention_on_registers"][block].mean())
+            if registers:
+                ratio = a["prefix_norms"][block][:, 1:].mean() / float(a["median_norm"][block])
+                fields["register_norm_ratio"][s] = float(ratio)
+        out.append(BlockConcentration(block, int(first["attention_top_k"]), patches, registers, **fields))
+    return out

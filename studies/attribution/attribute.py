@@ -189,11 +189,10 @@ def _score_cell(ex: Execution, cell: InterventionCell, sink: RunSink, token: str
             raise AttributionError(f"{proof.summary()}: the checkpoint of run {run_id} is not the one that made "
                                    "its saved predictions; nothing scored")
     x, y, indices = model_inputs(ex.images, inputs)
-    with tqdm(total=1, desc=f"{cell.key}: {len(s.methods)} methods, {len(y)} images, every patch token dropped",
-              unit="cell", leave=False) as bar:
+    with tqdm(total=len(y), desc=f"{cell.key}: {len(s.methods)} methods, every patch token dropped",
+              unit="image", leave=False) as bar:  # advanced per image batch
         scored = score_cell(model, x, y, s.methods, s.random_seed, s.norm_threshold, image_index=indices,
-                            batch_size=s.batch_size)
-        bar.update(1)
+                            batch_size=s.batch_size, progress=bar.update)
     HEARTBEATS.check(sink.run_id, verify=True)
     examples = ex.images.images[: s.examples].numpy()  # uint8, as in the dataset, for the report's example row
     metrics = attribution_runs.log_cell(sink, scored, examples, proof, {"acted_on": description, "split": s.split},

@@ -19,6 +19,12 @@ fingerprints and ``attribution_code_fingerprint()``. A child logs
   that falls on the ``TOP_TOKENS`` tokens of largest causal effect, mean over images; chance is
   ``TOP_TOKENS / patches``) and ``cls_attention_concentration`` (the share on its own
   ``TOP_TOKENS`` most-attended tokens);
+- per block ``i``, how concentrated CLS attention is (``workbench.attribution.concentration``; means
+  over images): ``cls_attention_entropy/block<i>`` (normalised entropy over the patches),
+  ``cls_attention_top1/block<i>`` and ``cls_attention_topk/block<i>`` (share on the top 1 and the
+  top ``attention_concentration_k`` patch tokens), ``cls_attention_on_self/block<i>``, with
+  register tokens ``cls_attention_on_registers/block<i>`` and ``register_norm/block<i>`` (their
+  mean L2 norm); per head ``h`` ``cls_attention_entropy_head<h>/block<i>``;
 - ``intact_accuracy``, ``intact_log_prob``, ``images``, ``patches``, ``forwards``, the reload
   proof and ``evaluation_seconds``;
 - the mean curves as metric histories, step = patch tokens removed (deletion) or kept
@@ -31,6 +37,7 @@ and the artifacts ``attribution/per_image.npz`` (compressed; ``PER_IMAGE_KEYS``)
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import math
@@ -50,7 +57,7 @@ from tracking.record.sink import RunSink
 from tracking.store.session import configure_tracking
 from workbench.attribution import CellAttribution
 from workbench.train.evaluate import ReloadProof
-from workbench.train.fingerprint import RESULT_PACKAGES, code_fingerprint
+from workbench.train.fingerprint import FINGERPRINT_CHARS, LIBRARY_ROOT, RESULT_PACKAGES, code_fingerprint
 
 ARTIFACT_DIR = "attribution"
 PER_IMAGE = f"{ARTIFACT_DIR}/per_image.npz"
@@ -59,18 +66,41 @@ SUMMARY = f"{ARTIFACT_DIR}/summary.json"
 # intervention's hook), with the training result packages: a change there re-evaluates; a
 # commit of docs, reports or CLI text does not.
 ATTRIBUTION_RESULT_PACKAGES = RESULT_PACKAGES + ("interventions", "attribution")
+# Single files outside those packages that the attribution numbers depend on: rollout's product.
+ATTRIBUTION_RESULT_FILES = ("analysis/rollout.py",)
+# How concentrated CLS attention is per block (``workbench.attribution.concentration``), block first:
+# ``(L, N)`` heads averaged, ``*_heads`` ``(L, N, H)``; ``attention_top_k`` the k of ``cls_attention_topk``.
+# Optional when read: evidence exported before they existed lacks them (the report leaves their table out).
+CONCENTRATION_ARRAYS = {"cls_attention_top1": "top1", "cls_attention_topk": "topk",
+                        "cls_attention_entropy": "entropy", "cls_attention_on_registers": "registers",
+                        "cls_attention_on_self": "self_share", "cls_attention_top1_heads": "top1_heads",
+                        "cls_attention_topk_heads": "topk_heads", "cls_attention_entropy_heads": "entropy_heads",
+                        "cls_attention_on_registers_heads": "registers_heads"}
+CONCENTRATION_KEYS = ("attention_top_k", *CONCENTRATION_ARRAYS)
 # per_image.npz: the arrays without a method in their name; per method m also scores/<m>,
 # rho/<m>, deletion_prob/<m>, insertion_prob/<m>, deletion_correct/<m>, insertion_correct/<m>.
 PER_IMAGE_KEYS = ("methods", "labels", "indices", "predicted", "full_log_prob", "effects", "fractions", "norms",
                   "prefix_norms", "median_norm", "norm_threshold", "cls_attention", "grid", "prefix", "random_seed",
-                  "example_images")
+                  "example_images", *CONCENTRATION_KEYS)
 TOP_TOKENS = 5  # "does CLS attend to the tokens that matter?": its attention on the 5 of largest effect
 METHOD_ARRAYS = ("scores", "rho", "deletion_prob", "insertion_prob", "deletion_correct", "insertion_correct")
 
 
+def attribution_fingerprint(root: Path = LIBRARY_ROOT, versions: dict[str, str] | None = None) -> str:
+    """The result packages' fingerprint under ``root``, extended by ``ATTRIBUTION_RESULT_FILES`` (path and content,
+    framed so no bytes can move between them unseen)."""
+    digest = hashlib.sha256(code_fingerprint(root, ATTRIBUTION_RESULT_PACKAGES, versions).encode())
+    for name in ATTRIBUTION_RESULT_FILES:
+        data = (Path(root) / name).read_bytes()
+        digest.update(f"\0{name}\0{len(data)}\0".encode())
+        digest.update(data)
+    return digest.hexdigest()[:FINGERPRINT_CHARS]
+
+
 @lru_cache(maxsize=1)
 def attribution_code_fingerprint() -> str:
-    return code_fingerprint(packages=ATTRIBUTION_RESULT_PACKAGES)
+    """This checkout's attribution code identity, once per process: a change there scores a cell again."""
+    return attribution_fingerprint()
 
 
 # ---------------------------------------------------------------- what a cell logs
@@ -93,7 +123,11 @@ def per_image_arrays(cell: CellAttribution, example_images: np.ndarray) -> dict[
         "median_norm": norms.median, "norm_threshold": np.float64(norms.k), "cls_attention": norms.cls_attention,
         "grid": np.array(norms.layout.grid, dtype=np.int64), "prefix": np.int64(norms.layout.prefix),
         "random_seed": np.int64(cell.seed), "example_images": np.asarray(example_images, dtype=np.uint8),
+        "attention_top_k": np.int64(norms.concentration.top_k),
     }
+    for key, field in CONCENTRATION_ARRAYS.items():
+        values = getattr(norms.concentration, field)  # (N, L) or (N, L, H)
+        arrays[key] = np.swapaxes(values, 0, 1)  # block first, as ``norms``
     for m in cell.methods:
         arrays |= {f"scores/{m}": cell.scores[m], f"rho/{m}": cell.rho[m],
                    f"deletion_prob/{m}": cell.curves.deletion_prob[m], f"insertion_prob/{m}": cell.curves.insertion_prob[m],
@@ -135,7 +169,26 @@ def cell_metrics(cell: CellAttribution) -> dict[str, float]:
                             f"high_norm_token_share/block{block}": float(tokens[has, block].mean())}
             metrics |= {f"high_norm_effect/block{block}": float(inside[block]),
                         f"other_effect/block{block}": float(outside[block])}
-    return _finite(metrics)
+    return _finite(metrics | concentration_metrics(cell))
+
+
+def concentration_metrics(cell: CellAttribution) -> dict[str, float]:
+    """Per block: how concentrated CLS attention is, its share on the registers and their norm (means over images)."""
+    c, norms = cell.norms.concentration, cell.norms
+    registers = norms.layout.prefix - 1
+    metrics: dict[str, float] = {"attention_concentration_k": c.top_k}
+    with np.errstate(invalid="ignore"):
+        for block in range(c.entropy.shape[1]):
+            metrics |= {f"cls_attention_entropy/block{block}": float(c.entropy[:, block].mean()),
+                        f"cls_attention_top1/block{block}": float(c.top1[:, block].mean()),
+                        f"cls_attention_topk/block{block}": float(c.topk[:, block].mean()),
+                        f"cls_attention_on_self/block{block}": float(c.self_share[:, block].mean())}
+            metrics |= {f"cls_attention_entropy_head{h}/block{block}": float(c.entropy_heads[:, block, h].mean())
+                        for h in range(c.entropy_heads.shape[2])}
+            if registers:
+                metrics |= {f"cls_attention_on_registers/block{block}": float(c.registers[:, block].mean()),
+                            f"register_norm/block{block}": float(norms.prefix_norms[:, block, 1:].mean())}
+    return metrics
 
 
 def _artifact(sink: RunSink, folder: Path, name: str, data: bytes) -> None:

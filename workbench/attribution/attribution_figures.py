@@ -121,3 +121,33 @@ def norm_histograms_figure(norms: np.ndarray, median: np.ndarray, k: float, titl
     axes[0].set_ylabel("tokens")
     fig.suptitle(title, fontsize=9)
     return fig
+
+
+def concentration_figure(panels: Mapping[str, Mapping[str, np.ndarray]], title: str,
+                         reference: Mapping[str, Mapping[str, float]] | None = None) -> Figure:
+    """One panel per measure of CLS attention against the block: per line, the mean over seeds and the seeds' range.
+
+    Args:
+        panels: panel title -> {line label -> ``(seeds, L)`` per seed and block}.
+        reference: panel title -> {label -> value} drawn as dotted lines (e.g. uniform attention's).
+    """
+    fig = new_figure((3.4 * len(panels) + 0.4, 3.0))
+    axes = fig.subplots(1, len(panels), squeeze=False)[0]
+    for ax, (name, lines) in zip(axes, panels.items()):
+        for label, per_seed in lines.items():
+            values = np.atleast_2d(np.asarray(per_seed, dtype=np.float64))
+            blocks = np.arange(values.shape[1])
+            line, = ax.plot(blocks, values.mean(axis=0), marker="o", markersize=3, label=label)
+            if values.shape[0] > 1:
+                ax.fill_between(blocks, values.min(axis=0), values.max(axis=0), color=line.get_color(), alpha=0.18,
+                                linewidth=0)
+        for label, value in (reference or {}).get(name, {}).items():
+            ax.axhline(value, color="0.45", linestyle=":", linewidth=1, label=label)
+        ax.set_title(name, fontsize=8)
+        ax.set_xlabel("block")
+        ax.set_xticks(blocks)
+        ax.set_ylim(0, 1.02)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=6)
+    fig.suptitle(title, fontsize=9)
+    return fig

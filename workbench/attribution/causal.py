@@ -50,6 +50,13 @@ class CausalEffects:
     predicted: np.ndarray
     forwards: int
 
+    @classmethod
+    def joined(cls, parts: list[CausalEffects]) -> CausalEffects:
+        """The effects of consecutive image batches as one (images in the order given)."""
+        return cls(effects=np.concatenate([c.effects for c in parts]),
+                   full_log_prob=np.concatenate([c.full_log_prob for c in parts]),
+                   predicted=np.concatenate([c.predicted for c in parts]), forwards=sum(c.forwards for c in parts))
+
 
 @torch.no_grad()
 def single_token_effects(model, images: torch.Tensor, labels: torch.Tensor, *,

@@ -9,7 +9,7 @@ and hierarchical bootstrap) and summarised per method (``summary``).
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -19,7 +19,7 @@ from workbench.attribution.agreement import attention_mass_on, mean_rho, spearma
 from workbench.attribution.causal import CausalEffects, single_token_effects
 from workbench.attribution.curves import Curves, perturbation_curves
 from workbench.attribution.glassbox import AttributionError, as_glassbox
-from workbench.attribution.methods import attribute, check_methods
+from workbench.attribution.methods import attribute, check_methods, random_order
 from workbench.attribution.token_norms import DEFAULT_K, TokenNorms, token_norms
 
 
@@ -102,7 +102,8 @@ class CellAttribution:
 
 def score_cell(model, images: torch.Tensor, labels: torch.Tensor, methods: Sequence[str], seed: int,
                k: float = DEFAULT_K, *, image_index=None, counts: Sequence[int] | None = None,
-               batch_size: int = 100, max_sequences: int = 4096) -> CellAttribution:
+               batch_size: int = 100, max_sequences: int = 4096,
+               progress: Callable[[int], None] | None = None) -> CellAttribution:
     """Scores, causal effects, curves, rho and token norms of one model on one set of images.
 
     Args:
@@ -113,7 +114,10 @@ def score_cell(model, images: torch.Tensor, labels: torch.Tensor, methods: Seque
         k: Token-norm outlier factor (``norms > k x`` the block's median).
         image_index: ``(B,)`` the images' indices in their split, for pairing (default ``0..B-1``).
         counts: Curve grid of removed/kept token counts (must hold 0 and ``P``; default every count).
-        batch_size: Images per call of a method; ``max_sequences`` bounds one widened drop call.
+        batch_size: Images per batch (methods, drops and curves run batch by batch); ``max_sequences``
+            bounds one widened drop call.
+        progress: Called with the number of images of each batch once its methods, drops and curves
+            are done (e.g. a tqdm bar's ``update``); the token norms, one cheap pass at the end, are not counted.
     """
     started = time.perf_counter()
     glass = as_glassbox(model)
@@ -121,16 +125,31 @@ def score_cell(model, images: torch.Tensor, labels: torch.Tensor, methods: Seque
     if images.shape[0] == 0:
         raise AttributionError("score_cell needs at least one image")
     labels = torch.as_tensor(labels).long()
-    scores = attribute(glass, images, labels, names, seed=seed, batch_size=batch_size)
-    causal = single_token_effects(glass, images, labels, max_sequences=max_sequences)
-    curves = perturbation_curves(glass, images, labels, scores, counts=counts, max_sequences=max_sequences)
+    # The random order is one (B, P) draw for all images, as ``attribute`` draws it: the same for any batch size.
+    drawn = random_order(glass, images, labels, seed=seed) if "random" in names else None
+    model_methods = [m for m in names if m != "random"]
+    scores: dict[str, list[torch.Tensor]] = {m: [] for m in names}
+    effects, curves = [], []
+    for start in range(0, images.shape[0], batch_size):
+        x, y = images[start:start + batch_size], labels[start:start + batch_size]
+        part = attribute(glass, x, y, model_methods, seed=seed, batch_size=batch_size) if model_methods else {}
+        if drawn is not None:
+            part["random"] = drawn[start:start + x.shape[0]]
+        part = {m: part[m] for m in names}
+        for m in names:
+            scores[m].append(part[m])
+        effects.append(single_token_effects(glass, x, y, max_sequences=max_sequences))
+        curves.append(perturbation_curves(glass, x, y, part, counts=counts, max_sequences=max_sequences))
+        if progress is not None:
+            progress(int(x.shape[0]))
+    causal, joined = CausalEffects.joined(effects), Curves.joined(curves)
     norms = token_norms(glass, images, k=k, batch_size=batch_size)
-    arrays = {m: s.numpy() for m, s in scores.items()}
+    arrays = {m: torch.cat(s).numpy() for m, s in scores.items()}
     index = np.arange(images.shape[0]) if image_index is None else np.asarray(image_index)
     return CellAttribution(
         methods=names, labels=labels.cpu().numpy(), image_index=index, scores=arrays, causal=causal,
-        rho={m: spearman_per_image(arrays[m], causal.effects) for m in names}, curves=curves,
-        deletion_auc={m: curves.deletion_auc(m) for m in names},
-        insertion_auc={m: curves.insertion_auc(m) for m in names},
+        rho={m: spearman_per_image(arrays[m], causal.effects) for m in names}, curves=joined,
+        deletion_auc={m: joined.deletion_auc(m) for m in names},
+        insertion_auc={m: joined.insertion_auc(m) for m in names},
         norms=norms, seed=int(seed), seconds=time.perf_counter() - started,
-        forwards=causal.forwards + curves.forwards)
+        forwards=causal.forwards + joined.forwards)

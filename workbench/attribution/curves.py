@@ -94,6 +94,20 @@ class Curves:
     insertion_correct: dict[str, np.ndarray]
     forwards: int
 
+    @classmethod
+    def joined(cls, parts: list[Curves]) -> Curves:
+        """The curves of consecutive image batches (the same grid) as one, images in the order given."""
+        fractions = parts[0].fractions
+        if any(not np.array_equal(c.fractions, fractions) for c in parts):
+            raise AttributionError("curves of different grids cannot be joined")
+
+        def cat(name: str) -> dict[str, np.ndarray]:
+            return {m: np.concatenate([getattr(c, name)[m] for c in parts]) for m in getattr(parts[0], name)}
+
+        return cls(fractions=fractions, deletion_prob=cat("deletion_prob"), insertion_prob=cat("insertion_prob"),
+                   deletion_correct=cat("deletion_correct"), insertion_correct=cat("insertion_correct"),
+                   forwards=sum(c.forwards for c in parts))
+
     def deletion_auc(self, method: str, of: str = "prob") -> np.ndarray:
         """Per-image deletion AUC ``(B,)`` of the probability (``of="prob"``) or the accuracy (``"correct"``)."""
         curve = self.deletion_prob if of == "prob" else self.deletion_correct

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from workbench.attribution.concentration import AttentionConcentration, concentration
 from workbench.attribution.glassbox import PatchLayout, as_glassbox, evaluating, layout_of
 from workbench.models.hooks import attached, record_hooks
 
@@ -42,6 +43,7 @@ class TokenNorms:
         outlier: ``(B, L, P)`` bool.
         layout: Where patch ``i`` sits (``layout.row_col``).
         cls_attention: ``(B, P)`` last-block CLS attention over the patches (heads averaged).
+        concentration: Per block, how concentrated CLS attention is (``concentration.concentration``).
     """
 
     norms: np.ndarray
@@ -51,6 +53,7 @@ class TokenNorms:
     outlier: np.ndarray
     layout: PatchLayout
     cls_attention: np.ndarray
+    concentration: AttentionConcentration
 
     @property
     def outlier_fraction(self) -> np.ndarray:
@@ -93,27 +96,38 @@ def _nanmean(values: np.ndarray) -> np.ndarray:
     return np.where(count > 0, total / np.maximum(count, 1), np.nan)
 
 
+def _class_row(store: dict[str, torch.Tensor], stage: str):
+    """A hook keeping only the class token's row ``(B, H, N)`` of an attention map (not the ``N x N`` map)."""
+
+    def keep(x: torch.Tensor) -> None:
+        store[stage] = x[:, :, 0].detach().to(torch.float64).cpu()
+
+    return keep
+
+
 @torch.no_grad()
 def token_norms(model, images: torch.Tensor, *, k: float = DEFAULT_K, batch_size: int = 200) -> TokenNorms:
-    """Record every block's ``resid2`` and the last attention map, one call per batch (hooks only)."""
+    """Record every block's ``resid2`` and class-token attention row, one call per batch (hooks only)."""
     glass = as_glassbox(model)
     if not k > 0:
         raise ValueError(f"k={k!r}: the norm cut-off factor must be > 0")
     layout = layout_of(glass)
     depth, p = glass.cfg.depth, layout.prefix
     stages = [f"blocks.{i}.resid2" for i in range(depth)]
-    last_probs = f"blocks.{depth - 1}.attn.probs"
-    norms, attention = [], []
+    probs = [f"blocks.{i}.attn.probs" for i in range(depth)]
+    norms, rows = [], []
     with evaluating(glass):
         for start in range(0, images.shape[0], batch_size):
             record: dict[str, torch.Tensor] = {}
-            with attached(glass, record_hooks(record, stages + [last_probs])):
+            hooks = record_hooks(record, stages) + [(s, _class_row(record, s)) for s in probs]
+            with attached(glass, hooks):
                 glass(images[start:start + batch_size])
             norms.append(torch.stack([record[s].to(torch.float64).norm(dim=-1) for s in stages], dim=1).cpu())
-            attention.append(record[last_probs].to(torch.float64).mean(dim=1)[:, 0, p:].cpu())
+            rows.append(torch.stack([record[s] for s in probs], dim=1))  # (b, L, H, N)
     all_norms = torch.cat(norms).numpy()  # (B, L, N)
+    cls_rows = torch.cat(rows).numpy()
     patch = all_norms[:, :, p:]
     median = np.median(patch.transpose(1, 0, 2).reshape(depth, -1), axis=1)
     return TokenNorms(norms=patch, prefix_norms=all_norms[:, :, :p], median=median, k=float(k),
                       outlier=patch > k * median[None, :, None], layout=layout,
-                      cls_attention=torch.cat(attention).numpy())
+                      cls_attention=cls_rows[:, -1].mean(axis=1)[:, p:], concentration=concentration(cls_rows, p))
