@@ -6,7 +6,8 @@ store forbidden gives back the same cells and, computed again, every number of t
 with a difference of exactly 0; a changed file or protocol is refused naming it; the source
 is called pretrained only for a published checkpoint. Slow tier: the hand-made MLflow store
 of ``test_report_transfer`` reported with ``--evidence``, rebuilt from the export with the
-store forbidden: report.md equal but for the one rebuilt line, every number at its place.
+store forbidden: report.md equal but for the one rebuilt line, every number at its place, the
+figures byte for byte, and ``rebuild_checks.transfer_differences`` (the published-evidence check) clean.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from rebuild_checks import forbid_store, number_differences, without_rebuilt_line
+from rebuild_checks import forbid_store, number_differences, transfer_differences, without_rebuilt_line
 from test_report_transfer import CORRECT, LABELS, PROTOCOL, SOURCE, K, log_transfer_store, predictions
 
 from reports.build import build_from_evidence, build_report
@@ -171,3 +172,5 @@ def test_store_report_and_its_rebuild_from_evidence_agree_number_for_number(tmp_
     assert compared > 100 and not places, f"{len(places)} places differ: {places[:20]}"
     assert without_rebuilt_line(again) == without_rebuilt_line(published), "report.md differs beyond the rebuilt line"
     assert [p.read_bytes() for p in rebuilt.figures] == [p.read_bytes() for p in built.figures], "a figure differs"
+    checked, problems = transfer_differences(built.folder)  # what test_published_evidence checks of a published one
+    assert checked == 4 * 2 + 4 * 3 + 2 * 4 and not problems, problems  # test_qwk, test_accuracy logged
