@@ -174,3 +174,17 @@ def test_store_report_and_its_rebuild_from_evidence_agree_number_for_number(tmp_
     assert [p.read_bytes() for p in rebuilt.figures] == [p.read_bytes() for p in built.figures], "a figure differs"
     checked, problems = transfer_differences(built.folder)  # what test_published_evidence checks of a published one
     assert checked == 4 * 2 + 4 * 3 + 2 * 4 and not problems, problems  # test_qwk, test_accuracy logged
+
+
+def test_a_source_given_by_option_is_said_with_what_it_is():
+    from reports.transfer.transfer_report import source_warnings
+    from workbench.transfer.source_model import SourceInfo
+
+    canonical = {"source": {"weights": "hub", "model": "vit_base_patch16_224"}}
+    local = SourceInfo(kind="timm-local", uri="w.safetensors", path="", run_id="", sha256="ab", pretrained=False,
+                       description="d", architecture="a", norm_from="n").as_params()
+    assert source_warnings(canonical, {"tags": {"source_override": ""}, "params": local}) == []
+    assert source_warnings(canonical, {"tags": {"source_override": "hub"}, "params": local}) == []
+    (warning,) = source_warnings(canonical, {"tags": {"source_override": "w.safetensors"}, "params": local})
+    assert "`--source w.safetensors`, not the protocol's source.weights `hub`" in warning, warning
+    assert warning.endswith("a local weights file, not a published checkpoint (what it holds is what its sha256 names)")

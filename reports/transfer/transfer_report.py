@@ -84,6 +84,18 @@ def cost_blocks(section: TransferSection, chosen: dict[tuple[str, int], CellReco
          "order; n/a where the run did not log them."])]
 
 
+def source_warnings(canonical: dict, execution: dict) -> list[str]:
+    """A source given by ``--source`` instead of the protocol's ``source.weights``: the Configuration table
+    shows the protocol's weights, so the report says which weights the cells really adapted, and what they are."""
+    override = execution.get("tags", {}).get("source_override", "")
+    weights = str((canonical.get("source") or {}).get("weights", ""))
+    if not override or override == weights:
+        return []
+    source = {k: v for k, v in execution.get("params", {}).items() if k.startswith("source.")}
+    return [f"the reported cells adapted the source given by `--source {override}`, not the protocol's source.weights "
+            f"`{weights}` (as Configuration shows it): their weights are {transfer_blocks.source_provenance(source)}"]
+
+
 def build_blocks(data: TransferData, section: TransferSection, inputs: provenance.BuildInputs,
                  log_targets: list[str]) -> tuple[list[Block], list[str], list[str]]:
     """The report's blocks, its warnings and what ``--strict`` refuses (missing cells, stale runs); no store is read."""
@@ -100,6 +112,7 @@ def build_blocks(data: TransferData, section: TransferSection, inputs: provenanc
     config, conflicts = configuration.protocol_config(canonical, source_cfg)
     report = transfer_blocks.degenerate(section)
     warnings = [f"the description contradicts the hashed protocol: {c}" for c in conflicts]
+    warnings += source_warnings(canonical, data.execution)
     warnings += [f"{len(missing)} expected cell(s) have no finished run for this source: {', '.join(missing)}"] if missing else []
     warnings += [f"{r.arm}/seed{r.seed} has a newer {r.status} run {r.run_id} (started {provenance.utc(r.start_time)}); "
                  "the report uses the older finished run (see Runs)" for r in attempts]
