@@ -23,9 +23,10 @@ from reports.collect import ReportError, StudyData, load_study, protocol_file, r
 from reports.evidence import EVIDENCE_DIR, export_evidence, export_format, load_evidence
 from reports.interventions.intervention_evidence import FORMAT as INTERVENTION_FORMAT, load_intervention_evidence
 from reports.interventions.intervention_report import build_intervention_report, render_intervention_study
-from reports.output import ReportResult, Summary, ablation_metrics, log_report, paired_metrics, results_text, write_report
+from reports.output import ReportResult, Summary, ablation_metrics, log_report, results_text, write_report
 from reports.provenance import BuildInputs, stale_items
 from reports.transfer import transfer_report
+from reports.transfer.transfer_evidence import FORMAT as TRANSFER_FORMAT, export_transfer_evidence, load_transfer_evidence
 from tracking.record import queries
 from workbench.protocol import SHORT_HASH_LEN, TransferProtocol, kind_of, load_transfer_protocol, read_yaml
 
@@ -60,7 +61,7 @@ def build_report(
         strict: Only recorded in the report's build inputs; the caller fails on ``result.problems``.
         evidence: Also export the study's evidence (run records and per-example predictions)
             to ``out_root/<protocol name>/evidence/``, from which ``build_from_evidence``
-            rebuilds the same report without the store. Ablation, intervention and attribution protocols.
+            rebuilds the same report without the store. Every protocol kind.
 
     Raises:
         ReportError: Nothing to report, a bad option, or runs lacking what the report needs.
@@ -91,14 +92,11 @@ def build_report(
     if path is None and "/" not in protocol and not protocol.endswith((".yaml", ".yml")):
         stored = transfer_report.stored_by_name(protocol, hash_prefix)  # a transfer protocol known only to the store
     if stored is not None or (path is not None and kind == "transfer"):
-        if evidence:
-            raise ReportError(f"--evidence: evidence export is for ablation, intervention and attribution protocols; "
-                              f"{protocol} is a transfer protocol")
         if stored is not None:
             return build_transfer_report(stored, out_root, hash_prefix, commit, compare, n_resamples, log, strict,
-                                         from_store=True)
+                                         from_store=True, evidence=evidence)
         return build_transfer_report(load_transfer_protocol(path), out_root, hash_prefix, commit, compare, n_resamples,
-                                     log, strict)
+                                     log, strict, evidence=evidence)
     spec, counts = resolve_protocol(protocol, hash_prefix)
     study = load_study(spec, counts, commit)
     log_targets = [study.parent_run_id] if log and study.parent_run_id else []
@@ -130,7 +128,12 @@ def build_from_evidence(evidence_dir: Path, out_root: Path) -> ReportResult:
             output folder is the one holding the export (the published report is never overwritten).
     """
     evidence_dir = Path(evidence_dir)
-    if export_format(evidence_dir) == ATTRIBUTION_FORMAT:
+    if export_format(evidence_dir) == TRANSFER_FORMAT:
+        transferred = load_transfer_evidence(evidence_dir)
+        _check_rebuild_folder(evidence_dir, out_root, transferred.data.protocol.name)
+        result = transfer_report.render_transfer_study(transferred.data, transferred.inputs, Path(out_root),
+                                                       transferred.logged_to)
+    elif export_format(evidence_dir) == ATTRIBUTION_FORMAT:
         attributed = load_attribution_evidence(evidence_dir)
         _check_rebuild_folder(evidence_dir, out_root, attributed.study.protocol.name)
         result = render_attribution_study(attributed.study, attributed.inputs, Path(out_root), attributed.logged_to)
@@ -195,8 +198,9 @@ def build_transfer_report(
     protocol: TransferProtocol, out_root: Path = DEFAULT_OUT_ROOT, hash_prefix: str | None = None,
     commit: str | None = None, compare: list[tuple[str, str]] | None = None,
     n_resamples: int = tables.BOOTSTRAP_RESAMPLES, log: bool = True, strict: bool = False, from_store: bool = False,
+    evidence: bool = False,
 ) -> ReportResult:
-    """The report of a transfer protocol: same pipeline, files and logging as ``build_report``.
+    """The report of a transfer protocol: same pipeline, files, logging and evidence export as ``build_report``.
 
     Cells are the newest finished run of each (regime, seed) of the hash, for the source of the
     hash's newest execution. ``--commit`` and ``--compare`` are refused in one line (every
@@ -208,26 +212,17 @@ def build_transfer_report(
     if compare:
         raise ReportError(f"--compare: not needed for transfer protocols ({protocol.name}); "
                           "every pair of regimes is compared already")
-    digest, section, source, protocol = transfer_report.load_section(protocol, hash_prefix, n_resamples, from_store)
-    short = digest[:SHORT_HASH_LEN]
-    parents = queries.parent_runs(protocol.name, digest)
-    log_targets = [parents[0].run_id] if log and parents else []
-    inputs = BuildInputs(source, digest, hash_prefix, None, [], n_resamples, protocol.evaluation.seed,
-                         section.confidence, strict)
-    blocks, warnings, problems = transfer_report.build_blocks(protocol, digest, section, inputs, log_targets)
-    folder = Path(out_root) / protocol.name
-    figure_paths = write_report(folder, blocks, f"{protocol.name}@{short} transfer report")
-    expected = len(protocol.regimes) * len(protocol.seeds)
-    messages = [f"{protocol.name}@{short}: {len(section.kappa_table)} of {expected} cells have a finished run "
-                "(transfer protocol)"] + [f"warning: {w}" for w in warnings]
-    if log and not parents:
-        messages.append(f"no parent run of {protocol.name}@{short} found: the report is not logged to MLflow")
-    metrics = {k: v for (a, b, metric), (paired, boot) in section.paired.items()
-               for k, v in paired_metrics(a, b, f"test_{metric}", paired, boot, scale=1.0).items()}
-    summary = Summary(metrics, results_text(blocks, f": {protocol.name}@{short}, "
-                                            f"{len(section.kappa_table)} of {expected} cells",
-                                            "QWK differences (test_qwk) as the report shows them"))
-    result = ReportResult(folder, folder / "report.md", folder / "report.html", figure_paths, messages=messages,
-                          section=section, problems=problems, summary=summary)
-    log_report(result, folder, log_targets if log else None)
+    data = transfer_report.load_study(protocol, hash_prefix, from_store)
+    log_targets = data.parents[:1] if log else []
+    inputs = BuildInputs(data.source, data.digest, hash_prefix, None, [], n_resamples, data.protocol.evaluation.seed,
+                         float(data.execution["params"]["evaluation.confidence"]), strict)
+    result = transfer_report.render_transfer_study(data, inputs, Path(out_root), log_targets)
+    if log and not data.parents:
+        result.messages.append(f"no parent run of {data.protocol.name}@{data.digest[:SHORT_HASH_LEN]} found: "
+                               "the report is not logged to MLflow")
+    log_report(result, result.folder, log_targets if log else None)
+    if evidence:
+        folder = export_transfer_evidence(result.folder / EVIDENCE_DIR, data, inputs, log_targets)
+        result.messages.append(f"wrote the evidence of {len(data.cells)} cells to {folder} "
+                               f"(rebuild: workbench report --from-evidence {folder} --out-dir DIR)")
     return result

@@ -184,3 +184,58 @@ def attribution_differences(folder: Path, tolerance: float = 1e-9) -> tuple[int,
             if published.get(place) != numbers:
                 diffs.append(f"{place}: report {published.get(place)}, evidence {numbers}")
     return checked, diffs
+
+
+def transfer_differences(folder: Path, tolerance: float = 0.0) -> tuple[int, list[str]]:
+    """(values checked, differences) of a transfer export: each reported cell's logged ``test_qwk`` and
+    every other ``test_<metric>`` it logged (accuracy, macro-F1, per-class recall, loss) against what its
+    exported test predictions give (within ``tolerance``), and the QWK, accuracy and macro-F1 estimates of the "Test metrics per cell" table
+    of ``folder/report.md`` and the mean, sd, min and max of its "Over seeds" table against the same
+    predictions (no bootstrap: fast). Also fails on an export that is damaged (sha256) or whose
+    protocol no longer hashes to the recorded hash (``load_transfer_evidence``)."""
+    import io
+
+    import numpy as np
+
+    from reports.transfer.transfer_evidence import load_transfer_evidence
+    from workbench.report_content.rounding import fmt
+    from workbench.train.evaluate import read_predictions
+    from workbench.transfer.evaluate import table_metrics
+
+    data = load_transfer_evidence(folder / "evidence").data
+    k = int(data.execution["params"]["transfer.num_classes"])
+    regimes = [r.name for r in data.protocol.regimes]
+    keys = sorted(data.cells, key=lambda key: (regimes.index(key[0]) if key[0] in regimes else len(regimes), key[1]))
+    values = {key: table_metrics(read_predictions(io.BytesIO(data.cells[key].files["test"])), k) for key in keys}
+    checked, diffs = 0, []
+    for key in keys:
+        logged = data.cells[key].record.metrics
+        # test_qwk always; every other test metric the cell logged (a cell of `workbench transfer` logs them all)
+        for name in [n for n in values[key] if n == "qwk" or f"test_{n}" in logged and n != "n"]:
+            checked += 1
+            if f"test_{name}" not in logged or abs(logged[f"test_{name}"] - values[key][name]) > tolerance:
+                diffs.append(f"{key[0]}/seed{key[1]} test_{name}: logged {logged.get(f'test_{name}')}, "
+                             f"predictions give {values[key][name]}")
+    places = numbers_by_place((folder / "report.md").read_text())
+
+    def column(section_end: str, name: str) -> list[list[str]]:
+        found = sorted((place[2], numbers) for place, numbers in places.items()
+                       if place[1] != "text" and place[0].endswith(section_end) and place[3] == name)
+        return [numbers for _, numbers in found]
+
+    for label, name in (("QWK", "qwk"), ("accuracy", "accuracy"), ("macro-F1", "macro_f1")):
+        shown = column("Test metrics per cell", label)
+        expected = [fmt(values[key][name], 3) for key in keys]  # the report's rounding (half up, on the decimal)
+        checked += len(expected)
+        if [numbers[:1] for numbers in shown] != [[e] for e in expected]:
+            diffs.append(f"Test metrics per cell, {label}: report {shown}, predictions give {expected}")
+    for label, stat in (("mean QWK", np.mean), ("sd", lambda x: np.std(x, ddof=1)), ("min", np.min), ("max", np.max)):
+        expected = []
+        for regime in [r for r in regimes if any(key[0] == r for key in keys)]:
+            qwk = [values[key]["qwk"] for key in keys if key[0] == regime]
+            expected.append(["n/a"] if len(qwk) < 2 and label == "sd" else [f"{stat(qwk):.3f}"])
+        shown = [numbers or ["n/a"] for numbers in column("Over seeds", label)]
+        checked += len(expected)
+        if shown != expected:
+            diffs.append(f"Over seeds, {label}: report {shown}, predictions give {expected}")
+    return checked, diffs

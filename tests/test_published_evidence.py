@@ -7,7 +7,9 @@ of the export (default tier, about a second). For an intervention study (format
 ``workbench-intervention-evidence/1``) the same, per intervention: each cell's logged
 ``accuracy/<name>`` against its exported outcomes, and the intact accuracies of Results; for an
 attribution study (``workbench-attribution-evidence/1``) each cell's logged rho and AUCs against its
-exported per-image arrays, and the Faithfulness table rendered from them. The
+exported per-image arrays, and the Faithfulness table rendered from them; for a transfer study
+(``workbench-transfer-evidence/1``) every test metric each cell logged (QWK, accuracy, macro-F1, recall) against its
+exported test predictions, and the per-cell and over-seeds tables of report.md. The
 full rebuild, every number of report.md at its place (bootstraps included: about 10 s for 33
 cells), is in the `slow` tier. Studies
 published before evidence existed are named in docs/results/README.md, saying why they have none.
@@ -19,12 +21,13 @@ from pathlib import Path
 
 import pytest
 from rebuild_checks import (accuracy_differences, attribution_differences, forbid_store, intervention_accuracy_differences,
-                            number_differences)
+                            number_differences, transfer_differences)
 
 from reports.build import build_from_evidence
 from reports.attribution.attribution_evidence import FORMAT as ATTRIBUTION_FORMAT
 from reports.evidence import export_format
 from reports.interventions.intervention_evidence import FORMAT as INTERVENTION_FORMAT
+from reports.transfer.transfer_evidence import FORMAT as TRANSFER_FORMAT
 
 RESULTS = Path(__file__).resolve().parent.parent / "docs" / "results"
 STUDIES = sorted(p for p in RESULTS.iterdir() if (p / "report.md").is_file()) if RESULTS.is_dir() else []
@@ -47,7 +50,8 @@ def test_every_published_study_has_evidence_or_says_why_not():
 @pytest.mark.parametrize("study", WITH_EVIDENCE)
 def test_published_evidence_is_intact_and_gives_the_reported_accuracies(study, tmp_path, monkeypatch):
     forbid_store(monkeypatch, tmp_path)
-    check = {INTERVENTION_FORMAT: intervention_accuracy_differences, ATTRIBUTION_FORMAT: attribution_differences}.get(
+    check = {INTERVENTION_FORMAT: intervention_accuracy_differences, ATTRIBUTION_FORMAT: attribution_differences,
+             TRANSFER_FORMAT: transfer_differences}.get(
         export_format(RESULTS / study / "evidence"), accuracy_differences)
     checked, diffs = check(RESULTS / study)
     assert checked > 0 and not diffs, diffs[:20]

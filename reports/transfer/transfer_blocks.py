@@ -44,7 +44,7 @@ def _ci(row, name: str, warning: str | None = None) -> str:
     return text
 
 
-def _provenance(source: dict[str, str]) -> str:
+def source_provenance(source: dict[str, str]) -> str:
     """What the source weights are; runs logged before ``source.provenance`` existed say it from ``source.kind``."""
     if source.get("source.provenance"):
         return source["source.provenance"]
@@ -60,7 +60,7 @@ def source_text(source: dict[str, str]) -> str:
     run = f" (run `{source['source.run_id']}`)" if source.get("source.run_id") else ""
     return (f"Source: {source.get('source.label', '?')}. Kind {source.get('source.kind', '?')}, weights "
             f"`{source.get('source.uri', '?')}`{run}, sha256 `{source.get('source.sha256') or 'none (random init)'}`, "
-            f"weights: {_provenance(source)}. "
+            f"weights: {source_provenance(source)}. "
             f"Inputs normalised with {source.get('source.norm_from', '?')}.")
 
 

@@ -1,8 +1,9 @@
 """Build a transfer protocol's report: the same pipeline, files, provenance and checks as an ablation report.
 
-The numbers come from ``tracking.kinds.transfer_runs.transfer_section`` (the newest finished run of each
-(regime, seed) of the hash, for the source of the newest execution); the cells' MLflow
-records give the provenance table, the compute cost and the newer unfinished attempts.
+The numbers come from a ``TransferData`` (``reports.transfer.transfer_data``: the newest finished
+run of each (regime, seed) of the hash, for the source of the newest execution, read from the
+store or from an evidence export); the cells' records give the provenance table, the compute
+cost and the newer unfinished attempts.
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ from reports import configuration, figures, provenance
 from reports.collect import ReportError, newer_attempts, resolve_hash, shown_path
 from reports.render import Block, Bullets, Heading, Para, Table
 from reports.transfer import transfer_blocks
-from tracking.kinds import transfer_runs
+from reports.output import ReportResult, Summary, paired_metrics, results_text, write_report
+from reports.transfer.transfer_data import TransferData, compute_section, load_data
 from tracking.record import queries
 from tracking.record.queries import CellRecord
 from workbench.protocol import SHORT_HASH_LEN, TransferProtocol, load_transfer_protocol
@@ -39,8 +41,10 @@ def _source_config(canonical: dict, num_classes: int):
 
 
 def cost_blocks(section: TransferSection, chosen: dict[tuple[str, int], CellRecord], regimes: list[str],
-                config=None, source_cfg=None) -> list[Block]:
-    """Per regime: training + selection wall time, epochs run, images/s, device, precision, trained parameters, FLOPs."""
+                config=None, source_cfg=None, epochs_run: dict[str, int] | None = None) -> list[Block]:
+    """Per regime: training + selection wall time, epochs run, images/s, device, precision, trained parameters, FLOPs.
+
+    ``epochs_run``: run id -> epochs logged (points of ``val_qwk``); default read from the store."""
     trained = {row["regime"].removesuffix(" (reference)"): row["trained parameters"] for row in (config.rows if config else [])}
     flops = "n/a"
     if source_cfg is not None:
@@ -55,7 +59,8 @@ def cost_blocks(section: TransferSection, chosen: dict[tuple[str, int], CellReco
             continue
         runs, epochs = [], []
         for r in records:
-            n_epochs = len(queries.metric_history(r.run_id, "val_qwk"))
+            n_epochs = (epochs_run[r.run_id] if epochs_run is not None and r.run_id in epochs_run
+                        else len(queries.metric_history(r.run_id, "val_qwk")))
             epochs.append(str(n_epochs))
             seconds, train = r.metrics.get("selection_seconds", 0.0), int(float(r.params.get("data.n_train", 0) or 0))
             if seconds and seconds > 0 and train:
@@ -79,11 +84,23 @@ def cost_blocks(section: TransferSection, chosen: dict[tuple[str, int], CellReco
          "order; n/a where the run did not log them."])]
 
 
-def build_blocks(protocol: TransferProtocol, digest: str, section: TransferSection, inputs: provenance.BuildInputs,
+def source_warnings(canonical: dict, execution: dict) -> list[str]:
+    """A source given by ``--source`` instead of the protocol's ``source.weights``: the Configuration table
+    shows the protocol's weights, so the report says which weights the cells really adapted, and what they are."""
+    override = execution.get("tags", {}).get("source_override", "")
+    weights = str((canonical.get("source") or {}).get("weights", ""))
+    if not override or override == weights:
+        return []
+    source = {k: v for k, v in execution.get("params", {}).items() if k.startswith("source.")}
+    return [f"the reported cells adapted the source given by `--source {override}`, not the protocol's source.weights "
+            f"`{weights}` (as Configuration shows it): their weights are {transfer_blocks.source_provenance(source)}"]
+
+
+def build_blocks(data: TransferData, section: TransferSection, inputs: provenance.BuildInputs,
                  log_targets: list[str]) -> tuple[list[Block], list[str], list[str]]:
-    """The report's blocks, its warnings and what ``--strict`` refuses (missing cells, stale runs)."""
+    """The report's blocks, its warnings and what ``--strict`` refuses (missing cells, stale runs); no store is read."""
+    protocol, digest, records = data.protocol, data.digest, data.records
     short = digest[:SHORT_HASH_LEN]
-    records = queries.cell_records(protocol.name, digest)
     by_id = {r.run_id: r for r in records}
     kappa = section.kappa_table
     chosen = {(r["regime"], int(r["seed"])): by_id[r["run_id"]] for _, r in kappa.iterrows() if r["run_id"] in by_id}
@@ -95,6 +112,7 @@ def build_blocks(protocol: TransferProtocol, digest: str, section: TransferSecti
     config, conflicts = configuration.protocol_config(canonical, source_cfg)
     report = transfer_blocks.degenerate(section)
     warnings = [f"the description contradicts the hashed protocol: {c}" for c in conflicts]
+    warnings += source_warnings(canonical, data.execution)
     warnings += [f"{len(missing)} expected cell(s) have no finished run for this source: {', '.join(missing)}"] if missing else []
     warnings += [f"{r.arm}/seed{r.seed} has a newer {r.status} run {r.run_id} (started {provenance.utc(r.start_time)}); "
                  "the report uses the older finished run (see Runs)" for r in attempts]
@@ -110,24 +128,27 @@ def build_blocks(protocol: TransferProtocol, digest: str, section: TransferSecti
                  f"Regimes: {', '.join(g + (' (reference)' if g == protocol.reference.name else '') for g in regimes)}; "
                  f"seeds: {', '.join(map(str, protocol.seeds))} (paired by seed); metric: test QWK (quadratic weighted "
                  "kappa), with accuracy and macro-F1.",
-                 *provenance.header_bullets(inputs, protocol.name, rule, log_targets),
+                 *provenance.header_bullets(inputs, protocol.name, rule, log_targets, data.tracking_uri,
+                                            data.rebuilt_from),
                  f"Cells with a finished run: **{len(kappa)} of {expected}**" + ("." if len(kappa) == expected else f" {FLAG}")]),
     ]
     if warnings:
         header += [Heading(2, "Warnings"), Bullets([f"{FLAG} {w}" for w in warnings])]
-    curves = {g: {int(s): {k: queries.metric_history(run_id, k) for k in transfer_blocks.CURVE_METRICS}
-                  for s, run_id in zip(group["seed"], group["run_id"])}
+    curves = {g: {int(s): data.cells[(g, int(s))].curves for s in group["seed"]}
               for g, group in kappa.groupby("regime", sort=False)}
+    epochs_run = {c.record.run_id: len(c.curves.get("val_qwk", {})) for c in data.cells.values()}
     rows = [(g, s, chosen[(g, s)]) for s in protocol.seeds for g in regimes if (g, s) in chosen]
     blocks = (header + transfer_blocks.results_blocks(section, protocol.reference.name, len(protocol.seeds))
               + configuration.configuration_blocks(config, conflicts) + transfer_blocks.section_blocks(section)
-              + cost_blocks(section, chosen, regimes, config, source_cfg) + transfer_blocks.figure_blocks(section, curves, figures.report_png)
-              + provenance.provenance_blocks(rows, attempts, chosen, "regime"))
+              + cost_blocks(section, chosen, regimes, config, source_cfg, epochs_run)
+              + transfer_blocks.figure_blocks(section, curves, figures.report_png)
+              + provenance.provenance_blocks(rows, attempts, chosen, "regime", data.tracking_uri))
     return blocks, warnings, provenance.stale_items(attempts, missing)
 
 
-def stored_protocol(name: str, digest: str) -> TransferProtocol | None:
-    """The transfer protocol of ``digest`` as its parent run logged it (``protocol/<name>.yaml``), hash-checked.
+def stored_protocol(name: str, digest: str) -> tuple[TransferProtocol, str] | None:
+    """The transfer protocol of ``digest`` as its parent run logged it (``protocol/<name>.yaml``), hash-checked,
+    with the file's text.
 
     None when the hash is not a transfer protocol's or no parent run holds its file.
     """
@@ -142,21 +163,22 @@ def stored_protocol(name: str, digest: str) -> TransferProtocol | None:
             for suffix in (".yaml", ".yml"):
                 artifact = f"protocol/{name}{suffix}"
                 if queries.has_artifact(parent.run_id, artifact):
-                    loaded = load_transfer_protocol(queries.download_artifact(parent.run_id, artifact, Path(tmp)))
+                    local = queries.download_artifact(parent.run_id, artifact, Path(tmp))
+                    loaded = load_transfer_protocol(local)
                     if loaded.hash == digest:
-                        return loaded
+                        return loaded, local.read_text(encoding="utf-8")
     return None
 
 
 def stored_by_name(name: str, hash_prefix: str | None) -> TransferProtocol | None:
     """A transfer protocol given by name only (no file here): the one its parent runs logged, else None."""
     counts = queries.hash_counts(name)
-    return stored_protocol(name, resolve_hash(name, counts, hash_prefix, None))
+    stored = stored_protocol(name, resolve_hash(name, counts, hash_prefix, None))
+    return None if stored is None else stored[0]
 
 
-def load_section(protocol: TransferProtocol, hash_prefix: str | None, n_resamples: int,
-                 from_store: bool = False) -> tuple[str, TransferSection, str, TransferProtocol]:
-    """The hash to report, its section, where the protocol came from, and the protocol of that hash.
+def load_study(protocol: TransferProtocol, hash_prefix: str | None, from_store: bool = False) -> TransferData:
+    """What the report of the hash to report is computed from, with the protocol of that hash.
 
     Another recorded hash than the file's is reported with the protocol file its parent run
     logged (hash-checked), so the configuration, regimes and seeds are that version's.
@@ -164,15 +186,37 @@ def load_section(protocol: TransferProtocol, hash_prefix: str | None, n_resample
     """
     counts = queries.hash_counts(protocol.name)
     digest = resolve_hash(protocol.name, counts, hash_prefix, protocol.hash)
-    try:
-        section = transfer_runs.transfer_section(protocol.name, protocol_hash=digest, n_resamples=n_resamples)
+    if digest == protocol.hash and not from_store:
+        source, stored = f"file {shown_path(Path(protocol.source_file))}", (
+            protocol, Path(protocol.source_file).read_text(encoding="utf-8"))
+    else:
+        source, stored = f"protocol/{protocol.name}.yaml logged on its parent run", stored_protocol(protocol.name, digest)
+    try:  # a missing execution or cell is said before a missing protocol file
+        data = load_data(*(stored or (protocol, "")), digest, source)
     except LookupError as err:
         recorded = ", ".join(h[:SHORT_HASH_LEN] for h in counts) or "none"
         raise ReportError(f"{err} (recorded hashes of {protocol.name!r}: {recorded}; pick one with --hash)") from err
-    if digest == protocol.hash and not from_store:
-        return digest, section, f"file {shown_path(Path(protocol.source_file))}", protocol
-    stored = protocol if digest == protocol.hash else stored_protocol(protocol.name, digest)
     if stored is None:
         raise ReportError(f"{protocol.name}@{digest[:SHORT_HASH_LEN]}: no parent run holds the protocol file of that "
                           "hash (protocol/<name>.yaml); report it with its file")
-    return digest, section, f"protocol/{protocol.name}.yaml logged on its parent run", stored
+    return data
+
+
+def render_transfer_study(data: TransferData, inputs: provenance.BuildInputs, out_root: Path,
+                          log_targets: list[str]) -> ReportResult:
+    """Compute the section and write the report files of ``data`` (from the store or an evidence export)."""
+    protocol, short = data.protocol, data.digest[:SHORT_HASH_LEN]
+    section = compute_section(data, inputs.n_resamples)
+    blocks, warnings, problems = build_blocks(data, section, inputs, log_targets)
+    folder = Path(out_root) / protocol.name
+    figure_paths = write_report(folder, blocks, f"{protocol.name}@{short} transfer report")
+    expected = len(protocol.regimes) * len(protocol.seeds)
+    messages = [f"{protocol.name}@{short}: {len(section.kappa_table)} of {expected} cells have a finished run "
+                "(transfer protocol)"] + [f"warning: {w}" for w in warnings]
+    metrics = {k: v for (a, b, metric), (paired, boot) in section.paired.items()
+               for k, v in paired_metrics(a, b, f"test_{metric}", paired, boot, scale=1.0).items()}
+    summary = Summary(metrics, results_text(blocks, f": {protocol.name}@{short}, "
+                                            f"{len(section.kappa_table)} of {expected} cells",
+                                            "QWK differences (test_qwk) as the report shows them"))
+    return ReportResult(folder, folder / "report.md", folder / "report.html", figure_paths, messages=messages,
+                        section=section, problems=problems, summary=summary)

@@ -40,8 +40,9 @@ from workbench.protocol import ProtocolError
 @click.option("--evidence", is_flag=True,
               help="Also export the study's evidence to OUT_DIR/<protocol>/evidence/: every cell run's record and "
                    "the reported runs' per-example predictions (intervention protocols: per-example outcomes of every "
-                   "intervention and the attention maps; attribution protocols: every cell's per-image arrays), enough to "
-                   "rebuild the report without the store. Ablation, intervention and attribution protocols.")
+                   "intervention and the attention maps; attribution protocols: every cell's per-image arrays; transfer "
+                   "protocols: the execution's source and settings, every cell's logged val and test predictions and "
+                   "curves), enough to rebuild the report without the store. Every protocol kind.")
 @click.option("--from-evidence", "from_evidence", type=click.Path(file_okay=False), default=None,
               help="Rebuild a report from an evidence export (a folder written by --evidence) instead of the "
                    "MLflow store, with the options it was built with; writes OUT_DIR/<protocol>/, logs nothing.")

@@ -22,9 +22,8 @@ import mlflow
 from mlflow.tracking import MlflowClient
 
 from tracking.kinds.training_runs import EPOCH_METRICS, MlflowTrainingObserver
-from tracking.record.queries import download_artifact, search_runs
-from tracking.record.schema import (ARM, FINISHED, PROTOCOL_HASH, SEED, SOURCE_IDENTITY, TRANSFER, cell_filter,
-                                    parent_filter)
+from tracking.record.queries import CellRecord, cell_records, download_artifact
+from tracking.record.schema import FINISHED, PROTOCOL_HASH, SOURCE_IDENTITY, TRANSFER, cell_filter, parent_filter
 from tracking.record.sink import RunSink
 from tracking.store import health
 from workbench.train.evaluate import read_predictions
@@ -188,6 +187,57 @@ def _newest_parent(client: MlflowClient, experiment_id: str, protocol_hash: str 
     return parents[0]
 
 
+def newest_execution(protocol_name: str, protocol_hash: str | None = None) -> dict:
+    """The newest transfer execution (parent run) of the hash: ``run_id``, ``params`` and ``tags``.
+
+    Its ``source_identity`` tag decides which cells a report shows; its ``transfer.*``,
+    ``evaluation.*`` and ``source.*`` params are the section's settings and source.
+
+    Raises:
+        LookupError: No such experiment or no transfer execution of the hash.
+    """
+    client = MlflowClient()
+    exp = client.get_experiment_by_name(protocol_name)
+    if exp is None:
+        raise LookupError(f"no experiment {protocol_name!r} in {mlflow.get_tracking_uri()}")
+    parent = _newest_parent(client, exp.experiment_id, protocol_hash)
+    return {"run_id": parent.info.run_id, "params": dict(parent.data.params), "tags": dict(parent.data.tags)}
+
+
+def choose_cells(records: list[CellRecord], source_identity: str) -> dict[tuple[str, int], CellRecord]:
+    """The run a report shows per (regime, seed): the newest FINISHED cell run of ``source_identity``.
+
+    One rule for the store and for a rebuild from an evidence export (which holds every cell run).
+    """
+    chosen: dict[tuple[str, int], CellRecord] = {}
+    for r in sorted(records, key=lambda r: (r.start_time, r.run_id), reverse=True):  # newest first
+        if r.status == FINISHED and r.tags.get(SOURCE_IDENTITY) == source_identity:
+            chosen.setdefault((r.arm, r.seed), r)
+    return dict(sorted(chosen.items()))
+
+
+def cell_predictions(record: CellRecord, table) -> CellPredictions:
+    """A chosen cell's saved test predictions with what it logged when it was evaluated."""
+    m = record.metrics
+    logged = {k[len("test_"):]: v for k, v in m.items() if k.startswith("test_")
+              and not k.startswith(("test_file_", "test_metrics_")) and "_ci_" not in k and k != "test_seconds"}
+    return CellPredictions(record.arm, record.seed, table, logged, int(m.get("best_epoch", 0)),
+                           m.get("best_val_qwk", math.nan), record.run_id, m.get("selection_seconds", math.nan))
+
+
+def section_of(protocol_name: str, protocol_hash: str, params: dict[str, str], cells: list[CellPredictions],
+               n_resamples: int | None = None, confidence: float | None = None,
+               seed: int | None = None) -> TransferSection:
+    """The section from the execution's params (``newest_execution``) and the chosen cells' predictions;
+    no store is read (a rebuild from evidence calls it too)."""
+    source = {k: v for k, v in params.items() if k.startswith("source.")}
+    return build_section(
+        cells, int(params["transfer.num_classes"]), params["transfer.regimes"].split(","), params["transfer.reference"],
+        n_resamples or int(params["evaluation.n_resamples"]), confidence or float(params["evaluation.confidence"]),
+        int(params["evaluation.seed"]) if seed is None else seed, source=source,
+        title=f"Transfer study {protocol_name}@{protocol_hash[:12]}")
+
+
 def transfer_section(
     protocol_name: str, protocol_hash: str | None = None, source_identity: str | None = None,
     n_resamples: int | None = None, confidence: float | None = None, seed: int | None = None,
@@ -206,39 +256,17 @@ def transfer_section(
     Raises:
         LookupError: The protocol, an execution or finished cells are missing.
     """
-    client = MlflowClient()
-    exp = client.get_experiment_by_name(protocol_name)
-    if exp is None:
-        raise LookupError(f"no experiment {protocol_name!r} in {mlflow.get_tracking_uri()}")
-    parent = _newest_parent(client, exp.experiment_id, protocol_hash)
-    protocol_hash = protocol_hash or parent.data.tags[PROTOCOL_HASH]
-    source_identity = source_identity or parent.data.tags[SOURCE_IDENTITY]
-    p = parent.data.params
-    runs = search_runs(exp.experiment_id, cell_filter(protocol_hash, status=FINISHED,
-                                                      **{SOURCE_IDENTITY: source_identity}))
-    runs.sort(key=lambda r: r.info.start_time or 0, reverse=True)
-    newest = {}
-    for run in runs:  # newest first: keep the first of each (regime, seed)
-        newest.setdefault((run.data.tags[ARM], int(run.data.tags[SEED])), run)
+    parent = newest_execution(protocol_name, protocol_hash)
+    protocol_hash = protocol_hash or parent["tags"][PROTOCOL_HASH]
+    source_identity = source_identity or parent["tags"][SOURCE_IDENTITY]
+    newest = choose_cells(cell_records(protocol_name, protocol_hash), source_identity)
     if not newest:
         raise LookupError(f"{protocol_name}@{protocol_hash[:12]}: no finished cells for source {source_identity}")
     with tempfile.TemporaryDirectory() as tmp:
         dst = Path(download_dir or tmp)
-        cells = []
-        for (regime, s), run in sorted(newest.items()):
-            local = download_artifact(run.info.run_id, "predictions/test.csv", dst / run.info.run_id)
-            m = run.data.metrics
-            logged = {k[len("test_"):]: v for k, v in m.items() if k.startswith("test_")
-                      and not k.startswith(("test_file_", "test_metrics_")) and "_ci_" not in k and k != "test_seconds"}
-            cells.append(CellPredictions(regime, s, read_predictions(local), logged, int(m.get("best_epoch", 0)),
-                                         m.get("best_val_qwk", math.nan), run.info.run_id,
-                                         m.get("selection_seconds", math.nan)))
-        source = {k: v for k, v in parent.data.params.items() if k.startswith("source.")}
-        return build_section(
-            cells, int(p["transfer.num_classes"]), p["transfer.regimes"].split(","), p["transfer.reference"],
-            n_resamples or int(p["evaluation.n_resamples"]), confidence or float(p["evaluation.confidence"]),
-            int(p["evaluation.seed"]) if seed is None else seed, source=source,
-            title=f"Transfer study {protocol_name}@{protocol_hash[:12]}")
+        cells = [cell_predictions(r, read_predictions(download_artifact(r.run_id, "predictions/test.csv", dst / r.run_id)))
+                 for r in newest.values()]
+    return section_of(protocol_name, protocol_hash, parent["params"], cells, n_resamples, confidence, seed)
 
 
 def log_section(parent: RunSink, section: TransferSection, markdown: str) -> None:
