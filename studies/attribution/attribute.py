@@ -41,7 +41,9 @@ from workbench.attribution import AttributionError, score_cell
 from workbench.data import DatasetNotFound, PreparedData, PreparedSplit, prepare
 from workbench.interventions import InterventionError
 from workbench.interventions.evaluate import Inputs
-from workbench.interventions.sources import ActedModel, model_labels, pretrained_model, reload_proof, trained_cell_model
+from workbench.interventions.sources import (
+    ActedModel, model_labels, pretrained_model, read_across_note, reload_proof, trained_cell_model,
+)
 from workbench.models.vit import ViTConfig
 from workbench.precision import resolve_amp
 from workbench.protocol import AttributionProtocol, InterventionCell, load_attribution_protocol
@@ -135,7 +137,7 @@ def _acted(ex: Execution, cell: InterventionCell, run_id: str | None):
     proof = _inputs(ex, model.cfg, arm.run.eval_batch_size, arm.run.amp, arm.data.resize_to)
     # Scored in float32 whatever the cell trained with: the drops' effects are differences of log-probabilities.
     inputs = _inputs(ex, model.cfg, s.batch_size, "off", arm.data.resize_to)
-    description = f"{p.acts_on.protocol} cell {cell.key}, best checkpoint of run {run_id}"
+    description = f"{p.acts_on.protocol} cell {cell.key}, best checkpoint of run {run_id}{read_across_note(trained.config)}"
     return model, proof, inputs, trained.predictions["val"], description
 
 

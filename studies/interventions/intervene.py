@@ -38,7 +38,9 @@ from tracking.record.schema import INTERVENTION, RUN_NAME, SOURCE_IDENTITY, SOUR
 from workbench.data import DatasetNotFound, PreparedData, PreparedSplit, prepare
 from workbench.interventions import HeadAblation, InterventionError, flatten
 from workbench.interventions.evaluate import Inputs, evaluate, reference_means
-from workbench.interventions.sources import ActedModel, model_labels, pretrained_model, reload_proof, trained_cell_model
+from workbench.interventions.sources import (
+    ActedModel, model_labels, pretrained_model, read_across_note, reload_proof, trained_cell_model,
+)
 from workbench.models.vit import ViTConfig
 from workbench.precision import resolve_amp
 from workbench.protocol import InterventionCell, InterventionProtocol, load_intervention_protocol
@@ -123,7 +125,7 @@ def _acted(ex: Execution, cell: InterventionCell, run_id: str | None):
     arm = next(a for a in p.source.arms if a.name == cell.arm).config
     proof = _inputs(ex, model.cfg, batch_size=arm.run.eval_batch_size, amp=arm.run.amp, resize_to=arm.data.resize_to)
     inputs = _inputs(ex, model.cfg, batch_size=p.evaluation.batch_size, amp=arm.run.amp, resize_to=arm.data.resize_to)
-    description = f"{p.acts_on.protocol} cell {cell.key}, best checkpoint of run {run_id}"
+    description = f"{p.acts_on.protocol} cell {cell.key}, best checkpoint of run {run_id}{read_across_note(trained.config)}"
     return model, proof, inputs, trained.predictions["val"], description
 
 

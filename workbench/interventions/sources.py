@@ -7,12 +7,14 @@ from dataclasses import dataclass
 import pandas as pd
 import torch
 
+from workbench.convert.arm_check import NotGlassBoxViT, trained_glassbox
 from workbench.convert.timm_vit import glassbox_from_timm
 from workbench.convert.timm_weights import load_timm_weights
 from workbench.data import NormStats, PreparedSplit
 from workbench.interventions.evaluate import Inputs
 from workbench.interventions.spec import InterventionError
 from workbench.models.registry import model_config
+from workbench.models.timm_arm import TimmModelConfig, is_timm_name
 from workbench.models.vit import ViTConfig, VisionTransformer
 from workbench.train.evaluate import ReloadProof, compare_predictions, predict
 
@@ -35,14 +37,30 @@ class ActedModel:
 
 
 def trained_cell_model(config: dict, state: dict) -> VisionTransformer:
-    """The cell's architecture (its ``config.json``) with its best weights, strictly loaded, eval mode."""
+    """The cell's architecture (its ``config.json``) with its best weights, strictly loaded, eval mode.
+
+    A timm ViT arm's weights are read across to the glass-box ViT by the exact mapping
+    (``workbench.convert.arm_check.trained_glassbox``), so everything acts on the glass box;
+    the caller's reload proof then holds that glass-box copy to the cell's saved predictions.
+    """
     name, overrides = config["model"]["name"], config["model"].get("overrides", {})
     cfg = model_config(name, **overrides)
+    if isinstance(cfg, TimmModelConfig):
+        try:
+            return trained_glassbox(cfg, state)[0]
+        except NotGlassBoxViT as err:
+            raise InterventionError(f"model {name!r}: {err}; interventions act on ViT stages") from None
     if not isinstance(cfg, ViTConfig):
         raise InterventionError(f"model {name!r} is not a ViT; interventions act on ViT stages")
     model = VisionTransformer(cfg)
     model.load_state_dict(state, strict=True)
     return model.eval()
+
+
+def read_across_note(config: dict) -> str:
+    """What a cell's description adds for a timm ViT arm: its weights act through the glass-box copy."""
+    name = config["model"]["name"]
+    return f"; {name} read across to the glass-box ViT by the exact mapping" if is_timm_name(name) else ""
 
 
 def reload_proof(model: VisionTransformer, split: PreparedSplit, saved: pd.DataFrame, inputs: Inputs) -> ReloadProof:
