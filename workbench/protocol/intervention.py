@@ -63,7 +63,9 @@ class ActsOn:
     Attributes:
         protocol: The ablation protocol's name (its file sits beside this one).
         hash: Its full protocol hash: the file must still have it.
-        arms: Which of its ViT arms to act on; empty: every ViT arm.
+        arms: Which of its ViT arms to act on: glass-box ViTs, and timm ViTs (`timm/<architecture>`)
+            read across to the glass-box ViT by the exact mapping; a CNN (a timm one too) is refused.
+            Empty: every ViT arm.
     """
 
     protocol: str
