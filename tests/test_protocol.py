@@ -383,6 +383,8 @@ SHIPPED_HASHES = {
     "smoke_faithfulness": "1d328be6c95a5a4ed876b8b4f1eb6ebc0cb474f9d3e7c15257a6694a5428f73e",
     "smoke_heads": "2945147cc8fdd1dfe7fc56da1fb29d0f3b9c14d35a18c505ea37dcf482cf7aa6",
     "smoke_timm_arms": "5ec86d08fc219163dc65220c03a199d052f026fb66005237acc356688bf6b7c5",
+    "smoke_timm_faithfulness": "9e2ed197c3d57e8e20769c4597594d0246965f130dd91a75b3986d6bed409925",
+    "smoke_timm_heads": "5a4569f430f5980ba2b5096eb47de007704d660b913bb92a7bad748bf6f048b8",
 }
 
 

@@ -41,7 +41,10 @@ from workbench.attribution import AttributionError, score_cell
 from workbench.data import DatasetNotFound, PreparedData, PreparedSplit, prepare
 from workbench.interventions import InterventionError
 from workbench.interventions.evaluate import Inputs
-from workbench.interventions.sources import ActedModel, model_labels, pretrained_model, reload_proof, trained_cell_model
+from workbench.interventions.sources import (
+    ActedModel, model_labels, pretrained_model, read_across_note, reload_proof, saved_through_fused_attention,
+    trained_cell_model,
+)
 from workbench.models.vit import ViTConfig
 from workbench.precision import resolve_amp
 from workbench.protocol import AttributionProtocol, InterventionCell, load_attribution_protocol
@@ -119,11 +122,11 @@ def _inputs(ex: Execution, cfg: ViTConfig, batch_size: int, amp: str, resize_to:
 
 
 def _acted(ex: Execution, cell: InterventionCell, run_id: str | None):
-    """(model, proof inputs, scoring inputs, saved predictions, description) of a cell."""
+    """(model, proof inputs, scoring inputs, saved predictions, description, proof through fused attention)."""
     p, s = ex.protocol, ex.protocol.settings
     if ex.pretrained is not None:
         cfg = ex.pretrained.model.cfg
-        return ex.pretrained.model, None, _inputs(ex, cfg, s.batch_size, "off", None), None, ex.pretrained.description
+        return ex.pretrained.model, None, _inputs(ex, cfg, s.batch_size, "off", None), None, ex.pretrained.description, False
     trained = intervention_runs.trained_cell(p.acts_on.protocol, p.acts_on.hash, cell.arm, cell.seed, ex.workdir / "sources")
     params = trained.run.data.params
     for key, here in (("data.fingerprint", ex.data.data_fingerprint), ("data.split_fingerprint", ex.data.split_fingerprint)):
@@ -135,8 +138,8 @@ def _acted(ex: Execution, cell: InterventionCell, run_id: str | None):
     proof = _inputs(ex, model.cfg, arm.run.eval_batch_size, arm.run.amp, arm.data.resize_to)
     # Scored in float32 whatever the cell trained with: the drops' effects are differences of log-probabilities.
     inputs = _inputs(ex, model.cfg, s.batch_size, "off", arm.data.resize_to)
-    description = f"{p.acts_on.protocol} cell {cell.key}, best checkpoint of run {run_id}"
-    return model, proof, inputs, trained.predictions["val"], description
+    description = f"{p.acts_on.protocol} cell {cell.key}, best checkpoint of run {run_id}{read_across_note(trained.config)}"
+    return model, proof, inputs, trained.predictions["val"], description, saved_through_fused_attention(trained.config)
 
 
 def model_inputs(split: PreparedSplit, inputs: Inputs) -> tuple[torch.Tensor, torch.Tensor, np.ndarray]:
@@ -173,7 +176,7 @@ def run_cell(ex: Execution, cell: InterventionCell, allow_dirty: bool) -> CellOu
 
 def _score_cell(ex: Execution, cell: InterventionCell, sink: RunSink, token: str, run_id: str | None) -> CellOutcome:
     s = ex.protocol.settings
-    model, proof_inputs, inputs, saved, description = _acted(ex, cell, run_id)
+    model, proof_inputs, inputs, saved, description, fused = _acted(ex, cell, run_id)
     fingerprint = attribution_runs.attribution_code_fingerprint()
     sink.set_tags({**environment_tags(str(ex.device)), "code_fingerprint": fingerprint,
                    "threads": str(torch.get_num_threads()), "acted_on": description[:500], STARTED_TAG: "true"})
@@ -184,7 +187,7 @@ def _score_cell(ex: Execution, cell: InterventionCell, sink: RunSink, token: str
                      "data.split_fingerprint": ex.data.split_fingerprint, "data.display_name": ex.data.display_name})
     proof = None
     if saved is not None:  # first: the checkpoint must be the one that made the cell's predictions
-        proof = reload_proof(model, ex.data.val, saved, proof_inputs)
+        proof = reload_proof(model, ex.data.val, saved, proof_inputs, fast_attention=fused)
         if not proof.passed:
             raise AttributionError(f"{proof.summary()}: the checkpoint of run {run_id} is not the one that made "
                                    "its saved predictions; nothing scored")

@@ -38,7 +38,10 @@ from tracking.record.schema import INTERVENTION, RUN_NAME, SOURCE_IDENTITY, SOUR
 from workbench.data import DatasetNotFound, PreparedData, PreparedSplit, prepare
 from workbench.interventions import HeadAblation, InterventionError, flatten
 from workbench.interventions.evaluate import Inputs, evaluate, reference_means
-from workbench.interventions.sources import ActedModel, model_labels, pretrained_model, reload_proof, trained_cell_model
+from workbench.interventions.sources import (
+    ActedModel, model_labels, pretrained_model, read_across_note, reload_proof, saved_through_fused_attention,
+    trained_cell_model,
+)
 from workbench.models.vit import ViTConfig
 from workbench.precision import resolve_amp
 from workbench.protocol import InterventionCell, InterventionProtocol, load_intervention_protocol
@@ -107,12 +110,12 @@ def _inputs(ex: Execution, cfg: ViTConfig, *, batch_size: int, amp: str, resize_
 
 
 def _acted(ex: Execution, cell: InterventionCell, run_id: str | None):
-    """(model, proof inputs, evaluation inputs, saved predictions, description) of a cell."""
+    """(model, proof inputs, evaluation inputs, saved predictions, description, proof through fused attention)."""
     p = ex.protocol
     if ex.pretrained is not None:
         cfg = ex.pretrained.model.cfg
         inputs = _inputs(ex, cfg, batch_size=p.evaluation.batch_size, amp="off", resize_to=None)
-        return ex.pretrained.model, None, inputs, None, ex.pretrained.description
+        return ex.pretrained.model, None, inputs, None, ex.pretrained.description, False
     trained = intervention_runs.trained_cell(p.acts_on.protocol, p.acts_on.hash, cell.arm, cell.seed, ex.workdir / "sources")
     params = trained.run.data.params
     for key, here in (("data.fingerprint", ex.data.data_fingerprint), ("data.split_fingerprint", ex.data.split_fingerprint)):
@@ -123,8 +126,8 @@ def _acted(ex: Execution, cell: InterventionCell, run_id: str | None):
     arm = next(a for a in p.source.arms if a.name == cell.arm).config
     proof = _inputs(ex, model.cfg, batch_size=arm.run.eval_batch_size, amp=arm.run.amp, resize_to=arm.data.resize_to)
     inputs = _inputs(ex, model.cfg, batch_size=p.evaluation.batch_size, amp=arm.run.amp, resize_to=arm.data.resize_to)
-    description = f"{p.acts_on.protocol} cell {cell.key}, best checkpoint of run {run_id}"
-    return model, proof, inputs, trained.predictions["val"], description
+    description = f"{p.acts_on.protocol} cell {cell.key}, best checkpoint of run {run_id}{read_across_note(trained.config)}"
+    return model, proof, inputs, trained.predictions["val"], description, saved_through_fused_attention(trained.config)
 
 
 def run_cell(ex: Execution, cell: InterventionCell, allow_dirty: bool) -> CellOutcome:
@@ -152,7 +155,7 @@ def run_cell(ex: Execution, cell: InterventionCell, allow_dirty: bool) -> CellOu
 def _evaluate_cell(ex: Execution, cell: InterventionCell, *, sink: RunSink, token: str,
                    run_id: str | None) -> CellOutcome:
     p, e = ex.protocol, ex.protocol.evaluation
-    model, proof_inputs, inputs, saved, description = _acted(ex, cell, run_id)
+    model, proof_inputs, inputs, saved, description, fused = _acted(ex, cell, run_id)
     grid = check_against_model(p, model.cfg, f"model of {cell.key}")
     fingerprint = intervention_runs.intervention_code_fingerprint()
     sink.set_tags({**environment_tags(str(ex.device)), "code_fingerprint": fingerprint,
@@ -164,7 +167,7 @@ def _evaluate_cell(ex: Execution, cell: InterventionCell, *, sink: RunSink, toke
                      "data.display_name": ex.data.display_name, "amp": str(inputs.amp_dtype or "off")})
     proof = None
     if saved is not None:  # first: the checkpoint must be the one that made the cell's predictions
-        proof = reload_proof(model, ex.data.val, saved, proof_inputs)
+        proof = reload_proof(model, ex.data.val, saved, proof_inputs, fast_attention=fused)
         if not proof.passed:
             raise InterventionError(f"{proof.summary()}: the checkpoint of run {run_id} is not the one that made "
                                     "its saved predictions; nothing evaluated")

@@ -7,12 +7,14 @@ from dataclasses import dataclass
 import pandas as pd
 import torch
 
+from workbench.convert.arm_check import NotGlassBoxViT, trained_glassbox
 from workbench.convert.timm_vit import glassbox_from_timm
 from workbench.convert.timm_weights import load_timm_weights
 from workbench.data import NormStats, PreparedSplit
 from workbench.interventions.evaluate import Inputs
 from workbench.interventions.spec import InterventionError
 from workbench.models.registry import model_config
+from workbench.models.timm_arm import TimmModelConfig, is_timm_name, shape_model
 from workbench.models.vit import ViTConfig, VisionTransformer
 from workbench.train.evaluate import ReloadProof, compare_predictions, predict
 
@@ -35,9 +37,19 @@ class ActedModel:
 
 
 def trained_cell_model(config: dict, state: dict) -> VisionTransformer:
-    """The cell's architecture (its ``config.json``) with its best weights, strictly loaded, eval mode."""
+    """The cell's architecture (its ``config.json``) with its best weights, strictly loaded, eval mode.
+
+    A timm ViT arm's weights are read across to the glass-box ViT by the exact mapping
+    (``workbench.convert.arm_check.trained_glassbox``), so everything acts on the glass box;
+    the caller's reload proof then holds that glass-box copy to the cell's saved predictions.
+    """
     name, overrides = config["model"]["name"], config["model"].get("overrides", {})
     cfg = model_config(name, **overrides)
+    if isinstance(cfg, TimmModelConfig):
+        try:
+            return trained_glassbox(cfg, state)[0]
+        except NotGlassBoxViT as err:
+            raise InterventionError(f"model {name!r}: {err}; interventions act on ViT stages") from None
     if not isinstance(cfg, ViTConfig):
         raise InterventionError(f"model {name!r} is not a ViT; interventions act on ViT stages")
     model = VisionTransformer(cfg)
@@ -45,14 +57,46 @@ def trained_cell_model(config: dict, state: dict) -> VisionTransformer:
     return model.eval()
 
 
-def reload_proof(model: VisionTransformer, split: PreparedSplit, saved: pd.DataFrame, inputs: Inputs) -> ReloadProof:
+def saved_through_fused_attention(config: dict) -> bool:
+    """Whether a cell's saved predictions came through ``scaled_dot_product_attention``.
+
+    True for a timm ViT arm whose attention timm fuses (``fused_attn``, its default on current
+    PyTorch, as the trainer builds it): the glass-box copy is proven on that path
+    (``set_fast_attention``), then acts through its written-out attention, which the run-end
+    check holds to timm's written-out attention at 0.0. A glass-box arm trains and predicts
+    through the written-out path.
+    """
+    name, overrides = config["model"]["name"], config["model"].get("overrides", {})
+    if not is_timm_name(name):
+        return False
+    return any(getattr(m, "fused_attn", False) for m in shape_model(model_config(name, **overrides)).modules())
+
+
+def read_across_note(config: dict) -> str:
+    """What a cell's description adds for a timm ViT arm: its weights act through the glass-box copy."""
+    name = config["model"]["name"]
+    if not is_timm_name(name):
+        return ""
+    path = ("scaled_dot_product_attention, as timm computed its saved predictions" if
+            saved_through_fused_attention(config) else "the written-out attention, as timm computed its saved predictions")
+    return f"; {name} read across to the glass-box ViT by the exact mapping, reload-proven through {path}"
+
+
+def reload_proof(model: VisionTransformer, split: PreparedSplit, saved: pd.DataFrame, inputs: Inputs, *,
+                 fast_attention: bool = False) -> ReloadProof:
     """The trainer's reload proof again: the checkpoint must reproduce the cell's saved predictions.
 
     Same loader, batch size and autocast as the cell's own evaluation; bitwise on CPU, 1e-5
-    elsewhere, as the trainer requires.
+    elsewhere, as the trainer requires. ``fast_attention``: through the attention path the
+    predictions were made with (``saved_through_fused_attention``); the model is left on the
+    written-out path, where every intervention and attribution acts.
     """
     loader = inputs.loader(split.images, split.labels, split.indices)
-    fresh = predict(model, loader, inputs.device, inputs.amp_dtype)
+    model.set_fast_attention(fast_attention)
+    try:
+        fresh = predict(model, loader, inputs.device, inputs.amp_dtype)
+    finally:
+        model.set_fast_attention(False)
     return compare_predictions(saved, fresh, 0.0 if inputs.device.type == "cpu" else 1e-5)
 
 

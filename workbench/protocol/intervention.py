@@ -36,7 +36,9 @@ from workbench.interventions.spec import (
     BRANCHES, HEAD_MODES, TOKEN_KINDS, DropTokens, HeadAblation, Intervention, InterventionError, InterventionSet,
     PatchStage, SkipBranch, ZeroPosEmbed, check, parse,
 )
+from workbench.convert.arm_check import NotGlassBoxViT, glassbox_config
 from workbench.models.registry import model_config
+from workbench.models.timm_arm import TimmModelConfig
 from workbench.models.vit import ViTConfig
 from workbench.protocol import common
 from workbench.protocol.ablation import parse_protocol
@@ -61,7 +63,9 @@ class ActsOn:
     Attributes:
         protocol: The ablation protocol's name (its file sits beside this one).
         hash: Its full protocol hash: the file must still have it.
-        arms: Which of its ViT arms to act on; empty: every ViT arm.
+        arms: Which of its ViT arms to act on: glass-box ViTs, and timm ViTs (`timm/<architecture>`)
+            read across to the glass-box ViT by the exact mapping; a CNN (a timm one too) is refused.
+            Empty: every ViT arm.
     """
 
     protocol: str
@@ -227,9 +231,8 @@ class InterventionProtocol:
         return [InterventionCell(self.name, self.hash, arm, seed) for seed in self.seeds for arm in self.arms]
 
     def model_config(self, arm: str) -> ViTConfig:
-        """An acted-on arm's model config (the trained cell's architecture)."""
-        cfg = next(a.config for a in self.source.arms if a.name == arm)
-        return model_config(cfg.model.name, **cfg.model.overrides)
+        """An acted-on arm's glass-box config (the trained cell's architecture, a timm ViT's read across)."""
+        return arm_model_config(self.source, arm)
 
 
 def parse_intervention_protocol(data: Any, source: str = "<protocol>") -> InterventionProtocol:
@@ -368,22 +371,46 @@ def acts_on_section(value: Any, source: str, fail, acts: str = "interventions ac
     if raw["hash"] != acted.hash:
         raise fail(f"acts_on.hash={raw['hash']!r}: {path} has hash {acted.hash}; the cells acted on are pinned "
                    "by the full hash of their protocol")
-    vit_arms = tuple(a.name for a in acted.arms if isinstance(arm_model_config(acted, a.name), ViTConfig))
+    refusals = {a.name: not_vit_arm(acted, a.name) for a in acted.arms}
+    vit_arms = tuple(arm for arm, why in refusals.items() if why is None)
     arms = _strings(list(raw.get("arms") or vit_arms), "acts_on.arms", fail)
     for arm in arms:
-        if arm not in {a.name for a in acted.arms}:
+        if arm not in refusals:
             raise fail(f"acts_on.arms: {arm!r} is not an arm of {name}; its arms: {', '.join(a.name for a in acted.arms)}")
-        if arm not in vit_arms:
-            raise fail(f"acts_on.arms: {arm!r} is not a ViT arm ({acts}); "
+        if refusals[arm] is not None:
+            raise fail(f"acts_on.arms: {arm!r} is not a ViT arm ({acts}): {refusals[arm]}; "
                        f"ViT arms of {name}: {', '.join(vit_arms) or 'none'}")
     if not arms:
         raise fail(f"acts_on: {name} has no ViT arm to act on")
     return ActsOn(name, raw["hash"], arms), acted
 
 
-def arm_model_config(acted, arm: str):
-    cfg = next(a.config for a in acted.arms if a.name == arm)
-    return model_config(cfg.model.name, **cfg.model.overrides)
+def _arm_config(acted, arm: str):
+    """The arm's model config as the ablation protocol gives it (a study model's, or a timm arm's kwargs)."""
+    model = next(a.config for a in acted.arms if a.name == arm).model
+    return model_config(model.name, **model.overrides)
+
+
+def not_vit_arm(acted, arm: str) -> str | None:
+    """Why an arm of the acted-on protocol cannot be acted on (its model is no glass-box ViT); None if it can."""
+    cfg = _arm_config(acted, arm)
+    if isinstance(cfg, TimmModelConfig):
+        try:
+            glassbox_config(cfg)
+        except NotGlassBoxViT as err:
+            return str(err)
+        return None
+    return None if isinstance(cfg, ViTConfig) else "its model is a CNN: no attention heads or tokens to act on"
+
+
+def arm_model_config(acted, arm: str) -> ViTConfig:
+    """An acted-on arm's glass-box config: a study ViT's, or a timm ViT arm's through the exact mapping.
+
+    Raises:
+        NotGlassBoxViT: a timm arm that does not read across (``acts_on_section`` refuses it first).
+    """
+    cfg = _arm_config(acted, arm)
+    return glassbox_config(cfg) if isinstance(cfg, TimmModelConfig) else cfg
 
 
 def _check_grid(grid: Grid, cfg: ViTConfig, what: str, fail) -> None:
