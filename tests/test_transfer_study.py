@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import mlflow
@@ -87,6 +88,40 @@ def test_source_from_a_finished_cell_of_an_ablation_protocol(mlflow_store, tmp_p
     source = transfer_study.resolve_source(spec, None, tmp_path / "transfer.yaml", tmp_path / "dl")
     assert source.info.run_id == run_id and source.info.sha256 == sha256_file(checkpoint)
     assert source.info.uri == "protocol:tiny_source/vit/seed0"
+
+
+def test_a_pinned_sha256_is_checked_before_any_run_opens(mlflow_store, tmp_path):
+    weights = tmp_path / "tiny.bin"
+    weights.write_bytes(b"a tiny checkpoint file the pin is checked against")
+    actual, wrong = sha256_file(weights), "0" * 64
+
+    def transfer(sha256: str):
+        data = protocol_dict(source={"weights": str(weights), "sha256": sha256})
+        path = tmp_path / f"{data['name']}.yaml"
+        path.write_text(yaml.safe_dump(data))
+        return CliRunner().invoke(main, ["transfer", "--protocol", str(path), "--allow-dirty", "--device", "cpu",
+                                         "--output-dir", str(tmp_path / "out"), "--data-path", str(tmp_path / "none.npz")])
+
+    refused = transfer(wrong)
+    lines = refused.output.strip().splitlines()
+    assert refused.exit_code == 1 and len(lines) == 1, refused.output
+    assert f"source.sha256: expected {wrong}, but source.weights={str(weights)!r}" in lines[0], lines[0]
+    assert f"has sha256 {actual}" in lines[0] and "Traceback" not in refused.output, lines[0]
+    client = MlflowClient()
+    assert [r for e in client.search_experiments() for r in client.search_runs([e.experiment_id])] == []
+    # The right pin passes the check: the next refusal is the file's content (not timm weights without a model).
+    passed = transfer(actual)
+    assert passed.exit_code == 1 and "source.sha256" not in passed.output and "need source.model" in passed.output, \
+        passed.output
+
+    run_id, checkpoint = log_source_run(tmp_path)  # runs:/ sources are checked on the downloaded file
+    spec = SourceSpec(weights=f"runs:/{run_id}", sha256=wrong)
+    with pytest.raises(ValueError, match=f"expected {wrong}, but source.weights='runs:/{run_id}' "
+                                         rf"\(run {run_id}, best.pt\) has sha256 {sha256_file(checkpoint)}"):
+        transfer_study.resolve_source(spec, None, tmp_path / "p.yaml", tmp_path / "dl")
+    source = transfer_study.resolve_source(replace(spec, sha256=sha256_file(checkpoint)), None, tmp_path / "p.yaml",
+                                           tmp_path / "dl")
+    assert source.info.sha256 == sha256_file(checkpoint) and source.info.run_id == run_id
 
 
 def test_local_timm_safetensors_source_goes_through_the_strict_mapping(tmp_path):
