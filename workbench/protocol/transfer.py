@@ -143,7 +143,8 @@ class Regime:
         optim: The optimiser (its fields are written flat in the regime: ``lr: 1.0e-4``).
         blocks: Partial regime: the last ``blocks`` transformer blocks are trained (with the
             final norm and the head).
-        layer_decay: Layer-wise lr decay: layer ``l`` of ``L + 1`` gets ``lr * decay**(L + 1 - l)``.
+        layer_decay: Layer-wise lr decay: layer ``l`` of ``L + 1`` gets ``lr * decay**(L + 1 - l)``;
+            partial and full only (refused for linear and scratch).
         patience: Early stopping after this many epochs without a better validation QWK.
     """
 
