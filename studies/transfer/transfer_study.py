@@ -380,7 +380,8 @@ def log_section(ex: Execution, parent: RunSink) -> None:
               type=click.Path(exists=True, dir_okay=False), help="Transfer protocol YAML file.")
 @click.option("--source", "source_override", default=None,
               help="Override the protocol's source weights: hub, random, a local file, runs:/<id>[/path] "
-                   "or protocol:<name>/<arm>/seed<k>. Cells are keyed by the source's sha256.")
+                   "or protocol:<name>/<arm>/seed<k>. Cells are keyed by the source's sha256; a protocol's "
+                   "source.sha256 pin applies to the override too.")
 @study_options("outputs/transfer", "Checkpoints, predictions and downloaded sources of each cell.")
 def transfer(protocol_path, source_override, options: StudyOptions):
     """Run (or resume) a transfer protocol: linear probe, partial and full fine-tuning at paired seeds."""
