@@ -80,7 +80,9 @@ def test_transfer_and_intervention_rows_are_the_parser_keys_with_its_defaults():
                                  "regimes": [{"name": "p", "kind": "linear", "epochs": 1, "reference": True},
                                              {"name": "f", "kind": "full", "epochs": 1}]})
     rows = rows_by_section("transfer")
-    check_defaults(rows["source"], t.canonical["source"], "source", given=("model",))
+    # `source.sha256` enters the canonical content only when a pin is given (the old hashes stay).
+    assert "sha256" not in t.canonical["source"] and t.source.sha256 is None and rows["source"]["sha256"] == "null"
+    check_defaults(rows["source"], t.canonical["source"], "source", given=("model", "sha256"))
     for section in ("dataset", "run", "evaluation"):
         check_defaults(rows[section], t.canonical[section], section)
     regime = {k: v for k, v in t.canonical["regimes"][1].items() if k != "optim"}  # the one that leaves out reference

@@ -1,6 +1,7 @@
 """End to end: studies/protocols/smoke_timm_arms.yaml (the glass-box ViT, timm's resnet10t and a timm
 ViT arm on real CIFAR-10) through `workbench ablate --threads 1` into a fresh store, then `workbench report`,
-then a transfer protocol whose source is the timm ViT arm's cell (RetinaMNIST, where a copy is here)."""
+then a transfer protocol whose source is the timm ViT arm's cell (RetinaMNIST, where a copy is here), with a
+linear probe, full fine-tuning and a scratch regime."""
 
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ evaluation: {n_resamples: 1000}
 regimes:
   - {name: linear_probe, kind: linear, reference: true, epochs: 2, lr: 3.0e-3}
   - {name: full_ft, kind: full, epochs: 1, lr: 5.0e-4}
+  - {name: scratch, kind: scratch, epochs: 1, lr: 1.0e-3}
 seeds: [0]
 """
 
@@ -79,7 +81,7 @@ def test_smoke_timm_arms_trains_every_arm_and_reports(mlflow_store, tmp_path):
     result = CliRunner().invoke(main, ["transfer", "--protocol", str(folder / "from_timm_vit.yaml"), "--allow-dirty",
                                        "--threads", "1", "--output-dir", str(tmp_path / "tout"),
                                        "--data-path", str(SHARED_RETINA)])
-    assert result.exit_code == 0 and "cells: 2 run, 0 already finished (skipped), 0 failed" in result.output, \
+    assert result.exit_code == 0 and "cells: 3 run, 0 already finished (skipped), 0 failed" in result.output, \
         result.output[-3000:]
     (transfer,) = [e for e in client.search_experiments() if e.name == "from_timm_vit"]
     for run in client.search_runs([transfer.experiment_id]):
@@ -87,3 +89,6 @@ def test_smoke_timm_arms_trains_every_arm_and_reports(mlflow_store, tmp_path):
         assert params["source.architecture"] == "timm/vit_tiny_patch16_224", params
         assert params["source.mapping"].startswith("32 of 32 source tensors used"), params["source.mapping"]
         assert params["source.pretrained"] == "False" and "trained with this workbench" in params["source.provenance"]
+        if params.get("regime.kind") == "scratch":  # the timm ViT's glass-box architecture, from a seeded init
+            assert params["regime.pretrained"] == "False" and "NOT PRETRAINED" in params["regime.init"], params
+            assert run.data.metrics["selection_proof_passed"] == 1.0, run.data.metrics

@@ -18,7 +18,7 @@ from sklearn.metrics import cohen_kappa_score
 
 from conftest import assert_close
 from data_fixtures import make_retinamnist
-from workbench.data import NORM_STATS, PreparedSplit, TensorLoader, prepare
+from workbench.data import NORM_STATS, PreparedSplit, TensorLoader, derive_seed, prepare
 from workbench.models.registry import model_config
 from workbench.models.vit import VisionTransformer
 from workbench.protocol import TransferProtocolError, parse_transfer_protocol
@@ -31,7 +31,9 @@ from workbench.transfer.report import CellPredictions, build_section
 from workbench.transfer.runner import (
     Selection, TestSplitLocked, TransferContext, select_cell, split_off_test, evaluate_on_test,
 )
-from workbench.transfer.source_model import adapt_split, load_workbench_checkpoint, transfer_model
+from workbench.transfer.source_model import (
+    adapt_split, load_workbench_checkpoint, new_head, scratch_model, transfer_model,
+)
 
 # A tiny source: cifar_vit at 16 px, patch 8 (4 patches + CLS), width 16, 2 blocks.
 SOURCE_OVERRIDES = {"image_size": 16, "patch_size": 8, "dim": 16, "depth": 2, "heads": 2, "mlp_ratio": 2.0}
@@ -143,6 +145,52 @@ def test_protocol_hash_ignores_formatting_and_shipped_protocols_load():
         assert p.reference.kind == "linear" and {r.kind for r in p.regimes} == {"linear", "partial", "full"}
 
 
+def test_scratch_kind_and_the_sha256_pin_are_validated_and_hashed():
+    scratch = regime("scratch", name="scratch", epochs=2)
+    p = parse_transfer_protocol(protocol_dict(regimes=protocol_dict()["regimes"] + [scratch]))
+    assert [r.kind for r in p.regimes][-1] == "scratch" and p.regimes[-1].blocks is None
+    cases = [
+        (protocol_dict(regimes=[regime("scratch", reference=True, blocks=1)]),
+         "regimes[0].blocks=1: not for kind 'scratch'"),
+        (protocol_dict(regimes=[regime("scratch", reference=True, layer_decay=0.75)]),
+         "regimes[0].layer_decay=0.75: not for kind 'scratch'"),
+        (protocol_dict(source={"weights": "runs:/abc", "sha256": "abc123"}),
+         "source.sha256='abc123': must be 64 lowercase hex digits"),
+        (protocol_dict(source={"weights": "runs:/abc", "sha256": "A" * 64}), "must be 64 lowercase hex digits"),
+        (protocol_dict(source={"weights": "random", "model": "vit_tiny_patch16_224", "sha256": "a" * 64}),
+         "source.sha256: a random init has no checkpoint file to pin"),
+    ]
+    for data, message in cases:
+        with pytest.raises(TransferProtocolError) as err:
+            parse_transfer_protocol(data, source="p.yaml")
+        assert message in str(err.value) and str(err.value).startswith("p.yaml: "), str(err.value)
+    # The pin is optional: absent, the hashed form has no sha256 key (shipped hashes stay, test_protocol.py
+    # pins them); given, it is hashed.
+    bare, pinned = (parse_transfer_protocol(protocol_dict(source=s)) for s in
+                    ({"weights": "runs:/abc"}, {"weights": "runs:/abc", "sha256": "0" * 64}))
+    assert "sha256" not in bare.canonical["source"] and pinned.canonical["source"]["sha256"] == "0" * 64
+    assert bare.hash != pinned.hash and pinned.source.sha256 == "0" * 64
+
+
+def test_scratch_model_is_the_seeded_init_of_the_source_architecture(setup):
+    _, source, _, _, _, _ = setup
+    rng = torch.random.get_rng_state()
+    a, b, c = (scratch_model(source, 5, s) for s in (3, 3, 4))
+    assert torch.equal(torch.random.get_rng_state(), rng), "building a scratch model moved the global RNG"
+    torch.manual_seed(derive_seed(3, "init"))  # the documented init: an ablation arm's, seeded by the cell's seed
+    expected = VisionTransformer(replace(source.cfg, num_classes=5)).state_dict()
+    sa, sb, sc, src = a.state_dict(), b.state_dict(), c.state_dict(), source.model.state_dict()
+    head = new_head(5, source.cfg.dim, 3)  # transfer_model's head for seed 3 (the pairing test below checks it there)
+    for key, value in sa.items():
+        want = head[key] if key.startswith("head.") else expected[key]  # the seed's head, as every regime's
+        assert torch.equal(value, want) and torch.equal(value, sb[key]), f"{key}: max |diff| {(value - want).abs().max():.3g}"
+        if value.ndim >= 2:  # weight matrices: drawn anew, none read from the source
+            assert not torch.equal(value, sc[key]), f"{key}: seeds 3 and 4 give the same init"
+            if not key.startswith("head."):
+                assert not torch.equal(value, src[key]), f"{key}: a scratch model read the source's weights"
+    assert a.cfg == replace(source.cfg, num_classes=5)
+
+
 # ------------------------------------------------------------------------------ features
 
 
@@ -206,6 +254,28 @@ def test_full_regime_runs_through_the_trainer_with_layer_decay(setup):
     assert groups[0]["layer"] == 3 and all(g["weight_decay"] == 0.0 for g in groups if g["params"][0].ndim <= 1)
 
 
+def test_scratch_regime_trains_every_parameter_from_its_seeded_init_and_resumes(setup):
+    tmp_path, source, _, ctx, data, _ = setup
+    protocol = parse_transfer_protocol(protocol_dict(regimes=[regime("linear", reference=True, epochs=1),
+                                                              regime("scratch", name="scratch", epochs=2)]))
+    cell = cell_of(protocol, "scratch")
+    selection = select_cell(cell, source, data, None, ctx, tmp_path / "scratch")
+    total = sum(p.numel() for p in source.model.parameters()) - 10 * source.cfg.dim - 10 + 5 * source.cfg.dim + 5
+    assert selection.kind == "scratch" and selection.trainable_parameters == total, (selection.trainable_parameters, total)
+    assert selection.proof["passed"] and "reload proof" in selection.proof["what"], selection.proof
+    assert len(selection.history) == 2 and selection.best_val["val_qwk"] == max(h["val_qwk"] for h in selection.history)
+    init = scratch_model(source, 5, cell.seed)
+    groups = param_groups(init, 1e-3, 0.05, cell.regime.layer_decay)
+    assert {g["lr_scale"] for g in groups} == {1.0}, "a scratch regime has no layer-wise decay"
+    trained = load_checkpoint(selection.checkpoint)["model"]
+    moved = [k for k, v in init.state_dict().items() if not torch.equal(v, trained[k])]
+    assert "patch_proj.weight" in moved and "blocks.0.attn.qkv.weight" in moved, moved
+    # A rerun in the same folder resumes the Trainer's finished state: nothing retrains, the same selection.
+    again = select_cell(cell, source, data, None, ctx, tmp_path / "scratch")
+    assert (again.best_epoch, again.best_val) == (selection.best_epoch, selection.best_val)
+    assert again.history == selection.history
+
+
 def test_channels_follow_the_source():
     rgb = torch.tensor([[[[255]], [[0]], [[0]]], [[[10]], [[20]], [[30]]]], dtype=torch.uint8)  # (2, 3, 1, 1)
     split = PreparedSplit(rgb, torch.tensor([0, 1]), torch.tensor([0, 1]), "test")
@@ -222,6 +292,7 @@ def test_every_regime_of_a_seed_sees_the_same_order_and_head(setup):
         assert torch.equal(epoch_order(3, epoch, len(data.train)), loader.order(epoch))
     a, b, c = (transfer_model(source, 5, s).head.weight for s in (1, 1, 2))
     assert torch.equal(a, b) and not torch.equal(a, c)
+    assert torch.equal(a, new_head(5, source.cfg.dim, 1)["head.weight"]) and torch.equal(a, scratch_model(source, 5, 1).head.weight)
 
 
 # ------------------------------------------------------------------------------ test split

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import mlflow
@@ -87,6 +88,40 @@ def test_source_from_a_finished_cell_of_an_ablation_protocol(mlflow_store, tmp_p
     source = transfer_study.resolve_source(spec, None, tmp_path / "transfer.yaml", tmp_path / "dl")
     assert source.info.run_id == run_id and source.info.sha256 == sha256_file(checkpoint)
     assert source.info.uri == "protocol:tiny_source/vit/seed0"
+
+
+def test_a_pinned_sha256_is_checked_before_any_run_opens(mlflow_store, tmp_path):
+    weights = tmp_path / "tiny.bin"
+    weights.write_bytes(b"a tiny checkpoint file the pin is checked against")
+    actual, wrong = sha256_file(weights), "0" * 64
+
+    def transfer(sha256: str):
+        data = protocol_dict(source={"weights": str(weights), "sha256": sha256})
+        path = tmp_path / f"{data['name']}.yaml"
+        path.write_text(yaml.safe_dump(data))
+        return CliRunner().invoke(main, ["transfer", "--protocol", str(path), "--allow-dirty", "--device", "cpu",
+                                         "--output-dir", str(tmp_path / "out"), "--data-path", str(tmp_path / "none.npz")])
+
+    refused = transfer(wrong)
+    lines = refused.output.strip().splitlines()
+    assert refused.exit_code == 1 and len(lines) == 1, refused.output
+    assert f"source.sha256: expected {wrong}, but source.weights={str(weights)!r}" in lines[0], lines[0]
+    assert f"has sha256 {actual}" in lines[0] and "Traceback" not in refused.output, lines[0]
+    client = MlflowClient()
+    assert [r for e in client.search_experiments() for r in client.search_runs([e.experiment_id])] == []
+    # The right pin passes the check: the next refusal is the file's content (not timm weights without a model).
+    passed = transfer(actual)
+    assert passed.exit_code == 1 and "source.sha256" not in passed.output and "need source.model" in passed.output, \
+        passed.output
+
+    run_id, checkpoint = log_source_run(tmp_path)  # runs:/ sources are checked on the downloaded file
+    spec = SourceSpec(weights=f"runs:/{run_id}", sha256=wrong)
+    with pytest.raises(ValueError, match=f"expected {wrong}, but source.weights='runs:/{run_id}' "
+                                         rf"\(run {run_id}, best.pt\) has sha256 {sha256_file(checkpoint)}"):
+        transfer_study.resolve_source(spec, None, tmp_path / "p.yaml", tmp_path / "dl")
+    source = transfer_study.resolve_source(replace(spec, sha256=sha256_file(checkpoint)), None, tmp_path / "p.yaml",
+                                           tmp_path / "dl")
+    assert source.info.sha256 == sha256_file(checkpoint) and source.info.run_id == run_id
 
 
 def test_local_timm_safetensors_source_goes_through_the_strict_mapping(tmp_path):
@@ -200,6 +235,56 @@ def test_protocol_end_to_end_selection_never_reads_the_test_split(mlflow_store, 
     assert "pretrained checkpoint" not in markdown and "NOT PRETRAINED" not in markdown
     assert list(section.summary["regime"]) == ["linear_probe", "partial_ft", "full_ft"]
     assert list(section.summary["seeds"]) == [2, 2, 2]
+
+
+@pytest.mark.slow  # trains 4 tiny cells (a linear probe and a scratch regime at 2 seeds), then reruns and reports
+def test_scratch_regime_beside_a_linear_probe_from_a_pinned_source(mlflow_store, tmp_path, monkeypatch):
+    monkeypatch.setenv("WORKBENCH_CACHE_DIR", str(tmp_path / "cache"))
+    learnable_retina(tmp_path / "retinamnist.npz")
+    monkeypatch.setitem(checksums.RETINAMNIST_MD5, 28, md5(tmp_path / "retinamnist.npz"))  # our file is 'official'
+    run_id, checkpoint = log_source_run(tmp_path)
+    pin = sha256_file(checkpoint)
+    data = protocol_dict(source={"weights": f"runs:/{run_id}", "sha256": pin}, regimes=[
+        {"name": "linear_probe", "kind": "linear", "reference": True, "epochs": 3, "lr": 3e-3},
+        {"name": "scratch", "kind": "scratch", "epochs": 2, "lr": 1e-3, "warmup_epochs": 1}])
+    path = tmp_path / f"{data['name']}.yaml"
+    path.write_text(yaml.safe_dump(data))
+    args = ["transfer", "--protocol", str(path), "--allow-dirty", "--device", "cpu", "--threads", "1",
+            "--data-path", str(tmp_path / "retinamnist.npz"), "--output-dir", str(tmp_path / "out")]
+    first = CliRunner().invoke(main, args)
+    assert first.exit_code == 0 and "cells: 4 run, 0 already finished (skipped), 0 failed" in first.output, \
+        first.output[-3000:]
+    again = CliRunner().invoke(main, args)  # a rerun skips every finished cell, the scratch ones too
+    assert again.exit_code == 0 and "cells: 0 run, 4 already finished (skipped), 0 failed" in again.output, \
+        again.output[-3000:]
+
+    client = MlflowClient()
+    exp = client.get_experiment_by_name("tiny_transfer").experiment_id
+    cells = client.search_runs([exp], "tags.cell = 'true'")
+    assert sorted((r.data.tags["regime_kind"], r.info.status) for r in cells) == [("linear", "FINISHED")] * 2 + [
+        ("scratch", "FINISHED")] * 2
+    total = sum(v.numel() for k, v in torch.load(checkpoint, weights_only=True)["model"].items() if not k.startswith("head."))
+    for run in cells:
+        params, m = run.data.params, run.data.metrics
+        assert params["source.sha256"] == pin == params["source.sha256_pin"] and params["source.run_id"] == run_id
+        assert m["selection_proof_passed"] == 1.0 and m["test_metrics_agree"] == 1.0, m
+        if run.data.tags["regime_kind"] == "scratch":
+            seed = params["seed"]
+            assert params["regime.pretrained"] == "False" and "NOT PRETRAINED" in params["regime.init"]
+            assert f"derive_seed({seed}, 'init')" in params["regime.init"], params["regime.init"]
+            assert len(client.get_metric_history(run.info.run_id, "val_qwk")) == 2
+            assert m["trainable_parameters"] == total + 5 * 16 + 5, (m["trainable_parameters"], total)
+    for parent in client.search_runs([exp], "tags.parent = 'true'"):  # the source as pinned and as read, on the parent
+        assert parent.data.params["source.sha256_pin"] == pin == parent.data.params["source.sha256"]
+        assert parent.data.params["source.run_id"] == run_id
+
+    out = tmp_path / "reports"
+    result = CliRunner().invoke(main, ["report", "--protocol", str(path), "--out-dir", str(out)])
+    assert result.exit_code == 0, result.output[-3000:]
+    report = (out / "tiny_transfer" / "report.md").read_text()
+    assert "scratch (trained from scratch: the source's architecture, seeded random init, not pretrained)" in report
+    assert "every parameter, trained from scratch" in report and f"pinned sha256 {pin}" in report, report[:4000]
+    assert "pretrained checkpoint" not in report
 
 
 def test_report_command_recognises_transfer_protocols():

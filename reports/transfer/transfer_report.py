@@ -40,6 +40,12 @@ def _source_config(canonical: dict, num_classes: int):
         return None
 
 
+def _regime_label(regime, reference: str) -> str:
+    """A regime's name in the header; a scratch regime is said to be trained from scratch, never pretrained."""
+    scratch = " (trained from scratch: the source's architecture, seeded random init, not pretrained)"
+    return regime.name + (" (reference)" if regime.name == reference else "") + (scratch if regime.kind == "scratch" else "")
+
+
 def cost_blocks(section: TransferSection, chosen: dict[tuple[str, int], CellRecord], regimes: list[str],
                 config=None, source_cfg=None, epochs_run: dict[str, int] | None = None) -> list[Block]:
     """Per regime: training + selection wall time, epochs run, images/s, device, precision, trained parameters, FLOPs.
@@ -125,7 +131,7 @@ def build_blocks(data: TransferData, section: TransferSection, inputs: provenanc
         Heading(1, f"Report: {protocol.name}@{short}"),
         Para(protocol.description + (f" {FLAG} (contradicts the hashed protocol: see Warnings)" if conflicts else "")),
         Bullets([f"Transfer protocol `{protocol.name}`, hash `{digest}` (from {inputs.protocol_source}).",
-                 f"Regimes: {', '.join(g + (' (reference)' if g == protocol.reference.name else '') for g in regimes)}; "
+                 f"Regimes: {', '.join(_regime_label(r, protocol.reference.name) for r in protocol.regimes)}; "
                  f"seeds: {', '.join(map(str, protocol.seeds))} (paired by seed); metric: test QWK (quadratic weighted "
                  "kappa), with accuracy and macro-F1.",
                  *provenance.header_bullets(inputs, protocol.name, rule, log_targets, data.tracking_uri,

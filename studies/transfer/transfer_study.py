@@ -30,6 +30,7 @@ from tracking.record.sink import RunSink
 from tracking.store.session import configure_tracking, environment_tags
 from tracking.record.cell_runs import open_leased_run
 from tracking.record.schema import RUN_NAME, SOURCE_IDENTITY, TRANSFER, TRUE, cell_tags
+from workbench.convert.checkpoints import sha256_file
 from workbench.data import DatasetNotFound, PreparedData, SplitSizeError, prepare
 from workbench.precision import device_capability, resolve_amp
 from workbench.protocol.transfer import SourceSpec, TransferCell, TransferData, TransferProtocol
@@ -39,7 +40,7 @@ from workbench.transfer.runner import (
     Selection, TestSplitGuard, TransferContext, evaluate_on_test, select_cell, split_off_test,
 )
 from workbench.transfer.source_model import (
-    SourceError, SourceModel, load_local_source, load_timm_source, parse_protocol_cell, parse_weights,
+    SCRATCH_INIT, SourceError, SourceModel, load_local_source, load_timm_source, parse_protocol_cell, parse_weights,
 )
 
 DEFAULT_PROTOCOL = "studies/protocols/retina_transfer_smoke.yaml"
@@ -57,14 +58,25 @@ class OpenCell:
 
 
 def resolve_source(spec: SourceSpec, override: str | None, protocol_file: Path, download_dir: Path) -> SourceModel:
-    """Load the source named by ``--source`` or the protocol: timm (hub/random/file) or a workbench run."""
+    """Load the source named by ``--source`` or the protocol: timm (hub/random/file) or a workbench run.
+
+    With ``source.sha256`` the resolved file's sha256 must equal it; a mismatch is refused
+    (``SourceError``) before the file is loaded and before any run of the study opens.
+    """
     weights = override or spec.weights
     scheme, rest = parse_weights(weights)
+    where = f"--source {weights!r}" if override else f"source.weights={weights!r}"
     if scheme in ("hub", "random"):
         if not spec.model:
             raise SourceError(f"weights {scheme!r} need source.model in the protocol")
-        return load_timm_source(spec.model, scheme, spec.seed)
+        if scheme == "random" and spec.sha256:
+            raise SourceError(f"{protocol_file}: source.sha256: {where} is a random init, with no file to pin")
+        source = load_timm_source(spec.model, scheme, spec.seed)
+        check_pinned_sha256(spec.sha256, source.info.sha256, protocol_file, f"{where} ({source.info.path})")
+        return source
     if scheme == "path":
+        if Path(rest).is_file():
+            check_pinned_sha256(spec.sha256, sha256_file(rest), protocol_file, f"{where} ({rest})")
         return load_local_source(rest, spec.model, uri=weights)
     if scheme == "protocol":
         name, arm, seed = parse_protocol_cell(rest)
@@ -74,11 +86,21 @@ def resolve_source(spec: SourceSpec, override: str | None, protocol_file: Path, 
         check_source_cell(key, source_protocol, arm, seed)  # before the store is asked
         rest = transfer_runs.find_finished_cell(name, source_protocol.hash, arm, seed)
     local, run_id, note = transfer_runs.download_run_source(rest, download_dir)
+    if spec.sha256:
+        actual = sha256_file(local) if Path(local).is_file() else f"none ({local} is not a file)"
+        check_pinned_sha256(spec.sha256, actual, protocol_file, f"{where} (run {run_id}, {Path(local).name})")
     trained_on = transfer_runs.run_param(run_id, "data.display_name")
     source = load_local_source(local, spec.model, uri=weights, run_id=run_id, trained_on=trained_on)
     if note:
         source.info = replace(source.info, description=f"{source.info.description} ({note})")
     return source
+
+
+def check_pinned_sha256(expected: str | None, actual: str, protocol_file: Path, resolved: str) -> None:
+    """Refuse a source file whose sha256 is not the protocol's pin (no pin: nothing to check)."""
+    if expected and actual != expected:
+        raise SourceError(f"{protocol_file}: source.sha256: expected {expected}, but {resolved} has sha256 "
+                          f"{actual or 'none'}; the protocol pins another checkpoint")
 
 
 def check_source_cell(key: str, source, arm: str, seed: int) -> None:
@@ -123,7 +145,22 @@ def _cell_params(cell: TransferCell, ex: "Execution") -> dict:
               "threads": torch.get_num_threads(),
               "inputs": ex.inputs, "data.fingerprint": data.data_fingerprint,
               "data.split_fingerprint": data.split_fingerprint, "data.n_train": len(data.train), "data.n_val": len(data.val)}
-    return params | {f"optim.{k}": v for k, v in vars(r.optim).items()} | ex.source.info.as_params()
+    scratch = r.kind == "scratch"  # the source's architecture only: never its weights, never pretrained
+    params |= {"regime.init": scratch_init(cell.seed) if scratch else "the source's weights",
+               "regime.pretrained": "False" if scratch else str(ex.source.info.pretrained)}
+    return (params | {f"optim.{k}": v for k, v in vars(r.optim).items()} | ex.source.info.as_params()
+            | pin_params(ex.protocol.source))
+
+
+def scratch_init(seed: int) -> str:
+    """What a scratch cell's init is, as its run records it (``workbench.transfer.source_model.scratch_model``)."""
+    return (f"trained from scratch: the source's architecture from a random init, torch.manual_seed(derive_seed("
+            f"{seed}, 'init')), {SCRATCH_INIT}; the seed's new head; NOT PRETRAINED")
+
+
+def pin_params(spec: SourceSpec) -> dict[str, str]:
+    """The protocol's pin of the source file (``source.sha256``), recorded beside the sha256 actually read."""
+    return {"source.sha256_pin": spec.sha256 or "none"}
 
 
 @dataclass
@@ -215,7 +252,7 @@ def select_phase(ex: Execution, cell: TransferCell, allow_dirty: bool) -> CellOu
         sink.log_params({**_cell_params(cell, ex), "code_fingerprint": transfer_runs.transfer_code_fingerprint()})
         selection = Selection.load(run_dir) if sink.journal.tags.get("phase") == "selected" else None
         if selection is None:
-            cache = ex.features() if cell.regime.kind != "full" else None
+            cache = ex.features() if cell.regime.kind in ("linear", "partial") else None
             selection = select_cell(cell, ex.source, data, cache, ex.ctx, run_dir, transfer_runs.TransferEpochObserver(sink))
             HEARTBEATS.check(sink.run_id, verify=True)
             transfer_runs.log_selection(sink, selection, p.run.log_checkpoints)
@@ -274,7 +311,7 @@ class TransferStudy(StudyKind):
         ex, protocol = self.ex, self.ex.protocol
         ex.parent = parent.run_id
         parent.sink.log_params({
-            **ex.source.info.as_params(), "transfer.regimes": ",".join(r.name for r in protocol.regimes),
+            **ex.source.info.as_params(), **pin_params(protocol.source), "transfer.regimes": ",".join(r.name for r in protocol.regimes),
             "transfer.reference": protocol.reference.name, "transfer.num_classes": ex.ctx.num_classes,
             "evaluation.n_resamples": protocol.evaluation.n_resamples,
             "evaluation.confidence": protocol.evaluation.confidence, "evaluation.seed": protocol.evaluation.seed,
@@ -343,7 +380,8 @@ def log_section(ex: Execution, parent: RunSink) -> None:
               type=click.Path(exists=True, dir_okay=False), help="Transfer protocol YAML file.")
 @click.option("--source", "source_override", default=None,
               help="Override the protocol's source weights: hub, random, a local file, runs:/<id>[/path] "
-                   "or protocol:<name>/<arm>/seed<k>. Cells are keyed by the source's sha256.")
+                   "or protocol:<name>/<arm>/seed<k>. Cells are keyed by the source's sha256; a protocol's "
+                   "source.sha256 pin applies to the override too.")
 @study_options("outputs/transfer", "Checkpoints, predictions and downloaded sources of each cell.")
 def transfer(protocol_path, source_override, options: StudyOptions):
     """Run (or resume) a transfer protocol: linear probe, partial and full fine-tuning at paired seeds."""

@@ -9,6 +9,7 @@ checkpoint and varies what is trained. Schema (``run``/``evaluation`` optional):
     source:
       model: vit_base_patch16_224.augreg_in21k_ft_in1k   # timm architecture or pinned name
       weights: hub        # hub | random | path | runs:/<id>[/<artifact>] | protocol:<name>/<arm>/seed<k>
+      sha256: null        # optional pin: the resolved checkpoint file's sha256 (64 hex), checked before any run opens
     dataset: {name: retinamnist, size: auto, split_seed: 0}
     run: {batch_size: 64, eval_batch_size: 256, amp: off, log_checkpoints: true}
     evaluation: {n_resamples: 2000, confidence: 0.95, seed: 0}
@@ -16,6 +17,7 @@ checkpoint and varies what is trained. Schema (``run``/``evaluation`` optional):
       - {name: linear_probe, kind: linear, reference: true, epochs: 100, lr: 1.0e-3}
       - {name: partial_ft, kind: partial, blocks: 2, epochs: 20, lr: 1.0e-4}
       - {name: full_ft, kind: full, epochs: 20, lr: 5.0e-5, layer_decay: 0.75}
+      - {name: scratch, kind: scratch, epochs: 20, lr: 1.0e-3}   # the source's architecture, seeded random init
     seeds: [0, 1, 2]
 
 Cells are regimes × seeds; the seed is the pairing key (same split, data order and head
@@ -24,6 +26,7 @@ init for every regime of a seed). Keys, types and the hash follow ``workbench.pr
 
 from __future__ import annotations
 
+import re
 from dataclasses import asdict, dataclass, field
 from typing import Any, get_type_hints
 
@@ -32,7 +35,10 @@ from workbench.protocol import common
 from workbench.protocol.common import SCHEMA_VERSION, SHORT_HASH_LEN, ProtocolError, canonical_json
 from workbench.train.config import OptimConfig
 
-REGIME_KINDS = ("linear", "partial", "full")
+REGIME_KINDS = ("linear", "partial", "full", "scratch")
+# Kinds that start from the source's weights; ``scratch`` starts from a seeded random init of its architecture.
+FROM_SOURCE_KINDS = ("linear", "partial", "full")
+SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 RETINA_SIZES = (28, 64, 128, 224)
 AMP_MODES = ("off", "bf16", "fp16")
 MIN_RESAMPLES = 1000  # the report's intervals rest on at least this many bootstrap resamples
@@ -56,11 +62,15 @@ class SourceSpec:
             finished cell of an ablation protocol).
         model: timm architecture or pinned checkpoint name; needed for timm weights.
         seed: Seed of a ``random`` init.
+        sha256: Optional pin: the sha256 (64 lowercase hex digits) of the checkpoint file the
+            weights resolve to; the runner refuses any other file before a run opens. Absent
+            from the hashed form when null, so protocols without a pin keep their hash.
     """
 
     weights: str
     model: str | None = None
     seed: int = 0
+    sha256: str | None = None
 
 
 @dataclass(frozen=True)
@@ -125,13 +135,16 @@ class Regime:
     Attributes:
         name: Safe identifier, unique within the protocol.
         kind: ``linear`` (a new head on frozen features), ``partial`` (the last ``blocks``
-            blocks too) or ``full`` (every parameter).
+            blocks too), ``full`` (every parameter) or ``scratch`` (every parameter of the
+            source's architecture from a random init seeded by the cell's seed, not from the
+            source's weights: the from-scratch baseline, never pretrained).
         reference: Whether the other regimes are compared against this one (exactly one is).
         epochs: Training epochs (the ceiling when ``patience`` stops earlier).
         optim: The optimiser (its fields are written flat in the regime: ``lr: 1.0e-4``).
         blocks: Partial regime: the last ``blocks`` transformer blocks are trained (with the
             final norm and the head).
-        layer_decay: Layer-wise lr decay: layer ``l`` of ``L + 1`` gets ``lr * decay**(L + 1 - l)``.
+        layer_decay: Layer-wise lr decay: layer ``l`` of ``L + 1`` gets ``lr * decay**(L + 1 - l)``;
+            partial and full only (refused for linear and scratch).
         patience: Early stopping after this many epochs without a better validation QWK.
     """
 
@@ -212,6 +225,10 @@ def parse_transfer_protocol(data: Any, source: str = "<protocol>") -> TransferPr
     src = SourceSpec(**raw_source)
     if src.weights in ("hub", "random") and not src.model:
         raise fail(f"source.model: required with weights {src.weights!r} (a timm architecture or pinned checkpoint name)")
+    if src.sha256 is not None and not SHA256_RE.match(src.sha256):
+        raise fail(f"source.sha256={src.sha256!r}: must be 64 lowercase hex digits (the sha256 of the checkpoint file)")
+    if src.sha256 is not None and src.weights == "random":
+        raise fail("source.sha256: a random init has no checkpoint file to pin; drop the key or name a file")
     dataset = TransferData(**common.section(top["dataset"], "dataset", TransferData, common.field_names(TransferData), fail))
     if dataset.name not in DATASET_NAMES:
         raise fail(f"dataset.name={dataset.name!r}: must be one of {', '.join(DATASET_NAMES)}")
@@ -238,9 +255,10 @@ def parse_transfer_protocol(data: Any, source: str = "<protocol>") -> TransferPr
     _check_regimes(regimes, fail)
     seeds = common.seeds(top["seeds"], fail)
 
+    source_content = {k: v for k, v in asdict(src).items() if k != "sha256" or v is not None}  # no pin: the old hash
     canonical, digest = common.canonical_and_hash({
         "schema": SCHEMA_VERSION, "kind": "transfer", "name": name, "description": text,
-        "source": asdict(src), "dataset": asdict(dataset), "run": asdict(run), "evaluation": asdict(evaluation),
+        "source": source_content, "dataset": asdict(dataset), "run": asdict(run), "evaluation": asdict(evaluation),
         "regimes": [asdict(r) for r in regimes], "seeds": list(seeds),
     })
     return TransferProtocol(name, text, src, dataset, run, evaluation, regimes, seeds, digest, canonical, source)
@@ -271,6 +289,11 @@ def _regime(raw: Any, where: str, fail) -> Regime:
         raise fail(f"{where}.epochs={regime.epochs!r}: must be a positive integer")
     if regime.patience is not None and regime.patience < 1:
         raise fail(f"{where}.patience={regime.patience!r}: must be a positive integer or null")
+    if kind == "scratch":
+        for key in ("blocks", "layer_decay"):
+            if getattr(regime, key) is not None:
+                raise fail(f"{where}.{key}={getattr(regime, key)!r}: not for kind 'scratch' (trained from a seeded "
+                           "random init, every parameter at the base lr); drop the key")
     if (kind == "partial") != (regime.blocks is not None):
         raise fail(f"{where}.blocks: required for kind 'partial' and only there (got {regime.blocks!r} for {kind!r})")
     if regime.blocks is not None and regime.blocks < 0:

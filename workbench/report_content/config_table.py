@@ -178,12 +178,17 @@ def _precision(amp: str) -> str:
     return "bf16 autocast (GPU, or CPU with AVX512-BF16/AMX)" if amp == "bf16" else f"{amp} autocast on GPU"
 
 
+# A scratch regime reads none of the source's weights: the table says so where the regime is described.
+SCRATCH_TRAINS = "every parameter, trained from scratch (the source's architecture, seeded random init; NOT PRETRAINED)"
+
+
 def _transfer_table(c: Mapping[str, Any], source_cfg: Any = None) -> ConfigTable:
     d, s, run, ev, seeds = c["dataset"], c["source"], c["run"], c["evaluation"], c["seeds"]
     sizes = "official split" if d.get("train_size") is None and d.get("val_size") is None else _split(d)
     common = [("protocol", f"{c['name']} (transfer, schema {c.get('schema', '?')})"),
               ("source", f"{s.get('model') or 'from checkpoint'}, weights {s['weights']}"
-                         + (f" (seed {s['seed']})" if s["weights"] == "random" else "")),
+                         + (f" (seed {s['seed']})" if s["weights"] == "random" else "")
+                         + (f", pinned sha256 {s['sha256']}" if s.get("sha256") else "")),
               ("dataset", f"{d['name']}, image size {d['size']}"),
               ("split", f"{sizes}; split seed {d['split_seed']}" + (f", subset {d['subset']}" if d.get("subset") else "")),
               ("augmentation (training only)", "none"),
@@ -193,7 +198,8 @@ def _transfer_table(c: Mapping[str, Any], source_cfg: Any = None) -> ConfigTable
               ("seeds", f"{', '.join(map(str, seeds))} ({len(seeds)} paired seeds)")]
     rows = []
     for r in c["regimes"]:
-        trains = {"linear": "head only", "full": "every parameter"}.get(r["kind"], f"last {r.get('blocks')} blocks, norm, head")
+        trains = {"linear": "head only", "full": "every parameter",
+                  "scratch": SCRATCH_TRAINS}.get(r["kind"], f"last {r.get('blocks')} blocks, norm, head")
         if r.get("layer_decay") is not None:
             trains += f"; layer-wise lr decay {_g(r['layer_decay'])}"
         trained = "n/a"

@@ -136,8 +136,8 @@ def vit_regime_cost(cfg: ViTConfig, kind: str, blocks: int | None = None) -> Mod
     """Parameters (total and trained) and forward FLOPs of a transfer regime on a ViT source.
 
     Trainable parameters follow ``workbench.transfer.regimes.trainable_prefixes``: linear =
-    head; partial = last ``blocks`` blocks, final norm, head; full = everything.
-    ``train_flops`` is given for ``full`` only (the cached-feature regimes do not run the
+    head; partial = last ``blocks`` blocks, final norm, head; full and scratch = everything.
+    ``train_flops`` is given for ``full`` and ``scratch`` only (the cached-feature regimes do not run the
     frozen part per epoch, so a per-image training count would mislead).
     """
     from workbench.transfer.regimes import trainable_prefixes  # transfer imports train; only needed here
@@ -149,7 +149,8 @@ def vit_regime_cost(cfg: ViTConfig, kind: str, blocks: int | None = None) -> Mod
     trained = sum(p.numel() for name, p in params if any(name.startswith(pre) for pre in prefixes))
     total = sum(p.numel() for _, p in params)
     fwd = vit_forward_flops(cfg)["total"]
-    return ModelCost(total, trained, fwd, vit_train_flops(cfg) if kind == "full" else None, cfg.image_size, ANALYTIC)
+    every_image = kind in ("full", "scratch")  # trained on images end to end, not on cached features
+    return ModelCost(total, trained, fwd, vit_train_flops(cfg) if every_image else None, cfg.image_size, ANALYTIC)
 
 
 def timm_vit_config(architecture: str, num_classes: int) -> ViTConfig:

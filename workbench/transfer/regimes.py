@@ -1,10 +1,12 @@
-"""The three regimes: what is trainable, how the optimizer sees it, and the two training paths.
+"""The four regimes: what is trainable, how the optimizer sees it, and the two training paths.
 
 - linear: only the head; trained on cached pooled features (``fit_cached``).
 - partial: the last k blocks, the final norm (``norm`` or ``fc_norm``) and the head; trained
   on cached tokens entering block ``depth - k`` (``fit_cached``).
 - full: everything, optionally with layer-wise lr decay; trained on images by the
   workbench's resumable ``Trainer`` (``QWKTrainer``), which selects epochs by validation QWK.
+- scratch: everything, of the source's architecture from a seeded random init
+  (``source_model.scratch_model``), no layer decay; the same ``QWKTrainer`` path as full.
 
 Both paths draw the epoch order from (seed, epoch) exactly as ``TensorLoader`` does, so every
 regime of a seed sees the same data order, and both select the first epoch with the highest
@@ -36,7 +38,7 @@ NO_DECAY_NAMES = ("pos_embed", "cls_token", "register_tokens")
 
 def trainable_prefixes(model: VisionTransformer, regime: Regime) -> tuple[str, ...]:
     """State-dict key prefixes the regime trains ("" = everything)."""
-    if regime.kind == "full":
+    if regime.kind in ("full", "scratch"):
         return ("",)
     if regime.kind == "linear":
         return ("head.",)

@@ -27,7 +27,7 @@ from workbench.transfer.evaluate import metric_cis, metrics_agree, table_metrics
 from workbench.transfer.features import FeatureCache, head_forward, tail_forward
 from workbench.protocol.transfer import Evaluation, TransferCell
 from workbench.transfer.regimes import QWKTrainer, fit_cached, freeze
-from workbench.transfer.source_model import SourceModel, adapt_split, transfer_model
+from workbench.transfer.source_model import SourceModel, adapt_split, scratch_model, transfer_model
 
 # Cached path vs a forward pass of the assembled model on the same images: the same
 # operations on different batch compositions, so equal up to float rounding.
@@ -159,15 +159,18 @@ def select_cell(
     if data.test is not None:
         raise ValueError("select_cell must not receive a test split; use split_off_test")
     regime, run_dir, started = cell.regime, Path(run_dir), time.perf_counter()
-    model = transfer_model(source, ctx.num_classes, cell.seed)
+    scratch = regime.kind == "scratch"  # the source's architecture from a seeded random init, not its weights
+    model = (scratch_model if scratch else transfer_model)(source, ctx.num_classes, cell.seed)
     trainable = freeze(model, regime)
     n_trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     checkpoint = run_dir / "checkpoints" / "best.pt"
     val_path = run_dir / "predictions" / "val.csv"
-    if regime.kind == "full":
+    if regime.kind in ("full", "scratch"):
+        spec = {"source": source.info.sha256 or source.info.uri, "regime": regime.name,
+                "num_classes": ctx.num_classes, "layer_decay": regime.layer_decay}
+        spec |= {"init": f"scratch, seed {cell.seed}"} if scratch else {}  # full keeps its config hash (resumes)
         cfg = TrainConfig(
-            model=ModelSpec("transfer", {"source": source.info.sha256 or source.info.uri, "regime": regime.name,
-                                         "num_classes": ctx.num_classes, "layer_decay": regime.layer_decay}),
+            model=ModelSpec("transfer", spec),
             data=DataSpec(data.name, split_seed=data.split_seed, resize_to=ctx.resize_to),
             optim=regime.optim,
             run=RunConfig(epochs=regime.epochs, batch_size=ctx.batch_size, eval_batch_size=ctx.eval_batch_size,

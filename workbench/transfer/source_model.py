@@ -256,11 +256,37 @@ def transfer_model(source: SourceModel, num_classes: int, seed: int) -> VisionTr
     with torch.device("meta"):
         model = VisionTransformer(cfg)
     state = {k: v.detach().clone() for k, v in source.model.state_dict().items() if not k.startswith("head.")}
-    state["head.weight"] = torch.empty(num_classes, cfg.dim)
-    state["head.bias"] = torch.zeros(num_classes)
-    generator = torch.Generator().manual_seed(derive_seed(seed, "transfer-head"))
-    nn.init.trunc_normal_(state["head.weight"], std=0.02, generator=generator)
+    state |= new_head(num_classes, cfg.dim, seed)
     model.load_state_dict(state, strict=True, assign=True)
+    return model
+
+
+def new_head(num_classes: int, dim: int, seed: int) -> dict[str, torch.Tensor]:
+    """The seed's new head (``head.weight``, ``head.bias``): trunc-normal(0.02) from ``derive_seed(seed, "transfer-head")``."""
+    weight, bias = torch.empty(num_classes, dim), torch.zeros(num_classes)
+    generator = torch.Generator().manual_seed(derive_seed(seed, "transfer-head"))
+    nn.init.trunc_normal_(weight, std=0.02, generator=generator)
+    return {"head.weight": weight, "head.bias": bias}
+
+
+SCRATCH_INIT = "the model's own init (trunc-normal 0.02 linears and positions, zero biases)"
+
+
+def scratch_model(source: SourceModel, num_classes: int, seed: int) -> VisionTransformer:
+    """The source's architecture from a seeded random init, with the seed's new head: a from-scratch baseline.
+
+    The body is ``VisionTransformer``'s own init drawn from ``torch.manual_seed(derive_seed(seed,
+    "init"))``, the seed an ablation arm's init uses (``workbench.train.loop.Trainer``), inside a
+    forked RNG so nothing else moves; no tensor of the source's weights is read. The head is
+    ``transfer_model``'s for the seed, so every regime of a seed starts from the same head.
+    """
+    cfg = replace(source.cfg, num_classes=num_classes)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(derive_seed(seed, "init"))
+        model = VisionTransformer(cfg)
+    with torch.no_grad():
+        for name, value in new_head(num_classes, cfg.dim, seed).items():
+            model.get_parameter(name).copy_(value)
     return model
 
 
