@@ -20,7 +20,7 @@ from workbench.convert.checkpoints import CheckpointError, sha256_file
 from workbench.convert.timm_weights import load_timm_weights
 from workbench.convert.timm_vit import glassbox_from_timm
 from workbench.data import NORM_STATS, NormStats, PreparedSplit, derive_seed
-from workbench.models.registry import build_model, model_config
+from workbench.models.registry import model_config
 from workbench.models.timm_arm import TIMM_PREFIX, TimmModelConfig, is_timm_name
 from workbench.models.vit import ViTConfig, VisionTransformer
 from workbench.train.checkpoint import FORMAT as TRAIN_FORMAT
@@ -211,20 +211,19 @@ def load_workbench_checkpoint(path: str | Path, uri: str | None = None, run_id: 
 
 
 def _glassbox_of_timm_arm(cfg: TimmModelConfig, state: dict, path: Path) -> tuple[VisionTransformer, str]:
-    """A trained timm arm's weights in the glass-box ViT (the strict mapping), or a SourceError naming why not."""
-    from workbench.convert.arm_check import eval_twin, is_timm_vit
-    from workbench.convert.timm_vit import UnsupportedTimmModel
+    """A trained timm arm's weights in the glass-box ViT (the strict mapping), or a SourceError naming why not.
 
-    with torch.random.fork_rng(devices=[]):  # the init is overwritten by the checkpoint: leave the RNG alone
-        timm_model = build_model(cfg)
-    if not is_timm_vit(timm_model):
-        raise SourceError(f"{path}: model {cfg.name!r} is not a timm ViT; transfer regimes train ViT blocks "
-                          "(a timm CNN cannot be a transfer source yet)")
-    timm_model.load_state_dict(state, strict=True)
+    The same read-across as ``intervene`` and ``attribute`` (``trained_glassbox``: the timm model
+    built on the meta device, so no init and no draw from the RNG, filled strictly, mapped with
+    every tensor used once).
+    """
+    from workbench.convert.arm_check import NotGlassBoxViT, trained_glassbox
+
     try:
-        glass, audit = glassbox_from_timm(eval_twin(timm_model.eval()))
-    except UnsupportedTimmModel as err:
-        raise SourceError(f"{path}: {cfg.name}: {err}") from err
+        glass, audit = trained_glassbox(cfg, state)
+    except NotGlassBoxViT as err:
+        raise SourceError(f"{path}: {err}; transfer regimes train ViT blocks (a timm CNN cannot be a transfer "
+                          "source yet)") from err
     return glass, audit.summary()
 
 
