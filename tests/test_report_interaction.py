@@ -180,6 +180,10 @@ def test_bad_interactions_are_one_line_naming_the_value(tmp_path):
     result = CliRunner().invoke(report_command, ["--protocol", "x.yaml", "--interaction", "a:b:c"])
     assert result.exit_code == 1 and result.output == \
         "Error: --interaction 'a:b:c': expected A:B:C:D, four arm names for (A - B) - (C - D)\n", result.output
+    for protocol, kind in (("smoke_heads", "an intervention"), ("retina_transfer_smoke", "a transfer")):
+        result = CliRunner().invoke(report_command, ["--protocol", protocol, "--interaction", "a:b:c:d"])
+        assert result.exit_code == 1 and result.output == \
+            f"Error: --interaction: for ablation protocols; {protocol} is {kind} protocol\n", result.output
     result = CliRunner().invoke(report_command, ["--from-evidence", "ev", "--interaction", "a:b:c:d"])
     assert result.exit_code == 2 and "--interaction: not with --from-evidence" in result.output, result.output
 
