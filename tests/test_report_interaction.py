@@ -218,7 +218,7 @@ def logged_study(folder):
     return path
 
 
-@pytest.mark.slow  # about 10 s on an idle 2-core machine (two report builds with every figure); 32 s under load
+@pytest.mark.slow  # 19 s (and 9 s of store setup) on the shared 2-core machine under load: two report builds with every figure
 def test_report_and_its_evidence_rebuild_carry_the_interaction(mlflow_store, tmp_path):
     path = logged_study(tmp_path)
     result = build_report(str(path), tmp_path / "docs", log=False, n_resamples=200, evidence=True,
