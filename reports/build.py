@@ -31,6 +31,12 @@ from tracking.record import queries
 from workbench.protocol import SHORT_HASH_LEN, TransferProtocol, kind_of, load_transfer_protocol, read_yaml
 
 DEFAULT_OUT_ROOT = Path("reports")
+
+
+def kind_article(kind: str) -> str:
+    return f"{'an' if kind[0] in 'aeiou' else 'a'} {kind}"
+
+
 def parse_compare(values: tuple[str, ...] | list[str]) -> list[tuple[str, str]]:
     """``["cnn:vit_small"]`` -> ``[("cnn", "vit_small")]``."""
     pairs = []
@@ -42,10 +48,21 @@ def parse_compare(values: tuple[str, ...] | list[str]) -> list[tuple[str, str]]:
     return pairs
 
 
+def parse_interactions(values: tuple[str, ...] | list[str]) -> list[tuple[str, str, str, str]]:
+    """``["vit_r:vit:cnn_r:cnn"]`` -> ``[("vit_r", "vit", "cnn_r", "cnn")]``: (A - B) - (C - D)."""
+    quads = []
+    for value in values:
+        parts = value.split(":")
+        if len(parts) != 4 or not all(parts):
+            raise ReportError(f"--interaction {value!r}: expected A:B:C:D, four arm names for (A - B) - (C - D)")
+        quads.append(tuple(parts))
+    return quads
+
+
 def build_report(
     protocol: str, out_root: Path = DEFAULT_OUT_ROOT, hash_prefix: str | None = None, commit: str | None = None,
     compare: list[tuple[str, str]] | None = None, n_resamples: int = tables.BOOTSTRAP_RESAMPLES, log: bool = True,
-    strict: bool = False, evidence: bool = False,
+    strict: bool = False, evidence: bool = False, interactions: list[tuple[str, str, str, str]] | None = None,
 ) -> ReportResult:
     """Build, write and (optionally) log the report of one protocol hash.
 
@@ -55,6 +72,8 @@ def build_report(
         hash_prefix: Report this recorded hash instead of the protocol file's.
         commit: Use only runs of this code commit (prefix); default: newest finished run per cell.
         compare: Extra (a, b) arm pairs, beyond every arm against the reference.
+        interactions: (a, b, c, d) arm quadruples: the report adds (a - b) - (c - d) per seed
+            with its t-interval and hierarchical bootstrap. Ablation protocols only.
         n_resamples: Bootstrap resamples.
         log: Log the report files to the newest parent run of the hash (and to the
             ``mlflow run`` launcher run when there is one).
@@ -70,6 +89,8 @@ def build_report(
     """
     path = protocol_file(protocol)
     kind = kind_of(read_yaml(path)) if path is not None else "ablation"
+    if interactions and kind != "ablation":
+        raise ReportError(f"--interaction: for ablation protocols; {protocol} is {kind_article(kind)} protocol")
     if path is not None and kind == "intervention":
         from workbench.protocol import load_intervention_protocol
 
@@ -92,6 +113,8 @@ def build_report(
     if path is None and "/" not in protocol and not protocol.endswith((".yaml", ".yml")):
         stored = transfer_report.stored_by_name(protocol, hash_prefix)  # a transfer protocol known only to the store
     if stored is not None or (path is not None and kind == "transfer"):
+        if interactions:
+            raise ReportError(f"--interaction: for ablation protocols; {protocol} is a transfer protocol")
         if stored is not None:
             return build_transfer_report(stored, out_root, hash_prefix, commit, compare, n_resamples, log, strict,
                                          from_store=True, evidence=evidence)
@@ -101,7 +124,7 @@ def build_report(
     study = load_study(spec, counts, commit)
     log_targets = [study.parent_run_id] if log and study.parent_run_id else []
     inputs = BuildInputs(spec.source, spec.hash, hash_prefix, commit, list(compare or []), n_resamples,
-                         tables.BOOTSTRAP_SEED, tables.CONFIDENCE, strict)
+                         tables.BOOTSTRAP_SEED, tables.CONFIDENCE, strict, list(interactions or []))
     with tempfile.TemporaryDirectory() as tmp:
         analysis = queries.analysis_figures(spec.name, spec.hash, Path(tmp))
     result = render_study(study, inputs, Path(out_root), log_targets, analysis)
@@ -169,6 +192,7 @@ def render_study(study: StudyData, inputs: BuildInputs, out_root: Path, log_targ
         raise ReportError("\n".join(messages + [f"no finished cell runs of {spec.name}@{spec.short_hash}: nothing to report"]))
     try:
         pairs = tables.comparison_pairs(study, inputs.compare)
+        quads = tables.check_interactions(study, inputs.interactions)
     except ValueError as err:
         raise ReportError(str(err)) from err
     summaries = {split: [tables.arm_summary(study, arm, split) for arm in spec.arms] for split in spec.splits}
@@ -177,7 +201,11 @@ def render_study(study: StudyData, inputs: BuildInputs, out_root: Path, log_targ
     decimals = {split: results.display_decimals(rows) for split, rows in summaries.items()}
     items = {split: results.contents(comparisons[split], summaries[split], len(spec.seeds), decimals[split])
              for split in spec.splits}
-    blocks = (document.header(study, inputs, log_targets, conflicts) + results.results_section(study, items)
+    interactions = {split: results.interaction_contents(
+        [tables.interaction(study, quad, split, inputs.n_resamples) for quad in quads], decimals[split])
+        for split in spec.splits}
+    blocks = (document.header(study, inputs, log_targets, conflicts)
+              + results.results_section(study, items, interactions, inputs.n_resamples)
               + configuration.configuration_blocks(config, conflicts)
               + document.accuracy_section(study, summaries, decimals)
               + results.comparison_section(study, items, inputs.n_resamples) + document.per_class_section(study)
@@ -190,6 +218,7 @@ def render_study(study: StudyData, inputs: BuildInputs, out_root: Path, log_targ
         blocks, f": {spec.name}@{spec.short_hash}, {len(study.cells)} of {expected} cells",
         "accuracy differences in percentage points"))
     return ReportResult(folder, folder / "report.md", folder / "report.html", figure_paths, study, summaries, comparisons,
+                        interactions={split: [ix for ix, _ in rows] for split, rows in interactions.items()},
                         messages=messages, problems=stale_items(study.attempts, [f"{a}/seed{s}" for a, s, _ in study.missing]),
                         summary=summary)
 

@@ -3,7 +3,8 @@
 ``workbench report --evidence`` writes ``<report folder>/evidence/``:
 
 - ``runs.json``: the protocol (hashed content, hash, where it came from), the store and
-  experiment as the report names them, the report's build options, every cell run of
+  experiment as the report names them, the report's build options (``interactions`` only
+  when the report has any, so older exports keep their bytes), every cell run of
   the hash (any status: run id, status, start and end times, params, tags, latest metrics,
   metric histories with steps and timestamps), the parent runs, the cell-run counts of
   other hashes of the name, the analysis figures' manifest, and per reported cell its
@@ -128,7 +129,9 @@ def export_evidence(folder: Path, study: StudyData, inputs: BuildInputs, logged_
         "build": {"hash_option": inputs.hash_option, "commit": inputs.commit,
                   "compare": [list(pair) for pair in inputs.compare], "resamples": inputs.n_resamples,
                   "bootstrap_seed": inputs.bootstrap_seed, "confidence": inputs.confidence, "strict": inputs.strict,
-                  "logged_to": list(logged_to), "num_classes": study.num_classes},
+                  "logged_to": list(logged_to), "num_classes": study.num_classes}
+        # Only when asked for: an export without interactions stays byte for byte what it was.
+        | ({"interactions": [list(quad) for quad in inputs.interactions]} if inputs.interactions else {}),
         "other_hashes": dict(sorted(study.other_hashes.items())),
         "parent_run_id": study.parent_run_id,
         "parents": parents,
@@ -312,5 +315,6 @@ def _evidence(folder: Path, doc: dict) -> Evidence:
     study.rebuilt_from = f"{spec.name}/{EVIDENCE_DIR}"
     inputs = BuildInputs(p["source"], p["hash"], build["hash_option"], build["commit"],
                          [tuple(pair) for pair in build["compare"]], int(build["resamples"]),
-                         int(build["bootstrap_seed"]), float(build["confidence"]), bool(build["strict"]))
+                         int(build["bootstrap_seed"]), float(build["confidence"]), bool(build["strict"]),
+                         [tuple(quad) for quad in build.get("interactions", [])])
     return Evidence(study, inputs, list(build["logged_to"]), _analysis(folder, doc["analysis_figures"]))

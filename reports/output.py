@@ -42,6 +42,7 @@ class ReportResult:
     study: StudyData | None = None  # ablation protocols
     summaries: dict[str, list[tables.ArmSummary]] = field(default_factory=dict)
     comparisons: dict[str, list[tables.Comparison]] = field(default_factory=dict)
+    interactions: dict[str, list[tables.Interaction]] = field(default_factory=dict)  # split -> (a - b) - (c - d)
     logged_to: list[str] = field(default_factory=list)
     messages: list[str] = field(default_factory=list)  # what the command line should print
     section: TransferSection | None = None  # transfer protocols

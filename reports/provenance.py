@@ -8,7 +8,7 @@ characters, and the dataset source), the device and the start time in UTC.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
 from reports.render import Block, Heading, Para, Table
@@ -115,6 +115,7 @@ class BuildInputs:
     bootstrap_seed: int
     confidence: float
     strict: bool
+    interactions: list[tuple[str, str, str, str]] = field(default_factory=list)  # (a, b, c, d): (a - b) - (c - d)
 
 
 def header_bullets(inputs: BuildInputs, experiment: str, chosen_rule: str, logged_to: list[str],
@@ -127,6 +128,7 @@ def header_bullets(inputs: BuildInputs, experiment: str, chosen_rule: str, logge
     if inputs.commit:
         options.append(f"--commit {inputs.commit}")
     options += [f"--compare {a}:{b}" for a, b in inputs.compare]
+    options += [f"--interaction {':'.join(quad)}" for quad in inputs.interactions]
     if inputs.strict:
         options.append("--strict")
     items = [

@@ -5,7 +5,8 @@ once, so the paragraph, the per-seed differences, the effect size, the bootstrap
 the forest-plot row come from the same numbers. Displayed per-seed values use the decimals
 ``display_decimals`` picks for the split (the fewest that show every value exactly, 2 or 3),
 and the accuracy table uses the same, so each displayed difference is the difference of
-displayed values.
+displayed values. Interactions asked for with ``--interaction`` (``interaction_blocks``) go
+through ``workbench.report_content.interaction`` the same way, at the end of each split.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from reports import tables
 from reports.collect import StudyData
 from reports.render import Block, Figure, Heading, Para, Quote, Table
 from reports.tables import ArmSummary, Comparison
-from workbench.report_content import comparison, forest
+from workbench.report_content import comparison, forest, interaction
 from workbench.report_content.numbers import bootstrap_seed_multisets, min_wilcoxon_p
 from workbench.report_content.rounding import exact_decimals, fmt, paired_display
 from workbench.report_content.wording import section_caveats
@@ -55,8 +56,10 @@ def contents(comparisons: list[Comparison], summaries: list[ArmSummary], expecte
     return out
 
 
-def results_section(study: StudyData, items: dict[str, list]) -> list[Block]:
-    """Per split: the comparisons as a table, one stated result each, the caveats they share once, a forest plot."""
+def results_section(study: StudyData, items: dict[str, list], interactions: dict[str, list] | None = None,
+                    n_resamples: int = tables.BOOTSTRAP_RESAMPLES) -> list[Block]:
+    """Per split: the comparisons as a table, one stated result each, the caveats they share once, a forest plot;
+    then the interactions asked for (``interaction_contents`` per split), if any."""
     blocks: list[Block] = [Heading(2, "Results")]
     for split, pairs in items.items():
         blocks += [Heading(3, SPLIT_TITLES[split])] + ([results_table(pairs)] if pairs else [])
@@ -76,6 +79,7 @@ def results_section(study: StudyData, items: dict[str, list]) -> list[Block]:
                 f"{SPLIT_TITLES[split]} accuracy, every arm minus the reference {study.spec.reference}, paired by seed: "
                 "dot = mean difference, thick bar = 95% t-interval over seeds, thin bar = 95% hierarchical bootstrap; "
                 "wins k of n = seeds where the arm is ahead."), forest.figure_png(fig)))
+        blocks += interaction_blocks(study, split, (interactions or {}).get(split, []), n_resamples)
     return blocks
 
 
@@ -158,4 +162,81 @@ def comparison_section(study: StudyData, items: dict[str, list], n_resamples: in
                    "effect size d_z [95%]", "won", "p (paired t)", "p (Wilcoxon)"], body,
                   ["l", "r", *["r"] * len(seeds), "r", "r", "r", "r", "r", "r", "r"], methods + notes),
         ]
+    return blocks
+
+
+# ------------------------------------------------------------- differences of differences
+
+
+def interaction_contents(interactions: list[tables.Interaction], decimals: int
+                         ) -> list[tuple[tables.Interaction, interaction.InteractionContent | None]]:
+    """Each interaction of a split with its content (None when no seed has all four arms)."""
+    return [(ix, None if ix.paired is None else interaction.interaction_content(
+        ix.paired, ix.bootstrap, ix.values, ix.arms, split=SPLIT_WORDS[ix.split], expected_n=ix.expected_n,
+        decimals=decimals)) for ix in interactions]
+
+
+def interaction_blocks(study: StudyData, split: str, items: list, n_resamples: int) -> list[Block]:
+    """The interactions of one split: a table, one stated result each, the methods, a forest plot."""
+    if not items:
+        return []
+    seeds = study.spec.seeds
+    body, notes = [], []
+    for ix, ic in items:
+        label = interaction.interaction_label(ix.arms)
+        if ic is None:
+            body.append([label, f"0 of {ix.expected_n} {FLAG}", *["missing"] * len(seeds), *["n/a"] * 8])
+            notes.append(f"{label}: {ix.note}")
+            continue
+        p, par = ix.paired, ic.paragraph
+        per_seed = dict(zip(ic.seeds, ic.per_seed))
+        t = (f"[{fmt(100 * p.ci_low, 2, True)}, {fmt(100 * p.ci_high, 2, True)}]"
+             if math.isfinite(p.ci_low) and math.isfinite(p.ci_high) else "n/a")
+        boot = f"[{ic.bootstrap.low}, {ic.bootstrap.high}]" if ic.bootstrap else "n/a"
+        e = ic.effect
+        effect = "n/a" if not math.isfinite(e.d_z) else (
+            f"{e.d_z:+.2f}" + (f" [{e.low:+.2f}, {e.high:+.2f}]" if math.isfinite(e.low) else ""))
+        if par.sign_settled:
+            sign = f"{par.settled_for} larger ({par.driving_interval} excludes 0)"
+        elif par.sign_settled is False:
+            sign = f"not settled ({par.driving_interval} includes 0)"
+        else:
+            sign = "n/a (no interval)"
+        n = f"{p.n} of {ix.expected_n}" + ("" if p.n == ix.expected_n else f" {FLAG}")
+        won = f"{p.wins} of {p.n}" + (f" ({p.ties} tied)" if p.ties else "")
+        body.append([label, n, *[per_seed.get(s, "missing") for s in seeds], fmt(100 * p.mean_difference, 2, True), t,
+                     boot, effect, won, p_text(p.p_value), p_text(p.wilcoxon_p_value), sign])
+        if ic.bootstrap:
+            notes.append(f"{label}: {ic.bootstrap.footnote}.")
+        for note in (p.note, ix.note):
+            if note:
+                notes.append(f"{label}: {note}")
+    methods = [
+        ("Interaction: (a − b) − (c − d) per seed, e.g. what a change adds to one model minus what it adds to another; "
+         "computed from the per-seed values as displayed in the Accuracy table; the mean and its t-interval from the "
+         "unrounded values, over the seeds where all four arms finished."),
+        (f"t-interval: {tables.CONFIDENCE:.0%} Student-t interval of the mean interaction over seeds (df = n − 1); "
+         "p (paired t), p (Wilcoxon): the per-seed a − b against c − d, descriptive (no test was stated in advance). "
+         "Won: seeds where a − b is larger than c − d."),
+        (f"Bootstrap: {tables.CONFIDENCE:.0%} hierarchical percentile bootstrap over seeds and examples from the saved "
+         f"predictions/{split}.csv files ({n_resamples} resamples, seed {tables.BOOTSTRAP_SEED}): seeds resampled with "
+         "replacement, then examples within each drawn seed, the same seed and example indices for all four arms "
+         "(which must be evaluated on the same examples)."),
+    ]
+    blocks: list[Block] = [
+        Heading(4, f"{SPLIT_TITLES[split]}: interactions"),
+        Table(["(a − b) − (c − d)", "n", *[f"seed {s}" for s in seeds], "mean", "95% t-interval", "95% bootstrap",
+               "effect size d_z [95%]", "won", "p (paired t)", "p (Wilcoxon)", "sign"], body,
+              ["l", "r", *["r"] * len(seeds), "r", "r", "r", "r", "r", "r", "r", "l"], methods + notes),
+    ]
+    blocks += [Quote(ic.text) for _, ic in items if ic is not None]
+    rows = [replace(ic.forest_row, arm=ic.label.replace(") − (", ")\n− (")) for _, ic in items if ic is not None]
+    if rows:
+        fig = forest.forest_plot(rows, study.spec.reference, metric=f"{SPLIT_WORDS[split]} accuracy",
+                                 title=f"{SPLIT_TITLES[split]}: interactions (a − b) − (c − d)",
+                                 xlabel=f"{SPLIT_WORDS[split]} accuracy: (a − b) − (c − d) (points)")
+        blocks.append(Figure(f"interactions_{split}.png", (
+            f"{SPLIT_TITLES[split]} accuracy, interactions (a − b) − (c − d), paired by seed: dot = mean, thick bar = "
+            "95% t-interval over seeds, thin bar = 95% hierarchical bootstrap (the same seed and example draws for "
+            "all four arms); wins k of n = seeds where a − b is the larger difference."), forest.figure_png(fig)))
     return blocks

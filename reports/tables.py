@@ -150,3 +150,71 @@ def best_epochs(study: StudyData, arm: str) -> dict[int, int | None]:
             best = cell.record.metrics.get("best_epoch")
             out[s] = None if best is None else int(best)
     return out
+
+
+# ------------------------------------------------------------- differences of differences
+
+
+@dataclass(frozen=True)
+class Interaction:
+    """(a - b) - (c - d) on one split, paired by seed: e.g. a recipe's gain on one model minus its gain on another.
+
+    ``paired`` compares the per-seed differences a - b (as its arm a) with c - d (as its arm b),
+    so its differences are the per-seed interactions and its t-interval, p-values and wins are
+    theirs; ``values`` holds each arm's per-seed values, for the per-seed display.
+    """
+
+    arms: tuple[str, str, str, str]
+    split: str
+    expected_n: int
+    paired: stats.PairedComparison | None  # None when no seed has all four arms
+    bootstrap: stats.CI | None
+    values: dict[str, dict[int, float]] = field(default_factory=dict)  # arm -> seed -> value, the shared seeds
+    note: str = ""
+
+
+def check_interactions(study: StudyData, quads: list[tuple[str, str, str, str]]) -> list[tuple[str, str, str, str]]:
+    """The requested interactions, each of four distinct arms of the protocol, without repeats.
+
+    Raises:
+        ValueError: An arm not in the protocol or named twice in one interaction (the message names the value).
+    """
+    out = []
+    for quad in quads:
+        value = ":".join(quad)
+        for arm in quad:
+            if arm not in study.spec.arms:
+                raise ValueError(f"--interaction {value}: arm {arm!r} is not in protocol {study.spec.name!r} "
+                                 f"(arms: {', '.join(study.spec.arms)})")
+        twice = sorted({arm for arm in quad if quad.count(arm) > 1})
+        if twice:
+            raise ValueError(f"--interaction {value}: arm {twice[0]!r} named twice; (A - B) - (C - D) needs four "
+                             "different arms")
+        if tuple(quad) not in out:
+            out.append(tuple(quad))
+    return out
+
+
+def interaction(study: StudyData, arms: tuple[str, str, str, str], split: str,
+                n_resamples: int = BOOTSTRAP_RESAMPLES) -> Interaction:
+    """(a - b) - (c - d) over the seeds where all four arms finished: t-interval over seeds and hierarchical bootstrap."""
+    summaries = [arm_summary(study, arm, split) for arm in arms]
+    expected = len(study.spec.seeds)
+    shared = [s for s in study.spec.seeds if all(s in x.values for x in summaries)]
+    if not shared:
+        return Interaction(arms, split, expected, None, None, {}, "no seed has finished runs of all four arms")
+    values = {x.arm: {s: x.values[s] for s in shared} for x in summaries}
+    a, b, c, d = (values[arm] for arm in arms)
+    paired = stats.paired_seed_comparison({s: a[s] - b[s] for s in shared}, {s: c[s] - d[s] for s in shared},
+                                          CONFIDENCE, names=(f"{arms[0]} - {arms[1]}", f"{arms[2]} - {arms[3]}"))
+    missing = [f"{x.arm}: seed {', '.join(map(str, x.missing_seeds))}" for x in summaries if x.missing_seeds]
+    notes = [f"compared on the {len(shared)} seeds where all four arms finished (missing {'; '.join(missing)})"] \
+        if missing else []
+    per_seed = [{s: labels_and_predictions(study.cells[(arm, s)], split) for s in shared} for arm in arms]
+    boot = None
+    try:
+        boot = stats.hierarchical_interaction_bootstrap(per_seed, "accuracy", n_resamples, CONFIDENCE, BOOTSTRAP_SEED,
+                                                        num_classes=study.num_classes or None)
+    except ValueError as err:  # e.g. the arms were evaluated on different examples: say so, keep the t-interval
+        notes.append(f"no bootstrap: {err}")
+    return Interaction(arms, split, expected, paired, boot, values, "; ".join(notes))

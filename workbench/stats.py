@@ -14,7 +14,7 @@ they give the same interval.
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Union
 
@@ -33,6 +33,10 @@ PAIRED_BOOTSTRAP_METHOD = "paired percentile bootstrap over examples (same resam
 HIERARCHICAL_METHOD = (
     "hierarchical paired percentile bootstrap: seeds resampled with replacement, then examples within "
     "each drawn seed (fresh draw per drawn copy, same indices for both arms); mean over seeds of a - b"
+)
+INTERACTION_METHOD = (
+    "hierarchical percentile bootstrap of an interaction: seeds resampled with replacement, then examples within "
+    "each drawn seed (fresh draw per drawn copy, same indices for all four arms); mean over seeds of (a - b) - (c - d)"
 )
 # Bounds one block of resample indices (int64) to about 32 MB, whatever the test-set size.
 _MAX_INDEX_ENTRIES = 4_000_000
@@ -210,9 +214,22 @@ def _score(y: np.ndarray, p: np.ndarray, metric: Metric, k: int) -> float:
     return float(CONFUSION_METRICS[metric](_confusion_batch(y, p, k, np.arange(y.size)[None, :]))[0])
 
 
-def _resampled(rng: np.random.Generator, y: np.ndarray, pa: np.ndarray, pb: np.ndarray | None,
-               metric: Metric, k: int, rows: int) -> np.ndarray:
-    """metric(a) - metric(b), or metric(a) when ``pb`` is None, on ``rows`` example resamples: (rows,)."""
+def _difference(scores: list) -> Any:
+    """a - b of two arms' scores (or a alone): the contrast of every paired interval here."""
+    return scores[0] if len(scores) == 1 else scores[0] - scores[1]
+
+
+def _interaction(scores: list) -> Any:
+    """(a - b) - (c - d) of four arms' scores: a difference of differences."""
+    return (scores[0] - scores[1]) - (scores[2] - scores[3])
+
+
+def _resampled(rng: np.random.Generator, y: np.ndarray, preds: list[np.ndarray], metric: Metric, k: int, rows: int,
+               contrast: Callable[[list], Any] = _difference) -> np.ndarray:
+    """``contrast`` of the arms' metrics (``preds``: one array per arm) on ``rows`` example resamples: (rows,).
+
+    Every arm is scored on the same resampled indices of each row.
+    """
     out = np.empty(rows)
     block = max(1, _MAX_INDEX_ENTRIES // y.size)  # depends only on N, so the draws are reproducible
     with warnings.catch_warnings():
@@ -223,11 +240,9 @@ def _resampled(rng: np.random.Generator, y: np.ndarray, pa: np.ndarray, pb: np.n
         for start in range(0, rows, block):
             idx = rng.integers(0, y.size, size=(min(block, rows - start), y.size))  # (R, N)
             if isinstance(metric, str):
-                v = CONFUSION_METRICS[metric](_confusion_batch(y, pa, k, idx))
-                if pb is not None:
-                    v = v - CONFUSION_METRICS[metric](_confusion_batch(y, pb, k, idx))
+                v = contrast([CONFUSION_METRICS[metric](_confusion_batch(y, p, k, idx)) for p in preds])
             else:
-                v = np.array([metric(y[i], pa[i]) - (0.0 if pb is None else metric(y[i], pb[i])) for i in idx])
+                v = np.array([contrast([metric(y[i], p[i]) for p in preds]) for i in idx])
             out[start : start + idx.shape[0]] = v
     return out
 
@@ -263,7 +278,7 @@ def bootstrap_ci(labels: Any, predicted: Any, metric_fn: Metric, n_resamples: in
     """
     y, p, k = _check_labels(labels, predicted, num_classes)
     _check_args(metric_fn, n_resamples, confidence)
-    values = _resampled(np.random.default_rng(seed), y, p, None, metric_fn, k, int(n_resamples))
+    values = _resampled(np.random.default_rng(seed), y, [p], metric_fn, k, int(n_resamples))
     return _percentile_ci(_score(y, p, metric_fn, k), values, confidence, BOOTSTRAP_METHOD)
 
 
@@ -287,7 +302,7 @@ def paired_bootstrap_difference(labels: Any, pred_a: Any, pred_b: Any, metric_fn
     _, pb, kb = _check_labels(labels, pred_b, num_classes)
     _check_args(metric_fn, n_resamples, confidence)
     k = max(ka, kb)
-    values = _resampled(np.random.default_rng(seed), y, pa, pb, metric_fn, k, int(n_resamples))
+    values = _resampled(np.random.default_rng(seed), y, [pa, pb], metric_fn, k, int(n_resamples))
     estimate = _score(y, pa, metric_fn, k) - _score(y, pb, metric_fn, k)
     return _percentile_ci(estimate, values, confidence, PAIRED_BOOTSTRAP_METHOD)
 
@@ -412,25 +427,62 @@ def paired_hierarchical_bootstrap(
     Returns:
         The CI; ``estimate`` is the mean over seeds of the full-data difference.
     """
+    return _hierarchical([per_seed_a, per_seed_b], _difference, HIERARCHICAL_METHOD, metric_fn, n_resamples,
+                         confidence, seed, num_classes)
+
+
+def hierarchical_interaction_bootstrap(
+    per_seed: Sequence[Mapping[Any, tuple[Any, Any]]], metric_fn: Metric, n_resamples: int = 1000,
+    confidence: float = 0.95, seed: Seed = 0, num_classes: int | None = None,
+) -> CI:
+    """CI of the seed-mean interaction ``(metric(a) - metric(b)) - (metric(c) - metric(d))``.
+
+    The same hierarchical bootstrap as ``paired_hierarchical_bootstrap`` (seeds resampled,
+    then examples within each drawn seed), with one seed draw and one example draw shared
+    by all four arms, so what a seed or an example contributes to every arm cancels.
+
+    Args:
+        per_seed: Four mappings, seed -> (labels, predicted), of arms a, b, c, d: the same
+            seeds, and for every seed the same labels in the same order in all four.
+        metric_fn, n_resamples, confidence, seed, num_classes: As in ``bootstrap_ci``.
+
+    Returns:
+        The CI; ``estimate`` is the mean over seeds of the full-data interaction.
+    """
+    if len(per_seed) != 4:
+        raise ValueError(f"an interaction needs 4 arms (a, b, c, d), got {len(per_seed)}")
+    return _hierarchical(list(per_seed), _interaction, INTERACTION_METHOD, metric_fn, n_resamples, confidence, seed,
+                         num_classes)
+
+
+def _hierarchical(per_seed: list[Mapping], contrast: Callable[[list], Any], method: str, metric_fn: Metric,
+                  n_resamples: int, confidence: float, seed: Seed, num_classes: int | None) -> CI:
+    """The hierarchical bootstrap of ``contrast`` over the arms of ``per_seed`` (see its callers)."""
     _check_args(metric_fn, n_resamples, confidence)
-    seeds, _, _ = _pair_seeds(per_seed_a, per_seed_b, False, ("a", "b"))
+    names = ("a", "b", "c", "d")[: len(per_seed)]
+    seeds, _, _ = _pair_seeds(per_seed[0], per_seed[1], False, names[:2])
+    for name, arm in zip(names[2:], per_seed[2:]):
+        if set(arm) != set(seeds):
+            raise ValueError(f"seeds differ between arms: {names[0]} has {seeds}, {name} has {_sorted_seeds(arm)}")
     data, k = [], 0
     for s in seeds:
-        ya, pa, ka = _check_labels(*per_seed_a[s], num_classes)
-        yb, pb, kb = _check_labels(*per_seed_b[s], num_classes)
-        if ya.shape != yb.shape or not np.array_equal(ya, yb):
-            how = f"{ya.size} vs {yb.size} examples" if ya.shape != yb.shape else f"{int((ya != yb).sum())} labels differ"
-            raise ValueError(f"seed {s!r}: the arms were not evaluated on identical examples ({how}); "
-                             "a paired bootstrap needs the same labels in the same order")
-        data.append((ya, pa, pb))
-        k = max(k, ka, kb)
+        checked = [_check_labels(*arm[s], num_classes) for arm in per_seed]
+        y0 = checked[0][0]
+        for name, (y, _, _) in zip(names[1:], checked[1:]):
+            if y.shape != y0.shape or not np.array_equal(y, y0):
+                how = f"{y0.size} vs {y.size} examples" if y.shape != y0.shape else f"{int((y0 != y).sum())} labels differ"
+                who = "the arms were" if len(per_seed) == 2 else f"arms {names[0]} and {name} were"
+                raise ValueError(f"seed {s!r}: {who} not evaluated on identical examples ({how}); "
+                                 "a paired bootstrap needs the same labels in the same order")
+        data.append((y0, [p for _, p, _ in checked]))
+        k = max(k, *(kk for _, _, kk in checked))
     rng = np.random.default_rng(seed)
     r, n_seeds = int(n_resamples), len(seeds)
     pick = rng.integers(0, n_seeds, size=r * n_seeds)  # flat (R, S): which seed fills each slot
     slot_diff = np.empty(r * n_seeds)
-    for j, (y, pa, pb) in enumerate(data):
+    for j, (y, preds) in enumerate(data):
         slots = np.flatnonzero(pick == j)  # every drawn copy of seed j gets its own example resample
-        slot_diff[slots] = _resampled(rng, y, pa, pb, metric_fn, k, slots.size)
+        slot_diff[slots] = _resampled(rng, y, preds, metric_fn, k, slots.size, contrast)
     values = slot_diff.reshape(r, n_seeds).mean(axis=1)
-    estimate = float(np.mean([_score(y, pa, metric_fn, k) - _score(y, pb, metric_fn, k) for y, pa, pb in data]))
-    return _percentile_ci(estimate, values, confidence, HIERARCHICAL_METHOD)
+    estimate = float(np.mean([contrast([_score(y, p, metric_fn, k) for p in preds]) for y, preds in data]))
+    return _percentile_ci(estimate, values, confidence, method)

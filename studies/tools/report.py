@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from reports.build import DEFAULT_OUT_ROOT, build_from_evidence, build_report, parse_compare
+from reports.build import DEFAULT_OUT_ROOT, build_from_evidence, build_report, parse_compare, parse_interactions
 from reports.collect import ReportError
 from reports.index import build_all
 from reports.tables import BOOTSTRAP_RESAMPLES
@@ -28,6 +28,10 @@ from workbench.protocol import ProtocolError
 @click.option("--compare", multiple=True, metavar="A:B",
               help="Also compare arm A against arm B (every arm is compared with the reference anyway). Repeatable. "
                    "Ablation protocols only (transfer reports compare every pair of regimes).")
+@click.option("--interaction", "interactions", multiple=True, metavar="A:B:C:D",
+              help="Also report the interaction (A - B) - (C - D) per seed (e.g. what a recipe adds to one model minus "
+                   "what it adds to another), with its t-interval over seeds and the hierarchical bootstrap. Four "
+                   "different arms; repeatable. Ablation protocols only.")
 @click.option("--out-dir", "out_root", type=click.Path(file_okay=False), default=str(DEFAULT_OUT_ROOT), show_default=True,
               help="The report is written to OUT_DIR/<protocol name>/.")
 @click.option("--resamples", type=click.IntRange(min=100), default=BOOTSTRAP_RESAMPLES, show_default=True,
@@ -47,8 +51,8 @@ from workbench.protocol import ProtocolError
               help="Rebuild a report from an evidence export (a folder written by --evidence) instead of the "
                    "MLflow store, with the options it was built with; writes OUT_DIR/<protocol>/, logs nothing.")
 @click.pass_context
-def report(ctx, protocol, all_protocols, hash_prefix, commit, compare, out_root, resamples, log, strict, evidence,
-           from_evidence):
+def report(ctx, protocol, all_protocols, hash_prefix, commit, compare, interactions, out_root, resamples, log, strict,
+           evidence, from_evidence):
     """Build reports/<protocol>/report.md and report.html from the protocol's finished MLflow runs.
 
     Ablation and transfer protocols alike (the kind is read from the protocol file).
@@ -60,7 +64,7 @@ def report(ctx, protocol, all_protocols, hash_prefix, commit, compare, out_root,
         if evidence:
             raise click.UsageError("--evidence applies to one protocol: give --protocol")
         for name, value in (("--protocol", protocol), ("--hash", hash_prefix), ("--commit", commit),
-                            ("--compare", compare)):
+                            ("--compare", compare), ("--interaction", interactions)):
             if value:
                 raise click.UsageError(f"{name} applies to one protocol; --all reports each protocol's newest hash")
         try:
@@ -78,7 +82,7 @@ def report(ctx, protocol, all_protocols, hash_prefix, commit, compare, out_root,
         raise click.UsageError("give --protocol FILE_OR_NAME, or --all")
     try:
         result = build_report(protocol, Path(out_root), hash_prefix, commit, parse_compare(compare), resamples, log,
-                              strict, evidence)
+                              strict, evidence, interactions=parse_interactions(interactions))
     except (ReportError, ProtocolError, QueryError) as err:
         raise click.ClickException(str(err)) from err
     for message in result.messages:
@@ -93,7 +97,7 @@ def report(ctx, protocol, all_protocols, hash_prefix, commit, compare, out_root,
 
 # What --from-evidence refuses beside it: the export holds the protocol, the runs and the build options.
 NOT_WITH_EVIDENCE = {"protocol": "--protocol", "all_protocols": "--all", "hash_prefix": "--hash", "commit": "--commit",
-                     "compare": "--compare", "resamples": "--resamples", "log": "--log/--no-log", "strict": "--strict",
+                     "compare": "--compare", "interactions": "--interaction", "resamples": "--resamples", "log": "--log/--no-log", "strict": "--strict",
                      "evidence": "--evidence"}
 
 

@@ -53,7 +53,8 @@ def _finite(*xs: float) -> bool:
 
 
 def forest_plot(rows: Sequence[ForestRow], reference: str, *, scale: float = 100.0, unit: str = "points",
-                metric: str = "accuracy", confidence: float = 0.95, title: str | None = None) -> Figure:
+                metric: str = "accuracy", confidence: float = 0.95, title: str | None = None,
+                xlabel: str | None = None) -> Figure:
     """Draw the forest plot; returns the Figure (render with ``figure_png``).
 
     Args:
@@ -63,6 +64,8 @@ def forest_plot(rows: Sequence[ForestRow], reference: str, *, scale: float = 100
         metric: The metric's name in words.
         confidence: Level of both intervals, for the legend.
         title: Figure title; default names the metric and the reference.
+        xlabel: The x-axis label; default "<metric>: arm minus <reference> (<unit>)" (an
+            interaction plot names its difference of differences instead).
     """
     if not rows:
         raise ValueError("forest_plot: no rows")
@@ -87,7 +90,7 @@ def forest_plot(rows: Sequence[ForestRow], reference: str, *, scale: float = 100
     ax.axvline(0.0, color="0.4", lw=0.8, ls="--")
     ax.set_yticks(range(len(rows) - 1, -1, -1), labels)
     ax.set_ylim(-0.8, len(rows) - 0.4)
-    ax.set_xlabel(f"{metric}: arm minus {reference} ({unit})" if unit else f"{metric}: arm minus {reference}")
+    ax.set_xlabel(xlabel or (f"{metric}: arm minus {reference} ({unit})" if unit else f"{metric}: arm minus {reference}"))
     # A figure title, not an axes title: the legend sits just above the axes and would cover it.
     fig.suptitle(title or f"Paired differences against {reference}", fontsize=10)
     ax.spines[["top", "right"]].set_visible(False)
