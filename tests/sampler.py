@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import glob
 import threading
-import time
 
 
 class ArgvSampler:

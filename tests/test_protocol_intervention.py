@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from workbench.interventions import DropTokens, HeadAblation, InterventionSet, PatchStage, SkipBranch, ZeroPosEmbed
+from workbench.interventions import HeadAblation, InterventionSet, PatchStage, SkipBranch, ZeroPosEmbed
 from workbench.protocol import (
     ProtocolError, canonical_json, load_any, load_intervention_protocol, load_protocol, parse_intervention_protocol,
 )

@@ -11,7 +11,6 @@ effect of a section: ``effect_caveats`` states it once.
 
 from __future__ import annotations
 
-import math
 
 from workbench.interventions.spec import DropTokens, HeadAblation, PatchStage, SkipBranch, ZeroPosEmbed, parse
 from workbench.report_content.rounding import fmt
