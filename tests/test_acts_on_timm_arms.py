@@ -15,7 +15,7 @@ import timm
 import torch
 import yaml
 
-from workbench.convert.arm_check import NotGlassBoxViT, glassbox_config, trained_glassbox
+from workbench.interventions.read_across import NotGlassBoxViT, glassbox_config, trained_glassbox
 from workbench.convert.timm_vit import config_from_timm
 from workbench.interventions import InterventionError
 from workbench.interventions.sources import read_across_note, saved_through_fused_attention, trained_cell_model

@@ -159,7 +159,7 @@ def test_a_timm_vit_arm_checkpoint_is_a_transfer_source(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(cnn.to_dict()))
     atomic_torch_save({"format": FORMAT, "model": build_model(model_config(cnn.model.name, **cnn.model.overrides))
                        .state_dict()}, tmp_path / "checkpoints" / "best.pt")
-    with pytest.raises(SourceError, match="is not a timm ViT"):
+    with pytest.raises(SourceError, match="is a timm ResNet, not a timm VisionTransformer.*a timm CNN cannot be a transfer source"):
         load_workbench_checkpoint(tmp_path / "checkpoints" / "best.pt")
 
 

@@ -10,14 +10,11 @@ the CPU, where the two are expected to agree at 0.0.
 
 from __future__ import annotations
 
-from typing import Mapping
-
 import torch
 from torch import nn
 
-from workbench.convert.timm_vit import MappingAudit, UnsupportedTimmModel, config_from_timm, glassbox_from_timm
-from workbench.models.timm_arm import TimmModelConfig, create, shape_model
-from workbench.models.vit import ViTConfig, VisionTransformer
+from workbench.convert.timm_vit import UnsupportedTimmModel, glassbox_from_timm
+from workbench.models.timm_arm import TimmModelConfig, create
 
 CHECK_IMAGES = 64  # enough to cover every class of a small validation batch; cheap on a CPU
 
@@ -29,52 +26,6 @@ def is_timm_vit(model: nn.Module) -> bool:
     from timm.models.vision_transformer import VisionTransformer as TimmViT
 
     return isinstance(model, TimmViT)
-
-
-class NotGlassBoxViT(ValueError):
-    """A timm arm that does not read across to the glass-box ViT; the message says why, in one line."""
-
-
-def glassbox_config(cfg: TimmModelConfig) -> ViTConfig:
-    """The glass-box config a timm arm reads across to, off its model built on the meta device (no weights).
-
-    What ``intervene`` and ``attribute`` check a protocol's acted-on arm against when the file
-    is read. The config is that of the eval twin (``eval_config``): the function the trained
-    weights compute in eval mode, which is the one every intervention and attribution acts on.
-
-    Raises:
-        NotGlassBoxViT: the arm is not timm's VisionTransformer (a CNN: no attention heads or
-            tokens), or the mapping refuses one of its options (named).
-    """
-    model = shape_model(eval_config(cfg))
-    if not is_timm_vit(model):
-        attention = any("attention" in type(m).__name__.lower() for m in model.modules())
-        what = ("has attention, but only timm's VisionTransformer is read across to the glass-box ViT" if attention
-                else "no attention heads or tokens to act on")
-        raise NotGlassBoxViT(f"{cfg.name} is a timm {type(model).__name__}, not a timm VisionTransformer: {what}")
-    try:
-        return config_from_timm(model)
-    except UnsupportedTimmModel as err:
-        raise NotGlassBoxViT(f"{cfg.name} does not read across to the glass-box ViT: {err}") from None
-
-
-def trained_glassbox(cfg: TimmModelConfig, state: Mapping[str, torch.Tensor]) -> tuple[VisionTransformer, MappingAudit]:
-    """A trained timm ViT arm's weights (its checkpoint's state dict) in the glass-box ViT, eval mode.
-
-    The timm model only carries the weights across: built on the meta device (no init, no
-    draw from the RNG) and filled from ``state`` strictly, then mapped by the exact mapping
-    (every tensor used once). What the reloaded model computes is proven by the caller, on the
-    cell's saved predictions, before anything is computed with it.
-
-    Raises:
-        NotGlassBoxViT: as ``glassbox_config``.
-    """
-    glassbox_config(cfg)
-    with torch.device("meta"):
-        timm_model = create(eval_config(cfg))
-    timm_model.load_state_dict(state, strict=True, assign=True)
-    glass, audit = glassbox_from_timm(timm_model.eval())
-    return glass.eval(), audit
 
 
 def glassbox_check(model: nn.Module, images: torch.Tensor) -> dict[str, float]:
@@ -112,17 +63,10 @@ def eval_twin(model: nn.Module) -> nn.Module:
     if not cfg.kwargs.get("drop_path_rate"):
         return model
     with torch.device("meta"):
-        twin = create(eval_config(cfg))
+        twin = create(TimmModelConfig(cfg.architecture, cfg.kwargs | {"drop_path_rate": 0.0}))
     twin.load_state_dict(model.state_dict(), strict=True, assign=True)
     twin.cfg = cfg  # the arm as trained
     return twin.eval()
-
-
-def eval_config(cfg: TimmModelConfig) -> TimmModelConfig:
-    """The arm's config without stochastic depth (``eval_twin``'s): the same function in eval mode."""
-    if not cfg.kwargs.get("drop_path_rate"):
-        return cfg
-    return TimmModelConfig(cfg.architecture, cfg.kwargs | {"drop_path_rate": 0.0})
 
 
 def _cpu_copy(model: nn.Module) -> nn.Module:

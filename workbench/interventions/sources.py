@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import pandas as pd
 import torch
 
-from workbench.convert.arm_check import NotGlassBoxViT, trained_glassbox
+from workbench.interventions.read_across import NotGlassBoxViT, trained_glassbox
 from workbench.convert.timm_vit import glassbox_from_timm
 from workbench.convert.timm_weights import load_timm_weights
 from workbench.data import NormStats, PreparedSplit
@@ -40,7 +40,7 @@ def trained_cell_model(config: dict, state: dict) -> VisionTransformer:
     """The cell's architecture (its ``config.json``) with its best weights, strictly loaded, eval mode.
 
     A timm ViT arm's weights are read across to the glass-box ViT by the exact mapping
-    (``workbench.convert.arm_check.trained_glassbox``), so everything acts on the glass box;
+    (``workbench.interventions.read_across.trained_glassbox``), so everything acts on the glass box;
     the caller's reload proof then holds that glass-box copy to the cell's saved predictions.
     """
     name, overrides = config["model"]["name"], config["model"].get("overrides", {})

@@ -36,7 +36,7 @@ from workbench.interventions.spec import (
     BRANCHES, HEAD_MODES, TOKEN_KINDS, DropTokens, HeadAblation, Intervention, InterventionError, InterventionSet,
     PatchStage, SkipBranch, ZeroPosEmbed, check, parse,
 )
-from workbench.convert.arm_check import NotGlassBoxViT, glassbox_config
+from workbench.interventions.read_across import NotGlassBoxViT, glassbox_config
 from workbench.models.registry import model_config
 from workbench.models.timm_arm import TimmModelConfig
 from workbench.models.vit import ViTConfig

@@ -217,7 +217,7 @@ def _glassbox_of_timm_arm(cfg: TimmModelConfig, state: dict, path: Path) -> tupl
     built on the meta device, so no init and no draw from the RNG, filled strictly, mapped with
     every tensor used once).
     """
-    from workbench.convert.arm_check import NotGlassBoxViT, trained_glassbox
+    from workbench.interventions.read_across import NotGlassBoxViT, trained_glassbox
 
     try:
         glass, audit = trained_glassbox(cfg, state)
