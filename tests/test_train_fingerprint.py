@@ -48,3 +48,20 @@ def test_docs_tests_and_cli_text_leave_it_unchanged_model_and_training_code_chan
     loop.write_text(loop.read_text().replace("min_ratio + (1 - min_ratio)", "min_ratio + (1.0 - min_ratio)"))
     assert code_fingerprint(lib, versions=VERSIONS) not in (before, after_model)
     assert code_fingerprint(lib, versions={**VERSIONS, "torch": "2.1"}) != code_fingerprint(lib, versions=VERSIONS)
+
+
+# The training code fingerprint of this checkout's files (at fixed library versions: the
+# installed torch and timm enter it too, and differ between machines). Every stored training
+# cell is keyed by it: a change sends every cell of every study in every store back to train,
+# so it must be a deliberate change of data, model or training code, stated in the commit
+# (update the pin then). Code that only acts on trained cells belongs outside
+# workbench/{data,models,train,convert} (e.g. workbench/interventions/read_across.py).
+# With torch 2.14.1 and timm 1.0.31 this code is f2c09a41af712f3e.
+TRAINING_FILES_FINGERPRINT = "5dd1467fbe668274"
+
+
+def test_the_training_fingerprint_changes_only_on_purpose():
+    got = code_fingerprint(versions=VERSIONS)
+    assert got == TRAINING_FILES_FINGERPRINT, (
+        f"training code fingerprint {got} != pinned {TRAINING_FILES_FINGERPRINT}: stored cells would train again; "
+        "if data, model or training code changed on purpose, update the pin and say so in the commit")
