@@ -58,7 +58,7 @@ class CausalEffects:
                    predicted=np.concatenate([c.predicted for c in parts]), forwards=sum(c.forwards for c in parts))
 
 
-@torch.no_grad()
+@torch.inference_mode()
 def single_token_effects(model, images: torch.Tensor, labels: torch.Tensor, *,
                          max_sequences: int = 4096) -> CausalEffects:
     """Each patch token alone removed, per image: see the module docstring."""
