@@ -12,6 +12,11 @@ prefix tokens are always kept.
 The hook may also widen the batch: each image's tokens are computed once, then repeated
 for ``S`` kept sets, so one call evaluates ``S`` variants of every image (``B * S``
 sequences through the blocks) without embedding any image twice.
+
+Only logits are read from these calls, and a CLS-pooling head reads the class token alone,
+so ``logits_keeping`` also cuts the sequence to the class token once the last block's
+attention has mixed the tokens (``class_token_only`` on that block's ``resid1``): the last
+MLP, norm and residual then run on one token per sequence instead of all of them.
 """
 
 from __future__ import annotations
