@@ -38,6 +38,8 @@ LAZY_COMMANDS: dict[str, tuple[str, str, str]] = {
                     "Compare glass-box and timm ViTs at every stage; exit 1 if any stage exceeds the tolerance."),
     "benchmark-intervene": ("studies.benchmarks.intervene_benchmark", "benchmark_intervene",
                             "Time an intervention protocol's grid on random-weight models of its architecture (no data, no MLflow store)."),
+    "benchmark-attribute": ("studies.benchmarks.attribute_benchmark", "benchmark_attribute",
+                            "Time an attribution protocol's scoring on random-weight models of its architecture (no data, no MLflow store)."),
     "figures": ("studies.tools.figures", "figures",
                 "Analysis figures: a finished protocol's study figures, or a timm ViT's attention on images."),
     "intervene": ("studies.interventions.intervene", "intervene",

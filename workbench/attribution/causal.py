@@ -13,7 +13,8 @@ The ``P`` drops of an image are one widened call: the image is embedded once and
 sequence repeated ``P`` times inside the ``pos_add`` hook, so a chunk of ``b`` images runs
 ``b * P`` sequences of ``prefix + P - 1`` tokens through the blocks; ``max_sequences``
 bounds ``b * P`` (memory). Only logits are read, so the calls run the fused attention kernel
-(``glassbox.fused_attention``: the same function up to float rounding).
+(``glassbox.fused_attention``: the same function up to float rounding), and the rows after
+the last block's attention are cut to the class token (``token_drop.class_token_only``).
 """
 
 from __future__ import annotations
@@ -58,7 +59,7 @@ class CausalEffects:
                    predicted=np.concatenate([c.predicted for c in parts]), forwards=sum(c.forwards for c in parts))
 
 
-@torch.no_grad()
+@torch.inference_mode()
 def single_token_effects(model, images: torch.Tensor, labels: torch.Tensor, *,
                          max_sequences: int = 4096) -> CausalEffects:
     """Each patch token alone removed, per image: see the module docstring."""

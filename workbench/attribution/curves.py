@@ -124,7 +124,7 @@ def _kept(order: torch.Tensor, k: int, kind: str) -> torch.Tensor:
     return kept.sort(dim=-1).values
 
 
-@torch.no_grad()
+@torch.inference_mode()
 def perturbation_curves(model, images: torch.Tensor, labels: torch.Tensor, scores: Mapping[str, torch.Tensor], *,
                         counts: Sequence[int] | None = None, max_sequences: int = 4096) -> Curves:
     """Deletion and insertion curves of every method's order (see the module docstring)."""

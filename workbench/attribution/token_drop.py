@@ -12,6 +12,11 @@ prefix tokens are always kept.
 The hook may also widen the batch: each image's tokens are computed once, then repeated
 for ``S`` kept sets, so one call evaluates ``S`` variants of every image (``B * S``
 sequences through the blocks) without embedding any image twice.
+
+Only logits are read from these calls, and a CLS-pooling head reads the class token alone,
+so ``logits_keeping`` also cuts the sequence to the class token once the last block's
+attention has mixed the tokens (``class_token_only`` on that block's ``resid1``): the last
+MLP, norm and residual then run on one token per sequence instead of all of them.
 """
 
 from __future__ import annotations
@@ -32,26 +37,43 @@ def keep_patches_hook(keep: torch.Tensor, prefix: int):
     """
 
     def hook(x: torch.Tensor) -> torch.Tensor:
-        B, _, D = x.shape
+        B, T, D = x.shape
         S, M = keep.shape[1], keep.shape[2]
         if keep.shape[0] != B:
             raise ValueError(f"keep has {keep.shape[0]} images, the batch has {B}")
-        head = x[:, :prefix].unsqueeze(1).expand(B, S, prefix, D)  # (B, S, prefix, D)
-        index = keep.to(x.device).unsqueeze(-1).expand(B, S, M, D)
-        patches = x[:, prefix:].unsqueeze(1).expand(B, S, x.shape[1] - prefix, D).gather(2, index)  # (B, S, M, D)
-        return torch.cat([head, patches], dim=2).reshape(B * S, prefix + M, D)
+        # One gather of rows of the flattened (B * T, D) tokens: per variant the prefix tokens,
+        # then the kept patches (token index prefix + patch), offset by the image's first row.
+        head = torch.arange(prefix, device=x.device).expand(B, S, prefix)
+        tokens = torch.cat([head, keep.to(x.device) + prefix], dim=2)  # (B, S, prefix + M)
+        rows = tokens + (torch.arange(B, device=x.device) * T).view(B, 1, 1)
+        return x.reshape(B * T, D)[rows.reshape(-1)].view(B * S, prefix + M, D)
 
     return hook
+
+
+def class_token_only(x: torch.Tensor) -> torch.Tensor:
+    """A ``resid1`` hook for the last block: ``(B, N, D)`` -> ``(B, 1, D)``, the class token alone.
+
+    After the last block's attention nothing mixes tokens: the second norm, the MLP, the
+    residual and the final norm act on each token alone, and a CLS-pooling head reads the
+    class token only. Cutting the other rows there leaves the logits the same function (up to
+    float rounding) and skips the last MLP on every patch and register token.
+    """
+    return x[:, :1]
 
 
 def logits_keeping(model: VisionTransformer, images: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
     """Logits ``(B, S, classes)`` of ``model`` on each image with only the patches ``keep[b, s]`` left.
 
     ``keep`` is ``(B, S, M)``; every variant keeps the same number ``M`` of patches.
-    The call is ``model(images)`` with one hook on ``pos_add`` (no second forward body).
+    The call is ``model(images)`` with a hook on ``pos_add`` and, for the CLS-pooling head, one on the
+    last block's ``resid1`` (``class_token_only``): no second forward body.
     """
     B, S = keep.shape[0], keep.shape[1]
-    with attached(model, [("pos_add", keep_patches_hook(keep, model.cfg.num_prefix_tokens))]):
+    hooks = [("pos_add", keep_patches_hook(keep, model.cfg.num_prefix_tokens))]
+    if model.cfg.pooling == "cls":
+        hooks.append((f"blocks.{model.cfg.depth - 1}.resid1", class_token_only))
+    with attached(model, hooks):
         logits = model(images)  # (B * S, classes)
     return logits.view(B, S, -1)
 
