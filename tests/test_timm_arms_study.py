@@ -59,7 +59,7 @@ def cifar_path() -> str | None:
     return None
 
 
-@pytest.mark.slow  # 6 cells of 2 epochs on 500 images, one thread: about a minute of CPU, then the report
+@pytest.mark.slow  # 6 cells of 2 epochs on 500 images, one thread, the report, then 7 transfer cells (309 s under load)
 def test_smoke_timm_arms_trains_every_arm_and_reports(mlflow_store, tmp_path):
     data = cifar_path()
     args = ["ablate", "--protocol", str(PROTOCOL), "--threads", "1", "--allow-dirty", "--output-dir", str(tmp_path / "out")]
