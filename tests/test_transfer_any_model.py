@@ -149,3 +149,28 @@ def test_a_timm_cnn_by_name_is_a_source_labelled_by_what_it_is():
         load_timm_source("resnet10t", "hub")
     with pytest.raises(SourceError, match="source.model='no_such_net'"):
         load_timm_source("no_such_net", "random")
+
+
+def test_partial_from_the_study_cnn_is_one_line_before_any_run(mlflow_store, tmp_path, monkeypatch):
+    import yaml
+    from click.testing import CliRunner
+    from mlflow.tracking import MlflowClient
+
+    from studies.cli import main
+
+    monkeypatch.setenv("WORKBENCH_CACHE_DIR", str(tmp_path / "cache"))
+    learnable_retina(tmp_path / "retinamnist.npz", counts=(32, 16, 16))
+    checkpoint = resnet_cell(tmp_path / "cnn", "cifar_cnn", {"num_classes": 10, "in_channels": 3})
+    data = {"name": "cnn_partial", "description": "tiny", "source": {"weights": str(checkpoint)},
+            "dataset": {"name": "retinamnist"}, "run": {"batch_size": 16}, "evaluation": {"n_resamples": 1000},
+            "regimes": [regime("linear", reference=True), regime("partial", blocks=1)], "seeds": [0]}
+    path = tmp_path / "cnn_partial.yaml"
+    path.write_text(yaml.safe_dump(data))
+    result = CliRunner().invoke(main, ["transfer", "--protocol", str(path), "--allow-dirty", "--device", "cpu",
+                                       "--data-path", str(tmp_path / "retinamnist.npz"), "--output-dir",
+                                       str(tmp_path / "out")])
+    line = result.output.strip().splitlines()[-1]
+    assert result.exit_code != 0 and "Traceback" not in result.output, result.output[-2000:]
+    assert line == (f"Error: {path}: regimes[1].blocks: CNN has no timm group_matcher(), so its layers cannot be "
+                    "grouped; use kind linear, full (without layer_decay) or scratch"), line
+    assert not [r for e in MlflowClient().search_experiments() for r in MlflowClient().search_runs([e.experiment_id])]
