@@ -32,6 +32,20 @@ regimes:
   - {name: scratch, kind: scratch, epochs: 1, lr: 1.0e-3}
 seeds: [0]
 """
+# The timm CNN arm's cell as a source: every regime, partial through timm's group_matcher (issue 30 [U] item 1).
+CNN_TRANSFER = """name: from_resnet10t
+description: A timm resnet10t arm's cell as a transfer source (a test, not a result).
+source: {weights: protocol:smoke_timm_arms/resnet10t/seed0}
+dataset: {name: retinamnist, size: auto, subset: 100}
+run: {batch_size: 32, eval_batch_size: 100, log_checkpoints: false}
+evaluation: {n_resamples: 1000}
+regimes:
+  - {name: linear_probe, kind: linear, reference: true, epochs: 2, lr: 3.0e-3}
+  - {name: partial_ft, kind: partial, blocks: 1, epochs: 1, lr: 1.0e-3}
+  - {name: full_ft, kind: full, epochs: 1, lr: 5.0e-4, layer_decay: 0.75}
+  - {name: scratch, kind: scratch, epochs: 1, lr: 1.0e-3}
+seeds: [0]
+"""
 
 
 def cifar_path() -> str | None:
@@ -45,7 +59,7 @@ def cifar_path() -> str | None:
     return None
 
 
-@pytest.mark.slow  # 6 cells of 2 epochs on 500 images, one thread: about a minute of CPU, then the report
+@pytest.mark.slow  # 6 cells of 2 epochs on 500 images, one thread, the report, then 7 transfer cells (309 s under load)
 def test_smoke_timm_arms_trains_every_arm_and_reports(mlflow_store, tmp_path):
     data = cifar_path()
     args = ["ablate", "--protocol", str(PROTOCOL), "--threads", "1", "--allow-dirty", "--output-dir", str(tmp_path / "out")]
@@ -92,3 +106,33 @@ def test_smoke_timm_arms_trains_every_arm_and_reports(mlflow_store, tmp_path):
         if params.get("regime.kind") == "scratch":  # the timm ViT's glass-box architecture, from a seeded init
             assert params["regime.pretrained"] == "False" and "NOT PRETRAINED" in params["regime.init"], params
             assert run.data.metrics["selection_proof_passed"] == 1.0, run.data.metrics
+
+    (folder / "from_resnet10t.yaml").write_text(CNN_TRANSFER)
+    result = CliRunner().invoke(main, ["transfer", "--protocol", str(folder / "from_resnet10t.yaml"), "--allow-dirty",
+                                       "--threads", "1", "--output-dir", str(tmp_path / "tout"),
+                                       "--data-path", str(SHARED_RETINA)])
+    assert result.exit_code == 0 and "cells: 4 run, 0 already finished (skipped), 0 failed" in result.output, \
+        result.output[-3000:]
+    assert "28 px images at their own size (the model takes any size)" in result.output, result.output[-3000:]
+    import timm
+
+    resnet = timm.create_model("resnet10t", num_classes=5)
+    last_group = sum(p.numel() for n, p in resnet.named_parameters() if n.startswith(("layer4.", "fc.")))
+    (cnn,) = [e for e in client.search_experiments() if e.name == "from_resnet10t"]
+    kinds = set()
+    for run in client.search_runs([cnn.experiment_id], "tags.cell = 'true'"):
+        params, m = run.data.params, run.data.metrics
+        kinds.add(params["regime.kind"])
+        assert run.info.status == "FINISHED" and m["selection_proof_passed"] == 1.0, (params["regime.kind"], m)
+        assert params["source.architecture"] == "timm/resnet10t" and params["source.kind"] == "workbench-checkpoint"
+        assert params["source.mapping"] == "" and params["source.pretrained"] == "False", params
+        assert params["source.norm_from"] == "the source run's normalisation (NORM_STATS['cifar10'])", params
+        expected = {"linear": 512 * 5 + 5, "partial": last_group, "full": sum(p.numel() for p in resnet.parameters())}
+        if params["regime.kind"] in expected:
+            assert m["trainable_parameters"] == expected[params["regime.kind"]], (params["regime.kind"], m)
+    assert kinds == {"linear", "partial", "full", "scratch"}, kinds
+    result = CliRunner().invoke(main, ["report", "--protocol", str(folder / "from_resnet10t.yaml"),
+                                       "--out-dir", str(out)])
+    assert result.exit_code == 0, result.output[-3000:]
+    report = (out / "from_resnet10t" / "report.md").read_text()
+    assert "timm/resnet10t" in report and "not a published one" in report and "pretrained checkpoint" not in report

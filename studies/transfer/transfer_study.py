@@ -35,6 +35,7 @@ from workbench.data import DatasetNotFound, PreparedData, SplitSizeError, prepar
 from workbench.precision import device_capability, resolve_amp
 from workbench.protocol.transfer import SourceSpec, TransferCell, TransferData, TransferProtocol
 from workbench.train.loop import resolve_device
+from workbench.transfer.any_model import SCRATCH_INIT_ANY, RegimeRefused, check_regimes, compute_pooled
 from workbench.transfer.features import FeatureCache, compute_features
 from workbench.transfer.runner import (
     Selection, TestSplitGuard, TransferContext, evaluate_on_test, select_cell, split_off_test,
@@ -146,16 +147,17 @@ def _cell_params(cell: TransferCell, ex: "Execution") -> dict:
               "inputs": ex.inputs, "data.fingerprint": data.data_fingerprint,
               "data.split_fingerprint": data.split_fingerprint, "data.n_train": len(data.train), "data.n_val": len(data.val)}
     scratch = r.kind == "scratch"  # the source's architecture only: never its weights, never pretrained
-    params |= {"regime.init": scratch_init(cell.seed) if scratch else "the source's weights",
+    init = SCRATCH_INIT if ex.source.is_vit else SCRATCH_INIT_ANY
+    params |= {"regime.init": scratch_init(cell.seed, init) if scratch else "the source's weights",
                "regime.pretrained": "False" if scratch else str(ex.source.info.pretrained)}
     return (params | {f"optim.{k}": v for k, v in vars(r.optim).items()} | ex.source.info.as_params()
             | pin_params(ex.protocol.source))
 
 
-def scratch_init(seed: int) -> str:
-    """What a scratch cell's init is, as its run records it (``workbench.transfer.source_model.scratch_model``)."""
+def scratch_init(seed: int, init: str = SCRATCH_INIT) -> str:
+    """What a scratch cell's init is, as its run records it (``source_model.scratch_model``, ``any_model.scratch_copy``)."""
     return (f"trained from scratch: the source's architecture from a random init, torch.manual_seed(derive_seed("
-            f"{seed}, 'init')), {SCRATCH_INIT}; the seed's new head; NOT PRETRAINED")
+            f"{seed}, 'init')), {init}; the seed's new head; NOT PRETRAINED")
 
 
 def pin_params(spec: SourceSpec) -> dict[str, str]:
@@ -181,10 +183,14 @@ class Execution:
     def features(self) -> FeatureCache:
         """The frozen backbone's features, computed on first use and shared by every seed."""
         if self.cache is None:
-            cfg, ctx = self.source.cfg, self.ctx
-            starts = [cfg.depth - r.blocks for r in self.protocol.regimes if r.kind == "partial"]
-            self.cache = compute_features(self.source.model.to(ctx.device), {"train": self.data.train, "val": self.data.val},
-                                          ctx.norm, ctx.resize_to, ctx.device, ctx.eval_batch_size, ctx.amp_dtype, starts)
+            cfg, ctx, splits = self.source.cfg, self.ctx, {"train": self.data.train, "val": self.data.val}
+            if self.source.is_vit:
+                starts = [cfg.depth - r.blocks for r in self.protocol.regimes if r.kind == "partial"]
+                self.cache = compute_features(self.source.model.to(ctx.device), splits,
+                                              ctx.norm, ctx.resize_to, ctx.device, ctx.eval_batch_size, ctx.amp_dtype, starts)
+            else:  # any other model: pooled features only; its partial regimes train on images
+                self.cache = compute_pooled(self.source.model.to(ctx.device), splits, ctx.norm, ctx.resize_to,
+                                            ctx.device, ctx.eval_batch_size, ctx.amp_dtype)
             RunSink.for_run(self.parent, self.protocol.name).log_metrics({"feature_cache_seconds": self.cache.seconds})
             tqdm.write(f"features of {self.cache.images} images cached in {self.cache.seconds:.1f} s")
         return self.cache
@@ -195,9 +201,14 @@ def prepare_execution(protocol: TransferProtocol, protocol_file: Path, options: 
     """Source, data (test split locked away at once) and the shared context."""
     output_dir = options.output_dir / protocol.name
     source = resolve_source(protocol.source, source_override, Path(protocol_file), output_dir / "sources")
-    cfg = source.cfg
+    if not source.is_vit:  # a regime the model cannot take, refused by its key before a run opens
+        try:
+            check_regimes(source.model, protocol.regimes, str(protocol_file))
+        except RegimeRefused as err:
+            raise ProtocolError(str(err)) from err
+    image_size = source.image_size  # None: the model takes any size, and the data keeps its own
     try:
-        data = prepare_transfer_data(protocol.dataset, options.data_path, options.download, cfg.image_size)
+        data = prepare_transfer_data(protocol.dataset, options.data_path, options.download, image_size or 0)
     except SplitSizeError as err:
         raise ProtocolError(f"{protocol_file}: dataset: {err}") from err
     if len(data.class_names) < 2:  # a new head with one output learns nothing
@@ -210,11 +221,12 @@ def prepare_execution(protocol: TransferProtocol, protocol_file: Path, options: 
         raise ProtocolError(f"{protocol_file}: {data.display_name} has no test split; a transfer study reports test metrics")
     dev, side = resolve_device(options.device), data.train.images.shape[-1]
     ctx = TransferContext(dev, resolve_amp(protocol.run.amp, dev), protocol.run.batch_size,
-                          protocol.run.eval_batch_size, source.norm, None if side == cfg.image_size else cfg.image_size,
-                          len(data.class_names))
-    selection_data, guard = split_off_test(data, cfg.in_channels)  # from here on only phase 2 can read the test split
-    inputs = (f"{side} px images upsampled in batches to {cfg.image_size} px (bilinear)" if ctx.resize_to
-              else f"{side} px images at the model's input size")
+                          protocol.run.eval_batch_size, source.norm,
+                          None if image_size is None or side == image_size else image_size, len(data.class_names))
+    selection_data, guard = split_off_test(data, source.in_channels)  # from here on only phase 2 can read the test split
+    inputs = (f"{side} px images upsampled in batches to {image_size} px (bilinear)" if ctx.resize_to
+              else f"{side} px images at the model's input size" if image_size
+              else f"{side} px images at their own size (the model takes any size)")
     return Execution(protocol, source, selection_data, guard, ctx, source_identity(source, protocol.source), inputs,
                      output_dir)
 

@@ -53,14 +53,17 @@ class TransferProtocolError(ProtocolError):
 
 @dataclass(frozen=True)
 class SourceSpec:
-    """Where the pretrained backbone comes from.
+    """Where the source model comes from: a glass-box / timm ViT, or any model the workbench trains or timm builds.
 
     Attributes:
         weights: ``hub`` (the pinned timm checkpoint), ``random`` (seeded timm init, NOT
             PRETRAINED), a local safetensors / workbench checkpoint path, ``runs:/<id>[/path]``
             (an MLflow run of this workbench) or ``protocol:<name>/<arm>/seed<k>`` (the
             finished cell of an ablation protocol).
-        model: timm architecture or pinned checkpoint name; needed for timm weights.
+        model: timm architecture or pinned checkpoint name; needed for timm weights. A timm ViT
+            is mapped onto the glass-box ViT; any other timm architecture (``resnet18``,
+            ``convnext_atto``, ...) is kept as timm builds it (``random`` or a local file; ``hub``
+            fetches only the pinned ViT checkpoints).
         seed: Seed of a ``random`` init.
         sha256: Optional pin: the sha256 (64 lowercase hex digits) of the checkpoint file the
             weights resolve to; the runner refuses any other file before a run opens. Absent
@@ -142,9 +145,13 @@ class Regime:
         epochs: Training epochs (the ceiling when ``patience`` stops earlier).
         optim: The optimiser (its fields are written flat in the regime: ``lr: 1.0e-4``).
         blocks: Partial regime: the last ``blocks`` transformer blocks are trained (with the
-            final norm and the head).
+            final norm and the head); for a source that is not a glass-box ViT, the last
+            ``blocks`` groups of timm's ``group_matcher()`` below the head's group (a model
+            without one, the study CNN, refuses ``partial``).
         layer_decay: Layer-wise lr decay: layer ``l`` of ``L + 1`` gets ``lr * decay**(L + 1 - l)``;
-            partial and full only (refused for linear and scratch).
+            partial and full only (refused for linear and scratch). For a source that is not a
+            glass-box ViT the layers are timm's ``group_matcher()`` groups
+            (``timm.optim.param_groups_layer_decay``); a model without one refuses it.
         patience: Early stopping after this many epochs without a better validation QWK.
     """
 

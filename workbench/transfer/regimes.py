@@ -132,17 +132,21 @@ def fit_cached(
     model: VisionTransformer, regime: Regime, forward: Callable[[torch.Tensor], torch.Tensor],
     train: CachedSplit, val: CachedSplit, seed: int, batch_size: int, eval_batch_size: int,
     num_classes: int, device: torch.device, amp_dtype: torch.dtype | None = None,
-    observer: TrainingObserver | None = None,
+    observer: TrainingObserver | None = None, groups: list[dict] | None = None,
 ) -> CachedFit:
     """Train the regime's trainable parameters on cached inputs; keep the best epoch by val QWK.
 
     Not resumable: a linear probe or a tail of a few blocks retrains in less time than a
     checkpoint round trip would save; the caller reruns an interrupted cell from scratch.
+    ``groups``: the optimizer's parameter groups when the model is not the glass-box ViT
+    (``workbench.transfer.any_model.param_groups_any``); None: ``param_groups``.
     """
     observer = observer or TrainingObserver()
     opt = regime.optim
     trainable = {n: p for n, p in model.named_parameters() if p.requires_grad}
-    optimizer = torch.optim.AdamW(param_groups(model, opt.lr, opt.weight_decay, regime.layer_decay),
+    if groups is None:
+        groups = param_groups(model, opt.lr, opt.weight_decay, regime.layer_decay)
+    optimizer = torch.optim.AdamW(groups,
                                   lr=opt.lr, betas=opt.betas, weight_decay=opt.weight_decay)
     n_batches = math.ceil(len(train) / batch_size)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, cosine_with_warmup(

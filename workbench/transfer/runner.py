@@ -15,10 +15,10 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import torch
+from torch import nn
 
 from workbench.convert.checkpoints import atomic_write_bytes
 from workbench.data import NormStats, PreparedData, PreparedSplit, TensorLoader
-from workbench.models.vit import VisionTransformer
 from workbench.train.checkpoint import FORMAT, atomic_torch_save, load_checkpoint
 from workbench.train.config import DataSpec, ModelSpec, RunConfig, TrainConfig
 from workbench.train.evaluate import compare_predictions, predict, read_predictions, save_predictions
@@ -26,6 +26,9 @@ from workbench.train.loop import TrainingObserver
 from workbench.transfer.evaluate import metric_cis, metrics_agree, table_metrics
 from workbench.transfer.features import FeatureCache, head_forward, tail_forward
 from workbench.protocol.transfer import Evaluation, TransferCell
+from workbench.transfer.any_model import (
+    AnyQWKTrainer, classifier, freeze_for, param_groups_any, scratch_copy, transfer_copy,
+)
 from workbench.transfer.regimes import QWKTrainer, fit_cached, freeze
 from workbench.transfer.source_model import SourceModel, adapt_split, scratch_model, transfer_model
 
@@ -135,8 +138,9 @@ class TestResult:
     seconds: float = 0.0
 
 
-def _model_from_checkpoint(source: SourceModel, path: Path, num_classes: int, device) -> VisionTransformer:
-    model = transfer_model(source, num_classes, seed=0)  # structure only: the checkpoint replaces every tensor
+def _model_from_checkpoint(source: SourceModel, path: Path, num_classes: int, device) -> nn.Module:
+    # structure only: the checkpoint replaces every tensor
+    model = transfer_model(source, num_classes, seed=0) if source.is_vit else transfer_copy(source.model, num_classes, 0)
     model.load_state_dict(load_checkpoint(path, map_location="cpu")["model"], strict=True)
     return model.to(device).eval()
 
@@ -160,15 +164,21 @@ def select_cell(
         raise ValueError("select_cell must not receive a test split; use split_off_test")
     regime, run_dir, started = cell.regime, Path(run_dir), time.perf_counter()
     scratch = regime.kind == "scratch"  # the source's architecture from a seeded random init, not its weights
-    model = (scratch_model if scratch else transfer_model)(source, ctx.num_classes, cell.seed)
-    trainable = freeze(model, regime)
+    if source.is_vit:
+        model = (scratch_model if scratch else transfer_model)(source, ctx.num_classes, cell.seed)
+        trainable = freeze(model, regime)
+    else:  # any other model: timm's generic interfaces (workbench.transfer.any_model)
+        model = (scratch_copy if scratch else transfer_copy)(source.model, ctx.num_classes, cell.seed)
+        trainable = freeze_for(model, regime, f"regime {regime.name}")
+    on_images = regime.kind in ("full", "scratch") or (regime.kind == "partial" and not source.is_vit)
     n_trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     checkpoint = run_dir / "checkpoints" / "best.pt"
     val_path = run_dir / "predictions" / "val.csv"
-    if regime.kind in ("full", "scratch"):
+    if on_images:
         spec = {"source": source.info.sha256 or source.info.uri, "regime": regime.name,
                 "num_classes": ctx.num_classes, "layer_decay": regime.layer_decay}
         spec |= {"init": f"scratch, seed {cell.seed}"} if scratch else {}  # full keeps its config hash (resumes)
+        spec |= {} if source.is_vit else {"blocks": regime.blocks, "trainable": len(trainable)}
         cfg = TrainConfig(
             model=ModelSpec("transfer", spec),
             data=DataSpec(data.name, split_seed=data.split_seed, resize_to=ctx.resize_to),
@@ -178,21 +188,27 @@ def select_cell(
                           amp={None: "off", torch.bfloat16: "bf16", torch.float16: "fp16"}[ctx.amp_dtype],
                           deterministic=ctx.deterministic),
         )
-        trainer = QWKTrainer(cfg, replace(data, norm=ctx.norm), run_dir, observer, model=model,
-                             num_classes=ctx.num_classes, layer_decay=regime.layer_decay)
+        trainer = (QWKTrainer if source.is_vit else AnyQWKTrainer)(
+            cfg, replace(data, norm=ctx.norm), run_dir, observer, model=model, num_classes=ctx.num_classes,
+            layer_decay=regime.layer_decay)
         result = trainer.fit()
         best = result.history[result.best_epoch - 1]
         proof = result.reload_proof
         history, best_epoch, stopped = result.history, result.best_epoch, result.stopped_early
         what = "reload proof: best checkpoint reloaded into a fresh model reproduces its saved validation predictions"
     else:
-        start = model.cfg.depth - (regime.blocks or 0)
-        key = "pooled" if regime.kind == "linear" else start
-        splits = cache.pooled if key == "pooled" else cache.tokens[start]
-        forward = head_forward(model) if regime.kind == "linear" else tail_forward(model, start)
+        if source.is_vit:
+            start = model.cfg.depth - (regime.blocks or 0)
+            key = "pooled" if regime.kind == "linear" else start
+            splits = cache.pooled if key == "pooled" else cache.tokens[start]
+            forward, groups = head_forward(model) if regime.kind == "linear" else tail_forward(model, start), None
+        else:  # the linear probe of any model: its classifier on the cached pre-logit features
+            splits, forward = cache.pooled, classifier(model)
         model.to(ctx.device)
+        if not source.is_vit:
+            groups = param_groups_any(model, regime.optim.lr, regime.optim.weight_decay, None, f"regime {regime.name}")
         fit = fit_cached(model, regime, forward, splits["train"], splits["val"], cell.seed, ctx.batch_size,
-                         ctx.eval_batch_size, ctx.num_classes, ctx.device, ctx.amp_dtype, observer)
+                         ctx.eval_batch_size, ctx.num_classes, ctx.device, ctx.amp_dtype, observer, groups=groups)
         model.load_state_dict(fit.best_state, strict=False)
         best = fit.history[fit.best_epoch - 1]
         atomic_torch_save({"format": FORMAT, "model": model.state_dict(), "epoch": fit.best_epoch, "metrics": best,

@@ -20,8 +20,9 @@ from workbench.convert.checkpoints import CheckpointError, sha256_file
 from workbench.convert.timm_weights import load_timm_weights
 from workbench.convert.timm_vit import glassbox_from_timm
 from workbench.data import NORM_STATS, NormStats, PreparedSplit, derive_seed
-from workbench.models.registry import model_config
-from workbench.models.timm_arm import TIMM_PREFIX, TimmModelConfig, is_timm_name
+from workbench.models.cnn import CNNConfig
+from workbench.models.registry import build_model, model_config, timm_vit_architectures
+from workbench.models.timm_arm import TIMM_PREFIX, TimmModelConfig, TimmModelError, checked, is_timm_name
 from workbench.models.vit import ViTConfig, VisionTransformer
 from workbench.train.checkpoint import FORMAT as TRAIN_FORMAT
 from workbench.train.checkpoint import load_checkpoint
@@ -85,15 +86,37 @@ class SourceInfo:
 
 @dataclass
 class SourceModel:
-    """A glass-box ViT (source head still on, CPU, eval mode), its input normalisation and provenance."""
+    """The source (head still on, CPU, eval mode), its input normalisation and provenance.
 
-    model: VisionTransformer
+    ``model`` is a glass-box ViT (the ViT path of every regime), or any other model the
+    workbench builds (a timm model, the study CNN), which ``workbench.transfer.any_model``
+    adapts through timm's generic interfaces.
+    """
+
+    model: nn.Module
     norm: NormStats
     info: SourceInfo
 
     @property
-    def cfg(self) -> ViTConfig:
+    def cfg(self) -> ViTConfig | CNNConfig | TimmModelConfig:
         return self.model.cfg
+
+    @property
+    def is_vit(self) -> bool:
+        """Whether the source is the glass-box ViT (its own regime paths) rather than any other model."""
+        return isinstance(self.model, VisionTransformer)
+
+    @property
+    def in_channels(self) -> int:
+        return self.cfg.in_channels
+
+    @property
+    def image_size(self) -> int | None:
+        """The input side the model needs (images are resized to it), or None: it takes the data's size."""
+        if self.is_vit:
+            return self.cfg.image_size
+        fixed = self.cfg.fixed_image_hw if isinstance(self.cfg, TimmModelConfig) else None
+        return None if fixed is None else int(fixed[0])
 
 
 def parse_weights(weights: str) -> tuple[str, str]:
@@ -142,6 +165,8 @@ def load_timm_source(name: str, weights: str, seed: int = 0, uri: str | None = N
         run_id: MLflow run the file was downloaded from, if any.
     """
     name = name[len(TIMM_PREFIX):] if is_timm_name(name) else name  # an arm's timm/<architecture> spelling
+    if not is_vit_name(name):
+        return load_timm_any(name, weights, seed, uri, run_id)
     try:
         tw = load_timm_weights(name, weights, seed)
     except (CheckpointError, KeyError) as err:
@@ -154,6 +179,49 @@ def load_timm_source(name: str, weights: str, seed: int = 0, uri: str | None = N
                       pretrained=kind == "timm-hub", description=f"timm {name}: {tw.description}",
                       architecture=name, norm_from=norm_from, mapping=audit.summary())
     return SourceModel(glass.eval(), norm, info)
+
+
+def is_vit_name(name: str) -> bool:
+    """Whether ``name`` is a pinned checkpoint or a timm ViT architecture (the glass-box mapping), not any model."""
+    from workbench.convert.checkpoints import read_lock
+
+    return name in read_lock() or name in timm_vit_architectures()
+
+
+def load_timm_any(name: str, weights: str, seed: int = 0, uri: str | None = None, run_id: str = "") -> SourceModel:
+    """Any other timm architecture by name (a ResNet, a ConvNeXt, ...), kept as timm builds it.
+
+    ``random``: ``timm.create_model(name, pretrained=False)`` under ``torch.manual_seed(seed)``;
+    a path: that model filled strictly from the file. ``hub`` is refused: only the pinned ViT
+    checkpoints of ``timm_pins.lock`` can be fetched and verified.
+    """
+    from workbench.convert.checkpoints import load_state_dict_file
+
+    try:
+        cfg = checked(name, {})
+    except TimmModelError as err:
+        raise SourceError(f"source.model={name!r}: {err}") from err
+    if weights == "hub":
+        raise SourceError(f"source.weights='hub' with source.model={name!r}: only the pinned ViT checkpoints can be "
+                          "fetched and verified; give random, a local file, runs:/... or protocol:...")
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = build_model(cfg).eval()
+    norm, norm_from = timm_norm(name, model)
+    if weights == "random":
+        info = SourceInfo(kind="timm-random", uri=uri or weights, path="", run_id=run_id, sha256="", pretrained=False,
+                          description=f"timm {name}: seeded random init (seed {seed})", architecture=name,
+                          norm_from=norm_from)
+        return SourceModel(model, norm, info)
+    try:
+        state, sha = load_state_dict_file(weights)
+        model.load_state_dict(state, strict=True)
+    except (CheckpointError, RuntimeError) as err:
+        raise SourceError(f"source {name} with weights {uri or weights}: {str(err).splitlines()[0]}") from err
+    info = SourceInfo(kind="timm-local", uri=uri or weights, path=str(Path(weights).resolve()), run_id=run_id,
+                      sha256=sha, pretrained=False, description=f"timm {name}: local file {weights}",
+                      architecture=name, norm_from=norm_from)
+    return SourceModel(model, norm, info)
 
 
 def find_run_config(checkpoint: Path) -> Path | None:
@@ -187,17 +255,19 @@ def load_workbench_checkpoint(path: str | Path, uri: str | None = None, run_id: 
     config = json.loads(config_path.read_text())
     name, overrides = config["model"]["name"], config["model"].get("overrides", {})
     cfg = model_config(name, **overrides)
-    if not isinstance(cfg, (ViTConfig, TimmModelConfig)):
-        raise SourceError(f"{path}: model {name!r} is not a ViT; transfer regimes train ViT blocks")
     data_name = config["data"]["name"]
     if data_name not in NORM_STATS:
         raise SourceError(f"{path}: the source run normalised {data_name!r} with statistics computed at run "
                           "time, which this workbench does not record; use a source trained on a registered dataset")
     mapping = ""
-    if isinstance(cfg, TimmModelConfig):  # a timm arm: read across to the glass-box model by the exact mapping
+    if isinstance(cfg, TimmModelConfig) and _is_glassbox_vit(cfg):  # read across to the glass box, exactly
         model, mapping = _glassbox_of_timm_arm(cfg, state["model"], path)
-    else:
+    elif isinstance(cfg, ViTConfig):
         model = VisionTransformer(cfg)
+        model.load_state_dict(state["model"], strict=True)
+    else:  # a timm model that is not such a ViT, or the study CNN: kept as trained (workbench.transfer.any_model)
+        with torch.random.fork_rng(devices=[]):
+            model = build_model(cfg)
         model.load_state_dict(state["model"], strict=True)
     epoch = state.get("epoch", "?")
     val = state.get("metrics", {}).get("val_accuracy")
@@ -208,6 +278,17 @@ def load_workbench_checkpoint(path: str | Path, uri: str | None = None, run_id: 
                       architecture=name, norm_from=f"the source run's normalisation (NORM_STATS[{data_name!r}])",
                       mapping=mapping)
     return SourceModel(model.eval(), NORM_STATS[data_name], info)
+
+
+def _is_glassbox_vit(cfg: TimmModelConfig) -> bool:
+    """Whether a timm arm is a ViT the glass box holds (the exact mapping), asked of its meta-device build."""
+    from workbench.interventions.read_across import NotGlassBoxViT, glassbox_config
+
+    try:
+        glassbox_config(cfg)
+    except NotGlassBoxViT:
+        return False
+    return True
 
 
 def _glassbox_of_timm_arm(cfg: TimmModelConfig, state: dict, path: Path) -> tuple[VisionTransformer, str]:
@@ -222,8 +303,7 @@ def _glassbox_of_timm_arm(cfg: TimmModelConfig, state: dict, path: Path) -> tupl
     try:
         glass, audit = trained_glassbox(cfg, state)
     except NotGlassBoxViT as err:
-        raise SourceError(f"{path}: {err}; transfer regimes train ViT blocks (a timm CNN cannot be a transfer "
-                          "source yet)") from err
+        raise SourceError(f"{path}: {err}") from err
     return glass, audit.summary()
 
 
