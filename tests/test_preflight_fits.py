@@ -22,6 +22,7 @@ from studies.cli import main
 from studies.runtime.study_protocol import ProtocolFrozenError
 from studies.transfer.transfer_study import check_source_cell
 from tracking.record.protocol_runs import STARTED_TAG, experiment_id_for, frozen_hashes
+from tracking.store.session import configure_tracking
 from workbench.protocol import load_protocol
 from workbench.transfer.source_model import SourceError
 
@@ -118,6 +119,16 @@ def test_a_transfer_source_arm_or_seed_its_protocol_lacks_is_named(folders):
     with pytest.raises(SourceError, match=r"src.yaml has no seed 4 \(seeds: 0\)"):
         check_source_cell("--source", source, "vit", 4)
     check_source_cell("--source", source, "cnn", 0)  # exists: nothing raised
+
+
+def test_the_frozen_check_creates_no_experiment(folders):
+    # A study refused after this check (a wrong source pin, missing data) must leave the store as it was.
+    configure_tracking()
+    client = MlflowClient()
+    before = {e.name for e in client.search_experiments()}
+    assert frozen_hashes("never_run") == set()
+    after = {e.name for e in client.search_experiments()}
+    assert after == before, f"experiments created by the check: {sorted(after - before)}"
 
 
 def test_a_name_is_frozen_by_its_first_started_cell_not_by_a_parent_that_failed_before(folders):

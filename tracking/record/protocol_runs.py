@@ -92,10 +92,16 @@ def cell_started(run: Run) -> bool:
 
 
 def frozen_hashes(protocol_name: str) -> set[str]:
-    """The hashes that froze this protocol name: those with a cell that started training (``cell_started``)."""
-    runs = MlflowClient().search_runs(
-        [experiment_id_for(protocol_name)],
-        filter_string=cell_filter(protocol_name=protocol_name), max_results=50000)
+    """The hashes that froze this protocol name: those with a cell that started training (``cell_started``).
+
+    Only reads: the check runs before the kind's own checks (a transfer source's sha256 pin, the
+    data), so creating the protocol's experiment here left an empty one behind every refusal.
+    """
+    client = MlflowClient()
+    ids = list(_experiments_holding(client, protocol_name))
+    if not ids:
+        return set()
+    runs = client.search_runs(ids, filter_string=cell_filter(protocol_name=protocol_name), max_results=50000)
     return {r.data.tags.get(PROTOCOL_HASH, "") for r in runs if cell_started(r)} - {""}
 
 
