@@ -377,7 +377,7 @@ SHIPPED_HASHES = {
     "fmnist_seed_recipe_faithfulness": "4a2a91bf9a58ec659371cf6fa242245f8977b30e41adaa8381434b6ad8a018dc",
     "fmnist_vit_vs_cnn": "941bf144832b055f1796a83557c9fd9770fa78b1013b990868902bd882eb218b",
     "retina_transfer": "8082116498e236e110f1e2f8f7104d3e7ad637fef4a4ad85b85de78428229bbc",
-    "retina_transfer_local": "2819b21431efa964802cc627f3fee88fe51dad9cf28f35b9990537e0fbe8e5ff",
+    "retina_transfer_local": "a77177dcb2c9a5524b71b4ff774f56989bdbce459b71c95f454a61a9e556498f",
     "retina_transfer_smoke": "d8d9cd44976fbaadf9c21310cc7fd8393712ccdab37792ebc98a7784ec47f916",
     "retina_transfer_smoke_source": "53ee7a266838a5dd07fc899532c4b590dd383a059729fcac7c0f1d21b02cdf40",
     "smoke": "7aa839f2e3e1c3262923563911987f48cb841f03918a397baf66a35756f6ed59",
