@@ -14,12 +14,13 @@ from tracking.store.store_lock import sqlite_path, writable
 from tracking.store.ui_links import run_url
 from tracking.store.uris import process_uri
 from tracking.store.uris import tracking_uri
+from workbench.code_history import same_code
 from workbench.train.fingerprint import current_code_fingerprint
 
 
 def cell_state(runs: list, fingerprint: str) -> tuple[str, str]:
     """(state, what the next ablate does) of one cell from its MLflow runs (any code version)."""
-    mine = sorted((r for r in runs if r.data.params.get("code_fingerprint") == fingerprint),
+    mine = sorted((r for r in runs if same_code(r.data.params.get("code_fingerprint"), fingerprint)),
                   key=lambda r: r.info.start_time or 0, reverse=True)
     if not mine:
         older = [r for r in runs if r.info.status == "FINISHED"]
@@ -48,11 +49,12 @@ def older_code_notice(protocol, runs: list, fingerprint: str) -> str | None:
     after a change to the result library the old runs are kept but no longer count as done.
     """
     done_now = {(r.data.tags.get("arm"), r.data.tags.get("seed")) for r in runs
-                if r.info.status == "FINISHED" and r.data.params.get("code_fingerprint") == fingerprint}
+                if r.info.status == "FINISHED" and same_code(r.data.params.get("code_fingerprint"), fingerprint)}
     older: dict[tuple, object] = {}
     for r in runs:
         key = (r.data.tags.get("arm"), r.data.tags.get("seed"))
-        if r.info.status == "FINISHED" and r.data.params.get("code_fingerprint") != fingerprint and key not in done_now:
+        if (r.info.status == "FINISHED" and not same_code(r.data.params.get("code_fingerprint"), fingerprint)
+                and key not in done_now):
             older.setdefault(key, r)
     if not older:
         return None

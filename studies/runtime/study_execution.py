@@ -22,6 +22,7 @@ from tracking.record.executions import work_line
 from tracking.record.protocol_runs import cell_runs, close_study_parent, open_study_parent
 from tracking.store.store_errors import explain
 from workbench.data import PreparedData, SplitSizeError
+from workbench.code_history import same_code
 from workbench.train.fingerprint import current_code_fingerprint
 
 
@@ -76,4 +77,4 @@ def finished_cells(protocol: Protocol) -> set[tuple[str, int]]:
     """(arm, seed) of the cells that have a finished run of this code (never queued again)."""
     fingerprint = current_code_fingerprint()
     return {(r.data.tags.get("arm"), int(r.data.tags.get("seed", -1))) for r in cell_runs(protocol.name, protocol.hash)
-            if r.info.status == "FINISHED" and r.data.params.get("code_fingerprint") == fingerprint}
+            if r.info.status == "FINISHED" and same_code(r.data.params.get("code_fingerprint"), fingerprint)}
