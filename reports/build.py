@@ -17,18 +17,47 @@ import tempfile
 from pathlib import Path
 
 from reports import configuration, document, results, tables
-from reports.attribution.attribution_evidence import FORMAT as ATTRIBUTION_FORMAT, load_attribution_evidence
-from reports.attribution.attribution_report import build_attribution_report, render_attribution_study
+from reports.attribution.attribution_evidence import (
+    FORMAT as ATTRIBUTION_FORMAT,
+    load_attribution_evidence,
+)
+from reports.attribution.attribution_report import (
+    build_attribution_report,
+    render_attribution_study,
+)
 from reports.collect import ReportError, StudyData, load_study, protocol_file, resolve_protocol
 from reports.evidence import EVIDENCE_DIR, export_evidence, export_format, load_evidence
-from reports.interventions.intervention_evidence import FORMAT as INTERVENTION_FORMAT, load_intervention_evidence
-from reports.interventions.intervention_report import build_intervention_report, render_intervention_study
-from reports.output import ReportResult, Summary, ablation_metrics, log_report, results_text, write_report
+from reports.interventions.intervention_evidence import (
+    FORMAT as INTERVENTION_FORMAT,
+    load_intervention_evidence,
+)
+from reports.interventions.intervention_report import (
+    build_intervention_report,
+    render_intervention_study,
+)
+from reports.output import (
+    ReportResult,
+    Summary,
+    ablation_metrics,
+    log_report,
+    results_text,
+    write_report,
+)
 from reports.provenance import BuildInputs, stale_items
 from reports.transfer import transfer_report
-from reports.transfer.transfer_evidence import FORMAT as TRANSFER_FORMAT, export_transfer_evidence, load_transfer_evidence
+from reports.transfer.transfer_evidence import (
+    FORMAT as TRANSFER_FORMAT,
+    export_transfer_evidence,
+    load_transfer_evidence,
+)
 from tracking.record import queries
-from workbench.protocol import SHORT_HASH_LEN, TransferProtocol, kind_of, load_transfer_protocol, read_yaml
+from workbench.protocol import (
+    SHORT_HASH_LEN,
+    TransferProtocol,
+    kind_of,
+    load_transfer_protocol,
+    read_yaml,
+)
 
 DEFAULT_OUT_ROOT = Path("reports")
 
@@ -54,15 +83,24 @@ def parse_interactions(values: tuple[str, ...] | list[str]) -> list[tuple[str, s
     for value in values:
         parts = value.split(":")
         if len(parts) != 4 or not all(parts):
-            raise ReportError(f"--interaction {value!r}: expected A:B:C:D, four arm names for (A - B) - (C - D)")
+            raise ReportError(
+                f"--interaction {value!r}: expected A:B:C:D, four arm names for (A - B) - (C - D)"
+            )
         quads.append(tuple(parts))
     return quads
 
 
 def build_report(
-    protocol: str, out_root: Path = DEFAULT_OUT_ROOT, hash_prefix: str | None = None, commit: str | None = None,
-    compare: list[tuple[str, str]] | None = None, n_resamples: int = tables.BOOTSTRAP_RESAMPLES, log: bool = True,
-    strict: bool = False, evidence: bool = False, interactions: list[tuple[str, str, str, str]] | None = None,
+    protocol: str,
+    out_root: Path = DEFAULT_OUT_ROOT,
+    hash_prefix: str | None = None,
+    commit: str | None = None,
+    compare: list[tuple[str, str]] | None = None,
+    n_resamples: int = tables.BOOTSTRAP_RESAMPLES,
+    log: bool = True,
+    strict: bool = False,
+    evidence: bool = False,
+    interactions: list[tuple[str, str, str, str]] | None = None,
 ) -> ReportResult:
     """Build, write and (optionally) log the report of one protocol hash.
 
@@ -90,51 +128,109 @@ def build_report(
     path = protocol_file(protocol)
     kind = kind_of(read_yaml(path)) if path is not None else "ablation"
     if interactions and kind != "ablation":
-        raise ReportError(f"--interaction: for ablation protocols; {protocol} is {kind_article(kind)} protocol")
+        raise ReportError(
+            f"--interaction: for ablation protocols; {protocol} is {kind_article(kind)} protocol"
+        )
     if path is not None and kind == "intervention":
         from workbench.protocol import load_intervention_protocol
 
-        return build_intervention_report(load_intervention_protocol(path), out_root, hash_prefix, n_resamples, log,
-                                         strict, evidence)
+        return build_intervention_report(
+            load_intervention_protocol(path),
+            out_root,
+            hash_prefix,
+            n_resamples,
+            log,
+            strict,
+            evidence,
+        )
     if path is not None and kind == "attribution":
         from workbench.protocol import load_attribution_protocol
 
-        return build_attribution_report(load_attribution_protocol(path), out_root, hash_prefix, n_resamples, log,
-                                        strict, evidence)
+        return build_attribution_report(
+            load_attribution_protocol(path),
+            out_root,
+            hash_prefix,
+            n_resamples,
+            log,
+            strict,
+            evidence,
+        )
     if path is None and "/" not in protocol and not protocol.endswith((".yaml", ".yml")):
         from tracking.kinds.attribution_runs import is_attribution_study
         from tracking.kinds.intervention_runs import is_intervention_study
 
-        for what, known in (("an intervention", is_intervention_study), ("an attribution", is_attribution_study)):
+        for what, known in (
+            ("an intervention", is_intervention_study),
+            ("an attribution", is_attribution_study),
+        ):
             if known(protocol):
-                raise ReportError(f"{protocol} is {what} protocol: report it with its protocol file "
-                                  "(studies/protocols/<name>.yaml or a path)")
+                raise ReportError(
+                    f"{protocol} is {what} protocol: report it with its protocol file "
+                    "(studies/protocols/<name>.yaml or a path)"
+                )
     stored = None
     if path is None and "/" not in protocol and not protocol.endswith((".yaml", ".yml")):
-        stored = transfer_report.stored_by_name(protocol, hash_prefix)  # a transfer protocol known only to the store
+        stored = transfer_report.stored_by_name(
+            protocol, hash_prefix
+        )  # a transfer protocol known only to the store
     if stored is not None or (path is not None and kind == "transfer"):
         if interactions:
-            raise ReportError(f"--interaction: for ablation protocols; {protocol} is a transfer protocol")
+            raise ReportError(
+                f"--interaction: for ablation protocols; {protocol} is a transfer protocol"
+            )
         if stored is not None:
-            return build_transfer_report(stored, out_root, hash_prefix, commit, compare, n_resamples, log, strict,
-                                         from_store=True, evidence=evidence)
-        return build_transfer_report(load_transfer_protocol(path), out_root, hash_prefix, commit, compare, n_resamples,
-                                     log, strict, evidence=evidence)
+            return build_transfer_report(
+                stored,
+                out_root,
+                hash_prefix,
+                commit,
+                compare,
+                n_resamples,
+                log,
+                strict,
+                from_store=True,
+                evidence=evidence,
+            )
+        return build_transfer_report(
+            load_transfer_protocol(path),
+            out_root,
+            hash_prefix,
+            commit,
+            compare,
+            n_resamples,
+            log,
+            strict,
+            evidence=evidence,
+        )
     spec, counts = resolve_protocol(protocol, hash_prefix)
     study = load_study(spec, counts, commit)
     log_targets = [study.parent_run_id] if log and study.parent_run_id else []
-    inputs = BuildInputs(spec.source, spec.hash, hash_prefix, commit, list(compare or []), n_resamples,
-                         tables.BOOTSTRAP_SEED, tables.CONFIDENCE, strict, list(interactions or []))
+    inputs = BuildInputs(
+        spec.source,
+        spec.hash,
+        hash_prefix,
+        commit,
+        list(compare or []),
+        n_resamples,
+        tables.BOOTSTRAP_SEED,
+        tables.CONFIDENCE,
+        strict,
+        list(interactions or []),
+    )
     with tempfile.TemporaryDirectory() as tmp:
         analysis = queries.analysis_figures(spec.name, spec.hash, Path(tmp))
     result = render_study(study, inputs, Path(out_root), log_targets, analysis)
     if log and not study.parent_run_id:
-        result.messages.append(f"no parent run of {spec.name}@{spec.short_hash} found: the report is not logged to MLflow")
+        result.messages.append(
+            f"no parent run of {spec.name}@{spec.short_hash} found: the report is not logged to MLflow"
+        )
     log_report(result, result.folder, log_targets if log else None)
     if evidence:
         folder = export_evidence(result.folder / EVIDENCE_DIR, study, inputs, log_targets, analysis)
-        result.messages.append(f"wrote the evidence of {len(study.cells)} cells to {folder} "
-                               f"(rebuild: workbench report --from-evidence {folder} --out-dir DIR)")
+        result.messages.append(
+            f"wrote the evidence of {len(study.cells)} cells to {folder} "
+            f"(rebuild: workbench report --from-evidence {folder} --out-dir DIR)"
+        )
     return result
 
 
@@ -154,79 +250,141 @@ def build_from_evidence(evidence_dir: Path, out_root: Path) -> ReportResult:
     if export_format(evidence_dir) == TRANSFER_FORMAT:
         transferred = load_transfer_evidence(evidence_dir)
         _check_rebuild_folder(evidence_dir, out_root, transferred.data.protocol.name)
-        result = transfer_report.render_transfer_study(transferred.data, transferred.inputs, Path(out_root),
-                                                       transferred.logged_to)
+        result = transfer_report.render_transfer_study(
+            transferred.data, transferred.inputs, Path(out_root), transferred.logged_to
+        )
     elif export_format(evidence_dir) == ATTRIBUTION_FORMAT:
         attributed = load_attribution_evidence(evidence_dir)
         _check_rebuild_folder(evidence_dir, out_root, attributed.study.protocol.name)
-        result = render_attribution_study(attributed.study, attributed.inputs, Path(out_root), attributed.logged_to)
+        result = render_attribution_study(
+            attributed.study, attributed.inputs, Path(out_root), attributed.logged_to
+        )
     elif export_format(evidence_dir) == INTERVENTION_FORMAT:
         intervened = load_intervention_evidence(evidence_dir)
         _check_rebuild_folder(evidence_dir, out_root, intervened.study.protocol.name)
-        result = render_intervention_study(intervened.study, intervened.inputs, Path(out_root), intervened.logged_to)
+        result = render_intervention_study(
+            intervened.study, intervened.inputs, Path(out_root), intervened.logged_to
+        )
     else:
         loaded = load_evidence(evidence_dir)
         _check_rebuild_folder(evidence_dir, out_root, loaded.study.spec.name)
-        result = render_study(loaded.study, loaded.inputs, Path(out_root), loaded.logged_to, loaded.analysis)
-    result.messages.insert(1, f"rebuilt from {evidence_dir} without the MLflow store (nothing is logged)")
+        result = render_study(
+            loaded.study, loaded.inputs, Path(out_root), loaded.logged_to, loaded.analysis
+        )
+    result.messages.insert(
+        1, f"rebuilt from {evidence_dir} without the MLflow store (nothing is logged)"
+    )
     return result
 
 
 def _check_rebuild_folder(evidence_dir: Path, out_root: Path, name: str) -> None:
     folder = Path(out_root) / name
     if folder.resolve() == evidence_dir.resolve().parent:
-        raise ReportError(f"--out-dir {out_root}: {folder} holds the evidence and its published report; "
-                          "rebuild into another folder and compare")
+        raise ReportError(
+            f"--out-dir {out_root}: {folder} holds the evidence and its published report; "
+            "rebuild into another folder and compare"
+        )
 
 
-def render_study(study: StudyData, inputs: BuildInputs, out_root: Path, log_targets: list[str],
-                 analysis: list[queries.AnalysisFigure]) -> ReportResult:
+def render_study(
+    study: StudyData,
+    inputs: BuildInputs,
+    out_root: Path,
+    log_targets: list[str],
+    analysis: list[queries.AnalysisFigure],
+) -> ReportResult:
     """Compute every table and figure of an ablation study and write the report files."""
     spec = study.spec
     config, conflicts = configuration.protocol_config(spec.canonical)
-    messages = [(f"{spec.name}@{spec.short_hash}: {len(study.cells)} of {len(spec.arms) * len(spec.seeds)} cells "
-                 f"have a finished run ({spec.source})")]
+    messages = [
+        (
+            f"{spec.name}@{spec.short_hash}: {len(study.cells)} of {len(spec.arms) * len(spec.seeds)} cells "
+            f"have a finished run ({spec.source})"
+        )
+    ]
     messages += [f"warning: {w}" for w in document.warning_items(study, conflicts)]
     messages += [f"missing: {a}/seed{s} ({why})" for a, s, why in study.missing]
     if not study.cells:
-        raise ReportError("\n".join(messages + [f"no finished cell runs of {spec.name}@{spec.short_hash}: nothing to report"]))
+        raise ReportError(
+            "\n".join(
+                messages
+                + [f"no finished cell runs of {spec.name}@{spec.short_hash}: nothing to report"]
+            )
+        )
     try:
         pairs = tables.comparison_pairs(study, inputs.compare)
         quads = tables.check_interactions(study, inputs.interactions)
     except ValueError as err:
         raise ReportError(str(err)) from err
-    summaries = {split: [tables.arm_summary(study, arm, split) for arm in spec.arms] for split in spec.splits}
-    comparisons = {split: [tables.compare(study, a, b, split, inputs.n_resamples) for a, b in pairs]
-                   for split in spec.splits}
+    summaries = {
+        split: [tables.arm_summary(study, arm, split) for arm in spec.arms] for split in spec.splits
+    }
+    comparisons = {
+        split: [tables.compare(study, a, b, split, inputs.n_resamples) for a, b in pairs]
+        for split in spec.splits
+    }
     decimals = {split: results.display_decimals(rows) for split, rows in summaries.items()}
-    items = {split: results.contents(comparisons[split], summaries[split], len(spec.seeds), decimals[split])
-             for split in spec.splits}
-    interactions = {split: results.interaction_contents(
-        [tables.interaction(study, quad, split, inputs.n_resamples) for quad in quads], decimals[split])
-        for split in spec.splits}
-    blocks = (document.header(study, inputs, log_targets, conflicts)
-              + results.results_section(study, items, interactions, inputs.n_resamples)
-              + configuration.configuration_blocks(config, conflicts)
-              + document.accuracy_section(study, summaries, decimals)
-              + results.comparison_section(study, items, inputs.n_resamples) + document.per_class_section(study)
-              + configuration.cost_blocks(study, config) + document.curves_section(study)
-              + document.analysis_section(analysis) + document.runs_section(study))
+    items = {
+        split: results.contents(
+            comparisons[split], summaries[split], len(spec.seeds), decimals[split]
+        )
+        for split in spec.splits
+    }
+    interactions = {
+        split: results.interaction_contents(
+            [tables.interaction(study, quad, split, inputs.n_resamples) for quad in quads],
+            decimals[split],
+        )
+        for split in spec.splits
+    }
+    blocks = (
+        document.header(study, inputs, log_targets, conflicts)
+        + results.results_section(study, items, interactions, inputs.n_resamples)
+        + configuration.configuration_blocks(config, conflicts)
+        + document.accuracy_section(study, summaries, decimals)
+        + results.comparison_section(study, items, inputs.n_resamples)
+        + document.per_class_section(study)
+        + configuration.cost_blocks(study, config)
+        + document.curves_section(study)
+        + document.analysis_section(analysis)
+        + document.runs_section(study)
+    )
     folder = Path(out_root) / spec.name
     figure_paths = write_report(folder, blocks, f"{spec.name}@{spec.short_hash} report")
     expected = len(spec.arms) * len(spec.seeds)
-    summary = Summary(ablation_metrics(items), results_text(
-        blocks, f": {spec.name}@{spec.short_hash}, {len(study.cells)} of {expected} cells",
-        "accuracy differences in percentage points"))
-    return ReportResult(folder, folder / "report.md", folder / "report.html", figure_paths, study, summaries, comparisons,
-                        interactions={split: [ix for ix, _ in rows] for split, rows in interactions.items()},
-                        messages=messages, problems=stale_items(study.attempts, [f"{a}/seed{s}" for a, s, _ in study.missing]),
-                        summary=summary)
+    summary = Summary(
+        ablation_metrics(items),
+        results_text(
+            blocks,
+            f": {spec.name}@{spec.short_hash}, {len(study.cells)} of {expected} cells",
+            "accuracy differences in percentage points",
+        ),
+    )
+    return ReportResult(
+        folder,
+        folder / "report.md",
+        folder / "report.html",
+        figure_paths,
+        study,
+        summaries,
+        comparisons,
+        interactions={split: [ix for ix, _ in rows] for split, rows in interactions.items()},
+        messages=messages,
+        problems=stale_items(study.attempts, [f"{a}/seed{s}" for a, s, _ in study.missing]),
+        summary=summary,
+    )
 
 
 def build_transfer_report(
-    protocol: TransferProtocol, out_root: Path = DEFAULT_OUT_ROOT, hash_prefix: str | None = None,
-    commit: str | None = None, compare: list[tuple[str, str]] | None = None,
-    n_resamples: int = tables.BOOTSTRAP_RESAMPLES, log: bool = True, strict: bool = False, from_store: bool = False,
+    protocol: TransferProtocol,
+    out_root: Path = DEFAULT_OUT_ROOT,
+    hash_prefix: str | None = None,
+    commit: str | None = None,
+    compare: list[tuple[str, str]] | None = None,
+    n_resamples: int = tables.BOOTSTRAP_RESAMPLES,
+    log: bool = True,
+    strict: bool = False,
+    from_store: bool = False,
     evidence: bool = False,
 ) -> ReportResult:
     """The report of a transfer protocol: same pipeline, files, logging and evidence export as ``build_report``.
@@ -236,22 +394,39 @@ def build_transfer_report(
     regime pair is compared already; cells are chosen per source, not per commit).
     """
     if commit:
-        raise ReportError(f"--commit {commit}: not supported for transfer protocols ({protocol.name}); "
-                          "the newest finished run of each cell is reported")
+        raise ReportError(
+            f"--commit {commit}: not supported for transfer protocols ({protocol.name}); "
+            "the newest finished run of each cell is reported"
+        )
     if compare:
-        raise ReportError(f"--compare: not needed for transfer protocols ({protocol.name}); "
-                          "every pair of regimes is compared already")
+        raise ReportError(
+            f"--compare: not needed for transfer protocols ({protocol.name}); "
+            "every pair of regimes is compared already"
+        )
     data = transfer_report.load_study(protocol, hash_prefix, from_store)
     log_targets = data.parents[:1] if log else []
-    inputs = BuildInputs(data.source, data.digest, hash_prefix, None, [], n_resamples, data.protocol.evaluation.seed,
-                         float(data.execution["params"]["evaluation.confidence"]), strict)
+    inputs = BuildInputs(
+        data.source,
+        data.digest,
+        hash_prefix,
+        None,
+        [],
+        n_resamples,
+        data.protocol.evaluation.seed,
+        float(data.execution["params"]["evaluation.confidence"]),
+        strict,
+    )
     result = transfer_report.render_transfer_study(data, inputs, Path(out_root), log_targets)
     if log and not data.parents:
-        result.messages.append(f"no parent run of {data.protocol.name}@{data.digest[:SHORT_HASH_LEN]} found: "
-                               "the report is not logged to MLflow")
+        result.messages.append(
+            f"no parent run of {data.protocol.name}@{data.digest[:SHORT_HASH_LEN]} found: "
+            "the report is not logged to MLflow"
+        )
     log_report(result, result.folder, log_targets if log else None)
     if evidence:
         folder = export_transfer_evidence(result.folder / EVIDENCE_DIR, data, inputs, log_targets)
-        result.messages.append(f"wrote the evidence of {len(data.cells)} cells to {folder} "
-                               f"(rebuild: workbench report --from-evidence {folder} --out-dir DIR)")
+        result.messages.append(
+            f"wrote the evidence of {len(data.cells)} cells to {folder} "
+            f"(rebuild: workbench report --from-evidence {folder} --out-dir DIR)"
+        )
     return result

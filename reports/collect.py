@@ -28,7 +28,10 @@ from workbench.report_content.portable import relative
 PROTOCOL_DIR = Path(__file__).resolve().parent.parent / "studies" / "protocols"
 CURVE_METRICS = ("val_accuracy", "val_loss", "train_accuracy", "train_loss")
 COST_METRICS = ("epoch_seconds",)  # per-epoch training wall time: the cost table sums it
-METRIC_KEYS = {"val": "best_val_accuracy", "test": "test_accuracy"}  # the per-seed value of each split
+METRIC_KEYS = {
+    "val": "best_val_accuracy",
+    "test": "test_accuracy",
+}  # the per-seed value of each split
 
 
 class ReportError(ValueError):
@@ -65,7 +68,9 @@ class CellData:
     record: CellRecord
     predictions: dict[str, pd.DataFrame] = field(default_factory=dict)
     curves: dict[str, dict[int, float]] = field(default_factory=dict)
-    sources: dict[str, str] = field(default_factory=dict)  # split -> sha256 of the predictions file as logged
+    sources: dict[str, str] = field(
+        default_factory=dict
+    )  # split -> sha256 of the predictions file as logged
 
 
 @dataclass
@@ -82,20 +87,36 @@ class StudyData:
     parent_run_id: str | None  # newest parent run of this hash: the report is logged there
     commit_filter: str | None
     num_classes: int = 0
-    attempts: list[CellRecord] = field(default_factory=list)  # newer unfinished runs of reported cells
-    rebuilt_from: str = ""  # the evidence export the study was read from ("" when read from the store)
-    records: list[CellRecord] = field(default_factory=list)  # every cell run of the hash, any status, as read
+    attempts: list[CellRecord] = field(
+        default_factory=list
+    )  # newer unfinished runs of reported cells
+    rebuilt_from: str = (
+        ""  # the evidence export the study was read from ("" when read from the store)
+    )
+    records: list[CellRecord] = field(
+        default_factory=list
+    )  # every cell run of the hash, any status, as read
 
 
 def _spec_from_canonical(canonical: dict, digest: str, source: str) -> ProtocolSpec:
     if canonical.get("kind") == "transfer":
-        raise ReportError(f"{canonical.get('name')}@{digest[:SHORT_HASH_LEN]} is a transfer protocol: "
-                          "report it with its protocol file (studies/protocols/<name>.yaml or a path)")
+        raise ReportError(
+            f"{canonical.get('name')}@{digest[:SHORT_HASH_LEN]} is a transfer protocol: "
+            "report it with its protocol file (studies/protocols/<name>.yaml or a path)"
+        )
     arms = tuple(a["name"] for a in canonical["arms"])
     reference = next(a["name"] for a in canonical["arms"] if a.get("reference"))
-    return ProtocolSpec(canonical["name"], digest, canonical["description"], arms, reference,
-                        tuple(int(s) for s in canonical["seeds"]), bool(canonical["run"].get("evaluate_test")), source,
-                        canonical)
+    return ProtocolSpec(
+        canonical["name"],
+        digest,
+        canonical["description"],
+        arms,
+        reference,
+        tuple(int(s) for s in canonical["seeds"]),
+        bool(canonical["run"].get("evaluate_test")),
+        source,
+        canonical,
+    )
 
 
 def _spec_from_parent(name: str, digest: str) -> ProtocolSpec:
@@ -104,11 +125,19 @@ def _spec_from_parent(name: str, digest: str) -> ProtocolSpec:
         if not queries.has_artifact(parent.run_id, "protocol/canonical.json"):
             continue
         with tempfile.TemporaryDirectory() as tmp:
-            text = queries.download_artifact(parent.run_id, "protocol/canonical.json", Path(tmp)).read_text(encoding="utf-8")
+            text = queries.download_artifact(
+                parent.run_id, "protocol/canonical.json", Path(tmp)
+            ).read_text(encoding="utf-8")
         if hashlib.sha256(text.encode()).hexdigest() != digest:
-            raise ReportError(f"parent run {parent.run_id}: protocol/canonical.json does not hash to {digest[:SHORT_HASH_LEN]}")
-        return _spec_from_canonical(json.loads(text), digest, f"protocol/canonical.json of parent run {parent.run_id}")
-    raise ReportError(f"protocol {name!r}: no parent run of hash {digest[:SHORT_HASH_LEN]} holds protocol/canonical.json")
+            raise ReportError(
+                f"parent run {parent.run_id}: protocol/canonical.json does not hash to {digest[:SHORT_HASH_LEN]}"
+            )
+        return _spec_from_canonical(
+            json.loads(text), digest, f"protocol/canonical.json of parent run {parent.run_id}"
+        )
+    raise ReportError(
+        f"protocol {name!r}: no parent run of hash {digest[:SHORT_HASH_LEN]} holds protocol/canonical.json"
+    )
 
 
 def protocol_file(protocol: str) -> Path | None:
@@ -119,7 +148,9 @@ def protocol_file(protocol: str) -> Path | None:
     return path if path.is_file() else None
 
 
-def resolve_hash(name: str, counts: dict[str, int], hash_prefix: str | None, file_hash: str | None) -> str:
+def resolve_hash(
+    name: str, counts: dict[str, int], hash_prefix: str | None, file_hash: str | None
+) -> str:
     """The full hash to report: the unique recorded one starting with ``hash_prefix``, else the file's,
     else the only recorded one.
 
@@ -130,17 +161,23 @@ def resolve_hash(name: str, counts: dict[str, int], hash_prefix: str | None, fil
         matches = [h for h in counts if h.startswith(hash_prefix)]
         if len(matches) != 1:
             found = ", ".join(h[:SHORT_HASH_LEN] for h in counts) or "none"
-            raise ReportError(f"--hash {hash_prefix}: matches {len(matches)} recorded hashes of {name!r} (recorded: {found})")
+            raise ReportError(
+                f"--hash {hash_prefix}: matches {len(matches)} recorded hashes of {name!r} (recorded: {found})"
+            )
         return matches[0]
     if file_hash:
         return file_hash
     if len(counts) == 1:
         return next(iter(counts))
-    raise ReportError(f"protocol {name!r}: no file and {len(counts)} recorded hashes; pick one with --hash "
-                      f"({', '.join(h[:SHORT_HASH_LEN] for h in counts)})")
+    raise ReportError(
+        f"protocol {name!r}: no file and {len(counts)} recorded hashes; pick one with --hash "
+        f"({', '.join(h[:SHORT_HASH_LEN] for h in counts)})"
+    )
 
 
-def resolve_protocol(protocol: str, hash_prefix: str | None = None) -> tuple[ProtocolSpec, dict[str, int]]:
+def resolve_protocol(
+    protocol: str, hash_prefix: str | None = None
+) -> tuple[ProtocolSpec, dict[str, int]]:
     """The protocol to report on and the cell-run counts of every hash recorded under its name.
 
     Args:
@@ -160,9 +197,17 @@ def resolve_protocol(protocol: str, hash_prefix: str | None = None) -> tuple[Pro
     counts = queries.hash_counts(name)
     digest = resolve_hash(name, counts, hash_prefix, loaded.hash if loaded else None)
     if loaded and digest == loaded.hash:
-        spec = ProtocolSpec(loaded.name, loaded.hash, loaded.description, tuple(a.name for a in loaded.arms),
-                            loaded.reference.name, loaded.seeds, loaded.run.evaluate_test, f"file {shown_path(path)}",
-                            loaded.canonical)
+        spec = ProtocolSpec(
+            loaded.name,
+            loaded.hash,
+            loaded.description,
+            tuple(a.name for a in loaded.arms),
+            loaded.reference.name,
+            loaded.seeds,
+            loaded.run.evaluate_test,
+            f"file {shown_path(path)}",
+            loaded.canonical,
+        )
     else:
         spec = _spec_from_parent(name, digest)
     return spec, counts
@@ -185,7 +230,9 @@ def _newest(records: list[CellRecord]) -> CellRecord:
 
 def _read_predictions(path: Path) -> pd.DataFrame:
     # Only what the statistics use; the rows sorted by example index so arms line up.
-    table = pd.read_csv(path, usecols=lambda c: c in ("index", "label", "predicted") or c.startswith("prob_"))
+    table = pd.read_csv(
+        path, usecols=lambda c: c in ("index", "label", "predicted") or c.startswith("prob_")
+    )
     return table.sort_values("index", kind="stable").reset_index(drop=True)
 
 
@@ -195,19 +242,43 @@ def load_study(spec: ProtocolSpec, counts: dict[str, int], commit: str | None = 
     records = queries.cell_records(spec.name, spec.hash)
     parents = queries.parent_runs(spec.name, spec.hash)
     with tempfile.TemporaryDirectory() as tmp:
-        return assemble_study(spec, counts, records, parents[0].run_id if parents else None, queries.tracking_uri(),
-                              commit, lambda record: _cell_data(record, spec, Path(tmp) / record.run_id))
+        return assemble_study(
+            spec,
+            counts,
+            records,
+            parents[0].run_id if parents else None,
+            queries.tracking_uri(),
+            commit,
+            lambda record: _cell_data(record, spec, Path(tmp) / record.run_id),
+        )
 
 
-def assemble_study(spec: ProtocolSpec, counts: dict[str, int], records: list[CellRecord], parent_run_id: str | None,
-                   tracking_uri: str, commit: str | None, cell_data: Callable[[CellRecord], CellData]) -> StudyData:
+def assemble_study(
+    spec: ProtocolSpec,
+    counts: dict[str, int],
+    records: list[CellRecord],
+    parent_run_id: str | None,
+    tracking_uri: str,
+    commit: str | None,
+    cell_data: Callable[[CellRecord], CellData],
+) -> StudyData:
     """The study from its cell runs (any status): the one rule choosing a run per cell, wherever the
     runs come from (the MLflow store, or a published evidence export). ``cell_data`` loads the
     chosen run's predictions and curves."""
     expected = {(a, s) for a in spec.arms for s in spec.seeds}
     unexpected = [r for r in records if (r.arm, r.seed) not in expected]
-    study = StudyData(spec, tracking_uri, {}, [], [], {h: n for h, n in counts.items() if h != spec.hash},
-                      unexpected, parent_run_id, commit, records=list(records))
+    study = StudyData(
+        spec,
+        tracking_uri,
+        {},
+        [],
+        [],
+        {h: n for h, n in counts.items() if h != spec.hash},
+        unexpected,
+        parent_run_id,
+        commit,
+        records=list(records),
+    )
     # Runs group by the fingerprint of the code that computed them: without --commit the
     # report uses the group of the newest finished run, never a mix of code versions.
     code = lambda r: r.params.get("code_fingerprint", "")  # noqa: E731
@@ -217,28 +288,66 @@ def assemble_study(spec: ProtocolSpec, counts: dict[str, int], records: list[Cel
         for arm in spec.arms:
             mine = [r for r in records if (r.arm, r.seed) == (arm, seed)]
             finished = [r for r in mine if r.status == "FINISHED"]
-            usable = [r for r in finished if code(r) == group] if group is not None else \
-                [r for r in finished if commit is None or r.commit.startswith(commit) or code(r).startswith(commit)]
+            usable = (
+                [r for r in finished if code(r) == group]
+                if group is not None
+                else [
+                    r
+                    for r in finished
+                    if commit is None or r.commit.startswith(commit) or code(r).startswith(commit)
+                ]
+            )
             if not usable:
-                study.missing.append((arm, seed, _why_missing(mine, finished, f"commit {commit}" if commit else f"code fingerprint {group}")))
+                study.missing.append(
+                    (
+                        arm,
+                        seed,
+                        _why_missing(
+                            mine,
+                            finished,
+                            f"commit {commit}" if commit else f"code fingerprint {group}",
+                        ),
+                    )
+                )
                 continue
             chosen = _newest(usable)
             study.superseded.extend(r for r in finished if r is not chosen)
             study.cells[(arm, seed)] = cell_data(chosen)
-    study.superseded.sort(key=lambda r: (spec.arms.index(r.arm), spec.seeds.index(r.seed), r.run_id))
-    study.attempts = newer_attempts(records, {k: c.record for k, c in study.cells.items()}, spec.arms, spec.seeds)
-    study.num_classes = max((sum(c.startswith("prob_") for c in t.columns)
-                             for cell in study.cells.values() for t in cell.predictions.values()), default=0)
+    study.superseded.sort(
+        key=lambda r: (spec.arms.index(r.arm), spec.seeds.index(r.seed), r.run_id)
+    )
+    study.attempts = newer_attempts(
+        records, {k: c.record for k, c in study.cells.items()}, spec.arms, spec.seeds
+    )
+    study.num_classes = max(
+        (
+            sum(c.startswith("prob_") for c in t.columns)
+            for cell in study.cells.values()
+            for t in cell.predictions.values()
+        ),
+        default=0,
+    )
     return study
 
 
-def newer_attempts(records: list[CellRecord], chosen: dict[tuple[str, int], CellRecord],
-                   arms: tuple[str, ...], seeds: tuple[int, ...]) -> list[CellRecord]:
+def newer_attempts(
+    records: list[CellRecord],
+    chosen: dict[tuple[str, int], CellRecord],
+    arms: tuple[str, ...],
+    seeds: tuple[int, ...],
+) -> list[CellRecord]:
     """Runs of a reported cell that are not finished and started after the reported run:
     a FAILED, KILLED or still RUNNING later attempt the reader should know about."""
-    out = [r for r in records if (r.arm, r.seed) in chosen and r.status != "FINISHED"
-           and r.start_time > chosen[(r.arm, r.seed)].start_time]
-    return sorted(out, key=lambda r: (arms.index(r.arm), seeds.index(r.seed), r.start_time, r.run_id))
+    out = [
+        r
+        for r in records
+        if (r.arm, r.seed) in chosen
+        and r.status != "FINISHED"
+        and r.start_time > chosen[(r.arm, r.seed)].start_time
+    ]
+    return sorted(
+        out, key=lambda r: (arms.index(r.arm), seeds.index(r.seed), r.start_time, r.run_id)
+    )
 
 
 def _why_missing(mine: list[CellRecord], finished: list[CellRecord], commit: str | None) -> str:
@@ -255,12 +364,18 @@ def _cell_data(record: CellRecord, spec: ProtocolSpec, tmp: Path) -> CellData:
         try:
             path = queries.download_artifact(record.run_id, f"predictions/{split}.csv", tmp)
         except QueryError as err:
-            if split == "val":  # every finished cell saves validation predictions: without them the run is broken
-                raise ReportError(f"{record.arm}/seed{record.seed}: {err}; the report needs the saved predictions") from err
+            if (
+                split == "val"
+            ):  # every finished cell saves validation predictions: without them the run is broken
+                raise ReportError(
+                    f"{record.arm}/seed{record.seed}: {err}; the report needs the saved predictions"
+                ) from err
             continue  # a test result can be absent (a dataset without a test split): has_split says so
         cell.predictions[split] = _read_predictions(path)
         cell.sources[split] = hashlib.sha256(path.read_bytes()).hexdigest()
-    cell.curves = {key: queries.metric_history(record.run_id, key) for key in CURVE_METRICS + COST_METRICS}
+    cell.curves = {
+        key: queries.metric_history(record.run_id, key) for key in CURVE_METRICS + COST_METRICS
+    }
     return cell
 
 

@@ -32,7 +32,15 @@ from pathlib import Path
 import pandas as pd
 
 from reports import tables
-from reports.collect import CellData, CURVE_METRICS, COST_METRICS, ProtocolSpec, ReportError, StudyData, assemble_study
+from reports.collect import (
+    CellData,
+    CURVE_METRICS,
+    COST_METRICS,
+    ProtocolSpec,
+    ReportError,
+    StudyData,
+    assemble_study,
+)
 from reports.provenance import BuildInputs
 from tracking.export import run_export
 from tracking.record import queries
@@ -61,8 +69,11 @@ def cell_entry(record: CellRecord, histories: dict | None = None) -> dict:
     (and its metric histories, for reports that read them)."""
     clean = run_export.clean_text
     entry = {
-        "run_id": record.run_id, "experiment_id": record.experiment_id, "status": record.status,
-        "start_time": record.start_time, "end_time": record.end_time,
+        "run_id": record.run_id,
+        "experiment_id": record.experiment_id,
+        "status": record.status,
+        "start_time": record.start_time,
+        "end_time": record.end_time,
         "params": {k: clean(v) for k, v in sorted(record.params.items())},
         "tags": {k: clean(v) for k, v in sorted(record.tags.items())},
         "metrics": {k: run_export.json_number(v) for k, v in sorted(record.metrics.items())},
@@ -78,7 +89,9 @@ def write_gzip(folder: Path, name: str, data: bytes) -> str:
 
 def write_document(folder: Path, document: dict, readme: str) -> None:
     """``runs.json`` (sorted keys, strict JSON) and ``README.md``, each written atomically."""
-    text = json.dumps(document, sort_keys=True, indent=1, ensure_ascii=False, allow_nan=False) + "\n"
+    text = (
+        json.dumps(document, sort_keys=True, indent=1, ensure_ascii=False, allow_nan=False) + "\n"
+    )
     atomic_write_bytes(folder / RUNS_FILE, text.encode("utf-8"), FILE_MODE)
     atomic_write_bytes(folder / "README.md", readme.encode("utf-8"), FILE_MODE)
 
@@ -90,8 +103,13 @@ def remove_stale(folder: Path, pattern: str, written: set[Path]) -> None:
             stale.unlink()
 
 
-def export_evidence(folder: Path, study: StudyData, inputs: BuildInputs, logged_to: list[str],
-                    analysis: list[AnalysisFigure]) -> Path:
+def export_evidence(
+    folder: Path,
+    study: StudyData,
+    inputs: BuildInputs,
+    logged_to: list[str],
+    analysis: list[AnalysisFigure],
+) -> Path:
     """Write ``folder`` (``runs.json``, ``predictions/``, ``README.md``) for ``study`` as reported.
 
     Raises:
@@ -107,38 +125,69 @@ def export_evidence(folder: Path, study: StudyData, inputs: BuildInputs, logged_
         if cell is not None and cell.record.run_id == record.run_id:
             for key, curve in cell.curves.items():
                 if _published(curve) != _published(_curve(histories.get(key, []))):
-                    raise ReportError(f"run {record.run_id}: metric {key} changed while exporting; export again")
+                    raise ReportError(
+                        f"run {record.run_id}: metric {key} changed while exporting; export again"
+                    )
             entry["predictions"] = {}
             for split, table in sorted(cell.predictions.items()):
                 name = f"predictions/{record.arm}.seed{record.seed}.{split}.csv.gz"
                 digest = write_gzip(folder, name, _prediction_bytes(table))
                 written.add(folder / name)
                 entry["predictions"][split] = {
-                    "file": name, "rows": len(table), "sha256": digest,
+                    "file": name,
+                    "rows": len(table),
+                    "sha256": digest,
                     "classes": sum(c.startswith("prob_") for c in table.columns),
-                    "logged_file": f"predictions/{split}.csv", "logged_sha256": cell.sources.get(split, ""),
+                    "logged_file": f"predictions/{split}.csv",
+                    "logged_sha256": cell.sources.get(split, ""),
                 }
         cells.append(entry)
     parents = [run_export.run_record(p.run_id) for p in queries.parent_runs(spec.name, spec.hash)]
     document = {
         "format": FORMAT,
-        "protocol": {"name": spec.name, "hash": spec.hash, "description": spec.description, "arms": list(spec.arms),
-                     "reference": spec.reference, "seeds": list(spec.seeds), "evaluate_test": spec.evaluate_test,
-                     "source": spec.source, "canonical": spec.canonical},
+        "protocol": {
+            "name": spec.name,
+            "hash": spec.hash,
+            "description": spec.description,
+            "arms": list(spec.arms),
+            "reference": spec.reference,
+            "seeds": list(spec.seeds),
+            "evaluate_test": spec.evaluate_test,
+            "source": spec.source,
+            "canonical": spec.canonical,
+        },
         "store": {"tracking_uri": study.tracking_uri, "experiment": spec.name},
-        "build": {"hash_option": inputs.hash_option, "commit": inputs.commit,
-                  "compare": [list(pair) for pair in inputs.compare], "resamples": inputs.n_resamples,
-                  "bootstrap_seed": inputs.bootstrap_seed, "confidence": inputs.confidence, "strict": inputs.strict,
-                  "logged_to": list(logged_to), "num_classes": study.num_classes}
+        "build": {
+            "hash_option": inputs.hash_option,
+            "commit": inputs.commit,
+            "compare": [list(pair) for pair in inputs.compare],
+            "resamples": inputs.n_resamples,
+            "bootstrap_seed": inputs.bootstrap_seed,
+            "confidence": inputs.confidence,
+            "strict": inputs.strict,
+            "logged_to": list(logged_to),
+            "num_classes": study.num_classes,
+        }
         # Only when asked for: an export without interactions stays byte for byte what it was.
-        | ({"interactions": [list(quad) for quad in inputs.interactions]} if inputs.interactions else {}),
+        | (
+            {"interactions": [list(quad) for quad in inputs.interactions]}
+            if inputs.interactions
+            else {}
+        ),
         "other_hashes": dict(sorted(study.other_hashes.items())),
         "parent_run_id": study.parent_run_id,
         "parents": parents,
         "cells": cells,
-        "analysis_figures": [{"name": f.filename, "file": f"figures/analysis_{f.filename}",
-                              "caption": run_export.clean_text(f.caption), "run_id": f.run_id,
-                              "sha256": hashlib.sha256(f.png).hexdigest()} for f in analysis],
+        "analysis_figures": [
+            {
+                "name": f.filename,
+                "file": f"figures/analysis_{f.filename}",
+                "caption": run_export.clean_text(f.caption),
+                "run_id": f.run_id,
+                "sha256": hashlib.sha256(f.png).hexdigest(),
+            }
+            for f in analysis
+        ],
     }
     write_document(folder, document, _readme(spec, len(study.cells), len(cells)))
     remove_stale(folder / "predictions", "*.csv.gz", written)
@@ -205,14 +254,24 @@ def cell_record(entry: dict, where: str) -> CellRecord:
     try:
         seed = int(tags.get("seed", ""))
     except ValueError as err:
-        raise ReportError(f"{where}: run {entry['run_id']} has tag seed={tags.get('seed')!r}, not an integer") from err
+        raise ReportError(
+            f"{where}: run {entry['run_id']} has tag seed={tags.get('seed')!r}, not an integer"
+        ) from err
     return CellRecord(
-        run_id=entry["run_id"], arm=tags.get("arm", ""), seed=seed, status=entry["status"],
-        commit=tags.get("git_commit", "unknown"), dirty=tags.get("git_dirty", "unknown"),
-        start_time=int(entry["start_time"]), end_time=int(entry["end_time"]),
-        parent_run_id=tags.get("mlflow.parentRunId", ""), params=dict(entry["params"]),
-        metrics={k: float(v) for k, v in entry["metrics"].items()}, tags=dict(tags),
-        experiment_id=entry["experiment_id"])
+        run_id=entry["run_id"],
+        arm=tags.get("arm", ""),
+        seed=seed,
+        status=entry["status"],
+        commit=tags.get("git_commit", "unknown"),
+        dirty=tags.get("git_dirty", "unknown"),
+        start_time=int(entry["start_time"]),
+        end_time=int(entry["end_time"]),
+        parent_run_id=tags.get("mlflow.parentRunId", ""),
+        params=dict(entry["params"]),
+        metrics={k: float(v) for k, v in entry["metrics"].items()},
+        tags=dict(tags),
+        experiment_id=entry["experiment_id"],
+    )
 
 
 def read_gzip(path: Path, sha256: str) -> bytes:
@@ -222,7 +281,9 @@ def read_gzip(path: Path, sha256: str) -> bytes:
     except (OSError, EOFError, gzip.BadGzipFile) as err:
         raise ReportError(f"{path}: not readable ({err})") from err
     if hashlib.sha256(data).hexdigest() != sha256:
-        raise ReportError(f"{path}: sha256 differs from the one {RUNS_FILE} records: the file was changed")
+        raise ReportError(
+            f"{path}: sha256 differs from the one {RUNS_FILE} records: the file was changed"
+        )
     return data
 
 
@@ -230,7 +291,9 @@ def _read_table(folder: Path, info: dict) -> pd.DataFrame:
     path = folder / info["file"]
     table = pd.read_csv(io.BytesIO(read_gzip(path, info["sha256"])))
     if tuple(table.columns) != PREDICTION_COLUMNS or len(table) != info["rows"]:
-        raise ReportError(f"{path}: expected columns {', '.join(PREDICTION_COLUMNS)} and {info['rows']} rows")
+        raise ReportError(
+            f"{path}: expected columns {', '.join(PREDICTION_COLUMNS)} and {info['rows']} rows"
+        )
     return table.sort_values("index", kind="stable").reset_index(drop=True)
 
 
@@ -240,7 +303,9 @@ def _analysis(folder: Path, entries: list[dict]) -> list[AnalysisFigure]:
     for e in entries:
         path = folder.parent / e["file"]
         if not path.is_file():
-            raise ReportError(f"{path}: missing; the report's analysis figures are read from beside the evidence folder")
+            raise ReportError(
+                f"{path}: missing; the report's analysis figures are read from beside the evidence folder"
+            )
         png = path.read_bytes()
         if hashlib.sha256(png).hexdigest() != e["sha256"]:
             raise ReportError(f"{path}: sha256 differs from the one {RUNS_FILE} records")
@@ -290,31 +355,68 @@ def _evidence(folder: Path, doc: dict) -> Evidence:
     where = str(folder / RUNS_FILE)
     p, build = doc["protocol"], doc["build"]
     if hashlib.sha256(canonical_json(p["canonical"]).encode()).hexdigest() != p["hash"]:
-        raise ReportError(f"{where}: protocol.canonical does not hash to protocol.hash {p['hash'][:12]}")
+        raise ReportError(
+            f"{where}: protocol.canonical does not hash to protocol.hash {p['hash'][:12]}"
+        )
     if (build["bootstrap_seed"], build["confidence"]) != (tables.BOOTSTRAP_SEED, tables.CONFIDENCE):
-        raise ReportError(f"{where}: built with bootstrap seed {build['bootstrap_seed']} and confidence "
-                          f"{build['confidence']}; this code uses {tables.BOOTSTRAP_SEED} and {tables.CONFIDENCE}")
-    spec = ProtocolSpec(p["name"], p["hash"], p["description"], tuple(p["arms"]), p["reference"],
-                        tuple(int(s) for s in p["seeds"]), bool(p["evaluate_test"]), p["source"], p["canonical"])
+        raise ReportError(
+            f"{where}: built with bootstrap seed {build['bootstrap_seed']} and confidence "
+            f"{build['confidence']}; this code uses {tables.BOOTSTRAP_SEED} and {tables.CONFIDENCE}"
+        )
+    spec = ProtocolSpec(
+        p["name"],
+        p["hash"],
+        p["description"],
+        tuple(p["arms"]),
+        p["reference"],
+        tuple(int(s) for s in p["seeds"]),
+        bool(p["evaluate_test"]),
+        p["source"],
+        p["canonical"],
+    )
     entries = {e["run_id"]: e for e in doc["cells"]}
     records = [cell_record(e, where) for e in doc["cells"]]
 
     def cell_data(record: CellRecord) -> CellData:
         entry = entries[record.run_id]
         if "predictions" not in entry:
-            raise ReportError(f"{where}: run {record.run_id} ({record.arm}/seed{record.seed}) is reported but its "
-                              "predictions were not exported")
+            raise ReportError(
+                f"{where}: run {record.run_id} ({record.arm}/seed{record.seed}) is reported but its "
+                "predictions were not exported"
+            )
         history = entry["metric_history"]
-        return CellData(record, {split: _read_table(folder, info) for split, info in entry["predictions"].items()},
-                        {key: _curve(history.get(key, [])) for key in CURVE_METRICS + COST_METRICS},
-                        {split: info["logged_sha256"] for split, info in entry["predictions"].items()})
+        return CellData(
+            record,
+            {split: _read_table(folder, info) for split, info in entry["predictions"].items()},
+            {key: _curve(history.get(key, [])) for key in CURVE_METRICS + COST_METRICS},
+            {split: info["logged_sha256"] for split, info in entry["predictions"].items()},
+        )
 
-    study = assemble_study(spec, doc["other_hashes"], records, doc["parent_run_id"], doc["store"]["tracking_uri"],
-                           build["commit"], cell_data)
-    study.num_classes = int(build["num_classes"])  # the logged files' probability columns, not exported
+    study = assemble_study(
+        spec,
+        doc["other_hashes"],
+        records,
+        doc["parent_run_id"],
+        doc["store"]["tracking_uri"],
+        build["commit"],
+        cell_data,
+    )
+    study.num_classes = int(
+        build["num_classes"]
+    )  # the logged files' probability columns, not exported
     study.rebuilt_from = f"{spec.name}/{EVIDENCE_DIR}"
-    inputs = BuildInputs(p["source"], p["hash"], build["hash_option"], build["commit"],
-                         [tuple(pair) for pair in build["compare"]], int(build["resamples"]),
-                         int(build["bootstrap_seed"]), float(build["confidence"]), bool(build["strict"]),
-                         [tuple(quad) for quad in build.get("interactions", [])])
-    return Evidence(study, inputs, list(build["logged_to"]), _analysis(folder, doc["analysis_figures"]))
+    inputs = BuildInputs(
+        p["source"],
+        p["hash"],
+        build["hash_option"],
+        build["commit"],
+        [tuple(pair) for pair in build["compare"]],
+        int(build["resamples"]),
+        int(build["bootstrap_seed"]),
+        float(build["confidence"]),
+        bool(build["strict"]),
+        [tuple(quad) for quad in build.get("interactions", [])],
+    )
+    return Evidence(
+        study, inputs, list(build["logged_to"]), _analysis(folder, doc["analysis_figures"])
+    )

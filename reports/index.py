@@ -39,7 +39,9 @@ def build_all(build, out_root: Path, **options) -> tuple[list[IndexEntry], Path]
     for entry in queries.protocol_entries():
         try:
             result = build(entry.name, out_root, hash_prefix=entry.newest_hash, **options)
-            entries.append(IndexEntry(entry, result.html.relative_to(out_root), "built", len(result.problems)))
+            entries.append(
+                IndexEntry(entry, result.html.relative_to(out_root), "built", len(result.problems))
+            )
         except (ReportError, ProtocolError, queries.QueryError) as err:
             entries.append(IndexEntry(entry, None, f"not built: {str(err).splitlines()[-1]}", 0))
     return entries, write_index(entries, out_root)
@@ -55,16 +57,35 @@ def write_index(entries: list[IndexEntry], out_root: Path) -> Path:
     for item in entries:
         e = item.entry
         link = f"[report]({item.report.as_posix()})" if item.report else "–"
-        rows.append([f"`{e.name}`", e.kind, f"`{e.newest_hash[:SHORT_HASH_LEN]}`", str(e.hashes), utc(e.start_time),
-                     _status(e), item.outcome + (f" ({item.problems} missing or stale ⚠)" if item.problems else ""), link])
+        rows.append(
+            [
+                f"`{e.name}`",
+                e.kind,
+                f"`{e.newest_hash[:SHORT_HASH_LEN]}`",
+                str(e.hashes),
+                utc(e.start_time),
+                _status(e),
+                item.outcome + (f" ({item.problems} missing or stale ⚠)" if item.problems else ""),
+                link,
+            ]
+        )
     blocks: list[Block] = [
         Heading(1, "Reports"),
-        Bullets([f"Tracking store `{queries.tracking_uri()}` (credentials removed): {len(entries)} protocol(s) with a "
-                 "recorded execution.",
-                 "One row per protocol name: the newest execution's hash is reported; `hashes` counts the versions "
-                 "recorded under the name (report another with `workbench report --protocol NAME --hash PREFIX`)."]),
-        Table(["protocol", "kind", "hash", "hashes", "newest execution", "status", "report", "link"], rows,
-              ["l", "l", "l", "r", "l", "l", "l", "l"]) if rows else Para("No protocol has been executed against this store."),
+        Bullets(
+            [
+                f"Tracking store `{queries.tracking_uri()}` (credentials removed): {len(entries)} protocol(s) with a "
+                "recorded execution.",
+                "One row per protocol name: the newest execution's hash is reported; `hashes` counts the versions "
+                "recorded under the name (report another with `workbench report --protocol NAME --hash PREFIX`).",
+            ]
+        ),
+        Table(
+            ["protocol", "kind", "hash", "hashes", "newest execution", "status", "report", "link"],
+            rows,
+            ["l", "l", "l", "r", "l", "l", "l", "l"],
+        )
+        if rows
+        else Para("No protocol has been executed against this store."),
     ]
     out_root.mkdir(parents=True, exist_ok=True)
     atomic_write_bytes(out_root / "index.md", to_markdown(blocks).encode("utf-8"), 0o666)

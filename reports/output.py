@@ -28,7 +28,9 @@ from tracking.record.report_summary import HEAD, LIMIT, SEPARATOR, comparison_me
 from workbench.atomic import atomic_write_bytes
 from workbench.transfer.report import TransferSection
 
-REPORT_FILE_MODE = 0o666  # masked by the umask like any file open() creates: 0644 (group-readable) under umask 022
+REPORT_FILE_MODE = (
+    0o666  # masked by the umask like any file open() creates: 0644 (group-readable) under umask 022
+)
 
 
 @dataclass
@@ -42,29 +44,43 @@ class ReportResult:
     study: StudyData | None = None  # ablation protocols
     summaries: dict[str, list[tables.ArmSummary]] = field(default_factory=dict)
     comparisons: dict[str, list[tables.Comparison]] = field(default_factory=dict)
-    interactions: dict[str, list[tables.Interaction]] = field(default_factory=dict)  # split -> (a - b) - (c - d)
+    interactions: dict[str, list[tables.Interaction]] = field(
+        default_factory=dict
+    )  # split -> (a - b) - (c - d)
     logged_to: list[str] = field(default_factory=list)
     messages: list[str] = field(default_factory=list)  # what the command line should print
     section: TransferSection | None = None  # transfer protocols
-    problems: list[str] = field(default_factory=list)  # missing cells and stale runs: `--strict` exits 1 on any
-    summary: Summary | None = None  # what the parent run gets besides the files: comparisons as metrics, Results as text
+    problems: list[str] = field(
+        default_factory=list
+    )  # missing cells and stale runs: `--strict` exits 1 on any
+    summary: Summary | None = (
+        None  # what the parent run gets besides the files: comparisons as metrics, Results as text
+    )
 
 
 def log_report(result: ReportResult, folder: Path, targets: list[str] | None) -> None:
     """Log the report files to ``targets`` and to the ``mlflow run`` launcher run; ``None``: --no-log."""
     if targets is None:
         return
-    launcher = queries.launcher_run_id()  # `mlflow run -e report` wraps this process in a run: it gets a copy
+    launcher = (
+        queries.launcher_run_id()
+    )  # `mlflow run -e report` wraps this process in a run: it gets a copy
     for run_id in targets + ([launcher] if launcher and launcher not in targets else []):
         queries.log_report(run_id, folder)
         result.logged_to.append(run_id)
         result.messages.append(f"logged the report to run {run_id} (artifacts report/)")
-    for run_id in targets if result.summary is not None else []:  # the study's parent: its answer in the UI
-        stale, page = report_summary.log_summary(run_id, result.summary.metrics, result.summary.text)
+    for run_id in (
+        targets if result.summary is not None else []
+    ):  # the study's parent: its answer in the UI
+        stale, page = report_summary.log_summary(
+            run_id, result.summary.metrics, result.summary.text
+        )
         result.messages.append(
             f"run {run_id}: the report's {result.summary.comparisons} comparisons as metrics (cmp.*) and its results "
-            "as the description" + (f"; {stale} comparison(s) no longer made set to NaN" if stale else "")
-            + (f"; in the MLflow UI: {page}" if page else ""))
+            "as the description"
+            + (f"; {stale} comparison(s) no longer made set to NaN" if stale else "")
+            + (f"; in the MLflow UI: {page}" if page else "")
+        )
 
 
 def write_report(folder: Path, blocks: list, title: str) -> list[Path]:
@@ -80,16 +96,22 @@ def write_report(folder: Path, blocks: list, title: str) -> list[Path]:
         if stale not in written:
             stale.unlink()  # e.g. a test-split figure of a protocol version that no longer evaluates test
     atomic_write_bytes(folder / "report.md", to_markdown(blocks).encode("utf-8"), REPORT_FILE_MODE)
-    atomic_write_bytes(folder / "report.html", to_html(blocks, title).encode("utf-8"), REPORT_FILE_MODE)
+    atomic_write_bytes(
+        folder / "report.html", to_html(blocks, title).encode("utf-8"), REPORT_FILE_MODE
+    )
     return written
 
 
 # ---------------------------------------------------------------- the parent run's answer
 
-BUDGET = LIMIT - len(SEPARATOR) - 1000  # leave the protocol's description at least a first paragraph below
-FOOTER = ("Every comparison's numbers are metrics of this run, `cmp.<a>_vs_<b>.<split>.<stat>`: `mean_diff`, "
-          "`t_low` and `t_high` (t-interval over seeds), `boot_low` and `boot_high` (hierarchical bootstrap), `wins` of "
-          "`n` seeds; {unit}. The whole report is in this run's artifacts (`report/report.html`).")
+BUDGET = (
+    LIMIT - len(SEPARATOR) - 1000
+)  # leave the protocol's description at least a first paragraph below
+FOOTER = (
+    "Every comparison's numbers are metrics of this run, `cmp.<a>_vs_<b>.<split>.<stat>`: `mean_diff`, "
+    "`t_low` and `t_high` (t-interval over seeds), `boot_low` and `boot_high` (hierarchical bootstrap), `wins` of "
+    "`n` seeds; {unit}. The whole report is in this run's artifacts (`report/report.html`)."
+)
 
 
 @dataclass(frozen=True)
@@ -124,7 +146,9 @@ def results_text(blocks: list[Block], title: str, unit: str) -> str:
             parts.append(f"**{block.text}**")
         elif isinstance(block, Quote):
             parts.append(f"- {block.text}")
-        elif isinstance(block, Para) and block.text not in parts:  # the caveats of a second split: said above
+        elif (
+            isinstance(block, Para) and block.text not in parts
+        ):  # the caveats of a second split: said above
             parts.append(block.text)
         elif isinstance(block, Bullets):
             parts += [f"- {item}" for item in block.items]
@@ -133,9 +157,12 @@ def results_text(blocks: list[Block], title: str, unit: str) -> str:
     for i, part in enumerate(parts):
         if used + len(part) + 2 > BUDGET - 150:  # 150: room for the line saying what was left out
             left = sum(p.startswith("- ") for p in parts[i:])
-            kept.append(f"- … {left} more result{'s' if left != 1 else ''} and the caveats are in the report (left out "
-                        "to fit MLflow's description)." if left else "- … the rest is in the report (left out to fit "
-                        "MLflow's description).")
+            kept.append(
+                f"- … {left} more result{'s' if left != 1 else ''} and the caveats are in the report (left out "
+                "to fit MLflow's description)."
+                if left
+                else "- … the rest is in the report (left out to fit MLflow's description)."
+            )
             break
         kept.append(part)
         used += len(part) + 2
@@ -147,16 +174,39 @@ def ablation_metrics(items: dict[str, list]) -> dict[str, float]:
     out: dict[str, float] = {}
     for split, pairs in items.items():
         for c, _ in pairs:
-            if c.paired is None:  # no seed has both arms: the report says so; nothing to show but n = 0
-                out |= comparison_metrics(c.a, c.b, split, mean_diff=math.nan, t_low=math.nan, t_high=math.nan,
-                                          boot_low=math.nan, boot_high=math.nan, wins=0, n=0)
+            if (
+                c.paired is None
+            ):  # no seed has both arms: the report says so; nothing to show but n = 0
+                out |= comparison_metrics(
+                    c.a,
+                    c.b,
+                    split,
+                    mean_diff=math.nan,
+                    t_low=math.nan,
+                    t_high=math.nan,
+                    boot_low=math.nan,
+                    boot_high=math.nan,
+                    wins=0,
+                    n=0,
+                )
             else:
                 out |= paired_metrics(c.a, c.b, split, c.paired, c.bootstrap)
     return out
 
 
-def paired_metrics(a: str, b: str, split: str, paired, boot, scale: float = 100.0) -> dict[str, float]:
+def paired_metrics(
+    a: str, b: str, split: str, paired, boot, scale: float = 100.0
+) -> dict[str, float]:
     """``cmp.*`` of one comparison given as a ``PairedComparison`` and its bootstrap ``CI`` (or None)."""
-    return comparison_metrics(a, b, split, mean_diff=scale * paired.mean_difference, t_low=scale * paired.ci_low,
-                              t_high=scale * paired.ci_high, boot_low=scale * boot.low if boot else math.nan,
-                              boot_high=scale * boot.high if boot else math.nan, wins=paired.wins, n=paired.n)
+    return comparison_metrics(
+        a,
+        b,
+        split,
+        mean_diff=scale * paired.mean_difference,
+        t_low=scale * paired.ci_low,
+        t_high=scale * paired.ci_high,
+        boot_low=scale * boot.low if boot else math.nan,
+        boot_high=scale * boot.high if boot else math.nan,
+        wins=paired.wins,
+        n=paired.n,
+    )

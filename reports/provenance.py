@@ -19,8 +19,13 @@ from workbench.report_content.portable import portable_text
 
 FLAG = "⚠"
 REBUILT_PREFIX = "Rebuilt offline from the evidence export"  # the one line a rebuilt report adds
-FINGERPRINT_CHARS = 16  # at least 12 hex characters: enough to tell any two data versions apart by eye
-CODE_FINGERPRINT_KEYS = ("code_fingerprint", "code.fingerprint")  # param or tag, whichever the run has
+FINGERPRINT_CHARS = (
+    16  # at least 12 hex characters: enough to tell any two data versions apart by eye
+)
+CODE_FINGERPRINT_KEYS = (
+    "code_fingerprint",
+    "code.fingerprint",
+)  # param or tag, whichever the run has
 
 
 def utc(ms: int) -> str:
@@ -55,13 +60,19 @@ def precision(record: CellRecord) -> str:
 
 def run_ref(record: CellRecord, store: str | None = None) -> str:
     """The run id, as a link to its page when the store (default: the configured one) is a server."""
-    url = queries.run_url(record) if store is None else ui_links.run_url(store, record.experiment_id, record.run_id)
+    url = (
+        queries.run_url(record)
+        if store is None
+        else ui_links.run_url(store, record.experiment_id, record.run_id)
+    )
     return f"[`{record.run_id}`]({url})" if url else f"`{record.run_id}`"
 
 
 def dataset_source(record: CellRecord) -> str:
     """Where the run's data came from, with no absolute path of the machine that ran it."""
-    return portable_text(record.params.get("data.source") or record.params.get("data.display_name") or "n/a")
+    return portable_text(
+        record.params.get("data.source") or record.params.get("data.display_name") or "n/a"
+    )
 
 
 def threads(record: CellRecord) -> str:
@@ -71,35 +82,90 @@ def threads(record: CellRecord) -> str:
     return f"{started} ({changed})" if changed else started
 
 
-def runs_table(rows: list[tuple[str, int, CellRecord]], unit: str = "arm", store: str | None = None) -> Table:
+def runs_table(
+    rows: list[tuple[str, int, CellRecord]], unit: str = "arm", store: str | None = None
+) -> Table:
     """One row per reported cell: (arm or regime, seed, its run)."""
     body = []
     for name, seed, r in rows:
-        body.append([name, str(seed), run_ref(r, store), utc(r.start_time), short(r.commit, 10),
-                     r.dirty, short(code_fingerprint(r)), short(r.params.get("data.fingerprint")),
-                     short(r.params.get("data.split_fingerprint")), dataset_source(r), device(r), threads(r)])
-    notes = [f"Fingerprints: first {FINGERPRINT_CHARS} hex characters of the sha256 logged by the run (params "
-             "`data.fingerprint`: the examples and labels; `data.split_fingerprint`: which examples went to which "
-             "split; code fingerprint: param or tag `code_fingerprint`, n/a for runs that predate it). Dirty: "
-             "the checkout had uncommitted changes (tag `git_dirty`). Threads: torch's intra-op threads the run "
-             "trained with (param `threads`); the count changes the order of floating-point sums, so a cell "
-             "reproduces bit for bit only at its own count, and a run resumed with another count says so."]
-    return Table([unit, "seed", "run id", "started", "commit", "dirty", "code fingerprint", "data fingerprint",
-                  "split fingerprint", "dataset source", "device", "threads"], body,
-                 ["l", "r", "l", "l", "l", "l", "l", "l", "l", "l", "l", "r"], notes, css_class="wide nowrap")
+        body.append(
+            [
+                name,
+                str(seed),
+                run_ref(r, store),
+                utc(r.start_time),
+                short(r.commit, 10),
+                r.dirty,
+                short(code_fingerprint(r)),
+                short(r.params.get("data.fingerprint")),
+                short(r.params.get("data.split_fingerprint")),
+                dataset_source(r),
+                device(r),
+                threads(r),
+            ]
+        )
+    notes = [
+        f"Fingerprints: first {FINGERPRINT_CHARS} hex characters of the sha256 logged by the run (params "
+        "`data.fingerprint`: the examples and labels; `data.split_fingerprint`: which examples went to which "
+        "split; code fingerprint: param or tag `code_fingerprint`, n/a for runs that predate it). Dirty: "
+        "the checkout had uncommitted changes (tag `git_dirty`). Threads: torch's intra-op threads the run "
+        "trained with (param `threads`); the count changes the order of floating-point sums, so a cell "
+        "reproduces bit for bit only at its own count, and a run resumed with another count says so."
+    ]
+    return Table(
+        [
+            unit,
+            "seed",
+            "run id",
+            "started",
+            "commit",
+            "dirty",
+            "code fingerprint",
+            "data fingerprint",
+            "split fingerprint",
+            "dataset source",
+            "device",
+            "threads",
+        ],
+        body,
+        ["l", "r", "l", "l", "l", "l", "l", "l", "l", "l", "l", "r"],
+        notes,
+        css_class="wide nowrap",
+    )
 
 
-def attempts_blocks(attempts: list[CellRecord], chosen: dict[tuple[str, int], CellRecord], unit: str = "arm",
-                    store: str | None = None) -> list[Block]:
+def attempts_blocks(
+    attempts: list[CellRecord],
+    chosen: dict[tuple[str, int], CellRecord],
+    unit: str = "arm",
+    store: str | None = None,
+) -> list[Block]:
     """Later unfinished attempts of reported cells (FAILED, KILLED, RUNNING): listed, never used."""
     if not attempts:
         return []
-    rows = [[r.arm, str(r.seed), run_ref(r, store), r.status, utc(r.start_time), f"`{chosen[(r.arm, r.seed)].run_id}`"]
-            for r in attempts]
-    return [Heading(3, "Newer attempts of reported cells (not used)"), Table(
-        [unit, "seed", "run id", "status", "started", "reported run"], rows, ["l", "r", "l", "l", "l", "l"],
-        [f"{FLAG} These runs started after the run reported for their cell and did not finish: the reported number "
-         "may be out of date (`report --strict` exits 1 while any are listed)."])]
+    rows = [
+        [
+            r.arm,
+            str(r.seed),
+            run_ref(r, store),
+            r.status,
+            utc(r.start_time),
+            f"`{chosen[(r.arm, r.seed)].run_id}`",
+        ]
+        for r in attempts
+    ]
+    return [
+        Heading(3, "Newer attempts of reported cells (not used)"),
+        Table(
+            [unit, "seed", "run id", "status", "started", "reported run"],
+            rows,
+            ["l", "r", "l", "l", "l", "l"],
+            [
+                f"{FLAG} These runs started after the run reported for their cell and did not finish: the reported number "
+                "may be out of date (`report --strict` exits 1 while any are listed)."
+            ],
+        ),
+    ]
 
 
 @dataclass(frozen=True)
@@ -115,11 +181,19 @@ class BuildInputs:
     bootstrap_seed: int
     confidence: float
     strict: bool
-    interactions: list[tuple[str, str, str, str]] = field(default_factory=list)  # (a, b, c, d): (a - b) - (c - d)
+    interactions: list[tuple[str, str, str, str]] = field(
+        default_factory=list
+    )  # (a, b, c, d): (a - b) - (c - d)
 
 
-def header_bullets(inputs: BuildInputs, experiment: str, chosen_rule: str, logged_to: list[str],
-                   store: str | None = None, rebuilt_from: str = "") -> list[str]:
+def header_bullets(
+    inputs: BuildInputs,
+    experiment: str,
+    chosen_rule: str,
+    logged_to: list[str],
+    store: str | None = None,
+    rebuilt_from: str = "",
+) -> list[str]:
     """The store (default: the configured one), the experiment, the rule choosing a run per cell and
     every build option; for a report rebuilt from a published evidence export, a line saying so."""
     options = [f"--resamples {inputs.n_resamples}"]
@@ -134,27 +208,41 @@ def header_bullets(inputs: BuildInputs, experiment: str, chosen_rule: str, logge
     items = [
         f"Tracking store `{queries.tracking_uri() if store is None else store}` (credentials removed), experiment "
         f"`{experiment}`; {chosen_rule}.",
-        (f"Built from: protocol hash `{inputs.protocol_hash}` ({inputs.protocol_source}); options "
-         f"`{' '.join(options)}`; bootstrap seed {inputs.bootstrap_seed}, confidence {inputs.confidence:.0%}. "
-         "Nothing else enters: rebuilding from the same runs gives the same bytes."),
+        (
+            f"Built from: protocol hash `{inputs.protocol_hash}` ({inputs.protocol_source}); options "
+            f"`{' '.join(options)}`; bootstrap seed {inputs.bootstrap_seed}, confidence {inputs.confidence:.0%}. "
+            "Nothing else enters: rebuilding from the same runs gives the same bytes."
+        ),
     ]
     if logged_to:
-        items.append(f"This report is logged as an artifact (`report/`) of run(s) {', '.join(f'`{r}`' for r in logged_to)}.")
+        items.append(
+            f"This report is logged as an artifact (`report/`) of run(s) {', '.join(f'`{r}`' for r in logged_to)}."
+        )
     if rebuilt_from:
         logged = "; the copy logged to that run is the store build's" if logged_to else ""
-        items.append(f"{REBUILT_PREFIX} `{rebuilt_from}` (the runs' records and per-example predictions), without "
-                     f"the MLflow store: the store, runs and options above are the ones the export recorded{logged}.")
+        items.append(
+            f"{REBUILT_PREFIX} `{rebuilt_from}` (the runs' records and per-example predictions), without "
+            f"the MLflow store: the store, runs and options above are the ones the export recorded{logged}."
+        )
     return items
 
 
-def provenance_blocks(rows: list[tuple[str, int, CellRecord]], attempts: list[CellRecord],
-                      chosen: dict[tuple[str, int], CellRecord], unit: str, store: str | None = None) -> list[Block]:
-    return [Heading(2, "Runs"), Para(f"Every number above comes from these MLflow runs (one per {unit} and seed)."),
-            runs_table(rows, unit, store)] + attempts_blocks(attempts, chosen, unit, store)
+def provenance_blocks(
+    rows: list[tuple[str, int, CellRecord]],
+    attempts: list[CellRecord],
+    chosen: dict[tuple[str, int], CellRecord],
+    unit: str,
+    store: str | None = None,
+) -> list[Block]:
+    return [
+        Heading(2, "Runs"),
+        Para(f"Every number above comes from these MLflow runs (one per {unit} and seed)."),
+        runs_table(rows, unit, store),
+    ] + attempts_blocks(attempts, chosen, unit, store)
 
 
 def stale_items(attempts: list[CellRecord], missing: list[str]) -> list[str]:
     """What `--strict` refuses: missing cells and reported cells with a newer unfinished attempt."""
-    return ([f"missing cell {m}" for m in missing]
-            + [f"stale: {r.arm}/seed{r.seed} has a newer {r.status} run {r.run_id}" for r in attempts])
-
+    return [f"missing cell {m}" for m in missing] + [
+        f"stale: {r.arm}/seed{r.seed} has a newer {r.status} run {r.run_id}" for r in attempts
+    ]

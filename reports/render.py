@@ -54,7 +54,9 @@ class Table:
     def __post_init__(self) -> None:
         for row in self.rows:
             if len(row) != len(self.header):
-                raise ValueError(f"table row {row!r} has {len(row)} cells for {len(self.header)} columns")
+                raise ValueError(
+                    f"table row {row!r} has {len(row)} cells for {len(self.header)} columns"
+                )
 
 
 @dataclass(frozen=True)
@@ -75,7 +77,10 @@ Block = Heading | Para | Quote | Bullets | Table | Figure
 def _md_table(t: Table) -> list[str]:
     out = markdown.table(t.header, t.rows, t.align).split("\n")
     if t.notes:
-        out += [""] + [f"<sub>{n}</sub><br>" if i < len(t.notes) - 1 else f"<sub>{n}</sub>" for i, n in enumerate(t.notes)]
+        out += [""] + [
+            f"<sub>{n}</sub><br>" if i < len(t.notes) - 1 else f"<sub>{n}</sub>"
+            for i, n in enumerate(t.notes)
+        ]
     return out
 
 
@@ -125,11 +130,16 @@ def _html_table(t: Table) -> str:
     align = t.align or ["l"] * len(t.header)
     cls = [' class="num"' if a == "r" else "" for a in align]
     head = "".join(f"<th{c}>{_inline(h)}</th>" for h, c in zip(t.header, cls))
-    body = "\n".join("<tr>" + "".join(f"<td{c}>{_inline(v)}</td>" for v, c in zip(row, cls)) + "</tr>" for row in t.rows)
-    notes = "".join(f"<p class=\"note\">{_inline(n)}</p>" for n in t.notes)
+    body = "\n".join(
+        "<tr>" + "".join(f"<td{c}>{_inline(v)}</td>" for v, c in zip(row, cls)) + "</tr>"
+        for row in t.rows
+    )
+    notes = "".join(f'<p class="note">{_inline(n)}</p>' for n in t.notes)
     extra = f" {t.css_class}" if t.css_class else ""
-    return (f'<div class="table-wrap{extra}"><table>\n<thead><tr>{head}</tr></thead>\n<tbody>\n{body}\n</tbody>\n'
-            f"</table>{notes}</div>")
+    return (
+        f'<div class="table-wrap{extra}"><table>\n<thead><tr>{head}</tr></thead>\n<tbody>\n{body}\n</tbody>\n'
+        f"</table>{notes}</div>"
+    )
 
 
 STYLE = """
@@ -167,9 +177,13 @@ def to_html(blocks: list[Block], title: str) -> str:
             body.append(_html_table(b))
         elif isinstance(b, Figure):
             data = base64.b64encode(b.png).decode("ascii")
-            body.append(f'<figure><img src="data:image/png;base64,{data}" alt="{html.escape(b.caption)}" '
-                        f'data-file="figures/{html.escape(b.filename)}">'
-                        f"<figcaption>{_inline(b.caption)}</figcaption></figure>")
-    return (f'<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
-            f'<meta name="viewport" content="width=device-width, initial-scale=1">\n<title>{html.escape(title)}</title>\n'
-            f"<style>{STYLE}</style>\n</head>\n<body>\n" + "\n".join(body) + "\n</body>\n</html>\n")
+            body.append(
+                f'<figure><img src="data:image/png;base64,{data}" alt="{html.escape(b.caption)}" '
+                f'data-file="figures/{html.escape(b.filename)}">'
+                f"<figcaption>{_inline(b.caption)}</figcaption></figure>"
+            )
+    return (
+        f'<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
+        f'<meta name="viewport" content="width=device-width, initial-scale=1">\n<title>{html.escape(title)}</title>\n'
+        f"<style>{STYLE}</style>\n</head>\n<body>\n" + "\n".join(body) + "\n</body>\n</html>\n"
+    )

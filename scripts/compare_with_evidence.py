@@ -34,8 +34,13 @@ def published_cells(evidence: Path) -> tuple[dict, list[dict]]:
 
 
 def newest_finished(runs, arm: str, seed: int):
-    mine = [r for r in runs if r.info.status == "FINISHED" and r.data.tags.get("arm") == arm
-            and r.data.tags.get("seed") == str(seed)]
+    mine = [
+        r
+        for r in runs
+        if r.info.status == "FINISHED"
+        and r.data.tags.get("arm") == arm
+        and r.data.tags.get("seed") == str(seed)
+    ]
     return max(mine, key=lambda r: r.info.start_time, default=None)
 
 
@@ -44,15 +49,29 @@ def history(client: MlflowClient, run_id: str, key: str) -> list[tuple[int, floa
 
 
 def _published_history(points) -> list[tuple[int, float]]:
-    return sorted((int(step), float(value)) for step, _timestamp, value in points)  # [step, timestamp ms, value]
+    return sorted(
+        (int(step), float(value)) for step, _timestamp, value in points
+    )  # [step, timestamp ms, value]
 
 
 def compare_cell(client: MlflowClient, evidence: Path, cell: dict, run) -> dict:
     """Every metric, history point and prediction of one cell: counts of equal and differing values."""
-    out = {"arm": cell["tags"]["arm"], "seed": int(cell["tags"]["seed"]), "run_id": run.info.run_id,
-           "metrics": 0, "metrics_equal": 0, "metric_max_abs_diff": 0.0, "differing_metrics": [],
-           "history_points": 0, "history_equal": 0, "history_max_abs_diff": 0.0,
-           "prediction_files": 0, "prediction_files_identical": 0, "predicted_rows": 0, "predicted_equal": 0}
+    out = {
+        "arm": cell["tags"]["arm"],
+        "seed": int(cell["tags"]["seed"]),
+        "run_id": run.info.run_id,
+        "metrics": 0,
+        "metrics_equal": 0,
+        "metric_max_abs_diff": 0.0,
+        "differing_metrics": [],
+        "history_points": 0,
+        "history_equal": 0,
+        "history_max_abs_diff": 0.0,
+        "prediction_files": 0,
+        "prediction_files_identical": 0,
+        "predicted_rows": 0,
+        "predicted_equal": 0,
+    }
     skip = {"epoch_seconds", "images_per_second"}  # wall-clock figures: never expected to repeat
     for key, value in cell["metrics"].items():
         if key in skip or any(s in key for s in ("seconds", "per_second")):
@@ -82,8 +101,12 @@ def compare_cell(client: MlflowClient, evidence: Path, cell: dict, run) -> dict:
         local = Path(client.download_artifacts(run.info.run_id, meta["logged_file"]))
         data = local.read_bytes()
         out["prediction_files"] += 1
-        out["prediction_files_identical"] += hashlib.sha256(data).hexdigest() == meta["logged_sha256"]
-        mine = {row["index"]: row["predicted"] for row in csv.DictReader(io.StringIO(data.decode()))}
+        out["prediction_files_identical"] += (
+            hashlib.sha256(data).hexdigest() == meta["logged_sha256"]
+        )
+        mine = {
+            row["index"]: row["predicted"] for row in csv.DictReader(io.StringIO(data.decode()))
+        }
         with gzip.open(evidence / meta["file"], "rt") as f:
             theirs = {row["index"]: row["predicted"] for row in csv.DictReader(f)}
         out["predicted_rows"] += len(theirs)
@@ -92,17 +115,21 @@ def compare_cell(client: MlflowClient, evidence: Path, cell: dict, run) -> dict:
 
 
 def line(c: dict) -> str:
-    return (f"{c['arm']}/seed{c['seed']}: metrics {c['metrics_equal']}/{c['metrics']} equal (max |diff| "
-            f"{c['metric_max_abs_diff']:.3g}{'; ' + ', '.join(c['differing_metrics']) if c['differing_metrics'] else ''}), "
-            f"history {c['history_equal']}/{c['history_points']} (max |diff| {c['history_max_abs_diff']:.3g}), "
-            f"prediction files byte-identical {c['prediction_files_identical']}/{c['prediction_files']}, "
-            f"predicted class {c['predicted_equal']}/{c['predicted_rows']}")
+    return (
+        f"{c['arm']}/seed{c['seed']}: metrics {c['metrics_equal']}/{c['metrics']} equal (max |diff| "
+        f"{c['metric_max_abs_diff']:.3g}{'; ' + ', '.join(c['differing_metrics']) if c['differing_metrics'] else ''}), "
+        f"history {c['history_equal']}/{c['history_points']} (max |diff| {c['history_max_abs_diff']:.3g}), "
+        f"prediction files byte-identical {c['prediction_files_identical']}/{c['prediction_files']}, "
+        f"predicted class {c['predicted_equal']}/{c['predicted_rows']}"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--evidence", type=Path, required=True, help="docs/results/<study>/evidence")
-    ap.add_argument("--arms", nargs="*", default=None, help="only these arms (default: every published cell)")
+    ap.add_argument(
+        "--arms", nargs="*", default=None, help="only these arms (default: every published cell)"
+    )
     ap.add_argument("--json", type=Path, default=None, help="write the per-cell comparison here")
     args = ap.parse_args(argv)
     protocol, cells = published_cells(args.evidence)
@@ -119,20 +146,39 @@ def main(argv: list[str] | None = None) -> int:
             continue
         compared.append(compare_cell(client, args.evidence, cell, run))
         print(line(compared[-1]))
-    total = {k: sum(c[k] for c in compared) for k in ("metrics", "metrics_equal", "history_points", "history_equal",
-                                                       "prediction_files", "prediction_files_identical",
-                                                       "predicted_rows", "predicted_equal")}
-    print(f"{len(compared)} cells compared ({len(missing)} not in the store{': ' + ', '.join(missing) if missing else ''}): "
-          f"metrics {total['metrics_equal']}/{total['metrics']}, history {total['history_equal']}/"
-          f"{total['history_points']}, prediction files {total['prediction_files_identical']}/"
-          f"{total['prediction_files']} byte-identical, predicted class {total['predicted_equal']}/"
-          f"{total['predicted_rows']}")
+    total = {
+        k: sum(c[k] for c in compared)
+        for k in (
+            "metrics",
+            "metrics_equal",
+            "history_points",
+            "history_equal",
+            "prediction_files",
+            "prediction_files_identical",
+            "predicted_rows",
+            "predicted_equal",
+        )
+    }
+    print(
+        f"{len(compared)} cells compared ({len(missing)} not in the store{': ' + ', '.join(missing) if missing else ''}): "
+        f"metrics {total['metrics_equal']}/{total['metrics']}, history {total['history_equal']}/"
+        f"{total['history_points']}, prediction files {total['prediction_files_identical']}/"
+        f"{total['prediction_files']} byte-identical, predicted class {total['predicted_equal']}/"
+        f"{total['predicted_rows']}"
+    )
     if args.json:
-        args.json.write_text(json.dumps({"protocol": protocol, "cells": compared, "missing": missing, "total": total},
-                                        indent=1))
-    same = (total["metrics_equal"] == total["metrics"] and total["history_equal"] == total["history_points"]
-            and total["prediction_files_identical"] == total["prediction_files"]
-            and total["predicted_equal"] == total["predicted_rows"])
+        args.json.write_text(
+            json.dumps(
+                {"protocol": protocol, "cells": compared, "missing": missing, "total": total},
+                indent=1,
+            )
+        )
+    same = (
+        total["metrics_equal"] == total["metrics"]
+        and total["history_equal"] == total["history_points"]
+        and total["prediction_files_identical"] == total["prediction_files"]
+        and total["predicted_equal"] == total["predicted_rows"]
+    )
     return 0 if same and compared and not missing else 1
 
 

@@ -41,7 +41,9 @@ def main() -> None:
     parser.add_argument("folder", type=Path)
     parser.add_argument("--train", type=int, default=40, help="images per class in train/")
     parser.add_argument("--val", type=int, default=12, help="images per class in val/ (0: no val/)")
-    parser.add_argument("--test", type=int, default=12, help="images per class in test/ (0: no test/)")
+    parser.add_argument(
+        "--test", type=int, default=12, help="images per class in test/ (0: no test/)"
+    )
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     rng = np.random.default_rng(args.seed)
@@ -53,8 +55,10 @@ def main() -> None:
             for k in range(n):
                 Image.fromarray(shape_image(cls, rng)).save(folder / f"{k}.png")
     total = sum(counts.values()) * len(CLASSES)
-    print(f"{args.folder}: {total} images, {len(CLASSES)} classes ({', '.join(CLASSES)}), {SIZE} x {SIZE} RGB; "
-          + ", ".join(f"{split} {n} per class" for split, n in counts.items() if n))
+    print(
+        f"{args.folder}: {total} images, {len(CLASSES)} classes ({', '.join(CLASSES)}), {SIZE} x {SIZE} RGB; "
+        + ", ".join(f"{split} {n} per class" for split, n in counts.items() if n)
+    )
 
 
 if __name__ == "__main__":

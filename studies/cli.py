@@ -22,46 +22,111 @@ import click
 # name -> (module, attribute, short help shown by `workbench --help` without importing it).
 # tests/test_cli.py checks every short help against the command's own docstring.
 LAZY_COMMANDS: dict[str, tuple[str, str, str]] = {
-    "attribute": ("studies.attribution.attribute", "attribute",
-                  "Score an attribution protocol: every method against exact token-drop effects on every acted-on model, as MLflow child runs."),
-    "ablate": ("studies.ablation.ablate", "ablate",
-               "Run (or resume) a frozen protocol: every arm at every seed, as MLflow child runs."),
-    "benchmark": ("studies.benchmarks.vit_benchmark", "benchmark",
-                  "Time glass-box and timm ViTs (and a training step and the loader) against the machine's limit."),
-    "benchmark-loader": ("studies.benchmarks.data_benchmark", "benchmark_loader",
-                         "Compare TensorLoader with a per-image torchvision pipeline and print a table."),
-    "benchmark-jobs": ("studies.benchmarks.jobs_benchmark", "benchmark_jobs",
-                       "Cells per hour of `ablate --jobs` layouts (two single-thread jobs against one two-thread job)."),
-    "benchmark-recipe": ("studies.benchmarks.recipe_benchmark", "benchmark_recipe",
-                         "Time a protocol's cells: the workbench's training against a plain PyTorch loop of the same recipe."),
-    "equivalence": ("studies.tools.equivalence_check", "equivalence",
-                    "Compare glass-box and timm ViTs at every stage; exit 1 if any stage exceeds the tolerance."),
-    "benchmark-intervene": ("studies.benchmarks.intervene_benchmark", "benchmark_intervene",
-                            "Time an intervention protocol's grid on random-weight models of its architecture (no data, no MLflow store)."),
-    "benchmark-attribute": ("studies.benchmarks.attribute_benchmark", "benchmark_attribute",
-                            "Time an attribution protocol's scoring on random-weight models of its architecture (no data, no MLflow store)."),
-    "figures": ("studies.tools.figures", "figures",
-                "Analysis figures: a finished protocol's study figures, or a timm ViT's attention on images."),
-    "intervene": ("studies.interventions.intervene", "intervene",
-                  "Evaluate an intervention protocol: every head, branch and patch of every acted-on model, as MLflow child runs."),
-    "models": ("studies.tools.models_cli", "models",
-               "Model names for arms and `train --model`: the study models, and any timm model as timm/<name>."),
-    "protocol": ("studies.tools.protocol_cli", "protocol",
-                 "Protocol files: the key reference of every kind, generated from the schema."),
-    "report": ("studies.tools.report", "report",
-               "Build reports/<protocol>/report.md and report.html from the protocol's finished MLflow runs."),
-    "server": ("studies.tools.server", "server",
-               "Run and administer the shared MLflow tracking server (PostgreSQL, proxied artifacts, basic-auth)."),
-    "status": ("studies.ablation.status", "status",
-               "Each cell's state (finished, running on host/pid, stale, failed, missing) and the next `ablate`'s plan."),
-    "sweep": ("studies.ablation.sweep", "sweep",
-              "Tune fields of one protocol arm with TPE and median pruning; every trial is an MLflow run."),
-    "sync": ("studies.tools.sync", "sync",
-             "Copy offline runs to the server: params, metric histories, tags, artifacts, models, parents; exactly once."),
-    "train": ("studies.ablation.train", "train", "Train one model; re-running the same command resumes or skips it."),
-    "transfer": ("studies.transfer.transfer_study", "transfer",
-                 "Run (or resume) a transfer protocol: linear probe, partial and full fine-tuning at paired seeds."),
-    "worker": ("studies.ablation.worker", "worker", "Pop queued protocol cells and train them until the queue is empty."),
+    "attribute": (
+        "studies.attribution.attribute",
+        "attribute",
+        "Score an attribution protocol: every method against exact token-drop effects on every acted-on model, as MLflow child runs.",
+    ),
+    "ablate": (
+        "studies.ablation.ablate",
+        "ablate",
+        "Run (or resume) a frozen protocol: every arm at every seed, as MLflow child runs.",
+    ),
+    "benchmark": (
+        "studies.benchmarks.vit_benchmark",
+        "benchmark",
+        "Time glass-box and timm ViTs (and a training step and the loader) against the machine's limit.",
+    ),
+    "benchmark-loader": (
+        "studies.benchmarks.data_benchmark",
+        "benchmark_loader",
+        "Compare TensorLoader with a per-image torchvision pipeline and print a table.",
+    ),
+    "benchmark-jobs": (
+        "studies.benchmarks.jobs_benchmark",
+        "benchmark_jobs",
+        "Cells per hour of `ablate --jobs` layouts (two single-thread jobs against one two-thread job).",
+    ),
+    "benchmark-recipe": (
+        "studies.benchmarks.recipe_benchmark",
+        "benchmark_recipe",
+        "Time a protocol's cells: the workbench's training against a plain PyTorch loop of the same recipe.",
+    ),
+    "equivalence": (
+        "studies.tools.equivalence_check",
+        "equivalence",
+        "Compare glass-box and timm ViTs at every stage; exit 1 if any stage exceeds the tolerance.",
+    ),
+    "benchmark-intervene": (
+        "studies.benchmarks.intervene_benchmark",
+        "benchmark_intervene",
+        "Time an intervention protocol's grid on random-weight models of its architecture (no data, no MLflow store).",
+    ),
+    "benchmark-attribute": (
+        "studies.benchmarks.attribute_benchmark",
+        "benchmark_attribute",
+        "Time an attribution protocol's scoring on random-weight models of its architecture (no data, no MLflow store).",
+    ),
+    "figures": (
+        "studies.tools.figures",
+        "figures",
+        "Analysis figures: a finished protocol's study figures, or a timm ViT's attention on images.",
+    ),
+    "intervene": (
+        "studies.interventions.intervene",
+        "intervene",
+        "Evaluate an intervention protocol: every head, branch and patch of every acted-on model, as MLflow child runs.",
+    ),
+    "models": (
+        "studies.tools.models_cli",
+        "models",
+        "Model names for arms and `train --model`: the study models, and any timm model as timm/<name>.",
+    ),
+    "protocol": (
+        "studies.tools.protocol_cli",
+        "protocol",
+        "Protocol files: the key reference of every kind, generated from the schema.",
+    ),
+    "report": (
+        "studies.tools.report",
+        "report",
+        "Build reports/<protocol>/report.md and report.html from the protocol's finished MLflow runs.",
+    ),
+    "server": (
+        "studies.tools.server",
+        "server",
+        "Run and administer the shared MLflow tracking server (PostgreSQL, proxied artifacts, basic-auth).",
+    ),
+    "status": (
+        "studies.ablation.status",
+        "status",
+        "Each cell's state (finished, running on host/pid, stale, failed, missing) and the next `ablate`'s plan.",
+    ),
+    "sweep": (
+        "studies.ablation.sweep",
+        "sweep",
+        "Tune fields of one protocol arm with TPE and median pruning; every trial is an MLflow run.",
+    ),
+    "sync": (
+        "studies.tools.sync",
+        "sync",
+        "Copy offline runs to the server: params, metric histories, tags, artifacts, models, parents; exactly once.",
+    ),
+    "train": (
+        "studies.ablation.train",
+        "train",
+        "Train one model; re-running the same command resumes or skips it.",
+    ),
+    "transfer": (
+        "studies.transfer.transfer_study",
+        "transfer",
+        "Run (or resume) a transfer protocol: linear probe, partial and full fine-tuning at paired seeds.",
+    ),
+    "worker": (
+        "studies.ablation.worker",
+        "worker",
+        "Pop queued protocol cells and train them until the queue is empty.",
+    ),
 }
 
 # Error types whose message is written for the user: shown as is. Anything else is shown
@@ -74,21 +139,30 @@ _USER_ERROR_NAMES = {"MlflowException", "OptunaError", "SafetensorError", "YAMLE
 
 def one_line(err: BaseException) -> str:
     """The exception's message as one line (KeyError's quotes removed, CUDA errors explained, secrets masked)."""
-    from tracking.store.redact import redact_text  # MLflow's messages quote the tracking URL as given, password and all
+    from tracking.store.redact import (
+        redact_text,
+    )  # MLflow's messages quote the tracking URL as given, password and all
 
     if isinstance(err, KeyError) and type(err).__str__ is KeyError.__str__ and len(err.args) == 1:
         text = str(err.args[0])
     else:
         text = str(err)
-    text = " ".join(line.strip() for line in redact_text(text).splitlines() if line.strip()) or type(err).__name__
-    from tracking.store.store_errors import explain  # a store that is read-only, full or not a database
+    text = (
+        " ".join(line.strip() for line in redact_text(text).splitlines() if line.strip())
+        or type(err).__name__
+    )
+    from tracking.store.store_errors import (
+        explain,
+    )  # a store that is read-only, full or not a database
 
     store_problem = explain(err)
     if store_problem:
         return store_problem
     if isinstance(err, OSError) and err.errno == errno.ENOSPC and err.filename:
         return f"no space left on device writing {err.filename}"
-    if "CUDA" in text and any(s in text for s in ("not compiled", "not available", "no NVIDIA driver", "No CUDA GPUs")):
+    if "CUDA" in text and any(
+        s in text for s in ("not compiled", "not available", "no NVIDIA driver", "No CUDA GPUs")
+    ):
         return f"CUDA is not available on this machine ({text}); use --device cpu or --device auto"
     ours = type(err).__module__.split(".")[0] in _OUR_PACKAGES
     named = any(cls.__name__ in _USER_ERROR_NAMES for cls in type(err).__mro__)
@@ -106,19 +180,30 @@ def check_device(value: str | None) -> None:
     try:
         device = torch.device(value)
     except RuntimeError:
-        raise click.BadParameter(f"{value!r}: not a device (use cpu, cuda, cuda:N, mps or auto)",
-                                 param_hint="'--device'") from None
+        raise click.BadParameter(
+            f"{value!r}: not a device (use cpu, cuda, cuda:N, mps or auto)", param_hint="'--device'"
+        ) from None
     if device.type == "cuda":
         if not torch.cuda.is_available():
-            build = "a CPU-only torch build" if torch.version.cuda is None else "no usable GPU or driver"
-            raise click.BadParameter(f"{value!r}: CUDA is not available on this machine ({build}); use cpu or auto",
-                                     param_hint="'--device'")
+            build = (
+                "a CPU-only torch build"
+                if torch.version.cuda is None
+                else "no usable GPU or driver"
+            )
+            raise click.BadParameter(
+                f"{value!r}: CUDA is not available on this machine ({build}); use cpu or auto",
+                param_hint="'--device'",
+            )
         if device.index is not None and device.index >= torch.cuda.device_count():
-            raise click.BadParameter(f"{value!r}: this machine has {torch.cuda.device_count()} CUDA device(s)",
-                                     param_hint="'--device'")
+            raise click.BadParameter(
+                f"{value!r}: this machine has {torch.cuda.device_count()} CUDA device(s)",
+                param_hint="'--device'",
+            )
     elif device.type == "mps" and not torch.backends.mps.is_available():
-        raise click.BadParameter(f"{value!r}: MPS is not available on this machine; use cpu or auto",
-                                 param_hint="'--device'")
+        raise click.BadParameter(
+            f"{value!r}: MPS is not available on this machine; use cpu or auto",
+            param_hint="'--device'",
+        )
 
 
 def _with_device_check(cmd: click.Command) -> click.Command:
@@ -166,11 +251,15 @@ class LazyGroup(click.Group):
             if ctx.params.get("debug"):  # where it was raised, and the error it was raised from
                 traceback.print_exception(err)
             else:  # a command's own multi-line message, as one line too
-                err.message = " ".join(line.strip() for line in err.message.splitlines() if line.strip())
+                err.message = " ".join(
+                    line.strip() for line in err.message.splitlines() if line.strip()
+                )
             raise
         except (click.exceptions.Exit, click.exceptions.Abort):
             raise
-        except BrokenPipeError:  # `workbench models --timm '*' | head`: the reader has gone, say nothing
+        except (
+            BrokenPipeError
+        ):  # `workbench models --timm '*' | head`: the reader has gone, say nothing
             # Python's own advice: point stdout at devnull so the interpreter's final flush does
             # not raise again, and exit as a program killed by SIGPIPE conventionally does.
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
@@ -182,8 +271,12 @@ class LazyGroup(click.Group):
 
 
 @click.group(cls=LazyGroup)
-@click.option("--debug", is_flag=True, envvar="WORKBENCH_DEBUG",
-              help="Show the full traceback of an error (also: WORKBENCH_DEBUG=1).")
+@click.option(
+    "--debug",
+    is_flag=True,
+    envvar="WORKBENCH_DEBUG",
+    help="Show the full traceback of an error (also: WORKBENCH_DEBUG=1).",
+)
 def main(debug: bool) -> None:
     """Glass-Box ViT Workbench."""
     if not debug:
@@ -199,7 +292,9 @@ def pin(name: str) -> None:
     from workbench.convert.checkpoints import pin_checkpoint
 
     entry = pin_checkpoint(name)
-    click.echo(f"pinned {entry.name}: {entry.hub_repo}@{entry.revision} {entry.filename} {entry.size_bytes} bytes sha256 {entry.sha256}")
+    click.echo(
+        f"pinned {entry.name}: {entry.hub_repo}@{entry.revision} {entry.filename} {entry.size_bytes} bytes sha256 {entry.sha256}"
+    )
 
 
 if __name__ == "__main__":

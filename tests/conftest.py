@@ -66,8 +66,11 @@ def _servers_only_in_integration_tests(request, monkeypatch):
         def __init__(self, args, *rest, **kwargs):
             text = args if isinstance(args, (str, bytes)) else " ".join(map(str, args))
             if SERVER_COMMAND.search(str(text)):
-                pytest.fail(f"{request.node.nodeid} starts a server ({str(text)[:60]}...): "
-                            "mark it @pytest.mark.integration", pytrace=False)
+                pytest.fail(
+                    f"{request.node.nodeid} starts a server ({str(text)[:60]}...): "
+                    "mark it @pytest.mark.integration",
+                    pytrace=False,
+                )
             super().__init__(args, *rest, **kwargs)
 
     monkeypatch.setattr(subprocess, "Popen", Guarded)

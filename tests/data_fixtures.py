@@ -25,7 +25,18 @@ FASHION_FILES = {
     "train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
     "test": ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"),
 }
-CIFAR_CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
+CIFAR_CLASSES = (
+    "airplane",
+    "automobile",
+    "bird",
+    "cat",
+    "deer",
+    "dog",
+    "frog",
+    "horse",
+    "ship",
+    "truck",
+)
 
 
 def md5(path: Path) -> str:
@@ -38,7 +49,9 @@ def idx_bytes(array: np.ndarray) -> bytes:
     return header + np.ascontiguousarray(array, dtype=np.uint8).tobytes()
 
 
-def make_fashion_mnist(folder: Path, n_train: int = 200, n_test: int = 50, seed: int = 0, gz: bool = True):
+def make_fashion_mnist(
+    folder: Path, n_train: int = 200, n_test: int = 50, seed: int = 0, gz: bool = True
+):
     """Write the four IDX files; return {split: (images (N,1,28,28), labels (N,))}."""
     rng = np.random.default_rng(seed)
     folder.mkdir(parents=True, exist_ok=True)
@@ -94,7 +107,12 @@ def make_cifar_batches(folder: Path, per_batch: int = 20, seed: int = 0):
     for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
         data = rng.integers(0, 256, (per_batch, 3072), dtype=np.uint8)
         labels = [int(x) for x in rng.integers(0, 10, per_batch)]
-        entry = {b"batch_label": name.encode(), b"labels": labels, b"data": data, b"filenames": [b"x.png"] * per_batch}
+        entry = {
+            b"batch_label": name.encode(),
+            b"labels": labels,
+            b"data": data,
+            b"filenames": [b"x.png"] * per_batch,
+        }
         (folder / name).write_bytes(pickle.dumps(entry, protocol=2))
         split = "test" if name == "test_batch" else "train"
         out[split][0].append(data.reshape(-1, 3, 32, 32))
@@ -129,11 +147,15 @@ def make_image_folder(
             for k in range(n):
                 base = rng.integers(40, 216, 3 if mode == "RGB" else 1).astype(np.float64)
                 ramp = np.linspace(-30, 30, size)
-                arr = np.clip(base[None, None, :] + ramp[:, None, None] + ramp[None, :, None] * 0.5, 0, 255)
+                arr = np.clip(
+                    base[None, None, :] + ramp[:, None, None] + ramp[None, :, None] * 0.5, 0, 255
+                )
                 arr = arr.astype(np.uint8)  # (H, W, C)
                 img = Image.fromarray(arr if mode == "RGB" else arr[:, :, 0], mode)
                 # Unpadded numbers on purpose: 10 must sort after 9 (natural order).
-                img.save(d / f"{k}.{fmt}", quality=95) if fmt == "jpg" else img.save(d / f"{k}.{fmt}")
+                img.save(d / f"{k}.{fmt}", quality=95) if fmt == "jpg" else img.save(
+                    d / f"{k}.{fmt}"
+                )
                 imgs.append(arr.transpose(2, 0, 1))
                 labels.append(label)
         out[split] = (np.stack(imgs), np.array(labels, dtype=np.int64))

@@ -37,7 +37,11 @@ acts_on: {{protocol: tiny, hash: {hash}}}
 interventions: {{heads: all, head_modes: [zero], branches: all, position_embedding: true}}
 """
 N, SEEDS = 40, (0, 1, 2)
-EXTRA_WRONG = {"blocks.0.attn.head1.zero": (4, 4, 4), "blocks.1.attn.head0.zero": (4, 6, 4), "blocks.1.mlp.skip": (8, 8, 0)}
+EXTRA_WRONG = {
+    "blocks.0.attn.head1.zero": (4, 4, 4),
+    "blocks.1.attn.head0.zero": (4, 6, 4),
+    "blocks.1.mlp.skip": (8, 8, 0),
+}
 
 
 def _npz(**arrays) -> bytes:
@@ -65,26 +69,62 @@ def log_intervention_store(folder: Path) -> dict:
         predicted = np.tile(intact, (len(names), 1))
         for k, name in enumerate(names):
             wrong = EXTRA_WRONG.get(name, (0, 0, 0))[seed]
-            predicted[k, 10:10 + wrong] = (labels[10:10 + wrong] + 1) % 3
-        tags = {"cell": "true", "intervention": "true", "protocol_name": protocol.name, "protocol_hash": protocol.hash,
-                "arm": "vit", "seed": str(seed), "mlflow.parentRunId": parent, "source_run_id": f"{seed}" * 32,
-                "git_commit": "c" * 40, "git_dirty": "false", "device": "cpu", "threads": "2"}
+            predicted[k, 10 : 10 + wrong] = (labels[10 : 10 + wrong] + 1) % 3
+        tags = {
+            "cell": "true",
+            "intervention": "true",
+            "protocol_name": protocol.name,
+            "protocol_hash": protocol.hash,
+            "arm": "vit",
+            "seed": str(seed),
+            "mlflow.parentRunId": parent,
+            "source_run_id": f"{seed}" * 32,
+            "git_commit": "c" * 40,
+            "git_dirty": "false",
+            "device": "cpu",
+            "threads": "2",
+        }
         run_id = client.create_run(exp_id, tags=tags).info.run_id
         accuracy = {name: float((predicted[k] == labels).mean()) for k, name in enumerate(names)}
-        metrics = {"intact_accuracy": 0.75, "reload_proof_passed": 1.0, "reload_proof_max_abs_diff": 0.0,
-                   "evaluation_seconds": 1.5, "interventions": len(names), "examples": N,
-                   **{f"accuracy/{n}": a for n, a in accuracy.items()}}
-        client.log_batch(run_id, metrics=[Metric(k, v, 0, 0) for k, v in metrics.items()],
-                         params=[Param("code_fingerprint", "e" * 16), Param("data.fingerprint", "1" * 64)])
+        metrics = {
+            "intact_accuracy": 0.75,
+            "reload_proof_passed": 1.0,
+            "reload_proof_max_abs_diff": 0.0,
+            "evaluation_seconds": 1.5,
+            "interventions": len(names),
+            "examples": N,
+            **{f"accuracy/{n}": a for n, a in accuracy.items()},
+        }
+        client.log_batch(
+            run_id,
+            metrics=[Metric(k, v, 0, 0) for k, v in metrics.items()],
+            params=[Param("code_fingerprint", "e" * 16), Param("data.fingerprint", "1" * 64)],
+        )
         rng = np.random.default_rng(seed)
         maps = rng.random((2, 2, 2, 2)).astype(np.float32)
         with tempfile.TemporaryDirectory() as tmp:
-            for name, data in (("per_example.npz", _npz(names=np.array(names), labels=labels, indices=np.arange(N),
-                                                        intact_predicted=intact, intact_loss=np.ones(N, np.float32),
-                                                        predicted=predicted, loss=np.ones((len(names), N), np.float32),
-                                                        correct=predicted == labels)),
-                               ("attention.npz", _npz(maps=maps / maps.sum(axis=(2, 3), keepdims=True),
-                                                      query=np.array("the class token")))):
+            for name, data in (
+                (
+                    "per_example.npz",
+                    _npz(
+                        names=np.array(names),
+                        labels=labels,
+                        indices=np.arange(N),
+                        intact_predicted=intact,
+                        intact_loss=np.ones(N, np.float32),
+                        predicted=predicted,
+                        loss=np.ones((len(names), N), np.float32),
+                        correct=predicted == labels,
+                    ),
+                ),
+                (
+                    "attention.npz",
+                    _npz(
+                        maps=maps / maps.sum(axis=(2, 3), keepdims=True),
+                        query=np.array("the class token"),
+                    ),
+                ),
+            ):
                 (Path(tmp) / name).write_bytes(data)
                 client.log_artifact(run_id, str(Path(tmp) / name), artifact_path="interventions")
         client.set_terminated(run_id, "FINISHED")

@@ -95,8 +95,15 @@ def forbid_store(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     def no_store(*args, **kwargs):
         raise AssertionError("the rebuild from evidence opened the MLflow store")
 
-    for name in ("configure_tracking", "MlflowClient", "search_runs", "download_artifact", "metric_history",
-                 "parent_runs", "analysis_figures"):
+    for name in (
+        "configure_tracking",
+        "MlflowClient",
+        "search_runs",
+        "download_artifact",
+        "metric_history",
+        "parent_runs",
+        "analysis_figures",
+    ):
         monkeypatch.setattr(queries, name, no_store)
 
 
@@ -105,18 +112,34 @@ def accuracy_differences(folder: Path) -> tuple[int, list[str]]:
     same tables rendered from ``folder/evidence`` alone (no bootstrap: fast). Also fails on an export
     that is damaged (sha256) or whose logged accuracies differ from its predictions."""
     study = load_evidence(folder / "evidence").study
-    assert tables.consistency_problems(study) == [], "logged accuracy differs from the exported predictions"
-    summaries = {split: [tables.arm_summary(study, arm, split) for arm in study.spec.arms] for split in study.spec.splits}
+    assert tables.consistency_problems(study) == [], (
+        "logged accuracy differs from the exported predictions"
+    )
+    summaries = {
+        split: [tables.arm_summary(study, arm, split) for arm in study.spec.arms]
+        for split in study.spec.splits
+    }
     decimals = {split: results.display_decimals(rows) for split, rows in summaries.items()}
-    blocks = [b for b in document.accuracy_section(study, summaries, decimals) if not isinstance(b, Figure)]
+    blocks = [
+        b
+        for b in document.accuracy_section(study, summaries, decimals)
+        if not isinstance(b, Figure)
+    ]
     expected = {k: v for k, v in numbers_by_place(to_markdown(blocks)).items() if k[1] != "text"}
     text = (folder / "report.md").read_text()
-    published = numbers_by_place("## Accuracy" + text.split("\n## Accuracy", 1)[1].split("\n## ", 1)[0])
-    return len(expected), [f"{place}: report {published.get(place)}, evidence {numbers}"
-                           for place, numbers in expected.items() if published.get(place) != numbers]
+    published = numbers_by_place(
+        "## Accuracy" + text.split("\n## Accuracy", 1)[1].split("\n## ", 1)[0]
+    )
+    return len(expected), [
+        f"{place}: report {published.get(place)}, evidence {numbers}"
+        for place, numbers in expected.items()
+        if published.get(place) != numbers
+    ]
 
 
-def intervention_accuracy_differences(folder: Path, tolerance: float = 1e-9) -> tuple[int, list[str]]:
+def intervention_accuracy_differences(
+    folder: Path, tolerance: float = 1e-9
+) -> tuple[int, list[str]]:
     """(values checked, differences) of an intervention export: every reported cell's logged
     ``intact_accuracy`` and ``accuracy/<name>`` against the accuracy its exported outcomes give
     (within ``tolerance``), and the intact accuracies ``folder/report.md`` prints per arm against
@@ -126,24 +149,37 @@ def intervention_accuracy_differences(folder: Path, tolerance: float = 1e-9) -> 
     text = (folder / "report.md").read_text()
     checked, diffs = 0, []
     for arm in study.protocol.arms:
-        cells = [(seed, study.cells[(arm, seed)]) for seed in study.protocol.seeds if (arm, seed) in study.cells]
+        cells = [
+            (seed, study.cells[(arm, seed)])
+            for seed in study.protocol.seeds
+            if (arm, seed) in study.cells
+        ]
         for seed, cell in cells:
             logged = cell.record.metrics
             expected = {"intact_accuracy": (cell.intact_predicted == cell.labels).mean()}
-            expected |= {f"accuracy/{n}": (cell.predicted[k] == cell.labels).mean() for k, n in enumerate(cell.names)}
+            expected |= {
+                f"accuracy/{n}": (cell.predicted[k] == cell.labels).mean()
+                for k, n in enumerate(cell.names)
+            }
             for key, value in expected.items():
                 checked += 1
                 if key not in logged or abs(logged[key] - value) > tolerance:
-                    diffs.append(f"{arm}/seed{seed} {key}: logged {logged.get(key)}, outcomes give {value}")
+                    diffs.append(
+                        f"{arm}/seed{seed} {key}: logged {logged.get(key)}, outcomes give {value}"
+                    )
         line = next((x for x in text.split("\n") if x.startswith(f"**{arm}**: intact ")), "")
         shown = NUMBER.findall(line.split("accuracy", 1)[-1].split("%", 1)[0])
         for (seed, cell), number in zip(cells, shown):
             checked += 1
             value = 100 * (cell.intact_predicted == cell.labels).mean()
             if abs(float(number) - value) > 0.5 * 10 ** -len(number.partition(".")[2]):
-                diffs.append(f"{arm}/seed{seed}: report.md shows intact accuracy {number}, outcomes give {value}")
+                diffs.append(
+                    f"{arm}/seed{seed}: report.md shows intact accuracy {number}, outcomes give {value}"
+                )
         if len(shown) != len(cells):
-            diffs.append(f"{arm}: report.md shows {len(shown)} intact accuracies, the export has {len(cells)} cells")
+            diffs.append(
+                f"{arm}: report.md shows {len(shown)} intact accuracies, the export has {len(cells)} cells"
+            )
     return checked, diffs
 
 
@@ -161,11 +197,17 @@ def attribution_differences(folder: Path, tolerance: float = 1e-9) -> tuple[int,
     study = load_attribution_evidence(folder / "evidence").study
     confidence = study.protocol.evaluation.confidence
     text = (folder / "report.md").read_text()
-    title = text.split("\n", 1)[0]  # the page's "# Report: ..." heading: every section's place starts with it
+    title = text.split("\n", 1)[
+        0
+    ]  # the page's "# Report: ..." heading: every section's place starts with it
     published = numbers_by_place(text)
     checked, diffs = 0, []
     for arm in study.protocol.arms:
-        cells = {seed: study.cells[(arm, seed)] for seed in study.protocol.seeds if (arm, seed) in study.cells}
+        cells = {
+            seed: study.cells[(arm, seed)]
+            for seed in study.protocol.seeds
+            if (arm, seed) in study.cells
+        }
         for seed, cell in cells.items():
             for method in cell.methods:
                 for measure in MEASURES:
@@ -173,7 +215,9 @@ def attribution_differences(folder: Path, tolerance: float = 1e-9) -> tuple[int,
                     logged = cell.record.metrics.get(key)
                     checked += 1
                     if logged is None or abs(logged - value) > tolerance:
-                        diffs.append(f"{arm}/seed{seed} {key}: logged {logged}, arrays give {value}")
+                        diffs.append(
+                            f"{arm}/seed{seed} {key}: logged {logged}, arrays give {value}"
+                        )
         rows = faithfulness_rows(cells, n_resamples=10, confidence=confidence, seed=0)
         table = to_markdown([faithfulness_table(rows, confidence)])
         expected = numbers_by_place(f"{title}\n\n## Faithfulness ({arm})\n\n{table}")
@@ -205,31 +249,54 @@ def transfer_differences(folder: Path, tolerance: float = 0.0) -> tuple[int, lis
     data = load_transfer_evidence(folder / "evidence").data
     k = int(data.execution["params"]["transfer.num_classes"])
     regimes = [r.name for r in data.protocol.regimes]
-    keys = sorted(data.cells, key=lambda key: (regimes.index(key[0]) if key[0] in regimes else len(regimes), key[1]))
-    values = {key: table_metrics(read_predictions(io.BytesIO(data.cells[key].files["test"])), k) for key in keys}
+    keys = sorted(
+        data.cells,
+        key=lambda key: (regimes.index(key[0]) if key[0] in regimes else len(regimes), key[1]),
+    )
+    values = {
+        key: table_metrics(read_predictions(io.BytesIO(data.cells[key].files["test"])), k)
+        for key in keys
+    }
     checked, diffs = 0, []
     for key in keys:
         logged = data.cells[key].record.metrics
         # test_qwk always; every other test metric the cell logged (a cell of `workbench transfer` logs them all)
         for name in [n for n in values[key] if n == "qwk" or f"test_{n}" in logged and n != "n"]:
             checked += 1
-            if f"test_{name}" not in logged or abs(logged[f"test_{name}"] - values[key][name]) > tolerance:
-                diffs.append(f"{key[0]}/seed{key[1]} test_{name}: logged {logged.get(f'test_{name}')}, "
-                             f"predictions give {values[key][name]}")
+            if (
+                f"test_{name}" not in logged
+                or abs(logged[f"test_{name}"] - values[key][name]) > tolerance
+            ):
+                diffs.append(
+                    f"{key[0]}/seed{key[1]} test_{name}: logged {logged.get(f'test_{name}')}, "
+                    f"predictions give {values[key][name]}"
+                )
     places = numbers_by_place((folder / "report.md").read_text())
 
     def column(section_end: str, name: str) -> list[list[str]]:
-        found = sorted((place[2], numbers) for place, numbers in places.items()
-                       if place[1] != "text" and place[0].endswith(section_end) and place[3] == name)
+        found = sorted(
+            (place[2], numbers)
+            for place, numbers in places.items()
+            if place[1] != "text" and place[0].endswith(section_end) and place[3] == name
+        )
         return [numbers for _, numbers in found]
 
     for label, name in (("QWK", "qwk"), ("accuracy", "accuracy"), ("macro-F1", "macro_f1")):
         shown = column("Test metrics per cell", label)
-        expected = [fmt(values[key][name], 3) for key in keys]  # the report's rounding (half up, on the decimal)
+        expected = [
+            fmt(values[key][name], 3) for key in keys
+        ]  # the report's rounding (half up, on the decimal)
         checked += len(expected)
         if [numbers[:1] for numbers in shown] != [[e] for e in expected]:
-            diffs.append(f"Test metrics per cell, {label}: report {shown}, predictions give {expected}")
-    for label, stat in (("mean QWK", np.mean), ("sd", lambda x: np.std(x, ddof=1)), ("min", np.min), ("max", np.max)):
+            diffs.append(
+                f"Test metrics per cell, {label}: report {shown}, predictions give {expected}"
+            )
+    for label, stat in (
+        ("mean QWK", np.mean),
+        ("sd", lambda x: np.std(x, ddof=1)),
+        ("min", np.min),
+        ("max", np.max),
+    ):
         expected = []
         for regime in [r for r in regimes if any(key[0] == r for key in keys)]:
             qwk = [values[key]["qwk"] for key in keys if key[0] == regime]

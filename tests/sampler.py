@@ -52,7 +52,10 @@ class ArgvSampler:
     def check(self, seen: str) -> None:
         """No secret in any argv, and the sampler did see a process whose command line holds ``seen``
         (a sampler that saw nothing proves nothing)."""
-        assert not self.leaks, f"a password in a process's argv ({len(self.leaks)} samples): {self.leaks[:3]}"
-        assert any(seen in line and "studies.cli" in line for line in self.commands), \
+        assert not self.leaks, (
+            f"a password in a process's argv ({len(self.leaks)} samples): {self.leaks[:3]}"
+        )
+        assert any(seen in line and "studies.cli" in line for line in self.commands), (
             f"the sampler ({self.samples} rounds) never saw a {seen!r} process"
+        )
         assert self.samples >= 2, self.samples

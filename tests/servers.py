@@ -68,8 +68,17 @@ def postgres_server(databases=("workbench",), password: str | None = None):
         auth = ["--auth-local=trust", "--auth-host=scram-sha-256", f"--pwfile={root / 'pw'}"]
     steps = [
         [str(bindir / "initdb"), "-D", str(data), "-U", "postgres", *auth, "--no-sync"],
-        [str(bindir / "pg_ctl"), "-D", str(data), "-l", str(root / "log"), "-w", "-o",
-         f"-p {port} -h 127.0.0.1 -k {sock} -F", "start"],
+        [
+            str(bindir / "pg_ctl"),
+            "-D",
+            str(data),
+            "-l",
+            str(root / "log"),
+            "-w",
+            "-o",
+            f"-p {port} -h 127.0.0.1 -k {sock} -F",
+            "start",
+        ],
     ]
     try:
         for cmd in steps:
@@ -77,7 +86,9 @@ def postgres_server(databases=("workbench",), password: str | None = None):
             if done.returncode:
                 raise RuntimeError(f"{cmd[0]} failed: {done.stdout}{done.stderr}")
         for db in databases:  # through the socket: trusted either way
-            _as_postgres([str(bindir / "createdb"), "-h", str(sock), "-p", str(port), "-U", "postgres", db])
+            _as_postgres(
+                [str(bindir / "createdb"), "-h", str(sock), "-p", str(port), "-U", "postgres", db]
+            )
         yield f"postgresql://postgres@127.0.0.1:{port}"
     finally:
         _as_postgres([str(bindir / "pg_ctl"), "-D", str(data), "-m", "immediate", "stop"])
@@ -94,8 +105,9 @@ class ServerProcess:
 
     def start(self, timeout: float = 180) -> None:
         log = open(self.log_path, "a")
-        self.proc = subprocess.Popen(self.cmd, stdout=log, stderr=subprocess.STDOUT, env=self.env,
-                                     start_new_session=True)
+        self.proc = subprocess.Popen(
+            self.cmd, stdout=log, stderr=subprocess.STDOUT, env=self.env, start_new_session=True
+        )
         log.close()
         deadline = time.monotonic() + timeout
         while True:
@@ -105,7 +117,9 @@ class ServerProcess:
             except OSError:
                 if self.proc.poll() is not None or time.monotonic() > deadline:
                     self.stop()
-                    raise RuntimeError(f"mlflow server did not start: {self.log_path.read_text()[-3000:]}")
+                    raise RuntimeError(
+                        f"mlflow server did not start: {self.log_path.read_text()[-3000:]}"
+                    )
                 time.sleep(0.3)
 
     def _signal(self, signum: int) -> None:
@@ -122,7 +136,9 @@ class ServerProcess:
             return
         self._signal(15)
         try:
-            self.proc.wait(timeout=5)  # a graceful uvicorn shutdown can take long; the data is committed
+            self.proc.wait(
+                timeout=5
+            )  # a graceful uvicorn shutdown can take long; the data is committed
         except subprocess.TimeoutExpired:
             self.kill()
 
@@ -131,13 +147,29 @@ class ServerProcess:
 def mlflow_server(backend_uri: str, artifacts: Path, extra_args=(), env=None):
     """An MLflow tracking server on 127.0.0.1 with proxied artifacts; yields its URL."""
     port = free_port()
-    cmd = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", backend_uri,
-           "--artifacts-destination", str(artifacts), "--host", "127.0.0.1", "--port", str(port),
-           "--workers", "1", *extra_args]
+    cmd = [
+        sys.executable,
+        "-m",
+        "mlflow",
+        "server",
+        "--backend-store-uri",
+        backend_uri,
+        "--artifacts-destination",
+        str(artifacts),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--workers",
+        "1",
+        *extra_args,
+    ]
     # MLflow's job runner starts about ten consumer processes in sessions of their own (out of
     # reach of the server's process group, and a CPU cost every test pays); nothing here uses it.
     env = {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", **(env or {})}
-    server = ServerProcess(cmd, {**os.environ, **env}, port, artifacts.parent / f"mlflow-server-{port}.log")
+    server = ServerProcess(
+        cmd, {**os.environ, **env}, port, artifacts.parent / f"mlflow-server-{port}.log"
+    )
     server.start()
     try:
         yield server.url
@@ -146,7 +178,9 @@ def mlflow_server(backend_uri: str, artifacts: Path, extra_args=(), env=None):
 
 
 @contextlib.contextmanager
-def workbench_server(backend_uri: str, artifacts: Path, admin: tuple[str, str] | None, auth_db: str | None = None):
+def workbench_server(
+    backend_uri: str, artifacts: Path, admin: tuple[str, str] | None, auth_db: str | None = None
+):
     """The server as ``workbench server start`` runs it (basic-auth when ``admin`` is given); yields a ServerProcess.
 
     The auth ini stays in place until the context ends, so the test may kill and start
@@ -154,11 +188,19 @@ def workbench_server(backend_uri: str, artifacts: Path, admin: tuple[str, str] |
     """
     from tracking.server.server_config import ServerConfig, prepared_server
 
-    cfg = ServerConfig(backend_uri, str(artifacts), port=free_port(), workers=1, auth=admin is not None,
-                       auth_database_uri=auth_db)
+    cfg = ServerConfig(
+        backend_uri,
+        str(artifacts),
+        port=free_port(),
+        workers=1,
+        auth=admin is not None,
+        auth_database_uri=auth_db,
+    )
     user, password = admin or (None, None)
     with prepared_server(cfg, user, password) as (cmd, env):
-        server = ServerProcess(cmd, env, cfg.port, artifacts.parent / f"mlflow-server-{cfg.port}.log")
+        server = ServerProcess(
+            cmd, env, cfg.port, artifacts.parent / f"mlflow-server-{cfg.port}.log"
+        )
         server.start()
         try:
             yield server
@@ -174,7 +216,12 @@ def isolated_tracking(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("WORKBENCH_OFFLINE_DIR", str(tmp_path / "offline"))
     monkeypatch.setenv("WORKBENCH_CACHE_DIR", str(tmp_path / "cache"))
-    for key in ("MLFLOW_RUN_ID", "MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD", "MLFLOW_TRACKING_TOKEN"):
+    for key in (
+        "MLFLOW_RUN_ID",
+        "MLFLOW_TRACKING_USERNAME",
+        "MLFLOW_TRACKING_PASSWORD",
+        "MLFLOW_TRACKING_TOKEN",
+    ):
         monkeypatch.delenv(key, raising=False)
     offline_store.forget_health()
     yield tmp_path / "offline"
@@ -214,7 +261,10 @@ class Launcher:
     def __init__(self, args: list[str], env: dict, log_path: Path) -> None:
         root = str(Path(__file__).resolve().parent.parent)
         self.cmd = [sys.executable, "-m", "studies.cli", "server", "start", *args]
-        self.env = {**env, "PYTHONPATH": os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)}
+        self.env = {
+            **env,
+            "PYTHONPATH": os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p),
+        }
         self.cwd, self.log_path = root, log_path
         self.port = int(args[args.index("--port") + 1])
         self.url = f"http://127.0.0.1:{self.port}"
@@ -226,8 +276,14 @@ class Launcher:
     def start(self, timeout: float = 180) -> None:
         """Until the launcher printed its ready line; RuntimeError (with its output) if it exited first."""
         with open(self.log_path, "w") as log:
-            self.proc = subprocess.Popen(self.cmd, stdout=log, stderr=subprocess.STDOUT, env=self.env, cwd=self.cwd,
-                                         start_new_session=True)
+            self.proc = subprocess.Popen(
+                self.cmd,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=self.env,
+                cwd=self.cwd,
+                start_new_session=True,
+            )
         deadline = time.monotonic() + timeout
         while "ready: " not in self.output():
             if self.proc.poll() is not None or time.monotonic() > deadline:

@@ -32,8 +32,13 @@ atomic_write(sys.argv[1], write)
 
 
 def start_writer(target: Path) -> subprocess.Popen:
-    proc = subprocess.Popen([sys.executable, "-c", SLOW_WRITER, str(target)], cwd=ROOT, stdout=subprocess.PIPE,
-                            text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    proc = subprocess.Popen(
+        [sys.executable, "-c", SLOW_WRITER, str(target)],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     assert proc.stdout.readline().strip() == "writing"
     return proc
 
@@ -43,10 +48,15 @@ def age(path: Path) -> None:
     os.utime(path, (old, old))
 
 
-def test_a_killed_cache_write_is_removed_at_the_next_start_and_a_live_one_is_kept(tmp_path, monkeypatch, capsys):
+def test_a_killed_cache_write_is_removed_at_the_next_start_and_a_live_one_is_kept(
+    tmp_path, monkeypatch, capsys
+):
     monkeypatch.setenv("WORKBENCH_CACHE_DIR", str(tmp_path / "cache"))
     decoded = tmp_path / "cache" / "decoded"
-    killed, alive = start_writer(decoded / "fashion_mnist-abc.npz"), start_writer(decoded / "cifar10-def.npz")
+    killed, alive = (
+        start_writer(decoded / "fashion_mnist-abc.npz"),
+        start_writer(decoded / "cifar10-def.npz"),
+    )
     try:
         killed.send_signal(signal.SIGKILL)
         killed.wait(timeout=30)
@@ -73,7 +83,9 @@ def test_a_young_or_held_temp_file_is_kept(tmp_path):
         age(path)
     fd = os.open(held, os.O_RDONLY)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)  # another open file description: as a writer in this process would hold it
+        fcntl.flock(
+            fd, fcntl.LOCK_EX
+        )  # another open file description: as a writer in this process would hold it
         assert remove_abandoned_temp_files(tmp_path) == [abandoned]
     finally:
         os.close(fd)

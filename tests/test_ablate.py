@@ -35,7 +35,9 @@ seeds: [0, 1]
 
 def options_for(tmp_path: Path, folder: Path) -> StudyOptions:
     """What the tests' ablate executions pass on: CPU, the test's image folder, a dirty protocol file."""
-    return StudyOptions(output_dir=tmp_path / "out", device="cpu", data_path=str(folder), allow_dirty=True)
+    return StudyOptions(
+        output_dir=tmp_path / "out", device="cpu", data_path=str(folder), allow_dirty=True
+    )
 
 
 @pytest.fixture
@@ -70,14 +72,21 @@ def test_cells_are_paired_child_runs_and_a_rerun_skips_them(setup):
     (parent_id,) = parents
     parent = client.get_run(parent_id)
     assert parent.data.tags["protocol_hash"] == protocol.hash and parent.info.status == "FINISHED"
-    assert {a.path for a in client.list_artifacts(parent_id, "protocol")} == {"protocol/tiny.yaml", "protocol/canonical.json"}
+    assert {a.path for a in client.list_artifacts(parent_id, "protocol")} == {
+        "protocol/tiny.yaml",
+        "protocol/canonical.json",
+    }
     for r in runs:
         assert r.data.tags["allow_dirty"] == "true" and r.info.status == "FINISHED"
     # pairing: every arm of a seed saw the same split and data
     by_seed = {}
     for r in runs:
         by_seed.setdefault(r.data.tags["seed"], set()).add(
-            (r.data.params["data.split_fingerprint"], r.data.params["data.fingerprint"], r.data.params["run.seed"])
+            (
+                r.data.params["data.split_fingerprint"],
+                r.data.params["data.fingerprint"],
+                r.data.params["run.seed"],
+            )
         )
     assert all(len(v) == 1 for v in by_seed.values()), by_seed
     assert {r.data.tags["arm"] for r in runs} == {"vit", "cnn"}
@@ -101,17 +110,33 @@ def test_cells_of_other_code_are_named_in_one_line_by_ablate_and_status(setup, c
     client = MlflowClient()
     experiment = client.get_experiment_by_name("tiny").experiment_id
     for cell in protocol.cells():
-        run = client.create_run(experiment, tags={"cell": "true", "protocol_name": "tiny", "protocol_hash": protocol.hash,
-                                                  "arm": cell.arm, "seed": str(cell.seed), "git_commit": "abc123" * 7})
-        client.log_batch(run.info.run_id, params=[Param("code_fingerprint", "e" * 16)], tags=[RunTag("x", "y")])
+        run = client.create_run(
+            experiment,
+            tags={
+                "cell": "true",
+                "protocol_name": "tiny",
+                "protocol_hash": protocol.hash,
+                "arm": cell.arm,
+                "seed": str(cell.seed),
+                "git_commit": "abc123" * 7,
+            },
+        )
+        client.log_batch(
+            run.info.run_id, params=[Param("code_fingerprint", "e" * 16)], tags=[RunTag("x", "y")]
+        )
         client.set_terminated(run.info.run_id, RunStatus.to_string(RunStatus.FINISHED))
     open_protocol(str(path), allow_dirty=True)
     (line,) = [x for x in capsys.readouterr().out.splitlines() if "other code" in x]
-    assert f"4 of 4 cells finished here with other code (code {'e' * 16}, commit abc123abc123)" in line, line
+    assert (
+        f"4 of 4 cells finished here with other code (code {'e' * 16}, commit abc123abc123)" in line
+    ), line
     assert "trains them again" in line and "git worktree add ../old-code abc123abc123" in line, line
     result = CliRunner().invoke(main, ["status", "--protocol", str(path)])
     assert result.exit_code == 0, result.output
-    assert sum("4 of 4 cells finished here with other code" in x for x in result.output.splitlines()) == 1, result.output
+    assert (
+        sum("4 of 4 cells finished here with other code" in x for x in result.output.splitlines())
+        == 1
+    ), result.output
 
 
 def test_a_changed_protocol_with_the_same_name_is_refused(setup):
@@ -120,7 +145,9 @@ def test_a_changed_protocol_with_the_same_name_is_refused(setup):
     protocol = open_protocol(str(path), allow_dirty=True)
     run_protocol(protocol, path, options_for(tmp_path, folder))
     path.write_text(PROTOCOL.format(name="tiny", epochs=2))
-    with pytest.raises(ProtocolFrozenError, match=f"already run with hash {protocol.short_hash}.*new protocol file"):
+    with pytest.raises(
+        ProtocolFrozenError, match=f"already run with hash {protocol.short_hash}.*new protocol file"
+    ):
         open_protocol(str(path), allow_dirty=True)
 
 
@@ -155,14 +182,29 @@ def test_one_failing_cell_loses_nothing_and_the_rerun_runs_only_it(setup, monkey
 def ablate_cmd(tmp_path: Path, path: Path, folder: Path) -> tuple[list[str], dict]:
     root = Path(__file__).resolve().parent.parent
     env = {**os.environ, "PYTHONPATH": str(root), "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "studies.cli", "ablate", "--protocol", str(path), "--allow-dirty",
-           "--data-path", str(folder), "--device", "cpu", "--output-dir", str(tmp_path / "out")]
+    cmd = [
+        sys.executable,
+        "-m",
+        "studies.cli",
+        "ablate",
+        "--protocol",
+        str(path),
+        "--allow-dirty",
+        "--data-path",
+        str(folder),
+        "--device",
+        "cpu",
+        "--output-dir",
+        str(tmp_path / "out"),
+    ]
     return cmd, env
 
 
 def kill_when(cmd: list[str], env: dict, cwd: Path, ready, what: str) -> None:
     """Start ``cmd``, SIGKILL it as soon as ``ready()`` is true."""
-    proc = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        cmd, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline and proc.poll() is None and not ready():
         time.sleep(0.05)
@@ -185,7 +227,9 @@ def test_sigkilled_ablate_resumes_only_what_is_missing(setup):
     path = write_protocol(tmp_path, epochs=3)
     cmd, env = ablate_cmd(tmp_path, path, folder)
     client = MlflowClient()
-    kill_when(cmd, env, tmp_path, lambda: one_cell_done_one_under_way(client), "a cell was under way")
+    kill_when(
+        cmd, env, tmp_path, lambda: one_cell_done_one_under_way(client), "a cell was under way"
+    )
     before = {r.info.run_id: r.info.status for r in cell_runs(client, "tiny")}
     assert "RUNNING" in before.values() and "FINISHED" in before.values(), before
 
@@ -195,12 +239,18 @@ def test_sigkilled_ablate_resumes_only_what_is_missing(setup):
     assert f"{finished_before} already finished (skipped)" in done.stdout
     killed = [rid for rid, s in before.items() if s == "RUNNING"]
     # (killed before its first checkpoint, a cell restarts from scratch, in its own run all the same)
-    assert re.search(rf"(resumed from epoch \d step \d+|restarted from scratch) in run {killed[0]}",
-                     done.stdout + done.stderr), done.stdout[-3000:]
-    assert f"marked run {killed[0]}" in done.stdout + done.stderr  # the dead execution's runs: KILLED first
+    assert re.search(
+        rf"(resumed from epoch \d step \d+|restarted from scratch) in run {killed[0]}",
+        done.stdout + done.stderr,
+    ), done.stdout[-3000:]
+    assert (
+        f"marked run {killed[0]}" in done.stdout + done.stderr
+    )  # the dead execution's runs: KILLED first
     after = cell_runs(client, "tiny")
     assert len(after) == 4 and all(r.info.status == "FINISHED" for r in after)
-    assert set(before) <= {r.info.run_id for r in after}, "the interrupted cell continued in its own run"
+    assert set(before) <= {r.info.run_id for r in after}, (
+        "the interrupted cell continued in its own run"
+    )
     for r in after:
         steps = [m.step for m in client.get_metric_history(r.info.run_id, "val_accuracy")]
         assert steps == [1, 2, 3], f"{r.data.tags['mlflow.runName']}: epochs logged {steps}"
@@ -232,18 +282,26 @@ def test_sigkill_at_any_moment_then_rerun_leaves_a_clean_record(setup, moment):
     path = write_protocol(tmp_path, epochs=3)
     cmd, env = ablate_cmd(tmp_path, path, folder)
     client = MlflowClient()
-    ready = {"training": lambda: one_cell_done_one_under_way(client),
-             "summary": lambda: _summary_under_way(client, 3),
-             "parent": lambda: _parent_exists(client)}[moment]
+    ready = {
+        "training": lambda: one_cell_done_one_under_way(client),
+        "summary": lambda: _summary_under_way(client, 3),
+        "parent": lambda: _parent_exists(client),
+    }[moment]
     kill_when(cmd, env, tmp_path, ready, f"the {moment} kill point")
     done = subprocess.run(cmd, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert_clean(client, "tiny", 4)
     result = build_report(str(path), tmp_path / "reports")
-    (parent,) = [r for r in client.search_runs([client.get_experiment_by_name("tiny").experiment_id],
-                                               "tags.parent = 'true'")]
+    (parent,) = [
+        r
+        for r in client.search_runs(
+            [client.get_experiment_by_name("tiny").experiment_id], "tags.parent = 'true'"
+        )
+    ]
     assert result.logged_to == [parent.info.run_id]
-    assert {"report/report.md", "report/report.html"} <= {a.path for a in client.list_artifacts(parent.info.run_id, "report")}
+    assert {"report/report.md", "report/report.html"} <= {
+        a.path for a in client.list_artifacts(parent.info.run_id, "report")
+    }
 
 
 @pytest.mark.slow
@@ -252,9 +310,15 @@ def test_sigterm_ends_the_parent_and_the_cell_killed_nothing_left_running(setup)
     path = write_protocol(tmp_path, epochs=3)
     cmd, env = ablate_cmd(tmp_path, path, folder)
     client = MlflowClient()
-    proc = subprocess.Popen(cmd, env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        cmd, env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
     deadline = time.monotonic() + 300
-    while time.monotonic() < deadline and proc.poll() is None and not one_cell_done_one_under_way(client):
+    while (
+        time.monotonic() < deadline
+        and proc.poll() is None
+        and not one_cell_done_one_under_way(client)
+    ):
         time.sleep(0.05)
     proc.send_signal(signal.SIGTERM)
     out, _ = proc.communicate(timeout=120)
@@ -262,6 +326,10 @@ def test_sigterm_ends_the_parent_and_the_cell_killed_nothing_left_running(setup)
     assert "interrupted: parent run" in out and "ended KILLED" in out, out[-3000:]
     exp = client.get_experiment_by_name("tiny")
     everything = client.search_runs([exp.experiment_id], "")
-    assert not [r for r in everything if r.info.status == "RUNNING"], [(r.info.run_name, r.info.status) for r in everything]
-    assert sorted(r.info.status for r in everything if r.data.tags.get("parent") == "true") == ["KILLED"]
+    assert not [r for r in everything if r.info.status == "RUNNING"], [
+        (r.info.run_name, r.info.status) for r in everything
+    ]
+    assert sorted(r.info.status for r in everything if r.data.tags.get("parent") == "true") == [
+        "KILLED"
+    ]
     assert "KILLED" in {r.info.status for r in cell_runs(client, "tiny")}

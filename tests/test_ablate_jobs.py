@@ -33,19 +33,49 @@ def study(tmp_path, mlflow_store, monkeypatch):
     return tmp_path, folder
 
 
-def ablate(tmp_path: Path, folder: Path, *args: str, epochs: int = 2, wait: bool = True, env: dict | None = None):
+def ablate(
+    tmp_path: Path,
+    folder: Path,
+    *args: str,
+    epochs: int = 2,
+    wait: bool = True,
+    env: dict | None = None,
+):
     protocol = write_protocol(tmp_path, epochs=epochs)
-    command = [sys.executable, "-m", "studies.cli", "ablate", "--protocol", str(protocol), "--allow-dirty",
-               "--device", "cpu", "--data-path", str(folder), "--output-dir", str(tmp_path / "out"), *args]
+    command = [
+        sys.executable,
+        "-m",
+        "studies.cli",
+        "ablate",
+        "--protocol",
+        str(protocol),
+        "--allow-dirty",
+        "--device",
+        "cpu",
+        "--data-path",
+        str(folder),
+        "--output-dir",
+        str(tmp_path / "out"),
+        *args,
+    ]
     env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
     if wait:
-        return subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+        return subprocess.run(
+            command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+        )
     log = open(tmp_path / f"ablate-{time.monotonic_ns()}.log", "w")
     # SIGINT at its default, as in a terminal: a test run started in the background (CI under
     # nohup) passes SIG_IGN on, and an ablate that ignores SIGINT would rightly never stop.
-    return subprocess.Popen(command, cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL)), Path(log.name)
+    return subprocess.Popen(
+        command,
+        cwd=tmp_path,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    ), Path(log.name)
 
 
 def runs(client: MlflowClient, what: str):
@@ -55,8 +85,9 @@ def runs(client: MlflowClient, what: str):
 
 def assert_record_clean(client: MlflowClient, expect_parent: str) -> list:
     parents, cells = runs(client, "parent"), runs(client, "cell")
-    assert len(parents) == 1 and parents[0].info.status == expect_parent, \
-        [(p.info.run_id, p.info.status) for p in parents]
+    assert len(parents) == 1 and parents[0].info.status == expect_parent, [
+        (p.info.run_id, p.info.status) for p in parents
+    ]
     assert not [r for r in cells if r.info.status == "RUNNING"], "a cell run was left RUNNING"
     assert {r.data.tags["mlflow.parentRunId"] for r in cells} == {parents[0].info.run_id}
     return cells
@@ -68,21 +99,39 @@ def test_jobs_train_every_cell_once_under_one_parent_with_a_fixed_thread_count(s
     done = ablate(tmp_path, folder, "--jobs", "2")
     out = done.stdout + done.stderr
     assert done.returncode == 0, out[-4000:]
-    assert "2 jobs x 1 thread(s) each" in out and "cells: 4 run, 0 already finished (skipped), 0 failed" in out, out[-3000:]
-    assert "queue order: most training work first (estimated as FLOPs per image x epochs): cnn first, vit last" in out, \
-        out[-3000:]
-    assert re.search(r"^\[job 1\] cell \d: ", out, re.M) and re.search(r"^\[job 2\] cell \d: ", out, re.M), out[-3000:]
-    assert not [line for line in out.splitlines() if line.startswith("[job") and "%|" in line], \
+    assert (
+        "2 jobs x 1 thread(s) each" in out
+        and "cells: 4 run, 0 already finished (skipped), 0 failed" in out
+    ), out[-3000:]
+    assert (
+        "queue order: most training work first (estimated as FLOPs per image x epochs): cnn first, vit last"
+        in out
+    ), out[-3000:]
+    assert re.search(r"^\[job 1\] cell \d: ", out, re.M) and re.search(
+        r"^\[job 2\] cell \d: ", out, re.M
+    ), out[-3000:]
+    assert not [line for line in out.splitlines() if line.startswith("[job") and "%|" in line], (
         "the workers drew progress bars of their own"
+    )
     cells = assert_record_clean(MlflowClient(), "FINISHED")
-    assert sorted((r.data.tags["arm"], r.data.tags["seed"]) for r in cells) == [("cnn", "0"), ("cnn", "1"),
-                                                                                   ("vit", "0"), ("vit", "1")]
-    assert {r.data.params["threads"] for r in cells} == {"1"}, "every job trains with the fixed default of 1 thread"
-    assert not list((tmp_path / "out" / ".jobs").iterdir()), "the execution's queue folder was left behind"
+    assert sorted((r.data.tags["arm"], r.data.tags["seed"]) for r in cells) == [
+        ("cnn", "0"),
+        ("cnn", "1"),
+        ("vit", "0"),
+        ("vit", "1"),
+    ]
+    assert {r.data.params["threads"] for r in cells} == {"1"}, (
+        "every job trains with the fixed default of 1 thread"
+    )
+    assert not list((tmp_path / "out" / ".jobs").iterdir()), (
+        "the execution's queue folder was left behind"
+    )
 
     again = ablate(tmp_path, folder, "--jobs", "2")
-    assert again.returncode == 0 and "cells: 0 run, 4 already finished (skipped), 0 failed" in again.stdout, \
-        (again.stdout + again.stderr)[-3000:]
+    assert (
+        again.returncode == 0
+        and "cells: 0 run, 4 already finished (skipped), 0 failed" in again.stdout
+    ), (again.stdout + again.stderr)[-3000:]
 
 
 def test_jobs_and_storage_are_refused_together(tmp_path):
@@ -90,8 +139,17 @@ def test_jobs_and_storage_are_refused_together(tmp_path):
 
     from studies.ablation.ablate import ablate as ablate_command
 
-    done = CliRunner().invoke(ablate_command, ["--protocol", str(write_protocol(tmp_path)), "--jobs", "2",
-                                               "--storage", f"journal:{tmp_path / 'q.log'}"])
+    done = CliRunner().invoke(
+        ablate_command,
+        [
+            "--protocol",
+            str(write_protocol(tmp_path)),
+            "--jobs",
+            "2",
+            "--storage",
+            f"journal:{tmp_path / 'q.log'}",
+        ],
+    )
     assert done.exit_code == 2 and "give one of them" in done.output, done.output
     assert not (tmp_path / "q.log").exists() and not (tmp_path / "mlflow.db").exists()
 
@@ -103,7 +161,9 @@ def _wait_for_epochs(log: Path, jobs: int, timeout: float = 180) -> str:
         if all(f"[job {j}] epoch 1:" in text for j in range(1, jobs + 1)):
             return text
         time.sleep(0.2)
-    raise AssertionError(f"the jobs did not train an epoch in {timeout} s:\n{log.read_text()[-3000:]}")
+    raise AssertionError(
+        f"the jobs did not train an epoch in {timeout} s:\n{log.read_text()[-3000:]}"
+    )
 
 
 @pytest.mark.slow  # two real interrupted executions with worker processes (about 40 s)
@@ -112,24 +172,38 @@ def test_a_stopped_coordinator_leaves_a_record_the_next_ablate_takes_over(study,
     tmp_path, folder = study
     proc, log = ablate(tmp_path, folder, "--jobs", "2", epochs=30, wait=False)
     _wait_for_epochs(log, 2)
-    workers = [int(p) for p in subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True,
-                                              text=True).stdout.split()]
+    workers = [
+        int(p)
+        for p in subprocess.run(
+            ["pgrep", "-P", str(proc.pid)], capture_output=True, text=True
+        ).stdout.split()
+    ]
     assert len(workers) == 2, workers
     os.kill(proc.pid, signal.SIGINT if how == "ctrl-c" else signal.SIGKILL)
     assert proc.wait(timeout=150) != 0
     deadline = time.monotonic() + 60
     while any(os.path.exists(f"/proc/{w}") for w in workers) and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert not any(os.path.exists(f"/proc/{w}") for w in workers), "a worker outlived its coordinator"
+    assert not any(os.path.exists(f"/proc/{w}") for w in workers), (
+        "a worker outlived its coordinator"
+    )
     client = MlflowClient()
     if how == "ctrl-c":
         text = log.read_text()
-        assert "stopping 2 job(s) (SIGINT)" in text and "interrupted: parent run" in text, text[-3000:]
+        assert "stopping 2 job(s) (SIGINT)" in text and "interrupted: parent run" in text, text[
+            -3000:
+        ]
         cells = assert_record_clean(client, "KILLED")
         killed = [r for r in cells if r.info.status == "KILLED"]
-        assert len(killed) == 2 and all("KeyboardInterrupt" in r.data.tags.get("end_reason", "") for r in killed), \
-            ([(r.data.tags["mlflow.runName"], r.info.status, r.data.tags.get("end_reason")) for r in cells],
-             text.replace("\r", "\n")[-3000:])
+        assert len(killed) == 2 and all(
+            "KeyboardInterrupt" in r.data.tags.get("end_reason", "") for r in killed
+        ), (
+            [
+                (r.data.tags["mlflow.runName"], r.info.status, r.data.tags.get("end_reason"))
+                for r in cells
+            ],
+            text.replace("\r", "\n")[-3000:],
+        )
 
     done = ablate(tmp_path, folder, "--jobs", "2", epochs=30)
     out = done.stdout + done.stderr
@@ -140,7 +214,9 @@ def test_a_stopped_coordinator_leaves_a_record_the_next_ablate_takes_over(study,
 
 
 @pytest.mark.slow  # ablate --jobs 2 with one worker SIGKILLed mid-cell, a replacement and a resume (about 40 s)
-def test_a_killed_worker_is_named_and_replaced_and_no_secret_reaches_a_workers_argv_or_environment(study):
+def test_a_killed_worker_is_named_and_replaced_and_no_secret_reaches_a_workers_argv_or_environment(
+    study,
+):
     """Before: the dead worker went unmentioned, nobody took its place, and the study exited 1
     ("their lines above say why") although every cell finished; the workers' argv held the
     queue URL and their environment everything of the coordinator's."""
@@ -149,37 +225,60 @@ def test_a_killed_worker_is_named_and_replaced_and_no_secret_reaches_a_workers_a
     tmp_path, folder = study
     secret = "unrelated-DBPASS-of-the-shell-31"
     with ArgvSampler(secret) as sampler:
-        proc, log = ablate(tmp_path, folder, "--jobs", "2", epochs=30, wait=False, env={"DBPASS": secret})
+        proc, log = ablate(
+            tmp_path, folder, "--jobs", "2", epochs=30, wait=False, env={"DBPASS": secret}
+        )
         _wait_for_epochs(log, 2)
-        workers = [int(p) for p in subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True,
-                                                  text=True).stdout.split()]
+        workers = [
+            int(p)
+            for p in subprocess.run(
+                ["pgrep", "-P", str(proc.pid)], capture_output=True, text=True
+            ).stdout.split()
+        ]
         assert len(workers) == 2, workers
         for pid in workers:
             argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-            environ = dict(line.split(b"=", 1) for line in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-                           if b"=" in line)
+            environ = dict(
+                line.split(b"=", 1)
+                for line in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+                if b"=" in line
+            )
             assert b"worker" in argv and not [a for a in argv if a.startswith(b"--storage")], argv
             assert environ[b"WORKBENCH_STORAGE"].startswith(b"journal:"), sorted(environ)
-            assert b"DBPASS" not in environ and secret.encode() not in b"".join(environ.values()), sorted(environ)
+            assert b"DBPASS" not in environ and secret.encode() not in b"".join(environ.values()), (
+                sorted(environ)
+            )
         os.kill(workers[0], signal.SIGKILL)
         assert proc.wait(timeout=300) == 0, log.read_text()[-4000:]
     text = log.read_text().replace("\r", "\n")
     sampler.check(seen="worker")
-    died = re.findall(r"^\[job ([12])\] died \(killed by SIGKILL\) on cell (\S+); started job 3 in its place", text, re.M)
+    died = re.findall(
+        r"^\[job ([12])\] died \(killed by SIGKILL\) on cell (\S+); started job 3 in its place",
+        text,
+        re.M,
+    )
     assert len(died) == 1, text[-4000:]
-    assert "cells: 4 run, 0 already finished (skipped), 0 failed; 1 worker(s) died ([job N] lines above say how), " \
-           "1 replaced" in text, text[-3000:]
-    assert len(re.findall(r"resumed from epoch \d+", text)) == 1, text[-4000:]  # the killed worker's cell
+    assert (
+        "cells: 4 run, 0 already finished (skipped), 0 failed; 1 worker(s) died ([job N] lines above say how), "
+        "1 replaced" in text
+    ), text[-3000:]
+    assert len(re.findall(r"resumed from epoch \d+", text)) == 1, text[
+        -4000:
+    ]  # the killed worker's cell
     client = MlflowClient()
     cells = assert_record_clean(client, "FINISHED")
     assert sorted(r.info.status for r in cells) == ["FINISHED"] * 4
     (parent,) = runs(client, "parent")
-    records = [json.loads(Path(client.download_artifacts(parent.info.run_id, a.path)).read_text())
-               for a in client.list_artifacts(parent.info.run_id, "executions")]
+    records = [
+        json.loads(Path(client.download_artifacts(parent.info.run_id, a.path)).read_text())
+        for a in client.list_artifacts(parent.info.run_id, "executions")
+    ]
     outcomes = sorted(r["outcome"].split(":")[0] for r in records)
     assert outcomes == ["completed", "died", "worker", "worker"], [r["outcome"] for r in records]
     trained = [r for r in records if r["outcome"].startswith("worker: trained ")]
-    assert len(trained) == 2 and sum(r["work"]["ran"] for r in trained) >= 3, [r["outcome"] for r in records]
+    assert len(trained) == 2 and sum(r["work"]["ran"] for r in trained) >= 3, [
+        r["outcome"] for r in records
+    ]
     assert all(r["outcome"] == f"worker: {work_line(r['work'])}" for r in trained)
 
 
@@ -196,25 +295,62 @@ class _StopAfterEpoch(TrainingObserver):
 
 
 def test_a_resumed_cell_keeps_its_thread_count_unless_the_user_overrides_it(mlflow_store, tmp_path):
-    data, cfg, out = synthetic_data(n_train=64, n_val=32, n_test=16), tiny_config(epochs=3), tmp_path / "out"
+    data, cfg, out = (
+        synthetic_data(n_train=64, n_val=32, n_test=16),
+        tiny_config(epochs=3),
+        tmp_path / "out",
+    )
     before = torch.get_num_threads()
     lines: list[str] = []
     try:
         torch.set_num_threads(1)
         first = _StopAfterEpoch(stop_at=1)
-        assert train_one(cfg, data, experiment="t", output_dir=out, run_name="tiny", observer=first, log=lines.append).status == "stopped"
+        assert (
+            train_one(
+                cfg,
+                data,
+                experiment="t",
+                output_dir=out,
+                run_name="tiny",
+                observer=first,
+                log=lines.append,
+            ).status
+            == "stopped"
+        )
         torch.set_num_threads(2)  # as a later execution with torch's default on 2 cores
         second = _StopAfterEpoch(stop_at=1)
-        assert train_one(cfg, data, experiment="t", output_dir=out, run_name="tiny", observer=second, log=lines.append).status == "stopped"
+        assert (
+            train_one(
+                cfg,
+                data,
+                experiment="t",
+                output_dir=out,
+                run_name="tiny",
+                observer=second,
+                log=lines.append,
+            ).status
+            == "stopped"
+        )
         assert torch.get_num_threads() == 2, "the cell's count must not outlive the cell"
         third = _StopAfterEpoch(stop_at=None)
-        done = train_one(cfg, data, experiment="t", output_dir=out, run_name="tiny", observer=third, log=lines.append, threads=2)
+        done = train_one(
+            cfg,
+            data,
+            experiment="t",
+            output_dir=out,
+            run_name="tiny",
+            observer=third,
+            log=lines.append,
+            threads=2,
+        )
     finally:
         torch.set_num_threads(before)
     assert done.status == "finished", done.message
     assert first.threads == [1] and second.threads == [1], (first.threads, second.threads)
     assert third.threads == [2], third.threads
-    assert any("resumes with 1 thread(s), the count it started with" in line for line in lines), lines
+    assert any("resumes with 1 thread(s), the count it started with" in line for line in lines), (
+        lines
+    )
     assert any("not bit-identical to an uninterrupted run" in line for line in lines), lines
     run = MlflowClient().get_run(done.run_id)
     assert run.data.params["threads"] == "1"
@@ -224,7 +360,12 @@ def test_a_resumed_cell_keeps_its_thread_count_unless_the_user_overrides_it(mlfl
 def test_jobs_benchmark_layouts_quick_protocol_and_ratios(tmp_path):
     import click
 
-    from studies.benchmarks.jobs_benchmark import agreement, parse_layouts, quick_protocol, summarize
+    from studies.benchmarks.jobs_benchmark import (
+        agreement,
+        parse_layouts,
+        quick_protocol,
+        summarize,
+    )
     from studies.runtime.study_protocol import load_protocol
 
     assert parse_layouts("2x1, 1x2") == [(2, 1), (1, 2)]
@@ -234,17 +375,32 @@ def test_jobs_benchmark_layouts_quick_protocol_and_ratios(tmp_path):
     source = ROOT / "studies" / "protocols" / "cifar10_seed_table.yaml"
     quick = load_protocol(quick_protocol(source, tmp_path, 1000, 200, 1, [0]))
     original = load_protocol(source)
-    assert quick.name == "cifar10_seed_table_jobs_benchmark" and tuple(quick.seeds) == (0,), quick.seeds
+    assert quick.name == "cifar10_seed_table_jobs_benchmark" and tuple(quick.seeds) == (0,), (
+        quick.seeds
+    )
     assert [a.name for a in quick.arms] == [a.name for a in original.arms]
     assert quick.dataset.train_size == 1000 and quick.dataset.val_size == 200
     assert {c.train_config().run.epochs for c in quick.cells()} == {1}
 
     cells = {"base/0": 0.5, "p4_w96/0": 0.6}
-    rows = [{"round": 1, "jobs": 2, "threads": 1, "wall_s": 100.0, "cells": cells},
-            {"round": 1, "jobs": 1, "threads": 2, "wall_s": 130.0, "cells": {"base/0": 0.5, "p4_w96/0": 0.61}},
-            {"round": 1, "jobs": 1, "threads": 1, "wall_s": 190.0, "cells": dict(cells)}]
+    rows = [
+        {"round": 1, "jobs": 2, "threads": 1, "wall_s": 100.0, "cells": cells},
+        {
+            "round": 1,
+            "jobs": 1,
+            "threads": 2,
+            "wall_s": 130.0,
+            "cells": {"base/0": 0.5, "p4_w96/0": 0.61},
+        },
+        {"round": 1, "jobs": 1, "threads": 1, "wall_s": 190.0, "cells": dict(cells)},
+    ]
     per_layout, text = summarize(rows, (1, 2), "t")
     by = per_layout.set_index("layout")
-    assert abs(by.loc["2x1", "cells_per_hour"] - 72.0) < 1e-9 and abs(by.loc["2x1", "ratio"] - 1.3) < 1e-9, by
+    assert (
+        abs(by.loc["2x1", "cells_per_hour"] - 72.0) < 1e-9
+        and abs(by.loc["2x1", "ratio"] - 1.3) < 1e-9
+    ), by
     assert "goal at least 1.25 for 2x1 against 1x2 on 2 cores: met" in text, text
-    assert agreement(rows) == ["1 thread(s): layouts 1x1, 2x1 gave the same best validation accuracy in every cell"]
+    assert agreement(rows) == [
+        "1 thread(s): layouts 1x1, 2x1 gave the same best validation accuracy in every cell"
+    ]

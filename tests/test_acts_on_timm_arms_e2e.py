@@ -73,8 +73,13 @@ def trained_store(tmp_path_factory, empty_mlflow_db):
     with pytest.MonkeyPatch.context() as mp:
         _use_store(mp, tmp)
         protocol = open_protocol(str(tmp / "tiny_timm.yaml"), allow_dirty=True)
-        outcomes = run_protocol(protocol, tmp / "tiny_timm.yaml", StudyOptions(
-            output_dir=tmp / "out", device="cpu", data_path=str(folder), allow_dirty=True))
+        outcomes = run_protocol(
+            protocol,
+            tmp / "tiny_timm.yaml",
+            StudyOptions(
+                output_dir=tmp / "out", device="cpu", data_path=str(folder), allow_dirty=True
+            ),
+        )
     assert [o.status for o in outcomes] == ["finished"] * 2, [o.message for o in outcomes]
     return tmp, folder, protocol
 
@@ -87,14 +92,19 @@ def trained(trained_store, monkeypatch):
 
 def cell_runs(experiment: str):
     client = MlflowClient()
-    return client.search_runs([client.get_experiment_by_name(experiment).experiment_id], "tags.cell = 'true'")
+    return client.search_runs(
+        [client.get_experiment_by_name(experiment).experiment_id], "tags.cell = 'true'"
+    )
 
 
 def _check_cells(experiment: str, outcomes) -> None:
     """Each cell reload-proven on the glass-box copy at 0.0, its intact accuracy the trained cell's, exactly."""
     assert [o.status for o in outcomes] == ["finished"] * 2, [o.message for o in outcomes]
     for outcome in outcomes:
-        assert "reload proof: reproduced 6 saved predictions (max |prob difference| 0, tolerance 0" in outcome.message
+        assert (
+            "reload proof: reproduced 6 saved predictions (max |prob difference| 0, tolerance 0"
+            in outcome.message
+        )
     sources = {r.data.tags["seed"]: r for r in cell_runs("tiny_timm")}
     for source in sources.values():  # the run-end check: the trained weights read across at 0.0
         assert source.data.metrics["glassbox_exact"] == 1.0, source.data.metrics
@@ -103,29 +113,55 @@ def _check_cells(experiment: str, outcomes) -> None:
     for cell in cells:
         source = sources[cell.data.tags["seed"]]
         m = cell.data.metrics
-        assert cell.data.tags["source_run_id"] == source.info.run_id and cell.info.status == "FINISHED"
+        assert (
+            cell.data.tags["source_run_id"] == source.info.run_id and cell.info.status == "FINISHED"
+        )
         assert m["reload_proof_passed"] == 1.0 and m["reload_proof_max_abs_diff"] == 0.0, m
-        assert m["intact_accuracy"] == source.data.metrics["best_val_accuracy"], (m["intact_accuracy"],)
-        assert "timm/vit_tiny_patch16_224 read across to the glass-box ViT by the exact mapping" \
-            in cell.data.tags["acted_on"], cell.data.tags["acted_on"]
+        assert m["intact_accuracy"] == source.data.metrics["best_val_accuracy"], (
+            m["intact_accuracy"],
+        )
+        assert (
+            "timm/vit_tiny_patch16_224 read across to the glass-box ViT by the exact mapping"
+            in cell.data.tags["acted_on"]
+        ), cell.data.tags["acted_on"]
 
 
 def _rerun(command: str, path: Path, folder: Path, output: Path) -> str:
-    result = CliRunner().invoke(main, [command, "--protocol", str(path), "--allow-dirty", "--device", "cpu",
-                                       "--data-path", str(folder), "--output-dir", str(output)])
+    result = CliRunner().invoke(
+        main,
+        [
+            command,
+            "--protocol",
+            str(path),
+            "--allow-dirty",
+            "--device",
+            "cpu",
+            "--data-path",
+            str(folder),
+            "--output-dir",
+            str(output),
+        ],
+    )
     assert result.exit_code == 0, result.output
-    assert result.output.count("[skipped] ") == 2 and "cells: 0 run, 2 already finished (skipped), 0 failed" \
-        in result.output, result.output
+    assert (
+        result.output.count("[skipped] ") == 2
+        and "cells: 0 run, 2 already finished (skipped), 0 failed" in result.output
+    ), result.output
     return result.output
 
 
-def test_intervene_and_attribute_act_on_a_timm_vit_arm_and_reruns_compute_nothing(trained, monkeypatch):
+def test_intervene_and_attribute_act_on_a_timm_vit_arm_and_reruns_compute_nothing(
+    trained, monkeypatch
+):
     tmp, folder, ablation = trained
     heads = tmp / "tiny_timm_heads.yaml"
     heads.write_text(INTERVENTION.format(hash=ablation.hash))
     protocol = open_study(InterventionStudy, str(heads), allow_dirty=True)
-    outcomes = run_intervention_protocol(protocol, heads, StudyOptions(
-        output_dir=tmp / "iv", device="cpu", data_path=str(folder), allow_dirty=True))
+    outcomes = run_intervention_protocol(
+        protocol,
+        heads,
+        StudyOptions(output_dir=tmp / "iv", device="cpu", data_path=str(folder), allow_dirty=True),
+    )
     _check_cells("tiny_timm_heads", outcomes)
     names = [i.name for i in protocol.grid.expand(protocol.model_config("timm_vit"))]
     assert len(names) == 2 * 2 * 2 + 2 * 2 + 1
@@ -135,8 +171,13 @@ def test_intervene_and_attribute_act_on_a_timm_vit_arm_and_reruns_compute_nothin
     faithfulness = tmp / "tiny_timm_faithfulness.yaml"
     faithfulness.write_text(ATTRIBUTION.format(hash=ablation.hash))
     attribution = open_attribution_protocol(str(faithfulness), allow_dirty=True)
-    outcomes = run_attribution_protocol(attribution, faithfulness, StudyOptions(
-        output_dir=tmp / "attr", device="cpu", data_path=str(folder), allow_dirty=True))
+    outcomes = run_attribution_protocol(
+        attribution,
+        faithfulness,
+        StudyOptions(
+            output_dir=tmp / "attr", device="cpu", data_path=str(folder), allow_dirty=True
+        ),
+    )
     _check_cells("tiny_timm_faithfulness", outcomes)
     for cell in cell_runs("tiny_timm_faithfulness"):
         assert cell.data.metrics["images"] == 6 and cell.data.metrics["patches"] == 4

@@ -12,7 +12,11 @@ from PIL import Image
 from conftest import assert_close
 from workbench.analysis import result_figures
 from workbench.analysis.artifacts import background_patches, check_maps
-from workbench.analysis.attention_figures import overlay_figure, patch_grid_figure, position_similarity_figure
+from workbench.analysis.attention_figures import (
+    overlay_figure,
+    patch_grid_figure,
+    position_similarity_figure,
+)
 from workbench.analysis.common import png_bytes, save_png
 from workbench.analysis.embeddings import pooled_features, position_similarity, tsne_2d
 from workbench.analysis.panels import attention_figures
@@ -20,7 +24,16 @@ from workbench.analysis.rollout import TokenLayout, analyse_attention, attention
 from workbench.data.transforms import NormStats
 from workbench.models.vit import ViTConfig, VisionTransformer
 
-TINY = {"image_size": 8, "patch_size": 4, "in_channels": 3, "num_classes": 3, "dim": 16, "depth": 3, "heads": 2, "mlp_hidden": 32}
+TINY = {
+    "image_size": 8,
+    "patch_size": 4,
+    "in_channels": 3,
+    "num_classes": 3,
+    "dim": 16,
+    "depth": 3,
+    "heads": 2,
+    "mlp_hidden": 32,
+}
 NORM = NormStats((0.5, 0.5, 0.5), (0.25, 0.25, 0.25))
 
 
@@ -123,11 +136,18 @@ def test_background_artifact_criterion():
     maps[2] = 1 / 16  # uniform: not concentrated
     checks = check_maps(maps, background)
     assert [c.flagged for c in checks] == [True, False, False]
-    assert checks[0].topk_share == pytest.approx(0.92 / 1.05) and checks[0].topk_background_share > 0.98
-    assert checks[2].background_area == pytest.approx(0.75) and checks[2].background_mass == pytest.approx(0.75)
+    assert (
+        checks[0].topk_share == pytest.approx(0.92 / 1.05)
+        and checks[0].topk_background_share > 0.98
+    )
+    assert checks[2].background_area == pytest.approx(0.75) and checks[
+        2
+    ].background_mass == pytest.approx(0.75)
     assert "BACKGROUND ARTIFACT" in checks[0].short() and checks[1].short().endswith("ok")
     # three patches are not "a few" of four: tiny grids are never flagged
-    small = check_maps(torch.tensor([[[0.97, 0.01], [0.01, 0.01]]]), torch.ones(1, 2, 2, dtype=torch.bool))
+    small = check_maps(
+        torch.tensor([[[0.97, 0.01], [0.01, 0.01]]]), torch.ones(1, 2, 2, dtype=torch.bool)
+    )
     assert not small[0].flagged
 
 
@@ -179,8 +199,17 @@ def test_every_figure_is_a_png_of_figsize_times_dpi(tmp_path):
         "curves": result_figures.curves_figure(history),
         "confusion": result_figures.confusion_figure({"vit": cm, "cnn": cm}, names),
         "per_class": result_figures.per_class_accuracy_figure({"vit": np.stack([acc, acc])}, names),
-        "tsne": result_figures.tsne_figure({"vit": (np.random.rand(4, 2), np.array([0, 1, 2, 2]))}, names),
-        "summary": result_figures.summary_figure([result_figures.ArmSummary("vit", "tiny", 123, {"val": {0: 0.5, 1: 0.6}}, {0: 2, 1: 1})], "s"),
+        "tsne": result_figures.tsne_figure(
+            {"vit": (np.random.rand(4, 2), np.array([0, 1, 2, 2]))}, names
+        ),
+        "summary": result_figures.summary_figure(
+            [
+                result_figures.ArmSummary(
+                    "vit", "tiny", 123, {"val": {0: 0.5, 1: 0.6}}, {0: 2, 1: 1}
+                )
+            ],
+            "s",
+        ),
     }
     for name, fig in built.items():
         assert_exact_size(fig)
@@ -195,9 +224,13 @@ def test_flagged_maps_say_so_on_the_figure():
     images[0, 8:, 8:] = 0.9
     maps = np.full((1, 4, 4), 0.01)
     maps[0, 0, 0] = 0.9
-    checks = check_maps(torch.from_numpy(maps), background_patches(torch.from_numpy(images).permute(0, 3, 1, 2), 4))
+    checks = check_maps(
+        torch.from_numpy(maps), background_patches(torch.from_numpy(images).permute(0, 3, 1, 2), 4)
+    )
     fig = overlay_figure(images, {"rollout": maps}, "t", ["img"], {"rollout": checks})
-    assert "1 of 1 maps FLAGGED" in fig.get_supxlabel() and "known ViT artifact" in fig.get_supxlabel()
+    assert (
+        "1 of 1 maps FLAGGED" in fig.get_supxlabel() and "known ViT artifact" in fig.get_supxlabel()
+    )
     assert "BACKGROUND ARTIFACT" in fig.axes[1].get_xlabel()
 
 
@@ -215,25 +248,39 @@ def _reduced_timm(name: str, seed: int = 0):
     return TimmWeights(model, name, "random", f"{name} reduced, seeded random init", None, False)
 
 
-@pytest.mark.parametrize("name, prefix", [("vit_small_patch14_dinov2", 1), ("vit_small_patch14_reg4_dinov2", 5)])
-def test_dinov2_with_and_without_registers_gets_maps_rollout_and_the_artifact_check(tmp_path, name, prefix):
+@pytest.mark.parametrize(
+    "name, prefix", [("vit_small_patch14_dinov2", 1), ("vit_small_patch14_reg4_dinov2", 5)]
+)
+def test_dinov2_with_and_without_registers_gets_maps_rollout_and_the_artifact_check(
+    tmp_path, name, prefix
+):
     from PIL import Image
 
     from workbench.analysis.timm_inspect import inspect_timm
 
     weights = _reduced_timm(name)
     image = tmp_path / "img.png"
-    Image.fromarray((np.random.default_rng(0).random((80, 80, 3)) * 255).astype("uint8")).save(image)
+    Image.fromarray((np.random.default_rng(0).random((80, 80, 3)) * 255).astype("uint8")).save(
+        image
+    )
     built = inspect_timm(weights, [str(image)])
     assert {"attention_rollout.png", "attention_heads.png"} <= set(built.figures)
     # background check ran on last-layer + rollout maps (1 image each), and on every head of the block
-    assert built.flagged["attention_rollout.png"][1] == 2 and built.flagged["attention_heads.png"][1] == 2
+    assert (
+        built.flagged["attention_rollout.png"][1] == 2
+        and built.flagged["attention_heads.png"][1] == 2
+    )
     from workbench.convert.timm_vit import glassbox_from_timm
 
     glass, _ = glassbox_from_timm(weights.model)
     a = analyse_attention(glass, torch.randn(1, 3, 56, 56))
     assert a.layout.prefix == prefix and a.layout.query == "cls" and a.rollout is not None
-    assert a.attentions[0].shape == (1, 2, prefix + 16, prefix + 16)  # registers are tokens of every map
+    assert a.attentions[0].shape == (
+        1,
+        2,
+        prefix + 16,
+        prefix + 16,
+    )  # registers are tokens of every map
     assert a.rollout_maps.maps.shape == (1, 4, 4)
 
 
@@ -244,7 +291,12 @@ def test_siglip_has_the_pool_map_and_says_why_there_is_no_rollout():
     a = analyse_attention(glass, torch.randn(2, 3, 64, 64))
     assert a.rollout is None and a.rollout_maps is None and "rollout is not drawn" in a.statement
     assert a.layout.head == "pool" and "attention-pool" in a.layout.query_label
-    assert_close(a.last_layer.maps.sum((-2, -1)), torch.ones(2, dtype=torch.float64), 1e-12, "pool map sums to 1")
+    assert_close(
+        a.last_layer.maps.sum((-2, -1)),
+        torch.ones(2, dtype=torch.float64),
+        1e-12,
+        "pool map sums to 1",
+    )
     assert a.head_maps(-1).maps.shape == (2, 2, 4, 4)  # per-block maps: mean over patch rows
     figs = attention_figures(glass, torch.randn(1, 3, 64, 64), NORM, "siglip", lambda logits: ["x"])
     assert "rollout is not drawn" in figs.rollout.get_suptitle().replace("\n", " ")
@@ -255,15 +307,26 @@ def test_summary_figure_of_eleven_arms_keeps_its_table_inside_and_names_every_ba
     from matplotlib.table import Table
 
     rng = np.random.default_rng(0)
-    arms = [result_figures.ArmSummary(f"arm{i}", "cifar_vit", 1_000_000 + i, {"val": {s: 0.3 + 0.01 * rng.random() for s in range(3)}},
-                                      {s: 6 for s in range(3)}) for i in range(11)]
+    arms = [
+        result_figures.ArmSummary(
+            f"arm{i}",
+            "cifar_vit",
+            1_000_000 + i,
+            {"val": {s: 0.3 + 0.01 * rng.random() for s in range(3)}},
+            {s: 6 for s in range(3)},
+        )
+        for i in range(11)
+    ]
     fig = result_figures.summary_figure(arms, "eleven arms")
     canvas = FigureCanvasAgg(fig)
     canvas.draw()
     renderer = canvas.get_renderer()
     (table,) = fig.findobj(Table)
     box, page = table.get_window_extent(renderer), fig.bbox
-    assert box.y0 >= page.y0 and box.y1 <= page.y1 and box.x0 >= page.x0 and box.x1 <= page.x1, (box, page)
+    assert box.y0 >= page.y0 and box.y1 <= page.y1 and box.x0 >= page.x0 and box.x1 <= page.x1, (
+        box,
+        page,
+    )
     from matplotlib.axes import Axes
 
     labels = [[t.get_text() for t in ax.get_xticklabels()] for ax in fig.findobj(Axes) if ax.axison]

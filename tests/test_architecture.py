@@ -55,8 +55,12 @@ def module_name(path: Path) -> str:
 
 @lru_cache(maxsize=1)
 def modules() -> dict[str, Path]:
-    return {module_name(p): p for layer in LAYERS for p in sorted((ROOT / layer).rglob("*.py"))
-            if "__pycache__" not in p.parts}
+    return {
+        module_name(p): p
+        for layer in LAYERS
+        for p in sorted((ROOT / layer).rglob("*.py"))
+        if "__pycache__" not in p.parts
+    }
 
 
 @lru_cache(maxsize=None)
@@ -71,17 +75,38 @@ def imports_of(path: Path, name: str) -> list[Import]:
     for node in ast.walk(parsed(path)):
         if isinstance(node, ast.Import):
             for a in node.names:
-                found.append(Import(name, a.name, None, a.asname, node.lineno, True, a.asname or a.name.split(".")[0]))
+                found.append(
+                    Import(
+                        name,
+                        a.name,
+                        None,
+                        a.asname,
+                        node.lineno,
+                        True,
+                        a.asname or a.name.split(".")[0],
+                    )
+                )
         elif isinstance(node, ast.ImportFrom) and node.module:
             base = node.module
             if node.level:  # relative: resolve against the importing package
                 package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-                base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + [node.module])
+                base = ".".join(
+                    package.split(".")[: len(package.split(".")) - node.level + 1] + [node.module]
+                )
             for a in node.names:
                 full = f"{base}.{a.name}"
                 is_module = full in known
-                found.append(Import(name, full if is_module else base, None if is_module else a.name, a.asname,
-                                    node.lineno, is_module, a.asname or a.name))
+                found.append(
+                    Import(
+                        name,
+                        full if is_module else base,
+                        None if is_module else a.name,
+                        a.asname,
+                        node.lineno,
+                        is_module,
+                        a.asname or a.name,
+                    )
+                )
     return found
 
 
@@ -95,7 +120,9 @@ def test_each_layer_imports_only_what_it_may():
     for i in all_imports():
         layer, top = i.module.split(".")[0], i.target.split(".")[0]
         if top in FORBIDDEN[layer]:
-            problems.append(f"{modules()[i.module].relative_to(ROOT)}:{i.line}: {layer}/ imports {i.target}")
+            problems.append(
+                f"{modules()[i.module].relative_to(ROOT)}:{i.line}: {layer}/ imports {i.target}"
+            )
     assert not problems, "layer rule broken (DESIGN.md, Layers):\n" + "\n".join(problems)
 
 
@@ -146,8 +173,12 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 def test_no_import_cycle():
     graph = import_graph()
     found = cycles(graph)
-    described = [" <-> ".join(c) + "\n    " + "\n    ".join(f"{a} imports {b}" for a in c for b in sorted(graph[a])
-                                                     if b in c) for c in found]
+    described = [
+        " <-> ".join(c)
+        + "\n    "
+        + "\n    ".join(f"{a} imports {b}" for a in c for b in sorted(graph[a]) if b in c)
+        for c in found
+    ]
     assert not found, "import cycles:\n" + "\n".join(described)
 
 
@@ -169,32 +200,59 @@ def test_no_module_imports_another_modules_private_name():
             if i.target.split(".")[0] not in LAYERS:
                 continue
             if _private(i.name) or (i.is_module and _private(i.target.rpartition(".")[2])):
-                problems.append(f"{path.relative_to(ROOT)}:{i.line}: imports {i.target}.{i.name or ''}".rstrip("."))
+                problems.append(
+                    f"{path.relative_to(ROOT)}:{i.line}: imports {i.target}.{i.name or ''}".rstrip(
+                        "."
+                    )
+                )
             if i.is_module:
                 bound[i.bound] = i.target
         for node in ast.walk(parsed(path)):
-            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in bound \
-                    and _private(node.attr):
-                problems.append(f"{path.relative_to(ROOT)}:{node.lineno}: uses {bound[node.value.id]}.{node.attr}")
+            if (
+                isinstance(node, ast.Attribute)
+                and isinstance(node.value, ast.Name)
+                and node.value.id in bound
+                and _private(node.attr)
+            ):
+                problems.append(
+                    f"{path.relative_to(ROOT)}:{node.lineno}: uses {bound[node.value.id]}.{node.attr}"
+                )
     assert not problems, "private names used from another module:\n" + "\n".join(problems)
 
 
 def test_no_module_alias_for_a_project_module():
     known = set(modules())
     problems = []
-    aliased = re.compile(r"^\s*(?:from|import) (?:workbench|tracking|studies|reports)\b.* as ", re.MULTILINE)
-    tests = [(p.stem, p) for p in sorted((ROOT / "tests").rglob("*.py")) if aliased.search(p.read_text(encoding="utf-8"))]
+    aliased = re.compile(
+        r"^\s*(?:from|import) (?:workbench|tracking|studies|reports)\b.* as ", re.MULTILINE
+    )
+    tests = [
+        (p.stem, p)
+        for p in sorted((ROOT / "tests").rglob("*.py"))
+        if aliased.search(p.read_text(encoding="utf-8"))
+    ]
     for name, path in [*modules().items(), *tests]:  # only the tests that write `as` are parsed
         for i in imports_of(path, name):
-            if i.is_module and i.alias and i.target in known and i.alias != i.target.rpartition(".")[2]:
-                problems.append(f"{path.relative_to(ROOT)}:{i.line}: {i.target} imported as {i.alias}")
-    assert not problems, "module aliases (a file name unique enough needs none):\n" + "\n".join(problems)
+            if (
+                i.is_module
+                and i.alias
+                and i.target in known
+                and i.alias != i.target.rpartition(".")[2]
+            ):
+                problems.append(
+                    f"{path.relative_to(ROOT)}:{i.line}: {i.target} imported as {i.alias}"
+                )
+    assert not problems, "module aliases (a file name unique enough needs none):\n" + "\n".join(
+        problems
+    )
 
 
 def test_no_folder_holds_more_than_a_dozen_modules():
     problems = []
     for layer in LAYERS:
-        for folder in sorted({p.parent for p in (ROOT / layer).rglob("*.py") if "__pycache__" not in p.parts}):
+        for folder in sorted(
+            {p.parent for p in (ROOT / layer).rglob("*.py") if "__pycache__" not in p.parts}
+        ):
             count = sum(1 for p in folder.glob("*.py") if p.name != "__init__.py")
             where = folder.relative_to(ROOT).as_posix()
             if count > GRANDFATHERED.get(where, MAX_MODULES):
@@ -203,7 +261,9 @@ def test_no_folder_holds_more_than_a_dozen_modules():
 
 
 # a dotted module path; not a file name such as reports.md or studies.yaml
-DOTTED = re.compile(r"(?<![\w./-])((?:workbench|tracking|studies|reports)(?:\.(?!(?:md|py|yaml|html|json|csv)\b)[A-Za-z_]\w*)+)")
+DOTTED = re.compile(
+    r"(?<![\w./-])((?:workbench|tracking|studies|reports)(?:\.(?!(?:md|py|yaml|html|json|csv)\b)[A-Za-z_]\w*)+)"
+)
 PATH = re.compile(r"(?<![\w./-])((?:workbench|tracking|studies|reports)/[\w/]+\.py)\b")
 
 
@@ -227,15 +287,22 @@ def stale_reference(reference: str) -> str | None:
     longest = max((i for i in range(1, len(parts) + 1) if ".".join(parts[:i]) in known), default=0)
     if longest == 0 or (longest == 1 and len(parts) > 1):
         return f"no module {'.'.join(parts[:2])}"
-    if longest < len(parts) and parts[longest] not in top_level_names(known[".".join(parts[:longest])]):
+    if longest < len(parts) and parts[longest] not in top_level_names(
+        known[".".join(parts[:longest])]
+    ):
         return f"{'.'.join(parts[:longest])} has no {parts[longest]}"
     return None
 
 
 def test_the_docs_name_modules_and_files_that_exist():
     problems = []
-    for doc in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "MLproject", ROOT / "Makefile",
-                ROOT / "pyproject.toml"]:
+    for doc in [
+        ROOT / "README.md",
+        *sorted((ROOT / "docs").glob("*.md")),
+        ROOT / "MLproject",
+        ROOT / "Makefile",
+        ROOT / "pyproject.toml",
+    ]:
         text = doc.read_text(encoding="utf-8")
         for match in DOTTED.finditer(text):
             why = stale_reference(match.group(1).rstrip("."))
@@ -244,4 +311,6 @@ def test_the_docs_name_modules_and_files_that_exist():
         for match in PATH.finditer(text):
             if not (ROOT / match.group(1)).is_file():
                 problems.append(f"{doc.relative_to(ROOT)}: {match.group(1)}: no such file")
-    assert not problems, "the docs point at modules that are not there:\n" + "\n".join(sorted(set(problems)))
+    assert not problems, "the docs point at modules that are not there:\n" + "\n".join(
+        sorted(set(problems))
+    )

@@ -68,8 +68,13 @@ def trained_store(tmp_path_factory, empty_mlflow_db):
     with pytest.MonkeyPatch.context() as mp:
         _use_store(mp, tmp)
         protocol = open_protocol(str(tmp / "tiny.yaml"), allow_dirty=True)
-        outcomes = run_protocol(protocol, tmp / "tiny.yaml", StudyOptions(output_dir=tmp / "out", device="cpu",
-                                                                          data_path=str(folder), allow_dirty=True))
+        outcomes = run_protocol(
+            protocol,
+            tmp / "tiny.yaml",
+            StudyOptions(
+                output_dir=tmp / "out", device="cpu", data_path=str(folder), allow_dirty=True
+            ),
+        )
     assert [o.status for o in outcomes] == ["finished"] * 2, [o.message for o in outcomes]
     return tmp, folder, protocol
 
@@ -88,16 +93,25 @@ def write_attribution(tmp: Path, protocol, name: str = "tiny_faithfulness") -> P
 
 def attribute(tmp: Path, folder: Path, path: Path):
     protocol = open_attribution_protocol(str(path), allow_dirty=True)
-    return protocol, run_attribution_protocol(protocol, path, StudyOptions(output_dir=tmp / "attr", device="cpu",
-                                                                           data_path=str(folder), allow_dirty=True))
+    return protocol, run_attribution_protocol(
+        protocol,
+        path,
+        StudyOptions(
+            output_dir=tmp / "attr", device="cpu", data_path=str(folder), allow_dirty=True
+        ),
+    )
 
 
 def cell_runs(experiment: str):
     client = MlflowClient()
-    return client.search_runs([client.get_experiment_by_name(experiment).experiment_id], "tags.cell = 'true'")
+    return client.search_runs(
+        [client.get_experiment_by_name(experiment).experiment_id], "tags.cell = 'true'"
+    )
 
 
-def test_attribute_logs_every_method_a_rerun_computes_nothing_and_the_report_rebuilds_offline(trained, monkeypatch):
+def test_attribute_logs_every_method_a_rerun_computes_nothing_and_the_report_rebuilds_offline(
+    trained, monkeypatch
+):
     tmp, folder, ablation = trained
     path = write_attribution(tmp, ablation)
     protocol, outcomes = attribute(tmp, folder, path)
@@ -111,21 +125,31 @@ def test_attribute_logs_every_method_a_rerun_computes_nothing_and_the_report_reb
     assert parent.info.status == "FINISHED" and parent.data.tags["attribution"] == "true"
     for cell in cells:
         source = sources[(cell.data.tags["arm"], cell.data.tags["seed"])]
-        assert cell.data.tags["source_run_id"] == source.info.run_id and cell.info.status == "FINISHED"
-        assert cell.data.params["code_fingerprint"] == attribution_runs.attribution_code_fingerprint()
+        assert (
+            cell.data.tags["source_run_id"] == source.info.run_id and cell.info.status == "FINISHED"
+        )
+        assert (
+            cell.data.params["code_fingerprint"] == attribution_runs.attribution_code_fingerprint()
+        )
         m = cell.data.metrics
         # All 6 validation images are scored: the intact model is the trained cell's best checkpoint, exactly.
-        assert m["intact_accuracy"] == source.data.metrics["best_val_accuracy"], (m["intact_accuracy"],)
+        assert m["intact_accuracy"] == source.data.metrics["best_val_accuracy"], (
+            m["intact_accuracy"],
+        )
         assert m["reload_proof_passed"] == 1.0 and m["reload_proof_max_abs_diff"] == 0.0
         assert m["images"] == 6 and m["patches"] == 4
         for method in METHODS:
             for key in ("deletion_auc", "insertion_auc"):
                 assert 0.0 <= m[f"{key}/{method}"] <= 1.0, (key, method)
         assert {f"high_norm_fraction/block{b}" for b in (0, 1)} <= set(m)
-        local = Path(urlparse(client.get_run(cell.info.run_id).info.artifact_uri).path) / "attribution"
+        local = (
+            Path(urlparse(client.get_run(cell.info.run_id).info.artifact_uri).path) / "attribution"
+        )
         with np.load(local / "per_image.npz") as z:
             assert set(attribution_runs.PER_IMAGE_KEYS) <= set(z.files)
-            saved = pd.read_csv(Path(urlparse(source.info.artifact_uri).path) / "predictions" / "val.csv")
+            saved = pd.read_csv(
+                Path(urlparse(source.info.artifact_uri).path) / "predictions" / "val.csv"
+            )
             assert np.array_equal(np.sort(z["indices"]), np.sort(saved["index"].to_numpy()))
             assert z["effects"].shape == (6, 4) and z["norms"].shape == (2, 6, 4)
             assert z["example_images"].shape == (2, 3, 8, 8)
@@ -144,23 +168,55 @@ def test_attribute_logs_every_method_a_rerun_computes_nothing_and_the_report_reb
     monkeypatch.setattr(intervention_runs, "trained_cell", no_download)
     from studies.cli import main
 
-    again = CliRunner().invoke(main, ["attribute", "--protocol", str(path), "--allow-dirty", "--device", "cpu",
-                                      "--data-path", str(folder), "--output-dir", str(tmp / "attr")])
+    again = CliRunner().invoke(
+        main,
+        [
+            "attribute",
+            "--protocol",
+            str(path),
+            "--allow-dirty",
+            "--device",
+            "cpu",
+            "--data-path",
+            str(folder),
+            "--output-dir",
+            str(tmp / "attr"),
+        ],
+    )
     assert again.exit_code == 0, again.output
     assert "cells: 0 run, 2 already finished (skipped), 0 failed" in again.output, again.output
     assert len(cell_runs("tiny_faithfulness")) == 2
 
     result = build_report(str(path), tmp / "reports", n_resamples=200, evidence=True)
     md = result.markdown.read_text()
-    assert md.startswith(f"# Report: tiny_faithfulness@{protocol.short_hash}\n") and "**2 of 2**" in md, md[:600]
-    for part in ("## Results", "## Faithfulness (vit)", "### Against the random baseline (vit)",
-                 "## Deletion and insertion curves (vit)", "## Examples (vit)", "## Token norms (vit)", "## Runs",
-                 "### Acted-on models", "`chefer`", "`random` (baseline)",
-                 "## Does CLS attend to the tokens that matter? (vit)"):
+    assert (
+        md.startswith(f"# Report: tiny_faithfulness@{protocol.short_hash}\n") and "**2 of 2**" in md
+    ), md[:600]
+    for part in (
+        "## Results",
+        "## Faithfulness (vit)",
+        "### Against the random baseline (vit)",
+        "## Deletion and insertion curves (vit)",
+        "## Examples (vit)",
+        "## Token norms (vit)",
+        "## Runs",
+        "### Acted-on models",
+        "`chefer`",
+        "`random` (baseline)",
+        "## Does CLS attend to the tokens that matter? (vit)",
+    ):
         assert part in md, part
-    assert "## Attention concentration per block (vit)" in md and "The model has no register tokens." in md
-    assert sorted(p.name for p in result.figures) == ["concentration_vit.png", "curves_vit.png", "examples_vit.png",
-                                                      "norms_vit_seed0.png", "norms_vit_seed1.png"]
+    assert (
+        "## Attention concentration per block (vit)" in md
+        and "The model has no register tokens." in md
+    )
+    assert sorted(p.name for p in result.figures) == [
+        "concentration_vit.png",
+        "curves_vit.png",
+        "examples_vit.png",
+        "norms_vit_seed0.png",
+        "norms_vit_seed1.png",
+    ]
 
     forbid_store(monkeypatch, tmp)
     rebuilt = build_from_evidence(result.folder / "evidence", tmp / "rebuilt")
@@ -168,11 +224,17 @@ def test_attribute_logs_every_method_a_rerun_computes_nothing_and_the_report_reb
     compared, diffs = number_differences(md, b)
     assert compared > 50 and not diffs, f"{len(diffs)} places differ: {diffs[:10]}"
     assert without_rebuilt_line(b) == md
-    different = [p.name for p, q in zip(sorted(result.figures), sorted(rebuilt.figures)) if p.read_bytes() != q.read_bytes()]
+    different = [
+        p.name
+        for p, q in zip(sorted(result.figures), sorted(rebuilt.figures))
+        if p.read_bytes() != q.read_bytes()
+    ]
     assert not different, f"figures differ: {different}"
 
 
-def test_a_checkpoint_that_does_not_reproduce_its_predictions_fails_its_cell_only(trained, monkeypatch):
+def test_a_checkpoint_that_does_not_reproduce_its_predictions_fails_its_cell_only(
+    trained, monkeypatch
+):
     tmp, folder, ablation = trained
     real = intervention_runs.trained_cell
 
@@ -214,18 +276,36 @@ def test_a_pretrained_timm_vit_on_an_image_folder(tmp_path, mlflow_store, monkey
     _, outcomes = attribute(tmp_path, folder, path)
     assert [o.status for o in outcomes] == ["finished"], [o.message for o in outcomes]
     (cell,) = cell_runs("tiny_timm_faithfulness")
-    assert cell.data.tags["arm"] == "pretrained" and cell.data.tags["source_identity"] == "random:vit_tiny_patch16_224:seed4"
+    assert (
+        cell.data.tags["arm"] == "pretrained"
+        and cell.data.tags["source_identity"] == "random:vit_tiny_patch16_224:seed4"
+    )
     assert "reload_proof_passed" not in cell.data.metrics  # no saved predictions to reproduce
-    assert cell.data.metrics["patches"] == 4  # 16 px, patch 8; the class and register tokens are never scored
-    local = Path(urlparse(MlflowClient().get_run(cell.info.run_id).info.artifact_uri).path) / "attribution"
+    assert (
+        cell.data.metrics["patches"] == 4
+    )  # 16 px, patch 8; the class and register tokens are never scored
+    local = (
+        Path(urlparse(MlflowClient().get_run(cell.info.run_id).info.artifact_uri).path)
+        / "attribution"
+    )
     with np.load(local / "per_image.npz") as z:
-        assert set(np.unique(z["labels"])) <= {4, 0, 2}, "labels are the model's output indices of the classes"
+        assert set(np.unique(z["labels"])) <= {4, 0, 2}, (
+            "labels are the model's output indices of the classes"
+        )
         assert int(z["prefix"]) == 2 and z["prefix_norms"].shape == (2, 6, 2)
-        on_registers = z["cls_attention_on_registers"]  # (blocks, images): the one register's share of CLS attention
+        on_registers = z[
+            "cls_attention_on_registers"
+        ]  # (blocks, images): the one register's share of CLS attention
         assert on_registers.shape == (2, 6) and (on_registers > 0).all()
         register_norm = z["prefix_norms"][1, :, 1].mean()
     m = cell.data.metrics
-    diff = max(abs(m[f"cls_attention_on_registers/block{b}"] - on_registers[b].mean()) for b in range(2))
-    assert diff <= 1e-12 and abs(m["register_norm/block1"] - register_norm) <= 1e-9 * register_norm, diff
+    diff = max(
+        abs(m[f"cls_attention_on_registers/block{b}"] - on_registers[b].mean()) for b in range(2)
+    )
+    assert (
+        diff <= 1e-12 and abs(m["register_norm/block1"] - register_norm) <= 1e-9 * register_norm
+    ), diff
     md = build_report(str(path), tmp_path / "reports", n_resamples=50).markdown.read_text()
-    assert "## Attention concentration per block (pretrained)" in md and "on the 1 register, %" in md
+    assert (
+        "## Attention concentration per block (pretrained)" in md and "on the 1 register, %" in md
+    )

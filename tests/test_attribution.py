@@ -14,19 +14,47 @@ from scipy.stats import spearmanr
 
 from workbench.analysis.rollout import attention_rollout
 from workbench.attribution import (
-    METHODS, AttributionError, attention_mass_on, attribute, auc, chefer, cls_attention, grad_x_input, logits_keeping,
-    concentration, order_of, perturbation_curves, random_order, rollout, score_cell, single_token_effects,
-    spearman_per_image, token_norms, top_count, top_mask,
+    METHODS,
+    AttributionError,
+    attention_mass_on,
+    attribute,
+    auc,
+    chefer,
+    cls_attention,
+    grad_x_input,
+    logits_keeping,
+    concentration,
+    order_of,
+    perturbation_curves,
+    random_order,
+    rollout,
+    score_cell,
+    single_token_effects,
+    spearman_per_image,
+    token_norms,
+    top_count,
+    top_mask,
 )
 from workbench.models.hooks import attached
 from workbench.models.vit import ViTConfig, VisionTransformer
 
-BASE = dict(image_size=8, patch_size=2, in_channels=1, num_classes=3, dim=16, depth=2, heads=2, mlp_hidden=32)
+BASE = dict(
+    image_size=8,
+    patch_size=2,
+    in_channels=1,
+    num_classes=3,
+    dim=16,
+    depth=2,
+    heads=2,
+    mlp_hidden=32,
+)
 FAMILIES = {
     "plain": {},
     "registers": dict(register_tokens=2),
     "layerscale_registers": dict(layer_scale_init=0.5, register_tokens=1),
-    "registers_positions_on_patches_only": dict(register_tokens=1, no_embed_class=True),  # DINOv2-reg's layout
+    "registers_positions_on_patches_only": dict(
+        register_tokens=1, no_embed_class=True
+    ),  # DINOv2-reg's layout
 }
 P = 16
 
@@ -74,8 +102,10 @@ def test_every_method_scores_each_patch_in_eval_mode_and_leaves_the_model_as_it_
         assert s.shape == (4, P) and s.dtype == torch.float64 and torch.isfinite(s).all(), name
     # batching does not change a method's scores (eval mode: images do not interact)
     for name in ("cls_attention", "rollout", "chefer", "grad_x_input"):
-        one = torch.cat([METHODS[name](model, x[i:i + 1], y[i:i + 1]) for i in range(4)])
-        assert max_diff(one, scores[name]) <= 1e-6, f"{name}: per image vs batched: {max_diff(one, scores[name]):.3g}"
+        one = torch.cat([METHODS[name](model, x[i : i + 1], y[i : i + 1]) for i in range(4)])
+        assert max_diff(one, scores[name]) <= 1e-6, (
+            f"{name}: per image vs batched: {max_diff(one, scores[name]):.3g}"
+        )
 
 
 def test_cls_attention_and_rollout_are_the_class_rows_of_the_maps():
@@ -154,14 +184,16 @@ def test_grad_x_input_matches_a_finite_difference_on_one_patch():
     scores = grad_x_input(model, x, y)
     patch, (row, col) = 6, divmod(6, 4)
     mask = torch.zeros_like(x)
-    mask[:, :, 2 * row:2 * row + 2, 2 * col:2 * col + 2] = 1.0
+    mask[:, :, 2 * row : 2 * row + 2, 2 * col : 2 * col + 2] = 1.0
     eps = 1e-6  # d/de z_y(x + e * mask * x) at 0 = sum over the patch of x * dz/dx
     with torch.no_grad():
         up = model(x + eps * mask * x).gather(1, y.view(-1, 1))[:, 0]
         down = model(x - eps * mask * x).gather(1, y.view(-1, 1))[:, 0]
     fd = (up - down) / (2 * eps)
     diff = max_diff(scores[:, patch], fd)
-    assert diff <= 1e-6, f"grad x input on patch {patch} vs finite difference: max |difference| {diff:.3g}"
+    assert diff <= 1e-6, (
+        f"grad x input on patch {patch} vs finite difference: max |difference| {diff:.3g}"
+    )
 
 
 def test_random_order_is_seeded_and_never_runs_the_model():
@@ -177,7 +209,9 @@ def test_refusals_name_what_is_wrong():
     mean_model = VisionTransformer(ViTConfig(**BASE, pooling="mean")).eval()
     with pytest.raises(AttributionError, match="pooling='mean'"):
         cls_attention(mean_model, x, y)
-    with pytest.raises(AttributionError, match="unknown attribution method 'lime'; valid methods: cls_attention"):
+    with pytest.raises(
+        AttributionError, match="unknown attribution method 'lime'; valid methods: cls_attention"
+    ):
         attribute(make(), x, y, ["lime"])
     with pytest.raises(AttributionError, match="not Linear"):
         rollout(torch.nn.Linear(2, 2), x, y)
@@ -190,7 +224,9 @@ def test_refusals_name_what_is_wrong():
 
 def _tokens_by_hand(model: VisionTransformer, x: torch.Tensor) -> torch.Tensor:
     """The sequence entering block 0, rebuilt from the parameters (no hook point involved)."""
-    patches = torch.nn.functional.conv2d(x, model.patch_proj.weight, model.patch_proj.bias, stride=2)
+    patches = torch.nn.functional.conv2d(
+        x, model.patch_proj.weight, model.patch_proj.bias, stride=2
+    )
     patches = patches.flatten(2).transpose(1, 2)
     prefix = [model.cls_token.expand(x.shape[0], -1, -1)]
     if model.register_tokens is not None:
@@ -211,14 +247,19 @@ def test_each_single_drop_is_the_model_run_on_the_sequence_without_that_token(fa
         want = np.empty((3, P))
         for i in range(P):
             keep = [t for t in range(seq.shape[1]) if t != p + i]
-            dropped = torch.log_softmax(model.forward_head(model.forward_blocks(seq[:, keep])).double(), -1)
+            dropped = torch.log_softmax(
+                model.forward_head(model.forward_blocks(seq[:, keep])).double(), -1
+            )
             want[:, i] = (full - dropped).gather(1, y.view(-1, 1))[:, 0].numpy()
     diff = max_diff(got.effects, want)
-    assert diff <= 1e-5, f"{family}: effects vs the hand-built shorter sequences: max |difference| {diff:.3g}"
+    assert diff <= 1e-5, (
+        f"{family}: effects vs the hand-built shorter sequences: max |difference| {diff:.3g}"
+    )
     assert got.forwards == 3 + 3 * P and np.abs(got.effects).max() > 1e-3
     # and by a third route: for a CLS-pooling model, removing a token = masking its key column in every map
     i = 9
     with torch.no_grad():
+
         def mask(a: torch.Tensor) -> torch.Tensor:
             a = a.clone()
             a[..., p + i] = 0.0
@@ -228,7 +269,9 @@ def test_each_single_drop_is_the_model_run_on_the_sequence_without_that_token(fa
             masked = torch.log_softmax(model(x).double(), -1)
     via_mask = (full - masked).gather(1, y.view(-1, 1))[:, 0].numpy()
     diff = max_diff(got.effects[:, i], via_mask)
-    assert diff <= 1e-5, f"{family}: effect of patch {i} vs masking its key column: max |difference| {diff:.3g}"
+    assert diff <= 1e-5, (
+        f"{family}: effect of patch {i} vs masking its key column: max |difference| {diff:.3g}"
+    )
 
 
 def planted_model(patch: int = 5) -> VisionTransformer:
@@ -254,7 +297,7 @@ def planted_model(patch: int = 5) -> VisionTransformer:
         block.norm2.weight.fill_(1.0)
         block.attn.qkv.bias[0] = 10.0  # q = 10 e_0 for every query
         block.attn.qkv.weight[d, 0] = 10.0  # k_0 = 10 x_0 (normalised)
-        block.attn.qkv.weight[2 * d:] = torch.eye(d)  # v = normalised token
+        block.attn.qkv.weight[2 * d :] = torch.eye(d)  # v = normalised token
         block.attn.out_proj.weight.copy_(torch.eye(d))
         model.head.weight.copy_(torch.randn(model.head.weight.shape, generator=gen))
         model.head.weight[0, 0] = 5.0  # class 0 rises with the planted token's value on channel 0
@@ -268,7 +311,8 @@ def test_a_planted_patch_has_all_the_effect_and_the_methods_that_should_find_it_
     effects = single_token_effects(model, x, y).effects
     others = np.delete(np.abs(effects), planted, axis=1).max()
     assert (np.abs(effects[:, planted]) > 1e3 * max(others, 1e-12)).all(), (
-        f"planted effect {np.abs(effects[:, planted]).min():.3g} vs the largest other {others:.3g}")
+        f"planted effect {np.abs(effects[:, planted]).min():.3g} vs the largest other {others:.3g}"
+    )
     scores = attribute(model, x, y, ["cls_attention", "rollout", "chefer", "grad_x_input"])
     for name in ("cls_attention", "rollout", "chefer"):
         top = order_of(scores[name])[:, 0]
@@ -287,7 +331,9 @@ def test_auc_is_the_trapezoid_over_fractions_with_both_ends():
     assert abs(auc(fractions, values) - 0.4375) <= 1e-15
     assert np.allclose(auc(fractions, [values, [1.0] * 4]), [0.4375, 1.0], atol=1e-15, rtol=0)
     with pytest.raises(AttributionError, match="from 0 to 1 inclusive"):
-        auc([0.25, 0.5, 1.0], [1.0, 0.5, 0.0])  # a grid without the 0 point is refused, never rescaled
+        auc(
+            [0.25, 0.5, 1.0], [1.0, 0.5, 0.0]
+        )  # a grid without the 0 point is refused, never rescaled
 
 
 def test_curves_start_and_end_where_they_must_and_the_first_deletion_is_the_single_drop():
@@ -297,7 +343,9 @@ def test_curves_start_and_end_where_they_must_and_the_first_deletion_is_the_sing
     effects = single_token_effects(model, x, y)
     full = np.exp(effects.full_log_prob)
     with torch.no_grad():
-        alone = torch.softmax(logits_keeping(model, x, torch.zeros(3, 1, 0, dtype=torch.long))[:, 0].double(), -1)
+        alone = torch.softmax(
+            logits_keeping(model, x, torch.zeros(3, 1, 0, dtype=torch.long))[:, 0].double(), -1
+        )
     alone = alone.gather(1, y.view(-1, 1))[:, 0].numpy()
     assert np.array_equal(curves.fractions, np.arange(P + 1) / P)
     for m in scores:
@@ -312,7 +360,10 @@ def test_curves_start_and_end_where_they_must_and_the_first_deletion_is_the_sing
     # a coarser grid keeps both ends
     coarse = perturbation_curves(model, x, y, scores, counts=[0, 4, 8, 16])
     assert np.array_equal(coarse.fractions, [0, 0.25, 0.5, 1])
-    assert max_diff(coarse.deletion_prob["random"], curves.deletion_prob["random"][:, [0, 4, 8, 16]]) <= 1e-6
+    assert (
+        max_diff(coarse.deletion_prob["random"], curves.deletion_prob["random"][:, [0, 4, 8, 16]])
+        <= 1e-6
+    )
     with pytest.raises(AttributionError, match="must include 0 and 16"):
         perturbation_curves(model, x, y, scores, counts=[1, 16])
 
@@ -334,7 +385,9 @@ def test_cls_attention_on_the_tokens_that_matter_by_hand():
     effects = np.array([[5.0, -1.0, 5.0, 0.0]])  # a tie at the top: the lower index first
     assert top_mask(effects, 2).tolist() == [[True, False, True, False]]
     assert abs(attention_mass_on(attention, top_mask(effects, 2))[0] - 0.3) <= 1e-15
-    assert abs(attention_mass_on(attention * 2, top_mask(attention, 1))[0] - 0.4) <= 1e-15  # a share, any scale
+    assert (
+        abs(attention_mass_on(attention * 2, top_mask(attention, 1))[0] - 0.4) <= 1e-15
+    )  # a share, any scale
     with pytest.raises(ValueError, match="must be in 1..4"):
         top_mask(effects, 5)
 
@@ -352,9 +405,15 @@ def test_token_norms_find_a_planted_high_norm_token_and_its_cls_attention():
     p = model.cfg.num_prefix_tokens
     for b in range(model.cfg.depth):
         want = analysis.hidden_states[f"blocks.{b}.resid2"].double().norm(dim=-1)[:, p:]
-        relative = max_diff(norms.norms[:, b] / want.numpy(), 1.0)  # float32 tokens, batches of 3 vs 4
-        assert relative <= 1e-6, f"block {b}: norms vs forward_analysis: max relative difference {relative:.3g}"
-        assert norms.outlier[:, b].sum() == 1 and norms.outlier[1, b, 9], f"block {b}: {np.argwhere(norms.outlier[:, b])}"
+        relative = max_diff(
+            norms.norms[:, b] / want.numpy(), 1.0
+        )  # float32 tokens, batches of 3 vs 4
+        assert relative <= 1e-6, (
+            f"block {b}: norms vs forward_analysis: max relative difference {relative:.3g}"
+        )
+        assert norms.outlier[:, b].sum() == 1 and norms.outlier[1, b, 9], (
+            f"block {b}: {np.argwhere(norms.outlier[:, b])}"
+        )
         assert norms.outlier_positions(b).tolist() == [[1, 2, 1]]
     assert np.allclose(norms.outlier_fraction, 1 / (4 * P), atol=1e-15, rtol=0)
     assert norms.outlier_grid()[:, 2, 1].tolist() == [1, 1]
@@ -376,21 +435,40 @@ def test_concentration_of_a_hand_made_cls_row_is_what_the_definitions_give():
     uniform = [0.2, 0.0, 0.0, 0.2, 0.2, 0.2, 0.2]
     rows = np.array([[[head0, head1]], [[uniform, uniform]]])  # (B=2, L=1, H=2, N=7)
     c = concentration(rows, prefix=3, top_k=2)
-    mean = 11 / 14, 1 / 14  # the heads' mean row: 0.55, 0.05, 0.05, 0.05 on the patches (0.7 in all)
+    mean = (
+        11 / 14,
+        1 / 14,
+    )  # the heads' mean row: 0.55, 0.05, 0.05, 0.05 on the patches (0.7 in all)
     want = {
-        "top1": [[11 / 14], [0.25]], "topk": [[12 / 14], [0.5]],
-        "entropy": [[-(mean[0] * np.log(mean[0]) + 3 * mean[1] * np.log(mean[1])) / np.log(4)], [1.0]],
-        "registers": [[0.15], [0.0]], "self_share": [[0.15], [0.2]],
-        "top1_heads": [[[0.5, 1.0]], [[0.25, 0.25]]], "topk_heads": [[[2 / 3, 1.0]], [[0.5, 0.5]]],
+        "top1": [[11 / 14], [0.25]],
+        "topk": [[12 / 14], [0.5]],
+        "entropy": [
+            [-(mean[0] * np.log(mean[0]) + 3 * mean[1] * np.log(mean[1])) / np.log(4)],
+            [1.0],
+        ],
+        "registers": [[0.15], [0.0]],
+        "self_share": [[0.15], [0.2]],
+        "top1_heads": [[[0.5, 1.0]], [[0.25, 0.25]]],
+        "topk_heads": [[[2 / 3, 1.0]], [[0.5, 0.5]]],
         "entropy_heads": [[[0.5 * np.log(12) / np.log(4), 0.0]], [[1.0, 1.0]]],
         "registers_heads": [[[0.3, 0.0]], [[0.0, 0.0]]],
     }
     for name, expected in want.items():
         diff = max_diff(getattr(c, name), expected)
-        assert diff <= 1e-12, f"{name}: {getattr(c, name).tolist()} vs {expected}: max |difference| {diff:.3g}"
+        assert diff <= 1e-12, (
+            f"{name}: {getattr(c, name).tolist()} vs {expected}: max |difference| {diff:.3g}"
+        )
     assert c.top_k == 2 and concentration(rows, prefix=3).top_k == 1 == top_count(4)
-    assert [top_count(n) for n in (1, 16, 30, 49, 64)] == [1, 2, 3, 5, 7]  # ceil(P / 10), no float rounding
-    assert np.isnan(concentration(rows[..., :4], prefix=3).entropy).all()  # one patch: no entropy to normalise
+    assert [top_count(n) for n in (1, 16, 30, 49, 64)] == [
+        1,
+        2,
+        3,
+        5,
+        7,
+    ]  # ceil(P / 10), no float rounding
+    assert np.isnan(
+        concentration(rows[..., :4], prefix=3).entropy
+    ).all()  # one patch: no entropy to normalise
     with pytest.raises(ValueError, match="must be in 1..4"):
         concentration(rows, prefix=3, top_k=5)
 
@@ -400,12 +478,23 @@ def test_a_model_with_four_registers_goes_through_every_method_the_drops_and_the
     p = model.cfg.num_prefix_tokens
     assert p == 5
     done: list[int] = []
-    cell = score_cell(model, x, y, list(METHODS), seed=1, k=3.0, counts=[0, 8, 16], batch_size=2,
-                      progress=done.append)
+    cell = score_cell(
+        model,
+        x,
+        y,
+        list(METHODS),
+        seed=1,
+        k=3.0,
+        counts=[0, 8, 16],
+        batch_size=2,
+        progress=done.append,
+    )
     assert done == [2, 1]  # one call per image batch, with its size
     for m in METHODS:
         s = cell.scores[m]
-        assert s.shape == (3, P) and np.isfinite(s).all(), m  # patch tokens only: no register is scored
+        assert s.shape == (3, P) and np.isfinite(s).all(), (
+            m
+        )  # patch tokens only: no register is scored
     # batching does not change the cell: one batch of 3 gives the same scores and effects
     whole = score_cell(model, x, y, list(METHODS), seed=1, k=3.0, counts=[0, 8, 16], batch_size=3)
     for m in METHODS:
@@ -417,30 +506,51 @@ def test_a_model_with_four_registers_goes_through_every_method_the_drops_and_the
         full = torch.log_softmax(model.forward_head(model.forward_blocks(seq)).double(), -1)
         i = 6
         keep = [t for t in range(seq.shape[1]) if t != p + i]  # the registers stay, like CLS
-        dropped = torch.log_softmax(model.forward_head(model.forward_blocks(seq[:, keep])).double(), -1)
+        dropped = torch.log_softmax(
+            model.forward_head(model.forward_blocks(seq[:, keep])).double(), -1
+        )
         alone = torch.softmax(model.forward_head(model.forward_blocks(seq[:, :p])).double(), -1)
         analysis = model.forward_analysis(x)
     effect = (full - dropped).gather(1, y.view(-1, 1))[:, 0].numpy()
     diff = max_diff(cell.causal.effects[:, i], effect)
-    assert diff <= 1e-5, f"effect of patch {i} vs the hand-built sequence with the 4 registers: {diff:.3g}"
-    prefix_only = alone.gather(1, y.view(-1, 1))[:, 0].numpy()  # every patch deleted: CLS and registers alone
+    assert diff <= 1e-5, (
+        f"effect of patch {i} vs the hand-built sequence with the 4 registers: {diff:.3g}"
+    )
+    prefix_only = alone.gather(1, y.view(-1, 1))[
+        :, 0
+    ].numpy()  # every patch deleted: CLS and registers alone
     for m in METHODS:
         diff = max_diff(cell.curves.deletion_prob[m][:, -1], prefix_only)
-        assert diff <= 1e-6, f"{m}: deletion of every patch vs CLS and 4 registers alone: {diff:.3g}"
+        assert diff <= 1e-6, (
+            f"{m}: deletion of every patch vs CLS and 4 registers alone: {diff:.3g}"
+        )
     norms = cell.norms
     assert norms.norms.shape == (3, 2, P) and norms.prefix_norms.shape == (3, 2, p)
     for b in range(2):
         tokens = analysis.hidden_states[f"blocks.{b}.resid2"].double().norm(dim=-1).numpy()
-        assert max_diff(norms.prefix_norms[:, b] / tokens[:, :p], 1.0) <= 1e-6, f"block {b}: register norms"
-        assert max_diff(norms.median[b], np.median(tokens[:, p:])) <= 1e-5 * np.median(tokens[:, p:]), b
+        assert max_diff(norms.prefix_norms[:, b] / tokens[:, :p], 1.0) <= 1e-6, (
+            f"block {b}: register norms"
+        )
+        assert max_diff(norms.median[b], np.median(tokens[:, p:])) <= 1e-5 * np.median(
+            tokens[:, p:]
+        ), b
         row = analysis.attentions[b].double().mean(dim=1)[:, 0].numpy()  # (3, 21) heads averaged
         c = norms.concentration
-        assert max_diff(c.registers[:, b], row[:, 1:p].sum(axis=1)) <= 1e-6, f"block {b}: CLS attention on registers"
-        assert max_diff(c.self_share[:, b], row[:, 0]) <= 1e-6, f"block {b}: CLS attention on itself"
+        assert max_diff(c.registers[:, b], row[:, 1:p].sum(axis=1)) <= 1e-6, (
+            f"block {b}: CLS attention on registers"
+        )
+        assert max_diff(c.self_share[:, b], row[:, 0]) <= 1e-6, (
+            f"block {b}: CLS attention on itself"
+        )
         q = row[:, p:] / row[:, p:].sum(axis=1, keepdims=True)
         assert max_diff(c.top1[:, b], q.max(axis=1)) <= 1e-6, f"block {b}: top-1 share"
-        assert c.top_k == 2 and max_diff(c.topk[:, b], np.sort(q, axis=1)[:, -2:].sum(axis=1)) <= 1e-6, b
-    assert max_diff(norms.cls_attention, analysis.attentions[-1].double().mean(dim=1)[:, 0, p:]) <= 1e-7
+        assert (
+            c.top_k == 2 and max_diff(c.topk[:, b], np.sort(q, axis=1)[:, -2:].sum(axis=1)) <= 1e-6
+        ), b
+    assert (
+        max_diff(norms.cls_attention, analysis.attentions[-1].double().mean(dim=1)[:, 0, p:])
+        <= 1e-7
+    )
     assert (c.entropy > 0).all() and (c.entropy <= 1 + 1e-12).all() and (c.registers > 0).all()
 
 
@@ -450,9 +560,13 @@ def test_a_model_with_four_registers_goes_through_every_method_the_drops_and_the
 def test_score_cell_gives_every_array_per_image_and_a_summary_per_method():
     model, (x, y) = make("registers"), batch(3)
     plain = model(x)
-    cell = score_cell(model, x, y, list(METHODS), seed=2, k=5.0, image_index=[10, 11, 12], counts=[0, 8, 16])
+    cell = score_cell(
+        model, x, y, list(METHODS), seed=2, k=5.0, image_index=[10, 11, 12], counts=[0, 8, 16]
+    )
     assert torch.equal(model(x), plain) and hooks_of(model) == 0
-    assert not any(block.attn.fast for block in model.blocks)  # the drops' fused kernel was for their calls only
+    assert not any(
+        block.attn.fast for block in model.blocks
+    )  # the drops' fused kernel was for their calls only
     assert cell.image_index.tolist() == [10, 11, 12] and cell.norms.k == 5.0
     rows = {r.method: r for r in cell.summary()}
     assert list(rows) == list(METHODS)
@@ -466,7 +580,9 @@ def test_score_cell_gives_every_array_per_image_and_a_summary_per_method():
     for b in range(3):
         top = np.argsort(-cell.causal.effects[b], kind="stable")[:3]
         assert abs(on_top[b] - attn[b, top].sum() / attn[b].sum()) <= 1e-12
-    assert (cell.cls_attention_concentration(top=3) >= on_top - 1e-12).all()  # no 3 tokens get more than its own top 3
+    assert (
+        cell.cls_attention_concentration(top=3) >= on_top - 1e-12
+    ).all()  # no 3 tokens get more than its own top 3
 
 
 def test_a_timm_vit_converted_exactly_gives_the_same_logits_and_runs_every_method():
@@ -475,16 +591,30 @@ def test_a_timm_vit_converted_exactly_gives_the_same_logits_and_runs_every_metho
     from workbench.equivalence import set_timm_fused
 
     torch.manual_seed(0)
-    source = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=8, patch_size=2, in_chans=1,
-                               num_classes=3, embed_dim=16, depth=2, num_heads=2, reg_tokens=2).eval()
-    set_timm_fused(source, False)  # timm's written-out attention: the glass box's default path, so 0.0 is possible
+    source = timm.create_model(
+        "vit_tiny_patch16_224",
+        pretrained=False,
+        img_size=8,
+        patch_size=2,
+        in_chans=1,
+        num_classes=3,
+        embed_dim=16,
+        depth=2,
+        num_heads=2,
+        reg_tokens=2,
+    ).eval()
+    set_timm_fused(
+        source, False
+    )  # timm's written-out attention: the glass box's default path, so 0.0 is possible
     glass, _ = glassbox_from_timm(source)
     x, y = batch(2)
     with torch.no_grad():
         diff = (glass(x) - source(x)).abs().max().item()
     assert diff == 0.0, f"converted glass box vs timm: max |logit difference| {diff:.3g}"
     assert glass.cfg.register_tokens == 2
-    cell = score_cell(source, x, y, list(METHODS), seed=0, counts=[0, 8, 16])  # a timm model is converted
+    cell = score_cell(
+        source, x, y, list(METHODS), seed=0, counts=[0, 8, 16]
+    )  # a timm model is converted
     same = score_cell(glass, x, y, list(METHODS), seed=0, counts=[0, 8, 16])
     for m in METHODS:
         assert np.array_equal(cell.scores[m], same.scores[m]), m

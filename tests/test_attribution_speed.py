@@ -24,8 +24,17 @@ TOLERANCE = 1e-5  # float32 rounding of a depth-2 model with O(1) weights; the m
 
 @torch.no_grad()
 def _random_model(seed: int, **extra) -> VisionTransformer:
-    cfg = ViTConfig(image_size=8, patch_size=2, in_channels=1, num_classes=3, dim=16, depth=2, heads=2,
-                    mlp_hidden=32, **extra)
+    cfg = ViTConfig(
+        image_size=8,
+        patch_size=2,
+        in_channels=1,
+        num_classes=3,
+        dim=16,
+        depth=2,
+        heads=2,
+        mlp_hidden=32,
+        **extra,
+    )
     model = VisionTransformer(cfg).eval()
     gen = torch.Generator().manual_seed(seed)
     for tensor in model.state_dict().values():
@@ -35,7 +44,9 @@ def _random_model(seed: int, **extra) -> VisionTransformer:
 
 
 @torch.no_grad()
-def _reference_log_probs(model: VisionTransformer, x: torch.Tensor, variants: list[tuple[int, list[int]]]) -> np.ndarray:
+def _reference_log_probs(
+    model: VisionTransformer, x: torch.Tensor, variants: list[tuple[int, list[int]]]
+) -> np.ndarray:
     """``(V, classes)`` float64 log-probabilities of each ``(image, kept patches)`` variant, written out.
 
     Each variant is its own sequence, cut from the intact tokens entering block 0 (no hook attached)
@@ -47,8 +58,15 @@ def _reference_log_probs(model: VisionTransformer, x: torch.Tensor, variants: li
     out = np.empty((len(variants), model.cfg.num_classes))
     for length in sorted({len(kept) for _, kept in variants}):
         which = [v for v, (_, kept) in enumerate(variants) if len(kept) == length]
-        seq = torch.stack([tokens[variants[v][0], list(range(p)) + [p + i for i in variants[v][1]]] for v in which])
-        out[which] = torch.log_softmax(model.forward_head(model.forward_blocks(seq)).double(), -1).numpy()
+        seq = torch.stack(
+            [
+                tokens[variants[v][0], list(range(p)) + [p + i for i in variants[v][1]]]
+                for v in which
+            ]
+        )
+        out[which] = torch.log_softmax(
+            model.forward_head(model.forward_blocks(seq)).double(), -1
+        ).numpy()
     return out
 
 
@@ -59,7 +77,9 @@ def test_fast_drops_and_curves_match_the_written_out_reference():
     P = model.cfg.num_patches
     got = single_token_effects(model, x, y, max_sequences=40)
     variants = [(b, [j for j in range(P) if j != i]) for b in range(3) for i in [None, *range(P)]]
-    ref = _reference_log_probs(model, x, variants)[np.arange(len(variants)), np.repeat(y.numpy(), P + 1)]
+    ref = _reference_log_probs(model, x, variants)[
+        np.arange(len(variants)), np.repeat(y.numpy(), P + 1)
+    ]
     ref = ref.reshape(3, P + 1)  # per image: intact, then patch i dropped
     want = ref[:, :1] - ref[:, 1:]
     diff = float(np.abs(got.effects - want).max())
@@ -87,9 +107,22 @@ def test_fast_drops_and_curves_match_the_written_out_reference():
 def test_benchmark_attribute_runs_on_a_tiny_setting_and_counts_its_sequences(tmp_path):
     before = torch.get_num_threads()
     try:
-        result = CliRunner().invoke(cli, [
-            "benchmark-attribute", "--protocol", "studies/protocols/smoke_faithfulness.yaml", "--cells", "1",
-            "--images", "1", "--threads", "1", "--output-dir", str(tmp_path)])
+        result = CliRunner().invoke(
+            cli,
+            [
+                "benchmark-attribute",
+                "--protocol",
+                "studies/protocols/smoke_faithfulness.yaml",
+                "--cells",
+                "1",
+                "--images",
+                "1",
+                "--threads",
+                "1",
+                "--output-dir",
+                str(tmp_path),
+            ],
+        )
     finally:
         torch.set_num_threads(before)
     assert result.exit_code == 0, result.output
@@ -104,7 +137,19 @@ def test_benchmark_attribute_runs_on_a_tiny_setting_and_counts_its_sequences(tmp
 
 
 def test_benchmark_attribute_refuses_a_bad_thread_list_in_one_line(tmp_path):
-    result = CliRunner().invoke(cli, ["benchmark-attribute", "--protocol", "studies/protocols/smoke_faithfulness.yaml",
-                                      "--threads", "1,zero", "--output-dir", str(tmp_path)])
-    assert result.exit_code == 2 and "'1,zero': give thread counts >= 1" in result.output, result.output
+    result = CliRunner().invoke(
+        cli,
+        [
+            "benchmark-attribute",
+            "--protocol",
+            "studies/protocols/smoke_faithfulness.yaml",
+            "--threads",
+            "1,zero",
+            "--output-dir",
+            str(tmp_path),
+        ],
+    )
+    assert result.exit_code == 2 and "'1,zero': give thread counts >= 1" in result.output, (
+        result.output
+    )
     assert not list(tmp_path.iterdir())

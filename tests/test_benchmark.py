@@ -63,7 +63,9 @@ def counted(fn) -> int:
 
 def assert_count(analytic: int, measured: int, what: str) -> None:
     rel = abs(analytic - measured) / measured
-    assert rel <= REL_TOL, f"{what}: analytic {analytic:,} vs FlopCounterMode {measured:,} (relative {rel:.3g})"
+    assert rel <= REL_TOL, (
+        f"{what}: analytic {analytic:,} vs FlopCounterMode {measured:,} (relative {rel:.3g})"
+    )
 
 
 @pytest.mark.parametrize("name", VIT_CONFIGS)
@@ -72,7 +74,9 @@ def test_vit_forward_flops_match_flop_counter(name):
     model = VisionTransformer(cfg).eval()  # hand-written path: every product is a visible matmul
     batch = 2
     x = torch.randn(batch, cfg.in_channels, *cfg.image_hw)
-    measured = counted(lambda: model(x))  # grad mode: FlopCounterMode's module tracker needs it for the latent query
+    measured = counted(
+        lambda: model(x)
+    )  # grad mode: FlopCounterMode's module tracker needs it for the latent query
     flops = vit_forward_flops(cfg)
     assert flops["total"] == sum(v for k, v in flops.items() if k != "total")
     assert_count(batch * flops["total"], measured, f"{name} forward")
@@ -95,7 +99,9 @@ def test_cnn_flops_match_flop_counter(name, size):
     model = CNN(cfg).train()
     x = torch.randn(2, cfg.in_channels, size, size)
     with torch.no_grad():
-        assert_count(2 * cnn_forward_flops(cfg, size)["total"], counted(lambda: model(x)), f"{name} forward")
+        assert_count(
+            2 * cnn_forward_flops(cfg, size)["total"], counted(lambda: model(x)), f"{name} forward"
+        )
     y = torch.randint(0, cfg.num_classes, (2,))
     measured = counted(lambda: F.cross_entropy(model(x), y).backward())
     assert_count(2 * cnn_train_flops(cfg, size), measured, f"{name} forward+backward")
@@ -125,23 +131,31 @@ def test_bench_model_variants_share_weights_and_outputs():
 
 def test_cnn_bench_model_has_one_variant():
     bench = build_bench_model("fmnist_cnn")
-    assert list(bench.variants) == ["glass"] and bench.image_size == 28 and bench.parameters == 117_498
+    assert (
+        list(bench.variants) == ["glass"] and bench.image_size == 28 and bench.parameters == 117_498
+    )
 
 
 def test_time_interleaved_rounds_are_aligned():
     calls = []
     fns = {name: (lambda name=name: calls.append(name)) for name in "abc"}
     samples = time_interleaved(fns, "cpu", repeats=4, warmup=1, min_sample_s=0.0)
-    assert samples.inner == {"a": 1, "b": 1, "c": 1} and all(len(v) == 4 for v in samples.seconds.values())
+    assert samples.inner == {"a": 1, "b": 1, "c": 1} and all(
+        len(v) == 4 for v in samples.seconds.values()
+    )
     timed = calls[3:]  # after one warm-up call each
-    assert timed[:3] == ["a", "b", "c"] and timed[3:6] == ["b", "c", "a"], "order must rotate each round"
+    assert timed[:3] == ["a", "b", "c"] and timed[3:6] == ["b", "c", "a"], (
+        "order must rotate each round"
+    )
     assert all(r > 0 for r in samples.ratios("a", "b"))
     assert samples.ratios("a", "a") == [1.0] * 4
 
 
 def test_time_interleaved_budget_keeps_three_rounds():
     fns = {"a": lambda: time.sleep(0.002), "b": lambda: time.sleep(0.002)}
-    samples = time_interleaved(fns, "cpu", repeats=50, warmup=0, min_sample_s=0.0, max_seconds=0.001)
+    samples = time_interleaved(
+        fns, "cpu", repeats=50, warmup=0, min_sample_s=0.0, max_seconds=0.001
+    )
     assert [len(v) for v in samples.seconds.values()] == [3, 3]
 
 
@@ -160,7 +174,10 @@ def test_goal_verdicts():
     assert Goal("k", "d", 1.02, "<=", 1.05, q1=0.9, q3=1.1).verdict == "yes"
     assert Goal("k", "d", 1.20, "<=", 1.05, q1=1.01, q3=1.3).verdict == "no (within noise)"
     assert Goal("k", "d", 1.20, "<=", 1.05, q1=1.10, q3=1.3).verdict == "no"
-    assert Goal("k", "d", 12.0, ">=", 10.0).verdict == "yes" and not Goal("k", "d", math.nan, ">=", 10.0).met
+    assert (
+        Goal("k", "d", 12.0, ">=", 10.0).verdict == "yes"
+        and not Goal("k", "d", math.nan, ">=", 10.0).met
+    )
 
 
 def test_bench_config_validates():
@@ -182,7 +199,11 @@ def test_benchmark_quick_logs_metrics_and_artifacts(mlflow_store, tmp_path):
     assert len(runs) == 1
     run = runs[0]
     metrics, params, tags = run.data.metrics, run.data.params, run.data.tags
-    assert params["bench.quick"] == "True" and params["bench.torch_threads"] == "1" and tags["cpu_threads"] == "1"
+    assert (
+        params["bench.quick"] == "True"
+        and params["bench.torch_threads"] == "1"
+        and tags["cpu_threads"] == "1"
+    )
     assert params["bench.models"] == "fmnist_vit,fmnist_cnn"
     assert tags["machine.device"] == "cpu" and tags["machine.device_name"] and tags["torch_version"]
 
@@ -190,25 +211,42 @@ def test_benchmark_quick_logs_metrics_and_artifacts(mlflow_store, tmp_path):
     assert "inference/fmnist_vit/b1/glass_fast/ratio_to_timm_fused" in ratios
     assert "train/fmnist_vit/b8/glass_written/ratio_to_timm_fused" in ratios
     assert all(math.isfinite(v) and v > 0 for v in ratios.values()), ratios
-    assert metrics["inference/fmnist_vit/b1/timm_fused/ratio_to_timm_fused"] == 1.0  # the reference itself
+    assert (
+        metrics["inference/fmnist_vit/b1/timm_fused/ratio_to_timm_fused"] == 1.0
+    )  # the reference itself
     assert metrics["matmul/float32/tflops_median"] > 0
     assert 0 < metrics["inference/fmnist_vit/b8/glass_fast/fraction_of_fp32_peak"]
     assert metrics["inference/fmnist_cnn/b8/glass/images_per_s"] > 0
-    rows = pd.read_csv(tmp_path / "files" / "results.csv").set_index(["section", "model", "batch", "variant"])
+    rows = pd.read_csv(tmp_path / "files" / "results.csv").set_index(
+        ["section", "model", "batch", "variant"]
+    )
     row = rows.loc[("inference", "fmnist_vit", 8, "glass_fast")]
-    assert metrics["inference/fmnist_vit/b8/glass_fast/images_per_s"] == pytest.approx(row["images_per_s"])
-    assert metrics["inference/fmnist_vit/b8/glass_fast/ms_median"] == pytest.approx(1e3 * row["median_s"])
+    assert metrics["inference/fmnist_vit/b8/glass_fast/images_per_s"] == pytest.approx(
+        row["images_per_s"]
+    )
+    assert metrics["inference/fmnist_vit/b8/glass_fast/ms_median"] == pytest.approx(
+        1e3 * row["median_s"]
+    )
     assert metrics["loader/ours_images_per_s"] > 0
     assert metrics["goals_total"] >= 5 and 0 <= metrics["goals_met"] <= metrics["goals_total"]
     assert any(k.startswith("goal/loader/") for k in metrics)
 
     client = mlflow.tracking.MlflowClient()
     logged = {Path(f.path).name for f in client.list_artifacts(run.info.run_id, "benchmark")}
-    assert {"results.csv", "goals.csv", "matmul.csv", "summary.md", "benchmark.png", "machine.json"} <= logged
+    assert {
+        "results.csv",
+        "goals.csv",
+        "matmul.csv",
+        "summary.md",
+        "benchmark.png",
+        "machine.json",
+    } <= logged
     local = Path(client.download_artifacts(run.info.run_id, "benchmark", str(tmp_path / "dl")))
     table = pd.read_csv(local / "results.csv")
     bf16 = bf16_supported(torch.device("cpu"))
-    assert set(table["section"]) == {"inference", "train"} | ({"train_precision"} if bf16 else set())
+    assert set(table["section"]) == {"inference", "train"} | (
+        {"train_precision"} if bf16 else set()
+    )
     if bf16:  # fp32 and bf16 autocast side by side, each against its own matmul peak
         for precision in ("fp32", "bf16"):
             assert 0 < metrics[f"train_precision/fmnist_vit/b8/{precision}/fraction_of_own_peak"]
@@ -216,13 +254,19 @@ def test_benchmark_quick_logs_metrics_and_artifacts(mlflow_store, tmp_path):
         assert metrics["train_precision/fmnist_vit/b8/fp32/speedup_vs_fp32"] == 1.0
         assert math.isfinite(metrics["train_precision/fmnist_vit/b8/bf16/speedup_vs_fp32"])
         assert metrics["matmul/bfloat16/tflops_median"] > 0
-        assert "## Training step, fp32 vs bf16 autocast" in out.output and "| x fp32 |" in out.output
+        assert (
+            "## Training step, fp32 vs bf16 autocast" in out.output and "| x fp32 |" in out.output
+        )
     vit = table[(table["model"] == "fmnist_vit") & table["section"].isin(["inference", "train"])]
-    assert (vit["ratio_to_timm_fused"] > 0).all() and vit["ratio_to_timm_fused"].map(math.isfinite).all()
+    assert (vit["ratio_to_timm_fused"] > 0).all() and vit["ratio_to_timm_fused"].map(
+        math.isfinite
+    ).all()
     assert "| goal | measured |" in (local / "summary.md").read_text()
     assert (local / "benchmark.png").read_bytes()[:4] == b"\x89PNG"
     assert (tmp_path / "files" / "summary.md").exists()
-    profiles = {Path(f.path).name for f in client.list_artifacts(run.info.run_id, "benchmark/profiles")}
+    profiles = {
+        Path(f.path).name for f in client.list_artifacts(run.info.run_id, "benchmark/profiles")
+    }
     assert "fmnist_vit_glass_fast_b1.txt" in profiles and "fmnist_vit_timm_fused_b1.txt" in profiles
 
 
@@ -230,13 +274,28 @@ def test_precision_goal_is_the_bf16_speedup_and_skipped_without_bf16(monkeypatch
     from workbench.bench import precision
     from workbench.bench.report import evaluate_goals
 
-    row = {"section": "train_precision", "model": "cifar_vit", "batch": 128, "variant": "bf16",
-           "speedup_vs_fp32": 1.9, "speedup_vs_fp32_q1": 1.7, "speedup_vs_fp32_q3": 2.0, "speedup_vs_fp32_best": 1.95}
+    row = {
+        "section": "train_precision",
+        "model": "cifar_vit",
+        "batch": 128,
+        "variant": "bf16",
+        "speedup_vs_fp32": 1.9,
+        "speedup_vs_fp32_q1": 1.7,
+        "speedup_vs_fp32_q3": 2.0,
+        "speedup_vs_fp32_best": 1.95,
+    }
     (goal,) = evaluate_goals(pd.DataFrame(), pd.DataFrame(), None, "cpu", pd.DataFrame([row]))
-    assert goal.key == "train_precision/cifar_vit/b128/bf16_speedup_vs_fp32" and goal.op == ">=" and goal.target == 1.8
+    assert (
+        goal.key == "train_precision/cifar_vit/b128/bf16_speedup_vs_fp32"
+        and goal.op == ">="
+        and goal.target == 1.8
+    )
     assert goal.met and goal.measured == 1.9
     slower = pd.DataFrame([{**row, "speedup_vs_fp32": 1.5, "speedup_vs_fp32_q3": 1.85}])
-    assert evaluate_goals(pd.DataFrame(), pd.DataFrame(), None, "cpu", slower)[0].verdict == "no (within noise)"
+    assert (
+        evaluate_goals(pd.DataFrame(), pd.DataFrame(), None, "cpu", slower)[0].verdict
+        == "no (within noise)"
+    )
     monkeypatch.setattr(precision, "bf16_supported", lambda device: False)
     assert precision.run_precision(BenchConfig(precision_models=("fmnist_vit",)), 64).empty
 
@@ -245,4 +304,6 @@ def test_library_never_imports_mlflow():
     import workbench.bench
 
     for path in Path(workbench.bench.__file__).parent.glob("*.py"):
-        assert "mlflow" not in path.read_text(), f"{path.name} mentions mlflow: the library must not log"
+        assert "mlflow" not in path.read_text(), (
+            f"{path.name} mentions mlflow: the library must not log"
+        )

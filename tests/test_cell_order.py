@@ -20,7 +20,9 @@ def test_the_seed_tables_largest_arm_is_queued_first_and_its_smallest_last():
     assert sorted(order) == list(range(len(cells))), "every cell exactly once"
     assert arms[:3] == ["p4_w192"] * 3 and arms[-3:] == ["p16_w96"] * 3, arms
     work = cell_work(protocol, 32)
-    assert all(work[a] >= work[b] for a, b in zip(order, order[1:])), "not in decreasing order of work"
+    assert all(work[a] >= work[b] for a, b in zip(order, order[1:])), (
+        "not in decreasing order of work"
+    )
     # Ties keep protocol order: base, pos_none and the head arms cost the same FLOPs per image.
     tied = [i for i in order if cells[i].arm in ("base", "pos_none")]
     assert tied == sorted(tied), tied
@@ -31,7 +33,9 @@ def test_a_cell_without_an_estimate_keeps_the_protocols_order():
     # The tiny test protocol's ViT says 8 px; given 16 px images, its cost is refused: written order.
     protocol = parse_protocol(yaml.safe_load(PROTOCOL.format(name="tiny", epochs=2)))
     order, line = longest_first(protocol, image_size=16)
-    assert order == list(range(len(protocol.cells()))) and line.startswith("queue order: as in the protocol ("), line
+    assert order == list(range(len(protocol.cells()))) and line.startswith(
+        "queue order: as in the protocol ("
+    ), line
     assert "image_size=16" in line, line
 
 
@@ -39,8 +43,15 @@ def test_a_cell_without_an_estimate_keeps_the_protocols_order():
 def test_workers_take_queued_cells_in_the_given_order(tmp_path, order):
     protocol = parse_protocol(yaml.safe_load(PROTOCOL.format(name="tiny", epochs=2)))
     storage = open_storage(f"journal:{tmp_path / 'q.log'}")
-    name, added = enqueue_cells(protocol, tmp_path / "tiny.yaml", storage, "parent", finished={("cnn", 0)},
-                                settings={}, order=order)
+    name, added = enqueue_cells(
+        protocol,
+        tmp_path / "tiny.yaml",
+        storage,
+        "parent",
+        finished={("cnn", 0)},
+        settings={},
+        order=order,
+    )
     study = optuna.load_study(study_name=name, storage=storage)
     taken = [study.ask().user_attrs["cell"] for _ in range(added)]
     cnn0 = [i for i, c in enumerate(protocol.cells()) if (c.arm, c.seed) == ("cnn", 0)]

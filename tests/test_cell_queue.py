@@ -11,7 +11,15 @@ import pytest
 from click.testing import CliRunner
 from optuna.trial import TrialState
 
-from studies.ablation.cell_queue import LEASE_ATTR, CellQueue, holds, new_lease, open_storage, renew, requeue_expired
+from studies.ablation.cell_queue import (
+    LEASE_ATTR,
+    CellQueue,
+    holds,
+    new_lease,
+    open_storage,
+    renew,
+    requeue_expired,
+)
 from studies.ablation.worker import QueueFence
 from studies.cli import main
 from tracking.record.lease import LeaseLost
@@ -28,7 +36,10 @@ def study(tmp_path):
     storage = open_storage(f"journal:{tmp_path / 'queue.log'}", heartbeat=1, grace=5)
     study = optuna.create_study(study_name="cells:t@0", storage=storage, direction="maximize")
     for cell in range(4):
-        study.enqueue_trial({"cell": cell}, user_attrs={"cell": cell, "key": f"vit/seed{cell}", "arm": "vit", "seed": cell})
+        study.enqueue_trial(
+            {"cell": cell},
+            user_attrs={"cell": cell, "key": f"vit/seed{cell}", "arm": "vit", "seed": cell},
+        )
     return CellQueue(study, storage)
 
 
@@ -38,15 +49,23 @@ def test_only_expired_leases_are_requeued_and_finished_cells_never(study):
     renew(queue, live.number, new_lease())  # this process: alive, fresh heartbeat
     renew(queue, dead.number, {**new_lease(), "pid": dead_pid()})  # its process is gone
     renew(queue, stale.number, {**new_lease(), "host": "elsewhere"})
-    queue.set_attr(stale.number, LEASE_ATTR, {**new_lease(), "host": "elsewhere", "heartbeat": time.time() - 60})
+    queue.set_attr(
+        stale.number,
+        LEASE_ATTR,
+        {**new_lease(), "host": "elsewhere", "heartbeat": time.time() - 60},
+    )
     study.tell(done, 1.0)
     lines = []
     assert requeue_expired(queue, grace=5, log=lines.append) == 2
-    assert len(lines) == 2 and "is gone" in lines[0] and "expired: last heartbeat 60 s ago" in lines[1], lines
+    assert (
+        len(lines) == 2 and "is gone" in lines[0] and "expired: last heartbeat 60 s ago" in lines[1]
+    ), lines
     states = {t.number: t.state for t in study.get_trials(deepcopy=False)}
     assert states[live.number] == TrialState.RUNNING and states[done.number] == TrialState.COMPLETE
     assert states[dead.number] == states[stale.number] == TrialState.FAIL
-    waiting = sorted(t.user_attrs["cell"] for t in study.get_trials(deepcopy=False, states=(TrialState.WAITING,)))
+    waiting = sorted(
+        t.user_attrs["cell"] for t in study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
+    )
     assert waiting == sorted([dead.user_attrs["cell"], stale.user_attrs["cell"]])
     assert requeue_expired(queue, grace=5, log=lines.append) == 0  # nothing twice
 
@@ -67,9 +86,21 @@ def test_a_worker_whose_lease_was_taken_over_stops_at_its_next_step(study):
 
 
 def test_a_heartbeat_not_shorter_than_the_grace_period_is_refused(tmp_path):
-    result = CliRunner().invoke(main, ["worker", "--storage", f"journal:{tmp_path / 'q.log'}", "--heartbeat", "60",
-                                       "--grace", "5"])
-    assert result.exit_code == 2 and "--heartbeat 60 must be shorter than --grace 5" in result.output, result.output
+    result = CliRunner().invoke(
+        main,
+        [
+            "worker",
+            "--storage",
+            f"journal:{tmp_path / 'q.log'}",
+            "--heartbeat",
+            "60",
+            "--grace",
+            "5",
+        ],
+    )
+    assert (
+        result.exit_code == 2 and "--heartbeat 60 must be shorter than --grace 5" in result.output
+    ), result.output
     assert "Traceback" not in result.output
 
 

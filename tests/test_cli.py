@@ -29,8 +29,14 @@ CUDA = torch.cuda.is_available()
 
 def run_python(code: str, *args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "WORKBENCH_DEBUG": ""}
-    return subprocess.run([sys.executable, *(["-c", code] if code else []), *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, *(["-c", code] if code else []), *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def test_help_imports_no_torch_and_no_workbench_module_imports_mlflow_click_or_optuna():
@@ -58,10 +64,14 @@ print("FORBIDDEN", sorted(m for m in ("mlflow", "click", "optuna") if m in sys.m
     assert "HEAVY []" in proc.stdout, proc.stdout[-500:]
     listing = proc.stdout.split("Commands:")[1].split("--from")[0]
     for name, (_, _, short) in LAZY_COMMANDS.items():
-        assert f"  {name} " in listing and short.split()[0] in listing, f"{name} missing from `workbench --help`"
+        assert f"  {name} " in listing and short.split()[0] in listing, (
+            f"{name} missing from `workbench --help`"
+        )
     assert "--recheck" in proc.stdout  # sync's own options were shown
     assert "FORBIDDEN []" in proc.stdout, proc.stdout[-500:]
-    assert int(proc.stdout.split("MODULES ")[1].split()[0]) > 40  # the walk really covered the library
+    assert (
+        int(proc.stdout.split("MODULES ")[1].split()[0]) > 40
+    )  # the walk really covered the library
 
 
 def test_declared_short_help_is_each_commands_own():
@@ -69,7 +79,9 @@ def test_declared_short_help_is_each_commands_own():
 
     for name, (_, _, short) in LAZY_COMMANDS.items():
         command = main.get_command(Context(main), name)
-        assert command.get_short_help_str(limit=1000) == short, f"LAZY_COMMANDS[{name!r}] drifted from its docstring"
+        assert command.get_short_help_str(limit=1000) == short, (
+            f"LAZY_COMMANDS[{name!r}] drifted from its docstring"
+        )
 
 
 @pytest.fixture
@@ -92,23 +104,56 @@ def bad_inputs(tmp_path, mlflow_store, monkeypatch):
     return tmp_path
 
 
-DEVICE = [] if CUDA else [
-    (["equivalence", "--model", "vit_tiny_patch16_224", "--device", "cuda"], "'cuda'"),
-    (["train", "--device", "cuda:0"], "'cuda:0'"),
-    (["ablate", "--protocol", str(PROTOCOLS / "smoke.yaml"), "--device", "cuda"], "'cuda'"),
-    (["transfer", "--protocol", str(PROTOCOLS / "retina_transfer_smoke.yaml"), "--device", "cuda"], "'cuda'"),
-    (["intervene", "--protocol", str(PROTOCOLS / "smoke_heads.yaml"), "--device", "cuda"], "'cuda'"),
-    (["attribute", "--protocol", str(PROTOCOLS / "smoke_faithfulness.yaml"), "--device", "cuda"], "'cuda'"),
-    (["benchmark", "--device", "cuda"], "'cuda'"),
-    (["benchmark-loader", "--device", "cuda"], "'cuda'"),
-    (["worker", "--storage", "sqlite:///q.db", "--device", "cuda"], "'cuda'"),
-]
+DEVICE = (
+    []
+    if CUDA
+    else [
+        (["equivalence", "--model", "vit_tiny_patch16_224", "--device", "cuda"], "'cuda'"),
+        (["train", "--device", "cuda:0"], "'cuda:0'"),
+        (["ablate", "--protocol", str(PROTOCOLS / "smoke.yaml"), "--device", "cuda"], "'cuda'"),
+        (
+            [
+                "transfer",
+                "--protocol",
+                str(PROTOCOLS / "retina_transfer_smoke.yaml"),
+                "--device",
+                "cuda",
+            ],
+            "'cuda'",
+        ),
+        (
+            ["intervene", "--protocol", str(PROTOCOLS / "smoke_heads.yaml"), "--device", "cuda"],
+            "'cuda'",
+        ),
+        (
+            [
+                "attribute",
+                "--protocol",
+                str(PROTOCOLS / "smoke_faithfulness.yaml"),
+                "--device",
+                "cuda",
+            ],
+            "'cuda'",
+        ),
+        (["benchmark", "--device", "cuda"], "'cuda'"),
+        (["benchmark-loader", "--device", "cuda"], "'cuda'"),
+        (["worker", "--storage", "sqlite:///q.db", "--device", "cuda"], "'cuda'"),
+    ]
+)
 CASES = DEVICE + [
     (["equivalence", "--model", "no_such_model"], "no_such_model"),
-    (["equivalence", "--model", "vit_tiny_patch16_224", "--weights", "random.bin"],
-     "random.bin is not a safetensors file or a torch checkpoint"),
-    (["equivalence", "--model", "vit_tiny_patch16_224", "--weights", "cut.safetensors"], "cut.safetensors"),
-    (["equivalence", "--model", "vit_tiny_patch16_224", "--weights", "missing.safetensors"], "missing.safetensors"),
+    (
+        ["equivalence", "--model", "vit_tiny_patch16_224", "--weights", "random.bin"],
+        "random.bin is not a safetensors file or a torch checkpoint",
+    ),
+    (
+        ["equivalence", "--model", "vit_tiny_patch16_224", "--weights", "cut.safetensors"],
+        "cut.safetensors",
+    ),
+    (
+        ["equivalence", "--model", "vit_tiny_patch16_224", "--weights", "missing.safetensors"],
+        "missing.safetensors",
+    ),
     (["train", "--model", "no_such_model"], "no_such_model"),
     (["train", "--set", "no_such_field=3"], "no_such_field"),
     (["train", "--dataset", "no_such_data"], "no_such_data"),
@@ -120,21 +165,55 @@ CASES = DEVICE + [
     (["ablate", "--protocol", "bad_protocol.yaml"], "not_a_key"),
     (["ablate", "--protocol", "bad.npz"], "bad.npz"),
     (["transfer", "--protocol", "missing.yaml"], "missing.yaml"),
-    (["intervene", "--protocol", str(PROTOCOLS / "smoke.yaml")], "is an ablation protocol, not an intervention protocol"),
+    (
+        ["intervene", "--protocol", str(PROTOCOLS / "smoke.yaml")],
+        "is an ablation protocol, not an intervention protocol",
+    ),
     (["intervene", "--protocol", "bad_protocol.yaml"], "not_a_key"),
-    (["attribute", "--protocol", str(PROTOCOLS / "smoke.yaml")], "is an ablation protocol, not an attribution protocol"),
+    (
+        ["attribute", "--protocol", str(PROTOCOLS / "smoke.yaml")],
+        "is an ablation protocol, not an attribution protocol",
+    ),
     (["attribute", "--protocol", "bad_protocol.yaml"], "not_a_key"),
-    (["benchmark-intervene", "--protocol", str(PROTOCOLS / "smoke.yaml")], "not an intervention protocol"),
+    (
+        ["benchmark-intervene", "--protocol", str(PROTOCOLS / "smoke.yaml")],
+        "not an intervention protocol",
+    ),
     (["report", "--protocol", "missing.yaml"], "missing.yaml"),
     (["figures", "--protocol", "missing.yaml", "--no-log"], "missing.yaml"),
-    (["figures", "--timm-model", "vit_tiny_patch16_224", "--weights", "random.bin", "--image", "corrupt/train/cat/0.png",
-      "--no-log"], "random.bin"),
+    (
+        [
+            "figures",
+            "--timm-model",
+            "vit_tiny_patch16_224",
+            "--weights",
+            "random.bin",
+            "--image",
+            "corrupt/train/cat/0.png",
+            "--no-log",
+        ],
+        "random.bin",
+    ),
     (["benchmark", "--batch-size", "x"], "'x'"),
-    (["sweep", "--protocol", "missing.yaml", "--param", "optim.lr=float:1e-4:1e-2"], "missing.yaml"),
+    (
+        ["sweep", "--protocol", "missing.yaml", "--param", "optim.lr=float:1e-4:1e-2"],
+        "missing.yaml",
+    ),
     (["sweep", "--protocol", str(PROTOCOLS / "smoke.yaml"), "--param", "lr"], "'lr'"),
     (["worker", "--storage", "no_such_scheme://x"], "no_such_scheme"),
     (["sync", "--from", "sqlite:///mlflow.db", "--to", "http://127.0.0.1:9"], "127.0.0.1:9"),
-    (["server", "start", "--backend-store-uri", "sqlite:///x.db", "--no-auth", "--host", "0.0.0.0"], "--no-auth"),
+    (
+        [
+            "server",
+            "start",
+            "--backend-store-uri",
+            "sqlite:///x.db",
+            "--no-auth",
+            "--host",
+            "0.0.0.0",
+        ],
+        "--no-auth",
+    ),
     (["pin", "no_such_checkpoint"], "no_such_checkpoint"),
 ]
 
@@ -150,27 +229,43 @@ def test_every_command_answers_bad_input_with_one_line(bad_inputs):
 
 
 def test_debug_shows_the_traceback(bad_inputs, monkeypatch):
-    result = CliRunner().invoke(main, ["--debug", "train", "--dataset", "retinamnist", "--data-path", "bad.npz"])
+    result = CliRunner().invoke(
+        main, ["--debug", "train", "--dataset", "retinamnist", "--data-path", "bad.npz"]
+    )
     assert isinstance(result.exception, ValueError) and "bad.npz" in str(result.exception)
     monkeypatch.setenv("WORKBENCH_DEBUG", "1")
-    result = CliRunner().invoke(main, ["train", "--dataset", "retinamnist", "--data-path", "bad.npz"])
+    result = CliRunner().invoke(
+        main, ["train", "--dataset", "retinamnist", "--data-path", "bad.npz"]
+    )
     assert isinstance(result.exception, ValueError)
 
 
 @pytest.mark.slow  # 5 to 7 s: the default tier reached 4 min 59 s on a fresh clone (docs/testing.md)
 def test_a_real_process_prints_one_line_and_no_traceback(bad_inputs):
-    proc = run_python("", "-m", "studies.cli", "equivalence", "--model", "vit_tiny_patch16_224", "--weights",
-                      "random.bin", cwd=bad_inputs)
+    proc = run_python(
+        "",
+        "-m",
+        "studies.cli",
+        "equivalence",
+        "--model",
+        "vit_tiny_patch16_224",
+        "--weights",
+        "random.bin",
+        cwd=bad_inputs,
+    )
     output = proc.stdout + proc.stderr
     assert proc.returncode == 1 and "Traceback" not in output, output[-2000:]
     assert [line for line in output.splitlines() if line.startswith("Error")] == [
         f"Error: random.bin is not a safetensors file or a torch checkpoint "
-        f"(its first bytes are {Path(bad_inputs / 'random.bin').read_bytes()[:16].hex(' ')})"], output[-2000:]
+        f"(its first bytes are {Path(bad_inputs / 'random.bin').read_bytes()[:16].hex(' ')})"
+    ], output[-2000:]
 
 
 def test_weight_files_are_called_what_they_are(tmp_path):
     (tmp_path / "random.pt").write_bytes(np.random.default_rng(1).bytes(500))
-    with pytest.raises(CheckpointError, match=r"random\.pt is not a safetensors file or a torch checkpoint"):
+    with pytest.raises(
+        CheckpointError, match=r"random\.pt is not a safetensors file or a torch checkpoint"
+    ):
         load_state_dict_file(tmp_path / "random.pt")
     torch.save({"w": torch.arange(1000.0)}, tmp_path / "good.pt")
     state, _ = load_state_dict_file(tmp_path / "good.pt")
@@ -184,12 +279,19 @@ def test_readers_of_a_store_that_does_not_exist_say_so_and_create_none(tmp_path,
     """report, figures and status in a folder where nothing ran: one line each, and no empty mlflow.db left behind."""
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
-    for args in (["report", "--protocol", "nosuch"], ["report", "--all"], ["figures", "--protocol", "nosuch", "--no-log"]):
+    for args in (
+        ["report", "--protocol", "nosuch"],
+        ["report", "--all"],
+        ["figures", "--protocol", "nosuch", "--no-log"],
+    ):
         result = CliRunner().invoke(main, args)
         assert result.exit_code == 1 and result.output.count("Error") == 1, result.output
         assert "no MLflow store at sqlite:///mlflow.db" in result.output, result.output
     shown = CliRunner().invoke(main, ["status", "--protocol", str(PROTOCOLS / "smoke.yaml")])
-    assert shown.exit_code == 0 and "never run here (no MLflow store at sqlite:///mlflow.db)" in shown.output, shown.output
+    assert (
+        shown.exit_code == 0
+        and "never run here (no MLflow store at sqlite:///mlflow.db)" in shown.output
+    ), shown.output
     assert not (tmp_path / "mlflow.db").exists()
 
 
@@ -200,17 +302,32 @@ def test_report_by_name_in_a_fresh_process_creates_no_store(tmp_path):
     study of that name; that question once opened (and so created) an empty mlflow.db here.
     """
     env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
-    done = subprocess.run([sys.executable, "-m", "studies.cli", "report", "--protocol", "nosuch"], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=120)
-    assert done.returncode == 1 and "no MLflow store at sqlite:///mlflow.db" in done.stderr + done.stdout, done
-    assert sorted(p.name for p in tmp_path.iterdir()) == [], sorted(p.name for p in tmp_path.iterdir())
+    done = subprocess.run(
+        [sys.executable, "-m", "studies.cli", "report", "--protocol", "nosuch"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert (
+        done.returncode == 1
+        and "no MLflow store at sqlite:///mlflow.db" in done.stderr + done.stdout
+    ), done
+    assert sorted(p.name for p in tmp_path.iterdir()) == [], sorted(
+        p.name for p in tmp_path.iterdir()
+    )
 
 
 @pytest.mark.slow  # a fresh interpreter that imports timm: seconds idle, 28 s under a loaded machine
 def test_a_closed_pipe_ends_the_listing_quietly():
     # `workbench models --timm '*' | head -1` printed "Error: [Errno 32] Broken pipe" after the line
-    proc = subprocess.Popen([sys.executable, "-m", "studies.cli", "models", "--timm", "*"], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, cwd=Path(__file__).resolve().parents[1])
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "studies.cli", "models", "--timm", "*"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=Path(__file__).resolve().parents[1],
+    )
     first = proc.stdout.readline()
     proc.stdout.close()  # the reader goes away, as `head -1` does
     err = proc.stderr.read().decode()

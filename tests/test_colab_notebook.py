@@ -112,9 +112,15 @@ def substitutions(content: Path, origin: Path) -> list[tuple[str, str]]:
     return [
         ("/content", str(content)),
         ("https://github.com/YOUR-USER/glassbox-vit-workbench.git", str(origin)),
-        ("!pip install -q -e .", '!echo "(test) pip install -e . skipped: the venv running this kernel holds the project"'),
+        (
+            "!pip install -q -e .",
+            '!echo "(test) pip install -e . skipped: the venv running this kernel holds the project"',
+        ),
         ("--device cuda", "--device cpu"),
-        ('PROTOCOL = "studies/protocols/smoke.yaml"', 'PROTOCOL = "studies/protocols/colab_here.yaml"'),
+        (
+            'PROTOCOL = "studies/protocols/smoke.yaml"',
+            'PROTOCOL = "studies/protocols/colab_here.yaml"',
+        ),
         ("studies/protocols/retina_transfer.yaml", "studies/protocols/colab_transfer.yaml"),
     ]
 
@@ -157,9 +163,14 @@ def kernel_environment(tmp_path: Path, secrets: dict) -> dict:
     secrets_file.chmod(0o600)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "WORKBENCH_"))}
     venv_bin = str(Path(sys.executable).parent)
-    return {**env, "PATH": os.pathsep.join([str(shims), venv_bin, env.get("PATH", "")]),
-            "PYTHONPATH": str(ROOT / "tests" / "colab_stub"), "COLAB_STUB_SECRETS": str(secrets_file),
-            "WORKBENCH_DATA_DIR": str(tmp_path / "data"), "WORKBENCH_CACHE_DIR": str(tmp_path / "cache")}
+    return {
+        **env,
+        "PATH": os.pathsep.join([str(shims), venv_bin, env.get("PATH", "")]),
+        "PYTHONPATH": str(ROOT / "tests" / "colab_stub"),
+        "COLAB_STUB_SECRETS": str(secrets_file),
+        "WORKBENCH_DATA_DIR": str(tmp_path / "data"),
+        "WORKBENCH_CACHE_DIR": str(tmp_path / "cache"),
+    }
 
 
 def output_text(cell) -> str:
@@ -180,7 +191,9 @@ def run_notebook(nb, cwd: Path, env: dict, before: dict) -> list[tuple[str, floa
     Returns (source, seconds, output) per code cell; a cell that raises fails the test
     with its output (nbclient's CellExecutionError).
     """
-    client = nbclient.NotebookClient(nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(cwd)}})
+    client = nbclient.NotebookClient(
+        nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(cwd)}}
+    )
     done = []
     try:
         with client.setup_kernel(env=env):
@@ -194,19 +207,37 @@ def run_notebook(nb, cwd: Path, env: dict, before: dict) -> list[tuple[str, floa
                 client.execute_cell(cell, index)
                 done.append((cell.source, time.monotonic() - start, output_text(cell)))
     finally:
-        nbformat.write(nb, cwd / "executed.ipynb")  # what each cell printed, to read when the test fails
+        nbformat.write(
+            nb, cwd / "executed.ipynb"
+        )  # what each cell printed, to read when the test fails
     return done
 
 
 def auth_server(tmp_path: Path) -> Launcher:
     """``workbench server start`` with basic-auth (not started yet); SQLite for runs and users."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "WORKBENCH_"))}
-    env |= {server_config.ADMIN_USER_ENV: ADMIN[0], server_config.ADMIN_PASSWORD_ENV: ADMIN[1], RUNTIME_ENV: str(tmp_path / "run"),
-            "OMP_NUM_THREADS": "1"}
-    return Launcher(["--backend-store-uri", f"sqlite:///{tmp_path}/server-runs.db",
-                     "--auth-db-uri", f"sqlite:///{tmp_path}/server-users.db",
-                     "--artifacts-destination", str(tmp_path / "artifacts"), "--port", str(free_port()),
-                     "--workers", "1"], env, tmp_path / "launcher.log")
+    env |= {
+        server_config.ADMIN_USER_ENV: ADMIN[0],
+        server_config.ADMIN_PASSWORD_ENV: ADMIN[1],
+        RUNTIME_ENV: str(tmp_path / "run"),
+        "OMP_NUM_THREADS": "1",
+    }
+    return Launcher(
+        [
+            "--backend-store-uri",
+            f"sqlite:///{tmp_path}/server-runs.db",
+            "--auth-db-uri",
+            f"sqlite:///{tmp_path}/server-users.db",
+            "--artifacts-destination",
+            str(tmp_path / "artifacts"),
+            "--port",
+            str(free_port()),
+            "--workers",
+            "1",
+        ],
+        env,
+        tmp_path / "launcher.log",
+    )
 
 
 def as_account(monkeypatch, account: tuple[str, str]) -> None:
@@ -231,19 +262,36 @@ def prepare_server_and_queue(url: str, origin: Path, queue: str, monkeypatch) ->
         assert added.exit_code == 0, added.output
     as_account(monkeypatch, ALICE)
     monkeypatch.chdir(origin)
-    queued = runner.invoke(ablate, ["--protocol", "studies/protocols/colab_queue.yaml", "--storage", queue])
+    queued = runner.invoke(
+        ablate, ["--protocol", "studies/protocols/colab_queue.yaml", "--storage", queue]
+    )
     assert queued.exit_code == 0 and "queued 2 cells" in queued.output, queued.output
     # Without the grant the notebook's worker is refused in one line that says what to do.
     as_account(monkeypatch, COLAB)
     # through `workbench` itself: tracking/ raises plain errors, the CLI says them in one line
-    refused = runner.invoke(workbench, ["worker", "--storage", queue, "--device", "cpu", "--data-path",
-                                        str(origin.parent / "data"), "--output-dir", str(origin.parent / "refused")])
+    refused = runner.invoke(
+        workbench,
+        [
+            "worker",
+            "--storage",
+            queue,
+            "--device",
+            "cpu",
+            "--data-path",
+            str(origin.parent / "data"),
+            "--output-dir",
+            str(origin.parent / "refused"),
+        ],
+    )
     assert refused.exit_code == 1 and refused.output.strip().splitlines() == [
         f"Error: MLflow tracking server {url} does not let account 'colab' write to experiment 'colab_queue' (id 1), "
         "which another account created (HTTP 403). Its owner or the server's admin gives it EDIT: "
-        "workbench server grant colab colab_queue --permission EDIT"], refused.output
+        "workbench server grant colab colab_queue --permission EDIT"
+    ], refused.output
     as_account(monkeypatch, ADMIN)
-    granted = runner.invoke(server_command, ["grant", COLAB[0], "colab_queue", "--permission", "EDIT"])
+    granted = runner.invoke(
+        server_command, ["grant", COLAB[0], "colab_queue", "--permission", "EDIT"]
+    )
     assert granted.exit_code == 0, granted.output
     return re.search(r"queued 2 cells in .*; parent run ([0-9a-f]{32})\.", queued.output).group(1)
 
@@ -258,7 +306,10 @@ def check_study(client: MlflowClient, protocol: str, creator: str) -> str:
     exp = client.get_experiment_by_name(protocol)
     assert exp is not None, f"no experiment {protocol} on the server"
     runs = client.search_runs([exp.experiment_id], filter_string="tags.cell = 'true'")
-    assert sorted(r.data.tags["seed"] for r in runs) == ["0", "1"], (protocol, [r.data.tags for r in runs])
+    assert sorted(r.data.tags["seed"] for r in runs) == ["0", "1"], (
+        protocol,
+        [r.data.tags for r in runs],
+    )
     assert {r.info.status for r in runs} == {"FINISHED"}, (protocol, [r.info.status for r in runs])
     assert {r.data.tags["mlflow.user"] for r in runs} == {COLAB[0]}, protocol
     (parent_id,) = {r.data.tags["mlflow.parentRunId"] for r in runs}
@@ -270,48 +321,93 @@ def check_study(client: MlflowClient, protocol: str, creator: str) -> str:
 
 @pytest.mark.slow
 @pytest.mark.integration
-def test_the_colab_notebook_runs_top_to_bottom_against_a_basic_auth_server(tmp_path, isolated_tracking, monkeypatch):
-    origin, content, queue = local_origin(tmp_path), tmp_path / "content", f"journal:{tmp_path / 'queue.log'}"
+def test_the_colab_notebook_runs_top_to_bottom_against_a_basic_auth_server(
+    tmp_path, isolated_tracking, monkeypatch
+):
+    origin, content, queue = (
+        local_origin(tmp_path),
+        tmp_path / "content",
+        f"journal:{tmp_path / 'queue.log'}",
+    )
     content.mkdir()
-    make_image_folder(tmp_path / "data" / "cifar10-jpg", classes=CIFAR_CLASSES, per_class={"train": 4, "test": 2},
-                      fmt="jpg", size=16)
+    make_image_folder(
+        tmp_path / "data" / "cifar10-jpg",
+        classes=CIFAR_CLASSES,
+        per_class={"train": 4, "test": 2},
+        fmt="jpg",
+        size=16,
+    )
     server = auth_server(tmp_path)
-    kernel_env = kernel_environment(tmp_path, {"MLFLOW_TRACKING_URI": server.url, "MLFLOW_TRACKING_USERNAME": COLAB[0],
-                                               "MLFLOW_TRACKING_PASSWORD": COLAB[1], "WORKBENCH_QUEUE_URL": queue})
+    kernel_env = kernel_environment(
+        tmp_path,
+        {
+            "MLFLOW_TRACKING_URI": server.url,
+            "MLFLOW_TRACKING_USERNAME": COLAB[0],
+            "MLFLOW_TRACKING_PASSWORD": COLAB[1],
+            "WORKBENCH_QUEUE_URL": queue,
+        },
+    )
     nb = adapted_notebook(content, origin)
     server.start()
     try:
         queue_parent = prepare_server_and_queue(server.url, origin, queue, monkeypatch)
         started = time.monotonic()
         # The server goes away for 4b (which then logs offline) and is back for 4c and the sync.
-        cells = run_notebook(nb, content, kernel_env, {"workbench ablate": server.stop, "workbench transfer": server.start})
-        timing = ", ".join(f"{source.splitlines()[0][:24]!r} {seconds:.0f} s" for source, seconds, _ in cells)
+        cells = run_notebook(
+            nb,
+            content,
+            kernel_env,
+            {"workbench ablate": server.stop, "workbench transfer": server.start},
+        )
+        timing = ", ".join(
+            f"{source.splitlines()[0][:24]!r} {seconds:.0f} s" for source, seconds, _ in cells
+        )
         print(f"notebook: {time.monotonic() - started:.0f} s ({timing})")
 
         every_output = "".join(out for _, _, out in cells)
         for secret in (COLAB[1], ALICE[1], ADMIN[1]):
             assert secret not in every_output, "a password in a cell's output"
-        head = subprocess.run(["git", "-C", str(origin), "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True, check=True).stdout.strip()
-        assert head in output_of(cells, "git clone"), "the clone cell did not check out the local origin's HEAD"
+        head = subprocess.run(
+            ["git", "-C", str(origin), "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+        assert head in output_of(cells, "git clone"), (
+            "the clone cell did not check out the local origin's HEAD"
+        )
         assert "CPU stand-in" in output_of(cells, "nvidia-smi")
         assert "reachable, credentials accepted" in output_of(cells, "server check")
-        assert "worker ran 2 cells (0 already finished, 0 failed, 0 lost" in output_of(cells, "workbench worker")
-        assert output_of(cells, "workbench ablate").count("[logged locally") == 2, "4b did not log offline"
+        assert "worker ran 2 cells (0 already finished, 0 failed, 0 lost" in output_of(
+            cells, "workbench worker"
+        )
+        assert output_of(cells, "workbench ablate").count("[logged locally") == 2, (
+            "4b did not log offline"
+        )
         synced = output_of(cells, "workbench sync")
-        assert "runs: 3 created" in synced and "; 0 errors" in synced and "ERROR" not in synced, synced
+        assert "runs: 3 created" in synced and "; 0 errors" in synced and "ERROR" not in synced, (
+            synced
+        )
         drive_copy = content / "drive" / "MyDrive" / "workbench" / "mlflow-offline" / "mlflow.db"
         assert drive_copy.is_file(), "the last cell kept no copy of the offline store on Drive"
 
         client = MlflowClient(server.url)
-        assert check_study(client, "colab_queue", creator=ALICE[0]) == queue_parent  # 4a: alice's queue, drained
+        assert (
+            check_study(client, "colab_queue", creator=ALICE[0]) == queue_parent
+        )  # 4a: alice's queue, drained
         check_study(client, "colab_here", creator=COLAB[0])  # 4b: run offline here, then synced
-        transfer = client.search_runs([client.get_experiment_by_name("colab_transfer").experiment_id])
-        assert len(transfer) == 2 and {r.info.status for r in transfer} == {"FINISHED"}, transfer  # parent + 1 cell
+        transfer = client.search_runs(
+            [client.get_experiment_by_name("colab_transfer").experiment_id]
+        )
+        assert len(transfer) == 2 and {r.info.status for r in transfer} == {"FINISHED"}, (
+            transfer
+        )  # parent + 1 cell
         assert {r.data.tags["mlflow.user"] for r in transfer} == {COLAB[0]}
         for exp in client.search_experiments():  # no credential recorded on any run
             for run in client.search_runs([exp.experiment_id]):
                 for value in [*run.data.params.values(), *run.data.tags.values()]:
-                    assert not any(secret in value for secret in (COLAB[1], ALICE[1], ADMIN[1])), run.info.run_id
+                    assert not any(secret in value for secret in (COLAB[1], ALICE[1], ADMIN[1])), (
+                        run.info.run_id
+                    )
     finally:
         server.stop()

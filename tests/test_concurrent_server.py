@@ -51,9 +51,21 @@ def server(tmp_path_factory):
     root = tmp_path_factory.mktemp("pairs-server")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "WORKBENCH_"))}
     with postgres_server(("mlflow",)) as pg:
-        launcher = Launcher(["--backend-store-uri", f"{pg}/mlflow", "--artifacts-destination", str(root / "artifacts"),
-                             "--port", str(free_port()), "--workers", "2", "--no-auth"],
-                            {**env, "OMP_NUM_THREADS": "1"}, root / "launcher.log")
+        launcher = Launcher(
+            [
+                "--backend-store-uri",
+                f"{pg}/mlflow",
+                "--artifacts-destination",
+                str(root / "artifacts"),
+                "--port",
+                str(free_port()),
+                "--workers",
+                "2",
+                "--no-auth",
+            ],
+            {**env, "OMP_NUM_THREADS": "1"},
+            root / "launcher.log",
+        )
         launcher.start()
         try:
             yield launcher
@@ -63,13 +75,43 @@ def server(tmp_path_factory):
 
 def start_pair(here: Path, url: str, images: Path, out: Path) -> list[subprocess.Popen]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "WORKBENCH_"))}
-    env.update({"MLFLOW_TRACKING_URI": url, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1",
-                "WORKBENCH_OFFLINE_DIR": str(here / "offline"), "WORKBENCH_CACHE_DIR": str(here.parent / "cache")})
-    args = ["ablate", "--protocol", str(here / f"{here.name}.yaml"), "--allow-dirty", "--device", "cpu", "--threads", "1",
-            "--data-path", str(images), "--output-dir", str(out)]  # one output folder: a cell trained twice collides
-    cmd = [sys.executable, str(ROOT / "tests" / "scripts" / "ablate_together.py"), str(here), "2", "--", *args]
-    return [subprocess.Popen(cmd, env=env, cwd=here, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-            for _ in range(2)]
+    env.update(
+        {
+            "MLFLOW_TRACKING_URI": url,
+            "PYTHONPATH": str(ROOT),
+            "OMP_NUM_THREADS": "1",
+            "WORKBENCH_OFFLINE_DIR": str(here / "offline"),
+            "WORKBENCH_CACHE_DIR": str(here.parent / "cache"),
+        }
+    )
+    args = [
+        "ablate",
+        "--protocol",
+        str(here / f"{here.name}.yaml"),
+        "--allow-dirty",
+        "--device",
+        "cpu",
+        "--threads",
+        "1",
+        "--data-path",
+        str(images),
+        "--output-dir",
+        str(out),
+    ]  # one output folder: a cell trained twice collides
+    cmd = [
+        sys.executable,
+        str(ROOT / "tests" / "scripts" / "ablate_together.py"),
+        str(here),
+        "2",
+        "--",
+        *args,
+    ]
+    return [
+        subprocess.Popen(
+            cmd, env=env, cwd=here, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
+        for _ in range(2)
+    ]
 
 
 def duplicate_steps(client: MlflowClient, run) -> dict[str, dict[int, int]]:
@@ -89,20 +131,33 @@ def check_pair(client: MlflowClient, name: str, outputs: list[str]) -> dict:
     parents = [r for r in runs if r.data.tags.get("parent") == "true"]
     active = [r for r in parents if r.info.lifecycle_stage == "active"]
     finished = Counter(r.data.tags["run_key"] for r in cells if r.info.status == "FINISHED")
-    trained = Counter(r.data.tags["run_key"] for r in cells if any(k in r.data.metrics for k in EPOCH_METRICS))
-    history = client.get_metric_history(active[0].info.run_id, "cells_finished") if len(active) == 1 else []
+    trained = Counter(
+        r.data.tags["run_key"] for r in cells if any(k in r.data.metrics for k in EPOCH_METRICS)
+    )
+    history = (
+        client.get_metric_history(active[0].info.run_id, "cells_finished")
+        if len(active) == 1
+        else []
+    )
     return {
         "cells finished twice": [k for k, n in finished.items() if n > 1],
         "cells not finished": 2 - len(finished),
         "cells trained by two executions": [k for k, n in trained.items() if n > 1],
-        "runs left RUNNING": [(r.info.run_id, r.info.lifecycle_stage) for r in runs if r.info.status == "RUNNING"],
-        "duplicate metric steps": {r.info.run_id: d for r in runs if (d := duplicate_steps(client, r))},
+        "runs left RUNNING": [
+            (r.info.run_id, r.info.lifecycle_stage) for r in runs if r.info.status == "RUNNING"
+        ],
+        "duplicate metric steps": {
+            r.info.run_id: d for r in runs if (d := duplicate_steps(client, r))
+        },
         "active parents": len(active),
         "parent count points": sorted(m.step for m in history),
         "parent status": active[0].info.status if len(active) == 1 else None,
-        "lease tags on deleted parents": {r.info.run_id: [k for k in r.data.tags if k.startswith("lease.")]
-                                          for r in parents if r.info.lifecycle_stage == "deleted"
-                                          and any(k.startswith("lease.") for k in r.data.tags)},
+        "lease tags on deleted parents": {
+            r.info.run_id: [k for k in r.data.tags if k.startswith("lease.")]
+            for r in parents
+            if r.info.lifecycle_stage == "deleted"
+            and any(k.startswith("lease.") for k in r.data.tags)
+        },
         "deleted parents": sum(r.info.lifecycle_stage == "deleted" for r in parents),
         "withdrawn cell runs": sum(r.info.lifecycle_stage == "deleted" for r in cells),
         "said at the same moment": sum(out.count("at the same moment") for out in outputs),
@@ -120,12 +175,16 @@ def open_the_study_before(path: Path, url: str, monkeypatch) -> None:
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", url)
     protocol = open_protocol(str(path), allow_dirty=True)
-    close_study_parent(open_study_parent(protocol, path, allow_dirty=True, log=lambda _: None), "interrupted")
+    close_study_parent(
+        open_study_parent(protocol, path, allow_dirty=True, log=lambda _: None), "interrupted"
+    )
 
 
 @pytest.mark.slow
 @pytest.mark.integration
-def test_ten_pairs_of_ablate_started_together_on_a_server_train_each_cell_once(server, tmp_path, monkeypatch):
+def test_ten_pairs_of_ablate_started_together_on_a_server_train_each_cell_once(
+    server, tmp_path, monkeypatch
+):
     """Even pairs on a new study, odd pairs on a study whose parent exists already."""
     monkeypatch.setenv("WORKBENCH_OFFLINE_DIR", str(tmp_path / "offline"))
     monkeypatch.setenv("WORKBENCH_CACHE_DIR", str(tmp_path / "cache"))
@@ -147,22 +206,49 @@ def test_ten_pairs_of_ablate_started_together_on_a_server_train_each_cell_once(s
             for stage, when in re.findall(r"met (\w+) (\d+\.\d+)", out):
                 met.setdefault(stage, []).append(float(when))
         codes = [side.returncode for side in sides]
-        assert codes == [0, 0], f"pair {k}: exit {codes}\n" + "\n----\n".join(out[-3000:] for out in outputs)
+        assert codes == [0, 0], f"pair {k}: exit {codes}\n" + "\n----\n".join(
+            out[-3000:] for out in outputs
+        )
         found = check_pair(client, f"pair{k}", outputs)
-        found["gaps ms"] = {stage: round(1000 * (max(t) - min(t)), 1) for stage, t in met.items() if len(t) == 2}
+        found["gaps ms"] = {
+            stage: round(1000 * (max(t) - min(t)), 1) for stage, t in met.items() if len(t) == 2
+        }
         report.append(found)
-        wrong = {what: v for what, v in found.items() if what in (
-            "cells finished twice", "cells trained by two executions", "runs left RUNNING", "duplicate metric steps",
-            "lease tags on deleted parents") and v}
-        if found["cells not finished"] or found["active parents"] != 1 or found["parent status"] != "FINISHED":
-            wrong["parents / cells"] = (found["active parents"], found["parent status"], found["cells not finished"])
-        if found["parent count points"] != list(range(1, executions + 1)):  # one point per execution, a step each
+        wrong = {
+            what: v
+            for what, v in found.items()
+            if what
+            in (
+                "cells finished twice",
+                "cells trained by two executions",
+                "runs left RUNNING",
+                "duplicate metric steps",
+                "lease tags on deleted parents",
+            )
+            and v
+        }
+        if (
+            found["cells not finished"]
+            or found["active parents"] != 1
+            or found["parent status"] != "FINISHED"
+        ):
+            wrong["parents / cells"] = (
+                found["active parents"],
+                found["parent status"],
+                found["cells not finished"],
+            )
+        if found["parent count points"] != list(
+            range(1, executions + 1)
+        ):  # one point per execution, a step each
             wrong["parent count points"] = found["parent count points"]
         assert not wrong, f"pair {k}: {wrong}\n{json.dumps(found, indent=1)}\n" + "\n----\n".join(
-            out[-4000:] for out in outputs)
+            out[-4000:] for out in outputs
+        )
     print(f"\n{PAIRS} pairs in {time.monotonic() - began:.0f} s:")
     for k, found in enumerate(report):
-        print(f"  pair {k} ({'used' if k % 2 else 'new'} study): met within {found['gaps ms']} ms, "
-              f"{found['deleted parents']} parent(s) and "
-              f"{found['withdrawn cell runs']} cell run(s) withdrawn, 'at the same moment' said "
-              f"{found['said at the same moment']} time(s)")
+        print(
+            f"  pair {k} ({'used' if k % 2 else 'new'} study): met within {found['gaps ms']} ms, "
+            f"{found['deleted parents']} parent(s) and "
+            f"{found['withdrawn cell runs']} cell run(s) withdrawn, 'at the same moment' said "
+            f"{found['said at the same moment']} time(s)"
+        )

@@ -58,7 +58,9 @@ def test_effect_size_value_and_exact_interval():
     assert es.low < es.d_z < es.high
     # Hedges' J(2) = Gamma(1) / (1 * Gamma(1/2)) = 1 / sqrt(pi).
     assert_near(es.g_z, es.d_z / math.sqrt(math.pi), 1e-12, "g_z")
-    assert "3 seeds" in es.caveat and "2 degrees of freedom" in es.caveat and "imprecise" in es.caveat
+    assert (
+        "3 seeds" in es.caveat and "2 degrees of freedom" in es.caveat and "imprecise" in es.caveat
+    )
 
 
 def test_effect_size_interval_matches_large_sample_approximation():
@@ -66,7 +68,9 @@ def test_effect_size_interval_matches_large_sample_approximation():
     d = rng.normal(0.5, 1.0, 400)
     es = numbers.paired_effect_size(d)
     se = math.sqrt(1 / 400 + es.d_z**2 / (2 * 400))  # normal approximation of the d_z sampling sd
-    assert_near([es.low, es.high], [es.d_z - 1.96 * se, es.d_z + 1.96 * se], 0.01, "large-n interval")
+    assert_near(
+        [es.low, es.high], [es.d_z - 1.96 * se, es.d_z + 1.96 * se], 0.01, "large-n interval"
+    )
 
 
 def test_effect_size_undefined_cases():
@@ -75,8 +79,14 @@ def test_effect_size_undefined_cases():
     huge = numbers.paired_effect_size([1.0, 1.0001, 1.0002])
     assert huge.d_z > 1000 and "cannot be computed" in huge.caveat
     assert math.isnan(huge.low) and math.isnan(huge.high)
-    two = numbers.paired_effect_size([0.01, 0.03])  # two seeds: one degree of freedom, no Hedges correction
-    assert abs(two.d_z - math.sqrt(2)) < 1e-12 and math.isnan(two.g_z) and "1 degree of freedom" in two.caveat
+    two = numbers.paired_effect_size(
+        [0.01, 0.03]
+    )  # two seeds: one degree of freedom, no Hedges correction
+    assert (
+        abs(two.d_z - math.sqrt(2)) < 1e-12
+        and math.isnan(two.g_z)
+        and "1 degree of freedom" in two.caveat
+    )
     same = numbers.paired_effect_size([0.3, 0.3, 0.3])
     assert math.isnan(same.d_z) and "same difference" in same.caveat
 
@@ -118,8 +128,15 @@ def test_bootstrap_ci_carries_mc_error_and_decimals():
     ci = stats.bootstrap_ci(y, p, "accuracy", n_resamples=2000, seed=0)
     # Accuracy on 800 examples: bootstrap sd ~ sqrt(.8 * .2 / 800) = 0.0141; endpoint SE ~ 0.0141 * 0.0598 / 1.
     expected = math.sqrt(0.8 * 0.2 / 800) * math.sqrt(0.025 * 0.975 / 2000) / sps.norm.pdf(1.96)
-    assert_near([ci.mc_error_low, ci.mc_error_high], [expected, expected], 0.5 * expected, "MC SE of endpoints")
-    assert numbers.decimals_for_error(ci.mc_error_low * 100) == 1  # points: ~0.08 pp supports one decimal
+    assert_near(
+        [ci.mc_error_low, ci.mc_error_high],
+        [expected, expected],
+        0.5 * expected,
+        "MC SE of endpoints",
+    )
+    assert (
+        numbers.decimals_for_error(ci.mc_error_low * 100) == 1
+    )  # points: ~0.08 pp supports one decimal
 
 
 def test_decimals_for_error():

@@ -17,7 +17,13 @@ def test_issue_example_rounds_values_first():
     assert not shown.exact
     # Without fixed decimals the values need 3 to be exact, and then every difference is the true one.
     exact = rounding.paired_display([0.68375], [0.395])
-    assert (exact.a, exact.b, exact.differences, exact.decimals, exact.exact) == (["68.375"], ["39.500"], ["+28.875"], 3, True)
+    assert (exact.a, exact.b, exact.differences, exact.decimals, exact.exact) == (
+        ["68.375"],
+        ["39.500"],
+        ["+28.875"],
+        3,
+        True,
+    )
 
 
 def test_displayed_differences_are_recomputable_from_displayed_values():
@@ -29,8 +35,12 @@ def test_displayed_differences_are_recomputable_from_displayed_values():
         for decimals in (None, 1, 2):
             shown = rounding.paired_display(a, b, decimals=decimals)
             for x, y, d in zip(shown.a, shown.b, shown.differences):
-                assert Decimal(x) - Decimal(y) == Decimal(d), f"trial {trial}: {x} - {y} shown as {d}"
-            if shown.exact:  # displayed values are the data: the differences are the true ones to 1e-9
+                assert Decimal(x) - Decimal(y) == Decimal(d), (
+                    f"trial {trial}: {x} - {y} shown as {d}"
+                )
+            if (
+                shown.exact
+            ):  # displayed values are the data: the differences are the true ones to 1e-9
                 true = (a - b) * 100
                 assert np.abs(np.array([float(d) for d in shown.differences]) - true).max() < 1e-9
 
@@ -40,7 +50,10 @@ def test_exact_decimals_and_half_up_rounding():
     assert rounding.exact_decimals([100 / 3]) == 3  # never exact: the cap
     # Binary noise must not flip the last digit: 0.68375 * 100 is 68.37499999999999 in float.
     assert rounding.fmt(0.68375 * 100, 2) == "68.38" and rounding.fmt(-0.125, 2) == "-0.13"
-    assert rounding.fmt(0.0, 2, signed=True) == "0.00" and rounding.fmt(-0.001, 2, signed=True) == "0.00"
+    assert (
+        rounding.fmt(0.0, 2, signed=True) == "0.00"
+        and rounding.fmt(-0.001, 2, signed=True) == "0.00"
+    )
     assert rounding.fmt(float("nan"), 2) == "n/a" and rounding.fmt(2.5, 1, signed=True) == "+2.5"
 
 
@@ -53,10 +66,22 @@ def test_bootstrap_display_drops_digits_below_monte_carlo_error():
     shown = rounding.bootstrap_display(ci)
     se = max(ci.mc_error_low, ci.mc_error_high) * 100
     assert abs(shown.mc_error - se) < 1e-12
-    assert 0.01 <= se < 1.0 and shown.decimals == 1, (se, shown)  # 2,000 resamples: ~0.1 pp, one decimal
-    assert abs(float(shown.low) - ci.low * 100) <= 0.05 + 1e-9 and abs(float(shown.high) - ci.high * 100) <= 0.05 + 1e-9
+    assert 0.01 <= se < 1.0 and shown.decimals == 1, (
+        se,
+        shown,
+    )  # 2,000 resamples: ~0.1 pp, one decimal
+    assert (
+        abs(float(shown.low) - ci.low * 100) <= 0.05 + 1e-9
+        and abs(float(shown.high) - ci.high * 100) <= 0.05 + 1e-9
+    )
     assert "2,000 resamples" in shown.footnote and "Monte-Carlo standard error" in shown.footnote
     # 100x the resamples: the error shrinks (to the 0.125-point lattice of 800 examples, whose
     # order-statistic estimate is one lattice step / 3.92 = 0.032 at most), never grows.
-    fine = rounding.bootstrap_display(stats.paired_bootstrap_difference(y, pa, pb, "accuracy", n_resamples=200_000, seed=0))
-    assert fine.mc_error <= 0.125 / (2 * 1.9599) + 1e-9 and fine.mc_error < se / 3 and fine.decimals >= 1, (fine.mc_error, se)
+    fine = rounding.bootstrap_display(
+        stats.paired_bootstrap_difference(y, pa, pb, "accuracy", n_resamples=200_000, seed=0)
+    )
+    assert (
+        fine.mc_error <= 0.125 / (2 * 1.9599) + 1e-9
+        and fine.mc_error < se / 3
+        and fine.decimals >= 1
+    ), (fine.mc_error, se)

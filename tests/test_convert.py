@@ -10,7 +10,13 @@ import torch
 from safetensors.torch import save_file
 
 from workbench.convert import checkpoints
-from workbench.convert.checkpoints import CheckpointError, PinnedCheckpoint, load_state_dict_file, read_lock, write_lock
+from workbench.convert.checkpoints import (
+    CheckpointError,
+    PinnedCheckpoint,
+    load_state_dict_file,
+    read_lock,
+    write_lock,
+)
 from workbench.convert.timm_weights import load_timm_weights
 from workbench.convert.timm_vit import (
     UnsupportedTimmModel,
@@ -30,12 +36,19 @@ def tiny_timm():
 def test_mapping_uses_every_tensor_once(tiny_timm):
     cfg = config_from_timm(tiny_timm)
     mapped, audit = map_timm_state_dict(tiny_timm.state_dict(), cfg)
-    assert (audit.source_used, audit.source_tensors, audit.target_filled, audit.target_tensors) == (152, 152, 152, 152)
-    assert audit.parameters == sum(p.numel() for p in tiny_timm.parameters())
-    assert mapped["patch_proj.weight"] is tiny_timm.state_dict()["patch_embed.proj.weight"] or torch.equal(
-        mapped["patch_proj.weight"], tiny_timm.state_dict()["patch_embed.proj.weight"]
+    assert (audit.source_used, audit.source_tensors, audit.target_filled, audit.target_tensors) == (
+        152,
+        152,
+        152,
+        152,
     )
-    assert torch.equal(mapped["blocks.3.attn.out_proj.bias"], tiny_timm.state_dict()["blocks.3.attn.proj.bias"])
+    assert audit.parameters == sum(p.numel() for p in tiny_timm.parameters())
+    assert mapped["patch_proj.weight"] is tiny_timm.state_dict()[
+        "patch_embed.proj.weight"
+    ] or torch.equal(mapped["patch_proj.weight"], tiny_timm.state_dict()["patch_embed.proj.weight"])
+    assert torch.equal(
+        mapped["blocks.3.attn.out_proj.bias"], tiny_timm.state_dict()["blocks.3.attn.proj.bias"]
+    )
 
 
 def test_missing_extra_and_misshaped_keys_are_all_named(tiny_timm):
@@ -83,15 +96,27 @@ def test_family_config_is_read_off_the_modules():
         clip = config_from_timm(timm.create_model("vit_base_patch16_clip_quickgelu_224"))
         dino = config_from_timm(timm.create_model("vit_small_patch14_reg4_dinov2"))
         siglip = config_from_timm(timm.create_model("vit_base_patch16_siglip_224"))
-    assert (clip.norm_pre, clip.patch_bias, clip.act, clip.layer_norm_eps) == (True, False, "quick_gelu", 1e-5)
-    assert (dino.layer_scale_init, dino.register_tokens, dino.num_classes, dino.image_size) == (1e-5, 4, 0, 518)
+    assert (clip.norm_pre, clip.patch_bias, clip.act, clip.layer_norm_eps) == (
+        True,
+        False,
+        "quick_gelu",
+        1e-5,
+    )
+    assert (dino.layer_scale_init, dino.register_tokens, dino.num_classes, dino.image_size) == (
+        1e-5,
+        4,
+        0,
+        518,
+    )
     assert (siglip.pooling, siglip.class_token, siglip.num_classes) == ("map", False, 0)
 
 
 def test_local_safetensors_checkpoint_loads_and_records_sha(tmp_path, tiny_timm):
     path = tmp_path / "model.safetensors"
     save_file({k: v.contiguous() for k, v in tiny_timm.state_dict().items()}, str(path))
-    loaded = load_timm_weights("vit_tiny_patch16_224", str(tmp_path), seed=123)  # a folder works too
+    loaded = load_timm_weights(
+        "vit_tiny_patch16_224", str(tmp_path), seed=123
+    )  # a folder works too
     assert loaded.pretrained and loaded.source == "local"
     assert loaded.sha256 == checkpoints.sha256_file(path)
     for key, value in tiny_timm.state_dict().items():
@@ -101,14 +126,29 @@ def test_local_safetensors_checkpoint_loads_and_records_sha(tmp_path, tiny_timm)
 def test_sha_mismatch_is_refused_with_expected_and_actual(tmp_path):
     path = tmp_path / "w.safetensors"
     save_file({"a": torch.zeros(3)}, str(path))
-    with pytest.raises(CheckpointError, match=r"sha256 mismatch for .*w\.safetensors: expected 0{64}, actual [0-9a-f]{64}"):
+    with pytest.raises(
+        CheckpointError,
+        match=r"sha256 mismatch for .*w\.safetensors: expected 0{64}, actual [0-9a-f]{64}",
+    ):
         load_state_dict_file(path, expected_sha256="0" * 64)
 
 
 def test_pinned_name_with_wrong_local_file_is_refused(tmp_path, monkeypatch, tiny_timm):
     lock = tmp_path / "lock.json"
-    write_lock({"tiny.pinned": PinnedCheckpoint("tiny.pinned", "vit_tiny_patch16_224", "timm/x", "model.safetensors",
-                                                 "abc123", 10, "f" * 64)}, lock)
+    write_lock(
+        {
+            "tiny.pinned": PinnedCheckpoint(
+                "tiny.pinned",
+                "vit_tiny_patch16_224",
+                "timm/x",
+                "model.safetensors",
+                "abc123",
+                10,
+                "f" * 64,
+            )
+        },
+        lock,
+    )
     monkeypatch.setattr(checkpoints, "LOCK_PATH", lock)
     monkeypatch.setattr("workbench.convert.timm_weights.read_lock", lambda: read_lock(lock))
     path = tmp_path / "model.safetensors"
@@ -150,13 +190,17 @@ def test_truncated_safetensors_file_is_refused_by_name(tmp_path, tiny_timm):
     save_file({"pos_embed": tiny_timm.state_dict()["pos_embed"].contiguous()}, str(path))
     data = path.read_bytes()
     path.write_bytes(data[: len(data) // 2])
-    with pytest.raises(CheckpointError, match=r"corrupted or truncated safetensors file .*cut\.safetensors"):
+    with pytest.raises(
+        CheckpointError, match=r"corrupted or truncated safetensors file .*cut\.safetensors"
+    ):
         load_state_dict_file(path)
 
 
 def test_lock_file_write_is_atomic_and_roundtrips(tmp_path):
     lock = tmp_path / "lock.json"
-    entry = PinnedCheckpoint("n", "vit_tiny_patch16_224", "timm/n", "model.safetensors", "rev", 5, "a" * 64)
+    entry = PinnedCheckpoint(
+        "n", "vit_tiny_patch16_224", "timm/n", "model.safetensors", "rev", 5, "a" * 64
+    )
     write_lock({"n": entry}, lock)
     assert read_lock(lock)["n"] == entry
     assert json.loads(lock.read_text())["checkpoints"]["n"]["sha256"] == "a" * 64
@@ -170,7 +214,9 @@ class FakeHub:
         from types import SimpleNamespace
 
         lfs = SimpleNamespace(size=size, sha256=sha)
-        self.info = SimpleNamespace(sha="0123abc" * 5 + "01234", siblings=[SimpleNamespace(rfilename=filename, lfs=lfs)])
+        self.info = SimpleNamespace(
+            sha="0123abc" * 5 + "01234", siblings=[SimpleNamespace(rfilename=filename, lfs=lfs)]
+        )
         self.repo = repo
 
     def model_info(self, repo, files_metadata=False):
@@ -192,7 +238,10 @@ def test_pin_and_load_a_dinov2_checkpoint_with_a_fake_hub(tmp_path, monkeypatch)
     path = tmp_path / "model.safetensors"
     save_file({k: v.contiguous() for k, v in source.state_dict().items()}, str(path))
     sha = checkpoints.sha256_file(path)
-    monkeypatch.setattr("huggingface_hub.HfApi", lambda: FakeHub(f"timm/{name}", "model.safetensors", path.stat().st_size, sha))
+    monkeypatch.setattr(
+        "huggingface_hub.HfApi",
+        lambda: FakeHub(f"timm/{name}", "model.safetensors", path.stat().st_size, sha),
+    )
     entry = checkpoints.pin_checkpoint(name, lock)
     assert entry.is_pinned and entry.sha256 == sha and entry.size_bytes == path.stat().st_size
     assert read_lock(lock)[name] == entry
@@ -200,7 +249,11 @@ def test_pin_and_load_a_dinov2_checkpoint_with_a_fake_hub(tmp_path, monkeypatch)
     monkeypatch.setattr("workbench.convert.timm_weights.read_lock", lambda: read_lock(lock))
     monkeypatch.setattr("workbench.convert.timm_weights.download_pinned", lambda e: path)
     loaded = load_timm_weights(name, "hub")
-    assert loaded.pretrained and loaded.sha256 == sha and loaded.architecture == "vit_small_patch14_dinov2"
+    assert (
+        loaded.pretrained
+        and loaded.sha256 == sha
+        and loaded.architecture == "vit_small_patch14_dinov2"
+    )
     cfg = config_from_timm(loaded.model)
     assert (cfg.num_classes, cfg.layer_scale_init, cfg.image_size) == (0, 1e-5, 518)
 

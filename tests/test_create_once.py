@@ -39,23 +39,37 @@ def parent(mlflow_store):
 
 
 def their_candidate(client: MlflowClient, exp_id: str, parent_id: str, start_time: int) -> str:
-    tags = {"run_key": KEY, "cell": "true", "mlflow.parentRunId": parent_id, **other_execution_lease()}
+    tags = {
+        "run_key": KEY,
+        "cell": "true",
+        "mlflow.parentRunId": parent_id,
+        **other_execution_lease(),
+    }
     return client.create_run(exp_id, start_time=start_time, tags=tags).info.run_id
 
 
 def open_cell(parent_id: str):
-    return open_keyed_run("rec", KEY, {"mlflow.runName": "vit-seed0", "cell": "true", **lease_tags(new_token())},
-                          parent_id)
+    return open_keyed_run(
+        "rec",
+        KEY,
+        {"mlflow.runName": "vit-seed0", "cell": "true", **lease_tags(new_token())},
+        parent_id,
+    )
 
 
 def assert_withdrawn(client: MlflowClient, run_id: str, winner: str) -> None:
     run = client.get_run(run_id)
-    assert (run.info.status, run.info.lifecycle_stage) == ("KILLED", "deleted"), (run.info.status, run.info.lifecycle_stage)
+    assert (run.info.status, run.info.lifecycle_stage) == ("KILLED", "deleted"), (
+        run.info.status,
+        run.info.lifecycle_stage,
+    )
     assert run.data.tags.get(SUPERSEDED_TAG) == winner, run.data.tags
     assert not [k for k in run.data.tags if k.startswith("lease.")], run.data.tags
 
 
-def test_a_candidate_created_while_this_one_waits_and_sorting_first_is_the_cells_run(parent, monkeypatch):
+def test_a_candidate_created_while_this_one_waits_and_sorting_first_is_the_cells_run(
+    parent, monkeypatch
+):
     client, exp_id, parent_id = parent
     real, theirs = create_once.settle, []
 
@@ -69,7 +83,11 @@ def test_a_candidate_created_while_this_one_waits_and_sorting_first_is_the_cells
     opened = open_cell(parent_id)
     assert (opened.status, opened.run_id, opened.sink) == ("BUSY", theirs[0], None), opened
     assert "another execution created its run at the same moment" in opened.why, opened.why
-    (ours,) = [r.info.run_id for r in everything(client, exp_id, f"tags.run_key = '{KEY}'") if r.info.run_id != theirs[0]]
+    (ours,) = [
+        r.info.run_id
+        for r in everything(client, exp_id, f"tags.run_key = '{KEY}'")
+        if r.info.run_id != theirs[0]
+    ]
     assert_withdrawn(client, ours, theirs[0])
     # The other execution, resolving after its own wait, finds itself first: one run, both agree.
     found = lambda: [r for r in client.search_runs([exp_id], f"tags.run_key = '{KEY}'")]  # noqa: E731
@@ -77,11 +95,17 @@ def test_a_candidate_created_while_this_one_waits_and_sorting_first_is_the_cells
     assert [r.info.run_id for r in found()] == theirs, "exactly one active run for the cell"
 
 
-def test_a_candidate_sorting_first_that_appears_after_the_wait_stops_this_one_before_its_first_step(parent):
+def test_a_candidate_sorting_first_that_appears_after_the_wait_stops_this_one_before_its_first_step(
+    parent,
+):
     client, exp_id, parent_id = parent
     opened = open_cell(parent_id)
-    assert opened.status is None and opened.confirm is not None, opened  # alone after its wait: it is the run
-    theirs = their_candidate(client, exp_id, parent_id, opened.sink.journal.start_time - 50)  # a slow create
+    assert opened.status is None and opened.confirm is not None, (
+        opened
+    )  # alone after its wait: it is the run
+    theirs = their_candidate(
+        client, exp_id, parent_id, opened.sink.journal.start_time - 50
+    )  # a slow create
     found = lambda: client.search_runs([exp_id], f"tags.run_key = '{KEY}'")  # noqa: E731
     assert create_once.resolve_new(client, theirs, found).info.run_id == theirs  # they go on
     with pytest.raises(ClaimLost) as lost:  # the look before the first training step
@@ -92,15 +116,25 @@ def test_a_candidate_sorting_first_that_appears_after_the_wait_stops_this_one_be
     assert [r.info.run_id for r in found()] == [theirs]
 
 
-def test_of_two_executions_resuming_one_killed_cell_at_once_the_token_left_on_it_decides(parent, monkeypatch):
+def test_of_two_executions_resuming_one_killed_cell_at_once_the_token_left_on_it_decides(
+    parent, monkeypatch
+):
     import subprocess
     import sys
 
     client, exp_id, parent_id = parent
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone.wait()  # its holder's process is gone: the run may be resumed in place
-    killed = client.create_run(exp_id, tags={"run_key": KEY, "cell": "true", "mlflow.parentRunId": parent_id,
-                                             **lease_tags(new_token()), "lease.pid": str(gone.pid)}).info.run_id
+    killed = client.create_run(
+        exp_id,
+        tags={
+            "run_key": KEY,
+            "cell": "true",
+            "mlflow.parentRunId": parent_id,
+            **lease_tags(new_token()),
+            "lease.pid": str(gone.pid),
+        },
+    ).info.run_id
     client.set_terminated(killed, "KILLED")
     real, theirs = create_once.settle, other_execution_lease()
 
@@ -113,21 +147,28 @@ def test_of_two_executions_resuming_one_killed_cell_at_once_the_token_left_on_it
     assert (opened.status, opened.run_id, opened.sink) == ("BUSY", killed, None), opened
     assert "took run" in opened.why and "at the same moment" in opened.why, opened.why
     run = client.get_run(killed)
-    assert run.info.status == "KILLED" and run.data.tags["lease.token"] == theirs["lease.token"], "left to them"
+    assert run.info.status == "KILLED" and run.data.tags["lease.token"] == theirs["lease.token"], (
+        "left to them"
+    )
     monkeypatch.setattr(create_once, "settle", real)
-    assert create_once.holder_after_wait(client, killed, theirs["lease.token"]) is None  # they hold it
+    assert (
+        create_once.holder_after_wait(client, killed, theirs["lease.token"]) is None
+    )  # they hold it
 
 
 def test_two_candidates_with_one_start_time_are_ordered_by_run_id(parent):
     client, exp_id, parent_id = parent
     a, b = (their_candidate(client, exp_id, parent_id, 1_700_000_000_000) for _ in range(2))
     found = lambda: client.search_runs([exp_id], f"tags.run_key = '{KEY}'")  # noqa: E731
-    assert {create_once.resolve_new(client, a, found).info.run_id,
-            create_once.resolve_new(client, b, found).info.run_id} == {min(a, b)}
+    assert {
+        create_once.resolve_new(client, a, found).info.run_id,
+        create_once.resolve_new(client, b, found).info.run_id,
+    } == {min(a, b)}
 
 
-def test_a_duplicate_parent_is_withdrawn_without_a_lease_tag_and_the_first_is_shared(tmp_path, mlflow_store,
-                                                                                     monkeypatch):
+def test_a_duplicate_parent_is_withdrawn_without_a_lease_tag_and_the_first_is_shared(
+    tmp_path, mlflow_store, monkeypatch
+):
     from studies.ablation.ablate import open_protocol
     from tracking.record import protocol_runs
     from tracking.record.protocol_runs import close_study_parent, open_study_parent, study_key
@@ -135,27 +176,41 @@ def test_a_duplicate_parent_is_withdrawn_without_a_lease_tag_and_the_first_is_sh
     # Not under test, and its first call imports timm (seconds): the study key needs a fingerprint only.
     monkeypatch.setattr(protocol_runs, "current_code_fingerprint", lambda: "0123456789abcdef")
     path = tmp_path / "rec.yaml"
-    path.write_text("name: rec\ndescription: d\ndataset: {name: image_folder, val_size: 6, split_seed: 3}\n"
-                    "model: {name: fmnist_vit, image_size: 8, patch_size: 4, in_channels: 3, num_classes: 3, dim: 16, "
-                    "depth: 1, heads: 2, mlp_hidden: 32}\noptim: {lr: 0.003}\nrun: {epochs: 1, batch_size: 8}\n"
-                    "arms:\n  - {name: vit, reference: true}\nseeds: [0]\n")
+    path.write_text(
+        "name: rec\ndescription: d\ndataset: {name: image_folder, val_size: 6, split_seed: 3}\n"
+        "model: {name: fmnist_vit, image_size: 8, patch_size: 4, in_channels: 3, num_classes: 3, dim: 16, "
+        "depth: 1, heads: 2, mlp_hidden: 32}\noptim: {lr: 0.003}\nrun: {epochs: 1, batch_size: 8}\n"
+        "arms:\n  - {name: vit, reference: true}\nseeds: [0]\n"
+    )
     protocol = open_protocol(str(path), allow_dirty=True)
     client, real, theirs = MlflowClient(), create_once.settle, []
 
     def other_creates_meanwhile(c):
         if not theirs:
-            (ours,) = client.search_runs([client.get_experiment_by_name("rec").experiment_id], "tags.parent = 'true'")
-            tags = {**ours.data.tags, **other_execution_lease(), f"lease.exec.{new_token()}": f"{HOST} {os.getppid()} 1"}
-            theirs.append(client.create_run(ours.info.experiment_id, start_time=ours.info.start_time - 50,
-                                            tags=tags).info.run_id)
+            (ours,) = client.search_runs(
+                [client.get_experiment_by_name("rec").experiment_id], "tags.parent = 'true'"
+            )
+            tags = {
+                **ours.data.tags,
+                **other_execution_lease(),
+                f"lease.exec.{new_token()}": f"{HOST} {os.getppid()} 1",
+            }
+            theirs.append(
+                client.create_run(
+                    ours.info.experiment_id, start_time=ours.info.start_time - 50, tags=tags
+                ).info.run_id
+            )
         real(c)
 
     monkeypatch.setattr(create_once, "settle", other_creates_meanwhile)
     held = open_study_parent(protocol, path, allow_dirty=True, log=lambda _: None)
     assert held.run_id == theirs[0], "this execution shares the parent that sorts first"
     exp_id = client.get_experiment_by_name("rec").experiment_id
-    (ours,) = [r for r in everything(client, exp_id, f"tags.study_key = '{study_key(protocol)}'")
-               if r.info.run_id != theirs[0]]
+    (ours,) = [
+        r
+        for r in everything(client, exp_id, f"tags.study_key = '{study_key(protocol)}'")
+        if r.info.run_id != theirs[0]
+    ]
     assert_withdrawn(client, ours.info.run_id, theirs[0])
     close_study_parent(held, "completed")
     shared = client.get_run(theirs[0])
@@ -182,4 +237,6 @@ def test_two_executions_closing_one_parent_log_their_counts_at_a_step_each(mlflo
     client.log_metric(run.info.run_id, "cells_finished", 1, step=3)  # a recount by `workbench sync`
     third = {**new_record("c", "c"), "pid": os.getpid() + 2}
     sink.log_record(third, f"executions/{record_name(third)}")
-    assert execution_step(client, run.info.run_id, third) == 4, "a step already taken gives way to the next free one"
+    assert execution_step(client, run.info.run_id, third) == 4, (
+        "a step already taken gives way to the next free one"
+    )

@@ -10,20 +10,29 @@ from studies.benchmarks.data_benchmark import benchmark_loader, format_table, ru
 
 def test_run_loader_benchmark_returns_figures():
     threads = torch.get_num_threads()
-    result = run_loader_benchmark(n_images=64, batch_size=32, repeats=1, device="cpu", torch_threads=1)
+    result = run_loader_benchmark(
+        n_images=64, batch_size=32, repeats=1, device="cpu", torch_threads=1
+    )
     assert torch.get_num_threads() == threads, "thread setting must be restored"
     assert result["ours_images_per_s"] > 0 and result["torchvision_images_per_s"] > 0
-    assert abs(result["ratio"] - result["ours_images_per_s"] / result["torchvision_images_per_s"]) < 1e-9
+    assert (
+        abs(result["ratio"] - result["ours_images_per_s"] / result["torchvision_images_per_s"])
+        < 1e-9
+    )
     assert "ratio ours / torchvision" in format_table(result)
     assert "randaugment_images_per_s" not in result, "RandAugment is timed only when asked for"
 
 
 def test_randaugment_is_timed_beside_the_plain_loader_in_the_same_rounds():
-    result = run_loader_benchmark(n_images=32, batch_size=16, repeats=1, device="cpu", torch_threads=1,
-                                  randaugment_ops=2)
+    result = run_loader_benchmark(
+        n_images=32, batch_size=16, repeats=1, device="cpu", torch_threads=1, randaugment_ops=2
+    )
     assert len(result["randaugment_seconds"]) == len(result["ours_seconds"]) == 1
     expected = result["ours_images_per_s"] / result["randaugment_images_per_s"]
-    assert abs(result["randaugment_slowdown"] - expected) < 1e-9, (result["randaugment_slowdown"], expected)
+    assert abs(result["randaugment_slowdown"] - expected) < 1e-9, (
+        result["randaugment_slowdown"],
+        expected,
+    )
     assert "RandAugment cost" in format_table(result)
 
 

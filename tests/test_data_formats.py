@@ -75,7 +75,9 @@ def test_fashion_mnist_checksum_mismatch_names_file(isolated, monkeypatch):
         load_dataset("fashion_mnist", folder)
     assert e.value.path.endswith("train-labels-idx1-ubyte.gz")
     assert "1" * 32 in str(e.value) and e.value.actual in str(e.value)
-    assert load_dataset("fashion_mnist", folder, verify=False).splits["train"].labels.shape == (200,)
+    assert load_dataset("fashion_mnist", folder, verify=False).splits["train"].labels.shape == (
+        200,
+    )
 
 
 def test_fashion_mnist_truncated_gz(isolated, monkeypatch):
@@ -83,7 +85,9 @@ def test_fashion_mnist_truncated_gz(isolated, monkeypatch):
     make_fashion_mnist(folder)
     p = folder / "t10k-images-idx3-ubyte.gz"
     p.write_bytes(p.read_bytes()[:-100])
-    with pytest.raises(DataFormatError, match=r"t10k-images-idx3-ubyte.gz: cannot decompress gzip file \(truncated"):
+    with pytest.raises(
+        DataFormatError, match=r"t10k-images-idx3-ubyte.gz: cannot decompress gzip file \(truncated"
+    ):
         load_dataset("fashion_mnist", folder, verify=False)
 
 
@@ -93,7 +97,9 @@ def test_fashion_mnist_count_mismatch(isolated, monkeypatch):
     p = folder / "train-labels-idx1-ubyte.gz"
     labels = np.zeros(7, np.uint8)
     p.write_bytes(gzip.compress(b"\x00\x00\x08\x01" + (7).to_bytes(4, "big") + labels.tobytes()))
-    with pytest.raises(DataFormatError, match="has 200 images but .*train-labels-idx1-ubyte.gz has 7 labels"):
+    with pytest.raises(
+        DataFormatError, match="has 200 images but .*train-labels-idx1-ubyte.gz has 7 labels"
+    ):
         load_dataset("fashion_mnist", folder, verify=False)
 
 
@@ -106,9 +112,17 @@ def test_retinamnist_loads_official_splits(isolated, monkeypatch):
     monkeypatch.setitem(checksums.RETINAMNIST_MD5, 28, md5(path))
     ds = load_dataset("retinamnist", path)
     assert {k: len(v) for k, v in ds.splits.items()} == {"train": 40, "val": 10, "test": 20}
-    assert_equal_arrays(ds.splits["val"].images.numpy(), arrays["val_images"].transpose(0, 3, 1, 2), "val images")
-    assert_equal_arrays(ds.splits["test"].labels.numpy(), arrays["test_labels"][:, 0], "test labels")
-    assert ds.display_name == "RetinaMNIST (28 px)" and ds.num_classes == 5 and "md5 official" in ds.source
+    assert_equal_arrays(
+        ds.splits["val"].images.numpy(), arrays["val_images"].transpose(0, 3, 1, 2), "val images"
+    )
+    assert_equal_arrays(
+        ds.splits["test"].labels.numpy(), arrays["test_labels"][:, 0], "test labels"
+    )
+    assert (
+        ds.display_name == "RetinaMNIST (28 px)"
+        and ds.num_classes == 5
+        and "md5 official" in ds.source
+    )
 
 
 def test_retinamnist_size_picks_file_and_md5(isolated, monkeypatch):
@@ -119,7 +133,9 @@ def test_retinamnist_size_picks_file_and_md5(isolated, monkeypatch):
     assert ds.splits["train"].images.shape == (5, 3, 64, 64)
     monkeypatch.setitem(checksums.RETINAMNIST_MD5, 64, "f" * 32)
     shutil.rmtree(isolated / "cache")
-    with pytest.raises(ChecksumMismatch, match=rf"retinamnist_64.npz: expected {'f' * 32}, got {md5(path)}"):
+    with pytest.raises(
+        ChecksumMismatch, match=rf"retinamnist_64.npz: expected {'f' * 32}, got {md5(path)}"
+    ):
         load_dataset("retinamnist", path)
 
 
@@ -145,7 +161,9 @@ def test_retinamnist_missing_key_and_truncated(isolated):
 def test_retinamnist_label_shape_error(isolated):
     path = isolated / "retinamnist.npz"
     make_retinamnist(path, train_labels=np.zeros((40, 2), np.uint8))
-    with pytest.raises(DataFormatError, match=r"key 'train_labels' has shape \(40, 2\), expected \(40, 1\)"):
+    with pytest.raises(
+        DataFormatError, match=r"key 'train_labels' has shape \(40, 2\), expected \(40, 1\)"
+    ):
         load_dataset("retinamnist", path, verify=False)
 
 
@@ -156,7 +174,11 @@ def test_cifar_batches_folder_and_tar(isolated, monkeypatch):
     folder = isolated / "d" / "cifar-10-batches-py"
     expected = make_cifar_batches(folder)
     trust_cifar_batches(monkeypatch, folder)
-    for path in (folder, folder.parent, make_tar(folder, isolated / "cifar-10-python.tar.gz", "cifar-10-batches-py")):
+    for path in (
+        folder,
+        folder.parent,
+        make_tar(folder, isolated / "cifar-10-python.tar.gz", "cifar-10-batches-py"),
+    ):
         ds = load_dataset("cifar10", path)
         assert ds.display_name == "CIFAR-10" and ds.class_names == CIFAR_CLASSES, path
         for split, (images, labels) in expected.items():
@@ -179,7 +201,9 @@ def test_cifar_batch_checksum_and_corruption(isolated, monkeypatch):
 @pytest.mark.parametrize("as_tar", [False, True])
 def test_cifar_jpeg_copy_is_labelled(isolated, as_tar):
     root = isolated / "cifar10-jpg"
-    expected = make_image_folder(root, classes=CIFAR_CLASSES, per_class={"train": 3, "test": 1}, fmt="jpg", size=32)
+    expected = make_image_folder(
+        root, classes=CIFAR_CLASSES, per_class={"train": 3, "test": 1}, fmt="jpg", size=32
+    )
     path = make_tar(root, isolated / "c.tar.gz") if as_tar else root
     ds = load_dataset("cifar10", path)
     assert ds.display_name == "CIFAR-10 (JPEG copy)" and ds.name == "cifar10"
@@ -224,7 +248,9 @@ def test_image_folder_size_mismatch_names_file(isolated):
     from PIL import Image
 
     Image.new("RGB", (9, 8)).save(root / "train" / "dog" / "5.png")
-    with pytest.raises(DataFormatError, match=r"dog/5.png: image is \(3, 8, 9\) .* all images .* share one size"):
+    with pytest.raises(
+        DataFormatError, match=r"dog/5.png: image is \(3, 8, 9\) .* all images .* share one size"
+    ):
         load_dataset("image_folder", root)
 
 
@@ -233,7 +259,9 @@ def test_image_folder_unknown_class_and_undecodable(isolated):
     make_image_folder(root, per_class={"train": 2, "test": 1})
     (root / "test" / "yak").mkdir()
     (root / "test" / "yak" / "0.png").write_bytes(b"not a png")
-    with pytest.raises(DataFormatError, match=r"test/ has classes \['yak'\] that train/ does not have"):
+    with pytest.raises(
+        DataFormatError, match=r"test/ has classes \['yak'\] that train/ does not have"
+    ):
         load_dataset("image_folder", root)
     (root / "test" / "yak" / "0.png").rename(root / "test" / "cat" / "9.png")
     (root / "test" / "yak").rmdir()

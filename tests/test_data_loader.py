@@ -7,7 +7,14 @@ import torch
 import torch.nn.functional as F
 from data_fixtures import max_diff
 
-from workbench.data import AugmentConfig, NormStats, TensorLoader, augment_batch, resize_batch, sample_params
+from workbench.data import (
+    AugmentConfig,
+    NormStats,
+    TensorLoader,
+    augment_batch,
+    resize_batch,
+    sample_params,
+)
 from workbench.data.augment import affine_grid, affine_matrices, crop_flip
 
 N, C, H, W = 100, 3, 16, 16
@@ -25,7 +32,9 @@ def _data(n=N, c=C, h=H, w=W, seed=0):
 def _loader(augment=FULL_AUG, seed=0, **kw):
     images, labels, indices = _data()
     kw.setdefault("batch_size", 32)
-    return TensorLoader(images, labels, indices, norm=NORM, seed=seed, augment=augment, device="cpu", **kw)
+    return TensorLoader(
+        images, labels, indices, norm=NORM, seed=seed, augment=augment, device="cpu", **kw
+    )
 
 
 def _normalized(images):
@@ -35,13 +44,22 @@ def _normalized(images):
 
 
 def test_len_and_drop_last():
-    assert len(_loader()) == 4 and [len(b.labels) for b in _loader().iter_epoch(0)] == [32, 32, 32, 4]
-    assert len(_loader(drop_last=True)) == 3 and len(list(_loader(drop_last=True).iter_epoch(0))) == 3
+    assert len(_loader()) == 4 and [len(b.labels) for b in _loader().iter_epoch(0)] == [
+        32,
+        32,
+        32,
+        4,
+    ]
+    assert (
+        len(_loader(drop_last=True)) == 3 and len(list(_loader(drop_last=True).iter_epoch(0))) == 3
+    )
 
 
 def test_eval_loader_returns_normalized_originals_in_order():
     images, labels, indices = _data()
-    loader = TensorLoader(images, labels, indices, batch_size=32, norm=NORM, shuffle=False, device="cpu")
+    loader = TensorLoader(
+        images, labels, indices, batch_size=32, norm=NORM, shuffle=False, device="cpu"
+    )
     batches = list(loader)
     got = torch.cat([b.images for b in batches])
     diff = max_diff(got, _normalized(images))
@@ -76,7 +94,9 @@ def test_same_images_get_different_augmentation_in_other_epochs_and_batches():
     a = augment_batch(images, FULL_AUG, sample_params(FULL_AUG, N, g(1)))
     b = augment_batch(images, FULL_AUG, sample_params(FULL_AUG, N, g(2)))
     assert max_diff(a, b) > 0.1
-    plain = TensorLoader(images, labels, batch_size=N, norm=NORM, shuffle=False, augment=FULL_AUG, device="cpu")
+    plain = TensorLoader(
+        images, labels, batch_size=N, norm=NORM, shuffle=False, augment=FULL_AUG, device="cpu"
+    )
     e0, e1 = next(plain.iter_epoch(0)).images, next(plain.iter_epoch(1)).images
     assert max_diff(e0, e1) > 0.1, "augmentation must change between epochs"
 
@@ -116,7 +136,9 @@ def test_crop_flip_matches_per_image_reference():
 
 
 def test_affine_grid_matches_torch():
-    theta = affine_matrices(torch.tensor([3.0, -5.0]), torch.tensor([[0.05, -0.02], [0.0, 0.06]]), 12, 20)
+    theta = affine_matrices(
+        torch.tensor([3.0, -5.0]), torch.tensor([[0.05, -0.02], [0.0, 0.06]]), 12, 20
+    )
     want = F.affine_grid(theta, [2, 3, 12, 20], align_corners=False)
     diff = max_diff(affine_grid(theta, 12, 20), want)
     assert diff <= 1e-6, f"grid differs from F.affine_grid by {diff}"
@@ -127,7 +149,10 @@ def test_flip_only_flips_the_drawn_images():
     cfg = AugmentConfig(hflip=True)
     params = sample_params(cfg, 64, torch.Generator().manual_seed(0))
     got = augment_batch(images, cfg, params)
-    want = torch.stack([im.flip(-1) if f else im for im, f in zip(images, params["flip"])]).float() / 255
+    want = (
+        torch.stack([im.flip(-1) if f else im for im, f in zip(images, params["flip"])]).float()
+        / 255
+    )
     assert 16 <= int(params["flip"].sum()) <= 48
     assert torch.equal(got, want)
 

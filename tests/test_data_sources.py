@@ -90,7 +90,9 @@ def test_download_failure_is_reported(isolated, monkeypatch):
         raise OSError("Network is unreachable")
 
     monkeypatch.setitem(locate.DOWNLOADERS, "cifar10", offline)
-    with pytest.raises(DatasetNotFound, match=r"download: .* \(failed: OSError: Network is unreachable\)"):
+    with pytest.raises(
+        DatasetNotFound, match=r"download: .* \(failed: OSError: Network is unreachable\)"
+    ):
         load_dataset("cifar10", download=True)
 
 

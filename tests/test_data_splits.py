@@ -35,7 +35,11 @@ def test_make_split_is_stratified_and_disjoint():
 
 
 def test_make_split_deterministic_and_seed_dependent():
-    a, b, c = make_split(LABELS, 3200, 800, 0), make_split(LABELS, 3200, 800, 0), make_split(LABELS, 3200, 800, 1)
+    a, b, c = (
+        make_split(LABELS, 3200, 800, 0),
+        make_split(LABELS, 3200, 800, 0),
+        make_split(LABELS, 3200, 800, 1),
+    )
     assert np.array_equal(a.train, b.train) and np.array_equal(a.val, b.val)
     assert not np.array_equal(a.val, c.val) and not np.array_equal(a.train, c.train)
 
@@ -47,7 +51,9 @@ def test_make_split_pinned_values():
     split = make_split(labels, 12, 8, seed=7)
     fp = split_fingerprint({"train": ("train", split.train), "val": ("train", split.val)})
     assert split.val.tolist() == [5, 11, 12, 13, 19, 24, 26, 34], split.val.tolist()
-    assert split.train.tolist() == [0, 2, 9, 15, 16, 18, 22, 23, 29, 31, 33, 36], split.train.tolist()
+    assert split.train.tolist() == [0, 2, 9, 15, 16, 18, 22, 23, 29, 31, 33, 36], (
+        split.train.tolist()
+    )
     assert fp == "eb1ead1879bab9ae094f6d3c5d3994be6cefcf3a422053278aec92f7108f5d0a", fp
 
 
@@ -81,8 +87,13 @@ def test_prepare_fashion_mnist(isolated, monkeypatch):
     data = prepare("fashion_mnist", path=folder, split_seed=0, train_size=320, val_size=80)
     assert (len(data.train), len(data.val), len(data.test)) == (320, 80, 30)
     assert np.bincount(data.train.labels.numpy()).tolist() == [32] * 10
-    assert data.train.source_split == data.val.source_split == "train" and data.test.source_split == "test"
-    official = make_fashion_mnist(isolated / "again", n_train=500, n_test=30)  # same seed: same data
+    assert (
+        data.train.source_split == data.val.source_split == "train"
+        and data.test.source_split == "test"
+    )
+    official = make_fashion_mnist(
+        isolated / "again", n_train=500, n_test=30
+    )  # same seed: same data
     idx = data.train.indices.numpy()  # positions in the official training split
     assert np.array_equal(data.train.images.numpy(), official["train"][0][idx])
     again = prepare("fashion_mnist", path=folder, split_seed=0, train_size=320, val_size=80)
@@ -98,8 +109,12 @@ def test_prepare_data_fingerprint_changes_with_data(isolated, monkeypatch):
     a, b = isolated / "a", isolated / "b"
     make_fashion_mnist(a, seed=0)
     make_fashion_mnist(b, seed=1)
-    fa = prepare("fashion_mnist", path=a, verify=False, train_size=100, val_size=50).data_fingerprint
-    fb = prepare("fashion_mnist", path=b, verify=False, train_size=100, val_size=50).data_fingerprint
+    fa = prepare(
+        "fashion_mnist", path=a, verify=False, train_size=100, val_size=50
+    ).data_fingerprint
+    fb = prepare(
+        "fashion_mnist", path=b, verify=False, train_size=100, val_size=50
+    ).data_fingerprint
     assert fa != fb
 
 
@@ -109,7 +124,9 @@ def test_prepare_retinamnist_keeps_official_splits(isolated):
     data = prepare("retinamnist", path=path, verify=False)
     assert (len(data.train), len(data.val), len(data.test)) == (40, 10, 20)
     assert data.val.source_split == "val" and data.val.indices.tolist() == list(range(10))
-    with pytest.raises(ValueError, match=r"train_size=30: RetinaMNIST.* has its own validation split \(10 images\)"):
+    with pytest.raises(
+        ValueError, match=r"train_size=30: RetinaMNIST.* has its own validation split \(10 images\)"
+    ):
         prepare("retinamnist", path=path, verify=False, train_size=30)
 
 
@@ -119,7 +136,9 @@ def test_prepare_subset_is_stratified_per_split(isolated):
     data = prepare("retinamnist", path=path, verify=False, subset=10)
     assert (len(data.train), len(data.val), len(data.test)) == (10, 10, 10)
     assert np.bincount(data.train.labels.numpy()).tolist() == [2] * 5
-    assert data.split_fingerprint != prepare("retinamnist", path=path, verify=False).split_fingerprint
+    assert (
+        data.split_fingerprint != prepare("retinamnist", path=path, verify=False).split_fingerprint
+    )
 
 
 def test_prepare_image_folder_carves_val_and_computes_norm(isolated):

@@ -36,14 +36,21 @@ def test_a_local_folder_is_a_local_source_with_its_resolved_path(isolated, mlflo
     assert dataset.digest == data.data_fingerprint[:36] and dataset.name == "image_folder-split0"
 
 
-def test_a_download_is_an_http_source_with_the_url_it_came_from(isolated, mlflow_store, monkeypatch):
-    monkeypatch.setitem(locate.DOWNLOADERS, "retinamnist",
-                        lambda root, size: make_retinamnist(root / "retinamnist.npz"))
+def test_a_download_is_an_http_source_with_the_url_it_came_from(
+    isolated, mlflow_store, monkeypatch
+):
+    monkeypatch.setitem(
+        locate.DOWNLOADERS,
+        "retinamnist",
+        lambda root, size: make_retinamnist(root / "retinamnist.npz"),
+    )
     downloaded = prepare("retinamnist", download=True, verify=False)
     dataset = logged_dataset(mlflow_store, downloaded)
     assert dataset.source_type == "http", dataset
     assert json.loads(dataset.source) == {"url": medmnist.INFO["retinamnist"]["url"]}
-    again = prepare("retinamnist", download=True, verify=False)  # now read from the user cache: a local copy
+    again = prepare(
+        "retinamnist", download=True, verify=False
+    )  # now read from the user cache: a local copy
     assert again.resolution.used.kind.startswith("user cache")
     assert logged_dataset(mlflow_store, again, "provenance-cached").source_type == "local"
 

@@ -17,18 +17,32 @@ def timm_vit(drop_path_rate: float):
     from timm.models.vision_transformer import VisionTransformer as TimmViT
 
     torch.manual_seed(0)
-    return TimmViT(img_size=16, patch_size=4, in_chans=1, num_classes=5, embed_dim=32, depth=4, num_heads=4,
-                   drop_path_rate=drop_path_rate)
+    return TimmViT(
+        img_size=16,
+        patch_size=4,
+        in_chans=1,
+        num_classes=5,
+        embed_dim=32,
+        depth=4,
+        num_heads=4,
+        drop_path_rate=drop_path_rate,
+    )
 
 
 def test_rate_zero_keeps_the_module_tree_parameters_and_stages():
     model = VisionTransformer(ViTConfig(**TINY))
     assert model.cfg.drop_path_rate == 0.0
-    assert all(type(b.drop_path1) is nn.Identity and type(b.drop_path2) is nn.Identity for b in model.blocks)
-    assert model.stage_names() == ["patch_embed", "pos_add"] + [f"blocks.{i}.{s}" for i in range(4)
-                                                                 for s in PLAIN_BLOCK] + ["norm", "head"]
+    assert all(
+        type(b.drop_path1) is nn.Identity and type(b.drop_path2) is nn.Identity
+        for b in model.blocks
+    )
+    assert model.stage_names() == ["patch_embed", "pos_add"] + [
+        f"blocks.{i}.{s}" for i in range(4) for s in PLAIN_BLOCK
+    ] + ["norm", "head"]
     with_rate = VisionTransformer(ViTConfig(**TINY, drop_path_rate=0.3))
-    assert list(with_rate.state_dict()) == list(model.state_dict()), "drop path added or renamed a tensor"
+    assert list(with_rate.state_dict()) == list(model.state_dict()), (
+        "drop path added or renamed a tensor"
+    )
     assert with_rate.stage_names() == model.stage_names(), "drop path added a stage"
 
 
@@ -37,11 +51,17 @@ def test_per_block_rates_are_timms_linear_rule_and_modules():
     for i, (a, b) in enumerate(zip(ours.blocks, theirs.blocks)):
         for name in ("drop_path1", "drop_path2"):
             mine, timms = getattr(a, name), getattr(b, name)
-            assert type(mine) is type(timms), f"block {i} {name}: {type(mine).__name__} vs {type(timms).__name__}"
-            assert getattr(mine, "drop_prob", 0.0) == getattr(timms, "drop_prob", 0.0), f"block {i} {name}"
+            assert type(mine) is type(timms), (
+                f"block {i} {name}: {type(mine).__name__} vs {type(timms).__name__}"
+            )
+            assert getattr(mine, "drop_prob", 0.0) == getattr(timms, "drop_prob", 0.0), (
+                f"block {i} {name}"
+            )
     expected = [0.3 * i / 3 for i in range(4)]
     got = [getattr(b.drop_path1, "drop_prob", 0.0) for b in ours.blocks]
-    assert max(abs(g - e) for g, e in zip(got, expected)) < 1e-7, f"rates {got}, expected {expected}"
+    assert max(abs(g - e) for g, e in zip(got, expected)) < 1e-7, (
+        f"rates {got}, expected {expected}"
+    )
 
 
 def test_training_forward_equals_timms_at_zero_difference_and_eval_is_identity():

@@ -25,13 +25,17 @@ MODELS = [
     pytest.param("vit_base_patch8_224", 1, True, marks=SLOW),
     pytest.param("vit_large_patch16_224", 1, True, marks=SLOW),
     pytest.param("vit_base_patch16_gap_224", 2, True, marks=SLOW),  # no class token, mean pooling
-    pytest.param("vit_base_patch16_reg4_gap_256", 2, True, marks=SLOW),  # 4 registers, mean pooling, fc_norm
+    pytest.param(
+        "vit_base_patch16_reg4_gap_256", 2, True, marks=SLOW
+    ),  # 4 registers, mean pooling, fc_norm
 ]
 
 
 def describe_failures(report) -> str:
     bad = [s for s in report.stages if not s.passed][:8]
-    lines = [report.summary()] + [f"  stage {s.index} {s.stage}: max |diff| {s.max_abs_diff:.3g}" for s in bad]
+    lines = [report.summary()] + [
+        f"  stage {s.index} {s.stage}: max |diff| {s.max_abs_diff:.3g}" for s in bad
+    ]
     grads = report.gradients[report.gradients.max_abs_diff > report.tolerance].head(8)
     lines += [f"  grad {r.tensor}: max |diff| {r.max_abs_diff:.3g}" for r in grads.itertuples()]
     return "\n".join(lines)
@@ -41,7 +45,9 @@ def describe_failures(report) -> str:
 def test_every_stage_and_gradient_is_exactly_equal(name, batch, gradients):
     weights = load_timm_weights(name, "random", seed=0)
     randomize_every_tensor(weights.model, seed=0)  # timm's constant norms and biases hide swaps
-    report = run_equivalence(weights.model, name, batch=batch, seed=0, tolerance=0.0, gradients=gradients)
+    report = run_equivalence(
+        weights.model, name, batch=batch, seed=0, tolerance=0.0, gradients=gradients
+    )
     assert report.passed, describe_failures(report)
     assert report.max_abs_diff == 0.0, describe_failures(report)
     assert report.audit.complete
@@ -59,7 +65,12 @@ def test_vit_b16_mapping_counts_without_allocating_weights():
         cfg = config_from_timm(model)
         glass = VisionTransformer(cfg)
     _, audit = map_timm_state_dict(model.state_dict(), cfg)
-    assert (audit.source_used, audit.source_tensors, audit.target_filled, audit.target_tensors) == (152, 152, 152, 152)
+    assert (audit.source_used, audit.source_tensors, audit.target_filled, audit.target_tensors) == (
+        152,
+        152,
+        152,
+        152,
+    )
     assert audit.parameters == 86_567_656
     assert len(glass.stage_names()) == 100
 
@@ -68,7 +79,9 @@ def test_vit_b16_mapping_counts_without_allocating_weights():
 def test_vit_b16_counts():
     weights = load_timm_weights("vit_base_patch16_224", "random", seed=1)
     randomize_every_tensor(weights.model, seed=1)
-    report = run_equivalence(weights.model, "vit_base_patch16_224", batch=1, seed=1, gradients=False)
+    report = run_equivalence(
+        weights.model, "vit_base_patch16_224", batch=1, seed=1, gradients=False
+    )
     assert (report.audit.source_used, report.audit.source_tensors) == (152, 152)
     assert (report.audit.target_filled, report.audit.target_tensors) == (152, 152)
     assert report.audit.parameters == 86_567_656

@@ -15,7 +15,9 @@ from studies.cli import main
 
 
 def test_equivalence_run_is_logged_with_metrics_artifacts_and_verdict(mlflow_store, tmp_path):
-    result = CliRunner().invoke(main, ["equivalence", "--model", "vit_tiny_patch16_224", "--batch", "1"])
+    result = CliRunner().invoke(
+        main, ["equivalence", "--model", "vit_tiny_patch16_224", "--batch", "1"]
+    )
     assert result.exit_code == 0, result.output
     assert "PASS vit_tiny_patch16_224" in result.output and "NOT PRETRAINED" in result.output
     assert "all 152 tensors randomised (seed 0)" in result.output
@@ -34,9 +36,18 @@ def test_equivalence_run_is_logged_with_metrics_artifacts_and_verdict(mlflow_sto
     assert run.data.metrics["stages_passed"] == 100 and run.data.metrics["gradients_passed"] == 152
 
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id, "equivalence")}
-    expected = {"stages.csv", "stages.json", "gradients.csv", "fused_stages.csv", "mapping_audit.json", "stage_differences.png"}
+    expected = {
+        "stages.csv",
+        "stages.json",
+        "gradients.csv",
+        "fused_stages.csv",
+        "mapping_audit.json",
+        "stage_differences.png",
+    }
     assert {f"equivalence/{name}" for name in expected} <= artifacts
-    local = mlflow.artifacts.download_artifacts(run_id=run.info.run_id, artifact_path="equivalence", dst_path=str(tmp_path / "dl"))
+    local = mlflow.artifacts.download_artifacts(
+        run_id=run.info.run_id, artifact_path="equivalence", dst_path=str(tmp_path / "dl")
+    )
     stages = pd.read_csv(f"{local}/stages.csv")
     assert len(stages) == 100 and stages.passed.all()
     assert len(json.loads(open(f"{local}/stages.json").read())) == 100
@@ -54,7 +65,9 @@ def test_failing_equivalence_exits_nonzero_and_tags_fail(mlflow_store, monkeypat
         return glass, audit
 
     monkeypatch.setattr(equivalence, "glassbox_from_timm", perturbed)
-    result = CliRunner().invoke(main, ["equivalence", "--model", "vit_tiny_patch16_224", "--batch", "1", "--no-gradients"])
+    result = CliRunner().invoke(
+        main, ["equivalence", "--model", "vit_tiny_patch16_224", "--batch", "1", "--no-gradients"]
+    )
     assert result.exit_code == 1, result.output
     assert "FAIL vit_tiny_patch16_224" in result.output and "99 of 100 stages" in result.output
     (run,) = MlflowClient(mlflow_store).search_runs(
@@ -69,9 +82,15 @@ def test_cli_accepts_a_timm_vit_outside_the_old_whitelist(mlflow_store, monkeypa
     from workbench.convert import timm_weights
 
     real = timm_weights.load_timm_weights
-    monkeypatch.setattr("studies.tools.equivalence_check.load_timm_weights",
-                        lambda name, source, seed: real(name, source, seed=seed, embed_dim=64, depth=2, num_heads=2))
-    result = CliRunner().invoke(main, ["equivalence", "--model", "vit_small_patch16_384", "--batch", "1"])
+    monkeypatch.setattr(
+        "studies.tools.equivalence_check.load_timm_weights",
+        lambda name, source, seed: real(
+            name, source, seed=seed, embed_dim=64, depth=2, num_heads=2
+        ),
+    )
+    result = CliRunner().invoke(
+        main, ["equivalence", "--model", "vit_small_patch16_384", "--batch", "1"]
+    )
     assert result.exit_code == 0, result.output
     assert "PASS vit_small_patch16_384" in result.output
 
@@ -81,37 +100,64 @@ def reduced_weights(monkeypatch):
     from workbench.convert import timm_weights
 
     real = timm_weights.load_timm_weights
-    monkeypatch.setattr("studies.tools.equivalence_check.load_timm_weights",
-                        lambda name, source, seed: real(name, source, seed=seed, embed_dim=64, depth=2, num_heads=2))
+    monkeypatch.setattr(
+        "studies.tools.equivalence_check.load_timm_weights",
+        lambda name, source, seed: real(
+            name, source, seed=seed, embed_dim=64, depth=2, num_heads=2
+        ),
+    )
 
 
 def test_no_gradients_still_compares_plain_forward(mlflow_store, monkeypatch):
     from workbench.models.vit import Block
 
     def forward_with_bug(self, x):
-        return self.hook_resid2(self.hook_resid1(x + self.attn(self.norm1(x))))  # the bug: the MLP branch is dropped
+        return self.hook_resid2(
+            self.hook_resid1(x + self.attn(self.norm1(x)))
+        )  # the bug: the MLP branch is dropped
 
     monkeypatch.setattr(Block, "forward", forward_with_bug)
     reduced_weights(monkeypatch)
-    result = CliRunner().invoke(main, ["equivalence", "--model", "vit_small_patch16_224", "--batch", "1", "--no-gradients"])
+    result = CliRunner().invoke(
+        main, ["equivalence", "--model", "vit_small_patch16_224", "--batch", "1", "--no-gradients"]
+    )
     assert result.exit_code == 1, result.output
-    assert "FAIL vit_small_patch16_224" in result.output and "0 of 2 forward() logits" in result.output, result.output
+    assert (
+        "FAIL vit_small_patch16_224" in result.output and "0 of 2 forward() logits" in result.output
+    ), result.output
 
 
 def test_timm_init_is_an_explicit_labelled_choice(mlflow_store, monkeypatch):
     reduced_weights(monkeypatch)
-    result = CliRunner().invoke(main, ["equivalence", "--model", "vit_small_patch16_224", "--batch", "1",
-                                       "--weights", "timm-init", "--no-gradients"])
+    result = CliRunner().invoke(
+        main,
+        [
+            "equivalence",
+            "--model",
+            "vit_small_patch16_224",
+            "--batch",
+            "1",
+            "--weights",
+            "timm-init",
+            "--no-gradients",
+        ],
+    )
     assert result.exit_code == 0, result.output
-    assert "timm's own init" in result.output and "2 of 2 forward() logits within 0" in result.output
+    assert (
+        "timm's own init" in result.output and "2 of 2 forward() logits within 0" in result.output
+    )
     client = MlflowClient(mlflow_store)
     (run,) = client.search_runs([client.get_experiment_by_name("equivalence").experiment_id])
-    assert run.data.params["weight_source"] == "timm-init" and run.data.metrics["forward_passed"] == 2
+    assert (
+        run.data.params["weight_source"] == "timm-init" and run.data.metrics["forward_passed"] == 2
+    )
 
 
 @pytest.mark.slow
 def test_cli_full_size_vit_small_384(mlflow_store):
-    result = CliRunner().invoke(main, ["equivalence", "--model", "vit_small_patch16_384", "--batch", "1"])
+    result = CliRunner().invoke(
+        main, ["equivalence", "--model", "vit_small_patch16_384", "--batch", "1"]
+    )
     assert result.exit_code == 0, result.output
 
 
@@ -127,12 +173,17 @@ def test_unsupported_or_unknown_model_is_one_line_and_nonzero(mlflow_store, mode
     result = CliRunner().invoke(main, ["equivalence", "--model", model, "--batch", "1"])
     assert result.exit_code != 0
     assert expected in result.output and "Traceback" not in result.output, result.output
-    assert len(result.output.strip().splitlines()) == 1, result.output  # refused before any weights line
+    assert len(result.output.strip().splitlines()) == 1, (
+        result.output
+    )  # refused before any weights line
 
 
 def test_coverage_mode_prints_and_logs_a_table(mlflow_store, monkeypatch):
-    names = [("vit_base_patch16_siglip_224", "vision_transformer"), ("vit_tiny_r_s16_p8_224", "vision_transformer_hybrid"),
-             ("deit_tiny_distilled_patch16_224", "deit")]
+    names = [
+        ("vit_base_patch16_siglip_224", "vision_transformer"),
+        ("vit_tiny_r_s16_p8_224", "vision_transformer_hybrid"),
+        ("deit_tiny_distilled_patch16_224", "deit"),
+    ]
     monkeypatch.setattr("workbench.equivalence_coverage.coverage_architectures", lambda: names)
     result = CliRunner().invoke(main, ["equivalence", "--all"])
     assert result.exit_code == 0, result.output
@@ -142,8 +193,13 @@ def test_coverage_mode_prints_and_logs_a_table(mlflow_store, monkeypatch):
     client = MlflowClient(mlflow_store)
     (run,) = client.search_runs([client.get_experiment_by_name("equivalence").experiment_id])
     assert run.data.tags["verdict"] == "pass"
-    assert run.data.metrics["coverage.total.match"] == 1 and run.data.metrics["coverage.total.refused"] == 2
-    local = mlflow.artifacts.download_artifacts(run_id=run.info.run_id, artifact_path="equivalence/coverage.csv")
+    assert (
+        run.data.metrics["coverage.total.match"] == 1
+        and run.data.metrics["coverage.total.refused"] == 2
+    )
+    local = mlflow.artifacts.download_artifacts(
+        run_id=run.info.run_id, artifact_path="equivalence/coverage.csv"
+    )
     table = pd.read_csv(local)
     assert list(table.verdict) == ["match", "refused", "refused"]
     assert table.max_stage_diff.iloc[0] == 0.0 and table.max_gradient_diff.iloc[0] == 0.0

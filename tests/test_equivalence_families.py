@@ -53,15 +53,22 @@ KWARG_OPTIONS = [
     ("mean_pool_with_prefix", dict(global_pool="avg", pool_include_prefix=True, reg_tokens=2)),
     ("map_pool_with_class_token", dict(global_pool="map", fc_norm=True)),
     ("rmsnorm_layerscale_norm_pre", dict(norm_layer="rmsnorm", init_values=0.1, pre_norm=True)),
-    ("stochastic_depth", dict(drop_path_rate=0.1)),  # read across as ViTConfig.drop_path_rate (tests/test_drop_path.py)
+    (
+        "stochastic_depth",
+        dict(drop_path_rate=0.1),
+    ),  # read across as ViTConfig.drop_path_rate (tests/test_drop_path.py)
 ]
 
 
 def describe(report) -> str:
     bad = [s for s in report.stages if not s.passed][:6]
-    lines = [report.summary()] + [f"  stage {s.stage}: max |diff| {s.max_abs_diff:.3g}" for s in bad]
+    lines = [report.summary()] + [
+        f"  stage {s.stage}: max |diff| {s.max_abs_diff:.3g}" for s in bad
+    ]
     grads = report.gradients[report.gradients.max_abs_diff > report.tolerance].head(6)
-    return "\n".join(lines + [f"  grad {r.tensor}: max |diff| {r.max_abs_diff:.3g}" for r in grads.itertuples()])
+    return "\n".join(
+        lines + [f"  grad {r.tensor}: max |diff| {r.max_abs_diff:.3g}" for r in grads.itertuples()]
+    )
 
 
 @pytest.mark.parametrize("name, what", FAMILIES, ids=[f[0] for f in FAMILIES])
@@ -94,12 +101,29 @@ def test_plain_vit_stage_list_is_unchanged_and_options_add_named_stages():
 
     with torch.device("meta"):
         plain = VisionTransformer(ViTConfig()).stage_names()
-        clip = VisionTransformer(ViTConfig(norm_pre=True, layer_scale_init=1e-5, qk_norm=True)).stage_names()
-        siglip = VisionTransformer(ViTConfig(pooling="map", class_token=False, num_classes=0)).stage_names()
-    assert len(plain) == 100 and plain[:4] == ["patch_embed", "pos_add", "blocks.0.norm1", "blocks.0.attn.qkv"]
+        clip = VisionTransformer(
+            ViTConfig(norm_pre=True, layer_scale_init=1e-5, qk_norm=True)
+        ).stage_names()
+        siglip = VisionTransformer(
+            ViTConfig(pooling="map", class_token=False, num_classes=0)
+        ).stage_names()
+    assert len(plain) == 100 and plain[:4] == [
+        "patch_embed",
+        "pos_add",
+        "blocks.0.norm1",
+        "blocks.0.attn.qkv",
+    ]
     assert {"norm_pre", "blocks.0.ls1", "blocks.0.ls2", "blocks.0.attn.q_norm"} <= set(clip)
-    assert siglip[-8:] == ["norm", "attn_pool.kv", "attn_pool.probs", "attn_pool.attn", "attn_pool.norm",
-                           "attn_pool.mlp", "pool", "head"]
+    assert siglip[-8:] == [
+        "norm",
+        "attn_pool.kv",
+        "attn_pool.probs",
+        "attn_pool.attn",
+        "attn_pool.norm",
+        "attn_pool.mlp",
+        "pool",
+        "head",
+    ]
 
 
 def test_attention_pool_map_is_a_stage_of_the_analysis_mode():
@@ -147,7 +171,9 @@ def test_hybrid_and_distilled_are_refused_rows_in_the_coverage():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["vit_base_patch16_clip_224", "vit_small_patch14_dinov2", "vit_base_patch16_siglip_224"])
+@pytest.mark.parametrize(
+    "name", ["vit_base_patch16_clip_224", "vit_small_patch14_dinov2", "vit_base_patch16_siglip_224"]
+)
 def test_full_size_family_model_matches_exactly(name):
     from workbench.convert.timm_weights import load_timm_weights
 

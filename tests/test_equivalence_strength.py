@@ -20,8 +20,16 @@ from workbench.convert import timm_vit
 from workbench.equivalence import randomize_every_tensor, run_equivalence
 
 # LayerScale and a register token switched on, so gammas and tokens are tensors to get wrong.
-SMALL = dict(embed_dim=64, depth=2, num_heads=2, img_size=64, patch_size=16, num_classes=10,
-             init_values=1e-5, reg_tokens=1)
+SMALL = dict(
+    embed_dim=64,
+    depth=2,
+    num_heads=2,
+    img_size=64,
+    patch_size=16,
+    num_classes=10,
+    init_values=1e-5,
+    reg_tokens=1,
+)
 
 
 def small_vit(randomize: bool, seed: int = 0) -> torch.nn.Module:
@@ -54,7 +62,9 @@ def swap_ls_and_norms(state: dict) -> None:
 
 def failures(report) -> str:
     bad = [s for s in report.stages + report.forward if not s.passed][:5]
-    return report.summary() + "".join(f"\n  {s.stage}: max |diff| {s.max_abs_diff:.3g}" for s in bad)
+    return report.summary() + "".join(
+        f"\n  {s.stage}: max |diff| {s.max_abs_diff:.3g}" for s in bad
+    )
 
 
 def test_randomize_gives_every_tensor_its_own_non_constant_values():
@@ -72,11 +82,15 @@ def test_randomize_gives_every_tensor_its_own_non_constant_values():
 
 def test_swapped_layerscale_and_norms_pass_with_timm_init_and_fail_randomised(monkeypatch):
     plant_in_mapping(monkeypatch, swap_ls_and_norms)
-    blind = run_equivalence(small_vit(randomize=False), "swap, timm init", batch=2, seed=0, gradients=False)
+    blind = run_equivalence(
+        small_vit(randomize=False), "swap, timm init", batch=2, seed=0, gradients=False
+    )
     # timm's constant norms and gammas make the swapped mapping the same function:
     # why --weights random randomises every tensor.
     assert blind.passed, failures(blind)
-    report = run_equivalence(small_vit(randomize=True), "swap, randomised", batch=2, seed=0, gradients=False)
+    report = run_equivalence(
+        small_vit(randomize=True), "swap, randomised", batch=2, seed=0, gradients=False
+    )
     assert not report.passed
     first_bad = next(s for s in report.stages if not s.passed)
     assert first_bad.stage == "blocks.0.norm1", failures(report)
@@ -90,9 +104,11 @@ ONE_ULP_TENSORS = ["reg_token", "blocks.0.norm1.bias", "blocks.1.ls2.gamma"]
 
 def nudge_one_ulp(timm_key: str):
     """Every element of one tensor moved by one ulp (towards +inf) in the mapped state."""
+
     def change(state: dict) -> None:
         (key,) = [k for k in state if timm_vit.timm_key_for(k) == timm_key]
         state[key] = torch.nextafter(state[key], torch.full_like(state[key], float("inf")))
+
     return change
 
 
@@ -124,12 +140,18 @@ def test_a_bug_in_the_one_forward_fails_stages_and_logits_without_gradients(monk
     from workbench.models.vit import Block
 
     def forward_with_bug(self, x):
-        x = self.hook_resid1(x + self.hook_ls1(self.ls1(self.hook_attn(self.attn(self.hook_norm1(self.norm1(x)))))))
-        h = self.hook_mlp(self.mlp(self.hook_norm2(self.norm1(x))))  # the bug: norm1 where norm2 belongs
+        x = self.hook_resid1(
+            x + self.hook_ls1(self.ls1(self.hook_attn(self.attn(self.hook_norm1(self.norm1(x))))))
+        )
+        h = self.hook_mlp(
+            self.mlp(self.hook_norm2(self.norm1(x)))
+        )  # the bug: norm1 where norm2 belongs
         return self.hook_resid2(x + self.hook_ls2(self.ls2(h)))
 
     monkeypatch.setattr(Block, "forward", forward_with_bug)
-    report = run_equivalence(small_vit(randomize=True), "forward bug", batch=2, seed=0, gradients=False)
+    report = run_equivalence(
+        small_vit(randomize=True), "forward bug", batch=2, seed=0, gradients=False
+    )
     # One body: the recorded stages are the forward's own, so the bug shows in both.
     failed = [row.stage for row in report.stages if not row.passed]
     assert failed and failed[0] == "blocks.0.norm2", failures(report)
@@ -138,15 +160,24 @@ def test_a_bug_in_the_one_forward_fails_stages_and_logits_without_gradients(monk
     assert not report.passed
 
 
-@pytest.mark.parametrize("model, option", [("vit_base_r50_s16_384", "HybridEmbed patch embedding"),
-                                           ("deit_base_distilled_patch16_384", "distillation token")])
-def test_unsupported_model_is_refused_in_one_line_without_a_full_build(mlflow_store, monkeypatch, model, option):
+@pytest.mark.parametrize(
+    "model, option",
+    [
+        ("vit_base_r50_s16_384", "HybridEmbed patch embedding"),
+        ("deit_base_distilled_patch16_384", "distillation token"),
+    ],
+)
+def test_unsupported_model_is_refused_in_one_line_without_a_full_build(
+    mlflow_store, monkeypatch, model, option
+):
     from studies.cli import main
 
     real = timm.create_model
 
     def meta_only(*args, **kwargs):
-        assert torch.get_default_device().type == "meta", "a full model was built before the refusal"
+        assert torch.get_default_device().type == "meta", (
+            "a full model was built before the refusal"
+        )
         return real(*args, **kwargs)
 
     monkeypatch.setattr(timm, "create_model", meta_only)

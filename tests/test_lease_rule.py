@@ -32,7 +32,9 @@ def dead_pid() -> int:
     return proc.pid
 
 
-@pytest.mark.parametrize("age, alive", [(0.0, True), (29.9, True), (30.0, True), (30.1, False), (600.0, False)])
+@pytest.mark.parametrize(
+    "age, alive", [(0.0, True), (29.9, True), (30.0, True), (30.1, False), (600.0, False)]
+)
 def test_a_run_and_a_trial_with_one_lease_expire_at_the_same_moment(monkeypatch, age, alive):
     monkeypatch.setenv(LEASE_ENV, "30")
     lease = Lease("other-host", 4242, "tok", T0)
@@ -41,7 +43,10 @@ def test_a_run_and_a_trial_with_one_lease_expire_at_the_same_moment(monkeypatch,
     assert run_state.alive is alive and (trial_why is None) is alive, (run_state, trial_why)
     if not alive:
         said = f"lease of other-host/4242 expired: last heartbeat {age:.0f} s ago"
-        assert run_state.why == f"{said} (lease 30 s)" and trial_why == f"{said} (grace 30 s)", (run_state.why, trial_why)
+        assert run_state.why == f"{said} (lease 30 s)" and trial_why == f"{said} (grace 30 s)", (
+            run_state.why,
+            trial_why,
+        )
 
 
 def test_a_holder_whose_process_is_gone_on_this_host_is_dead_at_once_on_both_sides(monkeypatch):
@@ -49,16 +54,29 @@ def test_a_holder_whose_process_is_gone_on_this_host_is_dead_at_once_on_both_sid
     lease = Lease(HOST, dead_pid(), "tok", T0)
     run_state = lease_state(as_run(lease.as_tags()), now=T0 + 1)
     trial_why = expired(as_trial(lease), grace=30, now=T0 + 1)
-    assert not run_state.alive and run_state.why == trial_why == \
-        f"process {lease.pid} on {HOST} is gone (last heartbeat 1 s ago)", (run_state, trial_why)
-    assert lease.possible_writer() is None  # nobody can write under it any more: continue it in place
+    assert (
+        not run_state.alive
+        and run_state.why
+        == trial_why
+        == f"process {lease.pid} on {HOST} is gone (last heartbeat 1 s ago)"
+    ), (run_state, trial_why)
+    assert (
+        lease.possible_writer() is None
+    )  # nobody can write under it any more: continue it in place
 
 
 def test_takeover_and_release():
     mine = Lease.mine(now=T0)
-    assert mine.is_mine() and mine.taken_over(mine.renewed(T0 + 5)) is None and mine.taken_over(None) is None
+    assert (
+        mine.is_mine()
+        and mine.taken_over(mine.renewed(T0 + 5)) is None
+        and mine.taken_over(None) is None
+    )
     other = Lease("vm-2", 7, "theirs", T0 + 5)
-    assert mine.taken_over(other) == f"taken over by vm-2/7 (lease token theirs is not ours, {mine.token})"
+    assert (
+        mine.taken_over(other)
+        == f"taken over by vm-2/7 (lease token theirs is not ours, {mine.token})"
+    )
     # An MLflow run: its holder on another host may still write, unless it released the run itself.
     held = other.as_tags()
     assert possible_writer(as_run(held)) == "process 7 on vm-2 cannot be seen from here"
@@ -68,5 +86,7 @@ def test_takeover_and_release():
 
 def test_both_stored_forms_hold_the_same_lease():
     lease = Lease("h", 12, "0123456789abcdef", T0)
-    assert Lease.from_tags(lease.as_tags()) == lease and Lease.from_record(lease.as_record()) == lease
+    assert (
+        Lease.from_tags(lease.as_tags()) == lease and Lease.from_record(lease.as_record()) == lease
+    )
     assert Lease.from_tags({}) is None and Lease.from_record(None) is None

@@ -18,15 +18,29 @@ from studies.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
 PROJECT = load_project(str(ROOT))
-BOOLEANS = {name for ep in PROJECT._entry_points.values() for name, p in ep.parameters.items()
-            if str(p.default).lower() in ("true", "false")}
+BOOLEANS = {
+    name
+    for ep in PROJECT._entry_points.values()
+    for name, p in ep.parameters.items()
+    if str(p.default).lower() in ("true", "false")
+}
 # Parameters MLflow requires (no default): a value that parses.
-REQUIRED = {"storage": "sqlite:///queue.db", "protocol": "studies/protocols/smoke.yaml", "param": "optim.lr=float:1e-4:1e-2"}
+REQUIRED = {
+    "storage": "sqlite:///queue.db",
+    "protocol": "studies/protocols/smoke.yaml",
+    "param": "optim.lr=float:1e-4:1e-2",
+}
 # Where the MLproject default differs from the CLI default on purpose.
 DEFAULTS_DIFFER = {
     ("train", "subset"): "MLproject's 0 means all images, as the CLI's None does",
-    ("report", "protocol"): "MLproject reports the quick-start study; the CLI needs --protocol or --all",
-    ("figures", "protocol"): "MLproject picks the shipped study; the CLI needs one of --protocol/--run-id/--timm-model",
+    (
+        "report",
+        "protocol",
+    ): "MLproject reports the quick-start study; the CLI needs --protocol or --all",
+    (
+        "figures",
+        "protocol",
+    ): "MLproject picks the shipped study; the CLI needs one of --protocol/--run-id/--timm-model",
 }
 
 
@@ -34,7 +48,9 @@ def cli_args(entry: str, params: dict[str, str]) -> list[str]:
     """The argv that `mlflow run . -e ENTRY -P k=v ...` would give `python -m studies.cli`."""
     command = PROJECT.get_entry_point(entry).compute_command(params, None)
     script = 'python() { printf "%s\\0" "$@"; }\n' + command
-    out = subprocess.run(["bash", "-c", script], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        ["bash", "-c", script], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout
     args = out.split("\0")[:-1]
     assert args[:2] == ["-m", "studies.cli"], args
     return args[2:]
@@ -68,33 +84,54 @@ def test_entry_point_parameters_are_cli_options_and_defaults_agree(entry):
     defaults = command.make_context(args[0], needed).params
     for name, spec in ep.parameters.items():
         option = f"--{name.replace('_', '-')}"
-        assert option in options, f"MLproject {entry}: parameter {name} has no CLI option {option} on `workbench {args[0]}`"
+        assert option in options, (
+            f"MLproject {entry}: parameter {name} has no CLI option {option} on `workbench {args[0]}`"
+        )
         dest = options[option].name
         if (entry, name) in DEFAULTS_DIFFER or spec.default is None:
             continue
         assert parsed[dest] == defaults[dest], (
             f"MLproject {entry}: parameter {name} default {spec.default!r} gives {parsed[dest]!r}, "
-            f"the CLI default is {defaults[dest]!r}")
+            f"the CLI default is {defaults[dest]!r}"
+        )
 
 
-@pytest.mark.parametrize("entry,name", sorted((e, n) for e, ep in PROJECT._entry_points.items()
-                                               for n in ep.parameters if n in BOOLEANS))
+@pytest.mark.parametrize(
+    "entry,name",
+    sorted(
+        (e, n) for e, ep in PROJECT._entry_points.items() for n in ep.parameters if n in BOOLEANS
+    ),
+)
 def test_boolean_parameters_accept_true_and_1_and_refuse_others_by_name(entry, name):
     base = required_params(entry)
     command, _ = parse(cli_args(entry, base))
     dest = next(p.name for p in command.params if f"--{name.replace('_', '-')}" in p.opts)
-    for text, expected in [("true", True), ("True", True), ("1", True), ("false", False), ("False", False), ("0", False)]:
+    for text, expected in [
+        ("true", True),
+        ("True", True),
+        ("1", True),
+        ("false", False),
+        ("False", False),
+        ("0", False),
+    ]:
         _, parsed = parse(cli_args(entry, {**base, name: text}))
         assert parsed[dest] is expected, f"{entry} -P {name}={text} gave {parsed[dest]!r}"
     with pytest.raises(click.UsageError, match=f"{name}.*yes"):
         parse(cli_args(entry, {**base, name: "yes"}))
 
 
-@pytest.mark.parametrize("entry,name,value,extra", [
-    ("sweep", "storage", "sqlite:///a b.db", {}), ("worker", "storage", "sqlite:///a b.db", {}),
-    ("worker", "storage_env", "MY_QUEUE", {}), ("transfer", "source", "runs:/abc/model", {}),
-    ("transfer", "data_path", "/data/my retina", {}), ("figures", "data_path", "/data/x y", {}),
-    ("figures", "timm_model", "vit_tiny_patch16_224", {"image": "README.md"})])
+@pytest.mark.parametrize(
+    "entry,name,value,extra",
+    [
+        ("sweep", "storage", "sqlite:///a b.db", {}),
+        ("worker", "storage", "sqlite:///a b.db", {}),
+        ("worker", "storage_env", "MY_QUEUE", {}),
+        ("transfer", "source", "runs:/abc/model", {}),
+        ("transfer", "data_path", "/data/my retina", {}),
+        ("figures", "data_path", "/data/x y", {}),
+        ("figures", "timm_model", "vit_tiny_patch16_224", {"image": "README.md"}),
+    ],
+)
 def test_optional_strings_pass_through_exactly_or_not_at_all(entry, name, value, extra):
     base = {**required_params(entry), **extra}
     command, parsed = parse(cli_args(entry, {**base, name: value}))
@@ -113,14 +150,22 @@ def test_conda_yaml_installs_pyprojects_dependencies():
 
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     conda = yaml.safe_load((ROOT / "conda.yaml").read_text())
-    assert Path(PROJECT.env_config_path).name == "conda.yaml", PROJECT.env_config_path  # MLproject's conda_env
+    assert Path(PROJECT.env_config_path).name == "conda.yaml", (
+        PROJECT.env_config_path
+    )  # MLproject's conda_env
     pip = next(d["pip"] for d in conda["dependencies"] if isinstance(d, dict) and "pip" in d)
     listed = [d for d in pip if d != "-e ."]
     missing = sorted(set(project["dependencies"]) - set(listed))
     extra = sorted(set(listed) - set(project["dependencies"]))
-    assert not missing and not extra, f"conda.yaml lacks {missing}, has beyond pyproject.toml {extra}"
-    assert listed == project["dependencies"], "conda.yaml lists them in another order than pyproject.toml"
+    assert not missing and not extra, (
+        f"conda.yaml lacks {missing}, has beyond pyproject.toml {extra}"
+    )
+    assert listed == project["dependencies"], (
+        "conda.yaml lists them in another order than pyproject.toml"
+    )
     assert "-e ." in pip, "conda.yaml must install the project itself"
-    python = next(d for d in conda["dependencies"] if isinstance(d, str) and d.startswith("python="))
+    python = next(
+        d for d in conda["dependencies"] if isinstance(d, str) and d.startswith("python=")
+    )
     version = python.split("=", 1)[1]
     assert version in SpecifierSet(project["requires-python"]), (python, project["requires-python"])

@@ -57,8 +57,18 @@ def test_fast_path_matches_written_attention_and_analysis_ignores_it():
 
 
 def test_mean_pooling_with_registers_and_no_class_token():
-    cfg = ViTConfig(image_size=16, patch_size=4, dim=32, depth=2, heads=2, num_classes=5,
-                    class_token=False, pooling="mean", register_tokens=2, no_embed_class=True)
+    cfg = ViTConfig(
+        image_size=16,
+        patch_size=4,
+        dim=32,
+        depth=2,
+        heads=2,
+        num_classes=5,
+        class_token=False,
+        pooling="mean",
+        register_tokens=2,
+        no_embed_class=True,
+    )
     model = VisionTransformer(cfg)
     analysis = model.forward_analysis(torch.randn(2, 3, 16, 16))
     assert analysis.attentions[0].shape == (2, 2, 16 + 2, 16 + 2)
@@ -91,7 +101,9 @@ def test_unknown_override_field_is_named():
 def test_cnn_forward_shapes():
     model = CNN(CNNConfig(in_channels=3, num_classes=7))
     assert model(torch.randn(4, 3, 32, 32)).shape == (4, 7)
-    assert model.forward_head(model.forward_features(torch.randn(2, 3, 32, 32)), pre_logits=True).shape == (2, 128)
+    assert model.forward_head(
+        model.forward_features(torch.randn(2, 3, 32, 32)), pre_logits=True
+    ).shape == (2, 128)
 
 
 def test_family_options_are_validated_and_a_plain_vit_is_unchanged():
@@ -105,8 +117,18 @@ def test_family_options_are_validated_and_a_plain_vit_is_unchanged():
         ViTConfig(mlp_layer="glu", mlp_hidden=7)
     with pytest.raises(ValueError, match="layer_scale_init=0"):
         ViTConfig(layer_scale_init=0)
-    cfg = ViTConfig(image_size=(32, 48), patch_size=(8, 16), dim=32, depth=1, heads=2, num_classes=0,
-                    pooling="map", class_token=False, layer_scale_init=0.1, norm_layer="rmsnorm")
+    cfg = ViTConfig(
+        image_size=(32, 48),
+        patch_size=(8, 16),
+        dim=32,
+        depth=1,
+        heads=2,
+        num_classes=0,
+        pooling="map",
+        class_token=False,
+        layer_scale_init=0.1,
+        norm_layer="rmsnorm",
+    )
     model = VisionTransformer(cfg)
     assert cfg.grid == (4, 3) and model.pos_embed.shape == (1, 12, 32)
     out = model(torch.randn(2, 3, 32, 48))

@@ -31,7 +31,10 @@ from tracking.store import offline_store, uris
 from workbench.data import checksums
 from workbench.train.loop import Observers, TrainingObserver
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]  # a long kill test with servers: slow tier (the default tier keeps test_train's SIGKILL resume)
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.slow,
+]  # a long kill test with servers: slow tier (the default tier keeps test_train's SIGKILL resume)
 
 
 class KillOnce(TrainingObserver):
@@ -52,7 +55,9 @@ def server(isolated_tracking, tmp_path, monkeypatch):  # noqa: F811
     monkeypatch.setenv("WORKBENCH_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
-    with workbench_server(f"sqlite:///{tmp_path / 'server.db'}", tmp_path / "artifacts", None) as proc:
+    with workbench_server(
+        f"sqlite:///{tmp_path / 'server.db'}", tmp_path / "artifacts", None
+    ) as proc:
         monkeypatch.setenv("MLFLOW_TRACKING_URI", proc.url)
         yield proc
 
@@ -71,18 +76,24 @@ def sync_twice(server, experiments: tuple[str, ...]) -> dict:
     for args in ([], ["--recheck"]):
         again = CliRunner().invoke(sync_command, args, catch_exceptions=False)
         assert again.exit_code == 0 and "runs: 0 created, 0 updated" in again.output, again.output
-        assert "added 0 metric points, 0 params, 0 artifact files, 0 models" in again.output, again.output
+        assert "added 0 metric points, 0 params, 0 artifact files, 0 models" in again.output, (
+            again.output
+        )
         assert {e: snapshot(MlflowClient(server.url), e) for e in experiments} == state
     for experiment in experiments:
         for run in local_runs(experiment).values():
-            assert run.data.tags[SYNC_SYNCED] in {s["id"] for s in state[experiment].values()}, run.data.tags
+            assert run.data.tags[SYNC_SYNCED] in {s["id"] for s in state[experiment].values()}, (
+                run.data.tags
+            )
     return state
 
 
 def restart(server) -> None:
     server.start()  # same port, backend store and artifact store
     offline_store.forget_health()
-    uris.set_process_uri(server.url)  # the study that went offline left MLflow pointing at the local store
+    uris.set_process_uri(
+        server.url
+    )  # the study that went offline left MLflow pointing at the local store
 
 
 def test_sweep_and_transfer_study_survive_a_server_killed_mid_run(server, tmp_path, monkeypatch):
@@ -102,11 +113,29 @@ def run_sweep_killed_mid_trial(server, tmp_path, monkeypatch) -> tuple[str, dict
     protocol = write_protocol(tmp_path, epochs=2)
     killer = KillOnce(server)
     train_one = sweep.train_one
-    monkeypatch.setattr(sweep, "train_one",
-                        lambda *a, observer=None, **kw: train_one(*a, observer=Observers(killer, observer), **kw))
-    result = CliRunner().invoke(main, [
-        "sweep", "--protocol", str(protocol), "--param", "optim.lr=float:1e-3:1e-2:log", "--trials", "2",
-        "--data-path", str(folder), "--device", "cpu", "--output-dir", str(tmp_path / "out")])
+    monkeypatch.setattr(
+        sweep,
+        "train_one",
+        lambda *a, observer=None, **kw: train_one(*a, observer=Observers(killer, observer), **kw),
+    )
+    result = CliRunner().invoke(
+        main,
+        [
+            "sweep",
+            "--protocol",
+            str(protocol),
+            "--param",
+            "optim.lr=float:1e-3:1e-2:log",
+            "--trials",
+            "2",
+            "--data-path",
+            str(folder),
+            "--device",
+            "cpu",
+            "--output-dir",
+            str(tmp_path / "out"),
+        ],
+    )
     assert result.exit_code == 0, result.output
     assert killer.killed_at == 1
     assert "'complete': 2" in result.output and "workbench sync" in result.output, result.output
@@ -115,7 +144,9 @@ def run_sweep_killed_mid_trial(server, tmp_path, monkeypatch) -> tuple[str, dict
     local = local_runs("tiny")
     name = next(n for n in local if "#" not in n)
     assert set(local) == {name, f"{name}#0", f"{name}#1"}, set(local)
-    assert SYNC_SERVER_RUN in local[name].data.tags and SYNC_SERVER_RUN in local[f"{name}#0"].data.tags
+    assert (
+        SYNC_SERVER_RUN in local[name].data.tags and SYNC_SERVER_RUN in local[f"{name}#0"].data.tags
+    )
     assert SYNC_SERVER_RUN not in local[f"{name}#1"].data.tags
     return name, local
 
@@ -123,39 +154,65 @@ def run_sweep_killed_mid_trial(server, tmp_path, monkeypatch) -> tuple[str, dict
 def check_sweep_on_server(state: dict, name: str, local: dict) -> None:
     assert set(state) == set(local)
     parent = state[name]
-    assert parent["id"] == local[name].data.tags[SYNC_SERVER_RUN], "the parent was merged into its own server run"
+    assert parent["id"] == local[name].data.tags[SYNC_SERVER_RUN], (
+        "the parent was merged into its own server run"
+    )
     assert parent["status"] == "FINISHED" and parent["tags"]["best_trial"] in ("0", "1")
     assert [p[0] for p in parent["metrics"]["best_val_accuracy"]] == [0]
     assert parent["params"]["storage"] == "in-memory"
     for trial in (f"{name}#0", f"{name}#1"):
         run = state[trial]
-        assert run["status"] == "FINISHED" and run["tags"]["mlflow.parentRunId"] == parent["id"], trial
+        assert run["status"] == "FINISHED" and run["tags"]["mlflow.parentRunId"] == parent["id"], (
+            trial
+        )
         assert_steps_once(run["metrics"], epochs=2)
-        assert run["files"] == RUN_FILES and run["models"] == ["READY"] and len(run["inputs"]) == 1, trial
+        assert (
+            run["files"] == RUN_FILES and run["models"] == ["READY"] and len(run["inputs"]) == 1
+        ), trial
     assert state[f"{name}#0"]["id"] == local[f"{name}#0"].data.tags[SYNC_SERVER_RUN]
 
 
-TRANSFER_FILES = {"history.json", "test_metrics.json", "predictions/val.csv", "predictions/test.csv",
-                  "checkpoints/best.pt"}
+TRANSFER_FILES = {
+    "history.json",
+    "test_metrics.json",
+    "predictions/val.csv",
+    "predictions/test.csv",
+    "checkpoints/best.pt",
+}
 
 
 def run_transfer_killed_mid_cell(server, tmp_path, monkeypatch):
     learnable_retina(tmp_path / "retinamnist.npz", counts=(40, 20, 20))
     monkeypatch.setitem(checksums.RETINAMNIST_MD5, 28, md5(tmp_path / "retinamnist.npz"))
     source_run, _ = log_source_run(tmp_path)
-    data = protocol_dict(source={"weights": f"runs:/{source_run}"}, seeds=[0],
-                         run={"batch_size": 16, "eval_batch_size": 64, "log_checkpoints": True},
-                         evaluation={"n_resamples": 1000},
-                         regimes=[regime("linear", name="linear_probe", reference=True, epochs=2),
-                                  regime("full", name="full_ft", epochs=1)])
+    data = protocol_dict(
+        source={"weights": f"runs:/{source_run}"},
+        seeds=[0],
+        run={"batch_size": 16, "eval_batch_size": 64, "log_checkpoints": True},
+        evaluation={"n_resamples": 1000},
+        regimes=[
+            regime("linear", name="linear_probe", reference=True, epochs=2),
+            regime("full", name="full_ft", epochs=1),
+        ],
+    )
     path = tmp_path / f"{data['name']}.yaml"
     path.write_text(yaml.safe_dump(data))
     killer = KillOnce(server)
     select = transfer_study.select_cell
-    monkeypatch.setattr(transfer_study, "select_cell", lambda *a: select(*a[:-1], Observers(a[-1], killer)))
+    monkeypatch.setattr(
+        transfer_study, "select_cell", lambda *a: select(*a[:-1], Observers(a[-1], killer))
+    )
     protocol = open_study(transfer_study.TransferStudy, str(path), allow_dirty=True)
-    outcomes = transfer_study.run_transfer(protocol, path, StudyOptions(
-        output_dir=tmp_path / "out", device="cpu", data_path=str(tmp_path / "retinamnist.npz"), allow_dirty=True))
+    outcomes = transfer_study.run_transfer(
+        protocol,
+        path,
+        StudyOptions(
+            output_dir=tmp_path / "out",
+            device="cpu",
+            data_path=str(tmp_path / "retinamnist.npz"),
+            allow_dirty=True,
+        ),
+    )
     assert killer.killed_at == 1
     assert [o.status for o in outcomes] == ["finished", "finished"], [o.message for o in outcomes]
     assert all("workbench sync" in o.message for o in outcomes), [o.message for o in outcomes]
@@ -163,7 +220,10 @@ def run_transfer_killed_mid_cell(server, tmp_path, monkeypatch):
     local = local_runs("tiny_transfer")
     parent_name = f"tiny_transfer@{protocol.short_hash}"
     assert set(local) == {parent_name, "linear_probe-seed0", "full_ft-seed0"}, set(local)
-    assert SYNC_SERVER_RUN in local["linear_probe-seed0"].data.tags and SYNC_SERVER_RUN in local[parent_name].data.tags
+    assert (
+        SYNC_SERVER_RUN in local["linear_probe-seed0"].data.tags
+        and SYNC_SERVER_RUN in local[parent_name].data.tags
+    )
     assert SYNC_SERVER_RUN not in local["full_ft-seed0"].data.tags
     return protocol, local
 
@@ -172,18 +232,32 @@ def check_transfer_on_server(state: dict, protocol, local: dict, server) -> None
     parent_name = f"tiny_transfer@{protocol.short_hash}"
     assert set(state) == set(local)
     parent = state[parent_name]
-    assert parent["status"] == "FINISHED" and parent["id"] == local[parent_name].data.tags[SYNC_SERVER_RUN]
-    assert parent["params"]["data.n_test"] == "20" and [p[0] for p in parent["metrics"]["cells_finished"]] == [0]
+    assert (
+        parent["status"] == "FINISHED"
+        and parent["id"] == local[parent_name].data.tags[SYNC_SERVER_RUN]
+    )
+    assert parent["params"]["data.n_test"] == "20" and [
+        p[0] for p in parent["metrics"]["cells_finished"]
+    ] == [0]
     assert {"protocol/tiny_transfer.yaml", "protocol/canonical.json"} <= parent["files"]
     for cell, epochs in (("linear_probe-seed0", 2), ("full_ft-seed0", 1)):
         run = state[cell]
-        assert run["status"] == "FINISHED" and run["tags"]["mlflow.parentRunId"] == parent["id"], cell
-        assert run["tags"]["phase"] == "tested" and run["files"] == TRANSFER_FILES, (cell, run["files"])
+        assert run["status"] == "FINISHED" and run["tags"]["mlflow.parentRunId"] == parent["id"], (
+            cell
+        )
+        assert run["tags"]["phase"] == "tested" and run["files"] == TRANSFER_FILES, (
+            cell,
+            run["files"],
+        )
         steps = [p[0] for p in run["metrics"]["val_qwk"]]
         assert steps == list(range(1, epochs + 1)), (cell, run["metrics"]["val_qwk"])
         for key, points in run["metrics"].items():
-            assert len({p[0] for p in points}) == len(points), f"{cell}.{key}: a step logged twice: {points}"
-    assert state["linear_probe-seed0"]["id"] == local["linear_probe-seed0"].data.tags[SYNC_SERVER_RUN]
+            assert len({p[0] for p in points}) == len(points), (
+                f"{cell}.{key}: a step logged twice: {points}"
+            )
+    assert (
+        state["linear_probe-seed0"]["id"] == local["linear_probe-seed0"].data.tags[SYNC_SERVER_RUN]
+    )
 
     # What sync put on the server is a complete study: the report section builds from it.
     section = transfer_runs.transfer_section("tiny_transfer")

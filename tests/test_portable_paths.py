@@ -17,8 +17,7 @@ def test_published_pages_name_paths_as_given_relative_to_the_build_folder(tmp_pa
         f"CIFAR-10 from {tmp_path}/data/c.tar.gz [JPEG]": "CIFAR-10 from data/c.tar.gz [JPEG]",
         "images/s, 12/01, a/b and (1/2)": "images/s, 12/01, a/b and (1/2)",
         # a Debian package's files are where they are on every machine: not ../../usr/share
-        "Fashion-MNIST from /usr/share/datasets/fashion-mnist [official IDX files]":
-            "Fashion-MNIST from /usr/share/datasets/fashion-mnist [official IDX files]",
+        "Fashion-MNIST from /usr/share/datasets/fashion-mnist [official IDX files]": "Fashion-MNIST from /usr/share/datasets/fashion-mnist [official IDX files]",
     }
     for given, shown in cases.items():
         assert portable_text(given) == shown, given

@@ -13,7 +13,9 @@ from synthetic import synthetic_data, tiny_config
 from workbench.precision import AmpUnsupported, resolve_amp
 from workbench.train.loop import Trainer
 
-needs_bf16 = pytest.mark.skipif(not precision.cpu_bf16_supported(), reason="CPU without AVX512-BF16 or AMX")
+needs_bf16 = pytest.mark.skipif(
+    not precision.cpu_bf16_supported(), reason="CPU without AVX512-BF16 or AMX"
+)
 
 
 @pytest.fixture
@@ -41,7 +43,9 @@ def test_bf16_on_a_cpu_without_bf16_units_is_refused(monkeypatch):
         Trainer(tiny_config(epochs=1, amp="bf16"), synthetic_data(64, 32, 10), "unused")
 
 
-def test_train_cli_refuses_unsupported_amp_in_one_line_and_applies_threads(monkeypatch, restore_threads):
+def test_train_cli_refuses_unsupported_amp_in_one_line_and_applies_threads(
+    monkeypatch, restore_threads
+):
     monkeypatch.setattr(precision, "cpu_bf16_supported", lambda: False)
     result = CliRunner().invoke(train, ["--amp", "bf16", "--device", "cpu", "--threads", "1"])
     assert result.exit_code == 2, result.output
@@ -69,10 +73,17 @@ def test_bf16_autocast_runs_the_training_step_in_bf16_and_the_reload_proof_holds
 
 
 @needs_bf16
-def test_train_one_records_capability_precision_and_threads(mlflow_store, tmp_path, restore_threads):
+def test_train_one_records_capability_precision_and_threads(
+    mlflow_store, tmp_path, restore_threads
+):
     torch.set_num_threads(1)
-    outcome = train_one(tiny_config(epochs=1, amp="bf16"), synthetic_data(96, 48, 10), experiment="p",
-                        output_dir=tmp_path / "o", run_name="tiny")
+    outcome = train_one(
+        tiny_config(epochs=1, amp="bf16"),
+        synthetic_data(96, 48, 10),
+        experiment="p",
+        output_dir=tmp_path / "o",
+        run_name="tiny",
+    )
     assert outcome.status == "finished", outcome.message
     client = MlflowClient(mlflow_store)
     (run,) = client.search_runs([client.get_experiment_by_name("p").experiment_id])
@@ -86,22 +97,36 @@ def test_calibration_measures_rates_and_projects_wall_time():
     from workbench.bench.cells import CellSpeed, measure_arm, project_seconds
 
     speed = measure_arm("vit", tiny_config(epochs=1), steps=2, warmup=1)
-    assert speed.train_images_per_s > 0 and speed.eval_images_per_s > 0 and speed.threads == torch.get_num_threads()
+    assert (
+        speed.train_images_per_s > 0
+        and speed.eval_images_per_s > 0
+        and speed.threads == torch.get_num_threads()
+    )
     # 3 epochs x (1000 / 100 + 200 / 400) s
     assert abs(project_seconds(CellSpeed("a", 1, 100.0, 400.0, 5), 1000, 200, 3) - 31.5) < 1e-12
 
 
-def test_ablate_refuses_a_bf16_protocol_on_a_cpu_without_bf16_before_any_cell(mlflow_store, tmp_path, monkeypatch):
+def test_ablate_refuses_a_bf16_protocol_on_a_cpu_without_bf16_before_any_cell(
+    mlflow_store, tmp_path, monkeypatch
+):
     import yaml
 
     from studies.ablation.ablate import ablate
 
-    protocol = {"name": "tiny_bf16", "description": "bf16 refusal", "dataset": {"name": "fashion_mnist"},
-                "model": {"name": "fmnist_vit"}, "run": {"epochs": 1, "amp": "bf16"},
-                "arms": [{"name": "vit", "reference": True}], "seeds": [0]}
+    protocol = {
+        "name": "tiny_bf16",
+        "description": "bf16 refusal",
+        "dataset": {"name": "fashion_mnist"},
+        "model": {"name": "fmnist_vit"},
+        "run": {"epochs": 1, "amp": "bf16"},
+        "arms": [{"name": "vit", "reference": True}],
+        "seeds": [0],
+    }
     path = tmp_path / "tiny_bf16.yaml"
     path.write_text(yaml.safe_dump(protocol))
     monkeypatch.setattr(precision, "cpu_bf16_supported", lambda: False)
-    result = CliRunner().invoke(ablate, ["--protocol", str(path), "--allow-dirty", "--device", "cpu"])
+    result = CliRunner().invoke(
+        ablate, ["--protocol", str(path), "--allow-dirty", "--device", "cpu"]
+    )
     assert result.exit_code == 2 and "no native bf16" in result.output, result.output
     assert not (tmp_path / "outputs").exists(), "a cell started before the refusal"

@@ -68,11 +68,16 @@ def load_error(tmp_path: Path, data: dict | str) -> str:
 # --- shipped protocols ------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name, n_arms, n_seeds", [("fmnist_vit_vs_cnn", 2, 3), ("cifar10_ablations", 11, 3), ("smoke", 2, 2)])
+@pytest.mark.parametrize(
+    "name, n_arms, n_seeds",
+    [("fmnist_vit_vs_cnn", 2, 3), ("cifar10_ablations", 11, 3), ("smoke", 2, 2)],
+)
 def test_shipped_protocols_load(name, n_arms, n_seeds):
     p = load_protocol(PROTOCOLS / f"{name}.yaml")
     assert p.name == name
-    assert (len(p.arms), len(p.seeds)) == (n_arms, n_seeds), f"{name}: {len(p.arms)} arms, {len(p.seeds)} seeds"
+    assert (len(p.arms), len(p.seeds)) == (n_arms, n_seeds), (
+        f"{name}: {len(p.arms)} arms, {len(p.seeds)} seeds"
+    )
     assert len(p.cells()) == n_arms * n_seeds
     assert sum(a.reference for a in p.arms) == 1
     for arm in p.arms:  # every arm's model must build from the registry
@@ -85,9 +90,17 @@ def test_fmnist_seed_study_settings():
     assert (d.name, d.train_size, d.val_size, d.split_seed) == ("fashion_mnist", 3200, 800, 42)
     assert (d.hflip, d.rotate_degrees, d.translate_fraction) == (True, 5.0, 0.06)
     assert (p.optim.lr, p.optim.weight_decay) == (1e-3, 1e-4)
-    assert (p.run.patience, p.run.monitor, p.run.batch_size, p.run.evaluate_test) == (5, "val_accuracy", 128, True)
+    assert (p.run.patience, p.run.monitor, p.run.batch_size, p.run.evaluate_test) == (
+        5,
+        "val_accuracy",
+        128,
+        True,
+    )
     assert p.reference.name == "vit" and p.reference.config.model.name == "fmnist_vit"
-    assert {a.name: a.config.model.name for a in p.arms} == {"vit": "fmnist_vit", "cnn": "fmnist_cnn"}
+    assert {a.name: a.config.model.name for a in p.arms} == {
+        "vit": "fmnist_vit",
+        "cnn": "fmnist_cnn",
+    }
     assert p.seeds == (0, 1, 2)
 
 
@@ -95,13 +108,23 @@ def test_cifar_ablations_cover_the_grid_once():
     p = load_protocol(PROTOCOLS / "cifar10_ablations.yaml")
     assert not p.run.evaluate_test, "ablations are validation only"
     archs = {a.name: model_config(a.config.model.name, **a.config.model.overrides) for a in p.arms}
-    grid = {(c.patch_size, c.dim) for c in archs.values() if c.pos_embed == "learned" and c.pooling == "cls" and c.heads == 4}
+    grid = {
+        (c.patch_size, c.dim)
+        for c in archs.values()
+        if c.pos_embed == "learned" and c.pooling == "cls" and c.heads == 4
+    }
     assert grid == {(ps, w) for ps in (4, 8, 16) for w in (96, 192)}, grid
     assert {c.heads for c in archs.values() if c.dim == 192 and c.patch_size == 4} == {4, 8, 12, 16}
     assert {c.pos_embed for c in archs.values()} == {"learned", "none"}
     assert {c.pooling for c in archs.values()} == {"cls", "mean"}
     ref = archs[p.reference.name]
-    assert (ref.patch_size, ref.dim, ref.pos_embed, ref.pooling, ref.heads) == (4, 192, "learned", "cls", 4)
+    assert (ref.patch_size, ref.dim, ref.pos_embed, ref.pooling, ref.heads) == (
+        4,
+        192,
+        "learned",
+        "cls",
+        4,
+    )
 
 
 def test_split_keys_are_dataspec_fields():
@@ -123,10 +146,22 @@ def test_split_keys_are_dataspec_fields():
         (lambda d: d["run"].update(seed=3), "run.seed"),
         (lambda d: d["run"].update(device="cuda"), "run.device"),
         (lambda d: d["arms"][1].update(weight=2), "arms[1].weight"),
-        (lambda d: d["arms"][1]["overrides"].update(data={"hflip": True}), "arms[1].overrides.data"),
-        (lambda d: d["arms"][2]["overrides"]["model"].update(patchsize=8), "arms[2].overrides.model.patchsize"),
-        (lambda d: d["arms"][1]["overrides"]["model"].update(patch_size=8), "arms[1].overrides.model.patch_size"),
-        (lambda d: d["arms"][2]["overrides"]["optim"].update(lr_max=1), "arms[2].overrides.optim.lr_max"),
+        (
+            lambda d: d["arms"][1]["overrides"].update(data={"hflip": True}),
+            "arms[1].overrides.data",
+        ),
+        (
+            lambda d: d["arms"][2]["overrides"]["model"].update(patchsize=8),
+            "arms[2].overrides.model.patchsize",
+        ),
+        (
+            lambda d: d["arms"][1]["overrides"]["model"].update(patch_size=8),
+            "arms[1].overrides.model.patch_size",
+        ),
+        (
+            lambda d: d["arms"][2]["overrides"]["optim"].update(lr_max=1),
+            "arms[2].overrides.optim.lr_max",
+        ),
         (lambda d: d["arms"][2]["overrides"].update(run={"seed": 5}), "arms[2].overrides.run.seed"),
     ],
 )
@@ -149,8 +184,14 @@ def test_unknown_key_named_with_dotted_path(tmp_path, edit, dotted):
         (lambda d: d["dataset"].update(name="fashionmnist"), ["dataset.name", "fashionmnist"]),
         (lambda d: d["model"].update(name="vit_huge"), ["model.name", "vit_huge"]),
         (lambda d: d["model"].update(heads=5), ["bad model in 'model'", "heads", "5"]),
-        (lambda d: d["arms"][2]["overrides"]["model"].update(patch_size=40), ["arms[2]", "patch_size", "40"]),
-        (lambda d: d["arms"][2]["overrides"]["optim"].update(lr=0), ["arms[2].overrides.optim", "lr", "0"]),
+        (
+            lambda d: d["arms"][2]["overrides"]["model"].update(patch_size=40),
+            ["arms[2]", "patch_size", "40"],
+        ),
+        (
+            lambda d: d["arms"][2]["overrides"]["optim"].update(lr=0),
+            ["arms[2].overrides.optim", "lr", "0"],
+        ),
         (lambda d: d["arms"][1].update(reference="no"), ["arms[1].reference", "no"]),
         (lambda d: d["arms"][1].update(name="CNN arm"), ["arms[1].name", "CNN arm"]),
         (lambda d: d.update(name="Tiny!"), ["name", "Tiny!"]),
@@ -195,16 +236,25 @@ def test_arm_identical_to_another_is_refused(tmp_path):
     assert "arm 'vit_again' resolves to the same config as arm 'vit'" in message, message
 
 
-@pytest.mark.parametrize("key, value", [("split_seed", 1), ("train_size", 90), ("val_size", 40), ("name", "cifar10"), ("subset", 10)])
+@pytest.mark.parametrize(
+    "key, value",
+    [("split_seed", 1), ("train_size", 90), ("val_size", 40), ("name", "cifar10"), ("subset", 10)],
+)
 def test_arm_may_not_change_the_split(tmp_path, key, value):
-    message = load_error(tmp_path, edited(lambda d: d["arms"][1]["overrides"].update(dataset={key: value})))
+    message = load_error(
+        tmp_path, edited(lambda d: d["arms"][1]["overrides"].update(dataset={key: value}))
+    )
     assert f"arms[1].overrides.dataset.{key}: arms may not change the split" in message, message
 
 
 def test_arm_may_not_set_seed_or_test_evaluation(tmp_path):
-    message = load_error(tmp_path, edited(lambda d: d["arms"][1]["overrides"].update(run={"seed": 3})))
+    message = load_error(
+        tmp_path, edited(lambda d: d["arms"][1]["overrides"].update(run={"seed": 3}))
+    )
     assert "seeds come from the protocol's 'seeds' list" in message, message
-    message = load_error(tmp_path, edited(lambda d: d["arms"][1]["overrides"].update(run={"evaluate_test": True})))
+    message = load_error(
+        tmp_path, edited(lambda d: d["arms"][1]["overrides"].update(run={"evaluate_test": True}))
+    )
     assert "arms[1].overrides.run.evaluate_test: is protocol-wide" in message, message
 
 
@@ -235,7 +285,9 @@ def test_arm_model_fields_are_checked_merged_with_the_base(tmp_path):
 
     p = load_protocol(write(tmp_path, edited(edit)))
     assert p.arms[2].config.model.overrides == {"dim": 96, "heads": 12}
-    message = load_error(tmp_path, edited(lambda d: d["arms"][2]["overrides"]["model"].update(heads=3)))
+    message = load_error(
+        tmp_path, edited(lambda d: d["arms"][2]["overrides"]["model"].update(heads=3))
+    )
     assert "arms[2].overrides.model" in message and "heads=3" in message, message
 
 
@@ -244,7 +296,10 @@ def test_model_switch_drops_base_model_overrides(tmp_path):
     arms = {a.name: a.config.model for a in p.arms}
     assert (arms["vit"].name, arms["vit"].overrides) == ("fmnist_vit", {"dim": 32})
     assert (arms["cnn"].name, arms["cnn"].overrides) == ("fmnist_cnn", {}), arms["cnn"]
-    assert (arms["vit_p7"].name, arms["vit_p7"].overrides) == ("fmnist_vit", {"dim": 32, "patch_size": 7})
+    assert (arms["vit_p7"].name, arms["vit_p7"].overrides) == (
+        "fmnist_vit",
+        {"dim": 32, "patch_size": 7},
+    )
 
 
 # --- cells and pairing -------------------------------------------------------------------
@@ -253,7 +308,9 @@ def test_model_switch_drops_base_model_overrides(tmp_path):
 def test_cells_are_seed_major_and_paired(tmp_path):
     p = load_protocol(write(tmp_path, BASE))
     cells = p.cells()
-    assert [(c.seed, c.arm) for c in cells] == [(s, a) for s in (0, 1, 2) for a in ("vit", "cnn", "vit_p7")]
+    assert [(c.seed, c.arm) for c in cells] == [
+        (s, a) for s in (0, 1, 2) for a in ("vit", "cnn", "vit_p7")
+    ]
     assert len({c.key for c in cells}) == len(cells), "cell keys must be unique"
     for seed in p.seeds:
         group = [c for c in cells if c.seed == seed]
@@ -261,7 +318,9 @@ def test_cells_are_seed_major_and_paired(tmp_path):
         configs = [c.train_config() for c in group]
         splits = {tuple(getattr(cfg.data, k) for k in SPLIT_KEYS) for cfg in configs}
         assert len(splits) == 1, f"seed {seed}: arms see different splits {splits}"
-        assert {cfg.run.seed for cfg in configs} == {seed}, f"seed {seed}: run seeds {[c.run.seed for c in configs]}"
+        assert {cfg.run.seed for cfg in configs} == {seed}, (
+            f"seed {seed}: run seeds {[c.run.seed for c in configs]}"
+        )
     assert all(c.protocol_name == "tiny" and c.protocol_hash == p.hash for c in cells)
     vit_p7 = next(c for c in cells if c.arm == "vit_p7").train_config()
     assert vit_p7.optim.lr == 0.002 and vit_p7.run.patience == 2, vit_p7
@@ -281,13 +340,21 @@ def test_hash_ignores_formatting_and_key_order(tmp_path):
     h = load_protocol(write(tmp_path, BASE)).hash
     reordered = {k: BASE[k] for k in reversed(list(BASE))}
     reordered["dataset"] = dict(reversed(list(BASE["dataset"].items())))
-    text = "# a comment\n\n" + yaml.safe_dump(reordered, default_flow_style=True, width=60).replace("0.001", "1.0e-3")
+    text = "# a comment\n\n" + yaml.safe_dump(reordered, default_flow_style=True, width=60).replace(
+        "0.001", "1.0e-3"
+    )
     h2 = load_protocol(write(tmp_path, text)).hash
     assert h2 == h, "hash changed with key order, comments, flow style or number spelling"
-    as_int = load_protocol(write(tmp_path, edited(lambda d: d["dataset"].update(rotate_degrees=5)))).hash
-    as_float = load_protocol(write(tmp_path, edited(lambda d: d["dataset"].update(rotate_degrees=5.0)))).hash
+    as_int = load_protocol(
+        write(tmp_path, edited(lambda d: d["dataset"].update(rotate_degrees=5)))
+    ).hash
+    as_float = load_protocol(
+        write(tmp_path, edited(lambda d: d["dataset"].update(rotate_degrees=5.0)))
+    ).hash
     assert as_int == as_float, "5 and 5.0 for a float field must hash the same"
-    default_filled = load_protocol(write(tmp_path, edited(lambda d: d["optim"].update(label_smoothing=0.0)))).hash
+    default_filled = load_protocol(
+        write(tmp_path, edited(lambda d: d["optim"].update(label_smoothing=0.0)))
+    ).hash
     assert default_filled == h, "stating a default explicitly must not change the hash"
 
 
@@ -323,13 +390,21 @@ def test_check_frozen(tmp_path):
     with pytest.raises(ProtocolFrozenError) as info:
         check_frozen(p, {old, p.hash})
     message = str(info.value)
-    for part in ("protocol 'tiny' was already run with hash abababababab", f"this file has hash {p.short_hash}",
-                 "make a new protocol file with a new name"):
+    for part in (
+        "protocol 'tiny' was already run with hash abababababab",
+        f"this file has hash {p.short_hash}",
+        "make a new protocol file with a new name",
+    ):
         assert part in message, f"expected {part!r} in: {message}"
 
 
 def git(repo: Path, *args: str) -> None:
-    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=repo, check=True, capture_output=True)
+    subprocess.run(
+        ["git", "-c", "user.name=t", "-c", "user.email=t@t", *args],
+        cwd=repo,
+        check=True,
+        capture_output=True,
+    )
 
 
 def test_dirty_detection(tmp_path, monkeypatch):
@@ -350,7 +425,9 @@ def test_dirty_detection(tmp_path, monkeypatch):
     assert protocol_file_is_dirty(path), "a modified file must be dirty"
     with pytest.raises(ProtocolDirtyError) as info:
         check_clean(path)
-    assert str(path) in str(info.value) and "uncommitted changes" in str(info.value), str(info.value)
+    assert str(path) in str(info.value) and "uncommitted changes" in str(info.value), str(
+        info.value
+    )
     check_clean(path, allow_dirty=True)
 
     (tmp_path / "norepo").mkdir()
@@ -391,14 +468,18 @@ SHIPPED_HASHES = {
 
 def test_every_shipped_protocol_is_pinned():
     shipped = sorted(p.stem for p in PROTOCOLS.glob("*.yaml"))
-    assert shipped == sorted(SHIPPED_HASHES), f"pin the hash of new protocol files: {set(shipped) ^ set(SHIPPED_HASHES)}"
+    assert shipped == sorted(SHIPPED_HASHES), (
+        f"pin the hash of new protocol files: {set(shipped) ^ set(SHIPPED_HASHES)}"
+    )
 
 
 @pytest.mark.parametrize("name", sorted(SHIPPED_HASHES))
 def test_shipped_protocol_hash_is_unchanged(name):
     p = load_any(PROTOCOLS / f"{name}.yaml")
-    assert p.hash == SHIPPED_HASHES[name], (f"{name}: hash {p.hash} != pinned {SHIPPED_HASHES[name]}; "
-                                            f"canonical JSON now: {p.canonical_json()}")
+    assert p.hash == SHIPPED_HASHES[name], (
+        f"{name}: hash {p.hash} != pinned {SHIPPED_HASHES[name]}; "
+        f"canonical JSON now: {p.canonical_json()}"
+    )
 
 
 # --- non-finite numbers (issue 31: `lr: .inf` reached the JSON encoder) ------------------------
@@ -427,17 +508,32 @@ def test_a_non_finite_number_in_a_transfer_or_intervention_protocol_is_refused()
     assert "evaluation.confidence=nan: must be a finite number" in message, message
     from workbench.protocol import parse_intervention_protocol
 
-    with pytest.raises(ProtocolError, match=r"i.yaml: pretrained.timm_kwargs.drop_rate=inf: must be a finite"):
-        parse_intervention_protocol({"name": "i", "description": "d", "interventions": {},
-                                     "pretrained": {"model": "vit_tiny_patch16_224", "weights": "random",
-                                                    "timm_kwargs": {"drop_rate": float("inf")}}}, source="i.yaml")
+    with pytest.raises(
+        ProtocolError, match=r"i.yaml: pretrained.timm_kwargs.drop_rate=inf: must be a finite"
+    ):
+        parse_intervention_protocol(
+            {
+                "name": "i",
+                "description": "d",
+                "interventions": {},
+                "pretrained": {
+                    "model": "vit_tiny_patch16_224",
+                    "weights": "random",
+                    "timm_kwargs": {"drop_rate": float("inf")},
+                },
+            },
+            source="i.yaml",
+        )
 
 
 def test_the_library_configs_refuse_non_finite_numbers_too():
     from workbench.train.config import OptimConfig
 
-    for kwargs, key in (({"lr": float("inf")}, "optim.lr=inf"), ({"grad_clip": float("nan")}, "optim.grad_clip=nan"),
-                        ({"betas": (0.9, float("inf"))}, "optim.betas=(0.9, inf)")):
+    for kwargs, key in (
+        ({"lr": float("inf")}, "optim.lr=inf"),
+        ({"grad_clip": float("nan")}, "optim.grad_clip=nan"),
+        ({"betas": (0.9, float("inf"))}, "optim.betas=(0.9, inf)"),
+    ):
         with pytest.raises(ValueError, match=re.escape(f"{key}: must be a finite number")):
             OptimConfig(**kwargs)
     with pytest.raises(ValueError, match=r"data.translate_fraction=inf: must be a finite number"):
@@ -447,10 +543,14 @@ def test_the_library_configs_refuse_non_finite_numbers_too():
 # --- one schema for both kinds -------------------------------------------------------------
 
 TRANSFER = {
-    "name": "tiny_transfer", "description": "a transfer protocol for schema tests",
-    "source": {"weights": "random", "model": "vit_tiny_patch16_224"}, "dataset": {"name": "retinamnist"},
-    "regimes": [{"name": "probe", "kind": "linear", "reference": True, "epochs": 2, "lr": 1e-3},
-                {"name": "full", "kind": "full", "epochs": 2, "lr": 1e-4}],
+    "name": "tiny_transfer",
+    "description": "a transfer protocol for schema tests",
+    "source": {"weights": "random", "model": "vit_tiny_patch16_224"},
+    "dataset": {"name": "retinamnist"},
+    "regimes": [
+        {"name": "probe", "kind": "linear", "reference": True, "epochs": 2, "lr": 1e-3},
+        {"name": "full", "kind": "full", "epochs": 2, "lr": 1e-4},
+    ],
     "seeds": [0, 1],
 }
 
@@ -470,17 +570,29 @@ def transfer_error(edit) -> str:
 @pytest.mark.parametrize(
     "edit, expected",
     [
-        (lambda d: d["regimes"][1].update(momentum=0.9), ["unknown key 'regimes[1].momentum'", "label_smoothing"]),
-        (lambda d: d["regimes"][0].update(betas=[0.9]), ["regimes[0].betas=[0.9]", "a list of 2 numbers"]),
+        (
+            lambda d: d["regimes"][1].update(momentum=0.9),
+            ["unknown key 'regimes[1].momentum'", "label_smoothing"],
+        ),
+        (
+            lambda d: d["regimes"][0].update(betas=[0.9]),
+            ["regimes[0].betas=[0.9]", "a list of 2 numbers"],
+        ),
         (lambda d: d["regimes"][0].update(grad_clip="big"), ["regimes[0].grad_clip='big'"]),
         (lambda d: d["regimes"][1].update(lr=0), ["regimes[1]", "lr", "0"]),
         (lambda d: d["regimes"][1].pop("epochs"), ["regimes[1].epochs: required"]),
         (lambda d: d["source"].pop("weights"), ["source.weights: required"]),
         (lambda d: d["dataset"].update(size=100), ["dataset.size=100"]),
         (lambda d: d.update(run={"amp": "fp8"}), ["run.amp='fp8'"]),
-        (lambda d: d.update(evaluation={"confidence": "high"}), ["evaluation.confidence='high'", "expected float"]),
+        (
+            lambda d: d.update(evaluation={"confidence": "high"}),
+            ["evaluation.confidence='high'", "expected float"],
+        ),
         (lambda d: d["regimes"][1].update(name="probe"), ["duplicate regime name(s) 'probe'"]),
-        (lambda d: d["dataset"].update(name="imagefolder"), ["dataset.name='imagefolder'", "image_folder"]),
+        (
+            lambda d: d["dataset"].update(name="imagefolder"),
+            ["dataset.name='imagefolder'", "image_folder"],
+        ),
     ],
 )
 def test_transfer_errors_name_the_dotted_key(edit, expected):
@@ -497,12 +609,27 @@ def test_regime_keys_come_from_optim_config():
 
     assert {f.name for f in fields(OptimConfig)} <= set(REGIME_KEYS)
     data = copy.deepcopy(TRANSFER)
-    data["regimes"][1].update(weight_decay=0, betas=[0, 0.98], warmup_epochs=1, min_lr_ratio=0.1,
-                              label_smoothing=0.1, grad_clip=1)
+    data["regimes"][1].update(
+        weight_decay=0,
+        betas=[0, 0.98],
+        warmup_epochs=1,
+        min_lr_ratio=0.1,
+        label_smoothing=0.1,
+        grad_clip=1,
+    )
     optim = parse_transfer_protocol(data).regimes[1].optim
-    assert optim == OptimConfig(lr=1e-4, weight_decay=0.0, betas=(0.0, 0.98), warmup_epochs=1.0, min_lr_ratio=0.1,
-                                label_smoothing=0.1, grad_clip=1.0), optim
-    assert isinstance(optim.grad_clip, float) and isinstance(optim.betas[0], float), "ints must become floats"
+    assert optim == OptimConfig(
+        lr=1e-4,
+        weight_decay=0.0,
+        betas=(0.0, 0.98),
+        warmup_epochs=1.0,
+        min_lr_ratio=0.1,
+        label_smoothing=0.1,
+        grad_clip=1.0,
+    ), optim
+    assert isinstance(optim.grad_clip, float) and isinstance(optim.betas[0], float), (
+        "ints must become floats"
+    )
 
 
 def test_kinds_share_one_loader_and_one_hash(tmp_path):

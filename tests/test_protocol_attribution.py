@@ -9,7 +9,12 @@ from pathlib import Path
 import pytest
 
 from workbench.protocol import (
-    ProtocolError, canonical_json, kind_of, load_any, load_attribution_protocol, load_protocol,
+    ProtocolError,
+    canonical_json,
+    kind_of,
+    load_any,
+    load_attribution_protocol,
+    load_protocol,
     parse_attribution_protocol,
 )
 from workbench.protocol.keys import key_rows
@@ -17,7 +22,8 @@ from workbench.protocol.keys import key_rows
 PROTOCOLS = Path(__file__).resolve().parents[1] / "studies" / "protocols"
 SMOKE_HASH = load_protocol(PROTOCOLS / "smoke.yaml").hash
 BASE = {
-    "name": "tiny_faith", "description": "attribution on the smoke cells, for schema tests",
+    "name": "tiny_faith",
+    "description": "attribution on the smoke cells, for schema tests",
     "acts_on": {"protocol": "smoke", "hash": SMOKE_HASH},
     "attribution": {"images": 16},
 }
@@ -33,7 +39,9 @@ def error(edit) -> str:
     with pytest.raises(ProtocolError) as info:
         parsed(edit)
     message = str(info.value)
-    assert message.startswith(str(PROTOCOLS / "tiny_faith.yaml") + ": ") and "\n" not in message, message
+    assert message.startswith(str(PROTOCOLS / "tiny_faith.yaml") + ": ") and "\n" not in message, (
+        message
+    )
     return message
 
 
@@ -42,7 +50,9 @@ def test_defaults_act_on_every_vit_cell_with_every_method():
     assert p.kind == "attribution" and p.arms == ("vit",) and p.seeds == (0, 1)
     assert [c.key for c in p.cells()] == ["vit/seed0", "vit/seed1"]
     assert p.settings.methods == ("cls_attention", "rollout", "chefer", "grad_x_input", "random")
-    assert p.settings.images == 16 and p.settings.norm_threshold == 10.0 and p.settings.split == "val"
+    assert (
+        p.settings.images == 16 and p.settings.norm_threshold == 10.0 and p.settings.split == "val"
+    )
     assert p.hash == hashlib.sha256(canonical_json(p.canonical).encode()).hexdigest()
     assert p.model_config("vit").patch_size == 4
 
@@ -53,20 +63,41 @@ def test_methods_are_kept_in_report_order_so_the_order_written_does_not_change_t
     assert a.settings.methods == ("rollout", "random") and a.hash == b.hash
 
 
-@pytest.mark.parametrize("edit, says", [
-    (lambda d: d["attribution"].update(methods=["saliency"]), "attribution.methods: 'saliency' is not a method"),
-    (lambda d: d["attribution"].update(methods=[]), "attribution.methods=[]: must be a non-empty list"),
-    (lambda d: d["attribution"].update(methods=["rollout", "rollout"]), "lists a method twice"),
-    (lambda d: d["attribution"].update(images=0), "attribution.images=0: must be a positive integer"),
-    (lambda d: d["attribution"].update(split="train"), "attribution.split='train'"),
-    (lambda d: d["attribution"].update(norm_threshold=1.0), "attribution.norm_threshold=1.0: must be above 1"),
-    (lambda d: d["attribution"].update(examples=17), "attribution.examples=17: must be between 0 and"),
-    (lambda d: d["attribution"].update(colour="red"), "colour"),
-    (lambda d: d["acts_on"].update(hash="0" * 64), "acts_on.hash="),
-    (lambda d: d["acts_on"].update(arms=["cnn"]), "'cnn' is not a ViT arm (attribution maps are read off ViT"),
-    (lambda d: d.update(evaluation={"confidence": 1.5}), "evaluation.confidence=1.5"),
-    (lambda d: d.pop("acts_on"), "give exactly one of acts_on"),
-])
+@pytest.mark.parametrize(
+    "edit, says",
+    [
+        (
+            lambda d: d["attribution"].update(methods=["saliency"]),
+            "attribution.methods: 'saliency' is not a method",
+        ),
+        (
+            lambda d: d["attribution"].update(methods=[]),
+            "attribution.methods=[]: must be a non-empty list",
+        ),
+        (lambda d: d["attribution"].update(methods=["rollout", "rollout"]), "lists a method twice"),
+        (
+            lambda d: d["attribution"].update(images=0),
+            "attribution.images=0: must be a positive integer",
+        ),
+        (lambda d: d["attribution"].update(split="train"), "attribution.split='train'"),
+        (
+            lambda d: d["attribution"].update(norm_threshold=1.0),
+            "attribution.norm_threshold=1.0: must be above 1",
+        ),
+        (
+            lambda d: d["attribution"].update(examples=17),
+            "attribution.examples=17: must be between 0 and",
+        ),
+        (lambda d: d["attribution"].update(colour="red"), "colour"),
+        (lambda d: d["acts_on"].update(hash="0" * 64), "acts_on.hash="),
+        (
+            lambda d: d["acts_on"].update(arms=["cnn"]),
+            "'cnn' is not a ViT arm (attribution maps are read off ViT",
+        ),
+        (lambda d: d.update(evaluation={"confidence": 1.5}), "evaluation.confidence=1.5"),
+        (lambda d: d.pop("acts_on"), "give exactly one of acts_on"),
+    ],
+)
 def test_bad_input_names_the_key(edit, says):
     assert says in error(edit)
 
@@ -75,7 +106,10 @@ def test_shipped_attribution_protocols_load_as_their_kind():
     for name in ("smoke_faithfulness", "fmnist_seed_recipe_faithfulness"):
         p = load_attribution_protocol(PROTOCOLS / f"{name}.yaml")
         assert p.kind == "attribution" and load_any(PROTOCOLS / f"{name}.yaml").hash == p.hash
-    assert kind_of({"attribution": {}}) == "attribution" and kind_of({"interventions": {}}) == "intervention"
+    assert (
+        kind_of({"attribution": {}}) == "attribution"
+        and kind_of({"interventions": {}}) == "intervention"
+    )
 
 
 def test_an_ablation_file_is_refused_as_an_attribution_protocol():
@@ -85,4 +119,8 @@ def test_an_ablation_file_is_refused_as_an_attribution_protocol():
 
 def test_every_key_has_a_row_in_the_key_reference():
     keys = {(r.section, r.key) for r in key_rows("attribution")}
-    assert {("attribution", "methods"), ("attribution", "norm_threshold"), ("acts_on", "hash")} <= keys
+    assert {
+        ("attribution", "methods"),
+        ("attribution", "norm_threshold"),
+        ("acts_on", "hash"),
+    } <= keys

@@ -20,8 +20,14 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from rebuild_checks import (accuracy_differences, attribution_differences, forbid_store, intervention_accuracy_differences,
-                            number_differences, transfer_differences)
+from rebuild_checks import (
+    accuracy_differences,
+    attribution_differences,
+    forbid_store,
+    intervention_accuracy_differences,
+    number_differences,
+    transfer_differences,
+)
 
 from reports.build import build_from_evidence
 from reports.attribution.attribution_evidence import FORMAT as ATTRIBUTION_FORMAT
@@ -30,7 +36,9 @@ from reports.interventions.intervention_evidence import FORMAT as INTERVENTION_F
 from reports.transfer.transfer_evidence import FORMAT as TRANSFER_FORMAT
 
 RESULTS = Path(__file__).resolve().parent.parent / "docs" / "results"
-STUDIES = sorted(p for p in RESULTS.iterdir() if (p / "report.md").is_file()) if RESULTS.is_dir() else []
+STUDIES = (
+    sorted(p for p in RESULTS.iterdir() if (p / "report.md").is_file()) if RESULTS.is_dir() else []
+)
 WITH_EVIDENCE = [p.name for p in STUDIES if (p / "evidence" / "runs.json").is_file()]
 # The README's paragraphs on studies without one: published before exports existed, or of a kind not exported.
 NO_EVIDENCE_NOTES = ("published before evidence exports existed", "exports ablation studies only")
@@ -42,25 +50,35 @@ def test_every_published_study_has_evidence_or_says_why_not():
     note = " ".join(p for p in paragraphs if any(n in p for n in NO_EVIDENCE_NOTES))
     without = [p.name for p in STUDIES if p.name not in WITH_EVIDENCE]
     unexplained = [name for name in without if f"`{name}`" not in note]
-    assert STUDIES and not unexplained, f"published without evidence and not named in the README's note: {unexplained}"
+    assert STUDIES and not unexplained, (
+        f"published without evidence and not named in the README's note: {unexplained}"
+    )
     stale = [name for name in WITH_EVIDENCE if f"`{name}`" in note]
     assert not stale, f"the README says these have no evidence, but they do: {stale}"
 
 
 @pytest.mark.parametrize("study", WITH_EVIDENCE)
-def test_published_evidence_is_intact_and_gives_the_reported_accuracies(study, tmp_path, monkeypatch):
+def test_published_evidence_is_intact_and_gives_the_reported_accuracies(
+    study, tmp_path, monkeypatch
+):
     forbid_store(monkeypatch, tmp_path)
-    check = {INTERVENTION_FORMAT: intervention_accuracy_differences, ATTRIBUTION_FORMAT: attribution_differences,
-             TRANSFER_FORMAT: transfer_differences}.get(
-        export_format(RESULTS / study / "evidence"), accuracy_differences)
+    check = {
+        INTERVENTION_FORMAT: intervention_accuracy_differences,
+        ATTRIBUTION_FORMAT: attribution_differences,
+        TRANSFER_FORMAT: transfer_differences,
+    }.get(export_format(RESULTS / study / "evidence"), accuracy_differences)
     checked, diffs = check(RESULTS / study)
     assert checked > 0 and not diffs, diffs[:20]
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("study", WITH_EVIDENCE)
-def test_published_report_rebuilds_from_its_evidence_number_for_number(study, tmp_path, monkeypatch):
+def test_published_report_rebuilds_from_its_evidence_number_for_number(
+    study, tmp_path, monkeypatch
+):
     forbid_store(monkeypatch, tmp_path)
     rebuilt = build_from_evidence(RESULTS / study / "evidence", tmp_path)
-    compared, diffs = number_differences((RESULTS / study / "report.md").read_text(), rebuilt.markdown.read_text())
+    compared, diffs = number_differences(
+        (RESULTS / study / "report.md").read_text(), rebuilt.markdown.read_text()
+    )
     assert compared > 0 and not diffs, f"{len(diffs)} places differ: {diffs[:20]}"

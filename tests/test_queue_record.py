@@ -9,8 +9,15 @@ import signal
 import optuna
 import pytest
 
-from studies.ablation.cell_queue import (KEY_ATTR, LEASE_ATTR, OUTCOME_ATTR, CellQueue, new_lease, open_storage,
-                                         renew)
+from studies.ablation.cell_queue import (
+    KEY_ATTR,
+    LEASE_ATTR,
+    OUTCOME_ATTR,
+    CellQueue,
+    new_lease,
+    open_storage,
+    renew,
+)
 from studies.ablation.jobs import JobPool, outcomes
 from studies.ablation.worker import drain
 
@@ -20,8 +27,10 @@ def queue(tmp_path):
     storage = open_storage(f"journal:{tmp_path / 'queue.log'}", heartbeat=1, grace=5)
     study = optuna.create_study(study_name="cells:t@0", storage=storage, direction="maximize")
     for cell in range(2):
-        study.enqueue_trial({"cell": cell}, user_attrs={"cell": cell, KEY_ATTR: f"vit/seed{cell}", "arm": "vit",
-                                                        "seed": cell})
+        study.enqueue_trial(
+            {"cell": cell},
+            user_attrs={"cell": cell, KEY_ATTR: f"vit/seed{cell}", "arm": "vit", "seed": cell},
+        )
     return CellQueue(study, storage)
 
 
@@ -36,7 +45,9 @@ def pool(queue):
         job.process.wait()
 
 
-def test_jobs_read_the_cell_a_silent_worker_holds_and_name_it_when_the_worker_dies(queue, pool, capsys):
+def test_jobs_read_the_cell_a_silent_worker_holds_and_name_it_when_the_worker_dies(
+    queue, pool, capsys
+):
     job = pool.launch()
     pool.watch()
     assert job.current == "" and job.held is None
@@ -49,8 +60,10 @@ def test_jobs_read_the_cell_a_silent_worker_holds_and_name_it_when_the_worker_di
     job.process.wait()
     pool.replace_the_dead()
     said = capsys.readouterr().out
-    assert "[job 1] died (killed by SIGKILL) on cell vit/seed0; started job 2 in its place (its cell goes back to " \
-           "the queue, 2 cell(s) waiting or running)" in said, said
+    assert (
+        "[job 1] died (killed by SIGKILL) on cell vit/seed0; started job 2 in its place (its cell goes back to "
+        "the queue, 2 cell(s) waiting or running)" in said
+    ), said
     assert pool.tally == {"died": 1, "replaced": 1} and len(pool.jobs) == 2
 
 
@@ -60,11 +73,19 @@ def test_a_cell_the_worker_ended_is_held_by_nobody_and_its_outcome_counts(queue,
     renew(queue, trial.number, {**new_lease(), "pid": job.process.pid})
     pool.watch()
     assert job.current == "vit/seed0"
-    queue.set_attr(trial.number, OUTCOME_ATTR, "skipped")  # the worker's record of the end, before it tells
+    queue.set_attr(
+        trial.number, OUTCOME_ATTR, "skipped"
+    )  # the worker's record of the end, before it tells
     pool.watch()
     assert (job.current, job.held) == ("", None)
     queue.study.tell(trial, 1.0)
-    assert outcomes(queue.trials()) == {"finished": 0, "skipped": 1, "failed": 0, "busy": 0, "unfinished": 1}
+    assert outcomes(queue.trials()) == {
+        "finished": 0,
+        "skipped": 1,
+        "failed": 0,
+        "busy": 0,
+        "unfinished": 1,
+    }
 
 
 def test_a_worker_writes_its_lease_and_every_outcome_into_the_queue_and_prints_nothing(queue):
@@ -78,6 +99,14 @@ def test_a_worker_writes_its_lease_and_every_outcome_into_the_queue_and_prints_n
     tally = drain(queue, run_one, grace=5, poll_seconds=0.01, log=said.append)
     assert said == [] and tally == {"ran": 1, "skipped": 0, "failed": 1, "lost": 0}, (said, tally)
     assert seen == [("vit/seed0", os.getpid(), False), ("vit/seed1", os.getpid(), False)], seen
-    assert {t.user_attrs[KEY_ATTR]: t.user_attrs[OUTCOME_ATTR] for t in queue.trials()} == \
-           {"vit/seed0": "finished", "vit/seed1": "failed"}
-    assert outcomes(queue.trials()) == {"finished": 1, "skipped": 0, "failed": 1, "busy": 0, "unfinished": 0}
+    assert {t.user_attrs[KEY_ATTR]: t.user_attrs[OUTCOME_ATTR] for t in queue.trials()} == {
+        "vit/seed0": "finished",
+        "vit/seed1": "failed",
+    }
+    assert outcomes(queue.trials()) == {
+        "finished": 1,
+        "skipped": 0,
+        "failed": 1,
+        "busy": 0,
+        "unfinished": 0,
+    }

@@ -18,7 +18,10 @@ def test_plain_loop_trains_exactly_what_the_workbench_trains(tmp_path):
     plain = plain_fit(cfg, data)
     ours = Trainer(cfg, data, tmp_path).fit()
     # same seeds, same loader, same kernels: the same numbers, not merely close ones
-    assert (plain.best_val_accuracy, plain.best_epoch) == (ours.best_metric, ours.best_epoch), (plain, ours.best_metric)
+    assert (plain.best_val_accuracy, plain.best_epoch) == (ours.best_metric, ours.best_epoch), (
+        plain,
+        ours.best_metric,
+    )
     assert plain.test_accuracy == ours.final_metrics["test_accuracy"]
     assert plain.epochs_run == len(ours.history) and plain.seconds > 0
 
@@ -30,7 +33,9 @@ def test_compare_cells_times_both_and_reports_the_ratio(mlflow_store, tmp_path):
     table = compare_cells(cells, data, "recipe", tmp_path / "out", say=lambda line: None)
     assert list(table["seed"]) == [0, 1]
     assert (table["plain_s"] > 0).all() and (table["workbench_s"] > 0).all()
-    assert table["same_best_val_accuracy"].all(), table[["plain_best_val_accuracy", "workbench_best_val_accuracy"]]
+    assert table["same_best_val_accuracy"].all(), table[
+        ["plain_best_val_accuracy", "workbench_best_val_accuracy"]
+    ]
     expected = table["workbench_s"] / table["plain_s"]
     assert ((table["ratio"] - expected).abs() < 1e-12).all()
     text = summary(table, "t")

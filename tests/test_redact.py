@@ -8,9 +8,15 @@ from pathlib import Path
 from tracking.record.sink import redacted_copy
 from tracking.store.redact import redact_argv, redact_record, redact_text
 
-ENV = {"PGPASSWORD": "pg-S3cret", "HF_TOKEN": "hf_abcdef", "MLFLOW_TRACKING_USERNAME": "bob",
-       "MLFLOW_TRACKING_PASSWORD": "bobpw1", "TOKENIZERS_PARALLELISM": "false", "PWD": "/work/main",
-       "SOME_TOKEN_FLAG": "true"}
+ENV = {
+    "PGPASSWORD": "pg-S3cret",
+    "HF_TOKEN": "hf_abcdef",
+    "MLFLOW_TRACKING_USERNAME": "bob",
+    "MLFLOW_TRACKING_PASSWORD": "bobpw1",
+    "TOKENIZERS_PARALLELISM": "false",
+    "PWD": "/work/main",
+    "SOME_TOKEN_FLAG": "true",
+}
 
 
 def test_urls_options_and_assignments_lose_their_secrets():
@@ -28,19 +34,37 @@ def test_urls_options_and_assignments_lose_their_secrets():
 
 
 def test_secret_environment_values_are_masked_and_harmless_ones_kept():
-    text = "argv hf_abcdef pg-S3cret bob:bobpw1 allow_dirty=false parent=true in /work/main/rec.yaml"
-    assert redact_text(text, ENV) == "argv *** *** *** allow_dirty=false parent=true in /work/main/rec.yaml"
+    text = (
+        "argv hf_abcdef pg-S3cret bob:bobpw1 allow_dirty=false parent=true in /work/main/rec.yaml"
+    )
+    assert (
+        redact_text(text, ENV)
+        == "argv *** *** *** allow_dirty=false parent=true in /work/main/rec.yaml"
+    )
 
 
 def test_command_lines_records_and_text_files(tmp_path, monkeypatch):
-    assert redact_argv(["ablate", "--password", "a b", "--storage", "sqlite:///q.db"]) == \
-        "ablate --password '***' --storage sqlite:///q.db"
-    record = {"argv": "--storage postgresql://u:pw@h/db", "password": "x", "n": 3, "l": ["https://u:p@h"]}
-    assert redact_record(record, {}) == {"argv": "--storage postgresql://***@h/db", "password": "***", "n": 3,
-                                         "l": ["https://***@h"]}
+    assert (
+        redact_argv(["ablate", "--password", "a b", "--storage", "sqlite:///q.db"])
+        == "ablate --password '***' --storage sqlite:///q.db"
+    )
+    record = {
+        "argv": "--storage postgresql://u:pw@h/db",
+        "password": "x",
+        "n": 3,
+        "l": ["https://u:p@h"],
+    }
+    assert redact_record(record, {}) == {
+        "argv": "--storage postgresql://***@h/db",
+        "password": "***",
+        "n": 3,
+        "l": ["https://***@h"],
+    }
     monkeypatch.setenv("PGPASSWORD", 'quote"d-secret')
     path = tmp_path / "record.json"
-    path.write_text(json.dumps({"argv": 'x quote"d-secret y'}))  # escaped in the file: found as data
+    path.write_text(
+        json.dumps({"argv": 'x quote"d-secret y'})
+    )  # escaped in the file: found as data
     with redacted_copy(path) as copy:
         assert copy != path and json.loads(copy.read_text()) == {"argv": "x *** y"}
     assert "quote" in path.read_text()  # the local file is left as it was
@@ -52,29 +76,58 @@ def test_command_lines_records_and_text_files(tmp_path, monkeypatch):
 
 def test_a_models_tokens_are_not_secrets_but_secret_tokens_still_are():
     """A protocol's ``class_token: false`` and a run's config.json were once masked to ``***``."""
-    config = {"model": {"class_token": False, "register_tokens": 4, "dist_token": True, "pooling": "mean"},
-              "api_token": "abcd1234", "db_password": 123456, "auth": {"access_token": "t0ken-value"},
-              "SOME_TOKEN_FLAG": True, "GITHUB_TOKEN": "false"}
+    config = {
+        "model": {
+            "class_token": False,
+            "register_tokens": 4,
+            "dist_token": True,
+            "pooling": "mean",
+        },
+        "api_token": "abcd1234",
+        "db_password": 123456,
+        "auth": {"access_token": "t0ken-value"},
+        "SOME_TOKEN_FLAG": True,
+        "GITHUB_TOKEN": "false",
+    }
     assert redact_record(config, {}) == {
-        "model": {"class_token": False, "register_tokens": 4, "dist_token": True, "pooling": "mean"},
-        "api_token": "***", "db_password": "***", "auth": {"access_token": "***"},
-        "SOME_TOKEN_FLAG": True, "GITHUB_TOKEN": "false"}
-    protocol = "arms:\n  - {name: pool_mean, overrides: {model: {class_token: false, pooling: mean}}}\n" \
-               "model: {cls_token: true, mask-token: none}\n"
+        "model": {
+            "class_token": False,
+            "register_tokens": 4,
+            "dist_token": True,
+            "pooling": "mean",
+        },
+        "api_token": "***",
+        "db_password": "***",
+        "auth": {"access_token": "***"},
+        "SOME_TOKEN_FLAG": True,
+        "GITHUB_TOKEN": "false",
+    }
+    protocol = (
+        "arms:\n  - {name: pool_mean, overrides: {model: {class_token: false, pooling: mean}}}\n"
+        "model: {cls_token: true, mask-token: none}\n"
+    )
     assert redact_text(protocol, {}) == protocol
     as_json = json.dumps(config)
-    assert redact_text(as_json, {}) == as_json.replace('"abcd1234"', '"***"').replace('"t0ken-value"', '"***"')
-    assert redact_text("--class-token false --api-token s3cr3t access_token: xyz CLS_TOKEN=yes", {}) == \
-        "--class-token false --api-token *** access_token: *** CLS_TOKEN=yes"
-    assert redact_argv(["train", "--class-token", "true", "--db-token", "tok1"]) == \
-        "train --class-token true --db-token '***'"
+    assert redact_text(as_json, {}) == as_json.replace('"abcd1234"', '"***"').replace(
+        '"t0ken-value"', '"***"'
+    )
+    assert (
+        redact_text("--class-token false --api-token s3cr3t access_token: xyz CLS_TOKEN=yes", {})
+        == "--class-token false --api-token *** access_token: *** CLS_TOKEN=yes"
+    )
+    assert (
+        redact_argv(["train", "--class-token", "true", "--db-token", "tok1"])
+        == "train --class-token true --db-token '***'"
+    )
 
 
 def test_every_shipped_protocol_and_its_canonical_json_go_up_unchanged(tmp_path):
     """The protocol artifacts are the frozen record: masking a value in them breaks their hash."""
     from workbench.protocol import load_any
 
-    protocols = sorted((Path(__file__).resolve().parent.parent / "studies" / "protocols").glob("*.yaml"))
+    protocols = sorted(
+        (Path(__file__).resolve().parent.parent / "studies" / "protocols").glob("*.yaml")
+    )
     assert protocols
     for path in protocols:
         canonical = tmp_path / "canonical.json"
@@ -83,6 +136,8 @@ def test_every_shipped_protocol_and_its_canonical_json_go_up_unchanged(tmp_path)
             with redacted_copy(artifact) as upload:
                 assert upload == artifact, f"{path.name}: {artifact.name} would go up changed"
     config = tmp_path / "config.json"
-    config.write_text(json.dumps({"model": {"name": "cifar_vit", "class_token": False, "pooling": "mean"}}))
+    config.write_text(
+        json.dumps({"model": {"name": "cifar_vit", "class_token": False, "pooling": "mean"}})
+    )
     with redacted_copy(config) as upload:
         assert upload == config

@@ -16,13 +16,27 @@ from test_report_transfer import transfer_store  # noqa: F401  (fixture)
 
 from reports.build import build_report
 
-BROWSER = next((shutil.which(b) for b in ("chromium", "chromium-browser", "google-chrome") if shutil.which(b)), None)
+BROWSER = next(
+    (shutil.which(b) for b in ("chromium", "chromium-browser", "google-chrome") if shutil.which(b)),
+    None,
+)
 pytestmark = pytest.mark.skipif(
-    BROWSER is None, reason="headless Chromium not installed (Debian: apt-get install chromium); CI installs it"
+    BROWSER is None,
+    reason="headless Chromium not installed (Debian: apt-get install chromium); CI installs it",
 )
 # No network, no first-run work, no GPU: a browser that only renders one local file.
-FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-sync",
-         "--disable-background-networking", "--disable-component-update", "--disable-extensions", "--hide-scrollbars"]
+FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-sync",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-extensions",
+    "--hide-scrollbars",
+]
 # Appended to a copy of the report (the report itself carries no script): after load, write
 # what the page holds into the DOM, so --dump-dom shows what the browser made of it.
 PROBE = """<script>
@@ -46,8 +60,13 @@ window.addEventListener("load", () => {
 
 def chromium(tmp_path, *args: str) -> subprocess.CompletedProcess:
     profile = tmp_path / "chromium-profile"
-    return subprocess.run([BROWSER, *FLAGS, f"--user-data-dir={profile}", *args],
-                          capture_output=True, text=True, timeout=90, check=False)
+    return subprocess.run(
+        [BROWSER, *FLAGS, f"--user-data-dir={profile}", *args],
+        capture_output=True,
+        text=True,
+        timeout=90,
+        check=False,
+    )
 
 
 def probe(tmp_path, html: str) -> dict:
@@ -64,45 +83,86 @@ def probe(tmp_path, html: str) -> dict:
 def test_html_report_renders_tables_and_figures_in_chromium(store, tmp_path):  # noqa: F811 (fixture)
     result = build_report(str(store.protocol_path), tmp_path / "out", log=False)
     page = probe(tmp_path, result.html.read_text())
-    assert len(page["images"]) == 7 and all(w > 0 and h > 0 and ok for w, h, ok in page["images"]), page["images"]
+    assert len(page["images"]) == 7 and all(
+        w > 0 and h > 0 and ok for w, h, ok in page["images"]
+    ), page["images"]
     # results, configuration x 2, accuracy, comparisons, per-class and predicted-class counts for val and test, cost, runs
     assert page["tables"] == 14, page
-    assert page["headings"] == ["Warnings", "Results", "Configuration", "Accuracy", "Seed-paired comparisons",
-                                "Per-class accuracy", "Compute cost", "Training curves", "Runs"], page["headings"]
-    assert page["rows"].count("vit (reference)") == 3 and page["rows"].count("cnn − vit") == 4, page["rows"]
-    assert len(page["quotes"]) == 4 and all("ahead in" in q and "t-interval" in q for q in page["quotes"]), page["quotes"]
+    assert page["headings"] == [
+        "Warnings",
+        "Results",
+        "Configuration",
+        "Accuracy",
+        "Seed-paired comparisons",
+        "Per-class accuracy",
+        "Compute cost",
+        "Training curves",
+        "Runs",
+    ], page["headings"]
+    assert page["rows"].count("vit (reference)") == 3 and page["rows"].count("cnn − vit") == 4, (
+        page["rows"]
+    )
+    assert len(page["quotes"]) == 4 and all(
+        "ahead in" in q and "t-interval" in q for q in page["quotes"]
+    ), page["quotes"]
     assert not page["overflow"], "the page scrolls sideways: a wide table escaped its scroll box"
 
     shot = tmp_path / "shot.png"
-    done = chromium(tmp_path, "--window-size=1200,2400", f"--screenshot={shot}", result.html.as_uri())
+    done = chromium(
+        tmp_path, "--window-size=1200,2400", f"--screenshot={shot}", result.html.as_uri()
+    )
     assert shot.is_file(), done.stderr[-2000:]
     pixels = np.asarray(Image.open(shot).convert("RGB"))
     assert pixels.shape[:2] == (2400, 1200), pixels.shape
     dark = (pixels.sum(axis=2) < 300).mean()  # text, table rules, plot lines
     assert 0.005 < dark < 0.5, f"screenshot looks blank or broken: {dark:.4f} of pixels dark"
-    assert len(np.unique(pixels.reshape(-1, 3), axis=0)) > 50, "screenshot has almost no colours: figures missing?"
+    assert len(np.unique(pixels.reshape(-1, 3), axis=0)) > 50, (
+        "screenshot has almost no colours: figures missing?"
+    )
     # The title sits in the top-left corner; without any system font Chromium draws no text
     # at all (figures still show, their text is in the PNG), so check that text was drawn.
     title = (pixels[:150, :800].sum(axis=2) < 300).mean()
-    assert title > 0.01, (f"no text rendered in the title area ({title:.4f} dark): Chromium found no font; "
-                          "install one (Debian: fonts-dejavu-core or fonts-liberation)")
+    assert title > 0.01, (
+        f"no text rendered in the title area ({title:.4f} dark): Chromium found no font; "
+        "install one (Debian: fonts-dejavu-core or fonts-liberation)"
+    )
 
 
 @pytest.mark.slow  # a transfer study and Chromium (about 20 s idle); the ablation page stays in the default tier
 def test_transfer_html_report_renders_in_chromium(transfer_store, tmp_path):  # noqa: F811 (fixture)
-    result = build_report(str(transfer_store["path"]), tmp_path / "out", n_resamples=1000, log=False)
+    result = build_report(
+        str(transfer_store["path"]), tmp_path / "out", n_resamples=1000, log=False
+    )
     page = probe(tmp_path, result.html.read_text())
-    assert len(page["images"]) == 3 and all(w > 0 and h > 0 and ok for w, h, ok in page["images"]), page["images"]
+    assert len(page["images"]) == 3 and all(
+        w > 0 and h > 0 and ok for w, h, ok in page["images"]
+    ), page["images"]
     # configuration x 2, per cell, per class, predicted-class counts, over seeds, paired differences, cost, runs
     assert page["tables"] == 9, page
-    assert page["headings"] == ["Warnings", "Results", "Configuration",
-                                f"Transfer study tiny_transfer@{transfer_store['protocol'].short_hash}", "Compute cost",
-                                "Confusion matrices", "Training curves", "Runs"], page["headings"]
-    assert page["rows"].count("full_ft − linear_probe") == 3 and page["rows"].count("linear_probe") == 8, page["rows"]
-    assert len(page["quotes"]) == 1 and "t-interval" in page["quotes"][0] and "bootstrap" in page["quotes"][0]
+    assert page["headings"] == [
+        "Warnings",
+        "Results",
+        "Configuration",
+        f"Transfer study tiny_transfer@{transfer_store['protocol'].short_hash}",
+        "Compute cost",
+        "Confusion matrices",
+        "Training curves",
+        "Runs",
+    ], page["headings"]
+    assert (
+        page["rows"].count("full_ft − linear_probe") == 3
+        and page["rows"].count("linear_probe") == 8
+    ), page["rows"]
+    assert (
+        len(page["quotes"]) == 1
+        and "t-interval" in page["quotes"][0]
+        and "bootstrap" in page["quotes"][0]
+    )
     assert not page["overflow"], "the page scrolls sideways: a wide table escaped its scroll box"
     shot = tmp_path / "shot.png"
-    done = chromium(tmp_path, "--window-size=1200,2400", f"--screenshot={shot}", result.html.as_uri())
+    done = chromium(
+        tmp_path, "--window-size=1200,2400", f"--screenshot={shot}", result.html.as_uri()
+    )
     assert shot.is_file(), done.stderr[-2000:]
     pixels = np.asarray(Image.open(shot).convert("RGB"))
     dark = (pixels.sum(axis=2) < 300).mean()
@@ -112,11 +172,23 @@ def test_transfer_html_report_renders_in_chromium(transfer_store, tmp_path):  # 
 def test_intervention_html_report_renders_in_chromium(logged, tmp_path):  # noqa: F811 (fixture)
     result = build_report(str(logged["path"]), tmp_path / "out", n_resamples=1000, log=False)
     page = probe(tmp_path, result.html.read_text())
-    assert len(page["images"]) == 3 and all(w > 0 and h > 0 and ok for w, h, ok in page["images"]), page["images"]
+    assert len(page["images"]) == 3 and all(
+        w > 0 and h > 0 and ok for w, h, ok in page["images"]
+    ), page["images"]
     assert page["tables"] == 4, page  # ranked, seed consistency, runs, acted-on models
-    assert page["headings"] == ["Results", "Heads (vit)", "Every intervention, ranked (vit)",
-                                "Branches, positions and tokens (vit)", "Seed consistency (vit)",
-                                "Attention maps beside the effects (vit)", "Runs"], page["headings"]
-    assert len(page["quotes"]) == 3 and all("t-interval" in q and "bootstrap" in q for q in page["quotes"])
-    assert "`blocks.1.mlp.skip`" not in page["rows"] and page["rows"][:3] == ["1", "2", "3"], page["rows"][:5]
+    assert page["headings"] == [
+        "Results",
+        "Heads (vit)",
+        "Every intervention, ranked (vit)",
+        "Branches, positions and tokens (vit)",
+        "Seed consistency (vit)",
+        "Attention maps beside the effects (vit)",
+        "Runs",
+    ], page["headings"]
+    assert len(page["quotes"]) == 3 and all(
+        "t-interval" in q and "bootstrap" in q for q in page["quotes"]
+    )
+    assert "`blocks.1.mlp.skip`" not in page["rows"] and page["rows"][:3] == ["1", "2", "3"], page[
+        "rows"
+    ][:5]
     assert not page["overflow"], "the page scrolls sideways: a wide table escaped its scroll box"

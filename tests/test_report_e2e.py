@@ -23,8 +23,13 @@ def test_report_of_a_real_ablate_run(tmp_path, mlflow_store, monkeypatch):
     path = tmp_path / "tiny.yaml"
     path.write_text(PROTOCOL.format(name="tiny", epochs=2))
     protocol = open_protocol(str(path), allow_dirty=True)
-    outcomes = run_protocol(protocol, path, StudyOptions(output_dir=tmp_path / "train", device="cpu", data_path=str(folder),
-                                                         allow_dirty=True))
+    outcomes = run_protocol(
+        protocol,
+        path,
+        StudyOptions(
+            output_dir=tmp_path / "train", device="cpu", data_path=str(folder), allow_dirty=True
+        ),
+    )
     assert [o.status for o in outcomes] == ["finished"] * 4, [o.message for o in outcomes]
 
     result = build_report(str(path), tmp_path / "reports")
@@ -41,7 +46,9 @@ def test_report_of_a_real_ablate_run(tmp_path, mlflow_store, monkeypatch):
         assert len(study.cells[(arm, seed)].curves["val_accuracy"]) == 2
     comparison = result.comparisons["val"][0]
     assert (comparison.a, comparison.b, comparison.paired.n) == ("cnn", "vit", 2)
-    assert comparison.bootstrap.estimate == pytest.approx(comparison.paired.mean_difference, abs=1e-12)
+    assert comparison.bootstrap.estimate == pytest.approx(
+        comparison.paired.mean_difference, abs=1e-12
+    )
 
     md = result.markdown.read_text()
     assert "Cells with a finished run: **4 of 4**." in md
@@ -55,13 +62,23 @@ def test_report_of_a_real_ablate_run(tmp_path, mlflow_store, monkeypatch):
     # run's whole time (training and everything around it) is longer than its training batches.
     cost = next(line for line in md.splitlines() if line.startswith("| vit ") and " s |" in line)
     cells = [c.strip() for c in cost.strip("|").split("|")]
-    assert cells[5] == "2 / 2" and cells[2].endswith(" s") and float(cells[6].replace(",", "")) > 0, cells
+    assert (
+        cells[5] == "2 / 2" and cells[2].endswith(" s") and float(cells[6].replace(",", "")) > 0
+    ), cells
     assert float(cells[4].removesuffix(" s")) > float(cells[2].removesuffix(" s")), cells
     assert "From the first reported run's start to the last one's end:" in md
-    assert "## Configuration" in md and "## Results" in md and "> On validation, cnn minus vit is" in md
+    assert (
+        "## Configuration" in md
+        and "## Results" in md
+        and "> On validation, cnn minus vit is" in md
+    )
     assert tables.consistency_problems(study) == [], "logged metrics and prediction files disagree"
     for outcome in outcomes:
         assert f"`{outcome.run_id}`" in md
     (parent,) = {client.get_run(o.run_id).data.tags["mlflow.parentRunId"] for o in outcomes}
     assert result.logged_to == [parent]
-    assert {Path(a.path).name for a in client.list_artifacts(parent, "report")} == {"report.md", "report.html", "figures"}
+    assert {Path(a.path).name for a in client.list_artifacts(parent, "report")} == {
+        "report.md",
+        "report.html",
+        "figures",
+    }

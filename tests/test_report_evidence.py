@@ -17,7 +17,13 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 from mlflow.tracking import MlflowClient
-from rebuild_checks import accuracy_differences, forbid_store, number_differences, store_in, without_rebuilt_line
+from rebuild_checks import (
+    accuracy_differences,
+    forbid_store,
+    number_differences,
+    store_in,
+    without_rebuilt_line,
+)
 from test_report import COMMIT_B, VAL_CORRECT, TEST_CORRECT, log_cell, make_store
 
 from reports import document
@@ -28,8 +34,10 @@ from reports.provenance import REBUILT_PREFIX
 from reports.render import to_markdown
 from studies.tools.report import report as report_command
 
-PNG = bytes.fromhex("89504e470d0a1a0a0000000d4948445200000001000000010806000000"
-                    "1f15c4890000000d49444154789c6360000002000001e221bc330000000049454e44ae426082")
+PNG = bytes.fromhex(
+    "89504e470d0a1a0a0000000d4948445200000001000000010806000000"
+    "1f15c4890000000d49444154789c6360000002000001e221bc330000000049454e44ae426082"
+)
 
 
 def rich_study(tmp_path: Path):
@@ -37,21 +45,46 @@ def rich_study(tmp_path: Path):
     store = make_store(tmp_path, skip=(("wide", 2),))
     client, parent = MlflowClient(), store.parents[0]
     # An older finished run of vit/seed0 from another commit: superseded by the newer one.
-    log_cell(client, store.protocol, parent, "vit", 0, 6, 4, commit=COMMIT_B, end_time=int(time.time() * 1000) - 60_000)
+    log_cell(
+        client,
+        store.protocol,
+        parent,
+        "vit",
+        0,
+        6,
+        4,
+        commit=COMMIT_B,
+        end_time=int(time.time() * 1000) - 60_000,
+    )
     time.sleep(0.01)
-    log_cell(client, store.protocol, parent, "cnn", 1, 7, 4, status="KILLED")  # a newer attempt, never used
-    log_cell(client, store.protocol, parent, "wide", 2, 9, 5, status="FAILED")  # the missing cell's only run
+    log_cell(
+        client, store.protocol, parent, "cnn", 1, 7, 4, status="KILLED"
+    )  # a newer attempt, never used
+    log_cell(
+        client, store.protocol, parent, "wide", 2, 9, 5, status="FAILED"
+    )  # the missing cell's only run
     figures = tmp_path / "logged_figures"
     figures.mkdir()
     (figures / "01_patches.png").write_bytes(PNG)
-    (figures / "figures.json").write_text(json.dumps({"figures": {"01_patches.png": {
-        "caption": f"patch grid of the images in {tmp_path / 'images'}"}}}))
+    (figures / "figures.json").write_text(
+        json.dumps(
+            {
+                "figures": {
+                    "01_patches.png": {
+                        "caption": f"patch grid of the images in {tmp_path / 'images'}"
+                    }
+                }
+            }
+        )
+    )
     for name in ("01_patches.png", "figures.json"):
         client.log_artifact(parent, str(figures / name), artifact_path="figures")
     return store
 
 
-pytestmark = pytest.mark.e2e  # a real MLflow store (conftest marks tests by fixture name; this one is shared)
+pytestmark = (
+    pytest.mark.e2e
+)  # a real MLflow store (conftest marks tests by fixture name; this one is shared)
 
 
 @pytest.fixture(scope="module")
@@ -61,8 +94,13 @@ def published(tmp_path_factory, empty_mlflow_db):
     root = tmp_path_factory.mktemp("published")
     with store_in(root, empty_mlflow_db):
         store = rich_study(root)
-        result = build_report(str(store.protocol_path), root / "docs", compare=[("cnn", "wide")], n_resamples=200,
-                              evidence=True)
+        result = build_report(
+            str(store.protocol_path),
+            root / "docs",
+            compare=[("cnn", "wide")],
+            n_resamples=200,
+            evidence=True,
+        )
         yield root, store, result
 
 
@@ -71,8 +109,16 @@ def test_a_report_rebuilt_from_its_evidence_is_the_same_report(published, tmp_pa
     evidence = result.folder / "evidence"
     md = result.markdown.read_text()
     study = result.study
-    assert (len(study.cells), len(study.superseded), len(study.attempts), len(study.missing)) == (8, 1, 1, 1)
-    assert "## Analysis figures" in md and f"logged as an artifact (`report/`) of run(s) `{store.parents[0]}`" in md
+    assert (len(study.cells), len(study.superseded), len(study.attempts), len(study.missing)) == (
+        8,
+        1,
+        1,
+        1,
+    )
+    assert (
+        "## Analysis figures" in md
+        and f"logged as an artifact (`report/`) of run(s) `{store.parents[0]}`" in md
+    )
     # The store was given by absolute path; the page names it relative to where the report was built.
     assert str(root) not in md and "Tracking store `sqlite:///mlflow.db`" in md
 
@@ -85,29 +131,47 @@ def test_a_report_rebuilt_from_its_evidence_is_the_same_report(published, tmp_pa
     assert without_rebuilt_line(rebuilt_md) == md, "the Markdown differs beyond the documented line"
     compared, diffs = number_differences(md, rebuilt_md)
     assert compared > 500 and not diffs, diffs[:20]
-    checked, diffs = accuracy_differences(result.folder)  # the published-evidence check, on this study
-    assert checked == 2 * 3 * 9 and not diffs, (checked, diffs[:20])  # 2 splits x 3 arms x 9 columns
+    checked, diffs = accuracy_differences(
+        result.folder
+    )  # the published-evidence check, on this study
+    assert checked == 2 * 3 * 9 and not diffs, (
+        checked,
+        diffs[:20],
+    )  # 2 splits x 3 arms x 9 columns
     html, rebuilt_html = result.html.read_text(), rebuilt.html.read_text()
-    assert [line for line in rebuilt_html.split("\n") if REBUILT_PREFIX not in line] == html.split("\n")
+    assert [line for line in rebuilt_html.split("\n") if REBUILT_PREFIX not in line] == html.split(
+        "\n"
+    )
     assert sorted(p.name for p in rebuilt.figures) == sorted(p.name for p in result.figures)
-    for path in result.figures:  # recomputed figures (forest, seeds, confusion, curves) and the analysis figure
+    for path in (
+        result.figures
+    ):  # recomputed figures (forest, seeds, confusion, curves) and the analysis figure
         assert (rebuilt.folder / "figures" / path.name).read_bytes() == path.read_bytes(), path.name
     # The same numbers behind the tables, not just the same text.
     for split in ("val", "test"):
         for a, b in zip(result.summaries[split], rebuilt.summaries[split]):
             assert a.values == b.values, (split, a.arm)
         for a, b in zip(result.comparisons[split], rebuilt.comparisons[split]):
-            assert (a.a, a.b, a.paired.mean_difference, a.bootstrap.low, a.bootstrap.high) == \
-                   (b.a, b.b, b.paired.mean_difference, b.bootstrap.low, b.bootstrap.high), (split, a.a, a.b)
+            assert (a.a, a.b, a.paired.mean_difference, a.bootstrap.low, a.bootstrap.high) == (
+                b.a,
+                b.b,
+                b.paired.mean_difference,
+                b.bootstrap.low,
+                b.bootstrap.high,
+            ), (split, a.a, a.b)
 
 
 def test_the_export_is_complete_deterministic_and_portable(published, tmp_path):
     root, store, result = published
     evidence = result.folder / "evidence"
     doc = json.loads((evidence / "runs.json").read_text())
-    assert doc["format"] == "workbench-evidence/1" and doc["protocol"]["hash"] == store.protocol.hash
+    assert (
+        doc["format"] == "workbench-evidence/1" and doc["protocol"]["hash"] == store.protocol.hash
+    )
     assert doc["build"]["compare"] == [["cnn", "wide"]] and doc["build"]["resamples"] == 200
-    assert doc["parent_run_id"] == store.parents[0] and doc["parents"][0]["run_id"] == store.parents[0]
+    assert (
+        doc["parent_run_id"] == store.parents[0] and doc["parents"][0]["run_id"] == store.parents[0]
+    )
     assert len(doc["cells"]) == 11  # 8 reported, 1 superseded, 1 KILLED, 1 FAILED
     statuses = sorted(c["status"] for c in doc["cells"])
     assert statuses == ["FAILED"] + ["FINISHED"] * 9 + ["KILLED"]
@@ -116,7 +180,9 @@ def test_the_export_is_complete_deterministic_and_portable(published, tmp_path):
     vit0 = next(c for c in reported if c["tags"]["arm"] == "vit" and c["tags"]["seed"] == "0")
     assert vit0["run_id"] == store.cells[("vit", 0)]
     logged = MlflowClient().get_metric_history(vit0["run_id"], "val_accuracy")
-    assert vit0["metric_history"]["val_accuracy"] == [[m.step, m.timestamp, m.value] for m in logged]
+    assert vit0["metric_history"]["val_accuracy"] == [
+        [m.step, m.timestamp, m.value] for m in logged
+    ]
     assert [row[0] for row in vit0["metric_history"]["val_accuracy"]] == [1, 2, 3]
     info = vit0["predictions"]["val"]
     rows = gzip.decompress((evidence / info["file"]).read_bytes()).decode().split("\n")
@@ -126,36 +192,65 @@ def test_the_export_is_complete_deterministic_and_portable(published, tmp_path):
     # No absolute path of this machine anywhere in the export (the parent's tags held the protocol file's).
     for path in evidence.rglob("*"):
         if path.is_file():
-            text = gzip.decompress(path.read_bytes()).decode() if path.suffix == ".gz" else path.read_text()
+            text = (
+                gzip.decompress(path.read_bytes()).decode()
+                if path.suffix == ".gz"
+                else path.read_text()
+            )
             assert str(root) not in text and "/tmp/" not in text, path
     # Deterministic: a second export of the same runs is byte-identical.
-    again = build_report(str(store.protocol_path), root / "again", compare=[("cnn", "wide")], n_resamples=200,
-                         log=False, evidence=True)
-    first = {p.relative_to(evidence): p.read_bytes() for p in sorted(evidence.rglob("*")) if p.is_file()}
-    second = {p.relative_to(again.folder / "evidence"): p.read_bytes()
-              for p in sorted((again.folder / "evidence").rglob("*")) if p.is_file()}
+    again = build_report(
+        str(store.protocol_path),
+        root / "again",
+        compare=[("cnn", "wide")],
+        n_resamples=200,
+        log=False,
+        evidence=True,
+    )
+    first = {
+        p.relative_to(evidence): p.read_bytes() for p in sorted(evidence.rglob("*")) if p.is_file()
+    }
+    second = {
+        p.relative_to(again.folder / "evidence"): p.read_bytes()
+        for p in sorted((again.folder / "evidence").rglob("*"))
+        if p.is_file()
+    }
     assert first.keys() == second.keys()
-    assert [k for k in first if first[k] != second[k]] == [Path("runs.json")]  # logged_to: this build did not log
+    assert [k for k in first if first[k] != second[k]] == [
+        Path("runs.json")
+    ]  # logged_to: this build did not log
     assert json.loads(second[Path("runs.json")])["build"]["logged_to"] == []
 
 
 def test_damaged_evidence_and_bad_options_are_one_line_errors(published, tmp_path):
     root, _, result = published
     with pytest.raises(ReportError, match="holds the evidence and its published report"):
-        build_from_evidence(result.folder / "evidence", root / "docs")  # would overwrite the published report
+        build_from_evidence(
+            result.folder / "evidence", root / "docs"
+        )  # would overwrite the published report
     shutil.copytree(result.folder, tmp_path / "study")  # damaged below: a copy
     evidence = tmp_path / "study" / "evidence"
     # A published number edited by hand: both checks name its place.
     md = (tmp_path / "study" / "report.md").read_text()
-    row = next(line for line in md.split("\n") if line.startswith("| vit (reference) ") and " 80.00 " in line)
-    (tmp_path / "study" / "report.md").write_text(md.replace(row, row.replace(" 80.00 ", " 80.01 ", 1), 1))
+    row = next(
+        line
+        for line in md.split("\n")
+        if line.startswith("| vit (reference) ") and " 80.00 " in line
+    )
+    (tmp_path / "study" / "report.md").write_text(
+        md.replace(row, row.replace(" 80.00 ", " 80.01 ", 1), 1)
+    )
     checked, diffs = accuracy_differences(tmp_path / "study")
     assert len(diffs) == 1 and "'mean'" in diffs[0] and "['80.01']" in diffs[0], diffs
     _, diffs = number_differences((tmp_path / "study" / "report.md").read_text(), md)
     assert len(diffs) == 1 and "80.01" in diffs[0], diffs
     runner = CliRunner()
-    out = runner.invoke(report_command, ["--from-evidence", str(evidence), "--protocol", "study", "--commit", "a"])
-    assert out.exit_code == 2 and "--protocol, --commit: not with --from-evidence" in out.output, out.output
+    out = runner.invoke(
+        report_command, ["--from-evidence", str(evidence), "--protocol", "study", "--commit", "a"]
+    )
+    assert out.exit_code == 2 and "--protocol, --commit: not with --from-evidence" in out.output, (
+        out.output
+    )
     # Run links come from the export: a study on a tracking server keeps them offline.
     doc = json.loads((evidence / "runs.json").read_text())
     doc["store"]["tracking_uri"] = "https://mlflow.example.org:5000"
@@ -163,12 +258,23 @@ def test_damaged_evidence_and_bad_options_are_one_line_errors(published, tmp_pat
     study = load_evidence(evidence).study
     runs = to_markdown(document.runs_section(study))
     run = study.cells[("vit", 0)].record
-    assert f"[`{run.run_id}`](https://mlflow.example.org:5000/#/experiments/{run.experiment_id}/runs/{run.run_id}?" in runs
+    assert (
+        f"[`{run.run_id}`](https://mlflow.example.org:5000/#/experiments/{run.experiment_id}/runs/{run.run_id}?"
+        in runs
+    )
     damaged = next((evidence / "predictions").glob("cnn.seed0.val.csv.gz"))
     rows = gzip.decompress(damaged.read_bytes()).replace(b"\n0,0,", b"\n0,1,", 1)
     damaged.write_bytes(gzip.compress(rows, mtime=0))
-    out = runner.invoke(report_command, ["--from-evidence", str(evidence), "--out-dir", str(tmp_path / "x")])
-    assert out.exit_code == 1 and f"{damaged}: sha256 differs" in out.output and "Traceback" not in out.output, out.output
+    out = runner.invoke(
+        report_command, ["--from-evidence", str(evidence), "--out-dir", str(tmp_path / "x")]
+    )
+    assert (
+        out.exit_code == 1
+        and f"{damaged}: sha256 differs" in out.output
+        and "Traceback" not in out.output
+    ), out.output
     (evidence / "runs.json").write_text("{}")
-    out = runner.invoke(report_command, ["--from-evidence", str(evidence), "--out-dir", str(tmp_path / "x")])
+    out = runner.invoke(
+        report_command, ["--from-evidence", str(evidence), "--out-dir", str(tmp_path / "x")]
+    )
     assert out.exit_code == 1 and "runs.json: format None" in out.output, out.output

@@ -23,7 +23,9 @@ def assert_near(actual, expected, tol: float, what: str = "") -> None:
     assert diff <= tol, f"{what}: max |difference| {diff:.3g} > tolerance {tol:g} ({a} vs {e})"
 
 
-def ordinal_predictions(rng: np.random.Generator, n: int, k: int = 5) -> tuple[np.ndarray, np.ndarray]:
+def ordinal_predictions(
+    rng: np.random.Generator, n: int, k: int = 5
+) -> tuple[np.ndarray, np.ndarray]:
     """Labels and predictions off by at most one grade: a plausible ordinal classifier."""
     y = rng.integers(0, k, n)
     return y, np.clip(y + rng.integers(-1, 2, n), 0, k - 1)
@@ -52,15 +54,27 @@ def test_qwk_equals_sklearn_on_random_data():
         want = cohen_kappa_score(y, p, weights="quadratic", labels=np.arange(k))
         assert_near(stats.quadratic_weighted_kappa(y, p, k), want, 1e-12, f"QWK trial {trial}")
         # The vectorised confusion-count version used by the bootstrap must agree too.
-        assert_near(stats.bootstrap_ci(y, p, "qwk", n_resamples=1, num_classes=k).estimate, want, 1e-12, "vectorised QWK")
+        assert_near(
+            stats.bootstrap_ci(y, p, "qwk", n_resamples=1, num_classes=k).estimate,
+            want,
+            1e-12,
+            "vectorised QWK",
+        )
 
 
 def test_qwk_with_a_class_absent_keeps_ordinal_positions():
     y, p = np.array([0, 0, 2, 2, 4]), np.array([0, 2, 2, 4, 4])  # classes 1 and 3 never occur
-    assert_near(stats.quadratic_weighted_kappa(y, p, 5), cohen_kappa_score(y, p, weights="quadratic"), 1e-12, "QWK")
+    assert_near(
+        stats.quadratic_weighted_kappa(y, p, 5),
+        cohen_kappa_score(y, p, weights="quadratic"),
+        1e-12,
+        "QWK",
+    )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # sklearn rightly warns that kappa is undefined here
-        assert math.isnan(stats.quadratic_weighted_kappa(np.zeros(4, int), np.zeros(4, int), 3))  # nan, not a crash
+        assert math.isnan(
+            stats.quadratic_weighted_kappa(np.zeros(4, int), np.zeros(4, int), 3)
+        )  # nan, not a crash
 
 
 def test_classification_metrics_match_sklearn_and_handle_absent_class():
@@ -69,7 +83,12 @@ def test_classification_metrics_match_sklearn_and_handle_absent_class():
     m = stats.classification_metrics(y, p, num_classes=6)  # class 5 absent from both sides
     assert m["n"] == 500
     assert_near(m["accuracy"], accuracy_score(y, p), 1e-12, "accuracy")
-    assert_near(m["macro_f1"], f1_score(y, p, average="macro"), 1e-12, "macro F1 leaves the absent class out")
+    assert_near(
+        m["macro_f1"],
+        f1_score(y, p, average="macro"),
+        1e-12,
+        "macro F1 leaves the absent class out",
+    )
     cm = m["confusion_matrix"]
     assert cm.shape == (6, 6) and cm.sum() == 500 and cm[5].sum() == 0 and cm[:, 5].sum() == 0
     want_recall = np.append(np.diag(cm)[:5] / cm[:5].sum(axis=1), np.nan)
@@ -84,13 +103,17 @@ def test_vectorised_metrics_equal_their_callable_versions():
     p[:3] = 3  # a rare class, so some resamples lack it
     callables = {
         "accuracy": accuracy_score,
-        "macro_f1": lambda a, b: f1_score(a, b, labels=range(4), average="macro", zero_division=np.nan),
+        "macro_f1": lambda a, b: f1_score(
+            a, b, labels=range(4), average="macro", zero_division=np.nan
+        ),
         "qwk": lambda a, b: cohen_kappa_score(a, b, labels=range(4), weights="quadratic"),
     }
     for name, fn in callables.items():
         fast = stats.bootstrap_ci(y, p, name, n_resamples=200, seed=5, num_classes=4)
         slow = stats.bootstrap_ci(y, p, fn, n_resamples=200, seed=5, num_classes=4)
-        assert_near([fast.estimate, fast.low, fast.high], [slow.estimate, slow.low, slow.high], 1e-12, name)
+        assert_near(
+            [fast.estimate, fast.low, fast.high], [slow.estimate, slow.low, slow.high], 1e-12, name
+        )
 
 
 @pytest.mark.parametrize(
@@ -125,9 +148,13 @@ def test_bootstrap_accuracy_matches_known_answer():
     assert ci.low < acc < ci.high
     normal_width = 2 * 1.959964 * math.sqrt(acc * (1 - acc) / n)
     rel = abs((ci.high - ci.low) - normal_width) / normal_width
-    assert rel <= 0.15, f"CI width {ci.high - ci.low:.5f} vs normal approximation {normal_width:.5f}: {rel:.1%} apart"
+    assert rel <= 0.15, (
+        f"CI width {ci.high - ci.low:.5f} vs normal approximation {normal_width:.5f}: {rel:.1%} apart"
+    )
     # Centred near the estimate: each side within 15% of half the normal width.
-    assert_near([acc - ci.low, ci.high - acc], [normal_width / 2] * 2, 0.15 * normal_width / 2, "CI halves")
+    assert_near(
+        [acc - ci.low, ci.high - acc], [normal_width / 2] * 2, 0.15 * normal_width / 2, "CI halves"
+    )
 
 
 def test_bootstrap_width_shrinks_with_n():
@@ -147,7 +174,9 @@ def test_bootstrap_is_deterministic_given_seed():
     for metric in ("qwk", lambda a, b: float(np.mean(a == b))):
         first = stats.bootstrap_ci(y, p, metric, n_resamples=300, seed=7)
         assert first == stats.bootstrap_ci(y, p, metric, n_resamples=300, seed=7)
-        assert first == stats.bootstrap_ci(y, p, metric, n_resamples=300, seed=np.random.default_rng(7))
+        assert first == stats.bootstrap_ci(
+            y, p, metric, n_resamples=300, seed=np.random.default_rng(7)
+        )
         assert first != stats.bootstrap_ci(y, p, metric, n_resamples=300, seed=8)
 
 
@@ -194,8 +223,15 @@ def test_paired_seed_comparison_equals_hand_computation():
     assert_near(c.differences, d, 1e-12, "per-seed differences")
     mean, sd = d.mean(), d.std(ddof=1)
     half = sps.t.ppf(0.975, df=4) * sd / math.sqrt(5)
-    assert_near([c.mean_difference, c.ci_low, c.ci_high], [mean, mean - half, mean + half], 1e-12, "mean, t-interval")
-    assert_near(c.p_value, sps.ttest_rel(list(a.values()), list(b.values())).pvalue, 1e-12, "t-test p")
+    assert_near(
+        [c.mean_difference, c.ci_low, c.ci_high],
+        [mean, mean - half, mean + half],
+        1e-12,
+        "mean, t-interval",
+    )
+    assert_near(
+        c.p_value, sps.ttest_rel(list(a.values()), list(b.values())).pvalue, 1e-12, "t-test p"
+    )
     t_stat = mean / (sd / math.sqrt(5))
     assert_near(c.p_value, 2 * sps.t.sf(abs(t_stat), df=4), 1e-12, "t-test p by hand")
     assert (c.wins, c.ties, c.losses) == (3, 1, 1)
@@ -237,7 +273,9 @@ def test_hierarchical_bootstrap():
     want = np.mean([accuracy_score(*per_a[s]) - accuracy_score(*per_b[s]) for s in range(4)])
     assert_near(ci.estimate, want, 1e-12, "seed-mean difference")
     assert ci.low <= ci.estimate <= ci.high < 0 and ci.n_resamples == 500
-    assert ci == stats.paired_hierarchical_bootstrap(per_a, per_b, "accuracy", n_resamples=500, seed=0)
+    assert ci == stats.paired_hierarchical_bootstrap(
+        per_a, per_b, "accuracy", n_resamples=500, seed=0
+    )
     same = stats.paired_hierarchical_bootstrap(per_a, per_a, "qwk", n_resamples=200, seed=0)
     assert (same.estimate, same.low, same.high) == (0.0, 0.0, 0.0)
 
@@ -246,7 +284,9 @@ def test_hierarchical_bootstrap_refuses_unpaired_input():
     y, p = ordinal_predictions(np.random.default_rng(10), 50)
     other = y.copy()
     other[0] = (other[0] + 1) % 5
-    with pytest.raises(ValueError, match="seed 0: the arms were not evaluated on identical examples"):
+    with pytest.raises(
+        ValueError, match="seed 0: the arms were not evaluated on identical examples"
+    ):
         stats.paired_hierarchical_bootstrap({0: (y, p)}, {0: (other, p)}, "accuracy")
     with pytest.raises(ValueError, match=r"missing in b: \[1\]"):
         stats.paired_hierarchical_bootstrap({0: (y, p), 1: (y, p)}, {0: (y, p)}, "accuracy")

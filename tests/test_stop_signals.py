@@ -42,7 +42,9 @@ def sigint_at_its_default():
     signal.signal(signal.SIGINT, previous)
 
 
-def test_a_stop_inside_a_database_call_is_sent_again_and_raised_outside(monkeypatch, sigint_at_its_default):
+def test_a_stop_inside_a_database_call_is_sent_again_and_raised_outside(
+    monkeypatch, sigint_at_its_default
+):
     timers = []
 
     class Timer:
@@ -65,7 +67,9 @@ def test_a_stop_inside_a_database_call_is_sent_again_and_raised_outside(monkeypa
         assert int_handler(signal.SIGINT, inside) is None and len(timers) == 2
         with pytest.raises(KeyboardInterrupt):
             int_handler(signal.SIGINT, outside)
-        for _ in range(stop_signals.MAX_DEFERRALS - 1):  # a call that never returns does not hold a stop forever
+        for _ in range(
+            stop_signals.MAX_DEFERRALS - 1
+        ):  # a call that never returns does not hold a stop forever
             handler(signal.SIGTERM, inside)
         with pytest.raises(Terminated):
             handler(signal.SIGTERM, inside)
@@ -73,7 +77,9 @@ def test_a_stop_inside_a_database_call_is_sent_again_and_raised_outside(monkeypa
 
 
 def test_an_ignored_sigint_stays_ignored(monkeypatch):
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # as in a process started in the background
+    previous = signal.signal(
+        signal.SIGINT, signal.SIG_IGN
+    )  # as in a process started in the background
     try:
         with sigterm_raises():
             assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
@@ -95,7 +101,9 @@ class _InterruptedFile(io.BytesIO):
         return super().write(data)
 
 
-def test_a_stop_during_an_atomic_write_is_raised_after_the_file_is_complete(tmp_path, sigint_at_its_default):
+def test_a_stop_during_an_atomic_write_is_raised_after_the_file_is_complete(
+    tmp_path, sigint_at_its_default
+):
     from workbench.atomic import atomic_write
 
     target = tmp_path / "checkpoint.pt"
@@ -104,7 +112,9 @@ def test_a_stop_during_an_atomic_write_is_raised_after_the_file_is_complete(tmp_
         with pytest.raises(KeyboardInterrupt):
             atomic_write(target, lambda f: torch.save(state, _Forward(f)))
             time.sleep(2)  # the deferred signal comes back 50 ms after the write
-    assert torch.equal(torch.load(target, weights_only=True)["w"], state["w"]), "the checkpoint was cut"
+    assert torch.equal(torch.load(target, weights_only=True)["w"], state["w"]), (
+        "the checkpoint was cut"
+    )
     assert [p.name for p in tmp_path.iterdir()] == ["checkpoint.pt"], "a temp file was left"
 
 
@@ -118,7 +128,9 @@ class _StoppedWhileCollected:
             pass
 
 
-def test_a_stop_python_swallows_in_a_callback_is_raised_again_in_the_running_code(sigint_at_its_default):
+def test_a_stop_python_swallows_in_a_callback_is_raised_again_in_the_running_code(
+    sigint_at_its_default,
+):
     """Python cannot raise from ``__del__`` or a weakref callback: it prints "Exception ignored in"
     and goes on. In CI one job of ``ablate --jobs`` then trained its cell to the end after Ctrl-C."""
     reached = []
@@ -151,32 +163,47 @@ class _Forward(io.RawIOBase):
         return self.f.write(data)
 
 
-def test_a_stop_that_torch_save_turns_into_another_error_is_still_a_stop(mlflow_store, tmp_path,
-                                                                       sigint_at_its_default):
+def test_a_stop_that_torch_save_turns_into_another_error_is_still_a_stop(
+    mlflow_store, tmp_path, sigint_at_its_default
+):
     """torch's zip writer makes ``RuntimeError: [enforce fail ...] unexpected pos`` of a Ctrl-C that
     lands inside ``torch.save``: CI's ``ablate --jobs`` worker then recorded its cell FAILED and
     trained the next cell after Ctrl-C. The run must end KILLED for the Ctrl-C, and the error go up
     as a KeyboardInterrupt."""
+
     class SaveOnEpoch(TrainingObserver):
         def on_epoch(self, metrics: dict) -> None:
-            torch.save({"w": torch.zeros(1000)}, _InterruptedFile())  # not an atomic write: nothing defers it
+            torch.save(
+                {"w": torch.zeros(1000)}, _InterruptedFile()
+            )  # not an atomic write: nothing defers it
 
     data = synthetic_data(n_train=64, n_val=32, n_test=16)
     with sigterm_raises():
         with pytest.raises(KeyboardInterrupt) as raised:
-            train_one(tiny_config(epochs=3), data, experiment="tiny", output_dir=tmp_path / "out", run_name="tiny",
-                      observer=SaveOnEpoch(),
-                      log=lambda line: None)
-    assert isinstance(raised.value.__cause__, RuntimeError) and "unexpected pos" in str(raised.value.__cause__)
-    (run,) = MlflowClient().search_runs([MlflowClient().get_experiment_by_name("tiny").experiment_id])
+            train_one(
+                tiny_config(epochs=3),
+                data,
+                experiment="tiny",
+                output_dir=tmp_path / "out",
+                run_name="tiny",
+                observer=SaveOnEpoch(),
+                log=lambda line: None,
+            )
+    assert isinstance(raised.value.__cause__, RuntimeError) and "unexpected pos" in str(
+        raised.value.__cause__
+    )
+    (run,) = MlflowClient().search_runs(
+        [MlflowClient().get_experiment_by_name("tiny").experiment_id]
+    )
     assert run.info.status == "KILLED", run.info.status
     reason = run.data.tags["end_reason"]
     assert reason.startswith("KeyboardInterrupt") and "came out as RuntimeError" in reason, reason
 
 
 @pytest.mark.parametrize("what", ["error", "ctrl-c", "ctrl-c come out as an error"])
-def test_a_transfer_or_intervention_cell_ends_failed_for_an_error_and_killed_for_a_stop(mlflow_store, what,
-                                                                                         sigint_at_its_default):
+def test_a_transfer_or_intervention_cell_ends_failed_for_an_error_and_killed_for_a_stop(
+    mlflow_store, what, sigint_at_its_default
+):
     """``end_after_error``, as the transfer and intervene cells call it from their ``except``."""
     from studies.runtime.cell_end import end_after_error
     from tracking.record.sink import RunSink
@@ -188,7 +215,9 @@ def test_a_transfer_or_intervention_cell_ends_failed_for_an_error_and_killed_for
                 raise ValueError("bad input")
             if what == "ctrl-c":
                 signal.getsignal(signal.SIGINT)(signal.SIGINT, sys._getframe())
-            torch.save({"w": torch.zeros(1000)}, _InterruptedFile())  # the Ctrl-C lands in the zip writer
+            torch.save(
+                {"w": torch.zeros(1000)}, _InterruptedFile()
+            )  # the Ctrl-C lands in the zip writer
         except BaseException as err:  # noqa: BLE001 - as the cells do
             if what == "error":
                 assert end_after_error(sink, "token", err) == "ValueError: bad input"
@@ -197,8 +226,12 @@ def test_a_transfer_or_intervention_cell_ends_failed_for_an_error_and_killed_for
                     end_after_error(sink, "token", err)
     run = MlflowClient().get_run(sink.run_id)
     if what == "error":
-        assert run.info.status == "FAILED" and run.data.tags["failure"] == "ValueError: bad input", run.data.tags
+        assert (
+            run.info.status == "FAILED" and run.data.tags["failure"] == "ValueError: bad input"
+        ), run.data.tags
     else:
         assert run.info.status == "KILLED", run.info.status
         assert run.data.tags["end_reason"].startswith("KeyboardInterrupt"), run.data.tags
-        assert ("came out as RuntimeError" in run.data.tags["end_reason"]) == (what != "ctrl-c"), run.data.tags
+        assert ("came out as RuntimeError" in run.data.tags["end_reason"]) == (what != "ctrl-c"), (
+            run.data.tags
+        )

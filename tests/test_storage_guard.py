@@ -27,44 +27,76 @@ SMOKE = str(ROOT / "studies" / "protocols" / "smoke.yaml")
 
 def test_locations_are_resolved_not_spelled(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    assert location("sqlite:///runs.db") == location(f"sqlite:///{tmp_path}/runs.db") == \
-        location(f"sqlite:///{tmp_path}/sub/../runs.db") == ("file", str(tmp_path / "runs.db"))
+    assert (
+        location("sqlite:///runs.db")
+        == location(f"sqlite:///{tmp_path}/runs.db")
+        == location(f"sqlite:///{tmp_path}/sub/../runs.db")
+        == ("file", str(tmp_path / "runs.db"))
+    )
     assert location("sqlite:///runs.db") != location("sqlite:///optuna.db")
     assert location(f"journal:{tmp_path}/runs.db") == location("sqlite:///runs.db")
-    assert location("postgresql://mlflow:pw@localhost/mlflow") == \
-        location("postgresql+psycopg://optuna@127.0.0.1:5432/mlflow") == ("postgresql", "loopback", 5432, "mlflow")
-    assert location("postgresql://127.0.0.1:5433/mlflow") != location("postgresql://127.0.0.1/mlflow")
-    assert location("postgresql://db.example.org/mlflow") != location("postgresql://127.0.0.1/mlflow")
-    for nothing in ("sqlite://", "sqlite:///:memory:", "http://127.0.0.1:5000", "file:///tmp/mlruns", "./mlruns"):
+    assert (
+        location("postgresql://mlflow:pw@localhost/mlflow")
+        == location("postgresql+psycopg://optuna@127.0.0.1:5432/mlflow")
+        == ("postgresql", "loopback", 5432, "mlflow")
+    )
+    assert location("postgresql://127.0.0.1:5433/mlflow") != location(
+        "postgresql://127.0.0.1/mlflow"
+    )
+    assert location("postgresql://db.example.org/mlflow") != location(
+        "postgresql://127.0.0.1/mlflow"
+    )
+    for nothing in (
+        "sqlite://",
+        "sqlite:///:memory:",
+        "http://127.0.0.1:5000",
+        "file:///tmp/mlruns",
+        "./mlruns",
+    ):
         assert location(nothing) is None, nothing
 
 
-def test_the_guard_checks_the_tracking_store_the_fallback_and_the_servers_databases(tmp_path, monkeypatch):
+def test_the_guard_checks_the_tracking_store_the_fallback_and_the_servers_databases(
+    tmp_path, monkeypatch
+):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/runs.db")
     monkeypatch.setenv("WORKBENCH_OFFLINE_DIR", str(tmp_path / "offline"))
-    monkeypatch.setenv("WORKBENCH_SERVER_BACKEND_URI", "postgresql://mlflow:db-secret-77@localhost/mlflow")
-    for clash, what in (("sqlite:///runs.db", "the MLflow tracking store"),
-                        (f"sqlite:///{tmp_path}/offline/mlflow.db", "the local fallback store"),
-                        ("postgresql://optuna:x@127.0.0.1:5432/mlflow", "WORKBENCH_SERVER_BACKEND_URI")):
+    monkeypatch.setenv(
+        "WORKBENCH_SERVER_BACKEND_URI", "postgresql://mlflow:db-secret-77@localhost/mlflow"
+    )
+    for clash, what in (
+        ("sqlite:///runs.db", "the MLflow tracking store"),
+        (f"sqlite:///{tmp_path}/offline/mlflow.db", "the local fallback store"),
+        ("postgresql://optuna:x@127.0.0.1:5432/mlflow", "WORKBENCH_SERVER_BACKEND_URI"),
+    ):
         with pytest.raises(click.BadParameter, match=what) as caught:
             check_storage_option(clash)
         assert "db-secret-77" not in caught.value.format_message()
     for fine in ("sqlite:///optuna.db", "journal:queue.log"):
         check_storage_option(fine)
-    with pytest.raises(click.BadParameter) as caught:  # a database it cannot look into: one line, named
+    with pytest.raises(
+        click.BadParameter
+    ) as caught:  # a database it cannot look into: one line, named
         check_storage_option(f"postgresql://optuna:db-secret-77@127.0.0.1:{free_port()}/optuna")
     message = caught.value.format_message()
-    assert "cannot look into this database" in message and "postgresql://***@127.0.0.1:" in message, message
+    assert (
+        "cannot look into this database" in message and "postgresql://***@127.0.0.1:" in message
+    ), message
     assert "db-secret-77" not in message and "\n" not in message
 
 
-@pytest.mark.parametrize("command, args", [
-    (ablate, ["--protocol", SMOKE, "--allow-dirty"]),
-    (worker, []),
-    (sweep, ["--protocol", SMOKE, "--param", "optim.lr=float:1e-4:1e-2:log"]),
-])
-def test_entry_points_refuse_mlflows_database_in_one_line_before_any_run(command, args, tmp_path, monkeypatch):
+@pytest.mark.parametrize(
+    "command, args",
+    [
+        (ablate, ["--protocol", SMOKE, "--allow-dirty"]),
+        (worker, []),
+        (sweep, ["--protocol", SMOKE, "--param", "optim.lr=float:1e-4:1e-2:log"]),
+    ],
+)
+def test_entry_points_refuse_mlflows_database_in_one_line_before_any_run(
+    command, args, tmp_path, monkeypatch
+):
     monkeypatch.chdir(tmp_path)
     store = tmp_path / "runs.db"  # no "mlflow" in the name: the old check let this through
     store.touch()
@@ -73,7 +105,9 @@ def test_entry_points_refuse_mlflows_database_in_one_line_before_any_run(command
     result = CliRunner().invoke(command, [*args, "--storage", f"sqlite:///{store}"])
     assert result.exit_code == 2, result.output
     lines = [line for line in result.output.splitlines() if line.startswith("Error")]
-    assert len(lines) == 1 and "the MLflow tracking store" in lines[0] and "--storage" in lines[0], result.output
+    assert (
+        len(lines) == 1 and "the MLflow tracking store" in lines[0] and "--storage" in lines[0]
+    ), result.output
     assert "Traceback" not in result.output
     assert store.stat().st_size == 0, "something was written into MLflow's database"
     assert not (tmp_path / "offline").exists()
@@ -94,13 +128,17 @@ def _optuna_sqlite(path: Path) -> Path:
     return path
 
 
-@pytest.mark.parametrize("command", [
-    ["ablate", "--protocol", SMOKE, "--allow-dirty"],
-    ["worker"],
-    ["sweep", "--protocol", SMOKE, "--param", "optim.lr=float:1e-4:1e-2:log"],
-])
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["ablate", "--protocol", SMOKE, "--allow-dirty"],
+        ["worker"],
+        ["sweep", "--protocol", SMOKE, "--param", "optim.lr=float:1e-4:1e-2:log"],
+    ],
+)
 def test_a_storage_holding_mlflows_tables_is_refused_from_a_machine_that_knows_nothing_of_it(
-        command, empty_mlflow_db, tmp_path, monkeypatch):
+    command, empty_mlflow_db, tmp_path, monkeypatch
+):
     """A client with none of the server's settings: only the database itself says it is MLflow's."""
     from studies.cli import main
 
@@ -115,14 +153,23 @@ def test_a_storage_holding_mlflows_tables_is_refused_from_a_machine_that_knows_n
     result = CliRunner().invoke(main, [*command, "--storage", f"sqlite:///{team}"])
     assert result.exit_code == 2, result.output
     (line,) = [line for line in result.output.splitlines() if line.strip()][-1:]
-    assert f"sqlite:///{team} is one of MLflow's databases (it holds experiments, runs, alembic_version at " \
-           "MLflow's revision" in line and "--storage" in line and "nothing was created" in line, result.output
+    assert (
+        f"sqlite:///{team} is one of MLflow's databases (it holds experiments, runs, alembic_version at "
+        "MLflow's revision"
+        in line
+        and "--storage" in line
+        and "nothing was created" in line
+    ), result.output
     assert "Traceback" not in result.output
     assert team.read_bytes() == before, "Optuna wrote into MLflow's database"
-    assert not (tmp_path / "local.db").exists() and not (tmp_path / "offline").exists(), "a run was opened"
+    assert not (tmp_path / "local.db").exists() and not (tmp_path / "offline").exists(), (
+        "a run was opened"
+    )
 
 
-def test_an_optuna_storage_is_refused_as_mlflows_tracking_store_before_mlflow_writes(tmp_path, monkeypatch):
+def test_an_optuna_storage_is_refused_as_mlflows_tracking_store_before_mlflow_writes(
+    tmp_path, monkeypatch
+):
     from studies.cli import main
 
     monkeypatch.chdir(tmp_path)
@@ -135,14 +182,17 @@ def test_an_optuna_storage_is_refused_as_mlflows_tracking_store_before_mlflow_wr
     assert result.output.strip().splitlines() == [
         f"Error: MLFLOW_TRACKING_URI=sqlite:///{queue} is an Optuna storage (it holds studies, trials, version_info, "
         "alembic_version at Optuna's revision v3.2.0.a); MLflow would write its tables into it and break both. "
-        "Give MLflow a database of its own; nothing was created"], result.output
+        "Give MLflow a database of its own; nothing was created"
+    ], result.output
     assert _tables(queue) == before, "MLflow created tables in Optuna's database"
 
 
 def test_a_journal_file_that_is_an_sqlite_database_is_refused(tmp_path, empty_mlflow_db):
     team = tmp_path / "runs.db"
     shutil.copyfile(empty_mlflow_db, team)
-    with pytest.raises(click.BadParameter, match="is an SQLite database, not an Optuna journal file"):
+    with pytest.raises(
+        click.BadParameter, match="is an SQLite database, not an Optuna journal file"
+    ):
         check_storage_option(f"journal:{team}")
     assert team.read_bytes() == empty_mlflow_db.read_bytes()
 
@@ -150,10 +200,15 @@ def test_a_journal_file_that_is_an_sqlite_database_is_refused(tmp_path, empty_ml
 def test_looking_inside_creates_nothing(tmp_path):
     from tracking.store.storage_guard import look_inside
 
-    assert look_inside(f"sqlite:///{tmp_path}/new.db") is None and not (tmp_path / "new.db").exists()
+    assert (
+        look_inside(f"sqlite:///{tmp_path}/new.db") is None and not (tmp_path / "new.db").exists()
+    )
     (tmp_path / "empty.db").touch()
     assert look_inside(f"sqlite:///{tmp_path}/empty.db") is None
-    assert look_inside(f"journal:{tmp_path}/q.log") is None and look_inside("http://127.0.0.1:5000") is None
+    assert (
+        look_inside(f"journal:{tmp_path}/q.log") is None
+        and look_inside("http://127.0.0.1:5000") is None
+    )
 
 
 PG_SECRET = "pg-Secret-in-no-argv-31"
@@ -171,7 +226,9 @@ def _pg_tables(url: str) -> set[str]:
 
 @pytest.mark.slow  # PostgreSQL, MLflow's migrations on it and an ablate subprocess: about 45 s on 2 busy cores
 @pytest.mark.integration
-def test_on_postgresql_each_tool_is_refused_the_others_database_and_no_password_is_in_any_argv(tmp_path, monkeypatch):
+def test_on_postgresql_each_tool_is_refused_the_others_database_and_no_password_is_in_any_argv(
+    tmp_path, monkeypatch
+):
     """PostgreSQL with passwords (scram-sha-256), a client with none of the server's settings.
 
     MLflow's database as Optuna's storage: refused, nothing created, no run opened. Then the
@@ -190,7 +247,9 @@ def test_on_postgresql_each_tool_is_refused_the_others_database_and_no_password_
         monkeypatch.delenv(env, raising=False)
     with postgres_server(("mlflow", "optuna"), password=PG_SECRET) as pg:
         with_password = pg.replace("postgres@", f"postgres:{PG_SECRET}@")
-        MlflowClient(f"{with_password}/mlflow").search_experiments()  # MLflow's schema, as a server makes it
+        MlflowClient(
+            f"{with_password}/mlflow"
+        ).search_experiments()  # MLflow's schema, as a server makes it
         mlflow_tables = _pg_tables(f"{with_password}/mlflow")
         assert {"experiments", "runs", "alembic_version"} <= mlflow_tables
 
@@ -198,24 +257,44 @@ def test_on_postgresql_each_tool_is_refused_the_others_database_and_no_password_
         monkeypatch.setenv("PGPASSWORD", PG_SECRET)
         monkeypatch.setenv("QUEUE_URL", f"{pg}/mlflow")
         monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/local.db")
-        refused = CliRunner().invoke(main, ["ablate", "--protocol", SMOKE, "--allow-dirty", "--storage-env", "QUEUE_URL"])
+        refused = CliRunner().invoke(
+            main, ["ablate", "--protocol", SMOKE, "--allow-dirty", "--storage-env", "QUEUE_URL"]
+        )
         assert refused.exit_code == 2, refused.output
-        assert f"postgresql://***@{pg.split('@')[1]}/mlflow is one of MLflow's databases (it holds experiments, runs, " \
-               "alembic_version at MLflow's revision" in refused.output, refused.output
+        assert (
+            f"postgresql://***@{pg.split('@')[1]}/mlflow is one of MLflow's databases (it holds experiments, runs, "
+            "alembic_version at MLflow's revision" in refused.output
+        ), refused.output
         assert PG_SECRET not in refused.output and "Traceback" not in refused.output
-        assert _pg_tables(f"{with_password}/mlflow") == mlflow_tables, "Optuna created tables in MLflow's database"
+        assert _pg_tables(f"{with_password}/mlflow") == mlflow_tables, (
+            "Optuna created tables in MLflow's database"
+        )
         assert not (tmp_path / "local.db").exists(), "a run was opened"
         monkeypatch.delenv("PGPASSWORD")
 
         # 2. Queue into Optuna's own database: the passworded URL travels in a variable only.
         env = {**os.environ, "QUEUE_URL": f"{with_password}/optuna", "PYTHONPATH": str(ROOT)}
-        command = [sys.executable, "-m", "studies.cli", "ablate", "--protocol", SMOKE, "--allow-dirty",
-                   "--storage-env", "QUEUE_URL"]
+        command = [
+            sys.executable,
+            "-m",
+            "studies.cli",
+            "ablate",
+            "--protocol",
+            SMOKE,
+            "--allow-dirty",
+            "--storage-env",
+            "QUEUE_URL",
+        ]
         with ArgvSampler(PG_SECRET) as sampler:
-            done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+            done = subprocess.run(
+                command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+            )
         out = done.stdout + done.stderr
         assert done.returncode == 0 and "queued 4 cells in cells:smoke@" in out, out[-3000:]
-        assert "workbench worker --storage-env QUEUE_URL --study cells:smoke@" in out and PG_SECRET not in out, out
+        assert (
+            "workbench worker --storage-env QUEUE_URL --study cells:smoke@" in out
+            and PG_SECRET not in out
+        ), out
         assert "[I " not in out, "Optuna's INFO lines on the console"
         sampler.check(seen="ablate")
         assert {"studies", "trials", "version_info"} <= _pg_tables(f"{with_password}/optuna")
@@ -224,7 +303,13 @@ def test_on_postgresql_each_tool_is_refused_the_others_database_and_no_password_
         optuna_tables = _pg_tables(f"{with_password}/optuna")
         monkeypatch.setenv("MLFLOW_TRACKING_URI", f"{with_password}/optuna")
         refused = CliRunner().invoke(main, ["ablate", "--protocol", SMOKE, "--allow-dirty"])
-        assert refused.exit_code == 1 and "MLFLOW_TRACKING_URI=postgresql://***@" in refused.output, refused.output
-        assert "/optuna is an Optuna storage (it holds studies, trials, version_info" in refused.output, refused.output
+        assert (
+            refused.exit_code == 1 and "MLFLOW_TRACKING_URI=postgresql://***@" in refused.output
+        ), refused.output
+        assert (
+            "/optuna is an Optuna storage (it holds studies, trials, version_info" in refused.output
+        ), refused.output
         assert PG_SECRET not in refused.output
-        assert _pg_tables(f"{with_password}/optuna") == optuna_tables, "MLflow created tables in Optuna's database"
+        assert _pg_tables(f"{with_password}/optuna") == optuna_tables, (
+            "MLflow created tables in Optuna's database"
+        )

@@ -28,19 +28,27 @@ from tracking.record.schema import CELL, PROTOCOL_HASH, PROTOCOL_NAME, RUN_NAME,
 
 
 def test_an_outcome_with_a_status_outside_the_vocabulary_is_refused():
-    with pytest.raises(ValueError, match=r"'done': not one of finished, skipped, failed, busy, lost, stopped"):
+    with pytest.raises(
+        ValueError, match=r"'done': not one of finished, skipped, failed, busy, lost, stopped"
+    ):
         CellOutcome(None, "done", "x")
     outcome = CellOutcome(None, "finished", "x")  # a known word is the enum member
-    assert outcome.status is Status.FINISHED and outcome.status == "finished" and f"{outcome.status}" == "finished"
+    assert (
+        outcome.status is Status.FINISHED
+        and outcome.status == "finished"
+        and f"{outcome.status}" == "finished"
+    )
 
 
 def test_the_one_tally_line_names_what_occurred():
     outcomes = [CellOutcome(None, s, "m") for s in ("finished", "finished", "skipped", "failed")]
     assert tally_line(tally(outcomes)) == "cells: 2 run, 1 already finished (skipped), 1 failed"
     outcomes += [CellOutcome(None, s, "m") for s in ("busy", "lost", "stopped")]
-    assert tally_line(tally(outcomes)) == ("cells: 2 run, 1 already finished (skipped), 1 failed, 1 held by another "
-                                           "live execution (not touched), 1 taken over by another execution, "
-                                           "1 stopped by an observer")
+    assert tally_line(tally(outcomes)) == (
+        "cells: 2 run, 1 already finished (skipped), 1 failed, 1 held by another "
+        "live execution (not touched), 1 taken over by another execution, "
+        "1 stopped by an observer"
+    )
 
 
 def test_a_study_commands_options_arrive_as_one_object():
@@ -52,21 +60,60 @@ def test_a_study_commands_options_arrive_as_one_object():
     def counts(protocol, options):
         got.append((protocol, options))
 
-    result = CliRunner().invoke(counts, ["--protocol", "p.yaml", "--device", "cpu", "--data-path", "d",
-                                         "--allow-dirty", "--download", "--output-dir", "o", "--threads", "0"])
+    result = CliRunner().invoke(
+        counts,
+        [
+            "--protocol",
+            "p.yaml",
+            "--device",
+            "cpu",
+            "--data-path",
+            "d",
+            "--allow-dirty",
+            "--download",
+            "--output-dir",
+            "o",
+            "--threads",
+            "0",
+        ],
+    )
     assert result.exit_code == 0, result.output
-    assert got == [("p.yaml", StudyOptions(output_dir=Path("o"), device="cpu", data_path="d", allow_dirty=True,
-                                           download=True, threads=0))]
-    assert CliRunner().invoke(counts, []).exit_code == 0 and got[-1][1] == StudyOptions(output_dir=Path("outputs/counts"))
+    assert got == [
+        (
+            "p.yaml",
+            StudyOptions(
+                output_dir=Path("o"),
+                device="cpu",
+                data_path="d",
+                allow_dirty=True,
+                download=True,
+                threads=0,
+            ),
+        )
+    ]
+    assert CliRunner().invoke(counts, []).exit_code == 0 and got[-1][1] == StudyOptions(
+        output_dir=Path("outputs/counts")
+    )
 
 
-@pytest.mark.parametrize("command, default, words", [("ablate", "outputs/ablate", "Checkpoints and predictions"),
-                                                     ("transfer", "outputs/transfer", "downloaded sources"),
-                                                     ("intervene", "outputs/intervene", "Downloaded checkpoints"),
-                                                     ("attribute", "outputs/attribute", "Downloaded checkpoints")])
+@pytest.mark.parametrize(
+    "command, default, words",
+    [
+        ("ablate", "outputs/ablate", "Checkpoints and predictions"),
+        ("transfer", "outputs/transfer", "downloaded sources"),
+        ("intervene", "outputs/intervene", "Downloaded checkpoints"),
+        ("attribute", "outputs/attribute", "Downloaded checkpoints"),
+    ],
+)
 def test_each_study_command_keeps_its_own_output_folder_and_help(command, default, words):
     text = " ".join(CliRunner().invoke(main, [command, "--help"]).output.split())
-    for option in ("--allow-dirty", "--device", "--data-path", "--download / --no-download", "--threads"):
+    for option in (
+        "--allow-dirty",
+        "--device",
+        "--data-path",
+        "--download / --no-download",
+        "--threads",
+    ):
         assert option in text, (option, text)
     assert f"{words}" in text and f"[default: {default}]" in text, text
 
@@ -117,8 +164,15 @@ class CountingStudy(StudyKind):
         return f"{protocol.name}: {len(protocol.numbers)} numbers"
 
     def run_cell(self, cell: CountCell, parent) -> CellOutcome:
-        tags = {CELL: TRUE, PROTOCOL_NAME: self.protocol.name, PROTOCOL_HASH: self.protocol.hash, RUN_NAME: cell.key}
-        opened = open_leased_run(self.protocol.name, f"{self.protocol.hash[:8]}-{cell.key}", tags, parent.run_id)
+        tags = {
+            CELL: TRUE,
+            PROTOCOL_NAME: self.protocol.name,
+            PROTOCOL_HASH: self.protocol.hash,
+            RUN_NAME: cell.key,
+        }
+        opened = open_leased_run(
+            self.protocol.name, f"{self.protocol.hash[:8]}-{cell.key}", tags, parent.run_id
+        )
         untouched = hold_opened(cell, opened)
         if untouched is not None:
             return untouched
@@ -126,16 +180,19 @@ class CountingStudy(StudyKind):
         try:
             if cell.number < 0:
                 raise ValueError(f"{cell.number} is negative")
-            opened.sink.log_metrics({"square": cell.number ** 2})
+            opened.sink.log_metrics({"square": cell.number**2})
             end_cell(opened.sink, token, "FINISHED")
         except BaseException as err:  # noqa: BLE001 - the one end of a cell that failed
             return outcome_of_error(cell, opened.sink, token, err)
         self.ran.append(cell.number)
-        return CellOutcome(cell, Status.FINISHED, f"{cell.key}: {cell.number ** 2}", opened.sink.run_id)
+        return CellOutcome(
+            cell, Status.FINISHED, f"{cell.key}: {cell.number**2}", opened.sink.run_id
+        )
 
 
-def test_a_new_kind_is_one_class_run_by_the_driver_with_one_parent_and_a_rerun_that_skips(mlflow_store, tmp_path,
-                                                                                            capsys):
+def test_a_new_kind_is_one_class_run_by_the_driver_with_one_parent_and_a_rerun_that_skips(
+    mlflow_store, tmp_path, capsys
+):
     path = tmp_path / "counts.yaml"
     path.write_text("name: counts\nnumbers: [2, 3]\n")
     options = StudyOptions(output_dir=tmp_path / "out", allow_dirty=True)
@@ -144,10 +201,15 @@ def test_a_new_kind_is_one_class_run_by_the_driver_with_one_parent_and_a_rerun_t
     outcomes = run_study(first, protocol, path, options)
     assert [o.status for o in outcomes] == ["finished", "finished"] and first.ran == [2, 3]
     out = capsys.readouterr().out
-    assert "[finished] n2: 4" in out and "cells: 2 run, 0 already finished (skipped), 0 failed" in out, out
+    assert (
+        "[finished] n2: 4" in out and "cells: 2 run, 0 already finished (skipped), 0 failed" in out
+    ), out
 
     again = CountingStudy()
-    assert [o.status for o in run_study(again, protocol, path, options)] == ["skipped", "skipped"] and again.ran == []
+    assert [o.status for o in run_study(again, protocol, path, options)] == [
+        "skipped",
+        "skipped",
+    ] and again.ran == []
     assert "cells: 0 run, 2 already finished (skipped), 0 failed" in capsys.readouterr().out
 
     client = MlflowClient()
@@ -159,7 +221,9 @@ def test_a_new_kind_is_one_class_run_by_the_driver_with_one_parent_and_a_rerun_t
     assert sorted(c.data.metrics["square"] for c in cells) == [4.0, 9.0]
 
 
-def test_a_failing_cell_of_any_kind_ends_failed_and_the_study_exits_1(mlflow_store, tmp_path, capsys):
+def test_a_failing_cell_of_any_kind_ends_failed_and_the_study_exits_1(
+    mlflow_store, tmp_path, capsys
+):
     path = tmp_path / "counts.yaml"
     path.write_text("name: signs\nnumbers: [-1, 5]\n")
     protocol = open_study(CountingStudy, str(path), allow_dirty=True)

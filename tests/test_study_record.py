@@ -17,29 +17,53 @@ def test_sync_recounts_a_parent_from_its_children_on_the_target(mlflow_store, tm
 
     server = MlflowClient(mlflow_store)
     exp = server.create_experiment("rec")
-    parent_tags = {"parent": "true", "cells_expected": "4", "last_execution_outcome": "completed",
-                   "mlflow.runName": "rec@x"}
+    parent_tags = {
+        "parent": "true",
+        "cells_expected": "4",
+        "last_execution_outcome": "completed",
+        "mlflow.runName": "rec@x",
+    }
     parent = server.create_run(exp, tags=parent_tags)
     for k in range(3):  # cells finished on the server before it went away
-        cell = server.create_run(exp, tags={"cell": "true", "run_key": f"k{k}", "mlflow.parentRunId": parent.info.run_id})
+        cell = server.create_run(
+            exp, tags={"cell": "true", "run_key": f"k{k}", "mlflow.parentRunId": parent.info.run_id}
+        )
         server.set_terminated(cell.info.run_id, "FINISHED")
     local = MlflowClient(f"sqlite:///{tmp_path / 'fallback.db'}")
     local_exp = local.create_experiment("rec")
     mirror = local.create_run(local_exp, tags={**parent_tags, SYNC_SERVER_RUN: parent.info.run_id})
     stamp = int(time.time() * 1000)
-    local.log_batch(mirror.info.run_id, metrics=[Metric("cells_finished", 3, stamp, 0), Metric("cells_running", 0, stamp, 0),
-                                                 Metric("cells_failed", 0, stamp, 0), Metric("cells_killed", 0, stamp, 0),
-                                                 Metric("cells_missing", 1, stamp, 0)])
+    local.log_batch(
+        mirror.info.run_id,
+        metrics=[
+            Metric("cells_finished", 3, stamp, 0),
+            Metric("cells_running", 0, stamp, 0),
+            Metric("cells_failed", 0, stamp, 0),
+            Metric("cells_killed", 0, stamp, 0),
+            Metric("cells_missing", 1, stamp, 0),
+        ],
+    )
     local.set_terminated(mirror.info.run_id, "FAILED")  # what the execution counted offline
-    last = local.create_run(local_exp, tags={"cell": "true", "run_key": "k3", "mlflow.parentRunId": parent.info.run_id})
+    last = local.create_run(
+        local_exp, tags={"cell": "true", "run_key": "k3", "mlflow.parentRunId": parent.info.run_id}
+    )
     local.log_batch(last.info.run_id, tags=[RunTag("mlflow.runName", "vit-seed3")])
     local.set_terminated(last.info.run_id, "FINISHED")
     lines = []
     report = sync(f"sqlite:///{tmp_path / 'fallback.db'}", mlflow_store, log=lines.append)
     assert report.errors == [], report.errors
     now = server.get_run(parent.info.run_id)
-    counts = {k.removeprefix("cells_"): v for k, v in now.data.metrics.items() if k.startswith("cells_")}
-    assert counts == {"finished": 4, "running": 0, "failed": 0, "killed": 0, "superseded": 0, "missing": 0}, counts
+    counts = {
+        k.removeprefix("cells_"): v for k, v in now.data.metrics.items() if k.startswith("cells_")
+    }
+    assert counts == {
+        "finished": 4,
+        "running": 0,
+        "failed": 0,
+        "killed": 0,
+        "superseded": 0,
+        "missing": 0,
+    }, counts
     assert now.info.status == "FINISHED", lines
 
 
@@ -58,10 +82,25 @@ def test_ablate_exits_non_zero_when_the_parent_ended_failed(study, monkeypatch, 
         return real(protocol, cell, *args, **kwargs)
 
     monkeypatch.setattr(ablate, "run_cell", seed1_never_runs)
-    result = CliRunner().invoke(main, ["ablate", "--protocol", str(tmp_path / "rec.yaml"), "--allow-dirty", "--device",
-                                       "cpu", "--data-path", str(tmp_path / "images"), "--output-dir",
-                                       str(tmp_path / "out")])
+    result = CliRunner().invoke(
+        main,
+        [
+            "ablate",
+            "--protocol",
+            str(tmp_path / "rec.yaml"),
+            "--allow-dirty",
+            "--device",
+            "cpu",
+            "--data-path",
+            str(tmp_path / "images"),
+            "--output-dir",
+            str(tmp_path / "out"),
+        ],
+    )
     (parent,) = runs(MlflowClient(), "parent")
     assert parent.info.status == "FAILED"
     assert result.exit_code == 1, result.output
-    assert f"parent run {parent.info.run_id} ended FAILED (cells: 1 finished, 1 missing)" in result.output
+    assert (
+        f"parent run {parent.info.run_id} ended FAILED (cells: 1 finished, 1 missing)"
+        in result.output
+    )

@@ -23,15 +23,33 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.mark.slow  # moved from the default tier to keep it under 5 min (docs/testing.md)
-def test_sweep_runs_trials_as_child_runs_and_resumes_from_storage(tmp_path, mlflow_store, monkeypatch):
+def test_sweep_runs_trials_as_child_runs_and_resumes_from_storage(
+    tmp_path, mlflow_store, monkeypatch
+):
     monkeypatch.setenv("WORKBENCH_CACHE_DIR", str(tmp_path / "cache"))
     folder = tmp_path / "images"
     make_image_folder(folder, per_class={"train": 14, "test": 4})
     protocol = write_protocol(tmp_path, epochs=2)
     storage = f"sqlite:///{tmp_path / 'optuna.db'}"
-    args = ["sweep", "--protocol", str(protocol), "--param", "optim.lr=float:1e-4:1e-2:log",
-            "--param", "model.dim=choice:8,16", "--trials", "2", "--storage", storage,
-            "--data-path", str(folder), "--device", "cpu", "--output-dir", str(tmp_path / "out")]
+    args = [
+        "sweep",
+        "--protocol",
+        str(protocol),
+        "--param",
+        "optim.lr=float:1e-4:1e-2:log",
+        "--param",
+        "model.dim=choice:8,16",
+        "--trials",
+        "2",
+        "--storage",
+        storage,
+        "--data-path",
+        str(folder),
+        "--device",
+        "cpu",
+        "--output-dir",
+        str(tmp_path / "out"),
+    ]
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 0, result.output
     again = CliRunner().invoke(main, args)  # same study: two more trials
@@ -40,11 +58,15 @@ def test_sweep_runs_trials_as_child_runs_and_resumes_from_storage(tmp_path, mlfl
     assert len(study.trials) == 4
     client = MlflowClient(mlflow_store)
     exp = client.get_experiment_by_name("tiny")
-    runs = client.search_runs([exp.experiment_id], "tags.sweep LIKE 'sweep:tiny%' and tags.trial_number != ''")
+    runs = client.search_runs(
+        [exp.experiment_id], "tags.sweep LIKE 'sweep:tiny%' and tags.trial_number != ''"
+    )
     assert sorted(int(r.data.tags["trial_number"]) for r in runs) == [0, 1, 2, 3]
     for run in runs:
         trial = study.trials[int(run.data.tags["trial_number"])]
-        assert float(run.data.params["optim.lr"]) == pytest.approx(trial.params["optim.lr"], rel=1e-12)
+        assert float(run.data.params["optim.lr"]) == pytest.approx(
+            trial.params["optim.lr"], rel=1e-12
+        )
         assert run.data.params["model.overrides.dim"] == str(trial.params["model.dim"])
         if trial.state == optuna.trial.TrialState.COMPLETE:
             assert trial.value == run.data.metrics["best_val_accuracy"]
@@ -53,31 +75,70 @@ def test_sweep_runs_trials_as_child_runs_and_resumes_from_storage(tmp_path, mlfl
     assert len(set(points)) == 4, points
     # ... under its one parent, reattached (before: one parent per execution), naming a trial run under it.
     (parent,) = client.search_runs([exp.experiment_id], "tags.sweep_parent = 'true'")
-    assert parent.info.status == "FINISHED" and {r.data.tags["mlflow.parentRunId"] for r in runs} == {parent.info.run_id}
+    assert parent.info.status == "FINISHED" and {
+        r.data.tags["mlflow.parentRunId"] for r in runs
+    } == {parent.info.run_id}
     best = study.trials[int(parent.data.tags["best_trial"])]
-    assert best.value == max(t.value for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE)
-    assert client.get_run(best.user_attrs["mlflow_run_id"]).data.tags["mlflow.parentRunId"] == parent.info.run_id
+    assert best.value == max(
+        t.value for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE
+    )
+    assert (
+        client.get_run(best.user_attrs["mlflow_run_id"]).data.tags["mlflow.parentRunId"]
+        == parent.info.run_id
+    )
 
 
 @pytest.mark.slow  # two processes with their own imports and data: 20 s on 2 idle cores
-def test_two_processes_sharing_a_storage_train_different_configurations_under_one_parent(tmp_path, mlflow_store):
+def test_two_processes_sharing_a_storage_train_different_configurations_under_one_parent(
+    tmp_path, mlflow_store
+):
     """Before: both processes trained lr 0.00125, wd 0.00726 (TPESampler(seed=0) anew in each) under two parents."""
     folder = tmp_path / "images"
     make_image_folder(folder, per_class={"train": 14, "test": 4})
     protocol = write_protocol(tmp_path, epochs=1)
     storage = f"sqlite:///{tmp_path / 'optuna.db'}"
-    args = [sys.executable, "-m", "studies.cli", "sweep", "--protocol", str(protocol), "--param",
-            "optim.lr=float:1e-4:1e-2:log", "--param", "optim.weight_decay=float:1e-4:1e-1:log", "--trials", "1",
-            "--storage", storage, "--data-path", str(folder), "--device", "cpu", "--output-dir", str(tmp_path / "out")]
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "WORKBENCH_CACHE_DIR": str(tmp_path / "cache")}
-    sides = [subprocess.Popen(args, env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for _ in range(2)]
+    args = [
+        sys.executable,
+        "-m",
+        "studies.cli",
+        "sweep",
+        "--protocol",
+        str(protocol),
+        "--param",
+        "optim.lr=float:1e-4:1e-2:log",
+        "--param",
+        "optim.weight_decay=float:1e-4:1e-1:log",
+        "--trials",
+        "1",
+        "--storage",
+        storage,
+        "--data-path",
+        str(folder),
+        "--device",
+        "cpu",
+        "--output-dir",
+        str(tmp_path / "out"),
+    ]
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "OMP_NUM_THREADS": "1",
+        "WORKBENCH_CACHE_DIR": str(tmp_path / "cache"),
+    }
+    sides = [
+        subprocess.Popen(
+            args, env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
+        for _ in range(2)
+    ]
     try:
         outputs = [side.communicate(timeout=900)[0] for side in sides]
     finally:
         for side in sides:
             side.kill()
-    assert [side.returncode for side in sides] == [0, 0], "\n\n".join(out[-3000:] for out in outputs)
+    assert [side.returncode for side in sides] == [0, 0], "\n\n".join(
+        out[-3000:] for out in outputs
+    )
     study = optuna.load_study(study_name=optuna.get_all_study_names(storage)[0], storage=storage)
     points = [tuple(sorted(t.params.items())) for t in study.trials]
     assert len(points) == 2 and points[0] != points[1], points
@@ -85,18 +146,24 @@ def test_two_processes_sharing_a_storage_train_different_configurations_under_on
     exp = client.get_experiment_by_name("tiny")
     (parent,) = client.search_runs([exp.experiment_id], "tags.sweep_parent = 'true'")
     trials = client.search_runs([exp.experiment_id], "tags.trial_number != ''")
-    assert len(trials) == 2 and {r.data.tags["mlflow.parentRunId"] for r in trials} == {parent.info.run_id}
+    assert len(trials) == 2 and {r.data.tags["mlflow.parentRunId"] for r in trials} == {
+        parent.info.run_id
+    }
     assert parent.info.status == "FINISHED", parent.info.status
 
 
 @pytest.mark.slow  # 9 s: the default tier neared its 5 minutes (docs/testing.md)
-def test_ctrl_c_ends_the_sweep_parent_killed_and_a_live_sweep_is_never_reaped(tmp_path, mlflow_store, monkeypatch):
+def test_ctrl_c_ends_the_sweep_parent_killed_and_a_live_sweep_is_never_reaped(
+    tmp_path, mlflow_store, monkeypatch
+):
     """The sweep's parent holds a lease: `status` of the protocol leaves a live sweep alone; Ctrl-C ends it KILLED."""
     from studies.ablation import sweep
     from tracking.record.lease import RELEASED_TAG, TOKEN_TAG
 
     monkeypatch.setenv("WORKBENCH_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.setenv("WORKBENCH_LEASE_SECONDS", "3")  # short: a run without heartbeats looks dead soon
+    monkeypatch.setenv(
+        "WORKBENCH_LEASE_SECONDS", "3"
+    )  # short: a run without heartbeats looks dead soon
     monkeypatch.delenv("WORKBENCH_HEARTBEAT_SECONDS", raising=False)  # a quarter of the lease
     folder = tmp_path / "images"
     make_image_folder(folder, per_class={"train": 14, "test": 4})
@@ -110,9 +177,17 @@ def test_ctrl_c_ends_the_sweep_parent_killed_and_a_live_sweep_is_never_reaped(tm
 
             time.sleep(3.5)  # past the lease: only the heartbeat keeps the parent alive now
             # What `workbench status` does (another process: a process never reaps its own runs).
-            check = subprocess.run([sys.executable, "-c", "from tracking.record.protocol_runs import reap_dead_runs; "
-                                    "print([r for r, _ in reap_dead_runs('tiny')])"],
-                                   env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True)
+            check = subprocess.run(
+                [
+                    sys.executable,
+                    "-c",
+                    "from tracking.record.protocol_runs import reap_dead_runs; "
+                    "print([r for r, _ in reap_dead_runs('tiny')])",
+                ],
+                env={**os.environ, "PYTHONPATH": str(ROOT)},
+                capture_output=True,
+                text=True,
+            )
             assert check.returncode == 0, check.stderr
             seen.append(check.stdout.strip())
             raise KeyboardInterrupt
@@ -121,8 +196,21 @@ def test_ctrl_c_ends_the_sweep_parent_killed_and_a_live_sweep_is_never_reaped(tm
 
     monkeypatch.setattr(sweep, "train_one", interrupted_second_trial)
 
-    args = ["sweep", "--protocol", str(protocol), "--param", "optim.lr=float:1e-4:1e-2:log", "--trials", "3",
-            "--data-path", str(folder), "--device", "cpu", "--output-dir", str(tmp_path / "out")]
+    args = [
+        "sweep",
+        "--protocol",
+        str(protocol),
+        "--param",
+        "optim.lr=float:1e-4:1e-2:log",
+        "--trials",
+        "3",
+        "--data-path",
+        str(folder),
+        "--device",
+        "cpu",
+        "--output-dir",
+        str(tmp_path / "out"),
+    ]
     result = CliRunner().invoke(main, args)
     assert isinstance(result.exception, KeyboardInterrupt) or result.exit_code == 1, result.output
     parent_id, reaped = seen
@@ -150,12 +238,18 @@ def test_a_point_drawn_again_is_recognised_and_seeds_differ_per_trial():
     one = optuna.create_study(study_name="s", storage=storage, sampler=TrialSeededSampler(0))
     two = optuna.load_study(study_name="s", storage=storage, sampler=TrialSeededSampler(0))
     draws = [side.ask().suggest_float("lr", 1e-4, 1e-2, log=True) for side in (one, two)]
-    alone = optuna.create_study(sampler=TrialSeededSampler(0)).ask().suggest_float("lr", 1e-4, 1e-2, log=True)
+    alone = (
+        optuna.create_study(sampler=TrialSeededSampler(0))
+        .ask()
+        .suggest_float("lr", 1e-4, 1e-2, log=True)
+    )
     assert draws[0] != draws[1] and alone == draws[0], (draws, alone)
 
 
 def test_pruning_observer_stops_a_trial_the_pruner_rejects():
-    study = optuna.create_study(direction="maximize", pruner=optuna.pruners.ThresholdPruner(lower=0.5))
+    study = optuna.create_study(
+        direction="maximize", pruner=optuna.pruners.ThresholdPruner(lower=0.5)
+    )
     trial = study.ask()
     observer = PruningObserver(trial)
     observer.on_epoch({"epoch": 1, "val_accuracy": 0.9})
@@ -163,9 +257,20 @@ def test_pruning_observer_stops_a_trial_the_pruner_rejects():
         observer.on_epoch({"epoch": 2, "val_accuracy": 0.1})
 
 
-@pytest.mark.parametrize("spec", ["lr=float:1:2", "optim.lr=gauss:0:1", "optim.lr=float:1", "bogus.x=int:1:2",
-                                  "optim.lr=float:0.1:0.01", "optim.lr=float:0:1:log", "model.dim=int:64:32",
-                                  "model.dim=int:a:64", "optim.lr=float:1e-3:1e-2:lin"])
+@pytest.mark.parametrize(
+    "spec",
+    [
+        "lr=float:1:2",
+        "optim.lr=gauss:0:1",
+        "optim.lr=float:1",
+        "bogus.x=int:1:2",
+        "optim.lr=float:0.1:0.01",
+        "optim.lr=float:0:1:log",
+        "model.dim=int:64:32",
+        "model.dim=int:a:64",
+        "optim.lr=float:1e-3:1e-2:lin",
+    ],
+)
 def test_bad_search_specs_are_named(spec):
     import click
 
@@ -177,14 +282,29 @@ def _refused(tmp_path, mlflow_store, *specs):
     folder = tmp_path / "images"  # never read: the refusal comes before the data is loaded
     protocol = write_protocol(tmp_path, epochs=1)
     storage = tmp_path / "optuna.db"
-    args = ["sweep", "--protocol", str(protocol), *[a for s in specs for a in ("--param", s)], "--trials", "3",
-            "--storage", f"sqlite:///{storage}", "--data-path", str(folder), "--device", "cpu",
-            "--output-dir", str(tmp_path / "out")]
+    args = [
+        "sweep",
+        "--protocol",
+        str(protocol),
+        *[a for s in specs for a in ("--param", s)],
+        "--trials",
+        "3",
+        "--storage",
+        f"sqlite:///{storage}",
+        "--data-path",
+        str(folder),
+        "--device",
+        "cpu",
+        "--output-dir",
+        str(tmp_path / "out"),
+    ]
     store = tmp_path / "mlflow.db"  # the fixture's store, a copy of an empty migrated database
     before = store.read_bytes()
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 2, result.output
-    assert "Traceback" not in result.output and isinstance(result.exception, SystemExit), result.output
+    assert "Traceback" not in result.output and isinstance(result.exception, SystemExit), (
+        result.output
+    )
     errors = [line for line in result.output.splitlines() if line.startswith("Error")]
     assert len(errors) == 1, result.output
     assert not storage.exists(), "an Optuna study was created before the refusal"
@@ -196,13 +316,19 @@ def _refused(tmp_path, mlflow_store, *specs):
 
 def test_unknown_field_is_refused_before_any_trial(tmp_path, mlflow_store):
     line = _refused(tmp_path, mlflow_store, "optim.lr=float:1e-4:1e-2:log", "model.bogus=int:1:4")
-    assert "model.bogus: unknown field" in line and "heads" in line, line  # the valid fields are listed
+    assert "model.bogus: unknown field" in line and "heads" in line, (
+        line
+    )  # the valid fields are listed
 
 
 def test_space_where_every_trial_fails_validation_is_refused(tmp_path, mlflow_store):
     # dim 16 (from the protocol): heads 3 and 5 never divide it
-    line = _refused(tmp_path, mlflow_store, "optim.lr=float:1e-4:1e-2:log", "model.heads=choice:3,5")
-    assert "model.heads: every value fails validation" in line and "must divide dim=16" in line, line
+    line = _refused(
+        tmp_path, mlflow_store, "optim.lr=float:1e-4:1e-2:log", "model.heads=choice:3,5"
+    )
+    assert "model.heads: every value fails validation" in line and "must divide dim=16" in line, (
+        line
+    )
 
 
 def test_space_whose_fields_are_valid_alone_but_never_together_is_refused(tmp_path, mlflow_store):
@@ -216,10 +342,16 @@ def test_space_check_lets_partly_valid_spaces_through(tmp_path):
     from studies.ablation.sweep import check_space
 
     arm = load_protocol(write_protocol(tmp_path)).reference
-    check_space(arm.config, parse_space(("model.heads=choice:3,4",)))  # 4 divides 16: trials with 3 are pruned
+    check_space(
+        arm.config, parse_space(("model.heads=choice:3,4",))
+    )  # 4 divides 16: trials with 3 are pruned
     check_space(arm.config, parse_space(("model.heads=int:3:5", "optim.weight_decay=float:0:0.1")))
-    check_space(arm.config, parse_space(("model.heads=int:3:40",)))  # only 4, 8 and 16 divide dim 16
-    check_space(arm.config, parse_space(("dataset.translate_fraction=float:-10:20",)))  # valid: [0, 0.5)
+    check_space(
+        arm.config, parse_space(("model.heads=int:3:40",))
+    )  # only 4, 8 and 16 divide dim 16
+    check_space(
+        arm.config, parse_space(("dataset.translate_fraction=float:-10:20",))
+    )  # valid: [0, 0.5)
     with pytest.raises(click.BadParameter, match="optim.lr: every value fails validation"):
         check_space(arm.config, parse_space(("optim.lr=float:-2:-1",)))
     with pytest.raises(click.BadParameter, match="run.epoch: unknown field"):

@@ -39,8 +39,14 @@ arms:
   - {name: vit, reference: true}
 seeds: [0, 1]
 """
-RUN_FILES = {"checkpoints/best.pt", "checkpoints/last.pt", "config.json", "history.json", "predictions/test.csv",
-             "predictions/val.csv"}
+RUN_FILES = {
+    "checkpoints/best.pt",
+    "checkpoints/last.pt",
+    "config.json",
+    "history.json",
+    "predictions/test.csv",
+    "predictions/val.csv",
+}
 
 
 def snapshot(client: MlflowClient, experiment: str) -> dict:
@@ -49,19 +55,34 @@ def snapshot(client: MlflowClient, experiment: str) -> dict:
     out = {}
     for run in client.search_runs([exp.experiment_id]):
         rid = run.info.run_id
-        history = {k: sorted((m.step, m.timestamp, m.value) for m in client.get_metric_history(rid, k))
-                   for k in run.data.metrics}
+        history = {
+            k: sorted((m.step, m.timestamp, m.value) for m in client.get_metric_history(rid, k))
+            for k in run.data.metrics
+        }
         files = set()
         stack = [None]
         while stack:
             for info in client.list_artifacts(rid, stack.pop()):
                 (stack.append(info.path) if info.is_dir else files.add(info.path))
-        models = [m.status for m in client.search_logged_models([exp.experiment_id], filter_string=f"source_run_id = '{rid}'")]
+        models = [
+            m.status
+            for m in client.search_logged_models(
+                [exp.experiment_id], filter_string=f"source_run_id = '{rid}'"
+            )
+        ]
         inputs = sorted(d.dataset.digest for d in run.inputs.dataset_inputs)
         key = run.data.tags["mlflow.runName"]
         assert key not in out, f"two server runs named {key}"
-        out[key] = dict(id=rid, status=run.info.status, params=run.data.params, tags=run.data.tags, metrics=history,
-                        files=files, models=[str(m) for m in models], inputs=inputs)
+        out[key] = dict(
+            id=rid,
+            status=run.info.status,
+            params=run.data.params,
+            tags=run.data.tags,
+            metrics=history,
+            files=files,
+            models=[str(m) for m in models],
+            inputs=inputs,
+        )
     return out
 
 
@@ -75,19 +96,31 @@ def assert_steps_once(metrics: dict, epochs: int) -> None:
 
 
 @pytest.mark.slow  # 5 to 7 s: the default tier reached 4 min 59 s on a fresh clone (docs/testing.md)
-def test_unreachable_at_start_logs_locally_and_sync_copies_once(isolated_tracking, tmp_path, monkeypatch):
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"http://127.0.0.1:{free_port()}")  # nothing listens there
+def test_unreachable_at_start_logs_locally_and_sync_copies_once(
+    isolated_tracking, tmp_path, monkeypatch
+):
+    monkeypatch.setenv(
+        "MLFLOW_TRACKING_URI", f"http://127.0.0.1:{free_port()}"
+    )  # nothing listens there
     parent = RunSink.create("q", {"mlflow.runName": "parent", "parent": "true"})
     assert parent.offline
-    outcome = train_one(tiny_config(epochs=2, evaluate_test=True), synthetic_data(n_train=64, n_val=32, n_test=32),
-                        experiment="q", output_dir=tmp_path / "out", run_name="child", parent_run_id=parent.run_id)
+    outcome = train_one(
+        tiny_config(epochs=2, evaluate_test=True),
+        synthetic_data(n_train=64, n_val=32, n_test=32),
+        experiment="q",
+        output_dir=tmp_path / "out",
+        run_name="child",
+        parent_run_id=parent.run_id,
+    )
     assert outcome.status == "finished" and outcome.offline, outcome.message
     assert "workbench sync" in outcome.message
     parent.log_metrics({"cells_finished": 1})
     parent.end("FINISHED")
 
     local = snapshot(MlflowClient(offline_store.fallback_uri()), "q")
-    target = f"sqlite:///{tmp_path / 'target.db'}"  # sync works into any store; the server case is below
+    target = (
+        f"sqlite:///{tmp_path / 'target.db'}"  # sync works into any store; the server case is below
+    )
     report = sync(offline_store.fallback_uri(), target)
     assert (report.runs_created, report.models, report.errors) == (2, 1, []), report.summary()
     copied = snapshot(MlflowClient(target), "q")
@@ -101,8 +134,13 @@ def test_unreachable_at_start_logs_locally_and_sync_copies_once(isolated_trackin
     again = sync(offline_store.fallback_uri(), target)
     assert (again.runs_created, again.runs_skipped) == (0, 2), again.summary()
     rechecked = sync(offline_store.fallback_uri(), target, recheck=True)
-    assert (rechecked.runs_created, rechecked.metric_points, rechecked.artifacts, rechecked.models, rechecked.params) \
-        == (0, 0, 0, 0, 0), rechecked.summary()
+    assert (
+        rechecked.runs_created,
+        rechecked.metric_points,
+        rechecked.artifacts,
+        rechecked.models,
+        rechecked.params,
+    ) == (0, 0, 0, 0, 0), rechecked.summary()
     assert snapshot(MlflowClient(target), "q") == copied
 
 
@@ -120,23 +158,36 @@ class KillServerAfterEpoch(TrainingObserver):
 
 @pytest.mark.integration
 @pytest.mark.slow  # a long kill test with servers: slow tier (the default tier keeps test_train's SIGKILL resume)
-def test_server_killed_mid_run_then_sync_holds_everything_exactly_once(isolated_tracking, tmp_path, monkeypatch, capsys):
+def test_server_killed_mid_run_then_sync_holds_everything_exactly_once(
+    isolated_tracking, tmp_path, monkeypatch, capsys
+):
     folder = tmp_path / "images"
     make_image_folder(folder, per_class={"train": 14, "test": 4})
     protocol_file = tmp_path / "outage.yaml"
     protocol_file.write_text(PROTOCOL)
-    with workbench_server(f"sqlite:///{tmp_path / 'server.db'}", tmp_path / "artifacts", ADMIN,
-                          auth_db=f"sqlite:///{tmp_path / 'auth.db'}") as server:
+    with workbench_server(
+        f"sqlite:///{tmp_path / 'server.db'}",
+        tmp_path / "artifacts",
+        ADMIN,
+        auth_db=f"sqlite:///{tmp_path / 'auth.db'}",
+    ) as server:
         monkeypatch.setenv("MLFLOW_TRACKING_URI", server.url)
         monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", ADMIN[0])
         monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", ADMIN[1])
         killer = KillServerAfterEpoch(server, epoch=1)
         monkeypatch.setattr(ablate, "train_one", functools.partial(train_one, observer=killer))
         protocol = open_protocol(str(protocol_file), allow_dirty=True)
-        outcomes = run_protocol(protocol, protocol_file, StudyOptions(output_dir=tmp_path / "out", device="cpu",
-                                                                      data_path=str(folder), allow_dirty=True))
+        outcomes = run_protocol(
+            protocol,
+            protocol_file,
+            StudyOptions(
+                output_dir=tmp_path / "out", device="cpu", data_path=str(folder), allow_dirty=True
+            ),
+        )
         assert killer.killed_in == 1
-        assert [o.status for o in outcomes] == ["finished", "finished"], [o.message for o in outcomes]
+        assert [o.status for o in outcomes] == ["finished", "finished"], [
+            o.message for o in outcomes
+        ]
         err = capsys.readouterr().err
         assert f"tracking server {server.url} unreachable" in err and "workbench sync" in err
 
@@ -147,7 +198,11 @@ def test_server_killed_mid_run_then_sync_holds_everything_exactly_once(isolated_
         assert set(by_name) == {"vit-seed0", "vit-seed1", f"outage@{protocol.short_hash}"}
         mirror = by_name["vit-seed0"]
         assert mirror.data.tags[SYNC_SERVER_RUN] == outcomes[0].run_id
-        assert [m.step for m in local.get_metric_history(mirror.info.run_id, "val_accuracy")] == [1, 2, 3]
+        assert [m.step for m in local.get_metric_history(mirror.info.run_id, "val_accuracy")] == [
+            1,
+            2,
+            3,
+        ]
         assert SYNC_SERVER_RUN not in by_name["vit-seed1"].data.tags
 
         server.start()  # same port, backend store and artifact store
@@ -161,44 +216,72 @@ def test_server_killed_mid_run_then_sync_holds_everything_exactly_once(isolated_
         parent = state[f"outage@{protocol.short_hash}"]
         assert parent["status"] == "FINISHED" and parent["metrics"]["cells_finished"][0][2] == 2
         assert len(parent["metrics"]["cells_finished"]) == 1
-        executions = {f for f in parent["files"] if f.startswith("executions/")}  # one record per execution
-        assert len(executions) == 1 and parent["files"] - executions == {"protocol/outage.yaml", "protocol/canonical.json"}
-        assert state["vit-seed0"]["id"] == outcomes[0].run_id, "the killed cell was merged into its own server run"
+        executions = {
+            f for f in parent["files"] if f.startswith("executions/")
+        }  # one record per execution
+        assert len(executions) == 1 and parent["files"] - executions == {
+            "protocol/outage.yaml",
+            "protocol/canonical.json",
+        }
+        assert state["vit-seed0"]["id"] == outcomes[0].run_id, (
+            "the killed cell was merged into its own server run"
+        )
         for name in ("vit-seed0", "vit-seed1"):
             cell = state[name]
-            assert cell["status"] == "FINISHED" and cell["tags"]["mlflow.parentRunId"] == parent["id"], name
+            assert (
+                cell["status"] == "FINISHED" and cell["tags"]["mlflow.parentRunId"] == parent["id"]
+            ), name
             assert_steps_once(cell["metrics"], epochs=3)
             assert cell["files"] == RUN_FILES, name
             assert cell["models"] == ["READY"] and len(cell["inputs"]) == 1, name
-            on_disk = [p for p in (tmp_path / "artifacts").rglob("*") if p.is_file() and cell["id"] in p.parts]
+            on_disk = [
+                p
+                for p in (tmp_path / "artifacts").rglob("*")
+                if p.is_file() and cell["id"] in p.parts
+            ]
             assert len(on_disk) == len(RUN_FILES), f"{name}: {len(on_disk)} artifact files stored"
         for run in local.search_runs([local.get_experiment_by_name("outage").experiment_id]):
             assert run.data.tags[SYNC_SYNCED] in {s["id"] for s in state.values()}
 
         # A second sync (also re-comparing runs already marked synced) adds nothing.
         again = CliRunner().invoke(sync_command, ["--recheck"], catch_exceptions=False)
-        assert again.exit_code == 0 and "runs: 0 created, 0 updated, 3 unchanged" in again.output, again.output
-        assert "added 0 metric points, 0 params, 0 artifact files, 0 models" in again.output, again.output
+        assert again.exit_code == 0 and "runs: 0 created, 0 updated, 3 unchanged" in again.output, (
+            again.output
+        )
+        assert "added 0 metric points, 0 params, 0 artifact files, 0 models" in again.output, (
+            again.output
+        )
         assert snapshot(client, "outage") == state
-        for value in [v for s in state.values() for v in (*s["params"].values(), *s["tags"].values())]:
+        for value in [
+            v for s in state.values() for v in (*s["params"].values(), *s["tags"].values())
+        ]:
             assert ADMIN[1] not in value, "a credential was logged"
 
 
 @pytest.mark.integration
 @pytest.mark.slow  # a server stopped and started again around two executions: 50 s
-def test_a_study_begun_offline_keeps_its_one_parent_when_the_server_is_back(isolated_tracking, tmp_path, monkeypatch,
-                                                                            capsys):
+def test_a_study_begun_offline_keeps_its_one_parent_when_the_server_is_back(
+    isolated_tracking, tmp_path, monkeypatch, capsys
+):
     folder = tmp_path / "images"
     make_image_folder(folder, per_class={"train": 8, "test": 3})
     protocol_file = tmp_path / "outage.yaml"
     protocol_file.write_text(PROTOCOL.replace("epochs: 3", "epochs: 1"))
-    with workbench_server(f"sqlite:///{tmp_path / 'server.db'}", tmp_path / "artifacts", None) as server:
+    with workbench_server(
+        f"sqlite:///{tmp_path / 'server.db'}", tmp_path / "artifacts", None
+    ) as server:
         server.kill()  # away when the study starts
         monkeypatch.setenv("MLFLOW_TRACKING_URI", server.url)
         offline_store.forget_health()
         protocol = open_protocol(str(protocol_file), allow_dirty=True)
-        run = functools.partial(run_protocol, protocol, protocol_file, StudyOptions(
-            output_dir=tmp_path / "out", device="cpu", data_path=str(folder), allow_dirty=True))
+        run = functools.partial(
+            run_protocol,
+            protocol,
+            protocol_file,
+            StudyOptions(
+                output_dir=tmp_path / "out", device="cpu", data_path=str(folder), allow_dirty=True
+            ),
+        )
         real, calls = ablate.train_one, []
 
         def ctrl_c_after_the_first_cell(*args, **kwargs):
@@ -216,7 +299,10 @@ def test_a_study_begun_offline_keeps_its_one_parent_when_the_server_is_back(isol
         capsys.readouterr()
         assert [o.status for o in run()] == ["skipped", "finished"]
         out = capsys.readouterr().out
-        assert "is in the local fallback store (logged while the server was away): continuing there" in out, out
+        assert (
+            "is in the local fallback store (logged while the server was away): continuing there"
+            in out
+        ), out
 
         local = MlflowClient(offline_store.fallback_uri())
         exp = local.get_experiment_by_name("outage")
@@ -225,14 +311,18 @@ def test_a_study_begun_offline_keeps_its_one_parent_when_the_server_is_back(isol
         assert parent.info.status == "FINISHED" and len(cells) == 2
         assert {c.data.tags["mlflow.parentRunId"] for c in cells} == {parent.info.run_id}
         server_exp = MlflowClient(server.url).get_experiment_by_name("outage")
-        assert server_exp is None or not MlflowClient(server.url).search_runs([server_exp.experiment_id])
+        assert server_exp is None or not MlflowClient(server.url).search_runs(
+            [server_exp.experiment_id]
+        )
 
         result = CliRunner().invoke(sync_command, [], catch_exceptions=False)
         assert result.exit_code == 0 and "runs: 3 created" in result.output, result.output
         state = snapshot(MlflowClient(server.url), "outage")
         parents = [s for s in state.values() if s["tags"].get("parent") == "true"]
         assert len(parents) == 1 and parents[0]["status"] == "FINISHED", list(state)
-        assert {state[n]["tags"]["mlflow.parentRunId"] for n in ("vit-seed0", "vit-seed1")} == {parents[0]["id"]}
+        assert {state[n]["tags"]["mlflow.parentRunId"] for n in ("vit-seed0", "vit-seed1")} == {
+            parents[0]["id"]
+        }
 
 
 def test_uploads_retry_with_backoff_on_transient_errors_only(monkeypatch):
@@ -254,7 +344,9 @@ def test_uploads_retry_with_backoff_on_transient_errors_only(monkeypatch):
 
     def refused():
         calls.append(1)
-        raise MlflowException("API request to endpoint /x failed with error code 401 != 200. Response body: 'no'")
+        raise MlflowException(
+            "API request to endpoint /x failed with error code 401 != 200. Response body: 'no'"
+        )
 
     with pytest.raises(MlflowException):
         health.with_retries(refused, "upload", attempts=5)
@@ -265,11 +357,20 @@ def test_targets_are_normalised_without_credentials(tmp_path, monkeypatch):
     from tracking.export.offline_sync import normalise_target, target_tag
 
     monkeypatch.chdir(tmp_path)
-    assert normalise_target("http://bob:s3cret@MLflow.Example.org:80/") == "http://mlflow.example.org"
-    assert normalise_target("https://mlflow.example.org:443/base/") == "https://mlflow.example.org/base"
+    assert (
+        normalise_target("http://bob:s3cret@MLflow.Example.org:80/") == "http://mlflow.example.org"
+    )
+    assert (
+        normalise_target("https://mlflow.example.org:443/base/")
+        == "https://mlflow.example.org/base"
+    )
     assert normalise_target("http://127.0.0.1:5000") == "http://127.0.0.1:5000"
     assert normalise_target("sqlite:///x.db") == f"sqlite:///{tmp_path / 'x.db'}"
-    assert target_tag("http://bob:pw@h:80", "exp") == target_tag("http://h/", "exp") != target_tag("http://h", "other")
+    assert (
+        target_tag("http://bob:pw@h:80", "exp")
+        == target_tag("http://h/", "exp")
+        != target_tag("http://h", "other")
+    )
     assert target_tag("http://h:5000", "exp") != target_tag("http://h:5001", "exp")
 
 
@@ -278,7 +379,9 @@ def _local_runs(uri: str) -> dict[str, str]:
     client = MlflowClient(uri)
     exp = offline_store.ensure_experiment(client, "targets")
     parent = client.create_run(exp, tags={"mlflow.runName": "parent"}).info.run_id
-    child = client.create_run(exp, tags={"mlflow.runName": "child", "mlflow.parentRunId": parent}).info.run_id
+    child = client.create_run(
+        exp, tags={"mlflow.runName": "child", "mlflow.parentRunId": parent}
+    ).info.run_id
     for step in (1, 2, 3):
         client.log_metric(child, "val_accuracy", 0.1 * step, step=step, timestamp=1000 + step)
     client.log_dict(child, {"a": 1}, "config.json")
@@ -287,38 +390,64 @@ def _local_runs(uri: str) -> dict[str, str]:
     return {"parent": parent, "child": child}
 
 
-def test_synced_is_remembered_per_target_and_dry_run_says_where(isolated_tracking, tmp_path, monkeypatch):
+def test_synced_is_remembered_per_target_and_dry_run_says_where(
+    isolated_tracking, tmp_path, monkeypatch
+):
     source = f"sqlite:///{tmp_path / 'local.db'}"
     _local_runs(source)
     wrong, right = tmp_path / "wrong.db", tmp_path / "right.db"
     runner = CliRunner()
 
-    planned = runner.invoke(sync_command, ["--from", source, "--to", f"sqlite:///{wrong}", "--dry-run"],
-                            catch_exceptions=False)
+    planned = runner.invoke(
+        sync_command,
+        ["--from", source, "--to", f"sqlite:///{wrong}", "--dry-run"],
+        catch_exceptions=False,
+    )
     assert planned.exit_code == 0, planned.output
     lines = [line for line in planned.output.splitlines() if "(local " in line]
-    assert len(lines) == 2 and all(f"sqlite:///{wrong} experiment 'targets': new run in a new experiment" in line
-                                   for line in lines), planned.output
-    assert "2 of 2 runs would be copied" in planned.output and not wrong.exists(), "a dry run created the target"
+    assert len(lines) == 2 and all(
+        f"sqlite:///{wrong} experiment 'targets': new run in a new experiment" in line
+        for line in lines
+    ), planned.output
+    assert "2 of 2 runs would be copied" in planned.output and not wrong.exists(), (
+        "a dry run created the target"
+    )
 
     # The mistake of the issue: a first sync into the wrong store must not hide the runs from the right one.
     first = sync(source, f"sqlite:///{wrong}", log=lambda _: None)
     assert (first.runs_created, first.runs_skipped) == (2, 0), first.summary()
     to_right = sync(source, f"sqlite:///{right}", log=lambda _: None)
-    assert (to_right.runs_created, to_right.runs_skipped, to_right.metric_points) == (2, 0, 3), to_right.summary()
+    assert (to_right.runs_created, to_right.runs_skipped, to_right.metric_points) == (2, 0, 3), (
+        to_right.summary()
+    )
     copied = snapshot(MlflowClient(f"sqlite:///{right}"), "targets")
     assert copied["child"]["tags"]["mlflow.parentRunId"] == copied["parent"]["id"]
-    assert copied["child"]["files"] == {"config.json"} and len(copied["child"]["metrics"]["val_accuracy"]) == 3
-    assert not any(k.startswith("sync.to.") for k in copied["child"]["tags"]), "sync records leaked to the server"
+    assert (
+        copied["child"]["files"] == {"config.json"}
+        and len(copied["child"]["metrics"]["val_accuracy"]) == 3
+    )
+    assert not any(k.startswith("sync.to.") for k in copied["child"]["tags"]), (
+        "sync records leaked to the server"
+    )
 
     # Each target again (the right one spelled differently): nothing to copy.
     monkeypatch.chdir(tmp_path)
     for target in ("sqlite:///right.db", f"sqlite:///{wrong}"):
         again = sync(source, target, log=lambda _: None)
-        assert (again.runs_created, again.runs_updated, again.runs_skipped) == (0, 0, 2), (target, again.summary())
+        assert (again.runs_created, again.runs_updated, again.runs_skipped) == (0, 0, 2), (
+            target,
+            again.summary(),
+        )
     assert snapshot(MlflowClient(f"sqlite:///{right}"), "targets") == copied
-    planned = runner.invoke(sync_command, ["--from", source, "--to", "sqlite:///right.db", "--dry-run"],
-                            catch_exceptions=False)
-    assert planned.output.count("already synced (server run ") == 2 and "0 of 2 runs" in planned.output, planned.output
-    local = MlflowClient(source).search_runs([MlflowClient(source).get_experiment_by_name("targets").experiment_id])
+    planned = runner.invoke(
+        sync_command,
+        ["--from", source, "--to", "sqlite:///right.db", "--dry-run"],
+        catch_exceptions=False,
+    )
+    assert (
+        planned.output.count("already synced (server run ") == 2 and "0 of 2 runs" in planned.output
+    ), planned.output
+    local = MlflowClient(source).search_runs(
+        [MlflowClient(source).get_experiment_by_name("targets").experiment_id]
+    )
     assert all(sum(k.startswith("sync.to.") for k in r.data.tags) == 2 for r in local)

@@ -55,32 +55,59 @@ def cifar_path() -> str | None:
     try:
         resolve("cifar10", None, download=False)
     except Exception:  # noqa: BLE001 - no copy here: the test cannot run on real data
-        pytest.skip("no CIFAR-10 copy on this machine (--data-path, $WORKBENCH_DATA_DIR or the cache)")
+        pytest.skip(
+            "no CIFAR-10 copy on this machine (--data-path, $WORKBENCH_DATA_DIR or the cache)"
+        )
     return None
 
 
 @pytest.mark.slow  # 6 cells of 2 epochs on 500 images, one thread, the report, then 7 transfer cells (309 s under load)
 def test_smoke_timm_arms_trains_every_arm_and_reports(mlflow_store, tmp_path):
     data = cifar_path()
-    args = ["ablate", "--protocol", str(PROTOCOL), "--threads", "1", "--allow-dirty", "--output-dir", str(tmp_path / "out")]
+    args = [
+        "ablate",
+        "--protocol",
+        str(PROTOCOL),
+        "--threads",
+        "1",
+        "--allow-dirty",
+        "--output-dir",
+        str(tmp_path / "out"),
+    ]
     result = CliRunner().invoke(main, args + (["--data-path", data] if data else []))
     assert result.exit_code == 0, result.output[-3000:]
-    assert "cells: 6 run, 0 already finished (skipped), 0 failed" in result.output, result.output[-2000:]
+    assert "cells: 6 run, 0 already finished (skipped), 0 failed" in result.output, result.output[
+        -2000:
+    ]
 
     client = MlflowClient()
     (experiment,) = [e for e in client.search_experiments() if e.name == "smoke_timm_arms"]
     cells = [r for r in client.search_runs([experiment.experiment_id]) if r.data.tags.get("arm")]
-    assert sorted(r.data.tags["arm"] for r in cells) == ["resnet10t", "resnet10t", "timm_vit", "timm_vit", "vit", "vit"]
+    assert sorted(r.data.tags["arm"] for r in cells) == [
+        "resnet10t",
+        "resnet10t",
+        "timm_vit",
+        "timm_vit",
+        "vit",
+        "vit",
+    ]
     for run in cells:
         m = run.data.metrics
-        assert run.info.status == "FINISHED" and m["reload_proof_passed"] == 1.0, (run.data.tags["arm"], m)
-        if run.data.tags["arm"] == "timm_vit":  # read across to the glass box on its trained weights, at 0.0
+        assert run.info.status == "FINISHED" and m["reload_proof_passed"] == 1.0, (
+            run.data.tags["arm"],
+            m,
+        )
+        if (
+            run.data.tags["arm"] == "timm_vit"
+        ):  # read across to the glass box on its trained weights, at 0.0
             assert m["glassbox_exact"] == 1.0 and m["glassbox_max_abs_logit_diff"] == 0.0, m
         else:
             assert "glassbox_converted" not in m, m
 
     out = tmp_path / "reports"
-    result = CliRunner().invoke(main, ["report", "--protocol", str(PROTOCOL), "--out-dir", str(out)])
+    result = CliRunner().invoke(
+        main, ["report", "--protocol", str(PROTOCOL), "--out-dir", str(out)]
+    )
     assert result.exit_code == 0, result.output[-3000:]
     report = (out / "smoke_timm_arms" / "report.md").read_text()
     assert "| resnet10t       | timm/resnet10t (num_classes 10)" in report, report[:3000]
@@ -90,49 +117,112 @@ def test_smoke_timm_arms_trains_every_arm_and_reports(mlflow_store, tmp_path):
         return  # the transfer part needs the RetinaMNIST copy of the project machine
     folder = tmp_path / "transfer"
     folder.mkdir()
-    shutil.copy(PROTOCOL, folder / PROTOCOL.name)  # the source protocol sits beside the transfer protocol
+    shutil.copy(
+        PROTOCOL, folder / PROTOCOL.name
+    )  # the source protocol sits beside the transfer protocol
     (folder / "from_timm_vit.yaml").write_text(TRANSFER)
-    result = CliRunner().invoke(main, ["transfer", "--protocol", str(folder / "from_timm_vit.yaml"), "--allow-dirty",
-                                       "--threads", "1", "--output-dir", str(tmp_path / "tout"),
-                                       "--data-path", str(SHARED_RETINA)])
-    assert result.exit_code == 0 and "cells: 3 run, 0 already finished (skipped), 0 failed" in result.output, \
-        result.output[-3000:]
+    result = CliRunner().invoke(
+        main,
+        [
+            "transfer",
+            "--protocol",
+            str(folder / "from_timm_vit.yaml"),
+            "--allow-dirty",
+            "--threads",
+            "1",
+            "--output-dir",
+            str(tmp_path / "tout"),
+            "--data-path",
+            str(SHARED_RETINA),
+        ],
+    )
+    assert (
+        result.exit_code == 0
+        and "cells: 3 run, 0 already finished (skipped), 0 failed" in result.output
+    ), result.output[-3000:]
     (transfer,) = [e for e in client.search_experiments() if e.name == "from_timm_vit"]
     for run in client.search_runs([transfer.experiment_id]):
         params = run.data.params
         assert params["source.architecture"] == "timm/vit_tiny_patch16_224", params
-        assert params["source.mapping"].startswith("32 of 32 source tensors used"), params["source.mapping"]
-        assert params["source.pretrained"] == "False" and "trained with this workbench" in params["source.provenance"]
-        if params.get("regime.kind") == "scratch":  # the timm ViT's glass-box architecture, from a seeded init
-            assert params["regime.pretrained"] == "False" and "NOT PRETRAINED" in params["regime.init"], params
+        assert params["source.mapping"].startswith("32 of 32 source tensors used"), params[
+            "source.mapping"
+        ]
+        assert (
+            params["source.pretrained"] == "False"
+            and "trained with this workbench" in params["source.provenance"]
+        )
+        if (
+            params.get("regime.kind") == "scratch"
+        ):  # the timm ViT's glass-box architecture, from a seeded init
+            assert (
+                params["regime.pretrained"] == "False" and "NOT PRETRAINED" in params["regime.init"]
+            ), params
             assert run.data.metrics["selection_proof_passed"] == 1.0, run.data.metrics
 
     (folder / "from_resnet10t.yaml").write_text(CNN_TRANSFER)
-    result = CliRunner().invoke(main, ["transfer", "--protocol", str(folder / "from_resnet10t.yaml"), "--allow-dirty",
-                                       "--threads", "1", "--output-dir", str(tmp_path / "tout"),
-                                       "--data-path", str(SHARED_RETINA)])
-    assert result.exit_code == 0 and "cells: 4 run, 0 already finished (skipped), 0 failed" in result.output, \
+    result = CliRunner().invoke(
+        main,
+        [
+            "transfer",
+            "--protocol",
+            str(folder / "from_resnet10t.yaml"),
+            "--allow-dirty",
+            "--threads",
+            "1",
+            "--output-dir",
+            str(tmp_path / "tout"),
+            "--data-path",
+            str(SHARED_RETINA),
+        ],
+    )
+    assert (
+        result.exit_code == 0
+        and "cells: 4 run, 0 already finished (skipped), 0 failed" in result.output
+    ), result.output[-3000:]
+    assert "28 px images at their own size (the model takes any size)" in result.output, (
         result.output[-3000:]
-    assert "28 px images at their own size (the model takes any size)" in result.output, result.output[-3000:]
+    )
     import timm
 
     resnet = timm.create_model("resnet10t", num_classes=5)
-    last_group = sum(p.numel() for n, p in resnet.named_parameters() if n.startswith(("layer4.", "fc.")))
+    last_group = sum(
+        p.numel() for n, p in resnet.named_parameters() if n.startswith(("layer4.", "fc."))
+    )
     (cnn,) = [e for e in client.search_experiments() if e.name == "from_resnet10t"]
     kinds = set()
     for run in client.search_runs([cnn.experiment_id], "tags.cell = 'true'"):
         params, m = run.data.params, run.data.metrics
         kinds.add(params["regime.kind"])
-        assert run.info.status == "FINISHED" and m["selection_proof_passed"] == 1.0, (params["regime.kind"], m)
-        assert params["source.architecture"] == "timm/resnet10t" and params["source.kind"] == "workbench-checkpoint"
+        assert run.info.status == "FINISHED" and m["selection_proof_passed"] == 1.0, (
+            params["regime.kind"],
+            m,
+        )
+        assert (
+            params["source.architecture"] == "timm/resnet10t"
+            and params["source.kind"] == "workbench-checkpoint"
+        )
         assert params["source.mapping"] == "" and params["source.pretrained"] == "False", params
-        assert params["source.norm_from"] == "the source run's normalisation (NORM_STATS['cifar10'])", params
-        expected = {"linear": 512 * 5 + 5, "partial": last_group, "full": sum(p.numel() for p in resnet.parameters())}
+        assert (
+            params["source.norm_from"] == "the source run's normalisation (NORM_STATS['cifar10'])"
+        ), params
+        expected = {
+            "linear": 512 * 5 + 5,
+            "partial": last_group,
+            "full": sum(p.numel() for p in resnet.parameters()),
+        }
         if params["regime.kind"] in expected:
-            assert m["trainable_parameters"] == expected[params["regime.kind"]], (params["regime.kind"], m)
+            assert m["trainable_parameters"] == expected[params["regime.kind"]], (
+                params["regime.kind"],
+                m,
+            )
     assert kinds == {"linear", "partial", "full", "scratch"}, kinds
-    result = CliRunner().invoke(main, ["report", "--protocol", str(folder / "from_resnet10t.yaml"),
-                                       "--out-dir", str(out)])
+    result = CliRunner().invoke(
+        main, ["report", "--protocol", str(folder / "from_resnet10t.yaml"), "--out-dir", str(out)]
+    )
     assert result.exit_code == 0, result.output[-3000:]
     report = (out / "from_resnet10t" / "report.md").read_text()
-    assert "timm/resnet10t" in report and "not a published one" in report and "pretrained checkpoint" not in report
+    assert (
+        "timm/resnet10t" in report
+        and "not a published one" in report
+        and "pretrained checkpoint" not in report
+    )

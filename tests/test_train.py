@@ -12,7 +12,12 @@ import pytest
 import torch
 
 from synthetic import synthetic_data, tiny_config
-from workbench.train.checkpoint import FORMAT, CheckpointCorrupted, atomic_torch_save, load_checkpoint
+from workbench.train.checkpoint import (
+    FORMAT,
+    CheckpointCorrupted,
+    atomic_torch_save,
+    load_checkpoint,
+)
 from workbench.train.evaluate import compare_predictions, predict, read_predictions
 from workbench.train.loop import NonFiniteLoss, Trainer
 
@@ -26,8 +31,13 @@ def child_env() -> dict:
 
 
 def run_child(run_dir: Path, *extra: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(CHILD), str(run_dir), *extra], env=child_env(),
-                          capture_output=True, text=True, timeout=600)
+    return subprocess.run(
+        [sys.executable, str(CHILD), str(run_dir), *extra],
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
 
 
 def kill_child_mid_epoch(run_dir: Path, *extra: str, checkpoint: Path | None = None) -> None:
@@ -36,13 +46,23 @@ def kill_child_mid_epoch(run_dir: Path, *extra: str, checkpoint: Path | None = N
     Checkpoints fall every 3 steps, so the last one is at step 15 and steps 16-17 are lost.
     """
     env = {**child_env(), "WB_KILL_AT_FORWARD": "18"}
-    done = subprocess.run([sys.executable, str(CHILD), str(run_dir), *extra], env=env,
-                          capture_output=True, text=True, timeout=600)
-    assert done.returncode == -signal.SIGKILL, f"child was not killed (rc {done.returncode}):\n{done.stderr[-3000:]}"
+    done = subprocess.run(
+        [sys.executable, str(CHILD), str(run_dir), *extra],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == -signal.SIGKILL, (
+        f"child was not killed (rc {done.returncode}):\n{done.stderr[-3000:]}"
+    )
     last = checkpoint or run_dir / "checkpoints" / "last.pt"
     state = load_checkpoint(last)
-    assert not state["finished"] and (state["epoch"], state["batch"], state["step"]) == (1, 5, 15), (
-        state["epoch"], state["batch"], state["step"])
+    assert not state["finished"] and (state["epoch"], state["batch"], state["step"]) == (
+        1,
+        5,
+        15,
+    ), (state["epoch"], state["batch"], state["step"])
 
 
 def strip_timing(history: list[dict]) -> list[dict]:
@@ -58,27 +78,40 @@ def test_sigkill_mid_epoch_then_resume_is_bit_identical(tmp_path):
     resumed = run_child(killed)
     assert resumed.returncode == 0, resumed.stderr
 
-    a, b = load_checkpoint(straight / "checkpoints" / "last.pt"), load_checkpoint(killed / "checkpoints" / "last.pt")
+    a, b = (
+        load_checkpoint(straight / "checkpoints" / "last.pt"),
+        load_checkpoint(killed / "checkpoints" / "last.pt"),
+    )
     assert a["step"] == b["step"] and a["finished"] and b["finished"]
     for key, tensor in a["model"].items():
         diff = (tensor.double() - b["model"][key].double()).abs().max().item()
-        assert torch.equal(tensor, b["model"][key]), f"{key}: max |difference| {diff:.3g} (must be bit-identical)"
+        assert torch.equal(tensor, b["model"][key]), (
+            f"{key}: max |difference| {diff:.3g} (must be bit-identical)"
+        )
     for (k1, s1), (k2, s2) in zip(a["optimizer"]["state"].items(), b["optimizer"]["state"].items()):
-        assert all(torch.equal(torch.as_tensor(s1[n]), torch.as_tensor(s2[n])) for n in s1), f"optimizer state {k1}"
+        assert all(torch.equal(torch.as_tensor(s1[n]), torch.as_tensor(s2[n])) for n in s1), (
+            f"optimizer state {k1}"
+        )
     assert strip_timing(a["history"]) == strip_timing(b["history"])
-    assert read_predictions(straight / "predictions" / "val.csv").equals(read_predictions(killed / "predictions" / "val.csv"))
+    assert read_predictions(straight / "predictions" / "val.csv").equals(
+        read_predictions(killed / "predictions" / "val.csv")
+    )
 
 
 def test_reload_proof_reproduces_saved_predictions_and_detects_tampering(tmp_path):
     data = synthetic_data()
     result = Trainer(tiny_config(epochs=2, evaluate_test=True), data, tmp_path).fit()
     proof = result.reload_proof
-    assert proof.passed and proof.predictions_equal and proof.max_abs_prob_diff == 0.0, proof.summary()
+    assert proof.passed and proof.predictions_equal and proof.max_abs_prob_diff == 0.0, (
+        proof.summary()
+    )
     assert proof.examples == 80
     assert set(result.predictions) == {"val", "test"}
     # every reported metric can be recomputed from the predictions table alone
     val = read_predictions(result.predictions["val"])
-    assert abs((val.label == val.predicted).mean() - result.final_metrics["best_val_accuracy"]) < 1e-12
+    assert (
+        abs((val.label == val.predicted).mean() - result.final_metrics["best_val_accuracy"]) < 1e-12
+    )
     assert {"index", "label", "predicted", "prob_0", "prob_9"} <= set(val.columns)
     # a changed weight is caught
     trainer = Trainer(tiny_config(epochs=2), data, tmp_path)
@@ -139,4 +172,6 @@ def test_early_stopping_waits_for_patience(tmp_path):
     cfg = type(cfg)(cfg.model, cfg.data, type(cfg.optim)(lr=1e-12), cfg.run)  # learns nothing
     result = Trainer(cfg, synthetic_data(), tmp_path).fit()
     assert result.stopped_early
-    assert len(result.history) == 3 and result.best_epoch == 1, [h["val_accuracy"] for h in result.history]
+    assert len(result.history) == 3 and result.best_epoch == 1, [
+        h["val_accuracy"] for h in result.history
+    ]

@@ -21,7 +21,9 @@ VERSIONS = {"torch": "2.0", "timm": "1.0"}
 def copy_checkout(tmp_path: Path) -> Path:
     """A copy of the parts of the checkout a commit might touch: library, CLI, docs, tests."""
     dst = tmp_path / "repo"
-    shutil.copytree(ROOT / "workbench", dst / "workbench", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(
+        ROOT / "workbench", dst / "workbench", ignore=shutil.ignore_patterns("__pycache__")
+    )
     shutil.copytree(ROOT / "studies", dst / "studies", ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy(ROOT / "README.md", dst / "README.md")
     (dst / "tests").mkdir()
@@ -31,7 +33,9 @@ def copy_checkout(tmp_path: Path) -> Path:
 
 def test_the_fingerprint_covers_data_model_and_training_code_in_a_fixed_order():
     files = [p.relative_to(ROOT / "workbench").as_posix() for p in result_source_files()]
-    assert files == sorted(files) and {"models/vit.py", "train/loop.py", "data/prepare.py"} <= set(files)
+    assert files == sorted(files) and {"models/vit.py", "train/loop.py", "data/prepare.py"} <= set(
+        files
+    )
     assert all(f.split("/")[0] in RESULT_PACKAGES for f in files)
     assert current_code_fingerprint() == code_fingerprint()  # cached value is the real one
 
@@ -42,7 +46,11 @@ def test_docs_tests_and_cli_text_leave_it_unchanged_model_and_training_code_chan
     before = code_fingerprint(lib, versions=VERSIONS)
     (repo / "README.md").write_text((repo / "README.md").read_text() + "\nA typo fixed.\n")
     cli = repo / "studies" / "ablation" / "ablate.py"
-    cli.write_text(cli.read_text().replace("Run (or resume) a frozen protocol", "Run or resume a frozen protocol"))
+    cli.write_text(
+        cli.read_text().replace(
+            "Run (or resume) a frozen protocol", "Run or resume a frozen protocol"
+        )
+    )
     (repo / "tests" / "test_ablate.py").write_text("# a new test\n")
     (lib / "stats.py").write_text((lib / "stats.py").read_text() + "\n# statistics are read-side\n")
     assert code_fingerprint(lib, versions=VERSIONS) == before
@@ -54,9 +62,13 @@ def test_docs_tests_and_cli_text_leave_it_unchanged_model_and_training_code_chan
     after_model = code_fingerprint(lib, versions=VERSIONS)
     assert after_model != before
     loop = lib / "train" / "loop.py"
-    loop.write_text(loop.read_text().replace("min_ratio + (1 - min_ratio)", "min_ratio + (1.0 - min_ratio)"))
+    loop.write_text(
+        loop.read_text().replace("min_ratio + (1 - min_ratio)", "min_ratio + (1.0 - min_ratio)")
+    )
     assert code_fingerprint(lib, versions=VERSIONS) not in (before, after_model)
-    assert code_fingerprint(lib, versions={**VERSIONS, "torch": "2.1"}) != code_fingerprint(lib, versions=VERSIONS)
+    assert code_fingerprint(lib, versions={**VERSIONS, "torch": "2.1"}) != code_fingerprint(
+        lib, versions=VERSIONS
+    )
 
 
 # The training code fingerprint of this checkout's files (at fixed library versions: the
@@ -74,7 +86,8 @@ def test_the_training_fingerprint_changes_only_on_purpose():
     got = code_fingerprint(versions=VERSIONS)
     assert got == TRAINING_FILES_FINGERPRINT, (
         f"training code fingerprint {got} != pinned {TRAINING_FILES_FINGERPRINT}: stored cells would train again; "
-        "if data, model or training code changed on purpose, update the pin and say so in the commit")
+        "if data, model or training code changed on purpose, update the pin and say so in the commit"
+    )
 
 
 # A block of model-like code and four rewrites of it that mean the same.
@@ -91,17 +104,28 @@ class Block(torch.nn.Module):
         return torch.cat([x, y], dim=-1)
 '''
 SAME_MEANING = {
-    "comments": ORIGINAL.replace("# a comment", "# another comment, longer") + "\n# trailing comment\n",
-    "docstrings": ORIGINAL.replace("Docstring that changes nothing.", "Reworded.\n\n        Args:\n            x: input.\n"),
-    "reformat": ORIGINAL.replace("return torch.cat([x, y], dim=-1)", "return torch.cat(\n            [\n                x,\n                y,\n            ],\n            dim=-1,\n        )")
-    .replace('"""A block."""', "'A block.'").replace("y = x * scale", "y = (x * scale)"),
-    "no docstrings": ORIGINAL.replace('        """Docstring that changes nothing."""\n', "").replace('"""Module docstring."""\n', ""),
+    "comments": ORIGINAL.replace("# a comment", "# another comment, longer")
+    + "\n# trailing comment\n",
+    "docstrings": ORIGINAL.replace(
+        "Docstring that changes nothing.", "Reworded.\n\n        Args:\n            x: input.\n"
+    ),
+    "reformat": ORIGINAL.replace(
+        "return torch.cat([x, y], dim=-1)",
+        "return torch.cat(\n            [\n                x,\n                y,\n            ],\n            dim=-1,\n        )",
+    )
+    .replace('"""A block."""', "'A block.'")
+    .replace("y = x * scale", "y = (x * scale)"),
+    "no docstrings": ORIGINAL.replace(
+        '        """Docstring that changes nothing."""\n', ""
+    ).replace('"""Module docstring."""\n', ""),
 }
 CHANGED_MEANING = {
     "constant": ORIGINAL.replace("scale=0.5", "scale=0.25"),
     "name": ORIGINAL.replace("dim=-1", "dim=1"),
     "statement": ORIGINAL.replace("return torch.cat", "y = y + 0\n        return torch.cat"),
-    "string that is not a docstring": ORIGINAL.replace("y = x * scale", "y = x * scale\n        'text'"),
+    "string that is not a docstring": ORIGINAL.replace(
+        "y = x * scale", "y = x * scale\n        'text'"
+    ),
 }
 
 
@@ -150,12 +174,14 @@ def test_ruff_format_changes_no_fingerprint(tmp_path):
     lib = repo / "workbench"
     before = code_fingerprint(lib, versions=VERSIONS)
     # A narrower line than the project's forces the formatter to move nearly every long line.
-    subprocess.run([ruff, "format", "--line-length", "60", "--quiet", str(lib)], check=True, cwd=repo)
+    subprocess.run(
+        [ruff, "format", "--line-length", "60", "--quiet", str(lib)], check=True, cwd=repo
+    )
     assert code_fingerprint(lib, versions=VERSIONS) == before
 
 
 def test_cells_under_the_last_text_fingerprint_count_as_the_same_code():
-    (text_fp, tree_fp), = TEXT_TO_TREE.items()
+    ((text_fp, tree_fp),) = TEXT_TO_TREE.items()
     assert same_code(tree_fp, tree_fp) and same_code(text_fp, tree_fp)
     assert not same_code(text_fp, "0123456789abcdef") and not same_code(None, tree_fp)
     assert not same_code("0123456789abcdef", tree_fp)

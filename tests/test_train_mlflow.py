@@ -35,14 +35,23 @@ def test_train_one_logs_everything_and_a_second_call_skips(mlflow_store, tmp_pat
     assert params["data.fingerprint"] == data.data_fingerprint
     history = client.get_metric_history(run.info.run_id, "val_accuracy")
     assert [m.step for m in history] == [1, 2]
-    for key in ("train_loss", "train_accuracy", "val_loss", "lr", "epoch_seconds", "images_per_second"):
+    for key in (
+        "train_loss",
+        "train_accuracy",
+        "val_loss",
+        "lr",
+        "epoch_seconds",
+        "images_per_second",
+    ):
         assert len(client.get_metric_history(run.info.run_id, key)) == 2, key
     (dataset_input,) = run.inputs.dataset_inputs
     assert dataset_input.dataset.digest == data.data_fingerprint[:36]
 
     paths = {a.path for a in client.list_artifacts(run.info.run_id)}
     assert {"checkpoints", "predictions", "config.json", "history.json"} <= paths
-    local = mlflow.artifacts.download_artifacts(run_id=run.info.run_id, dst_path=str(tmp_path / "dl"))
+    local = mlflow.artifacts.download_artifacts(
+        run_id=run.info.run_id, dst_path=str(tmp_path / "dl")
+    )
     val = pd.read_csv(f"{local}/predictions/val.csv")
     assert abs((val.label == val.predicted).mean() - metrics["best_val_accuracy"]) < 1e-12
     test = pd.read_csv(f"{local}/predictions/test.csv")
@@ -51,7 +60,9 @@ def test_train_one_logs_everything_and_a_second_call_skips(mlflow_store, tmp_pat
     # the logged model loads back (offline, no pickled code) and equals the best checkpoint
     from workbench.models.registry import build_model, model_config
 
-    model_uri = mlflow.search_logged_models(experiment_ids=[run.info.experiment_id], output_format="list")[0].model_uri
+    model_uri = mlflow.search_logged_models(
+        experiment_ids=[run.info.experiment_id], output_format="list"
+    )[0].model_uri
     loaded = mlflow.pytorch.load_model(model_uri)
     reference = build_model(model_config("fmnist_vit", **cfg.model.overrides))
     reference.load_state_dict(load_checkpoint(f"{local}/checkpoints/best.pt")["model"])
@@ -85,7 +96,12 @@ def _first_run_dir(out):
     """train_one puts checkpoints under OUTPUT/<run key>/; the key is fixed by config and data."""
     from studies.ablation.train import run_key_for
 
-    return out / run_key_for(tiny_config(epochs=4, checkpoint_every_steps=3), synthetic_data()) / "checkpoints" / "last.pt"
+    return (
+        out
+        / run_key_for(tiny_config(epochs=4, checkpoint_every_steps=3), synthetic_data())
+        / "checkpoints"
+        / "last.pt"
+    )
 
 
 def test_nan_loss_marks_the_run_failed_with_the_step(mlflow_store, tmp_path, monkeypatch):
@@ -99,7 +115,13 @@ def test_nan_loss_marks_the_run_failed_with_the_step(mlflow_store, tmp_path, mon
         return real(*args, **kwargs) * (float("inf") if calls["n"] == 4 else 1.0)
 
     monkeypatch.setattr(loop, "F", type("F", (), {"cross_entropy": staticmethod(poisoned)}))
-    outcome = train_one(tiny_config(epochs=2), synthetic_data(), experiment="n", output_dir=tmp_path / "out", run_name="nan")
+    outcome = train_one(
+        tiny_config(epochs=2),
+        synthetic_data(),
+        experiment="n",
+        output_dir=tmp_path / "out",
+        run_name="nan",
+    )
     assert outcome.status == "failed" and "step 3" in outcome.message
     run = only_run(MlflowClient(mlflow_store), "n")
     assert run.info.status == "FAILED"
@@ -116,7 +138,9 @@ def test_a_dataset_insert_lost_to_another_run_is_linked_on_the_next_try(mlflow_s
 
     from tracking.record.sink import RunSink
 
-    dataset = MetaDataset(source=HTTPDatasetSource(url="file://x/y"), name="images-split3", digest="d" * 36)
+    dataset = MetaDataset(
+        source=HTTPDatasetSource(url="file://x/y"), name="images-split3", digest="d" * 36
+    )
     inputs = [DatasetInput(dataset._to_mlflow_entity(), [])]
     winner = RunSink.create("race", {"mlflow.runName": "winner"})
     loser = RunSink.create("race", {"mlflow.runName": "loser"})
@@ -126,8 +150,13 @@ def test_a_dataset_insert_lost_to_another_run_is_linked_on_the_next_try(mlflow_s
         calls.append(run_id)
         if run_id == loser.run_id and calls.count(run_id) == 1:
             real(self, winner.run_id, datasets=datasets)  # the other run inserts it first ...
-            raise RestException({"error_code": "BAD_REQUEST", "message": '(psycopg.errors.UniqueViolation) duplicate '
-                                 'key value violates unique constraint "dataset_pk"'})  # ... as the server says
+            raise RestException(
+                {
+                    "error_code": "BAD_REQUEST",
+                    "message": "(psycopg.errors.UniqueViolation) duplicate "
+                    'key value violates unique constraint "dataset_pk"',
+                }
+            )  # ... as the server says
         return real(self, run_id, datasets=datasets, **kw)
 
     monkeypatch.setattr(MlflowClient, "log_inputs", lost_race_once)
@@ -136,9 +165,16 @@ def test_a_dataset_insert_lost_to_another_run_is_linked_on_the_next_try(mlflow_s
     client = MlflowClient()
     for run in (winner, loser):
         logged = client.get_run(run.run_id).inputs.dataset_inputs
-        assert [(d.dataset.name, d.dataset.digest) for d in logged] == [("images-split3", "d" * 36)], run.run_id
+        assert [(d.dataset.name, d.dataset.digest) for d in logged] == [
+            ("images-split3", "d" * 36)
+        ], run.run_id
     # Any other refusal is an error, not a race: no retry.
-    monkeypatch.setattr(MlflowClient, "log_inputs", lambda *a, **k: (_ for _ in ()).throw(
-        RestException({"error_code": "BAD_REQUEST", "message": "Dataset name too long"})))
+    monkeypatch.setattr(
+        MlflowClient,
+        "log_inputs",
+        lambda *a, **k: (_ for _ in ()).throw(
+            RestException({"error_code": "BAD_REQUEST", "message": "Dataset name too long"})
+        ),
+    )
     with pytest.raises(RestException, match="too long"):
         loser.log_inputs(inputs)

@@ -94,7 +94,9 @@ def remove_abandoned_temp_files(folder: str | os.PathLike) -> list[Path]:
     return removed
 
 
-def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], object], mode: int | None = None) -> None:
+def atomic_write(
+    path: str | os.PathLike, write: Callable[[BinaryIO], object], mode: int | None = None
+) -> None:
     """Call ``write(f)`` on a temp file beside ``path``, make it durable, rename it over ``path``.
 
     ``mode``: permission bits of the new file, masked by the umask as ``open()`` would mask
@@ -117,7 +119,9 @@ def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], object], m
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException as err:
-        full = isinstance(err, (OSError, RuntimeError)) and _disk_full(path.parent, err)  # before the temp file goes
+        full = isinstance(err, (OSError, RuntimeError)) and _disk_full(
+            path.parent, err
+        )  # before the temp file goes
         Path(tmp).unlink(missing_ok=True)
         if full:
             raise WriteFailed(errno.ENOSPC, f"no space left on device writing {path}") from err

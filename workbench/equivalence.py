@@ -80,7 +80,11 @@ def randomize_every_tensor(model: nn.Module, seed: int) -> int:
     for tensor in model.state_dict().values():  # shares storage with the parameters
         if not tensor.is_floating_point():
             continue
-        scale = max(tensor.double().pow(2).mean().sqrt().item(), _MIN_RANDOM_SCALE) if tensor.numel() else 0.0
+        scale = (
+            max(tensor.double().pow(2).mean().sqrt().item(), _MIN_RANDOM_SCALE)
+            if tensor.numel()
+            else 0.0
+        )
         values = torch.randn(tensor.shape, generator=gen, dtype=torch.float32) * scale
         tensor.copy_(values.to(dtype=tensor.dtype, device=tensor.device))
         count += 1
@@ -91,7 +95,9 @@ def _flatten_patches(x: torch.Tensor) -> torch.Tensor:
     return x.flatten(2).transpose(1, 2)  # (B, D, h, w) -> (B, h*w, D), as timm's PatchEmbed does
 
 
-def _timm_hook_points(model: nn.Module, glass: VisionTransformer) -> list[tuple[str, nn.Module, str, object]]:
+def _timm_hook_points(
+    model: nn.Module, glass: VisionTransformer
+) -> list[tuple[str, nn.Module, str, object]]:
     """(stage name, timm module, "out" or "in", transform or None) for every comparable stage."""
     cfg = glass.cfg
     points = []
@@ -121,7 +127,9 @@ def comparable_stages(glass: VisionTransformer) -> list[str]:
     return [n for n in glass.stage_names() if n not in NOT_EXPOSED_BY_TIMM]
 
 
-def timm_forward_stages(model: nn.Module, x: torch.Tensor, glass: VisionTransformer) -> tuple[torch.Tensor, dict]:
+def timm_forward_stages(
+    model: nn.Module, x: torch.Tensor, glass: VisionTransformer
+) -> tuple[torch.Tensor, dict]:
     """Run timm on ``x`` and capture its activations under glass-box stage names."""
     states: dict[str, torch.Tensor] = {}
     handles = []
@@ -131,9 +139,13 @@ def timm_forward_stages(model: nn.Module, x: torch.Tensor, glass: VisionTransfor
 
     for name, module, where, transform in _timm_hook_points(model, glass):
         if where == "out":
-            handles.append(module.register_forward_hook(lambda m, i, o, n=name, t=transform: keep(n, t, o)))
+            handles.append(
+                module.register_forward_hook(lambda m, i, o, n=name, t=transform: keep(n, t, o))
+            )
         else:
-            handles.append(module.register_forward_pre_hook(lambda m, i, n=name, t=transform: keep(n, t, i[0])))
+            handles.append(
+                module.register_forward_pre_hook(lambda m, i, n=name, t=transform: keep(n, t, i[0]))
+            )
     try:
         logits = model(x)
     finally:
@@ -152,17 +164,32 @@ class StageDiff:
     passed: bool
 
 
-def compare_stages(reference: dict, ours: dict, order: list[str], tolerance: float) -> list[StageDiff]:
+def compare_stages(
+    reference: dict, ours: dict, order: list[str], tolerance: float
+) -> list[StageDiff]:
     """Per-stage max/mean absolute difference; a stage absent on either side fails."""
     rows = []
     for index, name in enumerate(order):
         a, b = reference.get(name), ours.get(name)
         if a is None or b is None or a.shape != b.shape:
-            rows.append(StageDiff(index, name, tuple(b.shape if b is not None else ()), float("nan"), float("nan"), False))
+            rows.append(
+                StageDiff(
+                    index,
+                    name,
+                    tuple(b.shape if b is not None else ()),
+                    float("nan"),
+                    float("nan"),
+                    False,
+                )
+            )
             continue
         diff = (a.detach().double() - b.detach().double()).abs()
         max_abs = diff.max().item()
-        rows.append(StageDiff(index, name, tuple(a.shape), max_abs, diff.mean().item(), max_abs <= tolerance))
+        rows.append(
+            StageDiff(
+                index, name, tuple(a.shape), max_abs, diff.mean().item(), max_abs <= tolerance
+            )
+        )
     return rows
 
 
@@ -215,7 +242,10 @@ class EquivalenceReport:
         return pd.DataFrame([vars(s) for s in self.forward + self.intermediates])
 
     def fused_table(self) -> pd.DataFrame:
-        frames = [pd.DataFrame([vars(s) for s in rows]).assign(comparison=name) for name, rows in self.fused.items()]
+        frames = [
+            pd.DataFrame([vars(s) for s in rows]).assign(comparison=name)
+            for name, rows in self.fused.items()
+        ]
         return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
     def summary(self) -> str:
@@ -249,7 +279,9 @@ def training_loss(out: torch.Tensor, num_classes: int, seed: int) -> torch.Tenso
     return (out * weights).sum() / out.shape[0]
 
 
-def compare_gradients(timm_model: nn.Module, glass: VisionTransformer, x: torch.Tensor, seed: int) -> pd.DataFrame:
+def compare_gradients(
+    timm_model: nn.Module, glass: VisionTransformer, x: torch.Tensor, seed: int
+) -> pd.DataFrame:
     """Per-parameter max |grad difference| of the same loss on both models."""
     for model in (timm_model, glass):
         model.zero_grad(set_to_none=True)
@@ -259,7 +291,14 @@ def compare_gradients(timm_model: nn.Module, glass: VisionTransformer, x: torch.
     for name, param in glass.named_parameters():
         other = theirs[timm_key_for(name)].grad
         diff = (param.grad.double() - other.double()).abs().max().item()
-        rows.append({"tensor": name, "timm_tensor": timm_key_for(name), "shape": tuple(param.shape), "max_abs_diff": diff})
+        rows.append(
+            {
+                "tensor": name,
+                "timm_tensor": timm_key_for(name),
+                "shape": tuple(param.shape),
+                "max_abs_diff": diff,
+            }
+        )
     for model in (timm_model, glass):
         model.zero_grad(set_to_none=True)
     return pd.DataFrame(rows)
@@ -274,8 +313,14 @@ def intermediates_of(model: nn.Module, x: torch.Tensor) -> dict[str, torch.Tenso
     rows = {"forward_intermediates() features": final}
     rows.update({f"forward_intermediates() block {i}": y for i, y in enumerate(per_block)})
     if getattr(model, "num_prefix_tokens", 0):
-        pairs = model.forward_intermediates(x, indices=[0, -1], return_prefix_tokens=True, norm=True,
-                                            output_fmt="NLC", intermediates_only=True)
+        pairs = model.forward_intermediates(
+            x,
+            indices=[0, -1],
+            return_prefix_tokens=True,
+            norm=True,
+            output_fmt="NLC",
+            intermediates_only=True,
+        )
         for i, (spatial, prefix) in zip((0, -1), pairs):
             rows[f"forward_intermediates(normed, NLC) block {i} patches"] = spatial
             rows[f"forward_intermediates(normed, NLC) block {i} prefix"] = prefix
@@ -335,8 +380,12 @@ def run_equivalence(
         _, ours_fast = glass.set_fast_attention(True).forward_stages(x)
         plain_fast = {"forward() fast attention": glass(x)}
         fused = {
-            "timm_fused_vs_glassbox_fast": compare_stages(ref_fused, ours_fast, fused_order, tolerance),
-            "timm_fused_vs_glassbox_written": compare_stages(ref_fused, ours, fused_order, tolerance),
+            "timm_fused_vs_glassbox_fast": compare_stages(
+                ref_fused, ours_fast, fused_order, tolerance
+            ),
+            "timm_fused_vs_glassbox_written": compare_stages(
+                ref_fused, ours, fused_order, tolerance
+            ),
         }
         # Same kernels on both sides (timm unfused vs written, timm fused vs fast): exact.
         timm_logits = {"forward()": logits, "forward() fast attention": logits_fused}
@@ -346,5 +395,11 @@ def run_equivalence(
         intermediates = compare_stages(theirs, ours_intermediates, list(theirs), tolerance)
     set_timm_fused(timm_model, False)
     glass.set_fast_attention(False)
-    grads = compare_gradients(timm_model, glass, x, seed) if gradients else pd.DataFrame(columns=["tensor", "max_abs_diff"])
-    return EquivalenceReport(architecture, tolerance, audit, stages, grads, fused, forward, intermediates)
+    grads = (
+        compare_gradients(timm_model, glass, x, seed)
+        if gradients
+        else pd.DataFrame(columns=["tensor", "max_abs_diff"])
+    )
+    return EquivalenceReport(
+        architecture, tolerance, audit, stages, grads, fused, forward, intermediates
+    )

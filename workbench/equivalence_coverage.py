@@ -22,10 +22,23 @@ from workbench.models.registry import TIMM_VIT_MODULES
 from workbench.models.vit_config import ViTConfig
 
 # Fields that say how big a model is, not which operations it runs.
-SIZE_FIELDS = ("image_size", "dim", "depth", "heads", "mlp_ratio", "mlp_hidden", "pool_mlp_hidden", "num_classes")
+SIZE_FIELDS = (
+    "image_size",
+    "dim",
+    "depth",
+    "heads",
+    "mlp_ratio",
+    "mlp_hidden",
+    "pool_mlp_hidden",
+    "num_classes",
+)
 REDUCED_DEPTH = 2
 REDUCED_HEADS = 2
-REDUCED_WIDTHS = (64, 96, 128)  # the first whose MLP width keeps every option (a packed GLU needs it even)
+REDUCED_WIDTHS = (
+    64,
+    96,
+    128,
+)  # the first whose MLP width keeps every option (a packed GLU needs it even)
 REDUCED_GRID = 4  # patches per side
 REDUCED_CLASSES = 10
 
@@ -89,8 +102,13 @@ def reduced_model(name: str, full: ViTConfig, seed: int = 0) -> torch.nn.Module:
     grid = tuple(REDUCED_GRID * p for p in (full.patch_hw))
     changed: list[str] = []
     for width in REDUCED_WIDTHS:
-        kwargs = dict(embed_dim=width, depth=REDUCED_DEPTH, num_heads=REDUCED_HEADS, img_size=grid,
-                      num_classes=REDUCED_CLASSES if full.num_classes else 0)
+        kwargs = dict(
+            embed_dim=width,
+            depth=REDUCED_DEPTH,
+            num_heads=REDUCED_HEADS,
+            img_size=grid,
+            num_classes=REDUCED_CLASSES if full.num_classes else 0,
+        )
         torch.manual_seed(seed)
         try:
             model = _create(name, **kwargs).eval()
@@ -105,8 +123,15 @@ def reduced_model(name: str, full: ViTConfig, seed: int = 0) -> torch.nn.Module:
 
 
 def check_architecture(
-    name: str, module: str = "", batch: int = 2, seed: int = 0, tolerance: float = 0.0, reduced: bool = True,
-    input_kind: str = "gaussian", device: str = "cpu", randomize: bool = True,
+    name: str,
+    module: str = "",
+    batch: int = 2,
+    seed: int = 0,
+    tolerance: float = 0.0,
+    reduced: bool = True,
+    input_kind: str = "gaussian",
+    device: str = "cpu",
+    randomize: bool = True,
 ) -> CoverageRow:
     """Match or refusal of one architecture; never raises for a model it cannot handle.
 
@@ -125,17 +150,33 @@ def check_architecture(
             model = _create(name).eval()
         if randomize:
             randomize_every_tensor(model, seed)
-        report = run_equivalence(model, name, batch=batch, seed=seed, tolerance=tolerance,
-                                 input_kind=input_kind, device=device)
+        report = run_equivalence(
+            model,
+            name,
+            batch=batch,
+            seed=seed,
+            tolerance=tolerance,
+            input_kind=input_kind,
+            device=device,
+        )
     except UnsupportedTimmModel as err:
         row.verdict, row.reason = "refused", str(err).removeprefix("unsupported timm ViT options: ")
         return row
-    except (WeightMappingError, ValueError, RuntimeError, AssertionError, TypeError, AttributeError) as err:
+    except (
+        WeightMappingError,
+        ValueError,
+        RuntimeError,
+        AssertionError,
+        TypeError,
+        AttributeError,
+    ) as err:
         row.reason = f"{type(err).__name__}: {(str(err).splitlines() or [''])[0]}"
         return row
     row.verdict = "match" if report.passed else "differs"
     row.max_stage_diff = report.max_abs_diff
-    row.max_gradient_diff = float(report.gradients["max_abs_diff"].max()) if len(report.gradients) else float("nan")
+    row.max_gradient_diff = (
+        float(report.gradients["max_abs_diff"].max()) if len(report.gradients) else float("nan")
+    )
     row.stages, row.gradients = len(report.stages), len(report.gradients)
     return row
 
@@ -144,7 +185,9 @@ def coverage_architectures(modules: tuple[str, ...] = TIMM_VIT_MODULES) -> list[
     """(architecture, module) for every architecture of the given timm modules."""
     import timm
 
-    return [(name, module) for module in modules for name in sorted(timm.list_models(module=module))]
+    return [
+        (name, module) for module in modules for name in sorted(timm.list_models(module=module))
+    ]
 
 
 def coverage_table(rows: list[CoverageRow]) -> pd.DataFrame:
@@ -155,6 +198,8 @@ def coverage_summary(table: pd.DataFrame) -> dict[str, int]:
     """Counts per module and verdict, e.g. {"vision_transformer.match": 148, ...}."""
     counts = table.groupby(["module", "verdict"]).size()
     summary = {f"{module}.{verdict}": int(n) for (module, verdict), n in counts.items()}
-    summary.update({f"total.{verdict}": int(n) for verdict, n in table.verdict.value_counts().items()})
+    summary.update(
+        {f"total.{verdict}": int(n) for verdict, n in table.verdict.value_counts().items()}
+    )
     summary["total"] = len(table)
     return summary

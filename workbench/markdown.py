@@ -15,7 +15,12 @@ def cell(text: object) -> str:
     return str(text).replace("|", "\\|").replace("\n", " ")
 
 
-def table(header: Sequence[str], rows: Sequence[Sequence[object]], align: Sequence[str] = (), pad: bool = True) -> str:
+def table(
+    header: Sequence[str],
+    rows: Sequence[Sequence[object]],
+    align: Sequence[str] = (),
+    pad: bool = True,
+) -> str:
     """A GitHub Markdown table.
 
     Args:
@@ -29,16 +34,33 @@ def table(header: Sequence[str], rows: Sequence[Sequence[object]], align: Sequen
     """
     for row in rows:
         if len(row) != len(header):
-            raise ValueError(f"table row {list(row)!r} has {len(row)} cells for {len(header)} columns")
+            raise ValueError(
+                f"table row {list(row)!r} has {len(row)} cells for {len(header)} columns"
+            )
     align = list(align) or ["l"] * len(header)
     cells = [[cell(c) for c in header]] + [[cell(c) for c in row] for row in rows]
     if not pad:
-        return "\n".join(["| " + " | ".join(cells[0]) + " |", "|" + "---|" * len(header)]
-                         + ["| " + " | ".join(r) + " |" for r in cells[1:]])
+        return "\n".join(
+            ["| " + " | ".join(cells[0]) + " |", "|" + "---|" * len(header)]
+            + ["| " + " | ".join(r) + " |" for r in cells[1:]]
+        )
     widths = [max(3, *(len(r[i]) for r in cells)) for i in range(len(header))]
 
     def line(row: list[str]) -> str:
-        return "| " + " | ".join(c.rjust(w) if a == "r" else c.ljust(w) for c, w, a in zip(row, widths, align)) + " |"
+        return (
+            "| "
+            + " | ".join(
+                c.rjust(w) if a == "r" else c.ljust(w) for c, w, a in zip(row, widths, align)
+            )
+            + " |"
+        )
 
-    rule = "|" + "|".join(("-" * (w + 1) + ":") if a == "r" else (":" + "-" * (w + 1)) for w, a in zip(widths, align)) + "|"
+    rule = (
+        "|"
+        + "|".join(
+            ("-" * (w + 1) + ":") if a == "r" else (":" + "-" * (w + 1))
+            for w, a in zip(widths, align)
+        )
+        + "|"
+    )
     return "\n".join([line(cells[0]), rule] + [line(r) for r in cells[1:]])

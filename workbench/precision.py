@@ -74,18 +74,26 @@ def resolve_amp(amp: str, device: torch.device | str) -> torch.dtype | None:
     device = torch.device(device)
     if device.type == "cuda":
         if amp == "bf16" and not bf16_supported(device):
-            raise AmpUnsupported(f"run.amp='bf16': {torch.cuda.get_device_name(device)} has no native bf16; "
-                                 "use amp: fp16 or amp: off")
+            raise AmpUnsupported(
+                f"run.amp='bf16': {torch.cuda.get_device_name(device)} has no native bf16; "
+                "use amp: fp16 or amp: off"
+            )
         return AMP_DTYPES[amp]
     if device.type == "cpu":
         if amp == "fp16":
-            raise AmpUnsupported("run.amp='fp16' is a GPU setting; on CPU use amp: bf16 (needs AVX512-BF16 or AMX) "
-                                 "or amp: off")
+            raise AmpUnsupported(
+                "run.amp='fp16' is a GPU setting; on CPU use amp: bf16 (needs AVX512-BF16 or AMX) "
+                "or amp: off"
+            )
         if not cpu_bf16_supported():
-            raise AmpUnsupported(f"run.amp='bf16': this CPU ({cpu_name()}) has no native bf16 (AVX512-BF16 or AMX), "
-                                 "so bf16 would be emulated and slower than fp32; use amp: off")
+            raise AmpUnsupported(
+                f"run.amp='bf16': this CPU ({cpu_name()}) has no native bf16 (AVX512-BF16 or AMX), "
+                "so bf16 would be emulated and slower than fp32; use amp: off"
+            )
         return torch.bfloat16
-    raise AmpUnsupported(f"run.amp={amp!r}: autocast is supported on cuda and cpu, not {device.type}; use amp: off")
+    raise AmpUnsupported(
+        f"run.amp={amp!r}: autocast is supported on cuda and cpu, not {device.type}; use amp: off"
+    )
 
 
 def cpu_name() -> str:
@@ -133,4 +141,3 @@ def set_threads(threads: int | None) -> int:
     if threads:
         torch.set_num_threads(int(threads))
     return torch.get_num_threads()
-

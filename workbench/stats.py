@@ -21,7 +21,13 @@ from typing import Any, Union
 import numpy as np
 from scipy import stats as sps
 from sklearn.exceptions import UndefinedMetricWarning
-from sklearn.metrics import accuracy_score, cohen_kappa_score, confusion_matrix, f1_score, recall_score
+from sklearn.metrics import (
+    accuracy_score,
+    cohen_kappa_score,
+    confusion_matrix,
+    f1_score,
+    recall_score,
+)
 
 from workbench.report_content.numbers import percentile_mc_errors
 
@@ -29,7 +35,9 @@ Metric = Union[str, Callable[[np.ndarray, np.ndarray], float]]
 Seed = Union[int, np.random.Generator, None]
 
 BOOTSTRAP_METHOD = "percentile bootstrap over examples"
-PAIRED_BOOTSTRAP_METHOD = "paired percentile bootstrap over examples (same resampled indices for both arms), a - b"
+PAIRED_BOOTSTRAP_METHOD = (
+    "paired percentile bootstrap over examples (same resampled indices for both arms), a - b"
+)
 HIERARCHICAL_METHOD = (
     "hierarchical paired percentile bootstrap: seeds resampled with replacement, then examples within "
     "each drawn seed (fresh draw per drawn copy, same indices for both arms); mean over seeds of a - b"
@@ -97,14 +105,20 @@ class PairedComparison:
 # ---------------------------------------------------------------- metrics on one prediction set
 
 
-def _check_labels(labels: Any, predicted: Any, num_classes: int | None = None) -> tuple[np.ndarray, np.ndarray, int]:
+def _check_labels(
+    labels: Any, predicted: Any, num_classes: int | None = None
+) -> tuple[np.ndarray, np.ndarray, int]:
     """Validate class-index arrays; returns them as int64 with K (inferred when num_classes is None)."""
     y, p = np.asarray(labels), np.asarray(predicted)
     if y.shape != p.shape or y.size == 0:
-        raise ValueError(f"labels and predicted must be non-empty and equally long, got shapes {y.shape} and {p.shape}")
+        raise ValueError(
+            f"labels and predicted must be non-empty and equally long, got shapes {y.shape} and {p.shape}"
+        )
     for name, a in (("labels", y), ("predicted", p)):
         if a.ndim != 1 or a.dtype.kind not in "iub":
-            raise ValueError(f"{name} must be 1-D integer class indices, got shape {a.shape} dtype {a.dtype}")
+            raise ValueError(
+                f"{name} must be 1-D integer class indices, got shape {a.shape} dtype {a.dtype}"
+            )
     y, p = y.astype(np.int64), p.astype(np.int64)
     k = int(max(y.max(), p.max())) + 1 if num_classes is None else int(num_classes)
     for name, a in (("labels", y), ("predicted", p)):
@@ -179,22 +193,30 @@ def _macro_f1_cm(cm: np.ndarray) -> np.ndarray:
 def _qwk_cm(cm: np.ndarray) -> np.ndarray:
     k = cm.shape[1]
     w = (np.arange(k)[:, None] - np.arange(k)[None, :]) ** 2.0
-    expected = cm.sum(axis=2)[:, :, None] * cm.sum(axis=1)[:, None, :] / cm.sum(axis=(1, 2))[:, None, None]
+    expected = (
+        cm.sum(axis=2)[:, :, None] * cm.sum(axis=1)[:, None, :] / cm.sum(axis=(1, 2))[:, None, None]
+    )
     num, den = (w * cm).sum(axis=(1, 2)), (w * expected).sum(axis=(1, 2))
     with np.errstate(invalid="ignore", divide="ignore"):
         return np.where(den > 0, 1.0 - num / den, np.nan)
 
 
 CONFUSION_METRICS: dict[str, Callable[[np.ndarray], np.ndarray]] = {
-    "accuracy": _accuracy_cm, "macro_f1": _macro_f1_cm, "qwk": _qwk_cm,
+    "accuracy": _accuracy_cm,
+    "macro_f1": _macro_f1_cm,
+    "qwk": _qwk_cm,
 }
 
 
 def _check_args(metric: Metric | None, n_resamples: int, confidence: float) -> None:
     if isinstance(metric, str) and metric not in CONFUSION_METRICS:
-        raise ValueError(f"unknown metric {metric!r}; names: {sorted(CONFUSION_METRICS)}, or pass f(labels, predicted)")
+        raise ValueError(
+            f"unknown metric {metric!r}; names: {sorted(CONFUSION_METRICS)}, or pass f(labels, predicted)"
+        )
     if metric is not None and not isinstance(metric, str) and not callable(metric):
-        raise TypeError(f"metric must be a name in {sorted(CONFUSION_METRICS)} or a callable, got {metric!r}")
+        raise TypeError(
+            f"metric must be a name in {sorted(CONFUSION_METRICS)} or a callable, got {metric!r}"
+        )
     if int(n_resamples) < 1:
         raise ValueError(f"n_resamples must be >= 1, got {n_resamples}")
     if not 0.0 < confidence < 1.0:
@@ -204,14 +226,18 @@ def _check_args(metric: Metric | None, n_resamples: int, confidence: float) -> N
 def _confusion_batch(y: np.ndarray, p: np.ndarray, k: int, idx: np.ndarray) -> np.ndarray:
     """Confusion counts (R, K, K) of the resamples ``idx`` (R, N), from one bincount."""
     r = idx.shape[0]
-    codes = (y * k + p)[idx] + (np.arange(r) * k * k)[:, None]  # (R, N): flat cell, own K*K block per resample
+    codes = (y * k + p)[idx] + (np.arange(r) * k * k)[
+        :, None
+    ]  # (R, N): flat cell, own K*K block per resample
     return np.bincount(codes.ravel(), minlength=r * k * k).reshape(r, k, k).astype(np.float64)
 
 
 def _score(y: np.ndarray, p: np.ndarray, metric: Metric, k: int) -> float:
     if callable(metric):
         return float(metric(y, p))
-    return float(CONFUSION_METRICS[metric](_confusion_batch(y, p, k, np.arange(y.size)[None, :]))[0])
+    return float(
+        CONFUSION_METRICS[metric](_confusion_batch(y, p, k, np.arange(y.size)[None, :]))[0]
+    )
 
 
 def _difference(scores: list) -> Any:
@@ -224,8 +250,15 @@ def _interaction(scores: list) -> Any:
     return (scores[0] - scores[1]) - (scores[2] - scores[3])
 
 
-def _resampled(rng: np.random.Generator, y: np.ndarray, preds: list[np.ndarray], metric: Metric, k: int, rows: int,
-               contrast: Callable[[list], Any] = _difference) -> np.ndarray:
+def _resampled(
+    rng: np.random.Generator,
+    y: np.ndarray,
+    preds: list[np.ndarray],
+    metric: Metric,
+    k: int,
+    rows: int,
+    contrast: Callable[[list], Any] = _difference,
+) -> np.ndarray:
     """``contrast`` of the arms' metrics (``preds``: one array per arm) on ``rows`` example resamples: (rows,).
 
     Every arm is scored on the same resampled indices of each row.
@@ -240,7 +273,9 @@ def _resampled(rng: np.random.Generator, y: np.ndarray, preds: list[np.ndarray],
         for start in range(0, rows, block):
             idx = rng.integers(0, y.size, size=(min(block, rows - start), y.size))  # (R, N)
             if isinstance(metric, str):
-                v = contrast([CONFUSION_METRICS[metric](_confusion_batch(y, p, k, idx)) for p in preds])
+                v = contrast(
+                    [CONFUSION_METRICS[metric](_confusion_batch(y, p, k, idx)) for p in preds]
+                )
             else:
                 v = np.array([contrast([metric(y[i], p[i]) for p in preds]) for i in idx])
             out[start : start + idx.shape[0]] = v
@@ -250,17 +285,35 @@ def _resampled(rng: np.random.Generator, y: np.ndarray, preds: list[np.ndarray],
 def _percentile_ci(estimate: float, values: np.ndarray, confidence: float, method: str) -> CI:
     defined = values[~np.isnan(values)]
     alpha = 1.0 - confidence
-    low, high = np.quantile(defined, [alpha / 2, 1 - alpha / 2]) if defined.size else (np.nan, np.nan)
+    low, high = (
+        np.quantile(defined, [alpha / 2, 1 - alpha / 2]) if defined.size else (np.nan, np.nan)
+    )
     mc_low, mc_high = percentile_mc_errors(defined, confidence)
-    return CI(float(estimate), float(low), float(high), int(values.size), method, float(confidence),
-              int(values.size - defined.size), mc_low, mc_high)
+    return CI(
+        float(estimate),
+        float(low),
+        float(high),
+        int(values.size),
+        method,
+        float(confidence),
+        int(values.size - defined.size),
+        mc_low,
+        mc_high,
+    )
 
 
 # ------------------------------------------------------------------ bootstrap over examples
 
 
-def bootstrap_ci(labels: Any, predicted: Any, metric_fn: Metric, n_resamples: int = 1000,
-                 confidence: float = 0.95, seed: Seed = 0, num_classes: int | None = None) -> CI:
+def bootstrap_ci(
+    labels: Any,
+    predicted: Any,
+    metric_fn: Metric,
+    n_resamples: int = 1000,
+    confidence: float = 0.95,
+    seed: Seed = 0,
+    num_classes: int | None = None,
+) -> CI:
     """Percentile bootstrap CI of a metric, resampling examples with replacement.
 
     Args:
@@ -282,8 +335,16 @@ def bootstrap_ci(labels: Any, predicted: Any, metric_fn: Metric, n_resamples: in
     return _percentile_ci(_score(y, p, metric_fn, k), values, confidence, BOOTSTRAP_METHOD)
 
 
-def paired_bootstrap_difference(labels: Any, pred_a: Any, pred_b: Any, metric_fn: Metric, n_resamples: int = 1000,
-                                confidence: float = 0.95, seed: Seed = 0, num_classes: int | None = None) -> CI:
+def paired_bootstrap_difference(
+    labels: Any,
+    pred_a: Any,
+    pred_b: Any,
+    metric_fn: Metric,
+    n_resamples: int = 1000,
+    confidence: float = 0.95,
+    seed: Seed = 0,
+    num_classes: int | None = None,
+) -> CI:
     """CI of ``metric(a) - metric(b)`` for two prediction sets on the same examples.
 
     Both arms are scored on the same resampled indices, so what the examples contribute
@@ -317,7 +378,9 @@ def _sorted_seeds(seeds: Any) -> list:
         return sorted(seeds, key=repr)
 
 
-def _pair_seeds(a: Mapping, b: Mapping, allow_missing: bool, names: tuple[str, str]) -> tuple[list, list, list]:
+def _pair_seeds(
+    a: Mapping, b: Mapping, allow_missing: bool, names: tuple[str, str]
+) -> tuple[list, list, list]:
     """Shared seeds, seeds missing in a, seeds missing in b; refuses a silent partial pairing."""
     missing_in_a, missing_in_b = _sorted_seeds(set(b) - set(a)), _sorted_seeds(set(a) - set(b))
     common = _sorted_seeds(set(a) & set(b))
@@ -328,7 +391,9 @@ def _pair_seeds(a: Mapping, b: Mapping, allow_missing: bool, names: tuple[str, s
             "allow_missing=True to compare the shared seeds and report the rest"
         )
     if not common:
-        raise ValueError(f"no seed in common: {names[0]} has {_sorted_seeds(a)}, {names[1]} has {_sorted_seeds(b)}")
+        raise ValueError(
+            f"no seed in common: {names[0]} has {_sorted_seeds(a)}, {names[1]} has {_sorted_seeds(b)}"
+        )
     return common, missing_in_a, missing_in_b
 
 
@@ -355,11 +420,22 @@ def summarize_over_seeds(values: Mapping[Any, float]) -> dict[str, Any]:
     seeds = _sorted_seeds(values)
     v = _finite_values(values, seeds, "values")
     std = float(v.std(ddof=1)) if v.size > 1 else float("nan")
-    return {"mean": float(v.mean()), "std": std, "n": int(v.size), "seeds": seeds, "values": v.tolist()}
+    return {
+        "mean": float(v.mean()),
+        "std": std,
+        "n": int(v.size),
+        "seeds": seeds,
+        "values": v.tolist(),
+    }
 
 
-def paired_seed_comparison(a: Mapping[Any, float], b: Mapping[Any, float], confidence: float = 0.95,
-                           allow_missing: bool = False, names: tuple[str, str] = ("a", "b")) -> PairedComparison:
+def paired_seed_comparison(
+    a: Mapping[Any, float],
+    b: Mapping[Any, float],
+    confidence: float = 0.95,
+    allow_missing: bool = False,
+    names: tuple[str, str] = ("a", "b"),
+) -> PairedComparison:
     """Compare two arms seed by seed: each seed is a matched pair, the differences are the data.
 
     Args:
@@ -380,7 +456,9 @@ def paired_seed_comparison(a: Mapping[Any, float], b: Mapping[Any, float], confi
     n, mean = d.size, float(d.mean())
     notes = []
     if missing_in_a or missing_in_b:
-        notes.append(f"compared on {n} shared seeds; missing in {names[0]}: {missing_in_a}, in {names[1]}: {missing_in_b}")
+        notes.append(
+            f"compared on {n} shared seeds; missing in {names[0]}: {missing_in_a}, in {names[1]}: {missing_in_b}"
+        )
     low = high = p = w = float("nan")
     if n < 2:
         notes.append("fewer than 2 seeds: no spread to estimate, so no t-interval or p-values")
@@ -390,26 +468,49 @@ def paired_seed_comparison(a: Mapping[Any, float], b: Mapping[Any, float], confi
         low = high = mean
         notes.append("every seed has the same difference: zero-width interval, t-test undefined")
     else:
-        low, high = (float(x) for x in sps.t.interval(confidence, n - 1, loc=mean, scale=sps.sem(d)))
+        low, high = (
+            float(x) for x in sps.t.interval(confidence, n - 1, loc=mean, scale=sps.sem(d))
+        )
         p = float(sps.ttest_rel(va, vb).pvalue)
     if n >= 2 and np.any(d != 0):
         with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # scipy warns when ties or zeros force the normal approximation
+            warnings.simplefilter(
+                "ignore"
+            )  # scipy warns when ties or zeros force the normal approximation
             w = float(sps.wilcoxon(d).pvalue)
-    method = (f"paired over seeds, d = {names[0]} - {names[1]} per seed; mean d with {confidence:.0%} Student-t interval "
-              "(scipy.stats.t, df = n - 1); two-sided paired t-test (scipy.stats.ttest_rel) and Wilcoxon signed-rank "
-              "(scipy.stats.wilcoxon); wins/ties/losses count seeds with d > 0 / = 0 / < 0")
+    method = (
+        f"paired over seeds, d = {names[0]} - {names[1]} per seed; mean d with {confidence:.0%} Student-t interval "
+        "(scipy.stats.t, df = n - 1); two-sided paired t-test (scipy.stats.ttest_rel) and Wilcoxon signed-rank "
+        "(scipy.stats.wilcoxon); wins/ties/losses count seeds with d > 0 / = 0 / < 0"
+    )
     return PairedComparison(
-        seeds=seeds, differences=d.tolist(), n=int(n), mean_difference=mean, ci_low=low, ci_high=high,
-        confidence=float(confidence), wins=int((d > 0).sum()), ties=int((d == 0).sum()), losses=int((d < 0).sum()),
-        p_value=p, wilcoxon_p_value=w, method=method, note="; ".join(notes),
-        missing_in_a=missing_in_a, missing_in_b=missing_in_b,
+        seeds=seeds,
+        differences=d.tolist(),
+        n=int(n),
+        mean_difference=mean,
+        ci_low=low,
+        ci_high=high,
+        confidence=float(confidence),
+        wins=int((d > 0).sum()),
+        ties=int((d == 0).sum()),
+        losses=int((d < 0).sum()),
+        p_value=p,
+        wilcoxon_p_value=w,
+        method=method,
+        note="; ".join(notes),
+        missing_in_a=missing_in_a,
+        missing_in_b=missing_in_b,
     )
 
 
 def paired_hierarchical_bootstrap(
-    per_seed_a: Mapping[Any, tuple[Any, Any]], per_seed_b: Mapping[Any, tuple[Any, Any]], metric_fn: Metric,
-    n_resamples: int = 1000, confidence: float = 0.95, seed: Seed = 0, num_classes: int | None = None,
+    per_seed_a: Mapping[Any, tuple[Any, Any]],
+    per_seed_b: Mapping[Any, tuple[Any, Any]],
+    metric_fn: Metric,
+    n_resamples: int = 1000,
+    confidence: float = 0.95,
+    seed: Seed = 0,
+    num_classes: int | None = None,
 ) -> CI:
     """CI of the seed-mean difference ``metric(a) - metric(b)`` from saved predictions.
 
@@ -427,13 +528,25 @@ def paired_hierarchical_bootstrap(
     Returns:
         The CI; ``estimate`` is the mean over seeds of the full-data difference.
     """
-    return _hierarchical([per_seed_a, per_seed_b], _difference, HIERARCHICAL_METHOD, metric_fn, n_resamples,
-                         confidence, seed, num_classes)
+    return _hierarchical(
+        [per_seed_a, per_seed_b],
+        _difference,
+        HIERARCHICAL_METHOD,
+        metric_fn,
+        n_resamples,
+        confidence,
+        seed,
+        num_classes,
+    )
 
 
 def hierarchical_interaction_bootstrap(
-    per_seed: Sequence[Mapping[Any, tuple[Any, Any]]], metric_fn: Metric, n_resamples: int = 1000,
-    confidence: float = 0.95, seed: Seed = 0, num_classes: int | None = None,
+    per_seed: Sequence[Mapping[Any, tuple[Any, Any]]],
+    metric_fn: Metric,
+    n_resamples: int = 1000,
+    confidence: float = 0.95,
+    seed: Seed = 0,
+    num_classes: int | None = None,
 ) -> CI:
     """CI of the seed-mean interaction ``(metric(a) - metric(b)) - (metric(c) - metric(d))``.
 
@@ -451,29 +564,53 @@ def hierarchical_interaction_bootstrap(
     """
     if len(per_seed) != 4:
         raise ValueError(f"an interaction needs 4 arms (a, b, c, d), got {len(per_seed)}")
-    return _hierarchical(list(per_seed), _interaction, INTERACTION_METHOD, metric_fn, n_resamples, confidence, seed,
-                         num_classes)
+    return _hierarchical(
+        list(per_seed),
+        _interaction,
+        INTERACTION_METHOD,
+        metric_fn,
+        n_resamples,
+        confidence,
+        seed,
+        num_classes,
+    )
 
 
-def _hierarchical(per_seed: list[Mapping], contrast: Callable[[list], Any], method: str, metric_fn: Metric,
-                  n_resamples: int, confidence: float, seed: Seed, num_classes: int | None) -> CI:
+def _hierarchical(
+    per_seed: list[Mapping],
+    contrast: Callable[[list], Any],
+    method: str,
+    metric_fn: Metric,
+    n_resamples: int,
+    confidence: float,
+    seed: Seed,
+    num_classes: int | None,
+) -> CI:
     """The hierarchical bootstrap of ``contrast`` over the arms of ``per_seed`` (see its callers)."""
     _check_args(metric_fn, n_resamples, confidence)
     names = ("a", "b", "c", "d")[: len(per_seed)]
     seeds, _, _ = _pair_seeds(per_seed[0], per_seed[1], False, names[:2])
     for name, arm in zip(names[2:], per_seed[2:]):
         if set(arm) != set(seeds):
-            raise ValueError(f"seeds differ between arms: {names[0]} has {seeds}, {name} has {_sorted_seeds(arm)}")
+            raise ValueError(
+                f"seeds differ between arms: {names[0]} has {seeds}, {name} has {_sorted_seeds(arm)}"
+            )
     data, k = [], 0
     for s in seeds:
         checked = [_check_labels(*arm[s], num_classes) for arm in per_seed]
         y0 = checked[0][0]
         for name, (y, _, _) in zip(names[1:], checked[1:]):
             if y.shape != y0.shape or not np.array_equal(y, y0):
-                how = f"{y0.size} vs {y.size} examples" if y.shape != y0.shape else f"{int((y0 != y).sum())} labels differ"
+                how = (
+                    f"{y0.size} vs {y.size} examples"
+                    if y.shape != y0.shape
+                    else f"{int((y0 != y).sum())} labels differ"
+                )
                 who = "the arms were" if len(per_seed) == 2 else f"arms {names[0]} and {name} were"
-                raise ValueError(f"seed {s!r}: {who} not evaluated on identical examples ({how}); "
-                                 "a paired bootstrap needs the same labels in the same order")
+                raise ValueError(
+                    f"seed {s!r}: {who} not evaluated on identical examples ({how}); "
+                    "a paired bootstrap needs the same labels in the same order"
+                )
         data.append((y0, [p for _, p, _ in checked]))
         k = max(k, *(kk for _, _, kk in checked))
     rng = np.random.default_rng(seed)
@@ -481,8 +618,12 @@ def _hierarchical(per_seed: list[Mapping], contrast: Callable[[list], Any], meth
     pick = rng.integers(0, n_seeds, size=r * n_seeds)  # flat (R, S): which seed fills each slot
     slot_diff = np.empty(r * n_seeds)
     for j, (y, preds) in enumerate(data):
-        slots = np.flatnonzero(pick == j)  # every drawn copy of seed j gets its own example resample
+        slots = np.flatnonzero(
+            pick == j
+        )  # every drawn copy of seed j gets its own example resample
         slot_diff[slots] = _resampled(rng, y, preds, metric_fn, k, slots.size, contrast)
     values = slot_diff.reshape(r, n_seeds).mean(axis=1)
-    estimate = float(np.mean([contrast([_score(y, p, metric_fn, k) for p in preds]) for y, preds in data]))
+    estimate = float(
+        np.mean([contrast([_score(y, p, metric_fn, k) for p in preds]) for y, preds in data])
+    )
     return _percentile_ci(estimate, values, confidence, method)

@@ -31,7 +31,16 @@ import numpy as np
 
 from reports.attribution.attribution_study import AttributionStudy
 from reports.collect import ReportError
-from reports.evidence import EVIDENCE_DIR, FILE_MODE, RUNS_FILE, cell_entry, cell_record, read_document, remove_stale, write_document
+from reports.evidence import (
+    EVIDENCE_DIR,
+    FILE_MODE,
+    RUNS_FILE,
+    cell_entry,
+    cell_record,
+    read_document,
+    remove_stale,
+    write_document,
+)
 from reports.provenance import BuildInputs
 from tracking.export import run_export
 from tracking.kinds import attribution_runs
@@ -68,8 +77,9 @@ def _protocol_files(study: AttributionStudy) -> dict[str, str]:
     return files
 
 
-def export_attribution_evidence(folder: Path, study: AttributionStudy, inputs: BuildInputs,
-                                logged_to: list[str]) -> Path:
+def export_attribution_evidence(
+    folder: Path, study: AttributionStudy, inputs: BuildInputs, logged_to: list[str]
+) -> Path:
     """Write ``folder`` (``runs.json``, ``arrays/``, ``README.md``) for ``study`` as reported."""
     protocol, cells, written = study.protocol, [], set()
     reported = {r.run_id: key for key, r in study.chosen.items()}
@@ -81,21 +91,39 @@ def export_attribution_evidence(folder: Path, study: AttributionStudy, inputs: B
             data = npz_bytes(arrays)
             atomic_write_bytes(folder / name, data, FILE_MODE)
             written.add(folder / name)
-            entry["arrays"] = {"file": name, "sha256": hashlib.sha256(data).hexdigest(),
-                               "shapes": {k: list(np.shape(v)) for k, v in sorted(arrays.items())}}
+            entry["arrays"] = {
+                "file": name,
+                "sha256": hashlib.sha256(data).hexdigest(),
+                "shapes": {k: list(np.shape(v)) for k, v in sorted(arrays.items())},
+            }
         cells.append(entry)
     document = {
         "format": FORMAT,
-        "protocol": {"name": protocol.name, "hash": study.digest, "source": inputs.protocol_source,
-                     "canonical": protocol.canonical, "files": _protocol_files(study)},
+        "protocol": {
+            "name": protocol.name,
+            "hash": study.digest,
+            "source": inputs.protocol_source,
+            "canonical": protocol.canonical,
+            "files": _protocol_files(study),
+        },
         "store": {"tracking_uri": study.tracking_uri, "experiment": protocol.name},
-        "build": {"hash_option": inputs.hash_option, "resamples": inputs.n_resamples,
-                  "bootstrap_seed": inputs.bootstrap_seed, "confidence": inputs.confidence, "strict": inputs.strict,
-                  "logged_to": list(logged_to)},
-        "parents": [run_export.run_record(p.run_id) for p in queries.parent_runs(protocol.name, study.digest)],
+        "build": {
+            "hash_option": inputs.hash_option,
+            "resamples": inputs.n_resamples,
+            "bootstrap_seed": inputs.bootstrap_seed,
+            "confidence": inputs.confidence,
+            "strict": inputs.strict,
+            "logged_to": list(logged_to),
+        },
+        "parents": [
+            run_export.run_record(p.run_id)
+            for p in queries.parent_runs(protocol.name, study.digest)
+        ],
         "cells": cells,
     }
-    write_document(folder, document, _readme(protocol.name, study.digest, len(study.chosen), len(cells)))
+    write_document(
+        folder, document, _readme(protocol.name, study.digest, len(study.chosen), len(cells))
+    )
     remove_stale(folder / "arrays", "*.npz", written)
     return folder
 
@@ -167,20 +195,28 @@ def _protocol(where: str, p: dict):
         except ProtocolError as err:
             raise ReportError(f"{where}: the exported protocol does not parse ({err})") from err
     if protocol.hash != p["hash"] or protocol.canonical != p["canonical"]:
-        raise ReportError(f"{where}: the exported protocol file hashes to {protocol.hash[:12]}, not protocol.hash "
-                          f"{p['hash'][:12]}")
+        raise ReportError(
+            f"{where}: the exported protocol file hashes to {protocol.hash[:12]}, not protocol.hash "
+            f"{p['hash'][:12]}"
+        )
     return protocol
 
 
-def exported_cell(folder: Path, record: queries.CellRecord, entry: dict) -> attribution_runs.CellResult:
+def exported_cell(
+    folder: Path, record: queries.CellRecord, entry: dict
+) -> attribution_runs.CellResult:
     info = entry["arrays"]
     path = folder / info["file"]
     try:
         data = path.read_bytes()
     except OSError as err:
-        raise ReportError(f"{path}: cannot read the exported arrays ({err.strerror or err})") from err
+        raise ReportError(
+            f"{path}: cannot read the exported arrays ({err.strerror or err})"
+        ) from err
     if hashlib.sha256(data).hexdigest() != info["sha256"]:
-        raise ReportError(f"{path}: sha256 differs from {RUNS_FILE}: the file was changed or damaged")
+        raise ReportError(
+            f"{path}: sha256 differs from {RUNS_FILE}: the file was changed or damaged"
+        )
     arrays = attribution_runs.read_npz(data)
     shapes = {k: list(np.shape(v)) for k, v in sorted(arrays.items())}
     if shapes != info["shapes"]:
@@ -197,15 +233,39 @@ def _evidence(folder: Path, doc: dict) -> AttributionEvidence:
     chosen = choose_cells(records)
     if not chosen:
         raise ReportError(f"{where}: no finished cell run: nothing to rebuild")
-    lacking = [f"{r.arm}/seed{r.seed} ({r.run_id})" for r in chosen.values() if "arrays" not in entries[r.run_id]]
+    lacking = [
+        f"{r.arm}/seed{r.seed} ({r.run_id})"
+        for r in chosen.values()
+        if "arrays" not in entries[r.run_id]
+    ]
     if lacking:
-        raise ReportError(f"{where}: reported cells whose arrays were not exported: {', '.join(lacking)}")
+        raise ReportError(
+            f"{where}: reported cells whose arrays were not exported: {', '.join(lacking)}"
+        )
     cells = {key: exported_cell(folder, r, entries[r.run_id]) for key, r in chosen.items()}
-    study = AttributionStudy(protocol, p["hash"], chosen, records, cells, doc["store"]["tracking_uri"],
-                             f"{protocol.name}/{EVIDENCE_DIR}")
-    e = protocol.evaluation  # the bootstrap seed and confidence are the protocol's: its hash is checked above
-    inputs = BuildInputs(p["source"], p["hash"], build["hash_option"], None, [], int(build["resamples"]), e.seed,
-                         e.confidence, bool(build["strict"]))
+    study = AttributionStudy(
+        protocol,
+        p["hash"],
+        chosen,
+        records,
+        cells,
+        doc["store"]["tracking_uri"],
+        f"{protocol.name}/{EVIDENCE_DIR}",
+    )
+    e = (
+        protocol.evaluation
+    )  # the bootstrap seed and confidence are the protocol's: its hash is checked above
+    inputs = BuildInputs(
+        p["source"],
+        p["hash"],
+        build["hash_option"],
+        None,
+        [],
+        int(build["resamples"]),
+        e.seed,
+        e.confidence,
+        bool(build["strict"]),
+    )
     return AttributionEvidence(study, inputs, list(build["logged_to"]))
 
 

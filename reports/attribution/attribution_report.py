@@ -20,12 +20,31 @@ import torch
 from reports import provenance
 from reports.attribution.attribution_evidence import export_attribution_evidence
 from reports.attribution.attribution_study import AttributionStudy, load_study
-from reports.attribution.faithfulness import (BASELINE, BETTER, MEASURES, AttentionOnEffects, BlockConcentration,
-                                              BlockNorms, MeasureRow, attention_on_effects, block_concentration,
-                                              block_norms, faithfulness_rows, has_concentration, mean_curves)
+from reports.attribution.faithfulness import (
+    BASELINE,
+    BETTER,
+    MEASURES,
+    AttentionOnEffects,
+    BlockConcentration,
+    BlockNorms,
+    MeasureRow,
+    attention_on_effects,
+    block_concentration,
+    block_norms,
+    faithfulness_rows,
+    has_concentration,
+    mean_curves,
+)
 from reports.collect import ReportError, newer_attempts, resolve_hash, shown_path
 from reports.figures import report_png
-from reports.output import ReportResult, Summary, log_report, paired_metrics, results_text, write_report
+from reports.output import (
+    ReportResult,
+    Summary,
+    log_report,
+    paired_metrics,
+    results_text,
+    write_report,
+)
 from reports.render import Block, Bullets, Figure, Heading, Para, Table
 from tracking.kinds.attribution_runs import CellResult
 from tracking.record import queries
@@ -36,7 +55,11 @@ from workbench.report_content.rounding import bootstrap_display, fmt
 
 FLAG = "⚠"
 SPLIT_WORDS = {"val": "validation", "test": "test"}
-MEASURE_WORDS = {"rho": "Spearman ρ", "deletion_auc": "deletion AUC", "insertion_auc": "insertion AUC"}
+MEASURE_WORDS = {
+    "rho": "Spearman ρ",
+    "deletion_auc": "deletion AUC",
+    "insertion_auc": "insertion AUC",
+}
 DECIMALS = 3
 
 
@@ -68,22 +91,33 @@ def faithfulness_table(rows: list[MeasureRow], confidence: float) -> Table:
         for measure in MEASURES:
             r = by[(m, measure)]
             o = r.over_seeds
-            line += ["n/a", "n/a"] if o is None else [fmt(r.mean, DECIMALS, measure == "rho"),
-                                                      _interval(o.ci_low, o.ci_high, measure == "rho")]
+            line += (
+                ["n/a", "n/a"]
+                if o is None
+                else [
+                    fmt(r.mean, DECIMALS, measure == "rho"),
+                    _interval(o.ci_low, o.ci_high, measure == "rho"),
+                ]
+            )
         line.append(str(sum(by[(m, "rho")].undefined.values())))
         body.append(line)
     c = f"{confidence:.0%} t"
-    return Table(["method", "Spearman ρ", c, "deletion AUC", c, "insertion AUC", c, "images without ρ"], body,
-                 ["l", "r", "r", "r", "r", "r", "r", "r"],
-                 ["Per image: Spearman ρ between the method's patch scores and the exact causal effect of each patch "
-                  "token (log p(true class) of the intact model minus that of the same model without that one token), "
-                  "and the area under the true-class probability as patch tokens are removed (deletion: lower is more "
-                  "faithful) or kept (insertion: higher is more faithful) in the method's order, most important first; "
-                  "AUC by the trapezoid rule over the fractions 0 to 1, both ends included. A seed's value is the mean "
-                  "over its images (ρ: over the images where it is defined; it is not where the scores or the effects "
-                  "are constant, counted in the last column over all seeds). Mean over seeds with the Student-t "
-                  "interval over seeds (df = n − 1; none for one seed, zero width when every seed agrees)."],
-                 css_class="wide")
+    return Table(
+        ["method", "Spearman ρ", c, "deletion AUC", c, "insertion AUC", c, "images without ρ"],
+        body,
+        ["l", "r", "r", "r", "r", "r", "r", "r"],
+        [
+            "Per image: Spearman ρ between the method's patch scores and the exact causal effect of each patch "
+            "token (log p(true class) of the intact model minus that of the same model without that one token), "
+            "and the area under the true-class probability as patch tokens are removed (deletion: lower is more "
+            "faithful) or kept (insertion: higher is more faithful) in the method's order, most important first; "
+            "AUC by the trapezoid rule over the fractions 0 to 1, both ends included. A seed's value is the mean "
+            "over its images (ρ: over the images where it is defined; it is not where the scores or the effects "
+            "are constant, counted in the last column over all seeds). Mean over seeds with the Student-t "
+            "interval over seeds (df = n − 1; none for one seed, zero width when every seed agrees)."
+        ],
+        css_class="wide",
+    )
 
 
 def random_table(rows: list[MeasureRow], confidence: float, n_resamples: int) -> Table:
@@ -94,18 +128,39 @@ def random_table(rows: list[MeasureRow], confidence: float, n_resamples: int) ->
         t, b = r.vs_random, r.bootstrap
         shown = bootstrap_display(b, 1.0, "", max_decimals=4, estimate_decimals=DECIMALS)
         mark = {1: " ✓", -1: " ✗", 0: ""}[_settled(r)]
-        body.append([f"`{r.method}`", MEASURE_WORDS[r.measure], fmt(t.mean_difference, DECIMALS, True) + mark,
-                     _interval(t.ci_low, t.ci_high, True), f"[{shown.low}, {shown.high}]",
-                     f"{r.better_in()} of {t.n}", " / ".join(fmt(d, DECIMALS, True) for d in t.differences)])
-    return Table(["method", "measure", "mean − random", f"{confidence:.0%} t-interval", f"{confidence:.0%} bootstrap",
-                  "better in", "per seed"], body, ["l", "l", "r", "r", "r", "r", "r"],
-                 ["Each method against the seeded random order on the same cells and images: the difference of the "
-                  "seed values (method − random). t-interval: Student-t over the per-seed differences; bootstrap: "
-                  f"hierarchical over seeds, then images ({n_resamples:,} resamples; the same images for both). "
-                  "'better in': seeds where the method was more faithful than random (higher ρ or insertion AUC, lower "
-                  "deletion AUC). ✓ where both intervals lie on the faithful side of zero, ✗ where both lie on the "
-                  "other side; otherwise the seeds and images do not settle it. Per seed in seed order."],
-                 css_class="wide")
+        body.append(
+            [
+                f"`{r.method}`",
+                MEASURE_WORDS[r.measure],
+                fmt(t.mean_difference, DECIMALS, True) + mark,
+                _interval(t.ci_low, t.ci_high, True),
+                f"[{shown.low}, {shown.high}]",
+                f"{r.better_in()} of {t.n}",
+                " / ".join(fmt(d, DECIMALS, True) for d in t.differences),
+            ]
+        )
+    return Table(
+        [
+            "method",
+            "measure",
+            "mean − random",
+            f"{confidence:.0%} t-interval",
+            f"{confidence:.0%} bootstrap",
+            "better in",
+            "per seed",
+        ],
+        body,
+        ["l", "l", "r", "r", "r", "r", "r"],
+        [
+            "Each method against the seeded random order on the same cells and images: the difference of the "
+            "seed values (method − random). t-interval: Student-t over the per-seed differences; bootstrap: "
+            f"hierarchical over seeds, then images ({n_resamples:,} resamples; the same images for both). "
+            "'better in': seeds where the method was more faithful than random (higher ρ or insertion AUC, lower "
+            "deletion AUC). ✓ where both intervals lie on the faithful side of zero, ✗ where both lie on the "
+            "other side; otherwise the seeds and images do not settle it. Per seed in seed order."
+        ],
+        css_class="wide",
+    )
 
 
 def results_paragraph(arm: str, rows: list[MeasureRow], split: str) -> str:
@@ -120,16 +175,24 @@ def results_paragraph(arm: str, rows: list[MeasureRow], split: str) -> str:
             r = by[(m, measure)]
             if r.vs_random is None:
                 continue
-            verdict = {1: "more faithful than the random order", -1: "less faithful than the random order",
-                       0: "not settled against the random order"}[_settled(r)]
+            verdict = {
+                1: "more faithful than the random order",
+                -1: "less faithful than the random order",
+                0: "not settled against the random order",
+            }[_settled(r)]
             base = by[(BASELINE, measure)]
-            said.append(f"{MEASURE_WORDS[measure]} {fmt(r.mean, DECIMALS, measure == 'rho')} against "
-                        f"{fmt(base.mean, DECIMALS, measure == 'rho')} ({verdict}, better in {r.better_in()} of "
-                        f"{r.vs_random.n} seeds)")
+            said.append(
+                f"{MEASURE_WORDS[measure]} {fmt(r.mean, DECIMALS, measure == 'rho')} against "
+                f"{fmt(base.mean, DECIMALS, measure == 'rho')} ({verdict}, better in {r.better_in()} of "
+                f"{r.vs_random.n} seeds)"
+            )
         if said:
             parts.append(f"`{m}`: " + "; ".join(said))
-    return (f"**{arm}**, {split} images: " + ". ".join(parts) + "." if parts else
-            f"**{arm}**: no method to compare with the random baseline.")
+    return (
+        f"**{arm}**, {split} images: " + ". ".join(parts) + "."
+        if parts
+        else f"**{arm}**: no method to compare with the random baseline."
+    )
 
 
 def norms_table(blocks: list[BlockNorms], k: float) -> Table:
@@ -140,37 +203,85 @@ def norms_table(blocks: list[BlockNorms], k: float) -> Table:
     body = []
     for b in blocks:
         top = sorted(b.positions.items(), key=lambda kv: (-kv[1], kv[0]))[:3]
-        body.append([str(b.block), fmt(mean(b.median), 2), fmt(mean(b.max_ratio), 2),
-                     fmt(100 * mean(b.fraction), 2), str(sum(b.images_with.values())),
-                     fmt(100 * mean(b.attention_share), 1), fmt(100 * mean(b.token_share), 1),
-                     fmt(mean(b.effect_high), DECIMALS, True), fmt(mean(b.effect_other), DECIMALS, True),
-                     ", ".join(f"({r}, {c}) ×{n}" for (r, c), n in top) or "none"])
-    return Table(["block", "median norm", "max / median", f"> {k:g} × median, %", "images with one",
-                  "their CLS attention, %", "their token share, %", "their effect", "others' effect",
-                  "where (row, col)"], body, ["r"] * 9 + ["l"],
-                 [f"L2 norm of every patch token after each block (the residual stream); high-norm: above {k:g} × the "
-                  "block's median patch-token norm. Per seed, then the mean over seeds (images with one: summed). CLS "
-                  "attention: the last block's class-token attention over the patches (heads averaged), the "
-                  "high-norm tokens' share of it against their share of the tokens, over the images that have one: "
-                  "a share far above the token share means CLS attends to them. Effect: the mean exact causal effect "
-                  "(log-probability of the true class lost when the token alone is removed). Where: the patch "
-                  "positions most often high-norm, over every seed and image."], css_class="wide nowrap")
+        body.append(
+            [
+                str(b.block),
+                fmt(mean(b.median), 2),
+                fmt(mean(b.max_ratio), 2),
+                fmt(100 * mean(b.fraction), 2),
+                str(sum(b.images_with.values())),
+                fmt(100 * mean(b.attention_share), 1),
+                fmt(100 * mean(b.token_share), 1),
+                fmt(mean(b.effect_high), DECIMALS, True),
+                fmt(mean(b.effect_other), DECIMALS, True),
+                ", ".join(f"({r}, {c}) ×{n}" for (r, c), n in top) or "none",
+            ]
+        )
+    return Table(
+        [
+            "block",
+            "median norm",
+            "max / median",
+            f"> {k:g} × median, %",
+            "images with one",
+            "their CLS attention, %",
+            "their token share, %",
+            "their effect",
+            "others' effect",
+            "where (row, col)",
+        ],
+        body,
+        ["r"] * 9 + ["l"],
+        [
+            f"L2 norm of every patch token after each block (the residual stream); high-norm: above {k:g} × the "
+            "block's median patch-token norm. Per seed, then the mean over seeds (images with one: summed). CLS "
+            "attention: the last block's class-token attention over the patches (heads averaged), the "
+            "high-norm tokens' share of it against their share of the tokens, over the images that have one: "
+            "a share far above the token share means CLS attends to them. Effect: the mean exact causal effect "
+            "(log-probability of the true class lost when the token alone is removed). Where: the patch "
+            "positions most often high-norm, over every seed and image."
+        ],
+        css_class="wide nowrap",
+    )
 
 
 def attention_table(a: AttentionOnEffects) -> Table:
     seeds = sorted(a.on_top_effects)
-    body = [[str(s), fmt(100 * a.on_top_effects[s], 1), fmt(100 * a.chance, 1), fmt(100 * a.concentration[s], 1)]
-            for s in seeds]
+    body = [
+        [
+            str(s),
+            fmt(100 * a.on_top_effects[s], 1),
+            fmt(100 * a.chance, 1),
+            fmt(100 * a.concentration[s], 1),
+        ]
+        for s in seeds
+    ]
     if len(seeds) > 1:
-        body.append(["mean", fmt(100 * float(np.mean([a.on_top_effects[s] for s in seeds])), 1), fmt(100 * a.chance, 1),
-                     fmt(100 * float(np.mean([a.concentration[s] for s in seeds])), 1)])
-    return Table(["seed", f"CLS attention on the {a.top} tokens of largest effect, %", "uniform attention, %",
-                  f"CLS attention on its own {a.top} most-attended tokens, %"], body, ["l", "r", "r", "r"],
-                 [f"Per image, the share of the last block's class-token attention over the patch tokens (heads "
-                  f"averaged) that falls on the {a.top} patch tokens whose removal alone lowers the true class's "
-                  f"log-probability most, then the mean over the seed's images; uniform attention would put "
-                  f"{a.top} / {round(a.top / a.chance)} of it there. The last column says how concentrated the "
-                  "attention is: its share on its own most-attended tokens."])
+        body.append(
+            [
+                "mean",
+                fmt(100 * float(np.mean([a.on_top_effects[s] for s in seeds])), 1),
+                fmt(100 * a.chance, 1),
+                fmt(100 * float(np.mean([a.concentration[s] for s in seeds])), 1),
+            ]
+        )
+    return Table(
+        [
+            "seed",
+            f"CLS attention on the {a.top} tokens of largest effect, %",
+            "uniform attention, %",
+            f"CLS attention on its own {a.top} most-attended tokens, %",
+        ],
+        body,
+        ["l", "r", "r", "r"],
+        [
+            f"Per image, the share of the last block's class-token attention over the patch tokens (heads "
+            f"averaged) that falls on the {a.top} patch tokens whose removal alone lowers the true class's "
+            f"log-probability most, then the mean over the seed's images; uniform attention would put "
+            f"{a.top} / {round(a.top / a.chance)} of it there. The last column says how concentrated the "
+            "attention is: its share on its own most-attended tokens."
+        ],
+    )
 
 
 def _seed_mean(values: dict[int, float]) -> float:
@@ -187,26 +298,56 @@ def concentration_table(blocks: list[BlockConcentration]) -> Table:
     k, p, registers = first.top_k, first.patches, first.registers_count
     body = []
     for b in blocks:
-        line = [str(b.block), fmt(_seed_mean(b.entropy), DECIMALS), fmt(_seed_mean(b.lowest_head_entropy), DECIMALS),
-                fmt(100 * _seed_mean(b.top1), 1), fmt(100 * _seed_mean(b.topk), 1), fmt(100 * _seed_mean(b.self_share), 1)]
+        line = [
+            str(b.block),
+            fmt(_seed_mean(b.entropy), DECIMALS),
+            fmt(_seed_mean(b.lowest_head_entropy), DECIMALS),
+            fmt(100 * _seed_mean(b.top1), 1),
+            fmt(100 * _seed_mean(b.topk), 1),
+            fmt(100 * _seed_mean(b.self_share), 1),
+        ]
         if registers:
-            line += [fmt(100 * _seed_mean(b.registers), 1), fmt(_seed_mean(b.register_norm_ratio), 2)]
+            line += [
+                fmt(100 * _seed_mean(b.registers), 1),
+                fmt(_seed_mean(b.register_norm_ratio), 2),
+            ]
         body.append(line)
-    header = ["block", "entropy (1 = uniform)", "most concentrated head's entropy", "top-1 patch, %",
-              f"top {k} patches, %", "on CLS itself, %"]
+    header = [
+        "block",
+        "entropy (1 = uniform)",
+        "most concentrated head's entropy",
+        "top-1 patch, %",
+        f"top {k} patches, %",
+        "on CLS itself, %",
+    ]
     if registers:
         header += [f"on the {_registers(registers)}, %", "register norm / patch median"]
-    words = (f" With {_registers(registers)}: the share of the whole row they receive, and their mean L2 norm "
-             "after the block over the block's median patch-token norm (register norms are never in the patch "
-             "statistics above).") if registers else " The model has no register tokens."
-    return Table(header, body, ["r"] * len(header),
-                 [f"How concentrated the class token's attention is, per block: its row of the attention map, heads "
-                  f"averaged (the most concentrated head: the lowest of the heads' mean entropies), over the {p} patch "
-                  "tokens renormalised to 1: normalised entropy −Σ q log q / log P (1: uniform, 0: all on one token), "
-                  f"the share on the top patch token and on the top {k} (⌈P / 10⌉; uniform attention: "
-                  f"{fmt(100 / p, 1)} % and {fmt(100 * k / p, 1)} %); and the share of the whole row the class token "
-                  "gives itself." + words + " Per seed the mean over its images, then the mean over seeds (the "
-                  "figure shows the seeds' range)."], css_class="wide nowrap")
+    words = (
+        (
+            f" With {_registers(registers)}: the share of the whole row they receive, and their mean L2 norm "
+            "after the block over the block's median patch-token norm (register norms are never in the patch "
+            "statistics above)."
+        )
+        if registers
+        else " The model has no register tokens."
+    )
+    return Table(
+        header,
+        body,
+        ["r"] * len(header),
+        [
+            f"How concentrated the class token's attention is, per block: its row of the attention map, heads "
+            f"averaged (the most concentrated head: the lowest of the heads' mean entropies), over the {p} patch "
+            "tokens renormalised to 1: normalised entropy −Σ q log q / log P (1: uniform, 0: all on one token), "
+            f"the share on the top patch token and on the top {k} (⌈P / 10⌉; uniform attention: "
+            f"{fmt(100 / p, 1)} % and {fmt(100 * k / p, 1)} %); and the share of the whole row the class token "
+            "gives itself."
+            + words
+            + " Per seed the mean over its images, then the mean over seeds (the "
+            "figure shows the seeds' range)."
+        ],
+        css_class="wide nowrap",
+    )
 
 
 def concentration_panels(blocks: list[BlockConcentration]) -> tuple[dict, dict]:
@@ -214,72 +355,158 @@ def concentration_panels(blocks: list[BlockConcentration]) -> tuple[dict, dict]:
         return np.array([[getattr(b, field)[s] for b in blocks] for s in sorted(blocks[0].entropy)])
 
     first = blocks[0]
-    panels = {"normalised entropy over the patches": {"heads averaged": per_seed("entropy"),
-                                                      "most concentrated head": per_seed("lowest_head_entropy")},
-              "share on the top patch tokens": {"top 1": per_seed("top1"), f"top {first.top_k}": per_seed("topk")}}
+    panels = {
+        "normalised entropy over the patches": {
+            "heads averaged": per_seed("entropy"),
+            "most concentrated head": per_seed("lowest_head_entropy"),
+        },
+        "share on the top patch tokens": {
+            "top 1": per_seed("top1"),
+            f"top {first.top_k}": per_seed("topk"),
+        },
+    }
     if first.registers_count:
-        panels["share of the whole row"] = {f"on the {_registers(first.registers_count)}": per_seed("registers"),
-                                            "on CLS itself": per_seed("self_share")}
+        panels["share of the whole row"] = {
+            f"on the {_registers(first.registers_count)}": per_seed("registers"),
+            "on CLS itself": per_seed("self_share"),
+        }
     else:
         panels["share of the whole row"] = {"on CLS itself": per_seed("self_share")}
-    uniform = {f"uniform, top {first.top_k}": first.top_k / first.patches, "uniform, top 1": 1 / first.patches}
-    return panels, {"normalised entropy over the patches": {"uniform attention": 1.0},
-                    "share on the top patch tokens": uniform}
+    uniform = {
+        f"uniform, top {first.top_k}": first.top_k / first.patches,
+        "uniform, top 1": 1 / first.patches,
+    }
+    return panels, {
+        "normalised entropy over the patches": {"uniform attention": 1.0},
+        "share on the top patch tokens": uniform,
+    }
 
 
-def arm_blocks(arm: str, rows: list[MeasureRow], cells: dict[int, CellResult], protocol: AttributionProtocol,
-               n_resamples: int) -> list[Block]:
+def arm_blocks(
+    arm: str,
+    rows: list[MeasureRow],
+    cells: dict[int, CellResult],
+    protocol: AttributionProtocol,
+    n_resamples: int,
+) -> list[Block]:
     """Every table and figure of one acted-on arm."""
     e, s = protocol.evaluation, protocol.settings
     methods = next(iter(cells.values())).methods
-    blocks: list[Block] = [Heading(2, f"Faithfulness ({arm})"), faithfulness_table(rows, e.confidence)]
+    blocks: list[Block] = [
+        Heading(2, f"Faithfulness ({arm})"),
+        faithfulness_table(rows, e.confidence),
+    ]
     if any(r.vs_random is not None for r in rows):
-        blocks += [Heading(3, f"Against the random baseline ({arm})"), random_table(rows, e.confidence, n_resamples)]
-    curves = {kind: {m: mean_curves(cells, m, kind) for m in methods} for kind in ("deletion", "insertion")}
+        blocks += [
+            Heading(3, f"Against the random baseline ({arm})"),
+            random_table(rows, e.confidence, n_resamples),
+        ]
+    curves = {
+        kind: {m: mean_curves(cells, m, kind) for m in methods}
+        for kind in ("deletion", "insertion")
+    }
     fractions = next(iter(curves["deletion"].values()))[0]
-    blocks += [Heading(2, f"Deletion and insertion curves ({arm})"), Figure(f"curves_{arm}.png", (
-        "True-class probability as patch tokens are removed (left) or kept (right) in each method's order, most "
-        "important first, by the exact token drop (the same model on the shorter sequence; class and register tokens "
-        "kept). Line: mean over seeds of each seed's mean over images (the legend's AUC is that line's); band: the "
-        "range over seeds. The random order (dashed) is the baseline."),
-        report_png(attribution_figures.curves_figure(
-            fractions, {m: c for m, (_, c) in curves["deletion"].items()},
-            {m: c for m, (_, c) in curves["insertion"].items()}, f"{protocol.name}: {arm}")))]
+    blocks += [
+        Heading(2, f"Deletion and insertion curves ({arm})"),
+        Figure(
+            f"curves_{arm}.png",
+            (
+                "True-class probability as patch tokens are removed (left) or kept (right) in each method's order, most "
+                "important first, by the exact token drop (the same model on the shorter sequence; class and register tokens "
+                "kept). Line: mean over seeds of each seed's mean over images (the legend's AUC is that line's); band: the "
+                "range over seeds. The random order (dashed) is the baseline."
+            ),
+            report_png(
+                attribution_figures.curves_figure(
+                    fractions,
+                    {m: c for m, (_, c) in curves["deletion"].items()},
+                    {m: c for m, (_, c) in curves["insertion"].items()},
+                    f"{protocol.name}: {arm}",
+                )
+            ),
+        ),
+    ]
     seed = min(cells)
     a = cells[seed].arrays
     shown = len(a["example_images"])
     if shown:
         grid = (int(a["grid"][0]), int(a["grid"][1]))
-        titles = [f"class {int(y)}, predicted {int(p)}" for y, p in zip(a["labels"][:shown], a["predicted"][:shown])]
-        blocks += [Heading(2, f"Examples ({arm})"), Figure(f"examples_{arm}.png", (
-            f"The first {shown} scored images with seed {seed}'s model: each method's map on the patch grid (scale per "
-            "map; centred on zero for a map with negative scores) beside the causal-effect map (red: removing the "
-            "token lowers the true class's log-probability; blue: raises it; scale per image)."),
-            report_png(attribution_figures.example_maps_figure(
-                display_images(torch.from_numpy(a["example_images"])),
-                {m: a[f"scores/{m}"][:shown].reshape(shown, *grid) for m in methods if m != BASELINE},
-                a["effects"][:shown].reshape(shown, *grid), titles)))]
-    blocks += [Heading(2, f"Does CLS attend to the tokens that matter? ({arm})"),
-               attention_table(attention_on_effects(cells))]
-    if has_concentration(cells):  # evidence exported before these arrays existed has none: the section is left out
+        titles = [
+            f"class {int(y)}, predicted {int(p)}"
+            for y, p in zip(a["labels"][:shown], a["predicted"][:shown])
+        ]
+        blocks += [
+            Heading(2, f"Examples ({arm})"),
+            Figure(
+                f"examples_{arm}.png",
+                (
+                    f"The first {shown} scored images with seed {seed}'s model: each method's map on the patch grid (scale per "
+                    "map; centred on zero for a map with negative scores) beside the causal-effect map (red: removing the "
+                    "token lowers the true class's log-probability; blue: raises it; scale per image)."
+                ),
+                report_png(
+                    attribution_figures.example_maps_figure(
+                        display_images(torch.from_numpy(a["example_images"])),
+                        {
+                            m: a[f"scores/{m}"][:shown].reshape(shown, *grid)
+                            for m in methods
+                            if m != BASELINE
+                        },
+                        a["effects"][:shown].reshape(shown, *grid),
+                        titles,
+                    )
+                ),
+            ),
+        ]
+    blocks += [
+        Heading(2, f"Does CLS attend to the tokens that matter? ({arm})"),
+        attention_table(attention_on_effects(cells)),
+    ]
+    if has_concentration(
+        cells
+    ):  # evidence exported before these arrays existed has none: the section is left out
         concentration = block_concentration(cells)
         panels, reference = concentration_panels(concentration)
-        blocks += [Heading(2, f"Attention concentration per block ({arm})"), concentration_table(concentration),
-                   Figure(f"concentration_{arm}.png", (
-                       "The class token's attention per block: normalised entropy over the patch tokens (heads "
-                       "averaged, and the most concentrated head), its share on the top patch tokens, and the share of "
-                       "its whole row on itself (and on the register tokens, where the model has them). Line: mean "
-                       "over seeds; band: the range over seeds; dotted: uniform attention over the patches."),
-                       report_png(attribution_figures.concentration_figure(
-                           panels, f"{protocol.name}: {arm}, CLS attention per block", reference)))]
-    blocks += [Heading(2, f"Token norms ({arm})"), norms_table(block_norms(cells), s.norm_threshold)]
+        blocks += [
+            Heading(2, f"Attention concentration per block ({arm})"),
+            concentration_table(concentration),
+            Figure(
+                f"concentration_{arm}.png",
+                (
+                    "The class token's attention per block: normalised entropy over the patch tokens (heads "
+                    "averaged, and the most concentrated head), its share on the top patch tokens, and the share of "
+                    "its whole row on itself (and on the register tokens, where the model has them). Line: mean "
+                    "over seeds; band: the range over seeds; dotted: uniform attention over the patches."
+                ),
+                report_png(
+                    attribution_figures.concentration_figure(
+                        panels, f"{protocol.name}: {arm}, CLS attention per block", reference
+                    )
+                ),
+            ),
+        ]
+    blocks += [
+        Heading(2, f"Token norms ({arm})"),
+        norms_table(block_norms(cells), s.norm_threshold),
+    ]
     for seed, c in sorted(cells.items()):
-        blocks.append(Figure(f"norms_{arm}_seed{seed}.png", (
-            f"Seed {seed}: the L2 norm of every patch token of every scored image after each block (log bins, log "
-            f"counts); dashed: the high-norm cut at {s.norm_threshold:g} × the block's median."),
-            report_png(attribution_figures.norm_histograms_figure(
-                c.arrays["norms"].transpose(1, 0, 2), c.arrays["median_norm"], s.norm_threshold,
-                f"{protocol.name}: {arm}, seed {seed}"))))
+        blocks.append(
+            Figure(
+                f"norms_{arm}_seed{seed}.png",
+                (
+                    f"Seed {seed}: the L2 norm of every patch token of every scored image after each block (log bins, log "
+                    f"counts); dashed: the high-norm cut at {s.norm_threshold:g} × the block's median."
+                ),
+                report_png(
+                    attribution_figures.norm_histograms_figure(
+                        c.arrays["norms"].transpose(1, 0, 2),
+                        c.arrays["median_norm"],
+                        s.norm_threshold,
+                        f"{protocol.name}: {arm}, seed {seed}",
+                    )
+                ),
+            )
+        )
     return blocks
 
 
@@ -288,24 +515,63 @@ def acted_on_blocks(rows: list[tuple[str, int, queries.CellRecord]]) -> list[Blo
     body = []
     for arm, seed, r in rows:
         m = r.metrics
-        proof = ("n/a (pretrained)" if "reload_proof_passed" not in m else
-                 f"{'reproduced' if m['reload_proof_passed'] == 1.0 else 'NOT reproduced'}, max |prob difference| "
-                 f"{m.get('reload_proof_max_abs_diff', math.nan):.3g}")
-        source = f"`{r.tags['source_run_id']}`" if r.tags.get("source_run_id") else f"`{r.tags.get('source_identity', 'n/a')}`"
-        body.append([arm, str(seed), source, proof, fmt(100 * m.get("intact_accuracy", math.nan), 2),
-                     f"{int(m.get('images', 0)):,}", f"{int(m.get('forwards', 0)):,}",
-                     f"{m.get('evaluation_seconds', math.nan):.1f} s", r.tags.get("threads", "n/a")])
-    return [Heading(3, "Acted-on models"), Table(
-        ["arm", "seed", "trained run (or weights)", "reload proof", "intact accuracy, %", "images", "sequences",
-         "scoring", "threads"], body, ["l", "r", "l", "l", "r", "r", "r", "r", "r"],
-        ["Trained run: the finished cell whose best checkpoint was loaded; before anything was scored it had to "
-         "reproduce that run's saved validation predictions (bitwise on CPU). Sequences: token sequences run through "
-         "the blocks for the single-token drops and the curves. Scoring: wall time of the methods, the drops, the "
-         "curves and the norms."], css_class="wide nowrap")]
+        proof = (
+            "n/a (pretrained)"
+            if "reload_proof_passed" not in m
+            else f"{'reproduced' if m['reload_proof_passed'] == 1.0 else 'NOT reproduced'}, max |prob difference| "
+            f"{m.get('reload_proof_max_abs_diff', math.nan):.3g}"
+        )
+        source = (
+            f"`{r.tags['source_run_id']}`"
+            if r.tags.get("source_run_id")
+            else f"`{r.tags.get('source_identity', 'n/a')}`"
+        )
+        body.append(
+            [
+                arm,
+                str(seed),
+                source,
+                proof,
+                fmt(100 * m.get("intact_accuracy", math.nan), 2),
+                f"{int(m.get('images', 0)):,}",
+                f"{int(m.get('forwards', 0)):,}",
+                f"{m.get('evaluation_seconds', math.nan):.1f} s",
+                r.tags.get("threads", "n/a"),
+            ]
+        )
+    return [
+        Heading(3, "Acted-on models"),
+        Table(
+            [
+                "arm",
+                "seed",
+                "trained run (or weights)",
+                "reload proof",
+                "intact accuracy, %",
+                "images",
+                "sequences",
+                "scoring",
+                "threads",
+            ],
+            body,
+            ["l", "r", "l", "l", "r", "r", "r", "r", "r"],
+            [
+                "Trained run: the finished cell whose best checkpoint was loaded; before anything was scored it had to "
+                "reproduce that run's saved validation predictions (bitwise on CPU). Sequences: token sequences run through "
+                "the blocks for the single-token drops and the curves. Scoring: wall time of the methods, the drops, the "
+                "curves and the norms."
+            ],
+            css_class="wide nowrap",
+        ),
+    ]
 
 
-def build_blocks(study: AttributionStudy, inputs: provenance.BuildInputs, log_targets: list[str],
-                 n_resamples: int) -> tuple[list[Block], list[str], list[str], int, dict[str, float]]:
+def build_blocks(
+    study: AttributionStudy,
+    inputs: provenance.BuildInputs,
+    log_targets: list[str],
+    n_resamples: int,
+) -> tuple[list[Block], list[str], list[str], int, dict[str, float]]:
     """The report's blocks, its warnings, what ``--strict`` refuses, the number of reported cells, and each
     method's comparison with the random baseline as ``cmp.<arm>.<method>.<measure>_vs_random.<split>.*`` metrics."""
     protocol, digest, chosen, store = study.protocol, study.digest, study.chosen, study.tracking_uri
@@ -314,9 +580,15 @@ def build_blocks(study: AttributionStudy, inputs: provenance.BuildInputs, log_ta
     attempts = newer_attempts(study.records, chosen, tuple(arms), tuple(seeds))
     e, s = protocol.evaluation, protocol.settings
     split = SPLIT_WORDS[s.split]
-    warnings = [f"{len(missing)} expected cell(s) have no finished run: {', '.join(missing)}"] if missing else []
-    warnings += [f"{r.arm}/seed{r.seed} has a newer {r.status} run {r.run_id}; the report uses the older finished run"
-                 for r in attempts]
+    warnings = (
+        [f"{len(missing)} expected cell(s) have no finished run: {', '.join(missing)}"]
+        if missing
+        else []
+    )
+    warnings += [
+        f"{r.arm}/seed{r.seed} has a newer {r.status} run {r.run_id}; the report uses the older finished run"
+        for r in attempts
+    ]
     results: list[Block] = [Heading(2, "Results")]
     sections: list[Block] = []
     metrics: dict[str, float] = {}
@@ -327,73 +599,150 @@ def build_blocks(study: AttributionStudy, inputs: provenance.BuildInputs, log_ta
         rows = faithfulness_rows(cells, n_resamples, e.confidence, e.seed)
         for r in rows:
             if r.vs_random is not None:
-                metrics |= paired_metrics(f"{arm}.{r.method}.{r.measure}", BASELINE, s.split, r.vs_random, r.bootstrap,
-                                          scale=1.0)
-        accuracy = ", ".join(fmt(100 * float((c.arrays["predicted"] == c.arrays["labels"]).mean()), 2)
-                             for c in cells.values())
-        results.append(Para(f"**{arm}**: intact accuracy {accuracy} % on the {len(next(iter(cells.values())).arrays['labels'])} "
-                            f"scored {split} images (seeds {', '.join(map(str, cells))})."))
+                metrics |= paired_metrics(
+                    f"{arm}.{r.method}.{r.measure}",
+                    BASELINE,
+                    s.split,
+                    r.vs_random,
+                    r.bootstrap,
+                    scale=1.0,
+                )
+        accuracy = ", ".join(
+            fmt(100 * float((c.arrays["predicted"] == c.arrays["labels"]).mean()), 2)
+            for c in cells.values()
+        )
+        results.append(
+            Para(
+                f"**{arm}**: intact accuracy {accuracy} % on the {len(next(iter(cells.values())).arrays['labels'])} "
+                f"scored {split} images (seeds {', '.join(map(str, cells))})."
+            )
+        )
         results.append(Para(results_paragraph(arm, rows, split)))
         sections += arm_blocks(arm, rows, cells, protocol, n_resamples)
-    results.append(Para("Faithful here means agreeing with what the exact token drop measures on this model; a map "
-                        "can be faithful and still not be an explanation a person can use, and the random order is "
-                        "the floor, not a target."))
+    results.append(
+        Para(
+            "Faithful here means agreeing with what the exact token drop measures on this model; a map "
+            "can be faithful and still not be an explanation a person can use, and the random order is "
+            "the floor, not a target."
+        )
+    )
     n, expected = len(chosen), len(arms) * len(seeds)
-    acted = (f"the finished ViT cells of `{protocol.acts_on.protocol}` (hash `{protocol.acts_on.hash[:SHORT_HASH_LEN]}`)"
-             if protocol.acts_on else f"timm `{protocol.pretrained.model}` (weights `{protocol.pretrained.weights}`)")
+    acted = (
+        f"the finished ViT cells of `{protocol.acts_on.protocol}` (hash `{protocol.acts_on.hash[:SHORT_HASH_LEN]}`)"
+        if protocol.acts_on
+        else f"timm `{protocol.pretrained.model}` (weights `{protocol.pretrained.weights}`)"
+    )
     header: list[Block] = [
-        Heading(1, f"Report: {protocol.name}@{digest[:SHORT_HASH_LEN]}"), Para(protocol.description),
-        Bullets([f"Attribution protocol `{protocol.name}`, hash `{digest}` (from {inputs.protocol_source}).",
-                 f"Acts on {acted}: arms {', '.join(arms)}; seeds {', '.join(map(str, seeds))} (paired by seed and by "
-                 f"image); the first {s.images:,} {split} images; methods {', '.join(f'`{m}`' for m in s.methods)} "
-                 f"(random order seed {s.random_seed}); high-norm cut {s.norm_threshold:g} × the block median.",
-                 *provenance.header_bullets(inputs, protocol.name, "one run per cell: its newest finished run",
-                                            log_targets, store, study.rebuilt_from),
-                 f"Cells with a finished run: **{n} of {expected}**" + ("." if n == expected else f" {FLAG}")])]
+        Heading(1, f"Report: {protocol.name}@{digest[:SHORT_HASH_LEN]}"),
+        Para(protocol.description),
+        Bullets(
+            [
+                f"Attribution protocol `{protocol.name}`, hash `{digest}` (from {inputs.protocol_source}).",
+                f"Acts on {acted}: arms {', '.join(arms)}; seeds {', '.join(map(str, seeds))} (paired by seed and by "
+                f"image); the first {s.images:,} {split} images; methods {', '.join(f'`{m}`' for m in s.methods)} "
+                f"(random order seed {s.random_seed}); high-norm cut {s.norm_threshold:g} × the block median.",
+                *provenance.header_bullets(
+                    inputs,
+                    protocol.name,
+                    "one run per cell: its newest finished run",
+                    log_targets,
+                    store,
+                    study.rebuilt_from,
+                ),
+                f"Cells with a finished run: **{n} of {expected}**"
+                + ("." if n == expected else f" {FLAG}"),
+            ]
+        ),
+    ]
     if warnings:
         header += [Heading(2, "Warnings"), Bullets([f"{FLAG} {w}" for w in warnings])]
     rows = [(a, seed, chosen[(a, seed)]) for seed in seeds for a in arms if (a, seed) in chosen]
-    blocks = (header + results + sections + provenance.provenance_blocks(rows, attempts, chosen, "arm", store)
-              + acted_on_blocks(rows))
+    blocks = (
+        header
+        + results
+        + sections
+        + provenance.provenance_blocks(rows, attempts, chosen, "arm", store)
+        + acted_on_blocks(rows)
+    )
     return blocks, warnings, provenance.stale_items(attempts, missing), n, metrics
 
 
-def build_attribution_report(protocol: AttributionProtocol, out_root: Path, hash_prefix: str | None,
-                             n_resamples: int, log: bool, strict: bool, evidence: bool = False) -> ReportResult:
+def build_attribution_report(
+    protocol: AttributionProtocol,
+    out_root: Path,
+    hash_prefix: str | None,
+    n_resamples: int,
+    log: bool,
+    strict: bool,
+    evidence: bool = False,
+) -> ReportResult:
     """Build, write and (optionally) log the report, and with ``evidence`` export what it was computed
     from to ``<out_root>/<name>/evidence/``."""
     counts = queries.hash_counts(protocol.name)
     digest = resolve_hash(protocol.name, counts, hash_prefix, protocol.hash)
     if digest != protocol.hash:
-        raise ReportError(f"--hash {hash_prefix}: {protocol.name}@{digest[:SHORT_HASH_LEN]} is not the hash of "
-                          f"{shown_path(Path(protocol.source_file))}; report an attribution protocol with its own file")
+        raise ReportError(
+            f"--hash {hash_prefix}: {protocol.name}@{digest[:SHORT_HASH_LEN]} is not the hash of "
+            f"{shown_path(Path(protocol.source_file))}; report an attribution protocol with its own file"
+        )
     parents = queries.parent_runs(protocol.name, digest)
     log_targets = [parents[0].run_id] if log and parents else []
-    inputs = provenance.BuildInputs(f"file {shown_path(Path(protocol.source_file))}", digest, hash_prefix, None, [],
-                                    n_resamples, protocol.evaluation.seed, protocol.evaluation.confidence, strict)
+    inputs = provenance.BuildInputs(
+        f"file {shown_path(Path(protocol.source_file))}",
+        digest,
+        hash_prefix,
+        None,
+        [],
+        n_resamples,
+        protocol.evaluation.seed,
+        protocol.evaluation.confidence,
+        strict,
+    )
     study = load_study(protocol, digest)
     result = render_attribution_study(study, inputs, Path(out_root), log_targets)
     if log and not parents:
-        result.messages.append(f"no parent run of {protocol.name}@{digest[:SHORT_HASH_LEN]} found: the report is not logged")
+        result.messages.append(
+            f"no parent run of {protocol.name}@{digest[:SHORT_HASH_LEN]} found: the report is not logged"
+        )
     log_report(result, result.folder, log_targets if log else None)
     if evidence:
         folder = export_attribution_evidence(result.folder / "evidence", study, inputs, log_targets)
-        result.messages.append(f"wrote the evidence of {len(study.chosen)} cells to {folder} "
-                               f"(rebuild: workbench report --from-evidence {folder} --out-dir DIR)")
+        result.messages.append(
+            f"wrote the evidence of {len(study.chosen)} cells to {folder} "
+            f"(rebuild: workbench report --from-evidence {folder} --out-dir DIR)"
+        )
     return result
 
 
-def render_attribution_study(study: AttributionStudy, inputs: provenance.BuildInputs, out_root: Path,
-                             log_targets: list[str]) -> ReportResult:
+def render_attribution_study(
+    study: AttributionStudy, inputs: provenance.BuildInputs, out_root: Path, log_targets: list[str]
+) -> ReportResult:
     """Compute every table and figure and write the report files."""
     protocol, short = study.protocol, study.digest[:SHORT_HASH_LEN]
-    blocks, warnings, problems, n, metrics = build_blocks(study, inputs, log_targets, inputs.n_resamples)
+    blocks, warnings, problems, n, metrics = build_blocks(
+        study, inputs, log_targets, inputs.n_resamples
+    )
     folder = Path(out_root) / protocol.name
     figure_paths = write_report(folder, blocks, f"{protocol.name}@{short} attribution report")
     expected = len(protocol.arms) * len(protocol.seeds)
-    messages = [f"{protocol.name}@{short}: {n} of {expected} cells have a finished run "
-                "(attribution protocol)"] + [f"warning: {w}" for w in warnings]
-    summary = Summary(metrics, results_text(blocks, f": {protocol.name}@{short}, {n} of {expected} cells",
-                                            "differences of Spearman ρ and of AUCs, method minus the random order"))
-    return ReportResult(folder, folder / "report.md", folder / "report.html", figure_paths, messages=messages,
-                        problems=problems, summary=summary)
+    messages = [
+        f"{protocol.name}@{short}: {n} of {expected} cells have a finished run "
+        "(attribution protocol)"
+    ] + [f"warning: {w}" for w in warnings]
+    summary = Summary(
+        metrics,
+        results_text(
+            blocks,
+            f": {protocol.name}@{short}, {n} of {expected} cells",
+            "differences of Spearman ρ and of AUCs, method minus the random order",
+        ),
+    )
+    return ReportResult(
+        folder,
+        folder / "report.md",
+        folder / "report.html",
+        figure_paths,
+        messages=messages,
+        problems=problems,
+        summary=summary,
+    )

@@ -34,8 +34,12 @@ def load_study(protocol: AttributionProtocol, digest: str) -> AttributionStudy:
     """The study from the MLflow store: each cell's newest finished run and its logged arrays."""
     chosen, records = attribution_runs.finished_cells(protocol.name, digest)
     if not chosen:
-        raise ReportError(f"{protocol.name}@{digest[:SHORT_HASH_LEN]}: no finished attribution cells; run "
-                          f"`workbench attribute --protocol {shown_path(Path(protocol.source_file))}` first")
+        raise ReportError(
+            f"{protocol.name}@{digest[:SHORT_HASH_LEN]}: no finished attribution cells; run "
+            f"`workbench attribute --protocol {shown_path(Path(protocol.source_file))}` first"
+        )
     with tempfile.TemporaryDirectory() as tmp:
-        cells = {key: attribution_runs.read_cell(record, Path(tmp)) for key, record in chosen.items()}
+        cells = {
+            key: attribution_runs.read_cell(record, Path(tmp)) for key, record in chosen.items()
+        }
     return AttributionStudy(protocol, digest, chosen, records, cells, queries.tracking_uri())

@@ -49,11 +49,18 @@ def _nanmean(values: np.ndarray) -> float:
 
 def mean_interval(values: dict[int, float], confidence: float) -> stats.PairedComparison:
     """Mean over seeds with its Student-t interval: the seed-paired comparison with 0 (``ci_low``, ``ci_high``)."""
-    return stats.paired_seed_comparison(values, dict.fromkeys(values, 0.0), confidence, names=("value", "zero"))
+    return stats.paired_seed_comparison(
+        values, dict.fromkeys(values, 0.0), confidence, names=("value", "zero")
+    )
 
 
-def value_bootstrap(per_seed_a: dict[int, np.ndarray], per_seed_b: dict[int, np.ndarray], n_resamples: int,
-                    confidence: float, seed: int) -> stats.CI:
+def value_bootstrap(
+    per_seed_a: dict[int, np.ndarray],
+    per_seed_b: dict[int, np.ndarray],
+    n_resamples: int,
+    confidence: float,
+    seed: int,
+) -> stats.CI:
     """``paired_hierarchical_bootstrap`` of the seed-mean difference of per-image values, a - b.
 
     ``workbench.stats`` resamples examples by index with one metric ``f(labels, predicted)``;
@@ -70,8 +77,9 @@ def value_bootstrap(per_seed_a: dict[int, np.ndarray], per_seed_b: dict[int, np.
         a[s], b[s] = (position, offset + position), (position, offset + n + position)
         offset += 2 * n
     values = np.concatenate(table)
-    return stats.paired_hierarchical_bootstrap(a, b, lambda _, rows: _nanmean(values[rows]), n_resamples,
-                                               confidence, seed)
+    return stats.paired_hierarchical_bootstrap(
+        a, b, lambda _, rows: _nanmean(values[rows]), n_resamples, confidence, seed
+    )
 
 
 @dataclass(frozen=True)
@@ -81,7 +89,9 @@ class MeasureRow:
     method: str
     measure: str
     per_seed: dict[int, float]
-    over_seeds: stats.PairedComparison  # against 0: mean_difference is the mean, ci_* its t-interval
+    over_seeds: (
+        stats.PairedComparison
+    )  # against 0: mean_difference is the mean, ci_* its t-interval
     undefined: dict[int, int]  # images without a value per seed (rho only)
     vs_random: stats.PairedComparison | None  # method - random per seed
     bootstrap: stats.CI | None  # method - random, hierarchical over seeds and images
@@ -97,8 +107,9 @@ class MeasureRow:
         return sum(BETTER[self.measure] * d > 0 for d in self.vs_random.differences)
 
 
-def faithfulness_rows(cells: dict[int, CellResult], n_resamples: int, confidence: float,
-                      seed: int) -> list[MeasureRow]:
+def faithfulness_rows(
+    cells: dict[int, CellResult], n_resamples: int, confidence: float, seed: int
+) -> list[MeasureRow]:
     """Every (method, measure) of one arm's cells (seed -> cell), in method order then ``MEASURES``."""
     methods = next(iter(cells.values())).methods
     rows = []
@@ -114,19 +125,41 @@ def faithfulness_rows(cells: dict[int, CellResult], n_resamples: int, confidence
                 base = {s: seed_value(v) for s, v in base_images.items()}
                 shared = [s for s in defined if math.isfinite(base[s])]
                 if shared:
-                    paired = stats.paired_seed_comparison({s: defined[s] for s in shared}, {s: base[s] for s in shared},
-                                                          confidence, names=(method, BASELINE))
-                    boot = value_bootstrap({s: images[s] for s in shared}, {s: base_images[s] for s in shared},
-                                           n_resamples, confidence, seed)
-            rows.append(MeasureRow(method, measure, values, over, {s: int((~np.isfinite(v)).sum())
-                                                                   for s, v in images.items()}, paired, boot))
+                    paired = stats.paired_seed_comparison(
+                        {s: defined[s] for s in shared},
+                        {s: base[s] for s in shared},
+                        confidence,
+                        names=(method, BASELINE),
+                    )
+                    boot = value_bootstrap(
+                        {s: images[s] for s in shared},
+                        {s: base_images[s] for s in shared},
+                        n_resamples,
+                        confidence,
+                        seed,
+                    )
+            rows.append(
+                MeasureRow(
+                    method,
+                    measure,
+                    values,
+                    over,
+                    {s: int((~np.isfinite(v)).sum()) for s, v in images.items()},
+                    paired,
+                    boot,
+                )
+            )
     return rows
 
 
-def mean_curves(cells: dict[int, CellResult], method: str, kind: str) -> tuple[np.ndarray, np.ndarray]:
+def mean_curves(
+    cells: dict[int, CellResult], method: str, kind: str
+) -> tuple[np.ndarray, np.ndarray]:
     """(fractions ``(F,)``, seed-major ``(S, F)`` mean true-class probability over each seed's images)."""
     seeds = sorted(cells)
-    curves = np.stack([cells[s].per_method(f"{kind}_prob", method).astype(np.float64).mean(axis=0) for s in seeds])
+    curves = np.stack(
+        [cells[s].per_method(f"{kind}_prob", method).astype(np.float64).mean(axis=0) for s in seeds]
+    )
     return cells[seeds[0]].arrays["fractions"], curves
 
 
@@ -139,11 +172,15 @@ class BlockNorms:
     max_ratio: dict[int, float]  # largest norm / median
     fraction: dict[int, float]  # patch tokens above k x median
     images_with: dict[int, int]  # images with at least one such token
-    attention_share: dict[int, float]  # their share of CLS patch attention (mean over images with one), NaN: none
+    attention_share: dict[
+        int, float
+    ]  # their share of CLS patch attention (mean over images with one), NaN: none
     token_share: dict[int, float]  # their share of the patch tokens, same images
     effect_high: dict[int, float]  # mean causal effect of the high-norm tokens (NaN: none)
     effect_other: dict[int, float]  # and of the others
-    positions: dict[tuple[int, int], int]  # (row, col) -> high-norm tokens there, all seeds and images
+    positions: dict[
+        tuple[int, int], int
+    ]  # (row, col) -> high-norm tokens there, all seeds and images
 
 
 def block_norms(cells: dict[int, CellResult]) -> list[BlockNorms]:
@@ -152,8 +189,19 @@ def block_norms(cells: dict[int, CellResult]) -> list[BlockNorms]:
     depth, cols = first["norms"].shape[0], int(first["grid"][1])
     out = []
     for block in range(depth):
-        fields: dict[str, dict] = {k: {} for k in ("median", "max_ratio", "fraction", "images_with", "attention_share",
-                                                   "token_share", "effect_high", "effect_other")}
+        fields: dict[str, dict] = {
+            k: {}
+            for k in (
+                "median",
+                "max_ratio",
+                "fraction",
+                "images_with",
+                "attention_share",
+                "token_share",
+                "effect_high",
+                "effect_other",
+            )
+        }
         positions: dict[tuple[int, int], int] = {}
         for s in sorted(cells):
             a = cells[s].arrays
@@ -166,8 +214,12 @@ def block_norms(cells: dict[int, CellResult]) -> list[BlockNorms]:
             fields["max_ratio"][s] = float(norms.max() / median)
             fields["fraction"][s] = float(high.mean())
             fields["images_with"][s] = int(has.sum())
-            fields["attention_share"][s] = float((attn * high).sum(axis=1)[has].mean()) if has.any() else math.nan
-            fields["token_share"][s] = float(high.mean(axis=1)[has].mean()) if has.any() else math.nan
+            fields["attention_share"][s] = (
+                float((attn * high).sum(axis=1)[has].mean()) if has.any() else math.nan
+            )
+            fields["token_share"][s] = (
+                float(high.mean(axis=1)[has].mean()) if has.any() else math.nan
+            )
             fields["effect_high"][s] = float(effects[high].mean()) if high.any() else math.nan
             fields["effect_other"][s] = float(effects[~high].mean()) if (~high).any() else math.nan
             for patch in np.nonzero(high)[1]:
@@ -183,7 +235,9 @@ class AttentionOnEffects:
 
     top: int  # tokens counted
     chance: float  # top / P: the share of uniform attention
-    on_top_effects: dict[int, float]  # CLS attention share on the ``top`` tokens of largest causal effect
+    on_top_effects: dict[
+        int, float
+    ]  # CLS attention share on the ``top`` tokens of largest causal effect
     concentration: dict[int, float]  # CLS attention share on its own ``top`` most-attended tokens
 
 
@@ -236,12 +290,24 @@ def block_concentration(cells: dict[int, CellResult]) -> list[BlockConcentration
     registers = int(first["prefix"]) - 1
     out = []
     for block in range(depth):
-        fields: dict[str, dict[int, float]] = {k: {} for k in (
-            "entropy", "lowest_head_entropy", "top1", "topk", "self_share", "registers", "register_norm_ratio")}
+        fields: dict[str, dict[int, float]] = {
+            k: {}
+            for k in (
+                "entropy",
+                "lowest_head_entropy",
+                "top1",
+                "topk",
+                "self_share",
+                "registers",
+                "register_norm_ratio",
+            )
+        }
         for s in sorted(cells):
             a = cells[s].arrays
             fields["entropy"][s] = _nanmean(a["cls_attention_entropy"][block])
-            fields["lowest_head_entropy"][s] = min(_nanmean(h) for h in a["cls_attention_entropy_heads"][block].T)
+            fields["lowest_head_entropy"][s] = min(
+                _nanmean(h) for h in a["cls_attention_entropy_heads"][block].T
+            )
             fields["top1"][s] = float(a["cls_attention_top1"][block].mean())
             fields["topk"][s] = float(a["cls_attention_topk"][block].mean())
             fields["self_share"][s] = float(a["cls_attention_on_self"][block].mean())
@@ -249,5 +315,7 @@ def block_concentration(cells: dict[int, CellResult]) -> list[BlockConcentration
             if registers:
                 ratio = a["prefix_norms"][block][:, 1:].mean() / float(a["median_norm"][block])
                 fields["register_norm_ratio"][s] = float(ratio)
-        out.append(BlockConcentration(block, int(first["attention_top_k"]), patches, registers, **fields))
+        out.append(
+            BlockConcentration(block, int(first["attention_top_k"]), patches, registers, **fields)
+        )
     return out

@@ -32,8 +32,17 @@ import numpy as np
 import pandas as pd
 
 from reports.collect import ReportError
-from reports.evidence import (EVIDENCE_DIR, RUNS_FILE, cell_entry, cell_record, read_document, read_gzip,
-                              remove_stale, write_document, write_gzip)
+from reports.evidence import (
+    EVIDENCE_DIR,
+    RUNS_FILE,
+    cell_entry,
+    cell_record,
+    read_document,
+    read_gzip,
+    remove_stale,
+    write_document,
+    write_gzip,
+)
 from reports.interventions.intervention_study import InterventionStudy
 from reports.provenance import BuildInputs
 from tracking.export import run_export
@@ -48,9 +57,15 @@ FIXED_COLUMNS = ("index", "label", "intact")
 def _outcome_bytes(cell: intervention_runs.CellResult) -> bytes:
     """The cell's outcomes as CSV text: one row per example, one column per intervention."""
     n = len(cell.labels)
-    indices = cell.indices if cell.indices is not None else np.full(n, -1)  # -1: the run logged no indices
-    table = pd.DataFrame(np.column_stack([indices, cell.labels, cell.intact_predicted, cell.predicted.T]).astype("int64"),
-                         columns=[*FIXED_COLUMNS, *cell.names])  # (N, 3 + K)
+    indices = (
+        cell.indices if cell.indices is not None else np.full(n, -1)
+    )  # -1: the run logged no indices
+    table = pd.DataFrame(
+        np.column_stack([indices, cell.labels, cell.intact_predicted, cell.predicted.T]).astype(
+            "int64"
+        ),
+        columns=[*FIXED_COLUMNS, *cell.names],
+    )  # (N, 3 + K)
     return table.to_csv(index=False, lineterminator="\n").encode("utf-8")
 
 
@@ -70,8 +85,9 @@ def _protocol_files(study: InterventionStudy) -> dict[str, str]:
     return files
 
 
-def export_intervention_evidence(folder: Path, study: InterventionStudy, inputs: BuildInputs,
-                                 logged_to: list[str]) -> Path:
+def export_intervention_evidence(
+    folder: Path, study: InterventionStudy, inputs: BuildInputs, logged_to: list[str]
+) -> Path:
     """Write ``folder`` (``runs.json``, ``outcomes/``, ``attention/``, ``README.md``) for ``study`` as reported."""
     protocol, cells, written = study.protocol, [], set()
     reported = {r.run_id: key for key, r in study.chosen.items()}
@@ -81,28 +97,51 @@ def export_intervention_evidence(folder: Path, study: InterventionStudy, inputs:
             cell = study.cells[reported[record.run_id]]
             stem = f"{record.arm}.seed{record.seed}"
             name = f"outcomes/{stem}.csv.gz"
-            entry["outcomes"] = {"file": name, "sha256": write_gzip(folder, name, _outcome_bytes(cell)),
-                                 "rows": len(cell.labels), "interventions": list(cell.names),
-                                 "indices_logged": cell.indices is not None}
+            entry["outcomes"] = {
+                "file": name,
+                "sha256": write_gzip(folder, name, _outcome_bytes(cell)),
+                "rows": len(cell.labels),
+                "interventions": list(cell.names),
+                "indices_logged": cell.indices is not None,
+            }
             written.add(folder / name)
             if cell.attention is not None:
                 name = f"attention/{stem}.npy.gz"
-                entry["attention"] = {"file": name, "sha256": write_gzip(folder, name, _npy_bytes(cell.attention)),
-                                      "shape": list(cell.attention.shape), "query": cell.attention_query}
+                entry["attention"] = {
+                    "file": name,
+                    "sha256": write_gzip(folder, name, _npy_bytes(cell.attention)),
+                    "shape": list(cell.attention.shape),
+                    "query": cell.attention_query,
+                }
                 written.add(folder / name)
         cells.append(entry)
     document = {
         "format": FORMAT,
-        "protocol": {"name": protocol.name, "hash": study.digest, "source": inputs.protocol_source,
-                     "canonical": protocol.canonical, "files": _protocol_files(study)},
+        "protocol": {
+            "name": protocol.name,
+            "hash": study.digest,
+            "source": inputs.protocol_source,
+            "canonical": protocol.canonical,
+            "files": _protocol_files(study),
+        },
         "store": {"tracking_uri": study.tracking_uri, "experiment": protocol.name},
-        "build": {"hash_option": inputs.hash_option, "resamples": inputs.n_resamples,
-                  "bootstrap_seed": inputs.bootstrap_seed, "confidence": inputs.confidence, "strict": inputs.strict,
-                  "logged_to": list(logged_to)},
-        "parents": [run_export.run_record(p.run_id) for p in queries.parent_runs(protocol.name, study.digest)],
+        "build": {
+            "hash_option": inputs.hash_option,
+            "resamples": inputs.n_resamples,
+            "bootstrap_seed": inputs.bootstrap_seed,
+            "confidence": inputs.confidence,
+            "strict": inputs.strict,
+            "logged_to": list(logged_to),
+        },
+        "parents": [
+            run_export.run_record(p.run_id)
+            for p in queries.parent_runs(protocol.name, study.digest)
+        ],
         "cells": cells,
     }
-    write_document(folder, document, _readme(protocol.name, study.digest, len(study.chosen), len(cells)))
+    write_document(
+        folder, document, _readme(protocol.name, study.digest, len(study.chosen), len(cells))
+    )
     for sub, pattern in (("outcomes", "*.csv.gz"), ("attention", "*.npy.gz")):
         remove_stale(folder / sub, pattern, written)
     return folder
@@ -170,8 +209,10 @@ def _protocol(where: str, p: dict):
         except ProtocolError as err:
             raise ReportError(f"{where}: the exported protocol does not parse ({err})") from err
     if protocol.hash != p["hash"] or protocol.canonical != p["canonical"]:
-        raise ReportError(f"{where}: the exported protocol file hashes to {protocol.hash[:12]}, not protocol.hash "
-                          f"{p['hash'][:12]}")
+        raise ReportError(
+            f"{where}: the exported protocol file hashes to {protocol.hash[:12]}, not protocol.hash "
+            f"{p['hash'][:12]}"
+        )
     return protocol
 
 
@@ -181,16 +222,28 @@ def _cell(folder: Path, record: queries.CellRecord, entry: dict) -> intervention
     table = pd.read_csv(io.BytesIO(read_gzip(path, info["sha256"])))
     names = list(info["interventions"])
     if list(table.columns) != [*FIXED_COLUMNS, *names] or len(table) != info["rows"]:
-        raise ReportError(f"{path}: expected columns {', '.join(FIXED_COLUMNS)} and the {len(names)} interventions "
-                          f"{RUNS_FILE} lists, {info['rows']} rows")
+        raise ReportError(
+            f"{path}: expected columns {', '.join(FIXED_COLUMNS)} and the {len(names)} interventions "
+            f"{RUNS_FILE} lists, {info['rows']} rows"
+        )
     values = table.to_numpy(dtype=np.int64)  # (N, 3 + K)
     attention, query = None, ""
     if "attention" in entry:
         a = entry["attention"]
-        attention = np.load(io.BytesIO(read_gzip(folder / a["file"], a["sha256"])), allow_pickle=False)
+        attention = np.load(
+            io.BytesIO(read_gzip(folder / a["file"], a["sha256"])), allow_pickle=False
+        )
         query = a["query"]
-    return intervention_runs.CellResult(record, names, values[:, 1], values[:, 2], values[:, 3:].T, attention, query,
-                                        values[:, 0] if info["indices_logged"] else None)
+    return intervention_runs.CellResult(
+        record,
+        names,
+        values[:, 1],
+        values[:, 2],
+        values[:, 3:].T,
+        attention,
+        query,
+        values[:, 0] if info["indices_logged"] else None,
+    )
 
 
 def _evidence(folder: Path, doc: dict) -> InterventionEvidence:
@@ -202,15 +255,39 @@ def _evidence(folder: Path, doc: dict) -> InterventionEvidence:
     chosen = intervention_runs.choose_cells(records)
     if not chosen:
         raise ReportError(f"{where}: no finished cell run: nothing to rebuild")
-    lacking = [f"{r.arm}/seed{r.seed} ({r.run_id})" for r in chosen.values() if "outcomes" not in entries[r.run_id]]
+    lacking = [
+        f"{r.arm}/seed{r.seed} ({r.run_id})"
+        for r in chosen.values()
+        if "outcomes" not in entries[r.run_id]
+    ]
     if lacking:
-        raise ReportError(f"{where}: reported cells whose outcomes were not exported: {', '.join(lacking)}")
+        raise ReportError(
+            f"{where}: reported cells whose outcomes were not exported: {', '.join(lacking)}"
+        )
     cells = {key: _cell(folder, r, entries[r.run_id]) for key, r in chosen.items()}
-    study = InterventionStudy(protocol, p["hash"], chosen, records, cells, doc["store"]["tracking_uri"],
-                              f"{protocol.name}/{EVIDENCE_DIR}")
-    e = protocol.evaluation  # the bootstrap seed and confidence are the protocol's: its hash is checked above
-    inputs = BuildInputs(p["source"], p["hash"], build["hash_option"], None, [], int(build["resamples"]), e.seed,
-                         e.confidence, bool(build["strict"]))
+    study = InterventionStudy(
+        protocol,
+        p["hash"],
+        chosen,
+        records,
+        cells,
+        doc["store"]["tracking_uri"],
+        f"{protocol.name}/{EVIDENCE_DIR}",
+    )
+    e = (
+        protocol.evaluation
+    )  # the bootstrap seed and confidence are the protocol's: its hash is checked above
+    inputs = BuildInputs(
+        p["source"],
+        p["hash"],
+        build["hash_option"],
+        None,
+        [],
+        int(build["resamples"]),
+        e.seed,
+        e.confidence,
+        bool(build["strict"]),
+    )
     return InterventionEvidence(study, inputs, list(build["logged_to"]))
 
 

@@ -20,15 +20,33 @@ from reports.collect import ReportError, newer_attempts, resolve_hash, shown_pat
 from reports.figures import report_png
 from reports.interventions.intervention_evidence import export_intervention_evidence
 from reports.interventions.intervention_study import InterventionStudy, load_study
-from reports.output import ReportResult, Summary, log_report, paired_metrics, results_text, write_report
+from reports.output import (
+    ReportResult,
+    Summary,
+    log_report,
+    paired_metrics,
+    results_text,
+    write_report,
+)
 from reports.render import Block, Bullets, Figure, Heading, Para, Quote, Table
 from tracking.kinds import intervention_runs
 from tracking.record import queries
 from workbench.analysis import intervention_figures
 from workbench.interventions.spec import HeadAblation
-from workbench.interventions.summary import CellOutcomes, InterventionRow, head_matrix, ranked, seed_consistency, summarize
+from workbench.interventions.summary import (
+    CellOutcomes,
+    InterventionRow,
+    head_matrix,
+    ranked,
+    seed_consistency,
+    summarize,
+)
 from workbench.protocol import SHORT_HASH_LEN, InterventionProtocol
-from workbench.report_content.intervention_wording import effect_caveats, effect_paragraph, heads_sentence
+from workbench.report_content.intervention_wording import (
+    effect_caveats,
+    effect_paragraph,
+    heads_sentence,
+)
 from workbench.report_content.rounding import bootstrap_display, exact_decimals, fmt
 
 FLAG = "⚠"
@@ -52,29 +70,59 @@ def _boot(row: InterventionRow) -> str:
 def ranked_table(rows: list[InterventionRow], confidence: float, n_resamples: int) -> Table:
     # Per-seed changes are multiples of 100 / images (0.125 points on 800): shown exactly, as few decimals as that takes.
     d = exact_decimals([x * 100 for r in rows for x in r.paired.differences], 2, 3)
-    body = [[str(i + 1), f"`{r.name}`", fmt(r.paired.mean_difference * 100, d, True), _t(r), _boot(r),
-             f"{r.lower_in} of {r.paired.n}", " / ".join(fmt(x * 100, d, True) for x in r.paired.differences)]
-            for i, r in enumerate(ranked(rows))]
-    return Table(["rank", "intervention", "mean change, points", f"{confidence:.0%} t-interval",
-                  f"{confidence:.0%} bootstrap", "lower in", "change per seed"], body,
-                 ["r", "l", "r", "r", "r", "r", "r"],
-                 [f"Change = accuracy with the intervention minus the intact model's, same cell and images, in points; "
-                  "largest drop first. t-interval: Student-t over seeds (df = n − 1), * where it excludes zero (never for a "
-                  "zero-width interval); "
-                  f"bootstrap: hierarchical over seeds, then images ({n_resamples:,} resamples), endpoints to the "
-                  "decimals their Monte-Carlo error supports. 'lower in': seeds where the intervention lowered "
-                  "accuracy. Per seed in seed order."], css_class="wide")
+    body = [
+        [
+            str(i + 1),
+            f"`{r.name}`",
+            fmt(r.paired.mean_difference * 100, d, True),
+            _t(r),
+            _boot(r),
+            f"{r.lower_in} of {r.paired.n}",
+            " / ".join(fmt(x * 100, d, True) for x in r.paired.differences),
+        ]
+        for i, r in enumerate(ranked(rows))
+    ]
+    return Table(
+        [
+            "rank",
+            "intervention",
+            "mean change, points",
+            f"{confidence:.0%} t-interval",
+            f"{confidence:.0%} bootstrap",
+            "lower in",
+            "change per seed",
+        ],
+        body,
+        ["r", "l", "r", "r", "r", "r", "r"],
+        [
+            f"Change = accuracy with the intervention minus the intact model's, same cell and images, in points; "
+            "largest drop first. t-interval: Student-t over seeds (df = n − 1), * where it excludes zero (never for a "
+            "zero-width interval); "
+            f"bootstrap: hierarchical over seeds, then images ({n_resamples:,} resamples), endpoints to the "
+            "decimals their Monte-Carlo error supports. 'lower in': seeds where the intervention lowered "
+            "accuracy. Per seed in seed order."
+        ],
+        css_class="wide",
+    )
 
 
-def seed_head_changes(rows: list[InterventionRow], mode: str, depth: int, heads: int) -> dict[int, np.ndarray]:
+def seed_head_changes(
+    rows: list[InterventionRow], mode: str, depth: int, heads: int
+) -> dict[int, np.ndarray]:
     """Seed -> ``(depth, heads)`` accuracy change (fraction) of each head ablated in ``mode`` in that seed's model.
 
     The heads of separately trained seeds do not correspond by index (a block's heads are
     interchangeable at initialisation), so these per-seed matrices, not their mean, show
     each model's heads.
     """
-    head_rows = [r for r in rows if isinstance(r.item, HeadAblation) and r.item.mode == mode
-                 and r.item.block < depth and r.item.head < heads]
+    head_rows = [
+        r
+        for r in rows
+        if isinstance(r.item, HeadAblation)
+        and r.item.mode == mode
+        and r.item.block < depth
+        and r.item.head < heads
+    ]
     out: dict[int, np.ndarray] = {}
     for seed in sorted(head_rows[0].intact) if head_rows else []:
         change = np.full((depth, heads), np.nan)
@@ -91,60 +139,124 @@ def consistency_table(rows: list[InterventionRow], modes: list[str]) -> list[Blo
         rhos = [p.rho for p in pairs if math.isfinite(p.rho)]
         if not pairs:
             continue
-        body.append([f"{mode}-ablated heads", str(len(pairs)), f"{np.mean(rhos):+.2f}" if rhos else "n/a",
-                     f"{min(rhos):+.2f}" if rhos else "n/a", f"{max(rhos):+.2f}" if rhos else "n/a",
-                     str(len(pairs) - len(rhos))])
+        body.append(
+            [
+                f"{mode}-ablated heads",
+                str(len(pairs)),
+                f"{np.mean(rhos):+.2f}" if rhos else "n/a",
+                f"{min(rhos):+.2f}" if rhos else "n/a",
+                f"{max(rhos):+.2f}" if rhos else "n/a",
+                str(len(pairs) - len(rhos)),
+            ]
+        )
     if not body:
         return [Para("Seed consistency needs at least two seeds and three heads.")]
-    return [Table(["heads", "seed pairs", "mean ρ", "min ρ", "max ρ", "pairs without spread"], body,
-                  ["l", "r", "r", "r", "r", "r"],
-                  ["Spearman rank correlation of the heads' accuracy changes between every two seeds, head by index: +1 "
-                   "when two seeds rank the heads' importance alike, 0 when unrelated. Separately trained seeds have "
-                   "no reason to put an important head at the same index (a block's heads are interchangeable at "
-                   "initialisation), so ρ near 0 is what index-free importance predicts; what the seeds share shows "
-                   "in the per-block means and in the per-seed counts under Results. A pair where one seed's changes "
-                   "are all equal has no ranking (counted, not averaged)."])]
+    return [
+        Table(
+            ["heads", "seed pairs", "mean ρ", "min ρ", "max ρ", "pairs without spread"],
+            body,
+            ["l", "r", "r", "r", "r", "r"],
+            [
+                "Spearman rank correlation of the heads' accuracy changes between every two seeds, head by index: +1 "
+                "when two seeds rank the heads' importance alike, 0 when unrelated. Separately trained seeds have "
+                "no reason to put an important head at the same index (a block's heads are interchangeable at "
+                "initialisation), so ρ near 0 is what index-free importance predicts; what the seeds share shows "
+                "in the per-block means and in the per-seed counts under Results. A pair where one seed's changes "
+                "are all equal has no ranking (counted, not averaged)."
+            ],
+        )
+    ]
 
 
-def arm_blocks(arm: str, rows: list[InterventionRow], cells: dict[int, intervention_runs.CellResult], protocol: InterventionProtocol,
-               depth: int, heads: int, level: int, n_resamples: int) -> list[Block]:
+def arm_blocks(
+    arm: str,
+    rows: list[InterventionRow],
+    cells: dict[int, intervention_runs.CellResult],
+    protocol: InterventionProtocol,
+    depth: int,
+    heads: int,
+    level: int,
+    n_resamples: int,
+) -> list[Block]:
     """Every table and figure of one acted-on arm."""
     e, h = protocol.evaluation, level
-    modes = [m for m in ("zero", "mean") if any(isinstance(r.item, HeadAblation) and r.item.mode == m for r in rows)]
+    modes = [
+        m
+        for m in ("zero", "mean")
+        if any(isinstance(r.item, HeadAblation) and r.item.mode == m for r in rows)
+    ]
     blocks: list[Block] = []
     if modes:
         matrices = {m: head_matrix(rows, m, depth, heads) for m in modes}
-        blocks += [Heading(h, f"Heads ({arm})"), Figure(f"heads_{arm}.png", (
-            "Mean accuracy change (points) when one head is ablated, block x head, over seeds; * where the 95% "
-            "t-interval over seeds excludes zero (a zero-width interval, the same change in every seed, is no spread, not "
-            "certainty, and is not marked). Blue: accuracy rises, red: it falls. Heads of separately trained seeds do "
-            "not correspond by index: a square is the mean over seeds of whichever head each model has there, so it "
-            "says how much a head of that block costs, not that one particular head matters."),
-            report_png(intervention_figures.heads_heatmap(matrices, f"{protocol.name}: {arm}, one head ablated at a time")))]
-    blocks += [Heading(h, f"Every intervention, ranked ({arm})"), ranked_table(rows, e.confidence, n_resamples)]
+        blocks += [
+            Heading(h, f"Heads ({arm})"),
+            Figure(
+                f"heads_{arm}.png",
+                (
+                    "Mean accuracy change (points) when one head is ablated, block x head, over seeds; * where the 95% "
+                    "t-interval over seeds excludes zero (a zero-width interval, the same change in every seed, is no spread, not "
+                    "certainty, and is not marked). Blue: accuracy rises, red: it falls. Heads of separately trained seeds do "
+                    "not correspond by index: a square is the mean over seeds of whichever head each model has there, so it "
+                    "says how much a head of that block costs, not that one particular head matters."
+                ),
+                report_png(
+                    intervention_figures.heads_heatmap(
+                        matrices, f"{protocol.name}: {arm}, one head ablated at a time"
+                    )
+                ),
+            ),
+        ]
+    blocks += [
+        Heading(h, f"Every intervention, ranked ({arm})"),
+        ranked_table(rows, e.confidence, n_resamples),
+    ]
     others = [r for r in rows if not isinstance(r.item, HeadAblation)]
     if others:
-        blocks += [Heading(h, f"Branches, positions and tokens ({arm})"), Figure(f"branches_{arm}.png", (
-            "Mean accuracy change per intervention (bar), 95% t-interval over seeds (thick line), 95% hierarchical "
-            "bootstrap (thin line), each seed (dots)."), report_png(intervention_figures.effect_bars(others, f"{protocol.name}: {arm}")))]
+        blocks += [
+            Heading(h, f"Branches, positions and tokens ({arm})"),
+            Figure(
+                f"branches_{arm}.png",
+                (
+                    "Mean accuracy change per intervention (bar), 95% t-interval over seeds (thick line), 95% hierarchical "
+                    "bootstrap (thin line), each seed (dots)."
+                ),
+                report_png(intervention_figures.effect_bars(others, f"{protocol.name}: {arm}")),
+            ),
+        ]
     blocks += [Heading(h, f"Seed consistency ({arm})")] + consistency_table(rows, modes)
     maps = {seed: c.attention for seed, c in cells.items() if c.attention is not None}
     if maps and "zero" in modes:
         changes = seed_head_changes(rows, "zero", depth, heads)
-        blocks += [Heading(h, f"Attention maps beside the effects ({arm})"), Figure(f"attention_{arm}.png", (
-            "Each head's mean attention map on the evaluation images in each seed's model (one row per seed and block), "
-            "titled with the accuracy change when that head alone is zero-ablated in that model: whether the heads "
-            "whose attention looks focused are the ones that matter. Per seed, not averaged: heads of separately "
-            "trained seeds do not correspond by index. Attention shows where information flowed, not why the model "
-            "predicted what it did."),
-            report_png(intervention_figures.attention_beside_effects(
-                {s: maps[s] for s in changes if s in maps}, changes, next(iter(cells.values())).attention_query,
-                f"{protocol.name}: {arm}")))]
+        blocks += [
+            Heading(h, f"Attention maps beside the effects ({arm})"),
+            Figure(
+                f"attention_{arm}.png",
+                (
+                    "Each head's mean attention map on the evaluation images in each seed's model (one row per seed and block), "
+                    "titled with the accuracy change when that head alone is zero-ablated in that model: whether the heads "
+                    "whose attention looks focused are the ones that matter. Per seed, not averaged: heads of separately "
+                    "trained seeds do not correspond by index. Attention shows where information flowed, not why the model "
+                    "predicted what it did."
+                ),
+                report_png(
+                    intervention_figures.attention_beside_effects(
+                        {s: maps[s] for s in changes if s in maps},
+                        changes,
+                        next(iter(cells.values())).attention_query,
+                        f"{protocol.name}: {arm}",
+                    )
+                ),
+            ),
+        ]
     return blocks
 
 
-def build_blocks(study: InterventionStudy, inputs: provenance.BuildInputs, log_targets: list[str],
-                 n_resamples: int) -> tuple[list[Block], list[str], list[str], int, dict[str, float]]:
+def build_blocks(
+    study: InterventionStudy,
+    inputs: provenance.BuildInputs,
+    log_targets: list[str],
+    n_resamples: int,
+) -> tuple[list[Block], list[str], list[str], int, dict[str, float]]:
     """The report's blocks, its warnings, what ``--strict`` refuses, the number of reported cells, and every
     intervention's comparison with the intact model as ``cmp.<arm>.<intervention>_vs_intact.<split>.*`` metrics."""
     protocol, digest, chosen, store = study.protocol, study.digest, study.chosen, study.tracking_uri
@@ -153,9 +265,15 @@ def build_blocks(study: InterventionStudy, inputs: provenance.BuildInputs, log_t
     attempts = newer_attempts(study.records, chosen, tuple(arms), tuple(seeds))
     e = protocol.evaluation
     split = SPLIT_WORDS[e.split]
-    warnings = [f"{len(missing)} expected cell(s) have no finished run: {', '.join(missing)}"] if missing else []
-    warnings += [f"{r.arm}/seed{r.seed} has a newer {r.status} run {r.run_id}; the report uses the older finished run"
-                 for r in attempts]
+    warnings = (
+        [f"{len(missing)} expected cell(s) have no finished run: {', '.join(missing)}"]
+        if missing
+        else []
+    )
+    warnings += [
+        f"{r.arm}/seed{r.seed} has a newer {r.status} run {r.run_id}; the report uses the older finished run"
+        for r in attempts
+    ]
     results: list[Block] = [Heading(2, "Results")]
     sections: list[Block] = []
     metrics: dict[str, float] = {}
@@ -163,38 +281,68 @@ def build_blocks(study: InterventionStudy, inputs: provenance.BuildInputs, log_t
         cells = {s: study.cells[(arm, s)] for s in seeds if (arm, s) in chosen}
         if not cells:
             continue
-        outcomes = {s: CellOutcomes(c.names, c.labels, c.intact_predicted, c.predicted) for s, c in cells.items()}
+        outcomes = {
+            s: CellOutcomes(c.names, c.labels, c.intact_predicted, c.predicted)
+            for s, c in cells.items()
+        }
         rows = summarize(outcomes, n_resamples, e.confidence, e.seed)
         for r in rows:
             metrics |= paired_metrics(f"{arm}.{r.name}", "intact", e.split, r.paired, r.bootstrap)
         depth, heads = _shape(protocol, arm, cells)
         accuracies = [100 * o.accuracy() for o in outcomes.values()]
         intact = ", ".join(fmt(a, exact_decimals(accuracies, 2, 3)) for a in accuracies)
-        results.append(Para(f"**{arm}**: intact {split} accuracy {intact} % (seeds {', '.join(map(str, cells))}); "
-                            f"{len(rows)} interventions, each applied on its own to every cell."))
-        results += [Para(t) for t in (heads_sentence(rows, m, split) for m in ("zero", "mean")) if t]
+        results.append(
+            Para(
+                f"**{arm}**: intact {split} accuracy {intact} % (seeds {', '.join(map(str, cells))}); "
+                f"{len(rows)} interventions, each applied on its own to every cell."
+            )
+        )
+        results += [
+            Para(t) for t in (heads_sentence(rows, m, split) for m in ("zero", "mean")) if t
+        ]
         top = ranked(rows)[:TOP_EFFECTS]
         results += [Quote(effect_paragraph(r, split)) for r in top]
         results += [Para(t) for t in [effect_caveats(top, split)] if t]
         sections += arm_blocks(arm, rows, cells, protocol, depth, heads, 2, n_resamples)
     n = len(chosen)
     expected = len(arms) * len(seeds)
-    acted = (f"the finished ViT cells of `{protocol.acts_on.protocol}` (hash `{protocol.acts_on.hash[:SHORT_HASH_LEN]}`)"
-             if protocol.acts_on else f"timm `{protocol.pretrained.model}` (weights `{protocol.pretrained.weights}`)")
+    acted = (
+        f"the finished ViT cells of `{protocol.acts_on.protocol}` (hash `{protocol.acts_on.hash[:SHORT_HASH_LEN]}`)"
+        if protocol.acts_on
+        else f"timm `{protocol.pretrained.model}` (weights `{protocol.pretrained.weights}`)"
+    )
     header: list[Block] = [
-        Heading(1, f"Report: {protocol.name}@{digest[:SHORT_HASH_LEN]}"), Para(protocol.description),
-        Bullets([f"Intervention protocol `{protocol.name}`, hash `{digest}` (from {inputs.protocol_source}).",
-                 f"Acts on {acted}: arms {', '.join(arms)}; seeds {', '.join(map(str, seeds))} (paired by seed and by "
-                 f"image); evaluated on the {split} split; mean ablation over {e.mean_images:,} training images "
-                 f"(seed {e.mean_seed}).",
-                 *provenance.header_bullets(inputs, protocol.name, "one run per cell: its newest finished run",
-                                            log_targets, store, study.rebuilt_from),
-                 f"Cells with a finished run: **{n} of {expected}**" + ("." if n == expected else f" {FLAG}")])]
+        Heading(1, f"Report: {protocol.name}@{digest[:SHORT_HASH_LEN]}"),
+        Para(protocol.description),
+        Bullets(
+            [
+                f"Intervention protocol `{protocol.name}`, hash `{digest}` (from {inputs.protocol_source}).",
+                f"Acts on {acted}: arms {', '.join(arms)}; seeds {', '.join(map(str, seeds))} (paired by seed and by "
+                f"image); evaluated on the {split} split; mean ablation over {e.mean_images:,} training images "
+                f"(seed {e.mean_seed}).",
+                *provenance.header_bullets(
+                    inputs,
+                    protocol.name,
+                    "one run per cell: its newest finished run",
+                    log_targets,
+                    store,
+                    study.rebuilt_from,
+                ),
+                f"Cells with a finished run: **{n} of {expected}**"
+                + ("." if n == expected else f" {FLAG}"),
+            ]
+        ),
+    ]
     if warnings:
         header += [Heading(2, "Warnings"), Bullets([f"{FLAG} {w}" for w in warnings])]
     rows = [(a, s, chosen[(a, s)]) for s in seeds for a in arms if (a, s) in chosen]
-    blocks = (header + results + sections + provenance.provenance_blocks(rows, attempts, chosen, "arm", store)
-              + acted_on_blocks(rows))
+    blocks = (
+        header
+        + results
+        + sections
+        + provenance.provenance_blocks(rows, attempts, chosen, "arm", store)
+        + acted_on_blocks(rows)
+    )
     return blocks, warnings, provenance.stale_items(attempts, missing), n, metrics
 
 
@@ -203,21 +351,57 @@ def acted_on_blocks(rows: list[tuple[str, int, queries.CellRecord]]) -> list[Blo
     body = []
     for arm, seed, r in rows:
         m = r.metrics
-        proof = ("n/a (pretrained)" if "reload_proof_passed" not in m else
-                 f"{'reproduced' if m['reload_proof_passed'] == 1.0 else 'NOT reproduced'}, max |prob difference| "
-                 f"{m.get('reload_proof_max_abs_diff', math.nan):.3g}")
-        source = f"`{r.tags['source_run_id']}`" if r.tags.get("source_run_id") else f"`{r.tags.get('source_identity', 'n/a')}`"
-        body.append([arm, str(seed), source, proof, f"{int(m.get('interventions', 0))}", f"{int(m.get('examples', 0)):,}",
-                     f"{m.get('evaluation_seconds', math.nan):.1f} s", r.tags.get("threads", "n/a")])
-    return [Heading(3, "Acted-on models"), Table(
-        ["arm", "seed", "trained run (or weights)", "reload proof", "interventions", "images", "evaluation",
-         "threads"], body, ["l", "r", "l", "l", "r", "r", "r", "r"],
-        ["Trained run: the finished cell whose best checkpoint was loaded; before any intervention it had to reproduce "
-         "that run's saved validation predictions (bitwise on CPU). Evaluation: wall time of the intact pass, every "
-         "intervention and the attention maps."], css_class="wide nowrap")]
+        proof = (
+            "n/a (pretrained)"
+            if "reload_proof_passed" not in m
+            else f"{'reproduced' if m['reload_proof_passed'] == 1.0 else 'NOT reproduced'}, max |prob difference| "
+            f"{m.get('reload_proof_max_abs_diff', math.nan):.3g}"
+        )
+        source = (
+            f"`{r.tags['source_run_id']}`"
+            if r.tags.get("source_run_id")
+            else f"`{r.tags.get('source_identity', 'n/a')}`"
+        )
+        body.append(
+            [
+                arm,
+                str(seed),
+                source,
+                proof,
+                f"{int(m.get('interventions', 0))}",
+                f"{int(m.get('examples', 0)):,}",
+                f"{m.get('evaluation_seconds', math.nan):.1f} s",
+                r.tags.get("threads", "n/a"),
+            ]
+        )
+    return [
+        Heading(3, "Acted-on models"),
+        Table(
+            [
+                "arm",
+                "seed",
+                "trained run (or weights)",
+                "reload proof",
+                "interventions",
+                "images",
+                "evaluation",
+                "threads",
+            ],
+            body,
+            ["l", "r", "l", "l", "r", "r", "r", "r"],
+            [
+                "Trained run: the finished cell whose best checkpoint was loaded; before any intervention it had to reproduce "
+                "that run's saved validation predictions (bitwise on CPU). Evaluation: wall time of the intact pass, every "
+                "intervention and the attention maps."
+            ],
+            css_class="wide nowrap",
+        ),
+    ]
 
 
-def _shape(protocol: InterventionProtocol, arm: str, cells: dict[int, intervention_runs.CellResult]) -> tuple[int, int]:
+def _shape(
+    protocol: InterventionProtocol, arm: str, cells: dict[int, intervention_runs.CellResult]
+) -> tuple[int, int]:
     """(depth, heads) of the arm's model: from its config, or from the logged attention maps (pretrained)."""
     if protocol.acts_on is not None:
         cfg = protocol.model_config(arm)
@@ -225,7 +409,9 @@ def _shape(protocol: InterventionProtocol, arm: str, cells: dict[int, interventi
     maps = next((c.attention for c in cells.values() if c.attention is not None), None)
     if maps is not None:
         return maps.shape[0], maps.shape[1]
-    items = [HeadAblation(0, 0)] + [r for r in map(_parse_head, next(iter(cells.values())).names) if r is not None]
+    items = [HeadAblation(0, 0)] + [
+        r for r in map(_parse_head, next(iter(cells.values())).names) if r is not None
+    ]
     return max(i.block for i in items) + 1, max(i.head for i in items) + 1
 
 
@@ -236,42 +422,84 @@ def _parse_head(name: str) -> HeadAblation | None:
     return item if isinstance(item, HeadAblation) else None
 
 
-def build_intervention_report(protocol: InterventionProtocol, out_root: Path, hash_prefix: str | None,
-                              n_resamples: int, log: bool, strict: bool, evidence: bool = False):
+def build_intervention_report(
+    protocol: InterventionProtocol,
+    out_root: Path,
+    hash_prefix: str | None,
+    n_resamples: int,
+    log: bool,
+    strict: bool,
+    evidence: bool = False,
+):
     """Build, write and (optionally) log the report, and with ``evidence`` export what it was computed
     from to ``<out_root>/<name>/evidence/``; returns ``reports.output.ReportResult``."""
     counts = queries.hash_counts(protocol.name)
     digest = resolve_hash(protocol.name, counts, hash_prefix, protocol.hash)
     if digest != protocol.hash:
-        raise ReportError(f"--hash {hash_prefix}: {protocol.name}@{digest[:SHORT_HASH_LEN]} is not the hash of "
-                          f"{shown_path(Path(protocol.source_file))}; report an intervention protocol with its own file")
+        raise ReportError(
+            f"--hash {hash_prefix}: {protocol.name}@{digest[:SHORT_HASH_LEN]} is not the hash of "
+            f"{shown_path(Path(protocol.source_file))}; report an intervention protocol with its own file"
+        )
     parents = queries.parent_runs(protocol.name, digest)
     log_targets = [parents[0].run_id] if log and parents else []
-    inputs = provenance.BuildInputs(f"file {shown_path(Path(protocol.source_file))}", digest, hash_prefix, None, [],
-                                    n_resamples, protocol.evaluation.seed, protocol.evaluation.confidence, strict)
+    inputs = provenance.BuildInputs(
+        f"file {shown_path(Path(protocol.source_file))}",
+        digest,
+        hash_prefix,
+        None,
+        [],
+        n_resamples,
+        protocol.evaluation.seed,
+        protocol.evaluation.confidence,
+        strict,
+    )
     study = load_study(protocol, digest)
     result = render_intervention_study(study, inputs, Path(out_root), log_targets)
     if log and not parents:
-        result.messages.append(f"no parent run of {protocol.name}@{digest[:SHORT_HASH_LEN]} found: the report is not logged")
+        result.messages.append(
+            f"no parent run of {protocol.name}@{digest[:SHORT_HASH_LEN]} found: the report is not logged"
+        )
     log_report(result, result.folder, log_targets if log else None)
     if evidence:
-        folder = export_intervention_evidence(result.folder / "evidence", study, inputs, log_targets)
-        result.messages.append(f"wrote the evidence of {len(study.chosen)} cells to {folder} "
-                               f"(rebuild: workbench report --from-evidence {folder} --out-dir DIR)")
+        folder = export_intervention_evidence(
+            result.folder / "evidence", study, inputs, log_targets
+        )
+        result.messages.append(
+            f"wrote the evidence of {len(study.chosen)} cells to {folder} "
+            f"(rebuild: workbench report --from-evidence {folder} --out-dir DIR)"
+        )
     return result
 
 
-def render_intervention_study(study: InterventionStudy, inputs: provenance.BuildInputs, out_root: Path,
-                              log_targets: list[str]):
+def render_intervention_study(
+    study: InterventionStudy, inputs: provenance.BuildInputs, out_root: Path, log_targets: list[str]
+):
     """Compute every table and figure and write the report files; returns ``reports.output.ReportResult``."""
     protocol, short = study.protocol, study.digest[:SHORT_HASH_LEN]
-    blocks, warnings, problems, n, metrics = build_blocks(study, inputs, log_targets, inputs.n_resamples)
+    blocks, warnings, problems, n, metrics = build_blocks(
+        study, inputs, log_targets, inputs.n_resamples
+    )
     folder = Path(out_root) / protocol.name
     figure_paths = write_report(folder, blocks, f"{protocol.name}@{short} intervention report")
     expected = len(protocol.arms) * len(protocol.seeds)
-    messages = [f"{protocol.name}@{short}: {n} of {expected} cells have a finished run "
-                "(intervention protocol)"] + [f"warning: {w}" for w in warnings]
-    summary = Summary(metrics, results_text(blocks, f": {protocol.name}@{short}, {n} of {expected} "
-                                            "cells", "accuracy changes in percentage points (intervened minus intact)"))
-    return ReportResult(folder, folder / "report.md", folder / "report.html", figure_paths, messages=messages,
-                        problems=problems, summary=summary)
+    messages = [
+        f"{protocol.name}@{short}: {n} of {expected} cells have a finished run "
+        "(intervention protocol)"
+    ] + [f"warning: {w}" for w in warnings]
+    summary = Summary(
+        metrics,
+        results_text(
+            blocks,
+            f": {protocol.name}@{short}, {n} of {expected} cells",
+            "accuracy changes in percentage points (intervened minus intact)",
+        ),
+    )
+    return ReportResult(
+        folder,
+        folder / "report.md",
+        folder / "report.html",
+        figure_paths,
+        messages=messages,
+        problems=problems,
+        summary=summary,
+    )

@@ -35,8 +35,12 @@ def load_study(protocol: InterventionProtocol, digest: str) -> InterventionStudy
     """The study from the MLflow store: each cell's newest finished run and its logged outcomes."""
     chosen, records = intervention_runs.finished_cells(protocol.name, digest)
     if not chosen:
-        raise ReportError(f"{protocol.name}@{digest[:SHORT_HASH_LEN]}: no finished intervention cells; run "
-                          f"`workbench intervene --protocol {shown_path(Path(protocol.source_file))}` first")
+        raise ReportError(
+            f"{protocol.name}@{digest[:SHORT_HASH_LEN]}: no finished intervention cells; run "
+            f"`workbench intervene --protocol {shown_path(Path(protocol.source_file))}` first"
+        )
     with tempfile.TemporaryDirectory() as tmp:
-        cells = {key: intervention_runs.read_cell(record, Path(tmp)) for key, record in chosen.items()}
+        cells = {
+            key: intervention_runs.read_cell(record, Path(tmp)) for key, record in chosen.items()
+        }
     return InterventionStudy(protocol, digest, chosen, records, cells, queries.tracking_uri())

@@ -15,7 +15,12 @@ import math
 
 from reports.render import Block, Figure, Heading, Para, Quote, Table, to_markdown
 from workbench.report_content import comparison, forest
-from workbench.report_content.numbers import bootstrap_seed_multisets, decimals_for_error, mean_interval, min_wilcoxon_p
+from workbench.report_content.numbers import (
+    bootstrap_seed_multisets,
+    decimals_for_error,
+    mean_interval,
+    min_wilcoxon_p,
+)
 from workbench.report_content.predictions import DegenerateReport, degenerate_predictions
 from workbench.report_content.rounding import fmt
 from workbench.report_content.wording import section_caveats
@@ -39,7 +44,9 @@ def _ci(row, name: str, warning: str | None = None) -> str:
         return "n/a"
     d = min(DECIMALS, decimals_for_error(row.get(f"{name}_mc", math.nan), DECIMALS))
     text = f"{fmt(est, DECIMALS)} [{fmt(low, d)}, {fmt(high, d)}]"
-    if math.isfinite(low) and math.isfinite(high) and high == low:  # never shown bare: the flag says why
+    if (
+        math.isfinite(low) and math.isfinite(high) and high == low
+    ):  # never shown bare: the flag says why
         return f"{text} {FLAG} {warning or 'no spread'}"
     return text
 
@@ -58,30 +65,52 @@ def source_provenance(source: dict[str, str]) -> str:
 def source_text(source: dict[str, str]) -> str:
     """One sentence naming the source checkpoint and its provenance."""
     run = f" (run `{source['source.run_id']}`)" if source.get("source.run_id") else ""
-    return (f"Source: {source.get('source.label', '?')}. Kind {source.get('source.kind', '?')}, weights "
-            f"`{source.get('source.uri', '?')}`{run}, sha256 `{source.get('source.sha256') or 'none (random init)'}`, "
-            f"weights: {source_provenance(source)}. "
-            f"Inputs normalised with {source.get('source.norm_from', '?')}.")
+    return (
+        f"Source: {source.get('source.label', '?')}. Kind {source.get('source.kind', '?')}, weights "
+        f"`{source.get('source.uri', '?')}`{run}, sha256 `{source.get('source.sha256') or 'none (random init)'}`, "
+        f"weights: {source_provenance(source)}. "
+        f"Inputs normalised with {source.get('source.norm_from', '?')}."
+    )
 
 
 def degenerate(section: TransferSection) -> DegenerateReport | None:
     if not section.predictions or not section.num_classes:
         return None
-    return degenerate_predictions(section.predictions, section.num_classes, [f"class {j}" for j in range(section.num_classes)])
+    return degenerate_predictions(
+        section.predictions, section.num_classes, [f"class {j}" for j in range(section.num_classes)]
+    )
 
 
-def _per_cell_blocks(section: TransferSection, h: int, report: DegenerateReport | None) -> list[Block]:
+def _per_cell_blocks(
+    section: TransferSection, h: int, report: DegenerateReport | None
+) -> list[Block]:
     kappa, k, ci = section.kappa_table, section.num_classes, f"{section.confidence:.0%}"
-    blocks: list[Block] = [Heading(h + 1, "Test metrics per cell"), Table(
-        ["regime", "seed", "QWK", "accuracy", "macro-F1", "best epoch", "val QWK", "file"],
-        [[r["regime"], str(int(r["seed"])), _ci(r, "qwk"), _ci(r, "accuracy"), _ci(r, "macro_f1"),
-          str(int(r["best_epoch"])), _num(r["val_qwk"], ".3f"), "agree" if r["logged_equals_file"] else "DIFFER"]
-         for _, r in kappa.iterrows()],
-        ["l", "r", "r", "r", "r", "r", "r", "l"],
-        [f"Estimate [{ci} percentile bootstrap over test images, {section.n_resamples:,} resamples]; endpoints shown "
-         f"to the decimals their Monte-Carlo standard error supports (at most 3); '{FLAG} no spread': a zero-width "
-         "interval, every resample gives the same value, not certainty. 'file': whether the metrics logged "
-         "at evaluation equal those recomputed from the saved predictions/test.csv of the run."])]
+    blocks: list[Block] = [
+        Heading(h + 1, "Test metrics per cell"),
+        Table(
+            ["regime", "seed", "QWK", "accuracy", "macro-F1", "best epoch", "val QWK", "file"],
+            [
+                [
+                    r["regime"],
+                    str(int(r["seed"])),
+                    _ci(r, "qwk"),
+                    _ci(r, "accuracy"),
+                    _ci(r, "macro_f1"),
+                    str(int(r["best_epoch"])),
+                    _num(r["val_qwk"], ".3f"),
+                    "agree" if r["logged_equals_file"] else "DIFFER",
+                ]
+                for _, r in kappa.iterrows()
+            ],
+            ["l", "r", "r", "r", "r", "r", "r", "l"],
+            [
+                f"Estimate [{ci} percentile bootstrap over test images, {section.n_resamples:,} resamples]; endpoints shown "
+                f"to the decimals their Monte-Carlo standard error supports (at most 3); '{FLAG} no spread': a zero-width "
+                "interval, every resample gives the same value, not certainty. 'file': whether the metrics logged "
+                "at evaluation equal those recomputed from the saved predictions/test.csv of the run."
+            ],
+        ),
+    ]
     rows = []
     for _, r in kappa.iterrows():
         run = f"{r['regime']}/seed{int(r['seed'])}"
@@ -91,20 +120,42 @@ def _per_cell_blocks(section: TransferSection, h: int, report: DegenerateReport 
             warn = "never predicted" if never else None
             cells.append(_ci(r, f"recall_{j}", warn) if math.isfinite(r[f"recall_{j}"]) else "n/a")
         rows.append([r["regime"], str(int(r["seed"]))] + cells)
-    blocks += [Heading(h + 1, "Per-class recall"), Table(
-        ["regime", "seed"] + [f"class {j}" for j in range(k)], rows, ["l", "r"] + ["r"] * k,
-        [f"Recall of each true class on the test set [{ci} CI]. A zero-width interval is flagged with why: "
-         f"'{FLAG} never predicted': the run never predicts the class, so its recall is 0 by construction, not "
-         f"measured; '{FLAG} no spread': every bootstrap resample gives the same value (e.g. all of the class right), "
-         "which is not certainty."], css_class="wide")]
+    blocks += [
+        Heading(h + 1, "Per-class recall"),
+        Table(
+            ["regime", "seed"] + [f"class {j}" for j in range(k)],
+            rows,
+            ["l", "r"] + ["r"] * k,
+            [
+                f"Recall of each true class on the test set [{ci} CI]. A zero-width interval is flagged with why: "
+                f"'{FLAG} never predicted': the run never predicts the class, so its recall is 0 by construction, not "
+                f"measured; '{FLAG} no spread': every bootstrap resample gives the same value (e.g. all of the class right), "
+                "which is not certainty."
+            ],
+            css_class="wide",
+        ),
+    ]
     if report is not None:
-        never = [", ".join(f"class {c}" for c in report.never_predicted[run]) or "–" for run in report.counts]
-        blocks.append(Table(["run", *[f"class {j}" for j in range(k)], "never predicts"],
-                            [[run, *map(str, counts), nv] for (run, counts), nv in zip(report.counts.items(), never)],
-                            ["l", *["r"] * k, "l"],
-                            ["How often each run predicts each class on the test set. A class a run never predicts has "
-                             "recall 0 by construction, not by measurement."] + [f"{FLAG} {w}." for w in report.warnings],
-                            css_class="wide"))
+        never = [
+            ", ".join(f"class {c}" for c in report.never_predicted[run]) or "–"
+            for run in report.counts
+        ]
+        blocks.append(
+            Table(
+                ["run", *[f"class {j}" for j in range(k)], "never predicts"],
+                [
+                    [run, *map(str, counts), nv]
+                    for (run, counts), nv in zip(report.counts.items(), never)
+                ],
+                ["l", *["r"] * k, "l"],
+                [
+                    "How often each run predicts each class on the test set. A class a run never predicts has "
+                    "recall 0 by construction, not by measurement."
+                ]
+                + [f"{FLAG} {w}." for w in report.warnings],
+                css_class="wide",
+            )
+        )
     return blocks
 
 
@@ -113,14 +164,35 @@ def _over_seeds(section: TransferSection, h: int) -> list[Block]:
     for _, r in section.summary.iterrows():
         values = section.kappa_table.loc[section.kappa_table.regime == r["regime"], "qwk"].tolist()
         mi = mean_interval(values, section.confidence) if values else None
-        t = "n/a" if mi is None or not math.isfinite(mi.low) else f"[{fmt(mi.low, DECIMALS)}, {fmt(mi.high, DECIMALS)}]"
+        t = (
+            "n/a"
+            if mi is None or not math.isfinite(mi.low)
+            else f"[{fmt(mi.low, DECIMALS)}, {fmt(mi.high, DECIMALS)}]"
+        )
         if mi is not None and mi.note and mi.n > 1:
             t += f" {FLAG} {mi.note}"
-        rows.append([r["regime"], str(r["seeds"]), _num(r["qwk_mean"], ".3f"), t, _num(r["qwk_sd"], ".3f"),
-                     _num(r["qwk_min"], ".3f"), _num(r["qwk_max"], ".3f")])
-    return [Heading(h + 1, "Over seeds"), Table(
-        ["regime", "seeds", "mean QWK", "95% t-interval", "sd", "min", "max"], rows, ["l", "r", "r", "r", "r", "r", "r"],
-        ["sd: sample standard deviation over seeds; t-interval: Student-t over seeds (df = n − 1); n/a for one seed."])]
+        rows.append(
+            [
+                r["regime"],
+                str(r["seeds"]),
+                _num(r["qwk_mean"], ".3f"),
+                t,
+                _num(r["qwk_sd"], ".3f"),
+                _num(r["qwk_min"], ".3f"),
+                _num(r["qwk_max"], ".3f"),
+            ]
+        )
+    return [
+        Heading(h + 1, "Over seeds"),
+        Table(
+            ["regime", "seeds", "mean QWK", "95% t-interval", "sd", "min", "max"],
+            rows,
+            ["l", "r", "r", "r", "r", "r", "r"],
+            [
+                "sd: sample standard deviation over seeds; t-interval: Student-t over seeds (df = n − 1); n/a for one seed."
+            ],
+        ),
+    ]
 
 
 def _differences(section: TransferSection, h: int) -> list[Block]:
@@ -131,19 +203,46 @@ def _differences(section: TransferSection, h: int) -> list[Block]:
     for _, r in comps.iterrows():
         d = min(DECIMALS, decimals_for_error(r.get("mc_error", math.nan), DECIMALS))
         boot = f"[{fmt(r['low'], d, True)}, {fmt(r['high'], d, True)}]"
-        t = (f"[{fmt(r['t_low'], DECIMALS, True)}, {fmt(r['t_high'], DECIMALS, True)}]"
-             if math.isfinite(r.get("t_low", math.nan)) else ("–" if r["seed"] != "all" else "n/a"))
-        rows.append([f"{r['a']} − {r['b']}", METRIC_LABELS.get(r["metric"], r["metric"]), r["seed"],
-                     fmt(r["difference"], DECIMALS, True), t, boot, r["wins"] or "–"])
+        t = (
+            f"[{fmt(r['t_low'], DECIMALS, True)}, {fmt(r['t_high'], DECIMALS, True)}]"
+            if math.isfinite(r.get("t_low", math.nan))
+            else ("–" if r["seed"] != "all" else "n/a")
+        )
+        rows.append(
+            [
+                f"{r['a']} − {r['b']}",
+                METRIC_LABELS.get(r["metric"], r["metric"]),
+                r["seed"],
+                fmt(r["difference"], DECIMALS, True),
+                t,
+                boot,
+                r["wins"] or "–",
+            ]
+        )
     n = int(section.summary["seeds"].max()) if len(section.summary) else 0
-    return [Heading(h + 1, "Paired regime differences"), Table(
-        ["a − b", "metric", "seed", "difference", "95% t-interval (seeds)", "95% bootstrap", "a better in"], rows,
-        ["l", "l", "r", "r", "r", "r", "r"],
-        ["a − b on the same test images. Seed k: percentile bootstrap over test images of that seed's runs. Seed 'all': "
-         "mean over seeds, with the Student-t interval over seeds (df = n − 1) AND the hierarchical bootstrap (seeds, "
-         f"then images); from {n} seeds the bootstrap can draw only {bootstrap_seed_multisets(n)} distinct seed sets, "
-         f"so its seed level is coarse. With {n} seeds the smallest attainable two-sided Wilcoxon p is "
-         f"{min_wilcoxon_p(n):.3g}. Bootstrap endpoints shown to the decimals their Monte-Carlo error supports."])]
+    return [
+        Heading(h + 1, "Paired regime differences"),
+        Table(
+            [
+                "a − b",
+                "metric",
+                "seed",
+                "difference",
+                "95% t-interval (seeds)",
+                "95% bootstrap",
+                "a better in",
+            ],
+            rows,
+            ["l", "l", "r", "r", "r", "r", "r"],
+            [
+                "a − b on the same test images. Seed k: percentile bootstrap over test images of that seed's runs. Seed 'all': "
+                "mean over seeds, with the Student-t interval over seeds (df = n − 1) AND the hierarchical bootstrap (seeds, "
+                f"then images); from {n} seeds the bootstrap can draw only {bootstrap_seed_multisets(n)} distinct seed sets, "
+                f"so its seed level is coarse. With {n} seeds the smallest attainable two-sided Wilcoxon p is "
+                f"{min_wilcoxon_p(n):.3g}. Bootstrap endpoints shown to the decimals their Monte-Carlo error supports."
+            ],
+        ),
+    ]
 
 
 def section_blocks(section: TransferSection, level: int = 2) -> list[Block]:
@@ -152,11 +251,18 @@ def section_blocks(section: TransferSection, level: int = 2) -> list[Block]:
     blocks: list[Block] = [Heading(h, section.title)]
     if section.source:
         blocks.append(Para(source_text(section.source)))
-    blocks.append(Para(
-        f"Test set: {section.n_test} images, evaluated once per cell after selection on validation QWK. "
-        f"Intervals: {section.confidence:.0%}; bootstrap over test images, {section.n_resamples:,} resamples."))
-    return (blocks + _per_cell_blocks(section, h, degenerate(section)) + _over_seeds(section, h)
-            + _differences(section, h))
+    blocks.append(
+        Para(
+            f"Test set: {section.n_test} images, evaluated once per cell after selection on validation QWK. "
+            f"Intervals: {section.confidence:.0%}; bootstrap over test images, {section.n_resamples:,} resamples."
+        )
+    )
+    return (
+        blocks
+        + _per_cell_blocks(section, h, degenerate(section))
+        + _over_seeds(section, h)
+        + _differences(section, h)
+    )
 
 
 def results_blocks(section: TransferSection, reference: str, expected_n: int) -> list[Block]:
@@ -164,25 +270,67 @@ def results_blocks(section: TransferSection, reference: str, expected_n: int) ->
     items = []
     kappa = section.kappa_table
     for (a, b, metric), (paired, boot) in section.paired.items():
-        va = {int(s): v for s, v in zip(kappa.loc[kappa.regime == a, "seed"], kappa.loc[kappa.regime == a, metric])}
-        vb = {int(s): v for s, v in zip(kappa.loc[kappa.regime == b, "seed"], kappa.loc[kappa.regime == b, metric])}
-        items.append((a, b, comparison.comparison_content(paired, boot, va, vb, a_label=a, b_label=b, split="test",
-                                                          expected_n=expected_n, scale=1.0, unit="",
-                                                          metric=METRIC_LABELS.get(metric, metric))))
+        va = {
+            int(s): v
+            for s, v in zip(
+                kappa.loc[kappa.regime == a, "seed"], kappa.loc[kappa.regime == a, metric]
+            )
+        }
+        vb = {
+            int(s): v
+            for s, v in zip(
+                kappa.loc[kappa.regime == b, "seed"], kappa.loc[kappa.regime == b, metric]
+            )
+        }
+        items.append(
+            (
+                a,
+                b,
+                comparison.comparison_content(
+                    paired,
+                    boot,
+                    va,
+                    vb,
+                    a_label=a,
+                    b_label=b,
+                    split="test",
+                    expected_n=expected_n,
+                    scale=1.0,
+                    unit="",
+                    metric=METRIC_LABELS.get(metric, metric),
+                ),
+            )
+        )
     if not items:
-        return [Heading(2, "Results"), Para("No regime pair has two or more seeds: no comparison over seeds.")]
+        return [
+            Heading(2, "Results"),
+            Para("No regime pair has two or more seeds: no comparison over seeds."),
+        ]
     blocks: list[Block] = [Heading(2, "Results")]
     blocks += [Quote(cc.paragraph.text.replace("  of", " of")) for _, _, cc in items]
     caveats = section_caveats(cc.paragraph for _, _, cc in items)
     blocks += [Para(caveats)] if caveats else []
     rows = [cc.forest_row for a, b, cc in items if b == reference]
     if rows:
-        fig = forest.forest_plot(rows, reference, scale=1.0, unit="", metric="test QWK",
-                                 title=f"Test QWK: every regime against {reference}")
-        blocks.append(Figure("forest_test.png", (
-            f"Test QWK, every regime minus the reference {reference}, paired by seed: dot = mean difference, thick bar = "
-            "95% t-interval over seeds, thin bar = 95% hierarchical bootstrap; wins k of n = seeds where the regime is "
-            "ahead."), forest.figure_png(fig)))
+        fig = forest.forest_plot(
+            rows,
+            reference,
+            scale=1.0,
+            unit="",
+            metric="test QWK",
+            title=f"Test QWK: every regime against {reference}",
+        )
+        blocks.append(
+            Figure(
+                "forest_test.png",
+                (
+                    f"Test QWK, every regime minus the reference {reference}, paired by seed: dot = mean difference, thick bar = "
+                    "95% t-interval over seeds, thin bar = 95% hierarchical bootstrap; wins k of n = seeds where the regime is "
+                    "ahead."
+                ),
+                forest.figure_png(fig),
+            )
+        )
     return blocks
 
 
@@ -191,8 +339,9 @@ def transfer_markdown(section: TransferSection) -> str:
     return to_markdown(section_blocks(section))
 
 
-def figure_blocks(section: TransferSection, histories: dict[str, dict[int, dict[str, dict[int, float]]]],
-                  png) -> list[Block]:
+def figure_blocks(
+    section: TransferSection, histories: dict[str, dict[int, dict[str, dict[int, float]]]], png
+) -> list[Block]:
     """Confusion matrices and training curves, drawn by the library's one implementation of each.
 
     Args:
@@ -204,15 +353,34 @@ def figure_blocks(section: TransferSection, histories: dict[str, dict[int, dict[
     blocks: list[Block] = []
     if section.confusion:
         seeds = section.kappa_table.groupby("regime", sort=False)["seed"].count().to_dict()
-        matrices = {f"{r} (test, {seeds.get(r, 0)} seeds summed)": m for r, m in section.confusion.items()}
+        matrices = {
+            f"{r} (test, {seeds.get(r, 0)} seeds summed)": m for r, m in section.confusion.items()
+        }
         names = [str(j) for j in range(section.num_classes)]
-        blocks += [Heading(2, "Confusion matrices"), Figure(
-            "confusion_test.png", "Test confusion matrices: counts summed over each regime's seeds, colour = share of "
-            "the true class (row).", png(result_figures.confusion_figure(matrices, names, "test confusion matrices")))]
-    histories = {r: seeds for r, seeds in histories.items() if any(any(m.values()) for m in seeds.values())}
+        blocks += [
+            Heading(2, "Confusion matrices"),
+            Figure(
+                "confusion_test.png",
+                "Test confusion matrices: counts summed over each regime's seeds, colour = share of "
+                "the true class (row).",
+                png(result_figures.confusion_figure(matrices, names, "test confusion matrices")),
+            ),
+        ]
+    histories = {
+        r: seeds for r, seeds in histories.items() if any(any(m.values()) for m in seeds.values())
+    }
     if histories:
-        blocks += [Heading(2, "Training curves"), Figure(
-            "curves.png", "Per-epoch metrics logged by each run (MLflow metric history, step = epoch): mean over the "
-            "regime's seeds, band from the lowest to the highest seed.",
-            png(result_figures.curves_figure(histories, CURVE_METRICS, f"{section.title}: training curves")))]
+        blocks += [
+            Heading(2, "Training curves"),
+            Figure(
+                "curves.png",
+                "Per-epoch metrics logged by each run (MLflow metric history, step = epoch): mean over the "
+                "regime's seeds, band from the lowest to the highest seed.",
+                png(
+                    result_figures.curves_figure(
+                        histories, CURVE_METRICS, f"{section.title}: training curves"
+                    )
+                ),
+            ),
+        ]
     return blocks

@@ -24,7 +24,10 @@ from workbench.train.evaluate import read_predictions
 from workbench.transfer.report import TransferSection
 
 PREDICTIONS = "predictions"  # the artifact folder of a cell's logged predictions/<split>.csv
-SPLITS = ("val", "test")  # what a transfer cell logs there (tracking.kinds.transfer_runs: log_selection, log_test)
+SPLITS = (
+    "val",
+    "test",
+)  # what a transfer cell logs there (tracking.kinds.transfer_runs: log_selection, log_test)
 
 
 @dataclass
@@ -71,8 +74,11 @@ class TransferData:
 def published(record: dict) -> dict:
     """A run's params and tags as a page may print them: secrets removed, absolute paths made relative.
     Applied when reading from the store too, so both builds print the same strings."""
-    return {"run_id": record["run_id"], "params": {k: run_export.clean_text(v) for k, v in sorted(record["params"].items())},
-            "tags": {k: run_export.clean_text(v) for k, v in sorted(record["tags"].items())}}
+    return {
+        "run_id": record["run_id"],
+        "params": {k: run_export.clean_text(v) for k, v in sorted(record["params"].items())},
+        "tags": {k: run_export.clean_text(v) for k, v in sorted(record["tags"].items())},
+    }
 
 
 def _files(run_id: str, folder: Path) -> dict[str, bytes]:
@@ -86,7 +92,9 @@ def _files(run_id: str, folder: Path) -> dict[str, bytes]:
     return out
 
 
-def load_data(protocol: TransferProtocol, protocol_text: str, digest: str, source: str) -> TransferData:
+def load_data(
+    protocol: TransferProtocol, protocol_text: str, digest: str, source: str
+) -> TransferData:
     """The study from the MLflow store.
 
     Raises:
@@ -99,16 +107,34 @@ def load_data(protocol: TransferProtocol, protocol_text: str, digest: str, sourc
     if not chosen:
         raise LookupError(f"{protocol.name}@{digest[:12]}: no finished cells for source {identity}")
     with tempfile.TemporaryDirectory() as tmp:
-        cells = {key: ReportedCell(r, _files(r.run_id, Path(tmp)),
-                                   {k: queries.metric_history(r.run_id, k) for k in CURVE_METRICS})
-                 for key, r in chosen.items()}
+        cells = {
+            key: ReportedCell(
+                r,
+                _files(r.run_id, Path(tmp)),
+                {k: queries.metric_history(r.run_id, k) for k in CURVE_METRICS},
+            )
+            for key, r in chosen.items()
+        }
     parents = [p.run_id for p in queries.parent_runs(protocol.name, digest)]
-    return TransferData(protocol, protocol_text, digest, source, execution, parents, records, cells,
-                        queries.tracking_uri())
+    return TransferData(
+        protocol,
+        protocol_text,
+        digest,
+        source,
+        execution,
+        parents,
+        records,
+        cells,
+        queries.tracking_uri(),
+    )
 
 
 def compute_section(data: TransferData, n_resamples: int) -> TransferSection:
     """The report's numbers, from the chosen cells' test predictions (no store is read)."""
-    cells = [transfer_runs.cell_predictions(c.record, read_predictions(io.BytesIO(c.files["test"])))
-             for c in data.cells.values()]
-    return transfer_runs.section_of(data.protocol.name, data.digest, data.execution["params"], cells, n_resamples)
+    cells = [
+        transfer_runs.cell_predictions(c.record, read_predictions(io.BytesIO(c.files["test"])))
+        for c in data.cells.values()
+    ]
+    return transfer_runs.section_of(
+        data.protocol.name, data.digest, data.execution["params"], cells, n_resamples
+    )

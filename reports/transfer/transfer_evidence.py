@@ -31,8 +31,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from reports.collect import ReportError
-from reports.evidence import (EVIDENCE_DIR, RUNS_FILE, cell_entry, cell_record, read_document, read_gzip,
-                              remove_stale, write_document, write_gzip)
+from reports.evidence import (
+    EVIDENCE_DIR,
+    RUNS_FILE,
+    cell_entry,
+    cell_record,
+    read_document,
+    read_gzip,
+    remove_stale,
+    write_document,
+    write_gzip,
+)
 from reports.provenance import BuildInputs
 from reports.transfer.transfer_data import ReportedCell, TransferData
 from tracking.export import run_export
@@ -43,8 +52,18 @@ from workbench.train.evaluate import read_predictions
 
 FORMAT = "workbench-transfer-evidence/1"
 # The source in plain keys (from the execution's source.* params): what a reader checks first.
-SOURCE_KEYS = ("label", "kind", "pretrained", "provenance", "description", "uri", "run_id", "sha256", "architecture",
-               "norm_from")
+SOURCE_KEYS = (
+    "label",
+    "kind",
+    "pretrained",
+    "provenance",
+    "description",
+    "uri",
+    "run_id",
+    "sha256",
+    "architecture",
+    "norm_from",
+)
 
 
 def source_summary(execution: dict) -> dict[str, str]:
@@ -58,7 +77,9 @@ def _curve_rows(curve: dict[int, float]) -> list[list]:
     return [[int(step), run_export.json_number(value)] for step, value in sorted(curve.items())]
 
 
-def export_transfer_evidence(folder: Path, data: TransferData, inputs: BuildInputs, logged_to: list[str]) -> Path:
+def export_transfer_evidence(
+    folder: Path, data: TransferData, inputs: BuildInputs, logged_to: list[str]
+) -> Path:
     """Write ``folder`` (``runs.json``, ``predictions/``, ``README.md``) for ``data`` as reported."""
     protocol, cells, written = data.protocol, [], set()
     reported = {c.record.run_id: key for key, c in data.cells.items()}
@@ -69,26 +90,41 @@ def export_transfer_evidence(folder: Path, data: TransferData, inputs: BuildInpu
             entry["predictions"] = {}
             for split, raw in sorted(cell.files.items()):
                 name = f"predictions/{record.arm}.seed{record.seed}.{split}.csv.gz"
-                entry["predictions"][split] = {"file": name, "sha256": write_gzip(folder, name, raw),
-                                               "rows": len(read_predictions(io.BytesIO(raw))),
-                                               "logged_file": f"predictions/{split}.csv"}
+                entry["predictions"][split] = {
+                    "file": name,
+                    "sha256": write_gzip(folder, name, raw),
+                    "rows": len(read_predictions(io.BytesIO(raw))),
+                    "logged_file": f"predictions/{split}.csv",
+                }
                 written.add(folder / name)
             entry["curves"] = {k: _curve_rows(v) for k, v in sorted(cell.curves.items())}
         cells.append(entry)
     document = {
         "format": FORMAT,
-        "protocol": {"name": protocol.name, "hash": data.digest, "source": data.source,
-                     "canonical": protocol.canonical, "file": {"name": f"{protocol.name}.yaml", "text": data.protocol_text}},
+        "protocol": {
+            "name": protocol.name,
+            "hash": data.digest,
+            "source": data.source,
+            "canonical": protocol.canonical,
+            "file": {"name": f"{protocol.name}.yaml", "text": data.protocol_text},
+        },
         "store": {"tracking_uri": data.tracking_uri, "experiment": protocol.name},
-        "build": {"hash_option": inputs.hash_option, "resamples": inputs.n_resamples,
-                  "bootstrap_seed": inputs.bootstrap_seed, "confidence": inputs.confidence, "strict": inputs.strict,
-                  "logged_to": list(logged_to)},
+        "build": {
+            "hash_option": inputs.hash_option,
+            "resamples": inputs.n_resamples,
+            "bootstrap_seed": inputs.bootstrap_seed,
+            "confidence": inputs.confidence,
+            "strict": inputs.strict,
+            "logged_to": list(logged_to),
+        },
         "execution": data.execution,
         "source": source_summary(data.execution),
         "parents": [run_export.run_record(run_id) for run_id in data.parents],
         "cells": cells,
     }
-    write_document(folder, document, _readme(protocol.name, data.digest, len(data.cells), len(cells)))
+    write_document(
+        folder, document, _readme(protocol.name, data.digest, len(data.cells), len(cells))
+    )
     remove_stale(folder / "predictions", "*.csv.gz", written)
     return folder
 
@@ -159,8 +195,10 @@ def _protocol(where: str, p: dict):
         except ProtocolError as err:
             raise ReportError(f"{where}: the exported protocol does not parse ({err})") from err
     if protocol.hash != p["hash"] or protocol.canonical != p["canonical"]:
-        raise ReportError(f"{where}: the exported protocol file hashes to {protocol.hash[:12]}, not protocol.hash "
-                          f"{p['hash'][:12]}")
+        raise ReportError(
+            f"{where}: the exported protocol file hashes to {protocol.hash[:12]}, not protocol.hash "
+            f"{p['hash'][:12]}"
+        )
     return protocol
 
 
@@ -170,8 +208,10 @@ def _curve(rows: list) -> dict[int, float]:
 
 def _cell(folder: Path, where: str, record, entry: dict) -> ReportedCell:
     if "predictions" not in entry or "test" not in entry["predictions"]:
-        raise ReportError(f"{where}: run {record.run_id} ({record.arm}/seed{record.seed}) is reported but its "
-                          "test predictions were not exported")
+        raise ReportError(
+            f"{where}: run {record.run_id} ({record.arm}/seed{record.seed}) is reported but its "
+            "test predictions were not exported"
+        )
     files = {}
     for split, info in entry["predictions"].items():
         raw = read_gzip(folder / info["file"], info["sha256"])
@@ -191,16 +231,36 @@ def _evidence(folder: Path, doc: dict) -> TransferEvidence:
     records = [cell_record(e, where) for e in doc["cells"]]
     chosen = transfer_runs.choose_cells(records, execution["tags"].get(SOURCE_IDENTITY, ""))
     if not chosen:
-        raise ReportError(f"{where}: no finished cell run of the execution's source: nothing to rebuild")
+        raise ReportError(
+            f"{where}: no finished cell run of the execution's source: nothing to rebuild"
+        )
     cells = {key: _cell(folder, where, r, entries[r.run_id]) for key, r in chosen.items()}
-    data = TransferData(protocol, p["file"]["text"], p["hash"], p["source"], execution,
-                        [parent["run_id"] for parent in doc["parents"]], records, cells, doc["store"]["tracking_uri"],
-                        f"{protocol.name}/{EVIDENCE_DIR}")
+    data = TransferData(
+        protocol,
+        p["file"]["text"],
+        p["hash"],
+        p["source"],
+        execution,
+        [parent["run_id"] for parent in doc["parents"]],
+        records,
+        cells,
+        doc["store"]["tracking_uri"],
+        f"{protocol.name}/{EVIDENCE_DIR}",
+    )
     confidence = float(build["confidence"])
     if not math.isfinite(confidence):
         raise ReportError(f"{where}: build.confidence {build['confidence']!r} is not a number")
-    inputs = BuildInputs(p["source"], p["hash"], build["hash_option"], None, [], int(build["resamples"]),
-                         int(build["bootstrap_seed"]), confidence, bool(build["strict"]))
+    inputs = BuildInputs(
+        p["source"],
+        p["hash"],
+        build["hash_option"],
+        None,
+        [],
+        int(build["resamples"]),
+        int(build["bootstrap_seed"]),
+        confidence,
+        bool(build["strict"]),
+    )
     return TransferEvidence(data, inputs, list(build["logged_to"]))
 
 

@@ -43,5 +43,7 @@ def longest_first(protocol: Protocol, image_size: int) -> tuple[list[int], str]:
     if work is None:
         return indices, "queue order: as in the protocol (a model without a FLOPs estimate)"
     order = sorted(indices, key=lambda i: -work[i])
-    return order, (f"queue order: most training work first (estimated as FLOPs per image x epochs): "
-                   f"{cells[order[0]].arm} first, {cells[order[-1]].arm} last")
+    return order, (
+        f"queue order: most training work first (estimated as FLOPs per image x epochs): "
+        f"{cells[order[0]].arm} first, {cells[order[-1]].arm} last"
+    )

@@ -64,13 +64,21 @@ quiet_optuna()
 HEARTBEAT_SECONDS = 10
 GRACE_SECONDS = 30
 # The queue's record, in each trial's user attributes (the module says what each holds).
-CELL_ATTR, KEY_ATTR, LEASE_ATTR, OUTCOME_ATTR, RETRY_ATTR = "cell", "key", "lease", "outcome", "retry_of"
+CELL_ATTR, KEY_ATTR, LEASE_ATTR, OUTCOME_ATTR, RETRY_ATTR = (
+    "cell",
+    "key",
+    "lease",
+    "outcome",
+    "retry_of",
+)
 
 
 def check_timing(heartbeat: float, grace: float) -> None:
     if heartbeat >= grace:
-        raise ValueError(f"--heartbeat {heartbeat:g} must be shorter than --grace {grace:g}: otherwise every live "
-                         "worker's cell would look abandoned between two heartbeats")
+        raise ValueError(
+            f"--heartbeat {heartbeat:g} must be shorter than --grace {grace:g}: otherwise every live "
+            "worker's cell would look abandoned between two heartbeats"
+        )
 
 
 def open_storage(url: str, heartbeat: float = HEARTBEAT_SECONDS, grace: float = GRACE_SECONDS):
@@ -105,7 +113,10 @@ def study_name_for(protocol: Protocol) -> str:
 
 
 def _completed_cells(study: optuna.Study) -> set[int]:
-    return {t.user_attrs.get(CELL_ATTR) for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))}
+    return {
+        t.user_attrs.get(CELL_ATTR)
+        for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+    }
 
 
 class CellQueue:
@@ -127,7 +138,9 @@ class CellQueue:
 
     def trial_id(self, number: int) -> int:
         if number not in self._ids:
-            self._ids[number] = self.storage.get_trial_id_from_study_id_trial_number(self.study_id, number)
+            self._ids[number] = self.storage.get_trial_id_from_study_id_trial_number(
+                self.study_id, number
+            )
         return self._ids[number]
 
     def trial(self, number: int) -> FrozenTrial:
@@ -145,29 +158,44 @@ class CellQueue:
         return self.storage.set_trial_state_values(self.trial_id(number), TrialState.FAIL)
 
 
-def enqueue_cells(protocol: Protocol, protocol_file: Path, storage, parent_run_id: str, finished: set[tuple[str, int]],
-                  settings: dict, order: list[int] | None = None) -> tuple[str, int]:
+def enqueue_cells(
+    protocol: Protocol,
+    protocol_file: Path,
+    storage,
+    parent_run_id: str,
+    finished: set[tuple[str, int]],
+    settings: dict,
+    order: list[int] | None = None,
+) -> tuple[str, int]:
     """Put every cell without a finished run into the queue, once. Returns (study name, cells enqueued).
 
     ``order``: cell indices in the order workers should take them (default: protocol order).
     """
     name = study_name_for(protocol)
-    study = optuna.create_study(study_name=name, storage=storage, direction="maximize", load_if_exists=True)
+    study = optuna.create_study(
+        study_name=name, storage=storage, direction="maximize", load_if_exists=True
+    )
     study.set_user_attr("protocol_file", str(protocol_file))
     study.set_user_attr("protocol_hash", protocol.hash)
     study.set_user_attr("parent_run_id", parent_run_id)
     study.set_user_attr("settings", settings)
     # A cell already waiting, running or done in the queue is not added again.
-    queued = {t.user_attrs.get(CELL_ATTR) for t in study.get_trials(
-        deepcopy=False, states=(TrialState.WAITING, TrialState.RUNNING, TrialState.COMPLETE))}
+    queued = {
+        t.user_attrs.get(CELL_ATTR)
+        for t in study.get_trials(
+            deepcopy=False, states=(TrialState.WAITING, TrialState.RUNNING, TrialState.COMPLETE)
+        )
+    }
     added = 0
     cells = protocol.cells()
     for index in order if order is not None else range(len(cells)):
         cell = cells[index]
         if (cell.arm, cell.seed) in finished or index in queued:
             continue
-        study.enqueue_trial({"cell": index}, user_attrs={CELL_ATTR: index, KEY_ATTR: cell.key, "arm": cell.arm,
-                                                         "seed": cell.seed})
+        study.enqueue_trial(
+            {"cell": index},
+            user_attrs={CELL_ATTR: index, KEY_ATTR: cell.key, "arm": cell.arm, "seed": cell.seed},
+        )
         added += 1
     return name, added
 
@@ -213,7 +241,9 @@ def holds(queue: CellQueue, number: int, lease: dict) -> str | None:
         return f"the queue marked this cell {trial.state.name} (its lease expired and it was handed on)"
     found = Lease.from_record(trial.user_attrs.get(LEASE_ATTR))
     if found is None or found.token != lease["token"]:
-        return f"another worker holds this cell's lease now (token {found.token if found else None})"
+        return (
+            f"another worker holds this cell's lease now (token {found.token if found else None})"
+        )
     return None
 
 
@@ -223,7 +253,9 @@ def expired(trial: FrozenTrial, grace: float, now: float | None = None) -> str |
     lease = Lease.from_record(trial.user_attrs.get(LEASE_ATTR))
     if lease is None:  # popped but never leased: the worker died right after popping
         started = trial.datetime_start.timestamp() if trial.datetime_start else now
-        return f"no lease {now - started:.0f} s after it was popped" if now - started > grace else None
+        return (
+            f"no lease {now - started:.0f} s after it was popped" if now - started > grace else None
+        )
     state = lease.state(grace, now, limit="grace")
     return None if state.alive else state.why
 

@@ -57,7 +57,9 @@ from tracking.record.lease_rule import HOST, Lease, pid_alive
 
 DEFAULT_THREADS_PER_JOB = 1
 STOP_WAIT_SECONDS = 120  # a worker ends its cell's run within this after SIGINT, or is killed
-JOBS_FOLDER = ".jobs"  # under the output folder: one sub-folder (queue file, owner pid) per execution
+JOBS_FOLDER = (
+    ".jobs"  # under the output folder: one sub-folder (queue file, owner pid) per execution
+)
 
 
 def _die_with_parent() -> None:
@@ -95,14 +97,35 @@ def queue_folder(output_dir: Path) -> Path:
     return folder
 
 
-def worker_command(study: str, threads: int, device: str, output_dir: Path, data_path: str | None,
-                   debug: bool = False) -> list[str]:
+def worker_command(
+    study: str,
+    threads: int,
+    device: str,
+    output_dir: Path,
+    data_path: str | None,
+    debug: bool = False,
+) -> list[str]:
     """The worker of one job (its queue comes through ``worker_environment``, not argv). ``threads``
     0: none asked for, so each job gets the fixed default (``--default-threads``: new cells start
     with it, a resumed cell keeps the count it started with)."""
-    command = [sys.executable, "-m", "studies.cli", *(["--debug"] if debug else []), "worker", "--study", study,
-               "--device", device, "--output-dir", str(output_dir)]
-    command += ["--threads", str(threads)] if threads else ["--default-threads", str(DEFAULT_THREADS_PER_JOB)]
+    command = [
+        sys.executable,
+        "-m",
+        "studies.cli",
+        *(["--debug"] if debug else []),
+        "worker",
+        "--study",
+        study,
+        "--device",
+        device,
+        "--output-dir",
+        str(output_dir),
+    ]
+    command += (
+        ["--threads", str(threads)]
+        if threads
+        else ["--default-threads", str(DEFAULT_THREADS_PER_JOB)]
+    )
     return command + (["--data-path", data_path] if data_path else [])
 
 
@@ -118,8 +141,19 @@ def worker_environment(storage: str) -> dict:
 
 
 def start_job(index: int, command: list[str], env: dict) -> Job:
-    return Job(index, subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                       bufsize=1, env=env, start_new_session=True, preexec_fn=_die_with_parent))
+    return Job(
+        index,
+        subprocess.Popen(
+            command,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            bufsize=1,
+            env=env,
+            start_new_session=True,
+            preexec_fn=_die_with_parent,
+        ),
+    )
 
 
 def how_it_ended(returncode: int) -> str:
@@ -137,7 +171,9 @@ def _reader(job: Job, lines: queue.Queue) -> None:
     lines.put((job, None))  # end of this job's output
 
 
-def relay(jobs: list[Job], progress, lines: queue.Queue, open_streams: set[int], timeout: float = 1.0) -> None:
+def relay(
+    jobs: list[Job], progress, lines: queue.Queue, open_streams: set[int], timeout: float = 1.0
+) -> None:
     """Print the jobs' lines until ``timeout`` passes without one (progress text only: what a job
     holds comes from the queue, ``track``)."""
     deadline = time.monotonic() + timeout
@@ -164,11 +200,15 @@ def stop_jobs(jobs: list[Job], signum: int, lines: queue.Queue, open_streams: se
                 job.process.send_signal(signum)
     deadline = time.monotonic() + STOP_WAIT_SECONDS
     while any(j.process.poll() is None for j in jobs) and time.monotonic() < deadline:
-        with contextlib.suppress(KeyboardInterrupt):  # a second Ctrl-C must not cut the workers' cleanup short
+        with contextlib.suppress(
+            KeyboardInterrupt
+        ):  # a second Ctrl-C must not cut the workers' cleanup short
             relay(jobs, lambda _: None, lines, open_streams, timeout=0.5)
     for job in jobs:
         if job.process.poll() is None:
-            tqdm.write(f"[job {job.index}] did not stop within {STOP_WAIT_SECONDS} s: killed; the next ablate reaps its run")
+            tqdm.write(
+                f"[job {job.index}] did not stop within {STOP_WAIT_SECONDS} s: killed; the next ablate reaps its run"
+            )
             job.process.kill()
     with contextlib.suppress(KeyboardInterrupt):
         relay(jobs, lambda _: None, lines, open_streams, timeout=0.5)
@@ -188,12 +228,20 @@ def track(jobs: list[Job], trials) -> None:
     holding = {}
     for trial in trials:
         lease = Lease.from_record(trial.user_attrs.get(LEASE_ATTR))
-        if trial.state == TrialState.RUNNING and lease and lease.host == HOST and OUTCOME_ATTR not in trial.user_attrs:
+        if (
+            trial.state == TrialState.RUNNING
+            and lease
+            and lease.host == HOST
+            and OUTCOME_ATTR not in trial.user_attrs
+        ):
             holding[lease.pid] = trial
     for job in jobs:
         trial = holding.get(job.process.pid)
         if trial is not None:
-            job.held, job.current = trial.number, str(trial.user_attrs.get(KEY_ATTR, trial.user_attrs.get("cell")))
+            job.held, job.current = (
+                trial.number,
+                str(trial.user_attrs.get(KEY_ATTR, trial.user_attrs.get("cell"))),
+            )
             continue
         old = by_number.get(job.held) if job.held is not None else None
         if job.process.poll() is None or old is None or OUTCOME_ATTR in old.user_attrs:
@@ -222,42 +270,71 @@ def outcomes(trials) -> dict[str, int]:
     return tally
 
 
-def run_jobs(protocol: Protocol, protocol_file: Path, options: StudyOptions, *, jobs: int) -> dict[str, int]:
+def run_jobs(
+    protocol: Protocol, protocol_file: Path, options: StudyOptions, *, jobs: int
+) -> dict[str, int]:
     """Run the protocol's unfinished cells with ``jobs`` local workers; returns the outcome tally.
 
     ``options.threads``: per job, as the user asked (0: the fixed default, ``DEFAULT_THREADS_PER_JOB``).
     """
-    output_dir, threads, device, data_path = options.output_dir, options.threads, options.device, options.data_path
+    output_dir, threads, device, data_path = (
+        options.output_dir,
+        options.threads,
+        options.device,
+        options.data_path,
+    )
     allow_dirty, download = options.allow_dirty, options.download
     from studies.runtime.study_execution import finished_cells, held_parent, prepare_checked_data
     from studies.ablation.cell_order import longest_first
-    from studies.ablation.cell_queue import CellQueue, counts, debugging, enqueue_cells, open_storage
+    from studies.ablation.cell_queue import (
+        CellQueue,
+        counts,
+        debugging,
+        enqueue_cells,
+        open_storage,
+    )
     from studies.runtime.stop_signals import sigterm_raises
 
     # Decode and cache the data once here, so the workers only read the cache.
-    data = prepare_checked_data(protocol, data_path, download)  # every check before the parent run opens
+    data = prepare_checked_data(
+        protocol, data_path, download
+    )  # every check before the parent run opens
     folder = queue_folder(output_dir)
     storage_url = f"journal:{folder / 'queue.log'}"
-    tqdm.write(f"{protocol.name}@{protocol.short_hash}: {len(protocol.cells())} cells on {data.display_name} "
-               f"({len(data.train.labels)} train / {len(data.val.labels)} val), data {data.data_fingerprint[:12]}; "
-               f"{jobs} jobs x {threads or DEFAULT_THREADS_PER_JOB} thread(s) each")
+    tqdm.write(
+        f"{protocol.name}@{protocol.short_hash}: {len(protocol.cells())} cells on {data.display_name} "
+        f"({len(data.train.labels)} train / {len(data.val.labels)} val), data {data.data_fingerprint[:12]}; "
+        f"{jobs} jobs x {threads or DEFAULT_THREADS_PER_JOB} thread(s) each"
+    )
     try:
-        with sigterm_raises(), held_parent(protocol, protocol_file, allow_dirty, {"queue": "jobs"}) as parent:
+        with (
+            sigterm_raises(),
+            held_parent(protocol, protocol_file, allow_dirty, {"queue": "jobs"}) as parent,
+        ):
             order, order_line = longest_first(protocol, data.train.images.shape[-1])
             tqdm.write(order_line)
             storage = open_storage(storage_url)
-            study_name, added = enqueue_cells(protocol, protocol_file, storage, parent.run_id,
-                                              finished_cells(protocol), {"allow_dirty": allow_dirty,
-                                                                         "download": download}, order)
+            study_name, added = enqueue_cells(
+                protocol,
+                protocol_file,
+                storage,
+                parent.run_id,
+                finished_cells(protocol),
+                {"allow_dirty": allow_dirty, "download": download},
+                order,
+            )
             skipped = len(protocol.cells()) - added
             if skipped:
                 tqdm.write(f"{skipped} cells already finished (skipped)")
             cell_queue = CellQueue.load(study_name, storage)
             died = {"died": 0, "replaced": 0}
             if added:
-                pool = JobPool(cell_queue, worker_command(study_name, threads, device, output_dir, data_path,
-                                                          debugging()), worker_environment(storage_url),
-                               most=max(2, min(jobs, added)))
+                pool = JobPool(
+                    cell_queue,
+                    worker_command(study_name, threads, device, output_dir, data_path, debugging()),
+                    worker_environment(storage_url),
+                    most=max(2, min(jobs, added)),
+                )
                 died = pool.drive(added, min(jobs, added))
             tally = {**outcomes(cell_queue.trials()), **died}
             tally["skipped"] += skipped
@@ -311,15 +388,21 @@ class JobPool:
             left = state["waiting"] + state["running"]
             ended = how_it_ended(job.process.returncode)
             if not left:
-                tqdm.write(f"[job {job.index}] died ({ended}){on}; no cell is left to replace it for")
+                tqdm.write(
+                    f"[job {job.index}] died ({ended}){on}; no cell is left to replace it for"
+                )
             elif self.tally["replaced"] >= self.most:
-                tqdm.write(f"[job {job.index}] died ({ended}){on}; not replaced ({self.most} workers were replaced "
-                           "already); the next ablate trains what is left")
+                tqdm.write(
+                    f"[job {job.index}] died ({ended}){on}; not replaced ({self.most} workers were replaced "
+                    "already); the next ablate trains what is left"
+                )
             else:
                 self.tally["replaced"] += 1
                 new = self.launch()
-                tqdm.write(f"[job {job.index}] died ({ended}){on}; started job {new.index} in its place "
-                           f"({'its cell goes back to the queue, ' if on else ''}{left} cell(s) waiting or running)")
+                tqdm.write(
+                    f"[job {job.index}] died ({ended}){on}; started job {new.index} in its place "
+                    f"({'its cell goes back to the queue, ' if on else ''}{left} cell(s) waiting or running)"
+                )
 
     def drive(self, total: int, n_jobs: int) -> dict[str, int]:
         """Start ``n_jobs`` workers, show one bar over the ``total`` queued cells until all workers ended.
@@ -331,9 +414,15 @@ class JobPool:
         for _ in range(n_jobs):
             self.launch()
         with tqdm(total=total, desc="cells", unit="cell") as bar:
+
             def progress(_=None) -> None:
-                bar.set_postfix_str(", ".join(f"{j.index}: {j.current}" for j in self.jobs
-                                              if j.current and j.process.poll() is None))
+                bar.set_postfix_str(
+                    ", ".join(
+                        f"{j.index}: {j.current}"
+                        for j in self.jobs
+                        if j.current and j.process.poll() is None
+                    )
+                )
 
             try:
                 while True:
@@ -344,14 +433,18 @@ class JobPool:
                     bar.n = min(total, cells_done(self.watch()))
                     progress()
                     bar.refresh()
-                    if not self.open_streams and all(j.process.poll() is not None for j in self.jobs):
+                    if not self.open_streams and all(
+                        j.process.poll() is not None for j in self.jobs
+                    ):
                         self.replace_the_dead()  # one that ended just now: said, and replaced if cells are left
                         if not self.open_streams:
                             break
             except (KeyboardInterrupt, Terminated) as err:
                 signum = signal.SIGTERM if isinstance(err, Terminated) else signal.SIGINT
-                tqdm.write(f"stopping {sum(j.process.poll() is None for j in self.jobs)} job(s) "
-                           f"({signal.Signals(signum).name}); each ends its cell's run")
+                tqdm.write(
+                    f"stopping {sum(j.process.poll() is None for j in self.jobs)} job(s) "
+                    f"({signal.Signals(signum).name}); each ends its cell's run"
+                )
                 stop_jobs(self.jobs, signum, self.lines, self.open_streams)
                 raise
             bar.n = min(total, cells_done(self.queue.trials()))
@@ -369,10 +462,12 @@ def describe(tally: dict[str, int]) -> str:
     if tally["unfinished"]:
         text += f", {tally['unfinished']} not finished"
     if tally.get("died"):
-        text += (f"; {tally['died']} worker(s) died ([job N] lines above say how), {tally['replaced']} replaced")
+        text += f"; {tally['died']} worker(s) died ([job N] lines above say how), {tally['replaced']} replaced"
     return text
 
 
 def check_jobs(jobs: int, storage: str | None) -> None:
     if jobs and storage:
-        raise click.UsageError("--jobs runs cells here; --storage queues them for remote workers: give one of them")
+        raise click.UsageError(
+            "--jobs runs cells here; --storage queues them for remote workers: give one of them"
+        )

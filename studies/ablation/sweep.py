@@ -37,7 +37,9 @@ from workbench.train.config import TrainConfig
 from workbench.train.loop import StopTraining, TrainingObserver
 
 SECTIONS = ("model", "optim", "run", "dataset", "recipe")
-MAX_CHECKED_COMBINATIONS = 4096  # apply() takes microseconds: checking this many costs well under a second
+MAX_CHECKED_COMBINATIONS = (
+    4096  # apply() takes microseconds: checking this many costs well under a second
+)
 MAX_INT_CANDIDATES = 1024
 
 
@@ -50,9 +52,14 @@ def parse_space(specs: tuple[str, ...]) -> dict[str, tuple]:
             section, key = field.split(".", 1)
             kind, *args = dist.split(":")
         except ValueError:
-            raise click.BadParameter(f"{spec!r}: expected SECTION.FIELD=KIND:ARGS", param_hint="--param") from None
+            raise click.BadParameter(
+                f"{spec!r}: expected SECTION.FIELD=KIND:ARGS", param_hint="--param"
+            ) from None
         if section not in SECTIONS:
-            raise click.BadParameter(f"{spec!r}: section {section!r} must be one of {', '.join(SECTIONS)}", param_hint="--param")
+            raise click.BadParameter(
+                f"{spec!r}: section {section!r} must be one of {', '.join(SECTIONS)}",
+                param_hint="--param",
+            )
         if field in space:
             raise click.BadParameter(f"{spec!r}: {field} is given twice", param_hint="--param")
         space[field] = _distribution(spec, kind, args)
@@ -68,7 +75,10 @@ def _distribution(spec: str, kind: str, args: list[str]) -> tuple:
         if any(isinstance(v, float) and not math.isfinite(v) for v in values):
             raise bad("every choice must be a finite number (inf and nan are refused)")
         return ("choice", values)
-    if not ((kind == "float" and (len(args) == 2 or args[2:] == ["log"])) or (kind == "int" and len(args) == 2)):
+    if not (
+        (kind == "float" and (len(args) == 2 or args[2:] == ["log"]))
+        or (kind == "int" and len(args) == 2)
+    ):
         raise bad("kind must be float:LOW:HIGH[:log], int:LOW:HIGH or choice:A,B,...")
     number = float if kind == "float" else int
     try:
@@ -100,22 +110,38 @@ def suggest(trial: optuna.Trial, space: dict[str, tuple]) -> dict[str, object]:
 
 def apply(cfg: TrainConfig, values: dict[str, object]) -> TrainConfig:
     """The arm's config with sampled values; validated like a protocol (bad values raise)."""
-    sections = {"model": dict(cfg.model.overrides), "optim": {}, "run": {}, "dataset": {}, "recipe": {}}
+    sections = {
+        "model": dict(cfg.model.overrides),
+        "optim": {},
+        "run": {},
+        "dataset": {},
+        "recipe": {},
+    }
     for field, value in values.items():
         section, key = field.split(".", 1)
         sections[section][key] = value
     model = replace(cfg.model, overrides=sections["model"])
     model_config(model.name, **model.overrides)
-    return replace(cfg, model=model, optim=replace(cfg.optim, **sections["optim"]),
-                   run=replace(cfg.run, **sections["run"]), data=replace(cfg.data, **sections["dataset"]),
-                   recipe=replace(cfg.recipe, **sections["recipe"]))
+    return replace(
+        cfg,
+        model=model,
+        optim=replace(cfg.optim, **sections["optim"]),
+        run=replace(cfg.run, **sections["run"]),
+        data=replace(cfg.data, **sections["dataset"]),
+        recipe=replace(cfg.recipe, **sections["recipe"]),
+    )
 
 
 def section_fields(cfg: TrainConfig, section: str) -> list[str]:
     """The field names a ``--param`` may set in ``section`` of ``cfg``."""
     if section == "model":
         return [f.name for f in fields(model_config(cfg.model.name, **cfg.model.overrides))]
-    return [f.name for f in fields({"optim": cfg.optim, "run": cfg.run, "dataset": cfg.data, "recipe": cfg.recipe}[section])]
+    return [
+        f.name
+        for f in fields(
+            {"optim": cfg.optim, "run": cfg.run, "dataset": cfg.data, "recipe": cfg.recipe}[section]
+        )
+    ]
 
 
 def _candidates(spec: tuple) -> list:
@@ -133,7 +159,7 @@ def _candidates(spec: tuple) -> list:
     if kind == "int":
         if high - low < MAX_INT_CANDIDATES:
             return list(range(low, high + 1))
-        powers = [2 ** k for k in range(64) if low <= 2 ** k <= high]
+        powers = [2**k for k in range(64) if low <= 2**k <= high]
         return sorted({low, (low + high) // 2, high, *powers})
     if args[2]:  # log scale: LOW > 0 (parse_space checks it)
         grid = [low * (high / low) ** (i / 8) for i in range(9)]
@@ -168,8 +194,10 @@ def check_space(cfg: TrainConfig, space: dict[str, tuple], seed: int = 0) -> Non
             continue  # a timm arm's keys are timm.create_model's: the candidates' build below checks them
         known = section_fields(cfg, section)
         if key not in known:
-            raise click.BadParameter(f"{field}: unknown field; {section} fields are {', '.join(known)}",
-                                     param_hint="--param")
+            raise click.BadParameter(
+                f"{field}: unknown field; {section} fields are {', '.join(known)}",
+                param_hint="--param",
+            )
     names = list(space)
     candidates = [_candidates(space[name]) for name in names]
     total = 1
@@ -179,7 +207,10 @@ def check_space(cfg: TrainConfig, space: dict[str, tuple], seed: int = 0) -> Non
         combos = itertools.product(*candidates)
     else:
         rng = random.Random(seed)
-        combos = (tuple(rng.choice(values) for values in candidates) for _ in range(MAX_CHECKED_COMBINATIONS))
+        combos = (
+            tuple(rng.choice(values) for values in candidates)
+            for _ in range(MAX_CHECKED_COMBINATIONS)
+        )
     first_error = None
     for combo in combos:
         error = _invalid(cfg, dict(zip(names, combo)))
@@ -189,10 +220,15 @@ def check_space(cfg: TrainConfig, space: dict[str, tuple], seed: int = 0) -> Non
     for name, values in zip(names, candidates):  # a field that fails on its own is the one to name
         errors = [_invalid(cfg, {name: v}) for v in values]
         if all(errors):
-            raise click.BadParameter(f"{name}: every value fails validation ({errors[0]})", param_hint="--param")
+            raise click.BadParameter(
+                f"{name}: every value fails validation ({errors[0]})", param_hint="--param"
+            )
     combo, error = first_error
-    raise click.BadParameter(f"{', '.join(names)}: no combination passes validation "
-                             f"(e.g. {dict(zip(names, combo))}: {error})", param_hint="--param")
+    raise click.BadParameter(
+        f"{', '.join(names)}: no combination passes validation "
+        f"(e.g. {dict(zip(names, combo))}: {error})",
+        param_hint="--param",
+    )
 
 
 class TrialSeededSampler(optuna.samplers.BaseSampler):
@@ -213,7 +249,8 @@ class TrialSeededSampler(optuna.samplers.BaseSampler):
         if trial.number not in self._by_trial:
             digest = hashlib.sha256(f"{self.seed}:{trial.number}".encode()).digest()
             self._by_trial[trial.number] = optuna.samplers.TPESampler(
-                seed=int.from_bytes(digest[:4], "big"), **self.tpe_options)
+                seed=int.from_bytes(digest[:4], "big"), **self.tpe_options
+            )
         return self._by_trial[trial.number]
 
     def infer_relative_search_space(self, study, trial):
@@ -236,8 +273,14 @@ class TrialSeededSampler(optuna.samplers.BaseSampler):
 def same_configuration(study: optuna.Study, trial: optuna.Trial, values: dict):
     """An earlier trial (complete or running) of the study with exactly these values, if any."""
     states = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.RUNNING)
-    return next((t for t in study.get_trials(deepcopy=False, states=states)
-                 if t.number != trial.number and t.params == values), None)
+    return next(
+        (
+            t
+            for t in study.get_trials(deepcopy=False, states=states)
+            if t.number != trial.number and t.params == values
+        ),
+        None,
+    )
 
 
 class PruningObserver(TrainingObserver):
@@ -253,21 +296,55 @@ class PruningObserver(TrainingObserver):
 
 
 @click.command("sweep")
-@click.option("--protocol", "protocol_path", required=True, type=click.Path(exists=True, dir_okay=False))
+@click.option(
+    "--protocol", "protocol_path", required=True, type=click.Path(exists=True, dir_okay=False)
+)
 @click.option("--arm", default=None, help="Arm to tune (default: the reference arm).")
-@click.option("--param", "params", multiple=True, required=True,
-              help="Search field, e.g. optim.lr=float:1e-4:1e-2:log, model.dim=choice:64,96. Repeatable.")
-@click.option("--trials", type=click.IntRange(min=1), default=10, show_default=True, help="Trials this process runs.")
-@click.option("--seed", type=int, default=None, help="Training seed (default: the protocol's first seed).")
+@click.option(
+    "--param",
+    "params",
+    multiple=True,
+    required=True,
+    help="Search field, e.g. optim.lr=float:1e-4:1e-2:log, model.dim=choice:64,96. Repeatable.",
+)
+@click.option(
+    "--trials",
+    type=click.IntRange(min=1),
+    default=10,
+    show_default=True,
+    help="Trials this process runs.",
+)
+@click.option(
+    "--seed", type=int, default=None, help="Training seed (default: the protocol's first seed)."
+)
 @click.option("--sampler-seed", type=int, default=0, show_default=True)
 @storage_options(required=False, help="Optuna storage URL; without it the study lives in memory.")
-@click.option("--name", "study_name", default=None, help="Study name (default: sweep:<protocol>@<hash>:<arm>).")
+@click.option(
+    "--name",
+    "study_name",
+    default=None,
+    help="Study name (default: sweep:<protocol>@<hash>:<arm>).",
+)
 @click.option("--device", default="auto", show_default=True)
 @click.option("--data-path", default=None)
-@click.option("--output-dir", type=click.Path(file_okay=False), default="outputs/sweep", show_default=True)
+@click.option(
+    "--output-dir", type=click.Path(file_okay=False), default="outputs/sweep", show_default=True
+)
 @threads_option
-def sweep(protocol_path, arm, params, trials, seed, sampler_seed, storage, study_name, device, data_path, output_dir,
-          threads):
+def sweep(
+    protocol_path,
+    arm,
+    params,
+    trials,
+    seed,
+    sampler_seed,
+    storage,
+    study_name,
+    device,
+    data_path,
+    output_dir,
+    threads,
+):
     """Tune fields of one protocol arm with TPE and median pruning; every trial is an MLflow run."""
     if storage:
         check_storage_option(storage)
@@ -277,32 +354,45 @@ def sweep(protocol_path, arm, params, trials, seed, sampler_seed, storage, study
         raise click.ClickException(str(err)) from err
     chosen = next((a for a in protocol.arms if a.name == (arm or protocol.reference.name)), None)
     if chosen is None:
-        raise click.BadParameter(f"no arm {arm!r}; arms: {', '.join(a.name for a in protocol.arms)}", param_hint="--arm")
+        raise click.BadParameter(
+            f"no arm {arm!r}; arms: {', '.join(a.name for a in protocol.arms)}", param_hint="--arm"
+        )
     space = parse_space(params)
     seed = protocol.seeds[0] if seed is None else seed
-    base = replace(chosen.config, run=replace(chosen.config.run, seed=seed, device=device),
-                   data=replace(chosen.config.data, path=data_path))
+    base = replace(
+        chosen.config,
+        run=replace(chosen.config.run, seed=seed, device=device),
+        data=replace(chosen.config.data, path=data_path),
+    )
     check_space(base, space, sampler_seed)  # before any trial, study or MLflow run exists
     check_amp(base.run.amp, device)
     name = study_name or f"sweep:{protocol.name}@{protocol.short_hash}:{chosen.name}"
-    with store_lock(storage or ""):  # two sweeps starting on a new SQLite file would both create Optuna's tables
+    with store_lock(
+        storage or ""
+    ):  # two sweeps starting on a new SQLite file would both create Optuna's tables
         try:  # before any MLflow run exists: a refused storage leaves nothing behind
             optuna_storage = open_storage(storage) if storage else None
         except ValueError as err:
             raise click.BadParameter(str(err), param_hint="--storage") from None
         quiet_optuna()
         study = optuna.create_study(
-            study_name=name, storage=optuna_storage, direction="maximize",
-            load_if_exists=True, sampler=TrialSeededSampler(sampler_seed),
+            study_name=name,
+            storage=optuna_storage,
+            direction="maximize",
+            load_if_exists=True,
+            sampler=TrialSeededSampler(sampler_seed),
             pruner=optuna.pruners.MedianPruner(n_startup_trials=3, n_warmup_steps=1),
         )
     configure_tracking()
     data = prepare_protocol_data(protocol, data_path, download=False)
     where = redact(storage) if storage else "in-memory"
     parent = start_sweep_parent(
-        protocol.name, name, {"protocol_name": protocol.name, "protocol_hash": protocol.hash, "arm": chosen.name},
+        protocol.name,
+        name,
+        {"protocol_name": protocol.name, "protocol_hash": protocol.hash, "arm": chosen.name},
         {"search_space": repr(space)[:500], "storage": where},
-        sweep_key(protocol.hash, chosen.name, name, where, repr(space)))
+        sweep_key(protocol.hash, chosen.name, name, where, repr(space)),
+    )
 
     def objective(trial: optuna.Trial) -> float:
         values = suggest(trial, space)
@@ -310,7 +400,9 @@ def sweep(protocol_path, arm, params, trials, seed, sampler_seed, storage, study
         if twin is not None:  # a point drawn again (a discrete space): never trained twice
             trial.set_user_attr("repeats_trial", twin.number)
             if twin.state == optuna.trial.TrialState.COMPLETE:
-                click.echo(f"trial {trial.number}: the configuration of trial {twin.number}; its value, nothing trained")
+                click.echo(
+                    f"trial {trial.number}: the configuration of trial {twin.number}; its value, nothing trained"
+                )
                 return twin.value
             raise optuna.TrialPruned(f"the configuration of trial {twin.number}, running now")
         try:
@@ -318,10 +410,19 @@ def sweep(protocol_path, arm, params, trials, seed, sampler_seed, storage, study
         except (ValueError, TypeError) as err:
             raise optuna.TrialPruned(f"invalid combination: {err}") from err
         outcome = train_one(
-            cfg, data, experiment=protocol.name, output_dir=Path(output_dir) / protocol.name,
+            cfg,
+            data,
+            experiment=protocol.name,
+            output_dir=Path(output_dir) / protocol.name,
             run_name=f"{name}#{trial.number}",
-            parent_run_id=parent.run_id, identity={"sweep": name, "trial": trial.number},
-            tags={"sweep": name, "trial_number": str(trial.number), "arm": chosen.name, "seed": str(seed)},
+            parent_run_id=parent.run_id,
+            identity={"sweep": name, "trial": trial.number},
+            tags={
+                "sweep": name,
+                "trial_number": str(trial.number),
+                "arm": chosen.name,
+                "seed": str(seed),
+            },
             observer=PruningObserver(trial),
         )
         trial.set_user_attr("mlflow_run_id", outcome.run_id)
@@ -333,19 +434,27 @@ def sweep(protocol_path, arm, params, trials, seed, sampler_seed, storage, study
 
     def summary() -> tuple[tuple | None, dict[str, int]]:
         trials = study.get_trials(deepcopy=False)
-        done = [(t.number, t.value, t.params, t.user_attrs.get("mlflow_run_id")) for t in trials
-                if t.state == optuna.trial.TrialState.COMPLETE]
+        done = [
+            (t.number, t.value, t.params, t.user_attrs.get("mlflow_run_id"))
+            for t in trials
+            if t.state == optuna.trial.TrialState.COMPLETE
+        ]
         # The best trial whose run is this parent's child (older executions' trials hang elsewhere).
-        return best_under(parent, done), {s.name.lower(): sum(t.state == s for t in trials)
-                                          for s in optuna.trial.TrialState}
+        return best_under(parent, done), {
+            s.name.lower(): sum(t.state == s for t in trials) for s in optuna.trial.TrialState
+        }
 
     try:
         with sigterm_raises():
             study.optimize(objective, n_trials=trials, catch=(RuntimeError,))
     except BaseException as err:  # Ctrl-C, SIGTERM or a crash: the parent says how the sweep ended
         with contextlib.suppress(Exception):
-            end_sweep_parent(parent, *summary(), status="KILLED" if isinstance(err, KeyboardInterrupt) else "FAILED",
-                             why=f"{type(err).__name__}: {err}".strip())
+            end_sweep_parent(
+                parent,
+                *summary(),
+                status="KILLED" if isinstance(err, KeyboardInterrupt) else "FAILED",
+                why=f"{type(err).__name__}: {err}".strip(),
+            )
         raise
     best, states = summary()
     if best:
@@ -353,5 +462,8 @@ def sweep(protocol_path, arm, params, trials, seed, sampler_seed, storage, study
     click.echo(f"{name}: {states}")
     end_sweep_parent(parent, best, states)
     if parent.sink.offline:
-        click.echo(f"sweep parent and trials logged locally (run {parent.sink.local_run_id}): "
-                   "`workbench sync` copies them to the server", err=True)
+        click.echo(
+            f"sweep parent and trials logged locally (run {parent.sink.local_run_id}): "
+            "`workbench sync` copies them to the server",
+            err=True,
+        )

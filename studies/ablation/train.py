@@ -22,8 +22,13 @@ from tqdm.auto import tqdm
 from studies.runtime.cell_end import end_after_error, end_cell
 from studies.runtime.options import FINITE, check_amp, threads_option
 from studies.runtime.outcome import CellOutcome, Status
-from studies.runtime.preflight import (check_trainable, check_writable_folder, outcome_line, remove_abandoned_cache_files,
-                                       trainable_problem)
+from studies.runtime.preflight import (
+    check_trainable,
+    check_writable_folder,
+    outcome_line,
+    remove_abandoned_cache_files,
+    trainable_problem,
+)
 from tracking.kinds.training_runs import (
     MlflowTrainingObserver,
     log_run_inputs,
@@ -42,16 +47,36 @@ from workbench.data.prepare import DEFAULT_VAL_FRACTION
 from workbench.models.registry import STUDY_MODELS, build_model, model_config
 from workbench.models.timm_arm import TimmModelError
 from workbench.precision import device_capability, resolve_amp
-from workbench.train.config import DataSpec, ModelSpec, OptimConfig, RecipeConfig, RunConfig, TrainConfig
+from workbench.train.config import (
+    DataSpec,
+    ModelSpec,
+    OptimConfig,
+    RecipeConfig,
+    RunConfig,
+    TrainConfig,
+)
 from workbench.train.fits import DataShape, misfits
-from workbench.train.loop import NonFiniteLoss, Observers, StopTraining, Trainer, TrainingObserver, config_hash, resolve_device
+from workbench.train.loop import (
+    NonFiniteLoss,
+    Observers,
+    StopTraining,
+    Trainer,
+    TrainingObserver,
+    config_hash,
+    resolve_device,
+)
 
 
 def prepare_data(spec: DataSpec, download: bool = False) -> PreparedData:
     remove_abandoned_cache_files()
     return prepare(
-        spec.name, path=spec.path, download=download, split_seed=spec.split_seed,
-        train_size=spec.train_size, val_size=spec.val_size, subset=spec.subset,
+        spec.name,
+        path=spec.path,
+        download=download,
+        split_seed=spec.split_seed,
+        train_size=spec.train_size,
+        val_size=spec.val_size,
+        subset=spec.subset,
     )
 
 
@@ -87,71 +112,153 @@ def train_one(
     the start or goes away mid-run, the run continues in the local fallback store and
     training goes on (``workbench sync`` copies it to the server later).
     """
-    resolve_amp(cfg.run.amp, resolve_device(cfg.run.device))  # AmpUnsupported before any run is opened
-    check_trainable(cfg, data)  # one class, or a batch larger than the training split: before any run
-    check_writable_folder(output_dir)  # a read-only folder would fail at the first checkpoint, after an epoch
+    resolve_amp(
+        cfg.run.amp, resolve_device(cfg.run.device)
+    )  # AmpUnsupported before any run is opened
+    check_trainable(
+        cfg, data
+    )  # one class, or a batch larger than the training split: before any run
+    check_writable_folder(
+        output_dir
+    )  # a read-only folder would fail at the first checkpoint, after an epoch
     configure_tracking()
     key = run_key_for(cfg, data, identity)
-    opened = open_leased_run(experiment, key, {RUN_NAME: run_name, USER: run_user(), **(tags or {})}, parent_run_id,
-                             take_over=take_over)
+    opened = open_leased_run(
+        experiment,
+        key,
+        {RUN_NAME: run_name, USER: run_user(), **(tags or {})},
+        parent_run_id,
+        take_over=take_over,
+    )
     if opened.status == "FINISHED":
-        return CellOutcome(None, Status.SKIPPED, f"{run_name}: skipped (finished in run {opened.run_id})",
-                           opened.run_id, opened.metrics)
+        return CellOutcome(
+            None,
+            Status.SKIPPED,
+            f"{run_name}: skipped (finished in run {opened.run_id})",
+            opened.run_id,
+            opened.metrics,
+        )
     if opened.status == "BUSY":
-        return CellOutcome(None, Status.BUSY, f"{run_name}: not touched ({opened.why}, run {opened.run_id})",
-                           opened.run_id, opened.metrics)
+        return CellOutcome(
+            None,
+            Status.BUSY,
+            f"{run_name}: not touched ({opened.why}, run {opened.run_id})",
+            opened.run_id,
+            opened.metrics,
+        )
     sink = opened.sink
     if opened.continues:
-        log(f"{run_name}: continuing in a new run {sink.run_id}: the holder of run {opened.continues} "
-            "may still write to that one")
+        log(
+            f"{run_name}: continuing in a new run {sink.run_id}: the holder of run {opened.continues} "
+            "may still write to that one"
+        )
     token = opened.token
     run_dir = Path(output_dir) / key
     mlflow_observer = MlflowTrainingObserver(sink, fenced=True, confirm=opened.confirm)
     started = started_threads(sink, opened.continues) if opened.status is not None else None
     with cell_threads(started, threads, run_name, log) as thread_tags:
-        return _train(cfg, data, sink, token=token, previous=opened.status, run_dir=run_dir,
-                      mlflow_observer=mlflow_observer, observer=observer, run_name=run_name, params=params,
-                      thread_tags=thread_tags, log=log)
+        return _train(
+            cfg,
+            data,
+            sink,
+            token=token,
+            previous=opened.status,
+            run_dir=run_dir,
+            mlflow_observer=mlflow_observer,
+            observer=observer,
+            run_name=run_name,
+            params=params,
+            thread_tags=thread_tags,
+            log=log,
+        )
 
 
-def _train(cfg: TrainConfig, data: PreparedData, sink: RunSink, *, token: str, previous: str | None, run_dir: Path,
-           mlflow_observer: MlflowTrainingObserver, observer: TrainingObserver | None, run_name: str,
-           params: dict | None, thread_tags: dict, log) -> CellOutcome:
+def _train(
+    cfg: TrainConfig,
+    data: PreparedData,
+    sink: RunSink,
+    *,
+    token: str,
+    previous: str | None,
+    run_dir: Path,
+    mlflow_observer: MlflowTrainingObserver,
+    observer: TrainingObserver | None,
+    run_name: str,
+    params: dict | None,
+    thread_tags: dict,
+    log,
+) -> CellOutcome:
     """The training of one opened run, ended with a truthful status however it goes (``studies.runtime.cell_end``)."""
     try:
-        trainer = Trainer(cfg, data, run_dir, Observers(mlflow_observer, _Announce(run_name, sink.run_id, previous, log),
-                                                        observer))
+        trainer = Trainer(
+            cfg,
+            data,
+            run_dir,
+            Observers(mlflow_observer, _Announce(run_name, sink.run_id, previous, log), observer),
+        )
         # Device capability (bf16 units) and the threads of this execution as tags (a resumed
         # run may run elsewhere); the first execution's threads also as a param.
         threads = torch.get_num_threads()
-        sink.set_tags({**environment_tags(str(trainer.device)), **device_capability(trainer.device),
-                       "amp_dtype": str(trainer.amp_dtype or "float32").replace("torch.", ""),
-                       "threads": str(threads), "run_dir": str(run_dir.resolve()),
-                       RESUMED: flag(previous is not None), STARTED_TAG: TRUE, **thread_tags})
-        log_run_inputs(sink, cfg, data, {"config_hash": trainer.hash, "threads": threads, **(params or {})})
+        sink.set_tags(
+            {
+                **environment_tags(str(trainer.device)),
+                **device_capability(trainer.device),
+                "amp_dtype": str(trainer.amp_dtype or "float32").replace("torch.", ""),
+                "threads": str(threads),
+                "run_dir": str(run_dir.resolve()),
+                RESUMED: flag(previous is not None),
+                STARTED_TAG: TRUE,
+                **thread_tags,
+            }
+        )
+        log_run_inputs(
+            sink, cfg, data, {"config_hash": trainer.hash, "threads": threads, **(params or {})}
+        )
         result = trainer.fit()
         example = next(iter(trainer.eval_loaders["val"])).images[:2]
-        log_training_result(sink, result, cfg, lambda: build_model(trainer.model.cfg), example,
-                            check=lambda: mlflow_observer.check(sync=True))
-    except ClaimLost as err:  # another execution's run is the cell's after all: this one never trained
+        log_training_result(
+            sink,
+            result,
+            cfg,
+            lambda: build_model(trainer.model.cfg),
+            example,
+            check=lambda: mlflow_observer.check(sync=True),
+        )
+    except (
+        ClaimLost
+    ) as err:  # another execution's run is the cell's after all: this one never trained
         HEARTBEATS.release(sink.run_id)
         withdraw_candidate(sink, err)
-        return CellOutcome(None, Status.BUSY, f"{run_name}: not trained: {err}", err.winner or sink.run_id)
+        return CellOutcome(
+            None, Status.BUSY, f"{run_name}: not trained: {err}", err.winner or sink.run_id
+        )
     except LeaseLost as err:  # the run is someone else's now: not one more write to it
         HEARTBEATS.release(sink.run_id)
-        return CellOutcome(None, Status.LOST, f"{run_name}: stopped without logging more: {err}", sink.run_id)
+        return CellOutcome(
+            None, Status.LOST, f"{run_name}: stopped without logging more: {err}", sink.run_id
+        )
     except NonFiniteLoss as err:
-        sink.set_tags({"failure": str(err), "nonfinite_loss_step": err.step, "nonfinite_loss_epoch": err.epoch})
+        sink.set_tags(
+            {
+                "failure": str(err),
+                "nonfinite_loss_step": err.step,
+                "nonfinite_loss_epoch": err.epoch,
+            }
+        )
         return _ended(sink, token, "FAILED", Status.FAILED, f"{run_name}: {err}")
     except StopTraining as err:
         sink.set_tags({"stopped": str(err) or "stopped by an observer"})
         return _ended(sink, token, "KILLED", Status.STOPPED, f"{run_name}: stopped ({err})")
-    except BaseException as err:  # the run records why it ended; a stop or a full store goes up from here
+    except (
+        BaseException
+    ) as err:  # the run records why it ended; a stop or a full store goes up from here
         end_after_error(sink, token, err, show_traceback=False)
         raise  # an error: the run ended FAILED (tag failure); the caller decides what it means
     message = f"{run_name}: best val accuracy {result.final_metrics['best_val_accuracy']:.4f} at epoch {result.best_epoch}; {result.reload_proof.summary()}"
     if sink.offline:
-        message += f" [logged locally, run {sink.local_run_id}: `workbench sync` copies it to the server]"
+        message += (
+            f" [logged locally, run {sink.local_run_id}: `workbench sync` copies it to the server]"
+        )
     if not result.reload_proof.passed:
         return _ended(sink, token, "FAILED", Status.FAILED, message)
     return _ended(sink, token, "FINISHED", Status.FINISHED, message)
@@ -170,12 +277,16 @@ def cell_threads(started: int | None, requested: int, run_name: str, log):
     tags: dict[str, str] = {}
     if started and started != before:
         if requested:
-            log(f"{run_name}: resumed with {before} thread(s) as asked (--threads {requested}), but it started with "
-                f"{started}: from here on it is not bit-identical to an uninterrupted run (tagged threads_changed)")
+            log(
+                f"{run_name}: resumed with {before} thread(s) as asked (--threads {requested}), but it started with "
+                f"{started}: from here on it is not bit-identical to an uninterrupted run (tagged threads_changed)"
+            )
             tags["threads_changed"] = f"started with {started}, resumed with {before}"
         else:
             torch.set_num_threads(started)
-            log(f"{run_name}: resumes with {started} thread(s), the count it started with (--threads N overrides)")
+            log(
+                f"{run_name}: resumes with {started} thread(s), the count it started with (--threads N overrides)"
+            )
     try:
         yield tags
     finally:
@@ -193,16 +304,24 @@ class _Announce(TrainingObserver):
         if info.get("finished"):
             self.log(f"{self.run_name}: training had ended; completing its summary {where}")
         elif info.get("resumed"):
-            self.log(f"{self.run_name}: resumed from epoch {info['epoch']} step {info['step']} {where}")
+            self.log(
+                f"{self.run_name}: resumed from epoch {info['epoch']} step {info['step']} {where}"
+            )
         elif self.previous is not None:
-            self.log(f"{self.run_name}: restarted from scratch {where} ({self.previous}, no checkpoint here)")
+            self.log(
+                f"{self.run_name}: restarted from scratch {where} ({self.previous}, no checkpoint here)"
+            )
         else:
             self.log(f"{self.run_name}: started {where}")
 
 
 def _ended(sink: RunSink, token: str, run_status: str, status: Status, message: str) -> CellOutcome:
-    end_cell(sink, token, run_status)  # released first: this execution will not write to the run again
-    return CellOutcome(None, status, message, sink.run_id, sink.latest_metrics(), offline=sink.offline)
+    end_cell(
+        sink, token, run_status
+    )  # released first: this execution will not write to the run again
+    return CellOutcome(
+        None, status, message, sink.run_id, sink.latest_metrics(), offline=sink.offline
+    )
 
 
 def parse_overrides(pairs: tuple[str, ...], option: str = "--set") -> dict:
@@ -216,8 +335,10 @@ def parse_overrides(pairs: tuple[str, ...], option: str = "--set") -> dict:
         key, value = pair.split("=", 1)
         out[key.strip()] = yaml.safe_load(value)
         if isinstance(out[key.strip()], float) and not math.isfinite(out[key.strip()]):
-            raise click.BadParameter(f"{pair!r}: {value.strip()!r} is not a finite number (inf and nan are refused)",
-                                     param_hint=option)
+            raise click.BadParameter(
+                f"{pair!r}: {value.strip()!r} is not a finite number (inf and nan are refused)",
+                param_hint=option,
+            )
     return out
 
 
@@ -229,8 +350,11 @@ def parse_recipe(pairs: tuple[str, ...]) -> RecipeConfig:
     values = parse_overrides(pairs, "--recipe")
     unknown = [k for k in values if k not in RECIPE_KEYS]
     if unknown:
-        raise click.BadParameter(f"{unknown[0]!r} is not a recipe key; the keys are {', '.join(RECIPE_KEYS)} "
-                                 "(stochastic depth is a model field: --set drop_path_rate=R)", param_hint="--recipe")
+        raise click.BadParameter(
+            f"{unknown[0]!r} is not a recipe key; the keys are {', '.join(RECIPE_KEYS)} "
+            "(stochastic depth is a model field: --set drop_path_rate=R)",
+            param_hint="--recipe",
+        )
     try:
         return RecipeConfig(**values)
     except ValueError as err:
@@ -240,11 +364,13 @@ def parse_recipe(pairs: tuple[str, ...]) -> RecipeConfig:
 def _data_defaults() -> str:
     """What a training run gets without --train-size / --val-size, from the data layer's own defaults."""
     carved = "; ".join(f"{name} {t:,} / {v:,}" for name, (t, v) in DEFAULT_SIZES.items())
-    return (f"Without --train-size/--val-size the training and validation images are carved, stratified, from "
-            f"the dataset's official training split: {carved} (fashion_mnist: the seed study's subset, not all "
-            f"60,000); an image folder without val/: {DEFAULT_VAL_FRACTION:.0%} of train/ for validation, the rest "
-            f"for training. RetinaMNIST and folders with val/ keep their official splits. The official test split "
-            f"is used only with --evaluate-test.")
+    return (
+        f"Without --train-size/--val-size the training and validation images are carved, stratified, from "
+        f"the dataset's official training split: {carved} (fashion_mnist: the seed study's subset, not all "
+        f"60,000); an image folder without val/: {DEFAULT_VAL_FRACTION:.0%} of train/ for validation, the rest "
+        f"for training. RetinaMNIST and folders with val/ keep their official splits. The official test split "
+        f"is used only with --evaluate-test."
+    )
 
 
 def split_line(data: PreparedData, spec: DataSpec) -> str:
@@ -254,38 +380,75 @@ def split_line(data: PreparedData, spec: DataSpec) -> str:
         where = "the dataset's official train and val splits"
     elif spec.train_size is None and spec.val_size is None:
         seed_study = ": the seed study's subset" if data.name == "fashion_mnist" else ""
-        where = (f"carved from the official training split with split seed {spec.split_seed} (the default sizes of "
-                 f"{data.name}{seed_study}; --train-size/--val-size change them)")
+        where = (
+            f"carved from the official training split with split seed {spec.split_seed} (the default sizes of "
+            f"{data.name}{seed_study}; --train-size/--val-size change them)"
+        )
     else:
         where = f"carved from the official training split with split seed {spec.split_seed}"
     subset = f", at most {spec.subset:,} per split (--subset)" if spec.subset else ""
-    test = f"; test {len(data.test):,} (read only with --evaluate-test)" if data.test is not None else ""
+    test = (
+        f"; test {len(data.test):,} (read only with --evaluate-test)"
+        if data.test is not None
+        else ""
+    )
     return f"split: {sizes}, {where}{subset}{test}"
 
 
 @click.command("train", epilog=_data_defaults())
-@click.option("--model", default="fmnist_vit", show_default=True,
-              help=f"A study model ({', '.join(STUDY_MODELS)}) or any timm model as timm/<architecture> "
-                   "(`workbench models --timm PATTERN` lists them).")
-@click.option("--set", "overrides", multiple=True,
-              help="Model field override FIELD=VALUE, e.g. --set dim=96; for a timm model a keyword argument of "
-                   "timm.create_model, e.g. --set num_classes=10 --set drop_path_rate=0.1.")
-@click.option("--recipe", "recipe", multiple=True,
-              help="timm's recipe parts as KEY=VALUE, each off by default: mixup_alpha, cutmix_alpha, mixup_prob, "
-                   "mixup_switch_prob, mixup_mode, randaugment_ops, randaugment_magnitude, ema_decay, ema_warmup "
-                   "(docs/training.md), e.g. --recipe mixup_alpha=0.8 --recipe ema_decay=0.999.")
-@click.option("--dataset", default="fashion_mnist", show_default=True,
-              help=f"One of {', '.join(DATASET_NAMES)} (image_folder: your images, with --data-path DIR).")
+@click.option(
+    "--model",
+    default="fmnist_vit",
+    show_default=True,
+    help=f"A study model ({', '.join(STUDY_MODELS)}) or any timm model as timm/<architecture> "
+    "(`workbench models --timm PATTERN` lists them).",
+)
+@click.option(
+    "--set",
+    "overrides",
+    multiple=True,
+    help="Model field override FIELD=VALUE, e.g. --set dim=96; for a timm model a keyword argument of "
+    "timm.create_model, e.g. --set num_classes=10 --set drop_path_rate=0.1.",
+)
+@click.option(
+    "--recipe",
+    "recipe",
+    multiple=True,
+    help="timm's recipe parts as KEY=VALUE, each off by default: mixup_alpha, cutmix_alpha, mixup_prob, "
+    "mixup_switch_prob, mixup_mode, randaugment_ops, randaugment_magnitude, ema_decay, ema_warmup "
+    "(docs/training.md), e.g. --recipe mixup_alpha=0.8 --recipe ema_decay=0.999.",
+)
+@click.option(
+    "--dataset",
+    default="fashion_mnist",
+    show_default=True,
+    help=f"One of {', '.join(DATASET_NAMES)} (image_folder: your images, with --data-path DIR).",
+)
 @click.option("--data-path", default=None, help="Explicit dataset file or folder.")
-@click.option("--download/--no-download", default=False, show_default=True, help="Allow a dataset download.")
-@click.option("--train-size", type=int, default=None,
-              help=f"Training images carved from the official training split (default per dataset: "
-                   f"{', '.join(f'{k} {t:,}' for k, (t, _) in DEFAULT_SIZES.items())}; see below).")
-@click.option("--val-size", type=int, default=None,
-              help=f"Validation images carved likewise (default: "
-                   f"{', '.join(f'{k} {v:,}' for k, (_, v) in DEFAULT_SIZES.items())}; "
-                   f"an image folder without val/: {DEFAULT_VAL_FRACTION:.0%}).")
-@click.option("--subset", type=int, default=None, help="At most this many images per split (smoke runs); 0 = all.")
+@click.option(
+    "--download/--no-download", default=False, show_default=True, help="Allow a dataset download."
+)
+@click.option(
+    "--train-size",
+    type=int,
+    default=None,
+    help=f"Training images carved from the official training split (default per dataset: "
+    f"{', '.join(f'{k} {t:,}' for k, (t, _) in DEFAULT_SIZES.items())}; see below).",
+)
+@click.option(
+    "--val-size",
+    type=int,
+    default=None,
+    help=f"Validation images carved likewise (default: "
+    f"{', '.join(f'{k} {v:,}' for k, (_, v) in DEFAULT_SIZES.items())}; "
+    f"an image folder without val/: {DEFAULT_VAL_FRACTION:.0%}).",
+)
+@click.option(
+    "--subset",
+    type=int,
+    default=None,
+    help="At most this many images per split (smoke runs); 0 = all.",
+)
 @click.option("--split-seed", type=int, default=42, show_default=True)
 @click.option("--hflip/--no-hflip", default=False, show_default=True)
 @click.option("--rotate", "rotate_degrees", type=FINITE, default=0.0, show_default=True)
@@ -305,26 +468,55 @@ def split_line(data: PreparedData, spec: DataSpec) -> str:
 @click.option("--checkpoint-every", type=int, default=None, help="Also checkpoint every N steps.")
 @click.option("--evaluate-test/--no-evaluate-test", default=False, show_default=True)
 @click.option("--experiment", default="train", show_default=True)
-@click.option("--output-dir", type=click.Path(file_okay=False), default="outputs/train", show_default=True)
+@click.option(
+    "--output-dir", type=click.Path(file_okay=False), default="outputs/train", show_default=True
+)
 @threads_option
 def train(**o):
     """Train one model; re-running the same command resumes or skips it."""
     try:
         cfg = TrainConfig(
             model=ModelSpec(o["model"], parse_overrides(o["overrides"])),
-            data=DataSpec(o["dataset"], path=o["data_path"], train_size=o["train_size"], val_size=o["val_size"],
-                          split_seed=o["split_seed"], subset=o["subset"] or None, crop_padding=o["crop_padding"],
-                          hflip=o["hflip"], rotate_degrees=o["rotate_degrees"], translate_fraction=o["translate_fraction"]),
-            optim=OptimConfig(lr=o["lr"], weight_decay=o["weight_decay"], warmup_epochs=o["warmup_epochs"],
-                              label_smoothing=o["label_smoothing"], grad_clip=o["grad_clip"]),
-            run=RunConfig(epochs=o["epochs"], batch_size=o["batch_size"], seed=o["seed"], patience=o["patience"],
-                          device=o["device"], amp=o["amp"], checkpoint_every_steps=o["checkpoint_every"],
-                          evaluate_test=o["evaluate_test"]),
+            data=DataSpec(
+                o["dataset"],
+                path=o["data_path"],
+                train_size=o["train_size"],
+                val_size=o["val_size"],
+                split_seed=o["split_seed"],
+                subset=o["subset"] or None,
+                crop_padding=o["crop_padding"],
+                hflip=o["hflip"],
+                rotate_degrees=o["rotate_degrees"],
+                translate_fraction=o["translate_fraction"],
+            ),
+            optim=OptimConfig(
+                lr=o["lr"],
+                weight_decay=o["weight_decay"],
+                warmup_epochs=o["warmup_epochs"],
+                label_smoothing=o["label_smoothing"],
+                grad_clip=o["grad_clip"],
+            ),
+            run=RunConfig(
+                epochs=o["epochs"],
+                batch_size=o["batch_size"],
+                seed=o["seed"],
+                patience=o["patience"],
+                device=o["device"],
+                amp=o["amp"],
+                checkpoint_every_steps=o["checkpoint_every"],
+                evaluate_test=o["evaluate_test"],
+            ),
             recipe=parse_recipe(o["recipe"]),
         )
-        model_config(cfg.model.name, **cfg.model.overrides)  # fail on a bad field before loading data
-        check_amp(cfg.run.amp, cfg.run.device)  # bf16 without native units, fp16 on CPU: refused here
-    except TimmModelError as err:  # the option at fault: --model, or the --set of one keyword argument
+        model_config(
+            cfg.model.name, **cfg.model.overrides
+        )  # fail on a bad field before loading data
+        check_amp(
+            cfg.run.amp, cfg.run.device
+        )  # bf16 without native units, fp16 on CPU: refused here
+    except (
+        TimmModelError
+    ) as err:  # the option at fault: --model, or the --set of one keyword argument
         at = f"--model {err.value}" if err.key == "name" else f"--set {err.key}={err.value!r}"
         raise click.UsageError(f"{at}: {err}") from err
     except (ValueError, KeyError) as err:
@@ -332,20 +524,38 @@ def train(**o):
     check_writable_folder(o["output_dir"])  # before the data is decoded, not after an epoch
     data = prepare_data(cfg.data, download=o["download"])
     click.echo(f"data: {data.source}")  # the source starts with the dataset's name
-    click.echo(split_line(data, cfg.data))  # defaults stated: fashion_mnist is 3,200 images, not 60,000
+    click.echo(
+        split_line(data, cfg.data)
+    )  # defaults stated: fashion_mnist is 3,200 images, not 60,000
     problem = trainable_problem(cfg, data)  # one class, or a batch larger than the training split
-    if len(data.class_names) >= 2:  # every other misfit too, before the run opens, each with its fix
+    if (
+        len(data.class_names) >= 2
+    ):  # every other misfit too, before the run opens, each with its fix
         shape = DataShape.of(data)
-        wrong = [f"{m.field}={m.value!r}: {m.why}" + ("" if m.wanted is None else f"; pass --set {m.field}={m.wanted}") for m in
-                 misfits(cfg.model.name, cfg.model.overrides, shape, cfg.data.resize_to)]
+        wrong = [
+            f"{m.field}={m.value!r}: {m.why}"
+            + ("" if m.wanted is None else f"; pass --set {m.field}={m.wanted}")
+            for m in misfits(cfg.model.name, cfg.model.overrides, shape, cfg.data.resize_to)
+        ]
         if wrong:
-            problem = "; ".join([f"model {cfg.model.name} does not fit {shape.describe()}: {wrong[0]}", *wrong[1:],
-                                 *([problem] if problem else [])])
+            problem = "; ".join(
+                [
+                    f"model {cfg.model.name} does not fit {shape.describe()}: {wrong[0]}",
+                    *wrong[1:],
+                    *([problem] if problem else []),
+                ]
+            )
     if problem:
         raise click.ClickException(problem)
-    outcome = train_one(cfg, data, experiment=o["experiment"], output_dir=Path(o["output_dir"]),
-                        run_name=f"{cfg.model.name}-seed{cfg.run.seed}", parent_run_id=os.environ.get("MLFLOW_RUN_ID"),
-                        threads=o["threads"])
+    outcome = train_one(
+        cfg,
+        data,
+        experiment=o["experiment"],
+        output_dir=Path(o["output_dir"]),
+        run_name=f"{cfg.model.name}-seed{cfg.run.seed}",
+        parent_run_id=os.environ.get("MLFLOW_RUN_ID"),
+        threads=o["threads"],
+    )
     click.echo(outcome_line(outcome.status, outcome.message, outcome.run_id))
     if outcome.status == "failed":
         raise SystemExit(1)

@@ -27,7 +27,13 @@ from studies.ablation.cell_queue import (
     renew,
     requeue_expired,
 )
-from studies.runtime.options import FiniteFloat, StudyOptions, check_protocol_amp, check_storage_option, threads_option
+from studies.runtime.options import (
+    FiniteFloat,
+    StudyOptions,
+    check_protocol_amp,
+    check_storage_option,
+    threads_option,
+)
 from studies.runtime.secret_options import storage_options
 from studies.runtime.stop_signals import pending_stop, sigterm_raises
 from studies.runtime.study_execution import held_parent, prepare_protocol_data
@@ -38,13 +44,21 @@ from workbench.train.loop import TrainingObserver
 
 
 def pick_study(storage, name: str | None) -> CellQueue:
-    names = [s.study_name for s in optuna.get_all_study_summaries(storage) if s.study_name.startswith("cells:")]
+    names = [
+        s.study_name
+        for s in optuna.get_all_study_summaries(storage)
+        if s.study_name.startswith("cells:")
+    ]
     if name is None:
         if len(names) != 1:
-            raise click.ClickException(f"pass --study: the storage holds {len(names)} cell queues: {', '.join(names) or 'none'}")
+            raise click.ClickException(
+                f"pass --study: the storage holds {len(names)} cell queues: {', '.join(names) or 'none'}"
+            )
         name = names[0]
     if name not in names:
-        raise click.ClickException(f"no cell queue {name!r} in the storage; it holds: {', '.join(names) or 'none'}")
+        raise click.ClickException(
+            f"no cell queue {name!r} in the storage; it holds: {', '.join(names) or 'none'}"
+        )
     return CellQueue.load(name, storage)
 
 
@@ -68,8 +82,15 @@ class QueueFence(TrainingObserver):
             raise LeaseLost(self.lost)
 
 
-def drain(queue: CellQueue, run_one, grace: float, poll_seconds: float = 2.0, max_cells: int | None = None,
-          log=click.echo, tally: dict | None = None) -> dict[str, int]:
+def drain(
+    queue: CellQueue,
+    run_one,
+    grace: float,
+    poll_seconds: float = 2.0,
+    max_cells: int | None = None,
+    log=click.echo,
+    tally: dict | None = None,
+) -> dict[str, int]:
     """Pop and run queued cells until none is waiting or running anywhere; re-queue expired leases.
 
     ``run_one(trial, fence) -> (outcome status, value)``. Returns this worker's tally
@@ -87,8 +108,10 @@ def drain(queue: CellQueue, run_one, grace: float, poll_seconds: float = 2.0, ma
             if not state["running"]:
                 break
             if waiting_said != state["running"]:  # say it once per change, not every poll
-                log(f"waiting: {state['running']} cell(s) running on other workers; a lease expired after "
-                    f"{grace:g} s is taken over")
+                log(
+                    f"waiting: {state['running']} cell(s) running on other workers; a lease expired after "
+                    f"{grace:g} s is taken over"
+                )
                 waiting_said = state["running"]
             time.sleep(poll_seconds)
             continue
@@ -109,7 +132,9 @@ def drain(queue: CellQueue, run_one, grace: float, poll_seconds: float = 2.0, ma
         why = fence.lost or holds(queue, trial.number, lease)
         if status == "lost" or why:
             tally["lost"] += 1
-            log(f"cell {trial.user_attrs[CELL_ATTR]}: stopped, lease lost: {why}; another worker has it")
+            log(
+                f"cell {trial.user_attrs[CELL_ATTR]}: stopped, lease lost: {why}; another worker has it"
+            )
             continue
         # What became of the cell, in the queue's record: `ablate --jobs` counts it from there
         # (a skipped cell completes too), and a trial with an outcome is held by nobody.
@@ -126,24 +151,63 @@ def drain(queue: CellQueue, run_one, grace: float, poll_seconds: float = 2.0, ma
 
 
 @click.command("worker")
-@storage_options(required=True, help="Optuna storage URL (postgresql://user@host/optuna, sqlite:///queue.db, "
-                                      "journal:/shared/queue.log).")
-@click.option("--study", "study_name", default=None, help="Cell queue name (cells:<protocol>@<hash>); default: the only one.")
+@storage_options(
+    required=True,
+    help="Optuna storage URL (postgresql://user@host/optuna, sqlite:///queue.db, "
+    "journal:/shared/queue.log).",
+)
+@click.option(
+    "--study",
+    "study_name",
+    default=None,
+    help="Cell queue name (cells:<protocol>@<hash>); default: the only one.",
+)
 @click.option("--device", default="auto", show_default=True)
 @click.option("--data-path", default=None, help="Where this machine keeps the dataset.")
-@click.option("--output-dir", type=click.Path(file_okay=False), default="outputs/ablate", show_default=True)
+@click.option(
+    "--output-dir", type=click.Path(file_okay=False), default="outputs/ablate", show_default=True
+)
 @click.option("--max-cells", type=int, default=None, help="Stop after this many cells.")
-@click.option("--requeue-stale", is_flag=True,
-              help="Re-queue the cells whose worker's lease expired, then go on (workers also do this by themselves).")
-@click.option("--heartbeat", type=FiniteFloat(min=0.1), default=HEARTBEAT_SECONDS, show_default=True,
-              help="Seconds between lease renewals.")
-@click.option("--grace", type=FiniteFloat(min=0.5), default=GRACE_SECONDS, show_default=True,
-              help="A cell whose lease was not renewed for this long is handed to another worker.")
-@click.option("--default-threads", type=click.IntRange(min=1), default=None, hidden=True,
-              help="Threads for new cells when --threads is not given (ablate --jobs); resumed cells keep theirs.")
+@click.option(
+    "--requeue-stale",
+    is_flag=True,
+    help="Re-queue the cells whose worker's lease expired, then go on (workers also do this by themselves).",
+)
+@click.option(
+    "--heartbeat",
+    type=FiniteFloat(min=0.1),
+    default=HEARTBEAT_SECONDS,
+    show_default=True,
+    help="Seconds between lease renewals.",
+)
+@click.option(
+    "--grace",
+    type=FiniteFloat(min=0.5),
+    default=GRACE_SECONDS,
+    show_default=True,
+    help="A cell whose lease was not renewed for this long is handed to another worker.",
+)
+@click.option(
+    "--default-threads",
+    type=click.IntRange(min=1),
+    default=None,
+    hidden=True,
+    help="Threads for new cells when --threads is not given (ablate --jobs); resumed cells keep theirs.",
+)
 @threads_option
-def worker(storage, study_name, device, data_path, output_dir, max_cells, requeue_stale, heartbeat, grace, threads,
-           default_threads):
+def worker(
+    storage,
+    study_name,
+    device,
+    data_path,
+    output_dir,
+    max_cells,
+    requeue_stale,
+    heartbeat,
+    grace,
+    threads,
+    default_threads,
+):
     """Pop queued protocol cells and train them until the queue is empty."""
     if not threads and default_threads:
         set_threads(default_threads)
@@ -155,38 +219,91 @@ def worker(storage, study_name, device, data_path, output_dir, max_cells, requeu
     # The cells' MLflow runs carry the same lease timing as the queue, for this command only
     # (invoked in-process, from a notebook or a test, it must not change later leases).
     with patch.dict(os.environ, {LEASE_ENV: str(grace), HEARTBEAT_ENV: str(heartbeat)}):
-        drain_queue(storage, study_name, device, data_path, output_dir, max_cells, requeue_stale, heartbeat, grace,
-                    threads)
+        drain_queue(
+            storage,
+            study_name,
+            device,
+            data_path,
+            output_dir,
+            max_cells,
+            requeue_stale,
+            heartbeat,
+            grace,
+            threads,
+        )
 
 
-def drain_queue(storage, study_name, device, data_path, output_dir, max_cells, requeue_stale, heartbeat, grace,
-                threads=0):
+def drain_queue(
+    storage,
+    study_name,
+    device,
+    data_path,
+    output_dir,
+    max_cells,
+    requeue_stale,
+    heartbeat,
+    grace,
+    threads=0,
+):
     """The worker's work: pick the queue, prepare the data, hold the parent, drain the cells."""
     configure_tracking()
     store = open_storage(storage, heartbeat, grace)
     queue = pick_study(store, study_name)
     study = queue.study
     if requeue_stale:
-        click.echo(f"re-queued {requeue_expired(queue, grace, click.echo)} cells whose lease expired")
+        click.echo(
+            f"re-queued {requeue_expired(queue, grace, click.echo)} cells whose lease expired"
+        )
     protocol = load_queued_protocol(study)
     check_protocol_amp(protocol, device)
     settings = study.user_attrs.get("settings", {})
     allow_dirty = settings.get("allow_dirty", False)
     data = prepare_protocol_data(protocol, data_path, settings.get("download", False))
 
-    with sigterm_raises(), held_parent(protocol, Path(study.user_attrs["protocol_file"]), allow_dirty,
-                                       {"queue": "optuna"}, queued=True) as parent:
+    with (
+        sigterm_raises(),
+        held_parent(
+            protocol,
+            Path(study.user_attrs["protocol_file"]),
+            allow_dirty,
+            {"queue": "optuna"},
+            queued=True,
+        ) as parent,
+    ):
+
         def run_one(trial, fence) -> tuple[str, float]:
             index = trial.user_attrs[CELL_ATTR]
             cell = protocol.cells()[index]
             click.echo(f"cell {index}: {cell.key} (took it from the queue)")
-            outcome = run_cell(protocol, cell, data=data, parent_run_id=parent.run_id, options=StudyOptions(
-                output_dir=Path(output_dir), device=device, data_path=data_path, allow_dirty=allow_dirty, threads=threads),
-                observer=fence, take_over=True, log=click.echo)
+            outcome = run_cell(
+                protocol,
+                cell,
+                data=data,
+                parent_run_id=parent.run_id,
+                options=StudyOptions(
+                    output_dir=Path(output_dir),
+                    device=device,
+                    data_path=data_path,
+                    allow_dirty=allow_dirty,
+                    threads=threads,
+                ),
+                observer=fence,
+                take_over=True,
+                log=click.echo,
+            )
             click.echo(f"[{outcome.status}] {outcome.message}")
             return outcome.status, outcome.metrics.get("best_val_accuracy", float("nan"))
 
         parent.work = {}  # the record says what this worker trained (tracking.record.executions.work_line)
-        tally = drain(queue, run_one, grace, poll_seconds=min(2.0, heartbeat), max_cells=max_cells, tally=parent.work)
-    click.echo(f"worker ran {tally['ran']} cells ({tally['skipped']} already finished, {tally['failed']} failed, "
-               f"{tally['lost']} lost to another worker); queue: {counts(queue)}")
+        tally = drain(
+            queue,
+            run_one,
+            grace,
+            poll_seconds=min(2.0, heartbeat),
+            max_cells=max_cells,
+            tally=parent.work,
+        )
+    click.echo(
+        f"worker ran {tally['ran']} cells ({tally['skipped']} already finished, {tally['failed']} failed, "
+        f"{tally['lost']} lost to another worker); queue: {counts(queue)}"
+    )

@@ -34,7 +34,12 @@ from workbench.protocol import load_attribution_protocol
 from workbench.protocol.common import ProtocolError
 
 GOAL_SECONDS = 300.0
-GOAL_CONFIGURATION = ("fmnist_seed_recipe_faithfulness", 5, 800, 2)  # protocol, cells, images, threads
+GOAL_CONFIGURATION = (
+    "fmnist_seed_recipe_faithfulness",
+    5,
+    800,
+    2,
+)  # protocol, cells, images, threads
 
 
 @dataclass(frozen=True)
@@ -57,45 +62,92 @@ def thread_counts(text: str) -> list[int]:
     except ValueError:
         counts = []
     if not counts or min(counts) < 1:
-        raise click.BadParameter(f"{text!r}: give thread counts >= 1, comma-separated (e.g. 1,2)",
-                                 param_hint="'--threads'")
+        raise click.BadParameter(
+            f"{text!r}: give thread counts >= 1, comma-separated (e.g. 1,2)",
+            param_hint="'--threads'",
+        )
     return counts
 
 
-def time_cells(cfg: ViTConfig, settings, cells: int, images: int, threads: int, say=lambda _: None) -> Timing:
+def time_cells(
+    cfg: ViTConfig, settings, cells: int, images: int, threads: int, say=lambda _: None
+) -> Timing:
     """``cells`` calls of ``score_cell`` as the study makes them, on ``threads`` intra-op threads."""
     used = set_threads(threads)
     wall, cpu, forwards, per_cell = 0.0, 0.0, 0, []
     for seed in range(cells):
         gen = torch.Generator().manual_seed(seed)
-        torch.manual_seed(seed)  # the model's own init, seeded: the timing does not depend on the values
+        torch.manual_seed(
+            seed
+        )  # the model's own init, seeded: the timing does not depend on the values
         model = VisionTransformer(cfg).eval()
         x = torch.randn(images, cfg.in_channels, *cfg.image_hw, generator=gen)
         y = torch.randint(0, cfg.num_classes, (images,), generator=gen)
         started, cpu_started = time.perf_counter(), time.process_time()
-        cell = score_cell(model, x, y, settings.methods, settings.random_seed, settings.norm_threshold,
-                          batch_size=settings.batch_size)
+        cell = score_cell(
+            model,
+            x,
+            y,
+            settings.methods,
+            settings.random_seed,
+            settings.norm_threshold,
+            batch_size=settings.batch_size,
+        )
         per_cell.append(time.perf_counter() - started)
         wall, cpu = wall + per_cell[-1], cpu + time.process_time() - cpu_started
         forwards += cell.forwards
-        say(f"  {used} thread(s), cell {seed + 1} of {cells}: {per_cell[-1]:.1f} s wall, {cell.forwards:,} sequences")
-    return Timing(threads=used, cells=cells, images=cells * images, wall_seconds=wall, cpu_seconds=cpu,
-                  forwards=forwards, cell_wall_seconds=per_cell, goal_ratio=wall / GOAL_SECONDS)
+        say(
+            f"  {used} thread(s), cell {seed + 1} of {cells}: {per_cell[-1]:.1f} s wall, {cell.forwards:,} sequences"
+        )
+    return Timing(
+        threads=used,
+        cells=cells,
+        images=cells * images,
+        wall_seconds=wall,
+        cpu_seconds=cpu,
+        forwards=forwards,
+        cell_wall_seconds=per_cell,
+        goal_ratio=wall / GOAL_SECONDS,
+    )
 
 
 @click.command("benchmark-attribute")
-@click.option("--protocol", "protocol_path", required=True, type=click.Path(exists=True, dir_okay=False),
-              help="Attribution protocol YAML file.")
-@click.option("--cells", type=click.IntRange(min=1), default=None,
-              help="Cells to time [default: the protocol's, e.g. 5 seeds of one arm].")
-@click.option("--images", type=click.IntRange(min=1), default=None,
-              help="Images per cell [default: the protocol's image count].")
-@click.option("--arm", default=None, help="The acted-on arm whose architecture is timed [default: the first].")
-@click.option("--threads", "threads_text", default="1,2", show_default=True,
-              help="torch intra-op thread counts to time, comma-separated, one run each.")
-@click.option("--output-dir", type=click.Path(file_okay=False, path_type=Path),
-              default=Path("outputs/attribution_benchmark"), show_default=True,
-              help="Folder of the JSON result (<protocol name>.json).")
+@click.option(
+    "--protocol",
+    "protocol_path",
+    required=True,
+    type=click.Path(exists=True, dir_okay=False),
+    help="Attribution protocol YAML file.",
+)
+@click.option(
+    "--cells",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Cells to time [default: the protocol's, e.g. 5 seeds of one arm].",
+)
+@click.option(
+    "--images",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Images per cell [default: the protocol's image count].",
+)
+@click.option(
+    "--arm", default=None, help="The acted-on arm whose architecture is timed [default: the first]."
+)
+@click.option(
+    "--threads",
+    "threads_text",
+    default="1,2",
+    show_default=True,
+    help="torch intra-op thread counts to time, comma-separated, one run each.",
+)
+@click.option(
+    "--output-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path("outputs/attribution_benchmark"),
+    show_default=True,
+    help="Folder of the JSON result (<protocol name>.json).",
+)
 def benchmark_attribute(protocol_path, cells, images, arm, threads_text, output_dir):
     """Time an attribution protocol's scoring on random-weight models of its architecture (no data, no MLflow store)."""
     counts = thread_counts(threads_text)
@@ -104,34 +156,53 @@ def benchmark_attribute(protocol_path, cells, images, arm, threads_text, output_
     except ProtocolError as err:
         raise click.ClickException(str(err)) from err
     if protocol.acts_on is None:
-        raise click.UsageError(f"{protocol_path}: acts on a pretrained timm ViT; this benchmark times the acted-on "
-                               "cells of an ablation protocol")
+        raise click.UsageError(
+            f"{protocol_path}: acts on a pretrained timm ViT; this benchmark times the acted-on "
+            "cells of an ablation protocol"
+        )
     arm = arm or protocol.arms[0]
     if arm not in protocol.arms:
-        raise click.BadParameter(f"{arm!r}: the protocol acts on {', '.join(protocol.arms)}", param_hint="'--arm'")
+        raise click.BadParameter(
+            f"{arm!r}: the protocol acts on {', '.join(protocol.arms)}", param_hint="'--arm'"
+        )
     cfg = protocol.model_config(arm)
     s = protocol.settings
     cells = cells or len([c for c in protocol.cells() if c.arm == arm])
     images = images or s.images
-    click.echo(f"{protocol.name}: {cells} cells x {images} images, methods {', '.join(s.methods)}, batch "
-               f"{s.batch_size}, every curve point; random weights of arm {arm} ({cfg.num_patches} patch tokens, "
-               f"{cfg.depth} blocks x {cfg.heads} heads, dim {cfg.dim}); {cpu_name()}")
+    click.echo(
+        f"{protocol.name}: {cells} cells x {images} images, methods {', '.join(s.methods)}, batch "
+        f"{s.batch_size}, every curve point; random weights of arm {arm} ({cfg.num_patches} patch tokens, "
+        f"{cfg.depth} blocks x {cfg.heads} heads, dim {cfg.dim}); {cpu_name()}"
+    )
     timings = []
     for threads in counts:
         t = time_cells(cfg, s, cells, images, threads, click.echo)
         timings.append(t)
-        click.echo(f"{t.threads} thread(s): {t.wall_seconds:.1f} s wall, {t.cpu_seconds:.1f} s process CPU, "
-                   f"{t.forwards:,} sequences through the blocks, {t.images:,} images; "
-                   f"{t.wall_seconds / GOAL_SECONDS:.2f} x the {GOAL_SECONDS:.0f}-s goal")
+        click.echo(
+            f"{t.threads} thread(s): {t.wall_seconds:.1f} s wall, {t.cpu_seconds:.1f} s process CPU, "
+            f"{t.forwards:,} sequences through the blocks, {t.images:,} images; "
+            f"{t.wall_seconds / GOAL_SECONDS:.2f} x the {GOAL_SECONDS:.0f}-s goal"
+        )
     for t in timings:
         if (protocol.name, cells, images, t.threads) == GOAL_CONFIGURATION:
-            click.echo(f"goal (under {GOAL_SECONDS:.0f} s on {t.threads} threads): "
-                       f"{'met' if t.wall_seconds < GOAL_SECONDS else 'NOT met'} in wall time")
+            click.echo(
+                f"goal (under {GOAL_SECONDS:.0f} s on {t.threads} threads): "
+                f"{'met' if t.wall_seconds < GOAL_SECONDS else 'NOT met'} in wall time"
+            )
     load = Path("/proc/loadavg").read_text().split()[:3] if Path("/proc/loadavg").exists() else []
-    record = {"protocol": protocol.name, "protocol_hash": protocol.hash, "arm": arm, "cells": cells,
-              "images_per_cell": images, "methods": list(s.methods), "batch_size": s.batch_size,
-              "cpu": cpu_name(), "load_average_after": load, "goal_seconds": GOAL_SECONDS,
-              "timings": [asdict(t) for t in timings]}
+    record = {
+        "protocol": protocol.name,
+        "protocol_hash": protocol.hash,
+        "arm": arm,
+        "cells": cells,
+        "images_per_cell": images,
+        "methods": list(s.methods),
+        "batch_size": s.batch_size,
+        "cpu": cpu_name(),
+        "load_average_after": load,
+        "goal_seconds": GOAL_SECONDS,
+        "timings": [asdict(t) for t in timings],
+    }
     output_dir.mkdir(parents=True, exist_ok=True)
     path = output_dir / f"{protocol.name}.json"
     atomic_write_bytes(path, (json.dumps(record, indent=2) + "\n").encode())

@@ -21,13 +21,33 @@ from workbench.precision import AmpUnsupported, set_threads
 
 
 @click.command("calibrate")
-@click.option("--protocol", "protocol_path", required=True, type=click.Path(exists=True, dir_okay=False))
-@click.option("--threads", "thread_list", default="1", show_default=True, help="Comma-separated thread counts.")
+@click.option(
+    "--protocol", "protocol_path", required=True, type=click.Path(exists=True, dir_okay=False)
+)
+@click.option(
+    "--threads",
+    "thread_list",
+    default="1",
+    show_default=True,
+    help="Comma-separated thread counts.",
+)
 @click.option("--arm", "arms", multiple=True, help="Arms to time (default: all).")
-@click.option("--train-size", type=int, default=None, help="Training images per epoch (default: the protocol's).")
-@click.option("--val-size", type=int, default=None, help="Validation images per epoch (default: the protocol's).")
+@click.option(
+    "--train-size",
+    type=int,
+    default=None,
+    help="Training images per epoch (default: the protocol's).",
+)
+@click.option(
+    "--val-size",
+    type=int,
+    default=None,
+    help="Validation images per epoch (default: the protocol's).",
+)
 @click.option("--epochs", type=int, default=None, help="Epochs (default: the protocol's).")
-@click.option("--steps", type=click.IntRange(min=1), default=5, show_default=True, help="Timed steps per arm.")
+@click.option(
+    "--steps", type=click.IntRange(min=1), default=5, show_default=True, help="Timed steps per arm."
+)
 def calibrate(protocol_path, thread_list, arms, train_size, val_size, epochs, steps):
     """Time every arm's training step and project the protocol's wall time on this machine."""
     try:
@@ -35,15 +55,21 @@ def calibrate(protocol_path, thread_list, arms, train_size, val_size, epochs, st
     except ProtocolError as err:
         raise click.ClickException(str(err)) from err
     first_seed = protocol.seeds[0]
-    cells = {c.arm: c for c in protocol.cells() if c.seed == first_seed and (not arms or c.arm in arms)}
+    cells = {
+        c.arm: c for c in protocol.cells() if c.seed == first_seed and (not arms or c.arm in arms)
+    }
     n_train = train_size or protocol.dataset.train_size
     n_val = val_size or protocol.dataset.val_size
     n_epochs = epochs or protocol.run.epochs
     if not n_train or not n_val:
-        raise click.UsageError("the protocol leaves train_size/val_size open: pass --train-size and --val-size")
+        raise click.UsageError(
+            "the protocol leaves train_size/val_size open: pass --train-size and --val-size"
+        )
     load = f"{os.getloadavg()[0]:.1f}" if hasattr(os, "getloadavg") else "?"
-    click.echo(f"{protocol.name}: {len(cells)} arms x {len(protocol.seeds)} seeds, {n_train} train / {n_val} val "
-               f"images, {n_epochs} epochs, batch {protocol.run.batch_size}, amp {protocol.run.amp}; load {load}")
+    click.echo(
+        f"{protocol.name}: {len(cells)} arms x {len(protocol.seeds)} seeds, {n_train} train / {n_val} val "
+        f"images, {n_epochs} epochs, batch {protocol.run.batch_size}, amp {protocol.run.amp}; load {load}"
+    )
     click.echo("arm,threads,train_images_per_s,eval_images_per_s,cell_minutes,all_seeds_minutes")
     totals: dict[int, float] = {}
     for threads in (int(t) for t in thread_list.split(",") if t.strip()):
@@ -55,11 +81,15 @@ def calibrate(protocol_path, thread_list, arms, train_size, val_size, epochs, st
                 raise click.UsageError(str(err)) from err
             cell_s = project_seconds(speed, n_train, n_val, n_epochs)
             totals[threads] = totals.get(threads, 0.0) + cell_s * len(protocol.seeds)
-            click.echo(f"{arm},{threads},{speed.train_images_per_s:.1f},{speed.eval_images_per_s:.1f},"
-                       f"{cell_s / 60:.2f},{cell_s * len(protocol.seeds) / 60:.1f}")
+            click.echo(
+                f"{arm},{threads},{speed.train_images_per_s:.1f},{speed.eval_images_per_s:.1f},"
+                f"{cell_s / 60:.2f},{cell_s * len(protocol.seeds) / 60:.1f}"
+            )
     load = f"{os.getloadavg()[0]:.1f}" if hasattr(os, "getloadavg") else "?"
     for threads, total in totals.items():
-        click.echo(f"total with {threads} thread(s): {total / 60:.1f} minutes (steps only; load at end {load})")
+        click.echo(
+            f"total with {threads} thread(s): {total / 60:.1f} minutes (steps only; load at end {load})"
+        )
 
 
 if __name__ == "__main__":

@@ -117,11 +117,20 @@ def run_loader_benchmark(
         torch.set_num_threads(previous_threads)
 
 
-def _run(n_images: int, batch_size: int, repeats: int, num_workers: int, device: str | None, seed: int,
-         randaugment_ops: int = 0) -> dict:
+def _run(
+    n_images: int,
+    batch_size: int,
+    repeats: int,
+    num_workers: int,
+    device: str | None,
+    seed: int,
+    randaugment_ops: int = 0,
+) -> dict:
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     g = torch.Generator().manual_seed(seed)
-    images = torch.randint(0, 256, (n_images, 3, 32, 32), dtype=torch.uint8, generator=g)  # (N, C, H, W)
+    images = torch.randint(
+        0, 256, (n_images, 3, 32, 32), dtype=torch.uint8, generator=g
+    )  # (N, C, H, W)
     labels = torch.randint(0, 10, (n_images,), generator=g)
 
     ours = TensorLoader(images, labels, batch_size=batch_size, norm=NORM_STATS["cifar10"], seed=seed,
@@ -133,9 +142,19 @@ def _run(n_images: int, batch_size: int, repeats: int, num_workers: int, device:
     _time_epoch(ours.iter_epoch(-1), dev)  # warm-up: first-call allocations, CUDA kernels
     with_ra = None
     if randaugment_ops:
-        with_ra = TensorLoader(images, labels, batch_size=batch_size, norm=NORM_STATS["cifar10"], seed=seed,
-                               augment=replace(AUGMENT, randaugment_ops=randaugment_ops,
-                                               randaugment_magnitude=RANDAUGMENT_MAGNITUDE), device=dev)
+        with_ra = TensorLoader(
+            images,
+            labels,
+            batch_size=batch_size,
+            norm=NORM_STATS["cifar10"],
+            seed=seed,
+            augment=replace(
+                AUGMENT,
+                randaugment_ops=randaugment_ops,
+                randaugment_magnitude=RANDAUGMENT_MAGNITUDE,
+            ),
+            device=dev,
+        )
         _time_epoch(with_ra.iter_epoch(-1), dev)
     ours_s, ref_s, ra_s = [], [], []
     for r in range(repeats):
@@ -152,10 +171,14 @@ def _run(n_images: int, batch_size: int, repeats: int, num_workers: int, device:
     extra = {}
     if ra_s:
         a = rate(ra_s)
-        extra = {"randaugment": f"{randaugment_ops} ops, magnitude {RANDAUGMENT_MAGNITUDE}, after crop and flip",
-                 "randaugment_seconds": ra_s, "randaugment_images_per_s": a["median"],
-                 "randaugment_images_per_s_min": a["min"], "randaugment_images_per_s_max": a["max"],
-                 "randaugment_slowdown": o["median"] / a["median"]}
+        extra = {
+            "randaugment": f"{randaugment_ops} ops, magnitude {RANDAUGMENT_MAGNITUDE}, after crop and flip",
+            "randaugment_seconds": ra_s,
+            "randaugment_images_per_s": a["median"],
+            "randaugment_images_per_s_min": a["min"],
+            "randaugment_images_per_s_max": a["max"],
+            "randaugment_slowdown": o["median"] / a["median"],
+        }
     return {
         "n_images": n_images,
         "batch_size": batch_size,
@@ -182,17 +205,27 @@ def format_table(result: dict) -> str:
     """Plain-text table of a ``run_loader_benchmark`` result."""
     rows = [
         ("loader", "images/s (median)", "min", "max"),
-        ("workbench TensorLoader", *(f"{result[f'ours_images_per_s{s}']:,.0f}" for s in ("", "_min", "_max"))),
+        (
+            "workbench TensorLoader",
+            *(f"{result[f'ours_images_per_s{s}']:,.0f}" for s in ("", "_min", "_max")),
+        ),
         (
             f"torchvision v2 + DataLoader (workers={result['num_workers']})",
             *(f"{result[f'torchvision_images_per_s{s}']:,.0f}" for s in ("", "_min", "_max")),
         ),
     ]
     if "randaugment_images_per_s" in result:
-        rows.append((f"workbench TensorLoader + RandAugment ({result['randaugment']})",
-                     *(f"{result[f'randaugment_images_per_s{s}']:,.0f}" for s in ("", "_min", "_max"))))
+        rows.append(
+            (
+                f"workbench TensorLoader + RandAugment ({result['randaugment']})",
+                *(f"{result[f'randaugment_images_per_s{s}']:,.0f}" for s in ("", "_min", "_max")),
+            )
+        )
     widths = [max(len(r[i]) for r in rows) for i in range(4)]
-    lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))) for r in rows]
+    lines = [
+        "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
+        for r in rows
+    ]
     lines.insert(1, "-" * len(lines[0]))
     lines.append(
         f"ratio ours / torchvision: {result['ratio']:.1f}x  ({result['n_images']} images, batch "
@@ -200,29 +233,69 @@ def format_table(result: dict) -> str:
         f"{result['cpu_count']} CPUs, {result['torch_threads']} torch threads)"
     )
     if "randaugment_slowdown" in result:
-        lines.append(f"RandAugment cost: TensorLoader {result['randaugment_slowdown']:.1f}x slower with it "
-                     "(median images/s without / with, same rounds)")
+        lines.append(
+            f"RandAugment cost: TensorLoader {result['randaugment_slowdown']:.1f}x slower with it "
+            "(median images/s without / with, same rounds)"
+        )
     return "\n".join(lines)
 
 
 @click.command("benchmark-loader")
-@click.option("--n-images", default=10_000, show_default=True, type=click.IntRange(min=1), help="Images per epoch.")
+@click.option(
+    "--n-images",
+    default=10_000,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="Images per epoch.",
+)
 @click.option("--batch-size", default=256, show_default=True, type=click.IntRange(min=1))
-@click.option("--repeats", default=3, show_default=True, type=click.IntRange(min=1),
-              help="Timed epochs per loader (median reported).")
-@click.option("--num-workers", default=0, show_default=True, type=click.IntRange(min=0),
-              help="DataLoader workers for the torchvision side.")
+@click.option(
+    "--repeats",
+    default=3,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="Timed epochs per loader (median reported).",
+)
+@click.option(
+    "--num-workers",
+    default=0,
+    show_default=True,
+    type=click.IntRange(min=0),
+    help="DataLoader workers for the torchvision side.",
+)
 @click.option("--device", default=None, help="cpu or cuda (default: cuda when available).")
-@click.option("--torch-threads", default=None, type=click.IntRange(min=1), help="torch intra-op threads (default: unchanged).")
-@click.option("--randaugment-ops", default=2, show_default=True, type=click.IntRange(min=0, max=16),
-              help="Also time TensorLoader with RandAugment (this many ops per image, magnitude 9); 0: not.")
+@click.option(
+    "--torch-threads",
+    default=None,
+    type=click.IntRange(min=1),
+    help="torch intra-op threads (default: unchanged).",
+)
+@click.option(
+    "--randaugment-ops",
+    default=2,
+    show_default=True,
+    type=click.IntRange(min=0, max=16),
+    help="Also time TensorLoader with RandAugment (this many ops per image, magnitude 9); 0: not.",
+)
 def benchmark_loader(
-    n_images: int, batch_size: int, repeats: int, num_workers: int, device: str | None, torch_threads: int | None,
+    n_images: int,
+    batch_size: int,
+    repeats: int,
+    num_workers: int,
+    device: str | None,
+    torch_threads: int | None,
     randaugment_ops: int,
 ) -> dict:
     """Compare TensorLoader with a per-image torchvision pipeline and print a table."""
-    result = run_loader_benchmark(n_images, batch_size, repeats, num_workers, device, torch_threads=torch_threads,
-                                  randaugment_ops=randaugment_ops)
+    result = run_loader_benchmark(
+        n_images,
+        batch_size,
+        repeats,
+        num_workers,
+        device,
+        torch_threads=torch_threads,
+        randaugment_ops=randaugment_ops,
+    )
     click.echo(format_table(result))
     return result
 

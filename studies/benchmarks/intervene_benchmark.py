@@ -36,16 +36,35 @@ def split_size(protocol: InterventionProtocol) -> int | None:
 
 
 @click.command("benchmark-intervene")
-@click.option("--protocol", "protocol_path", required=True, type=click.Path(exists=True, dir_okay=False),
-              help="Intervention protocol YAML file.")
-@click.option("--cells", type=click.IntRange(min=1), default=None,
-              help="Cells to time [default: the protocol's, e.g. 5 seeds of one arm].")
-@click.option("--examples", type=click.IntRange(min=2), default=None,
-              help="Images per cell [default: the protocol's validation size when it fixes one].")
-@click.option("--arm", default=None, help="The acted-on arm whose architecture is timed [default: the first].")
+@click.option(
+    "--protocol",
+    "protocol_path",
+    required=True,
+    type=click.Path(exists=True, dir_okay=False),
+    help="Intervention protocol YAML file.",
+)
+@click.option(
+    "--cells",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Cells to time [default: the protocol's, e.g. 5 seeds of one arm].",
+)
+@click.option(
+    "--examples",
+    type=click.IntRange(min=2),
+    default=None,
+    help="Images per cell [default: the protocol's validation size when it fixes one].",
+)
+@click.option(
+    "--arm", default=None, help="The acted-on arm whose architecture is timed [default: the first]."
+)
 @click.option("--device", default="cpu", show_default=True)
-@click.option("--log/--no-log", default=True, show_default=True,
-              help="Log the timings to the MLflow experiment benchmark-intervene.")
+@click.option(
+    "--log/--no-log",
+    default=True,
+    show_default=True,
+    help="Log the timings to the MLflow experiment benchmark-intervene.",
+)
 @threads_option
 def benchmark_intervene(protocol_path, cells, examples, arm, device, log, threads):
     """Time an intervention protocol's grid on random-weight models of its architecture (no data, no MLflow store)."""
@@ -56,7 +75,9 @@ def benchmark_intervene(protocol_path, cells, examples, arm, device, log, thread
     if protocol.acts_on is not None:
         arm = arm or protocol.arms[0]
         if arm not in protocol.arms:
-            raise click.BadParameter(f"{arm!r}: the protocol acts on {', '.join(protocol.arms)}", param_hint="'--arm'")
+            raise click.BadParameter(
+                f"{arm!r}: the protocol acts on {', '.join(protocol.arms)}", param_hint="'--arm'"
+            )
         cfg = protocol.model_config(arm)
     else:
         from workbench.interventions.sources import pretrained_model
@@ -70,25 +91,52 @@ def benchmark_intervene(protocol_path, cells, examples, arm, device, log, thread
         raise click.UsageError("the protocol does not fix its split's size: give --examples N")
     grid = check_against_model(protocol, cfg, f"arm {arm}")
     e = protocol.evaluation
-    click.echo(f"{protocol.name}: {len(grid)} interventions x {cells} cells x {examples} images, batch {e.batch_size}, "
-               f"mean reference {e.mean_images} images, attention maps {'on' if e.attention_maps else 'off'}; "
-               f"random weights of arm {arm} ({cfg.depth} blocks x {cfg.heads} heads, dim {cfg.dim})")
-    timing = time_grid(cfg, grid, cells, examples, e.batch_size, e.mean_images, e.attention_maps, device, click.echo)
+    click.echo(
+        f"{protocol.name}: {len(grid)} interventions x {cells} cells x {examples} images, batch {e.batch_size}, "
+        f"mean reference {e.mean_images} images, attention maps {'on' if e.attention_maps else 'off'}; "
+        f"random weights of arm {arm} ({cfg.depth} blocks x {cfg.heads} heads, dim {cfg.dim})"
+    )
+    timing = time_grid(
+        cfg,
+        grid,
+        cells,
+        examples,
+        e.batch_size,
+        e.mean_images,
+        e.attention_maps,
+        device,
+        click.echo,
+    )
     spread = f"{min(timing.cell_seconds):.2f} to {max(timing.cell_seconds):.2f} s"
-    click.echo(f"total {timing.total:.1f} s on {timing.threads} thread(s); per cell median "
-               f"{statistics.median(timing.cell_seconds):.2f} s ({spread}), {timing.forward_equivalents:.1f} intact "
-               "forward passes each")
+    click.echo(
+        f"total {timing.total:.1f} s on {timing.threads} thread(s); per cell median "
+        f"{statistics.median(timing.cell_seconds):.2f} s ({spread}), {timing.forward_equivalents:.1f} intact "
+        "forward passes each"
+    )
     goal_run = (protocol.name, cells, examples, timing.threads) == GOAL_CONFIGURATION
     if goal_run:
-        click.echo(f"goal: under {GOAL_SECONDS:.0f} s: {'met' if timing.total < GOAL_SECONDS else 'NOT met'}")
+        click.echo(
+            f"goal: under {GOAL_SECONDS:.0f} s: {'met' if timing.total < GOAL_SECONDS else 'NOT met'}"
+        )
     else:
-        click.echo(f"goal (under {GOAL_SECONDS:.0f} s) applies to fmnist_seed_recipe_heads, 5 cells x 800 images, "
-                   "--threads 2: not this configuration")
+        click.echo(
+            f"goal (under {GOAL_SECONDS:.0f} s) applies to fmnist_seed_recipe_heads, 5 cells x 800 images, "
+            "--threads 2: not this configuration"
+        )
     if log:
         from tracking.kinds.intervention_runs import log_benchmark
 
-        run_id = log_benchmark(protocol.name, timing, {"arm": arm, "cells": cells, "examples": examples,
-                                                       "batch_size": e.batch_size, "device": device,
-                                                       "interventions": len(grid),
-                                                       "goal_seconds": GOAL_SECONDS if goal_run else 0})
+        run_id = log_benchmark(
+            protocol.name,
+            timing,
+            {
+                "arm": arm,
+                "cells": cells,
+                "examples": examples,
+                "batch_size": e.batch_size,
+                "device": device,
+                "interventions": len(grid),
+                "goal_seconds": GOAL_SECONDS if goal_run else 0,
+            },
+        )
         click.echo(f"logged to run {run_id} (experiment benchmark-intervene)")

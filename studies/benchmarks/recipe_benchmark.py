@@ -36,32 +36,54 @@ from workbench.train.config import TrainConfig
 GOAL = 1.1
 
 
-def compare_cells(cells: list[tuple[str, int, TrainConfig]], data: PreparedData, experiment: str, output_dir: Path,
-                  say=print) -> pd.DataFrame:
+def compare_cells(
+    cells: list[tuple[str, int, TrainConfig]],
+    data: PreparedData,
+    experiment: str,
+    output_dir: Path,
+    say=print,
+) -> pd.DataFrame:
     """Train each (arm, seed, config) with the plain loop and with ``train_one``; one row per cell."""
     nonce = time.strftime("%Y%m%dT%H%M%S")
     rows = []
     for i, (arm, seed, cfg) in enumerate(cells):
         row: dict = {"arm": arm, "seed": seed}
-        for which in (("plain", "workbench") if i % 2 == 0 else ("workbench", "plain")):
+        for which in ("plain", "workbench") if i % 2 == 0 else ("workbench", "plain"):
             say(f"{arm} seed {seed}: {which}")
             started = time.perf_counter()
             if which == "plain":
                 r = plain_fit(cfg, data)
-                row |= {"plain_s": time.perf_counter() - started, "plain_best_val_accuracy": r.best_val_accuracy,
-                        "plain_best_epoch": r.best_epoch, "plain_test_accuracy": r.test_accuracy}
+                row |= {
+                    "plain_s": time.perf_counter() - started,
+                    "plain_best_val_accuracy": r.best_val_accuracy,
+                    "plain_best_epoch": r.best_epoch,
+                    "plain_test_accuracy": r.test_accuracy,
+                }
             else:
-                out = train_one(cfg, data, experiment=experiment, output_dir=output_dir, run_name=f"{arm}-seed{seed}",
-                                identity={"recipe_benchmark": nonce, "arm": arm, "seed": seed},
-                                tags={"recipe_benchmark": nonce})
+                out = train_one(
+                    cfg,
+                    data,
+                    experiment=experiment,
+                    output_dir=output_dir,
+                    run_name=f"{arm}-seed{seed}",
+                    identity={"recipe_benchmark": nonce, "arm": arm, "seed": seed},
+                    tags={"recipe_benchmark": nonce},
+                )
                 if out.status != "finished":
-                    raise click.ClickException(f"workbench run {arm} seed {seed} {out.status}: {out.message}")
-                row |= {"workbench_s": time.perf_counter() - started, "run_id": out.run_id,
-                        "workbench_best_val_accuracy": out.metrics.get("best_val_accuracy"),
-                        "workbench_best_epoch": out.metrics.get("best_epoch"),
-                        "workbench_test_accuracy": out.metrics.get("test_accuracy")}
+                    raise click.ClickException(
+                        f"workbench run {arm} seed {seed} {out.status}: {out.message}"
+                    )
+                row |= {
+                    "workbench_s": time.perf_counter() - started,
+                    "run_id": out.run_id,
+                    "workbench_best_val_accuracy": out.metrics.get("best_val_accuracy"),
+                    "workbench_best_epoch": out.metrics.get("best_epoch"),
+                    "workbench_test_accuracy": out.metrics.get("test_accuracy"),
+                }
         row["ratio"] = row["workbench_s"] / row["plain_s"]
-        row["same_best_val_accuracy"] = row["plain_best_val_accuracy"] == row["workbench_best_val_accuracy"]
+        row["same_best_val_accuracy"] = (
+            row["plain_best_val_accuracy"] == row["workbench_best_val_accuracy"]
+        )
         rows.append(row)
     return pd.DataFrame(rows)
 
@@ -69,16 +91,24 @@ def compare_cells(cells: list[tuple[str, int, TrainConfig]], data: PreparedData,
 def summary(table: pd.DataFrame, title: str) -> str:
     total_plain, total_wb = table["plain_s"].sum(), table["workbench_s"].sum()
     ratio = total_wb / total_plain
-    lines = [f"# {title}", "",
-             "| arm | seed | plain s | workbench s | ratio | best val plain | best val workbench | same |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"# {title}",
+        "",
+        "| arm | seed | plain s | workbench s | ratio | best val plain | best val workbench | same |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for r in table.itertuples():
-        lines.append(f"| {r.arm} | {r.seed} | {r.plain_s:.1f} | {r.workbench_s:.1f} | {r.ratio:.3f} | "
-                     f"{r.plain_best_val_accuracy:.4f} | {r.workbench_best_val_accuracy:.4f} | "
-                     f"{'yes' if r.same_best_val_accuracy else 'no'} |")
+        lines.append(
+            f"| {r.arm} | {r.seed} | {r.plain_s:.1f} | {r.workbench_s:.1f} | {r.ratio:.3f} | "
+            f"{r.plain_best_val_accuracy:.4f} | {r.workbench_best_val_accuracy:.4f} | "
+            f"{'yes' if r.same_best_val_accuracy else 'no'} |"
+        )
     verdict = "met" if ratio <= GOAL else "not met"
-    lines += ["", f"Total: plain {total_plain:.1f} s, workbench {total_wb:.1f} s, ratio {ratio:.3f} "
-                  f"(goal <= {GOAL}: {verdict}); per-cell ratio median {table['ratio'].median():.3f}."]
+    lines += [
+        "",
+        f"Total: plain {total_plain:.1f} s, workbench {total_wb:.1f} s, ratio {ratio:.3f} "
+        f"(goal <= {GOAL}: {verdict}); per-cell ratio median {table['ratio'].median():.3f}.",
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -87,25 +117,42 @@ def parse_seeds(text: str) -> set[int]:
     parts = [p.strip() for p in text.split(",")]
     bad = [p for p in parts if not p.lstrip("-").isdigit()]
     if bad:
-        raise click.BadParameter(f"{text!r}: {bad[0]!r} is not an integer seed; give comma-separated integers, "
-                                 "e.g. 0,1", param_hint="'--seeds'")
+        raise click.BadParameter(
+            f"{text!r}: {bad[0]!r} is not an integer seed; give comma-separated integers, e.g. 0,1",
+            param_hint="'--seeds'",
+        )
     return {int(p) for p in parts}
 
 
 @click.command("benchmark-recipe")
-@click.option("--protocol", "protocol_path", required=True, type=click.Path(exists=True, dir_okay=False))
+@click.option(
+    "--protocol", "protocol_path", required=True, type=click.Path(exists=True, dir_okay=False)
+)
 @click.option("--seeds", default=None, help="Comma-separated seeds (default: the protocol's).")
 @click.option("--arms", default=None, help="Comma-separated arms (default: all).")
-@click.option("--epochs", type=click.IntRange(min=1), default=None, help="Override the epoch budget (quick looks).")
-@click.option("--subset", type=click.IntRange(min=1), default=None, help="At most this many images per split.")
+@click.option(
+    "--epochs",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Override the epoch budget (quick looks).",
+)
+@click.option(
+    "--subset", type=click.IntRange(min=1), default=None, help="At most this many images per split."
+)
 @click.option("--device", default="auto", show_default=True)
 @click.option("--data-path", default=None)
 @click.option("--experiment", default="recipe-benchmark", show_default=True)
-@click.option("--output-dir", type=click.Path(file_okay=False, path_type=Path), default=Path("outputs/recipe_benchmark"),
-              show_default=True, help="Checkpoints of the workbench runs, results.csv and summary.md.")
+@click.option(
+    "--output-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path("outputs/recipe_benchmark"),
+    show_default=True,
+    help="Checkpoints of the workbench runs, results.csv and summary.md.",
+)
 @threads_option
-def benchmark_recipe(protocol_path, seeds, arms, epochs, subset, device, data_path, experiment, output_dir,
-                     threads):
+def benchmark_recipe(
+    protocol_path, seeds, arms, epochs, subset, device, data_path, experiment, output_dir, threads
+):
     """Time a protocol's cells: the workbench's training against a plain PyTorch loop of the same recipe."""
     try:
         protocol = load_protocol(protocol_path)
@@ -115,12 +162,17 @@ def benchmark_recipe(protocol_path, seeds, arms, epochs, subset, device, data_pa
     wanted_seeds = parse_seeds(seeds) if seeds else set(protocol.seeds)
     missing = wanted_seeds - set(protocol.seeds)
     if missing:
-        raise click.BadParameter(f"no seed {', '.join(map(str, sorted(missing)))} in {protocol.name} "
-                                 f"(its seeds: {', '.join(map(str, protocol.seeds))})", param_hint="'--seeds'")
+        raise click.BadParameter(
+            f"no seed {', '.join(map(str, sorted(missing)))} in {protocol.name} "
+            f"(its seeds: {', '.join(map(str, protocol.seeds))})",
+            param_hint="'--seeds'",
+        )
     wanted_arms = set(arms.split(",")) if arms else {a.name for a in protocol.arms}
     unknown = wanted_arms - {a.name for a in protocol.arms}
     if unknown:
-        raise click.BadParameter(f"no arm {', '.join(sorted(unknown))} in {protocol.name}", param_hint="--arms")
+        raise click.BadParameter(
+            f"no arm {', '.join(sorted(unknown))} in {protocol.name}", param_hint="--arms"
+        )
     check_protocol_amp(protocol, device)
     if subset:
         protocol = replace(protocol, dataset=replace(protocol.dataset, subset=subset))

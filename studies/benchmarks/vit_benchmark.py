@@ -48,7 +48,9 @@ def _ints(text: str, option: str) -> tuple[int, ...]:
     try:
         values = tuple(int(v) for v in _names(text))
     except ValueError:
-        raise click.BadParameter(f"{text!r}: expected comma-separated integers", param_hint=option) from None
+        raise click.BadParameter(
+            f"{text!r}: expected comma-separated integers", param_hint=option
+        ) from None
     if not values or any(v < 1 for v in values):
         raise click.BadParameter(f"{text!r}: expected positive integers", param_hint=option)
     return values
@@ -63,41 +65,111 @@ def _resolve_device(device: str) -> str:
 
 
 @click.command("benchmark")
-@click.option("--model", "models", multiple=True, default=[",".join(DEFAULT_MODELS)], show_default=True,
-              help="Models for inference: timm ViT names and study models; repeat or comma-separate.")
-@click.option("--batch-size", "batch_sizes", default="1,32", show_default=True,
-              help="Inference batches, 224 px models.")
-@click.option("--study-batch-size", "study_batch_sizes", default="1,32,256", show_default=True,
-              help="Inference batches, small study models.")
-@click.option("--train-model", "train_models", default="fmnist_vit", show_default=True,
-              help="Models whose training step is timed (comma-separated; empty for none).")
+@click.option(
+    "--model",
+    "models",
+    multiple=True,
+    default=[",".join(DEFAULT_MODELS)],
+    show_default=True,
+    help="Models for inference: timm ViT names and study models; repeat or comma-separate.",
+)
+@click.option(
+    "--batch-size",
+    "batch_sizes",
+    default="1,32",
+    show_default=True,
+    help="Inference batches, 224 px models.",
+)
+@click.option(
+    "--study-batch-size",
+    "study_batch_sizes",
+    default="1,32,256",
+    show_default=True,
+    help="Inference batches, small study models.",
+)
+@click.option(
+    "--train-model",
+    "train_models",
+    default="fmnist_vit",
+    show_default=True,
+    help="Models whose training step is timed (comma-separated; empty for none).",
+)
 @click.option("--train-batch-size", "train_batch_sizes", default="128", show_default=True)
-@click.option("--precision-model", "precision_models", default="cifar_vit", show_default=True,
-              help="Models whose training step is timed in fp32 and bf16 autocast side by side (empty for none; "
-                   "skipped where the device has no native bf16).")
+@click.option(
+    "--precision-model",
+    "precision_models",
+    default="cifar_vit",
+    show_default=True,
+    help="Models whose training step is timed in fp32 and bf16 autocast side by side (empty for none; "
+    "skipped where the device has no native bf16).",
+)
 @click.option("--precision-batch-size", "precision_batch_sizes", default="128", show_default=True)
-@click.option("--repeats", default=30, show_default=True, type=click.IntRange(min=1),
-              help="Interleaved timed rounds (at most: see --max-seconds).")
-@click.option("--warmup", default=2, show_default=True, type=click.IntRange(min=0), help="Untimed calls per variant.")
-@click.option("--min-sample-ms", default=50.0, show_default=True, type=FiniteFloat(min=0.0),
-              help="Shortest timed sample; faster calls are repeated within it.")
-@click.option("--max-seconds", default=60.0, show_default=True, type=FiniteFloat(min=0.0),
-              help="Time budget of one comparison's timed rounds; at least 3 rounds run (0: no budget).")
+@click.option(
+    "--repeats",
+    default=30,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="Interleaved timed rounds (at most: see --max-seconds).",
+)
+@click.option(
+    "--warmup",
+    default=2,
+    show_default=True,
+    type=click.IntRange(min=0),
+    help="Untimed calls per variant.",
+)
+@click.option(
+    "--min-sample-ms",
+    default=50.0,
+    show_default=True,
+    type=FiniteFloat(min=0.0),
+    help="Shortest timed sample; faster calls are repeated within it.",
+)
+@click.option(
+    "--max-seconds",
+    default=60.0,
+    show_default=True,
+    type=FiniteFloat(min=0.0),
+    help="Time budget of one comparison's timed rounds; at least 3 rounds run (0: no budget).",
+)
 @click.option("--device", default="cpu", show_default=True, help="cpu, cuda, cuda:N or auto.")
-@click.option("--threads", default=0, show_default=True, type=click.IntRange(min=0),
-              help="torch intra-op threads (0: leave torch's default).")
-@click.option("--matmul-size", default=0, show_default=True, type=click.IntRange(min=0),
-              help="Side of the square matmuls for the peak (0: 2048 on CPU, 8192 on GPU).")
-@click.option("--loader/--no-loader", default=True, show_default=True, help="Also run the data loader benchmark.")
+@click.option(
+    "--threads",
+    default=0,
+    show_default=True,
+    type=click.IntRange(min=0),
+    help="torch intra-op threads (0: leave torch's default).",
+)
+@click.option(
+    "--matmul-size",
+    default=0,
+    show_default=True,
+    type=click.IntRange(min=0),
+    help="Side of the square matmuls for the peak (0: 2048 on CPU, 8192 on GPU).",
+)
+@click.option(
+    "--loader/--no-loader",
+    default=True,
+    show_default=True,
+    help="Also run the data loader benchmark.",
+)
 @click.option("--loader-images", default=10_000, show_default=True, type=click.IntRange(min=1))
 @click.option("--loader-batch", default=256, show_default=True, type=click.IntRange(min=1))
 @click.option("--loader-repeats", default=3, show_default=True, type=click.IntRange(min=1))
 @click.option("--seed", default=0, show_default=True, type=int)
-@click.option("--profile", is_flag=True, help="Also log torch.profiler tables of every variant at batch 1.")
-@click.option("--quick", is_flag=True, help="Tiny configuration: study models, small batches, 2 repeats.")
+@click.option(
+    "--profile", is_flag=True, help="Also log torch.profiler tables of every variant at batch 1."
+)
+@click.option(
+    "--quick", is_flag=True, help="Tiny configuration: study models, small batches, 2 repeats."
+)
 @click.option("--experiment", default="benchmark", show_default=True)
-@click.option("--output-dir", default=None, type=click.Path(file_okay=False, path_type=Path),
-              help="Also write the CSVs, plot and summary here.")
+@click.option(
+    "--output-dir",
+    default=None,
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Also write the CSVs, plot and summary here.",
+)
 @click.pass_context
 def benchmark(ctx: click.Context, **opts) -> None:
     """Time glass-box and timm ViTs (and a training step and the loader) against the machine's limit."""

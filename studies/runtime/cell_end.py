@@ -38,13 +38,24 @@ def hold_opened(cell, opened: KeyedRun, log=tqdm.write) -> CellOutcome | None:
     elsewhere holds it: not touched), or to work on (held from now on; an older holder is fenced off).
     """
     if opened.status == "FINISHED":
-        return CellOutcome(cell, Status.SKIPPED, f"{cell.key}: already finished in run {opened.run_id}", opened.run_id)
+        return CellOutcome(
+            cell,
+            Status.SKIPPED,
+            f"{cell.key}: already finished in run {opened.run_id}",
+            opened.run_id,
+        )
     if opened.status == "BUSY":
-        return CellOutcome(cell, Status.BUSY, f"{cell.key}: not touched ({opened.why}, run {opened.run_id})",
-                           opened.run_id)
+        return CellOutcome(
+            cell,
+            Status.BUSY,
+            f"{cell.key}: not touched ({opened.why}, run {opened.run_id})",
+            opened.run_id,
+        )
     if opened.continues:
-        log(f"{cell.key}: continuing in a new run {opened.sink.run_id}: the holder of run {opened.continues} "
-            "may still write to that one")
+        log(
+            f"{cell.key}: continuing in a new run {opened.sink.run_id}: the holder of run {opened.continues} "
+            "may still write to that one"
+        )
     return None
 
 
@@ -56,8 +67,12 @@ def outcome_of_error(cell, sink: RunSink, token: str, err: BaseException) -> Cel
     """
     if isinstance(err, LeaseLost):
         HEARTBEATS.release(sink.run_id)
-        return CellOutcome(cell, Status.LOST, f"{cell.key}: stopped without logging more: {err}", sink.run_id)
-    return CellOutcome(cell, Status.FAILED, f"{cell.key}: {end_after_error(sink, token, err)}", sink.run_id)
+        return CellOutcome(
+            cell, Status.LOST, f"{cell.key}: stopped without logging more: {err}", sink.run_id
+        )
+    return CellOutcome(
+        cell, Status.FAILED, f"{cell.key}: {end_after_error(sink, token, err)}", sink.run_id
+    )
 
 
 def end_cell(sink: RunSink, token: str, status: str) -> None:
@@ -65,7 +80,9 @@ def end_cell(sink: RunSink, token: str, status: str) -> None:
     end_held_run(sink, token, status)
 
 
-def end_after_error(sink: RunSink, token: str, err: BaseException, show_traceback: bool = True) -> str:
+def end_after_error(
+    sink: RunSink, token: str, err: BaseException, show_traceback: bool = True
+) -> str:
     """End a cell's run for ``err`` and say why; call it from the ``except`` that caught ``err``.
 
     An error: the run ends FAILED with tag ``failure`` and the caller goes on with the next cell.
@@ -78,7 +95,9 @@ def end_after_error(sink: RunSink, token: str, err: BaseException, show_tracebac
     """
     stop = as_stop(err)
     store_problem = explain(err) if isinstance(stop, Exception) else None
-    if store_problem:  # a full or read-only store: said once, naming it; no later cell could be recorded either
+    if (
+        store_problem
+    ):  # a full or read-only store: said once, naming it; no later cell could be recorded either
         with contextlib.suppress(Exception):
             sink.set_tags({"failure": store_problem[:REASON_CHARS]})
             end_cell(sink, token, "FAILED")

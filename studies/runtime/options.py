@@ -48,7 +48,11 @@ def _apply_threads(ctx: click.Context, param: click.Parameter, value: int) -> in
 
 
 threads_option = click.option(
-    "--threads", type=click.IntRange(min=0), default=0, show_default=True, callback=_apply_threads,
+    "--threads",
+    type=click.IntRange(min=0),
+    default=0,
+    show_default=True,
+    callback=_apply_threads,
     help="torch intra-op threads (0: torch's default, one per core; on a shared machine set it to the free cores).",
 )
 
@@ -57,10 +61,14 @@ threads_option = click.option(
 class StudyOptions:
     """What every execution of a study passes on to its cells, built once from the command line."""
 
-    output_dir: Path = Path("outputs")  # checkpoints, predictions, downloaded sources (each command's own default)
+    output_dir: Path = Path(
+        "outputs"
+    )  # checkpoints, predictions, downloaded sources (each command's own default)
     device: str = "auto"
     data_path: str | None = None  # where this machine keeps the dataset, if not in the usual places
-    allow_dirty: bool = False  # a protocol file with uncommitted changes may run (recorded on the runs)
+    allow_dirty: bool = (
+        False  # a protocol file with uncommitted changes may run (recorded on the runs)
+    )
     download: bool = False  # a dataset download is allowed
     threads: int = 0  # the --threads asked for (0: none); applied when the option was parsed
 
@@ -80,14 +88,25 @@ def study_options(output_dir: str, output_help: str):
             return command(*args, options=StudyOptions(**values), **kwargs)
 
         stack = [
-            click.option("--allow-dirty", is_flag=True,
-                         help="Run a protocol file with uncommitted changes (recorded on the runs)."),
+            click.option(
+                "--allow-dirty",
+                is_flag=True,
+                help="Run a protocol file with uncommitted changes (recorded on the runs).",
+            ),
             click.option("--device", default="auto", show_default=True),
-            click.option("--data-path", default=None,
-                         help="Where this machine keeps the dataset, if not in the usual places."),
+            click.option(
+                "--data-path",
+                default=None,
+                help="Where this machine keeps the dataset, if not in the usual places.",
+            ),
             click.option("--download/--no-download", default=False, show_default=True),
-            click.option("--output-dir", type=click.Path(file_okay=False), default=output_dir, show_default=True,
-                         help=output_help),
+            click.option(
+                "--output-dir",
+                type=click.Path(file_okay=False),
+                default=output_dir,
+                show_default=True,
+                help=output_help,
+            ),
             threads_option,
         ]
         for option in reversed(stack):  # listed in --help in this order

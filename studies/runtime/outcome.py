@@ -34,7 +34,9 @@ class CellOutcome:
     status: Status
     message: str
     run_id: str | None = None
-    metrics: dict = field(default_factory=dict)  # the run's latest metrics, wherever the run is logged
+    metrics: dict = field(
+        default_factory=dict
+    )  # the run's latest metrics, wherever the run is logged
     seconds: float = 0.0  # evaluation wall time where a kind measures it (intervene); 0 otherwise
     offline: bool = False  # logged to the local fallback store (see `workbench sync`)
 
@@ -42,8 +44,10 @@ class CellOutcome:
         try:
             status = Status(self.status)
         except ValueError:
-            raise ValueError(f"cell outcome status {self.status!r}: not one of "
-                             f"{', '.join(s.value for s in Status)}") from None
+            raise ValueError(
+                f"cell outcome status {self.status!r}: not one of "
+                f"{', '.join(s.value for s in Status)}"
+            ) from None
         object.__setattr__(self, "status", status)
 
 
@@ -60,11 +64,15 @@ def tally_line(counts: dict[Status, int]) -> str:
 
     Busy, lost and stopped cells are named only when there are any.
     """
-    line = (f"cells: {counts[Status.FINISHED]} run, {counts[Status.SKIPPED]} already finished (skipped), "
-            f"{counts[Status.FAILED]} failed")
-    for status, words in ((Status.BUSY, "held by another live execution (not touched)"),
-                          (Status.LOST, "taken over by another execution"),
-                          (Status.STOPPED, "stopped by an observer")):
+    line = (
+        f"cells: {counts[Status.FINISHED]} run, {counts[Status.SKIPPED]} already finished (skipped), "
+        f"{counts[Status.FAILED]} failed"
+    )
+    for status, words in (
+        (Status.BUSY, "held by another live execution (not touched)"),
+        (Status.LOST, "taken over by another execution"),
+        (Status.STOPPED, "stopped by an observer"),
+    ):
         if counts[status]:
             line += f", {counts[status]} {words}"
     return line

@@ -33,8 +33,10 @@ def check_writable_folder(folder: str | Path, option: str = "--output-dir") -> N
             pass
     except OSError as err:
         why = err.strerror or str(err)
-        raise click.BadParameter(f"{folder}: cannot write there ({why}); give a writable folder",
-                                 param_hint=f"'{option}'") from err
+        raise click.BadParameter(
+            f"{folder}: cannot write there ({why}); give a writable folder",
+            param_hint=f"'{option}'",
+        ) from err
 
 
 def trainable_problem(cfg: TrainConfig, data: PreparedData) -> str | None:
@@ -46,12 +48,16 @@ def trainable_problem(cfg: TrainConfig, data: PreparedData) -> str | None:
     """
     classes = data.class_names
     if len(classes) < 2:
-        return (f"{data.source}: {len(classes)} class{'' if len(classes) == 1 else 'es'} "
-                f"({', '.join(classes) or 'none'}); a classifier needs at least 2")
+        return (
+            f"{data.source}: {len(classes)} class{'' if len(classes) == 1 else 'es'} "
+            f"({', '.join(classes) or 'none'}); a classifier needs at least 2"
+        )
     n_train = len(data.train.labels)
     if cfg.run.batch_size > n_train:
-        return (f"batch_size {cfg.run.batch_size} is larger than the training split ({n_train} images of "
-                f"{data.display_name}); use a batch size of at most {n_train} or more training images")
+        return (
+            f"batch_size {cfg.run.batch_size} is larger than the training split ({n_train} images of "
+            f"{data.display_name}); use a batch size of at most {n_train} or more training images"
+        )
     return None
 
 
@@ -80,7 +86,9 @@ def protocol_misfits(protocol: Protocol, data: PreparedData) -> list[str]:
         cfg, over = arm.config, arm.overrides.get("model", {})
         for m in misfits(cfg.model.name, cfg.model.overrides, shape, cfg.data.resize_to):
             in_arm = "name" in over or m.field in over  # the arm's own model, or a field it sets
-            lines.append(m.line(f"arms[{i}].overrides.model.{m.field}" if in_arm else f"model.{m.field}"))
+            lines.append(
+                m.line(f"arms[{i}].overrides.model.{m.field}" if in_arm else f"model.{m.field}")
+            )
         problem = trainable_problem(cfg, data)
         if problem and problem.startswith("batch_size"):
             own = "batch_size" in arm.overrides.get("run", {})
@@ -97,8 +105,12 @@ def check_protocol_fits(protocol: Protocol, data: PreparedData, log=click.echo) 
     """
     lines = protocol_misfits(protocol, data)
     if lines:
-        raise ProtocolError(f"{protocol.source}: does not fit {DataShape.of(data).describe()}: " + "; ".join(lines))
-    notes = {patch_note(a.config.model.name, a.config.model.overrides) for a in protocol.arms} - {None}
+        raise ProtocolError(
+            f"{protocol.source}: does not fit {DataShape.of(data).describe()}: " + "; ".join(lines)
+        )
+    notes = {patch_note(a.config.model.name, a.config.model.overrides) for a in protocol.arms} - {
+        None
+    }
     for note in sorted(notes):
         log(f"note: {protocol.source}: {note}")
 
@@ -113,4 +125,6 @@ def remove_abandoned_cache_files() -> None:
     """Before data is loaded: a cache write killed with SIGKILL left its temp file (12 MB for Fashion-MNIST)."""
     for folder in (cache_dir(), cache_dir() / "decoded"):
         for tmp in remove_abandoned_temp_files(folder):
-            click.echo(f"removed {tmp}: the temp file of a data cache write that was killed", err=True)
+            click.echo(
+                f"removed {tmp}: the temp file of a data cache write that was killed", err=True
+            )

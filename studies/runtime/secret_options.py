@@ -36,7 +36,9 @@ def has_password(url: str) -> bool:
     """Whether ``url`` carries a secret: a password in its userinfo or a secret query parameter."""
     try:
         parts = urlsplit(url)
-        return parts.password is not None or any(is_secret_name(k) for k, _ in parse_qsl(parts.query))
+        return parts.password is not None or any(
+            is_secret_name(k) for k, _ in parse_qsl(parts.query)
+        )
     except ValueError:
         return False
 
@@ -46,12 +48,16 @@ def warn_password_in_argv(option: str, url: str, instead: str) -> None:
     if option in _warned or not has_password(url):
         return
     _warned.add(option)
-    click.echo(f"warning: {option} {redact_text(url)} puts a password on the command line, where `ps` shows it to "
-               f"every user of this machine; {instead}", err=True)
+    click.echo(
+        f"warning: {option} {redact_text(url)} puts a password on the command line, where `ps` shows it to "
+        f"every user of this machine; {instead}",
+        err=True,
+    )
 
 
 def warn_if_in_argv(instead: str):
     """A click callback: ``warn_password_in_argv`` when the value came from the command line."""
+
     def callback(ctx: click.Context, param: click.Parameter, value):
         if value and ctx.get_parameter_source(param.name) == ParameterSource.COMMANDLINE:
             warn_password_in_argv(param.opts[0], value, instead)
@@ -60,12 +66,18 @@ def warn_if_in_argv(instead: str):
     return callback
 
 
-STORAGE_INSTEAD = ("pass --storage-env VAR (a variable holding the URL) instead, or leave the password out of the "
-                   "URL and let PostgreSQL read it from PGPASSWORD or ~/.pgpass (PGPASSFILE)")
-TRACKING_INSTEAD = ("set MLFLOW_TRACKING_URI instead, with the account in MLFLOW_TRACKING_USERNAME / "
-                    "MLFLOW_TRACKING_PASSWORD or ~/.mlflow/credentials")
-DATABASE_INSTEAD = ("set WORKBENCH_SERVER_BACKEND_URI / WORKBENCH_SERVER_AUTH_DB_URI instead, or leave the password out "
-                    "of the URI and put it in ~/.pgpass (PGPASSFILE) or PGPASSWORD")
+STORAGE_INSTEAD = (
+    "pass --storage-env VAR (a variable holding the URL) instead, or leave the password out of the "
+    "URL and let PostgreSQL read it from PGPASSWORD or ~/.pgpass (PGPASSFILE)"
+)
+TRACKING_INSTEAD = (
+    "set MLFLOW_TRACKING_URI instead, with the account in MLFLOW_TRACKING_USERNAME / "
+    "MLFLOW_TRACKING_PASSWORD or ~/.mlflow/credentials"
+)
+DATABASE_INSTEAD = (
+    "set WORKBENCH_SERVER_BACKEND_URI / WORKBENCH_SERVER_AUTH_DB_URI instead, or leave the password out "
+    "of the URI and put it in ~/.pgpass (PGPASSFILE) or PGPASSWORD"
+)
 
 
 def resolve_storage(storage: str | None, storage_env: str | None, required: bool) -> str | None:
@@ -84,12 +96,16 @@ def resolve_storage(storage: str | None, storage_env: str | None, required: bool
             raise click.UsageError("give --storage or --storage-env, not both")
         value = os.environ.get(storage_env, "").strip()
         if not value:
-            raise click.BadParameter(f"the variable {storage_env} is not set (or empty); export the storage URL "
-                                     "in it", param_hint="'--storage-env'")
+            raise click.BadParameter(
+                f"the variable {storage_env} is not set (or empty); export the storage URL in it",
+                param_hint="'--storage-env'",
+            )
         return value
     if not storage and required:
-        raise click.UsageError(f"no Optuna storage: set {STORAGE_ENV} to its URL, or pass --storage-env VAR "
-                               "naming a variable that holds it (or --storage URL)")
+        raise click.UsageError(
+            f"no Optuna storage: set {STORAGE_ENV} to its URL, or pass --storage-env VAR "
+            "naming a variable that holds it (or --storage URL)"
+        )
     return storage or None
 
 
@@ -100,20 +116,30 @@ def storage_options(*, required: bool, help: str, from_env: bool = True):
     ``from_env=False`` for ``ablate``: there the option switches from training here to
     queuing, which an exported variable must not do behind the user's back.
     """
+
     def decorate(command):
         @functools.wraps(command)
         def wrapped(*args, storage=None, storage_env=None, **kwargs):
             return command(*args, storage=resolve_storage(storage, storage_env, required), **kwargs)
 
         wrapped = click.option(
-            "--storage-env", "storage_env", metavar="VAR", default=None,
+            "--storage-env",
+            "storage_env",
+            metavar="VAR",
+            default=None,
             help="Name of an environment variable that holds the storage URL: the URL (and its password) stay "
-                 "off the command line.")(wrapped)
+            "off the command line.",
+        )(wrapped)
         return click.option(
-            "--storage", default=None, envvar=STORAGE_ENV if from_env else None, show_envvar=from_env, metavar="URL",
+            "--storage",
+            default=None,
+            envvar=STORAGE_ENV if from_env else None,
+            show_envvar=from_env,
+            metavar="URL",
             callback=warn_if_in_argv(STORAGE_INSTEAD),
             help=f"{help} A PostgreSQL URL may leave its password out: libpq reads PGPASSWORD or ~/.pgpass "
-                 "(PGPASSFILE).")(wrapped)
+            "(PGPASSFILE).",
+        )(wrapped)
 
     return decorate
 
@@ -130,12 +156,18 @@ def worker_hint(storage: str, study: str) -> str:
     env_name = ctx.params.get("storage_env") if ctx is not None else None
     study = shlex.quote(study)
     if env_name:
-        return (f"Start workers with {env_name} set to the storage URL ({redact_text(storage)}):\n"
-                f"  workbench worker --storage-env {env_name} --study {study}")
+        return (
+            f"Start workers with {env_name} set to the storage URL ({redact_text(storage)}):\n"
+            f"  workbench worker --storage-env {env_name} --study {study}"
+        )
     if has_password(storage):
-        return (f"Start workers with {STORAGE_ENV} set to the storage URL ({redact_text(storage)}; or that URL "
-                "without its password, and the password in PGPASSWORD or ~/.pgpass):\n"
-                f"  workbench worker --study {study}")
+        return (
+            f"Start workers with {STORAGE_ENV} set to the storage URL ({redact_text(storage)}; or that URL "
+            "without its password, and the password in PGPASSWORD or ~/.pgpass):\n"
+            f"  workbench worker --study {study}"
+        )
     pg = " (the password from PGPASSWORD or ~/.pgpass)" if storage.startswith("postgresql") else ""
-    return (f"Start workers with{pg}:\n"
-            f"  {STORAGE_ENV}={shlex.quote(storage)} workbench worker --study {study}")
+    return (
+        f"Start workers with{pg}:\n"
+        f"  {STORAGE_ENV}={shlex.quote(storage)} workbench worker --study {study}"
+    )

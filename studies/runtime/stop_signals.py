@@ -119,8 +119,12 @@ def sigterm_raises():
     SIGINT this process ignores (started in the background) stays ignored.
     """
     try:
-        previous = signal.signal(signal.SIGTERM, _stop_between_writes(
-            lambda signum: Terminated(f"signal {signal.Signals(signum).name}")))
+        previous = signal.signal(
+            signal.SIGTERM,
+            _stop_between_writes(
+                lambda signum: Terminated(f"signal {signal.Signals(signum).name}")
+            ),
+        )
     except ValueError:  # not the main thread: leave signals alone
         yield
         return
@@ -129,7 +133,10 @@ def sigterm_raises():
     previous_int = signal.getsignal(signal.SIGINT)
     if previous_int is signal.default_int_handler:
         signal.signal(signal.SIGINT, _stop_between_writes(lambda signum: KeyboardInterrupt()))
-    previous_hook, sys.unraisablehook = sys.unraisablehook, _resend_swallowed_stops(sys.unraisablehook)
+    previous_hook, sys.unraisablehook = (
+        sys.unraisablehook,
+        _resend_swallowed_stops(sys.unraisablehook),
+    )
     try:
         yield
     finally:

@@ -26,7 +26,9 @@ from workbench.code_history import same_code
 from workbench.train.fingerprint import current_code_fingerprint
 
 
-def prepare_protocol_data(protocol: Protocol, data_path: str | None, download: bool) -> PreparedData:
+def prepare_protocol_data(
+    protocol: Protocol, data_path: str | None, download: bool
+) -> PreparedData:
     """Load the dataset once and make the split every cell shares (the pairing).
 
     Raises:
@@ -47,8 +49,13 @@ def prepare_checked_data(protocol: Protocol, data_path: str | None, download: bo
 
 
 @contextlib.contextmanager
-def held_parent(protocol: Protocol, protocol_file: Path, allow_dirty: bool, extra_tags: dict | None = None,
-                queued: bool = False):
+def held_parent(
+    protocol: Protocol,
+    protocol_file: Path,
+    allow_dirty: bool,
+    extra_tags: dict | None = None,
+    queued: bool = False,
+):
     """The study's parent run for one execution, closed with a truthful status however it ends."""
     parent = open_study_parent(protocol, protocol_file, allow_dirty, extra_tags, log=tqdm.write)
     try:
@@ -60,10 +67,14 @@ def held_parent(protocol: Protocol, protocol_file: Path, allow_dirty: bool, extr
     except BaseException as err:
         try:
             close_study_parent(parent, "failed", f"{type(err).__name__}: {err}")
-        except Exception as close_err:  # a full store may refuse this too: the first error is the one to say
+        except (
+            Exception
+        ) as close_err:  # a full store may refuse this too: the first error is the one to say
             if not explain(close_err):
                 raise
-            tqdm.write(f"parent run {parent.run_id} left open ({explain(close_err)}); the next execution ends it")
+            tqdm.write(
+                f"parent run {parent.run_id} left open ({explain(close_err)}); the next execution ends it"
+            )
         raise
     else:
         if parent.work is not None:  # a worker: its record says what it trained, not "queued"
@@ -76,5 +87,9 @@ def held_parent(protocol: Protocol, protocol_file: Path, allow_dirty: bool, extr
 def finished_cells(protocol: Protocol) -> set[tuple[str, int]]:
     """(arm, seed) of the cells that have a finished run of this code (never queued again)."""
     fingerprint = current_code_fingerprint()
-    return {(r.data.tags.get("arm"), int(r.data.tags.get("seed", -1))) for r in cell_runs(protocol.name, protocol.hash)
-            if r.info.status == "FINISHED" and same_code(r.data.params.get("code_fingerprint"), fingerprint)}
+    return {
+        (r.data.tags.get("arm"), int(r.data.tags.get("seed", -1)))
+        for r in cell_runs(protocol.name, protocol.hash)
+        if r.info.status == "FINISHED"
+        and same_code(r.data.params.get("code_fingerprint"), fingerprint)
+    }

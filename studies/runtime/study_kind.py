@@ -102,7 +102,9 @@ def open_study(kind: type[StudyKind], path: str, allow_dirty: bool):
     return protocol
 
 
-def run_cells(kind: StudyKind, protocol, protocol_file: Path, options: StudyOptions) -> list[CellOutcome]:
+def run_cells(
+    kind: StudyKind, protocol, protocol_file: Path, options: StudyOptions
+) -> list[CellOutcome]:
     """Every cell of ``protocol`` under the study's one parent run; returns the outcomes in the order they ended.
 
     However the execution ends (done, a failed cell, Ctrl-C, SIGTERM, a full store) the parent and
@@ -112,9 +114,15 @@ def run_cells(kind: StudyKind, protocol, protocol_file: Path, options: StudyOpti
     tqdm.write(kind.prepare(protocol, Path(protocol_file), options))
     cells = kind.cells(protocol)
     outcomes: list[CellOutcome] = []
-    with sigterm_raises(), held_parent(protocol, Path(protocol_file), options.allow_dirty, kind.parent_tags()) as parent:
+    with (
+        sigterm_raises(),
+        held_parent(
+            protocol, Path(protocol_file), options.allow_dirty, kind.parent_tags()
+        ) as parent,
+    ):
         kind.begin(parent)
         with tqdm(total=len(cells), desc=f"{protocol.name} cells", unit="cell") as bar:
+
             def ended(outcome: CellOutcome) -> None:
                 tqdm.write(f"[{outcome.status}] {outcome.message}")
                 outcomes.append(outcome)
@@ -133,8 +141,12 @@ def run_cells(kind: StudyKind, protocol, protocol_file: Path, options: StudyOpti
                 raise
         kind.end(parent, outcomes)
     if parent.status == "FAILED" and not any(o.status == Status.FAILED for o in outcomes):
-        cells_line = ", ".join(f"{n} {what}" for what, n in (parent.execution.get("cells") or {}).items() if n)
-        raise click.ClickException(f"parent run {parent.run_id} ended FAILED (cells: {cells_line or 'none counted'})")
+        cells_line = ", ".join(
+            f"{n} {what}" for what, n in (parent.execution.get("cells") or {}).items() if n
+        )
+        raise click.ClickException(
+            f"parent run {parent.run_id} ended FAILED (cells: {cells_line or 'none counted'})"
+        )
     return outcomes
 
 
@@ -157,7 +169,9 @@ def said_in_one_line(kind: type[StudyKind] | StudyKind):
         raise click.ClickException(str(err)) from err
 
 
-def run_study(kind: StudyKind, protocol, protocol_file: Path, options: StudyOptions) -> list[CellOutcome]:
+def run_study(
+    kind: StudyKind, protocol, protocol_file: Path, options: StudyOptions
+) -> list[CellOutcome]:
     """A study command's execution: ``run_cells``, the tally, and exit status 1 if a cell failed.
 
     The kind's ``user_errors`` are said in one line (a click error), before any run opens when they

@@ -57,7 +57,10 @@ def _dirty_reason(path: Path) -> str | None:
     try:  # run git in the file's folder, so the file's own repository answers
         out = subprocess.run(
             ["git", "status", "--porcelain", "--ignored", "--", path.name],
-            cwd=path.resolve().parent, capture_output=True, text=True, timeout=30,
+            cwd=path.resolve().parent,
+            capture_output=True,
+            text=True,
+            timeout=30,
         )
     except (OSError, subprocess.SubprocessError) as e:
         return f"cannot ask git about the protocol file ({e}); treated as uncommitted"
@@ -66,5 +69,7 @@ def _dirty_reason(path: Path) -> str | None:
     if not out.stdout.strip():
         return None
     status = out.stdout[:2]
-    what = {"??": "untracked", "!!": "ignored by git"}.get(status, f"has uncommitted changes (git status {status.strip()!r})")
+    what = {"??": "untracked", "!!": "ignored by git"}.get(
+        status, f"has uncommitted changes (git status {status.strip()!r})"
+    )
     return f"protocol file is {what}"

@@ -15,25 +15,57 @@ RANDOM_SOURCES = ("random", "timm-init")
 
 
 @click.command("equivalence")
-@click.option("--model", "models", multiple=True, default=["vit_base_patch16_224"], show_default=True,
-              help="timm architecture or pinned checkpoint name; repeat for several (one MLflow run each).")
-@click.option("--weights", default="random", show_default=True,
-              help="'random' (every tensor given its own seeded random values, labelled not pretrained), "
-                   "'timm-init' (timm's own init: constant norms, biases and LayerScale gammas, blind to swapped "
-                   "tensors; kept to reproduce a plain timm-built model), 'hub' (pinned checkpoint) or a local "
-                   "safetensors file/folder.")
+@click.option(
+    "--model",
+    "models",
+    multiple=True,
+    default=["vit_base_patch16_224"],
+    show_default=True,
+    help="timm architecture or pinned checkpoint name; repeat for several (one MLflow run each).",
+)
+@click.option(
+    "--weights",
+    default="random",
+    show_default=True,
+    help="'random' (every tensor given its own seeded random values, labelled not pretrained), "
+    "'timm-init' (timm's own init: constant norms, biases and LayerScale gammas, blind to swapped "
+    "tensors; kept to reproduce a plain timm-built model), 'hub' (pinned checkpoint) or a local "
+    "safetensors file/folder.",
+)
 @click.option("--batch", default=2, show_default=True, type=click.IntRange(min=1))
 @click.option("--seed", default=0, show_default=True, type=int)
-@click.option("--tolerance", default=0.0, show_default=True, type=FiniteFloat(min=0.0),
-              help="Largest allowed |difference| at any stage and any gradient.")
-@click.option("--input", "input_kind", type=click.Choice(["gaussian", "uniform"]), default="gaussian", show_default=True)
+@click.option(
+    "--tolerance",
+    default=0.0,
+    show_default=True,
+    type=FiniteFloat(min=0.0),
+    help="Largest allowed |difference| at any stage and any gradient.",
+)
+@click.option(
+    "--input",
+    "input_kind",
+    type=click.Choice(["gaussian", "uniform"]),
+    default="gaussian",
+    show_default=True,
+)
 @click.option("--device", default="cpu", show_default=True)
-@click.option("--gradients/--no-gradients", default=True, show_default=True, help="Also compare parameter gradients.")
+@click.option(
+    "--gradients/--no-gradients",
+    default=True,
+    show_default=True,
+    help="Also compare parameter gradients.",
+)
 @click.option("--experiment", default="equivalence", show_default=True)
-@click.option("--all", "run_all", is_flag=True,
-              help="Coverage mode: every architecture of timm's vision_transformer, vision_transformer_hybrid and deit "
-                   "modules at reduced width/depth (same options, checked), one table logged to MLflow.")
-def equivalence(models, weights, batch, seed, tolerance, input_kind, device, gradients, experiment, run_all):
+@click.option(
+    "--all",
+    "run_all",
+    is_flag=True,
+    help="Coverage mode: every architecture of timm's vision_transformer, vision_transformer_hybrid and deit "
+    "modules at reduced width/depth (same options, checked), one table logged to MLflow.",
+)
+def equivalence(
+    models, weights, batch, seed, tolerance, input_kind, device, gradients, experiment, run_all
+):
     """Compare glass-box and timm ViTs at every stage; exit 1 if any stage exceeds the tolerance."""
     from tracking.kinds.equivalence_runs import log_equivalence
     from tracking.store.session import environment_tags, start_run
@@ -45,26 +77,45 @@ def equivalence(models, weights, batch, seed, tolerance, input_kind, device, gra
 
     if run_all:
         if weights not in RANDOM_SOURCES:
-            raise click.BadParameter(f"{weights!r}: --all compares reduced models, so weights must be "
-                                     f"{' or '.join(RANDOM_SOURCES)}", param_hint="'--weights'")
-        return _coverage(batch, seed, tolerance, experiment, input_kind, device, randomize=weights == "random")
+            raise click.BadParameter(
+                f"{weights!r}: --all compares reduced models, so weights must be "
+                f"{' or '.join(RANDOM_SOURCES)}",
+                param_hint="'--weights'",
+            )
+        return _coverage(
+            batch, seed, tolerance, experiment, input_kind, device, randomize=weights == "random"
+        )
     failed = []
     for name in models:
         try:
             # Options are read off a meta-device build first: an unsupported model is refused
             # in a second, before a full build, an init or a checkpoint download.
             config_from_name(timm_name(name))
-            loaded = load_timm_weights(name, "random" if weights in RANDOM_SOURCES else weights, seed=seed)
+            loaded = load_timm_weights(
+                name, "random" if weights in RANDOM_SOURCES else weights, seed=seed
+            )
             if weights == "random":
                 count = randomize_every_tensor(loaded.model, seed)
-                loaded = replace(loaded, description=f"{loaded.architecture}: all {count} tensors randomised (seed {seed})")
+                loaded = replace(
+                    loaded,
+                    description=f"{loaded.architecture}: all {count} tensors randomised (seed {seed})",
+                )
             elif weights == "timm-init":
-                loaded = replace(loaded, source="timm-init",
-                                 description=f"{loaded.architecture} timm's own init (seed {seed}; constant norms, biases, gammas)")
+                loaded = replace(
+                    loaded,
+                    source="timm-init",
+                    description=f"{loaded.architecture} timm's own init (seed {seed}; constant norms, biases, gammas)",
+                )
             click.echo(f"{name}: weights = {loaded.label()}")
             report = run_equivalence(
-                loaded.model, loaded.architecture, batch=batch, seed=seed, tolerance=tolerance,
-                input_kind=input_kind, device=device, gradients=gradients,
+                loaded.model,
+                loaded.architecture,
+                batch=batch,
+                seed=seed,
+                tolerance=tolerance,
+                input_kind=input_kind,
+                device=device,
+                gradients=gradients,
             )
         except UnsupportedTimmModel as err:
             raise click.ClickException(f"{name}: {err}") from err
@@ -88,9 +139,14 @@ def equivalence(models, weights, batch, seed, tolerance, input_kind, device, gra
         click.echo(report.summary())
         if not report.passed:
             failed.append(name)
-            worst = sorted(report.stages, key=lambda s: -s.max_abs_diff if s.max_abs_diff == s.max_abs_diff else -1e9)[:5]
+            worst = sorted(
+                report.stages,
+                key=lambda s: -s.max_abs_diff if s.max_abs_diff == s.max_abs_diff else -1e9,
+            )[:5]
             for s in worst:
-                click.echo(f"  stage {s.index} {s.stage}: max {s.max_abs_diff:.3g} mean {s.mean_abs_diff:.3g}")
+                click.echo(
+                    f"  stage {s.index} {s.stage}: max {s.max_abs_diff:.3g} mean {s.mean_abs_diff:.3g}"
+                )
     if failed:
         click.echo(f"equivalence FAILED for: {', '.join(failed)}", err=True)
         sys.exit(1)
@@ -103,25 +159,57 @@ def timm_name(name: str) -> str:
     return pin_name if pin_name and pin_name.split(".", 1)[0] == architecture else architecture
 
 
-def _coverage(batch: int, seed: int, tolerance: float, experiment: str, input_kind: str, device: str,
-              randomize: bool) -> None:
+def _coverage(
+    batch: int,
+    seed: int,
+    tolerance: float,
+    experiment: str,
+    input_kind: str,
+    device: str,
+    randomize: bool,
+) -> None:
     """Every architecture of timm's ViT modules: match at the tolerance, or refused by name."""
     from tqdm import tqdm
 
     from tracking.kinds.equivalence_runs import log_coverage
     from tracking.store.session import environment_tags, start_run
-    from workbench.equivalence_coverage import check_architecture, coverage_architectures, coverage_summary, coverage_table
+    from workbench.equivalence_coverage import (
+        check_architecture,
+        coverage_architectures,
+        coverage_summary,
+        coverage_table,
+    )
 
     rows = []
     progress = tqdm(coverage_architectures(), desc="equivalence --all", unit="arch")
     for name, module in progress:
         progress.set_postfix_str(name)
-        rows.append(check_architecture(name, module, batch=batch, seed=seed, tolerance=tolerance,
-                                       input_kind=input_kind, device=device, randomize=randomize))
+        rows.append(
+            check_architecture(
+                name,
+                module,
+                batch=batch,
+                seed=seed,
+                tolerance=tolerance,
+                input_kind=input_kind,
+                device=device,
+                randomize=randomize,
+            )
+        )
     table = coverage_table(rows)
     summary = coverage_summary(table)
-    params = {"mode": "coverage", "batch": batch, "seed": seed, "input_kind": input_kind, "reduced": True, "dtype": "float32",
-              "reference": "timm unfused attention (fused_attn=False)", "weights": f"every tensor randomised (seed {seed})" if randomize else f"timm's own init (seed {seed})"}
+    params = {
+        "mode": "coverage",
+        "batch": batch,
+        "seed": seed,
+        "input_kind": input_kind,
+        "reduced": True,
+        "dtype": "float32",
+        "reference": "timm unfused attention (fused_attn=False)",
+        "weights": f"every tensor randomised (seed {seed})"
+        if randomize
+        else f"timm's own init (seed {seed})",
+    }
     with start_run(experiment, run_name="equivalence-coverage", tags=environment_tags(device)):
         log_coverage(table, summary, params)
     with pd_display():
@@ -129,7 +217,10 @@ def _coverage(batch: int, seed: int, tolerance: float, experiment: str, input_ki
     click.echo(" ".join(f"{k}={v}" for k, v in sorted(summary.items())))
     bad = table[table.verdict.isin(["differs", "error"])]
     if len(bad):
-        click.echo(f"equivalence --all: {len(bad)} architecture(s) differ or failed: {', '.join(bad.architecture)}", err=True)
+        click.echo(
+            f"equivalence --all: {len(bad)} architecture(s) differ or failed: {', '.join(bad.architecture)}",
+            err=True,
+        )
         sys.exit(1)
 
 

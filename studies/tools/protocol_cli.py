@@ -16,10 +16,17 @@ def protocol() -> None:
 
 
 @protocol.command("keys")
-@click.option("--kind", type=click.Choice(KINDS), default=None, help="Only this kind (default: every kind).")
-@click.option("--write", "page", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="Replace the generated reference between the markers of this Markdown page "
-                   "(docs/protocols.md) instead of printing it.")
+@click.option(
+    "--kind", type=click.Choice(KINDS), default=None, help="Only this kind (default: every kind)."
+)
+@click.option(
+    "--write",
+    "page",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Replace the generated reference between the markers of this Markdown page "
+    "(docs/protocols.md) instead of printing it.",
+)
 def keys(kind: str | None, page: Path | None) -> None:
     """Every key of a protocol kind: section, key, type, default, meaning (from the config dataclasses)."""
     if page is None:

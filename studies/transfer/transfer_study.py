@@ -35,13 +35,29 @@ from workbench.data import DatasetNotFound, PreparedData, SplitSizeError, prepar
 from workbench.precision import device_capability, resolve_amp
 from workbench.protocol.transfer import SourceSpec, TransferCell, TransferData, TransferProtocol
 from workbench.train.loop import resolve_device
-from workbench.transfer.any_model import SCRATCH_INIT_ANY, RegimeRefused, check_regimes, compute_pooled
+from workbench.transfer.any_model import (
+    SCRATCH_INIT_ANY,
+    RegimeRefused,
+    check_regimes,
+    compute_pooled,
+)
 from workbench.transfer.features import FeatureCache, compute_features
 from workbench.transfer.runner import (
-    Selection, TestSplitGuard, TransferContext, evaluate_on_test, select_cell, split_off_test,
+    Selection,
+    TestSplitGuard,
+    TransferContext,
+    evaluate_on_test,
+    select_cell,
+    split_off_test,
 )
 from workbench.transfer.source_model import (
-    SCRATCH_INIT, SourceError, SourceModel, load_local_source, load_timm_source, parse_protocol_cell, parse_weights,
+    SCRATCH_INIT,
+    SourceError,
+    SourceModel,
+    load_local_source,
+    load_timm_source,
+    parse_protocol_cell,
+    parse_weights,
 )
 
 DEFAULT_PROTOCOL = "studies/protocols/retina_transfer_smoke.yaml"
@@ -58,7 +74,9 @@ class OpenCell:
     token: str
 
 
-def resolve_source(spec: SourceSpec, override: str | None, protocol_file: Path, download_dir: Path) -> SourceModel:
+def resolve_source(
+    spec: SourceSpec, override: str | None, protocol_file: Path, download_dir: Path
+) -> SourceModel:
     """Load the source named by ``--source`` or the protocol: timm (hub/random/file) or a workbench run.
 
     With ``source.sha256`` the resolved file's sha256 must equal it; a mismatch is refused
@@ -71,9 +89,13 @@ def resolve_source(spec: SourceSpec, override: str | None, protocol_file: Path, 
         if not spec.model:
             raise SourceError(f"weights {scheme!r} need source.model in the protocol")
         if scheme == "random" and spec.sha256:
-            raise SourceError(f"{protocol_file}: source.sha256: {where} is a random init, with no file to pin")
+            raise SourceError(
+                f"{protocol_file}: source.sha256: {where} is a random init, with no file to pin"
+            )
         source = load_timm_source(spec.model, scheme, spec.seed)
-        check_pinned_sha256(spec.sha256, source.info.sha256, protocol_file, f"{where} ({source.info.path})")
+        check_pinned_sha256(
+            spec.sha256, source.info.sha256, protocol_file, f"{where} ({source.info.path})"
+        )
         return source
     if scheme == "path":
         if Path(rest).is_file():
@@ -83,13 +105,17 @@ def resolve_source(spec: SourceSpec, override: str | None, protocol_file: Path, 
         name, arm, seed = parse_protocol_cell(rest)
         source_file = Path(protocol_file).parent / f"{name}.yaml"
         source_protocol = load_protocol(source_file)
-        key = f"--source {weights!r}" if override else f"{protocol_file}: source.weights={weights!r}"
+        key = (
+            f"--source {weights!r}" if override else f"{protocol_file}: source.weights={weights!r}"
+        )
         check_source_cell(key, source_protocol, arm, seed)  # before the store is asked
         rest = transfer_runs.find_finished_cell(name, source_protocol.hash, arm, seed)
     local, run_id, note = transfer_runs.download_run_source(rest, download_dir)
     if spec.sha256:
         actual = sha256_file(local) if Path(local).is_file() else f"none ({local} is not a file)"
-        check_pinned_sha256(spec.sha256, actual, protocol_file, f"{where} (run {run_id}, {Path(local).name})")
+        check_pinned_sha256(
+            spec.sha256, actual, protocol_file, f"{where} (run {run_id}, {Path(local).name})"
+        )
     trained_on = transfer_runs.run_param(run_id, "data.display_name")
     source = load_local_source(local, spec.model, uri=weights, run_id=run_id, trained_on=trained_on)
     if note:
@@ -97,11 +123,15 @@ def resolve_source(spec: SourceSpec, override: str | None, protocol_file: Path, 
     return source
 
 
-def check_pinned_sha256(expected: str | None, actual: str, protocol_file: Path, resolved: str) -> None:
+def check_pinned_sha256(
+    expected: str | None, actual: str, protocol_file: Path, resolved: str
+) -> None:
     """Refuse a source file whose sha256 is not the protocol's pin (no pin: nothing to check)."""
     if expected and actual != expected:
-        raise SourceError(f"{protocol_file}: source.sha256: expected {expected}, but {resolved} has sha256 "
-                          f"{actual or 'none'}; the protocol pins another checkpoint")
+        raise SourceError(
+            f"{protocol_file}: source.sha256: expected {expected}, but {resolved} has sha256 "
+            f"{actual or 'none'}; the protocol pins another checkpoint"
+        )
 
 
 def check_source_cell(key: str, source, arm: str, seed: int) -> None:
@@ -113,7 +143,9 @@ def check_source_cell(key: str, source, arm: str, seed: int) -> None:
     if arm not in arms:
         raise SourceError(f"{key}: {source.source} has no arm {arm!r} (arms: {', '.join(arms)})")
     if seed not in source.seeds:
-        raise SourceError(f"{key}: {source.source} has no seed {seed} (seeds: {', '.join(map(str, source.seeds))})")
+        raise SourceError(
+            f"{key}: {source.source} has no seed {seed} (seeds: {', '.join(map(str, source.seeds))})"
+        )
 
 
 def source_identity(source: SourceModel, spec: SourceSpec) -> str:
@@ -121,11 +153,18 @@ def source_identity(source: SourceModel, spec: SourceSpec) -> str:
     return source.info.sha256 or f"random:{source.info.architecture}:seed{spec.seed}"
 
 
-def prepare_transfer_data(spec: TransferData, data_path: str | None, download: bool, image_size: int) -> PreparedData:
+def prepare_transfer_data(
+    spec: TransferData, data_path: str | None, download: bool, image_size: int
+) -> PreparedData:
     """Load the dataset; with ``size: auto`` prefer local RetinaMNIST files at the model's input size."""
     remove_abandoned_cache_files()
-    common = dict(path=data_path, split_seed=spec.split_seed, train_size=spec.train_size, val_size=spec.val_size,
-                  subset=spec.subset)
+    common = dict(
+        path=data_path,
+        split_seed=spec.split_seed,
+        train_size=spec.train_size,
+        val_size=spec.val_size,
+        subset=spec.subset,
+    )
     if spec.name != "retinamnist" or (data_path and Path(data_path).is_file()):
         return prepare(spec.name, download=download, **common)  # an explicit file holds one size
     if spec.size != "auto":
@@ -140,24 +179,46 @@ def prepare_transfer_data(spec: TransferData, data_path: str | None, download: b
 
 def _cell_params(cell: TransferCell, ex: "Execution") -> dict:
     r, ctx, data = cell.regime, ex.ctx, ex.data
-    params = {"regime.name": r.name, "regime.kind": r.kind, "regime.epochs": r.epochs, "regime.blocks": r.blocks,
-              "regime.layer_decay": r.layer_decay, "regime.patience": r.patience, "seed": cell.seed,
-              "batch_size": ctx.batch_size, "eval_batch_size": ctx.eval_batch_size, "amp": str(ctx.amp_dtype),
-              "threads": torch.get_num_threads(),
-              "inputs": ex.inputs, "data.fingerprint": data.data_fingerprint,
-              "data.split_fingerprint": data.split_fingerprint, "data.n_train": len(data.train), "data.n_val": len(data.val)}
-    scratch = r.kind == "scratch"  # the source's architecture only: never its weights, never pretrained
+    params = {
+        "regime.name": r.name,
+        "regime.kind": r.kind,
+        "regime.epochs": r.epochs,
+        "regime.blocks": r.blocks,
+        "regime.layer_decay": r.layer_decay,
+        "regime.patience": r.patience,
+        "seed": cell.seed,
+        "batch_size": ctx.batch_size,
+        "eval_batch_size": ctx.eval_batch_size,
+        "amp": str(ctx.amp_dtype),
+        "threads": torch.get_num_threads(),
+        "inputs": ex.inputs,
+        "data.fingerprint": data.data_fingerprint,
+        "data.split_fingerprint": data.split_fingerprint,
+        "data.n_train": len(data.train),
+        "data.n_val": len(data.val),
+    }
+    scratch = (
+        r.kind == "scratch"
+    )  # the source's architecture only: never its weights, never pretrained
     init = SCRATCH_INIT if ex.source.is_vit else SCRATCH_INIT_ANY
-    params |= {"regime.init": scratch_init(cell.seed, init) if scratch else "the source's weights",
-               "regime.pretrained": "False" if scratch else str(ex.source.info.pretrained)}
-    return (params | {f"optim.{k}": v for k, v in vars(r.optim).items()} | ex.source.info.as_params()
-            | pin_params(ex.protocol.source))
+    params |= {
+        "regime.init": scratch_init(cell.seed, init) if scratch else "the source's weights",
+        "regime.pretrained": "False" if scratch else str(ex.source.info.pretrained),
+    }
+    return (
+        params
+        | {f"optim.{k}": v for k, v in vars(r.optim).items()}
+        | ex.source.info.as_params()
+        | pin_params(ex.protocol.source)
+    )
 
 
 def scratch_init(seed: int, init: str = SCRATCH_INIT) -> str:
     """What a scratch cell's init is, as its run records it (``source_model.scratch_model``, ``any_model.scratch_copy``)."""
-    return (f"trained from scratch: the source's architecture from a random init, torch.manual_seed(derive_seed("
-            f"{seed}, 'init')), {init}; the seed's new head; NOT PRETRAINED")
+    return (
+        f"trained from scratch: the source's architecture from a random init, torch.manual_seed(derive_seed("
+        f"{seed}, 'init')), {init}; the seed's new head; NOT PRETRAINED"
+    )
 
 
 def pin_params(spec: SourceSpec) -> dict[str, str]:
@@ -183,24 +244,56 @@ class Execution:
     def features(self) -> FeatureCache:
         """The frozen backbone's features, computed on first use and shared by every seed."""
         if self.cache is None:
-            cfg, ctx, splits = self.source.cfg, self.ctx, {"train": self.data.train, "val": self.data.val}
+            cfg, ctx, splits = (
+                self.source.cfg,
+                self.ctx,
+                {"train": self.data.train, "val": self.data.val},
+            )
             if self.source.is_vit:
-                starts = [cfg.depth - r.blocks for r in self.protocol.regimes if r.kind == "partial"]
-                self.cache = compute_features(self.source.model.to(ctx.device), splits,
-                                              ctx.norm, ctx.resize_to, ctx.device, ctx.eval_batch_size, ctx.amp_dtype, starts)
+                starts = [
+                    cfg.depth - r.blocks for r in self.protocol.regimes if r.kind == "partial"
+                ]
+                self.cache = compute_features(
+                    self.source.model.to(ctx.device),
+                    splits,
+                    ctx.norm,
+                    ctx.resize_to,
+                    ctx.device,
+                    ctx.eval_batch_size,
+                    ctx.amp_dtype,
+                    starts,
+                )
             else:  # any other model: pooled features only; its partial regimes train on images
-                self.cache = compute_pooled(self.source.model.to(ctx.device), splits, ctx.norm, ctx.resize_to,
-                                            ctx.device, ctx.eval_batch_size, ctx.amp_dtype)
-            RunSink.for_run(self.parent, self.protocol.name).log_metrics({"feature_cache_seconds": self.cache.seconds})
-            tqdm.write(f"features of {self.cache.images} images cached in {self.cache.seconds:.1f} s")
+                self.cache = compute_pooled(
+                    self.source.model.to(ctx.device),
+                    splits,
+                    ctx.norm,
+                    ctx.resize_to,
+                    ctx.device,
+                    ctx.eval_batch_size,
+                    ctx.amp_dtype,
+                )
+            RunSink.for_run(self.parent, self.protocol.name).log_metrics(
+                {"feature_cache_seconds": self.cache.seconds}
+            )
+            tqdm.write(
+                f"features of {self.cache.images} images cached in {self.cache.seconds:.1f} s"
+            )
         return self.cache
 
 
-def prepare_execution(protocol: TransferProtocol, protocol_file: Path, options: StudyOptions, *,
-                      source_override: str | None = None) -> Execution:
+def prepare_execution(
+    protocol: TransferProtocol,
+    protocol_file: Path,
+    options: StudyOptions,
+    *,
+    source_override: str | None = None,
+) -> Execution:
     """Source, data (test split locked away at once) and the shared context."""
     output_dir = options.output_dir / protocol.name
-    source = resolve_source(protocol.source, source_override, Path(protocol_file), output_dir / "sources")
+    source = resolve_source(
+        protocol.source, source_override, Path(protocol_file), output_dir / "sources"
+    )
     if not source.is_vit:  # a regime the model cannot take, refused by its key before a run opens
         try:
             check_regimes(source.model, protocol.regimes, str(protocol_file))
@@ -208,27 +301,55 @@ def prepare_execution(protocol: TransferProtocol, protocol_file: Path, options: 
             raise ProtocolError(str(err)) from err
     image_size = source.image_size  # None: the model takes any size, and the data keeps its own
     try:
-        data = prepare_transfer_data(protocol.dataset, options.data_path, options.download, image_size or 0)
+        data = prepare_transfer_data(
+            protocol.dataset, options.data_path, options.download, image_size or 0
+        )
     except SplitSizeError as err:
         raise ProtocolError(f"{protocol_file}: dataset: {err}") from err
     if len(data.class_names) < 2:  # a new head with one output learns nothing
-        raise ProtocolError(f"{protocol_file}: {data.display_name} has {len(data.class_names)} class(es); "
-                            "a transfer study needs at least 2")
+        raise ProtocolError(
+            f"{protocol_file}: {data.display_name} has {len(data.class_names)} class(es); "
+            "a transfer study needs at least 2"
+        )
     if protocol.run.batch_size > len(data.train):
-        raise ProtocolError(f"{protocol_file}: run.batch_size={protocol.run.batch_size}: larger than the training "
-                            f"split ({len(data.train)} images of {data.display_name})")
+        raise ProtocolError(
+            f"{protocol_file}: run.batch_size={protocol.run.batch_size}: larger than the training "
+            f"split ({len(data.train)} images of {data.display_name})"
+        )
     if data.test is None:  # the container's field, not the images: nothing is read here
-        raise ProtocolError(f"{protocol_file}: {data.display_name} has no test split; a transfer study reports test metrics")
+        raise ProtocolError(
+            f"{protocol_file}: {data.display_name} has no test split; a transfer study reports test metrics"
+        )
     dev, side = resolve_device(options.device), data.train.images.shape[-1]
-    ctx = TransferContext(dev, resolve_amp(protocol.run.amp, dev), protocol.run.batch_size,
-                          protocol.run.eval_batch_size, source.norm,
-                          None if image_size is None or side == image_size else image_size, len(data.class_names))
-    selection_data, guard = split_off_test(data, source.in_channels)  # from here on only phase 2 can read the test split
-    inputs = (f"{side} px images upsampled in batches to {image_size} px (bilinear)" if ctx.resize_to
-              else f"{side} px images at the model's input size" if image_size
-              else f"{side} px images at their own size (the model takes any size)")
-    return Execution(protocol, source, selection_data, guard, ctx, source_identity(source, protocol.source), inputs,
-                     output_dir)
+    ctx = TransferContext(
+        dev,
+        resolve_amp(protocol.run.amp, dev),
+        protocol.run.batch_size,
+        protocol.run.eval_batch_size,
+        source.norm,
+        None if image_size is None or side == image_size else image_size,
+        len(data.class_names),
+    )
+    selection_data, guard = split_off_test(
+        data, source.in_channels
+    )  # from here on only phase 2 can read the test split
+    inputs = (
+        f"{side} px images upsampled in batches to {image_size} px (bilinear)"
+        if ctx.resize_to
+        else f"{side} px images at the model's input size"
+        if image_size
+        else f"{side} px images at their own size (the model takes any size)"
+    )
+    return Execution(
+        protocol,
+        source,
+        selection_data,
+        guard,
+        ctx,
+        source_identity(source, protocol.source),
+        inputs,
+        output_dir,
+    )
 
 
 def cell_key(ex: "Execution", cell: TransferCell) -> str:
@@ -238,42 +359,86 @@ def cell_key(ex: "Execution", cell: TransferCell) -> str:
     the torch/timm versions), not the git commit: a commit of docs or reports re-trains nothing.
     """
     p, data = ex.protocol, ex.data
-    return hashlib.sha256("|".join([p.hash, cell.regime.name, str(cell.seed), ex.identity, data.data_fingerprint,
-                                   data.split_fingerprint, f"code={transfer_runs.transfer_code_fingerprint()}"]).encode()
-                          ).hexdigest()[:24]
+    return hashlib.sha256(
+        "|".join(
+            [
+                p.hash,
+                cell.regime.name,
+                str(cell.seed),
+                ex.identity,
+                data.data_fingerprint,
+                data.split_fingerprint,
+                f"code={transfer_runs.transfer_code_fingerprint()}",
+            ]
+        ).encode()
+    ).hexdigest()[:24]
 
 
 def select_phase(ex: Execution, cell: TransferCell, allow_dirty: bool) -> CellOutcome | OpenCell:
     """Phase 1 for one cell: skip it, reuse its finished selection, or train and select it."""
     p, data = ex.protocol, ex.data
     key = cell_key(ex, cell)
-    tags = cell_tags(protocol_name=p.name, protocol_hash=p.hash, arm=cell.regime.name, seed=cell.seed,
-                     is_reference=cell.regime.reference, kind=TRANSFER, allow_dirty=allow_dirty,
-                     regime_kind=cell.regime.kind, **{SOURCE_IDENTITY: ex.identity})
-    opened = open_leased_run(p.name, key, {RUN_NAME: f"{cell.regime.name}-seed{cell.seed}", **tags}, ex.parent)
+    tags = cell_tags(
+        protocol_name=p.name,
+        protocol_hash=p.hash,
+        arm=cell.regime.name,
+        seed=cell.seed,
+        is_reference=cell.regime.reference,
+        kind=TRANSFER,
+        allow_dirty=allow_dirty,
+        regime_kind=cell.regime.kind,
+        **{SOURCE_IDENTITY: ex.identity},
+    )
+    opened = open_leased_run(
+        p.name, key, {RUN_NAME: f"{cell.regime.name}-seed{cell.seed}", **tags}, ex.parent
+    )
     untouched = hold_opened(cell, opened)
     token = opened.token
     if untouched is not None:
         return untouched
     sink, run_dir = opened.sink, ex.output_dir / key
     try:
-        sink.set_tags({**environment_tags(str(ex.ctx.device)), "code_fingerprint": transfer_runs.transfer_code_fingerprint(),
-                       **device_capability(ex.ctx.device),
-                       "threads": str(torch.get_num_threads()), "run_dir": str(run_dir.resolve()),
-                       "resumed": str(opened.status is not None).lower(), STARTED_TAG: "true"})
-        sink.log_params({**_cell_params(cell, ex), "code_fingerprint": transfer_runs.transfer_code_fingerprint()})
-        selection = Selection.load(run_dir) if sink.journal.tags.get("phase") == "selected" else None
+        sink.set_tags(
+            {
+                **environment_tags(str(ex.ctx.device)),
+                "code_fingerprint": transfer_runs.transfer_code_fingerprint(),
+                **device_capability(ex.ctx.device),
+                "threads": str(torch.get_num_threads()),
+                "run_dir": str(run_dir.resolve()),
+                "resumed": str(opened.status is not None).lower(),
+                STARTED_TAG: "true",
+            }
+        )
+        sink.log_params(
+            {
+                **_cell_params(cell, ex),
+                "code_fingerprint": transfer_runs.transfer_code_fingerprint(),
+            }
+        )
+        selection = (
+            Selection.load(run_dir) if sink.journal.tags.get("phase") == "selected" else None
+        )
         if selection is None:
             cache = ex.features() if cell.regime.kind in ("linear", "partial") else None
-            selection = select_cell(cell, ex.source, data, cache, ex.ctx, run_dir, transfer_runs.TransferEpochObserver(sink))
+            selection = select_cell(
+                cell,
+                ex.source,
+                data,
+                cache,
+                ex.ctx,
+                run_dir,
+                transfer_runs.TransferEpochObserver(sink),
+            )
             HEARTBEATS.check(sink.run_id, verify=True)
             transfer_runs.log_selection(sink, selection, p.run.log_checkpoints)
         if not selection.proof["passed"]:
             raise RuntimeError(f"{selection.proof['what']} failed: {selection.proof['summary']}")
     except BaseException as err:  # a failing cell must not take the others down; Ctrl-C goes up
         return outcome_of_error(cell, sink, token, err)
-    tqdm.write(f"[selected] {cell.key}: epoch {selection.best_epoch}, val QWK {selection.best_val['val_qwk']:.4f} "
-               f"({selection.seconds:.1f} s)")
+    tqdm.write(
+        f"[selected] {cell.key}: epoch {selection.best_epoch}, val QWK {selection.best_val['val_qwk']:.4f} "
+        f"({selection.seconds:.1f} s)"
+    )
     return OpenCell(cell, sink, run_dir, selection, token)
 
 
@@ -282,18 +447,28 @@ def evaluate_phase(ex: Execution, held: OpenCell) -> CellOutcome:
     evaluation, cell, sink = ex.protocol.evaluation, held.cell, held.sink
     try:
         HEARTBEATS.check(sink.run_id, verify=True)
-        result = evaluate_on_test(held.selection, ex.source, ex.guard, ex.ctx, held.run_dir, evaluation)
+        result = evaluate_on_test(
+            held.selection, ex.source, ex.guard, ex.ctx, held.run_dir, evaluation
+        )
         HEARTBEATS.check(sink.run_id, verify=True)
         transfer_runs.log_test(sink, result, evaluation.n_resamples, evaluation.confidence)
     except BaseException as err:  # the run records why it ended; Ctrl-C goes up
         return outcome_of_error(cell, sink, held.token, err)
     qwk = result.cis["qwk"]
     end_cell(sink, held.token, "FINISHED" if result.agree else "FAILED")
-    where = f" [logged locally, run {sink.local_run_id}: `workbench sync` copies it to the server]" if sink.offline else ""
-    return CellOutcome(cell, Status.FINISHED if result.agree else Status.FAILED,
-                       f"{cell.key}: test QWK {qwk.estimate:.4f} [{qwk.low:.4f}, {qwk.high:.4f}], "
-                       f"metrics from file {'agree' if result.agree else 'DIFFER'}{where}", sink.run_id,
-                       offline=sink.offline)
+    where = (
+        f" [logged locally, run {sink.local_run_id}: `workbench sync` copies it to the server]"
+        if sink.offline
+        else ""
+    )
+    return CellOutcome(
+        cell,
+        Status.FINISHED if result.agree else Status.FAILED,
+        f"{cell.key}: test QWK {qwk.estimate:.4f} [{qwk.low:.4f}, {qwk.high:.4f}], "
+        f"metrics from file {'agree' if result.agree else 'DIFFER'}{where}",
+        sink.run_id,
+        offline=sink.offline,
+    )
 
 
 class TransferStudy(StudyKind):
@@ -304,31 +479,52 @@ class TransferStudy(StudyKind):
 
     def __init__(self, options: StudyOptions, source_override: str | None = None) -> None:
         self.options, self.source_override = options, source_override
-        self.pending: list[OpenCell] = []  # selected, waiting for the test phase; this execution holds their runs
+        self.pending: list[
+            OpenCell
+        ] = []  # selected, waiting for the test phase; this execution holds their runs
 
     @classmethod
     def load(cls, path: str) -> TransferProtocol:
         return load_transfer_protocol(path)
 
-    def prepare(self, protocol: TransferProtocol, protocol_file: Path, options: StudyOptions) -> str:
+    def prepare(
+        self, protocol: TransferProtocol, protocol_file: Path, options: StudyOptions
+    ) -> str:
         configure_tracking()
-        self.ex = ex = prepare_execution(protocol, protocol_file, options, source_override=self.source_override)
-        return (f"{protocol.name}@{protocol.short_hash}: source {ex.source.info.label()} [{ex.identity[:16]}]; "
-                f"{ex.data.display_name}, {len(ex.data.train)} train / {len(ex.data.val)} val; {ex.inputs}")
+        self.ex = ex = prepare_execution(
+            protocol, protocol_file, options, source_override=self.source_override
+        )
+        return (
+            f"{protocol.name}@{protocol.short_hash}: source {ex.source.info.label()} [{ex.identity[:16]}]; "
+            f"{ex.data.display_name}, {len(ex.data.train)} train / {len(ex.data.val)} val; {ex.inputs}"
+        )
 
     def parent_tags(self) -> dict:
-        return {TRANSFER: TRUE, SOURCE_IDENTITY: self.ex.identity, "source_override": self.source_override or ""}
+        return {
+            TRANSFER: TRUE,
+            SOURCE_IDENTITY: self.ex.identity,
+            "source_override": self.source_override or "",
+        }
 
     def begin(self, parent) -> None:
         ex, protocol = self.ex, self.ex.protocol
         ex.parent = parent.run_id
-        parent.sink.log_params({
-            **ex.source.info.as_params(), **pin_params(protocol.source), "transfer.regimes": ",".join(r.name for r in protocol.regimes),
-            "transfer.reference": protocol.reference.name, "transfer.num_classes": ex.ctx.num_classes,
-            "evaluation.n_resamples": protocol.evaluation.n_resamples,
-            "evaluation.confidence": protocol.evaluation.confidence, "evaluation.seed": protocol.evaluation.seed,
-            "inputs": ex.inputs, "data.display_name": ex.data.display_name,
-            "data.fingerprint": ex.data.data_fingerprint, "data.split_fingerprint": ex.data.split_fingerprint})
+        parent.sink.log_params(
+            {
+                **ex.source.info.as_params(),
+                **pin_params(protocol.source),
+                "transfer.regimes": ",".join(r.name for r in protocol.regimes),
+                "transfer.reference": protocol.reference.name,
+                "transfer.num_classes": ex.ctx.num_classes,
+                "evaluation.n_resamples": protocol.evaluation.n_resamples,
+                "evaluation.confidence": protocol.evaluation.confidence,
+                "evaluation.seed": protocol.evaluation.seed,
+                "inputs": ex.inputs,
+                "data.display_name": ex.data.display_name,
+                "data.fingerprint": ex.data.data_fingerprint,
+                "data.split_fingerprint": ex.data.split_fingerprint,
+            }
+        )
 
     def run_cell(self, cell: TransferCell, parent) -> CellOutcome | None:
         result = select_phase(self.ex, cell, self.options.allow_dirty)
@@ -354,8 +550,13 @@ class TransferStudy(StudyKind):
             log_section(self.ex, parent.sink)
 
 
-def run_transfer(protocol: TransferProtocol, protocol_file: Path, options: StudyOptions, *,
-                 source_override: str | None = None) -> list[CellOutcome]:
+def run_transfer(
+    protocol: TransferProtocol,
+    protocol_file: Path,
+    options: StudyOptions,
+    *,
+    source_override: str | None = None,
+) -> list[CellOutcome]:
     """Run (or resume) every cell of ``protocol`` under the study's one parent run; returns the outcomes.
 
     However the execution ends (finished, failed, Ctrl-C, SIGTERM), the runs it holds end
@@ -370,8 +571,10 @@ def log_section(ex: Execution, parent: RunSink) -> None:
     The section is read back from the server; with the server away (the study went on in
     the local store) it is left for ``workbench report`` after ``workbench sync``.
     """
-    later = (f"transfer section not built: the tracking server is unreachable; run `workbench sync`, then "
-             f"`workbench report --protocol {ex.protocol.name}`")
+    later = (
+        f"transfer section not built: the tracking server is unreachable; run `workbench sync`, then "
+        f"`workbench report --protocol {ex.protocol.name}`"
+    )
     if parent.offline:
         tqdm.write(later)
         return
@@ -388,12 +591,22 @@ def log_section(ex: Execution, parent: RunSink) -> None:
 
 
 @click.command("transfer")
-@click.option("--protocol", "protocol_path", default=DEFAULT_PROTOCOL, show_default=True,
-              type=click.Path(exists=True, dir_okay=False), help="Transfer protocol YAML file.")
-@click.option("--source", "source_override", default=None,
-              help="Override the protocol's source weights: hub, random, a local file, runs:/<id>[/path] "
-                   "or protocol:<name>/<arm>/seed<k>. Cells are keyed by the source's sha256; a protocol's "
-                   "source.sha256 pin applies to the override too.")
+@click.option(
+    "--protocol",
+    "protocol_path",
+    default=DEFAULT_PROTOCOL,
+    show_default=True,
+    type=click.Path(exists=True, dir_okay=False),
+    help="Transfer protocol YAML file.",
+)
+@click.option(
+    "--source",
+    "source_override",
+    default=None,
+    help="Override the protocol's source weights: hub, random, a local file, runs:/<id>[/path] "
+    "or protocol:<name>/<arm>/seed<k>. Cells are keyed by the source's sha256; a protocol's "
+    "source.sha256 pin applies to the override too.",
+)
 @study_options("outputs/transfer", "Checkpoints, predictions and downloaded sources of each cell.")
 def transfer(protocol_path, source_override, options: StudyOptions):
     """Run (or resume) a transfer protocol: linear probe, partial and full fine-tuning at paired seeds."""

@@ -45,12 +45,14 @@ def meeting_first(fn, here: Path, sides: int, stage: str):
 
 
 def main() -> int:
-    folder, sides, args = Path(sys.argv[1]), int(sys.argv[2]), sys.argv[sys.argv.index("--") + 1:]
+    folder, sides, args = Path(sys.argv[1]), int(sys.argv[2]), sys.argv[sys.argv.index("--") + 1 :]
     from studies.ablation import train
     from studies.cli import main as workbench
     from studies.runtime import study_execution  # held_parent opens the study's parent from here
 
-    study_execution.open_study_parent = meeting_first(study_execution.open_study_parent, folder, sides, "parent")
+    study_execution.open_study_parent = meeting_first(
+        study_execution.open_study_parent, folder, sides, "parent"
+    )
     train.open_leased_run = meeting_first(train.open_leased_run, folder, sides, "cell")
     meet(folder, sides, "start")
     try:

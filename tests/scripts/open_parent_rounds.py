@@ -41,14 +41,26 @@ def main() -> int:
         os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{here / 'mlflow.db'}"
         try:
             meet(here)
-            protocol = open_protocol(str(here / "rec.yaml"), allow_dirty=True)  # the store's first use
-            parent = open_study_parent(protocol, here / "rec.yaml", allow_dirty=True, log=lambda _: None)
+            protocol = open_protocol(
+                str(here / "rec.yaml"), allow_dirty=True
+            )  # the store's first use
+            parent = open_study_parent(
+                protocol, here / "rec.yaml", allow_dirty=True, log=lambda _: None
+            )
             status = close_study_parent(parent, "completed")
             print(json.dumps({"round": k, "parent": parent.run_id, "status": status}), flush=True)
         except BaseException as err:  # noqa: BLE001 - reported to the test, which fails on it
             failed += 1
-            print(json.dumps({"round": k, "error": f"{type(err).__name__}: {err}"[:300],
-                              "trace": traceback.format_exc()[-1500:]}), flush=True)
+            print(
+                json.dumps(
+                    {
+                        "round": k,
+                        "error": f"{type(err).__name__}: {err}"[:300],
+                        "trace": traceback.format_exc()[-1500:],
+                    }
+                ),
+                flush=True,
+            )
     return 1 if failed else 0
 
 

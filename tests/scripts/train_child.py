@@ -41,7 +41,9 @@ if KILL_AT:
 
 run_dir = Path(sys.argv[1])
 cfg = tiny_config(epochs=4, checkpoint_every_steps=3)
-if os.environ.get("WB_TIMM_ARM"):  # the same run with a timm ViT arm (stochastic depth on: RNG in every step)
+if os.environ.get(
+    "WB_TIMM_ARM"
+):  # the same run with a timm ViT arm (stochastic depth on: RNG in every step)
     from dataclasses import replace
 
     from synthetic import TIMM_ARM

@@ -68,7 +68,9 @@ def normalise_target(uri: str) -> str:
 
 def target_tag(target_uri: str, experiment: str) -> str:
     """The tag that records a sync of a run to ``experiment`` on ``target_uri``."""
-    digest = hashlib.sha256(f"{normalise_target(target_uri)}\n{experiment}".encode()).hexdigest()[:16]
+    digest = hashlib.sha256(f"{normalise_target(target_uri)}\n{experiment}".encode()).hexdigest()[
+        :16
+    ]
     return f"{SYNC_TO_PREFIX}{digest}"
 
 
@@ -91,10 +93,12 @@ class SyncReport:
     errors: list[str] = field(default_factory=list)
 
     def summary(self) -> str:
-        return (f"runs: {self.runs_created} created, {self.runs_updated} updated, {self.runs_unchanged} unchanged, "
-                f"{self.runs_skipped} already synced to this target, {self.runs_pending} still running, {self.duplicates} duplicates "
-                f"not copied; added {self.metric_points} metric points, {self.params} params, {self.artifacts} "
-                f"artifact files, {self.models} models; {len(self.errors)} errors")
+        return (
+            f"runs: {self.runs_created} created, {self.runs_updated} updated, {self.runs_unchanged} unchanged, "
+            f"{self.runs_skipped} already synced to this target, {self.runs_pending} still running, {self.duplicates} duplicates "
+            f"not copied; added {self.metric_points} metric points, {self.params} params, {self.artifacts} "
+            f"artifact files, {self.models} models; {len(self.errors)} errors"
+        )
 
 
 def _ordered(runs: list[Run]) -> list[Run]:
@@ -136,7 +140,9 @@ class Syncer:
 
     def __init__(self, source_uri: str, target_uri: str, recheck: bool = False, log=print) -> None:
         if source_uri == target_uri:
-            raise ValueError(f"sync source and target are the same store: {uris.redact_uri(source_uri)}")
+            raise ValueError(
+                f"sync source and target are the same store: {uris.redact_uri(source_uri)}"
+            )
         self.src = MlflowClient(source_uri)
         self.source_uri, self.target_uri = source_uri, target_uri
         self.recheck, self.log = recheck, log
@@ -154,7 +160,9 @@ class Syncer:
         for exp in self.src.search_experiments(view_type=ViewType.ACTIVE_ONLY):
             self.experiments[exp.experiment_id] = exp.name
             runs += self.src.search_runs([exp.experiment_id], max_results=50000)
-        for r in runs:  # what earlier syncs to this target established, so children find their parents
+        for (
+            r
+        ) in runs:  # what earlier syncs to this target established, so children find their parents
             known = self._synced_to(r) or r.data.tags.get(SYNC_SERVER_RUN)
             if known:
                 self.server_id[r.info.run_id] = known
@@ -167,7 +175,11 @@ class Syncer:
         """The server run id this run was synced to on this target, if it has not changed since."""
         value = run.data.tags.get(self._tag_of(run), "")
         server_id, _, end_time = value.partition(" ")
-        if server_id and run.info.status in TERMINAL and end_time.split(" ")[0] == str(run.info.end_time):
+        if (
+            server_id
+            and run.info.status in TERMINAL
+            and end_time.split(" ")[0] == str(run.info.end_time)
+        ):
             return server_id
         return None
 
@@ -192,10 +204,20 @@ class Syncer:
             if mirror and exp and self._exists(mirror):
                 out.append((run, f"merge into server run {mirror}"))
                 continue
-            found = exp and self.dst.search_runs([exp.experiment_id], f"tags.`{SYNC_SOURCE_RUN}` = '{run.info.run_id}'",
-                                                 ViewType.ALL, 1)
-            out.append((run, f"merge into server run {found[0].info.run_id}" if found else
-                        f"new run{'' if exp else ' in a new experiment'}"))
+            found = exp and self.dst.search_runs(
+                [exp.experiment_id],
+                f"tags.`{SYNC_SOURCE_RUN}` = '{run.info.run_id}'",
+                ViewType.ALL,
+                1,
+            )
+            out.append(
+                (
+                    run,
+                    f"merge into server run {found[0].info.run_id}"
+                    if found
+                    else f"new run{'' if exp else ' in a new experiment'}",
+                )
+            )
         return out
 
     def _target_exists(self) -> bool:
@@ -225,9 +247,13 @@ class Syncer:
                 self._sync_run(run)
                 copied.append(run)
             except Exception as err:
-                if health.is_unreachable(err) or health.is_auth_failure(err):  # nothing more gets through: stop
+                if health.is_unreachable(err) or health.is_auth_failure(
+                    err
+                ):  # nothing more gets through: stop
                     raise
-                self.report.errors.append(f"{name} ({run.info.run_id}): {uris.redact_uri(str(err))[:500]}")
+                self.report.errors.append(
+                    f"{name} ({run.info.run_id}): {uris.redact_uri(str(err))[:500]}"
+                )
         self._recount_parents(copied)
         return self.report
 
@@ -241,7 +267,11 @@ class Syncer:
 
         parents = set()
         for run in copied:
-            local = run.info.run_id if run.data.tags.get(schema.PARENT) == schema.TRUE else run.data.tags.get(schema.PARENT_RUN_ID)
+            local = (
+                run.info.run_id
+                if run.data.tags.get(schema.PARENT) == schema.TRUE
+                else run.data.tags.get(schema.PARENT_RUN_ID)
+            )
             if local:
                 parents.add(self.server_id.get(local, local))
         for server_id in sorted(parents):
@@ -251,7 +281,9 @@ class Syncer:
             except Exception as err:
                 if health.is_unreachable(err) or health.is_auth_failure(err):
                     raise
-                self.report.errors.append(f"recount of parent {server_id}: {uris.redact_uri(str(err))[:500]}")
+                self.report.errors.append(
+                    f"recount of parent {server_id}: {uris.redact_uri(str(err))[:500]}"
+                )
 
     # ------------------------------------------------------------ one run
 
@@ -261,14 +293,24 @@ class Syncer:
         if target is None:
             return
         self.server_id[local_id] = target
-        before = (self.report.metric_points, self.report.params, self.report.artifacts, self.report.models)
+        before = (
+            self.report.metric_points,
+            self.report.params,
+            self.report.artifacts,
+            self.report.models,
+        )
         self._params(run, target, created)
         self._tags(run, target)
         self._metrics(run, target, created)
         self._inputs(run, target, created)
         self._artifacts(run, target, created)
         self._models(run, target)
-        changed = before != (self.report.metric_points, self.report.params, self.report.artifacts, self.report.models)
+        changed = before != (
+            self.report.metric_points,
+            self.report.params,
+            self.report.artifacts,
+            self.report.models,
+        )
         if run.info.status in TERMINAL:
             server = self.dst.get_run(target).info
             if server.status != run.info.status or server.end_time != run.info.end_time:
@@ -283,8 +325,10 @@ class Syncer:
             self.report.runs_updated += 1
         else:
             self.report.runs_unchanged += 1
-        self.log(f"{tags.get(schema.RUN_NAME, local_id)}: local {local_id} -> server {target} "
-                 f"({'new' if created else 'merged'}, {run.info.status})")
+        self.log(
+            f"{tags.get(schema.RUN_NAME, local_id)}: local {local_id} -> server {target} "
+            f"({'new' if created else 'merged'}, {run.info.status})"
+        )
 
     def _target(self, run: Run) -> tuple[str | None, bool]:
         """(server run id, whether it was created now); (None, False) for a duplicate not to copy."""
@@ -293,24 +337,34 @@ class Syncer:
         if tags.get(SYNC_SERVER_RUN) and self._exists(tags[SYNC_SERVER_RUN]):
             return tags[SYNC_SERVER_RUN], False
         exp_id = offline_store.ensure_experiment(self.dst, self.experiments[run.info.experiment_id])
-        found = self.dst.search_runs([exp_id], f"tags.`{SYNC_SOURCE_RUN}` = '{run.info.run_id}'", ViewType.ALL, 1)
+        found = self.dst.search_runs(
+            [exp_id], f"tags.`{SYNC_SOURCE_RUN}` = '{run.info.run_id}'", ViewType.ALL, 1
+        )
         if found:
             return found[0].info.run_id, False
         key = tags.get(schema.RUN_KEY)
         if key and run.info.status == schema.FINISHED:
-            twins = self.dst.search_runs([exp_id], schema.all_of(schema.tag_is(schema.RUN_KEY, key),
-                                                                 schema.status_is(schema.FINISHED)),
-                                         max_results=1)
+            twins = self.dst.search_runs(
+                [exp_id],
+                schema.all_of(
+                    schema.tag_is(schema.RUN_KEY, key), schema.status_is(schema.FINISHED)
+                ),
+                max_results=1,
+            )
             if twins:
-                self.log(f"{tags.get(schema.RUN_NAME)}: the server already has a finished run of this cell "
-                         f"({twins[0].info.run_id}); not copied")
+                self.log(
+                    f"{tags.get(schema.RUN_NAME)}: the server already has a finished run of this cell "
+                    f"({twins[0].info.run_id}); not copied"
+                )
                 self._mark_synced(run, twins[0].info.run_id)
                 self.report.duplicates += 1
                 return None, False
         new_tags = {k: v for k, v in tags.items() if not is_sync_tag(k)}
         new_tags[SYNC_SOURCE_RUN] = run.info.run_id
         if tags.get(schema.PARENT_RUN_ID):
-            new_tags[schema.PARENT_RUN_ID] = self.server_id.get(tags[schema.PARENT_RUN_ID], tags[schema.PARENT_RUN_ID])
+            new_tags[schema.PARENT_RUN_ID] = self.server_id.get(
+                tags[schema.PARENT_RUN_ID], tags[schema.PARENT_RUN_ID]
+            )
         created = self.dst.create_run(exp_id, start_time=run.info.start_time, tags=new_tags)
         return created.info.run_id, True
 
@@ -319,7 +373,9 @@ class Syncer:
         new = [Param(k, v) for k, v in run.data.params.items() if k not in have]
         clash = [k for k, v in run.data.params.items() if k in have and have[k] != v]
         if clash:  # MLflow params are immutable: report, never overwrite
-            self.report.errors.append(f"{run.info.run_id}: params differ on the server: {', '.join(clash)}")
+            self.report.errors.append(
+                f"{run.info.run_id}: params differ on the server: {', '.join(clash)}"
+            )
         log_batch(self.dst, target, params=new)
         self.report.params += len(new)
 
@@ -332,11 +388,15 @@ class Syncer:
 
     def _metrics(self, run: Run, target: str, created: bool) -> None:
         for key in run.data.metrics:
-            have = set() if created else {_point(m) for m in self.dst.get_metric_history(target, key)}
+            have = (
+                set() if created else {_point(m) for m in self.dst.get_metric_history(target, key)}
+            )
             missing = {}
             for m in self.src.get_metric_history(run.info.run_id, key):
                 if _point(m) not in have:
-                    missing[_point(m)] = Metric(m.key, m.value, m.timestamp, m.step)  # no local model ids
+                    missing[_point(m)] = Metric(
+                        m.key, m.value, m.timestamp, m.step
+                    )  # no local model ids
             log_batch(self.dst, target, metrics=list(missing.values()))
             self.report.metric_points += len(missing)
 
@@ -359,18 +419,27 @@ class Syncer:
                     continue
                 local = self.src.download_artifacts(run.info.run_id, path, tmp)
                 folder = str(Path(path).parent) if "/" in path else None
-                health.with_retries(lambda: self.dst.log_artifact(target, local, folder), f"upload {path}", attempts=5)
+                health.with_retries(
+                    lambda: self.dst.log_artifact(target, local, folder),
+                    f"upload {path}",
+                    attempts=5,
+                )
                 Path(local).unlink()
                 self.report.artifacts += 1
 
     def _models(self, run: Run, target: str) -> None:
-        local_models = self.src.search_logged_models([run.info.experiment_id],
-                                                     filter_string=f"source_run_id = '{run.info.run_id}'")
+        local_models = self.src.search_logged_models(
+            [run.info.experiment_id], filter_string=f"source_run_id = '{run.info.run_id}'"
+        )
         if not local_models:
             return
         exp_id = self.dst.get_run(target).info.experiment_id
-        copies = {m.tags.get(SYNC_SOURCE_MODEL): m for m in
-                  self.dst.search_logged_models([exp_id], filter_string=f"source_run_id = '{target}'")}
+        copies = {
+            m.tags.get(SYNC_SOURCE_MODEL): m
+            for m in self.dst.search_logged_models(
+                [exp_id], filter_string=f"source_run_id = '{target}'"
+            )
+        }
         for model in local_models:
             if model.status != "READY":
                 continue  # a model whose upload failed locally too
@@ -378,9 +447,14 @@ class Syncer:
             if copy is not None and copy.status == "READY":
                 continue
             if copy is None:
-                copy = self.dst.create_logged_model(exp_id, name=model.name, source_run_id=target,
-                                                    tags={**model.tags, SYNC_SOURCE_MODEL: model.model_id},
-                                                    params=model.params, model_type=model.model_type)
+                copy = self.dst.create_logged_model(
+                    exp_id,
+                    name=model.name,
+                    source_run_id=target,
+                    tags={**model.tags, SYNC_SOURCE_MODEL: model.model_id},
+                    params=model.params,
+                    model_type=model.model_type,
+                )
             self._upload_model(model, copy.model_id, target)
             self.dst.finalize_logged_model(copy.model_id, "READY")
             self.dst.log_outputs(target, [LoggedModelOutput(copy.model_id, step=0)])
@@ -390,21 +464,31 @@ class Syncer:
         import yaml
 
         with tempfile.TemporaryDirectory() as tmp:
-            local = Path(mlflow.artifacts.download_artifacts(artifact_uri=model.artifact_location, dst_path=tmp,
-                                                             tracking_uri=self.source_uri))
+            local = Path(
+                mlflow.artifacts.download_artifacts(
+                    artifact_uri=model.artifact_location, dst_path=tmp, tracking_uri=self.source_uri
+                )
+            )
             mlmodel = local / "MLmodel"
-            if mlmodel.exists():  # the model's own record of where it lives must name the server copy
+            if (
+                mlmodel.exists()
+            ):  # the model's own record of where it lives must name the server copy
                 meta = yaml.safe_load(mlmodel.read_text())
                 meta.update(run_id=target, model_id=new_id, model_uuid=new_id)
                 mlmodel.write_text(yaml.safe_dump(meta, sort_keys=False))
-            health.with_retries(lambda: self.dst.log_model_artifacts(new_id, str(local)), f"upload model {model.name}",
-                                attempts=5)
+            health.with_retries(
+                lambda: self.dst.log_model_artifacts(new_id, str(local)),
+                f"upload model {model.name}",
+                attempts=5,
+            )
 
 
 def sync(source_uri: str, target_uri: str, recheck: bool = False, log=print) -> SyncReport:
     """Copy every run of ``source_uri`` onto ``target_uri`` (see the module docstring)."""
     uris.apply_http_defaults()
-    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # one line per run is enough
+    os.environ.setdefault(
+        "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false"
+    )  # one line per run is enough
     return Syncer(source_uri, target_uri, recheck, log).run()
 
 
@@ -413,6 +497,8 @@ def plan(source_uri: str, target_uri: str, recheck: bool = False) -> list[str]:
     uris.apply_http_defaults()
     syncer = Syncer(source_uri, target_uri, recheck)
     where = normalise_target(target_uri)
-    return [f"{run.data.tags.get(schema.RUN_NAME, run.info.run_id)} (local {run.info.run_id}, {run.info.status}) -> "
-            f"{where} experiment {syncer.experiments[run.info.experiment_id]!r}: {action}"
-            for run, action in syncer.plan()]
+    return [
+        f"{run.data.tags.get(schema.RUN_NAME, run.info.run_id)} (local {run.info.run_id}, {run.info.status}) -> "
+        f"{where} experiment {syncer.experiments[run.info.experiment_id]!r}: {action}"
+        for run, action in syncer.plan()
+    ]

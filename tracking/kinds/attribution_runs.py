@@ -57,7 +57,12 @@ from tracking.record.sink import RunSink
 from tracking.store.session import configure_tracking
 from workbench.attribution import CellAttribution
 from workbench.train.evaluate import ReloadProof
-from workbench.train.fingerprint import FINGERPRINT_CHARS, LIBRARY_ROOT, RESULT_PACKAGES, code_fingerprint
+from workbench.train.fingerprint import (
+    FINGERPRINT_CHARS,
+    LIBRARY_ROOT,
+    RESULT_PACKAGES,
+    code_fingerprint,
+)
 
 ARTIFACT_DIR = "attribution"
 PER_IMAGE = f"{ARTIFACT_DIR}/per_image.npz"
@@ -71,22 +76,55 @@ ATTRIBUTION_RESULT_FILES = ("analysis/rollout.py",)
 # How concentrated CLS attention is per block (``workbench.attribution.concentration``), block first:
 # ``(L, N)`` heads averaged, ``*_heads`` ``(L, N, H)``; ``attention_top_k`` the k of ``cls_attention_topk``.
 # Optional when read: evidence exported before they existed lacks them (the report leaves their table out).
-CONCENTRATION_ARRAYS = {"cls_attention_top1": "top1", "cls_attention_topk": "topk",
-                        "cls_attention_entropy": "entropy", "cls_attention_on_registers": "registers",
-                        "cls_attention_on_self": "self_share", "cls_attention_top1_heads": "top1_heads",
-                        "cls_attention_topk_heads": "topk_heads", "cls_attention_entropy_heads": "entropy_heads",
-                        "cls_attention_on_registers_heads": "registers_heads"}
+CONCENTRATION_ARRAYS = {
+    "cls_attention_top1": "top1",
+    "cls_attention_topk": "topk",
+    "cls_attention_entropy": "entropy",
+    "cls_attention_on_registers": "registers",
+    "cls_attention_on_self": "self_share",
+    "cls_attention_top1_heads": "top1_heads",
+    "cls_attention_topk_heads": "topk_heads",
+    "cls_attention_entropy_heads": "entropy_heads",
+    "cls_attention_on_registers_heads": "registers_heads",
+}
 CONCENTRATION_KEYS = ("attention_top_k", *CONCENTRATION_ARRAYS)
 # per_image.npz: the arrays without a method in their name; per method m also scores/<m>,
 # rho/<m>, deletion_prob/<m>, insertion_prob/<m>, deletion_correct/<m>, insertion_correct/<m>.
-PER_IMAGE_KEYS = ("methods", "labels", "indices", "predicted", "full_log_prob", "effects", "fractions", "norms",
-                  "prefix_norms", "median_norm", "norm_threshold", "cls_attention", "grid", "prefix", "random_seed",
-                  "example_images", *CONCENTRATION_KEYS)
-TOP_TOKENS = 5  # "does CLS attend to the tokens that matter?": its attention on the 5 of largest effect
-METHOD_ARRAYS = ("scores", "rho", "deletion_prob", "insertion_prob", "deletion_correct", "insertion_correct")
+PER_IMAGE_KEYS = (
+    "methods",
+    "labels",
+    "indices",
+    "predicted",
+    "full_log_prob",
+    "effects",
+    "fractions",
+    "norms",
+    "prefix_norms",
+    "median_norm",
+    "norm_threshold",
+    "cls_attention",
+    "grid",
+    "prefix",
+    "random_seed",
+    "example_images",
+    *CONCENTRATION_KEYS,
+)
+TOP_TOKENS = (
+    5  # "does CLS attend to the tokens that matter?": its attention on the 5 of largest effect
+)
+METHOD_ARRAYS = (
+    "scores",
+    "rho",
+    "deletion_prob",
+    "insertion_prob",
+    "deletion_correct",
+    "insertion_correct",
+)
 
 
-def attribution_fingerprint(root: Path = LIBRARY_ROOT, versions: dict[str, str] | None = None) -> str:
+def attribution_fingerprint(
+    root: Path = LIBRARY_ROOT, versions: dict[str, str] | None = None
+) -> str:
     """The result packages' fingerprint under ``root``, extended by ``ATTRIBUTION_RESULT_FILES`` (path and content,
     framed so no bytes can move between them unseen)."""
     digest = hashlib.sha256(code_fingerprint(root, ATTRIBUTION_RESULT_PACKAGES, versions).encode())
@@ -116,23 +154,36 @@ def per_image_arrays(cell: CellAttribution, example_images: np.ndarray) -> dict[
     """
     norms = cell.norms
     arrays = {
-        "methods": np.array(cell.methods), "labels": cell.labels.astype(np.int64),
-        "indices": np.asarray(cell.image_index, dtype=np.int64), "predicted": cell.causal.predicted.astype(np.int64),
-        "full_log_prob": cell.causal.full_log_prob, "effects": cell.causal.effects, "fractions": cell.curves.fractions,
-        "norms": norms.norms.transpose(1, 0, 2), "prefix_norms": norms.prefix_norms.transpose(1, 0, 2),
-        "median_norm": norms.median, "norm_threshold": np.float64(norms.k), "cls_attention": norms.cls_attention,
-        "grid": np.array(norms.layout.grid, dtype=np.int64), "prefix": np.int64(norms.layout.prefix),
-        "random_seed": np.int64(cell.seed), "example_images": np.asarray(example_images, dtype=np.uint8),
+        "methods": np.array(cell.methods),
+        "labels": cell.labels.astype(np.int64),
+        "indices": np.asarray(cell.image_index, dtype=np.int64),
+        "predicted": cell.causal.predicted.astype(np.int64),
+        "full_log_prob": cell.causal.full_log_prob,
+        "effects": cell.causal.effects,
+        "fractions": cell.curves.fractions,
+        "norms": norms.norms.transpose(1, 0, 2),
+        "prefix_norms": norms.prefix_norms.transpose(1, 0, 2),
+        "median_norm": norms.median,
+        "norm_threshold": np.float64(norms.k),
+        "cls_attention": norms.cls_attention,
+        "grid": np.array(norms.layout.grid, dtype=np.int64),
+        "prefix": np.int64(norms.layout.prefix),
+        "random_seed": np.int64(cell.seed),
+        "example_images": np.asarray(example_images, dtype=np.uint8),
         "attention_top_k": np.int64(norms.concentration.top_k),
     }
     for key, field in CONCENTRATION_ARRAYS.items():
         values = getattr(norms.concentration, field)  # (N, L) or (N, L, H)
         arrays[key] = np.swapaxes(values, 0, 1)  # block first, as ``norms``
     for m in cell.methods:
-        arrays |= {f"scores/{m}": cell.scores[m], f"rho/{m}": cell.rho[m],
-                   f"deletion_prob/{m}": cell.curves.deletion_prob[m], f"insertion_prob/{m}": cell.curves.insertion_prob[m],
-                   f"deletion_correct/{m}": cell.curves.deletion_correct[m],
-                   f"insertion_correct/{m}": cell.curves.insertion_correct[m]}
+        arrays |= {
+            f"scores/{m}": cell.scores[m],
+            f"rho/{m}": cell.rho[m],
+            f"deletion_prob/{m}": cell.curves.deletion_prob[m],
+            f"insertion_prob/{m}": cell.curves.insertion_prob[m],
+            f"deletion_correct/{m}": cell.curves.deletion_correct[m],
+            f"insertion_correct/{m}": cell.curves.insertion_correct[m],
+        }
     return arrays
 
 
@@ -143,32 +194,52 @@ def _finite(metrics: dict[str, float]) -> dict[str, float]:
 
 def cell_metrics(cell: CellAttribution) -> dict[str, float]:
     """The metrics of one cell (see the module docstring), computed from ``cell`` alone."""
-    metrics = {"intact_accuracy": cell.intact_accuracy, "intact_log_prob": float(cell.causal.full_log_prob.mean()),
-               "images": len(cell.labels), "patches": cell.causal.effects.shape[1], "forwards": cell.forwards,
-               "evaluation_seconds": cell.seconds, "norm_threshold": cell.norms.k}
+    metrics = {
+        "intact_accuracy": cell.intact_accuracy,
+        "intact_log_prob": float(cell.causal.full_log_prob.mean()),
+        "images": len(cell.labels),
+        "patches": cell.causal.effects.shape[1],
+        "forwards": cell.forwards,
+        "evaluation_seconds": cell.seconds,
+        "norm_threshold": cell.norms.k,
+    }
     top = min(TOP_TOKENS, cell.causal.effects.shape[1])
-    metrics |= {"attention_top_tokens": top,
-                "cls_attention_on_top_effects": float(cell.cls_attention_on_top_effects(top).mean()),
-                "cls_attention_concentration": float(cell.cls_attention_concentration(top).mean())}
+    metrics |= {
+        "attention_top_tokens": top,
+        "cls_attention_on_top_effects": float(cell.cls_attention_on_top_effects(top).mean()),
+        "cls_attention_concentration": float(cell.cls_attention_concentration(top).mean()),
+    }
     for s in cell.summary():
-        metrics |= {f"rho/{s.method}": s.mean_rho, f"rho_undefined/{s.method}": s.undefined_rho,
-                    f"deletion_auc/{s.method}": s.deletion_auc, f"insertion_auc/{s.method}": s.insertion_auc,
-                    f"deletion_accuracy_auc/{s.method}": s.deletion_accuracy_auc,
-                    f"insertion_accuracy_auc/{s.method}": s.insertion_accuracy_auc}
+        metrics |= {
+            f"rho/{s.method}": s.mean_rho,
+            f"rho_undefined/{s.method}": s.undefined_rho,
+            f"deletion_auc/{s.method}": s.deletion_auc,
+            f"insertion_auc/{s.method}": s.insertion_auc,
+            f"deletion_accuracy_auc/{s.method}": s.deletion_accuracy_auc,
+            f"insertion_accuracy_auc/{s.method}": s.insertion_accuracy_auc,
+        }
     norms = cell.norms
-    share, tokens = norms.attention_share()  # (N, L), NaN where an image has no high-norm token at a block
+    share, tokens = (
+        norms.attention_share()
+    )  # (N, L), NaN where an image has no high-norm token at a block
     inside, outside = norms.effect_of_outliers(cell.causal.effects)
     with np.errstate(invalid="ignore"):
         for block in range(norms.median.shape[0]):
             has = np.isfinite(share[:, block])
-            metrics |= {f"high_norm_fraction/block{block}": float(norms.outlier_fraction[block]),
-                        f"median_norm/block{block}": float(norms.median[block]),
-                        f"images_with_high_norm/block{block}": int(has.sum())}
+            metrics |= {
+                f"high_norm_fraction/block{block}": float(norms.outlier_fraction[block]),
+                f"median_norm/block{block}": float(norms.median[block]),
+                f"images_with_high_norm/block{block}": int(has.sum()),
+            }
             if has.any():
-                metrics |= {f"cls_attention_on_high_norm/block{block}": float(share[has, block].mean()),
-                            f"high_norm_token_share/block{block}": float(tokens[has, block].mean())}
-            metrics |= {f"high_norm_effect/block{block}": float(inside[block]),
-                        f"other_effect/block{block}": float(outside[block])}
+                metrics |= {
+                    f"cls_attention_on_high_norm/block{block}": float(share[has, block].mean()),
+                    f"high_norm_token_share/block{block}": float(tokens[has, block].mean()),
+                }
+            metrics |= {
+                f"high_norm_effect/block{block}": float(inside[block]),
+                f"other_effect/block{block}": float(outside[block]),
+            }
     return _finite(metrics | concentration_metrics(cell))
 
 
@@ -179,15 +250,23 @@ def concentration_metrics(cell: CellAttribution) -> dict[str, float]:
     metrics: dict[str, float] = {"attention_concentration_k": c.top_k}
     with np.errstate(invalid="ignore"):
         for block in range(c.entropy.shape[1]):
-            metrics |= {f"cls_attention_entropy/block{block}": float(c.entropy[:, block].mean()),
-                        f"cls_attention_top1/block{block}": float(c.top1[:, block].mean()),
-                        f"cls_attention_topk/block{block}": float(c.topk[:, block].mean()),
-                        f"cls_attention_on_self/block{block}": float(c.self_share[:, block].mean())}
-            metrics |= {f"cls_attention_entropy_head{h}/block{block}": float(c.entropy_heads[:, block, h].mean())
-                        for h in range(c.entropy_heads.shape[2])}
+            metrics |= {
+                f"cls_attention_entropy/block{block}": float(c.entropy[:, block].mean()),
+                f"cls_attention_top1/block{block}": float(c.top1[:, block].mean()),
+                f"cls_attention_topk/block{block}": float(c.topk[:, block].mean()),
+                f"cls_attention_on_self/block{block}": float(c.self_share[:, block].mean()),
+            }
+            metrics |= {
+                f"cls_attention_entropy_head{h}/block{block}": float(
+                    c.entropy_heads[:, block, h].mean()
+                )
+                for h in range(c.entropy_heads.shape[2])
+            }
             if registers:
-                metrics |= {f"cls_attention_on_registers/block{block}": float(c.registers[:, block].mean()),
-                            f"register_norm/block{block}": float(norms.prefix_norms[:, block, 1:].mean())}
+                metrics |= {
+                    f"cls_attention_on_registers/block{block}": float(c.registers[:, block].mean()),
+                    f"register_norm/block{block}": float(norms.prefix_norms[:, block, 1:].mean()),
+                }
     return metrics
 
 
@@ -203,31 +282,61 @@ def npz_bytes(arrays: dict[str, np.ndarray]) -> bytes:
     return buffer.getvalue()
 
 
-def log_cell(sink: RunSink, cell: CellAttribution, example_images: np.ndarray, proof: ReloadProof | None,
-             extra: dict, check=lambda: None) -> dict[str, float]:
+def log_cell(
+    sink: RunSink,
+    cell: CellAttribution,
+    example_images: np.ndarray,
+    proof: ReloadProof | None,
+    extra: dict,
+    check=lambda: None,
+) -> dict[str, float]:
     """The cell's metrics, its per-image arrays and a summary; ``check`` fences each write. Returns the metrics."""
     metrics = cell_metrics(cell)
     if proof is not None:
-        metrics |= {"reload_proof_passed": float(proof.passed), "reload_proof_max_abs_diff": proof.max_abs_prob_diff}
+        metrics |= {
+            "reload_proof_passed": float(proof.passed),
+            "reload_proof_max_abs_diff": proof.max_abs_prob_diff,
+        }
     check()
     sink.log_metrics(metrics)
     patches = cell.causal.effects.shape[1]
     for j, fraction in enumerate(cell.curves.fractions):
         check()
-        sink.log_metrics({f"{kind}_curve/{m}": float(getattr(cell.curves, f"{kind}_prob")[m][:, j].mean())
-                          for m in cell.methods for kind in ("deletion", "insertion")}, step=round(fraction * patches))
-    summary = {"methods": list(cell.methods), "per_method": {s.method: vars(s) for s in cell.summary()},
-               "images": len(cell.labels), "seconds": cell.seconds, "forwards": cell.forwards,
-               "norm_threshold": cell.norms.k, "random_seed": cell.seed,
-               "auc": "trapezoid over the fractions of patch tokens removed (deletion) or kept (insertion), 0 to 1, "
-                      "both ends included",
-               "reload_proof": proof.summary() if proof is not None else "not applicable (pretrained weights)", **extra}
+        sink.log_metrics(
+            {
+                f"{kind}_curve/{m}": float(getattr(cell.curves, f"{kind}_prob")[m][:, j].mean())
+                for m in cell.methods
+                for kind in ("deletion", "insertion")
+            },
+            step=round(fraction * patches),
+        )
+    summary = {
+        "methods": list(cell.methods),
+        "per_method": {s.method: vars(s) for s in cell.summary()},
+        "images": len(cell.labels),
+        "seconds": cell.seconds,
+        "forwards": cell.forwards,
+        "norm_threshold": cell.norms.k,
+        "random_seed": cell.seed,
+        "auc": "trapezoid over the fractions of patch tokens removed (deletion) or kept (insertion), 0 to 1, "
+        "both ends included",
+        "reload_proof": proof.summary()
+        if proof is not None
+        else "not applicable (pretrained weights)",
+        **extra,
+    }
     with tempfile.TemporaryDirectory() as tmp:
         check()
-        _artifact(sink, Path(tmp), "per_image.npz", npz_bytes(per_image_arrays(cell, example_images)))
+        _artifact(
+            sink, Path(tmp), "per_image.npz", npz_bytes(per_image_arrays(cell, example_images))
+        )
         check()
-        _artifact(sink, Path(tmp), "summary.json",
-                  json.dumps(summary, indent=1, sort_keys=True, default=float).encode())
+        _artifact(
+            sink,
+            Path(tmp),
+            "summary.json",
+            json.dumps(summary, indent=1, sort_keys=True, default=float).encode(),
+        )
     return metrics
 
 
@@ -254,7 +363,9 @@ def read_npz(data: bytes) -> dict[str, np.ndarray]:
         return {k: z[k] for k in z.files}
 
 
-def finished_cells(protocol_name: str, protocol_hash: str) -> tuple[dict[tuple[str, int], CellRecord], list[CellRecord]]:
+def finished_cells(
+    protocol_name: str, protocol_hash: str
+) -> tuple[dict[tuple[str, int], CellRecord], list[CellRecord]]:
     """The newest finished run of each (arm, seed) of the hash, and every cell run (for the runs table).
 
     Only runs of the newest finished run's attribution code fingerprint are chosen (code
@@ -272,8 +383,11 @@ def read_cell(record: CellRecord, workdir: Path) -> CellResult:
 
 def is_attribution_study(protocol_name: str) -> bool:
     """Whether the store holds an attribution study of this name (its parent runs say so)."""
-    configure_tracking(allow_offline=False)  # a reader: a store that is not there is said, not created
+    configure_tracking(
+        allow_offline=False
+    )  # a reader: a store that is not there is said, not created
     client = MlflowClient()
     exp = client.get_experiment_by_name(protocol_name)
-    return exp is not None and bool(client.search_runs(
-        [exp.experiment_id], parent_filter(kind=ATTRIBUTION), max_results=1))
+    return exp is not None and bool(
+        client.search_runs([exp.experiment_id], parent_filter(kind=ATTRIBUTION), max_results=1)
+    )

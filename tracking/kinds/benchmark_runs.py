@@ -76,7 +76,9 @@ def write_benchmark_files(result: BenchmarkResult, out: Path) -> list[Path]:
         (out / "profiles").mkdir(exist_ok=True)
         for p in result.profiles:
             path = out / "profiles" / f"{p.model}_{p.variant}_b{p.batch}.txt"
-            header = f"{p.model} {p.variant} batch {p.batch}: {p.aten_calls:.0f} ATen calls per forward"
+            header = (
+                f"{p.model} {p.variant} batch {p.batch}: {p.aten_calls:.0f} ATen calls per forward"
+            )
             path.write_text(f"{header}\n\n{p.table}\n")
             written.append(path)
     return written
@@ -98,7 +100,12 @@ def log_benchmark(result: BenchmarkResult, params: dict) -> None:
         write_benchmark_files(result, Path(tmp))
         mlflow.log_artifacts(tmp, artifact_path=ARTIFACT_DIR)
     met, total = sum(g.met for g in result.goals), len(result.goals)
-    mlflow.set_tags({"goals": f"{met} of {total} met", "verdict": "goals met" if met == total else "goals missed"})
+    mlflow.set_tags(
+        {
+            "goals": f"{met} of {total} met",
+            "verdict": "goals met" if met == total else "goals missed",
+        }
+    )
 
 
 def finished_cell_results(store: str, experiment: str) -> dict[str, float]:
@@ -108,8 +115,10 @@ def finished_cell_results(store: str, experiment: str) -> dict[str, float]:
     if exp is None:
         return {}
     runs = client.search_runs([exp.experiment_id], all_of(tag_is(CELL, TRUE), status_is(FINISHED)))
-    return {f"{r.data.tags[ARM]}/{r.data.tags[SEED]}": r.data.metrics.get("best_val_accuracy")
-            for r in sorted(runs, key=lambda r: (r.data.tags[ARM], r.data.tags[SEED]))}
+    return {
+        f"{r.data.tags[ARM]}/{r.data.tags[SEED]}": r.data.metrics.get("best_val_accuracy")
+        for r in sorted(runs, key=lambda r: (r.data.tags[ARM], r.data.tags[SEED]))
+    }
 
 
 def log_jobs_benchmark(per_layout, folder: Path, params: dict) -> str:
@@ -118,8 +127,13 @@ def log_jobs_benchmark(per_layout, folder: Path, params: dict) -> str:
     with mlflow.start_run(run_name=f"{params['protocol']} {params['layouts']}") as run:
         mlflow.log_params({f"bench.{k}": v for k, v in params.items()})
         for r in per_layout.to_dict("records"):
-            mlflow.log_metrics({f"{r['layout']}.cells_per_hour": r["cells_per_hour"], f"{r['layout']}.ratio": r["ratio"],
-                                f"{r['layout']}.wall_s": r["wall_s"]})
+            mlflow.log_metrics(
+                {
+                    f"{r['layout']}.cells_per_hour": r["cells_per_hour"],
+                    f"{r['layout']}.ratio": r["ratio"],
+                    f"{r['layout']}.wall_s": r["wall_s"],
+                }
+            )
         for name in ("results.csv", "summary.md"):
             mlflow.log_artifact(str(folder / name), artifact_path=ARTIFACT_DIR)
         return run.info.run_id

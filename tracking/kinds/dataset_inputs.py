@@ -32,7 +32,9 @@ def download_url(name: str, image_size: int) -> str:
     if name == "fashion_mnist":
         from torchvision.datasets import FashionMNIST
 
-        return FashionMNIST.mirrors[0]  # the folder of its four files (train/test images and labels)
+        return FashionMNIST.mirrors[
+            0
+        ]  # the folder of its four files (train/test images and labels)
     if name == "cifar10":
         from torchvision.datasets import CIFAR10
 
@@ -52,13 +54,18 @@ def dataset_source(data: PreparedData) -> DatasetSource:
         return CodeDatasetSource(tags={"description": data.source[:500]})
     if used.kind == "download":
         return HTTPDatasetSource(url=download_url(data.name, int(data.train.images.shape[-1])))
-    from mlflow.data.sources import LocalArtifactDatasetSource  # registered by mlflow.data at import
+    from mlflow.data.sources import (
+        LocalArtifactDatasetSource,
+    )  # registered by mlflow.data at import
 
     return LocalArtifactDatasetSource(str(Path(used.path).expanduser().resolve()))
 
 
 def training_dataset_input(data: PreparedData) -> DatasetInput:
     """``data`` as an MLflow dataset input in the "training" context."""
-    dataset = MetaDataset(source=dataset_source(data), name=f"{data.name}-split{data.split_seed}",
-                          digest=data.data_fingerprint[:DIGEST_CHARS])
+    dataset = MetaDataset(
+        source=dataset_source(data),
+        name=f"{data.name}-split{data.split_seed}",
+        digest=data.data_fingerprint[:DIGEST_CHARS],
+    )
     return DatasetInput(dataset._to_mlflow_entity(), [InputTag(MLFLOW_DATASET_CONTEXT, "training")])

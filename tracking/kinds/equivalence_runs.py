@@ -15,7 +15,9 @@ from workbench.equivalence import EquivalenceReport
 
 def log_equivalence(report: EquivalenceReport, params: dict) -> None:
     """Params, per-stage metrics stepped by stage index, tables, plot and verdict tag."""
-    mlflow.log_params({**params, "tolerance": report.tolerance, "architecture": report.architecture})
+    mlflow.log_params(
+        {**params, "tolerance": report.tolerance, "architecture": report.architecture}
+    )
     table = report.stage_table()
     for row in table.itertuples():
         if not math.isnan(row.max_abs_diff):
@@ -32,7 +34,9 @@ def log_equivalence(report: EquivalenceReport, params: dict) -> None:
             "parameters": report.audit.parameters,
             "gradients_total": len(grads),
             "gradients_passed": report.gradients_passed,
-            "gradient_max_abs_diff": float(grads["max_abs_diff"].max()) if len(grads) else float("nan"),
+            "gradient_max_abs_diff": float(grads["max_abs_diff"].max())
+            if len(grads)
+            else float("nan"),
             "forward_passed": sum(row.passed for row in report.forward),
             "forward_max_abs_diff": report.forward_max_abs_diff,
             "intermediates_passed": sum(row.passed for row in report.intermediates),
@@ -63,14 +67,19 @@ def log_coverage(table, summary: dict[str, int], params: dict) -> None:
     its counts as metrics, and a verdict tag: pass when nothing differs or errs."""
     mlflow.log_params(params)
     mlflow.log_metrics({f"coverage.{k}": v for k, v in summary.items()})
-    mlflow.log_table(table.astype(object).where(table.notna(), None), artifact_file="equivalence/coverage_table.json")
+    mlflow.log_table(
+        table.astype(object).where(table.notna(), None),
+        artifact_file="equivalence/coverage_table.json",
+    )
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "coverage.csv"
         table.to_csv(path, index=False)
         mlflow.log_artifact(str(path), artifact_path="equivalence")
     failed = int((table.verdict.isin(["differs", "error"])).sum())
-    mlflow.set_tags({
-        "verdict": "pass" if failed == 0 else "fail",
-        "summary": f"{summary.get('total.match', 0)} match, {summary.get('total.refused', 0)} refused by name, "
-                   f"{failed} differ or fail, of {summary['total']} architectures",
-    })
+    mlflow.set_tags(
+        {
+            "verdict": "pass" if failed == 0 else "fail",
+            "summary": f"{summary.get('total.match', 0)} match, {summary.get('total.refused', 0)} refused by name, "
+            f"{failed} differ or fail, of {summary['total']} architectures",
+        }
+    )

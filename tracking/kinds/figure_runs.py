@@ -20,10 +20,27 @@ import pandas as pd
 from mlflow.entities import Run
 from mlflow.tracking import MlflowClient
 
-from tracking.record.queries import QueryError, download_artifact, has_artifact, metric_history, search_runs
+from tracking.record.queries import (
+    QueryError,
+    download_artifact,
+    has_artifact,
+    metric_history,
+    search_runs,
+)
 from tracking.record.queries import launcher_run_id  # noqa: F401  (studies/tools/figures.py calls it from here)
-from tracking.record.schema import (ARM, CELL, FIGURES, FINISHED, PARENT_RUN_ID, PROTOCOL_HASH, PROTOCOL_NAME, SEED, TRUE,
-                                    cell_filter, parent_filter)
+from tracking.record.schema import (
+    ARM,
+    CELL,
+    FIGURES,
+    FINISHED,
+    PARENT_RUN_ID,
+    PROTOCOL_HASH,
+    PROTOCOL_NAME,
+    SEED,
+    TRUE,
+    cell_filter,
+    parent_filter,
+)
 from tracking.store.session import configure_tracking
 from workbench.train.checkpoint import load_checkpoint
 from workbench.train.evaluate import read_predictions
@@ -95,17 +112,25 @@ def find_protocol_runs(name: str, protocol_hash: str | None = None) -> ProtocolR
     configure_tracking(allow_offline=False)
     exp = MlflowClient().get_experiment_by_name(name)
     if exp is None:
-        raise FiguresError(f"no MLflow experiment named {name!r} at {mlflow.get_tracking_uri()}: run the protocol first")
-    parents = sorted(search_runs(exp.experiment_id, parent_filter(name)),
-                     key=lambda r: (-(r.info.start_time or 0), r.info.run_id))
+        raise FiguresError(
+            f"no MLflow experiment named {name!r} at {mlflow.get_tracking_uri()}: run the protocol first"
+        )
+    parents = sorted(
+        search_runs(exp.experiment_id, parent_filter(name)),
+        key=lambda r: (-(r.info.start_time or 0), r.info.run_id),
+    )
     if protocol_hash is None:
         if not parents:
-            raise FiguresError(f"protocol {name!r} has no parent run to take the hash from; pass the protocol file")
+            raise FiguresError(
+                f"protocol {name!r} has no parent run to take the hash from; pass the protocol file"
+            )
         protocol_hash = parents[0].data.tags.get(PROTOCOL_HASH, "")
     parent = next((p for p in parents if p.data.tags.get(PROTOCOL_HASH) == protocol_hash), None)
     runs = search_runs(exp.experiment_id, cell_filter(protocol_hash, status=FINISHED))
     if not runs:
-        raise FiguresError(f"no finished cell runs of {name}@{protocol_hash[:12]}: run or resume the protocol first")
+        raise FiguresError(
+            f"no finished cell runs of {name}@{protocol_hash[:12]}: run or resume the protocol first"
+        )
     newest: dict[tuple[str, str], Run] = {}
     superseded = []
     for run in sorted(runs, key=lambda r: (r.info.end_time or 0, r.info.run_id), reverse=True):
@@ -114,8 +139,12 @@ def find_protocol_runs(name: str, protocol_hash: str | None = None) -> ProtocolR
             superseded.append(run.info.run_id)
         else:
             newest[key] = run
-    cells = sorted(newest.values(), key=lambda r: (r.data.tags.get(ARM, ""), int(r.data.tags.get(SEED, "0"))))
-    return ProtocolRuns(name, protocol_hash, parent.info.run_id if parent else None, cells, superseded)
+    cells = sorted(
+        newest.values(), key=lambda r: (r.data.tags.get(ARM, ""), int(r.data.tags.get(SEED, "0")))
+    )
+    return ProtocolRuns(
+        name, protocol_hash, parent.info.run_id if parent else None, cells, superseded
+    )
 
 
 def runs_by_id(run_ids: list[str]) -> ProtocolRuns:
@@ -133,12 +162,16 @@ def runs_by_id(run_ids: list[str]) -> ProtocolRuns:
         except mlflow.exceptions.MlflowException as err:
             raise FiguresError(f"run {run_id}: {err}") from err
         if run.data.tags.get(CELL) != TRUE or run.info.status != FINISHED:
-            raise FiguresError(f"run {run_id} is not a finished protocol cell run (tag cell={run.data.tags.get(CELL)!r}, "
-                               f"status {run.info.status})")
+            raise FiguresError(
+                f"run {run_id} is not a finished protocol cell run (tag cell={run.data.tags.get(CELL)!r}, "
+                f"status {run.info.status})"
+            )
         runs.append(run)
     hashes = {r.data.tags.get(PROTOCOL_HASH, "") for r in runs}
     if len(hashes) != 1:
-        raise FiguresError(f"runs belong to {len(hashes)} protocol hashes {sorted(h[:12] for h in hashes)}; give runs of one")
+        raise FiguresError(
+            f"runs belong to {len(hashes)} protocol hashes {sorted(h[:12] for h in hashes)}; give runs of one"
+        )
     name = runs[0].data.tags.get(PROTOCOL_NAME, "")
     parents = {r.data.tags.get(PARENT_RUN_ID) for r in runs} - {None}
     parent = parents.pop() if len(parents) == 1 else None
@@ -152,17 +185,26 @@ def load_cell(run: Run, workdir: Path) -> CellArtifacts:
     folder = Path(workdir) / run_id
     try:
         config = json.loads(download_artifact(run_id, "config.json", folder).read_text())
-        state = load_checkpoint(download_artifact(run_id, "checkpoints/best.pt", folder / "checkpoints"))
-        predictions = {split: read_predictions(download_artifact(run_id, f"predictions/{split}.csv", folder / "predictions"))
-                       for split in ("val", "test") if has_artifact(run_id, f"predictions/{split}.csv")}
+        state = load_checkpoint(
+            download_artifact(run_id, "checkpoints/best.pt", folder / "checkpoints")
+        )
+        predictions = {
+            split: read_predictions(
+                download_artifact(run_id, f"predictions/{split}.csv", folder / "predictions")
+            )
+            for split in ("val", "test")
+            if has_artifact(run_id, f"predictions/{split}.csv")
+        }
     except QueryError as err:
         raise FiguresError(str(err)) from err
     if "val" not in predictions:
         raise FiguresError(f"run {run_id} has no predictions/val.csv")
     if masked := masked_fields(config):
-        raise FiguresError(f"run {run_id}: its config.json has masked values ({', '.join(masked)} = '***'), written "
-                           "by a workbench whose redaction took class_token for a secret (from commit 0dcb45c until 6299e84); "
-                           "train the cell again to draw its figures")
+        raise FiguresError(
+            f"run {run_id}: its config.json has masked values ({', '.join(masked)} = '***'), written "
+            "by a workbench whose redaction took class_token for a secret (from commit 0dcb45c until 6299e84); "
+            "train the cell again to draw its figures"
+        )
     history = {key: metric_history(run_id, key) for key in CURVE_METRICS}
     return CellArtifacts(run, config, state["model"], predictions, history)
 
@@ -170,7 +212,9 @@ def load_cell(run: Run, workdir: Path) -> CellArtifacts:
 def masked_fields(value, path: str = "") -> list[str]:
     """Dotted names of the values in a run's config that a redaction replaced by ``***``."""
     if isinstance(value, dict):
-        return [f for k, v in value.items() for f in masked_fields(v, f"{path}.{k}" if path else str(k))]
+        return [
+            f for k, v in value.items() for f in masked_fields(v, f"{path}.{k}" if path else str(k))
+        ]
     return [path] if value == "***" else []
 
 
@@ -181,7 +225,9 @@ def log_figures(run_id: str, folder: Path, names: list[str]) -> None:
         client.log_artifact(run_id, str(Path(folder) / name), artifact_path=FIGURES_ARTIFACT_PATH)
 
 
-def log_inspection(folder: Path, names: list[str], params: dict, experiment: str = "figures") -> str:
+def log_inspection(
+    folder: Path, names: list[str], params: dict, experiment: str = "figures"
+) -> str:
     """Log a timm inspection's figures and what produced them to a run of ``experiment``.
 
     Under ``mlflow run`` the launcher's run is used; otherwise a new run is started.
@@ -191,7 +237,9 @@ def log_inspection(folder: Path, names: list[str], params: dict, experiment: str
     """
     from tracking.store.session import start_run
 
-    with start_run(experiment, run_name=f"{params.get('model', 'model')} figures", tags={FIGURES: TRUE}) as run:
+    with start_run(
+        experiment, run_name=f"{params.get('model', 'model')} figures", tags={FIGURES: TRUE}
+    ) as run:
         mlflow.log_params(params)
         log_figures(run.info.run_id, folder, names)
         return run.info.run_id

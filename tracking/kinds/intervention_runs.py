@@ -54,7 +54,9 @@ def intervention_code_fingerprint() -> str:
 # ---------------------------------------------------------------- the acted-on cells
 
 
-def trained_cell(protocol_name: str, protocol_hash: str, arm: str, seed: int, workdir: Path) -> CellArtifacts:
+def trained_cell(
+    protocol_name: str, protocol_hash: str, arm: str, seed: int, workdir: Path
+) -> CellArtifacts:
     """The newest finished run of a trained cell with its config, best checkpoint and saved predictions.
 
     Raises:
@@ -80,13 +82,27 @@ def _npz(**arrays) -> bytes:
     return buffer.getvalue()
 
 
-def log_cell(sink: RunSink, ev: Evaluation, proof: ReloadProof | None, reference: np.ndarray | None,
-             extra: dict, check=lambda: None) -> None:
+def log_cell(
+    sink: RunSink,
+    ev: Evaluation,
+    proof: ReloadProof | None,
+    reference: np.ndarray | None,
+    extra: dict,
+    check=lambda: None,
+) -> None:
     """Metrics per intervention, the per-example outcomes, the attention maps and a summary; ``check`` fences writes."""
-    metrics = {"intact_accuracy": ev.intact_accuracy, "intact_loss": float(ev.intact_loss.astype(np.float64).mean()),
-               "evaluation_seconds": ev.seconds, "interventions": len(ev.names), "examples": len(ev.labels)}
+    metrics = {
+        "intact_accuracy": ev.intact_accuracy,
+        "intact_loss": float(ev.intact_loss.astype(np.float64).mean()),
+        "evaluation_seconds": ev.seconds,
+        "interventions": len(ev.names),
+        "examples": len(ev.labels),
+    }
     if proof is not None:
-        metrics |= {"reload_proof_passed": float(proof.passed), "reload_proof_max_abs_diff": proof.max_abs_prob_diff}
+        metrics |= {
+            "reload_proof_passed": float(proof.passed),
+            "reload_proof_max_abs_diff": proof.max_abs_prob_diff,
+        }
     per = ev.metrics()
     for name, values in per.items():
         metrics |= {f"{key}/{name}": value for key, value in values.items()}
@@ -95,18 +111,40 @@ def log_cell(sink: RunSink, ev: Evaluation, proof: ReloadProof | None, reference
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         check()
-        _artifact(sink, folder, "per_example.npz", _npz(
-            names=np.array(ev.names), labels=ev.labels, indices=ev.indices, intact_predicted=ev.intact_predicted,
-            intact_loss=ev.intact_loss, predicted=ev.predicted.astype(np.int32), loss=ev.loss, correct=ev.correct(),
-            **{f"patch_source/{k}": v for k, v in ev.patch_sources.items()}))
+        _artifact(
+            sink,
+            folder,
+            "per_example.npz",
+            _npz(
+                names=np.array(ev.names),
+                labels=ev.labels,
+                indices=ev.indices,
+                intact_predicted=ev.intact_predicted,
+                intact_loss=ev.intact_loss,
+                predicted=ev.predicted.astype(np.int32),
+                loss=ev.loss,
+                correct=ev.correct(),
+                **{f"patch_source/{k}": v for k, v in ev.patch_sources.items()},
+            ),
+        )
         if ev.attention is not None:
             check()
-            _artifact(sink, folder, "attention.npz", _npz(maps=ev.attention.astype(np.float32),
-                                                           query=np.array(ev.attention_query)))
-        summary = {"intact": {"accuracy": ev.intact_accuracy, "loss": metrics["intact_loss"]}, "interventions": per,
-                   "seconds": ev.seconds, "mean_reference_indices": None if reference is None else reference.tolist(),
-                   "reload_proof": proof.summary() if proof is not None else "not applicable (pretrained weights)",
-                   **extra}
+            _artifact(
+                sink,
+                folder,
+                "attention.npz",
+                _npz(maps=ev.attention.astype(np.float32), query=np.array(ev.attention_query)),
+            )
+        summary = {
+            "intact": {"accuracy": ev.intact_accuracy, "loss": metrics["intact_loss"]},
+            "interventions": per,
+            "seconds": ev.seconds,
+            "mean_reference_indices": None if reference is None else reference.tolist(),
+            "reload_proof": proof.summary()
+            if proof is not None
+            else "not applicable (pretrained weights)",
+            **extra,
+        }
         check()
         _artifact(sink, folder, "summary.json", json.dumps(summary, indent=1).encode())
 
@@ -128,7 +166,9 @@ class CellResult:
     indices: np.ndarray | None = None  # (N,) each example's position in the dataset's source split
 
 
-def finished_cells(protocol_name: str, protocol_hash: str) -> tuple[dict[tuple[str, int], CellRecord], list[CellRecord]]:
+def finished_cells(
+    protocol_name: str, protocol_hash: str
+) -> tuple[dict[tuple[str, int], CellRecord], list[CellRecord]]:
     """The newest finished run of each (arm, seed) of the hash, and every cell run (for the runs table).
 
     Code versions are never mixed: only runs of the newest finished run's interventions code
@@ -140,7 +180,11 @@ def finished_cells(protocol_name: str, protocol_hash: str) -> tuple[dict[tuple[s
 
 def choose_cells(records: list[CellRecord]) -> dict[tuple[str, int], CellRecord]:
     """The rule of ``finished_cells`` on given records (also those read back from an evidence export)."""
-    finished = sorted((r for r in records if r.status == "FINISHED"), key=lambda r: (r.end_time, r.run_id), reverse=True)
+    finished = sorted(
+        (r for r in records if r.status == "FINISHED"),
+        key=lambda r: (r.end_time, r.run_id),
+        reverse=True,
+    )
     code = finished[0].params.get("code_fingerprint") if finished else None
     chosen: dict[tuple[str, int], CellRecord] = {}
     for r in finished:
@@ -165,11 +209,14 @@ def read_cell(record: CellRecord, workdir: Path) -> CellResult:
 
 def is_intervention_study(protocol_name: str) -> bool:
     """Whether the store holds an intervention study of this name (its parent runs say so)."""
-    configure_tracking(allow_offline=False)  # a reader: a store that is not there is said, not created
+    configure_tracking(
+        allow_offline=False
+    )  # a reader: a store that is not there is said, not created
     client = MlflowClient()
     exp = client.get_experiment_by_name(protocol_name)
-    return exp is not None and bool(client.search_runs(
-        [exp.experiment_id], parent_filter(kind=INTERVENTION), max_results=1))
+    return exp is not None and bool(
+        client.search_runs([exp.experiment_id], parent_filter(kind=INTERVENTION), max_results=1)
+    )
 
 
 def log_benchmark(protocol_name: str, timing, params: dict) -> str:
@@ -181,14 +228,25 @@ def log_benchmark(protocol_name: str, timing, params: dict) -> str:
     from tracking.store.session import start_run
 
     configure_tracking()
-    with start_run("benchmark-intervene", run_name=f"{protocol_name} grid timing",
-                   tags={"benchmark": "intervene", PROTOCOL_NAME: protocol_name}) as run:
+    with start_run(
+        "benchmark-intervene",
+        run_name=f"{protocol_name} grid timing",
+        tags={"benchmark": "intervene", PROTOCOL_NAME: protocol_name},
+    ) as run:
         mlflow.log_params({**params, "threads": timing.threads})
-        mlflow.log_metrics({"total_seconds": timing.total, "cell_seconds_median": statistics.median(timing.cell_seconds),
-                            "cell_seconds_min": min(timing.cell_seconds), "cell_seconds_max": max(timing.cell_seconds),
-                            "intact_pass_seconds_median": statistics.median(timing.intact_seconds),
-                            "forward_equivalents": timing.forward_equivalents})
-        if params.get("goal_seconds"):  # only a run of the goal's own configuration says whether it is met
+        mlflow.log_metrics(
+            {
+                "total_seconds": timing.total,
+                "cell_seconds_median": statistics.median(timing.cell_seconds),
+                "cell_seconds_min": min(timing.cell_seconds),
+                "cell_seconds_max": max(timing.cell_seconds),
+                "intact_pass_seconds_median": statistics.median(timing.intact_seconds),
+                "forward_equivalents": timing.forward_equivalents,
+            }
+        )
+        if params.get(
+            "goal_seconds"
+        ):  # only a run of the goal's own configuration says whether it is met
             mlflow.log_metric("goal_met", float(timing.total < params["goal_seconds"]))
         for i, seconds in enumerate(timing.cell_seconds):
             mlflow.log_metric("cell_seconds", seconds, step=i)

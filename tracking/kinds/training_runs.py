@@ -20,8 +20,18 @@ from workbench.train.config import TrainConfig
 from workbench.train.fingerprint import current_code_fingerprint
 from workbench.train.loop import TrainingObserver, TrainResult
 
-EPOCH_METRICS = ("train_loss", "train_accuracy", "val_loss", "val_accuracy", "lr", "epoch_seconds",
-                 "images_per_second", "best_epoch", "raw_val_loss", "raw_val_accuracy")  # raw_*: with weight EMA
+EPOCH_METRICS = (
+    "train_loss",
+    "train_accuracy",
+    "val_loss",
+    "val_accuracy",
+    "lr",
+    "epoch_seconds",
+    "images_per_second",
+    "best_epoch",
+    "raw_val_loss",
+    "raw_val_accuracy",
+)  # raw_*: with weight EMA
 # Set on a run once that part of its summary is in the store: a resume completes only the rest.
 SUMMARY_ARTIFACTS_TAG = "summary.artifacts"
 
@@ -52,7 +62,9 @@ class MlflowTrainingObserver(TrainingObserver):
         self.run_id = run.run_id if isinstance(run, RunSink) else run
         self.client = MlflowClient()
         self._logged: set[int] | None = None
-        self.fenced = fenced  # the run holds a lease (tracking.record.lease): stop once it is taken over
+        self.fenced = (
+            fenced  # the run holds a lease (tracking.record.lease): stop once it is taken over
+        )
         # Called once, at the first check (before the first training step or resumed epoch):
         # raises when the cell's run turned out to be another execution's (``KeyedRun.confirm``).
         self.confirm = confirm
@@ -72,7 +84,9 @@ class MlflowTrainingObserver(TrainingObserver):
             if self.sink is not None:
                 self._logged = self.sink.metric_steps("val_accuracy")
             else:
-                self._logged = {m.step for m in self.client.get_metric_history(self.run_id, "val_accuracy")}
+                self._logged = {
+                    m.step for m in self.client.get_metric_history(self.run_id, "val_accuracy")
+                }
         return self._logged
 
     def on_resume(self, history: list[dict]) -> None:
@@ -92,28 +106,38 @@ class MlflowTrainingObserver(TrainingObserver):
         self._logged.add(epoch)
 
 
-def log_run_inputs(sink: RunSink, cfg: TrainConfig, data: PreparedData, extra_params: dict | None = None) -> None:
+def log_run_inputs(
+    sink: RunSink, cfg: TrainConfig, data: PreparedData, extra_params: dict | None = None
+) -> None:
     """Flattened config params, data identity, and the dataset as an MLflow input (``tracking.kinds.dataset_inputs``)."""
     from tracking.kinds.dataset_inputs import training_dataset_input
 
     params = flatten("", cfg.to_dict(), {})
-    params.update({
-        "data.fingerprint": data.data_fingerprint,
-        "data.split_fingerprint": data.split_fingerprint,
-        "data.display_name": data.display_name,
-        "data.source": data.source[:490],
-        "data.train_images": len(data.train.labels),
-        "data.val_images": len(data.val.labels),
-        "data.test_images": len(data.test.labels) if data.test is not None else 0,
-        "code_fingerprint": current_code_fingerprint(),
-        **(extra_params or {}),
-    })
+    params.update(
+        {
+            "data.fingerprint": data.data_fingerprint,
+            "data.split_fingerprint": data.split_fingerprint,
+            "data.display_name": data.display_name,
+            "data.source": data.source[:490],
+            "data.train_images": len(data.train.labels),
+            "data.val_images": len(data.val.labels),
+            "data.test_images": len(data.test.labels) if data.test is not None else 0,
+            "code_fingerprint": current_code_fingerprint(),
+            **(extra_params or {}),
+        }
+    )
     sink.log_params(params)  # only the ones a resumed run does not have yet
     sink.log_inputs([training_dataset_input(data)])
 
 
-def log_training_result(sink: RunSink, result: TrainResult, cfg: TrainConfig, model_factory,
-                        example: torch.Tensor, check=lambda: None) -> None:
+def log_training_result(
+    sink: RunSink,
+    result: TrainResult,
+    cfg: TrainConfig,
+    model_factory,
+    example: torch.Tensor,
+    check=lambda: None,
+) -> None:
     """Summary metrics, reload proof, predictions, checkpoints, config and the logged model: once.
 
     Each part is skipped when the run already has it (a resume after a kill in the middle
@@ -125,7 +149,9 @@ def log_training_result(sink: RunSink, result: TrainResult, cfg: TrainConfig, mo
     summary = {
         **result.final_metrics,
         "reload_proof_passed": float(proof.passed),
-        "reload_proof_max_abs_diff": proof.max_abs_prob_diff if math.isfinite(proof.max_abs_prob_diff) else -1.0,
+        "reload_proof_max_abs_diff": proof.max_abs_prob_diff
+        if math.isfinite(proof.max_abs_prob_diff)
+        else -1.0,
     }
     have = {m.key for m in sink.journal.metrics}
     missing = {k: v for k, v in summary.items() if k not in have}
@@ -133,11 +159,13 @@ def log_training_result(sink: RunSink, result: TrainResult, cfg: TrainConfig, mo
         check()
         sink.log_metrics(missing, step=len(result.history))
     check()
-    sink.set_tags({
-        "reload_proof": "passed" if proof.passed else "failed",
-        "reload_proof_summary": proof.summary(),
-        "stopped_early": str(result.stopped_early).lower(),
-    })
+    sink.set_tags(
+        {
+            "reload_proof": "passed" if proof.passed else "failed",
+            "reload_proof_summary": proof.summary(),
+            "stopped_early": str(result.stopped_early).lower(),
+        }
+    )
     if sink.journal.tags.get(SUMMARY_ARTIFACTS_TAG) != "logged":
         for split, path in result.predictions.items():
             check()
@@ -180,7 +208,9 @@ def _ready_model(sink: RunSink) -> bool:
     return ready
 
 
-def log_model(result: TrainResult, model_factory, example: torch.Tensor, run_id: str | None = None) -> None:
+def log_model(
+    result: TrainResult, model_factory, example: torch.Tensor, run_id: str | None = None
+) -> None:
     """The best weights as an MLflow PyTorch model with a signature, loadable offline."""
     from mlflow.models import infer_signature
 
@@ -196,15 +226,22 @@ def log_model(result: TrainResult, model_factory, example: torch.Tensor, run_id:
     requirements = [f"torch=={torch.__version__.split('+')[0]}", f"mlflow=={mlflow.__version__}"]
     # torch.export ("pt2") stores a traced graph and tensors, not pickled code, so loading
     # it back needs neither this project's source nor unpickling of arbitrary objects.
-    kwargs = dict(name="model", signature=signature, input_example=example.numpy(), pip_requirements=requirements,
-                  serialization_format="pt2")
+    kwargs = dict(
+        name="model",
+        signature=signature,
+        input_example=example.numpy(),
+        pip_requirements=requirements,
+        serialization_format="pt2",
+    )
     if run_id is None:
         mlflow.pytorch.log_model(model, **kwargs)
         return
     # Without an active run MLflow files the model under the active *experiment*, not the
     # run's; creating the LoggedModel here puts it beside its run in whichever store.
     client = MlflowClient()
-    logged = client.create_logged_model(client.get_run(run_id).info.experiment_id, name="model", source_run_id=run_id)
+    logged = client.create_logged_model(
+        client.get_run(run_id).info.experiment_id, name="model", source_run_id=run_id
+    )
     try:
         mlflow.pytorch.log_model(model, run_id=run_id, model_id=logged.model_id, **kwargs)
     except Exception:

@@ -23,7 +23,14 @@ from mlflow.tracking import MlflowClient
 
 from tracking.kinds.training_runs import EPOCH_METRICS, MlflowTrainingObserver
 from tracking.record.queries import CellRecord, cell_records, download_artifact
-from tracking.record.schema import FINISHED, PROTOCOL_HASH, SOURCE_IDENTITY, TRANSFER, cell_filter, parent_filter
+from tracking.record.schema import (
+    FINISHED,
+    PROTOCOL_HASH,
+    SOURCE_IDENTITY,
+    TRANSFER,
+    cell_filter,
+    parent_filter,
+)
 from tracking.record.sink import RunSink
 from tracking.store import health
 from workbench.train.evaluate import read_predictions
@@ -82,20 +89,35 @@ def download_run_source(rest: str, dst: Path) -> tuple[Path, str, str]:
     run_id, _, artifact = rest.partition("/")
     artifact, note = artifact.strip("/") or DEFAULT_RUN_ARTIFACT, ""
     if artifact == "model" or artifact.startswith("model/"):
-        artifact, note = DEFAULT_RUN_ARTIFACT, "the run's logged model, read from the checkpoint it was exported from"
+        artifact, note = (
+            DEFAULT_RUN_ARTIFACT,
+            "the run's logged model, read from the checkpoint it was exported from",
+        )
     try:
         MlflowClient().get_run(run_id)
     except Exception as err:  # MlflowException for unknown ids, connection errors for servers
-        raise SourceError(f"runs:/{rest}: no such run in {mlflow.get_tracking_uri()} ({err})") from err
+        raise SourceError(
+            f"runs:/{rest}: no such run in {mlflow.get_tracking_uri()} ({err})"
+        ) from err
     folder = Path(dst) / run_id
     try:
-        local = Path(mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path=artifact, dst_path=str(folder)))
+        local = Path(
+            mlflow.artifacts.download_artifacts(
+                run_id=run_id, artifact_path=artifact, dst_path=str(folder)
+            )
+        )
     except Exception as err:
-        raise SourceError(f"runs:/{rest}: run {run_id} has no artifact {artifact!r} ({err})") from err
+        raise SourceError(
+            f"runs:/{rest}: run {run_id} has no artifact {artifact!r} ({err})"
+        ) from err
     if local.suffix in (".pt", ".pth"):
         try:
-            mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path="config.json", dst_path=str(folder))
-        except Exception:  # a timm weights file needs no config; a workbench checkpoint reports it missing
+            mlflow.artifacts.download_artifacts(
+                run_id=run_id, artifact_path="config.json", dst_path=str(folder)
+            )
+        except (
+            Exception
+        ):  # a timm weights file needs no config; a workbench checkpoint reports it missing
             pass
     return local, run_id, note
 
@@ -109,13 +131,22 @@ def find_finished_cell(protocol_name: str, protocol_hash: str, arm: str, seed: i
     """Run id of the newest FINISHED cell (arm, seed) of a protocol hash, for ``protocol:`` sources."""
     client = MlflowClient()
     exp = client.get_experiment_by_name(protocol_name)
-    runs = [] if exp is None else client.search_runs(
-        [exp.experiment_id], filter_string=cell_filter(protocol_hash, arm=arm, seed=seed, status=FINISHED),
-        order_by=["attributes.start_time DESC"], max_results=1)
+    runs = (
+        []
+        if exp is None
+        else client.search_runs(
+            [exp.experiment_id],
+            filter_string=cell_filter(protocol_hash, arm=arm, seed=seed, status=FINISHED),
+            order_by=["attributes.start_time DESC"],
+            max_results=1,
+        )
+    )
     if not runs:
-        raise SourceError(f"protocol:{protocol_name}/{arm}/seed{seed}: no finished cell of hash {protocol_hash[:12]} "
-                          f"in {mlflow.get_tracking_uri()}; run `workbench ablate --protocol "
-                          f"studies/protocols/{protocol_name}.yaml` first")
+        raise SourceError(
+            f"protocol:{protocol_name}/{arm}/seed{seed}: no finished cell of hash {protocol_hash[:12]} "
+            f"in {mlflow.get_tracking_uri()}; run `workbench ablate --protocol "
+            f"studies/protocols/{protocol_name}.yaml` first"
+        )
     return runs[0].info.run_id
 
 
@@ -130,28 +161,38 @@ def _log_json(sink: RunSink, obj, name: str, artifact_path: str | None = None) -
 
 
 def _finite(value: float) -> float:
-    return value if math.isfinite(value) else -1.0  # MLflow stores no inf; -1 is impossible for a diff
+    return (
+        value if math.isfinite(value) else -1.0
+    )  # MLflow stores no inf; -1 is impossible for a diff
 
 
 def log_selection(sink: RunSink, selection: Selection, log_checkpoint: bool) -> None:
     """Best epoch, its validation metrics, the assembly/reload proof, val predictions, checkpoint."""
     proof = selection.proof
-    sink.log_metrics({
-        "best_epoch": selection.best_epoch,
-        **{f"best_{k}": v for k, v in selection.best_val.items()},
-        "selection_proof_passed": float(proof["passed"]),
-        "selection_proof_max_abs_diff": _finite(proof["max_abs_prob_diff"]),
-        "selection_seconds": selection.seconds,
-        "trainable_parameters": selection.trainable_parameters,
-    })
-    sink.set_tags({"selection_proof": "passed" if proof["passed"] else "failed",
-                   "selection_proof_summary": f"{proof['what']}: {proof['summary']}",
-                   "stopped_early": str(selection.stopped_early).lower()})
+    sink.log_metrics(
+        {
+            "best_epoch": selection.best_epoch,
+            **{f"best_{k}": v for k, v in selection.best_val.items()},
+            "selection_proof_passed": float(proof["passed"]),
+            "selection_proof_max_abs_diff": _finite(proof["max_abs_prob_diff"]),
+            "selection_seconds": selection.seconds,
+            "trainable_parameters": selection.trainable_parameters,
+        }
+    )
+    sink.set_tags(
+        {
+            "selection_proof": "passed" if proof["passed"] else "failed",
+            "selection_proof_summary": f"{proof['what']}: {proof['summary']}",
+            "stopped_early": str(selection.stopped_early).lower(),
+        }
+    )
     sink.log_artifact(selection.val_predictions, artifact_path="predictions")
     if log_checkpoint:
         sink.log_artifact(selection.checkpoint, artifact_path="checkpoints")
     _log_json(sink, selection.history, "history.json")
-    sink.set_tags({"phase": "selected"})  # last: a selection is reused only once all of it is logged
+    sink.set_tags(
+        {"phase": "selected"}
+    )  # last: a selection is reused only once all of it is logged
 
 
 def log_test(sink: RunSink, result: TestResult, n_resamples: int, confidence: float) -> None:
@@ -160,18 +201,37 @@ def log_test(sink: RunSink, result: TestResult, n_resamples: int, confidence: fl
     values |= {f"test_file_{k}": v for k, v in result.metrics_from_file.items()}
     for name, ci in result.cis.items():
         values |= {f"test_{name}_ci_low": ci.low, f"test_{name}_ci_high": ci.high}
-    values |= {"test_metrics_agree": float(result.agree), "test_metrics_max_abs_diff": _finite(result.max_abs_diff),
-               "test_seconds": result.seconds}
+    values |= {
+        "test_metrics_agree": float(result.agree),
+        "test_metrics_max_abs_diff": _finite(result.max_abs_diff),
+        "test_seconds": result.seconds,
+    }
     sink.log_metrics({k: v for k, v in values.items() if not math.isnan(v)})
     verdict = "agree" if result.agree else "DIFFER"
-    sink.set_tags({"test_metrics_agreement": f"{verdict}: metrics recomputed from predictions/test.csv vs in memory, "
-                                             f"max |difference| {result.max_abs_diff:.3g}"})
-    sink.log_params({"evaluation.n_resamples": n_resamples, "evaluation.confidence": confidence,
-                     "evaluation.method": next(iter(result.cis.values())).method})
+    sink.set_tags(
+        {
+            "test_metrics_agreement": f"{verdict}: metrics recomputed from predictions/test.csv vs in memory, "
+            f"max |difference| {result.max_abs_diff:.3g}"
+        }
+    )
+    sink.log_params(
+        {
+            "evaluation.n_resamples": n_resamples,
+            "evaluation.confidence": confidence,
+            "evaluation.method": next(iter(result.cis.values())).method,
+        }
+    )
     sink.log_artifact(result.predictions, artifact_path="predictions")
-    _log_json(sink, {"metrics": result.metrics, "metrics_from_file": result.metrics_from_file,
-                     "agree": result.agree, "cis": {k: vars(ci) for k, ci in result.cis.items()}},
-              "test_metrics.json")
+    _log_json(
+        sink,
+        {
+            "metrics": result.metrics,
+            "metrics_from_file": result.metrics_from_file,
+            "agree": result.agree,
+            "cis": {k: vars(ci) for k, ci in result.cis.items()},
+        },
+        "test_metrics.json",
+    )
     sink.set_tags({"phase": "tested"})
 
 
@@ -180,10 +240,13 @@ def log_test(sink: RunSink, result: TestResult, n_resamples: int, confidence: fl
 
 def _newest_parent(client: MlflowClient, experiment_id: str, protocol_hash: str | None):
     where = parent_filter(protocol_hash=protocol_hash, kind=TRANSFER)
-    parents = client.search_runs([experiment_id], filter_string=where, order_by=["attributes.start_time DESC"],
-                                 max_results=1)
+    parents = client.search_runs(
+        [experiment_id], filter_string=where, order_by=["attributes.start_time DESC"], max_results=1
+    )
     if not parents:
-        raise LookupError(f"no transfer execution{' of hash ' + protocol_hash[:12] if protocol_hash else ''} recorded")
+        raise LookupError(
+            f"no transfer execution{' of hash ' + protocol_hash[:12] if protocol_hash else ''} recorded"
+        )
     return parents[0]
 
 
@@ -201,10 +264,16 @@ def newest_execution(protocol_name: str, protocol_hash: str | None = None) -> di
     if exp is None:
         raise LookupError(f"no experiment {protocol_name!r} in {mlflow.get_tracking_uri()}")
     parent = _newest_parent(client, exp.experiment_id, protocol_hash)
-    return {"run_id": parent.info.run_id, "params": dict(parent.data.params), "tags": dict(parent.data.tags)}
+    return {
+        "run_id": parent.info.run_id,
+        "params": dict(parent.data.params),
+        "tags": dict(parent.data.tags),
+    }
 
 
-def choose_cells(records: list[CellRecord], source_identity: str) -> dict[tuple[str, int], CellRecord]:
+def choose_cells(
+    records: list[CellRecord], source_identity: str
+) -> dict[tuple[str, int], CellRecord]:
     """The run a report shows per (regime, seed): the newest FINISHED cell run of ``source_identity``.
 
     One rule for the store and for a rebuild from an evidence export (which holds every cell run).
@@ -219,28 +288,58 @@ def choose_cells(records: list[CellRecord], source_identity: str) -> dict[tuple[
 def cell_predictions(record: CellRecord, table) -> CellPredictions:
     """A chosen cell's saved test predictions with what it logged when it was evaluated."""
     m = record.metrics
-    logged = {k[len("test_"):]: v for k, v in m.items() if k.startswith("test_")
-              and not k.startswith(("test_file_", "test_metrics_")) and "_ci_" not in k and k != "test_seconds"}
-    return CellPredictions(record.arm, record.seed, table, logged, int(m.get("best_epoch", 0)),
-                           m.get("best_val_qwk", math.nan), record.run_id, m.get("selection_seconds", math.nan))
+    logged = {
+        k[len("test_") :]: v
+        for k, v in m.items()
+        if k.startswith("test_")
+        and not k.startswith(("test_file_", "test_metrics_"))
+        and "_ci_" not in k
+        and k != "test_seconds"
+    }
+    return CellPredictions(
+        record.arm,
+        record.seed,
+        table,
+        logged,
+        int(m.get("best_epoch", 0)),
+        m.get("best_val_qwk", math.nan),
+        record.run_id,
+        m.get("selection_seconds", math.nan),
+    )
 
 
-def section_of(protocol_name: str, protocol_hash: str, params: dict[str, str], cells: list[CellPredictions],
-               n_resamples: int | None = None, confidence: float | None = None,
-               seed: int | None = None) -> TransferSection:
+def section_of(
+    protocol_name: str,
+    protocol_hash: str,
+    params: dict[str, str],
+    cells: list[CellPredictions],
+    n_resamples: int | None = None,
+    confidence: float | None = None,
+    seed: int | None = None,
+) -> TransferSection:
     """The section from the execution's params (``newest_execution``) and the chosen cells' predictions;
     no store is read (a rebuild from evidence calls it too)."""
     source = {k: v for k, v in params.items() if k.startswith("source.")}
     return build_section(
-        cells, int(params["transfer.num_classes"]), params["transfer.regimes"].split(","), params["transfer.reference"],
-        n_resamples or int(params["evaluation.n_resamples"]), confidence or float(params["evaluation.confidence"]),
-        int(params["evaluation.seed"]) if seed is None else seed, source=source,
-        title=f"Transfer study {protocol_name}@{protocol_hash[:12]}")
+        cells,
+        int(params["transfer.num_classes"]),
+        params["transfer.regimes"].split(","),
+        params["transfer.reference"],
+        n_resamples or int(params["evaluation.n_resamples"]),
+        confidence or float(params["evaluation.confidence"]),
+        int(params["evaluation.seed"]) if seed is None else seed,
+        source=source,
+        title=f"Transfer study {protocol_name}@{protocol_hash[:12]}",
+    )
 
 
 def transfer_section(
-    protocol_name: str, protocol_hash: str | None = None, source_identity: str | None = None,
-    n_resamples: int | None = None, confidence: float | None = None, seed: int | None = None,
+    protocol_name: str,
+    protocol_hash: str | None = None,
+    source_identity: str | None = None,
+    n_resamples: int | None = None,
+    confidence: float | None = None,
+    seed: int | None = None,
     download_dir: Path | None = None,
 ) -> TransferSection:
     """The transfer section (kappa table with CIs, summary over seeds, paired comparisons, Markdown).
@@ -261,12 +360,23 @@ def transfer_section(
     source_identity = source_identity or parent["tags"][SOURCE_IDENTITY]
     newest = choose_cells(cell_records(protocol_name, protocol_hash), source_identity)
     if not newest:
-        raise LookupError(f"{protocol_name}@{protocol_hash[:12]}: no finished cells for source {source_identity}")
+        raise LookupError(
+            f"{protocol_name}@{protocol_hash[:12]}: no finished cells for source {source_identity}"
+        )
     with tempfile.TemporaryDirectory() as tmp:
         dst = Path(download_dir or tmp)
-        cells = [cell_predictions(r, read_predictions(download_artifact(r.run_id, "predictions/test.csv", dst / r.run_id)))
-                 for r in newest.values()]
-    return section_of(protocol_name, protocol_hash, parent["params"], cells, n_resamples, confidence, seed)
+        cells = [
+            cell_predictions(
+                r,
+                read_predictions(
+                    download_artifact(r.run_id, "predictions/test.csv", dst / r.run_id)
+                ),
+            )
+            for r in newest.values()
+        ]
+    return section_of(
+        protocol_name, protocol_hash, parent["params"], cells, n_resamples, confidence, seed
+    )
 
 
 def log_section(parent: RunSink, section: TransferSection, markdown: str) -> None:
@@ -279,7 +389,12 @@ def log_section(parent: RunSink, section: TransferSection, markdown: str) -> Non
         section.comparisons.to_csv(folder / "comparisons.csv", index=False)
         for name in ("section.md", "kappa_table.csv", "summary.csv", "comparisons.csv"):
             parent.log_artifact(folder / name, artifact_path="transfer")
-    parent.log_metrics({f"qwk_mean.{row['regime']}": float(row["qwk_mean"]) for _, row in section.summary.iterrows()})
+    parent.log_metrics(
+        {
+            f"qwk_mean.{row['regime']}": float(row["qwk_mean"])
+            for _, row in section.summary.iterrows()
+        }
+    )
 
 
 def section_unavailable(err: BaseException) -> bool:

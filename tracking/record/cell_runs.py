@@ -21,8 +21,20 @@ from mlflow.tracking import MlflowClient
 from tracking.record import create_once
 from tracking.record.lease import HEARTBEATS, is_mine, lease_state, lease_tags, possible_writer
 from tracking.record.lease_rule import new_token
-from tracking.record.schema import (CONTINUES_TAG, FINISHED, LEASE_TAGS, PARENT_RUN_ID, REASON_TAG, RELEASED_TAG, RUN_KEY,
-                                    RUNNING, SUPERSEDED_TAG, TOKEN_TAG, USER, tag_is)
+from tracking.record.schema import (
+    CONTINUES_TAG,
+    FINISHED,
+    LEASE_TAGS,
+    PARENT_RUN_ID,
+    REASON_TAG,
+    RELEASED_TAG,
+    RUN_KEY,
+    RUNNING,
+    SUPERSEDED_TAG,
+    TOKEN_TAG,
+    USER,
+    tag_is,
+)
 from tracking.record.sink import SYNC_SYNCED, RunSink, log_batch, store_for
 from tracking.store import offline_store, uris
 from tracking.store.session import run_user
@@ -39,7 +51,9 @@ class KeyedRun:
     metrics: dict = field(default_factory=dict)
     why: str = ""  # for BUSY: who holds it
     previous_status: str | None = None
-    continues: str | None = None  # the run this one continues because its holder may still write to it
+    continues: str | None = (
+        None  # the run this one continues because its holder may still write to it
+    )
     # The look once more before the first training step (``tracking.record.create_once``): raises
     # ``ClaimLost`` (or ``LeaseLost``) when another execution's run is the cell's after all.
     confirm: Callable[[], None] | None = None
@@ -52,16 +66,23 @@ def _candidates(client: MlflowClient, experiment_id: str, key: str) -> list[Run]
     return [r for r in runs if SUPERSEDED_TAG not in r.data.tags]
 
 
-def _find_by_key(client: MlflowClient, experiment_id: str, key: str, unsynced: bool = False) -> Run | None:
-    runs = client.search_runs([experiment_id], filter_string=tag_is(RUN_KEY, key),
-                              order_by=["attributes.start_time DESC"], max_results=50)
+def _find_by_key(
+    client: MlflowClient, experiment_id: str, key: str, unsynced: bool = False
+) -> Run | None:
+    runs = client.search_runs(
+        [experiment_id],
+        filter_string=tag_is(RUN_KEY, key),
+        order_by=["attributes.start_time DESC"],
+        max_results=50,
+    )
     if unsynced:  # a synced run is on the server too, where the search found (or will find) it
         runs = [r for r in runs if SYNC_SYNCED not in r.data.tags]
     return runs[0] if runs else None
 
 
-def open_keyed_run(experiment: str, key: str, tags: dict, parent_run_id: str | None = None,
-                   take_over: bool = False) -> KeyedRun:
+def open_keyed_run(
+    experiment: str, key: str, tags: dict, parent_run_id: str | None = None, take_over: bool = False
+) -> KeyedRun:
     """Find the run of ``key`` or create it, in whichever store it belongs; never two runs for one key.
 
     A RUNNING run held by a live execution is returned as BUSY, unless ``take_over`` (a
@@ -77,18 +98,24 @@ def open_keyed_run(experiment: str, key: str, tags: dict, parent_run_id: str | N
         return _find_or_create_keyed(experiment, key, tags, parent_run_id, take_over)
 
 
-def _find_or_create_keyed(experiment: str, key: str, tags: dict, parent_run_id: str | None,
-                          take_over: bool) -> KeyedRun:
+def _find_or_create_keyed(
+    experiment: str, key: str, tags: dict, parent_run_id: str | None, take_over: bool
+) -> KeyedRun:
     if uris.is_remote(uris.tracking_uri()) and offline_store.fallback_exists():
         found = _find_in_fallback(experiment, key, unsynced=True)
         if found is not None:
-            return _keyed(found, offline_store.fallback_uri(), experiment, tags, parent_run_id, take_over)
+            return _keyed(
+                found, offline_store.fallback_uri(), experiment, tags, parent_run_id, take_over
+            )
     uri = store_for(parent_run_id)
     if uri != offline_store.fallback_uri():
         client = MlflowClient(uri)
         try:
-            exp_id = (client.get_run(parent_run_id).info.experiment_id if parent_run_id
-                      else offline_store.ensure_experiment(client, experiment))
+            exp_id = (
+                client.get_run(parent_run_id).info.experiment_id
+                if parent_run_id
+                else offline_store.ensure_experiment(client, experiment)
+            )
             found = _find_by_key(client, exp_id, key)
         except Exception as err:
             offline_store.go_offline_or_raise(uri, err)
@@ -96,8 +123,14 @@ def _find_or_create_keyed(experiment: str, key: str, tags: dict, parent_run_id: 
         else:
             if found is not None:
                 return _keyed(found, uri, experiment, tags, parent_run_id, take_over)
-            sink = RunSink.create(experiment, {RUN_KEY: key, **tags}, parent_run_id, uri=uri, experiment_id=exp_id)
-            return KeyedRun(sink, sink.run_id, None) if sink.offline else _first_of_new(client, sink, exp_id, key)
+            sink = RunSink.create(
+                experiment, {RUN_KEY: key, **tags}, parent_run_id, uri=uri, experiment_id=exp_id
+            )
+            return (
+                KeyedRun(sink, sink.run_id, None)
+                if sink.offline
+                else _first_of_new(client, sink, exp_id, key)
+            )
     found = _find_in_fallback(experiment, key)
     if found is not None:
         return _keyed(found, uri, experiment, tags, parent_run_id, take_over)
@@ -110,8 +143,12 @@ def _first_of_new(client: MlflowClient, sink: RunSink, exp_id: str, key: str) ->
     candidates = lambda: _candidates(client, exp_id, key)  # noqa: E731
     first = create_once.resolve_new(client, sink.run_id, candidates)
     if first.info.run_id == sink.run_id:
-        return KeyedRun(sink, sink.run_id, None,
-                        confirm=lambda: create_once.confirm_first(client, sink.run_id, candidates))
+        return KeyedRun(
+            sink,
+            sink.run_id,
+            None,
+            confirm=lambda: create_once.confirm_first(client, sink.run_id, candidates),
+        )
     why = "another execution created its run at the same moment and trains it"
     create_once.withdraw(client, sink.run_id, first.info.run_id, why)
     status = FINISHED if first.info.status == FINISHED else "BUSY"
@@ -124,8 +161,14 @@ def _find_in_fallback(experiment: str, key: str, unsynced: bool = False) -> Run 
     return _find_by_key(client, exp.experiment_id, key, unsynced) if exp else None
 
 
-def _keyed(run: Run, uri: str, experiment: str, tags: dict, parent_run_id: str | None = None,
-           take_over: bool = False) -> KeyedRun:
+def _keyed(
+    run: Run,
+    uri: str,
+    experiment: str,
+    tags: dict,
+    parent_run_id: str | None = None,
+    take_over: bool = False,
+) -> KeyedRun:
     if run.info.status == FINISHED:
         return KeyedRun(None, run.info.run_id, FINISHED, dict(run.data.metrics))
     if run.info.status == RUNNING and not is_mine(run) and not take_over:
@@ -136,7 +179,9 @@ def _keyed(run: Run, uri: str, experiment: str, tags: dict, parent_run_id: str |
     if writer is not None:
         return _continue_in_new_run(run, uri, experiment, tags, parent_run_id, writer)
     lease = {k: tags[k] for k in LEASE_TAGS if k in tags}
-    if TOKEN_TAG in lease:  # two executions resuming it at the same moment: the token left on it holds it
+    if (
+        TOKEN_TAG in lease
+    ):  # two executions resuming it at the same moment: the token left on it holds it
         holder = create_once.claim_existing(MlflowClient(uri), run.info.run_id, lease)
         if holder is not None:
             return KeyedRun(None, run.info.run_id, "BUSY", dict(run.data.metrics), holder)
@@ -145,12 +190,15 @@ def _keyed(run: Run, uri: str, experiment: str, tags: dict, parent_run_id: str |
     if parent_run_id and old_parent != parent_run_id:
         # A cell begun under another (older or duplicate) parent joins the study's one parent.
         sink.set_tags({PARENT_RUN_ID: parent_run_id, "previous_parent_run_id": old_parent or ""})
-    confirm = (lambda: HEARTBEATS.check(run.info.run_id, verify=True)) if TOKEN_TAG in lease else None
+    confirm = (
+        (lambda: HEARTBEATS.check(run.info.run_id, verify=True)) if TOKEN_TAG in lease else None
+    )
     return KeyedRun(sink, run.info.run_id, run.info.status, confirm=confirm)
 
 
-def _continue_in_new_run(old: Run, uri: str, experiment: str, tags: dict, parent_run_id: str | None,
-                         writer: str) -> KeyedRun:
+def _continue_in_new_run(
+    old: Run, uri: str, experiment: str, tags: dict, parent_run_id: str | None, writer: str
+) -> KeyedRun:
     """Close ``old`` as superseded and give the cell a fresh run with the same key.
 
     The old holder may still be alive (paused, cut off): fenced by the token, it stops at
@@ -166,8 +214,13 @@ def _continue_in_new_run(old: Run, uri: str, experiment: str, tags: dict, parent
     # Tags through log_batch: a reaper may write the same new key at the same moment, and
     # MLflow retries a lost insert there (a single set_tag would fail with a server error).
     log_batch(client, old_id, tags=[RunTag(TOKEN_TAG, token)])
-    sink = RunSink.create(experiment, new_tags, parent_run_id or old.data.tags.get(PARENT_RUN_ID),
-                          uri=uri, experiment_id=old.info.experiment_id)
+    sink = RunSink.create(
+        experiment,
+        new_tags,
+        parent_run_id or old.data.tags.get(PARENT_RUN_ID),
+        uri=uri,
+        experiment_id=old.info.experiment_id,
+    )
     confirm = None
     if TOKEN_TAG in tags and not sink.offline:
         # Two executions continuing it at the same moment both fenced it: the token left on
@@ -179,22 +232,37 @@ def _continue_in_new_run(old: Run, uri: str, experiment: str, tags: dict, parent
         confirm = lambda: create_once.confirm_holder(client, old_id, token)  # noqa: E731
     closed = [RunTag(SUPERSEDED_TAG, sink.run_id)]
     if old.info.status == RUNNING:
-        closed.append(RunTag(REASON_TAG, f"taken over while its holder may still be alive ({writer}); "
-                                         f"the cell continues in run {sink.run_id}"[:500]))
+        closed.append(
+            RunTag(
+                REASON_TAG,
+                f"taken over while its holder may still be alive ({writer}); "
+                f"the cell continues in run {sink.run_id}"[:500],
+            )
+        )
     log_batch(client, old_id, tags=closed)
     if old.info.status == RUNNING:
         client.set_terminated(old_id, "KILLED")
-    return KeyedRun(sink, sink.run_id, old.info.status, continues=f"{old_id} ({writer})", confirm=confirm)
+    return KeyedRun(
+        sink, sink.run_id, old.info.status, continues=f"{old_id} ({writer})", confirm=confirm
+    )
 
 
 def withdraw_candidate(sink: RunSink, lost: create_once.ClaimLost) -> None:
     """Take back a cell's run that lost its claim before training (``create_once.withdraw``)."""
-    with contextlib.suppress(Exception):  # a server gone now: the reaper ends it once its lease expires
+    with contextlib.suppress(
+        Exception
+    ):  # a server gone now: the reaper ends it once its lease expires
         create_once.withdraw(MlflowClient(sink.uri), sink.run_id, lost.winner, str(lost))
 
 
-def open_leased_run(experiment: str, key: str, tags: dict, parent_run_id: str | None = None, *,
-                    take_over: bool = False) -> KeyedRun:
+def open_leased_run(
+    experiment: str,
+    key: str,
+    tags: dict,
+    parent_run_id: str | None = None,
+    *,
+    take_over: bool = False,
+) -> KeyedRun:
     """``open_keyed_run`` under a new lease of this execution, held from now on.
 
     The lease tags go into a new run's first tags; a run this execution continues gets them
@@ -203,12 +271,16 @@ def open_leased_run(experiment: str, key: str, tags: dict, parent_run_id: str | 
     held by nobody here.
     """
     token = new_token()
-    opened = open_keyed_run(experiment, key, {**tags, **lease_tags(token)}, parent_run_id, take_over)
+    opened = open_keyed_run(
+        experiment, key, {**tags, **lease_tags(token)}, parent_run_id, take_over
+    )
     opened.token = token
     if opened.sink is None:
         return opened
     if opened.status is not None:
-        opened.sink.set_tags(lease_tags(token))  # this execution holds the run now; an older holder is fenced off
+        opened.sink.set_tags(
+            lease_tags(token)
+        )  # this execution holds the run now; an older holder is fenced off
     HEARTBEATS.hold(opened.sink.run_id, opened.sink.uri, token)
     return opened
 

@@ -39,11 +39,20 @@ from mlflow.entities import Run, RunTag
 from mlflow.tracking import MlflowClient
 
 from tracking.record.lease import LeaseLost
-from tracking.record.schema import HOST_TAG, LEASE_PREFIX, PID_TAG, REASON_TAG, SUPERSEDED_TAG, TOKEN_TAG
+from tracking.record.schema import (
+    HOST_TAG,
+    LEASE_PREFIX,
+    PID_TAG,
+    REASON_TAG,
+    SUPERSEDED_TAG,
+    TOKEN_TAG,
+)
 from tracking.store.store_lock import sqlite_path
 
 SETTLE_ENV = "WORKBENCH_CLAIM_SETTLE_SECONDS"
-DEFAULT_SETTLE_SECONDS = 2.0  # a create over HTTP takes well under a second, also on a loaded machine
+DEFAULT_SETTLE_SECONDS = (
+    2.0  # a create over HTTP takes well under a second, also on a loaded machine
+)
 
 
 class ClaimLost(LeaseLost):
@@ -85,8 +94,11 @@ def confirm_first(client: MlflowClient, mine: str, candidates: Callable[[], list
     found = ordered(candidates())
     first = found[0].info.run_id if found else ""
     if first != mine:
-        why = (f"another execution created this cell's run at the same moment (run {first}) and trains it" if first
-               else f"run {mine} is no longer this cell's run")
+        why = (
+            f"another execution created this cell's run at the same moment (run {first}) and trains it"
+            if first
+            else f"run {mine} is no longer this cell's run"
+        )
         raise ClaimLost(why, first)
 
 
@@ -97,7 +109,10 @@ def withdraw(client: MlflowClient, run_id: str, winner: str, why: str) -> None:
             with contextlib.suppress(Exception):  # one already gone is what was wanted
                 client.delete_tag(run_id, key)
     # log_batch: MLflow retries an insert lost to another writer there (a reaper, say).
-    client.log_batch(run_id, tags=[RunTag(REASON_TAG, why[:500]), *([RunTag(SUPERSEDED_TAG, winner)] if winner else [])])
+    client.log_batch(
+        run_id,
+        tags=[RunTag(REASON_TAG, why[:500]), *([RunTag(SUPERSEDED_TAG, winner)] if winner else [])],
+    )
     client.set_terminated(run_id, "KILLED")  # a deleted run must not stay RUNNING
     client.delete_run(run_id)
 
@@ -135,5 +150,7 @@ def confirm_holder(client: MlflowClient, run_id: str, token: str) -> None:
 def _other_holder(tags: dict, run_id: str, token: str) -> str | None:
     if tags.get(TOKEN_TAG) == token:
         return None
-    return (f"another execution took run {run_id} over at the same moment "
-            f"({tags.get(HOST_TAG, '?')}/{tags.get(PID_TAG, '?')})")
+    return (
+        f"another execution took run {run_id} over at the same moment "
+        f"({tags.get(HOST_TAG, '?')}/{tags.get(PID_TAG, '?')})"
+    )

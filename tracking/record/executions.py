@@ -30,15 +30,27 @@ from mlflow.tracking import MlflowClient
 
 from tracking.record.lease import execution_states
 from tracking.record.lease_rule import HOST, pid_alive
-from tracking.record.schema import (CELL, EXEC_PREFIX, HEARTBEAT_TAG, PARENT, PARENT_RUN_ID, RUN_KEY, SUPERSEDED_TAG, TRUE, all_of,
-                                    tag_is)
+from tracking.record.schema import (
+    CELL,
+    EXEC_PREFIX,
+    HEARTBEAT_TAG,
+    PARENT,
+    PARENT_RUN_ID,
+    RUN_KEY,
+    SUPERSEDED_TAG,
+    TRUE,
+    all_of,
+    tag_is,
+)
 from tracking.record.sink import RunSink, log_batch
 from tracking.store.offline_store import fallback_uri
 from tracking.store.redact import redact_argv
 from tracking.store.session import run_user
 
 RECORDS = "executions"
-EXPECTED_TAG = "cells_expected"  # the study's cell count, so a parent can be recounted anywhere (sync)
+EXPECTED_TAG = (
+    "cells_expected"  # the study's cell count, so a parent can be recounted anywhere (sync)
+)
 COUNT_KEYS = ("finished", "running", "failed", "killed", "superseded", "missing")
 # Executions after which cells not run yet may still be waiting in a queue (not missing).
 QUEUE_OUTCOMES = ("queued", "worker")
@@ -47,8 +59,10 @@ QUEUE_OUTCOMES = ("queued", "worker")
 def work_line(work: dict) -> str:
     """What a worker execution did itself: ``trained 2 cells, 0 already finished, 0 failed, 0 lost to another worker``."""
     ran = work.get("ran", 0)
-    line = (f"trained {ran} cell{'' if ran == 1 else 's'}, {work.get('skipped', 0)} already finished, "
-            f"{work.get('failed', 0)} failed, {work.get('lost', 0)} lost to another worker")
+    line = (
+        f"trained {ran} cell{'' if ran == 1 else 's'}, {work.get('skipped', 0)} already finished, "
+        f"{work.get('failed', 0)} failed, {work.get('lost', 0)} lost to another worker"
+    )
     return line + (f"; {work['stopped']}" if work.get("stopped") else "")
 
 
@@ -58,8 +72,17 @@ def iso(seconds: float | None = None) -> str:
 
 def new_record(execution: str, git_commit: str) -> dict:
     """This execution's record as it starts (``execution``: its own lease token)."""
-    return {"host": HOST, "pid": os.getpid(), "user": run_user(), "execution": execution, "start": iso(),
-            "end": None, "outcome": "running", "argv": redact_argv(sys.argv[1:])[:500], "git_commit": git_commit}
+    return {
+        "host": HOST,
+        "pid": os.getpid(),
+        "user": run_user(),
+        "execution": execution,
+        "start": iso(),
+        "end": None,
+        "outcome": "running",
+        "argv": redact_argv(sys.argv[1:])[:500],
+        "git_commit": git_commit,
+    }
 
 
 def record_name(record: dict) -> str:
@@ -92,7 +115,9 @@ def _open_records(client: MlflowClient, run_id: str) -> list[dict]:
     with tempfile.TemporaryDirectory() as tmp:
         for info in client.list_artifacts(run_id, RECORDS):
             with contextlib.suppress(Exception):
-                record = json.loads(Path(client.download_artifacts(run_id, info.path, tmp)).read_text())
+                record = json.loads(
+                    Path(client.download_artifacts(run_id, info.path, tmp)).read_text()
+                )
                 if record.get("outcome") == "running":
                     records.append(record)
     return records
@@ -105,7 +130,9 @@ def close_dead_records(sink: RunSink, run: Run) -> list[str]:
     a tag, e.g. by an older workbench) when no execution holds the parent any more or its
     process is gone on this host.
     """
-    client = MlflowClient(fallback_uri() if sink.mirror_id else sink.uri)  # where its records are now
+    client = MlflowClient(
+        fallback_uri() if sink.mirror_id else sink.uri
+    )  # where its records are now
     states = execution_states(run)
     dead = {key: (state, beat) for key, (state, beat) in states.items() if not state.alive}
     alive = {key.removeprefix(EXEC_PREFIX) for key, (state, _) in states.items() if state.alive}
@@ -114,9 +141,15 @@ def close_dead_records(sink: RunSink, run: Run) -> list[str]:
             mine = dead.get(EXEC_PREFIX + str(record.get("execution")))
             if mine is None and (record.get("execution") in alive or not _gone(record, alive)):
                 continue
-            why, beat = (mine[0].why, mine[1]) if mine else ("its execution is gone", _last_beat(run))
-            record.update(end=iso(beat) if beat else None, outcome=f"died: {why}"[:500],
-                          status=run.info.status, closed_by=f"{HOST} {os.getpid()}")
+            why, beat = (
+                (mine[0].why, mine[1]) if mine else ("its execution is gone", _last_beat(run))
+            )
+            record.update(
+                end=iso(beat) if beat else None,
+                outcome=f"died: {why}"[:500],
+                status=run.info.status,
+                closed_by=f"{HOST} {os.getpid()}",
+            )
             write_record(sink, record)
     for key in dead:  # killed executions never removed their own tag
         with contextlib.suppress(Exception):
@@ -137,8 +170,11 @@ def _last_beat(run: Run) -> float | None:
 
 
 def children(client: MlflowClient, parent_run_id: str, experiment_id: str) -> list[Run]:
-    return client.search_runs([experiment_id], all_of(tag_is(PARENT_RUN_ID, parent_run_id), tag_is(CELL, TRUE)),
-                              max_results=50000)
+    return client.search_runs(
+        [experiment_id],
+        all_of(tag_is(PARENT_RUN_ID, parent_run_id), tag_is(CELL, TRUE)),
+        max_results=50000,
+    )
 
 
 def counts_of(runs: list[Run], expected: int) -> dict[str, int]:
@@ -156,7 +192,11 @@ def counts_of(runs: list[Run], expected: int) -> dict[str, int]:
     for cell in by_cell.values():
         current = [r for r in cell if SUPERSEDED_TAG not in r.data.tags] or cell
         statuses = {r.info.status for r in current}
-        status = "FINISHED" if "FINISHED" in statuses else max(current, key=lambda r: r.info.start_time or 0).info.status
+        status = (
+            "FINISHED"
+            if "FINISHED" in statuses
+            else max(current, key=lambda r: r.info.start_time or 0).info.status
+        )
         counts[status.lower()] = counts.get(status.lower(), 0) + 1
     counts["missing"] = max(0, expected - len(by_cell))
     return counts
@@ -219,12 +259,25 @@ def recount_parent(client: MlflowClient, run_id: str, log=print) -> dict[str, in
         return None
     before = {k: run.data.metrics.get(f"cells_{k}") for k in COUNT_KEYS}
     if before != {k: float(v) for k, v in counts.items()}:
-        step = 1 + max((m.step for m in client.get_metric_history(run_id, "cells_finished")), default=-1)
+        step = 1 + max(
+            (m.step for m in client.get_metric_history(run_id, "cells_finished")), default=-1
+        )
         now = int(time.time() * 1000)
-        log_batch(client, run_id, metrics=[Metric(f"cells_{k}", float(v), now, step) for k, v in counts.items()])
-        log(f"parent {run_id}: cells counted on the target: " + ", ".join(f"{v} {k}" for k, v in counts.items() if v))
+        log_batch(
+            client,
+            run_id,
+            metrics=[Metric(f"cells_{k}", float(v), now, step) for k, v in counts.items()],
+        )
+        log(
+            f"parent {run_id}: cells counted on the target: "
+            + ", ".join(f"{v} {k}" for k, v in counts.items() if v)
+        )
     outcome = run.data.tags.get("last_execution_outcome", "").split(":")[0]
-    if run.info.status in ("FINISHED", "FAILED", "SCHEDULED") and outcome in ("completed", "failed", *QUEUE_OUTCOMES):
+    if run.info.status in ("FINISHED", "FAILED", "SCHEDULED") and outcome in (
+        "completed",
+        "failed",
+        *QUEUE_OUTCOMES,
+    ):
         status = study_status(outcome, counts)
         if status != run.info.status:
             client.set_terminated(run_id, status, end_time=run.info.end_time)

@@ -25,17 +25,54 @@ from mlflow.entities import Run, RunTag
 from mlflow.tracking import MlflowClient
 
 from tracking.record.lease_rule import HOST, Lease, LeaseState, new_token, pid_alive
-from tracking.record.schema import (CONTINUES_TAG, EXEC_PREFIX, HEARTBEAT_TAG, HOST_TAG, PID_TAG, REASON_TAG,
-                                    RELEASED_TAG, RUN_NAME, RUNNING, SUPERSEDED_TAG, TOKEN_TAG, status_is)
+from tracking.record.schema import (
+    CONTINUES_TAG,
+    EXEC_PREFIX,
+    HEARTBEAT_TAG,
+    HOST_TAG,
+    PID_TAG,
+    REASON_TAG,
+    RELEASED_TAG,
+    RUN_NAME,
+    RUNNING,
+    SUPERSEDED_TAG,
+    TOKEN_TAG,
+    status_is,
+)
 from tracking.store.health import known_down
 from tracking.store.uris import is_remote
 
 # The names the study runtime uses, the tag names among them (they live in tracking.record.schema).
-__all__ = ["CONTINUES_TAG", "EXEC_PREFIX", "HEARTBEATS", "HEARTBEAT_TAG", "HOST", "HOST_TAG", "Heartbeats",
-           "LeaseLost", "LeaseState", "PID_TAG", "REASON_TAG", "RELEASED_TAG", "SUPERSEDED_TAG", "TOKEN_TAG",
-           "dead_executions", "execution_states", "execution_tag", "execution_value", "heartbeat_seconds",
-           "is_mine", "last_sign_of_life", "lease_seconds", "lease_state", "lease_tags", "new_token", "pid_alive",
-           "possible_writer", "reap_expired"]
+__all__ = [
+    "CONTINUES_TAG",
+    "EXEC_PREFIX",
+    "HEARTBEATS",
+    "HEARTBEAT_TAG",
+    "HOST",
+    "HOST_TAG",
+    "Heartbeats",
+    "LeaseLost",
+    "LeaseState",
+    "PID_TAG",
+    "REASON_TAG",
+    "RELEASED_TAG",
+    "SUPERSEDED_TAG",
+    "TOKEN_TAG",
+    "dead_executions",
+    "execution_states",
+    "execution_tag",
+    "execution_value",
+    "heartbeat_seconds",
+    "is_mine",
+    "last_sign_of_life",
+    "lease_seconds",
+    "lease_state",
+    "lease_tags",
+    "new_token",
+    "pid_alive",
+    "possible_writer",
+    "reap_expired",
+]
 
 LEASE_ENV, HEARTBEAT_ENV = "WORKBENCH_LEASE_SECONDS", "WORKBENCH_HEARTBEAT_SECONDS"
 DEFAULT_LEASE_SECONDS = 120.0
@@ -105,8 +142,16 @@ def lease_state(run: Run, now: float | None = None) -> LeaseState:
         if alive:
             more = f" and {len(alive) - 1} more execution(s)" if len(alive) > 1 else ""
             return LeaseState(True, alive[0].why + more, alive[0].host, alive[0].pid)
-        return states[0] if len(states) == 1 else LeaseState(
-            False, f"all {len(states)} executions are gone; the last: {states[0].why}", states[0].host, states[0].pid)
+        return (
+            states[0]
+            if len(states) == 1
+            else LeaseState(
+                False,
+                f"all {len(states)} executions are gone; the last: {states[0].why}",
+                states[0].host,
+                states[0].pid,
+            )
+        )
     lease = Lease.from_tags(tags)
     if lease is None:
         # A run from before leases existed: judge by its age alone.
@@ -151,7 +196,9 @@ def last_sign_of_life(run: Run) -> int | None:
     return max(round(max(beats) * 1000), run.info.start_time or 0)
 
 
-def reap_expired(client: MlflowClient, experiment_id: str, filter_string: str = "", log=None) -> list[tuple[str, str]]:
+def reap_expired(
+    client: MlflowClient, experiment_id: str, filter_string: str = "", log=None
+) -> list[tuple[str, str]]:
     """Mark every RUNNING run (matching ``filter_string``) whose lease expired as KILLED, with the reason.
 
     Returns ``[(run_id, reason)]``. Runs of this process are never touched.
@@ -179,7 +226,9 @@ def reap_expired(client: MlflowClient, experiment_id: str, filter_string: str = 
             raise
         reaped.append((run.info.run_id, state.why))
         if log:
-            log(f"marked run {run.info.run_id} ({run.data.tags.get(RUN_NAME, '?')}) KILLED: {state.why}")
+            log(
+                f"marked run {run.info.run_id} ({run.data.tags.get(RUN_NAME, '?')}) KILLED: {state.why}"
+            )
     return reaped
 
 
@@ -196,7 +245,9 @@ class Heartbeats:
     """
 
     def __init__(self) -> None:
-        self._held: dict[str, tuple[str, str, str | None]] = {}  # run id -> (tracking uri, token, execution tag)
+        self._held: dict[
+            str, tuple[str, str, str | None]
+        ] = {}  # run id -> (tracking uri, token, execution tag)
         self._lost: dict[str, str] = {}
         self._lock = threading.Lock()
         # Run id -> lock held while a beat reads and writes that run's tags: ``release`` waits
@@ -220,7 +271,9 @@ class Heartbeats:
     def _ensure_thread(self) -> None:
         with self._lock:
             if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(target=self._loop, name="workbench-lease", daemon=True)
+                self._thread = threading.Thread(
+                    target=self._loop, name="workbench-lease", daemon=True
+                )
                 self._thread.start()
 
     def hold(self, run_id: str, uri: str, token: str, execution: str | None = None) -> None:
@@ -297,8 +350,13 @@ class Heartbeats:
                 return
             if renew and execution:
                 now = time.time()
-                client.log_batch(run_id, tags=[RunTag(HEARTBEAT_TAG, f"{now:.3f}"),
-                                               RunTag(execution, execution_value(now))])
+                client.log_batch(
+                    run_id,
+                    tags=[
+                        RunTag(HEARTBEAT_TAG, f"{now:.3f}"),
+                        RunTag(execution, execution_value(now)),
+                    ],
+                )
             elif renew:
                 client.set_tag(run_id, HEARTBEAT_TAG, f"{time.time():.3f}")
         except Exception:  # an unreachable store: the run's sink handles the outage

@@ -70,12 +70,26 @@ class Lease:
         now = time.time() if now is None else now
         age = now - self.heartbeat
         if self.host == HOST and not pid_alive(self.pid):
-            return LeaseState(False, f"process {self.pid} on {self.host} is gone (last heartbeat {age:.0f} s ago)",
-                              self.host, self.pid)
+            return LeaseState(
+                False,
+                f"process {self.pid} on {self.host} is gone (last heartbeat {age:.0f} s ago)",
+                self.host,
+                self.pid,
+            )
         if age > expiry:
-            return LeaseState(False, f"lease of {self.host}/{self.pid} expired: last heartbeat {age:.0f} s ago "
-                                     f"({limit} {expiry:g} s)", self.host, self.pid)
-        return LeaseState(True, f"running on {self.host}/{self.pid} (heartbeat {age:.0f} s ago)", self.host, self.pid)
+            return LeaseState(
+                False,
+                f"lease of {self.host}/{self.pid} expired: last heartbeat {age:.0f} s ago "
+                f"({limit} {expiry:g} s)",
+                self.host,
+                self.pid,
+            )
+        return LeaseState(
+            True,
+            f"running on {self.host}/{self.pid} (heartbeat {age:.0f} s ago)",
+            self.host,
+            self.pid,
+        )
 
     def possible_writer(self) -> str | None:
         """Who might still write under this lease, or None when nobody can: it is this process, or
@@ -84,7 +98,9 @@ class Lease:
         if self.is_mine():
             return None
         if self.host == HOST:
-            return f"process {self.pid} on this host is still alive" if pid_alive(self.pid) else None
+            return (
+                f"process {self.pid} on this host is still alive" if pid_alive(self.pid) else None
+            )
         return f"process {self.pid} on {self.host} cannot be seen from here"
 
     def taken_over(self, found: "Lease | None") -> str | None:
@@ -96,21 +112,40 @@ class Lease:
     # --- the two stored forms
 
     def as_tags(self) -> dict[str, str]:
-        return {HOST_TAG: self.host, PID_TAG: str(self.pid), TOKEN_TAG: self.token, HEARTBEAT_TAG: f"{self.heartbeat:.3f}"}
+        return {
+            HOST_TAG: self.host,
+            PID_TAG: str(self.pid),
+            TOKEN_TAG: self.token,
+            HEARTBEAT_TAG: f"{self.heartbeat:.3f}",
+        }
 
     @classmethod
     def from_tags(cls, tags: dict) -> "Lease | None":
         """The lease in a run's tags; None for a run that never had one."""
         if HEARTBEAT_TAG not in tags:
             return None
-        return cls(tags.get(HOST_TAG, "?"), int(tags.get(PID_TAG, "0") or 0), tags.get(TOKEN_TAG, ""),
-                   float(tags[HEARTBEAT_TAG]))
+        return cls(
+            tags.get(HOST_TAG, "?"),
+            int(tags.get(PID_TAG, "0") or 0),
+            tags.get(TOKEN_TAG, ""),
+            float(tags[HEARTBEAT_TAG]),
+        )
 
     def as_record(self) -> dict:
-        return {"host": self.host, "pid": self.pid, "token": self.token, "heartbeat": self.heartbeat}
+        return {
+            "host": self.host,
+            "pid": self.pid,
+            "token": self.token,
+            "heartbeat": self.heartbeat,
+        }
 
     @classmethod
     def from_record(cls, record: dict | None) -> "Lease | None":
         if not record:
             return None
-        return cls(str(record["host"]), int(record["pid"]), str(record.get("token", "")), float(record["heartbeat"]))
+        return cls(
+            str(record["host"]),
+            int(record["pid"]),
+            str(record.get("token", "")),
+            float(record["heartbeat"]),
+        )

@@ -17,23 +17,60 @@ from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 from tracking.record import create_once, report_summary
-from tracking.record.executions import (EXPECTED_TAG, children, close_dead_records, counts_of, end_time_for, execution_step,
-                                        iso, new_record, study_status, write_record)
-from tracking.record.lease import (HEARTBEATS, TOKEN_TAG, execution_states, execution_tag, execution_value, lease_state,
-                                  lease_tags, new_token, reap_expired)
-from tracking.record.schema import (ALLOW_DIRTY, FINISHED, PARENT, PROTOCOL_HASH, PROTOCOL_NAME, RUN_NAME,
-                                    STARTED_TAG, STUDY_KEY, TRUE, USER, all_of, cell_filter, flag, parent_filter,
-                                    tag_is)
+from tracking.record.executions import (
+    EXPECTED_TAG,
+    children,
+    close_dead_records,
+    counts_of,
+    end_time_for,
+    execution_step,
+    iso,
+    new_record,
+    study_status,
+    write_record,
+)
+from tracking.record.lease import (
+    HEARTBEATS,
+    TOKEN_TAG,
+    execution_states,
+    execution_tag,
+    execution_value,
+    lease_state,
+    lease_tags,
+    new_token,
+    reap_expired,
+)
+from tracking.record.schema import (
+    ALLOW_DIRTY,
+    FINISHED,
+    PARENT,
+    PROTOCOL_HASH,
+    PROTOCOL_NAME,
+    RUN_NAME,
+    STARTED_TAG,
+    STUDY_KEY,
+    TRUE,
+    USER,
+    all_of,
+    cell_filter,
+    flag,
+    parent_filter,
+    tag_is,
+)
 from tracking.record.sink import SYNC_SYNCED, RunSink
 from tracking.store import ui_links
 from tracking.store.health import TrackingAuthError, is_permission_denied, is_unreachable
-from tracking.store.offline_store import (ensure_experiment, fallback_client, fallback_exists, fallback_run_exists,
-                                          fallback_uri)
+from tracking.store.offline_store import (
+    ensure_experiment,
+    fallback_client,
+    fallback_exists,
+    fallback_run_exists,
+    fallback_uri,
+)
 from tracking.store.session import configure_tracking, git_state, run_user
 from tracking.store.store_lock import store_lock
 from tracking.store.uris import is_remote, redact_uri, tracking_uri
 from workbench.train.fingerprint import current_code_fingerprint
-
 
 
 class ProtocolRecordError(RuntimeError):
@@ -52,8 +89,10 @@ def experiment_id_for(protocol_name: str) -> str:
     holding = _experiments_holding(client, protocol_name)
     if len(holding) > 1:
         names = ", ".join(f"{n!r} (id {i})" for i, n in sorted(holding.items()))
-        raise ProtocolRecordError(f"runs of protocol {protocol_name!r} are in {len(holding)} experiments: {names}; "
-                                  "move them into one (or delete the stray experiment) before running it again")
+        raise ProtocolRecordError(
+            f"runs of protocol {protocol_name!r} are in {len(holding)} experiments: {names}; "
+            "move them into one (or delete the stray experiment) before running it again"
+        )
     if holding:
         return next(iter(holding))
     return ensure_experiment(client, protocol_name)
@@ -62,13 +101,22 @@ def experiment_id_for(protocol_name: str) -> str:
 def _experiments_holding(client: MlflowClient, protocol_name: str) -> dict[str, str]:
     """``{experiment id: name}`` of the active experiments holding a parent run of this protocol."""
     named = client.get_experiment_by_name(protocol_name)
-    if named is not None and named.lifecycle_stage == "active" and client.search_runs(
-            [named.experiment_id], tag_is(PROTOCOL_NAME, protocol_name), max_results=1):
-        return {named.experiment_id: named.name}  # the usual case, one query; a renamed copy cannot be told apart
+    if (
+        named is not None
+        and named.lifecycle_stage == "active"
+        and client.search_runs(
+            [named.experiment_id], tag_is(PROTOCOL_NAME, protocol_name), max_results=1
+        )
+    ):
+        return {
+            named.experiment_id: named.name
+        }  # the usual case, one query; a renamed copy cannot be told apart
     experiments = {e.experiment_id: e.name for e in client.search_experiments(max_results=50000)}
     ids, found = list(experiments), {}
     for i in range(0, len(ids), 100):  # search_runs takes at most 100 experiments at once
-        for run in client.search_runs(ids[i:i + 100], parent_filter(protocol_name), max_results=1000):
+        for run in client.search_runs(
+            ids[i : i + 100], parent_filter(protocol_name), max_results=1000
+        ):
             found[run.info.experiment_id] = experiments[run.info.experiment_id]
     return found
 
@@ -76,7 +124,9 @@ def _experiments_holding(client: MlflowClient, protocol_name: str) -> dict[str, 
 def recorded_hashes(protocol_name: str) -> set[str]:
     """Every protocol hash this protocol name has been run with."""
     runs = MlflowClient().search_runs(
-        [experiment_id_for(protocol_name)], filter_string=tag_is(PROTOCOL_NAME, protocol_name), max_results=5000
+        [experiment_id_for(protocol_name)],
+        filter_string=tag_is(PROTOCOL_NAME, protocol_name),
+        max_results=5000,
     )
     return {r.data.tags.get(PROTOCOL_HASH, "") for r in runs} - {""}
 
@@ -88,7 +138,11 @@ def recorded_hashes(protocol_name: str) -> set[str]:
 
 def cell_started(run: Run) -> bool:
     """Whether a cell run started its work: finished, tagged ``STARTED_TAG``, or (older records) logged a metric."""
-    return run.info.status == FINISHED or run.data.tags.get(STARTED_TAG) == TRUE or bool(run.data.metrics)
+    return (
+        run.info.status == FINISHED
+        or run.data.tags.get(STARTED_TAG) == TRUE
+        or bool(run.data.metrics)
+    )
 
 
 def frozen_hashes(protocol_name: str) -> set[str]:
@@ -101,7 +155,9 @@ def frozen_hashes(protocol_name: str) -> set[str]:
     ids = list(_experiments_holding(client, protocol_name))
     if not ids:
         return set()
-    runs = client.search_runs(ids, filter_string=cell_filter(protocol_name=protocol_name), max_results=50000)
+    runs = client.search_runs(
+        ids, filter_string=cell_filter(protocol_name=protocol_name), max_results=50000
+    )
     return {r.data.tags.get(PROTOCOL_HASH, "") for r in runs if cell_started(r)} - {""}
 
 
@@ -112,7 +168,11 @@ def cell_runs(protocol_name: str, protocol_hash: str, *, reader: bool = False) -
     may be read-only, so it is not configured for writing first.
     """
     client = MlflowClient()
-    ids = list(_experiments_holding(client, protocol_name)) if reader else [experiment_id_for(protocol_name)]
+    ids = (
+        list(_experiments_holding(client, protocol_name))
+        if reader
+        else [experiment_id_for(protocol_name)]
+    )
     if not ids:
         return []
     return client.search_runs(
@@ -129,15 +189,22 @@ def study_key(protocol) -> str:
 
 def parent_note(protocol, report_hint: str) -> str:
     """The parent's description in the MLflow UI: what the study is, its configuration, its report."""
-    arms = getattr(protocol, "arms", None) or getattr(protocol, "regimes", ())  # ablation arms / transfer regimes
-    rows = [("protocol", f"`{protocol.name}` @ `{protocol.short_hash}`"),
-            ("dataset", getattr(getattr(protocol, "dataset", None), "name", "?")),
-            ("arms", ", ".join(getattr(a, "name", str(a)) for a in arms)),
-            ("seeds", ", ".join(map(str, getattr(protocol, "seeds", ())))),
-            ("cells", str(_cell_count(protocol))), ("code fingerprint", f"`{current_code_fingerprint()}`")]
+    arms = getattr(protocol, "arms", None) or getattr(
+        protocol, "regimes", ()
+    )  # ablation arms / transfer regimes
+    rows = [
+        ("protocol", f"`{protocol.name}` @ `{protocol.short_hash}`"),
+        ("dataset", getattr(getattr(protocol, "dataset", None), "name", "?")),
+        ("arms", ", ".join(getattr(a, "name", str(a)) for a in arms)),
+        ("seeds", ", ".join(map(str, getattr(protocol, "seeds", ())))),
+        ("cells", str(_cell_count(protocol))),
+        ("code fingerprint", f"`{current_code_fingerprint()}`"),
+    ]
     table = "\n".join(f"| {k} | {v} |" for k, v in rows)
-    return (f"{protocol.description.strip()}\n\n| | |\n|---|---|\n{table}\n\n"
-            f"Cells are this run's children (group the runs list by `arm`). Report: {report_hint}")
+    return (
+        f"{protocol.description.strip()}\n\n| | |\n|---|---|\n{table}\n\n"
+        f"Cells are this run's children (group the runs list by `arm`). Report: {report_hint}"
+    )
 
 
 def _cell_count(protocol) -> int:
@@ -148,13 +215,19 @@ def _cell_count(protocol) -> int:
     return len(arms) * len(getattr(protocol, "seeds", ()))
 
 
-def reap_dead_runs(protocol_name: str, protocol_hash: str | None = None, log=None) -> list[tuple[str, str]]:
+def reap_dead_runs(
+    protocol_name: str, protocol_hash: str | None = None, log=None
+) -> list[tuple[str, str]]:
     """Mark this protocol's RUNNING runs whose lease expired as KILLED (reads only an existing experiment)."""
     client = MlflowClient()
     exp = client.get_experiment_by_name(protocol_name)
     if exp is None:
         return []
-    where = tag_is(PROTOCOL_HASH, protocol_hash) if protocol_hash else tag_is(PROTOCOL_NAME, protocol_name)
+    where = (
+        tag_is(PROTOCOL_HASH, protocol_hash)
+        if protocol_hash
+        else tag_is(PROTOCOL_NAME, protocol_name)
+    )
     return reap_expired(client, exp.experiment_id, where, log=log)
 
 
@@ -176,8 +249,9 @@ class StudyParent:
     work: dict | None = None
 
 
-def open_study_parent(protocol, protocol_file: Path, allow_dirty: bool, extra_tags: dict | None = None,
-                      log=print) -> StudyParent:
+def open_study_parent(
+    protocol, protocol_file: Path, allow_dirty: bool, extra_tags: dict | None = None, log=print
+) -> StudyParent:
     """Find the study's parent run (protocol hash + code fingerprint) or create it, and hold it.
 
     Dead executions' runs of this protocol hash are marked KILLED first and their records
@@ -189,13 +263,22 @@ def open_study_parent(protocol, protocol_file: Path, allow_dirty: bool, extra_ta
     client, key = MlflowClient(), study_key(protocol)
     tags = {
         RUN_NAME: f"{protocol.name}@{protocol.short_hash}",
-        PROTOCOL_NAME: protocol.name, PROTOCOL_HASH: protocol.hash, STUDY_KEY: key,
-        "code_fingerprint": current_code_fingerprint(), "protocol_file": str(protocol_file),
-        ALLOW_DIRTY: flag(allow_dirty), PARENT: TRUE, USER: run_user(),
+        PROTOCOL_NAME: protocol.name,
+        PROTOCOL_HASH: protocol.hash,
+        STUDY_KEY: key,
+        "code_fingerprint": current_code_fingerprint(),
+        "protocol_file": str(protocol_file),
+        ALLOW_DIRTY: flag(allow_dirty),
+        PARENT: TRUE,
+        USER: run_user(),
         EXPECTED_TAG: str(_cell_count(protocol)),
-        "mlflow.note.content": parent_note(protocol, f"`workbench report --protocol {protocol.name}` logs it to "
-                                                     "this run's artifacts (report/report.html)"),
-        **git_state(), **(extra_tags or {}),
+        "mlflow.note.content": parent_note(
+            protocol,
+            f"`workbench report --protocol {protocol.name}` logs it to "
+            "this run's artifacts (report/report.html)",
+        ),
+        **git_state(),
+        **(extra_tags or {}),
     }
     launcher = os.environ.get("MLFLOW_RUN_ID")
     if launcher:
@@ -204,7 +287,9 @@ def open_study_parent(protocol, protocol_file: Path, allow_dirty: bool, extra_ta
     with store_lock(configure_tracking()):
         try:
             reap_expired(client, exp_id, tag_is(PROTOCOL_HASH, protocol.hash), log=log)
-            sink, token, previous_end = _find_or_create_parent(client, exp_id, protocol, tags, own, log)
+            sink, token, previous_end = _find_or_create_parent(
+                client, exp_id, protocol, tags, own, log
+            )
         except MlflowException as err:
             if is_permission_denied(err):
                 raise _no_edit_grant(client, exp_id) from None
@@ -212,8 +297,16 @@ def open_study_parent(protocol, protocol_file: Path, allow_dirty: bool, extra_ta
         try:
             HEARTBEATS.hold(sink.run_id, sink.uri, token, execution_tag(own))
             _log_protocol_files(sink, protocol, protocol_file)
-            parent = StudyParent(sink.run_id, sink, protocol.name, _cell_count(protocol), own,
-                                 new_record(own, tags["git_commit"]), previous_end, started_ms)
+            parent = StudyParent(
+                sink.run_id,
+                sink,
+                protocol.name,
+                _cell_count(protocol),
+                own,
+                new_record(own, tags["git_commit"]),
+                previous_end,
+                started_ms,
+            )
             write_record(sink, parent.execution)
         except BaseException:
             _let_go(sink, own)
@@ -236,34 +329,51 @@ def _no_edit_grant(client: MlflowClient, exp_id: str) -> TrackingAuthError:
     return TrackingAuthError(
         f"MLflow tracking server {redact_uri(tracking_uri())} does not let account {account!r} write to experiment "
         f"{name!r} (id {exp_id}), which another account created (HTTP 403). Its owner or the server's admin gives "
-        f"it EDIT: workbench server grant {shlex.quote(account)} {shlex.quote(name)} --permission EDIT")
+        f"it EDIT: workbench server grant {shlex.quote(account)} {shlex.quote(name)} --permission EDIT"
+    )
 
 
-def _find_or_create_parent(client: MlflowClient, exp_id: str, protocol, tags: dict, own: str,
-                           log) -> tuple[RunSink, str, int | None]:
+def _find_or_create_parent(
+    client: MlflowClient, exp_id: str, protocol, tags: dict, own: str, log
+) -> tuple[RunSink, str, int | None]:
     """(the parent's sink, the lease token this execution renews, the parent's earlier end time)."""
     key, uri, token = tags[STUDY_KEY], configure_tracking(), new_token()
     found = _parents(client, exp_id, key)
-    offline_parent = _unsynced_fallback_parent(protocol.name, key) if uri != fallback_uri() else None
+    offline_parent = (
+        _unsynced_fallback_parent(protocol.name, key) if uri != fallback_uri() else None
+    )
     if offline_parent is not None:
         # Made while the server was away and not synced yet: the study goes on in that one
         # parent (and its cells where they are), one timeline that `workbench sync` merges,
         # instead of a second parent on the server.
         found, uri = [offline_parent], fallback_uri()
-        log(f"study {protocol.name}@{protocol.short_hash}: its parent run {offline_parent.info.run_id} is in the local "
-            f"fallback store (logged while the server was away): continuing there; `workbench sync` copies it")
+        log(
+            f"study {protocol.name}@{protocol.short_hash}: its parent run {offline_parent.info.run_id} is in the local "
+            f"fallback store (logged while the server was away): continuing there; `workbench sync` copies it"
+        )
     if not found:
-        sink = RunSink.create(protocol.name, {**tags, **lease_tags(token), execution_tag(own): execution_value()},
-                              uri=uri, experiment_id=exp_id)
-        first = None if sink.offline else create_once.resolve_new(client, sink.run_id,
-                                                                  lambda: _parents(client, exp_id, key))
+        sink = RunSink.create(
+            protocol.name,
+            {**tags, **lease_tags(token), execution_tag(own): execution_value()},
+            uri=uri,
+            experiment_id=exp_id,
+        )
+        first = (
+            None
+            if sink.offline
+            else create_once.resolve_new(client, sink.run_id, lambda: _parents(client, exp_id, key))
+        )
         if first is None or first.info.run_id == sink.run_id:
             log(f"study {protocol.name}@{protocol.short_hash}: parent run {sink.run_id} created")
             return sink, token, None
         # Another execution made it at the same moment and it sorts first (``tracking.record.create_once``):
         # this one is withdrawn (no lease tag left, KILLED, deleted) and the first is shared.
-        create_once.withdraw(client, sink.run_id, first.info.run_id,
-                             "another execution created this study's parent at the same moment")
+        create_once.withdraw(
+            client,
+            sink.run_id,
+            first.info.run_id,
+            "another execution created this study's parent at the same moment",
+        )
         found = [first]
     run = found[0]
     shared = run.info.status == "RUNNING" and lease_state(run).alive and TOKEN_TAG in run.data.tags
@@ -276,11 +386,22 @@ def _find_or_create_parent(client: MlflowClient, exp_id: str, protocol, tags: di
     # Its name and its creator (mlflow.user, the UI's "Created by") stay those of the execution
     # that made it: a worker of another account reattaching it is not its owner.
     # The last report's results stay at the top of its description (tracking/record/report_summary.py).
-    note = {"mlflow.note.content": report_summary.kept_results(run.data.tags.get("mlflow.note.content", ""),
-                                                                tags["mlflow.note.content"])}
-    sink.set_tags({**{k: v for k, v in tags.items() if k not in (RUN_NAME, USER)}, **note,
-                   **({} if shared else lease_tags(token)), execution_tag(own): execution_value()})
-    if not shared and not sink.offline:  # another execution may reopen it at this moment with its own token
+    note = {
+        "mlflow.note.content": report_summary.kept_results(
+            run.data.tags.get("mlflow.note.content", ""), tags["mlflow.note.content"]
+        )
+    }
+    sink.set_tags(
+        {
+            **{k: v for k, v in tags.items() if k not in (RUN_NAME, USER)},
+            **note,
+            **({} if shared else lease_tags(token)),
+            execution_tag(own): execution_value(),
+        }
+    )
+    if (
+        not shared and not sink.offline
+    ):  # another execution may reopen it at this moment with its own token
         token = create_once.shared_token(client, run.info.run_id, token)
     log(f"study {protocol.name}@{protocol.short_hash}: parent run {run.info.run_id} reattached")
     return sink, token, previous_end
@@ -290,11 +411,18 @@ def _let_go(sink: RunSink, own: str) -> None:
     """An execution that fails while opening the parent stops renewing it and removes its own tag."""
     HEARTBEATS.release(sink.run_id)
     with contextlib.suppress(Exception):
-        MlflowClient(fallback_uri() if sink.mirror_id else sink.uri).delete_tag(sink.local_run_id, execution_tag(own))
+        MlflowClient(fallback_uri() if sink.mirror_id else sink.uri).delete_tag(
+            sink.local_run_id, execution_tag(own)
+        )
 
 
-def start_parent_run(protocol, protocol_file: Path, allow_dirty: bool, extra_tags: dict | None = None,
-                     log=lambda _: None) -> str:
+def start_parent_run(
+    protocol,
+    protocol_file: Path,
+    allow_dirty: bool,
+    extra_tags: dict | None = None,
+    log=lambda _: None,
+) -> str:
     """The study's parent run id (held by this execution); see ``open_study_parent``."""
     return open_study_parent(protocol, protocol_file, allow_dirty, extra_tags, log=log).run_id
 
@@ -316,19 +444,30 @@ def _unsynced_fallback_parent(experiment: str, key: str) -> Run | None:
         return None
     local = fallback_client()
     exp = local.get_experiment_by_name(experiment)
-    found = [r for r in _parents(local, exp.experiment_id, key) if SYNC_SYNCED not in r.data.tags] if exp else []
+    found = (
+        [r for r in _parents(local, exp.experiment_id, key) if SYNC_SYNCED not in r.data.tags]
+        if exp
+        else []
+    )
     return found[0] if found else None
 
 
 def _parents(client: MlflowClient, exp_id: str, key: str) -> list[Run]:
-    return create_once.ordered(client.search_runs(
-        [exp_id], filter_string=all_of(tag_is(STUDY_KEY, key), tag_is(PARENT, TRUE)), max_results=100))
+    return create_once.ordered(
+        client.search_runs(
+            [exp_id],
+            filter_string=all_of(tag_is(STUDY_KEY, key), tag_is(PARENT, TRUE)),
+            max_results=100,
+        )
+    )
 
 
 def _log_protocol_files(sink: RunSink, protocol, protocol_file: Path) -> None:
     """The protocol as run (file and canonical JSON); a parent reattached after a kill may lack them."""
     with contextlib.suppress(Exception):
-        have = {a.path for a in MlflowClient(sink.uri).list_artifacts(sink.local_run_id, "protocol")}
+        have = {
+            a.path for a in MlflowClient(sink.uri).list_artifacts(sink.local_run_id, "protocol")
+        }
         if {"protocol/canonical.json", f"protocol/{Path(protocol_file).name}"} <= have:
             return
     sink.log_artifact(protocol_file, artifact_path="protocol")
@@ -339,11 +478,16 @@ def _log_protocol_files(sink: RunSink, protocol, protocol_file: Path) -> None:
     sink.log_params({"protocol_description": protocol.description[:500]})
 
 
-def child_counts(parent_run_id: str, expected: int, uri: str | None = None, experiment: str | None = None) -> dict[str, int]:
+def child_counts(
+    parent_run_id: str, expected: int, uri: str | None = None, experiment: str | None = None
+) -> dict[str, int]:
     """Cell counts from the parent's children as they are in the store (``tracking.record.executions.counts_of``)."""
     client = MlflowClient(uri) if uri else MlflowClient()
-    exp_id = (client.get_experiment_by_name(experiment).experiment_id if experiment
-              else client.get_run(parent_run_id).info.experiment_id)
+    exp_id = (
+        client.get_experiment_by_name(experiment).experiment_id
+        if experiment
+        else client.get_run(parent_run_id).info.experiment_id
+    )
     return counts_of(children(client, parent_run_id, exp_id), expected)
 
 
@@ -378,10 +522,14 @@ def close_study_parent(parent: StudyParent, outcome: str, why: str = "") -> str:
         exp_id = client.get_run(parent.run_id).info.experiment_id
         reap_expired(client, exp_id, f"tags.mlflow.parentRunId = '{parent.run_id}'")
         runs = children(client, parent.run_id, exp_id)
-        others = any(state.alive for state, _ in execution_states(client.get_run(parent.run_id)).values())
+        others = any(
+            state.alive for state, _ in execution_states(client.get_run(parent.run_id)).values()
+        )
     except Exception:  # noqa: BLE001 - the server went away: the children logged locally meanwhile are all we see
         partial = True
-    if sink.uri != fallback_uri():  # cells continued locally during an outage count too (one per run key)
+    if (
+        sink.uri != fallback_uri()
+    ):  # cells continued locally during an outage count too (one per run key)
         runs += _fallback_children(parent)
     counts = counts_of(runs, parent.expected_cells)
     if not partial or not counts["missing"]:  # a partial count that found every cell is complete
@@ -390,19 +538,31 @@ def close_study_parent(parent: StudyParent, outcome: str, why: str = "") -> str:
     parent.status = status
     if parent.work is not None:  # the worker's own tally, beside the study's counts
         parent.execution["work"] = dict(parent.work)
-    parent.execution.update(end=iso(), outcome=outcome + (f": {why}" if why else ""), cells=counts, status=status,
-                            **({"counted": "local fallback store only (server unreachable)"} if partial else {}))
+    parent.execution.update(
+        end=iso(),
+        outcome=outcome + (f": {why}" if why else ""),
+        cells=counts,
+        status=status,
+        **({"counted": "local fallback store only (server unreachable)"} if partial else {}),
+    )
     write_record(sink, parent.execution)
     if status == "RUNNING":  # other executions are still at work on its cells; the last one ends it
         return status
     sink.set_tags({"last_execution_outcome": parent.execution["outcome"][:500]})
-    sink.end(status, end_time=end_time_for(parent.previous_end, parent.started_ms, runs) if not partial else None)
+    sink.end(
+        status,
+        end_time=end_time_for(parent.previous_end, parent.started_ms, runs)
+        if not partial
+        else None,
+    )
     return status
 
 
 def _execution_step(parent: StudyParent) -> int:
     with contextlib.suppress(Exception):
-        return execution_step(MlflowClient(parent.sink.uri), parent.sink.local_run_id, parent.execution)
+        return execution_step(
+            MlflowClient(parent.sink.uri), parent.sink.local_run_id, parent.execution
+        )
     return 0
 
 

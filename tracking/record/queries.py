@@ -20,8 +20,19 @@ import mlflow
 from mlflow.entities import Run
 from mlflow.tracking import MlflowClient
 
-from tracking.record.schema import (ARM, ATTRIBUTION, INTERVENTION, PARENT_RUN_ID, PROTOCOL_HASH, PROTOCOL_NAME, SEED,
-                                    TRANSFER, TRUE, cell_filter, parent_filter)
+from tracking.record.schema import (
+    ARM,
+    ATTRIBUTION,
+    INTERVENTION,
+    PARENT_RUN_ID,
+    PROTOCOL_HASH,
+    PROTOCOL_NAME,
+    SEED,
+    TRANSFER,
+    TRUE,
+    cell_filter,
+    parent_filter,
+)
 from tracking.store import ui_links
 from tracking.store.session import configure_tracking
 from workbench.report_content.portable import portable_text
@@ -114,7 +125,10 @@ class ProtocolEntry:
 def protocol_kind(parent: Run) -> str:
     """What a study parent ran, from its tags."""
     tags = parent.data.tags
-    return next((kind for kind in (TRANSFER, INTERVENTION, ATTRIBUTION) if tags.get(kind) == TRUE), "ablation")
+    return next(
+        (kind for kind in (TRANSFER, INTERVENTION, ATTRIBUTION) if tags.get(kind) == TRUE),
+        "ablation",
+    )
 
 
 def protocol_entries() -> list[ProtocolEntry]:
@@ -122,8 +136,10 @@ def protocol_entries() -> list[ProtocolEntry]:
     configure_tracking(allow_offline=False)
     out = []
     for exp in sorted(MlflowClient().search_experiments(), key=lambda e: e.name):
-        parents = sorted(search_runs(exp.experiment_id, parent_filter()),
-                         key=lambda r: (-(r.info.start_time or 0), r.info.run_id))
+        parents = sorted(
+            search_runs(exp.experiment_id, parent_filter()),
+            key=lambda r: (-(r.info.start_time or 0), r.info.run_id),
+        )
         named = [r for r in parents if r.data.tags.get(PROTOCOL_NAME) == exp.name]
         if not named:
             continue
@@ -132,10 +148,18 @@ def protocol_entries() -> list[ProtocolEntry]:
         cells: dict[str, int] = {}
         for run in search_runs(exp.experiment_id, cell_filter(digest)):
             cells[run.info.status] = cells.get(run.info.status, 0) + 1
-        out.append(ProtocolEntry(exp.name, digest, newest.info.run_id, newest.info.status,
-                                 int(newest.info.start_time or 0),
-                                 protocol_kind(newest),
-                                 dict(sorted(cells.items())), len({r.data.tags.get(PROTOCOL_HASH) for r in named})))
+        out.append(
+            ProtocolEntry(
+                exp.name,
+                digest,
+                newest.info.run_id,
+                newest.info.status,
+                int(newest.info.start_time or 0),
+                protocol_kind(newest),
+                dict(sorted(cells.items())),
+                len({r.data.tags.get(PROTOCOL_HASH) for r in named}),
+            )
+        )
     return out
 
 
@@ -143,8 +167,10 @@ def _experiment_id(protocol_name: str) -> str:
     configure_tracking(allow_offline=False)
     exp = MlflowClient().get_experiment_by_name(protocol_name)
     if exp is None:
-        raise QueryError(f"no MLflow experiment named {protocol_name!r} in {tracking_uri()}: "
-                         "the protocol has not been run against this tracking store")
+        raise QueryError(
+            f"no MLflow experiment named {protocol_name!r} in {tracking_uri()}: "
+            "the protocol has not been run against this tracking store"
+        )
     return exp.experiment_id
 
 
@@ -152,7 +178,9 @@ def search_runs(experiment_id: str, filter_string: str) -> list[Run]:
     """Every matching run, following pages (a server caps one page), in run-id order."""
     client, out, token = MlflowClient(), [], None
     while True:
-        page = client.search_runs([experiment_id], filter_string=filter_string, max_results=PAGE_SIZE, page_token=token)
+        page = client.search_runs(
+            [experiment_id], filter_string=filter_string, max_results=PAGE_SIZE, page_token=token
+        )
         out.extend(page)
         token = page.token
         if not token:
@@ -167,7 +195,9 @@ def hash_counts(protocol_name: str) -> dict[str, int]:
         h = run.data.tags.get(PROTOCOL_HASH, "")
         if h:
             counts[h] = counts.get(h, 0) + 1
-    for parent in parent_runs(protocol_name):  # a hash whose execution made no cell yet still counts
+    for parent in parent_runs(
+        protocol_name
+    ):  # a hash whose execution made no cell yet still counts
         counts.setdefault(parent.protocol_hash, 0)
     return dict(sorted(counts.items()))
 
@@ -185,11 +215,18 @@ def cell_records(protocol_name: str, protocol_hash: str) -> list[CellRecord]:
     runs = search_runs(_experiment_id(protocol_name), cell_filter(protocol_hash))
     records = [
         CellRecord(
-            run_id=r.info.run_id, arm=r.data.tags.get(ARM, ""), seed=_seed(r), status=r.info.status,
-            commit=r.data.tags.get("git_commit", "unknown"), dirty=r.data.tags.get("git_dirty", "unknown"),
-            start_time=int(r.info.start_time or 0), end_time=int(r.info.end_time or 0),
+            run_id=r.info.run_id,
+            arm=r.data.tags.get(ARM, ""),
+            seed=_seed(r),
+            status=r.info.status,
+            commit=r.data.tags.get("git_commit", "unknown"),
+            dirty=r.data.tags.get("git_dirty", "unknown"),
+            start_time=int(r.info.start_time or 0),
+            end_time=int(r.info.end_time or 0),
             parent_run_id=r.data.tags.get(PARENT_RUN_ID, ""),
-            params=dict(r.data.params), metrics=dict(r.data.metrics), tags=dict(r.data.tags),
+            params=dict(r.data.params),
+            metrics=dict(r.data.metrics),
+            tags=dict(r.data.tags),
             experiment_id=r.info.experiment_id,
         )
         for r in runs
@@ -201,8 +238,13 @@ def parent_runs(protocol_name: str, protocol_hash: str | None = None) -> list[Pa
     """Parent runs (protocol executions), newest first; only ``protocol_hash``'s when given."""
     where = parent_filter(protocol_name, protocol_hash)
     parents = [
-        ParentRecord(r.info.run_id, r.data.tags.get(PROTOCOL_HASH, ""), r.info.status, int(r.info.start_time or 0),
-                     r.data.tags.get("git_commit", "unknown"))
+        ParentRecord(
+            r.info.run_id,
+            r.data.tags.get(PROTOCOL_HASH, ""),
+            r.info.status,
+            int(r.info.start_time or 0),
+            r.data.tags.get("git_commit", "unknown"),
+        )
         for r in search_runs(_experiment_id(protocol_name), where)
     ]
     return sorted(parents, key=lambda p: (-p.start_time, p.run_id))
@@ -210,7 +252,9 @@ def parent_runs(protocol_name: str, protocol_hash: str | None = None) -> list[Pa
 
 def metric_history(run_id: str, key: str) -> dict[int, float]:
     """Step -> value of one metric; a step logged twice keeps its latest value."""
-    points = sorted(MlflowClient().get_metric_history(run_id, key), key=lambda m: (m.step, m.timestamp))
+    points = sorted(
+        MlflowClient().get_metric_history(run_id, key), key=lambda m: (m.step, m.timestamp)
+    )
     return {int(m.step): float(m.value) for m in points}
 
 
@@ -230,7 +274,11 @@ def download_artifact(run_id: str, path: str, dst: Path) -> Path:
     dst.mkdir(parents=True, exist_ok=True)
     try:
         with _quiet_downloads():
-            return Path(mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path=path, dst_path=str(dst)))
+            return Path(
+                mlflow.artifacts.download_artifacts(
+                    run_id=run_id, artifact_path=path, dst_path=str(dst)
+                )
+            )
     except (mlflow.exceptions.MlflowException, OSError) as err:
         raise QueryError(f"run {run_id}: artifact {path!r} is not readable: {err}") from err
 
@@ -277,11 +325,20 @@ def analysis_figures(protocol_name: str, protocol_hash: str, dst: Path) -> list[
     for parent in parent_runs(protocol_name, protocol_hash):
         if not has_artifact(parent.run_id, "figures/figures.json"):
             continue
-        manifest = json.loads(download_artifact(parent.run_id, "figures/figures.json", dst / parent.run_id).read_text())
+        manifest = json.loads(
+            download_artifact(
+                parent.run_id, "figures/figures.json", dst / parent.run_id
+            ).read_text()
+        )
         return [
-            AnalysisFigure(name, meta.get("caption", ""),
-                           download_artifact(parent.run_id, f"figures/{name}", dst / parent.run_id).read_bytes(),
-                           parent.run_id)
+            AnalysisFigure(
+                name,
+                meta.get("caption", ""),
+                download_artifact(
+                    parent.run_id, f"figures/{name}", dst / parent.run_id
+                ).read_bytes(),
+                parent.run_id,
+            )
             for name, meta in manifest.get("figures", {}).items()
         ]
     return []

@@ -19,7 +19,9 @@ TRUE, FALSE = "true", "false"
 
 # Kind markers (value TRUE).
 CELL, PARENT, TRANSFER, INTERVENTION = "cell", "parent", "transfer", "intervention"
-ATTRIBUTION = "attribution"  # an attribution study's parent and cells (tracking/kinds/attribution_runs.py)
+ATTRIBUTION = (
+    "attribution"  # an attribution study's parent and cells (tracking/kinds/attribution_runs.py)
+)
 SWEEP, SWEEP_PARENT, FIGURES = "sweep", "sweep_parent", "figures"
 
 # A cell's identity and what it was made with.
@@ -34,7 +36,12 @@ RUN_NAME, USER, PARENT_RUN_ID = "mlflow.runName", "mlflow.user", "mlflow.parentR
 
 # The lease of a RUNNING run (tracking.record.lease) and how a run ended.
 LEASE_PREFIX = "lease."
-HOST_TAG, PID_TAG, TOKEN_TAG, HEARTBEAT_TAG = "lease.host", "lease.pid", "lease.token", "lease.heartbeat"
+HOST_TAG, PID_TAG, TOKEN_TAG, HEARTBEAT_TAG = (
+    "lease.host",
+    "lease.pid",
+    "lease.token",
+    "lease.heartbeat",
+)
 LEASE_TAGS = (HOST_TAG, PID_TAG, TOKEN_TAG, HEARTBEAT_TAG)
 # A run several executions share (a study's parent): each renews a tag of its own,
 # "lease.exec.<token>" = "<host> <pid> <heartbeat time>", and the run is alive while any is.
@@ -62,7 +69,9 @@ def quoted(value) -> str:
         return f"'{text}'"
     if '"' not in text:
         return f'"{text}"'
-    raise ValueError(f"tag value {text!r} holds both quote characters: MLflow's filter strings cannot match it")
+    raise ValueError(
+        f"tag value {text!r} holds both quote characters: MLflow's filter strings cannot match it"
+    )
 
 
 def tag_is(key: str, value) -> str:
@@ -79,31 +88,64 @@ def all_of(*clauses: str) -> str:
     return " and ".join(c for c in clauses if c)
 
 
-def cell_filter(protocol_hash: str | None = None, *, protocol_name: str | None = None, arm: str | None = None,
-                seed: int | str | None = None, status: str | None = None, **tags) -> str:
+def cell_filter(
+    protocol_hash: str | None = None,
+    *,
+    protocol_name: str | None = None,
+    arm: str | None = None,
+    seed: int | str | None = None,
+    status: str | None = None,
+    **tags,
+) -> str:
     """The cell runs of a protocol hash (or name), optionally of one arm, seed, status or further tags."""
-    clauses = [tag_is(PROTOCOL_HASH, protocol_hash) if protocol_hash else "",
-               tag_is(PROTOCOL_NAME, protocol_name) if protocol_name else "",
-               tag_is(ARM, arm) if arm is not None else "", tag_is(SEED, seed) if seed is not None else "",
-               *(tag_is(k, v) for k, v in tags.items()), tag_is(CELL, TRUE), status_is(status) if status else ""]
+    clauses = [
+        tag_is(PROTOCOL_HASH, protocol_hash) if protocol_hash else "",
+        tag_is(PROTOCOL_NAME, protocol_name) if protocol_name else "",
+        tag_is(ARM, arm) if arm is not None else "",
+        tag_is(SEED, seed) if seed is not None else "",
+        *(tag_is(k, v) for k, v in tags.items()),
+        tag_is(CELL, TRUE),
+        status_is(status) if status else "",
+    ]
     return all_of(*clauses)
 
 
-def parent_filter(protocol_name: str | None = None, protocol_hash: str | None = None, *, kind: str | None = None) -> str:
+def parent_filter(
+    protocol_name: str | None = None, protocol_hash: str | None = None, *, kind: str | None = None
+) -> str:
     """The study parents (of a protocol name, a hash, a kind marker such as ``TRANSFER``)."""
-    return all_of(tag_is(kind, TRUE) if kind else "", tag_is(PROTOCOL_NAME, protocol_name) if protocol_name else "",
-                  tag_is(PARENT, TRUE), tag_is(PROTOCOL_HASH, protocol_hash) if protocol_hash else "")
+    return all_of(
+        tag_is(kind, TRUE) if kind else "",
+        tag_is(PROTOCOL_NAME, protocol_name) if protocol_name else "",
+        tag_is(PARENT, TRUE),
+        tag_is(PROTOCOL_HASH, protocol_hash) if protocol_hash else "",
+    )
 
 
-def cell_tags(*, protocol_name: str, protocol_hash: str, arm: str, seed: int, allow_dirty: bool,
-              is_reference: bool | None = None, kind: str | None = None, **more: str) -> dict[str, str]:
+def cell_tags(
+    *,
+    protocol_name: str,
+    protocol_hash: str,
+    arm: str,
+    seed: int,
+    allow_dirty: bool,
+    is_reference: bool | None = None,
+    kind: str | None = None,
+    **more: str,
+) -> dict[str, str]:
     """A cell run's identity tags: the marker, the protocol, arm and seed, how it was made.
 
     ``kind``: a second marker (``TRANSFER``, ``INTERVENTION``); ``more``: tags of that kind
     (``source_identity=...``), written as given.
     """
-    tags = {CELL: TRUE, **({kind: TRUE} if kind else {}), PROTOCOL_NAME: protocol_name, PROTOCOL_HASH: protocol_hash,
-            ARM: arm, SEED: str(seed)}
+    tags = {
+        CELL: TRUE,
+        **({kind: TRUE} if kind else {}),
+        PROTOCOL_NAME: protocol_name,
+        PROTOCOL_HASH: protocol_hash,
+        ARM: arm,
+        SEED: str(seed),
+    }
     if is_reference is not None:
         tags[IS_REFERENCE] = flag(is_reference)
     return {**tags, **more, ALLOW_DIRTY: flag(allow_dirty)}

@@ -35,11 +35,29 @@ SYNC_SERVER_URI = "sync.server_uri"  # redacted: where the run was meant to go
 SYNC_REASON = "sync.reason"
 SYNC_SYNCED = "sync.synced_run_id"  # set by `workbench sync` once the run is fully on the server
 # Text artifacts are redacted on their way up (``tracking.store.redact``); larger ones are data files.
-TEXT_ARTIFACTS = {".json", ".txt", ".yaml", ".yml", ".md", ".log", ".html", ".csv", ".cfg", ".ini", ".toml"}
+TEXT_ARTIFACTS = {
+    ".json",
+    ".txt",
+    ".yaml",
+    ".yml",
+    ".md",
+    ".log",
+    ".html",
+    ".csv",
+    ".cfg",
+    ".ini",
+    ".toml",
+}
 MAX_REDACTED_BYTES = 64 * 2**20
 # How an attempt ended. A run continued (or finished) later keeps them only as history, in
 # HISTORY_TAG, never as its current state: a FINISHED run with a killed_reason misleads.
-OUTCOME_TAGS = ("killed_reason", "end_reason", "failure", "nonfinite_loss_step", "nonfinite_loss_epoch")
+OUTCOME_TAGS = (
+    "killed_reason",
+    "end_reason",
+    "failure",
+    "nonfinite_loss_step",
+    "nonfinite_loss_epoch",
+)
 HISTORY_TAG = "earlier_ends"
 HISTORY_CHARS = 5000
 _SINKS: dict[str, "RunSink"] = {}
@@ -62,7 +80,9 @@ class Journal:
     @classmethod
     def of(cls, client: MlflowClient, run: Run) -> "Journal":
         """The journal of an existing run: its params, tags, inputs and full metric histories."""
-        metrics = [m for key in run.data.metrics for m in client.get_metric_history(run.info.run_id, key)]
+        metrics = [
+            m for key in run.data.metrics for m in client.get_metric_history(run.info.run_id, key)
+        ]
         inputs = list(run.inputs.dataset_inputs) if run.inputs else []
         return cls(dict(run.data.params), dict(run.data.tags), metrics, inputs, run.info.start_time)
 
@@ -80,7 +100,7 @@ def _global_uri(uri: str):
 
 def _batches(items: list, size: int):
     for start in range(0, len(items), size):
-        yield items[start:start + size]
+        yield items[start : start + size]
 
 
 def log_batch(client: MlflowClient, run_id: str, metrics=(), params=(), tags=()) -> None:
@@ -109,7 +129,9 @@ def delete_tag_if_present(client: MlflowClient, run_id: str, key: str) -> None:
 class RunSink:
     """The one path of a run's MLflow calls. ``run_id`` stays the id the run was created with."""
 
-    def __init__(self, run_id: str, uri: str, experiment: str, journal: Journal | None = None) -> None:
+    def __init__(
+        self, run_id: str, uri: str, experiment: str, journal: Journal | None = None
+    ) -> None:
         self.run_id, self.uri, self.experiment = run_id, uri, experiment
         self.journal = journal or Journal(start_time=now_ms())
         self.mirror_id: str | None = None
@@ -118,8 +140,14 @@ class RunSink:
     # ------------------------------------------------------------ opening
 
     @classmethod
-    def create(cls, experiment: str, tags: dict, parent_run_id: str | None = None,
-               uri: str | None = None, experiment_id: str | None = None) -> "RunSink":
+    def create(
+        cls,
+        experiment: str,
+        tags: dict,
+        parent_run_id: str | None = None,
+        uri: str | None = None,
+        experiment_id: str | None = None,
+    ) -> "RunSink":
         """A new run in ``uri`` (default: where runs go now), or in the fallback store if that fails."""
         uri = uri or store_for(parent_run_id)
         tags = {k: redact_text(v) for k, v in tags.items()}
@@ -130,13 +158,23 @@ class RunSink:
                 client = MlflowClient(uri)
                 exp_id = experiment_id or offline_store.ensure_experiment(client, experiment)
                 run = client.create_run(exp_id, tags=tags)
-                return cls(run.info.run_id, uri, experiment, Journal(tags=dict(run.data.tags), start_time=run.info.start_time))
+                return cls(
+                    run.info.run_id,
+                    uri,
+                    experiment,
+                    Journal(tags=dict(run.data.tags), start_time=run.info.start_time),
+                )
             except Exception as err:
                 offline_store.go_offline_or_raise(uri, err)
         client = offline_store.fallback_client()
         tags = {**tags, **offline_tags("server unreachable when the run started")}
         run = client.create_run(offline_store.ensure_experiment(client, experiment), tags=tags)
-        return cls(run.info.run_id, offline_store.fallback_uri(), experiment, Journal(tags=dict(run.data.tags), start_time=run.info.start_time))
+        return cls(
+            run.info.run_id,
+            offline_store.fallback_uri(),
+            experiment,
+            Journal(tags=dict(run.data.tags), start_time=run.info.start_time),
+        )
 
     @classmethod
     def attach(cls, run: Run, uri: str, experiment: str) -> "RunSink":
@@ -155,7 +193,11 @@ class RunSink:
         """The live sink of ``run_id`` in this process, or one attached to wherever the run lives."""
         if run_id in _SINKS:
             return _SINKS[run_id]
-        uri = offline_store.fallback_uri() if offline_store.fallback_run_exists(run_id) else uris.tracking_uri()
+        uri = (
+            offline_store.fallback_uri()
+            if offline_store.fallback_run_exists(run_id)
+            else uris.tracking_uri()
+        )
         client = MlflowClient(uri)
         try:
             run = client.get_run(run_id)
@@ -197,7 +239,10 @@ class RunSink:
                 if not (health.is_unreachable(err) or health.is_auth_failure(err)):
                     raise
                 self._switch(err)
-        return fn(MlflowClient(offline_store.fallback_uri() if self.mirror_id else self.uri), self.local_run_id)
+        return fn(
+            MlflowClient(offline_store.fallback_uri() if self.mirror_id else self.uri),
+            self.local_run_id,
+        )
 
     def _switch(self, err: BaseException | str) -> None:
         """Continue in a mirror run in the fallback store, replaying the journal there."""
@@ -207,11 +252,18 @@ class RunSink:
         offline_store.warn_offline(self.uri, why)
         client = offline_store.fallback_client()
         tags = {**self.journal.tags, **offline_tags(reason), SYNC_SERVER_RUN: self.run_id}
-        run = client.create_run(offline_store.ensure_experiment(client, self.experiment), start_time=self.journal.start_time,
-                                tags=tags)
+        run = client.create_run(
+            offline_store.ensure_experiment(client, self.experiment),
+            start_time=self.journal.start_time,
+            tags=tags,
+        )
         self.mirror_id = run.info.run_id
-        log_batch(client, self.mirror_id, metrics=self.journal.metrics,
-                  params=[Param(k, v) for k, v in self.journal.params.items()])
+        log_batch(
+            client,
+            self.mirror_id,
+            metrics=self.journal.metrics,
+            params=[Param(k, v) for k, v in self.journal.params.items()],
+        )
         if self.journal.inputs:
             client.log_inputs(self.mirror_id, datasets=self.journal.inputs)
 
@@ -236,14 +288,18 @@ class RunSink:
                 clash = {k for k, v in new.items() if k in have and have[k] != v}
                 if clash:
                     raise
-                log_batch(client, run_id, params=[Param(k, v) for k, v in new.items() if k not in have])
+                log_batch(
+                    client, run_id, params=[Param(k, v) for k, v in new.items() if k not in have]
+                )
 
         self._do("log params", log)
         self.journal.params.update(new)
 
     def set_tags(self, tags: dict) -> None:
         clean = {k: redact_text(v)[:8000] for k, v in tags.items()}
-        self._do("set tags", lambda c, r: log_batch(c, r, tags=[RunTag(k, v) for k, v in clean.items()]))
+        self._do(
+            "set tags", lambda c, r: log_batch(c, r, tags=[RunTag(k, v) for k, v in clean.items()])
+        )
         self.journal.tags.update(clean)
 
     def log_metrics(self, values: dict, step: int = 0, timestamp: int | None = None) -> None:
@@ -270,8 +326,11 @@ class RunSink:
     def log_artifact(self, path: str | Path, artifact_path: str | None = None) -> None:
         """Upload a file; a text file goes up redacted (a copy: the local file is left as it is)."""
         with redacted_copy(Path(path)) as upload:
-            self._do(f"upload {Path(path).name}", lambda c, r: c.log_artifact(r, str(upload), artifact_path),
-                     retries=True)
+            self._do(
+                f"upload {Path(path).name}",
+                lambda c, r: c.log_artifact(r, str(upload), artifact_path),
+                retries=True,
+            )
 
     def log_record(self, record: dict, artifact_file: str) -> None:
         """A JSON record (e.g. ``executions/<name>.json``), redacted field by field before it is written."""
@@ -283,6 +342,7 @@ class RunSink:
 
     def log_model(self, log_fn: Callable[[str], object]) -> None:
         """Run ``log_fn(run_id)`` (an ``mlflow.<flavor>.log_model(..., run_id=run_id)``) against the active store."""
+
         def call(client: MlflowClient, run_id: str):
             with _global_uri(client.tracking_uri):
                 return log_fn(run_id)
@@ -309,13 +369,18 @@ class RunSink:
     def latest_metrics(self) -> dict[str, float]:
         latest: dict[str, Metric] = {}
         for m in self.journal.metrics:
-            if m.key not in latest or (m.step, m.timestamp) >= (latest[m.key].step, latest[m.key].timestamp):
+            if m.key not in latest or (m.step, m.timestamp) >= (
+                latest[m.key].step,
+                latest[m.key].timestamp,
+            ):
                 latest[m.key] = m
         return {k: m.value for k, m in latest.items()}
 
 
 def _history_with(history: str, status: str, end_time: int | None, outcome: dict[str, str]) -> str:
-    when = time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(end_time / 1000)) if end_time else "?"
+    when = (
+        time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(end_time / 1000)) if end_time else "?"
+    )
     line = f"{status} (ended {when}): " + "; ".join(f"{k}={v}" for k, v in outcome.items())
     return "\n".join(filter(None, [history, line]))[-HISTORY_CHARS:]
 
@@ -337,7 +402,11 @@ def _to_history(client: MlflowClient, run: Run, status: str, end_time: int | Non
 @contextlib.contextmanager
 def redacted_copy(path: Path):
     """``path`` itself, or a redacted copy of it with the same name when it is text holding a secret."""
-    if path.suffix.lower() not in TEXT_ARTIFACTS or not path.is_file() or path.stat().st_size > MAX_REDACTED_BYTES:
+    if (
+        path.suffix.lower() not in TEXT_ARTIFACTS
+        or not path.is_file()
+        or path.stat().st_size > MAX_REDACTED_BYTES
+    ):
         yield path
         return
     try:
@@ -363,8 +432,14 @@ def redacted_copy(path: Path):
 def lost_insert_race(err: BaseException) -> bool:
     """Whether the store refused a row another writer inserted a moment before (unique key taken)."""
     text = str(err)
-    return any(hint in text for hint in ("duplicate key value violates unique constraint", "UNIQUE constraint failed",
-                                         "Duplicate entry"))
+    return any(
+        hint in text
+        for hint in (
+            "duplicate key value violates unique constraint",
+            "UNIQUE constraint failed",
+            "Duplicate entry",
+        )
+    )
 
 
 def offline_tags(reason: str) -> dict[str, str]:
@@ -373,6 +448,10 @@ def offline_tags(reason: str) -> dict[str, str]:
 
 def store_for(parent_run_id: str | None) -> str:
     """Where a new run goes: beside a parent living in the fallback store, else where runs go now."""
-    if parent_run_id and uris.is_remote(uris.tracking_uri()) and offline_store.fallback_run_exists(parent_run_id):
+    if (
+        parent_run_id
+        and uris.is_remote(uris.tracking_uri())
+        and offline_store.fallback_run_exists(parent_run_id)
+    ):
         return offline_store.fallback_uri()
     return offline_store.active_store_uri()

@@ -53,8 +53,14 @@ AUTH_CACHE_SECONDS = 60
 # starlette's deprecated WSGI module, which warns in two lines on every command; nothing a
 # user can act on. Only that warning is silenced: here for this process, and through
 # PYTHONWARNINGS (same message, category and module) for the server's processes.
-_STARLETTE_WSGI = ("starlette.middleware.wsgi is deprecated", "UserWarning", "mlflow.server.fastapi_app")
-warnings.filterwarnings("ignore", message=_STARLETTE_WSGI[0], category=UserWarning, module=_STARLETTE_WSGI[2])
+_STARLETTE_WSGI = (
+    "starlette.middleware.wsgi is deprecated",
+    "UserWarning",
+    "mlflow.server.fastapi_app",
+)
+warnings.filterwarnings(
+    "ignore", message=_STARLETTE_WSGI[0], category=UserWarning, module=_STARLETTE_WSGI[2]
+)
 
 
 class ServerConfigError(ValueError):
@@ -90,11 +96,17 @@ class ServerConfig:
 
     def __post_init__(self) -> None:
         if not self.backend_store_uri:
-            raise ServerConfigError(f"no backend store: pass --backend-store-uri or set {BACKEND_ENV}")
+            raise ServerConfigError(
+                f"no backend store: pass --backend-store-uri or set {BACKEND_ENV}"
+            )
         if not self.artifacts_destination:
-            raise ServerConfigError(f"no artifact destination: pass --artifacts-destination or set {ARTIFACTS_ENV}")
+            raise ServerConfigError(
+                f"no artifact destination: pass --artifacts-destination or set {ARTIFACTS_ENV}"
+            )
         if self.default_permission not in PERMISSIONS:
-            raise ServerConfigError(f"default permission {self.default_permission!r}: one of {', '.join(PERMISSIONS)}")
+            raise ServerConfigError(
+                f"default permission {self.default_permission!r}: one of {', '.join(PERMISSIONS)}"
+            )
         if not 0 < self.port < 65536:
             raise ServerConfigError(f"port {self.port}: not a TCP port")
         if self.workers < 1:
@@ -117,9 +129,13 @@ def check_admin_credentials(user: str | None, password: str | None) -> None:
     if not user:
         raise ServerConfigError(f"set {ADMIN_USER_ENV} to the admin user's name")
     if not password:
-        raise ServerConfigError(f"set {ADMIN_PASSWORD_ENV} to the admin password (at least {MIN_PASSWORD} characters)")
+        raise ServerConfigError(
+            f"set {ADMIN_PASSWORD_ENV} to the admin password (at least {MIN_PASSWORD} characters)"
+        )
     if password == LEGACY_DEFAULT_PASSWORD:
-        raise ServerConfigError(f"{ADMIN_PASSWORD_ENV} is MLflow's old published default admin password; choose another")
+        raise ServerConfigError(
+            f"{ADMIN_PASSWORD_ENV} is MLflow's old published default admin password; choose another"
+        )
     if len(password) < MIN_PASSWORD:
         raise ServerConfigError(f"{ADMIN_PASSWORD_ENV} is shorter than {MIN_PASSWORD} characters")
     if password == user or password.lower() in (user.lower() * 3, "admin" * 3):
@@ -128,11 +144,20 @@ def check_admin_credentials(user: str | None, password: str | None) -> None:
 
 def pgpass_line(url, password: str) -> str:
     """The ``.pgpass`` line (host:port:database:user:password, escaped) of a parsed PostgreSQL URL."""
+
     def esc(value) -> str:
         return str(value).replace("\\", "\\\\").replace(":", "\\:")
 
-    return ":".join(esc(v) for v in (url.host or "localhost", url.port or 5432, url.database or "*",
-                                     url.username or "*", password))
+    return ":".join(
+        esc(v)
+        for v in (
+            url.host or "localhost",
+            url.port or 5432,
+            url.database or "*",
+            url.username or "*",
+            password,
+        )
+    )
 
 
 def split_password(uri: str, pgpassword: str | None = None) -> tuple[str, str | None]:
@@ -151,12 +176,16 @@ def split_password(uri: str, pgpassword: str | None = None) -> tuple[str, str | 
     if url.password is None:
         return uri, (pgpass_line(url, pgpassword) if pgpassword else None)
     # url.set(password=None) would keep it: _replace drops it
-    return url._replace(password=None).render_as_string(hide_password=False), pgpass_line(url, url.password)
+    return url._replace(password=None).render_as_string(hide_password=False), pgpass_line(
+        url, url.password
+    )
 
 
 def _user_pgpass(environ) -> str:
     """The launcher's own password file (``PGPASSFILE``, else ``~/.pgpass``), read once, or ''."""
-    path = environ.get("PGPASSFILE") or (Path(environ["HOME"]) / ".pgpass" if environ.get("HOME") else None)
+    path = environ.get("PGPASSFILE") or (
+        Path(environ["HOME"]) / ".pgpass" if environ.get("HOME") else None
+    )
     try:
         return Path(path).read_text() if path else ""
     except OSError:
@@ -171,7 +200,9 @@ def write_private(path: Path, text: str) -> Path:
     return path
 
 
-def write_auth_config(folder: Path, cfg: ServerConfig, admin_user: str, auth_db: str | None = None) -> Path:
+def write_auth_config(
+    folder: Path, cfg: ServerConfig, admin_user: str, auth_db: str | None = None
+) -> Path:
     """The basic-auth ini; it holds no password (the auth database URI is given without one)."""
     text = (
         "[mlflow]\n"
@@ -205,8 +236,21 @@ def ensure_admin(auth_db_uri: str, user: str, password: str) -> bool:
 
 def server_command(cfg: ServerConfig, python: str = sys.executable) -> list[str]:
     """``mlflow server`` arguments; the backend store URI goes through the environment instead."""
-    cmd = [python, "-m", "mlflow", "server", "--serve-artifacts", "--artifacts-destination", cfg.artifacts_destination,
-           "--host", cfg.host, "--port", str(cfg.port), "--workers", str(cfg.workers)]
+    cmd = [
+        python,
+        "-m",
+        "mlflow",
+        "server",
+        "--serve-artifacts",
+        "--artifacts-destination",
+        cfg.artifacts_destination,
+        "--host",
+        cfg.host,
+        "--port",
+        str(cfg.port),
+        "--workers",
+        str(cfg.workers),
+    ]
     if cfg.auth:
         cmd += ["--app-name", "basic-auth"]
     if cfg.allowed_hosts:
@@ -217,8 +261,13 @@ def server_command(cfg: ServerConfig, python: str = sys.executable) -> list[str]
 
 
 @contextlib.contextmanager
-def prepared_server(cfg: ServerConfig, admin_user: str | None = None, admin_password: str | None = None,
-                    base_env: dict | None = None, folder: Path | None = None) -> Iterator[tuple[list[str], dict]]:
+def prepared_server(
+    cfg: ServerConfig,
+    admin_user: str | None = None,
+    admin_password: str | None = None,
+    base_env: dict | None = None,
+    folder: Path | None = None,
+) -> Iterator[tuple[list[str], dict]]:
     """Yield ``(command, environment)`` of the server; its private files are deleted afterwards.
 
     ``folder``: the private runtime folder to write them into (default: a new one).
@@ -238,14 +287,18 @@ def prepared_server(cfg: ServerConfig, admin_user: str | None = None, admin_pass
         except ValueError as err:
             raise ServerConfigError(str(err)) from None
     source = os.environ if base_env is None else base_env
-    env = server_env(source)  # an allow-list: an unrelated DBPASS=... in the launcher's shell stays there
+    env = server_env(
+        source
+    )  # an allow-list: an unrelated DBPASS=... in the launcher's shell stays there
     folder = Path(folder) if folder is not None else new_runtime_dir()
     try:
         backend, backend_pass = split_password(cfg.backend_store_uri, source.get("PGPASSWORD"))
         auth_db, auth_pass = split_password(cfg.auth_db(), source.get("PGPASSWORD"))
         env["MLFLOW_BACKEND_STORE_URI"] = backend
         lines = [line for line in dict.fromkeys((backend_pass, auth_pass)) if line]
-        if lines:  # libpq takes the first line that matches: the launcher's own file follows for the rest
+        if (
+            lines
+        ):  # libpq takes the first line that matches: the launcher's own file follows for the rest
             text = "\n".join(lines) + "\n" + _user_pgpass(source)
             env["PGPASSFILE"] = str(write_private(folder / ".pgpass", text))
         elif source.get("PGPASSFILE"):
@@ -253,11 +306,15 @@ def prepared_server(cfg: ServerConfig, admin_user: str | None = None, admin_pass
         # MLflow's job runner starts processes in sessions of their own, out of reach of the
         # server's process group; the workbench uses no MLflow jobs.
         env.setdefault("MLFLOW_SERVER_ENABLE_JOB_EXECUTION", "false")
-        quiet = f"ignore:{':'.join(_STARLETTE_WSGI)}"  # after the user's own filters: it wins over them
+        quiet = (
+            f"ignore:{':'.join(_STARLETTE_WSGI)}"  # after the user's own filters: it wins over them
+        )
         env["PYTHONWARNINGS"] = ",".join(w for w in (env.get("PYTHONWARNINGS"), quiet) if w)
         if cfg.auth:
             ensure_admin(cfg.auth_db(), admin_user, admin_password)
-            env["MLFLOW_AUTH_CONFIG_PATH"] = str(write_auth_config(folder, cfg, admin_user, auth_db))
+            env["MLFLOW_AUTH_CONFIG_PATH"] = str(
+                write_auth_config(folder, cfg, admin_user, auth_db)
+            )
             # CSRF tokens must verify across workers and restarts: a key per launch would
             # log UI users out on every restart, so a key set by the operator wins.
             env.setdefault("MLFLOW_FLASK_SERVER_SECRET_KEY", secrets.token_hex(32))
@@ -268,10 +325,15 @@ def prepared_server(cfg: ServerConfig, admin_user: str | None = None, admin_pass
 
 def describe(cfg: ServerConfig) -> str:
     """What is being served, safe to print (URIs redacted)."""
-    parts = [f"MLflow server on {cfg.url()}", f"backend {redact_uri(cfg.backend_store_uri)}",
-             f"artifacts proxied to {redact_uri(cfg.artifacts_destination)}"]
+    parts = [
+        f"MLflow server on {cfg.url()}",
+        f"backend {redact_uri(cfg.backend_store_uri)}",
+        f"artifacts proxied to {redact_uri(cfg.artifacts_destination)}",
+    ]
     if cfg.auth:
-        parts.append(f"basic-auth on (users in {redact_uri(cfg.auth_db())}, default permission {cfg.default_permission})")
+        parts.append(
+            f"basic-auth on (users in {redact_uri(cfg.auth_db())}, default permission {cfg.default_permission})"
+        )
     else:
         parts.append("auth OFF")
     if cfg.allowed_hosts:

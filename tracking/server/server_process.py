@@ -47,15 +47,20 @@ class ServerStartError(RuntimeError):
 def runtime_root() -> Path:
     """This user's folder for the launchers' runtime folders, mode 0700, created if missing."""
     base = os.environ.get(RUNTIME_ENV)
-    root = Path(base) if base else Path(os.environ.get("XDG_RUNTIME_DIR") or tempfile.gettempdir()) / \
-        f"workbench-server-{os.getuid()}"
+    root = (
+        Path(base)
+        if base
+        else Path(os.environ.get("XDG_RUNTIME_DIR") or tempfile.gettempdir())
+        / f"workbench-server-{os.getuid()}"
+    )
     root.mkdir(mode=0o700, parents=True, exist_ok=True)
     info = root.stat()
     if info.st_uid != os.getuid() or info.st_mode & 0o077:
-        raise ServerStartError(f"{root} must belong to this user with mode 0700 (it holds secrets); "
-                               f"remove it or set {RUNTIME_ENV}")
+        raise ServerStartError(
+            f"{root} must belong to this user with mode 0700 (it holds secrets); "
+            f"remove it or set {RUNTIME_ENV}"
+        )
     return root
-
 
 
 def clean_stale_runtime_dirs(root: Path | None = None) -> list[Path]:
@@ -95,7 +100,9 @@ def check_port_free(host: str, port: int) -> None:
             s.bind((host, port))
         except OSError as err:
             why = "already in use" if err.errno == errno.EADDRINUSE else (err.strerror or str(err))
-            raise ServerStartError(f"cannot listen on {host}:{port}: {why}; stop what runs there or pass --port") from None
+            raise ServerStartError(
+                f"cannot listen on {host}:{port}: {why}; stop what runs there or pass --port"
+            ) from None
 
 
 def _die_with_parent() -> None:
@@ -119,14 +126,25 @@ def start_watchdog(pgid: int, folder: Path) -> tuple[subprocess.Popen, int]:
     """The watchdog and the write end of its pipe (keep it open for as long as the server should live)."""
     read_end, write_end = os.pipe()  # neither end is inherited by the server (close_fds)
     # Its environment is the basics only: the launcher's holds the database URIs and more.
-    watchdog = subprocess.Popen([sys.executable, str(WATCHDOG), str(pgid), str(folder)], stdin=read_end,
-                                start_new_session=True, stdout=subprocess.DEVNULL, env=watchdog_env())
+    watchdog = subprocess.Popen(
+        [sys.executable, str(WATCHDOG), str(pgid), str(folder)],
+        stdin=read_end,
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        env=watchdog_env(),
+    )
     os.close(read_end)
     return watchdog, write_end
 
 
-def run(cmd: list[str], env: dict, url: str, folder: Path, on_ready: Callable[[], None],
-        timeout: float = START_TIMEOUT) -> int:
+def run(
+    cmd: list[str],
+    env: dict,
+    url: str,
+    folder: Path,
+    on_ready: Callable[[], None],
+    timeout: float = START_TIMEOUT,
+) -> int:
     """Run the server in the foreground until it exits or this process is told to stop; its exit code.
 
     Raises:
@@ -148,10 +166,14 @@ def run(cmd: list[str], env: dict, url: str, folder: Path, on_ready: Callable[[]
             if proc.poll() is not None:
                 if stopping:
                     return 128 + stopping[0]
-                raise ServerStartError(f"mlflow server exited with code {proc.returncode} before it was ready "
-                                       "(its log is above)")
+                raise ServerStartError(
+                    f"mlflow server exited with code {proc.returncode} before it was ready "
+                    "(its log is above)"
+                )
             if time.monotonic() > deadline:
-                raise ServerStartError(f"mlflow server did not answer on {url}/health within {timeout:.0f} s")
+                raise ServerStartError(
+                    f"mlflow server did not answer on {url}/health within {timeout:.0f} s"
+                )
             time.sleep(0.3)
         on_ready()
         code = proc.wait()

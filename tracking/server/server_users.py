@@ -26,7 +26,12 @@ import re
 from dataclasses import dataclass
 from typing import Iterator
 
-from tracking.server.server_config import ADMIN_PASSWORD_ENV, ADMIN_USER_ENV, MIN_PASSWORD, ServerConfigError
+from tracking.server.server_config import (
+    ADMIN_PASSWORD_ENV,
+    ADMIN_USER_ENV,
+    MIN_PASSWORD,
+    ServerConfigError,
+)
 from tracking.store import health, uris
 from tracking.store.uris import redact_uri
 
@@ -38,8 +43,10 @@ _OWN_ROLE = re.compile(r"__user_(\d+)__")
 
 def edit_warning(username: str, experiment: str) -> str:
     """What EDIT allows beyond logging one's own runs: said whenever it is granted."""
-    return (f"note: EDIT lets {username} rename experiment {experiment!r} and change any run in it, other users' "
-            "finished runs included (metrics, tags, artifacts, status); only MANAGE deletes runs or the experiment")
+    return (
+        f"note: EDIT lets {username} rename experiment {experiment!r} and change any run in it, other users' "
+        "finished runs included (metrics, tags, artifacts, status); only MANAGE deletes runs or the experiment"
+    )
 
 
 @dataclass(frozen=True)
@@ -72,13 +79,19 @@ def _refused(err, tracking_uri: str, what: str) -> ServerConfigError:
     """One line for a failed admin call: never MLflow's raw message (it may quote SQL and a password hash)."""
     where = redact_uri(tracking_uri)
     if health.is_unreachable(err):  # connection refused, timeouts, 5xx of a proxy; never 401 / 403
-        return ServerConfigError(f"could not {what}: {where} unreachable ({health.describe_failure(err)})")
+        return ServerConfigError(
+            f"could not {what}: {where} unreachable ({health.describe_failure(err)})"
+        )
     status = err.get_http_status_code()
     if status == 401:
-        return ServerConfigError(f"{where} refused the admin credentials ({ADMIN_USER_ENV} / {ADMIN_PASSWORD_ENV})")
+        return ServerConfigError(
+            f"{where} refused the admin credentials ({ADMIN_USER_ENV} / {ADMIN_PASSWORD_ENV})"
+        )
     if status == 403:  # logged in, but not allowed: the account is no admin
-        return ServerConfigError(f"could not {what}: {where} answered HTTP 403 (forbidden): the account in "
-                                 f"{ADMIN_USER_ENV} logged in but is not the server's admin")
+        return ServerConfigError(
+            f"could not {what}: {where} answered HTTP 403 (forbidden): the account in "
+            f"{ADMIN_USER_ENV} logged in but is not the server's admin"
+        )
     return ServerConfigError(f"could not {what}: {err.error_code} (HTTP {status}) from {where}")
 
 
@@ -110,11 +123,15 @@ def _user_exists(client, username: str) -> bool:
 
 def _require_user(client, tracking_uri: str, username: str) -> None:
     if not _user_exists(client, username):
-        raise ServerConfigError(f"no user {username!r} on {redact_uri(tracking_uri)}; add it with "
-                                "`workbench server add-user`")
+        raise ServerConfigError(
+            f"no user {username!r} on {redact_uri(tracking_uri)}; add it with "
+            "`workbench server add-user`"
+        )
 
 
-def _experiment_id(tracking_uri: str, experiment: str, client=None, acting: str | None = None) -> str:
+def _experiment_id(
+    tracking_uri: str, experiment: str, client=None, acting: str | None = None
+) -> str:
     """The id of an experiment given by name or id (asked as the admin).
 
     An experiment the acting account may not read (HTTP 403: it is no admin and holds DENY,
@@ -153,14 +170,18 @@ def _cannot_see(client, tracking_uri: str, experiment: str, acting: str) -> str:
         with contextlib.suppress(MlflowException, AttributeError):
             holds = f" holds {client.get_user_permission(acting, 'experiment', experiment).permission} there"
     reason = f"{acting!r} ({ADMIN_USER_ENV}){what}{holds or ' may not read it'}"
-    return (f"experiment {experiment!r} on {redact_uri(tracking_uri)}: the server refused to show it (HTTP 403): "
-            f"{reason}; grant and revoke run as the server's admin account ({ADMIN_USER_ENV} / {ADMIN_PASSWORD_ENV})")
+    return (
+        f"experiment {experiment!r} on {redact_uri(tracking_uri)}: the server refused to show it (HTTP 403): "
+        f"{reason}; grant and revoke run as the server's admin account ({ADMIN_USER_ENV} / {ADMIN_PASSWORD_ENV})"
+    )
 
 
 def _current_grant(client, tracking_uri: str, username: str, experiment: str):
     """``(experiment id, the user's own grant row on it or None)``; an unknown user or experiment is an error."""
     _require_user(client, tracking_uri, username)
-    exp_id = _experiment_id(tracking_uri, experiment, client, os.environ.get("MLFLOW_TRACKING_USERNAME"))
+    exp_id = _experiment_id(
+        tracking_uri, experiment, client, os.environ.get("MLFLOW_TRACKING_USERNAME")
+    )
     return exp_id, _own_grant(client, username, exp_id)
 
 
@@ -184,32 +205,55 @@ def check_permission(permission: str) -> str:
     """
     value = permission.strip().upper()
     if value not in GRANT_PERMISSIONS:
-        hint = ("; to take a grant back use `workbench server revoke USER EXPERIMENT`, to shut a user out DENY"
-                if value in ("NO_PERMISSIONS", "NONE", "REVOKE") else "")
-        raise ServerConfigError(f"{permission!r} is not a permission MLflow grants on an experiment "
-                                f"({', '.join(GRANT_PERMISSIONS)}){hint}")
+        hint = (
+            "; to take a grant back use `workbench server revoke USER EXPERIMENT`, to shut a user out DENY"
+            if value in ("NO_PERMISSIONS", "NONE", "REVOKE")
+            else ""
+        )
+        raise ServerConfigError(
+            f"{permission!r} is not a permission MLflow grants on an experiment "
+            f"({', '.join(GRANT_PERMISSIONS)}){hint}"
+        )
     return value
 
 
-def add_user(tracking_uri: str, username: str, password: str, admin_user: str, admin_password: str,
-             make_admin: bool = False) -> None:
+def add_user(
+    tracking_uri: str,
+    username: str,
+    password: str,
+    admin_user: str,
+    admin_password: str,
+    make_admin: bool = False,
+) -> None:
     """Create a basic-auth user (as the admin).
 
     Raises:
         ServerConfigError: A password MLflow would refuse, or the user exists already.
     """
     if len(password) < MIN_PASSWORD:
-        raise ServerConfigError(f"the password of {username!r} is shorter than {MIN_PASSWORD} characters")
-    with _admin_client(tracking_uri, admin_user, admin_password, f"create user {username!r}") as client:
+        raise ServerConfigError(
+            f"the password of {username!r} is shorter than {MIN_PASSWORD} characters"
+        )
+    with _admin_client(
+        tracking_uri, admin_user, admin_password, f"create user {username!r}"
+    ) as client:
         if _user_exists(client, username):
-            raise ServerConfigError(f"user {username!r} already exists on {redact_uri(tracking_uri)}; nothing changed")
+            raise ServerConfigError(
+                f"user {username!r} already exists on {redact_uri(tracking_uri)}; nothing changed"
+            )
         client.create_user(username, password)
         if make_admin:
             client.update_user_admin(username, True)
 
 
-def grant(tracking_uri: str, username: str, experiment: str, permission: str, admin_user: str,
-          admin_password: str) -> Grant:
+def grant(
+    tracking_uri: str,
+    username: str,
+    experiment: str,
+    permission: str,
+    admin_user: str,
+    admin_password: str,
+) -> Grant:
     """Give ``username`` ``permission`` on one experiment (by name or id), or change the grant it has.
 
     Raises:
@@ -217,8 +261,12 @@ def grant(tracking_uri: str, username: str, experiment: str, permission: str, ad
             admin credentials, or an unreachable server.
     """
     permission = check_permission(permission)
-    with _admin_client(tracking_uri, admin_user, admin_password,
-                       f"grant {permission} on {experiment!r} to {username!r}") as client:
+    with _admin_client(
+        tracking_uri,
+        admin_user,
+        admin_password,
+        f"grant {permission} on {experiment!r} to {username!r}",
+    ) as client:
         exp_id, row = _current_grant(client, tracking_uri, username, experiment)
         if row is None:
             client.grant_user_permission(username, "experiment", exp_id, permission)
@@ -227,19 +275,27 @@ def grant(tracking_uri: str, username: str, experiment: str, permission: str, ad
     return Grant(exp_id, row.permission if row else None, permission)
 
 
-def revoke(tracking_uri: str, username: str, experiment: str, admin_user: str, admin_password: str) -> Grant:
+def revoke(
+    tracking_uri: str, username: str, experiment: str, admin_user: str, admin_password: str
+) -> Grant:
     """Remove ``username``'s own grant on one experiment; it falls back to the server's default permission.
 
     Raises:
         ServerConfigError: No such grant (nothing changed), an unknown user or experiment,
             refused admin credentials, or an unreachable server.
     """
-    with _admin_client(tracking_uri, admin_user, admin_password,
-                       f"revoke the grant of {username!r} on {experiment!r}") as client:
+    with _admin_client(
+        tracking_uri,
+        admin_user,
+        admin_password,
+        f"revoke the grant of {username!r} on {experiment!r}",
+    ) as client:
         exp_id, row = _current_grant(client, tracking_uri, username, experiment)
         if row is None:
-            raise ServerConfigError(f"{username!r} holds no grant on experiment {experiment!r} (id {exp_id}) on "
-                                    f"{redact_uri(tracking_uri)}; nothing changed")
+            raise ServerConfigError(
+                f"{username!r} holds no grant on experiment {experiment!r} (id {exp_id}) on "
+                f"{redact_uri(tracking_uri)}; nothing changed"
+            )
         client.revoke_user_permission(username, "experiment", exp_id)
         now = client.get_user_permission(username, "experiment", exp_id).permission
     return Grant(exp_id, row.permission, None, now)

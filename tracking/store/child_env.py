@@ -25,20 +25,62 @@ import os
 from typing import Mapping
 
 BASICS = ("PATH", "HOME", "USER", "LOGNAME", "LANG", "LANGUAGE", "TZ", "TMPDIR", "TEMP", "TMP")
-PYTHON = ("PYTHONPATH", "PYTHONHASHSEED", "PYTHONDONTWRITEBYTECODE", "PYTHONUNBUFFERED", "PYTHONWARNINGS",
-          "PYTHONIOENCODING", "VIRTUAL_ENV", "CONDA_PREFIX", "COVERAGE_PROCESS_START")
-NETWORK = ("SSL_CERT_FILE", "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "HTTP_PROXY", "HTTPS_PROXY",
-           "NO_PROXY", "http_proxy", "https_proxy", "no_proxy")
+PYTHON = (
+    "PYTHONPATH",
+    "PYTHONHASHSEED",
+    "PYTHONDONTWRITEBYTECODE",
+    "PYTHONUNBUFFERED",
+    "PYTHONWARNINGS",
+    "PYTHONIOENCODING",
+    "VIRTUAL_ENV",
+    "CONDA_PREFIX",
+    "COVERAGE_PROCESS_START",
+)
+NETWORK = (
+    "SSL_CERT_FILE",
+    "SSL_CERT_DIR",
+    "REQUESTS_CA_BUNDLE",
+    "CURL_CA_BUNDLE",
+    "HTTP_PROXY",
+    "HTTPS_PROXY",
+    "NO_PROXY",
+    "http_proxy",
+    "https_proxy",
+    "no_proxy",
+)
 # Credentials MLflow's artifact clients read (boto3, azure, google-cloud) when artifacts are not proxied.
 ARTIFACT_STORES = ("AWS_", "AZURE_STORAGE_", "GOOGLE_APPLICATION_CREDENTIALS")
-COMPUTE = ("CUDA_", "CUBLAS_", "TORCH_", "OMP_", "MKL_", "OPENBLAS_", "KMP_", "HF_", "TIMM_", "XDG_CACHE_HOME")
+COMPUTE = (
+    "CUDA_",
+    "CUBLAS_",
+    "TORCH_",
+    "OMP_",
+    "MKL_",
+    "OPENBLAS_",
+    "KMP_",
+    "HF_",
+    "TIMM_",
+    "XDG_CACHE_HOME",
+)
 
 # Variables only `workbench server start` and its admin commands read; no worker needs them.
-SERVER_LAUNCHER = ("WORKBENCH_SERVER_", "WORKBENCH_NEW_USER_PASSWORD", "MLFLOW_AUTH_ADMIN_PASSWORD",
-                   "MLFLOW_FLASK_SERVER_SECRET_KEY", "MLFLOW_BACKEND_STORE_URI", "MLFLOW_AUTH_CONFIG_PATH")
+SERVER_LAUNCHER = (
+    "WORKBENCH_SERVER_",
+    "WORKBENCH_NEW_USER_PASSWORD",
+    "MLFLOW_AUTH_ADMIN_PASSWORD",
+    "MLFLOW_FLASK_SERVER_SECRET_KEY",
+    "MLFLOW_BACKEND_STORE_URI",
+    "MLFLOW_AUTH_CONFIG_PATH",
+)
 # A client's account on a tracking server: the server itself has no use for it.
-TRACKING_CLIENT = ("MLFLOW_TRACKING_URI", "MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD",
-                   "MLFLOW_TRACKING_TOKEN", "MLFLOW_RUN_ID", "MLFLOW_EXPERIMENT_")
+TRACKING_CLIENT = (
+    "MLFLOW_TRACKING_URI",
+    "MLFLOW_TRACKING_USERNAME",
+    "MLFLOW_TRACKING_PASSWORD",
+    "MLFLOW_TRACKING_TOKEN",
+    "MLFLOW_RUN_ID",
+    "MLFLOW_EXPERIMENT_",
+)
 
 
 def _matches(name: str, patterns: tuple[str, ...]) -> bool:
@@ -46,23 +88,33 @@ def _matches(name: str, patterns: tuple[str, ...]) -> bool:
     return any(name.startswith(p) if p.endswith("_") else name == p for p in patterns)
 
 
-def allowed(allow: tuple[str, ...], deny: tuple[str, ...] = (), environ: Mapping[str, str] | None = None) -> dict:
+def allowed(
+    allow: tuple[str, ...], deny: tuple[str, ...] = (), environ: Mapping[str, str] | None = None
+) -> dict:
     """The variables of ``environ`` (default: this process's) that ``allow`` names and ``deny`` does not."""
     environ = os.environ if environ is None else environ
-    return {k: v for k, v in environ.items()
-            if (_matches(k, allow) or k.startswith("LC_")) and not _matches(k, deny)}
+    return {
+        k: v
+        for k, v in environ.items()
+        if (_matches(k, allow) or k.startswith("LC_")) and not _matches(k, deny)
+    }
 
 
 def worker_env(environ: Mapping[str, str] | None = None) -> dict:
     """What a local ``workbench worker`` (``ablate --jobs``) needs from the coordinator's environment."""
-    return allowed((*BASICS, *PYTHON, *NETWORK, *ARTIFACT_STORES, *COMPUTE, "WORKBENCH_", "MLFLOW_", "TQDM_"),
-                   SERVER_LAUNCHER, environ) | _libpq(environ)
+    return allowed(
+        (*BASICS, *PYTHON, *NETWORK, *ARTIFACT_STORES, *COMPUTE, "WORKBENCH_", "MLFLOW_", "TQDM_"),
+        SERVER_LAUNCHER,
+        environ,
+    ) | _libpq(environ)
 
 
 def _libpq(environ: Mapping[str, str] | None) -> dict:
     """libpq's own settings (``PGPASSFILE``, ``PGPASSWORD``, ``PGSSLMODE``, ...): every name starts with PG."""
     environ = os.environ if environ is None else environ
-    return {k: v for k, v in environ.items() if k.startswith("PG") and k[2:].isalpha() and k.isupper()}
+    return {
+        k: v for k, v in environ.items() if k.startswith("PG") and k[2:].isalpha() and k.isupper()
+    }
 
 
 def server_env(environ: Mapping[str, str] | None = None) -> dict:
@@ -71,9 +123,16 @@ def server_env(environ: Mapping[str, str] | None = None) -> dict:
     libpq's settings but ``PGPASSWORD`` pass (the launcher moves passwords into the
     server's private ``.pgpass``); MLflow's server settings pass, a client's account does not.
     """
-    env = allowed((*BASICS, *PYTHON, *NETWORK, *ARTIFACT_STORES, "MLFLOW_", "GUNICORN_CMD_ARGS", "UVICORN_"),
-                  (*TRACKING_CLIENT, "MLFLOW_AUTH_ADMIN_PASSWORD", "MLFLOW_BACKEND_STORE_URI", "MLFLOW_AUTH_CONFIG_PATH"),
-                  environ)
+    env = allowed(
+        (*BASICS, *PYTHON, *NETWORK, *ARTIFACT_STORES, "MLFLOW_", "GUNICORN_CMD_ARGS", "UVICORN_"),
+        (
+            *TRACKING_CLIENT,
+            "MLFLOW_AUTH_ADMIN_PASSWORD",
+            "MLFLOW_BACKEND_STORE_URI",
+            "MLFLOW_AUTH_CONFIG_PATH",
+        ),
+        environ,
+    )
     return env | {k: v for k, v in _libpq(environ).items() if k not in ("PGPASSWORD", "PGPASSFILE")}
 
 

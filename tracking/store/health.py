@@ -52,7 +52,11 @@ def _http_failure(err: BaseException) -> int | None:
             return 0
         if isinstance(e, MlflowException):
             message = str(e.message)
-            if message.startswith("API request to") and "failed with" in message and "error code" not in message:
+            if (
+                message.startswith("API request to")
+                and "failed with" in message
+                and "error code" not in message
+            ):
                 return 0  # MLflow's wrapper around a requests exception, which it does not chain
             found = re.search(r"failed with error code (\d{3})", message)
             status = int(found.group(1)) if found else e.get_http_status_code()
@@ -93,7 +97,12 @@ def describe_failure(err: BaseException) -> str:
         if isinstance(e, (requests.exceptions.RequestException, ConnectionError, TimeoutError)):
             text = type(e).__name__
             break
-    for hint in ("Connection refused", "timed out", "Name or service not known", "Connection reset"):
+    for hint in (
+        "Connection refused",
+        "timed out",
+        "Name or service not known",
+        "Connection reset",
+    ):
         if hint in str(err):
             return f"{text}: {hint.lower()}"
     return uris.redact_uri(text)[:200]
@@ -127,8 +136,14 @@ def check_server(uri: str, timeout: float | None = None) -> str:
     try:
         # An authenticated endpoint (``/health`` is open even with basic-auth) that no
         # permission setting can forbid: search answers with what the user may read.
-        response = http_request(get_default_host_creds(uri), "/api/2.0/mlflow/experiments/search", "GET",
-                                params={"max_results": 1}, max_retries=0, timeout=timeout)
+        response = http_request(
+            get_default_host_creds(uri),
+            "/api/2.0/mlflow/experiments/search",
+            "GET",
+            params={"max_results": 1},
+            max_retries=0,
+            timeout=timeout,
+        )
     except Exception as err:  # connection refused, DNS, TLS, timeout: all mean "not now"
         return describe_failure(err)
     if response.status_code in (401, 403):
@@ -172,8 +187,13 @@ def forget_probes() -> None:
     _health.clear()
 
 
-def with_retries(fn: Callable[[], T], what: str, attempts: int = 4, first_delay: float = 2.0,
-                 retry_if: Callable[[BaseException], bool] = is_unreachable) -> T:
+def with_retries(
+    fn: Callable[[], T],
+    what: str,
+    attempts: int = 4,
+    first_delay: float = 2.0,
+    retry_if: Callable[[BaseException], bool] = is_unreachable,
+) -> T:
     """Call ``fn`` until it succeeds, sleeping 2, 4, 8 ... seconds between tries of a retryable error.
 
     Large artifact uploads need this on top of MLflow's own HTTP retries: those cannot
@@ -186,8 +206,12 @@ def with_retries(fn: Callable[[], T], what: str, attempts: int = 4, first_delay:
         except Exception as err:
             if attempt == attempts or not retry_if(err):
                 raise
-            print(f"retrying {what} in {delay:.0f} s (attempt {attempt} of {attempts} failed: "
-                  f"{uris.redact_uri(str(err))[:200]})", file=sys.stderr, flush=True)
+            print(
+                f"retrying {what} in {delay:.0f} s (attempt {attempt} of {attempts} failed: "
+                f"{uris.redact_uri(str(err))[:200]})",
+                file=sys.stderr,
+                flush=True,
+            )
             time.sleep(delay)
             delay *= 2
     raise AssertionError("unreachable")

@@ -60,7 +60,9 @@ def ensure_experiment(client: MlflowClient, name: str) -> str:
     if exp is not None:
         if exp.tags.get(EXPERIMENT_KIND_TAG) is None:  # made before experiments were marked
             with contextlib.suppress(MlflowException):
-                client.set_experiment_tag(exp.experiment_id, EXPERIMENT_KIND_TAG, MODEL_TRAINING_KIND)
+                client.set_experiment_tag(
+                    exp.experiment_id, EXPERIMENT_KIND_TAG, MODEL_TRAINING_KIND
+                )
         return exp.experiment_id
     location = None
     if client.tracking_uri == fallback_uri():
@@ -68,8 +70,9 @@ def ensure_experiment(client: MlflowClient, name: str) -> str:
         digest = hashlib.sha256(name.encode()).hexdigest()[:8]
         location = (offline_dir() / "artifacts" / f"{safe}-{digest}").as_uri()
     try:
-        return client.create_experiment(name, artifact_location=location,
-                                        tags={EXPERIMENT_KIND_TAG: MODEL_TRAINING_KIND})
+        return client.create_experiment(
+            name, artifact_location=location, tags={EXPERIMENT_KIND_TAG: MODEL_TRAINING_KIND}
+        )
     except MlflowException:  # created meanwhile by another process
         exp = client.get_experiment_by_name(name)
         if exp is None:
@@ -99,8 +102,12 @@ def warn_offline(uri: str, reason: str, what: str = "runs") -> None:
     if uri in _warned:
         return
     _warned.add(uri)
-    print(f"WARNING: tracking server {uris.redact_uri(uri)} unreachable ({reason}); {what} go to the local store "
-          f"{fallback_uri()}. Copy them to the server later with `workbench sync`.", file=sys.stderr, flush=True)
+    print(
+        f"WARNING: tracking server {uris.redact_uri(uri)} unreachable ({reason}); {what} go to the local store "
+        f"{fallback_uri()}. Copy them to the server later with `workbench sync`.",
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 def active_store_uri() -> str:

@@ -27,11 +27,21 @@ _SECRET_WORDS = r"(?:password|passwd|passphrase|token|secret|api[_-]?key|apikey|
 _SECRET_NAME = re.compile(rf"{_SECRET_WORDS}(?:$|[_-])", re.IGNORECASE)
 # ...but a model's tokens are not secrets: ``class_token: false`` in a protocol or a run's
 # config.json was once masked to ``***``, and `figures` could not rebuild the model from it.
-_MODEL_TOKEN = re.compile(r"(?:^|[^a-z])(?:class|cls|dist|distill|distillation|mask|register|reg|prefix|pad|bos|eos"
-                          r"|unk|sep|special)[_-]?tokens?$", re.IGNORECASE)
+_MODEL_TOKEN = re.compile(
+    r"(?:^|[^a-z])(?:class|cls|dist|distill|distillation|mask|register|reg|prefix|pad|bos|eos"
+    r"|unk|sep|special)[_-]?tokens?$",
+    re.IGNORECASE,
+)
 # One of these is in every secret word: a text without any skips the patterns (a fast path for big files).
-_HINTS = ("passw", "passphrase", "token", "secret", "apikey", "credential",
-          *(f"{word}{sep}key" for word in ("api", "access", "private") for sep in ("_", "-", "")))
+_HINTS = (
+    "passw",
+    "passphrase",
+    "token",
+    "secret",
+    "apikey",
+    "credential",
+    *(f"{word}{sep}key" for word in ("api", "access", "private") for sep in ("_", "-", "")),
+)
 # Greedy up to the last @ of the authority: a password holding an unescaped @ is hidden whole.
 # (the look-behind starts a scheme only where a word starts: linear time on long runs of letters)
 _USERINFO = re.compile(r"(?<![a-zA-Z0-9+.-])(?P<scheme>[a-zA-Z][a-zA-Z0-9+.-]*://)[^/?#\s]*@")
@@ -40,9 +50,13 @@ _VALUE = r"""(?:'[^']*'|"[^"]*"|[^\s&;,'"]+)"""
 # --password X / --password=X (a shell-quoted value counts as one)
 _OPTION = re.compile(rf"(?P<name>--{_NAME})(?P<sep>=|\s+)(?P<value>{_VALUE})", re.IGNORECASE)
 # PGPASSWORD=X, ?access_token=X&..., password: X
-_ASSIGNMENT = re.compile(rf"(?P<name>\b{_NAME})(?P<sep>=|:[ \t]*)(?P<value>{_VALUE})", re.IGNORECASE)
+_ASSIGNMENT = re.compile(
+    rf"(?P<name>\b{_NAME})(?P<sep>=|:[ \t]*)(?P<value>{_VALUE})", re.IGNORECASE
+)
 # "password": "X" in JSON text
-_JSON_FIELD = re.compile(rf'(?P<name>"{_NAME}")(?P<sep>\s*:\s*)(?P<value>"(?:[^"\\]|\\.)*")', re.IGNORECASE)
+_JSON_FIELD = re.compile(
+    rf'(?P<name>"{_NAME}")(?P<sep>\s*:\s*)(?P<value>"(?:[^"\\]|\\.)*")', re.IGNORECASE
+)
 # Values too common to hide everywhere they occur (a *_TOKEN=true flag would mask every "true").
 _NOT_SECRETS = {"", "true", "false", "yes", "no", "on", "off", "none", "null"}
 MIN_SECRET_CHARS = 4
@@ -58,14 +72,19 @@ def secret_env_values(environ=None) -> list[str]:
     """Values of the environment variables whose names say they are secret, longest first."""
     environ = os.environ if environ is None else environ
     values = {v for k, v in environ.items() if is_secret_name(k) and _worth_hiding(v)}
-    user, password = environ.get("MLFLOW_TRACKING_USERNAME"), environ.get("MLFLOW_TRACKING_PASSWORD")
+    user, password = (
+        environ.get("MLFLOW_TRACKING_USERNAME"),
+        environ.get("MLFLOW_TRACKING_PASSWORD"),
+    )
     if user and password:
         values.add(f"{user}:{password}")
     return sorted(values, key=len, reverse=True)
 
 
 def _worth_hiding(value: str) -> bool:
-    return len(value) >= MIN_SECRET_CHARS and value.lower() not in _NOT_SECRETS and not value.isdigit()
+    return (
+        len(value) >= MIN_SECRET_CHARS and value.lower() not in _NOT_SECRETS and not value.isdigit()
+    )
 
 
 def redact_url(text: str) -> str:
@@ -90,7 +109,9 @@ def redact_text(text, environ=None) -> str:
     for secret in secret_env_values(environ):
         text = text.replace(secret, MASK)
     lowered = text.lower()
-    if any(hint in lowered for hint in _HINTS):  # each pattern needs a secret word: most texts skip them
+    if any(
+        hint in lowered for hint in _HINTS
+    ):  # each pattern needs a secret word: most texts skip them
         text = _JSON_FIELD.sub(_mask_value, text)
         text = _OPTION.sub(_mask_value, text)
         text = _ASSIGNMENT.sub(_mask_value, text)
@@ -103,8 +124,14 @@ def redact_record(value, environ=None):
     A flag under such a key (``true``/``false``/``null``) is no secret and stays as it is.
     """
     if isinstance(value, dict):
-        return {k: (MASK if isinstance(k, str) and is_secret_name(k) and _maskable(v)
-                    else redact_record(v, environ)) for k, v in value.items()}
+        return {
+            k: (
+                MASK
+                if isinstance(k, str) and is_secret_name(k) and _maskable(v)
+                else redact_record(v, environ)
+            )
+            for k, v in value.items()
+        }
     if isinstance(value, (list, tuple)):
         return [redact_record(v, environ) for v in value]
     if isinstance(value, str):

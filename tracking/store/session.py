@@ -38,21 +38,33 @@ def configure_tracking(allow_offline: bool = True) -> str:
     fallback store, with one warning naming it. Code that only reads runs (reports)
     passes ``allow_offline=False``: an answer from the wrong store would be worse than none.
     """
-    from tracking.store.storage_guard import check_sqlite_file, check_sqlite_writable, refuse_optuna_database
+    from tracking.store.storage_guard import (
+        check_sqlite_file,
+        check_sqlite_writable,
+        refuse_optuna_database,
+    )
 
-    check_sqlite_file(uris.tracking_uri(), "MLFLOW_TRACKING_URI")  # a file that is not SQLite: named
-    refuse_optuna_database(uris.tracking_uri(), "MLFLOW_TRACKING_URI")  # Optuna's database: before MLflow writes
+    check_sqlite_file(
+        uris.tracking_uri(), "MLFLOW_TRACKING_URI"
+    )  # a file that is not SQLite: named
+    refuse_optuna_database(
+        uris.tracking_uri(), "MLFLOW_TRACKING_URI"
+    )  # Optuna's database: before MLflow writes
     if not allow_offline:
         uri = uris.tracking_uri()
         store = Path(uri.removeprefix("sqlite:///")) if uri.startswith("sqlite:///") else None
         if store is not None and not store.exists():
             # Opening it would create an empty store here: a reader only says what is missing.
-            raise StoreUnavailableError(f"no MLflow store at {uri} ({store.resolve()} does not exist): nothing was "
-                                        "run against it; set MLFLOW_TRACKING_URI to the store that holds the runs")
+            raise StoreUnavailableError(
+                f"no MLflow store at {uri} ({store.resolve()} does not exist): nothing was "
+                "run against it; set MLFLOW_TRACKING_URI to the store that holds the runs"
+            )
         if uris.is_remote(uri):
             state = health.server_state(uri)
             if state != "up":
-                raise StoreUnavailableError(f"tracking server {uris.redact_uri(uri)} unreachable ({state})")
+                raise StoreUnavailableError(
+                    f"tracking server {uris.redact_uri(uri)} unreachable ({state})"
+                )
         uris.set_process_uri(uri)
         return uri
     check_sqlite_writable(uris.tracking_uri(), "MLFLOW_TRACKING_URI")  # before any run is opened
@@ -72,7 +84,9 @@ def run_user() -> str:
     """
     uri = uris.tracking_uri()
     if uris.is_remote(uri):
-        account = os.environ.get("MLFLOW_TRACKING_USERNAME") or unquote(urlsplit(uri).username or "")
+        account = os.environ.get("MLFLOW_TRACKING_USERNAME") or unquote(
+            urlsplit(uri).username or ""
+        )
         if account:
             return account
     with contextlib.suppress(Exception):  # getpass raises when the uid has no name (containers)
@@ -85,7 +99,9 @@ def git_state(path: Path | None = None) -> dict[str, str]:
     cwd = path or Path(__file__).resolve().parents[2]  # the checkout (tracking/store/session.py)
 
     def git(*args: str) -> str:
-        return subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, check=True).stdout.strip()
+        return subprocess.run(
+            ["git", *args], cwd=cwd, capture_output=True, text=True, check=True
+        ).stdout.strip()
 
     try:
         commit = git("rev-parse", "HEAD")
@@ -114,7 +130,9 @@ def environment_tags(device: str) -> dict[str, str]:
 
 
 @contextlib.contextmanager
-def start_run(experiment: str, run_name: str | None = None, tags: dict | None = None) -> Iterator[mlflow.ActiveRun]:
+def start_run(
+    experiment: str, run_name: str | None = None, tags: dict | None = None
+) -> Iterator[mlflow.ActiveRun]:
     """Start (or, under ``mlflow run``, continue) a run in ``experiment``.
 
     ``mlflow run`` creates the run itself and passes MLFLOW_RUN_ID; then the run already
@@ -123,7 +141,9 @@ def start_run(experiment: str, run_name: str | None = None, tags: dict | None = 
     uri = configure_tracking()
     if not os.environ.get("MLFLOW_RUN_ID"):
         # ensure_experiment puts a fallback experiment's artifacts beside the fallback store
-        mlflow.set_experiment(experiment_id=offline_store.ensure_experiment(mlflow.MlflowClient(uri), experiment))
+        mlflow.set_experiment(
+            experiment_id=offline_store.ensure_experiment(mlflow.MlflowClient(uri), experiment)
+        )
     # MLflow's own default is the OS user; a run continued under `mlflow run` gets the tag too.
     with mlflow.start_run(run_name=run_name, tags={"mlflow.user": run_user()}) as run:
         if uri == offline_store.fallback_uri():

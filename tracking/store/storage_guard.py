@@ -62,7 +62,10 @@ def location(url: str) -> tuple | None:
 
 def stores_in_use() -> dict[str, str]:
     """MLflow's databases this process could write to or sit beside: what -> URL."""
-    stores = {"the MLflow tracking store": uris.tracking_uri(), "the local fallback store": offline_store.fallback_uri()}
+    stores = {
+        "the MLflow tracking store": uris.tracking_uri(),
+        "the local fallback store": offline_store.fallback_uri(),
+    }
     for env in SERVER_DATABASES:
         if os.environ.get(env):
             stores[f"the tracking server's database ({env})"] = os.environ[env]
@@ -86,7 +89,8 @@ def check_optuna_storage(storage: str) -> None:
             raise ValueError(
                 f"{uris.redact_uri(storage)} is {what} ({uris.redact_uri(uri)}); Optuna would write its tables into "
                 "MLflow's database. Give Optuna a database of its own, e.g. sqlite:///optuna.db or "
-                "postgresql://.../optuna")
+                "postgresql://.../optuna"
+            )
     # what this machine's settings cannot know: the database itself says whose it is (StorageClash is a ValueError)
     refuse_mlflow_database(storage)
 
@@ -138,7 +142,9 @@ def check_sqlite_file(url: str, what: str = "") -> None:
     with open(path, "rb") as f:
         head = f.read(len(SQLITE_HEADER))
     if head and head != SQLITE_HEADER:
-        raise ValueError(f"{named}{path} is not an SQLite database (its first bytes are {head[:8].hex(' ')})")
+        raise ValueError(
+            f"{named}{path} is not an SQLite database (its first bytes are {head[:8].hex(' ')})"
+        )
 
 
 def check_sqlite_writable(url: str, what: str = "") -> None:
@@ -157,7 +163,9 @@ def check_sqlite_writable(url: str, what: str = "") -> None:
         raise ValueError(f"{named}the folder {folder} does not exist")
     for target in ([path] if path.exists() else []) + [folder]:
         if not os.access(target, os.W_OK):
-            raise ValueError(f"{named}{target} is read-only (cannot write there); point it at a writable store")
+            raise ValueError(
+                f"{named}{target} is read-only (cannot write there); point it at a writable store"
+            )
 
 
 # ------------------------------------------------------------------ looking inside a database
@@ -192,11 +200,17 @@ def _revisions() -> tuple[frozenset[str], frozenset[str]]:
         return list(Path(spec.submodule_search_locations[0], *sub).glob("*.py"))
 
     found = []
-    for files in (scripts("mlflow", "store", "db_migrations", "versions"),
-                  scripts("optuna", "storages", "_rdb", "alembic", "versions")):
+    for files in (
+        scripts("mlflow", "store", "db_migrations", "versions"),
+        scripts("optuna", "storages", "_rdb", "alembic", "versions"),
+    ):
         ids = set()
         for path in files:
-            match = re.search(r"^revision\s*(?::\s*str\s*)?=\s*['\"]([^'\"]+)['\"]", path.read_text(), re.MULTILINE)
+            match = re.search(
+                r"^revision\s*(?::\s*str\s*)?=\s*['\"]([^'\"]+)['\"]",
+                path.read_text(),
+                re.MULTILINE,
+            )
             if match:
                 ids.add(match.group(1))
         found.append(frozenset(ids))
@@ -206,7 +220,9 @@ def _revisions() -> tuple[frozenset[str], frozenset[str]]:
 def _sqlite_schema(path: Path) -> Schema:
     """Read-only (an existing file is never changed, a missing one never created)."""
     with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5)) as db:
-        tables = frozenset(r[0] for r in db.execute("select name from sqlite_master where type = 'table'"))
+        tables = frozenset(
+            r[0] for r in db.execute("select name from sqlite_master where type = 'table'")
+        )
         revision = None
         if "alembic_version" in tables:
             row = db.execute("select version_num from alembic_version").fetchone()
@@ -220,7 +236,11 @@ def _server_schema(url: str) -> Schema:
     from sqlalchemy.pool import NullPool
 
     parsed = make_url(url)
-    args = {"connect_timeout": CONNECT_TIMEOUT_SECONDS} if parsed.get_backend_name() == "postgresql" else {}
+    args = (
+        {"connect_timeout": CONNECT_TIMEOUT_SECONDS}
+        if parsed.get_backend_name() == "postgresql"
+        else {}
+    )
     engine = create_engine(parsed, poolclass=NullPool, connect_args=args)
     try:
         with engine.connect() as conn:
@@ -249,14 +269,22 @@ def look_inside(url: str) -> Schema | None:
         try:
             return _sqlite_schema(path)
         except sqlite3.Error as err:  # locked, unreadable: named, never a traceback
-            raise StorageClash(f"{uris.redact_uri(url)}: cannot look into this database ({err})") from None
+            raise StorageClash(
+                f"{uris.redact_uri(url)}: cannot look into this database ({err})"
+            ) from None
     try:
         return _server_schema(url)
     except Exception as err:  # noqa: BLE001 - the driver's own errors: one line, named
         reason = " ".join(str(getattr(err, "orig", None) or err).split())[:300]
-        hint = ("; leave the password out of the URL and give it in PGPASSWORD or ~/.pgpass (PGPASSFILE), or "
-                "pass the whole URL in an environment variable" if "password" in reason.lower() else "")
-        raise StorageClash(f"{uris.redact_uri(url)}: cannot look into this database ({uris.redact_uri(reason)}){hint}") from None
+        hint = (
+            "; leave the password out of the URL and give it in PGPASSWORD or ~/.pgpass (PGPASSFILE), or "
+            "pass the whole URL in an environment variable"
+            if "password" in reason.lower()
+            else ""
+        )
+        raise StorageClash(
+            f"{uris.redact_uri(url)}: cannot look into this database ({uris.redact_uri(reason)}){hint}"
+        ) from None
 
 
 def mlflow_signs(schema: Schema) -> list[str]:
@@ -289,15 +317,19 @@ def refuse_mlflow_database(storage: str) -> None:
             if path.is_file():
                 with open(path, "rb") as f:
                     if f.read(len(SQLITE_HEADER)) == SQLITE_HEADER:
-                        raise StorageClash(f"{storage}: {path.resolve()} is an SQLite database, not an Optuna journal "
-                                           "file; Optuna would append its log to it. Give the journal a file of its own")
+                        raise StorageClash(
+                            f"{storage}: {path.resolve()} is an SQLite database, not an Optuna journal "
+                            "file; Optuna would append its log to it. Give the journal a file of its own"
+                        )
         return
     schema = look_inside(storage)
     signs = mlflow_signs(schema) if schema else []
     if signs:
-        raise StorageClash(f"{uris.redact_uri(storage)} is one of MLflow's databases (it holds {', '.join(signs)}); "
-                           "Optuna would write its tables into it and break both. Give Optuna a database of its own, "
-                           "e.g. postgresql://.../optuna or sqlite:///optuna.db; nothing was created")
+        raise StorageClash(
+            f"{uris.redact_uri(storage)} is one of MLflow's databases (it holds {', '.join(signs)}); "
+            "Optuna would write its tables into it and break both. Give Optuna a database of its own, "
+            "e.g. postgresql://.../optuna or sqlite:///optuna.db; nothing was created"
+        )
 
 
 _checked_for_mlflow: set[str] = set()
@@ -319,7 +351,9 @@ def refuse_optuna_database(uri: str, what: str) -> None:
         return
     signs = optuna_signs(schema) if schema else []
     if signs:
-        raise ValueError(f"{what}={uris.redact_uri(uri)} is an Optuna storage (it holds {', '.join(signs)}); MLflow "
-                         "would write its tables into it and break both. Give MLflow a database of its own; "
-                         "nothing was created")
+        raise ValueError(
+            f"{what}={uris.redact_uri(uri)} is an Optuna storage (it holds {', '.join(signs)}); MLflow "
+            "would write its tables into it and break both. Give MLflow a database of its own; "
+            "nothing was created"
+        )
     _checked_for_mlflow.add(uri)

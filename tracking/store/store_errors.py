@@ -34,7 +34,11 @@ def _chain(err: BaseException):
 
 def _raised_in(err: BaseException, package: str) -> bool:
     marker = f"{os.sep}{package}{os.sep}"
-    return any(marker in frame.filename for e in _chain(err) for frame in traceback.extract_tb(e.__traceback__))
+    return any(
+        marker in frame.filename
+        for e in _chain(err)
+        for frame in traceback.extract_tb(e.__traceback__)
+    )
 
 
 def _store_name(err: BaseException) -> str:
@@ -49,8 +53,11 @@ def _store_name(err: BaseException) -> str:
 
 
 # errno of a file write -> what it means for the store being written.
-_WRITE_ERRNOS = {errno.ENOSPC: "is full: no space left on device", errno.EDQUOT: "is full: disk quota exceeded",
-                 errno.EROFS: "is read-only (a read-only file system)"}
+_WRITE_ERRNOS = {
+    errno.ENOSPC: "is full: no space left on device",
+    errno.EDQUOT: "is full: disk quota exceeded",
+    errno.EROFS: "is read-only (a read-only file system)",
+}
 
 
 def _artifact_store(err: BaseException) -> str | None:
@@ -62,7 +69,9 @@ def _artifact_store(err: BaseException) -> str | None:
     tb = err.__traceback__
     while tb is not None:
         owner = tb.tb_frame.f_locals.get("self")
-        if type(owner).__name__.endswith("ArtifactRepository") and getattr(owner, "artifact_uri", None):
+        if type(owner).__name__.endswith("ArtifactRepository") and getattr(
+            owner, "artifact_uri", None
+        ):
             return str(owner.artifact_uri)
         tb = tb.tb_next
     return None
@@ -78,8 +87,10 @@ def _write_problem(err: BaseException) -> str | None:
         meaning = _WRITE_ERRNOS[link.errno]
         where = _artifact_store(link)
         if where:
-            return (f"the MLflow artifact store {redact_uri(where)} {meaning} ({_store_name(err)} keeps its run "
-                    f"artifacts there); nothing more was logged to that run")
+            return (
+                f"the MLflow artifact store {redact_uri(where)} {meaning} ({_store_name(err)} keeps its run "
+                f"artifacts there); nothing more was logged to that run"
+            )
         if _raised_in(link, "mlflow"):
             return f"{_store_name(err)} {meaning} ({link.strerror})"
     return None

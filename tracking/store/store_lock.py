@@ -58,8 +58,10 @@ def store_lock(uri: str):
     try:
         lock.acquire(timeout=timeout)
     except Timeout:
-        raise StoreLockTimeout(f"{path}.lock: another process has held this MLflow store's lock for over "
-                               f"{timeout:g} s (a stalled execution?); nothing was written") from None
+        raise StoreLockTimeout(
+            f"{path}.lock: another process has held this MLflow store's lock for over "
+            f"{timeout:g} s (a stalled execution?); nothing was written"
+        ) from None
     try:
         yield
     finally:
@@ -87,5 +89,7 @@ def ensure_store(uri: str) -> None:
         MlflowClient(uri).search_experiments(max_results=1)
     else:
         with store_lock(uri):
-            MlflowClient(uri).search_experiments(max_results=1)  # builds the store: tables and migrations
+            MlflowClient(uri).search_experiments(
+                max_results=1
+            )  # builds the store: tables and migrations
     _READY.add(uri)

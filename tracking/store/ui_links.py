@@ -28,13 +28,21 @@ def _base(uri: str) -> str | None:
 def experiment_url(uri: str, experiment_id: str) -> str | None:
     """The experiment's runs list in the UI of the server at ``uri`` (None for a local store)."""
     base = _base(uri)
-    return f"{base}/#/experiments/{experiment_id}/runs?{WORKFLOW_QUERY}" if base and experiment_id else None
+    return (
+        f"{base}/#/experiments/{experiment_id}/runs?{WORKFLOW_QUERY}"
+        if base and experiment_id
+        else None
+    )
 
 
 def run_url(uri: str, experiment_id: str, run_id: str) -> str | None:
     """One run's page in the UI of the server at ``uri`` (None for a local store)."""
     base = _base(uri)
-    return f"{base}/#/experiments/{experiment_id}/runs/{run_id}?{WORKFLOW_QUERY}" if base and experiment_id else None
+    return (
+        f"{base}/#/experiments/{experiment_id}/runs/{run_id}?{WORKFLOW_QUERY}"
+        if base and experiment_id
+        else None
+    )
 
 
 def experiment_lines(store_uri: str, ui_url: str) -> list[str]:
@@ -42,14 +50,24 @@ def experiment_lines(store_uri: str, ui_url: str) -> list[str]:
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(store_uri)
-    used = [e for e in client.search_experiments()  # MLflow's empty "Default" experiment is no study's
-            if e.name != "Default" or client.search_runs([e.experiment_id], max_results=1)]
+    used = [
+        e
+        for e in client.search_experiments()  # MLflow's empty "Default" experiment is no study's
+        if e.name != "Default" or client.search_runs([e.experiment_id], max_results=1)
+    ]
     if not used:
-        return [f"no experiments in {store_uri} yet: `make run` makes the smoke study's; the UI: {_base(ui_url)}/"]
-    return [f"runs of {e.name}: {experiment_url(ui_url, e.experiment_id)}" for e in sorted(used, key=lambda e: e.name)]
+        return [
+            f"no experiments in {store_uri} yet: `make run` makes the smoke study's; the UI: {_base(ui_url)}/"
+        ]
+    return [
+        f"runs of {e.name}: {experiment_url(ui_url, e.experiment_id)}"
+        for e in sorted(used, key=lambda e: e.name)
+    ]
 
 
-if __name__ == "__main__":  # `make ui`: where each study's runs are, before the UI starts (argv: store URI, UI address)
+if (
+    __name__ == "__main__"
+):  # `make ui`: where each study's runs are, before the UI starts (argv: store URI, UI address)
     import sys
 
     print("\n".join(experiment_lines(sys.argv[1], sys.argv[2])), flush=True)

@@ -18,8 +18,11 @@ from tracking.store.store_lock import ensure_store
 DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
 # Applied only when the user has not set them: short enough that a dead server costs a run
 # seconds, long enough to ride out a server restart or a slow upload.
-HTTP_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "3", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
-                 "MLFLOW_HTTP_REQUEST_TIMEOUT": "60"}
+HTTP_DEFAULTS = {
+    "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "3",
+    "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+    "MLFLOW_HTTP_REQUEST_TIMEOUT": "60",
+}
 
 
 def tracking_uri() -> str:

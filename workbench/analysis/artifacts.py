@@ -49,9 +49,13 @@ def background_patches(images: torch.Tensor, patch_size: int) -> torch.Tensor:
         Bool ``(B, H // patch_size, W // patch_size)``.
     """
     if images.dim() != 4 or images.shape[-1] % patch_size or images.shape[-2] % patch_size:
-        raise ValueError(f"images {tuple(images.shape)} do not tile into {patch_size}-pixel patches")
+        raise ValueError(
+            f"images {tuple(images.shape)} do not tile into {patch_size}-pixel patches"
+        )
     x = images.detach().to(torch.float64)
-    border = torch.cat([x[..., 0, :], x[..., -1, :], x[..., :, 0], x[..., :, -1]], dim=-1)  # (B, C, 2H + 2W)
+    border = torch.cat(
+        [x[..., 0, :], x[..., -1, :], x[..., :, 0], x[..., :, -1]], dim=-1
+    )  # (B, C, 2H + 2W)
     background = border.median(dim=-1).values  # (B, C): median resists an object touching the edge
     deviation = (x - background[..., None, None]).abs().mean(dim=1, keepdim=True)  # (B, 1, H, W)
     per_patch = F.avg_pool2d(deviation, patch_size).squeeze(1)  # (B, rows, cols)
@@ -93,7 +97,9 @@ def check_maps(maps: torch.Tensor, background: torch.Tensor) -> list[ArtifactChe
         One check per map, in batch order.
     """
     if maps.shape != background.shape:
-        raise ValueError(f"maps {tuple(maps.shape)} and background {tuple(background.shape)} differ in shape")
+        raise ValueError(
+            f"maps {tuple(maps.shape)} and background {tuple(background.shape)} differ in shape"
+        )
     m = maps.detach().to(torch.float64).flatten(1)  # (B, P)
     m = m / m.sum(dim=1, keepdim=True).clamp_min(1e-300)
     bg = background.flatten(1).to(torch.float64)  # (B, P)
@@ -103,7 +109,18 @@ def check_maps(maps: torch.Tensor, background: torch.Tensor) -> list[ArtifactChe
     top_bg = (top_values * bg.gather(1, top_index)).sum(dim=1) / top_share.clamp_min(1e-300)
     checks = []
     for i in range(m.shape[0]):
-        flagged = bool(m.shape[1] >= MIN_PATCHES and top_share[i] >= CONCENTRATION and top_bg[i] >= BACKGROUND_SHARE)
-        checks.append(ArtifactCheck(flagged, float(top_share[i]), float(top_bg[i]),
-                                    float((m[i] * bg[i]).sum()), float(bg[i].mean())))
+        flagged = bool(
+            m.shape[1] >= MIN_PATCHES
+            and top_share[i] >= CONCENTRATION
+            and top_bg[i] >= BACKGROUND_SHARE
+        )
+        checks.append(
+            ArtifactCheck(
+                flagged,
+                float(top_share[i]),
+                float(top_bg[i]),
+                float((m[i] * bg[i]).sum()),
+                float(bg[i].mean()),
+            )
+        )
     return checks

@@ -30,7 +30,12 @@ def _overlay(ax, image: np.ndarray, patch_map: np.ndarray, check: ArtifactCheck 
     """
     h, w = image.shape[:2]
     extent = (-0.5, w - 0.5, h - 0.5, -0.5)
-    scale = {"cmap": "inferno", "vmin": 0.0, "vmax": float(patch_map.max()) or 1.0, "interpolation": "nearest"}
+    scale = {
+        "cmap": "inferno",
+        "vmin": 0.0,
+        "vmax": float(patch_map.max()) or 1.0,
+        "interpolation": "nearest",
+    }
     if image.shape[-1] == 1:
         ax.imshow(patch_map, extent=extent, **scale)
         ax.contour(image[..., 0], levels=[OUTLINE_LEVEL], colors="#00e5ff", linewidths=0.9)
@@ -40,8 +45,11 @@ def _overlay(ax, image: np.ndarray, patch_map: np.ndarray, check: ArtifactCheck 
         show_image(ax, image)
         ax.imshow(patch_map, alpha=0.55, extent=extent, **scale)
     peak = f"max patch {patch_map.max() / max(patch_map.sum(), 1e-300):.1%} (uniform {1 / patch_map.size:.1%})"
-    ax.set_xlabel(peak if check is None else f"{peak}\n{check.short()}", fontsize=6.5,
-                  color=FLAG_COLOR if check is not None and check.flagged else "0.2")
+    ax.set_xlabel(
+        peak if check is None else f"{peak}\n{check.short()}",
+        fontsize=6.5,
+        color=FLAG_COLOR if check is not None and check.flagged else "0.2",
+    )
     if check is not None and check.flagged:
         for spine in ax.spines.values():
             spine.set_edgecolor(FLAG_COLOR)
@@ -51,11 +59,15 @@ def _overlay(ax, image: np.ndarray, patch_map: np.ndarray, check: ArtifactCheck 
 def _verdict(checks: Sequence[ArtifactCheck]) -> tuple[str, str]:
     """(footer text, colour): the diagnostic note, the criterion, and how many maps it flagged."""
     flagged = sum(c.flagged for c in checks)
-    text = (f"{DIAGNOSTIC} Colour scale per panel, 0 to the panel's maximum (under each panel, as a share of "
-            f"the map, beside a uniform map's share).\nBackground-artifact check: {CRITERION}.")
+    text = (
+        f"{DIAGNOSTIC} Colour scale per panel, 0 to the panel's maximum (under each panel, as a share of "
+        f"the map, beside a uniform map's share).\nBackground-artifact check: {CRITERION}."
+    )
     if flagged:
-        text += (f"\n{flagged} of {len(checks)} maps FLAGGED (red frame): attention concentrated on a few background "
-                 "patches is a known ViT artifact (global 'register' tokens), not evidence about the object.")
+        text += (
+            f"\n{flagged} of {len(checks)} maps FLAGGED (red frame): attention concentrated on a few background "
+            "patches is a known ViT artifact (global 'register' tokens), not evidence about the object."
+        )
         return text, FLAG_COLOR
     return text + f"\nNone of the {len(checks)} maps is flagged.", "0.25"
 
@@ -126,8 +138,9 @@ def head_maps_figure(
     return overlay_figure(images, columns, f"{title} (block {block})", row_labels, by_column, dpi)
 
 
-def patch_grid_figure(image: np.ndarray, patch_size: int, prefix_tokens: int = 1, title: str = "",
-                      dpi: int = DPI) -> Figure:
+def patch_grid_figure(
+    image: np.ndarray, patch_size: int, prefix_tokens: int = 1, title: str = "", dpi: int = DPI
+) -> Figure:
     """An image cut into patches: boundaries and patch numbers, then the patches as tokens.
 
     Args:
@@ -149,21 +162,34 @@ def patch_grid_figure(image: np.ndarray, patch_size: int, prefix_tokens: int = 1
     size = max(3.5, min(10.0, 120.0 / max(rows, cols)))
     for r in range(rows):
         for c in range(cols):
-            left.text((c + 0.5) * patch_size - 0.5, (r + 0.5) * patch_size - 0.5, str(r * cols + c),
-                      ha="center", va="center", fontsize=size, color="#ffdd00",
-                      bbox={"boxstyle": "square,pad=0.1", "fc": "black", "alpha": 0.45, "lw": 0})
-    left.set_title(f"{h}x{w} image, {rows}x{cols} = {rows * cols} patches of {patch_size}x{patch_size} px", fontsize=9)
+            left.text(
+                (c + 0.5) * patch_size - 0.5,
+                (r + 0.5) * patch_size - 0.5,
+                str(r * cols + c),
+                ha="center",
+                va="center",
+                fontsize=size,
+                color="#ffdd00",
+                bbox={"boxstyle": "square,pad=0.1", "fc": "black", "alpha": 0.45, "lw": 0},
+            )
+    left.set_title(
+        f"{h}x{w} image, {rows}x{cols} = {rows * cols} patches of {patch_size}x{patch_size} px",
+        fontsize=9,
+    )
     # Exploded view: gaps between patches show that each is embedded on its own.
     gap = max(1, patch_size // 4)
     tile = patch_size + gap
     mosaic = np.ones((rows * tile - gap, cols * tile - gap, image.shape[2]))
     for r in range(rows):
         for c in range(cols):
-            mosaic[r * tile : r * tile + patch_size, c * tile : c * tile + patch_size] = \
-                image[r * patch_size : (r + 1) * patch_size, c * patch_size : (c + 1) * patch_size]
+            mosaic[r * tile : r * tile + patch_size, c * tile : c * tile + patch_size] = image[
+                r * patch_size : (r + 1) * patch_size, c * patch_size : (c + 1) * patch_size
+            ]
     show_image(right, mosaic)
-    right.set_title(f"pulled apart: each patch becomes one token, read row by row (token = patch + {prefix_tokens})",
-                    fontsize=9)
+    right.set_title(
+        f"pulled apart: each patch becomes one token, read row by row (token = patch + {prefix_tokens})",
+        fontsize=9,
+    )
     fig.suptitle(f"Patch grid{': ' + title if title else ''}", fontsize=10)
     return fig
 
@@ -179,20 +205,33 @@ def position_similarity_figure(similarity: np.ndarray, title: str = "", dpi: int
     rows, cols = similarity.shape[:2]
     gap = 1
     tile_h, tile_w = rows + gap, cols + gap
-    mosaic = np.full((rows * tile_h - gap, cols * tile_w - gap), np.nan)  # NaN gaps show as background
+    mosaic = np.full(
+        (rows * tile_h - gap, cols * tile_w - gap), np.nan
+    )  # NaN gaps show as background
     for i in range(rows):
         for j in range(cols):
-            mosaic[i * tile_h : i * tile_h + rows, j * tile_w : j * tile_w + cols] = similarity[i, j]
+            mosaic[i * tile_h : i * tile_h + rows, j * tile_w : j * tile_w + cols] = similarity[
+                i, j
+            ]
     fig = new_figure((9.0, 8.0), dpi)
     ax = fig.subplots()
     image = ax.imshow(mosaic, cmap="RdBu_r", vmin=-1, vmax=1, interpolation="nearest")
     step = max(1, rows // 14)  # readable tick density for 14x14 and larger grids
-    ax.set_xticks([j * tile_w + (cols - 1) / 2 for j in range(0, cols, step)], [str(j) for j in range(0, cols, step)])
-    ax.set_yticks([i * tile_h + (rows - 1) / 2 for i in range(0, rows, step)], [str(i) for i in range(0, rows, step)])
+    ax.set_xticks(
+        [j * tile_w + (cols - 1) / 2 for j in range(0, cols, step)],
+        [str(j) for j in range(0, cols, step)],
+    )
+    ax.set_yticks(
+        [i * tile_h + (rows - 1) / 2 for i in range(0, rows, step)],
+        [str(i) for i in range(0, rows, step)],
+    )
     ax.set_xlabel("patch column of the position", fontsize=9)
     ax.set_ylabel("patch row of the position", fontsize=9)
     ax.set_facecolor("white")
     fig.colorbar(image, ax=ax, shrink=0.8, label="cosine similarity")
-    fig.suptitle(f"Positional-embedding similarity{': ' + title if title else ''}\n"
-                 f"tile (row, column) = that position's similarity to each of the {rows}x{cols} positions", fontsize=10)
+    fig.suptitle(
+        f"Positional-embedding similarity{': ' + title if title else ''}\n"
+        f"tile (row, column) = that position's similarity to each of the {rows}x{cols} positions",
+        fontsize=10,
+    )
     return fig

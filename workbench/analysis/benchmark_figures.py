@@ -18,7 +18,10 @@ def plot_benchmark(result: BenchmarkResult) -> Figure:
     labels = [f"{r.section[:5]} {r.model} b{r.batch} {r.variant}" for r in table.itertuples()]
     if len(table):
         ratio = table["ratio_to_timm_fused"].to_numpy()
-        err = [ratio - table["ratio_to_timm_fused_q1"].to_numpy(), table["ratio_to_timm_fused_q3"].to_numpy() - ratio]
+        err = [
+            ratio - table["ratio_to_timm_fused_q1"].to_numpy(),
+            table["ratio_to_timm_fused_q3"].to_numpy() - ratio,
+        ]
         palette = {"glass_fast": "tab:blue", "glass_written": "tab:orange"}
         colors = [palette.get(v, "tab:gray") for v in table["variant"]]
         left.barh(range(len(table)), ratio, xerr=err, color=colors, capsize=2)

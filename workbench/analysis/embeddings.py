@@ -50,8 +50,10 @@ def pooled_features(model: nn.Module, images: torch.Tensor, batch_size: int = 25
     was_training = model.training
     model.eval()
     try:
-        parts = [model.forward_head(model.forward_features(images[i : i + batch_size]), pre_logits=True)
-                 for i in range(0, len(images), batch_size)]
+        parts = [
+            model.forward_head(model.forward_features(images[i : i + batch_size]), pre_logits=True)
+            for i in range(0, len(images), batch_size)
+        ]
     finally:
         model.train(was_training)
     return torch.cat(parts).float().cpu().numpy()

@@ -20,12 +20,20 @@ def plot_stage_differences(report: EquivalenceReport) -> Figure:
     ax.bar(table["index"], values, color=colors, width=0.8)
     for name, rows in report.fused.items():
         idx = [r.index for r in rows]
-        ax.plot(idx, [max(r.max_abs_diff, floor) for r in rows], ".", ms=3, label=f"{name} (reported, not asserted)")
+        ax.plot(
+            idx,
+            [max(r.max_abs_diff, floor) for r in rows],
+            ".",
+            ms=3,
+            label=f"{name} (reported, not asserted)",
+        )
     ax.set_yscale("log")
     ax.set_ylim(floor / 2, 1e-2)
     ax.set_xlabel("stage index")
     ax.set_ylabel("max |difference| (0 shown at floor)")
-    ax.set_title(f"{report.architecture}: glass-box vs timm (unfused), {report.stages_passed}/{len(table)} stages exact")
+    ax.set_title(
+        f"{report.architecture}: glass-box vs timm (unfused), {report.stages_passed}/{len(table)} stages exact"
+    )
     ax.legend(fontsize=7, loc="upper left")
     fig.tight_layout()
     return fig

@@ -58,13 +58,19 @@ def check_block(block: int, depth: int) -> None:
         ValueError: naming the index and the valid range.
     """
     if not -depth <= block < depth:
-        raise ValueError(f"block {block} does not exist: the model has {depth} blocks "
-                         f"(give 0 to {depth - 1}, or -{depth} to -1 counting from the last)")
+        raise ValueError(
+            f"block {block} does not exist: the model has {depth} blocks "
+            f"(give 0 to {depth - 1}, or -{depth} to -1 counting from the last)"
+        )
 
 
 def attention_figures(
-    model: VisionTransformer, x: torch.Tensor, norm: NormStats, where: str,
-    row_labels: Callable[[torch.Tensor], list[str]], block: int = -1,
+    model: VisionTransformer,
+    x: torch.Tensor,
+    norm: NormStats,
+    where: str,
+    row_labels: Callable[[torch.Tensor], list[str]],
+    block: int = -1,
 ) -> AttentionFigures:
     """Analyse ``x`` and draw the rollout and per-head figures.
 
@@ -79,28 +85,58 @@ def attention_figures(
     check_block(block, model.cfg.depth)
     shown = display_images(x, norm)
     analysis = analyse_attention(model, x)
-    background = background_patches(torch.from_numpy(shown).permute(0, 3, 1, 2), model.cfg.patch_size)
+    background = background_patches(
+        torch.from_numpy(shown).permute(0, 3, 1, 2), model.cfg.patch_size
+    )
     rows = row_labels(analysis.logits)
     last = analysis.last_layer.maps
     query = analysis.layout.query_label
-    if analysis.rollout_maps is None:  # no token carries the prediction: say so, draw what the head reads
+    if (
+        analysis.rollout_maps is None
+    ):  # no token carries the prediction: say so, draw what the head reads
         checks = {POOL: check_maps(last, background)}
-        rollout = overlay_figure(shown, {POOL: last.numpy()},
-                                 f"Attention-pool map: {where}\n{analysis.statement}", rows, checks)
+        rollout = overlay_figure(
+            shown,
+            {POOL: last.numpy()},
+            f"Attention-pool map: {where}\n{analysis.statement}",
+            rows,
+            checks,
+        )
     else:
         roll = analysis.rollout_maps.maps
         label = POOL if analysis.layout.head == "pool" else LAST
         checks = {label: check_maps(last, background), ROLLOUT: check_maps(roll, background)}
-        rollout = overlay_figure(shown, {label: last.numpy(), ROLLOUT: roll.numpy()},
-                                 f"Attention rollout and last-layer attention: {where}\nmaps read from the {query}",
-                                 rows, checks)
+        rollout = overlay_figure(
+            shown,
+            {label: last.numpy(), ROLLOUT: roll.numpy()},
+            f"Attention rollout and last-layer attention: {where}\nmaps read from the {query}",
+            rows,
+            checks,
+        )
     block = block % len(analysis.attentions)
     heads = analysis.head_maps(block).maps  # (B, heads, rows, cols)
     n_heads = heads.shape[1]
     head_checks = [check_maps(heads[:, h], background) for h in range(n_heads)]  # [head][image]
     per_image = [[head_checks[h][i] for h in range(n_heads)] for i in range(len(shown))]
-    block_query = "CLS token row" if analysis.layout.query == "cls" else "mean over patch-token rows"
-    head_fig = head_maps_figure(shown, heads.numpy(), block, f"Attention per head: {where}\nmaps read from the {block_query}",
-                                rows, per_image)
-    return AttentionFigures(rollout, head_fig, block, analysis, shown,
-                            {"rollout": [c for cs in checks.values() for c in cs], "heads": [c for cs in head_checks for c in cs]})
+    block_query = (
+        "CLS token row" if analysis.layout.query == "cls" else "mean over patch-token rows"
+    )
+    head_fig = head_maps_figure(
+        shown,
+        heads.numpy(),
+        block,
+        f"Attention per head: {where}\nmaps read from the {block_query}",
+        rows,
+        per_image,
+    )
+    return AttentionFigures(
+        rollout,
+        head_fig,
+        block,
+        analysis,
+        shown,
+        {
+            "rollout": [c for cs in checks.values() for c in cs],
+            "heads": [c for cs in head_checks for c in cs],
+        },
+    )

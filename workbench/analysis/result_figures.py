@@ -68,7 +68,14 @@ def curves_figure(
             values = [[s[e] for s in series if e in s] for e in epochs]
             mean = np.array([np.mean(v) for v in values])
             low, high = np.array([min(v) for v in values]), np.array([max(v) for v in values])
-            ax.plot(epochs, mean, color=colors[arm], label=f"{arm} (mean of {len(series)} seeds)", marker="o", ms=3)
+            ax.plot(
+                epochs,
+                mean,
+                color=colors[arm],
+                label=f"{arm} (mean of {len(series)} seeds)",
+                marker="o",
+                ms=3,
+            )
             ax.fill_between(epochs, low, high, color=colors[arm], alpha=0.2, linewidth=0)
         ax.set_title(metric, fontsize=10)
         ax.set_xlabel("epoch")
@@ -76,16 +83,22 @@ def curves_figure(
         ax.grid(alpha=0.3)
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=8)
-    for ax in axes[len(metrics):]:
+    for ax in axes[len(metrics) :]:
         ax.set_visible(False)
     fig.suptitle(wrap(title, fig, 11), fontsize=11)
-    footer(fig, "Line: mean over seeds at each epoch; band: min to max over seeds (seeds that stopped early drop out).")
+    footer(
+        fig,
+        "Line: mean over seeds at each epoch; band: min to max over seeds (seeds that stopped early drop out).",
+    )
     return fig
 
 
 def confusion_figure(
-    matrices: Mapping[str, np.ndarray], class_names: Sequence[str], title: str = "Confusion matrices",
-    ncols: int | None = None, dpi: int = DPI,
+    matrices: Mapping[str, np.ndarray],
+    class_names: Sequence[str],
+    title: str = "Confusion matrices",
+    ncols: int | None = None,
+    dpi: int = DPI,
 ) -> Figure:
     """Panels of confusion matrices: colour = share of the true class (row), text = count.
 
@@ -107,8 +120,15 @@ def confusion_figure(
         ax.imshow(share, cmap="Blues", vmin=0, vmax=1)
         for r in range(k):
             for c in range(k):
-                ax.text(c, r, str(int(cm[r, c])), ha="center", va="center", fontsize=7 if k > 8 else 8,
-                        color="white" if share[r, c] > 0.5 else "black")
+                ax.text(
+                    c,
+                    r,
+                    str(int(cm[r, c])),
+                    ha="center",
+                    va="center",
+                    fontsize=7 if k > 8 else 8,
+                    color="white" if share[r, c] > 0.5 else "black",
+                )
         ax.set_xticks(range(k), class_names, rotation=60, ha="right", fontsize=7)
         ax.set_yticks(range(k), class_names, fontsize=7)
         ax.set_xlabel("predicted")
@@ -122,7 +142,10 @@ def confusion_figure(
 
 
 def per_class_accuracy_figure(
-    per_arm: Mapping[str, np.ndarray], class_names: Sequence[str], title: str = "Per-class accuracy", dpi: int = DPI,
+    per_arm: Mapping[str, np.ndarray],
+    class_names: Sequence[str],
+    title: str = "Per-class accuracy",
+    dpi: int = DPI,
 ) -> Figure:
     """Grouped bars: mean per-class accuracy per arm, with one dot per seed.
 
@@ -141,7 +164,14 @@ def per_class_accuracy_figure(
     for i, (arm, acc) in enumerate(per_arm.items()):
         acc = np.atleast_2d(acc)
         pos = x - 0.4 + width * (i + 0.5)
-        ax.bar(pos, np.nanmean(acc, axis=0), width, color=colors[arm], alpha=0.75, label=f"{arm} ({len(acc)} seeds)")
+        ax.bar(
+            pos,
+            np.nanmean(acc, axis=0),
+            width,
+            color=colors[arm],
+            alpha=0.75,
+            label=f"{arm} ({len(acc)} seeds)",
+        )
         for seed_row in acc:
             ax.scatter(pos, seed_row, s=9, color="black", zorder=3, linewidths=0)
     ax.set_xticks(x, class_names, rotation=30, ha="right")
@@ -155,8 +185,11 @@ def per_class_accuracy_figure(
 
 
 def tsne_figure(
-    panels: Mapping[str, tuple[np.ndarray, np.ndarray]], class_names: Sequence[str], title: str = "t-SNE",
-    note: str = "", dpi: int = DPI,
+    panels: Mapping[str, tuple[np.ndarray, np.ndarray]],
+    class_names: Sequence[str],
+    title: str = "t-SNE",
+    note: str = "",
+    dpi: int = DPI,
 ) -> Figure:
     """Scatter of 2-D embeddings coloured by true class, one panel per model.
 
@@ -177,11 +210,24 @@ def tsne_figure(
         size = float(np.clip(4000 / max(len(points), 1), 6, 30))  # bigger dots when there are few
         for k, cls in enumerate(class_names):
             sel = labels == k
-            ax.scatter(points[sel, 0], points[sel, 1], s=size, color=cmap(k % cmap.N), label=cls, alpha=0.8, linewidths=0)
+            ax.scatter(
+                points[sel, 0],
+                points[sel, 1],
+                s=size,
+                color=cmap(k % cmap.N),
+                label=cls,
+                alpha=0.8,
+                linewidths=0,
+            )
         ax.set_title(name, fontsize=9)
         ax.set_xticks([])
         ax.set_yticks([])
-    fig.legend(*axes[0].get_legend_handles_labels(), loc="outside right center", fontsize=8, markerscale=max(1.0, 15 / size))
+    fig.legend(
+        *axes[0].get_legend_handles_labels(),
+        loc="outside right center",
+        fontsize=8,
+        markerscale=max(1.0, 15 / size),
+    )
     fig.suptitle(wrap(title, fig, 11), fontsize=11)
     if note:
         footer(fig, note)
@@ -207,7 +253,9 @@ class ArmSummary:
     epochs: dict[int, int] = field(default_factory=dict)
 
 
-def summary_figure(arms: Sequence[ArmSummary], title: str, note: str = "", dpi: int = DPI) -> Figure:
+def summary_figure(
+    arms: Sequence[ArmSummary], title: str, note: str = "", dpi: int = DPI
+) -> Figure:
     """Headline numbers in one figure: accuracy per arm and split with per-seed points, and a table.
 
     Args:
@@ -235,27 +283,56 @@ def summary_figure(arms: Sequence[ArmSummary], title: str, note: str = "", dpi: 
             ax.bar(x, mean, color=colors[a.arm], alpha=0.5, width=0.8)
             ax.scatter([x] * len(values), values, color="black", s=16, zorder=3)
             # the label sits above the highest seed so it never hides a point
-            ax.text(x, max(values) + 0.04 * span, f"{mean:.1%}", ha="center", va="bottom", fontsize=9)
+            ax.text(
+                x, max(values) + 0.04 * span, f"{mean:.1%}", ha="center", va="bottom", fontsize=9
+            )
     # Every bar carries its arm's name (a legend would cover bars once there are many arms);
     # each split's group is named above it.
-    ax.set_xticks([si * (len(arms) + 1) + ai for si in range(len(splits)) for ai in range(len(arms))],
-                  [a.arm for _ in splits for a in arms], rotation=45 if len(arms) > 4 else 0,
-                  ha="right" if len(arms) > 4 else "center", fontsize=8)
+    ax.set_xticks(
+        [si * (len(arms) + 1) + ai for si in range(len(splits)) for ai in range(len(arms))],
+        [a.arm for _ in splits for a in arms],
+        rotation=45 if len(arms) > 4 else 0,
+        ha="right" if len(arms) > 4 else "center",
+        fontsize=8,
+    )
     for si, split in enumerate(splits):
-        ax.text(si * (len(arms) + 1) + (len(arms) - 1) / 2, 1.0, f"{split} accuracy", ha="center", va="bottom",
-                fontsize=9, transform=ax.get_xaxis_transform())
-    ax.set_ylim(max(0.0, min(all_values, default=0.0) - 0.5 * span), min(1.0, max(all_values, default=1.0) + 0.3 * span))
+        ax.text(
+            si * (len(arms) + 1) + (len(arms) - 1) / 2,
+            1.0,
+            f"{split} accuracy",
+            ha="center",
+            va="bottom",
+            fontsize=9,
+            transform=ax.get_xaxis_transform(),
+        )
+    ax.set_ylim(
+        max(0.0, min(all_values, default=0.0) - 0.5 * span),
+        min(1.0, max(all_values, default=1.0) + 0.3 * span),
+    )
     ax.grid(axis="y", alpha=0.3)
-    ax.set_title("bar: mean over seeds (value above); dot: one seed; y axis zoomed to the data", fontsize=9, pad=16)
-    header = ["arm", "model", "parameters", "seeds", "epochs per seed"] + [f"{s} accuracy, mean ± sd" for s in splits]
+    ax.set_title(
+        "bar: mean over seeds (value above); dot: one seed; y axis zoomed to the data",
+        fontsize=9,
+        pad=16,
+    )
+    header = ["arm", "model", "parameters", "seeds", "epochs per seed"] + [
+        f"{s} accuracy, mean ± sd" for s in splits
+    ]
     rows = []
     for a in arms:
         seeds = sorted({seed for d in a.accuracy.values() for seed in d})
-        cells = [a.arm, a.model, f"{a.parameters:,}", ", ".join(map(str, seeds)),
-                 ", ".join(str(a.epochs[s]) for s in seeds if s in a.epochs) or "-"]
+        cells = [
+            a.arm,
+            a.model,
+            f"{a.parameters:,}",
+            ", ".join(map(str, seeds)),
+            ", ".join(str(a.epochs[s]) for s in seeds if s in a.epochs) or "-",
+        ]
         for s in splits:
             v = np.array(list(a.accuracy.get(s, {}).values()))
-            cells.append(f"{v.mean():.2%} ± {v.std(ddof=1) if len(v) > 1 else 0:.2%}" if len(v) else "-")
+            cells.append(
+                f"{v.mean():.2%} ± {v.std(ddof=1) if len(v) > 1 else 0:.2%}" if len(v) else "-"
+            )
         rows.append(cells)
     tax = bottom.subplots()
     tax.axis("off")

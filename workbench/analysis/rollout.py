@@ -60,8 +60,14 @@ class TokenLayout:
         # even when a class token exists but is not used by the head.
         query = "cls" if cfg.class_token and cfg.pooling != "mean" else "mean"
         head = {"cls": "cls", "mean": "mean", "map": "pool"}[cfg.pooling]
-        return cls(prefix=cfg.num_prefix_tokens, grid=cfg.grid, query=query, head=head,
-                   class_token=cfg.class_token, pool_prefix=cfg.pool_include_prefix)
+        return cls(
+            prefix=cfg.num_prefix_tokens,
+            grid=cfg.grid,
+            query=query,
+            head=head,
+            class_token=cfg.class_token,
+            pool_prefix=cfg.pool_include_prefix,
+        )
 
     @property
     def has_rollout(self) -> bool:
@@ -100,7 +106,9 @@ def attention_rollout(attentions: Sequence[torch.Tensor], residual: float = 0.5)
     result: torch.Tensor | None = None
     for i, attn in enumerate(attentions):
         if attn.dim() != 4 or attn.shape[-1] != attn.shape[-2]:
-            raise ValueError(f"attention map {i} has shape {tuple(attn.shape)}; expected (B, heads, N, N)")
+            raise ValueError(
+                f"attention map {i} has shape {tuple(attn.shape)}; expected (B, heads, N, N)"
+            )
         # float64: a product of L row-stochastic matrices should stay row-stochastic to ~1e-15
         a = attn.detach().to(torch.float64).mean(dim=1)  # (B, N, N): heads averaged
         eye = torch.eye(a.shape[-1], dtype=a.dtype, device=a.device)
@@ -138,7 +146,9 @@ def patch_maps(matrix: torch.Tensor, layout: TokenLayout) -> PatchMaps:
     """
     p = layout.prefix
     if matrix.shape[-1] != p + layout.num_patches:
-        raise ValueError(f"matrix has {matrix.shape[-1]} tokens; layout expects {p} prefix + {layout.num_patches} patches")
+        raise ValueError(
+            f"matrix has {matrix.shape[-1]} tokens; layout expects {p} prefix + {layout.num_patches} patches"
+        )
     m = matrix.detach().to(torch.float64)
     if layout.query == "cls":
         full = m[..., 0, :]  # (..., N): the class token's row
@@ -164,8 +174,10 @@ def pool_maps(pool_attention: torch.Tensor, layout: TokenLayout) -> PatchMaps:
     return PatchMaps(maps.reshape(-1, *layout.grid), mass / full.sum(dim=-1))
 
 
-NO_ROLLOUT = ("no class token and an attention-pool head: rollout is not drawn, because no token's row carries "
-              "the prediction; the map shown is the attention-pool query's attention over the patches")
+NO_ROLLOUT = (
+    "no class token and an attention-pool head: rollout is not drawn, because no token's row carries "
+    "the prediction; the map shown is the attention-pool query's attention over the patches"
+)
 
 
 @dataclass
@@ -194,12 +206,16 @@ class AttentionAnalysis:
     def head_maps(self, block: int) -> PatchMaps:
         """Per-head maps of one block, ``(B, heads, rows, cols)``."""
         if not -len(self.attentions) <= block < len(self.attentions):
-            raise IndexError(f"block {block} out of range: the model has {len(self.attentions)} blocks")
+            raise IndexError(
+                f"block {block} out of range: the model has {len(self.attentions)} blocks"
+            )
         return patch_maps(self.attentions[block], self.layout)
 
 
 @torch.no_grad()
-def analyse_attention(model: VisionTransformer, images: torch.Tensor, residual: float = 0.5) -> AttentionAnalysis:
+def analyse_attention(
+    model: VisionTransformer, images: torch.Tensor, residual: float = 0.5
+) -> AttentionAnalysis:
     """Run the analysis mode in eval mode and compute rollout and per-patch maps.
 
     Args:
@@ -217,8 +233,12 @@ def analyse_attention(model: VisionTransformer, images: torch.Tensor, residual: 
     if layout.head == "pool":
         last = pool_maps(out.pool_attention, layout)
     else:
-        last = patch_maps(out.attentions[-1].to(torch.float64).mean(dim=1), layout)  # heads averaged
+        last = patch_maps(
+            out.attentions[-1].to(torch.float64).mean(dim=1), layout
+        )  # heads averaged
     if not layout.has_rollout:
         return AttentionAnalysis(layout, out.logits, out.attentions, None, last, None, NO_ROLLOUT)
     rollout = attention_rollout(out.attentions, residual)
-    return AttentionAnalysis(layout, out.logits, out.attentions, rollout, last, patch_maps(rollout, layout))
+    return AttentionAnalysis(
+        layout, out.logits, out.attentions, rollout, last, patch_maps(rollout, layout)
+    )

@@ -36,16 +36,16 @@ FIGURE_FILES = {
 # What each figure shows, for captions (the report builder can read them from figures.json).
 FIGURE_CAPTIONS = {
     "patches": "A validation image cut into the ViT's patches, numbered in token order, and the same patches as the "
-               "token sequence the transformer reads.",
+    "token sequence the transformer reads.",
     "positional_embeddings": "Cosine similarity of the learned positional embeddings: each small map is one patch "
-                             "position's similarity to every position.",
+    "position's similarity to every position.",
     "curves": "Per-epoch training and validation loss and accuracy of every arm: mean over seeds with a min-max band.",
     "attention_rollout": "Last-layer attention and attention rollout (Abnar & Zuidema) of the ViT on validation images, "
-                         "with the background-artifact check per map. A diagnostic, not an explanation.",
+    "with the background-artifact check per map. A diagnostic, not an explanation.",
     "cls_tsne": "t-SNE of the pre-logits features (the ViT's final CLS embedding; the CNN's pooled features) of "
-                "validation images, coloured by true class.",
+    "validation images, coloured by true class.",
     "attention_heads": "Per-head attention of one ViT block on validation images, with the background-artifact check "
-                       "per map. A diagnostic, not an explanation.",
+    "per map. A diagnostic, not an explanation.",
     "summary": "Headline numbers: validation and test accuracy per arm with per-seed points, parameter counts, epochs.",
     "confusion_matrices": "Confusion matrices per arm and split, counts summed over seeds, colour = share of the true class.",
 }
@@ -111,7 +111,9 @@ class StudyFigures:
     captions: dict[str, str] = field(default_factory=dict)  # file name -> what the figure shows
 
 
-def model_inputs(images: torch.Tensor, norm: NormStats, resize_to: int | None = None) -> torch.Tensor:
+def model_inputs(
+    images: torch.Tensor, norm: NormStats, resize_to: int | None = None
+) -> torch.Tensor:
     """uint8 images -> the float inputs the evaluation loader feeds (resize, normalise)."""
     x = images.float() / 255.0
     if resize_to is not None:
@@ -134,21 +136,33 @@ def _vit_run(runs: list[RunInputs]) -> RunInputs | None:
 
 def _row_labels(logits: torch.Tensor, labels: torch.Tensor, names: tuple[str, ...]) -> list[str]:
     probs = logits.float().softmax(-1)
-    return [f"true {names[int(y)]}\npred {names[int(p)]} ({probs[i, p]:.2f})"
-            for i, (y, p) in enumerate(zip(labels, probs.argmax(-1)))]
+    return [
+        f"true {names[int(y)]}\npred {names[int(p)]} ({probs[i, p]:.2f})"
+        for i, (y, p) in enumerate(zip(labels, probs.argmax(-1)))
+    ]
 
 
-def _attention(vit: RunInputs, inputs: StudyInputs, n_images: int, block: int) -> panels.AttentionFigures:
+def _attention(
+    vit: RunInputs, inputs: StudyInputs, n_images: int, block: int
+) -> panels.AttentionFigures:
     """Rollout and head figures of the chosen ViT run on a few validation images."""
     chosen = pick_examples(inputs.labels, n_images)
     x = model_inputs(inputs.images[chosen], inputs.norm, inputs.resize_to)
     where = f"{inputs.title}, arm {vit.arm} seed {vit.seed} (run {vit.run_id[:8]})"
     labels = inputs.labels[chosen]
-    return panels.attention_figures(vit.model, x, inputs.norm, where,
-                                    lambda logits: _row_labels(logits, labels, inputs.class_names), block)
+    return panels.attention_figures(
+        vit.model,
+        x,
+        inputs.norm,
+        where,
+        lambda logits: _row_labels(logits, labels, inputs.class_names),
+        block,
+    )
 
 
-def tsne_figure(inputs: StudyInputs, vit: RunInputs | None, runs: list[RunInputs], points: int, seed: int) -> Figure:
+def tsne_figure(
+    inputs: StudyInputs, vit: RunInputs | None, runs: list[RunInputs], points: int, seed: int
+) -> Figure:
     """t-SNE of the pre-logits features of the ViT (its CLS embedding) and of a CNN of the same seed."""
     take = torch.arange(min(points, len(inputs.labels)))
     x = model_inputs(inputs.images[take], inputs.norm, inputs.resize_to)
@@ -159,19 +173,28 @@ def tsne_figure(inputs: StudyInputs, vit: RunInputs | None, runs: list[RunInputs
         chosen.append(min(others, key=lambda r: (r.seed != vit.seed, r.arm, r.seed)))
     panels = {}
     for run in chosen:
-        what = "CLS embedding" if isinstance(run.model, VisionTransformer) and run.model.cfg.pooling == "cls" \
+        what = (
+            "CLS embedding"
+            if isinstance(run.model, VisionTransformer) and run.model.cfg.pooling == "cls"
             else "pooled features"
-        panels[f"{run.arm} seed {run.seed}: {what}"] = (tsne_2d(pooled_features(run.model, x), seed=seed), labels)
+        )
+        panels[f"{run.arm} seed {run.seed}: {what}"] = (
+            tsne_2d(pooled_features(run.model, x), seed=seed),
+            labels,
+        )
     perplexity = min(30.0, max(1.0, (len(labels) - 1) / 3))
     return result_figures.tsne_figure(
-        panels, inputs.class_names,
+        panels,
+        inputs.class_names,
         f"t-SNE of pre-logits features, {len(labels)} validation images, coloured by true class: {inputs.title}",
         f"scikit-learn TSNE, perplexity {perplexity:g}, PCA init, seed {seed}. t-SNE keeps neighbourhoods, "
-        "not distances or cluster sizes: read which classes mix, not how far apart clusters are.")
+        "not distances or cluster sizes: read which classes mix, not how far apart clusters are.",
+    )
 
 
-def study_figures(inputs: StudyInputs, n_images: int = 6, tsne_points: int = 800, block: int = -1,
-                  seed: int = 0) -> StudyFigures:
+def study_figures(
+    inputs: StudyInputs, n_images: int = 6, tsne_points: int = 800, block: int = -1, seed: int = 0
+) -> StudyFigures:
     """Build the study's eight figures (fewer when the protocol has no ViT arm).
 
     Args:
@@ -189,36 +212,62 @@ def study_figures(inputs: StudyInputs, n_images: int = 6, tsne_points: int = 800
     messages = []
     if vit is not None:
         cfg = vit.model.cfg
-        first = model_inputs(inputs.images[pick_examples(inputs.labels, 1)], inputs.norm, inputs.resize_to)
-        figs["patches"] = attention_figures.patch_grid_figure(display_images(first, inputs.norm)[0], cfg.patch_size, cfg.num_prefix_tokens,
-                                                              f"{inputs.data_label} validation image, {vit.arm} ({vit.model_name})")
+        first = model_inputs(
+            inputs.images[pick_examples(inputs.labels, 1)], inputs.norm, inputs.resize_to
+        )
+        figs["patches"] = attention_figures.patch_grid_figure(
+            display_images(first, inputs.norm)[0],
+            cfg.patch_size,
+            cfg.num_prefix_tokens,
+            f"{inputs.data_label} validation image, {vit.arm} ({vit.model_name})",
+        )
         if vit.model.pos_embed is not None:
             figs["positional_embeddings"] = attention_figures.position_similarity_figure(
-                position_similarity(vit.model).numpy(), f"{inputs.title}, arm {vit.arm} seed {vit.seed}")
+                position_similarity(vit.model).numpy(),
+                f"{inputs.title}, arm {vit.arm} seed {vit.seed}",
+            )
         attn = _attention(vit, inputs, n_images, block)
         figs["attention_rollout"], figs["attention_heads"] = attn.rollout, attn.heads
-        flagged = {"attention_rollout": attn.flagged("rollout"), "attention_heads": attn.flagged("heads")}
+        flagged = {
+            "attention_rollout": attn.flagged("rollout"),
+            "attention_heads": attn.flagged("heads"),
+        }
         figs["cls_tsne"] = tsne_figure(inputs, vit, runs, tsne_points, seed)
     else:
-        messages.append("no ViT arm: patch, positional-embedding, attention and t-SNE figures skipped")
+        messages.append(
+            "no ViT arm: patch, positional-embedding, attention and t-SNE figures skipped"
+        )
     histories = {arm: {r.seed: r.history for r in runs if r.arm == arm} for arm in arms}
-    figs["curves"] = result_figures.curves_figure(histories, title=f"Training curves by arm: {inputs.title}")
-    figs["summary"] = result_figures.summary_figure(_summaries(runs, arms), f"Summary: {inputs.title} ({inputs.data_label})",
-                                                    "Accuracy from each run's predictions tables (best-validation checkpoint).")
+    figs["curves"] = result_figures.curves_figure(
+        histories, title=f"Training curves by arm: {inputs.title}"
+    )
+    figs["summary"] = result_figures.summary_figure(
+        _summaries(runs, arms),
+        f"Summary: {inputs.title} ({inputs.data_label})",
+        "Accuracy from each run's predictions tables (best-validation checkpoint).",
+    )
     figs["confusion_matrices"] = _confusion(runs, arms, inputs)
     ordered = {FIGURE_FILES[k]: figs[k] for k in FIGURE_FILES if k in figs}
-    return StudyFigures(ordered, {FIGURE_FILES[k]: v for k, v in flagged.items()}, messages,
-                        {FIGURE_FILES[k]: FIGURE_CAPTIONS[k] for k in FIGURE_FILES if k in figs})
+    return StudyFigures(
+        ordered,
+        {FIGURE_FILES[k]: v for k, v in flagged.items()},
+        messages,
+        {FIGURE_FILES[k]: FIGURE_CAPTIONS[k] for k in FIGURE_FILES if k in figs},
+    )
 
 
 def _summaries(runs: list[RunInputs], arms: list[str]) -> list[result_figures.ArmSummary]:
     out = []
     for arm in arms:
         mine = [r for r in runs if r.arm == arm]
-        summary = result_figures.ArmSummary(arm, mine[0].model_name, count_parameters(mine[0].model)[0])
+        summary = result_figures.ArmSummary(
+            arm, mine[0].model_name, count_parameters(mine[0].model)[0]
+        )
         for r in mine:
             for split, table in r.predictions.items():
-                summary.accuracy.setdefault(split, {})[r.seed] = float((table["label"] == table["predicted"]).mean())
+                summary.accuracy.setdefault(split, {})[r.seed] = float(
+                    (table["label"] == table["predicted"]).mean()
+                )
             summary.epochs[r.seed] = len(r.history.get("val_accuracy", {}))
         out.append(summary)
     return out
@@ -232,8 +281,15 @@ def _confusion(runs: list[RunInputs], arms: list[str], inputs: StudyInputs) -> F
         for arm in arms:
             tables = [r.predictions[split] for r in runs if r.arm == arm and split in r.predictions]
             if tables:
-                cm = sum(result_figures.confusion_matrix(t["label"].to_numpy(), t["predicted"].to_numpy(), k) for t in tables)
+                cm = sum(
+                    result_figures.confusion_matrix(
+                        t["label"].to_numpy(), t["predicted"].to_numpy(), k
+                    )
+                    for t in tables
+                )
                 matrices[f"{arm}, {split} (sum of {len(tables)} seeds)"] = cm
     # One row per split while that stays readable; many arms wrap onto rows of four.
     ncols = len(arms) if len(arms) <= 4 else 4
-    return result_figures.confusion_figure(matrices, inputs.class_names, f"Confusion matrices: {inputs.title}", ncols=ncols)
+    return result_figures.confusion_figure(
+        matrices, inputs.class_names, f"Confusion matrices: {inputs.title}", ncols=ncols
+    )

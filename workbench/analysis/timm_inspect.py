@@ -23,7 +23,7 @@ from workbench.data.transforms import NormStats
 
 CAPTIONS = {
     "attention_rollout": "Last-layer attention and attention rollout on each image, with the background-artifact check "
-                         "per map. A diagnostic, not an explanation.",
+    "per map. A diagnostic, not an explanation.",
     "attention_heads": "Per-head attention of one block on each image, with the background-artifact check per map.",
     "patch": "The image as the model sees it (pretrained eval transform), cut into numbered patches.",
     "positional_embeddings": "Cosine similarity of the learned positional embeddings between patch positions.",
@@ -40,7 +40,9 @@ class TimmInspection:
     captions: dict[str, str] = field(default_factory=dict)
 
 
-def load_images(paths: Sequence[str | Path], model: torch.nn.Module) -> tuple[torch.Tensor, NormStats, dict]:
+def load_images(
+    paths: Sequence[str | Path], model: torch.nn.Module
+) -> tuple[torch.Tensor, NormStats, dict]:
     """Read images and apply the model's pretrained eval transform.
 
     Returns:
@@ -84,7 +86,9 @@ def _row_labels(logits: torch.Tensor, names: list[str], num_classes: int) -> lis
     return out
 
 
-def inspect_timm(weights: TimmWeights, image_paths: Sequence[str | Path], block: int = -1) -> TimmInspection:
+def inspect_timm(
+    weights: TimmWeights, image_paths: Sequence[str | Path], block: int = -1
+) -> TimmInspection:
     """Rollout, per-head, patch-grid and positional-embedding figures for some images.
 
     Args:
@@ -100,25 +104,50 @@ def inspect_timm(weights: TimmWeights, image_paths: Sequence[str | Path], block:
     names = [Path(p).name for p in image_paths]
     label = weights.label()
     where = label if label.startswith(weights.architecture) else f"{weights.architecture}, {label}"
-    attn = panels.attention_figures(glass, x, norm, where, lambda logits: _row_labels(logits, names, glass.cfg.num_classes),
-                                    block)
+    attn = panels.attention_figures(
+        glass,
+        x,
+        norm,
+        where,
+        lambda logits: _row_labels(logits, names, glass.cfg.num_classes),
+        block,
+    )
     figs = {"attention_rollout.png": attn.rollout, "attention_heads.png": attn.heads}
     shown = attn.shown
     for i, name in enumerate(names):
         key = f"patch_grid_{Path(name).stem}.png"
-        key = key if key not in figs else f"patch_grid_{Path(name).stem}_{i}.png"  # same name in two folders
-        figs[key] = attention_figures.patch_grid_figure(shown[i], glass.cfg.patch_size, glass.cfg.num_prefix_tokens,
-                                                                             f"{name}, {weights.architecture}")
-    messages = [(f"{weights.architecture}: {audit.summary()}; input {tuple(config['input_size'])}, "
-                f"mean {tuple(round(m, 4) for m in norm.mean)}, std {tuple(round(s, 4) for s in norm.std)}, "
-                f"{config['interpolation']} resize, crop_pct {config['crop_pct']}")]
+        key = (
+            key if key not in figs else f"patch_grid_{Path(name).stem}_{i}.png"
+        )  # same name in two folders
+        figs[key] = attention_figures.patch_grid_figure(
+            shown[i],
+            glass.cfg.patch_size,
+            glass.cfg.num_prefix_tokens,
+            f"{name}, {weights.architecture}",
+        )
+    messages = [
+        (
+            f"{weights.architecture}: {audit.summary()}; input {tuple(config['input_size'])}, "
+            f"mean {tuple(round(m, 4) for m in norm.mean)}, std {tuple(round(s, 4) for s in norm.std)}, "
+            f"{config['interpolation']} resize, crop_pct {config['crop_pct']}"
+        )
+    ]
     if glass.pos_embed is not None:
-        figs["positional_embeddings.png"] = attention_figures.position_similarity_figure(position_similarity(glass).numpy(), where)
+        figs["positional_embeddings.png"] = attention_figures.position_similarity_figure(
+            position_similarity(glass).numpy(), where
+        )
     else:
         messages.append("no learned positional embedding: positional-embedding figure skipped")
     if attn.analysis.statement:
         messages.append(f"{weights.architecture}: {attn.analysis.statement}")
-    flagged = {"attention_rollout.png": attn.flagged("rollout"), "attention_heads.png": attn.flagged("heads")}
-    captions = {name: CAPTIONS[name.split("_")[0] if name.startswith("patch_grid") else name.removesuffix(".png")]
-                for name in figs}
+    flagged = {
+        "attention_rollout.png": attn.flagged("rollout"),
+        "attention_heads.png": attn.flagged("heads"),
+    }
+    captions = {
+        name: CAPTIONS[
+            name.split("_")[0] if name.startswith("patch_grid") else name.removesuffix(".png")
+        ]
+        for name in figs
+    }
     return TimmInspection(figs, flagged, messages, captions)

@@ -21,7 +21,9 @@ def spearman_per_image(scores, effects) -> np.ndarray:
         raise ValueError(f"scores {s.shape} and effects {e.shape}: expected the same (B, P)")
     rho = np.full(s.shape[0], np.nan)
     for b in range(s.shape[0]):
-        if np.ptp(s[b]) > 0 and np.ptp(e[b]) > 0:  # scipy warns and returns NaN otherwise: say so here instead
+        if (
+            np.ptp(s[b]) > 0 and np.ptp(e[b]) > 0
+        ):  # scipy warns and returns NaN otherwise: say so here instead
             rho[b] = spearmanr(s[b], e[b]).statistic
     return rho
 

@@ -21,8 +21,13 @@ def _style(method: str) -> dict:
     return dict(color="0.45", linestyle="--") if method == BASELINE else {}
 
 
-def curves_figure(fractions: np.ndarray, deletion: Mapping[str, np.ndarray], insertion: Mapping[str, np.ndarray],
-                  title: str, ylabel: str = "true-class probability") -> Figure:
+def curves_figure(
+    fractions: np.ndarray,
+    deletion: Mapping[str, np.ndarray],
+    insertion: Mapping[str, np.ndarray],
+    title: str,
+    ylabel: str = "true-class probability",
+) -> Figure:
     """Deletion and insertion curves of every method: the mean over seeds, a band from the lowest to the highest seed.
 
     Args:
@@ -37,29 +42,47 @@ def curves_figure(fractions: np.ndarray, deletion: Mapping[str, np.ndarray], ins
         for method, per_seed in curves.items():
             values = np.atleast_2d(np.asarray(per_seed, dtype=np.float64))
             if values.shape[1] != f.size:
-                raise ValueError(f"{kind} curve of {method!r} has {values.shape[1]} points, the fractions {f.size}")
+                raise ValueError(
+                    f"{kind} curve of {method!r} has {values.shape[1]} points, the fractions {f.size}"
+                )
             mean = values.mean(axis=0)
             area = float((np.diff(f) * (mean[1:] + mean[:-1]) / 2).sum())
-            line, = ax.plot(f, mean, label=f"{method} (AUC {area:.3f})", **_style(method))
+            (line,) = ax.plot(f, mean, label=f"{method} (AUC {area:.3f})", **_style(method))
             if values.shape[0] > 1:
-                ax.fill_between(f, values.min(axis=0), values.max(axis=0), color=line.get_color(), alpha=0.18,
-                                linewidth=0)
+                ax.fill_between(
+                    f,
+                    values.min(axis=0),
+                    values.max(axis=0),
+                    color=line.get_color(),
+                    alpha=0.18,
+                    linewidth=0,
+                )
         word = "removed" if kind == "deletion" else "kept"
         ax.set_xlabel(f"fraction of patch tokens {word}, most important first")
-        ax.set_title(f"{kind} (lower AUC is better)" if kind == "deletion" else f"{kind} (higher AUC is better)",
-                     fontsize=9)
+        ax.set_title(
+            f"{kind} (lower AUC is better)"
+            if kind == "deletion"
+            else f"{kind} (higher AUC is better)",
+            fontsize=9,
+        )
         ax.set_xlim(0, 1)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
     axes[0].set_ylabel(ylabel)
-    seeds = max(np.atleast_2d(np.asarray(v)).shape[0] for v in [*deletion.values(), *insertion.values()])
+    seeds = max(
+        np.atleast_2d(np.asarray(v)).shape[0] for v in [*deletion.values(), *insertion.values()]
+    )
     band = f"; band: lowest to highest of {seeds} seeds" if seeds > 1 else ""
     fig.suptitle(f"{title} (mean over seeds{band}; AUC: trapezoid over 0..1)", fontsize=9)
     return fig
 
 
-def example_maps_figure(images: np.ndarray, maps: Mapping[str, np.ndarray], effects: np.ndarray,
-                        titles: Sequence[str] | None = None) -> Figure:
+def example_maps_figure(
+    images: np.ndarray,
+    maps: Mapping[str, np.ndarray],
+    effects: np.ndarray,
+    titles: Sequence[str] | None = None,
+) -> Figure:
     """One row per image: the image, each method's map, the exact single-token drop's effect map.
 
     Args:
@@ -92,8 +115,11 @@ def example_maps_figure(images: np.ndarray, maps: Mapping[str, np.ndarray], effe
             ax.set_yticks([])
             if i == 0:
                 ax.set_title(name, fontsize=8)
-    fig.suptitle("Each method's map beside the exact causal effect of removing each patch token alone "
-                 "(red: the token helped the true class)", fontsize=8)
+    fig.suptitle(
+        "Each method's map beside the exact causal effect of removing each patch token alone "
+        "(red: the token helped the true class)",
+        fontsize=8,
+    )
     return fig
 
 
@@ -123,8 +149,11 @@ def norm_histograms_figure(norms: np.ndarray, median: np.ndarray, k: float, titl
     return fig
 
 
-def concentration_figure(panels: Mapping[str, Mapping[str, np.ndarray]], title: str,
-                         reference: Mapping[str, Mapping[str, float]] | None = None) -> Figure:
+def concentration_figure(
+    panels: Mapping[str, Mapping[str, np.ndarray]],
+    title: str,
+    reference: Mapping[str, Mapping[str, float]] | None = None,
+) -> Figure:
     """One panel per measure of CLS attention against the block: per line, the mean over seeds and the seeds' range.
 
     Args:
@@ -137,10 +166,16 @@ def concentration_figure(panels: Mapping[str, Mapping[str, np.ndarray]], title: 
         for label, per_seed in lines.items():
             values = np.atleast_2d(np.asarray(per_seed, dtype=np.float64))
             blocks = np.arange(values.shape[1])
-            line, = ax.plot(blocks, values.mean(axis=0), marker="o", markersize=3, label=label)
+            (line,) = ax.plot(blocks, values.mean(axis=0), marker="o", markersize=3, label=label)
             if values.shape[0] > 1:
-                ax.fill_between(blocks, values.min(axis=0), values.max(axis=0), color=line.get_color(), alpha=0.18,
-                                linewidth=0)
+                ax.fill_between(
+                    blocks,
+                    values.min(axis=0),
+                    values.max(axis=0),
+                    color=line.get_color(),
+                    alpha=0.18,
+                    linewidth=0,
+                )
         for label, value in (reference or {}).get(name, {}).items():
             ax.axhline(value, color="0.45", linestyle=":", linewidth=1, label=label)
         ax.set_title(name, fontsize=8)

@@ -54,14 +54,18 @@ class CausalEffects:
     @classmethod
     def joined(cls, parts: list[CausalEffects]) -> CausalEffects:
         """The effects of consecutive image batches as one (images in the order given)."""
-        return cls(effects=np.concatenate([c.effects for c in parts]),
-                   full_log_prob=np.concatenate([c.full_log_prob for c in parts]),
-                   predicted=np.concatenate([c.predicted for c in parts]), forwards=sum(c.forwards for c in parts))
+        return cls(
+            effects=np.concatenate([c.effects for c in parts]),
+            full_log_prob=np.concatenate([c.full_log_prob for c in parts]),
+            predicted=np.concatenate([c.predicted for c in parts]),
+            forwards=sum(c.forwards for c in parts),
+        )
 
 
 @torch.inference_mode()
-def single_token_effects(model, images: torch.Tensor, labels: torch.Tensor, *,
-                         max_sequences: int = 4096) -> CausalEffects:
+def single_token_effects(
+    model, images: torch.Tensor, labels: torch.Tensor, *, max_sequences: int = 4096
+) -> CausalEffects:
     """Each patch token alone removed, per image: see the module docstring."""
     glass = as_glassbox(model)
     P = glass.cfg.num_patches
@@ -70,7 +74,7 @@ def single_token_effects(model, images: torch.Tensor, labels: torch.Tensor, *,
     keep_one = all_but_one(P)  # (P, P - 1)
     with evaluating(glass), fused_attention(glass):
         for start in range(0, images.shape[0], chunk):
-            x, y = images[start:start + chunk], labels[start:start + chunk]
+            x, y = images[start : start + chunk], labels[start : start + chunk]
             logits = glass(x)
             base = true_log_prob(logits, y)  # (b,)
             keep = keep_one.unsqueeze(0).expand(x.shape[0], P, P - 1)
@@ -79,5 +83,9 @@ def single_token_effects(model, images: torch.Tensor, labels: torch.Tensor, *,
             full.append(base)
             predicted.append(logits.argmax(dim=-1))
     n = images.shape[0]
-    return CausalEffects(effects=torch.cat(effects).cpu().numpy(), full_log_prob=torch.cat(full).cpu().numpy(),
-                         predicted=torch.cat(predicted).cpu().numpy(), forwards=n + n * P)
+    return CausalEffects(
+        effects=torch.cat(effects).cpu().numpy(),
+        full_log_prob=torch.cat(full).cpu().numpy(),
+        predicted=torch.cat(predicted).cpu().numpy(),
+        forwards=n + n * P,
+    )

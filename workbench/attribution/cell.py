@@ -15,7 +15,12 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from workbench.attribution.agreement import attention_mass_on, mean_rho, spearman_per_image, top_mask
+from workbench.attribution.agreement import (
+    attention_mass_on,
+    mean_rho,
+    spearman_per_image,
+    top_mask,
+)
 from workbench.attribution.causal import CausalEffects, single_token_effects
 from workbench.attribution.curves import Curves, perturbation_curves
 from workbench.attribution.glassbox import AttributionError, as_glassbox
@@ -92,18 +97,34 @@ class CellAttribution:
         rows = []
         for m in self.methods:
             rho, undefined = mean_rho(self.rho[m])
-            rows.append(MethodSummary(
-                method=m, mean_rho=rho, undefined_rho=undefined,
-                deletion_auc=float(self.deletion_auc[m].mean()), insertion_auc=float(self.insertion_auc[m].mean()),
-                deletion_accuracy_auc=float(self.curves.deletion_auc(m, "correct").mean()),
-                insertion_accuracy_auc=float(self.curves.insertion_auc(m, "correct").mean())))
+            rows.append(
+                MethodSummary(
+                    method=m,
+                    mean_rho=rho,
+                    undefined_rho=undefined,
+                    deletion_auc=float(self.deletion_auc[m].mean()),
+                    insertion_auc=float(self.insertion_auc[m].mean()),
+                    deletion_accuracy_auc=float(self.curves.deletion_auc(m, "correct").mean()),
+                    insertion_accuracy_auc=float(self.curves.insertion_auc(m, "correct").mean()),
+                )
+            )
         return rows
 
 
-def score_cell(model, images: torch.Tensor, labels: torch.Tensor, methods: Sequence[str], seed: int,
-               k: float = DEFAULT_K, *, image_index=None, counts: Sequence[int] | None = None,
-               batch_size: int = 100, max_sequences: int = 4096,
-               progress: Callable[[int], None] | None = None) -> CellAttribution:
+def score_cell(
+    model,
+    images: torch.Tensor,
+    labels: torch.Tensor,
+    methods: Sequence[str],
+    seed: int,
+    k: float = DEFAULT_K,
+    *,
+    image_index=None,
+    counts: Sequence[int] | None = None,
+    batch_size: int = 100,
+    max_sequences: int = 4096,
+    progress: Callable[[int], None] | None = None,
+) -> CellAttribution:
     """Scores, causal effects, curves, rho and token norms of one model on one set of images.
 
     Args:
@@ -131,15 +152,21 @@ def score_cell(model, images: torch.Tensor, labels: torch.Tensor, methods: Seque
     scores: dict[str, list[torch.Tensor]] = {m: [] for m in names}
     effects, curves = [], []
     for start in range(0, images.shape[0], batch_size):
-        x, y = images[start:start + batch_size], labels[start:start + batch_size]
-        part = attribute(glass, x, y, model_methods, seed=seed, batch_size=batch_size) if model_methods else {}
+        x, y = images[start : start + batch_size], labels[start : start + batch_size]
+        part = (
+            attribute(glass, x, y, model_methods, seed=seed, batch_size=batch_size)
+            if model_methods
+            else {}
+        )
         if drawn is not None:
-            part["random"] = drawn[start:start + x.shape[0]]
+            part["random"] = drawn[start : start + x.shape[0]]
         part = {m: part[m] for m in names}
         for m in names:
             scores[m].append(part[m])
         effects.append(single_token_effects(glass, x, y, max_sequences=max_sequences))
-        curves.append(perturbation_curves(glass, x, y, part, counts=counts, max_sequences=max_sequences))
+        curves.append(
+            perturbation_curves(glass, x, y, part, counts=counts, max_sequences=max_sequences)
+        )
         if progress is not None:
             progress(int(x.shape[0]))
     causal, joined = CausalEffects.joined(effects), Curves.joined(curves)
@@ -147,9 +174,17 @@ def score_cell(model, images: torch.Tensor, labels: torch.Tensor, methods: Seque
     arrays = {m: torch.cat(s).numpy() for m, s in scores.items()}
     index = np.arange(images.shape[0]) if image_index is None else np.asarray(image_index)
     return CellAttribution(
-        methods=names, labels=labels.cpu().numpy(), image_index=index, scores=arrays, causal=causal,
-        rho={m: spearman_per_image(arrays[m], causal.effects) for m in names}, curves=joined,
+        methods=names,
+        labels=labels.cpu().numpy(),
+        image_index=index,
+        scores=arrays,
+        causal=causal,
+        rho={m: spearman_per_image(arrays[m], causal.effects) for m in names},
+        curves=joined,
         deletion_auc={m: joined.deletion_auc(m) for m in names},
         insertion_auc={m: joined.insertion_auc(m) for m in names},
-        norms=norms, seed=int(seed), seconds=time.perf_counter() - started,
-        forwards=causal.forwards + joined.forwards)
+        norms=norms,
+        seed=int(seed),
+        seconds=time.perf_counter() - started,
+        forwards=causal.forwards + joined.forwards,
+    )

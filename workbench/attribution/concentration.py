@@ -66,8 +66,13 @@ def _measures(rows: np.ndarray, prefix: int, k: int) -> tuple[np.ndarray, ...]:
         ordered = -np.sort(-q, axis=-1)
         plogp = np.where(q > 0, q * np.log(np.where(q > 0, q, 1.0)), 0.0)
         entropy = -plogp.sum(axis=-1) / math.log(P) if P > 1 else np.full(q.shape[:-1], np.nan)
-    return (ordered[..., 0], ordered[..., :k].sum(axis=-1), entropy, rows[..., 1:prefix].sum(axis=-1),
-            rows[..., 0])
+    return (
+        ordered[..., 0],
+        ordered[..., :k].sum(axis=-1),
+        entropy,
+        rows[..., 1:prefix].sum(axis=-1),
+        rows[..., 0],
+    )
 
 
 def concentration(cls_rows, prefix: int, top_k: int | None = None) -> AttentionConcentration:
@@ -80,13 +85,24 @@ def concentration(cls_rows, prefix: int, top_k: int | None = None) -> AttentionC
     """
     rows = np.asarray(cls_rows, dtype=np.float64)
     if rows.ndim != 4 or not 1 <= prefix < rows.shape[-1]:
-        raise ValueError(f"cls_rows {rows.shape} with prefix {prefix}: expected (B, L, H, N) with 1 <= prefix < N")
+        raise ValueError(
+            f"cls_rows {rows.shape} with prefix {prefix}: expected (B, L, H, N) with 1 <= prefix < N"
+        )
     P = rows.shape[-1] - prefix
     k = top_count(P) if top_k is None else int(top_k)
     if not 1 <= k <= P:
         raise ValueError(f"top_k={top_k!r}: must be in 1..{P}")
     mean = _measures(rows.mean(axis=2), prefix, k)
     heads = _measures(rows, prefix, k)
-    return AttentionConcentration(top_k=k, top1=mean[0], topk=mean[1], entropy=mean[2], registers=mean[3],
-                                  self_share=mean[4], top1_heads=heads[0], topk_heads=heads[1],
-                                  entropy_heads=heads[2], registers_heads=heads[3])
+    return AttentionConcentration(
+        top_k=k,
+        top1=mean[0],
+        topk=mean[1],
+        entropy=mean[2],
+        registers=mean[3],
+        self_share=mean[4],
+        top1_heads=heads[0],
+        topk_heads=heads[1],
+        entropy_heads=heads[2],
+        registers_heads=heads[3],
+    )

@@ -30,7 +30,12 @@ import numpy as np
 import torch
 
 from workbench.attribution.causal import true_log_prob
-from workbench.attribution.glassbox import AttributionError, as_glassbox, evaluating, fused_attention
+from workbench.attribution.glassbox import (
+    AttributionError,
+    as_glassbox,
+    evaluating,
+    fused_attention,
+)
 from workbench.attribution.token_drop import logits_keeping
 
 
@@ -47,7 +52,9 @@ def auc(fractions, values) -> np.ndarray:
     f = np.asarray(fractions, dtype=np.float64)
     v = np.asarray(values, dtype=np.float64)
     if f.ndim != 1 or f.size < 2 or f[0] != 0.0 or f[-1] != 1.0 or np.any(np.diff(f) <= 0):
-        raise AttributionError(f"AUC fractions must increase from 0 to 1 inclusive, got {f.tolist()}")
+        raise AttributionError(
+            f"AUC fractions must increase from 0 to 1 inclusive, got {f.tolist()}"
+        )
     if v.shape[-1] != f.size:
         raise AttributionError(f"AUC values have {v.shape[-1]} points, the fractions {f.size}")
     return (np.diff(f) * (v[..., 1:] + v[..., :-1]) / 2.0).sum(axis=-1)
@@ -71,8 +78,10 @@ def count_grid(num_patches: int, counts: Sequence[int] | None = None) -> np.ndar
         return np.arange(num_patches + 1)
     grid = np.asarray(sorted(set(int(k) for k in counts)))
     if grid[0] != 0 or grid[-1] != num_patches:
-        raise AttributionError(f"curve counts must include 0 and {num_patches} (the AUC's two ends), "
-                               f"got {grid.tolist()}")
+        raise AttributionError(
+            f"curve counts must include 0 and {num_patches} (the AUC's two ends), "
+            f"got {grid.tolist()}"
+        )
     return grid
 
 
@@ -102,11 +111,19 @@ class Curves:
             raise AttributionError("curves of different grids cannot be joined")
 
         def cat(name: str) -> dict[str, np.ndarray]:
-            return {m: np.concatenate([getattr(c, name)[m] for c in parts]) for m in getattr(parts[0], name)}
+            return {
+                m: np.concatenate([getattr(c, name)[m] for c in parts])
+                for m in getattr(parts[0], name)
+            }
 
-        return cls(fractions=fractions, deletion_prob=cat("deletion_prob"), insertion_prob=cat("insertion_prob"),
-                   deletion_correct=cat("deletion_correct"), insertion_correct=cat("insertion_correct"),
-                   forwards=sum(c.forwards for c in parts))
+        return cls(
+            fractions=fractions,
+            deletion_prob=cat("deletion_prob"),
+            insertion_prob=cat("insertion_prob"),
+            deletion_correct=cat("deletion_correct"),
+            insertion_correct=cat("insertion_correct"),
+            forwards=sum(c.forwards for c in parts),
+        )
 
     def deletion_auc(self, method: str, of: str = "prob") -> np.ndarray:
         """Per-image deletion AUC ``(B,)`` of the probability (``of="prob"``) or the accuracy (``"correct"``)."""
@@ -125,8 +142,15 @@ def _kept(order: torch.Tensor, k: int, kind: str) -> torch.Tensor:
 
 
 @torch.inference_mode()
-def perturbation_curves(model, images: torch.Tensor, labels: torch.Tensor, scores: Mapping[str, torch.Tensor], *,
-                        counts: Sequence[int] | None = None, max_sequences: int = 4096) -> Curves:
+def perturbation_curves(
+    model,
+    images: torch.Tensor,
+    labels: torch.Tensor,
+    scores: Mapping[str, torch.Tensor],
+    *,
+    counts: Sequence[int] | None = None,
+    max_sequences: int = 4096,
+) -> Curves:
     """Deletion and insertion curves of every method's order (see the module docstring)."""
     glass = as_glassbox(model)
     P = glass.cfg.num_patches
@@ -140,7 +164,7 @@ def perturbation_curves(model, images: torch.Tensor, labels: torch.Tensor, score
     forwards = 0
     with evaluating(glass), fused_attention(glass):
         for start in range(0, B, chunk):
-            x, y = images[start:start + chunk], labels[start:start + chunk]
+            x, y = images[start : start + chunk], labels[start : start + chunk]
             b, rows = x.shape[0], slice(start, start + x.shape[0])
             o = orders[rows]
             ends = {}  # k -> (b, 1, classes): the full and the empty sequence, the same for every method
@@ -160,9 +184,11 @@ def perturbation_curves(model, images: torch.Tensor, labels: torch.Tensor, score
                     prob[kind][:, rows, j] = p.T.cpu().numpy()
                     correct[kind][:, rows, j] = hit.T.cpu().numpy()
     fractions = grid / P
-    return Curves(fractions=fractions,
-                  deletion_prob={m: prob["deletion"][i] for i, m in enumerate(names)},
-                  insertion_prob={m: prob["insertion"][i] for i, m in enumerate(names)},
-                  deletion_correct={m: correct["deletion"][i] for i, m in enumerate(names)},
-                  insertion_correct={m: correct["insertion"][i] for i, m in enumerate(names)},
-                  forwards=forwards)
+    return Curves(
+        fractions=fractions,
+        deletion_prob={m: prob["deletion"][i] for i, m in enumerate(names)},
+        insertion_prob={m: prob["insertion"][i] for i, m in enumerate(names)},
+        deletion_correct={m: correct["deletion"][i] for i, m in enumerate(names)},
+        insertion_correct={m: correct["insertion"][i] for i, m in enumerate(names)},
+        forwards=forwards,
+    )

@@ -56,14 +56,20 @@ def as_glassbox(model: nn.Module) -> VisionTransformer:
 
         glass, _ = glassbox_from_timm(model)
     else:
-        raise AttributionError(f"attribution acts on the glass-box VisionTransformer (or a timm VisionTransformer, "
-                               f"converted exactly), not {type(model).__name__}")
+        raise AttributionError(
+            f"attribution acts on the glass-box VisionTransformer (or a timm VisionTransformer, "
+            f"converted exactly), not {type(model).__name__}"
+        )
     cfg = glass.cfg
     if cfg.pooling != "cls":
-        raise AttributionError(f"pooling={cfg.pooling!r}: the attribution methods read the class token's row, which "
-                               "only a CLS-pooling head reads (a mean or attention-pool head has no such row)")
+        raise AttributionError(
+            f"pooling={cfg.pooling!r}: the attribution methods read the class token's row, which "
+            "only a CLS-pooling head reads (a mean or attention-pool head has no such row)"
+        )
     if not cfg.num_classes:
-        raise AttributionError("num_classes=0: the model has no classifier, so there is no true-class logit to explain")
+        raise AttributionError(
+            "num_classes=0: the model has no classifier, so there is no true-class logit to explain"
+        )
     return glass
 
 

@@ -53,15 +53,21 @@ def _probs_stages(model: VisionTransformer) -> list[str]:
 def _checked(model, images: torch.Tensor, labels: torch.Tensor) -> VisionTransformer:
     glass = as_glassbox(model)
     if images.dim() != 4 or labels.shape != (images.shape[0],):
-        raise AttributionError(f"images {tuple(images.shape)} and labels {tuple(labels.shape)}: expected "
-                               "(B, C, H, W) and (B,)")
+        raise AttributionError(
+            f"images {tuple(images.shape)} and labels {tuple(labels.shape)}: expected "
+            "(B, C, H, W) and (B,)"
+        )
     if labels.numel() and not 0 <= int(labels.min()) <= int(labels.max()) < glass.cfg.num_classes:
-        raise AttributionError(f"labels must lie in 0..{glass.cfg.num_classes - 1}, got {int(labels.min())}.."
-                               f"{int(labels.max())}")
+        raise AttributionError(
+            f"labels must lie in 0..{glass.cfg.num_classes - 1}, got {int(labels.min())}.."
+            f"{int(labels.max())}"
+        )
     return glass
 
 
-def _attention_maps(model: VisionTransformer, images: torch.Tensor, stages: list[str]) -> list[torch.Tensor]:
+def _attention_maps(
+    model: VisionTransformer, images: torch.Tensor, stages: list[str]
+) -> list[torch.Tensor]:
     record: dict[str, torch.Tensor] = {}
     with torch.no_grad(), attached(model, record_hooks(record, stages)):
         model(images)
@@ -100,14 +106,18 @@ def chefer(model, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     # The input needs a gradient so the maps are in the graph even when the weights are frozen.
     x = images.detach().clone().requires_grad_(True)
     with evaluating(glass), torch.enable_grad():
-        with attached(glass, record_hooks(record, stages)):  # the recorder keeps the map itself, in the graph
+        with attached(
+            glass, record_hooks(record, stages)
+        ):  # the recorder keeps the map itself, in the graph
             logits = glass(x)
         maps = [record[s] for s in stages]
         grads = torch.autograd.grad(_true_logit(logits, labels), maps)
     n = maps[0].shape[-1]
     relevance = torch.eye(n, dtype=torch.float64, device=x.device).expand(x.shape[0], n, n)
     for a, g in zip(maps, grads):
-        weighted = (g.detach().to(torch.float64) * a.detach().to(torch.float64)).clamp(min=0).mean(dim=1)  # (B, N, N)
+        weighted = (
+            (g.detach().to(torch.float64) * a.detach().to(torch.float64)).clamp(min=0).mean(dim=1)
+        )  # (B, N, N)
         relevance = relevance + weighted @ relevance
     return relevance[:, 0, p:]
 
@@ -119,7 +129,9 @@ def grad_x_input(model, images: torch.Tensor, labels: torch.Tensor) -> torch.Ten
     x = images.detach().clone().requires_grad_(True)
     with evaluating(glass), torch.enable_grad():
         (grad,) = torch.autograd.grad(_true_logit(glass(x), labels), [x])
-    product = (grad * x.detach()).to(torch.float64)[:, :, : rows * ph, : cols * pw]  # only the pixels the model sees
+    product = (grad * x.detach()).to(torch.float64)[
+        :, :, : rows * ph, : cols * pw
+    ]  # only the pixels the model sees
     B, C = product.shape[:2]
     per_patch = product.reshape(B, C, rows, ph, cols, pw).sum(dim=(1, 3, 5))  # (B, rows, cols)
     return per_patch.reshape(B, rows * cols)  # row-major: the patch tokens' order
@@ -162,8 +174,15 @@ def check_methods(methods) -> tuple[str, ...]:
     return names
 
 
-def attribute(model, images: torch.Tensor, labels: torch.Tensor, methods, *, seed: int = 0,
-              batch_size: int = 100) -> dict[str, torch.Tensor]:
+def attribute(
+    model,
+    images: torch.Tensor,
+    labels: torch.Tensor,
+    methods,
+    *,
+    seed: int = 0,
+    batch_size: int = 100,
+) -> dict[str, torch.Tensor]:
     """Every method's ``(B, P)`` float64 scores, in batches of ``batch_size`` images (random: one draw for all)."""
     names = check_methods(methods)
     glass = _checked(model, images, labels)
@@ -172,7 +191,9 @@ def attribute(model, images: torch.Tensor, labels: torch.Tensor, methods, *, see
         if name == "random":
             out[name] = random_order(glass, images, labels, seed=seed)
             continue
-        parts = [METHODS[name](glass, images[i:i + batch_size], labels[i:i + batch_size])
-                 for i in range(0, images.shape[0], batch_size)]
+        parts = [
+            METHODS[name](glass, images[i : i + batch_size], labels[i : i + batch_size])
+            for i in range(0, images.shape[0], batch_size)
+        ]
         out[name] = torch.cat(parts).to(torch.float64).cpu()
     return out

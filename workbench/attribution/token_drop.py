@@ -62,7 +62,9 @@ def class_token_only(x: torch.Tensor) -> torch.Tensor:
     return x[:, :1]
 
 
-def logits_keeping(model: VisionTransformer, images: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+def logits_keeping(
+    model: VisionTransformer, images: torch.Tensor, keep: torch.Tensor
+) -> torch.Tensor:
     """Logits ``(B, S, classes)`` of ``model`` on each image with only the patches ``keep[b, s]`` left.
 
     ``keep`` is ``(B, S, M)``; every variant keeps the same number ``M`` of patches.

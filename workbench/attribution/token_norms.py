@@ -75,7 +75,9 @@ class TokenNorms:
 
         NaN where an image has no outlier at that block.
         """
-        attn = self.cls_attention / self.cls_attention.sum(axis=1, keepdims=True)  # (B, P) over patches
+        attn = self.cls_attention / self.cls_attention.sum(
+            axis=1, keepdims=True
+        )  # (B, P) over patches
         mass = (self.outlier * attn[:, None, :]).sum(axis=2)  # (B, L)
         tokens = self.outlier.mean(axis=2)
         none = ~self.outlier.any(axis=2)
@@ -106,7 +108,9 @@ def _class_row(store: dict[str, torch.Tensor], stage: str):
 
 
 @torch.no_grad()
-def token_norms(model, images: torch.Tensor, *, k: float = DEFAULT_K, batch_size: int = 200) -> TokenNorms:
+def token_norms(
+    model, images: torch.Tensor, *, k: float = DEFAULT_K, batch_size: int = 200
+) -> TokenNorms:
     """Record every block's ``resid2`` and class-token attention row, one call per batch (hooks only)."""
     glass = as_glassbox(model)
     if not k > 0:
@@ -121,13 +125,22 @@ def token_norms(model, images: torch.Tensor, *, k: float = DEFAULT_K, batch_size
             record: dict[str, torch.Tensor] = {}
             hooks = record_hooks(record, stages) + [(s, _class_row(record, s)) for s in probs]
             with attached(glass, hooks):
-                glass(images[start:start + batch_size])
-            norms.append(torch.stack([record[s].to(torch.float64).norm(dim=-1) for s in stages], dim=1).cpu())
+                glass(images[start : start + batch_size])
+            norms.append(
+                torch.stack([record[s].to(torch.float64).norm(dim=-1) for s in stages], dim=1).cpu()
+            )
             rows.append(torch.stack([record[s] for s in probs], dim=1))  # (b, L, H, N)
     all_norms = torch.cat(norms).numpy()  # (B, L, N)
     cls_rows = torch.cat(rows).numpy()
     patch = all_norms[:, :, p:]
     median = np.median(patch.transpose(1, 0, 2).reshape(depth, -1), axis=1)
-    return TokenNorms(norms=patch, prefix_norms=all_norms[:, :, :p], median=median, k=float(k),
-                      outlier=patch > k * median[None, :, None], layout=layout,
-                      cls_attention=cls_rows[:, -1].mean(axis=1)[:, p:], concentration=concentration(cls_rows, p))
+    return TokenNorms(
+        norms=patch,
+        prefix_norms=all_norms[:, :, :p],
+        median=median,
+        k=float(k),
+        outlier=patch > k * median[None, :, None],
+        layout=layout,
+        cls_attention=cls_rows[:, -1].mean(axis=1)[:, p:],
+        concentration=concentration(cls_rows, p),
+    )

@@ -15,9 +15,21 @@ step), ``profiling`` (torch.profiler tables), ``report`` (goals, Markdown). The 
 never logs; ``tracking.kinds.benchmark_runs`` does.
 """
 
-from workbench.bench.flops import cnn_forward_flops, cnn_train_flops, vit_forward_flops, vit_train_flops
+from workbench.bench.flops import (
+    cnn_forward_flops,
+    cnn_train_flops,
+    vit_forward_flops,
+    vit_train_flops,
+)
 from workbench.bench.machine import MatmulPeak, bf16_supported, machine_info, matmul_peak
-from workbench.bench.models import LABELS, REFERENCE, VARIANTS, BenchModel, build_bench_model, timm_from_config
+from workbench.bench.models import (
+    LABELS,
+    REFERENCE,
+    VARIANTS,
+    BenchModel,
+    build_bench_model,
+    timm_from_config,
+)
 from workbench.bench.profiling import Profile, profile_forward, profile_models
 from workbench.bench.report import Goal, evaluate_goals, markdown_summary
 from workbench.bench.run import BenchmarkResult, run_benchmark

@@ -44,8 +44,14 @@ def _median(values: list[float]) -> float:
 STORED_SIDE = {"fashion_mnist": 28, "cifar10": 32, "retinamnist": 28}
 
 
-def measure_arm(arm: str, cfg: TrainConfig, image_size: int | None = None, steps: int = 5, warmup: int = 2,
-                seed: int = 0) -> CellSpeed:
+def measure_arm(
+    arm: str,
+    cfg: TrainConfig,
+    image_size: int | None = None,
+    steps: int = 5,
+    warmup: int = 2,
+    seed: int = 0,
+) -> CellSpeed:
     """Time ``steps`` training steps and ``steps`` evaluation batches of ``cfg``'s model on CPU.
 
     ``image_size`` is used only for models whose config has none (the CNN, timm CNNs); by
@@ -60,7 +66,9 @@ def measure_arm(arm: str, cfg: TrainConfig, image_size: int | None = None, steps
     model = build_model(mcfg).train()
     in_channels, size = mcfg.in_channels, getattr(mcfg, "image_size", image_size)
     image_size = size if isinstance(size, int) else size[0]
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay)
+    opt = torch.optim.AdamW(
+        model.parameters(), lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay
+    )
     g = torch.Generator().manual_seed(seed)
     b, eb = cfg.run.batch_size, cfg.run.eval_batch_size
     x = torch.randn(b, in_channels, image_size, image_size, generator=g)  # (B, C, H, W)
@@ -94,7 +102,9 @@ def measure_arm(arm: str, cfg: TrainConfig, image_size: int | None = None, steps
     train_s = timed(train_step)
     model.eval()
     eval_s = timed(eval_step)
-    return CellSpeed(arm, torch.get_num_threads(), b / _median(train_s), eb / _median(eval_s), steps)
+    return CellSpeed(
+        arm, torch.get_num_threads(), b / _median(train_s), eb / _median(eval_s), steps
+    )
 
 
 def project_seconds(speed: CellSpeed, train_images: int, val_images: int, epochs: int) -> float:

@@ -30,7 +30,11 @@ def vit_forward_flops(cfg: ViTConfig) -> dict[str, int]:
     patch_in = cfg.in_channels * cfg.patch_hw[0] * cfg.patch_hw[1]  # one patch, flattened
     # MLP matrices: fc1 and fc2; SwiGLU has two first projections; a packed GLU's fc2
     # reads half of fc1's width.
-    mlp_macs = {"mlp": 2 * d * hidden, "swiglu": 3 * d * hidden, "glu": d * hidden + d * hidden // 2}[cfg.mlp_layer]
+    mlp_macs = {
+        "mlp": 2 * d * hidden,
+        "swiglu": 3 * d * hidden,
+        "glu": d * hidden + d * hidden // 2,
+    }[cfg.mlp_layer]
     macs = {
         "patch_embed": cfg.num_patches * patch_in * d,
         "qkv": depth * n * d * 3 * d,
@@ -43,7 +47,9 @@ def vit_forward_flops(cfg: ViTConfig) -> dict[str, int]:
     }
     if cfg.pooling == "map":  # one latent query attends over the pooled tokens
         pooled = cfg.num_patches + (cfg.num_prefix_tokens if cfg.pool_include_prefix else 0)
-        macs["attn_pool"] = d * d + pooled * d * 2 * d + 2 * pooled * d + d * d + 2 * d * cfg.pool_hidden_dim
+        macs["attn_pool"] = (
+            d * d + pooled * d * 2 * d + 2 * pooled * d + d * d + 2 * d * cfg.pool_hidden_dim
+        )
     flops = {k: 2 * v for k, v in macs.items()}
     flops["total"] = sum(flops.values())
     return flops

@@ -39,7 +39,9 @@ def bf16_supported(device: torch.device) -> bool:
     return precision_bf16_supported(device)
 
 
-def matmul_fn(device: torch.device | str, n: int, dtype: str = "float32", seed: int = 0) -> Callable[[], object]:
+def matmul_fn(
+    device: torch.device | str, n: int, dtype: str = "float32", seed: int = 0
+) -> Callable[[], object]:
     """A zero-argument ``n x n @ n x n`` matmul (2 n^3 FLOPs per call) on fixed random operands."""
     g = torch.Generator(device="cpu").manual_seed(seed)
     a = torch.randn(n, n, generator=g).to(device=device, dtype=getattr(torch, dtype))
@@ -49,8 +51,12 @@ def matmul_fn(device: torch.device | str, n: int, dtype: str = "float32", seed: 
 
 
 def matmul_peak(
-    device: torch.device | str, n: int, dtypes: tuple[str, ...] = ("float32", "bfloat16"),
-    repeats: int = 5, warmup: int = 2, seed: int = 0,
+    device: torch.device | str,
+    n: int,
+    dtypes: tuple[str, ...] = ("float32", "bfloat16"),
+    repeats: int = 5,
+    warmup: int = 2,
+    seed: int = 0,
 ) -> list[MatmulPeak]:
     """Median TFLOP/s of square matmuls, the dtypes timed interleaved.
 

@@ -21,11 +21,21 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from workbench.bench.flops import cnn_forward_flops, cnn_train_flops, vit_forward_flops, vit_train_flops
+from workbench.bench.flops import (
+    cnn_forward_flops,
+    cnn_train_flops,
+    vit_forward_flops,
+    vit_train_flops,
+)
 from workbench.convert.timm_vit import glassbox_from_timm
 from workbench.equivalence import set_timm_fused
 from workbench.models.cnn import CNN, CNNConfig
-from workbench.models.registry import STUDY_MODELS, model_config, timm_vit_architectures, unknown_model
+from workbench.models.registry import (
+    STUDY_MODELS,
+    model_config,
+    timm_vit_architectures,
+    unknown_model,
+)
 from workbench.models.vit import ViTConfig, count_parameters
 
 VARIANTS = ("glass_written", "glass_fast", "timm_unfused", "timm_fused")
@@ -80,7 +90,9 @@ def timm_from_config(cfg: ViTConfig) -> nn.Module:
     from timm.models.vision_transformer import VisionTransformer
 
     if cfg.pos_embed != "learned":
-        raise ValueError(f"timm_from_config: pos_embed={cfg.pos_embed!r} is not mapped (only 'learned')")
+        raise ValueError(
+            f"timm_from_config: pos_embed={cfg.pos_embed!r} is not mapped (only 'learned')"
+        )
     return VisionTransformer(
         img_size=cfg.image_size, patch_size=cfg.patch_size, in_chans=cfg.in_channels, num_classes=cfg.num_classes,
         embed_dim=cfg.dim, depth=cfg.depth, num_heads=cfg.heads, mlp_ratio=cfg.hidden_dim / cfg.dim,
@@ -99,7 +111,9 @@ def _same_architecture(a: ViTConfig, b: ViTConfig) -> bool:
 
 def _vit_variants(timm_model: nn.Module) -> dict[str, nn.Module]:
     glass, audit = glassbox_from_timm(timm_model.eval())
-    if not audit.complete:  # glassbox_from_timm raises on any mismatch; this guards the audit itself
+    if (
+        not audit.complete
+    ):  # glassbox_from_timm raises on any mismatch; this guards the audit itself
         raise RuntimeError(f"incomplete weight mapping: {audit.summary()}")
     unfused = copy.deepcopy(timm_model)
     set_timm_fused(unfused, False)
@@ -147,7 +161,9 @@ def build_bench_model(name: str, device: torch.device | str = "cpu", seed: int =
     variants = {k: m.to(device).eval() for k, m in _vit_variants(timm_model.eval()).items()}
     cfg = variants["glass_written"].cfg
     if cfg.image_hw[0] != cfg.image_hw[1]:
-        raise ValueError(f"{name}: the benchmark times square images only; image_size={cfg.image_size}")
+        raise ValueError(
+            f"{name}: the benchmark times square images only; image_size={cfg.image_size}"
+        )
     if name in STUDY_MODELS and not _same_architecture(cfg, model_config(name)):
         raise RuntimeError(f"{name}: the timm twin maps back to {cfg}, not {model_config(name)}")
     return BenchModel(

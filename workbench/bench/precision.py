@@ -33,7 +33,9 @@ PROBES = {"fp32": "matmul_fp32", "bf16": "matmul_bf16"}
 LABELS = {"fp32": "fp32", "bf16": "bf16 autocast (fp32 master weights)"}
 
 
-def _step_fn(model: nn.Module, x: torch.Tensor, y: torch.Tensor, dtype: torch.dtype | None) -> Callable[[], None]:
+def _step_fn(
+    model: nn.Module, x: torch.Tensor, y: torch.Tensor, dtype: torch.dtype | None
+) -> Callable[[], None]:
     # The training loop's step: autocast around forward and loss, backward and AdamW outside.
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=1e-4)
     device_type = x.device.type
@@ -48,7 +50,9 @@ def _step_fn(model: nn.Module, x: torch.Tensor, y: torch.Tensor, dtype: torch.dt
     return step
 
 
-def _rows(name: str, batch: int, samples: Samples, flops_per_image: int, probe_n: int) -> list[dict]:
+def _rows(
+    name: str, batch: int, samples: Samples, flops_per_image: int, probe_n: int
+) -> list[dict]:
     limits = {p: 2 * probe_n**3 / min(samples.seconds[PROBES[p]]) for p in PROBES}
     ratios = Spread.of(samples.ratios("fp32", "bf16"))  # >1: bf16 faster
     best = min(samples.seconds["fp32"]) / min(samples.seconds["bf16"])
@@ -101,8 +105,15 @@ def run_precision(
                 PROBES["fp32"]: matmul_fn(device, probe_n, "float32", cfg.seed),
                 PROBES["bf16"]: matmul_fn(device, probe_n, "bfloat16", cfg.seed),
             }
-            samples = time_interleaved(fns, device, cfg.repeats, cfg.warmup, cfg.min_sample_s,
-                                       max_seconds=cfg.max_seconds, separate=tuple(PROBES.values()))
+            samples = time_interleaved(
+                fns,
+                device,
+                cfg.repeats,
+                cfg.warmup,
+                cfg.min_sample_s,
+                max_seconds=cfg.max_seconds,
+                separate=tuple(PROBES.values()),
+            )
             rows += _rows(name, batch, samples, bench.train_flops, probe_n)
         del bench
     return pd.DataFrame(rows)

@@ -39,7 +39,9 @@ class Profile:
     table: str
 
 
-def profile_forward(model: nn.Module, x: torch.Tensor, name: str, variant: str, calls: int = 5) -> Profile:
+def profile_forward(
+    model: nn.Module, x: torch.Tensor, name: str, variant: str, calls: int = 5
+) -> Profile:
     """Profile ``calls`` forward passes in inference mode after two untimed ones."""
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if x.is_cuda else [])
     with torch.inference_mode():
@@ -60,7 +62,9 @@ def profile_forward(model: nn.Module, x: torch.Tensor, name: str, variant: str, 
     )  # fmt: skip
 
 
-def profile_models(models: tuple[str, ...], device: torch.device | str, batch: int = 1, seed: int = 0) -> list[Profile]:
+def profile_models(
+    models: tuple[str, ...], device: torch.device | str, batch: int = 1, seed: int = 0
+) -> list[Profile]:
     """Profile every variant of every model at one batch size (weights as in the benchmark)."""
     from workbench.bench.models import build_bench_model
 
@@ -69,6 +73,8 @@ def profile_models(models: tuple[str, ...], device: torch.device | str, batch: i
     for name in models:
         bench = build_bench_model(name, device, seed)
         g = torch.Generator().manual_seed(seed)
-        x = torch.randn(batch, bench.in_channels, bench.image_size, bench.image_size, generator=g).to(device)
+        x = torch.randn(
+            batch, bench.in_channels, bench.image_size, bench.image_size, generator=g
+        ).to(device)
         out += [profile_forward(m, x, name, variant) for variant, m in bench.variants.items()]
     return out

@@ -41,7 +41,9 @@ class PlainResult:
 
 
 @torch.no_grad()
-def _accuracy(model: nn.Module, loader: TensorLoader, device_type: str, amp: torch.dtype | None) -> float:
+def _accuracy(
+    model: nn.Module, loader: TensorLoader, device_type: str, amp: torch.dtype | None
+) -> float:
     model.eval()
     correct = seen = 0
     for images, labels, _ in loader:
@@ -56,7 +58,9 @@ def _accuracy(model: nn.Module, loader: TensorLoader, device_type: str, amp: tor
 def plain_fit(cfg: TrainConfig, data: PreparedData) -> PlainResult:
     """Train ``cfg`` on ``data`` with a plain loop; returns accuracies and wall seconds."""
     if cfg.run.monitor != "val_accuracy":
-        raise ValueError(f"run.monitor={cfg.run.monitor!r}: the plain loop selects on val_accuracy only")
+        raise ValueError(
+            f"run.monitor={cfg.run.monitor!r}: the plain loop selects on val_accuracy only"
+        )
     started = time.perf_counter()
     device = resolve_device(cfg.run.device)
     amp = resolve_amp(cfg.run.amp, device)
@@ -66,22 +70,44 @@ def plain_fit(cfg: TrainConfig, data: PreparedData) -> PlainResult:
     try:
         torch.manual_seed(derive_seed(run.seed, "init"))
         model = build_model(model_config(cfg.model.name, **cfg.model.overrides)).to(device)
-        augment = AugmentConfig(crop_padding=d.crop_padding, hflip=d.hflip, rotate_degrees=d.rotate_degrees,
-                                translate_fraction=d.translate_fraction)
+        augment = AugmentConfig(
+            crop_padding=d.crop_padding,
+            hflip=d.hflip,
+            rotate_degrees=d.rotate_degrees,
+            translate_fraction=d.translate_fraction,
+        )
         common = dict(norm=data.norm, device=device, resize_to=d.resize_to)
-        train = TensorLoader.from_split(data.train, batch_size=run.batch_size, seed=run.seed, augment=augment,
-                                        shuffle=True, **common)
-        val = TensorLoader.from_split(data.val, batch_size=run.eval_batch_size, shuffle=False, **common)
-        opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=o.lr, betas=o.betas,
-                                weight_decay=o.weight_decay)
-        sched = torch.optim.lr_scheduler.LambdaLR(opt, cosine_with_warmup(
-            run.epochs * len(train), round(o.warmup_epochs * len(train)), o.min_lr_ratio))
+        train = TensorLoader.from_split(
+            data.train,
+            batch_size=run.batch_size,
+            seed=run.seed,
+            augment=augment,
+            shuffle=True,
+            **common,
+        )
+        val = TensorLoader.from_split(
+            data.val, batch_size=run.eval_batch_size, shuffle=False, **common
+        )
+        opt = torch.optim.AdamW(
+            [p for p in model.parameters() if p.requires_grad],
+            lr=o.lr,
+            betas=o.betas,
+            weight_decay=o.weight_decay,
+        )
+        sched = torch.optim.lr_scheduler.LambdaLR(
+            opt,
+            cosine_with_warmup(
+                run.epochs * len(train), round(o.warmup_epochs * len(train)), o.min_lr_ratio
+            ),
+        )
         best, best_epoch, bad, best_state, epoch = -1.0, 0, 0, None, 0
         for epoch in range(1, run.epochs + 1):
             model.train()
             for images, labels, _ in train.iter_epoch(epoch - 1):
                 with torch.autocast(device.type, dtype=amp, enabled=amp is not None):
-                    loss = F.cross_entropy(model(images).float(), labels, label_smoothing=o.label_smoothing)
+                    loss = F.cross_entropy(
+                        model(images).float(), labels, label_smoothing=o.label_smoothing
+                    )
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
                 if o.grad_clip is not None:
@@ -98,7 +124,9 @@ def plain_fit(cfg: TrainConfig, data: PreparedData) -> PlainResult:
         test_acc = None
         if run.evaluate_test and data.test is not None:
             model.load_state_dict(best_state)
-            test = TensorLoader.from_split(data.test, batch_size=run.eval_batch_size, shuffle=False, **common)
+            test = TensorLoader.from_split(
+                data.test, batch_size=run.eval_batch_size, shuffle=False, **common
+            )
             test_acc = _accuracy(model, test, device.type, amp)
     finally:
         torch.use_deterministic_algorithms(previous)

@@ -76,7 +76,7 @@ class Goal:
 
     @property
     def verdict(self) -> str:
-        """"yes", "no", or "no (within noise)" when a quarter or more of the rounds met it."""
+        """ "yes", "no", or "no (within noise)" when a quarter or more of the rounds met it."""
         if self.met:
             return "yes"
         edge = self.q1 if self.op == "<=" else self.q3
@@ -87,7 +87,12 @@ class Goal:
         return f"{self.q1:.3f}-{self.q3:.3f}" if math.isfinite(self.q1) else ""
 
     def to_row(self) -> dict:
-        return {**asdict(self), "spread": self.spread, "met": "yes" if self.met else "no", "verdict": self.verdict}
+        return {
+            **asdict(self),
+            "spread": self.spread,
+            "met": "yes" if self.met else "no",
+            "verdict": self.verdict,
+        }
 
 
 def _pair_goals(table: pd.DataFrame, section: str, pairs, batches, device: str) -> list[Goal]:
@@ -131,8 +136,13 @@ def _precision_goals(precision: pd.DataFrame | None, device: str) -> list[Goal]:
     return goals
 
 
-def evaluate_goals(inference: pd.DataFrame, train: pd.DataFrame, loader: dict | None, device: str,
-                   precision: pd.DataFrame | None = None) -> list[Goal]:
+def evaluate_goals(
+    inference: pd.DataFrame,
+    train: pd.DataFrame,
+    loader: dict | None,
+    device: str,
+    precision: pd.DataFrame | None = None,
+) -> list[Goal]:
     """Every goal that the measured tables allow checking.
 
     Args:
@@ -159,7 +169,9 @@ def evaluate_goals(inference: pd.DataFrame, train: pd.DataFrame, loader: dict | 
     return goals + _precision_goals(precision, device)
 
 
-def markdown_table(rows: list[dict], columns: dict[str, str], formats: dict[str, str] | None = None) -> str:
+def markdown_table(
+    rows: list[dict], columns: dict[str, str], formats: dict[str, str] | None = None
+) -> str:
     """A GitHub Markdown table of ``rows``; ``columns`` maps keys to headers."""
     formats = formats or {}
 
@@ -169,7 +181,9 @@ def markdown_table(rows: list[dict], columns: dict[str, str], formats: dict[str,
             return "-"
         return format(value, formats[key]) if key in formats and value != "" else str(value)
 
-    return markdown.table(list(columns.values()), [[cell(r, k) for k in columns] for r in rows], pad=False)
+    return markdown.table(
+        list(columns.values()), [[cell(r, k) for k in columns] for r in rows], pad=False
+    )
 
 
 def _timing_rows(table: pd.DataFrame) -> list[dict]:
@@ -179,7 +193,10 @@ def _timing_rows(table: pd.DataFrame) -> list[dict]:
         r["median_ms"] = r["median_s"] * 1e3
         r["iqr_ms"] = f"{r['q1_s'] * 1e3:.3g}-{r['q3_s'] * 1e3:.3g}"
         r["peak_pct"] = 100 * r["fraction_of_fp32_peak"]
-        q1, q3 = r.get("ratio_to_timm_fused_q1", float("nan")), r.get("ratio_to_timm_fused_q3", float("nan"))
+        q1, q3 = (
+            r.get("ratio_to_timm_fused_q1", float("nan")),
+            r.get("ratio_to_timm_fused_q3", float("nan")),
+        )
         r["ratio_iqr"] = "-" if pd.isna(q1) else f"{q1:.2f}-{q3:.2f}"
         rows.append(r)
     return rows
@@ -209,7 +226,11 @@ def _precision_rows(table: pd.DataFrame) -> list[dict]:
     rows = []
     for r in _timing_rows(table):
         r["own_pct"] = 100 * r["fraction_of_own_peak"]
-        r["speedup_iqr"] = "-" if r["variant"] == "fp32" else f"{r['speedup_vs_fp32_q1']:.2f}-{r['speedup_vs_fp32_q3']:.2f}"
+        r["speedup_iqr"] = (
+            "-"
+            if r["variant"] == "fp32"
+            else f"{r['speedup_vs_fp32_q1']:.2f}-{r['speedup_vs_fp32_q3']:.2f}"
+        )
         rows.append(r)
     return rows
 
@@ -222,8 +243,15 @@ def goals_markdown(goals: list[Goal]) -> str:
 
 
 def markdown_summary(
-    info: dict, peaks: list[MatmulPeak], inference: pd.DataFrame, train: pd.DataFrame, loader: dict | None,
-    goals: list[Goal], settings: dict, profiles: list[Profile] | None = None, precision: pd.DataFrame | None = None,
+    info: dict,
+    peaks: list[MatmulPeak],
+    inference: pd.DataFrame,
+    train: pd.DataFrame,
+    loader: dict | None,
+    goals: list[Goal],
+    settings: dict,
+    profiles: list[Profile] | None = None,
+    precision: pd.DataFrame | None = None,
 ) -> str:
     """The whole benchmark as one Markdown page (logged as an artifact and printed)."""
     parts = [
@@ -257,7 +285,10 @@ def markdown_summary(
                   "of per-round ratios fp32 time / bf16 time.",
                   markdown_table(_precision_rows(precision), PRECISION_COLUMNS, PRECISION_FORMATS)]  # fmt: skip
     elif precision is not None:
-        parts += ["## Training step, fp32 vs bf16 autocast", "Not measured: no model given (`--precision-model`) or no native bf16 on this device."]
+        parts += [
+            "## Training step, fp32 vs bf16 autocast",
+            "Not measured: no model given (`--precision-model`) or no native bf16 on this device.",
+        ]
     if loader is not None:
         parts += ["## Data loader (studies.benchmarks.data_benchmark)", markdown_table([loader], {
             "ours_images_per_s": "TensorLoader images/s", "torchvision_images_per_s": "torchvision images/s",

@@ -54,8 +54,11 @@ class BenchmarkResult:
 
     def timings(self) -> pd.DataFrame:
         """Inference and training rows in one table (the CSV)."""
-        return pd.concat([t for t in (self.inference, self.train, self.precision) if not t.empty] or [self.train],
-                         ignore_index=True)
+        return pd.concat(
+            [t for t in (self.inference, self.train, self.precision) if not t.empty]
+            or [self.train],
+            ignore_index=True,
+        )
 
     def goals_table(self) -> pd.DataFrame:
         return pd.DataFrame([g.to_row() for g in self.goals])
@@ -98,7 +101,13 @@ def run_benchmark(
         info = machine_info(device)
         n = matmul_n or default_matmul_size(device)
         say(f"matmul peak: {n} x {n}, fp32 and bf16 where native")
-        peaks = matmul_peak(device, n, repeats=max(3, min(cfg.repeats, 10)), warmup=max(1, cfg.warmup), seed=cfg.seed)
+        peaks = matmul_peak(
+            device,
+            n,
+            repeats=max(3, min(cfg.repeats, 10)),
+            warmup=max(1, cfg.warmup),
+            seed=cfg.seed,
+        )
         # The probe timed beside the models: half the side, an eighth of the work, still
         # compute-bound (1024 on CPU, 4096 on GPU).
         probe_n = max(256, n // 2)
@@ -119,7 +128,12 @@ def run_benchmark(
         torch.set_num_threads(previous)
     result = BenchmarkResult(cfg, info, peaks, inference, train, loader_result, profiles, precision)
     result.goals = evaluate_goals(inference, train, loader_result, str(device), precision)
-    settings = {"repeats": cfg.repeats, "warmup": cfg.warmup, "max_seconds": cfg.max_seconds or "no"}
-    result.markdown = markdown_summary(info, peaks, inference, train, loader_result, result.goals, settings, profiles,
-                                       precision)
+    settings = {
+        "repeats": cfg.repeats,
+        "warmup": cfg.warmup,
+        "max_seconds": cfg.max_seconds or "no",
+    }
+    result.markdown = markdown_summary(
+        info, peaks, inference, train, loader_result, result.goals, settings, profiles, precision
+    )
     return result

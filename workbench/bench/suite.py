@@ -22,11 +22,20 @@ from workbench.bench.timing import Samples, Spread, time_interleaved
 
 PROBE = "matmul_fp32"  # the reference matmul timed in every comparison's rounds
 DEFAULT_MODELS = (
-    "vit_tiny_patch16_224", "vit_small_patch16_224", "vit_base_patch16_224", "fmnist_vit", "cifar_vit", "fmnist_cnn",
+    "vit_tiny_patch16_224",
+    "vit_small_patch16_224",
+    "vit_base_patch16_224",
+    "fmnist_vit",
+    "cifar_vit",
+    "fmnist_cnn",
 )
 # One model of each family the glass-box ViT opened (CLIP, DINOv2, SigLIP), for the same
 # fast-path goal: `workbench benchmark --model vit_base_patch16_clip_224,vit_small_patch14_dinov2,...`.
-FAMILY_MODELS = ("vit_base_patch16_clip_224", "vit_small_patch14_dinov2", "vit_base_patch16_siglip_224")
+FAMILY_MODELS = (
+    "vit_base_patch16_clip_224",
+    "vit_small_patch14_dinov2",
+    "vit_base_patch16_siglip_224",
+)
 
 
 @dataclass(frozen=True)
@@ -68,7 +77,12 @@ class BenchConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        for key in ("batch_sizes", "study_batch_sizes", "train_batch_sizes", "precision_batch_sizes"):
+        for key in (
+            "batch_sizes",
+            "study_batch_sizes",
+            "train_batch_sizes",
+            "precision_batch_sizes",
+        ):
             values = tuple(getattr(self, key))
             if any(not isinstance(b, int) or b < 1 for b in values):
                 raise ValueError(f"BenchConfig.{key}={values!r}: must be positive integers")
@@ -84,7 +98,9 @@ class BenchConfig:
             raise ValueError(f"BenchConfig.max_seconds={self.max_seconds!r}: must be > 0 or None")
 
     def to_dict(self) -> dict:
-        return {k: ",".join(map(str, v)) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
+        return {
+            k: ",".join(map(str, v)) if isinstance(v, tuple) else v for k, v in asdict(self).items()
+        }
 
 
 def _ratio_columns(samples: Samples, name: str, reference: str, prefix: str) -> dict[str, float]:
@@ -101,7 +117,9 @@ def _ratio_columns(samples: Samples, name: str, reference: str, prefix: str) -> 
     return {prefix: r.median, f"{prefix}_q1": r.q1, f"{prefix}_q3": r.q3, f"{prefix}_best": best}
 
 
-def _peak_columns(samples: Samples, name: str, flops_per_call: int, probe_n: int | None) -> dict[str, float]:
+def _peak_columns(
+    samples: Samples, name: str, flops_per_call: int, probe_n: int | None
+) -> dict[str, float]:
     """Median achieved FLOP/s over the best FLOP/s of the matmul probe in the same rounds.
 
     The probe runs in the same rounds as the models, so it sees the same machine: a peak
@@ -116,7 +134,12 @@ def _peak_columns(samples: Samples, name: str, flops_per_call: int, probe_n: int
 
 
 def _rows(
-    section: str, bench: BenchModel, batch: int, samples: Samples, flops_per_image: int, probe_n: int | None
+    section: str,
+    bench: BenchModel,
+    batch: int,
+    samples: Samples,
+    flops_per_image: int,
+    probe_n: int | None,
 ) -> list[dict]:
     rows = []
     for name in samples.seconds:
@@ -137,21 +160,35 @@ def _rows(
 
 
 def _measure(
-    section: str, bench: BenchModel, batch: int, fns: dict, flops_per_image: int, cfg: BenchConfig, probe_n: int | None
+    section: str,
+    bench: BenchModel,
+    batch: int,
+    fns: dict,
+    flops_per_image: int,
+    cfg: BenchConfig,
+    probe_n: int | None,
 ) -> list[dict]:
     """Time ``fns`` interleaved (with the matmul probe, when asked) and build the rows."""
     device = torch.device(cfg.device)
     if probe_n:
         fns = {**fns, PROBE: matmul_fn(device, probe_n, "float32", cfg.seed)}
     samples = time_interleaved(
-        fns, device, cfg.repeats, cfg.warmup, cfg.min_sample_s, max_seconds=cfg.max_seconds, separate=(PROBE,)
+        fns,
+        device,
+        cfg.repeats,
+        cfg.warmup,
+        cfg.min_sample_s,
+        max_seconds=cfg.max_seconds,
+        separate=(PROBE,),
     )
     return _rows(section, bench, batch, samples, flops_per_image, probe_n)
 
 
 def bench_input(bench: BenchModel, batch: int, device: torch.device, seed: int) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)
-    x = torch.randn(batch, bench.in_channels, bench.image_size, bench.image_size, generator=g)  # (B, C, H, W)
+    x = torch.randn(
+        batch, bench.in_channels, bench.image_size, bench.image_size, generator=g
+    )  # (B, C, H, W)
     return x.to(device)
 
 

@@ -137,7 +137,11 @@ def time_interleaved(
     seconds: dict[str, list[float]] = {name: [] for name in names}
     started = time.perf_counter()
     for r in range(repeats):
-        if max_seconds is not None and r >= min(min_repeats, repeats) and time.perf_counter() - started > max_seconds:
+        if (
+            max_seconds is not None
+            and r >= min(min_repeats, repeats)
+            and time.perf_counter() - started > max_seconds
+        ):
             break  # every candidate has the same number of rounds: stop between rounds only
         shift = r % len(names)
         for name in names[shift:] + names[:shift]:

@@ -44,12 +44,18 @@ def glassbox_check(model: nn.Module, images: torch.Tensor) -> dict[str, float]:
     except UnsupportedTimmModel:
         return {"glassbox_converted": 0.0}
     fused = {m: m.fused_attn for m in timm_model.modules() if hasattr(m, "fused_attn")}
-    for m in fused:  # the written-out attention on both sides: the same operations in the same order
+    for (
+        m
+    ) in fused:  # the written-out attention on both sides: the same operations in the same order
         m.fused_attn = False
     x = images[:CHECK_IMAGES].detach().to("cpu", torch.float32)
     with torch.no_grad():
         diff = (timm_model(x) - glass.eval().set_fast_attention(False)(x)).abs().max().item()
-    return {"glassbox_converted": 1.0, "glassbox_max_abs_logit_diff": float(diff), "glassbox_exact": float(diff == 0.0)}
+    return {
+        "glassbox_converted": 1.0,
+        "glassbox_max_abs_logit_diff": float(diff),
+        "glassbox_exact": float(diff == 0.0),
+    }
 
 
 def eval_twin(model: nn.Module) -> nn.Module:

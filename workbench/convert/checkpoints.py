@@ -46,14 +46,17 @@ def read_lock(path: Path = LOCK_PATH) -> dict[str, PinnedCheckpoint]:
         raw = json.loads(Path(path).read_text())
     except (OSError, json.JSONDecodeError) as err:
         raise CheckpointError(f"cannot read the checkpoint lock file {path}: {err}") from err
-    return {name: PinnedCheckpoint(name=name, **entry) for name, entry in raw["checkpoints"].items()}
+    return {
+        name: PinnedCheckpoint(name=name, **entry) for name, entry in raw["checkpoints"].items()
+    }
 
 
 def write_lock(entries: Mapping[str, PinnedCheckpoint], path: Path = LOCK_PATH) -> None:
     body = {
         "comment": "Pinned pretrained checkpoints. Update with `workbench pin NAME` on a connected machine.",
         "checkpoints": {
-            name: {k: v for k, v in vars(entry).items() if k != "name"} for name, entry in sorted(entries.items())
+            name: {k: v for k, v in vars(entry).items() if k != "name"}
+            for name, entry in sorted(entries.items())
         },
     }
     atomic_write_bytes(Path(path), (json.dumps(body, indent=2) + "\n").encode())
@@ -74,13 +77,17 @@ def resolve_weight_file(path: str | Path) -> Path:
         for name in WEIGHT_FILE_NAMES:
             if (path / name).is_file():
                 return path / name
-        raise CheckpointError(f"no weight file in folder {path} (looked for {', '.join(WEIGHT_FILE_NAMES)})")
+        raise CheckpointError(
+            f"no weight file in folder {path} (looked for {', '.join(WEIGHT_FILE_NAMES)})"
+        )
     if not path.is_file():
         raise CheckpointError(f"weight file not found: {path}")
     return path
 
 
-def load_state_dict_file(path: str | Path, expected_sha256: str | None = None) -> tuple[dict[str, torch.Tensor], str]:
+def load_state_dict_file(
+    path: str | Path, expected_sha256: str | None = None
+) -> tuple[dict[str, torch.Tensor], str]:
     """Load tensors from a safetensors file or a weights-only torch file.
 
     Returns:
@@ -93,11 +100,15 @@ def load_state_dict_file(path: str | Path, expected_sha256: str | None = None) -
     path = resolve_weight_file(path)
     sha = sha256_file(path)
     if expected_sha256 and sha != expected_sha256.lower():
-        raise CheckpointError(f"sha256 mismatch for {path}: expected {expected_sha256}, actual {sha}")
+        raise CheckpointError(
+            f"sha256 mismatch for {path}: expected {expected_sha256}, actual {sha}"
+        )
     kind = sniff_weight_format(path)
     if kind is None and path.suffix != ".safetensors":
-        raise CheckpointError(f"{path} is not a safetensors file or a torch checkpoint "
-                              f"(its first bytes are {_head(path).hex(' ')})")
+        raise CheckpointError(
+            f"{path} is not a safetensors file or a torch checkpoint "
+            f"(its first bytes are {_head(path).hex(' ')})"
+        )
     if path.suffix == ".safetensors" or kind == "safetensors":
         from safetensors import SafetensorError
         from safetensors.torch import load_file
@@ -116,9 +127,15 @@ def load_state_dict_file(path: str | Path, expected_sha256: str | None = None) -
             ) from err
         except (RuntimeError, EOFError, OSError) as err:
             raise CheckpointError(f"corrupted or truncated torch file {path}: {err}") from err
-        if isinstance(state, dict) and "state_dict" in state and isinstance(state["state_dict"], dict):
+        if (
+            isinstance(state, dict)
+            and "state_dict" in state
+            and isinstance(state["state_dict"], dict)
+        ):
             state = state["state_dict"]
-        if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        if not isinstance(state, dict) or not all(
+            isinstance(v, torch.Tensor) for v in state.values()
+        ):
             raise CheckpointError(f"{path} does not hold a flat state dict of tensors")
     return state, sha
 
@@ -136,11 +153,17 @@ def sniff_weight_format(path: Path) -> str | None:
     """
     head = _head(path)
     # safetensors: little-endian u64 header length (JSON headers are small), then a JSON object
-    if len(head) >= 9 and head[8:9] == b"{" and 0 < int.from_bytes(head[:8], "little") < 100_000_000:
+    if (
+        len(head) >= 9
+        and head[8:9] == b"{"
+        and 0 < int.from_bytes(head[:8], "little") < 100_000_000
+    ):
         return "safetensors"
     if head.startswith(b"PK\x03\x04"):  # torch.save's zip archive (the default since torch 1.6)
         return "torch"
-    if len(head) >= 2 and head[0] == 0x80 and 2 <= head[1] <= 5:  # pickle protocol 2-5: legacy torch.save
+    if (
+        len(head) >= 2 and head[0] == 0x80 and 2 <= head[1] <= 5
+    ):  # pickle protocol 2-5: legacy torch.save
         return "torch"
     return None
 
@@ -155,7 +178,11 @@ def download_pinned(entry: PinnedCheckpoint, cache_dir: str | None = None) -> Pa
     from huggingface_hub import hf_hub_download
 
     try:
-        return Path(hf_hub_download(entry.hub_repo, entry.filename, revision=entry.revision, cache_dir=cache_dir))
+        return Path(
+            hf_hub_download(
+                entry.hub_repo, entry.filename, revision=entry.revision, cache_dir=cache_dir
+            )
+        )
     except Exception as err:  # the hub client raises many types; all mean "not available"
         raise CheckpointError(
             f"could not download {entry.hub_repo}/{entry.filename}@{entry.revision}: {err}. "
@@ -169,7 +196,9 @@ def pin_checkpoint(name: str, lock_path: Path = LOCK_PATH) -> PinnedCheckpoint:
 
     entries = read_lock(lock_path)
     if name not in entries:
-        raise CheckpointError(f"unknown checkpoint {name!r}; lock file has: {', '.join(sorted(entries))}")
+        raise CheckpointError(
+            f"unknown checkpoint {name!r}; lock file has: {', '.join(sorted(entries))}"
+        )
     entry = entries[name]
     try:
         info = HfApi().model_info(entry.hub_repo, files_metadata=True)

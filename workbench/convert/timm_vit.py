@@ -106,7 +106,12 @@ class _Reader:
 
     def eps_and_kind(self) -> tuple[str, float, bool]:
         if len(self.norms) > 1:
-            self.refuse("mixed norm layers " + ", ".join(f"{k} eps={e:g}{'' if b else ' no bias'}" for k, e, b in sorted(self.norms)))
+            self.refuse(
+                "mixed norm layers "
+                + ", ".join(
+                    f"{k} eps={e:g}{'' if b else ' no bias'}" for k, e, b in sorted(self.norms)
+                )
+            )
         return min(self.norms) if self.norms else ("layernorm", 1e-6, True)
 
 
@@ -126,7 +131,11 @@ def _refuse_family(model: nn.Module) -> None:
         )
     pe = model.patch_embed
     if type(pe) is not PatchEmbed:
-        what = "HybridEmbed patch embedding (CNN backbone stem, hybrid ViT)" if type(pe).__name__ == "HybridEmbed" else f"embed_layer={type(pe).__name__}"
+        what = (
+            "HybridEmbed patch embedding (CNN backbone stem, hybrid ViT)"
+            if type(pe).__name__ == "HybridEmbed"
+            else f"embed_layer={type(pe).__name__}"
+        )
         raise UnsupportedTimmModel(f"unsupported timm ViT options: {what}")
 
 
@@ -149,9 +158,16 @@ def config_from_timm(model: nn.Module) -> ViTConfig:
     pe = model.patch_embed
     r.check(not model.dynamic_img_size, "dynamic_img_size=True")
     r.check(not getattr(pe, "dynamic_img_pad", False), "dynamic_img_pad=True")
-    r.check(getattr(pe, "flatten", True) or model.dynamic_img_size, "patch_embed without flatten (output_fmt)")
-    r.check(type(pe.proj) is nn.Conv2d and tuple(pe.proj.stride) == tuple(pe.patch_size)
-            and tuple(pe.proj.padding) == (0, 0), "patch_embed projection other than a patch-strided Conv2d")
+    r.check(
+        getattr(pe, "flatten", True) or model.dynamic_img_size,
+        "patch_embed without flatten (output_fmt)",
+    )
+    r.check(
+        type(pe.proj) is nn.Conv2d
+        and tuple(pe.proj.stride) == tuple(pe.patch_size)
+        and tuple(pe.proj.padding) == (0, 0),
+        "patch_embed projection other than a patch-strided Conv2d",
+    )
     r.check(type(model.patch_drop) is nn.Identity, "patch_drop_rate > 0")
     embed_norm = r.norm(pe.norm, "patch_embed")
     norm_pre = r.norm(model.norm_pre, "norm_pre")
@@ -159,7 +175,10 @@ def config_from_timm(model: nn.Module) -> ViTConfig:
     has_fc_norm = r.norm(model.fc_norm, "fc_norm")
     r.check(model.global_pool in ("token", "avg", "map"), f"global_pool={model.global_pool!r}")
     r.check(isinstance(model.head, (nn.Linear, nn.Identity)), f"head={type(model.head).__name__}")
-    r.check(not isinstance(model.head, nn.Identity) or model.num_classes == 0, "head replaced by an identity")
+    r.check(
+        not isinstance(model.head, nn.Identity) or model.num_classes == 0,
+        "head replaced by an identity",
+    )
 
     pool_hidden = None
     if model.global_pool == "map":
@@ -167,13 +186,28 @@ def config_from_timm(model: nn.Module) -> ViTConfig:
         if type(pool) is not AttentionPoolLatent:
             r.refuse(f"attention pool {type(pool).__name__}")
         else:
-            r.check(pool.latent_len == 1 and pool.pool == "token", "attention pool with several latents")
+            r.check(
+                pool.latent_len == 1 and pool.pool == "token", "attention pool with several latents"
+            )
             r.check(pool.pos_embed is None, "attention pool with its own position embedding")
-            r.check(type(pool.q) is nn.Linear and _is_identity(pool.q_norm), "attention pool without q projection or with qk-norm")
-            r.check(pool.num_heads == model.blocks[0].attn.num_heads if hasattr(model.blocks[0], "attn") else False,
-                    "attention pool heads differ from the blocks'")
-            r.check(pool.latent.shape[-1] == model.embed_dim and type(pool.mlp) is Mlp, "attention pool latent_dim / mlp")
-            r.check(all(getattr(pool, n).bias is not None for n in ("q", "kv", "proj")), "attention pool without biases")
+            r.check(
+                type(pool.q) is nn.Linear and _is_identity(pool.q_norm),
+                "attention pool without q projection or with qk-norm",
+            )
+            r.check(
+                pool.num_heads == model.blocks[0].attn.num_heads
+                if hasattr(model.blocks[0], "attn")
+                else False,
+                "attention pool heads differ from the blocks'",
+            )
+            r.check(
+                pool.latent.shape[-1] == model.embed_dim and type(pool.mlp) is Mlp,
+                "attention pool latent_dim / mlp",
+            )
+            r.check(
+                all(getattr(pool, n).bias is not None for n in ("q", "kv", "proj")),
+                "attention pool without biases",
+            )
             r.check(pool.proj_drop.p == 0.0, "attention pool dropout")
             if type(pool.mlp) is Mlp:
                 kind, pool_hidden, bias, inner = r.mlp(pool.mlp, "attn_pool")
@@ -201,16 +235,31 @@ def config_from_timm(model: nn.Module) -> ViTConfig:
         if type(attn) is not TimmAttention:
             r.refuse(f"attn_layer={type(attn).__name__}")
             continue
-        r.check(attn.head_dim * attn.num_heads == model.embed_dim, "attn_head_dim other than dim / heads")
+        r.check(
+            attn.head_dim * attn.num_heads == model.embed_dim,
+            "attn_head_dim other than dim / heads",
+        )
         r.check(getattr(attn, "gate", None) is None, "gated attention")
         r.check(attn.proj.out_features == model.embed_dim, "attention dim_out")
         qk_norm = r.norm(attn.q_norm, "q_norm") | r.norm(attn.k_norm, "k_norm")
         r.dropouts.add(attn.proj_drop.p)
         mlp_kind, hidden, mlp_bias, mlp_norm = r.mlp(block.mlp, "blocks")
-        block_options.add((
-            attn.num_heads, attn.qkv.bias is not None, attn.proj.bias is not None, qk_norm, r.norm(attn.norm, "attn.norm"),
-            attn.attn_drop.p, scales[0], mlp_kind, hidden, mlp_bias, mlp_norm, getattr(block.mlp, "gate_last", True),
-        ))
+        block_options.add(
+            (
+                attn.num_heads,
+                attn.qkv.bias is not None,
+                attn.proj.bias is not None,
+                qk_norm,
+                r.norm(attn.norm, "attn.norm"),
+                attn.attn_drop.p,
+                scales[0],
+                mlp_kind,
+                hidden,
+                mlp_bias,
+                mlp_norm,
+                getattr(block.mlp, "gate_last", True),
+            )
+        )
     r.check(len(block_options) <= 1, "blocks with different options")
     drop_path_rate = _drop_path_rule(r, block_rates)
     kind, eps, norm_bias = r.eps_and_kind()
@@ -219,7 +268,20 @@ def config_from_timm(model: nn.Module) -> ViTConfig:
     if r.problems:
         raise UnsupportedTimmModel("unsupported timm ViT options: " + "; ".join(r.problems))
 
-    heads, qkv_bias, proj_bias, qk_norm, attn_norm, attn_drop, ls_init, mlp_kind, hidden, mlp_bias, mlp_norm, gate_last = block_options.pop()
+    (
+        heads,
+        qkv_bias,
+        proj_bias,
+        qk_norm,
+        attn_norm,
+        attn_drop,
+        ls_init,
+        mlp_kind,
+        hidden,
+        mlp_bias,
+        mlp_norm,
+        gate_last,
+    ) = block_options.pop()
     size = lambda pair: pair[0] if pair[0] == pair[1] else tuple(pair)  # noqa: E731
     pooling = {"token": "cls", "avg": "mean", "map": "map"}[model.global_pool]
     try:
@@ -291,8 +353,10 @@ def _drop_path_rule(r: _Reader, rates: list[float]) -> float:
     if not rates or not any(rates):
         return 0.0
     rate = rates[-1]
-    r.check(rates == calculate_drop_path_rates(rate, len(rates)),
-            "drop path rates other than timm's linear rule (linspace(0, drop_path_rate, depth))")
+    r.check(
+        rates == calculate_drop_path_rates(rate, len(rates)),
+        "drop path rates other than timm's linear rule (linspace(0, drop_path_rate, depth))",
+    )
     return rate
 
 
@@ -350,7 +414,11 @@ def map_timm_state_dict(
     """
     shapes = target_shapes(cfg)
     wanted = {timm_key_for(k): k for k in shapes}
-    missing = [f"{src} (for {dst}, expected {list(shapes[dst])})" for src, dst in wanted.items() if src not in source]
+    missing = [
+        f"{src} (for {dst}, expected {list(shapes[dst])})"
+        for src, dst in wanted.items()
+        if src not in source
+    ]
     unexpected = [f"{k} {list(source[k].shape)}" for k in source if k not in wanted]
     mismatched = [
         f"{src}: checkpoint {list(source[src].shape)} vs model {list(shapes[dst])} ({dst})"
@@ -358,7 +426,9 @@ def map_timm_state_dict(
         if src in source and tuple(source[src].shape) != shapes[dst]
     ]
     if missing or unexpected or mismatched:
-        lines = [f"state dict does not match the glass-box ViT ({len(source)} source tensors, {len(shapes)} target):"]
+        lines = [
+            f"state dict does not match the glass-box ViT ({len(source)} source tensors, {len(shapes)} target):"
+        ]
         lines += [f"  missing key: {m}" for m in missing]
         lines += [f"  unexpected key: {u}" for u in unexpected]
         lines += [f"  shape mismatch: {s}" for s in mismatched]
@@ -382,5 +452,7 @@ def glassbox_from_timm(model: nn.Module) -> tuple[VisionTransformer, MappingAudi
     # Build on the meta device and take over copies of the tensors: no wasted random init.
     with torch.device("meta"):
         glass = VisionTransformer(cfg)
-    glass.load_state_dict({k: v.detach().clone() for k, v in state.items()}, strict=True, assign=True)
+    glass.load_state_dict(
+        {k: v.detach().clone() for k, v in state.items()}, strict=True, assign=True
+    )
     return glass.train(model.training), audit

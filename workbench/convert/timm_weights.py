@@ -7,7 +7,12 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from workbench.convert.checkpoints import CheckpointError, download_pinned, load_state_dict_file, read_lock
+from workbench.convert.checkpoints import (
+    CheckpointError,
+    download_pinned,
+    load_state_dict_file,
+    read_lock,
+)
 from workbench.models.registry import timm_vit_architectures, unknown_model
 
 
@@ -36,7 +41,9 @@ def resolve_architecture(name: str) -> tuple[str, str | None]:
     raise unknown_model(name, tuple(sorted(pins)), study=False, timm_arms=False, timm_vits=True)
 
 
-def load_timm_weights(name: str, source: str = "random", seed: int = 0, **model_kwargs) -> TimmWeights:
+def load_timm_weights(
+    name: str, source: str = "random", seed: int = 0, **model_kwargs
+) -> TimmWeights:
     """Build a timm ViT and fill it from ``source``.
 
     Args:
@@ -53,7 +60,9 @@ def load_timm_weights(name: str, source: str = "random", seed: int = 0, **model_
     if source == "hub":
         # Resolve (and refuse an unpinned name) before building the model: fails fast.
         if pin_name is None:
-            raise CheckpointError(f"source 'hub' needs a pinned checkpoint name; {name!r} is an architecture")
+            raise CheckpointError(
+                f"source 'hub' needs a pinned checkpoint name; {name!r} is an architecture"
+            )
         entry = read_lock()[pin_name]
         path = download_pinned(entry)
     # A pinned name carries timm's pretrained tag ("arch.tag"): building from it takes the
@@ -62,7 +71,14 @@ def load_timm_weights(name: str, source: str = "random", seed: int = 0, **model_
     torch.manual_seed(seed)
     model = timm.create_model(tagged, pretrained=False, **model_kwargs).eval()
     if source == "random":
-        return TimmWeights(model, architecture, "random", f"{architecture} seeded random init (seed {seed})", None, False)
+        return TimmWeights(
+            model,
+            architecture,
+            "random",
+            f"{architecture} seeded random init (seed {seed})",
+            None,
+            False,
+        )
     if source == "hub":
         state, sha = load_state_dict_file(path, expected_sha256=entry.sha256)
         kind, description = "hub", f"{entry.hub_repo}@{entry.revision}"

@@ -30,13 +30,26 @@ Decoded tensors are cached, so only the first load of a source decodes it.
 from workbench.data.augment import AugmentConfig, augment_batch, sample_params
 from workbench.data.cache import cache_dir
 from workbench.data.dataset import ImageDataset, Resolution, SplitTensors
-from workbench.data.errors import ChecksumMismatch, DataFormatError, DatasetNotFound, Place, SplitSizeError
+from workbench.data.errors import (
+    ChecksumMismatch,
+    DataFormatError,
+    DatasetNotFound,
+    Place,
+    SplitSizeError,
+)
 from workbench.data.load_dataset import load_dataset
 from workbench.data.batches import Batch, TensorLoader, derive_seed
 from workbench.data.prepare import DEFAULT_SIZES, PreparedData, PreparedSplit, prepare
 from workbench.data.locate import DATASET_NAMES
 from workbench.data.splits import SplitIndices, make_split, split_fingerprint, stratified_subset
-from workbench.data.transforms import IMAGENET_STATS, NORM_STATS, NormStats, compute_norm_stats, normalize, resize_batch
+from workbench.data.transforms import (
+    IMAGENET_STATS,
+    NORM_STATS,
+    NormStats,
+    compute_norm_stats,
+    normalize,
+    resize_batch,
+)
 
 __all__ = [
     "SplitSizeError",

@@ -44,24 +44,40 @@ class AugmentConfig:
     randaugment_magnitude: int = 9
 
     def __post_init__(self) -> None:
-        if not isinstance(self.crop_padding, int) or isinstance(self.crop_padding, bool) or self.crop_padding < 0:
+        if (
+            not isinstance(self.crop_padding, int)
+            or isinstance(self.crop_padding, bool)
+            or self.crop_padding < 0
+        ):
             raise ValueError(f"crop_padding must be an int >= 0, got {self.crop_padding!r}")
         if not isinstance(self.hflip, bool):
             raise ValueError(f"hflip must be a bool, got {self.hflip!r}")
         if not 0 <= self.rotate_degrees <= 180:
             raise ValueError(f"rotate_degrees must be in [0, 180], got {self.rotate_degrees!r}")
         if not 0 <= self.translate_fraction < 0.5:
-            raise ValueError(f"translate_fraction must be in [0, 0.5), got {self.translate_fraction!r}")
+            raise ValueError(
+                f"translate_fraction must be in [0, 0.5), got {self.translate_fraction!r}"
+            )
         if not isinstance(self.randaugment_ops, int) or self.randaugment_ops < 0:
             raise ValueError(f"randaugment_ops must be an int >= 0, got {self.randaugment_ops!r}")
-        if not isinstance(self.randaugment_magnitude, int) or not 0 <= self.randaugment_magnitude <= 30:
-            raise ValueError(f"randaugment_magnitude must be an int in [0, 30], got {self.randaugment_magnitude!r}")
+        if (
+            not isinstance(self.randaugment_magnitude, int)
+            or not 0 <= self.randaugment_magnitude <= 30
+        ):
+            raise ValueError(
+                f"randaugment_magnitude must be an int in [0, 30], got {self.randaugment_magnitude!r}"
+            )
 
     @property
     def enabled(self) -> bool:
         """Whether any augmentation is switched on."""
-        return bool(self.crop_padding or self.hflip or self.rotate_degrees or self.translate_fraction
-                    or self.randaugment_ops)
+        return bool(
+            self.crop_padding
+            or self.hflip
+            or self.rotate_degrees
+            or self.translate_fraction
+            or self.randaugment_ops
+        )
 
     @property
     def uses_affine(self) -> bool:
@@ -69,7 +85,9 @@ class AugmentConfig:
         return bool(self.rotate_degrees or self.translate_fraction)
 
 
-def sample_params(cfg: AugmentConfig, batch: int, generator: torch.Generator) -> dict[str, torch.Tensor]:
+def sample_params(
+    cfg: AugmentConfig, batch: int, generator: torch.Generator
+) -> dict[str, torch.Tensor]:
     """Draw every random number a batch needs, on the CPU, in a fixed order.
 
     All four draws happen whatever ``cfg`` switches on, so two arms of a seed that differ
@@ -99,7 +117,9 @@ def randaugment(ops: int, magnitude: int):
 _RANDAUGMENT: dict[tuple[int, int], object] = {}
 
 
-def sample_randaugment(cfg: AugmentConfig, batch: int, generator: torch.Generator) -> dict[str, torch.Tensor]:
+def sample_randaugment(
+    cfg: AugmentConfig, batch: int, generator: torch.Generator
+) -> dict[str, torch.Tensor]:
     """Each image's RandAugment ops and signs, drawn on the CPU from the batch's generator.
 
     As torchvision's ``RandAugment.forward`` draws them for one call: every op uniformly from its
@@ -114,7 +134,9 @@ def sample_randaugment(cfg: AugmentConfig, batch: int, generator: torch.Generato
     return {"ops": ops, "negate": negate}
 
 
-def apply_randaugment(x: torch.Tensor, cfg: AugmentConfig, drawn: dict[str, torch.Tensor]) -> torch.Tensor:
+def apply_randaugment(
+    x: torch.Tensor, cfg: AugmentConfig, drawn: dict[str, torch.Tensor]
+) -> torch.Tensor:
     """Apply each image's drawn ops, in order, to a uint8 batch ``(B, C, H, W)``; returns a new batch.
 
     The op implementations and magnitudes are torchvision's (``RandAugment._apply_image_or_video_transform``
@@ -131,7 +153,7 @@ def apply_randaugment(x: torch.Tensor, cfg: AugmentConfig, drawn: dict[str, torc
         for op in ops.unique().tolist():
             magnitudes_fn, signed = ra._AUGMENTATION_SPACE[names[op]]
             magnitudes = magnitudes_fn(ra.num_magnitude_bins, height, width)
-            for sign in ((False, True) if signed and magnitudes is not None else (None,)):
+            for sign in (False, True) if signed and magnitudes is not None else (None,):
                 chosen = (ops == op) if sign is None else (ops == op) & (negate == sign)
                 idx = chosen.nonzero().flatten().to(x.device)
                 if not len(idx):
@@ -139,13 +161,20 @@ def apply_randaugment(x: torch.Tensor, cfg: AugmentConfig, drawn: dict[str, torc
                 magnitude = 0.0 if magnitudes is None else float(magnitudes[ra.magnitude])
                 if sign:
                     magnitude = -magnitude
-                group = ra._apply_image_or_video_transform(out.index_select(0, idx), names[op], magnitude,
-                                                           interpolation=ra.interpolation, fill=ra._fill)
+                group = ra._apply_image_or_video_transform(
+                    out.index_select(0, idx),
+                    names[op],
+                    magnitude,
+                    interpolation=ra.interpolation,
+                    fill=ra._fill,
+                )
                 out.index_copy_(0, idx, group)
     return out
 
 
-def crop_flip(x: torch.Tensor, padding: int, offsets: torch.Tensor, flip: torch.Tensor) -> torch.Tensor:
+def crop_flip(
+    x: torch.Tensor, padding: int, offsets: torch.Tensor, flip: torch.Tensor
+) -> torch.Tensor:
     """Zero-pad by ``padding``, cut each image back to its size at ``offsets``, mirror some.
 
     Both steps are one ``gather`` with a per-image pixel index, so they are exact
@@ -172,7 +201,9 @@ def crop_flip(x: torch.Tensor, padding: int, offsets: torch.Tensor, flip: torch.
     return x.reshape(b, c, -1).gather(2, flat).view(b, c, h, w)  # (B, C, H, W)
 
 
-def affine_matrices(angle_deg: torch.Tensor, shift: torch.Tensor, height: int, width: int) -> torch.Tensor:
+def affine_matrices(
+    angle_deg: torch.Tensor, shift: torch.Tensor, height: int, width: int
+) -> torch.Tensor:
     """Per-image matrices for ``F.affine_grid`` (output -> input, normalised coordinates).
 
     An image is rotated by ``angle`` about its centre, then shifted by ``shift * (W, H)``
@@ -192,7 +223,9 @@ def affine_matrices(angle_deg: torch.Tensor, shift: torch.Tensor, height: int, w
     tx, ty = shift[:, 0].double() * width, shift[:, 1].double() * height  # pixels
     b0 = -(cos * tx + sin * ty) / sx
     b1 = -(-sin * tx + cos * ty) / sy
-    theta = torch.stack([torch.stack([a00, a01, b0], -1), torch.stack([a10, a11, b1], -1)], 1)  # (B, 2, 3)
+    theta = torch.stack(
+        [torch.stack([a00, a01, b0], -1), torch.stack([a10, a11, b1], -1)], 1
+    )  # (B, 2, 3)
     return theta.float()
 
 
@@ -203,15 +236,23 @@ def affine_grid(theta: torch.Tensor, height: int, width: int) -> torch.Tensor:
     ``grid_sample`` itself on small CPU batches.
     """
     dev = theta.device
-    xs = (torch.arange(width, device=dev, dtype=theta.dtype) * 2 + 1) / width - 1  # pixel centres in [-1, 1]
+    xs = (
+        torch.arange(width, device=dev, dtype=theta.dtype) * 2 + 1
+    ) / width - 1  # pixel centres in [-1, 1]
     ys = (torch.arange(height, device=dev, dtype=theta.dtype) * 2 + 1) / height - 1
     t = theta[:, :, :, None, None]  # (B, 2, 3, 1, 1)
-    grid = t[:, :, 0] * xs[None, None, None, :] + t[:, :, 1] * ys[None, None, :, None] + t[:, :, 2]  # (B, 2, H, W)
+    grid = (
+        t[:, :, 0] * xs[None, None, None, :] + t[:, :, 1] * ys[None, None, :, None] + t[:, :, 2]
+    )  # (B, 2, H, W)
     return grid.permute(0, 2, 3, 1)  # (B, H, W, 2)
 
 
-def augment_batch(x: torch.Tensor, cfg: AugmentConfig, params: dict[str, torch.Tensor],
-                  randaugment_draws: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
+def augment_batch(
+    x: torch.Tensor,
+    cfg: AugmentConfig,
+    params: dict[str, torch.Tensor],
+    randaugment_draws: dict[str, torch.Tensor] | None = None,
+) -> torch.Tensor:
     """Apply crop, flip, RandAugment and affine, in that order, to a uint8 batch; return float in [0, 1].
 
     Args:
@@ -231,5 +272,7 @@ def augment_batch(x: torch.Tensor, cfg: AugmentConfig, params: dict[str, torch.T
     if cfg.uses_affine:
         b, c, h, w = x.shape
         theta = affine_matrices(params["angle"], params["shift"], h, w).to(x.device)
-        x = F.grid_sample(x, affine_grid(theta, h, w), mode="bilinear", padding_mode="zeros", align_corners=False)
+        x = F.grid_sample(
+            x, affine_grid(theta, h, w), mode="bilinear", padding_mode="zeros", align_corners=False
+        )
     return x

@@ -90,7 +90,9 @@ class TensorLoader:
         to_rgb: bool = False,
     ) -> None:
         if images.dtype != torch.uint8 or images.ndim != 4:
-            raise ValueError(f"images must be uint8 (N, C, H, W), got {images.dtype} {tuple(images.shape)}")
+            raise ValueError(
+                f"images must be uint8 (N, C, H, W), got {images.dtype} {tuple(images.shape)}"
+            )
         if len(labels) != len(images):
             raise ValueError(f"{len(images)} images but {len(labels)} labels")
         if batch_size < 1:
@@ -156,10 +158,16 @@ class TensorLoader:
     def _make_batch(self, pos: torch.Tensor, epoch: int, k: int) -> Batch:
         x = self.images.index_select(0, pos)  # (B, C, H, W) uint8
         if self.augment is not None:
-            params = sample_params(self.augment, len(pos), _generator(self.seed, epoch, k, "augment"))
+            params = sample_params(
+                self.augment, len(pos), _generator(self.seed, epoch, k, "augment")
+            )
             drawn = None
-            if self.augment.randaugment_ops:  # a generator of its own: the other draws stay as they were
-                drawn = sample_randaugment(self.augment, len(pos), _generator(self.seed, epoch, k, "randaugment"))
+            if (
+                self.augment.randaugment_ops
+            ):  # a generator of its own: the other draws stay as they were
+                drawn = sample_randaugment(
+                    self.augment, len(pos), _generator(self.seed, epoch, k, "randaugment")
+                )
             x = augment_batch(x, self.augment, params, drawn)  # float in [0, 1]
         else:
             x = x.float().div_(255.0)
@@ -167,4 +175,8 @@ class TensorLoader:
             x = x.expand(-1, 3, -1, -1)  # (B, 3, H, W)
         if self.resize_to is not None:
             x = resize_batch(x, self.resize_to)
-        return Batch(normalize(x, self.norm), self.labels.index_select(0, pos), self.indices.index_select(0, pos))
+        return Batch(
+            normalize(x, self.norm),
+            self.labels.index_select(0, pos),
+            self.indices.index_select(0, pos),
+        )

@@ -115,8 +115,12 @@ def load_decoded(
             arrays = {s: (z[f"{s}_images"], z[f"{s}_labels"]) for s in meta["splits"]}
         fp = data_fingerprint(arrays, tuple(meta["class_names"]))
         if fp != meta["fingerprint"]:
-            raise ValueError(f"content fingerprint {fp[:12]} != stored {str(meta['fingerprint'])[:12]}")
+            raise ValueError(
+                f"content fingerprint {fp[:12]} != stored {str(meta['fingerprint'])[:12]}"
+            )
     except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile, json.JSONDecodeError) as e:
-        warnings.warn(f"Decoded-data cache {path} is unreadable ({e}); rebuilding it.", stacklevel=3)
+        warnings.warn(
+            f"Decoded-data cache {path} is unreadable ({e}); rebuilding it.", stacklevel=3
+        )
         return None
     return arrays, meta

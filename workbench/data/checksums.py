@@ -74,7 +74,9 @@ def bytes_digest(data: bytes, algorithm: str = "md5") -> str:
     return hashlib.new(algorithm, data).hexdigest()
 
 
-def check_digest(path: str | Path, algorithm: str, expected: str, actual: str | None = None, hint: str = "") -> None:
+def check_digest(
+    path: str | Path, algorithm: str, expected: str, actual: str | None = None, hint: str = ""
+) -> None:
     """Raise ``ChecksumMismatch`` naming the file unless its digest equals ``expected``.
 
     Args:

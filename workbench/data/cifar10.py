@@ -68,7 +68,9 @@ def _tar_has_batches(path: Path) -> bool:
                 if m.isfile():
                     return BATCHES_DIR in PurePosixPath(m.name).parts
     except (tarfile.TarError, EOFError, OSError) as e:
-        raise DataFormatError(f"{path}: cannot read tar archive (truncated or corrupted?): {e}") from e
+        raise DataFormatError(
+            f"{path}: cannot read tar archive (truncated or corrupted?): {e}"
+        ) from e
     return False
 
 
@@ -82,7 +84,9 @@ def read_batches_tar(path: Path) -> dict[str, bytes]:
                 if m.isfile() and name in CIFAR10_BATCH_MD5:
                     out[name] = tf.extractfile(m).read()
     except (tarfile.TarError, EOFError, OSError) as e:
-        raise DataFormatError(f"{path}: cannot read tar archive (truncated or corrupted?): {e}") from e
+        raise DataFormatError(
+            f"{path}: cannot read tar archive (truncated or corrupted?): {e}"
+        ) from e
     return out
 
 
@@ -110,7 +114,10 @@ def read_batches(
                 actual = bytes_digest(blobs[name], "md5")
                 if actual != CIFAR10_BATCH_MD5[name]:
                     raise ChecksumMismatch(
-                        path, "md5", CIFAR10_BATCH_MD5[name], actual,
+                        path,
+                        "md5",
+                        CIFAR10_BATCH_MD5[name],
+                        actual,
                         "Not the official CIFAR-10 batch; pass verify=False to load it anyway.",
                     )
             try:
@@ -118,9 +125,16 @@ def read_batches(
                 entry = pickle.load(io.BytesIO(blobs[name]), encoding="bytes")
                 data, lbl = entry[b"data"], entry[b"labels"]
             except (pickle.UnpicklingError, EOFError, KeyError, TypeError, ValueError) as e:
-                raise DataFormatError(f"{path}: not a CIFAR-10 python batch (truncated or corrupted?): {e!r}") from e
+                raise DataFormatError(
+                    f"{path}: not a CIFAR-10 python batch (truncated or corrupted?): {e!r}"
+                ) from e
             data = np.asarray(data)
-            if data.dtype != np.uint8 or data.ndim != 2 or data.shape[1] != 3 * 32 * 32 or len(lbl) != len(data):
+            if (
+                data.dtype != np.uint8
+                or data.ndim != 2
+                or data.shape[1] != 3 * 32 * 32
+                or len(lbl) != len(data)
+            ):
                 raise DataFormatError(
                     f"{path}: b'data' is {data.dtype} {data.shape} with {len(lbl)} labels, "
                     "expected uint8 (N, 3072) with N labels"
@@ -135,9 +149,13 @@ def read_batches(
     return arrays, note
 
 
-def read_batches_folder(folder: Path, verify: bool = True) -> tuple[dict[str, tuple[np.ndarray, np.ndarray]], str]:
+def read_batches_folder(
+    folder: Path, verify: bool = True
+) -> tuple[dict[str, tuple[np.ndarray, np.ndarray]], str]:
     """Decode ``cifar-10-batches-py`` from disk."""
-    blobs = {n: (folder / n).read_bytes() for n in TRAIN_BATCHES + TEST_BATCHES if (folder / n).is_file()}
+    blobs = {
+        n: (folder / n).read_bytes() for n in TRAIN_BATCHES + TEST_BATCHES if (folder / n).is_file()
+    }
     return read_batches(blobs, str(folder), verify)
 
 

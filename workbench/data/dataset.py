@@ -37,7 +37,9 @@ class SplitTensors:
                 f"images must be uint8 (N, C, H, W), got {self.images.dtype} {tuple(self.images.shape)}"
             )
         if self.labels.dtype != torch.int64 or self.labels.ndim != 1:
-            raise ValueError(f"labels must be int64 (N,), got {self.labels.dtype} {tuple(self.labels.shape)}")
+            raise ValueError(
+                f"labels must be int64 (N,), got {self.labels.dtype} {tuple(self.labels.shape)}"
+            )
         if len(self.images) != len(self.labels):
             raise ValueError(f"{len(self.images)} images but {len(self.labels)} labels")
 
@@ -143,7 +145,10 @@ def make_image_dataset(
     if fingerprint is None:
         fingerprint = data_fingerprint(arrays, class_names)
     splits = {
-        k: SplitTensors(torch.from_numpy(np.ascontiguousarray(im)), torch.from_numpy(lb.astype(np.int64, copy=False)))
+        k: SplitTensors(
+            torch.from_numpy(np.ascontiguousarray(im)),
+            torch.from_numpy(lb.astype(np.int64, copy=False)),
+        )
         for k, (im, lb) in arrays.items()
     }
     return ImageDataset(

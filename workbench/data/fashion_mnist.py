@@ -46,7 +46,9 @@ def parse_idx(data: bytes, path: str | Path) -> np.ndarray:
             match the header (truncated or padded file).
     """
     if len(data) < 4:
-        raise DataFormatError(f"{path}: truncated IDX file ({len(data)} bytes, the header alone needs 4)")
+        raise DataFormatError(
+            f"{path}: truncated IDX file ({len(data)} bytes, the header alone needs 4)"
+        )
     if data[:2] != b"\x00\x00" or data[2] not in _IDX_DTYPES:
         raise DataFormatError(
             f"{path}: bad IDX magic number 0x{data[:4].hex()} "
@@ -55,7 +57,9 @@ def parse_idx(data: bytes, path: str | Path) -> np.ndarray:
     ndim = data[3]
     header = 4 + 4 * ndim
     if len(data) < header:
-        raise DataFormatError(f"{path}: truncated IDX header ({len(data)} bytes, need {header} for {ndim} dims)")
+        raise DataFormatError(
+            f"{path}: truncated IDX header ({len(data)} bytes, need {header} for {ndim} dims)"
+        )
     dims = struct.unpack(f">{ndim}I", data[4:header])
     dtype = np.dtype(_IDX_DTYPES[data[2]])
     expected = int(np.prod(dims, dtype=np.int64)) * dtype.itemsize
@@ -76,7 +80,9 @@ def read_file_bytes(path: Path) -> bytes:
     try:
         return gzip.decompress(raw)
     except (EOFError, gzip.BadGzipFile, zlib.error) as e:
-        raise DataFormatError(f"{path}: cannot decompress gzip file (truncated or corrupted): {e}") from e
+        raise DataFormatError(
+            f"{path}: cannot decompress gzip file (truncated or corrupted): {e}"
+        ) from e
 
 
 def find_files(folder: Path) -> tuple[list[Path] | None, str]:
@@ -117,14 +123,19 @@ def verify_md5(path: Path, raw: bytes) -> str:
     raw_actual = bytes_digest(raw)
     if raw_actual != raw_expected:
         raise ChecksumMismatch(
-            str(path), "md5", f"{raw_expected} (decompressed content)", raw_actual,
+            str(path),
+            "md5",
+            f"{raw_expected} (decompressed content)",
+            raw_actual,
             "The file is not the official Fashion-MNIST release; pass verify=False to load it anyway.",
         )
     # A re-compressed .gz (e.g. Debian's package) still holds the official bytes.
     return "md5 of decompressed content official"
 
 
-def read_fashion_mnist(files: list[Path], verify: bool = True) -> tuple[dict[str, tuple[np.ndarray, np.ndarray]], str]:
+def read_fashion_mnist(
+    files: list[Path], verify: bool = True
+) -> tuple[dict[str, tuple[np.ndarray, np.ndarray]], str]:
     """Decode the four IDX files found by ``find_files``.
 
     Returns:
@@ -142,7 +153,9 @@ def read_fashion_mnist(files: list[Path], verify: bool = True) -> tuple[dict[str
                 notes.add(verify_md5(path, raw))
             arr = parse_idx(raw, path)
             if arr.ndim != ndim or arr.dtype != np.uint8:
-                raise DataFormatError(f"{path}: expected {ndim}-D uint8 IDX data, found {arr.ndim}-D {arr.dtype}")
+                raise DataFormatError(
+                    f"{path}: expected {ndim}-D uint8 IDX data, found {arr.ndim}-D {arr.dtype}"
+                )
             parsed.append(arr)
         images, labels = parsed
         if len(images) != len(labels):
@@ -150,7 +163,9 @@ def read_fashion_mnist(files: list[Path], verify: bool = True) -> tuple[dict[str
                 f"{by_base[img_base]} has {len(images)} images but {by_base[lbl_base]} has {len(labels)} labels"
             )
         if labels.size and labels.max() >= len(CLASS_NAMES):
-            raise DataFormatError(f"{by_base[lbl_base]}: label {labels.max()} outside 0..{len(CLASS_NAMES) - 1}")
+            raise DataFormatError(
+                f"{by_base[lbl_base]}: label {labels.max()} outside 0..{len(CLASS_NAMES) - 1}"
+            )
         arrays[split] = (images[:, None].copy(), labels.astype(np.int64))  # (N, 1, H, W)
     note = "; ".join(sorted(notes)) if verify else "checksums not verified (verify=False)"
     return arrays, note

@@ -85,7 +85,9 @@ def list_tar(path: Path) -> Listing:
                 f = tf.extractfile(m)
                 listing[split][cls].append((f"{path}:{m.name}", natural_key(fname), f.read()))
     except (tarfile.TarError, EOFError, OSError) as e:
-        raise DataFormatError(f"{path}: cannot read tar archive (truncated or corrupted?): {e}") from e
+        raise DataFormatError(
+            f"{path}: cannot read tar archive (truncated or corrupted?): {e}"
+        ) from e
     return {s: dict(sorted(c.items())) for s, c in listing.items()}
 
 
@@ -103,11 +105,15 @@ def _decoder(channels: int | None) -> Callable[[bytes | Path], np.ndarray]:
     except ImportError:
         decode_image = None
     if decode_image is not None:
-        mode = {None: ImageReadMode.UNCHANGED, 1: ImageReadMode.GRAY, 3: ImageReadMode.RGB}[channels]
+        mode = {None: ImageReadMode.UNCHANGED, 1: ImageReadMode.GRAY, 3: ImageReadMode.RGB}[
+            channels
+        ]
 
         def decode(blob: bytes | Path) -> np.ndarray:
             data = blob.read_bytes() if isinstance(blob, Path) else blob
-            return decode_image(torch.frombuffer(bytearray(data), dtype=torch.uint8), mode=mode).numpy()
+            return decode_image(
+                torch.frombuffer(bytearray(data), dtype=torch.uint8), mode=mode
+            ).numpy()
 
         return decode
 
@@ -123,7 +129,9 @@ def _decoder(channels: int | None) -> Callable[[bytes | Path], np.ndarray]:
     return decode_pil
 
 
-def _decode_one(decode: Callable[[bytes | Path], np.ndarray], name: str, blob: bytes | Path) -> np.ndarray:
+def _decode_one(
+    decode: Callable[[bytes | Path], np.ndarray], name: str, blob: bytes | Path
+) -> np.ndarray:
     try:
         return decode(blob)
     except (RuntimeError, OSError, ValueError) as e:  # PIL raises OSError subclasses
@@ -157,17 +165,23 @@ def _decode_listing(
             file, or images of different sizes.
     """
     if "train" not in listing or not listing["train"]:
-        raise DataFormatError(f"{desc}: no train/<class>/ folders with {'/'.join(EXTENSIONS)} images")
+        raise DataFormatError(
+            f"{desc}: no train/<class>/ folders with {'/'.join(EXTENSIONS)} images"
+        )
     class_names = tuple(listing["train"])
     for split, classes in listing.items():
         empty = [c for c, entries in classes.items() if not entries]
         if empty:  # a class with no images would silently shift every label after it
-            raise DataFormatError(f"{desc}: class folder(s) {', '.join(f'{split}/{c}/' for c in empty)} hold no "
-                                  f"{'/'.join(EXTENSIONS)} images; add images or remove the folder")
+            raise DataFormatError(
+                f"{desc}: class folder(s) {', '.join(f'{split}/{c}/' for c in empty)} hold no "
+                f"{'/'.join(EXTENSIONS)} images; add images or remove the folder"
+            )
     for split, classes in listing.items():
         unknown = sorted(set(classes) - set(class_names))
         if unknown:
-            raise DataFormatError(f"{desc}: {split}/ has classes {unknown} that train/ does not have")
+            raise DataFormatError(
+                f"{desc}: {split}/ has classes {unknown} that train/ does not have"
+            )
     first_name, _, first_blob = min(next(iter(listing["train"].values())), key=lambda e: e[1])
     first = _decode_one(_decoder(None), first_name, first_blob)
     chw = (1 if first.shape[0] == 1 else 3, *first.shape[1:])
@@ -178,7 +192,9 @@ def _decode_listing(
     bar = tqdm(total=total, desc=f"decoding {desc}", unit=" img", disable=None)
     for split in (s for s in SPLITS if s in listing):
         entries = [
-            (e, class_names.index(c)) for c, es in listing[split].items() for e in sorted(es, key=lambda x: x[1])
+            (e, class_names.index(c))
+            for c, es in listing[split].items()
+            for e in sorted(es, key=lambda x: x[1])
         ]
         images = np.empty((len(entries), *chw), dtype=np.uint8)  # (N, C, H, W)
         labels = np.empty(len(entries), dtype=np.int64)

@@ -59,7 +59,12 @@ def load_dataset(
         source_key = sorted((Path(p).name, d) for p, d in digests.items())
     else:  # folder of many images: key on the listing, see workbench.data.cache
         source_key = listing_key(located.path, list_folder(located.path)[1])
-    key_record = {"dataset": name, "decoder": DECODER_VERSION, "kind": located.kind, "source": source_key}
+    key_record = {
+        "dataset": name,
+        "decoder": DECODER_VERSION,
+        "kind": located.kind,
+        "source": source_key,
+    }
     cache_path, key = decoded_cache_path(name, key_record)
 
     cached = load_decoded(cache_path, key)
@@ -122,7 +127,9 @@ def _decode(
         if loc.kind == "batches":
             arrays, note = cifar10.read_batches_folder(loc.path, verify)
         else:
-            arrays, note = cifar10.read_batches(cifar10.read_batches_tar(loc.path), str(loc.path), verify)
+            arrays, note = cifar10.read_batches(
+                cifar10.read_batches_tar(loc.path), str(loc.path), verify
+            )
             if verify and file_digest(loc.path, "md5") == CIFAR10_TGZ_MD5:
                 note += "; tar md5 official"
         return arrays, cifar10.OFFICIAL_NAME, cifar10.CLASS_NAMES, note

@@ -22,7 +22,9 @@ from workbench.data.image_folder import is_tar, looks_like_image_folder
 DATASET_NAMES = ("fashion_mnist", "cifar10", "retinamnist", "image_folder")
 DATA_DIR_ENV = "WORKBENCH_DATA_DIR"
 # System-wide copies installed by OS packages; tests replace this table.
-SYSTEM_DIRS: dict[str, tuple[Path, ...]] = {"fashion_mnist": (Path("/usr/share/datasets/fashion-mnist"),)}
+SYSTEM_DIRS: dict[str, tuple[Path, ...]] = {
+    "fashion_mnist": (Path("/usr/share/datasets/fashion-mnist"),)
+}
 
 
 @dataclass(frozen=True)
@@ -51,7 +53,9 @@ def _locate_cifar10(path: Path, size: int | None) -> tuple[Located | None, str]:
     kind, p, note = cifar10.locate(path)
     if kind is None:
         return None, note
-    files = tuple(cifar10.batch_files(p)) if kind == "batches" else (p,) if kind.endswith("tar") else ()
+    files = (
+        tuple(cifar10.batch_files(p)) if kind == "batches" else (p,) if kind.endswith("tar") else ()
+    )
     return Located(kind, p, files), note
 
 
@@ -125,7 +129,9 @@ HINTS = {
         "pass a folder with train/<class>/*.jpg|png (optional val/, test/) or a tar of it: --data-path DIR"
     ],
 }
-_DOWNLOAD_HINT = "on a machine with internet: download=True (--download) fetches it into the user cache"
+_DOWNLOAD_HINT = (
+    "on a machine with internet: download=True (--download) fetches it into the user cache"
+)
 
 
 def check_name(name: str) -> str:
@@ -195,7 +201,9 @@ def resolve(
         places.append(Place("download", str(root), f"failed: {type(e).__name__}: {e}"))
         raise DatasetNotFound(name, places, hints) from e
     found, note = locate(root, size)
-    places.append(Place("download", str(root), "downloaded" if found else f"downloaded, but {note}"))
+    places.append(
+        Place("download", str(root), "downloaded" if found else f"downloaded, but {note}")
+    )
     if not found:
         raise DatasetNotFound(name, places, hints)
     return found, Resolution(tuple(places), places[-1])

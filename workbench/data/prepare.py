@@ -93,17 +93,30 @@ class PreparedData:
         return out
 
 
-def _check_sizes(what: str, available: int, train_n: int | None, train_size: int | None, val_n: int,
-                 val_size: int | None) -> None:
+def _check_sizes(
+    what: str,
+    available: int,
+    train_n: int | None,
+    train_size: int | None,
+    val_n: int,
+    val_size: int | None,
+) -> None:
     """Refuse sizes that do not fit the training split, naming each size and where a default came from."""
     if val_n + (train_n or 0) <= available:
         return
+
     def said(key: str, n: int | None, given: int | None) -> str:
         return f"{key}={n}" + ("" if given is not None else " (the default)")
-    sizes = " + ".join(said(k, n, g) for k, n, g in (("train_size", train_n, train_size), ("val_size", val_n, val_size))
-                       if n)
-    raise SplitSizeError(f"{sizes}: more than the {available} images of the training split of {what}; "
-                         "give smaller sizes")
+
+    sizes = " + ".join(
+        said(k, n, g)
+        for k, n, g in (("train_size", train_n, train_size), ("val_size", val_n, val_size))
+        if n
+    )
+    raise SplitSizeError(
+        f"{sizes}: more than the {available} images of the training split of {what}; "
+        "give smaller sizes"
+    )
 
 
 def _take(ds: ImageDataset, source: str, idx: np.ndarray) -> PreparedSplit:
@@ -151,17 +164,32 @@ def prepare(
     Raises:
         ValueError: Sizes given for a dataset with official splits, or sizes too large.
     """
-    ds = dataset if dataset is not None else load_dataset(name, path, download, size=size, verify=verify)
+    ds = (
+        dataset
+        if dataset is not None
+        else load_dataset(name, path, download, size=size, verify=verify)
+    )
     name = ds.name
     train_labels = ds.splits["train"].labels.numpy()
     if "val" in ds.splits:
         if train_size is not None or val_size is not None:
-            given = ", ".join(f"{k}={v}" for k, v in (("train_size", train_size), ("val_size", val_size)) if v is not None)
-            raise SplitSizeError(f"{given}: {ds.display_name} has its own validation split ({len(ds.splits['val'])} "
-                                 f"images), so train_size and val_size do not apply; leave them out (subset keeps fewer)")
-        parts = {"train": ("train", np.arange(len(train_labels))), "val": ("val", np.arange(len(ds.splits["val"])))}
+            given = ", ".join(
+                f"{k}={v}"
+                for k, v in (("train_size", train_size), ("val_size", val_size))
+                if v is not None
+            )
+            raise SplitSizeError(
+                f"{given}: {ds.display_name} has its own validation split ({len(ds.splits['val'])} "
+                f"images), so train_size and val_size do not apply; leave them out (subset keeps fewer)"
+            )
+        parts = {
+            "train": ("train", np.arange(len(train_labels))),
+            "val": ("val", np.arange(len(ds.splits["val"]))),
+        }
     else:
-        default_train, default_val = DEFAULT_SIZES.get(name, (None, round(DEFAULT_VAL_FRACTION * len(train_labels))))
+        default_train, default_val = DEFAULT_SIZES.get(
+            name, (None, round(DEFAULT_VAL_FRACTION * len(train_labels)))
+        )
         val_n = default_val if val_size is None else val_size
         train_n = default_train if train_size is None else train_size
         _check_sizes(ds.display_name, len(train_labels), train_n, train_size, val_n, val_size)

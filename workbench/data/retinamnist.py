@@ -62,7 +62,9 @@ def read_retinamnist(
     try:
         z = np.load(path, allow_pickle=False)
     except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
-        raise DataFormatError(f"{path}: not a readable npz file (truncated or corrupted?): {e}") from e
+        raise DataFormatError(
+            f"{path}: not a readable npz file (truncated or corrupted?): {e}"
+        ) from e
     arrays = {}
     with z:
         expected_keys = [f"{s}_{k}" for s in SPLITS for k in ("images", "labels")]
@@ -75,7 +77,9 @@ def read_retinamnist(
             try:
                 images, labels = z[f"{split}_images"], z[f"{split}_labels"]
             except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
-                raise DataFormatError(f"{path}: cannot read {split} arrays (truncated or corrupted?): {e}") from e
+                raise DataFormatError(
+                    f"{path}: cannot read {split} arrays (truncated or corrupted?): {e}"
+                ) from e
             s = size or (images.shape[1] if images.ndim == 4 else 28)
             if images.dtype != np.uint8 or images.ndim != 4 or images.shape[1:] != (s, s, 3):
                 raise DataFormatError(
@@ -90,16 +94,24 @@ def read_retinamnist(
             if labels.size and (labels.min() < 0 or labels.max() >= len(CLASS_NAMES)):
                 raise DataFormatError(f"{path}: key '{split}_labels' has values outside 0..4")
             size = s
-            arrays[split] = (np.ascontiguousarray(images.transpose(0, 3, 1, 2)), labels)  # (N, 3, S, S)
+            arrays[split] = (
+                np.ascontiguousarray(images.transpose(0, 3, 1, 2)),
+                labels,
+            )  # (N, 3, S, S)
     note = "checksum not verified (verify=False)"
     if verify:
         expected = RETINAMNIST_MD5.get(_size_from_name(path) or size)
         if expected is None:
-            raise ChecksumMismatch(str(path), "md5", f"one of {sorted(RETINAMNIST_MD5)} px files", "unknown size")
+            raise ChecksumMismatch(
+                str(path), "md5", f"one of {sorted(RETINAMNIST_MD5)} px files", "unknown size"
+            )
         actual = file_digest(path, "md5")
         if actual != expected:
             raise ChecksumMismatch(
-                str(path), "md5", expected, actual,
+                str(path),
+                "md5",
+                expected,
+                actual,
                 "The file is not the official MedMNIST release; pass verify=False to load it anyway.",
             )
         note = "md5 official"

@@ -65,7 +65,9 @@ def _check_seed(seed: int) -> int:
     return int(seed)
 
 
-def make_split(labels: np.ndarray, train_size: int | None, val_size: int, seed: int) -> SplitIndices:
+def make_split(
+    labels: np.ndarray, train_size: int | None, val_size: int, seed: int
+) -> SplitIndices:
     """Stratified train/validation split of one labelled set.
 
     Validation is taken first from each class's seeded permutation, so the validation set
@@ -89,7 +91,9 @@ def make_split(labels: np.ndarray, train_size: int | None, val_size: int, seed: 
     if val_size < 0 or (train_size is not None and train_size < 0):
         raise ValueError(f"sizes must be >= 0, got train {train_size}, val {val_size}")
     if val_size + (train_size or 0) > len(labels):
-        raise ValueError(f"train {train_size} + val {val_size} exceeds the {len(labels)} images available")
+        raise ValueError(
+            f"train {train_size} + val {val_size} exceeds the {len(labels)} images available"
+        )
     if len(labels) == 0:
         return SplitIndices(np.zeros(0, np.int64), np.zeros(0, np.int64))
     n_val = allocate(counts, val_size)
@@ -100,7 +104,10 @@ def make_split(labels: np.ndarray, train_size: int | None, val_size: int, seed: 
         order = _class_order(np.flatnonzero(labels == label), seed, label)
         val.append(order[:nv])
         train.append(order[nv : nv + nt])
-    return SplitIndices(np.sort(np.concatenate(train)).astype(np.int64), np.sort(np.concatenate(val)).astype(np.int64))
+    return SplitIndices(
+        np.sort(np.concatenate(train)).astype(np.int64),
+        np.sort(np.concatenate(val)).astype(np.int64),
+    )
 
 
 def stratified_subset(labels: np.ndarray, size: int, seed: int) -> np.ndarray:

@@ -50,7 +50,9 @@ def compute_norm_stats(images: torch.Tensor) -> NormStats:
 def normalize(x: torch.Tensor, stats: NormStats) -> torch.Tensor:
     """``(x - mean) / std`` per channel for float images in [0, 1], ``(B, C, H, W)``."""
     if x.shape[1] != len(stats.mean):
-        raise ValueError(f"images have {x.shape[1]} channels but the statistics have {len(stats.mean)}")
+        raise ValueError(
+            f"images have {x.shape[1]} channels but the statistics have {len(stats.mean)}"
+        )
     mean = torch.tensor(stats.mean, dtype=x.dtype, device=x.device).view(1, -1, 1, 1)
     std = torch.tensor(stats.std, dtype=x.dtype, device=x.device).view(1, -1, 1, 1)
     return (x - mean).div_(std)

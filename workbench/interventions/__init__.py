@@ -19,12 +19,35 @@ See docs/interventions.md.
 
 from workbench.interventions.forward import HeadMeans, capture, head_means, run
 from workbench.interventions.spec import (
-    DropTokens, HeadAblation, Intervention, InterventionError, InterventionSet, PatchStage, SkipBranch, ZeroPosEmbed,
-    check, flatten, parse, patchable_stages,
+    DropTokens,
+    HeadAblation,
+    Intervention,
+    InterventionError,
+    InterventionSet,
+    PatchStage,
+    SkipBranch,
+    ZeroPosEmbed,
+    check,
+    flatten,
+    parse,
+    patchable_stages,
 )
 
 __all__ = [
-    "DropTokens", "HeadAblation", "HeadMeans", "Intervention", "InterventionError", "InterventionSet", "PatchStage",
-    "SkipBranch", "ZeroPosEmbed", "capture", "check", "flatten", "head_means", "parse",
-    "patchable_stages", "run",
+    "DropTokens",
+    "HeadAblation",
+    "HeadMeans",
+    "Intervention",
+    "InterventionError",
+    "InterventionSet",
+    "PatchStage",
+    "SkipBranch",
+    "ZeroPosEmbed",
+    "capture",
+    "check",
+    "flatten",
+    "head_means",
+    "parse",
+    "patchable_stages",
+    "run",
 ]

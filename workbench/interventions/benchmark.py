@@ -42,8 +42,17 @@ class GridTiming:
         return statistics.median(c / i for c, i in zip(self.cell_seconds, self.intact_seconds))
 
 
-def time_grid(cfg: ViTConfig, grid: list[Intervention], cells: int, examples: int, batch_size: int,
-              mean_images: int, attention_maps: bool = True, device: str = "cpu", say=lambda _: None) -> GridTiming:
+def time_grid(
+    cfg: ViTConfig,
+    grid: list[Intervention],
+    cells: int,
+    examples: int,
+    batch_size: int,
+    mean_images: int,
+    attention_maps: bool = True,
+    device: str = "cpu",
+    say=lambda _: None,
+) -> GridTiming:
     """Time ``cells`` evaluations of ``grid`` on ``examples`` random images, as ``intervene`` does them."""
     dev = torch.device(device)
     inputs = Inputs(NormStats((0.5,) * cfg.in_channels, (0.25,) * cfg.in_channels), batch_size, dev)
@@ -51,12 +60,21 @@ def time_grid(cfg: ViTConfig, grid: list[Intervention], cells: int, examples: in
     cell_s, intact_s = [], []
     for seed in range(cells):
         gen = torch.Generator().manual_seed(seed)
-        torch.manual_seed(seed)  # the model's own init, seeded: the timing does not depend on the values
+        torch.manual_seed(
+            seed
+        )  # the model's own init, seeded: the timing does not depend on the values
         model = VisionTransformer(cfg).eval().to(dev)
-        images = torch.randint(0, 256, (examples, cfg.in_channels, *cfg.image_hw), dtype=torch.uint8, generator=gen)
+        images = torch.randint(
+            0, 256, (examples, cfg.in_channels, *cfg.image_hw), dtype=torch.uint8, generator=gen
+        )
         labels = torch.randint(0, max(cfg.num_classes, 1), (examples,), generator=gen)
-        train = torch.randint(0, 256, (max(mean_images, 1), cfg.in_channels, *cfg.image_hw), dtype=torch.uint8,
-                              generator=gen)
+        train = torch.randint(
+            0,
+            256,
+            (max(mean_images, 1), cfg.in_channels, *cfg.image_hw),
+            dtype=torch.uint8,
+            generator=gen,
+        )
         started = time.perf_counter()
         with torch.no_grad():
             for batch in inputs.loader(images, labels):
@@ -64,7 +82,18 @@ def time_grid(cfg: ViTConfig, grid: list[Intervention], cells: int, examples: in
         intact_s.append(time.perf_counter() - started)
         started = time.perf_counter()
         means = reference_means(model, train, mean_images, 0, inputs)[0] if needs_mean else None
-        evaluate(model, images, labels, torch.arange(examples), inputs, grid, means, attention_maps=attention_maps)
+        evaluate(
+            model,
+            images,
+            labels,
+            torch.arange(examples),
+            inputs,
+            grid,
+            means,
+            attention_maps=attention_maps,
+        )
         cell_s.append(time.perf_counter() - started)
-        say(f"cell {seed + 1} of {cells}: {cell_s[-1]:.2f} s ({cell_s[-1] / intact_s[-1]:.1f} intact passes)")
+        say(
+            f"cell {seed + 1} of {cells}: {cell_s[-1]:.2f} s ({cell_s[-1] / intact_s[-1]:.1f} intact passes)"
+        )
     return GridTiming(cell_s, intact_s, len(grid), examples, torch.get_num_threads())

@@ -19,7 +19,14 @@ import torch
 import torch.nn.functional as F
 
 from workbench.data import NormStats, TensorLoader
-from workbench.interventions.forward import HeadMeans, block_inputs, capture, first_edit_block, head_means, run
+from workbench.interventions.forward import (
+    HeadMeans,
+    block_inputs,
+    capture,
+    first_edit_block,
+    head_means,
+    run,
+)
 from workbench.interventions.spec import Intervention, InterventionError, PatchStage, check, flatten
 from workbench.models.vit import VisionTransformer
 
@@ -34,12 +41,26 @@ class Inputs:
     resize_to: int | None = None
     amp_dtype: torch.dtype | None = None
 
-    def loader(self, images: torch.Tensor, labels: torch.Tensor, indices: torch.Tensor | None = None) -> TensorLoader:
-        return TensorLoader(images, labels, indices, batch_size=self.batch_size, norm=self.norm, shuffle=False,
-                            device=self.device, resize_to=self.resize_to)
+    def loader(
+        self, images: torch.Tensor, labels: torch.Tensor, indices: torch.Tensor | None = None
+    ) -> TensorLoader:
+        return TensorLoader(
+            images,
+            labels,
+            indices,
+            batch_size=self.batch_size,
+            norm=self.norm,
+            shuffle=False,
+            device=self.device,
+            resize_to=self.resize_to,
+        )
 
     def autocast(self):
-        return torch.autocast(self.device.type, dtype=self.amp_dtype) if self.amp_dtype else contextlib.nullcontext()
+        return (
+            torch.autocast(self.device.type, dtype=self.amp_dtype)
+            if self.amp_dtype
+            else contextlib.nullcontext()
+        )
 
 
 @dataclass
@@ -80,14 +101,23 @@ class Evaluation:
 
     def metrics(self) -> dict[str, dict[str, float]]:
         """Name -> accuracy, loss, their change against the intact model (and source agreement for patches)."""
-        intact_acc, intact_loss = self.intact_accuracy, float(self.intact_loss.astype(np.float64).mean())
+        intact_acc, intact_loss = (
+            self.intact_accuracy,
+            float(self.intact_loss.astype(np.float64).mean()),
+        )
         out = {}
         for k, name in enumerate(self.names):
             acc = float((self.predicted[k] == self.labels).mean())
             loss = float(self.loss[k].astype(np.float64).mean())
-            out[name] = {"accuracy": acc, "loss": loss, "accuracy_change": acc - intact_acc,
-                         "loss_change": loss - intact_loss}
-            if name in self.patch_sources:  # follows the source: predicts what the intact model said for the source
+            out[name] = {
+                "accuracy": acc,
+                "loss": loss,
+                "accuracy_change": acc - intact_acc,
+                "loss_change": loss - intact_loss,
+            }
+            if (
+                name in self.patch_sources
+            ):  # follows the source: predicts what the intact model said for the source
                 source = self.intact_predicted[self.patch_sources[name]]
                 out[name]["source_agreement"] = float((self.predicted[k] == source).mean())
         return out
@@ -96,7 +126,9 @@ class Evaluation:
 def derangement(n: int, seed: int) -> np.ndarray:
     """A seeded permutation with no fixed point (Sattolo's algorithm: one cycle through all n)."""
     if n < 2:
-        raise InterventionError(f"activation patching needs at least 2 examples to take another's activation; got {n}")
+        raise InterventionError(
+            f"activation patching needs at least 2 examples to take another's activation; got {n}"
+        )
     rng = np.random.default_rng(seed)
     perm = np.arange(n)
     for i in range(n - 1, 0, -1):
@@ -105,12 +137,17 @@ def derangement(n: int, seed: int) -> np.ndarray:
     return perm
 
 
-def reference_means(model: VisionTransformer, images: torch.Tensor, n: int, seed: int, inputs: Inputs
-                    ) -> tuple[HeadMeans, np.ndarray]:
+def reference_means(
+    model: VisionTransformer, images: torch.Tensor, n: int, seed: int, inputs: Inputs
+) -> tuple[HeadMeans, np.ndarray]:
     """Per-head means over ``n`` images drawn (seeded, without replacement) from ``images``; and their positions."""
     if n > len(images):
-        raise InterventionError(f"mean ablation over {n} reference images: the training split has only {len(images)}")
-    chosen = np.sort(torch.randperm(len(images), generator=torch.Generator().manual_seed(seed))[:n].numpy())
+        raise InterventionError(
+            f"mean ablation over {n} reference images: the training split has only {len(images)}"
+        )
+    chosen = np.sort(
+        torch.randperm(len(images), generator=torch.Generator().manual_seed(seed))[:n].numpy()
+    )
     picked = images[torch.from_numpy(chosen)]
     loader = inputs.loader(picked, torch.zeros(len(picked), dtype=torch.int64))
     with torch.no_grad(), inputs.autocast():
@@ -135,9 +172,18 @@ def _attention_sums(model: VisionTransformer, x: torch.Tensor) -> tuple[torch.Te
 
 
 @torch.no_grad()
-def evaluate(model: VisionTransformer, images: torch.Tensor, labels: torch.Tensor, indices: torch.Tensor,
-             inputs: Inputs, interventions: list[Intervention], means: HeadMeans | None = None, patch_seed: int = 0,
-             attention_maps: bool = True, progress: Callable[[int], None] | None = None) -> Evaluation:
+def evaluate(
+    model: VisionTransformer,
+    images: torch.Tensor,
+    labels: torch.Tensor,
+    indices: torch.Tensor,
+    inputs: Inputs,
+    interventions: list[Intervention],
+    means: HeadMeans | None = None,
+    patch_seed: int = 0,
+    attention_maps: bool = True,
+    progress: Callable[[int], None] | None = None,
+) -> Evaluation:
     """The intact model and every intervention (each on its own) over one split.
 
     Args:
@@ -156,14 +202,18 @@ def evaluate(model: VisionTransformer, images: torch.Tensor, labels: torch.Tenso
     n, k = len(labels), len(interventions)
     depth = model.cfg.depth
     starts = [first_edit_block(depth, flatten([item])) for item in interventions]
-    patched = sorted({s.stage for item in interventions for s in flatten([item]) if isinstance(s, PatchStage)})
+    patched = sorted(
+        {s.stage for item in interventions for s in flatten([item]) if isinstance(s, PatchStage)}
+    )
     sources = derangement(n, patch_seed) if patched else None
     predicted = np.zeros((k, n), dtype=np.int64)
     losses = np.zeros((k, n), dtype=np.float32)
     intact_pred, intact_loss = np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.float32)
     attention, query = None, ""
     loader = inputs.loader(images, labels, indices)
-    source_loader = inputs.loader(images[torch.from_numpy(sources)], labels) if sources is not None else None
+    source_loader = (
+        inputs.loader(images[torch.from_numpy(sources)], labels) if sources is not None else None
+    )
     started = time.perf_counter()
     done = 0
     with inputs.autocast():
@@ -184,13 +234,28 @@ def evaluate(model: VisionTransformer, images: torch.Tensor, labels: torch.Tenso
             done += len(y)
             if progress:
                 progress(done)
-    per_patch = {item.name: sources for item in interventions
-                 if sources is not None and any(isinstance(s, PatchStage) for s in flatten([item]))}
-    return Evaluation(names, labels.cpu().numpy(), indices.cpu().numpy(), intact_pred, intact_loss, predicted, losses,
-                      per_patch, None if attention is None else (attention / n).cpu().numpy(), query,
-                      time.perf_counter() - started)
+    per_patch = {
+        item.name: sources
+        for item in interventions
+        if sources is not None and any(isinstance(s, PatchStage) for s in flatten([item]))
+    }
+    return Evaluation(
+        names,
+        labels.cpu().numpy(),
+        indices.cpu().numpy(),
+        intact_pred,
+        intact_loss,
+        predicted,
+        losses,
+        per_patch,
+        None if attention is None else (attention / n).cpu().numpy(),
+        query,
+        time.perf_counter() - started,
+    )
 
 
 def _outcome(logits: torch.Tensor, labels: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
     logits = logits.float()
-    return logits.argmax(-1).cpu().numpy(), F.cross_entropy(logits, labels, reduction="none").cpu().numpy()
+    return logits.argmax(-1).cpu().numpy(), F.cross_entropy(
+        logits, labels, reduction="none"
+    ).cpu().numpy()

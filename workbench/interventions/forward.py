@@ -32,7 +32,14 @@ import torch
 from torch import nn
 
 from workbench.interventions.spec import (
-    DropTokens, HeadAblation, Intervention, InterventionError, PatchStage, SkipBranch, ZeroPosEmbed, check,
+    DropTokens,
+    HeadAblation,
+    Intervention,
+    InterventionError,
+    PatchStage,
+    SkipBranch,
+    ZeroPosEmbed,
+    check,
     patchable_stages,
 )
 from workbench.models.hooks import attached, record_hooks
@@ -59,8 +66,13 @@ _AFTER_BLOCKS = ("norm", "pool", "fc_norm", "head")
 class _Plan:
     """What one intervened call attaches: stage hooks, head pre-hooks, the prefix count, the positions."""
 
-    def __init__(self, model: VisionTransformer, singles, patches: Mapping[str, torch.Tensor],
-                 means: HeadMeans | None) -> None:
+    def __init__(
+        self,
+        model: VisionTransformer,
+        singles,
+        patches: Mapping[str, torch.Tensor],
+        means: HeadMeans | None,
+    ) -> None:
         cfg = model.cfg
         self.heads: dict[int, list[HeadAblation]] = {}
         for s in singles:
@@ -72,25 +84,35 @@ class _Plan:
         stages = [s.stage for s in singles if isinstance(s, PatchStage)]
         missing = [s for s in stages if s not in patches]
         if missing:
-            raise InterventionError(f"{missing[0]}.patch: no stored activation given for stage {missing[0]!r}")
+            raise InterventionError(
+                f"{missing[0]}.patch: no stored activation given for stage {missing[0]!r}"
+            )
         self.hooks = [(s, _replacer(s, patches[s])) for s in stages]
         for s in singles:
             if isinstance(s, SkipBranch):
-                last = ("ls1" if s.branch == "attn" else "ls2") if cfg.layer_scale_init is not None else s.branch
+                last = (
+                    ("ls1" if s.branch == "attn" else "ls2")
+                    if cfg.layer_scale_init is not None
+                    else s.branch
+                )
                 self.hooks.append((f"blocks.{s.block}.{last}", torch.zeros_like))
         drop = {s.tokens for s in singles if isinstance(s, DropTokens)}
         self.prefix_left = cfg.num_prefix_tokens
         if drop:
             keep, self.prefix_left = _kept_tokens(cfg, drop)
-            self.hooks.append(("pos_add", lambda x: x.index_select(1, keep.to(x.device))))  # (B, N - dropped, D)
+            self.hooks.append(
+                ("pos_add", lambda x: x.index_select(1, keep.to(x.device)))
+            )  # (B, N - dropped, D)
         self.zero_pos = any(isinstance(s, ZeroPosEmbed) for s in singles)
 
 
 def _replacer(stage: str, value: torch.Tensor):
     def replace(x: torch.Tensor) -> torch.Tensor:
         if value.shape != x.shape:
-            raise InterventionError(f"{stage}.patch: stored activation has shape {tuple(value.shape)}, the stage "
-                                    f"has {tuple(x.shape)}")
+            raise InterventionError(
+                f"{stage}.patch: stored activation has shape {tuple(value.shape)}, the stage "
+                f"has {tuple(x.shape)}"
+            )
         return value.to(dtype=x.dtype, device=x.device)
 
     return replace
@@ -99,10 +121,16 @@ def _replacer(stage: str, value: torch.Tensor):
 def _kept_tokens(cfg, drop: set[str]) -> tuple[torch.Tensor, int]:
     # Layout: [class token] [register tokens] [patches]; the kept tokens keep their positions.
     first_register = int(cfg.class_token)
-    removed = set(range(first_register, first_register + cfg.register_tokens)) if "registers" in drop else set()
+    removed = (
+        set(range(first_register, first_register + cfg.register_tokens))
+        if "registers" in drop
+        else set()
+    )
     removed |= {0} if "class" in drop else set()
     total = cfg.num_prefix_tokens + cfg.num_patches
-    return torch.tensor([i for i in range(total) if i not in removed]), cfg.num_prefix_tokens - len(removed)
+    return torch.tensor([i for i in range(total) if i not in removed]), cfg.num_prefix_tokens - len(
+        removed
+    )
 
 
 # ------------------------------------------------------------------------------ hooks
@@ -121,9 +149,13 @@ def _head_hook(block: int, ablations: list[HeadAblation], heads: int, means: Hea
             else:
                 mean = means.per_block[block]
                 if mean.shape != (N, C):
-                    raise InterventionError(f"{a.name}: reference mean has shape {tuple(mean.shape)}, "
-                                            f"the heads have {(N, C)} per image")
-                view[:, :, a.head] = mean[:, a.head * d:(a.head + 1) * d].to(x.dtype)  # (N, d) broadcast over B
+                    raise InterventionError(
+                        f"{a.name}: reference mean has shape {tuple(mean.shape)}, "
+                        f"the heads have {(N, C)} per image"
+                    )
+                view[:, :, a.head] = mean[:, a.head * d : (a.head + 1) * d].to(
+                    x.dtype
+                )  # (N, d) broadcast over B
         return (x,)
 
     return hook
@@ -136,8 +168,11 @@ def _attached(model: VisionTransformer, plan: _Plan, extra: list):
     try:
         for block, ablations in plan.heads.items():
             out_proj = model.blocks[block].attn.out_proj
-            handles.append(out_proj.register_forward_pre_hook(
-                _head_hook(block, ablations, model.cfg.heads, plan.means)))
+            handles.append(
+                out_proj.register_forward_pre_hook(
+                    _head_hook(block, ablations, model.cfg.heads, plan.means)
+                )
+            )
         model.num_prefix_tokens = plan.prefix_left
         with attached(model, extra + plan.hooks):
             yield
@@ -152,7 +187,9 @@ def _call(model: VisionTransformer, x: torch.Tensor, plan: _Plan, start: int = -
     if plan.zero_pos:
         zeros = {"pos_embed": torch.zeros_like(model.pos_embed)}
         if start >= 0:
-            raise InterventionError("pos_embed.zero acts before the blocks: it cannot resume at a block")
+            raise InterventionError(
+                "pos_embed.zero acts before the blocks: it cannot resume at a block"
+            )
         return torch.func.functional_call(model, zeros, (x,), strict=False)
     if start < 0:
         return model(x)
@@ -164,10 +201,14 @@ def _call(model: VisionTransformer, x: torch.Tensor, plan: _Plan, start: int = -
 
 def _eval_only(model: VisionTransformer) -> None:
     if not isinstance(model, VisionTransformer):
-        raise InterventionError(f"interventions act on the glass-box VisionTransformer, not {type(model).__name__}")
+        raise InterventionError(
+            f"interventions act on the glass-box VisionTransformer, not {type(model).__name__}"
+        )
     if model.training:
-        raise InterventionError("interventions measure the trained function: call model.eval() first "
-                                "(dropout would make every edit a random one)")
+        raise InterventionError(
+            "interventions measure the trained function: call model.eval() first "
+            "(dropout would make every edit a random one)"
+        )
 
 
 def first_edit_block(depth: int, singles) -> int:
@@ -182,16 +223,23 @@ def first_edit_block(depth: int, singles) -> int:
             first = min(first, s.block)
         elif isinstance(s, PatchStage) and s.stage.startswith("blocks."):
             first = min(first, int(s.stage.split(".")[1]))
-        elif isinstance(s, PatchStage) and (s.stage in _AFTER_BLOCKS or s.stage.startswith("attn_pool.")):
+        elif isinstance(s, PatchStage) and (
+            s.stage in _AFTER_BLOCKS or s.stage.startswith("attn_pool.")
+        ):
             continue
         else:
             return -1
     return first
 
 
-def run(model: VisionTransformer, x: torch.Tensor, interventions: tuple[Intervention, ...] | list[Intervention] = (),
-        patches: Mapping[str, torch.Tensor] | None = None, head_means: HeadMeans | None = None,
-        resume: tuple[int, torch.Tensor] | None = None) -> torch.Tensor:
+def run(
+    model: VisionTransformer,
+    x: torch.Tensor,
+    interventions: tuple[Intervention, ...] | list[Intervention] = (),
+    patches: Mapping[str, torch.Tensor] | None = None,
+    head_means: HeadMeans | None = None,
+    resume: tuple[int, torch.Tensor] | None = None,
+) -> torch.Tensor:
     """Logits of ``model`` on ``x`` under ``interventions`` (applied together).
 
     Args:
@@ -215,14 +263,18 @@ def run(model: VisionTransformer, x: torch.Tensor, interventions: tuple[Interven
     if resume is not None:
         start, x = resume
         if not 0 <= start <= first_edit_block(model.cfg.depth, singles):
-            raise InterventionError(f"resume at block {start}: the interventions edit block "
-                                    f"{first_edit_block(model.cfg.depth, singles)} or earlier")
+            raise InterventionError(
+                f"resume at block {start}: the interventions edit block "
+                f"{first_edit_block(model.cfg.depth, singles)} or earlier"
+            )
     plan = _Plan(model, singles, patches or {}, head_means)
     with _attached(model, plan, []):
         return _call(model, x, plan, start)
 
 
-def block_inputs(model: VisionTransformer, x: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
+def block_inputs(
+    model: VisionTransformer, x: torch.Tensor
+) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """Intact logits and the tokens entering each block; entry ``depth`` is the last block's output."""
     cfg = model.cfg
     first = "norm_pre" if cfg.norm_pre else "pos_add"
@@ -233,9 +285,13 @@ def block_inputs(model: VisionTransformer, x: torch.Tensor) -> tuple[torch.Tenso
     return logits, [record[first]] + [record[s] for s in ends]
 
 
-def capture(model: VisionTransformer, x: torch.Tensor, stages: Iterable[str] | None = None,
-            interventions: tuple[Intervention, ...] | list[Intervention] = (),
-            head_means: HeadMeans | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+def capture(
+    model: VisionTransformer,
+    x: torch.Tensor,
+    stages: Iterable[str] | None = None,
+    interventions: tuple[Intervention, ...] | list[Intervention] = (),
+    head_means: HeadMeans | None = None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Logits and the activations of ``stages`` (default: every patchable stage), for patching later.
 
     ``attn.probs`` stages are read on the written-out attention path, as ``forward_analysis`` does.
@@ -245,10 +301,14 @@ def capture(model: VisionTransformer, x: torch.Tensor, stages: Iterable[str] | N
     wanted = list(valid if stages is None else stages)
     unknown = [s for s in wanted if s not in valid]
     if unknown:
-        check(model.cfg, [PatchStage(unknown[0])])  # raises the one-line error listing the valid stages
+        check(
+            model.cfg, [PatchStage(unknown[0])]
+        )  # raises the one-line error listing the valid stages
     singles = check(model.cfg, interventions)
     if any(isinstance(s, PatchStage) for s in singles):
-        raise InterventionError("capture records activations; patch them with run(..., patches=...)")
+        raise InterventionError(
+            "capture records activations; patch them with run(..., patches=...)"
+        )
     record: dict[str, torch.Tensor] = {}
     plan = _Plan(model, singles, {}, head_means)
     with _attached(model, plan, record_hooks(record, wanted)):
@@ -270,6 +330,7 @@ def head_means(model: VisionTransformer, batches: Iterable[torch.Tensor]) -> Hea
         def hook(module: nn.Module, args: tuple) -> None:
             part = args[0].double().sum(dim=0)  # (N, heads * d)
             sums[i] = part if sums[i] is None else sums[i] + part
+
         return hook
 
     count = 0

@@ -17,7 +17,12 @@ from typing import Mapping
 import torch
 
 from workbench.convert.arm_check import is_timm_vit
-from workbench.convert.timm_vit import MappingAudit, UnsupportedTimmModel, config_from_timm, glassbox_from_timm
+from workbench.convert.timm_vit import (
+    MappingAudit,
+    UnsupportedTimmModel,
+    config_from_timm,
+    glassbox_from_timm,
+)
 from workbench.models.timm_arm import TimmModelConfig, create, shape_model
 from workbench.models.vit import ViTConfig, VisionTransformer
 
@@ -47,16 +52,25 @@ def glassbox_config(cfg: TimmModelConfig) -> ViTConfig:
     model = shape_model(eval_config(cfg))
     if not is_timm_vit(model):
         attention = any("attention" in type(m).__name__.lower() for m in model.modules())
-        what = ("has attention, but only timm's VisionTransformer is read across to the glass-box ViT" if attention
-                else "no attention heads or tokens to act on")
-        raise NotGlassBoxViT(f"{cfg.name} is a timm {type(model).__name__}, not a timm VisionTransformer: {what}")
+        what = (
+            "has attention, but only timm's VisionTransformer is read across to the glass-box ViT"
+            if attention
+            else "no attention heads or tokens to act on"
+        )
+        raise NotGlassBoxViT(
+            f"{cfg.name} is a timm {type(model).__name__}, not a timm VisionTransformer: {what}"
+        )
     try:
         return config_from_timm(model)
     except UnsupportedTimmModel as err:
-        raise NotGlassBoxViT(f"{cfg.name} does not read across to the glass-box ViT: {err}") from None
+        raise NotGlassBoxViT(
+            f"{cfg.name} does not read across to the glass-box ViT: {err}"
+        ) from None
 
 
-def trained_glassbox(cfg: TimmModelConfig, state: Mapping[str, torch.Tensor]) -> tuple[VisionTransformer, MappingAudit]:
+def trained_glassbox(
+    cfg: TimmModelConfig, state: Mapping[str, torch.Tensor]
+) -> tuple[VisionTransformer, MappingAudit]:
     """A trained timm ViT arm's weights (its checkpoint's state dict) in the glass-box ViT, eval mode.
 
     The timm model only carries the weights across: built on the meta device (no init, no

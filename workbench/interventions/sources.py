@@ -49,7 +49,9 @@ def trained_cell_model(config: dict, state: dict) -> VisionTransformer:
         try:
             return trained_glassbox(cfg, state)[0]
         except NotGlassBoxViT as err:
-            raise InterventionError(f"model {name!r}: {err}; interventions act on ViT stages") from None
+            raise InterventionError(
+                f"model {name!r}: {err}; interventions act on ViT stages"
+            ) from None
     if not isinstance(cfg, ViTConfig):
         raise InterventionError(f"model {name!r} is not a ViT; interventions act on ViT stages")
     model = VisionTransformer(cfg)
@@ -69,7 +71,10 @@ def saved_through_fused_attention(config: dict) -> bool:
     name, overrides = config["model"]["name"], config["model"].get("overrides", {})
     if not is_timm_name(name):
         return False
-    return any(getattr(m, "fused_attn", False) for m in shape_model(model_config(name, **overrides)).modules())
+    return any(
+        getattr(m, "fused_attn", False)
+        for m in shape_model(model_config(name, **overrides)).modules()
+    )
 
 
 def read_across_note(config: dict) -> str:
@@ -77,13 +82,22 @@ def read_across_note(config: dict) -> str:
     name = config["model"]["name"]
     if not is_timm_name(name):
         return ""
-    path = ("scaled_dot_product_attention, as timm computed its saved predictions" if
-            saved_through_fused_attention(config) else "the written-out attention, as timm computed its saved predictions")
+    path = (
+        "scaled_dot_product_attention, as timm computed its saved predictions"
+        if saved_through_fused_attention(config)
+        else "the written-out attention, as timm computed its saved predictions"
+    )
     return f"; {name} read across to the glass-box ViT by the exact mapping, reload-proven through {path}"
 
 
-def reload_proof(model: VisionTransformer, split: PreparedSplit, saved: pd.DataFrame, inputs: Inputs, *,
-                 fast_attention: bool = False) -> ReloadProof:
+def reload_proof(
+    model: VisionTransformer,
+    split: PreparedSplit,
+    saved: pd.DataFrame,
+    inputs: Inputs,
+    *,
+    fast_attention: bool = False,
+) -> ReloadProof:
     """The trainer's reload proof again: the checkpoint must reproduce the cell's saved predictions.
 
     Same loader, batch size and autocast as the cell's own evaluation; bitwise on CPU, 1e-5
@@ -100,7 +114,9 @@ def reload_proof(model: VisionTransformer, split: PreparedSplit, saved: pd.DataF
     return compare_predictions(saved, fresh, 0.0 if inputs.device.type == "cpu" else 1e-5)
 
 
-def pretrained_model(model: str, weights: str, seed: int = 0, timm_kwargs: dict | None = None) -> ActedModel:
+def pretrained_model(
+    model: str, weights: str, seed: int = 0, timm_kwargs: dict | None = None
+) -> ActedModel:
     """A timm ViT (pinned hub checkpoint, seeded random init or local file) mapped strictly onto the glass box."""
     from workbench.transfer.source_model import timm_norm
 
@@ -108,11 +124,15 @@ def pretrained_model(model: str, weights: str, seed: int = 0, timm_kwargs: dict 
     glass, audit = glassbox_from_timm(tw.model)
     norm, norm_from = timm_norm(model, tw.model)
     identity = tw.sha256 or f"random:{tw.architecture}:seed{seed}"
-    description = f"timm {model}: {tw.label()}; {audit.summary()}; inputs normalised with {norm_from}"
+    description = (
+        f"timm {model}: {tw.label()}; {audit.summary()}; inputs normalised with {norm_from}"
+    )
     return ActedModel(glass.eval(), norm, identity, description, tw.pretrained)
 
 
-def model_labels(class_names: tuple[str, ...], class_index: dict[str, int] | None, num_classes: int) -> torch.Tensor:
+def model_labels(
+    class_names: tuple[str, ...], class_index: dict[str, int] | None, num_classes: int
+) -> torch.Tensor:
     """``(classes,)``: the model output index of each dataset class.
 
     Without ``class_index`` the dataset's label order is the model's, which needs a head
@@ -124,15 +144,21 @@ def model_labels(class_names: tuple[str, ...], class_index: dict[str, int] | Non
     """
     if class_index is None:
         if num_classes != len(class_names):
-            raise InterventionError(f"the model has {num_classes} outputs and the dataset {len(class_names)} classes "
-                                    f"({', '.join(class_names[:5])}...): map them with pretrained.class_index")
+            raise InterventionError(
+                f"the model has {num_classes} outputs and the dataset {len(class_names)} classes "
+                f"({', '.join(class_names[:5])}...): map them with pretrained.class_index"
+            )
         return torch.arange(len(class_names))
     missing = [c for c in class_names if c not in class_index]
     if missing:
-        raise InterventionError(f"pretrained.class_index has no entry for dataset class(es) {', '.join(missing)}; "
-                                f"the dataset's classes: {', '.join(class_names)}")
+        raise InterventionError(
+            f"pretrained.class_index has no entry for dataset class(es) {', '.join(missing)}; "
+            f"the dataset's classes: {', '.join(class_names)}"
+        )
     too_big = [c for c in class_names if class_index[c] >= num_classes]
     if too_big:
-        raise InterventionError(f"pretrained.class_index.{too_big[0]}={class_index[too_big[0]]}: the model has only "
-                                f"{num_classes} outputs")
+        raise InterventionError(
+            f"pretrained.class_index.{too_big[0]}={class_index[too_big[0]]}: the model has only "
+            f"{num_classes} outputs"
+        )
     return torch.tensor([class_index[c] for c in class_names])

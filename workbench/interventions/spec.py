@@ -33,7 +33,9 @@ BRANCHES = ("attn", "mlp")
 TOKEN_KINDS = ("registers", "class")
 # Stages computed inline in a module without a module boundary around them: replacing them
 # would need a change to the model itself, which the default path must not see.
-UNPATCHABLE = {"attn_pool.probs": "AttentionPool computes its map inline (no module boundary to replace it at)"}
+UNPATCHABLE = {
+    "attn_pool.probs": "AttentionPool computes its map inline (no module boundary to replace it at)"
+}
 
 
 class InterventionError(ValueError):
@@ -52,7 +54,9 @@ class HeadAblation:
         _index("block", self.block)
         _index("head", self.head)
         if self.mode not in HEAD_MODES:
-            raise InterventionError(f"head ablation mode {self.mode!r}: must be one of {', '.join(HEAD_MODES)}")
+            raise InterventionError(
+                f"head ablation mode {self.mode!r}: must be one of {', '.join(HEAD_MODES)}"
+            )
 
     @property
     def name(self) -> str:
@@ -97,7 +101,9 @@ class DropTokens:
 
     def __post_init__(self) -> None:
         if self.tokens not in TOKEN_KINDS:
-            raise InterventionError(f"tokens {self.tokens!r}: must be one of {', '.join(TOKEN_KINDS)}")
+            raise InterventionError(
+                f"tokens {self.tokens!r}: must be one of {', '.join(TOKEN_KINDS)}"
+            )
 
     @property
     def name(self) -> str:
@@ -131,7 +137,9 @@ class InterventionSet:
 
     def __post_init__(self) -> None:
         if not re.fullmatch(r"[a-z0-9][a-z0-9_-]*", str(self.label)):
-            raise InterventionError(f"set name {self.label!r}: use lowercase letters, digits, '_' and '-'")
+            raise InterventionError(
+                f"set name {self.label!r}: use lowercase letters, digits, '_' and '-'"
+            )
         if not self.items:
             raise InterventionError(f"set {self.label!r}: empty; give at least one intervention")
 
@@ -159,14 +167,22 @@ def flatten(interventions: tuple[Intervention, ...] | list[Intervention]) -> tup
 # ------------------------------------------------------------------------------ names
 
 _PATTERNS: list[tuple[re.Pattern, object]] = [
-    (re.compile(r"blocks\.(\d+)\.attn\.head(\d+)\.(zero|mean)"), lambda m: HeadAblation(int(m[1]), int(m[2]), m[3])),
+    (
+        re.compile(r"blocks\.(\d+)\.attn\.head(\d+)\.(zero|mean)"),
+        lambda m: HeadAblation(int(m[1]), int(m[2]), m[3]),
+    ),
     (re.compile(r"blocks\.(\d+)\.(attn|mlp)\.skip"), lambda m: SkipBranch(int(m[1]), m[2])),
     (re.compile(r"pos_embed\.zero"), lambda m: ZeroPosEmbed()),
     (re.compile(r"tokens\.(registers|class)\.drop"), lambda m: DropTokens(m[1])),
     (re.compile(r"(.+)\.patch"), lambda m: PatchStage(m[1])),
 ]
-NAME_FORMS = ("blocks.<i>.attn.head<h>.zero|mean", "blocks.<i>.attn|mlp.skip", "pos_embed.zero",
-              "tokens.registers|class.drop", "<stage>.patch")
+NAME_FORMS = (
+    "blocks.<i>.attn.head<h>.zero|mean",
+    "blocks.<i>.attn|mlp.skip",
+    "pos_embed.zero",
+    "tokens.registers|class.drop",
+    "<stage>.patch",
+)
 
 
 def parse(text: str) -> Single:
@@ -175,7 +191,9 @@ def parse(text: str) -> Single:
         match = pattern.fullmatch(str(text))
         if match:
             return make(match)
-    raise InterventionError(f"intervention {text!r}: not a known form; use one of {', '.join(NAME_FORMS)}")
+    raise InterventionError(
+        f"intervention {text!r}: not a known form; use one of {', '.join(NAME_FORMS)}"
+    )
 
 
 # ------------------------------------------------------------------------------ checks
@@ -198,12 +216,16 @@ def compact_stage_list(stages: list[str]) -> str:
         return ", ".join(stages)
     first, last = in_block.index(True), len(in_block) - in_block[::-1].index(True)
     blocks = sorted({int(s.split(".")[1]) for s in stages[first:last]})
-    per_block = [s.split(".", 2)[2] for s in stages[first:last] if s.startswith(f"blocks.{blocks[0]}.")]
+    per_block = [
+        s.split(".", 2)[2] for s in stages[first:last] if s.startswith(f"blocks.{blocks[0]}.")
+    ]
     middle = f"blocks.{{{blocks[0]}-{blocks[-1]}}}.{{{', '.join(per_block)}}}"
     return ", ".join(stages[:first] + [middle] + stages[last:])
 
 
-def check(cfg: ViTConfig, interventions: tuple[Intervention, ...] | list[Intervention]) -> tuple[Single, ...]:
+def check(
+    cfg: ViTConfig, interventions: tuple[Intervention, ...] | list[Intervention]
+) -> tuple[Single, ...]:
     """Validate ``interventions`` (applied together) against a model; returns them flattened.
 
     Raises:
@@ -222,16 +244,22 @@ def check(cfg: ViTConfig, interventions: tuple[Intervention, ...] | list[Interve
     patched = [s.stage for s in singles if isinstance(s, PatchStage)]
     dropped = [s for s in singles if isinstance(s, DropTokens)]
     if dropped and patched:
-        raise InterventionError(f"{dropped[0].name} with {patched[0]}.patch: dropping tokens changes the shape of every "
-                                "later stage, so a stored activation of the intact sequence does not fit")
+        raise InterventionError(
+            f"{dropped[0].name} with {patched[0]}.patch: dropping tokens changes the shape of every "
+            "later stage, so a stored activation of the intact sequence does not fit"
+        )
     if dropped and any(isinstance(s, HeadAblation) and s.mode == "mean" for s in singles):
-        raise InterventionError(f"{dropped[0].name} with a mean ablation: the reference mean is per token position of "
-                                "the intact sequence, which dropping tokens shifts")
+        raise InterventionError(
+            f"{dropped[0].name} with a mean ablation: the reference mean is per token position of "
+            "the intact sequence, which dropping tokens shifts"
+        )
     skipped = {f"blocks.{s.block}.{s.branch}" for s in singles if isinstance(s, SkipBranch)}
     for stage in patched:
         inside = _branch_of(stage)
         if inside in skipped:
-            raise InterventionError(f"{stage}.patch with {inside}.skip: the skipped branch never computes that stage")
+            raise InterventionError(
+                f"{stage}.patch with {inside}.skip: the skipped branch never computes that stage"
+            )
     return singles
 
 
@@ -250,20 +278,28 @@ def _branch_of(stage: str) -> str | None:
 
 def _check_one(cfg: ViTConfig, s: Single, stages: list[str]) -> None:
     if isinstance(s, (HeadAblation, SkipBranch)) and s.block >= cfg.depth:
-        raise InterventionError(f"{s.name}: block {s.block} does not exist; valid blocks: 0-{cfg.depth - 1}")
+        raise InterventionError(
+            f"{s.name}: block {s.block} does not exist; valid blocks: 0-{cfg.depth - 1}"
+        )
     if isinstance(s, HeadAblation) and s.head >= cfg.heads:
-        raise InterventionError(f"{s.name}: head {s.head} does not exist; valid heads: 0-{cfg.heads - 1} "
-                                f"({cfg.heads} per block)")
+        raise InterventionError(
+            f"{s.name}: head {s.head} does not exist; valid heads: 0-{cfg.heads - 1} "
+            f"({cfg.heads} per block)"
+        )
     if isinstance(s, ZeroPosEmbed) and cfg.pos_embed != "learned":
-        raise InterventionError(f"{s.name}: the model has no position embedding (pos_embed={cfg.pos_embed!r})")
+        raise InterventionError(
+            f"{s.name}: the model has no position embedding (pos_embed={cfg.pos_embed!r})"
+        )
     if isinstance(s, DropTokens):
         if s.tokens == "registers" and not cfg.register_tokens:
             raise InterventionError(f"{s.name}: the model has no register tokens")
         if s.tokens == "class" and not cfg.class_token:
             raise InterventionError(f"{s.name}: the model has no class token")
         if s.tokens == "class" and cfg.pooling == "cls":
-            raise InterventionError(f"{s.name}: the model pools with the class token (pooling='cls'), "
-                                    "so its output cannot be read without it")
+            raise InterventionError(
+                f"{s.name}: the model pools with the class token (pooling='cls'), "
+                "so its output cannot be read without it"
+            )
     if isinstance(s, PatchStage):
         if s.stage in UNPATCHABLE and s.stage in stages:
             raise InterventionError(f"{s.name}: {UNPATCHABLE[s.stage]}")

@@ -17,7 +17,12 @@ import numpy as np
 from scipy import stats as sps
 
 from workbench.interventions.spec import HeadAblation, Intervention, parse
-from workbench.stats import CI, PairedComparison, paired_hierarchical_bootstrap, paired_seed_comparison
+from workbench.stats import (
+    CI,
+    PairedComparison,
+    paired_hierarchical_bootstrap,
+    paired_seed_comparison,
+)
 
 
 @dataclass(frozen=True)
@@ -47,7 +52,13 @@ class InterventionRow:
 
     @property
     def kind(self) -> str:
-        return "head" if isinstance(self.item, HeadAblation) else "set" if self.item is None else "other"
+        return (
+            "head"
+            if isinstance(self.item, HeadAblation)
+            else "set"
+            if self.item is None
+            else "other"
+        )
 
     @property
     def lower_in(self) -> int:
@@ -56,8 +67,11 @@ class InterventionRow:
 
     def excludes_zero(self, which: str = "t") -> bool:
         """Whether the interval lies on one side of zero; a zero-width interval (no spread) never counts."""
-        low, high = (self.paired.ci_low, self.paired.ci_high) if which == "t" else (self.bootstrap.low,
-                                                                                    self.bootstrap.high)
+        low, high = (
+            (self.paired.ci_low, self.paired.ci_high)
+            if which == "t"
+            else (self.bootstrap.low, self.bootstrap.high)
+        )
         return math.isfinite(low) and math.isfinite(high) and high > low and (low > 0 or high < 0)
 
 
@@ -65,8 +79,9 @@ def _item(name: str) -> Intervention | None:
     return None if name.startswith("set.") else parse(name)  # a set is known by its name only
 
 
-def summarize(cells: dict[int, CellOutcomes], n_resamples: int = 2000, confidence: float = 0.95,
-              seed: int = 0) -> list[InterventionRow]:
+def summarize(
+    cells: dict[int, CellOutcomes], n_resamples: int = 2000, confidence: float = 0.95, seed: int = 0
+) -> list[InterventionRow]:
     """Every intervention of one arm, in grid order, from its cells (seed -> outcomes).
 
     Raises:
@@ -76,8 +91,10 @@ def summarize(cells: dict[int, CellOutcomes], n_resamples: int = 2000, confidenc
     names = cells[seeds[0]].names
     for s in seeds:
         if cells[s].names != names:
-            raise ValueError(f"seed {s}: its cell holds other interventions than seed {seeds[0]}'s; "
-                             "report one grid at a time")
+            raise ValueError(
+                f"seed {s}: its cell holds other interventions than seed {seeds[0]}'s; "
+                "report one grid at a time"
+            )
     intact = {s: cells[s].accuracy() for s in seeds}
     rows = []
     for k, name in enumerate(names):
@@ -86,7 +103,11 @@ def summarize(cells: dict[int, CellOutcomes], n_resamples: int = 2000, confidenc
         boot = paired_hierarchical_bootstrap(
             {s: (cells[s].labels, cells[s].predicted[k]) for s in seeds},
             {s: (cells[s].labels, cells[s].intact_predicted) for s in seeds},
-            "accuracy", n_resamples=n_resamples, confidence=confidence, seed=seed)
+            "accuracy",
+            n_resamples=n_resamples,
+            confidence=confidence,
+            seed=seed,
+        )
         rows.append(InterventionRow(name, _item(name), intact, intervened, paired, boot))
     return rows
 
@@ -96,12 +117,19 @@ def ranked(rows: list[InterventionRow]) -> list[InterventionRow]:
     return sorted(rows, key=lambda r: (r.paired.mean_difference, r.name))
 
 
-def head_matrix(rows: list[InterventionRow], mode: str, depth: int, heads: int) -> tuple[np.ndarray, np.ndarray]:
+def head_matrix(
+    rows: list[InterventionRow], mode: str, depth: int, heads: int
+) -> tuple[np.ndarray, np.ndarray]:
     """``(depth, heads)`` mean accuracy change of each head ablated in ``mode`` (nan where not in the grid),
     and where its t-interval excludes zero."""
     mean, marked = np.full((depth, heads), np.nan), np.zeros((depth, heads), dtype=bool)
     for r in rows:
-        if isinstance(r.item, HeadAblation) and r.item.mode == mode and r.item.block < depth and r.item.head < heads:
+        if (
+            isinstance(r.item, HeadAblation)
+            and r.item.mode == mode
+            and r.item.block < depth
+            and r.item.head < heads
+        ):
             mean[r.item.block, r.item.head] = r.paired.mean_difference
             marked[r.item.block, r.item.head] = r.excludes_zero("t")
     return mean, marked
@@ -125,9 +153,11 @@ def seed_consistency(rows: list[InterventionRow], mode: str) -> list[SeedAgreeme
     change = {s: np.array([r.intervened[s] - r.intact[s] for r in heads]) for s in seeds}
     out = []
     for i, a in enumerate(seeds):
-        for b in seeds[i + 1:]:
+        for b in seeds[i + 1 :]:
             with warnings.catch_warnings():
-                warnings.simplefilter("ignore")  # a constant input: scipy warns and returns nan, which we keep
+                warnings.simplefilter(
+                    "ignore"
+                )  # a constant input: scipy warns and returns nan, which we keep
                 rho = float(sps.spearmanr(change[a], change[b]).statistic)
             out.append(SeedAgreement(a, b, rho))
     return out

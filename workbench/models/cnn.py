@@ -22,9 +22,13 @@ class CNNConfig:
 
     def __post_init__(self) -> None:
         if not isinstance(self.in_channels, int) or self.in_channels < 1:
-            raise ValueError(f"CNNConfig.in_channels={self.in_channels!r}: must be a positive integer")
+            raise ValueError(
+                f"CNNConfig.in_channels={self.in_channels!r}: must be a positive integer"
+            )
         if not isinstance(self.num_classes, int) or self.num_classes < 1:
-            raise ValueError(f"CNNConfig.num_classes={self.num_classes!r}: must be a positive integer")
+            raise ValueError(
+                f"CNNConfig.num_classes={self.num_classes!r}: must be a positive integer"
+            )
         channels = tuple(self.channels)
         if not channels or any((not isinstance(c, int)) or c < 1 for c in channels):
             raise ValueError(f"CNNConfig.channels={self.channels!r}: must be positive integers")
@@ -37,7 +41,9 @@ class CNNConfig:
 
 
 def conv_bn_relu(c_in: int, c_out: int) -> nn.Sequential:
-    return nn.Sequential(nn.Conv2d(c_in, c_out, 3, padding=1), nn.BatchNorm2d(c_out), nn.ReLU(inplace=True))
+    return nn.Sequential(
+        nn.Conv2d(c_in, c_out, 3, padding=1), nn.BatchNorm2d(c_out), nn.ReLU(inplace=True)
+    )
 
 
 class CNN(nn.Module):

@@ -104,5 +104,7 @@ def recorder(store: dict[str, torch.Tensor], stage: str) -> StageHook:
     return keep
 
 
-def record_hooks(store: dict[str, torch.Tensor], stages: Iterable[str]) -> list[tuple[str, StageHook]]:
+def record_hooks(
+    store: dict[str, torch.Tensor], stages: Iterable[str]
+) -> list[tuple[str, StageHook]]:
     return [(stage, recorder(store, stage)) for stage in stages]

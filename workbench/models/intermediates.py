@@ -24,13 +24,24 @@ def take_indices(depth: int, indices: int | list[int] | None) -> tuple[list[int]
         take = [depth + i if i < 0 else i for i in indices]
         bad = [i for i, t in zip(indices, take) if not 0 <= t < depth]
         if bad:
-            raise ValueError(f"indices {bad}: block indices are 0 to {depth - 1} (or -{depth} to -1)")
+            raise ValueError(
+                f"indices {bad}: block indices are 0 to {depth - 1} (or -{depth} to -1)"
+            )
     return take, max(take)
 
 
-def forward_intermediates(model, x: torch.Tensor, *, indices: int | list[int] | None = None,
-                          return_prefix_tokens: bool = False, norm: bool = False, stop_early: bool = False,
-                          output_fmt: str = "NCHW", intermediates_only: bool = False, output_dict: bool = False):
+def forward_intermediates(
+    model,
+    x: torch.Tensor,
+    *,
+    indices: int | list[int] | None = None,
+    return_prefix_tokens: bool = False,
+    norm: bool = False,
+    stop_early: bool = False,
+    output_fmt: str = "NCHW",
+    intermediates_only: bool = False,
+    output_dict: bool = False,
+):
     """Arguments and outputs as timm's ``VisionTransformer.forward_intermediates``.
 
     Returns:
@@ -55,7 +66,9 @@ def forward_intermediates(model, x: torch.Tensor, *, indices: int | list[int] | 
     spatial = [y[:, n_prefix:] for y in found]  # (B, h*w, D)
     if output_fmt == "NCHW":
         h, w = model.cfg.grid
-        spatial = [y.reshape(B, h, w, -1).permute(0, 3, 1, 2).contiguous() for y in spatial]  # (B, D, h, w)
+        spatial = [
+            y.reshape(B, h, w, -1).permute(0, 3, 1, 2).contiguous() for y in spatial
+        ]  # (B, D, h, w)
     if output_dict:
         out = {"image_intermediates": spatial}
         if prefix is not None and return_prefix_tokens:

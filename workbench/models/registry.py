@@ -7,7 +7,15 @@ from dataclasses import replace
 from torch import nn
 
 from workbench.models.cnn import CNN, CNNConfig
-from workbench.models.timm_arm import LIST_HINT, TIMM_PREFIX, TimmModelConfig, checked, create, is_timm_name, marker_hint
+from workbench.models.timm_arm import (
+    LIST_HINT,
+    TIMM_PREFIX,
+    TimmModelConfig,
+    checked,
+    create,
+    is_timm_name,
+    marker_hint,
+)
 from workbench.models.vit import ViTConfig, VisionTransformer
 
 # timm modules whose architectures the glass-box ViT is checked against. Any architecture
@@ -26,11 +34,27 @@ def timm_vit_architectures(modules: tuple[str, ...] = TIMM_VIT_MODULES) -> list[
 STUDY_MODELS: dict[str, ViTConfig | CNNConfig] = {
     # The Fashion-MNIST seed study's models (105,546 and 117,498 parameters).
     "fmnist_vit": ViTConfig(
-        image_size=28, patch_size=4, in_channels=1, num_classes=10, dim=64, depth=3, heads=4, mlp_hidden=128
+        image_size=28,
+        patch_size=4,
+        in_channels=1,
+        num_classes=10,
+        dim=64,
+        depth=3,
+        heads=4,
+        mlp_hidden=128,
     ),
     "fmnist_cnn": CNNConfig(in_channels=1, num_classes=10),
     # CIFAR-10 ablation base: 32 px, patch 4, width 192 (arms override fields).
-    "cifar_vit": ViTConfig(image_size=32, patch_size=4, in_channels=3, num_classes=10, dim=192, depth=6, heads=4, mlp_ratio=2.0),
+    "cifar_vit": ViTConfig(
+        image_size=32,
+        patch_size=4,
+        in_channels=3,
+        num_classes=10,
+        dim=192,
+        depth=6,
+        heads=4,
+        mlp_ratio=2.0,
+    ),
     "cifar_cnn": CNNConfig(in_channels=3, num_classes=10),
 }
 
@@ -40,8 +64,14 @@ class UnknownModel(KeyError):
         return str(self.args[0])
 
 
-def unknown_model(name: str, pinned: tuple[str, ...] = (), *, study: bool = True, timm_arms: bool = True,
-                  timm_vits: bool = False) -> UnknownModel:
+def unknown_model(
+    name: str,
+    pinned: tuple[str, ...] = (),
+    *,
+    study: bool = True,
+    timm_arms: bool = True,
+    timm_vits: bool = False,
+) -> UnknownModel:
     """The one line for a name the caller does not take, naming only what that caller takes.
 
     Args:
@@ -54,14 +84,20 @@ def unknown_model(name: str, pinned: tuple[str, ...] = (), *, study: bool = True
     if study:
         givens.append(f"a study model ({', '.join(STUDY_MODELS)})")
     if timm_arms:
-        givens.append(f"a timm architecture as {TIMM_PREFIX}<name> (e.g. {TIMM_PREFIX}resnet18; {LIST_HINT})")
+        givens.append(
+            f"a timm architecture as {TIMM_PREFIX}<name> (e.g. {TIMM_PREFIX}resnet18; {LIST_HINT})"
+        )
     if timm_vits:
-        givens.append(f"any timm ViT architecture (timm.list_models(module=...) for {', '.join(TIMM_VIT_MODULES)}, "
-                      "e.g. vit_base_patch16_224, vit_base_patch16_clip_224, vit_small_patch14_dinov2, "
-                      "vit_base_patch16_siglip_224)")
+        givens.append(
+            f"any timm ViT architecture (timm.list_models(module=...) for {', '.join(TIMM_VIT_MODULES)}, "
+            "e.g. vit_base_patch16_224, vit_base_patch16_clip_224, vit_small_patch14_dinov2, "
+            "vit_base_patch16_siglip_224)"
+        )
     if pinned:
         givens.append(f"a pinned checkpoint ({', '.join(pinned)})")
-    return UnknownModel(f"unknown model {name!r}{marker_hint(name) if timm_arms else ''}; give {', or '.join(givens)}")
+    return UnknownModel(
+        f"unknown model {name!r}{marker_hint(name) if timm_arms else ''}; give {', or '.join(givens)}"
+    )
 
 
 def model_config(name: str, **overrides) -> ViTConfig | CNNConfig | TimmModelConfig:
@@ -71,13 +107,15 @@ def model_config(name: str, **overrides) -> ViTConfig | CNNConfig | TimmModelCon
     arguments of ``timm.create_model``, checked by building it on the meta device.
     """
     if is_timm_name(name):
-        return checked(name[len(TIMM_PREFIX):], overrides)
+        return checked(name[len(TIMM_PREFIX) :], overrides)
     if name not in STUDY_MODELS:
         raise unknown_model(name)
     base = STUDY_MODELS[name]
     unknown = sorted(set(overrides) - set(base.__dataclass_fields__))
     if unknown:
-        raise ValueError(f"{name}: unknown model field(s) {', '.join(unknown)}; valid: {', '.join(base.__dataclass_fields__)}")
+        raise ValueError(
+            f"{name}: unknown model field(s) {', '.join(unknown)}; valid: {', '.join(base.__dataclass_fields__)}"
+        )
     return replace(base, **overrides)
 
 

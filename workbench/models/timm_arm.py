@@ -78,7 +78,11 @@ class TimmModelConfig:
 
     def __post_init__(self) -> None:
         if not isinstance(self.architecture, str) or not self.architecture:
-            raise TimmModelError("name", self.architecture, f"must be {TIMM_PREFIX}<a timm architecture>; {LIST_HINT}")
+            raise TimmModelError(
+                "name",
+                self.architecture,
+                f"must be {TIMM_PREFIX}<a timm architecture>; {LIST_HINT}",
+            )
         if not isinstance(self.kwargs, dict) or not all(isinstance(k, str) for k in self.kwargs):
             raise TimmModelError("kwargs", self.kwargs, "must be a mapping of keyword arguments")
         for key, why in REFUSED_KWARGS.items():
@@ -95,7 +99,9 @@ class TimmModelConfig:
 
     def canonical(self) -> str:
         """Architecture and kwargs as sorted JSON: the same text for the same model, however written."""
-        return json.dumps({"name": self.name, "kwargs": self.kwargs}, sort_keys=True, separators=(",", ":"))
+        return json.dumps(
+            {"name": self.name, "kwargs": self.kwargs}, sort_keys=True, separators=(",", ":")
+        )
 
     # What the data checks (workbench.train.fits) compare, read from the model timm builds.
     @property
@@ -110,7 +116,11 @@ class TimmModelConfig:
     def fixed_image_hw(self) -> tuple[int, int] | None:
         """The only input size the model takes (a ViT's patch embedding with a strict size), else None."""
         embed = getattr(shape_model(self), "patch_embed", None)
-        if embed is None or not getattr(embed, "strict_img_size", False) or getattr(embed, "img_size", None) is None:
+        if (
+            embed is None
+            or not getattr(embed, "strict_img_size", False)
+            or getattr(embed, "img_size", None) is None
+        ):
             return None
         if getattr(shape_model(self), "dynamic_img_size", False):
             return None
@@ -129,20 +139,33 @@ def create(cfg: TimmModelConfig) -> nn.Module:
         model = timm.create_model(cfg.architecture, pretrained=False, **cfg.kwargs)
     except RuntimeError as err:
         if str(err).startswith("Unknown model"):
-            raise TimmModelError("name", cfg.name, f"timm {timm.__version__} has no architecture "
-                                 f"{cfg.architecture!r}; {LIST_HINT}") from None
+            raise TimmModelError(
+                "name",
+                cfg.name,
+                f"timm {timm.__version__} has no architecture {cfg.architecture!r}; {LIST_HINT}",
+            ) from None
         raise TimmModelError("name", cfg.name, f"timm.create_model failed: {err}") from None
     except TypeError as err:
         bad = re.search(r"unexpected keyword argument '(\w+)'", str(err))
         if bad and bad.group(1) in cfg.kwargs:
             key = bad.group(1)
-            raise TimmModelError(key, cfg.kwargs[key], f"timm {cfg.architecture} does not take this keyword "
-                                 f"argument ({err})") from None
-        raise TimmModelError("name", cfg.name, f"timm.create_model({cfg.architecture!r}, **{cfg.kwargs}) "
-                             f"failed: {err}") from None
+            raise TimmModelError(
+                key,
+                cfg.kwargs[key],
+                f"timm {cfg.architecture} does not take this keyword argument ({err})",
+            ) from None
+        raise TimmModelError(
+            "name",
+            cfg.name,
+            f"timm.create_model({cfg.architecture!r}, **{cfg.kwargs}) failed: {err}",
+        ) from None
     except (ValueError, AssertionError, KeyError) as err:
-        raise TimmModelError("name", cfg.name, f"timm.create_model({cfg.architecture!r}, **{cfg.kwargs}) "
-                             f"failed: {type(err).__name__}: {err}") from None
+        raise TimmModelError(
+            "name",
+            cfg.name,
+            f"timm.create_model({cfg.architecture!r}, **{cfg.kwargs}) "
+            f"failed: {type(err).__name__}: {err}",
+        ) from None
     model.cfg = cfg  # an attribute, not a module: the state dict is timm's own
     return model
 

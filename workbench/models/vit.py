@@ -34,9 +34,23 @@ from torch import nn
 
 from workbench.models.hooks import HookPoint, attached, hook_points, name_hook_points, record_hooks
 from workbench.models.vit_config import ViTConfig
-from workbench.models.vit_layers import AttentionPool, Attention, LayerScale, make_drop_path, make_mlp, make_norm
+from workbench.models.vit_layers import (
+    AttentionPool,
+    Attention,
+    LayerScale,
+    make_drop_path,
+    make_mlp,
+    make_norm,
+)
 
-__all__ = ["ViTConfig", "VisionTransformer", "Block", "Analysis", "count_parameters", "stage_names_of"]
+__all__ = [
+    "ViTConfig",
+    "VisionTransformer",
+    "Block",
+    "Analysis",
+    "count_parameters",
+    "stage_names_of",
+]
 
 
 def _point_if(enabled: bool, local_name: str) -> nn.Module:
@@ -77,10 +91,18 @@ class Block(nn.Module):
         self.hook_resid2 = HookPoint("resid2")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, N, D) -> (B, N, D)
-        x = self.hook_resid1(x + self.drop_path1(self.hook_ls1(self.ls1(self.hook_attn(self.attn(
-            self.hook_norm1(self.norm1(x))))))))
-        return self.hook_resid2(x + self.drop_path2(self.hook_ls2(self.ls2(self.hook_mlp(self.mlp(
-            self.hook_norm2(self.norm2(x))))))))
+        x = self.hook_resid1(
+            x
+            + self.drop_path1(
+                self.hook_ls1(self.ls1(self.hook_attn(self.attn(self.hook_norm1(self.norm1(x))))))
+            )
+        )
+        return self.hook_resid2(
+            x
+            + self.drop_path2(
+                self.hook_ls2(self.ls2(self.hook_mlp(self.mlp(self.hook_norm2(self.norm2(x))))))
+            )
+        )
 
 
 @dataclass
@@ -113,16 +135,22 @@ class VisionTransformer(nn.Module):
         self.num_prefix_tokens = cfg.num_prefix_tokens
         # A strided convolution is the patch projection: one linear map per non-overlapping
         # patch. It is also timm's op, which keeps the comparison exact.
-        self.patch_proj = nn.Conv2d(cfg.in_channels, cfg.dim, cfg.patch_hw, stride=cfg.patch_hw, bias=cfg.patch_bias)
+        self.patch_proj = nn.Conv2d(
+            cfg.in_channels, cfg.dim, cfg.patch_hw, stride=cfg.patch_hw, bias=cfg.patch_bias
+        )
         self.hook_patch_embed = HookPoint("patch_embed")
         self.patch_norm = make_norm(cfg) if cfg.embed_norm else None
         self.hook_patch_embed_norm = _point_if(cfg.embed_norm, "patch_embed.norm")
         self.cls_token = nn.Parameter(torch.zeros(1, 1, cfg.dim)) if cfg.class_token else None
         self.register_tokens = (
-            nn.Parameter(torch.zeros(1, cfg.register_tokens, cfg.dim)) if cfg.register_tokens else None
+            nn.Parameter(torch.zeros(1, cfg.register_tokens, cfg.dim))
+            if cfg.register_tokens
+            else None
         )
         pos_len = cfg.num_patches + (0 if cfg.no_embed_class else cfg.num_prefix_tokens)
-        self.pos_embed = nn.Parameter(torch.zeros(1, pos_len, cfg.dim)) if cfg.pos_embed == "learned" else None
+        self.pos_embed = (
+            nn.Parameter(torch.zeros(1, pos_len, cfg.dim)) if cfg.pos_embed == "learned" else None
+        )
         self.pos_drop = nn.Dropout(cfg.pos_dropout)
         self.hook_pos_add = HookPoint("pos_add")
         self.norm_pre = make_norm(cfg) if cfg.norm_pre else nn.Identity()
@@ -174,14 +202,20 @@ class VisionTransformer(nn.Module):
 
     def embed(self, x: torch.Tensor) -> torch.Tensor:
         """Images (B, C, H, W) -> the tokens entering the first block (B, P + h*w, D)."""
-        x = self.hook_patch_embed(self.patch_proj(x).flatten(2).transpose(1, 2))  # (B, C, h, w) -> (B, h*w, D)
+        x = self.hook_patch_embed(
+            self.patch_proj(x).flatten(2).transpose(1, 2)
+        )  # (B, C, h, w) -> (B, h*w, D)
         if self.patch_norm is not None:
             x = self.hook_patch_embed_norm(self.patch_norm(x))
         x = self.hook_pos_add(self.pos_drop(self._add_prefix_and_positions(x)))
         return self.hook_norm_pre(self.norm_pre(x))
 
     def _add_prefix_and_positions(self, x: torch.Tensor) -> torch.Tensor:
-        prefix = [t.expand(x.shape[0], -1, -1) for t in (self.cls_token, self.register_tokens) if t is not None]
+        prefix = [
+            t.expand(x.shape[0], -1, -1)
+            for t in (self.cls_token, self.register_tokens)
+            if t is not None
+        ]
         if self.pos_embed is None:
             return torch.cat(prefix + [x], dim=1) if prefix else x
         if self.cfg.no_embed_class:
@@ -211,10 +245,17 @@ class VisionTransformer(nn.Module):
         return x if pre_logits else self.hook_head(self.head(x))
 
     # ---- timm's intermediates -------------------------------------------------------
-    def forward_intermediates(self, x: torch.Tensor, indices: int | list[int] | None = None,
-                              return_prefix_tokens: bool = False, norm: bool = False, stop_early: bool = False,
-                              output_fmt: str = "NCHW", intermediates_only: bool = False,
-                              output_dict: bool = False):
+    def forward_intermediates(
+        self,
+        x: torch.Tensor,
+        indices: int | list[int] | None = None,
+        return_prefix_tokens: bool = False,
+        norm: bool = False,
+        stop_early: bool = False,
+        output_fmt: str = "NCHW",
+        intermediates_only: bool = False,
+        output_dict: bool = False,
+    ):
         """timm's ``VisionTransformer.forward_intermediates``: the blocks' outputs at ``indices``.
 
         Same arguments and outputs as timm's (an int takes the last n blocks, a list the
@@ -223,9 +264,17 @@ class VisionTransformer(nn.Module):
         """
         from workbench.models.intermediates import forward_intermediates
 
-        return forward_intermediates(self, x, indices=indices, return_prefix_tokens=return_prefix_tokens, norm=norm,
-                                     stop_early=stop_early, output_fmt=output_fmt,
-                                     intermediates_only=intermediates_only, output_dict=output_dict)
+        return forward_intermediates(
+            self,
+            x,
+            indices=indices,
+            return_prefix_tokens=return_prefix_tokens,
+            norm=norm,
+            stop_early=stop_early,
+            output_fmt=output_fmt,
+            intermediates_only=intermediates_only,
+            output_dict=output_dict,
+        )
 
     # ---- recorded forwards (hooks on the one forward) --------------------------------
     def forward_stages(self, x: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
@@ -235,7 +284,11 @@ class VisionTransformer(nn.Module):
         materialises the attention map, and recording does not change the path.
         """
         states: dict[str, torch.Tensor] = {}
-        names = [n for n in self.stage_names() if not (n.endswith("probs") and self._probs_owner_is_fast(n))]
+        names = [
+            n
+            for n in self.stage_names()
+            if not (n.endswith("probs") and self._probs_owner_is_fast(n))
+        ]
         with attached(self, record_hooks(states, names)):
             logits = self(x)
         return logits, {n: states[n] for n in self.stage_names() if n in states}
@@ -250,11 +303,17 @@ class VisionTransformer(nn.Module):
         so attention maps exist and do not depend on how the model is usually run.
         """
         states: dict[str, torch.Tensor] = {}
-        with attached(self, record_hooks(states, self.stage_names())):  # probs hooks: written-out path
+        with attached(
+            self, record_hooks(states, self.stage_names())
+        ):  # probs hooks: written-out path
             logits = self(x)
         attentions = [states[f"blocks.{i}.attn.probs"] for i in range(self.cfg.depth)]
-        return Analysis(logits=logits, hidden_states=states, attentions=attentions,
-                        pool_attention=states.get("attn_pool.probs"))
+        return Analysis(
+            logits=logits,
+            hidden_states=states,
+            attentions=attentions,
+            pool_attention=states.get("attn_pool.probs"),
+        )
 
     def stage_names(self) -> list[str]:
         """Stage names in execution order: the model's hook points."""

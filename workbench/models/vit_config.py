@@ -100,17 +100,29 @@ class ViTConfig:
             value = getattr(self, key)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise bad(key, value, "must be a positive integer")
-        if not isinstance(self.num_classes, int) or isinstance(self.num_classes, bool) or self.num_classes < 0:
+        if (
+            not isinstance(self.num_classes, int)
+            or isinstance(self.num_classes, bool)
+            or self.num_classes < 0
+        ):
             raise bad("num_classes", self.num_classes, "must be an integer >= 0 (0: no classifier)")
         for key in ("image_size", "patch_size"):
             value = getattr(self, key)
-            ok = isinstance(value, int) and not isinstance(value, bool) or (
-                isinstance(value, (tuple, list)) and len(value) == 2
+            ok = (
+                isinstance(value, int)
+                and not isinstance(value, bool)
+                or (isinstance(value, (tuple, list)) and len(value) == 2)
             )
-            if not ok or any(not isinstance(v, int) or isinstance(v, bool) or v < 1 for v in _pair(value)):
-                raise bad(key, value, "must be a positive integer or a (height, width) pair of them")
+            if not ok or any(
+                not isinstance(v, int) or isinstance(v, bool) or v < 1 for v in _pair(value)
+            ):
+                raise bad(
+                    key, value, "must be a positive integer or a (height, width) pair of them"
+                )
         if any(p > i for i, p in zip(self.image_hw, self.patch_hw)):
-            raise bad("patch_size", self.patch_size, f"must not exceed image_size={self.image_size}")
+            raise bad(
+                "patch_size", self.patch_size, f"must not exceed image_size={self.image_size}"
+            )
         # As in timm, a size that the patch does not divide leaves the last rows/columns of
         # pixels unseen (the strided convolution floors), e.g. 384 px with 14 px patches.
         if self.dim % self.heads:
@@ -137,15 +149,23 @@ class ViTConfig:
                 raise bad(key, value, "must be in [0, 1)")
         if not self.layer_norm_eps > 0:
             raise bad("layer_norm_eps", self.layer_norm_eps, "must be > 0")
-        for key, allowed in (("norm_layer", NORM_LAYERS), ("act", ACTIVATIONS), ("mlp_layer", MLP_LAYERS)):
+        for key, allowed in (
+            ("norm_layer", NORM_LAYERS),
+            ("act", ACTIVATIONS),
+            ("mlp_layer", MLP_LAYERS),
+        ):
             if getattr(self, key) not in allowed:
                 raise bad(key, getattr(self, key), f"must be one of {', '.join(allowed)}")
         if self.norm_layer == "rmsnorm" and not self.norm_bias:
-            raise bad("norm_bias", self.norm_bias, "RMSNorm has no bias; norm_bias applies to layernorm")
+            raise bad(
+                "norm_bias", self.norm_bias, "RMSNorm has no bias; norm_bias applies to layernorm"
+            )
         if self.mlp_layer == "glu" and self.hidden_dim % 2:
             raise bad("mlp_hidden", self.hidden_dim, "a packed GLU MLP needs an even hidden width")
         if self.layer_scale_init is not None and not self.layer_scale_init > 0:
-            raise bad("layer_scale_init", self.layer_scale_init, "must be > 0 or None (no LayerScale)")
+            raise bad(
+                "layer_scale_init", self.layer_scale_init, "must be > 0 or None (no LayerScale)"
+            )
         if self.pool_include_prefix and self.pooling == "cls":
             raise bad("pool_include_prefix", True, "applies to mean or attention pooling only")
 
@@ -169,7 +189,11 @@ class ViTConfig:
 
     @property
     def pool_hidden_dim(self) -> int:
-        return self.pool_mlp_hidden if self.pool_mlp_hidden is not None else int(self.dim * self.mlp_ratio)
+        return (
+            self.pool_mlp_hidden
+            if self.pool_mlp_hidden is not None
+            else int(self.dim * self.mlp_ratio)
+        )
 
     @property
     def num_patches(self) -> int:

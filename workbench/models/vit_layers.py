@@ -80,8 +80,14 @@ def make_drop_path(rate: float) -> nn.Module:
 class MLP(nn.Module):
     """fc1 -> act -> [norm] -> fc2 (timm ``Mlp``)."""
 
-    def __init__(self, cfg: ViTConfig, hidden: int | None = None, act: str | None = None, bias: bool | None = None,
-                 inner_norm: bool | None = None) -> None:
+    def __init__(
+        self,
+        cfg: ViTConfig,
+        hidden: int | None = None,
+        act: str | None = None,
+        bias: bool | None = None,
+        inner_norm: bool | None = None,
+    ) -> None:
         super().__init__()
         hidden = cfg.hidden_dim if hidden is None else hidden
         bias = cfg.mlp_bias if bias is None else bias
@@ -172,16 +178,22 @@ class Attention(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, N, C = x.shape
         qkv = self.hook_qkv(self.qkv(x))  # (B, N, 3C)
-        qkv = qkv.reshape(B, N, 3, self.heads, self.head_dim).permute(2, 0, 3, 1, 4)  # (3, B, H, N, d)
+        qkv = qkv.reshape(B, N, 3, self.heads, self.head_dim).permute(
+            2, 0, 3, 1, 4
+        )  # (3, B, H, N, d)
         q, k, v = qkv.unbind(0)  # each (B, H, N, d)
         if self.q_norm is not None:
             q, k = self.hook_q_norm(self.q_norm(q)), self.hook_k_norm(self.k_norm(k))
         if self.fast:
-            out = F.scaled_dot_product_attention(q, k, v, dropout_p=self.attn_drop.p if self.training else 0.0)
+            out = F.scaled_dot_product_attention(
+                q, k, v, dropout_p=self.attn_drop.p if self.training else 0.0
+            )
         else:
             probs = self.hook_probs(attention_probs(q, k, self.scale))  # (B, H, N, N)
             out = self.attn_drop(probs) @ v  # (B, H, N, d)
-        out = out.transpose(1, 2).reshape(B, N, C)  # (B, N, C): heads concatenated, out_proj's input
+        out = out.transpose(1, 2).reshape(
+            B, N, C
+        )  # (B, N, C): heads concatenated, out_proj's input
         if self.norm is not None:
             out = self.hook_norm(self.norm(out))
         return self.out_drop(self.out_proj(out))
@@ -215,13 +227,21 @@ class AttentionPool(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, N, C = x.shape
-        q = self.q(self.latent.expand(B, -1, -1)).reshape(B, 1, self.heads, self.head_dim).transpose(1, 2)  # (B, H, 1, d)
+        q = (
+            self.q(self.latent.expand(B, -1, -1))
+            .reshape(B, 1, self.heads, self.head_dim)
+            .transpose(1, 2)
+        )  # (B, H, 1, d)
         kv = self.hook_kv(self.kv(x))  # (B, N, 2C)
-        k, v = kv.reshape(B, N, 2, self.heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)  # each (B, H, N, d)
+        k, v = (
+            kv.reshape(B, N, 2, self.heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+        )  # each (B, H, N, d)
         if self.fast:
             out = F.scaled_dot_product_attention(q, k, v)
         else:
             out = self.hook_probs(attention_probs(q, k, self.scale)) @ v  # probs (B, H, 1, N)
-        out = self.hook_attn(self.proj_drop(self.proj(out.transpose(1, 2).reshape(B, 1, C))))  # (B, 1, C)
+        out = self.hook_attn(
+            self.proj_drop(self.proj(out.transpose(1, 2).reshape(B, 1, C)))
+        )  # (B, 1, C)
         h = self.hook_mlp(self.mlp(self.hook_norm(self.norm(out))))
         return (out + h)[:, 0]  # (B, C): the one latent token

@@ -23,7 +23,11 @@ from pathlib import Path
 from typing import Any
 
 from workbench.protocol.ablation import SPLIT_KEYS, Arm, Cell, Protocol, parse_protocol
-from workbench.protocol.attribution import AttributionProtocol, AttributionProtocolError, parse_attribution_protocol
+from workbench.protocol.attribution import (
+    AttributionProtocol,
+    AttributionProtocolError,
+    parse_attribution_protocol,
+)
 from workbench.protocol.common import (
     SCHEMA_VERSION,
     SHORT_HASH_LEN,
@@ -53,18 +57,50 @@ from workbench.protocol.transfer import (
 )
 
 __all__ = [
-    "AttributionProtocol", "AttributionProtocolError", "parse_attribution_protocol", "load_attribution_protocol",
-    "SCHEMA_VERSION", "SHORT_HASH_LEN", "SPLIT_KEYS", "Arm", "Cell", "Evaluation", "InterventionCell",
-    "InterventionProtocol", "InterventionProtocolError", "Protocol", "ProtocolError",
-    "ProtocolFrozenError", "Regime", "SourceSpec", "TransferCell", "TransferData", "TransferProtocol",
-    "TransferProtocolError", "TransferRunSpec", "canonical_json", "check_frozen", "kind_of", "load_any",
-    "load_intervention_protocol", "load_protocol", "load_transfer_protocol", "parse_any", "parse_intervention_protocol",
-    "parse_protocol", "parse_transfer_protocol", "read_yaml",
+    "AttributionProtocol",
+    "AttributionProtocolError",
+    "parse_attribution_protocol",
+    "load_attribution_protocol",
+    "SCHEMA_VERSION",
+    "SHORT_HASH_LEN",
+    "SPLIT_KEYS",
+    "Arm",
+    "Cell",
+    "Evaluation",
+    "InterventionCell",
+    "InterventionProtocol",
+    "InterventionProtocolError",
+    "Protocol",
+    "ProtocolError",
+    "ProtocolFrozenError",
+    "Regime",
+    "SourceSpec",
+    "TransferCell",
+    "TransferData",
+    "TransferProtocol",
+    "TransferProtocolError",
+    "TransferRunSpec",
+    "canonical_json",
+    "check_frozen",
+    "kind_of",
+    "load_any",
+    "load_intervention_protocol",
+    "load_protocol",
+    "load_transfer_protocol",
+    "parse_any",
+    "parse_intervention_protocol",
+    "parse_protocol",
+    "parse_transfer_protocol",
+    "read_yaml",
 ]
 
 AnyProtocol = Protocol | TransferProtocol | InterventionProtocol | AttributionProtocol
-PARSERS = {"ablation": parse_protocol, "transfer": parse_transfer_protocol, "intervention": parse_intervention_protocol,
-           "attribution": parse_attribution_protocol}
+PARSERS = {
+    "ablation": parse_protocol,
+    "transfer": parse_transfer_protocol,
+    "intervention": parse_intervention_protocol,
+    "attribution": parse_attribution_protocol,
+}
 
 
 def parse_any(data: Any, source: str = "<protocol>") -> AnyProtocol:

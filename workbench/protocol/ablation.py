@@ -31,10 +31,23 @@ from typing import Any
 
 from workbench.data.locate import DATASET_NAMES
 from workbench.models.registry import STUDY_MODELS, model_config
-from workbench.models.timm_arm import LIST_HINT, TIMM_PREFIX, TimmModelError, is_timm_name, marker_hint
+from workbench.models.timm_arm import (
+    LIST_HINT,
+    TIMM_PREFIX,
+    TimmModelError,
+    is_timm_name,
+    marker_hint,
+)
 from workbench.protocol import common
 from workbench.protocol.common import SCHEMA_VERSION, SHORT_HASH_LEN, ProtocolError, canonical_json
-from workbench.train.config import DataSpec, ModelSpec, OptimConfig, RecipeConfig, RunConfig, TrainConfig
+from workbench.train.config import (
+    DataSpec,
+    ModelSpec,
+    OptimConfig,
+    RecipeConfig,
+    RunConfig,
+    TrainConfig,
+)
 
 TOP_KEYS = ("name", "description", "dataset", "model", "optim", "run", "recipe", "arms", "seeds")
 REQUIRED_TOP = ("name", "description", "dataset", "model", "arms", "seeds")
@@ -94,7 +107,9 @@ class Cell:
         """Unique within the protocol, e.g. ``vit/seed1``."""
         return f"{self.arm}/seed{self.seed}"
 
-    def train_config(self, *, device: str = "auto", deterministic: bool = True, data_path: str | None = None) -> TrainConfig:
+    def train_config(
+        self, *, device: str = "auto", deterministic: bool = True, data_path: str | None = None
+    ) -> TrainConfig:
         """The cell's full config plus the run-time settings a protocol leaves open.
 
         Args:
@@ -103,8 +118,11 @@ class Cell:
             data_path: Where this machine keeps the dataset, if not in the usual places.
         """
         cfg = self.config
-        return replace(cfg, data=replace(cfg.data, path=data_path),
-                       run=replace(cfg.run, device=device, deterministic=deterministic))
+        return replace(
+            cfg,
+            data=replace(cfg.data, path=data_path),
+            run=replace(cfg.run, device=device, deterministic=deterministic),
+        )
 
 
 @dataclass(frozen=True)
@@ -148,7 +166,14 @@ class Protocol:
         which is what a paired comparison can use.
         """
         return [
-            Cell(self.name, self.hash, a.name, seed, a.reference, replace(a.config, run=replace(a.config.run, seed=seed)))
+            Cell(
+                self.name,
+                self.hash,
+                a.name,
+                seed,
+                a.reference,
+                replace(a.config, run=replace(a.config.run, seed=seed)),
+            )
             for seed in self.seeds
             for a in self.arms
         ]
@@ -166,14 +191,22 @@ def parse_protocol(data: Any, source: str = "<protocol>") -> Protocol:
     name = common.identifier(top["name"], "name", fail)
     text = common.description(top["description"], fail)
     base = {
-        "dataset": common.section(top["dataset"], "dataset", DataSpec, DATASET_KEYS, fail, KEY_HINTS),
+        "dataset": common.section(
+            top["dataset"], "dataset", DataSpec, DATASET_KEYS, fail, KEY_HINTS
+        ),
         "model": _model_section(top["model"], "model", None, fail),
-        "optim": common.section(top.get("optim"), "optim", OptimConfig, OPTIM_KEYS, fail, KEY_HINTS),
+        "optim": common.section(
+            top.get("optim"), "optim", OptimConfig, OPTIM_KEYS, fail, KEY_HINTS
+        ),
         "run": common.section(top.get("run"), "run", RunConfig, RUN_KEYS, fail, KEY_HINTS),
-        "recipe": common.section(top.get("recipe"), "recipe", RecipeConfig, RECIPE_KEYS, fail, KEY_HINTS),
+        "recipe": common.section(
+            top.get("recipe"), "recipe", RecipeConfig, RECIPE_KEYS, fail, KEY_HINTS
+        ),
     }
     if base["dataset"].get("name") not in DATASET_NAMES:
-        raise fail(f"dataset.name={base['dataset'].get('name')!r}: must be one of {', '.join(DATASET_NAMES)}")
+        raise fail(
+            f"dataset.name={base['dataset'].get('name')!r}: must be one of {', '.join(DATASET_NAMES)}"
+        )
     # Build the base before the arms so a bad base value is reported once, as the base's.
     data = common.build(DataSpec, base["dataset"], "dataset", fail)
     optim = common.build(OptimConfig, base["optim"], "optim", fail)
@@ -193,14 +226,20 @@ def parse_protocol(data: Any, source: str = "<protocol>") -> Protocol:
         "model": base["model"],
         "optim": dataclasses.asdict(optim),
         "run": {k: getattr(run, k) for k in RUN_KEYS},
-        "arms": [{"name": a.name, "reference": a.reference, "overrides": a.overrides} for a in arms],
+        "arms": [
+            {"name": a.name, "reference": a.reference, "overrides": a.overrides} for a in arms
+        ],
         "seeds": list(seeds),
     }
-    if recipe.changed():  # absent when every part is off: the hash of a protocol without recipe parts stays
+    if (
+        recipe.changed()
+    ):  # absent when every part is off: the hash of a protocol without recipe parts stays
         content["recipe"] = recipe.changed()
     canonical, digest = common.canonical_and_hash(content)
     model = ModelSpec(base["model"]["name"], dict(base["model"]["overrides"]))
-    return Protocol(name, text, data, model, optim, run, tuple(arms), seeds, digest, canonical, source, recipe)
+    return Protocol(
+        name, text, data, model, optim, run, tuple(arms), seeds, digest, canonical, source, recipe
+    )
 
 
 # --- helpers -----------------------------------------------------------------------------
@@ -219,12 +258,19 @@ def _model_section(value: Any, where: str, base_name: str | None, fail) -> dict[
     if is_timm_name(name):
         model = {"name": name, "overrides": raw}
     elif name not in STUDY_MODELS:
-        raise fail(f"{where}.name={name!r}: must be one of the study models {', '.join(STUDY_MODELS)}, or a timm "
-                   f"architecture as {TIMM_PREFIX}<name>{marker_hint(name)}; {LIST_HINT}")
+        raise fail(
+            f"{where}.name={name!r}: must be one of the study models {', '.join(STUDY_MODELS)}, or a timm "
+            f"architecture as {TIMM_PREFIX}<name>{marker_hint(name)}; {LIST_HINT}"
+        )
     else:
         config_cls = type(STUDY_MODELS[name])
-        common.mapping(raw, where, ("name",) + common.field_names(config_cls), fail, label=f"for model {name}")
-        model = {"name": name, "overrides": common.section(raw, where, config_cls, tuple(raw), fail)}
+        common.mapping(
+            raw, where, ("name",) + common.field_names(config_cls), fail, label=f"for model {name}"
+        )
+        model = {
+            "name": name,
+            "overrides": common.section(raw, where, config_cls, tuple(raw), fail),
+        }
     if name != base_name:  # a complete model; an arm's fields on the base model are checked merged
         _check_model(model, where, fail)
     return model
@@ -237,7 +283,9 @@ def _check_model(model: dict[str, Any], where: str, fail) -> None:
     except TimmModelError as e:  # the key at fault, in one line
         raise fail(e.line(where)) from e
     except (ValueError, TypeError, KeyError) as e:
-        raise fail(f"bad model in {where!r} ({model['name']} with {model['overrides']}): {e}") from e
+        raise fail(
+            f"bad model in {where!r} ({model['name']} with {model['overrides']}): {e}"
+        ) from e
 
 
 def _arm(raw: Any, where: str, base: dict[str, Any], fail) -> Arm:
@@ -249,10 +297,16 @@ def _arm(raw: Any, where: str, base: dict[str, Any], fail) -> Arm:
     at = f"{where}.overrides"
     over = common.mapping(arm.get("overrides"), at, OVERRIDE_SECTIONS, fail)
     norm = {
-        "dataset": common.section(over.get("dataset"), f"{at}.dataset", DataSpec, DATASET_KEYS, fail, KEY_HINTS),
-        "optim": common.section(over.get("optim"), f"{at}.optim", OptimConfig, OPTIM_KEYS, fail, KEY_HINTS),
+        "dataset": common.section(
+            over.get("dataset"), f"{at}.dataset", DataSpec, DATASET_KEYS, fail, KEY_HINTS
+        ),
+        "optim": common.section(
+            over.get("optim"), f"{at}.optim", OptimConfig, OPTIM_KEYS, fail, KEY_HINTS
+        ),
         "run": common.section(over.get("run"), f"{at}.run", RunConfig, RUN_KEYS, fail, KEY_HINTS),
-        "recipe": common.section(over.get("recipe"), f"{at}.recipe", RecipeConfig, RECIPE_KEYS, fail, KEY_HINTS),
+        "recipe": common.section(
+            over.get("recipe"), f"{at}.recipe", RecipeConfig, RECIPE_KEYS, fail, KEY_HINTS
+        ),
     }
     split = [k for k in SPLIT_KEYS if k in norm["dataset"]]
     if split:
@@ -260,8 +314,12 @@ def _arm(raw: Any, where: str, base: dict[str, Any], fail) -> Arm:
             f"{at}.dataset.{split[0]}: arms may not change the split ({', '.join(SPLIT_KEYS)}); "
             "pairing by seed needs the identical split in every arm"
         )
-    if "evaluate_test" in norm["run"]:  # a paired comparison needs the test result in all arms or none
-        raise fail(f"{at}.run.evaluate_test: is protocol-wide; set it in the top-level 'run' section")
+    if (
+        "evaluate_test" in norm["run"]
+    ):  # a paired comparison needs the test result in all arms or none
+        raise fail(
+            f"{at}.run.evaluate_test: is protocol-wide; set it in the top-level 'run' section"
+        )
     model = base["model"]
     if over.get("model"):
         m = _model_section(over["model"], f"{at}.model", model["name"], fail)
@@ -275,8 +333,10 @@ def _arm(raw: Any, where: str, base: dict[str, Any], fail) -> Arm:
     recipe = common.build(RecipeConfig, base["recipe"] | norm["recipe"], f"{at}.recipe", fail)
     if recipe.mixes and run.batch_size % 2:  # timm's Mixup pairs image i with image B-1-i
         where = f"{at}.run.batch_size" if "batch_size" in norm["run"] else "run.batch_size"
-        raise fail(f"{where}={run.batch_size}: mixup and CutMix (recipe.mixup_alpha / recipe.cutmix_alpha) need "
-                   "an even batch size (timm's Mixup pairs each image with another)")
+        raise fail(
+            f"{where}={run.batch_size}: mixup and CutMix (recipe.mixup_alpha / recipe.cutmix_alpha) need "
+            "an even batch size (timm's Mixup pairs each image with another)"
+        )
     config = TrainConfig(
         model=ModelSpec(model["name"], dict(model["overrides"])),
         data=common.build(DataSpec, base["dataset"] | norm["dataset"], f"{at}.dataset", fail),
@@ -290,7 +350,11 @@ def _arm(raw: Any, where: str, base: dict[str, Any], fail) -> Arm:
 def _check_arms(arms: list[Arm], fail) -> None:
     for i, arm in enumerate(arms):
         data, run = arm.config.data, arm.config.run
-        where = f"arms[{i}].overrides.run.batch_size" if "batch_size" in arm.overrides.get("run", {}) else "run.batch_size"
+        where = (
+            f"arms[{i}].overrides.run.batch_size"
+            if "batch_size" in arm.overrides.get("run", {})
+            else "run.batch_size"
+        )
         common.check_batch_fits(run.batch_size, where, data.train_size, data.subset, fail)
     common.unique_names([a.name for a in arms], "arm", fail)
     common.one_reference([a.name for a in arms if a.reference], "arm", fail)
@@ -300,8 +364,16 @@ def _check_arms(arms: list[Arm], fail) -> None:
     seen: dict[tuple, str] = {}
     for arm in arms:
         cfg = arm.config
-        resolved = (cfg.model.name, model_config(cfg.model.name, **cfg.model.overrides), cfg.data, cfg.optim, cfg.run,
-                    cfg.recipe)
+        resolved = (
+            cfg.model.name,
+            model_config(cfg.model.name, **cfg.model.overrides),
+            cfg.data,
+            cfg.optim,
+            cfg.run,
+            cfg.recipe,
+        )
         if resolved in seen:
-            raise fail(f"arm {arm.name!r} resolves to the same config as arm {seen[resolved]!r}; drop one of them")
+            raise fail(
+                f"arm {arm.name!r} resolves to the same config as arm {seen[resolved]!r}; drop one of them"
+            )
         seen[resolved] = arm.name

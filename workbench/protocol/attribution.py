@@ -32,7 +32,13 @@ from workbench.models.vit import ViTConfig
 from workbench.protocol import common
 from workbench.protocol.common import SCHEMA_VERSION, SHORT_HASH_LEN, ProtocolError, canonical_json
 from workbench.protocol.intervention import (
-    PRETRAINED_ARM, ActsOn, InterventionCell, Pretrained, acts_on_section, arm_model_config, pretrained_section,
+    PRETRAINED_ARM,
+    ActsOn,
+    InterventionCell,
+    Pretrained,
+    acts_on_section,
+    arm_model_config,
+    pretrained_section,
 )
 
 TOP_KEYS = ("name", "description", "acts_on", "pretrained", "attribution", "evaluation")
@@ -121,7 +127,11 @@ class AttributionProtocol:
 
     def cells(self) -> list[AttributionCell]:
         """Seed-major, as the acted-on protocol's cells."""
-        return [InterventionCell(self.name, self.hash, arm, seed) for seed in self.seeds for arm in self.arms]
+        return [
+            InterventionCell(self.name, self.hash, arm, seed)
+            for seed in self.seeds
+            for arm in self.arms
+        ]
 
     def model_config(self, arm: str) -> ViTConfig:
         """An acted-on arm's model config (the trained cell's architecture)."""
@@ -143,31 +153,61 @@ def parse_attribution_protocol(data: Any, source: str = "<protocol>") -> Attribu
     name = common.identifier(top["name"], "name", fail)
     text = common.description(top["description"], fail)
     if ("acts_on" in top) == ("pretrained" in top):
-        raise fail("give exactly one of acts_on (trained cells of an ablation protocol) or pretrained (a timm ViT)")
+        raise fail(
+            "give exactly one of acts_on (trained cells of an ablation protocol) or pretrained (a timm ViT)"
+        )
     settings = _settings(top["attribution"], fail)
-    evaluation = AttributionEvaluation(**common.section(
-        top.get("evaluation"), "evaluation", AttributionEvaluation, common.field_names(AttributionEvaluation), fail))
+    evaluation = AttributionEvaluation(
+        **common.section(
+            top.get("evaluation"),
+            "evaluation",
+            AttributionEvaluation,
+            common.field_names(AttributionEvaluation),
+            fail,
+        )
+    )
     if not 0.0 < evaluation.confidence < 1.0:
         raise fail(f"evaluation.confidence={evaluation.confidence!r}: must be in (0, 1)")
     acts_on = pretrained = acted = None
     if "acts_on" in top:
-        acts_on, acted = acts_on_section(top["acts_on"], source, fail,
-                                         acts="attribution maps are read off ViT attention and tokens")
+        acts_on, acted = acts_on_section(
+            top["acts_on"],
+            source,
+            fail,
+            acts="attribution maps are read off ViT attention and tokens",
+        )
     else:
         pretrained = pretrained_section(top["pretrained"], fail)
-    canonical, digest = common.canonical_and_hash({
-        "schema": SCHEMA_VERSION, "kind": "attribution", "name": name, "description": text,
-        "acts_on": asdict(acts_on) if acts_on else None, "pretrained": asdict(pretrained) if pretrained else None,
-        "attribution": asdict(settings), "evaluation": asdict(evaluation),
-    })
-    return AttributionProtocol(name, text, acts_on, pretrained, settings, evaluation, digest, canonical, source, acted)
+    canonical, digest = common.canonical_and_hash(
+        {
+            "schema": SCHEMA_VERSION,
+            "kind": "attribution",
+            "name": name,
+            "description": text,
+            "acts_on": asdict(acts_on) if acts_on else None,
+            "pretrained": asdict(pretrained) if pretrained else None,
+            "attribution": asdict(settings),
+            "evaluation": asdict(evaluation),
+        }
+    )
+    return AttributionProtocol(
+        name, text, acts_on, pretrained, settings, evaluation, digest, canonical, source, acted
+    )
 
 
 def _settings(value: Any, fail) -> AttributionSettings:
-    raw = common.section(value, "attribution", AttributionSettings, common.field_names(AttributionSettings), fail)
+    raw = common.section(
+        value, "attribution", AttributionSettings, common.field_names(AttributionSettings), fail
+    )
     methods = raw.get("methods", list(METHODS))
-    if not isinstance(methods, (list, tuple)) or not methods or not all(isinstance(m, str) for m in methods):
-        raise fail(f"attribution.methods={list(methods) if isinstance(methods, tuple) else methods!r}: must be a non-empty list of {', '.join(METHODS)}")
+    if (
+        not isinstance(methods, (list, tuple))
+        or not methods
+        or not all(isinstance(m, str) for m in methods)
+    ):
+        raise fail(
+            f"attribution.methods={list(methods) if isinstance(methods, tuple) else methods!r}: must be a non-empty list of {', '.join(METHODS)}"
+        )
     bad = [m for m in methods if m not in METHODS]
     if bad:
         raise fail(f"attribution.methods: {bad[0]!r} is not a method; valid: {', '.join(METHODS)}")
@@ -180,8 +220,12 @@ def _settings(value: Any, fail) -> AttributionSettings:
         if getattr(settings, key) < 1:
             raise fail(f"attribution.{key}={getattr(settings, key)!r}: must be a positive integer")
     if not settings.norm_threshold > 1.0:
-        raise fail(f"attribution.norm_threshold={settings.norm_threshold!r}: must be above 1 (a multiple of the median)")
+        raise fail(
+            f"attribution.norm_threshold={settings.norm_threshold!r}: must be above 1 (a multiple of the median)"
+        )
     if not 0 <= settings.examples <= settings.images:
-        raise fail(f"attribution.examples={settings.examples!r}: must be between 0 and attribution.images "
-                   f"({settings.images})")
+        raise fail(
+            f"attribution.examples={settings.examples!r}: must be between 0 and attribution.images "
+            f"({settings.images})"
+        )
     return settings

@@ -53,17 +53,24 @@ class _Loader(yaml.SafeLoader):
         keys = [self.construct_object(k, deep=deep) for k, _ in node.value]
         for i, key in enumerate(keys):
             if key in keys[:i]:
-                raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key!r}", node.value[i][0].start_mark)
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {key!r}", node.value[i][0].start_mark
+                )
         return super().construct_mapping(node, deep=deep)
 
 
 _BOOL = "tag:yaml.org,2002:bool"
 _Loader.yaml_implicit_resolvers = {
-    ch: [(tag, rx) for tag, rx in rs if tag != _BOOL] for ch, rs in yaml.SafeLoader.yaml_implicit_resolvers.items()
+    ch: [(tag, rx) for tag, rx in rs if tag != _BOOL]
+    for ch, rs in yaml.SafeLoader.yaml_implicit_resolvers.items()
 }
-_Loader.add_implicit_resolver(_BOOL, re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF"))
 _Loader.add_implicit_resolver(
-    "tag:yaml.org,2002:float", re.compile(r"^[-+]?[0-9][0-9_]*(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"), list("-+0123456789")
+    _BOOL, re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF")
+)
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?[0-9][0-9_]*(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+    list("-+0123456789"),
 )
 
 
@@ -76,13 +83,17 @@ def read_yaml(path: str | Path) -> Any:
     except OSError as e:
         raise ProtocolError(f"{path}: cannot read protocol file: {e}") from e
     except UnicodeDecodeError as e:  # a binary file given for a protocol
-        raise ProtocolError(f"{path}: not a text (UTF-8) protocol file: byte 0x{e.object[e.start]:02x} at "
-                            f"position {e.start}") from e
+        raise ProtocolError(
+            f"{path}: not a text (UTF-8) protocol file: byte 0x{e.object[e.start]:02x} at "
+            f"position {e.start}"
+        ) from e
     except yaml.YAMLError as e:
         raise ProtocolError(f"{path}: invalid YAML: {e}") from e
 
 
-def check_batch_fits(batch_size: int, where: str, train_size: int | None, subset: int | None, fail) -> None:
+def check_batch_fits(
+    batch_size: int, where: str, train_size: int | None, subset: int | None, fail
+) -> None:
     """Refuse a batch larger than the training split, when the protocol fixes that split's size.
 
     ``subset`` keeps at most that many images per split. Otherwise the size is known only
@@ -93,8 +104,10 @@ def check_batch_fits(batch_size: int, where: str, train_size: int | None, subset
         return
     key, n_train = min(sizes.items(), key=lambda kv: kv[1])
     if batch_size > n_train:
-        raise fail(f"{where}={batch_size}: larger than the training split ({key}={n_train}); every epoch would be "
-                   f"one short batch")
+        raise fail(
+            f"{where}={batch_size}: larger than the training split ({key}={n_train}); every epoch would be "
+            f"one short batch"
+        )
 
 
 def check_finite(value: Any, fail: Fail, where: str = "") -> None:
@@ -115,7 +128,9 @@ def check_finite(value: Any, fail: Fail, where: str = "") -> None:
 
 def canonical_json(obj: Any) -> str:
     """The exact text that is hashed: sorted keys, no spaces, no NaN."""
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    return json.dumps(
+        obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+    )
 
 
 def canonical_and_hash(content: dict[str, Any]) -> tuple[dict[str, Any], str]:
@@ -155,7 +170,9 @@ def field_names(cls: type, exclude: tuple[str, ...] = ()) -> tuple[str, ...]:
 
 def identifier(value: Any, where: str, fail: Fail) -> str:
     if not isinstance(value, str) or not NAME_RE.match(value):
-        raise fail(f"{where}={value!r}: must be a safe identifier of lowercase letters, digits, '_' and '-'")
+        raise fail(
+            f"{where}={value!r}: must be a safe identifier of lowercase letters, digits, '_' and '-'"
+        )
     return value
 
 
@@ -165,8 +182,14 @@ def description(value: Any, fail: Fail) -> str:
     return value
 
 
-def mapping(value: Any, where: str, valid: tuple[str, ...], fail: Fail, label: str = "here",
-            hints: dict[tuple[str, str], str] | None = None) -> dict:
+def mapping(
+    value: Any,
+    where: str,
+    valid: tuple[str, ...],
+    fail: Fail,
+    label: str = "here",
+    hints: dict[tuple[str, str], str] | None = None,
+) -> dict:
     """``value`` (``None`` = empty) as a dict with only ``valid`` keys; errors name the dotted path.
 
     Args:
@@ -178,7 +201,9 @@ def mapping(value: Any, where: str, valid: tuple[str, ...], fail: Fail, label: s
     for key in value:
         if key not in valid:
             hint = (hints or {}).get((where.rsplit(".", 1)[-1], key), "")
-            raise fail(f"unknown key {f'{where}.{key}' if where else key!r}{hint}; valid keys {label}: {', '.join(valid)}")
+            raise fail(
+                f"unknown key {f'{where}.{key}' if where else key!r}{hint}; valid keys {label}: {', '.join(valid)}"
+            )
     return value
 
 
@@ -190,15 +215,24 @@ def required(values: dict, keys: tuple[str, ...], where: str, fail: Fail) -> Non
         raise fail(f"{where}.{missing[0]}: required")
 
 
-def section(value: Any, where: str, cls: type | dict[str, Any], valid: tuple[str, ...], fail: Fail,
-            hints: dict[tuple[str, str], str] | None = None) -> dict[str, Any]:
+def section(
+    value: Any,
+    where: str,
+    cls: type | dict[str, Any],
+    valid: tuple[str, ...],
+    fail: Fail,
+    hints: dict[tuple[str, str], str] | None = None,
+) -> dict[str, Any]:
     """A config section: keys checked against ``valid``, values against ``cls``'s type hints.
 
     Args:
         cls: A config dataclass, or ``{key: type hint}`` for a section spanning several.
     """
     types_ = cls if isinstance(cls, dict) else get_type_hints(cls)
-    return {k: coerce(v, types_[k], f"{where}.{k}", fail) for k, v in mapping(value, where, valid, fail, hints=hints).items()}
+    return {
+        k: coerce(v, types_[k], f"{where}.{k}", fail)
+        for k, v in mapping(value, where, valid, fail, hints=hints).items()
+    }
 
 
 def build(cls: type, kwargs: dict[str, Any], where: str, fail: Fail) -> Any:
@@ -224,8 +258,15 @@ def coerce(value: Any, hint: Any, where: str, fail: Fail) -> Any:
     elif origin is tuple and isinstance(value, (list, tuple)):
         item_hints = [args[0]] * len(value) if args[-1] is Ellipsis else list(args)
         if len(item_hints) == len(value):
-            return tuple(coerce(v, h, f"{where}[{i}]", fail) for i, (v, h) in enumerate(zip(value, item_hints)))
-    elif hint is Any or (hint is type(None) and value is None) or (origin is dict and isinstance(value, dict)):
+            return tuple(
+                coerce(v, h, f"{where}[{i}]", fail)
+                for i, (v, h) in enumerate(zip(value, item_hints))
+            )
+    elif (
+        hint is Any
+        or (hint is type(None) and value is None)
+        or (origin is dict and isinstance(value, dict))
+    ):
         return value
     elif hint in (bool, str) and isinstance(value, hint):
         return value
@@ -239,7 +280,11 @@ def _describe(hint: Any) -> str:
     if origin in (Union, types.UnionType, Literal):
         return " or ".join(repr(a) if origin is Literal else _describe(a) for a in args)
     if origin is tuple:
-        return f"a list of {_describe(args[0])}" if args[-1] is Ellipsis else f"a list of {len(args)} numbers"
+        return (
+            f"a list of {_describe(args[0])}"
+            if args[-1] is Ellipsis
+            else f"a list of {len(args)} numbers"
+        )
     return "null" if hint is type(None) else getattr(hint, "__name__", str(hint))
 
 
@@ -254,9 +299,14 @@ def seeds(value: Any, fail: Fail) -> tuple[int, ...]:
 def unique_names(names: list[str], what: str, fail: Fail) -> None:
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:
-        raise fail(f"duplicate {what} name(s) {', '.join(map(repr, dupes))}; {what} names must be unique")
+        raise fail(
+            f"duplicate {what} name(s) {', '.join(map(repr, dupes))}; {what} names must be unique"
+        )
 
 
 def one_reference(refs: list[str], what: str, fail: Fail) -> None:
     if len(refs) != 1:
-        raise fail(f"exactly one {what} must have 'reference: true'; found {len(refs)}" + (f" ({', '.join(refs)})" if refs else ""))
+        raise fail(
+            f"exactly one {what} must have 'reference: true'; found {len(refs)}"
+            + (f" ({', '.join(refs)})" if refs else "")
+        )

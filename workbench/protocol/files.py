@@ -24,7 +24,11 @@ def kind_of(data: Any) -> str:
         return "intervention"
     if isinstance(data, dict) and ATTRIBUTION_MARKER in data:
         return "attribution"
-    return "transfer" if isinstance(data, dict) and any(k in data for k in TRANSFER_MARKERS) else "ablation"
+    return (
+        "transfer"
+        if isinstance(data, dict) and any(k in data for k in TRANSFER_MARKERS)
+        else "ablation"
+    )
 
 
 def _a(kind: str) -> str:
@@ -48,5 +52,7 @@ def load_file(path: str | Path, expected: str | None, parsers: Parsers):
         raise ProtocolError(f"{path}: is {_a(kind)} protocol, not {_a(expected)} protocol")
     protocol = parse(data, source=str(path))
     if protocol.name != path.stem:  # names map to files one to one
-        raise ProtocolError(f"{path}: name {protocol.name!r} must equal the file name stem {path.stem!r}")
+        raise ProtocolError(
+            f"{path}: name {protocol.name!r} must equal the file name stem {path.stem!r}"
+        )
     return protocol

@@ -33,8 +33,19 @@ from typing import Any, Literal
 
 from workbench.data.locate import DATASET_NAMES
 from workbench.interventions.spec import (
-    BRANCHES, HEAD_MODES, TOKEN_KINDS, DropTokens, HeadAblation, Intervention, InterventionError, InterventionSet,
-    PatchStage, SkipBranch, ZeroPosEmbed, check, parse,
+    BRANCHES,
+    HEAD_MODES,
+    TOKEN_KINDS,
+    DropTokens,
+    HeadAblation,
+    Intervention,
+    InterventionError,
+    InterventionSet,
+    PatchStage,
+    SkipBranch,
+    ZeroPosEmbed,
+    check,
+    parse,
 )
 from workbench.interventions.read_across import NotGlassBoxViT, glassbox_config
 from workbench.models.registry import model_config
@@ -129,19 +140,33 @@ class Grid:
 
     def expand(self, cfg: ViTConfig) -> list[Intervention]:
         """The grid's interventions for a model, in report order: per block its heads, then its branches."""
-        heads = [(b, h) for b in range(cfg.depth) for h in range(cfg.heads)] if self.heads == "all" else \
-            [] if self.heads == "none" else [(p.block, p.head) for p in map(_head_of, self.heads)]
-        branches = [(b, k) for b in range(cfg.depth) for k in BRANCHES] if self.branches == "all" else \
-            [] if self.branches == "none" else [_branch_of(text) for text in self.branches]
+        heads = (
+            [(b, h) for b in range(cfg.depth) for h in range(cfg.heads)]
+            if self.heads == "all"
+            else []
+            if self.heads == "none"
+            else [(p.block, p.head) for p in map(_head_of, self.heads)]
+        )
+        branches = (
+            [(b, k) for b in range(cfg.depth) for k in BRANCHES]
+            if self.branches == "all"
+            else []
+            if self.branches == "none"
+            else [_branch_of(text) for text in self.branches]
+        )
         out: list[Intervention] = []
         for block in range(cfg.depth):
             out += [HeadAblation(b, h, m) for b, h in heads if b == block for m in self.head_modes]
             out += [SkipBranch(b, k) for b, k in branches if b == block]
         out += [HeadAblation(b, h, m) for b, h in heads if b >= cfg.depth for m in self.head_modes]
-        out += [SkipBranch(b, k) for b, k in branches if b >= cfg.depth]  # refused by check() with the valid blocks
+        out += [
+            SkipBranch(b, k) for b, k in branches if b >= cfg.depth
+        ]  # refused by check() with the valid blocks
         out += [ZeroPosEmbed()] if self.position_embedding else []
         out += [DropTokens(t) for t in self.tokens] + [PatchStage(s) for s in self.patches]
-        return out + [InterventionSet(s["name"], tuple(parse(i) for i in s["items"])) for s in self.sets]
+        return out + [
+            InterventionSet(s["name"], tuple(parse(i) for i in s["items"])) for s in self.sets
+        ]
 
 
 @dataclass(frozen=True)
@@ -221,14 +246,20 @@ class InterventionProtocol:
 
     @property
     def dataset(self) -> _Named:
-        return _Named(self.pretrained.dataset if self.pretrained is not None else self.source.dataset.name)
+        return _Named(
+            self.pretrained.dataset if self.pretrained is not None else self.source.dataset.name
+        )
 
     def canonical_json(self) -> str:
         return canonical_json(self.canonical)
 
     def cells(self) -> list[InterventionCell]:
         """Seed-major, as the acted-on protocol's cells."""
-        return [InterventionCell(self.name, self.hash, arm, seed) for seed in self.seeds for arm in self.arms]
+        return [
+            InterventionCell(self.name, self.hash, arm, seed)
+            for seed in self.seeds
+            for arm in self.arms
+        ]
 
     def model_config(self, arm: str) -> ViTConfig:
         """An acted-on arm's glass-box config (the trained cell's architecture, a timm ViT's read across)."""
@@ -250,10 +281,19 @@ def parse_intervention_protocol(data: Any, source: str = "<protocol>") -> Interv
     name = common.identifier(top["name"], "name", fail)
     text = common.description(top["description"], fail)
     if ("acts_on" in top) == ("pretrained" in top):
-        raise fail("give exactly one of acts_on (trained cells of an ablation protocol) or pretrained (a timm ViT)")
+        raise fail(
+            "give exactly one of acts_on (trained cells of an ablation protocol) or pretrained (a timm ViT)"
+        )
     grid = _grid(top["interventions"], fail)
-    evaluation = InterventionEvaluation(**common.section(top.get("evaluation"), "evaluation", InterventionEvaluation,
-                                                         common.field_names(InterventionEvaluation), fail))
+    evaluation = InterventionEvaluation(
+        **common.section(
+            top.get("evaluation"),
+            "evaluation",
+            InterventionEvaluation,
+            common.field_names(InterventionEvaluation),
+            fail,
+        )
+    )
     _check_evaluation(evaluation, grid, fail)
     acts_on = pretrained = acted = None
     if "acts_on" in top:
@@ -262,18 +302,29 @@ def parse_intervention_protocol(data: Any, source: str = "<protocol>") -> Interv
             _check_grid(grid, arm_model_config(acted, arm), f"arm {arm}", fail)
     else:
         pretrained = pretrained_section(top["pretrained"], fail)
-    canonical, digest = common.canonical_and_hash({
-        "schema": SCHEMA_VERSION, "kind": "intervention", "name": name, "description": text,
-        "acts_on": asdict(acts_on) if acts_on else None, "pretrained": asdict(pretrained) if pretrained else None,
-        "interventions": asdict(grid), "evaluation": asdict(evaluation),
-    })
-    return InterventionProtocol(name, text, acts_on, pretrained, grid, evaluation, digest, canonical, source, acted)
+    canonical, digest = common.canonical_and_hash(
+        {
+            "schema": SCHEMA_VERSION,
+            "kind": "intervention",
+            "name": name,
+            "description": text,
+            "acts_on": asdict(acts_on) if acts_on else None,
+            "pretrained": asdict(pretrained) if pretrained else None,
+            "interventions": asdict(grid),
+            "evaluation": asdict(evaluation),
+        }
+    )
+    return InterventionProtocol(
+        name, text, acts_on, pretrained, grid, evaluation, digest, canonical, source, acted
+    )
 
 
 # --- sections ------------------------------------------------------------------------------
 
 
-def _strings(value: Any, where: str, fail, allowed: tuple[str, ...] | None = None) -> tuple[str, ...]:
+def _strings(
+    value: Any, where: str, fail, allowed: tuple[str, ...] | None = None
+) -> tuple[str, ...]:
     if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
         raise fail(f"{where}={value!r}: must be a list of strings")
     bad = [v for v in value if allowed is not None and v not in allowed]
@@ -302,14 +353,18 @@ def _selection(value: Any, where: str, fail, one) -> str | tuple[str, ...]:
         try:
             one(text)
         except InterventionError:
-            raise fail(f"{where}[{i}]={text!r}: expected all, none or names like "
-                       f"{'blocks.1.attn.head2' if 'head' in where else 'blocks.0.attn or blocks.0.mlp'}") from None
+            raise fail(
+                f"{where}[{i}]={text!r}: expected all, none or names like "
+                f"{'blocks.1.attn.head2' if 'head' in where else 'blocks.0.attn or blocks.0.mlp'}"
+            ) from None
     return items
 
 
 def _grid(value: Any, fail) -> Grid:
     raw = common.mapping(value, "interventions", common.field_names(Grid), fail)
-    modes = _strings(raw.get("head_modes", list(Grid.head_modes)), "interventions.head_modes", fail, HEAD_MODES)
+    modes = _strings(
+        raw.get("head_modes", list(Grid.head_modes)), "interventions.head_modes", fail, HEAD_MODES
+    )
     sets = raw.get("sets", [])
     if not isinstance(sets, list):
         raise fail(f"interventions.sets={sets!r}: must be a list of {{name, items}}")
@@ -324,18 +379,22 @@ def _grid(value: Any, fail) -> Grid:
                 parse(item)
             except InterventionError as err:
                 raise fail(f"{where}.items[{j}]: {err}") from None
-        parsed_sets.append({"name": common.identifier(entry["name"], f"{where}.name", fail), "items": list(items)})
+        parsed_sets.append(
+            {"name": common.identifier(entry["name"], f"{where}.name", fail), "items": list(items)}
+        )
     common.unique_names([s["name"] for s in parsed_sets], "set", fail)
     position = raw.get("position_embedding", True)
     if not isinstance(position, bool):
         raise fail(f"interventions.position_embedding={position!r}: must be true or false")
-    grid = Grid(heads=_selection(raw.get("heads", "all"), "interventions.heads", fail, _head_of),
-                head_modes=modes,
-                branches=_selection(raw.get("branches", "all"), "interventions.branches", fail, _branch_of),
-                position_embedding=position,
-                tokens=_strings(raw.get("tokens", []), "interventions.tokens", fail, TOKEN_KINDS),
-                patches=_strings(raw.get("patches", []), "interventions.patches", fail),
-                sets=tuple(parsed_sets))
+    grid = Grid(
+        heads=_selection(raw.get("heads", "all"), "interventions.heads", fail, _head_of),
+        head_modes=modes,
+        branches=_selection(raw.get("branches", "all"), "interventions.branches", fail, _branch_of),
+        position_embedding=position,
+        tokens=_strings(raw.get("tokens", []), "interventions.tokens", fail, TOKEN_KINDS),
+        patches=_strings(raw.get("patches", []), "interventions.patches", fail),
+        sets=tuple(parsed_sets),
+    )
     if grid.heads != "none" and not grid.head_modes:
         raise fail("interventions.head_modes=[]: give zero and/or mean, or heads: none")
     return grid
@@ -347,14 +406,19 @@ def _check_evaluation(e: InterventionEvaluation, grid: Grid, fail) -> None:
     if e.batch_size < 1:
         raise fail(f"evaluation.batch_size={e.batch_size!r}: must be a positive integer")
     uses_mean = (grid.heads != "none" and "mean" in grid.head_modes) or any(
-        i.endswith(".mean") for s in grid.sets for i in s["items"])
+        i.endswith(".mean") for s in grid.sets for i in s["items"]
+    )
     if e.mean_images < (1 if uses_mean else 0):
-        raise fail(f"evaluation.mean_images={e.mean_images!r}: mean ablation needs at least one reference image")
+        raise fail(
+            f"evaluation.mean_images={e.mean_images!r}: mean ablation needs at least one reference image"
+        )
     if not 0.0 < e.confidence < 1.0:
         raise fail(f"evaluation.confidence={e.confidence!r}: must be in (0, 1)")
 
 
-def acts_on_section(value: Any, source: str, fail, acts: str = "interventions act on ViT stages") -> tuple[ActsOn, Any]:
+def acts_on_section(
+    value: Any, source: str, fail, acts: str = "interventions act on ViT stages"
+) -> tuple[ActsOn, Any]:
     """The ``acts_on`` section: the ablation protocol beside ``source``, pinned by hash, and its ViT arms.
 
     Shared by every kind that acts on trained cells (interventions, attribution); ``acts`` says
@@ -366,20 +430,33 @@ def acts_on_section(value: Any, source: str, fail, acts: str = "interventions ac
     path = Path(source).parent / f"{name}.yaml"
     if not path.is_file():
         raise fail(f"acts_on.protocol={name!r}: no protocol file {path}")
-    acted = load_file(path, "ablation", {"ablation": parse_protocol, "transfer": parse_transfer_protocol,
-                                         "intervention": parse_intervention_protocol})
+    acted = load_file(
+        path,
+        "ablation",
+        {
+            "ablation": parse_protocol,
+            "transfer": parse_transfer_protocol,
+            "intervention": parse_intervention_protocol,
+        },
+    )
     if raw["hash"] != acted.hash:
-        raise fail(f"acts_on.hash={raw['hash']!r}: {path} has hash {acted.hash}; the cells acted on are pinned "
-                   "by the full hash of their protocol")
+        raise fail(
+            f"acts_on.hash={raw['hash']!r}: {path} has hash {acted.hash}; the cells acted on are pinned "
+            "by the full hash of their protocol"
+        )
     refusals = {a.name: not_vit_arm(acted, a.name) for a in acted.arms}
     vit_arms = tuple(arm for arm, why in refusals.items() if why is None)
     arms = _strings(list(raw.get("arms") or vit_arms), "acts_on.arms", fail)
     for arm in arms:
         if arm not in refusals:
-            raise fail(f"acts_on.arms: {arm!r} is not an arm of {name}; its arms: {', '.join(a.name for a in acted.arms)}")
+            raise fail(
+                f"acts_on.arms: {arm!r} is not an arm of {name}; its arms: {', '.join(a.name for a in acted.arms)}"
+            )
         if refusals[arm] is not None:
-            raise fail(f"acts_on.arms: {arm!r} is not a ViT arm ({acts}): {refusals[arm]}; "
-                       f"ViT arms of {name}: {', '.join(vit_arms) or 'none'}")
+            raise fail(
+                f"acts_on.arms: {arm!r} is not a ViT arm ({acts}): {refusals[arm]}; "
+                f"ViT arms of {name}: {', '.join(vit_arms) or 'none'}"
+            )
     if not arms:
         raise fail(f"acts_on: {name} has no ViT arm to act on")
     return ActsOn(name, raw["hash"], arms), acted
@@ -400,7 +477,11 @@ def not_vit_arm(acted, arm: str) -> str | None:
         except NotGlassBoxViT as err:
             return str(err)
         return None
-    return None if isinstance(cfg, ViTConfig) else "its model is a CNN: no attention heads or tokens to act on"
+    return (
+        None
+        if isinstance(cfg, ViTConfig)
+        else "its model is a CNN: no attention heads or tokens to act on"
+    )
 
 
 def arm_model_config(acted, arm: str) -> ViTConfig:
@@ -427,19 +508,28 @@ def pretrained_section(value: Any, fail) -> Pretrained:
     common.required(raw, ("model",), "pretrained", fail)
     spec = Pretrained(**raw)
     if spec.dataset not in DATASET_NAMES:
-        raise fail(f"pretrained.dataset={spec.dataset!r}: must be one of {', '.join(DATASET_NAMES)}")
+        raise fail(
+            f"pretrained.dataset={spec.dataset!r}: must be one of {', '.join(DATASET_NAMES)}"
+        )
     for key in ("val_size", "subset"):
         if getattr(spec, key) is not None and getattr(spec, key) < 1:
-            raise fail(f"pretrained.{key}={getattr(spec, key)!r}: must be a positive integer or null")
+            raise fail(
+                f"pretrained.{key}={getattr(spec, key)!r}: must be a positive integer or null"
+            )
     index = spec.class_index or {}
     bad = [k for k, v in index.items() if not isinstance(v, int) or isinstance(v, bool) or v < 0]
     if bad:
-        raise fail(f"pretrained.class_index.{bad[0]}={index[bad[0]]!r}: must be a model output index (integer >= 0)")
+        raise fail(
+            f"pretrained.class_index.{bad[0]}={index[bad[0]]!r}: must be a model output index (integer >= 0)"
+        )
     return spec
 
 
-def check_against_model(protocol: InterventionProtocol, cfg: ViTConfig, what: str) -> list[Intervention]:
+def check_against_model(
+    protocol: InterventionProtocol, cfg: ViTConfig, what: str
+) -> list[Intervention]:
     """The grid expanded for a model known only at run time (a pretrained source); one-line errors."""
+
     def fail(msg: str) -> InterventionProtocolError:
         return InterventionProtocolError(f"{protocol.source_file}: {msg}")
 

@@ -226,32 +226,58 @@ def parse_transfer_protocol(data: Any, source: str = "<protocol>") -> TransferPr
     common.required(top, REQUIRED_TOP, "", fail)
     name = common.identifier(top["name"], "name", fail)
     text = common.description(top["description"], fail)
-    raw_source = common.section(top["source"], "source", SourceSpec, common.field_names(SourceSpec), fail)
+    raw_source = common.section(
+        top["source"], "source", SourceSpec, common.field_names(SourceSpec), fail
+    )
     if "weights" not in raw_source:
-        raise fail("source.weights: required (hub, random, a path, runs:/<id>[/path] or protocol:<name>/<arm>/seed<k>)")
+        raise fail(
+            "source.weights: required (hub, random, a path, runs:/<id>[/path] or protocol:<name>/<arm>/seed<k>)"
+        )
     src = SourceSpec(**raw_source)
     if src.weights in ("hub", "random") and not src.model:
-        raise fail(f"source.model: required with weights {src.weights!r} (a timm architecture or pinned checkpoint name)")
+        raise fail(
+            f"source.model: required with weights {src.weights!r} (a timm architecture or pinned checkpoint name)"
+        )
     if src.sha256 is not None and not SHA256_RE.match(src.sha256):
-        raise fail(f"source.sha256={src.sha256!r}: must be 64 lowercase hex digits (the sha256 of the checkpoint file)")
+        raise fail(
+            f"source.sha256={src.sha256!r}: must be 64 lowercase hex digits (the sha256 of the checkpoint file)"
+        )
     if src.sha256 is not None and src.weights == "random":
-        raise fail("source.sha256: a random init has no checkpoint file to pin; drop the key or name a file")
-    dataset = TransferData(**common.section(top["dataset"], "dataset", TransferData, common.field_names(TransferData), fail))
+        raise fail(
+            "source.sha256: a random init has no checkpoint file to pin; drop the key or name a file"
+        )
+    dataset = TransferData(
+        **common.section(
+            top["dataset"], "dataset", TransferData, common.field_names(TransferData), fail
+        )
+    )
     if dataset.name not in DATASET_NAMES:
         raise fail(f"dataset.name={dataset.name!r}: must be one of {', '.join(DATASET_NAMES)}")
     if dataset.size != "auto" and dataset.size not in RETINA_SIZES:
         raise fail(f"dataset.size={dataset.size!r}: must be 'auto' or one of {RETINA_SIZES}")
     for key in ("subset", "train_size", "val_size"):
         if getattr(dataset, key) is not None and getattr(dataset, key) < 1:
-            raise fail(f"dataset.{key}={getattr(dataset, key)!r}: must be a positive integer or null")
-    run = TransferRunSpec(**common.section(top.get("run"), "run", TransferRunSpec, common.field_names(TransferRunSpec), fail))
+            raise fail(
+                f"dataset.{key}={getattr(dataset, key)!r}: must be a positive integer or null"
+            )
+    run = TransferRunSpec(
+        **common.section(
+            top.get("run"), "run", TransferRunSpec, common.field_names(TransferRunSpec), fail
+        )
+    )
     for key in ("batch_size", "eval_batch_size"):
         if getattr(run, key) < 1:
             raise fail(f"run.{key}={getattr(run, key)!r}: must be a positive integer")
-    common.check_batch_fits(run.batch_size, "run.batch_size", dataset.train_size, dataset.subset, fail)
+    common.check_batch_fits(
+        run.batch_size, "run.batch_size", dataset.train_size, dataset.subset, fail
+    )
     if run.amp not in AMP_MODES:
         raise fail(f"run.amp={run.amp!r}: must be one of {', '.join(AMP_MODES)}")
-    evaluation = Evaluation(**common.section(top.get("evaluation"), "evaluation", Evaluation, common.field_names(Evaluation), fail))
+    evaluation = Evaluation(
+        **common.section(
+            top.get("evaluation"), "evaluation", Evaluation, common.field_names(Evaluation), fail
+        )
+    )
     if evaluation.n_resamples < MIN_RESAMPLES:
         raise fail(f"evaluation.n_resamples={evaluation.n_resamples}: must be >= {MIN_RESAMPLES}")
     if not 0.0 < evaluation.confidence < 1.0:
@@ -262,13 +288,26 @@ def parse_transfer_protocol(data: Any, source: str = "<protocol>") -> TransferPr
     _check_regimes(regimes, fail)
     seeds = common.seeds(top["seeds"], fail)
 
-    source_content = {k: v for k, v in asdict(src).items() if k != "sha256" or v is not None}  # no pin: the old hash
-    canonical, digest = common.canonical_and_hash({
-        "schema": SCHEMA_VERSION, "kind": "transfer", "name": name, "description": text,
-        "source": source_content, "dataset": asdict(dataset), "run": asdict(run), "evaluation": asdict(evaluation),
-        "regimes": [asdict(r) for r in regimes], "seeds": list(seeds),
-    })
-    return TransferProtocol(name, text, src, dataset, run, evaluation, regimes, seeds, digest, canonical, source)
+    source_content = {
+        k: v for k, v in asdict(src).items() if k != "sha256" or v is not None
+    }  # no pin: the old hash
+    canonical, digest = common.canonical_and_hash(
+        {
+            "schema": SCHEMA_VERSION,
+            "kind": "transfer",
+            "name": name,
+            "description": text,
+            "source": source_content,
+            "dataset": asdict(dataset),
+            "run": asdict(run),
+            "evaluation": asdict(evaluation),
+            "regimes": [asdict(r) for r in regimes],
+            "seeds": list(seeds),
+        }
+    )
+    return TransferProtocol(
+        name, text, src, dataset, run, evaluation, regimes, seeds, digest, canonical, source
+    )
 
 
 # --- helpers -----------------------------------------------------------------------------
@@ -278,7 +317,9 @@ REGIME_KEYS = common.field_names(Regime, exclude=("optim",)) + OPTIM_KEYS
 
 
 def _regime_hints() -> dict[str, Any]:
-    return {k: v for k, v in get_type_hints(Regime).items() if k != "optim"} | get_type_hints(OptimConfig)
+    return {k: v for k, v in get_type_hints(Regime).items() if k != "optim"} | get_type_hints(
+        OptimConfig
+    )
 
 
 def _regime(raw: Any, where: str, fail) -> Regime:
@@ -288,10 +329,19 @@ def _regime(raw: Any, where: str, fail) -> Regime:
     kind = values.pop("kind")
     if kind not in REGIME_KINDS:
         raise fail(f"{where}.kind={kind!r}: must be one of {', '.join(REGIME_KINDS)}")
-    optim = common.build(OptimConfig, {k: values.pop(k) for k in OPTIM_KEYS if k in values}, where, fail)
-    regime = Regime(name=name, kind=kind, reference=values.get("reference", False), epochs=values["epochs"],
-                    optim=optim, blocks=values.get("blocks"), layer_decay=values.get("layer_decay"),
-                    patience=values.get("patience"))
+    optim = common.build(
+        OptimConfig, {k: values.pop(k) for k in OPTIM_KEYS if k in values}, where, fail
+    )
+    regime = Regime(
+        name=name,
+        kind=kind,
+        reference=values.get("reference", False),
+        epochs=values["epochs"],
+        optim=optim,
+        blocks=values.get("blocks"),
+        layer_decay=values.get("layer_decay"),
+        patience=values.get("patience"),
+    )
     if regime.epochs < 1:
         raise fail(f"{where}.epochs={regime.epochs!r}: must be a positive integer")
     if regime.patience is not None and regime.patience < 1:
@@ -299,14 +349,22 @@ def _regime(raw: Any, where: str, fail) -> Regime:
     if kind == "scratch":
         for key in ("blocks", "layer_decay"):
             if getattr(regime, key) is not None:
-                raise fail(f"{where}.{key}={getattr(regime, key)!r}: not for kind 'scratch' (trained from a seeded "
-                           "random init, every parameter at the base lr); drop the key")
+                raise fail(
+                    f"{where}.{key}={getattr(regime, key)!r}: not for kind 'scratch' (trained from a seeded "
+                    "random init, every parameter at the base lr); drop the key"
+                )
     if (kind == "partial") != (regime.blocks is not None):
-        raise fail(f"{where}.blocks: required for kind 'partial' and only there (got {regime.blocks!r} for {kind!r})")
+        raise fail(
+            f"{where}.blocks: required for kind 'partial' and only there (got {regime.blocks!r} for {kind!r})"
+        )
     if regime.blocks is not None and regime.blocks < 0:
-        raise fail(f"{where}.blocks={regime.blocks!r}: must be >= 0 (the number of last blocks trained)")
+        raise fail(
+            f"{where}.blocks={regime.blocks!r}: must be >= 0 (the number of last blocks trained)"
+        )
     if regime.layer_decay is not None and (kind == "linear" or not 0.0 < regime.layer_decay <= 1.0):
-        raise fail(f"{where}.layer_decay={regime.layer_decay!r}: must be in (0, 1], and only for partial or full")
+        raise fail(
+            f"{where}.layer_decay={regime.layer_decay!r}: must be in (0, 1], and only for partial or full"
+        )
     return regime
 
 

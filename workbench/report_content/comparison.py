@@ -13,8 +13,19 @@ from dataclasses import dataclass
 from typing import Any
 
 from workbench.report_content.forest import ForestRow
-from workbench.report_content.numbers import EffectSize, MeanInterval, mean_interval, paired_effect_size
-from workbench.report_content.rounding import BootstrapDisplay, PairedDisplay, bootstrap_display, fmt, paired_display
+from workbench.report_content.numbers import (
+    EffectSize,
+    MeanInterval,
+    mean_interval,
+    paired_effect_size,
+)
+from workbench.report_content.rounding import (
+    BootstrapDisplay,
+    PairedDisplay,
+    bootstrap_display,
+    fmt,
+    paired_display,
+)
 from workbench.report_content.wording import ResultsParagraph, results_paragraph
 
 
@@ -33,10 +44,21 @@ class ComparisonContent:
     forest_row: ForestRow
 
 
-def comparison_content(paired: Any, bootstrap: Any, values_a: Mapping[Any, float], values_b: Mapping[Any, float], *,
-                       a_label: str, b_label: str, split: str = "test", stated_test: str | None = None,
-                       expected_n: int | None = None, scale: float = 100.0, unit: str = "points",
-                       metric: str = "accuracy") -> ComparisonContent:
+def comparison_content(
+    paired: Any,
+    bootstrap: Any,
+    values_a: Mapping[Any, float],
+    values_b: Mapping[Any, float],
+    *,
+    a_label: str,
+    b_label: str,
+    split: str = "test",
+    stated_test: str | None = None,
+    expected_n: int | None = None,
+    scale: float = 100.0,
+    unit: str = "points",
+    metric: str = "accuracy",
+) -> ComparisonContent:
     """The content of one seed-paired comparison.
 
     Args:
@@ -48,13 +70,31 @@ def comparison_content(paired: Any, bootstrap: Any, values_a: Mapping[Any, float
     """
     seeds = list(paired.seeds)
     per_seed = paired_display([values_a[s] for s in seeds], [values_b[s] for s in seeds], scale)
-    paragraph = results_paragraph(paired, bootstrap, a_label=a_label, b_label=b_label, split=split, metric=metric,
-                                  scale=scale, unit=unit, stated_test=stated_test, expected_n=expected_n)
+    paragraph = results_paragraph(
+        paired,
+        bootstrap,
+        a_label=a_label,
+        b_label=b_label,
+        split=split,
+        metric=metric,
+        scale=scale,
+        unit=unit,
+        stated_test=stated_test,
+        expected_n=expected_n,
+    )
     effect = paired_effect_size(paired.differences, paired.confidence)
     boot = bootstrap_display(bootstrap, scale, unit) if bootstrap is not None else None
-    row = ForestRow(a_label, paired.mean_difference, paired.ci_low, paired.ci_high,
-                    float("nan") if bootstrap is None else bootstrap.low,
-                    float("nan") if bootstrap is None else bootstrap.high, paired.wins, paired.n, paired.ties)
+    row = ForestRow(
+        a_label,
+        paired.mean_difference,
+        paired.ci_low,
+        paired.ci_high,
+        float("nan") if bootstrap is None else bootstrap.low,
+        float("nan") if bootstrap is None else bootstrap.high,
+        paired.wins,
+        paired.n,
+        paired.ties,
+    )
     return ComparisonContent(a_label, b_label, split, seeds, per_seed, paragraph, effect, boot, row)
 
 
@@ -66,14 +106,17 @@ class ArmContent:
     text: str
 
 
-def arm_content(values: Mapping[Any, float], confidence: float = 0.95, scale: float = 100.0,
-                decimals: int = 2) -> ArmContent:
+def arm_content(
+    values: Mapping[Any, float], confidence: float = 0.95, scale: float = 100.0, decimals: int = 2
+) -> ArmContent:
     """An arm's mean over seeds with its Student-t interval, e.g. "80.25 (95% t-interval 78.10 to 82.40; 3 seeds)"."""
     mi = mean_interval(values, confidence)
     seeds = f"{mi.n} seed{'s' if mi.n != 1 else ''}"
     if mi.note:
         text = f"{fmt(mi.mean * scale, decimals)} ({seeds}; {mi.note})"
     else:
-        text = (f"{fmt(mi.mean * scale, decimals)} ({confidence:.0%} t-interval {fmt(mi.low * scale, decimals)} to "
-                f"{fmt(mi.high * scale, decimals)}; {seeds})")
+        text = (
+            f"{fmt(mi.mean * scale, decimals)} ({confidence:.0%} t-interval {fmt(mi.low * scale, decimals)} to "
+            f"{fmt(mi.high * scale, decimals)}; {seeds})"
+        )
     return ArmContent(mi, text)

@@ -17,11 +17,38 @@ from typing import Any
 
 from workbench.report_content.cost import model_cost, vit_regime_cost
 
-NATIVE_IMAGE_SIZE = {"fashion_mnist": 28, "cifar10": 32, "retinamnist": 28}  # side in pixels, before resize_to
-ARM_COLUMNS = ("arm", "model", "parameters", "FLOPs / image", "optimiser", "schedule", "epochs", "batch size",
-               "precision", "early stopping")
-REGIME_COLUMNS = ("regime", "trains", "trained parameters", "optimiser", "schedule", "epochs", "early stopping")
-NUMBER_WORDS = {w: i for i, w in enumerate("zero one two three four five six seven eight nine ten eleven twelve".split())}
+NATIVE_IMAGE_SIZE = {
+    "fashion_mnist": 28,
+    "cifar10": 32,
+    "retinamnist": 28,
+}  # side in pixels, before resize_to
+ARM_COLUMNS = (
+    "arm",
+    "model",
+    "parameters",
+    "FLOPs / image",
+    "optimiser",
+    "schedule",
+    "epochs",
+    "batch size",
+    "precision",
+    "early stopping",
+)
+REGIME_COLUMNS = (
+    "regime",
+    "trains",
+    "trained parameters",
+    "optimiser",
+    "schedule",
+    "epochs",
+    "early stopping",
+)
+NUMBER_WORDS = {
+    w: i
+    for i, w in enumerate(
+        "zero one two three four five six seven eight nine ten eleven twelve".split()
+    )
+}
 
 
 @dataclass(frozen=True)
@@ -72,7 +99,11 @@ def _schedule(o: Mapping[str, Any]) -> str:
 
 
 def _early_stopping(patience: Any, monitor: str) -> str:
-    return "none (fixed budget)" if patience is None else f"after {patience} epochs without better {monitor}"
+    return (
+        "none (fixed budget)"
+        if patience is None
+        else f"after {patience} epochs without better {monitor}"
+    )
 
 
 def _augmentation(d: Mapping[str, Any]) -> str:
@@ -89,8 +120,10 @@ def _augmentation(d: Mapping[str, Any]) -> str:
 
 
 def _split(d: Mapping[str, Any]) -> str:
-    sizes = [f"{k.split('_')[0]} {count_text(d[k]) if d.get(k) is not None else 'default'}"
-             for k in ("train_size", "val_size")]
+    sizes = [
+        f"{k.split('_')[0]} {count_text(d[k]) if d.get(k) is not None else 'default'}"
+        for k in ("train_size", "val_size")
+    ]
     extra = f", at most {d['subset']:,} per split (subset)" if d.get("subset") else ""
     return f"{', '.join(sizes)}; split seed {d.get('split_seed')}{extra}"
 
@@ -107,11 +140,17 @@ def arm_config(canonical: Mapping[str, Any], arm: Mapping[str, Any]) -> dict[str
     if over.get("model"):
         fields = {k: v for k, v in over["model"].items() if k != "name"}
         name = over["model"].get("name", base_model["name"])
-        model = {"name": name, "overrides": (model["overrides"] | fields) if name == base_model["name"] else fields}
+        model = {
+            "name": name,
+            "overrides": (model["overrides"] | fields) if name == base_model["name"] else fields,
+        }
     # ``recipe`` is in the canonical form only where a part is on (absent: every part off).
     recipe = dict(canonical.get("recipe") or {}) | dict(over.get("recipe") or {})
-    return {"model": model, "recipe": recipe,
-            **{s: dict(canonical[s]) | dict(over.get(s) or {}) for s in ("dataset", "optim", "run")}}
+    return {
+        "model": model,
+        "recipe": recipe,
+        **{s: dict(canonical[s]) | dict(over.get(s) or {}) for s in ("dataset", "optim", "run")},
+    }
 
 
 def recipe_text(recipe: Mapping[str, Any]) -> str:
@@ -119,7 +158,9 @@ def recipe_text(recipe: Mapping[str, Any]) -> str:
     parts = []
     mix, cut = recipe.get("mixup_alpha") or 0, recipe.get("cutmix_alpha") or 0
     if mix or cut:
-        kinds = " + ".join(k for k, on in ((f"mixup alpha {_g(mix)}", mix), (f"CutMix alpha {_g(cut)}", cut)) if on)
+        kinds = " + ".join(
+            k for k, on in ((f"mixup alpha {_g(mix)}", mix), (f"CutMix alpha {_g(cut)}", cut)) if on
+        )
         details = [f"mode {recipe.get('mixup_mode', 'batch')}"]
         if recipe.get("mixup_prob", 1.0) != 1.0:
             details.append(f"prob {_g(recipe['mixup_prob'])}")
@@ -127,12 +168,16 @@ def recipe_text(recipe: Mapping[str, Any]) -> str:
             details.append(f"CutMix share {_g(recipe.get('mixup_switch_prob', 0.5))}")
         parts.append(f"{kinds} ({', '.join(details)}; soft-target loss)")
     if recipe.get("randaugment_ops"):
-        parts.append(f"RandAugment {recipe['randaugment_ops']} ops, magnitude {recipe.get('randaugment_magnitude', 9)}")
+        parts.append(
+            f"RandAugment {recipe['randaugment_ops']} ops, magnitude {recipe.get('randaugment_magnitude', 9)}"
+        )
     if recipe.get("ema_decay") is not None:
-        parts.append(f"weight EMA decay {_g(recipe['ema_decay'])}" + (" with warmup" if recipe.get("ema_warmup") else "")
-                     + " (the EMA model is evaluated and reported)")
+        parts.append(
+            f"weight EMA decay {_g(recipe['ema_decay'])}"
+            + (" with warmup" if recipe.get("ema_warmup") else "")
+            + " (the EMA model is evaluated and reported)"
+        )
     return "; ".join(parts) or "none"
-
 
 
 def _model_text(model: Mapping[str, Any]) -> str:
@@ -142,11 +187,15 @@ def _model_text(model: Mapping[str, Any]) -> str:
 
 def _ablation_table(c: Mapping[str, Any]) -> ConfigTable:
     d, seeds = c["dataset"], c["seeds"]
-    common = [("protocol", f"{c['name']} (schema {c.get('schema', '?')})"), ("dataset", d["name"]),
-              ("split", _split(d)), ("augmentation (training only)", _augmentation(d)),
-              ("input resize", f"{d['resize_to']} px" if d.get("resize_to") else "none"),
-              ("seeds", f"{', '.join(map(str, seeds))} ({len(seeds)} paired seeds)"),
-              ("test split", "evaluated once per cell" if c["run"].get("evaluate_test") else "not used")]
+    common = [
+        ("protocol", f"{c['name']} (schema {c.get('schema', '?')})"),
+        ("dataset", d["name"]),
+        ("split", _split(d)),
+        ("augmentation (training only)", _augmentation(d)),
+        ("input resize", f"{d['resize_to']} px" if d.get("resize_to") else "none"),
+        ("seeds", f"{', '.join(map(str, seeds))} ({len(seeds)} paired seeds)"),
+        ("test split", "evaluated once per cell" if c["run"].get("evaluate_test") else "not used"),
+    ]
     rows, notes = [], []
     image_size = d.get("resize_to") or NATIVE_IMAGE_SIZE.get(d["name"])
     # A recipe column only where some arm uses a recipe part: a protocol without one renders as before.
@@ -157,16 +206,30 @@ def _ablation_table(c: Mapping[str, Any]) -> ConfigTable:
         try:
             cost = model_cost(cfg["model"]["name"], cfg["model"]["overrides"], image_size)
             params, flops = count_text(cost.parameters), flops_text(cost.forward_flops)
-        except (ValueError, TypeError, KeyError) as err:  # an old hash naming a model this code no longer has
+        except (
+            ValueError,
+            TypeError,
+            KeyError,
+        ) as err:  # an old hash naming a model this code no longer has
             params = flops = "n/a"
             notes.append(f"arm {arm['name']}: no parameter or FLOP count ({err})")
-        rows.append({"arm": arm["name"] + (" (reference)" if arm.get("reference") else ""),
-                     "model": _model_text(cfg["model"]), "parameters": params, "FLOPs / image": flops,
-                     "optimiser": _optimiser(cfg["optim"]), "schedule": _schedule(cfg["optim"]),
-                     "epochs": str(r["epochs"]), "batch size": f"{r['batch_size']} (eval {r.get('eval_batch_size', '?')})",
-                     "precision": _precision(r.get("amp", "off")),
-                     "early stopping": _early_stopping(r.get("patience"), r.get("monitor", "val_accuracy")),
-                     "recipe": recipe_text(cfg["recipe"])})
+        rows.append(
+            {
+                "arm": arm["name"] + (" (reference)" if arm.get("reference") else ""),
+                "model": _model_text(cfg["model"]),
+                "parameters": params,
+                "FLOPs / image": flops,
+                "optimiser": _optimiser(cfg["optim"]),
+                "schedule": _schedule(cfg["optim"]),
+                "epochs": str(r["epochs"]),
+                "batch size": f"{r['batch_size']} (eval {r.get('eval_batch_size', '?')})",
+                "precision": _precision(r.get("amp", "off")),
+                "early stopping": _early_stopping(
+                    r.get("patience"), r.get("monitor", "val_accuracy")
+                ),
+                "recipe": recipe_text(cfg["recipe"]),
+            }
+        )
     columns = ARM_COLUMNS + ("recipe",) if with_recipe else ARM_COLUMNS
     return ConfigTable("ablation", common, columns, rows, notes + description_conflicts(c))
 
@@ -175,7 +238,11 @@ def _precision(amp: str) -> str:
     """The protocol's ``amp`` in words: where it applies (workbench.precision)."""
     if amp == "off":
         return "fp32"
-    return "bf16 autocast (GPU, or CPU with AVX512-BF16/AMX)" if amp == "bf16" else f"{amp} autocast on GPU"
+    return (
+        "bf16 autocast (GPU, or CPU with AVX512-BF16/AMX)"
+        if amp == "bf16"
+        else f"{amp} autocast on GPU"
+    )
 
 
 # A scratch regime reads none of the source's weights: the table says so where the regime is described.
@@ -184,22 +251,37 @@ SCRATCH_TRAINS = "every parameter, trained from scratch (the source's architectu
 
 def _transfer_table(c: Mapping[str, Any], source_cfg: Any = None) -> ConfigTable:
     d, s, run, ev, seeds = c["dataset"], c["source"], c["run"], c["evaluation"], c["seeds"]
-    sizes = "official split" if d.get("train_size") is None and d.get("val_size") is None else _split(d)
-    common = [("protocol", f"{c['name']} (transfer, schema {c.get('schema', '?')})"),
-              ("source", f"{s.get('model') or 'from checkpoint'}, weights {s['weights']}"
-                         + (f" (seed {s['seed']})" if s["weights"] == "random" else "")
-                         + (f", pinned sha256 {s['sha256']}" if s.get("sha256") else "")),
-              ("dataset", f"{d['name']}, image size {d['size']}"),
-              ("split", f"{sizes}; split seed {d['split_seed']}" + (f", subset {d['subset']}" if d.get("subset") else "")),
-              ("augmentation (training only)", "none"),
-              ("batch size", f"{run['batch_size']} (eval {run['eval_batch_size']})"),
-              ("precision", _precision(run["amp"])),
-              ("intervals", f"{ev['confidence']:.0%} bootstrap, {ev['n_resamples']:,} resamples, seed {ev['seed']}"),
-              ("seeds", f"{', '.join(map(str, seeds))} ({len(seeds)} paired seeds)")]
+    sizes = (
+        "official split" if d.get("train_size") is None and d.get("val_size") is None else _split(d)
+    )
+    common = [
+        ("protocol", f"{c['name']} (transfer, schema {c.get('schema', '?')})"),
+        (
+            "source",
+            f"{s.get('model') or 'from checkpoint'}, weights {s['weights']}"
+            + (f" (seed {s['seed']})" if s["weights"] == "random" else "")
+            + (f", pinned sha256 {s['sha256']}" if s.get("sha256") else ""),
+        ),
+        ("dataset", f"{d['name']}, image size {d['size']}"),
+        (
+            "split",
+            f"{sizes}; split seed {d['split_seed']}"
+            + (f", subset {d['subset']}" if d.get("subset") else ""),
+        ),
+        ("augmentation (training only)", "none"),
+        ("batch size", f"{run['batch_size']} (eval {run['eval_batch_size']})"),
+        ("precision", _precision(run["amp"])),
+        (
+            "intervals",
+            f"{ev['confidence']:.0%} bootstrap, {ev['n_resamples']:,} resamples, seed {ev['seed']}",
+        ),
+        ("seeds", f"{', '.join(map(str, seeds))} ({len(seeds)} paired seeds)"),
+    ]
     rows = []
     for r in c["regimes"]:
-        trains = {"linear": "head only", "full": "every parameter",
-                  "scratch": SCRATCH_TRAINS}.get(r["kind"], f"last {r.get('blocks')} blocks, norm, head")
+        trains = {"linear": "head only", "full": "every parameter", "scratch": SCRATCH_TRAINS}.get(
+            r["kind"], f"last {r.get('blocks')} blocks, norm, head"
+        )
         if r.get("layer_decay") is not None:
             trains += f"; layer-wise lr decay {_g(r['layer_decay'])}"
         trained = "n/a"
@@ -207,10 +289,17 @@ def _transfer_table(c: Mapping[str, Any], source_cfg: Any = None) -> ConfigTable
             cost = vit_regime_cost(source_cfg, r["kind"], r.get("blocks"))
             trained = f"{count_text(cost.trainable_parameters)} of {count_text(cost.parameters)}"
         optim = r.get("optim", r)  # canonical form nests the optimiser; tolerate a flat regime too
-        rows.append({"regime": r["name"] + (" (reference)" if r.get("reference") else ""), "trains": trains,
-                     "trained parameters": trained, "optimiser": _optimiser(optim), "schedule": _schedule(optim),
-                     "epochs": str(r["epochs"]),
-                     "early stopping": _early_stopping(r.get("patience"), "validation QWK")})
+        rows.append(
+            {
+                "regime": r["name"] + (" (reference)" if r.get("reference") else ""),
+                "trains": trains,
+                "trained parameters": trained,
+                "optimiser": _optimiser(optim),
+                "schedule": _schedule(optim),
+                "epochs": str(r["epochs"]),
+                "early stopping": _early_stopping(r.get("patience"), "validation QWK"),
+            }
+        )
     return ConfigTable("transfer", common, REGIME_COLUMNS, rows, description_conflicts(c))
 
 
@@ -228,7 +317,9 @@ def config_table(canonical: Mapping[str, Any], source_cfg: Any = None) -> Config
             return _transfer_table(canonical, source_cfg)
         return _ablation_table(canonical)
     except KeyError as err:
-        raise ValueError(f"protocol {canonical.get('name', '?')!r}: canonical form lacks key {err}") from err
+        raise ValueError(
+            f"protocol {canonical.get('name', '?')!r}: canonical form lacks key {err}"
+        ) from err
 
 
 def _number(word: str) -> int | None:
@@ -245,8 +336,11 @@ def description_conflicts(canonical: Mapping[str, Any]) -> list[str]:
     """
     text = canonical.get("description", "")
     arms = [arm_config(canonical, a) for a in canonical.get("arms", [])]
-    epoch_values = {a["run"]["epochs"] for a in arms} | {a["run"].get("patience") for a in arms} \
+    epoch_values = (
+        {a["run"]["epochs"] for a in arms}
+        | {a["run"].get("patience") for a in arms}
         | {a["optim"].get("warmup_epochs") for a in arms}
+    )
     for r in canonical.get("regimes", []):
         epoch_values |= {r.get("epochs"), r.get("patience"), r.get("optim", r).get("warmup_epochs")}
     epoch_values = {float(v) for v in epoch_values if v is not None}
@@ -256,13 +350,17 @@ def description_conflicts(canonical: Mapping[str, Any]) -> list[str]:
     for m in re.finditer(word + r"(?:\s+\w+)?[\s-]+seeds?\b", text, flags=re.IGNORECASE):
         n = _number(m.group(1))
         if n is not None and n != n_seeds:
-            problems.append(f"the description says {m.group(0)!r} but the protocol has {n_seeds} seeds")
+            problems.append(
+                f"the description says {m.group(0)!r} but the protocol has {n_seeds} seeds"
+            )
     counts = word + r"\s+(?:warmup[\s-]+)?epochs?\b"
     adjectives = word + r"-epochs?\s+(?:budget|protocol|schedule|training|runs?|study)\b"
     for m in re.finditer(f"{counts}|{adjectives}", text, flags=re.IGNORECASE):
         n = _number(m.group(1) or m.group(2))
         if n is not None and float(n) not in epoch_values:
             shown = ", ".join(_g(v) for v in sorted(epoch_values))
-            problems.append(f"the description says {m.group(0)!r} but no epoch setting of the protocol is {n} "
-                            f"(its epoch values: {shown})")
+            problems.append(
+                f"the description says {m.group(0)!r} but no epoch setting of the protocol is {n} "
+                f"(its epoch values: {shown})"
+            )
     return problems

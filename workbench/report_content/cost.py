@@ -23,7 +23,12 @@ import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from workbench.bench.flops import cnn_forward_flops, cnn_train_flops, vit_forward_flops, vit_train_flops
+from workbench.bench.flops import (
+    cnn_forward_flops,
+    cnn_train_flops,
+    vit_forward_flops,
+    vit_train_flops,
+)
 from workbench.models.cnn import CNNConfig
 from workbench.models.registry import build_model, model_config
 from workbench.models.timm_arm import TIMM_PREFIX, TimmModelConfig, shape_model
@@ -50,7 +55,9 @@ class ModelCost:
     method: str
 
 
-META_ABOVE = 20_000_000  # parameters (estimated by a ViT's d^2 terms) above which a model is built on meta
+META_ABOVE = (
+    20_000_000  # parameters (estimated by a ViT's d^2 terms) above which a model is built on meta
+)
 
 
 def _shape_model(cfg: ViTConfig | CNNConfig) -> nn.Module:
@@ -101,15 +108,23 @@ def timm_cost(cfg: TimmModelConfig, image_size: int | None) -> ModelCost:
     n = sum(p.numel() for p in model.parameters())
     fixed = cfg.fixed_image_hw
     if fixed is not None and image_size is not None and fixed != (image_size, image_size):
-        raise ValueError(f"{cfg.name}: image_size={image_size} but the model takes {fixed[0]} x {fixed[1]} px")
+        raise ValueError(
+            f"{cfg.name}: image_size={image_size} but the model takes {fixed[0]} x {fixed[1]} px"
+        )
     hw = fixed or ((image_size, image_size) if image_size is not None else None)
     if hw is None:
-        return ModelCost(n, n, None, None, None, "FLOPs unknown: the timm model's input size was not given")
+        return ModelCost(
+            n, n, None, None, None, "FLOPs unknown: the timm model's input size was not given"
+        )
     shape = (cfg.in_channels, *hw)
-    return ModelCost(n, n, counted_flops(model, shape), counted_train_flops(model, shape), hw[0], COUNTED_TIMM)
+    return ModelCost(
+        n, n, counted_flops(model, shape), counted_train_flops(model, shape), hw[0], COUNTED_TIMM
+    )
 
 
-def model_cost(model_name: str, overrides: Mapping[str, Any] | None = None, image_size: int | None = None) -> ModelCost:
+def model_cost(
+    model_name: str, overrides: Mapping[str, Any] | None = None, image_size: int | None = None
+) -> ModelCost:
     """Parameters and FLOPs per image of a registry model with field overrides (a protocol arm).
 
     Args:
@@ -124,12 +139,24 @@ def model_cost(model_name: str, overrides: Mapping[str, Any] | None = None, imag
     n = sum(p.numel() for p in _shape_model(cfg).parameters())
     if isinstance(cfg, ViTConfig):
         if image_size is not None and image_size != cfg.image_size:
-            raise ValueError(f"{model_name}: image_size={image_size} but the ViT config says {cfg.image_size}")
-        return ModelCost(n, n, vit_forward_flops(cfg)["total"], vit_train_flops(cfg), cfg.image_size, ANALYTIC)
+            raise ValueError(
+                f"{model_name}: image_size={image_size} but the ViT config says {cfg.image_size}"
+            )
+        return ModelCost(
+            n, n, vit_forward_flops(cfg)["total"], vit_train_flops(cfg), cfg.image_size, ANALYTIC
+        )
     if image_size is None:
-        return ModelCost(n, n, None, None, None, "FLOPs unknown: the CNN's input size was not given")
-    return ModelCost(n, n, cnn_forward_flops(cfg, image_size)["total"], cnn_train_flops(cfg, image_size), image_size,
-                     ANALYTIC)
+        return ModelCost(
+            n, n, None, None, None, "FLOPs unknown: the CNN's input size was not given"
+        )
+    return ModelCost(
+        n,
+        n,
+        cnn_forward_flops(cfg, image_size)["total"],
+        cnn_train_flops(cfg, image_size),
+        image_size,
+        ANALYTIC,
+    )
 
 
 def vit_regime_cost(cfg: ViTConfig, kind: str, blocks: int | None = None) -> ModelCost:
@@ -140,17 +167,26 @@ def vit_regime_cost(cfg: ViTConfig, kind: str, blocks: int | None = None) -> Mod
     ``train_flops`` is given for ``full`` and ``scratch`` only (the cached-feature regimes do not run the
     frozen part per epoch, so a per-image training count would mislead).
     """
-    from workbench.transfer.regimes import trainable_prefixes  # transfer imports train; only needed here
+    from workbench.transfer.regimes import (
+        trainable_prefixes,
+    )  # transfer imports train; only needed here
 
     model = _shape_model(cfg)
-    regime = SimpleNamespace(kind=kind, blocks=blocks, name=kind)  # the fields trainable_prefixes reads
+    regime = SimpleNamespace(
+        kind=kind, blocks=blocks, name=kind
+    )  # the fields trainable_prefixes reads
     prefixes = trainable_prefixes(model, regime)
     params = list(model.named_parameters())
     trained = sum(p.numel() for name, p in params if any(name.startswith(pre) for pre in prefixes))
     total = sum(p.numel() for _, p in params)
     fwd = vit_forward_flops(cfg)["total"]
-    every_image = kind in ("full", "scratch")  # trained on images end to end, not on cached features
-    return ModelCost(total, trained, fwd, vit_train_flops(cfg) if every_image else None, cfg.image_size, ANALYTIC)
+    every_image = kind in (
+        "full",
+        "scratch",
+    )  # trained on images end to end, not on cached features
+    return ModelCost(
+        total, trained, fwd, vit_train_flops(cfg) if every_image else None, cfg.image_size, ANALYTIC
+    )
 
 
 def timm_vit_config(architecture: str, num_classes: int) -> ViTConfig:
@@ -159,8 +195,10 @@ def timm_vit_config(architecture: str, num_classes: int) -> ViTConfig:
 
     from workbench.convert.timm_vit import config_from_timm
 
-    if architecture.startswith(TIMM_PREFIX):  # an arm's spelling; timm itself would read it as a hub repository
-        architecture = architecture[len(TIMM_PREFIX):]
+    if architecture.startswith(
+        TIMM_PREFIX
+    ):  # an arm's spelling; timm itself would read it as a hub repository
+        architecture = architecture[len(TIMM_PREFIX) :]
     with torch.device("meta"):
         model = timm.create_model(architecture, pretrained=False, num_classes=num_classes)
     return config_from_timm(model)
@@ -179,9 +217,16 @@ class TrainingCost:
     achieved_flops_per_second: float | None = None  # train FLOPs per image x images per second
 
 
-def training_cost(wall_seconds: float, epochs_run: int, *, images_seen: int | None = None,
-                  train_size: int | None = None, device: str = "unknown", precision: str = "off",
-                  train_flops_per_image: int | None = None) -> TrainingCost:
+def training_cost(
+    wall_seconds: float,
+    epochs_run: int,
+    *,
+    images_seen: int | None = None,
+    train_size: int | None = None,
+    device: str = "unknown",
+    precision: str = "off",
+    train_flops_per_image: int | None = None,
+) -> TrainingCost:
     """Throughput of one training run.
 
     Args:
@@ -193,7 +238,9 @@ def training_cost(wall_seconds: float, epochs_run: int, *, images_seen: int | No
         precision: AMP setting ("off", "bf16", "fp16").
         train_flops_per_image: Forward + backward FLOPs per image, for achieved FLOP/s.
     """
-    if not (isinstance(wall_seconds, (int, float)) and math.isfinite(wall_seconds) and wall_seconds > 0):
+    if not (
+        isinstance(wall_seconds, (int, float)) and math.isfinite(wall_seconds) and wall_seconds > 0
+    ):
         raise ValueError(f"wall_seconds={wall_seconds!r}: must be a positive number")
     if images_seen is None:
         if train_size is None:
@@ -203,7 +250,9 @@ def training_cost(wall_seconds: float, epochs_run: int, *, images_seen: int | No
         raise ValueError(f"images_seen={images_seen}, epochs_run={epochs_run}: must be >= 0")
     ips = images_seen / float(wall_seconds)
     achieved = None if train_flops_per_image is None else float(train_flops_per_image) * ips
-    return TrainingCost(float(wall_seconds), int(epochs_run), int(images_seen), ips, device, precision, achieved)
+    return TrainingCost(
+        float(wall_seconds), int(epochs_run), int(images_seen), ips, device, precision, achieved
+    )
 
 
 @dataclass(frozen=True)
@@ -228,7 +277,12 @@ def arm_cost(runs: Sequence[TrainingCost]) -> ArmCost:
     if not runs:
         raise ValueError("arm_cost: no runs")
     walls = [r.wall_seconds for r in runs]
-    return ArmCost(len(runs), statistics.fmean(walls), math.fsum(walls), [r.epochs_run for r in runs],
-                   statistics.fmean(r.images_per_second for r in runs), sorted({r.device for r in runs}),
-                   sorted({r.precision for r in runs}))
-
+    return ArmCost(
+        len(runs),
+        statistics.fmean(walls),
+        math.fsum(walls),
+        [r.epochs_run for r in runs],
+        statistics.fmean(r.images_per_second for r in runs),
+        sorted({r.device for r in runs}),
+        sorted({r.precision for r in runs}),
+    )

@@ -37,14 +37,26 @@ class ForestRow:
     ties: int = 0
 
 
-def forest_rows(comparisons: Mapping[str, Any], bootstraps: Mapping[str, Any] | None = None) -> list[ForestRow]:
+def forest_rows(
+    comparisons: Mapping[str, Any], bootstraps: Mapping[str, Any] | None = None
+) -> list[ForestRow]:
     """Rows from ``PairedComparison`` objects (arm -> arm minus reference) and optional bootstrap CIs."""
     rows = []
     for arm, c in comparisons.items():
         b = (bootstraps or {}).get(arm)
-        rows.append(ForestRow(arm, float(c.mean_difference), float(c.ci_low), float(c.ci_high),
-                              math.nan if b is None else float(b.low), math.nan if b is None else float(b.high),
-                              int(c.wins), int(c.n), int(c.ties)))
+        rows.append(
+            ForestRow(
+                arm,
+                float(c.mean_difference),
+                float(c.ci_low),
+                float(c.ci_high),
+                math.nan if b is None else float(b.low),
+                math.nan if b is None else float(b.high),
+                int(c.wins),
+                int(c.n),
+                int(c.ties),
+            )
+        )
     return rows
 
 
@@ -52,9 +64,17 @@ def _finite(*xs: float) -> bool:
     return all(math.isfinite(x) for x in xs)
 
 
-def forest_plot(rows: Sequence[ForestRow], reference: str, *, scale: float = 100.0, unit: str = "points",
-                metric: str = "accuracy", confidence: float = 0.95, title: str | None = None,
-                xlabel: str | None = None) -> Figure:
+def forest_plot(
+    rows: Sequence[ForestRow],
+    reference: str,
+    *,
+    scale: float = 100.0,
+    unit: str = "points",
+    metric: str = "accuracy",
+    confidence: float = 0.95,
+    title: str | None = None,
+    xlabel: str | None = None,
+) -> Figure:
     """Draw the forest plot; returns the Figure (render with ``figure_png``).
 
     Args:
@@ -75,22 +95,56 @@ def forest_plot(rows: Sequence[ForestRow], reference: str, *, scale: float = 100
     for i, r in enumerate(rows):
         y = len(rows) - 1 - i  # first row on top
         if _finite(r.t_low, r.t_high):
-            ax.plot([r.t_low * scale, r.t_high * scale], [y, y], color=T_COLOR, lw=3.5, solid_capstyle="butt",
-                    gid=f"t:{r.arm}", label=f"{confidence:.0%} t-interval (seeds)" if i == 0 else None)
+            ax.plot(
+                [r.t_low * scale, r.t_high * scale],
+                [y, y],
+                color=T_COLOR,
+                lw=3.5,
+                solid_capstyle="butt",
+                gid=f"t:{r.arm}",
+                label=f"{confidence:.0%} t-interval (seeds)" if i == 0 else None,
+            )
         if _finite(r.boot_low, r.boot_high):
-            ax.plot([r.boot_low * scale, r.boot_high * scale], [y - 0.22, y - 0.22], color=BOOT_COLOR, lw=1.5,
-                    gid=f"boot:{r.arm}", label=f"{confidence:.0%} bootstrap (seeds, examples)" if i == 0 else None)
-        ax.plot([r.mean_difference * scale], [y], "o", color="black", ms=5, gid=f"mean:{r.arm}",
-                label="mean paired difference" if i == 0 else None)
+            ax.plot(
+                [r.boot_low * scale, r.boot_high * scale],
+                [y - 0.22, y - 0.22],
+                color=BOOT_COLOR,
+                lw=1.5,
+                gid=f"boot:{r.arm}",
+                label=f"{confidence:.0%} bootstrap (seeds, examples)" if i == 0 else None,
+            )
+        ax.plot(
+            [r.mean_difference * scale],
+            [y],
+            "o",
+            color="black",
+            ms=5,
+            gid=f"mean:{r.arm}",
+            label="mean paired difference" if i == 0 else None,
+        )
         ties = f", {r.ties} tied" if r.ties else ""
         note = "" if _finite(r.t_low, r.t_high) else " (no t-interval)"
-        ax.text(1.01, y, f"wins {r.wins} of {r.n}{ties}{note}", transform=ax.get_yaxis_transform(),
-                va="center", fontsize=8, gid=f"wins:{r.arm}")
+        ax.text(
+            1.01,
+            y,
+            f"wins {r.wins} of {r.n}{ties}{note}",
+            transform=ax.get_yaxis_transform(),
+            va="center",
+            fontsize=8,
+            gid=f"wins:{r.arm}",
+        )
         labels.append(r.arm)
     ax.axvline(0.0, color="0.4", lw=0.8, ls="--")
     ax.set_yticks(range(len(rows) - 1, -1, -1), labels)
     ax.set_ylim(-0.8, len(rows) - 0.4)
-    ax.set_xlabel(xlabel or (f"{metric}: arm minus {reference} ({unit})" if unit else f"{metric}: arm minus {reference}"))
+    ax.set_xlabel(
+        xlabel
+        or (
+            f"{metric}: arm minus {reference} ({unit})"
+            if unit
+            else f"{metric}: arm minus {reference}"
+        )
+    )
     # A figure title, not an axes title: the legend sits just above the axes and would cover it.
     fig.suptitle(title or f"Paired differences against {reference}", fontsize=10)
     ax.spines[["top", "right"]].set_visible(False)

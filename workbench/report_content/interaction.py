@@ -19,7 +19,13 @@ from typing import Any
 
 from workbench.report_content.forest import ForestRow
 from workbench.report_content.numbers import EffectSize, paired_effect_size
-from workbench.report_content.rounding import BootstrapDisplay, bootstrap_display, exact_decimals, fmt, to_decimal
+from workbench.report_content.rounding import (
+    BootstrapDisplay,
+    bootstrap_display,
+    exact_decimals,
+    fmt,
+    to_decimal,
+)
 from workbench.report_content.wording import ResultsParagraph, p_value_text, results_paragraph
 
 
@@ -30,7 +36,9 @@ class InteractionContent:
     arms: tuple[str, str, str, str]
     label: str  # "(a − b) − (c − d)"
     seeds: list
-    per_seed: list[str]  # signed, from the displayed per-seed values of the four arms, in the order of ``seeds``
+    per_seed: list[
+        str
+    ]  # signed, from the displayed per-seed values of the four arms, in the order of ``seeds``
     text: str  # the stated result
     paragraph: ResultsParagraph  # what decided it (intervals, verdict, caveats, exceptions)
     effect: EffectSize
@@ -43,19 +51,34 @@ def interaction_label(arms: Sequence[str]) -> str:
     return f"({a} − {b}) − ({c} − {d})"
 
 
-def per_seed_display(values: Sequence[Sequence[float]], scale: float = 100.0, decimals: int | None = None) -> list[str]:
+def per_seed_display(
+    values: Sequence[Sequence[float]], scale: float = 100.0, decimals: int | None = None
+) -> list[str]:
     """Per seed, (a - b) - (c - d) of the four arms' values as displayed (``decimals``; None: the fewest in
     [2, 3] showing every value exactly), so a reader recomputes each from the accuracy table."""
     scaled = [[float(x) * scale for x in arm] for arm in values]
-    d = exact_decimals([x for arm in scaled for x in arm], 2, 3) if decimals is None else int(decimals)
+    d = (
+        exact_decimals([x for arm in scaled for x in arm], 2, 3)
+        if decimals is None
+        else int(decimals)
+    )
     a, b, c, e = ([to_decimal(x, d) for x in arm] for arm in scaled)
     return [fmt((w - x) - (y - z), d, signed=True) for w, x, y, z in zip(a, b, c, e)]
 
 
-def interaction_content(paired: Any, bootstrap: Any, values: Mapping[str, Mapping[Any, float]],
-                        arms: Sequence[str], *, split: str = "validation", expected_n: int | None = None,
-                        decimals: int | None = None, scale: float = 100.0, unit: str = "points",
-                        metric: str = "accuracy") -> InteractionContent:
+def interaction_content(
+    paired: Any,
+    bootstrap: Any,
+    values: Mapping[str, Mapping[Any, float]],
+    arms: Sequence[str],
+    *,
+    split: str = "validation",
+    expected_n: int | None = None,
+    decimals: int | None = None,
+    scale: float = 100.0,
+    unit: str = "points",
+    metric: str = "accuracy",
+) -> InteractionContent:
     """The content of one interaction.
 
     Args:
@@ -71,13 +94,29 @@ def interaction_content(paired: Any, bootstrap: Any, values: Mapping[str, Mappin
     label = interaction_label(arms)
     seeds = list(paired.seeds)
     per_seed = per_seed_display([[values[arm][s] for s in seeds] for arm in arms], scale, decimals)
-    careful = results_paragraph(paired, bootstrap, a_label=left, b_label=right, split=split, metric=metric,
-                                scale=scale, unit=unit)
+    careful = results_paragraph(
+        paired,
+        bootstrap,
+        a_label=left,
+        b_label=right,
+        split=split,
+        metric=metric,
+        scale=scale,
+        unit=unit,
+    )
     effect = paired_effect_size(paired.differences, paired.confidence)
     boot = bootstrap_display(bootstrap, scale, unit) if bootstrap is not None else None
-    row = ForestRow(label, paired.mean_difference, paired.ci_low, paired.ci_high,
-                    float("nan") if bootstrap is None else bootstrap.low,
-                    float("nan") if bootstrap is None else bootstrap.high, paired.wins, paired.n, paired.ties)
+    row = ForestRow(
+        label,
+        paired.mean_difference,
+        paired.ci_low,
+        paired.ci_high,
+        float("nan") if bootstrap is None else bootstrap.low,
+        float("nan") if bootstrap is None else bootstrap.high,
+        paired.wins,
+        paired.n,
+        paired.ties,
+    )
     text = _sentence(paired, careful, label, left, right, split, unit, metric, scale)
     if expected_n is not None and paired.n < expected_n:
         text += f" Only {paired.n} of the protocol's {expected_n} seeds have finished runs of all four arms."
@@ -85,8 +124,17 @@ def interaction_content(paired: Any, bootstrap: Any, values: Mapping[str, Mappin
     return InteractionContent(tuple(arms), label, seeds, per_seed, text, careful, effect, boot, row)
 
 
-def _sentence(c: Any, careful: ResultsParagraph, label: str, left: str, right: str, split: str, unit: str,
-              metric: str, scale: float) -> str:
+def _sentence(
+    c: Any,
+    careful: ResultsParagraph,
+    label: str,
+    left: str,
+    right: str,
+    split: str,
+    unit: str,
+    metric: str,
+    scale: float,
+) -> str:
     n = int(c.n)
     mean = fmt(c.mean_difference * scale, 2, signed=True)
     ties = f", {c.ties} tied" if c.ties else ""
@@ -96,8 +144,12 @@ def _sentence(c: Any, careful: ResultsParagraph, label: str, left: str, right: s
     else:
         leader, k = (left, c.wins) if c.wins >= c.losses else (right, c.losses)
         seeds = f"{leader} the larger difference in {k} of {n} seed{s}{ties}"
-    p = (f" (descriptive p: paired t-test {p_value_text(c.p_value)}, Wilcoxon signed-rank "
-         f"{p_value_text(c.wilcoxon_p_value)})" if math.isfinite(c.p_value) or math.isfinite(c.wilcoxon_p_value) else "")
+    p = (
+        f" (descriptive p: paired t-test {p_value_text(c.p_value)}, Wilcoxon signed-rank "
+        f"{p_value_text(c.wilcoxon_p_value)})"
+        if math.isfinite(c.p_value) or math.isfinite(c.wilcoxon_p_value)
+        else ""
+    )
     these = f"these {n} seeds do not" if n != 1 else "this one seed does not"
     lead = f"On {split}, {label} is {mean} {unit} of {metric} ({careful.intervals}), with {seeds}; "
     if careful.sign_settled:
@@ -106,4 +158,6 @@ def _sentence(c: Any, careful: ResultsParagraph, label: str, left: str, right: s
         lead += f"{careful.verdict}, so {these} settle whether {left} is larger or smaller than {right}{p}."
     else:
         lead += f"{careful.verdict}, so these seeds cannot say which difference is larger."
-    return " ".join([lead, *careful.exceptions])  # seeds missing, a note, a zero-width interval: after the result
+    return " ".join(
+        [lead, *careful.exceptions]
+    )  # seeds missing, a note, a zero-width interval: after the result

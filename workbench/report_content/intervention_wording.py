@@ -12,7 +12,14 @@ effect of a section: ``effect_caveats`` states it once.
 from __future__ import annotations
 
 
-from workbench.interventions.spec import DropTokens, HeadAblation, PatchStage, SkipBranch, ZeroPosEmbed, parse
+from workbench.interventions.spec import (
+    DropTokens,
+    HeadAblation,
+    PatchStage,
+    SkipBranch,
+    ZeroPosEmbed,
+    parse,
+)
 from workbench.report_content.rounding import fmt
 from workbench.report_content.wording import p_value_text, results_paragraph, section_caveats
 
@@ -31,7 +38,11 @@ def describe(name: str) -> str:
     if isinstance(item, ZeroPosEmbed):
         return "zeroing the position embedding"
     if isinstance(item, DropTokens):
-        return "dropping the register tokens" if item.tokens == "registers" else "dropping the class token"
+        return (
+            "dropping the register tokens"
+            if item.tokens == "registers"
+            else "dropping the class token"
+        )
     assert isinstance(item, PatchStage)
     return f"patching `{item.stage}` with another image's activation"
 
@@ -48,15 +59,23 @@ def effect_paragraph(row, split: str = "validation", decimals: int = 2) -> str:
     seeds = f"lower in {c.losses} of {c.n} seed{'s' if c.n != 1 else ''}{ties}"
     p = f"descriptive p: paired t-test {p_value_text(c.p_value)}, Wilcoxon signed-rank {p_value_text(c.wilcoxon_p_value)}"
     if careful.sign_settled and mean < 0:
-        lead = (f"{what} lowers {split} accuracy by {fmt(-mean, decimals)} points ({interval}), {seeds}; "
-                f"{careful.verdict} ({p}).")
+        lead = (
+            f"{what} lowers {split} accuracy by {fmt(-mean, decimals)} points ({interval}), {seeds}; "
+            f"{careful.verdict} ({p})."
+        )
     elif careful.sign_settled:
-        lead = (f"{what} raises {split} accuracy by {fmt(mean, decimals)} points ({interval}), {seeds}; "
-                f"{careful.verdict} ({p}).")
+        lead = (
+            f"{what} raises {split} accuracy by {fmt(mean, decimals)} points ({interval}), {seeds}; "
+            f"{careful.verdict} ({p})."
+        )
     else:
-        lead = (f"{what} changes {split} accuracy by {fmt(mean, decimals, True)} points ({interval}), {seeds}; "
-                f"{careful.verdict}, so these seeds do not settle whether it lowers accuracy ({p}).")
-    return " ".join([lead, *careful.exceptions])  # seeds missing, a note, a zero-width interval: after the result
+        lead = (
+            f"{what} changes {split} accuracy by {fmt(mean, decimals, True)} points ({interval}), {seeds}; "
+            f"{careful.verdict}, so these seeds do not settle whether it lowers accuracy ({p})."
+        )
+    return " ".join(
+        [lead, *careful.exceptions]
+    )  # seeds missing, a note, a zero-width interval: after the result
 
 
 def effect_caveats(rows, split: str = "validation") -> str:
@@ -65,8 +84,14 @@ def effect_caveats(rows, split: str = "validation") -> str:
 
 
 def _careful(row, split: str, decimals: int = 2):
-    return results_paragraph(row.paired, row.bootstrap, a_label=f"`{row.name}`", b_label="`intact`", split=split,
-                             decimals=decimals)
+    return results_paragraph(
+        row.paired,
+        row.bootstrap,
+        a_label=f"`{row.name}`",
+        b_label="`intact`",
+        split=split,
+        decimals=decimals,
+    )
 
 
 def heads_sentence(rows, mode: str, split: str = "validation", small: float = 1.0) -> str:
@@ -81,14 +106,20 @@ def heads_sentence(rows, mode: str, split: str = "validation", small: float = 1.
         if p.sign_settled and r.paired.mean_difference < 0:
             settled.append(r)
     settled.sort(key=lambda r: r.paired.mean_difference)
-    named = ", ".join(f"`{r.name}` ({fmt(r.paired.mean_difference * 100, 2, True)})" for r in settled)
+    named = ", ".join(
+        f"`{r.name}` ({fmt(r.paired.mean_difference * 100, 2, True)})" for r in settled
+    )
     n = heads[0].paired.n
-    text = (f"{mode.capitalize()}-ablating one head at a time: {len(near)} of {len(heads)} heads change {split} "
-            f"accuracy by less than {small:g} point{'s' if small != 1 else ''} on average over {n} "
-            f"seed{'s' if n != 1 else ''}; ")
+    text = (
+        f"{mode.capitalize()}-ablating one head at a time: {len(near)} of {len(heads)} heads change {split} "
+        f"accuracy by less than {small:g} point{'s' if small != 1 else ''} on average over {n} "
+        f"seed{'s' if n != 1 else ''}; "
+    )
     if settled:
-        text += (f"for {len(settled)} the wider of the two 95% intervals lies entirely below zero (a drop these seeds "
-                 f"settle): {named}.")
+        text += (
+            f"for {len(settled)} the wider of the two 95% intervals lies entirely below zero (a drop these seeds "
+            f"settle): {named}."
+        )
     else:
         text += "for none does the wider of the two 95% intervals lie entirely below zero."
     return text + " " + per_seed_heads(heads, split, small)
@@ -105,9 +136,13 @@ def per_seed_heads(heads, split: str, small: float) -> str:
     within = [sum(abs(c) < small for c in change[s]) for s in seeds]
     worst = [min(change[s]) for s in seeds]
     if len(seeds) == 1:
-        return (f"In this model {within[0]} of {len(heads)} heads cost less than {small:g} point{'s' if small != 1 else ''} "
-                f"when removed alone; the largest single-head drop is {fmt(-worst[0], 2)} points.")
-    return (f"Model by model (heads of separately trained seeds do not correspond by index, so this is the comparison "
-            f"that needs no alignment): {', '.join(map(str, within))} of {len(heads)} heads cost less than {small:g} "
-            f"point{'s' if small != 1 else ''} when removed alone, and the largest single-head drop is "
-            f"{', '.join(fmt(-w, 2) for w in worst)} points (seeds {', '.join(map(str, seeds))}).")
+        return (
+            f"In this model {within[0]} of {len(heads)} heads cost less than {small:g} point{'s' if small != 1 else ''} "
+            f"when removed alone; the largest single-head drop is {fmt(-worst[0], 2)} points."
+        )
+    return (
+        f"Model by model (heads of separately trained seeds do not correspond by index, so this is the comparison "
+        f"that needs no alignment): {', '.join(map(str, within))} of {len(heads)} heads cost less than {small:g} "
+        f"point{'s' if small != 1 else ''} when removed alone, and the largest single-head drop is "
+        f"{', '.join(fmt(-w, 2) for w in worst)} points (seeds {', '.join(map(str, seeds))})."
+    )

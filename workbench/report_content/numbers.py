@@ -23,8 +23,10 @@ from scipy import optimize, special
 from scipy import stats as sps
 
 Z95 = float(sps.norm.ppf(0.975))
-MC_METHOD = ("order-statistic method: the endpoint's rank has a binomial spread sqrt(R q (1 - q)); "
-             "SE = (value at rank + z sd - value at rank - z sd) / (2 z), z = 1.96")
+MC_METHOD = (
+    "order-statistic method: the endpoint's rank has a binomial spread sqrt(R q (1 - q)); "
+    "SE = (value at rank + z sd - value at rank - z sd) / (2 z), z = 1.96"
+)
 
 
 @dataclass(frozen=True)
@@ -60,7 +62,9 @@ class EffectSize:
 
 
 def _finite(values: Any, what: str) -> np.ndarray:
-    v = np.asarray(list(values.values()) if isinstance(values, dict) else values, dtype=np.float64).ravel()
+    v = np.asarray(
+        list(values.values()) if isinstance(values, dict) else values, dtype=np.float64
+    ).ravel()
     if v.size == 0:
         raise ValueError(f"{what}: no values")
     if not np.all(np.isfinite(v)):
@@ -88,11 +92,20 @@ def mean_interval(values: Any, confidence: float = 0.95) -> MeanInterval:
     v = _finite(values, "mean_interval")
     n, mean = int(v.size), float(v.mean())
     if n < 2:
-        return MeanInterval(mean, math.nan, math.nan, n, math.nan, confidence, "one seed: no spread, no interval")
+        return MeanInterval(
+            mean, math.nan, math.nan, n, math.nan, confidence, "one seed: no spread, no interval"
+        )
     sd = float(v.std(ddof=1))
     if sd <= 1e-12 * max(1.0, abs(mean)):
-        return MeanInterval(mean, mean, mean, n, sd, confidence,
-                            f"all {n} seeds give the same value: zero-width interval, not a certainty")
+        return MeanInterval(
+            mean,
+            mean,
+            mean,
+            n,
+            sd,
+            confidence,
+            f"all {n} seeds give the same value: zero-width interval, not a certainty",
+        )
     half = float(sps.t.ppf(0.5 + confidence / 2, n - 1)) * sd / math.sqrt(n)
     return MeanInterval(mean, mean - half, mean + half, n, sd, confidence)
 
@@ -101,7 +114,9 @@ def hedges_j(df: int) -> float:
     """Exact small-sample bias correction of a standardised mean, J(df) = G(df/2) / (sqrt(df/2) G((df-1)/2))."""
     if df < 2:
         return math.nan  # J(1) is 0: the correction is undefined with two seeds
-    return float(math.exp(special.gammaln(df / 2) - special.gammaln((df - 1) / 2)) / math.sqrt(df / 2))
+    return float(
+        math.exp(special.gammaln(df / 2) - special.gammaln((df - 1) / 2)) / math.sqrt(df / 2)
+    )
 
 
 def _nct_bound(t_obs: float, df: int, target: float) -> float:
@@ -146,28 +161,55 @@ def paired_effect_size(differences: Any, confidence: float = 0.95) -> EffectSize
     sd = float(d.std(ddof=1)) if n > 1 else math.nan
     nan = math.nan
     if n < 2:
-        return EffectSize(nan, nan, nan, nan, n, mean, sd, confidence,
-                          "no effect size: one seed gives no spread of differences")
+        return EffectSize(
+            nan,
+            nan,
+            nan,
+            nan,
+            n,
+            mean,
+            sd,
+            confidence,
+            "no effect size: one seed gives no spread of differences",
+        )
     if sd <= 1e-12 * max(1.0, abs(mean)):
-        return EffectSize(nan, nan, nan, nan, n, mean, sd, confidence,
-                          f"no effect size: all {n} seeds give the same difference (sd 0)")
+        return EffectSize(
+            nan,
+            nan,
+            nan,
+            nan,
+            n,
+            mean,
+            sd,
+            confidence,
+            f"no effect size: all {n} seeds give the same difference (sd 0)",
+        )
     dz = mean / sd
     t_obs, df = dz * math.sqrt(n), n - 1
     alpha = 1.0 - confidence
     low = _nct_bound(t_obs, df, 1 - alpha / 2) / math.sqrt(n)
     high = _nct_bound(t_obs, df, alpha / 2) / math.sqrt(n)
-    if not (math.isfinite(low) and math.isfinite(high)):  # half an interval from a failing solver: show none
+    if not (
+        math.isfinite(low) and math.isfinite(high)
+    ):  # half an interval from a failing solver: show none
         low = high = math.nan
     j = hedges_j(df)
-    interval = f"{confidence:.0%} interval {low:+.2f} to {high:+.2f}" if math.isfinite(low) and math.isfinite(high) \
+    interval = (
+        f"{confidence:.0%} interval {low:+.2f} to {high:+.2f}"
+        if math.isfinite(low) and math.isfinite(high)
         else "its interval cannot be computed"
-    caveat = (f"d_z = mean difference / sd of the differences over {n} seeds. The sd rests on {df} degree"
-              f"{'s' if df != 1 else ''} of freedom, so d_z is very imprecise ({interval}) and overstates the "
-              "effect at small n"
-              + (f" (bias-corrected g_z = {dz * j:+.2f})" if df >= 2 else "")
-              + ". It compares the difference with seed-to-seed noise, not with the spread of examples, "
-              "so it is not comparable with Cohen's d of other studies.")
-    return EffectSize(float(dz), float(dz * j), float(low), float(high), n, mean, sd, confidence, caveat)
+    )
+    caveat = (
+        f"d_z = mean difference / sd of the differences over {n} seeds. The sd rests on {df} degree"
+        f"{'s' if df != 1 else ''} of freedom, so d_z is very imprecise ({interval}) and overstates the "
+        "effect at small n"
+        + (f" (bias-corrected g_z = {dz * j:+.2f})" if df >= 2 else "")
+        + ". It compares the difference with seed-to-seed noise, not with the spread of examples, "
+        "so it is not comparable with Cohen's d of other studies."
+    )
+    return EffectSize(
+        float(dz), float(dz * j), float(low), float(high), n, mean, sd, confidence, caveat
+    )
 
 
 def min_wilcoxon_p(n: int, two_sided: bool = True) -> float:

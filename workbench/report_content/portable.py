@@ -36,9 +36,12 @@ def relative(path: str, base: str | None = None) -> str:
 
 def portable_text(text: str, base: str | None = None) -> str:
     """``text`` with every absolute local path (also inside sqlite:/file: URIs) relative to ``base``."""
+
     def store(m: re.Match) -> str:
         rel = relative(m["path"], base)
-        return f"sqlite:///{rel}" if m["scheme"] == "sqlite:///" else rel  # MLflow takes a bare path as a file store
+        return (
+            f"sqlite:///{rel}" if m["scheme"] == "sqlite:///" else rel
+        )  # MLflow takes a bare path as a file store
 
     text = _STORE_URI.sub(store, text)
     return _ABSOLUTE.sub(lambda m: relative(m[0], base), text)

@@ -53,7 +53,11 @@ class DegenerateReport:
         missing = [r for r in runs if cls in self.never_predicted.get(r, [])]
         if not missing:
             return None
-        who = "any run" if len(missing) == len(runs) else f"{len(missing)} of {len(runs)} runs ({', '.join(missing)})"
+        who = (
+            "any run"
+            if len(missing) == len(runs)
+            else f"{len(missing)} of {len(runs)} runs ({', '.join(missing)})"
+        )
         return f"{self.class_names[cls]} is never predicted by {who}: its recall is 0 by construction, not measured as 0"
 
 
@@ -65,15 +69,20 @@ def _split(value: Any) -> tuple[np.ndarray | None, np.ndarray]:
 
 def _counts(a: np.ndarray, k: int, run: str, what: str) -> list[int]:
     if a.ndim != 1 or a.size == 0 or a.dtype.kind not in "iu":
-        raise ValueError(f"run {run}: {what} must be a non-empty 1-D array of class indices, got shape {a.shape} "
-                         f"dtype {a.dtype}")
+        raise ValueError(
+            f"run {run}: {what} must be a non-empty 1-D array of class indices, got shape {a.shape} "
+            f"dtype {a.dtype}"
+        )
     if a.min() < 0 or a.max() >= k:
-        raise ValueError(f"run {run}: {what} contain class {int(a[(a < 0) | (a >= k)][0])}, outside 0..{k - 1}")
+        raise ValueError(
+            f"run {run}: {what} contain class {int(a[(a < 0) | (a >= k)][0])}, outside 0..{k - 1}"
+        )
     return np.bincount(a, minlength=k).astype(int).tolist()
 
 
-def degenerate_predictions(runs: Mapping[str, Any], num_classes: int,
-                           class_names: Sequence[str] | None = None) -> DegenerateReport:
+def degenerate_predictions(
+    runs: Mapping[str, Any], num_classes: int, class_names: Sequence[str] | None = None
+) -> DegenerateReport:
     """Count predicted classes per run from saved predictions and name the ones never predicted.
 
     Args:
@@ -84,7 +93,9 @@ def degenerate_predictions(runs: Mapping[str, Any], num_classes: int,
     """
     if not runs:
         raise ValueError("degenerate_predictions: no runs")
-    names = list(class_names) if class_names is not None else [f"class {i}" for i in range(num_classes)]
+    names = (
+        list(class_names) if class_names is not None else [f"class {i}" for i in range(num_classes)]
+    )
     if len(names) != num_classes:
         raise ValueError(f"{len(names)} class names for {num_classes} classes")
     counts, label_counts, never = {}, {}, {}
@@ -102,7 +113,9 @@ def degenerate_predictions(runs: Mapping[str, Any], num_classes: int,
             continue
         support = sorted({label_counts[r][c] for r in missing if r in label_counts})
         n_true = ""
-        if len(support) == 1:  # one evaluation set (the usual case): say how many examples go unrecognised
+        if (
+            len(support) == 1
+        ):  # one evaluation set (the usual case): say how many examples go unrecognised
             n_true = f" ({support[0]} example{'s' if support[0] != 1 else ''} of it in the evaluated data)"
         if len(runs) == 1:
             who = f"run {missing[0]} never predicts it"
@@ -114,8 +127,14 @@ def degenerate_predictions(runs: Mapping[str, Any], num_classes: int,
     return DegenerateReport(names, counts, label_counts, never, never_by_any, warnings)
 
 
-def interval_text(estimate: float, low: float, high: float, decimals: int = 3, warning: str | None = None,
-                  what: str = "interval") -> str:
+def interval_text(
+    estimate: float,
+    low: float,
+    high: float,
+    decimals: int = 3,
+    warning: str | None = None,
+    what: str = "interval",
+) -> str:
     """``estimate [low, high]``, refusing a zero-width interval that has no warning.
 
     A zero-width interval (all resamples equal) is not certainty: the model may never
@@ -127,7 +146,9 @@ def interval_text(estimate: float, low: float, high: float, decimals: int = 3, w
     text = f"{fmt(estimate, decimals)} [{fmt(low, decimals)}, {fmt(high, decimals)}]"
     if math.isfinite(low) and math.isfinite(high) and high - low == 0:
         if not warning:
-            raise ZeroWidthIntervalError(f"{what}: zero-width interval {text} needs a warning that says why "
-                                         "(e.g. a class the model never predicts)")
+            raise ZeroWidthIntervalError(
+                f"{what}: zero-width interval {text} needs a warning that says why "
+                "(e.g. a class the model never predicts)"
+            )
         return f"{text} (zero width: {warning})"
     return f"{text} ({warning})" if warning else text

@@ -39,7 +39,11 @@ def fmt(x: float | Decimal, decimals: int, signed: bool = False) -> str:
     """
     if isinstance(x, float) and math.isnan(x):
         return "n/a"
-    d = x.quantize(Decimal(1).scaleb(-decimals), rounding=ROUND_HALF_UP) if isinstance(x, Decimal) else to_decimal(x, decimals)
+    d = (
+        x.quantize(Decimal(1).scaleb(-decimals), rounding=ROUND_HALF_UP)
+        if isinstance(x, Decimal)
+        else to_decimal(x, decimals)
+    )
     if d == 0:
         return f"{abs(d):.{decimals}f}"
     return f"{d:+.{decimals}f}" if signed else f"{d:.{decimals}f}"
@@ -69,8 +73,13 @@ class PairedDisplay:
     exact: bool
 
 
-def paired_display(a: Sequence[float], b: Sequence[float], scale: float = 100.0, decimals: int | None = None,
-                   max_decimals: int = 3) -> PairedDisplay:
+def paired_display(
+    a: Sequence[float],
+    b: Sequence[float],
+    scale: float = 100.0,
+    decimals: int | None = None,
+    max_decimals: int = 3,
+) -> PairedDisplay:
     """Displayed per-seed values and differences (a - b) a reader can recompute.
 
     Args:
@@ -87,8 +96,13 @@ def paired_display(a: Sequence[float], b: Sequence[float], scale: float = 100.0,
     d = exact_decimals(sa + sb, 2, max_decimals) if decimals is None else int(decimals)
     ra, rb = [to_decimal(x, d) for x in sa], [to_decimal(x, d) for x in sb]
     exact = all(abs(float(r) - x) < 10.0**-_NOISE_DIGITS for r, x in zip(ra + rb, sa + sb))
-    return PairedDisplay([fmt(x, d) for x in ra], [fmt(x, d) for x in rb],
-                         [fmt(x - y, d, signed=True) for x, y in zip(ra, rb)], d, exact)
+    return PairedDisplay(
+        [fmt(x, d) for x in ra],
+        [fmt(x, d) for x in rb],
+        [fmt(x - y, d, signed=True) for x, y in zip(ra, rb)],
+        d,
+        exact,
+    )
 
 
 @dataclass(frozen=True)
@@ -104,8 +118,14 @@ class BootstrapDisplay:
     footnote: str
 
 
-def bootstrap_display(ci: Any, scale: float = 100.0, unit: str = "points", max_decimals: int = 3,
-                      signed: bool = True, estimate_decimals: int = 2) -> BootstrapDisplay:
+def bootstrap_display(
+    ci: Any,
+    scale: float = 100.0,
+    unit: str = "points",
+    max_decimals: int = 3,
+    signed: bool = True,
+    estimate_decimals: int = 2,
+) -> BootstrapDisplay:
     """Format a ``workbench.stats.CI`` so no displayed digit is Monte-Carlo noise.
 
     Args:
@@ -117,13 +137,28 @@ def bootstrap_display(ci: Any, scale: float = 100.0, unit: str = "points", max_d
         signed: Show + on positive endpoints (differences).
         estimate_decimals: Decimals of the point estimate (computed on all data, no resampling).
     """
-    errors = [e for e in (getattr(ci, "mc_error_low", math.nan), getattr(ci, "mc_error_high", math.nan)) if math.isfinite(e)]
+    errors = [
+        e
+        for e in (getattr(ci, "mc_error_low", math.nan), getattr(ci, "mc_error_high", math.nan))
+        if math.isfinite(e)
+    ]
     se = max(errors) * scale if errors else math.nan
     d = decimals_for_error(se, max_decimals)
     if math.isfinite(se):
-        footnote = (f"bootstrap endpoints shown to {d} decimal{'s' if d != 1 else ''}: their Monte-Carlo standard "
-                    f"error is {se:.2g} {unit} at {ci.n_resamples:,} resamples (order-statistic estimate)")
+        footnote = (
+            f"bootstrap endpoints shown to {d} decimal{'s' if d != 1 else ''}: their Monte-Carlo standard "
+            f"error is {se:.2g} {unit} at {ci.n_resamples:,} resamples (order-statistic estimate)"
+        )
     else:
-        footnote = f"Monte-Carlo error of the bootstrap endpoints unknown ({ci.n_resamples:,} resamples)"
-    return BootstrapDisplay(fmt(ci.low * scale, d, signed), fmt(ci.high * scale, d, signed),
-                            fmt(ci.estimate * scale, estimate_decimals, signed), d, se, int(ci.n_resamples), footnote)
+        footnote = (
+            f"Monte-Carlo error of the bootstrap endpoints unknown ({ci.n_resamples:,} resamples)"
+        )
+    return BootstrapDisplay(
+        fmt(ci.low * scale, d, signed),
+        fmt(ci.high * scale, d, signed),
+        fmt(ci.estimate * scale, estimate_decimals, signed),
+        d,
+        se,
+        int(ci.n_resamples),
+        footnote,
+    )

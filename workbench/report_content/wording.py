@@ -30,7 +30,10 @@ from scipy import stats as sps
 from workbench.report_content.numbers import bootstrap_seed_multisets, min_wilcoxon_p
 from workbench.report_content.rounding import bootstrap_display, fmt
 
-STATED_TESTS = {"paired_t": ("paired t-test", "p_value"), "wilcoxon": ("Wilcoxon signed-rank test", "wilcoxon_p_value")}
+STATED_TESTS = {
+    "paired_t": ("paired t-test", "p_value"),
+    "wilcoxon": ("Wilcoxon signed-rank test", "wilcoxon_p_value"),
+}
 FEW_SEEDS = 6  # below this the exact Wilcoxon test cannot reach p < 0.05 (2 / 2^5 = 0.0625)
 RULE = "Each result states both intervals where both exist; the wider of the two decides whether it calls the sign settled."
 
@@ -48,12 +51,20 @@ class ResultsParagraph:
     driving_interval: str  # "t-interval", "bootstrap" or "none"
     sign_settled: bool | None  # whether the wider interval excludes zero; None without any interval
     footnotes: list[str] = field(default_factory=list)
-    caveats: tuple[str, ...] = ()  # (seed level, bootstrap, tests) sentences: stated once per section
+    caveats: tuple[
+        str, ...
+    ] = ()  # (seed level, bootstrap, tests) sentences: stated once per section
     intervals: str = ""  # "95% t-interval +1.00 to +3.00; bootstrap +0.5 to +3.5"
     ahead: str = ""  # "A ahead in 3 of 3 seeds"
-    verdict: str = ""  # "even the wider of the two intervals, the bootstrap, lies entirely above zero"
-    settled_for: str = ""  # the arm ahead over the whole deciding interval ("" unless the sign is settled)
-    exceptions: tuple[str, ...] = ()  # the sentences after the first (seeds missing, a note, zero width, a stated test)
+    verdict: str = (
+        ""  # "even the wider of the two intervals, the bootstrap, lies entirely above zero"
+    )
+    settled_for: str = (
+        ""  # the arm ahead over the whole deciding interval ("" unless the sign is settled)
+    )
+    exceptions: tuple[
+        str, ...
+    ] = ()  # the sentences after the first (seeds missing, a note, zero width, a stated test)
 
 
 def p_value_text(p: float) -> str:
@@ -75,8 +86,9 @@ def _ahead(a: str, b: str, c: Any) -> str:
     return f"{leader} ahead in {k} of {n} {seeds}{ties}"
 
 
-def _verdict(a: str, b: str, n: int, t: tuple[float, float],
-             boot: tuple[float, float]) -> tuple[str, bool | None, str, str, str]:
+def _verdict(
+    a: str, b: str, n: int, t: tuple[float, float], boot: tuple[float, float]
+) -> tuple[str, bool | None, str, str, str]:
     """(driving interval, settled, what it says, what follows, the arm ahead if settled): the wider interval decides."""
     t_w, b_w = _interval_width(*t), _interval_width(*boot)
     if math.isnan(t_w) and math.isnan(b_w):
@@ -88,14 +100,25 @@ def _verdict(a: str, b: str, n: int, t: tuple[float, float],
     which = "the only interval" if single else "the wider of the two intervals"
     if low > 0 or high < 0:
         side, where = (a, "above") if low > 0 else (b, "below")
-        return (driving, True, f"{'' if single else 'even '}{which}, the {driving}, lies entirely {where} zero",
-                f"{side} is ahead over the whole interval", side)
-    return (driving, False, f"{which}, the {driving}, includes zero",
-            f"so these {n} seeds do not settle which arm is ahead", "")
+        return (
+            driving,
+            True,
+            f"{'' if single else 'even '}{which}, the {driving}, lies entirely {where} zero",
+            f"{side} is ahead over the whole interval",
+            side,
+        )
+    return (
+        driving,
+        False,
+        f"{which}, the {driving}, includes zero",
+        f"so these {n} seeds do not settle which arm is ahead",
+        "",
+    )
 
 
-def seed_level_caveats(n: int, confidence: float = 0.95, bootstrap: bool = True,
-                       stated_test: str | None = None) -> tuple[str, str, str]:
+def seed_level_caveats(
+    n: int, confidence: float = 0.95, bootstrap: bool = True, stated_test: str | None = None
+) -> tuple[str, str, str]:
     """What every comparison over ``n`` seeds shares, as (seed level, bootstrap, tests) sentences ("" where none).
 
     The t quantile and the smallest attainable Wilcoxon p; the bootstrap's distinct seed
@@ -104,36 +127,60 @@ def seed_level_caveats(n: int, confidence: float = 0.95, bootstrap: bool = True,
     seed_level = boot = ""
     if n >= 2:
         t_q = float(sps.t.ppf(0.5 + confidence / 2, n - 1))
-        wide = f"the t-interval is wide (t quantile {t_q:.2f} on {n - 1} degree{'s' if n != 2 else ''} of freedom) and " \
-            if n < FEW_SEEDS else ""
-        seed_level = (f"With {n} seeds {wide}the smallest attainable two-sided Wilcoxon signed-rank p is "
-                      f"{min_wilcoxon_p(n):.3g}.")
+        wide = (
+            f"the t-interval is wide (t quantile {t_q:.2f} on {n - 1} degree{'s' if n != 2 else ''} of freedom) and "
+            if n < FEW_SEEDS
+            else ""
+        )
+        seed_level = (
+            f"With {n} seeds {wide}the smallest attainable two-sided Wilcoxon signed-rank p is "
+            f"{min_wilcoxon_p(n):.3g}."
+        )
     if bootstrap:
         sets = bootstrap_seed_multisets(n)
         if n < FEW_SEEDS:
-            boot = (f"The bootstrap resamples seeds and then examples; from {n} seed{'s' if n != 1 else ''} it can draw "
-                    f"only {sets} distinct seed set{'s' if sets != 1 else ''}, so its seed level is coarse.")
+            boot = (
+                f"The bootstrap resamples seeds and then examples; from {n} seed{'s' if n != 1 else ''} it can draw "
+                f"only {sets} distinct seed set{'s' if sets != 1 else ''}, so its seed level is coarse."
+            )
         else:
-            boot = (f"The bootstrap resamples seeds and then examples; its seed level draws from {sets:,} distinct seed "
-                    "sets.")
-    tests = ("No test was stated in advance, so no difference is called significant; p-values, where shown, are "
-             "descriptive."
-             if stated_test is None else
-             f"The test stated in advance is the {STATED_TESTS[stated_test][0]}; other p-values are descriptive.")
+            boot = (
+                f"The bootstrap resamples seeds and then examples; its seed level draws from {sets:,} distinct seed "
+                "sets."
+            )
+    tests = (
+        "No test was stated in advance, so no difference is called significant; p-values, where shown, are "
+        "descriptive."
+        if stated_test is None
+        else f"The test stated in advance is the {STATED_TESTS[stated_test][0]}; other p-values are descriptive."
+    )
     return seed_level, boot, tests
 
 
 def section_caveats(paragraphs: Iterable[ResultsParagraph]) -> str:
     """The caveats of a section's comparisons: each distinct sentence once (seed levels, bootstraps, tests), then the rule."""
     paragraphs = [p for p in paragraphs if p.caveats]
-    sentences = [s for slot in range(3) for s in dict.fromkeys(p.caveats[slot] for p in paragraphs) if s]
+    sentences = [
+        s for slot in range(3) for s in dict.fromkeys(p.caveats[slot] for p in paragraphs) if s
+    ]
     return " ".join(sentences + [RULE]) if sentences else ""
 
 
-def results_paragraph(comparison: Any, bootstrap: Any = None, *, a_label: str | None = None, b_label: str | None = None,
-                      split: str = "test", metric: str = "accuracy", scale: float = 100.0, unit: str = "points",
-                      decimals: int = 2, stated_test: str | None = None, alpha: float = 0.05,
-                      expected_n: int | None = None) -> ResultsParagraph:
+def results_paragraph(
+    comparison: Any,
+    bootstrap: Any = None,
+    *,
+    a_label: str | None = None,
+    b_label: str | None = None,
+    split: str = "test",
+    metric: str = "accuracy",
+    scale: float = 100.0,
+    unit: str = "points",
+    decimals: int = 2,
+    stated_test: str | None = None,
+    alpha: float = 0.05,
+    expected_n: int | None = None,
+) -> ResultsParagraph:
     """The stated result of one seed-paired comparison a - b, and the caveats its section states once.
 
     Args:
@@ -153,14 +200,19 @@ def results_paragraph(comparison: Any, bootstrap: Any = None, *, a_label: str | 
         The sentence(s), which interval drove them, footnotes (bootstrap Monte-Carlo error) and the caveats.
     """
     if stated_test is not None and stated_test not in STATED_TESTS:
-        raise ValueError(f"stated_test={stated_test!r}: must be one of {', '.join(STATED_TESTS)} or None")
+        raise ValueError(
+            f"stated_test={stated_test!r}: must be one of {', '.join(STATED_TESTS)} or None"
+        )
     a, b = a_label or "a", b_label or "b"
     c, n = comparison, int(comparison.n)
     mean = fmt(c.mean_difference * scale, decimals, signed=True)
     t_low, t_high = c.ci_low * scale, c.ci_high * scale
     t_ok = math.isfinite(t_low) and math.isfinite(t_high)
-    parts = [f"{c.confidence:.0%} t-interval {fmt(t_low, decimals, True)} to {fmt(t_high, decimals, True)}" if t_ok
-             else "no t-interval"]
+    parts = [
+        f"{c.confidence:.0%} t-interval {fmt(t_low, decimals, True)} to {fmt(t_high, decimals, True)}"
+        if t_ok
+        else "no t-interval"
+    ]
     footnotes: list[str] = []
     b_low = b_high = math.nan
     if bootstrap is not None and math.isfinite(bootstrap.low) and math.isfinite(bootstrap.high):
@@ -170,15 +222,25 @@ def results_paragraph(comparison: Any, bootstrap: Any = None, *, a_label: str | 
         b_low, b_high = bootstrap.low * scale, bootstrap.high * scale
     intervals, ahead = "; ".join(parts), _ahead(a, b, c)
     driving, settled, verdict, follows, side = _verdict(a, b, n, (t_low, t_high), (b_low, b_high))
-    joined = f"{verdict}: {follows}" if settled else f"{verdict}, {follows}" if settled is False else f"{verdict} {follows}"
+    joined = (
+        f"{verdict}: {follows}"
+        if settled
+        else f"{verdict}, {follows}"
+        if settled is False
+        else f"{verdict} {follows}"
+    )
     first = f"On {split}, {a} minus {b} is {mean} {unit} of {metric} ({intervals}), with {ahead}; {joined}."
     sentences: list[str] = []
     if expected_n is not None and n < expected_n:
-        sentences.append(f"Only {n} of the protocol's {expected_n} seeds have finished runs of both arms.")
+        sentences.append(
+            f"Only {n} of the protocol's {expected_n} seeds have finished runs of both arms."
+        )
     if c.note:
         sentences.append(c.note[0].upper() + c.note[1:] + ".")
     if t_ok and t_high - t_low == 0:
-        sentences.append("A zero-width t-interval here is the absence of spread between seeds, not certainty.")
+        sentences.append(
+            "A zero-width t-interval here is the absence of spread between seeds, not certainty."
+        )
     if stated_test is not None:
         name, attr = STATED_TESTS[stated_test]
         p = float(getattr(c, attr))
@@ -188,8 +250,20 @@ def results_paragraph(comparison: Any, bootstrap: Any = None, *, a_label: str | 
             verdict_test = f"the difference is not significant at the {alpha:g} level"
         else:
             verdict_test = "no verdict is possible (the test is undefined here)"
-        sentences.append(f"By the stated test ({name}, p = {p_value_text(p)}) {verdict_test} (paired t-test "
-                         f"p = {p_value_text(c.p_value)}, Wilcoxon signed-rank p = {p_value_text(c.wilcoxon_p_value)}).")
+        sentences.append(
+            f"By the stated test ({name}, p = {p_value_text(p)}) {verdict_test} (paired t-test "
+            f"p = {p_value_text(c.p_value)}, Wilcoxon signed-rank p = {p_value_text(c.wilcoxon_p_value)})."
+        )
     caveats = seed_level_caveats(n, c.confidence, not math.isnan(b_low), stated_test)
-    return ResultsParagraph(" ".join([first, *sentences]), driving, settled, footnotes, caveats, intervals, ahead,
-                            verdict, side, tuple(sentences))
+    return ResultsParagraph(
+        " ".join([first, *sentences]),
+        driving,
+        settled,
+        footnotes,
+        caveats,
+        intervals,
+        ahead,
+        verdict,
+        side,
+        tuple(sentences),
+    )

@@ -8,7 +8,11 @@ from typing import Any, Literal
 
 
 def _positive(owner: str, key: str, value: Any, allow_zero: bool = False) -> None:
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and (value >= 0 if allow_zero else value > 0)
+    ok = (
+        isinstance(value, (int, float))
+        and not isinstance(value, bool)
+        and (value >= 0 if allow_zero else value > 0)
+    )
     if not ok:
         raise ValueError(f"{owner}.{key}={value!r}: must be {'>= 0' if allow_zero else '> 0'}")
 
@@ -19,7 +23,9 @@ def _finite(owner: str, config: Any) -> None:
         values = getattr(config, f.name)
         for value in values if isinstance(values, (tuple, list)) else (values,):
             if isinstance(value, float) and not math.isfinite(value):
-                raise ValueError(f"{owner}.{f.name}={values!r}: must be a finite number (not inf or nan)")
+                raise ValueError(
+                    f"{owner}.{f.name}={values!r}: must be a finite number (not inf or nan)"
+                )
 
 
 @dataclass(frozen=True)
@@ -81,7 +87,9 @@ class DataSpec:
         if not 0 <= self.rotate_degrees <= 180:
             raise ValueError(f"data.rotate_degrees={self.rotate_degrees!r}: must be in [0, 180]")
         if not 0 <= self.translate_fraction < 0.5:
-            raise ValueError(f"data.translate_fraction={self.translate_fraction!r}: must be in [0, 0.5)")
+            raise ValueError(
+                f"data.translate_fraction={self.translate_fraction!r}: must be in [0, 0.5)"
+            )
 
 
 @dataclass(frozen=True)
@@ -150,7 +158,9 @@ class RunConfig:
     monitor: Literal["val_accuracy", "val_loss"] = "val_accuracy"
     checkpoint_every_steps: int | None = None  # in addition to every epoch
     device: str = "auto"  # auto -> cuda, mps, cpu
-    amp: Literal["off", "bf16", "fp16"] = "off"  # autocast; see workbench.precision (bf16 on CPU too)
+    amp: Literal["off", "bf16", "fp16"] = (
+        "off"  # autocast; see workbench.precision (bf16 on CPU too)
+    )
     deterministic: bool = True
     evaluate_test: bool = False
 
@@ -209,15 +219,21 @@ class RecipeConfig:
         if not 0 < self.mixup_prob <= 1:
             raise ValueError(f"recipe.mixup_prob={self.mixup_prob!r}: must be in (0, 1]")
         if not 0 <= self.mixup_switch_prob <= 1:
-            raise ValueError(f"recipe.mixup_switch_prob={self.mixup_switch_prob!r}: must be in [0, 1]")
+            raise ValueError(
+                f"recipe.mixup_switch_prob={self.mixup_switch_prob!r}: must be in [0, 1]"
+            )
         if self.mixup_mode not in ("batch", "pair", "elem"):
-            raise ValueError(f"recipe.mixup_mode={self.mixup_mode!r}: must be 'batch', 'pair' or 'elem'")
+            raise ValueError(
+                f"recipe.mixup_mode={self.mixup_mode!r}: must be 'batch', 'pair' or 'elem'"
+            )
         for key, top in (("randaugment_ops", 16), ("randaugment_magnitude", 30)):
             value = getattr(self, key)
             if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= top:
                 raise ValueError(f"recipe.{key}={value!r}: must be an integer in [0, {top}]")
         if self.ema_decay is not None and not 0 < self.ema_decay < 1:
-            raise ValueError(f"recipe.ema_decay={self.ema_decay!r}: must be in (0, 1), or null for no EMA")
+            raise ValueError(
+                f"recipe.ema_decay={self.ema_decay!r}: must be in (0, 1), or null for no EMA"
+            )
         if not isinstance(self.ema_warmup, bool):
             raise ValueError(f"recipe.ema_warmup={self.ema_warmup!r}: must be true or false")
         if self.ema_warmup and self.ema_decay is None:
@@ -235,7 +251,11 @@ class RecipeConfig:
         protocols written before these fields existed stay what they were.
         """
         off = RecipeConfig()
-        return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) != getattr(off, f.name)}
+        return {
+            f.name: getattr(self, f.name)
+            for f in fields(self)
+            if getattr(self, f.name) != getattr(off, f.name)
+        }
 
 
 @dataclass(frozen=True)
@@ -248,8 +268,10 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         if self.recipe.mixes and self.run.batch_size % 2:
-            raise ValueError(f"run.batch_size={self.run.batch_size}: mixup and CutMix pair each image with another "
-                             "(timm's Mixup): the batch size must be even")
+            raise ValueError(
+                f"run.batch_size={self.run.batch_size}: mixup and CutMix pair each image with another "
+                "(timm's Mixup): the batch size must be even"
+            )
 
     def to_dict(self) -> dict:
         """The config as plain data; ``recipe`` only when a part is on, and then only its changed fields.

@@ -16,7 +16,9 @@ FLOAT_FORMAT = "%.9g"
 
 
 @torch.no_grad()
-def predict(model: nn.Module, loader, device: torch.device, amp_dtype: torch.dtype | None = None) -> pd.DataFrame:
+def predict(
+    model: nn.Module, loader, device: torch.device, amp_dtype: torch.dtype | None = None
+) -> pd.DataFrame:
     """Run ``model`` over an evaluation loader and tabulate every prediction.
 
     Returns:
@@ -33,10 +35,14 @@ def predict(model: nn.Module, loader, device: torch.device, amp_dtype: torch.dty
         labels = labels.to(device)
         probs = logits.softmax(dim=-1)
         losses = F.cross_entropy(logits, labels, reduction="none")
-        parts.append((indices.cpu(), labels.cpu(), probs.argmax(-1).cpu(), losses.cpu(), probs.cpu()))
+        parts.append(
+            (indices.cpu(), labels.cpu(), probs.argmax(-1).cpu(), losses.cpu(), probs.cpu())
+        )
     model.train(was_training)
     indices, labels, predicted, losses, probs = (torch.cat(p).numpy() for p in zip(*parts))
-    table = pd.DataFrame({"index": indices, "label": labels, "predicted": predicted, "loss": losses})
+    table = pd.DataFrame(
+        {"index": indices, "label": labels, "predicted": predicted, "loss": losses}
+    )
     prob_cols = pd.DataFrame(probs, columns=[f"prob_{k}" for k in range(probs.shape[1])])
     return pd.concat([table, prob_cols], axis=1)
 
@@ -88,7 +94,9 @@ def compare_predictions(saved: pd.DataFrame, fresh: pd.DataFrame, tolerance: flo
     if len(saved) != len(fresh) or not (saved["index"].values == fresh["index"].values).all():
         return ReloadProof(False, False, float("inf"), tolerance, len(fresh))
     probs = [c for c in saved.columns if c.startswith("prob_")]
-    diff = np.abs(saved[probs].to_numpy(np.float64) - fresh[probs].to_numpy(np.float32).astype(np.float64))
+    diff = np.abs(
+        saved[probs].to_numpy(np.float64) - fresh[probs].to_numpy(np.float32).astype(np.float64)
+    )
     max_diff = float(diff.max()) if diff.size else 0.0
     same = bool((saved["predicted"].values == fresh["predicted"].values).all())
     return ReloadProof(same and max_diff <= tolerance, same, max_diff, tolerance, len(fresh))

@@ -35,9 +35,14 @@ _DOCSTRING_OWNERS = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctio
 # Fields that carry no meaning: a string's u-prefix marker and the type comments ast keeps.
 _IGNORED_FIELDS = frozenset({"kind", "type_comment", "type_ignores"})
 
-def result_source_files(root: Path = LIBRARY_ROOT, packages: tuple[str, ...] = RESULT_PACKAGES) -> list[Path]:
+
+def result_source_files(
+    root: Path = LIBRARY_ROOT, packages: tuple[str, ...] = RESULT_PACKAGES
+) -> list[Path]:
     """The ``.py`` files that compute results, in a fixed (sorted, root-relative) order."""
-    files = [p for pkg in packages for p in (root / pkg).rglob("*.py") if "__pycache__" not in p.parts]
+    files = [
+        p for pkg in packages for p in (root / pkg).rglob("*.py") if "__pycache__" not in p.parts
+    ]
     return sorted(files, key=lambda p: p.relative_to(root).as_posix())
 
 
@@ -45,7 +50,11 @@ def _strip_docstrings(tree: ast.AST) -> ast.AST:
     for node in ast.walk(tree):
         if isinstance(node, _DOCSTRING_OWNERS) and node.body:
             first = node.body[0]
-            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str):
+            if (
+                isinstance(first, ast.Expr)
+                and isinstance(first.value, ast.Constant)
+                and isinstance(first.value.value, str)
+            ):
                 node.body = node.body[1:]
     return tree
 
@@ -77,8 +86,11 @@ def source_meaning(source: str, filename: str = "<source>") -> str:
     return canonical_tree(_strip_docstrings(ast.parse(source, filename=filename)))
 
 
-def code_fingerprint(root: Path = LIBRARY_ROOT, packages: tuple[str, ...] = RESULT_PACKAGES,
-                     versions: dict[str, str] | None = None) -> str:
+def code_fingerprint(
+    root: Path = LIBRARY_ROOT,
+    packages: tuple[str, ...] = RESULT_PACKAGES,
+    versions: dict[str, str] | None = None,
+) -> str:
     """sha256 over (relative path, syntax tree) of every result file, then the library versions.
 
     ``versions`` defaults to the installed torch and timm; the result is the first
@@ -105,4 +117,3 @@ def code_fingerprint(root: Path = LIBRARY_ROOT, packages: tuple[str, ...] = RESU
 def current_code_fingerprint() -> str:
     """This checkout's fingerprint, computed once per process (the files do not change under it)."""
     return code_fingerprint()
-

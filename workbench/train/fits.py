@@ -42,8 +42,10 @@ class DataShape:
     def describe(self) -> str:
         names = ", ".join(self.classes[:6]) + (", ..." if len(self.classes) > 6 else "")
         n = len(self.classes)
-        return (f"{self.what}: {n} class{'' if n == 1 else 'es'} ({names}), {self.channels} channel(s), "
-                f"{self.height} x {self.width} px")
+        return (
+            f"{self.what}: {n} class{'' if n == 1 else 'es'} ({names}), {self.channels} channel(s), "
+            f"{self.height} x {self.width} px"
+        )
 
 
 @dataclass(frozen=True)
@@ -61,7 +63,9 @@ class Misfit:
         return f"{key}={self.value!r}: {self.why}{fix}"
 
 
-def misfits(model_name: str, overrides: dict, shape: DataShape, resize_to: int | None = None) -> list[Misfit]:
+def misfits(
+    model_name: str, overrides: dict, shape: DataShape, resize_to: int | None = None
+) -> list[Misfit]:
     """Every way the named model (with field overrides) cannot train on data of ``shape``.
 
     Classes and channels for any model; for a ViT with learned positions also the image
@@ -74,18 +78,40 @@ def misfits(model_name: str, overrides: dict, shape: DataShape, resize_to: int |
         return _timm_misfits(cfg, shape, resize_to)
     found = []
     if cfg.num_classes != len(shape.classes):
-        found.append(Misfit("num_classes", cfg.num_classes, len(shape.classes),
-                            f"the data has {len(shape.classes)} classes"))
+        found.append(
+            Misfit(
+                "num_classes",
+                cfg.num_classes,
+                len(shape.classes),
+                f"the data has {len(shape.classes)} classes",
+            )
+        )
     if cfg.in_channels != shape.channels:
-        found.append(Misfit("in_channels", cfg.in_channels, shape.channels,
-                            f"the images have {shape.channels} channel(s)"))
+        found.append(
+            Misfit(
+                "in_channels",
+                cfg.in_channels,
+                shape.channels,
+                f"the images have {shape.channels} channel(s)",
+            )
+        )
     if isinstance(cfg, ViTConfig) and cfg.pos_embed != "none":
         hw = (resize_to, resize_to) if resize_to else (shape.height, shape.width)
         if tuple(cfg.image_hw) != hw:
-            size = f"resized to {hw[0]} px (dataset.resize_to)" if resize_to else f"{hw[0]} x {hw[1]} px"
+            size = (
+                f"resized to {hw[0]} px (dataset.resize_to)"
+                if resize_to
+                else f"{hw[0]} x {hw[1]} px"
+            )
             wanted = hw[0] if hw[0] == hw[1] else list(hw)
-            found.append(Misfit("image_size", cfg.image_size, wanted,
-                                f"the images are {size}, and a learned position embedding fixes the size"))
+            found.append(
+                Misfit(
+                    "image_size",
+                    cfg.image_size,
+                    wanted,
+                    f"the images are {size}, and a learned position embedding fixes the size",
+                )
+            )
     return found
 
 
@@ -98,22 +124,48 @@ def _timm_misfits(cfg: TimmModelConfig, shape: DataShape, resize_to: int | None)
     """
     found = []
     if cfg.num_classes != len(shape.classes):
-        found.append(Misfit("num_classes", cfg.num_classes, len(shape.classes),
-                            f"the data has {len(shape.classes)} classes"))
+        found.append(
+            Misfit(
+                "num_classes",
+                cfg.num_classes,
+                len(shape.classes),
+                f"the data has {len(shape.classes)} classes",
+            )
+        )
     if cfg.in_channels != shape.channels:
-        found.append(Misfit("in_chans", cfg.in_channels, shape.channels, f"the images have {shape.channels} channel(s)"))
+        found.append(
+            Misfit(
+                "in_chans",
+                cfg.in_channels,
+                shape.channels,
+                f"the images have {shape.channels} channel(s)",
+            )
+        )
     hw = (resize_to, resize_to) if resize_to else (shape.height, shape.width)
     fixed = cfg.fixed_image_hw
     if fixed is not None and fixed != hw:
-        size = f"resized to {hw[0]} px (dataset.resize_to)" if resize_to else f"{hw[0]} x {hw[1]} px"
-        found.append(Misfit("img_size", cfg.kwargs.get("img_size", fixed[0] if fixed[0] == fixed[1] else list(fixed)),
-                            hw[0] if hw[0] == hw[1] else list(hw),
-                            f"the images are {size}, and the model's patch embedding takes one size only"))
+        size = (
+            f"resized to {hw[0]} px (dataset.resize_to)" if resize_to else f"{hw[0]} x {hw[1]} px"
+        )
+        found.append(
+            Misfit(
+                "img_size",
+                cfg.kwargs.get("img_size", fixed[0] if fixed[0] == fixed[1] else list(fixed)),
+                hw[0] if hw[0] == hw[1] else list(hw),
+                f"the images are {size}, and the model's patch embedding takes one size only",
+            )
+        )
     if not found:
         why = refuses_input(cfg, (shape.channels, *hw))
         if why:
-            found.append(Misfit("name", cfg.name, None,
-                                f"a forward on an image of {shape.channels} x {hw[0]} x {hw[1]} fails: {why}"))
+            found.append(
+                Misfit(
+                    "name",
+                    cfg.name,
+                    None,
+                    f"a forward on an image of {shape.channels} x {hw[0]} x {hw[1]} fails: {why}",
+                )
+            )
     return found
 
 
@@ -124,6 +176,8 @@ def patch_note(model_name: str, overrides: dict) -> str | None:
         return None
     (h, w), (ph, pw) = cfg.image_hw, cfg.patch_hw
     if h % ph or w % pw:
-        return (f"patch_size {cfg.patch_size} does not divide image_size {cfg.image_size}: the last "
-                f"{h % ph} row(s) and {w % pw} column(s) of pixels are never seen")
+        return (
+            f"patch_size {cfg.patch_size} does not divide image_size {cfg.image_size}: the last "
+            f"{h % ph} row(s) and {w % pw} column(s) of pixels are never seen"
+        )
     return None

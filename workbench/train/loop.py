@@ -27,7 +27,13 @@ from workbench.convert.arm_check import glassbox_check
 from workbench.models.registry import build_model, model_config
 from workbench.models.timm_arm import TimmModelConfig
 from workbench.precision import resolve_amp
-from workbench.train.checkpoint import FORMAT, atomic_torch_save, capture_rng, load_checkpoint, restore_rng
+from workbench.train.checkpoint import (
+    FORMAT,
+    atomic_torch_save,
+    capture_rng,
+    load_checkpoint,
+    restore_rng,
+)
 from workbench.train.config import TrainConfig
 from workbench.train.fits import DataShape, misfits
 from workbench.atomic import atomic_write
@@ -43,7 +49,9 @@ from workbench.train.evaluate import (
 
 class NonFiniteLoss(FloatingPointError):
     def __init__(self, step: int, epoch: int, batch: int, value: float):
-        super().__init__(f"loss became {value} at step {step} (epoch {epoch}, batch {batch}); last good checkpoint kept")
+        super().__init__(
+            f"loss became {value} at step {step} (epoch {epoch}, batch {batch}); last good checkpoint kept"
+        )
         self.step, self.epoch, self.batch, self.value = step, epoch, batch, value
 
 
@@ -151,31 +159,46 @@ class Trainer:
         self.device = resolve_device(cfg.run.device)
         self.hash = config_hash(cfg)
         run = cfg.run
-        amp = resolve_amp(run.amp, self.device)  # bf16 autocast on CPU too; refused where not native
+        amp = resolve_amp(
+            run.amp, self.device
+        )  # bf16 autocast on CPU too; refused where not native
         self.amp_dtype = amp
         torch.manual_seed(derive_seed(run.seed, "init"))  # model init depends on the run seed only
         self.model = (model if model is not None else self._build_model()).to(self.device)
         d = cfg.data
         recipe = cfg.recipe
         augment = AugmentConfig(
-            crop_padding=d.crop_padding, hflip=d.hflip, rotate_degrees=d.rotate_degrees,
-            translate_fraction=d.translate_fraction, randaugment_ops=recipe.randaugment_ops,
+            crop_padding=d.crop_padding,
+            hflip=d.hflip,
+            rotate_degrees=d.rotate_degrees,
+            translate_fraction=d.translate_fraction,
+            randaugment_ops=recipe.randaugment_ops,
             randaugment_magnitude=recipe.randaugment_magnitude,
         )
         common = dict(norm=data.norm, device=self.device, resize_to=d.resize_to)
         # Mixup pairs image i with image B-1-i, so every batch must be even: as timm's training
         # loader, drop the last incomplete batch when mixing (off: every image, as before).
         self.train_loader = TensorLoader.from_split(
-            data.train, batch_size=run.batch_size, seed=run.seed, augment=augment, shuffle=True,
-            drop_last=recipe.mixes, **common
+            data.train,
+            batch_size=run.batch_size,
+            seed=run.seed,
+            augment=augment,
+            shuffle=True,
+            drop_last=recipe.mixes,
+            **common,
         )
         self.eval_loaders = {
-            name: TensorLoader.from_split(split, batch_size=run.eval_batch_size, shuffle=False, **common)
+            name: TensorLoader.from_split(
+                split, batch_size=run.eval_batch_size, shuffle=False, **common
+            )
             for name, split in (("val", data.val), ("test", data.test))
             if split is not None
         }
         self.optimizer = torch.optim.AdamW(
-            self._param_groups(), lr=cfg.optim.lr, betas=cfg.optim.betas, weight_decay=cfg.optim.weight_decay
+            self._param_groups(),
+            lr=cfg.optim.lr,
+            betas=cfg.optim.betas,
+            weight_decay=cfg.optim.weight_decay,
         )
         steps = run.epochs * len(self.train_loader)
         warmup = round(cfg.optim.warmup_epochs * len(self.train_loader))
@@ -191,9 +214,15 @@ class Trainer:
         from timm.data import Mixup
 
         r = self.cfg.recipe
-        return Mixup(mixup_alpha=r.mixup_alpha, cutmix_alpha=r.cutmix_alpha, prob=r.mixup_prob,
-                     switch_prob=r.mixup_switch_prob, mode=r.mixup_mode,
-                     label_smoothing=self.cfg.optim.label_smoothing, num_classes=len(self.data.class_names))
+        return Mixup(
+            mixup_alpha=r.mixup_alpha,
+            cutmix_alpha=r.cutmix_alpha,
+            prob=r.mixup_prob,
+            switch_prob=r.mixup_switch_prob,
+            mode=r.mixup_mode,
+            label_smoothing=self.cfg.optim.label_smoothing,
+            num_classes=len(self.data.class_names),
+        )
 
     def _build_ema(self):
         """timm's ``ModelEmaV3`` of the model as initialised (a copy on the same device, in eval mode)."""
@@ -212,8 +241,10 @@ class Trainer:
         shape = DataShape.of(self.data)
         wrong = misfits(spec.name, spec.overrides, shape, self.cfg.data.resize_to)
         if wrong:  # entry points check this before a run opens (workbench.train.fits); this is the backstop
-            raise ValueError(f"model {spec.name!r} does not fit {shape.describe()}: "
-                             + "; ".join(m.line(f"model.{m.field}") for m in wrong))
+            raise ValueError(
+                f"model {spec.name!r} does not fit {shape.describe()}: "
+                + "; ".join(m.line(f"model.{m.field}") for m in wrong)
+            )
         return build_model(model_config(spec.name, **spec.overrides))
 
     # ---- hooks for subclasses (e.g. workbench.transfer: QWK selection, layer-wise lr decay) ----
@@ -287,16 +318,29 @@ class Trainer:
     def _fit(self, run) -> TrainResult:
         state = self._restore()
         pos = {
-            "epoch": 0, "batch": 0, "step": 0, "history": [], "finished": False,
+            "epoch": 0,
+            "batch": 0,
+            "step": 0,
+            "history": [],
+            "finished": False,
             "accum": {"loss_sum": 0.0, "correct": 0, "seen": 0, "seconds": 0.0},
             "early": {"best": None, "best_epoch": -1, "bad_epochs": 0, "stopped": False},
         }
         if state is not None:
             pos = {k: state[k] for k in pos}
             self.observer.on_resume(pos["history"])
-        self.observer.on_start({"device": str(self.device), "config_hash": self.hash, "resumed": state is not None,
-                                "train_batches": len(self.train_loader), "amp": str(self.amp_dtype),
-                                "epoch": pos["epoch"], "step": pos["step"], "finished": pos["finished"]})
+        self.observer.on_start(
+            {
+                "device": str(self.device),
+                "config_hash": self.hash,
+                "resumed": state is not None,
+                "train_batches": len(self.train_loader),
+                "amp": str(self.amp_dtype),
+                "epoch": pos["epoch"],
+                "step": pos["step"],
+                "finished": pos["finished"],
+            }
+        )
         while not pos["finished"] and pos["epoch"] < run.epochs and not pos["early"]["stopped"]:
             self._train_epoch(pos)
             self._end_epoch(pos)
@@ -308,18 +352,29 @@ class Trainer:
     def _train_epoch(self, pos: dict) -> None:
         self.model.train()
         epoch, accum, n_batches = pos["epoch"], pos["accum"], len(self.train_loader)
-        bar = tqdm(total=n_batches, initial=pos["batch"], desc=f"epoch {epoch + 1}/{self.cfg.run.epochs}", leave=False)
+        bar = tqdm(
+            total=n_batches,
+            initial=pos["batch"],
+            desc=f"epoch {epoch + 1}/{self.cfg.run.epochs}",
+            leave=False,
+        )
         for images, labels, _ in self.train_loader.iter_epoch(epoch, start_batch=pos["batch"]):
             self.observer.check()
             started = time.perf_counter()
             if self.mixup is not None:
                 images, targets = self._mix(images, labels, epoch, pos["batch"])
-            with torch.autocast(self.device.type, dtype=self.amp_dtype, enabled=self.amp_dtype is not None):
+            with torch.autocast(
+                self.device.type, dtype=self.amp_dtype, enabled=self.amp_dtype is not None
+            ):
                 logits = self.model(images)
                 if self.mixup is None:
-                    loss = F.cross_entropy(logits.float(), labels, label_smoothing=self.cfg.optim.label_smoothing)
+                    loss = F.cross_entropy(
+                        logits.float(), labels, label_smoothing=self.cfg.optim.label_smoothing
+                    )
                 else:  # timm's SoftTargetCrossEntropy on the mixed, smoothed targets
-                    loss = torch.sum(-targets * F.log_softmax(logits.float(), dim=-1), dim=-1).mean()
+                    loss = torch.sum(
+                        -targets * F.log_softmax(logits.float(), dim=-1), dim=-1
+                    ).mean()
             value = loss.item()
             if not math.isfinite(value):
                 bar.close()
@@ -333,7 +388,9 @@ class Trainer:
             self.scaler.update()
             self.scheduler.step()
             if self.ema is not None:
-                self.ema.update(self.model, step=pos["step"] + 1)  # timm's train.py: after the step, num_updates
+                self.ema.update(
+                    self.model, step=pos["step"] + 1
+                )  # timm's train.py: after the step, num_updates
             accum["loss_sum"] += value * len(labels)
             # Under mixup / CutMix: agreement with each mixed image's dominant target (its soft target's argmax).
             hits = labels if self.mixup is None else targets.argmax(-1)
@@ -351,7 +408,9 @@ class Trainer:
 
     def _mix(self, images: torch.Tensor, labels: torch.Tensor, epoch: int, batch: int):
         """timm's Mixup on one batch, its NumPy draws seeded from (seed, epoch, batch): the same after a resume."""
-        outer = np.random.get_state()  # timm draws from NumPy's global RNG: seed it for this batch only
+        outer = (
+            np.random.get_state()
+        )  # timm draws from NumPy's global RNG: seed it for this batch only
         np.random.seed(derive_seed(self.cfg.run.seed, epoch, batch, "mixup") % (1 << 32))
         try:
             return self.mixup(images, labels)
@@ -370,8 +429,12 @@ class Trainer:
             "epoch_seconds": accum["seconds"],
             "images_per_second": accum["seen"] / max(accum["seconds"], 1e-9),
         }
-        if self.ema is not None:  # the EMA model is the reported one; the raw model's numbers beside it
-            raw = self._validation_metrics(predict(self.model, self.eval_loaders["val"], self.device, self.amp_dtype))
+        if (
+            self.ema is not None
+        ):  # the EMA model is the reported one; the raw model's numbers beside it
+            raw = self._validation_metrics(
+                predict(self.model, self.eval_loaders["val"], self.device, self.amp_dtype)
+            )
             metrics.update(raw_val_loss=raw["val_loss"], raw_val_accuracy=raw["val_accuracy"])
         monitor, higher_is_better = self._monitored()
         score = metrics[monitor] if higher_is_better else -metrics[monitor]
@@ -379,8 +442,16 @@ class Trainer:
             self.observer.check(sync=True)
             early.update(best=score, best_epoch=pos["epoch"] + 1, bad_epochs=0)
             # Best weights and the predictions they made: the reload proof compares the two.
-            atomic_torch_save({"format": FORMAT, "config_hash": self.hash, "model": self.evaluated_model.state_dict(),
-                               "epoch": pos["epoch"] + 1, "metrics": metrics}, self.best_path)
+            atomic_torch_save(
+                {
+                    "format": FORMAT,
+                    "config_hash": self.hash,
+                    "model": self.evaluated_model.state_dict(),
+                    "epoch": pos["epoch"] + 1,
+                    "metrics": metrics,
+                },
+                self.best_path,
+            )
             save_predictions(val, self.run_dir / "predictions" / "val.csv")
             self.observer.on_checkpoint(self.best_path, "best")
         else:
@@ -388,7 +459,11 @@ class Trainer:
             early["stopped"] = run.patience is not None and early["bad_epochs"] >= run.patience
         metrics["best_epoch"] = early["best_epoch"]
         pos["history"].append(metrics)
-        pos.update(epoch=pos["epoch"] + 1, batch=0, accum={"loss_sum": 0.0, "correct": 0, "seen": 0, "seconds": 0.0})
+        pos.update(
+            epoch=pos["epoch"] + 1,
+            batch=0,
+            accum={"loss_sum": 0.0, "correct": 0, "seen": 0, "seconds": 0.0},
+        )
         self._save(pos, kind="epoch")
         self.observer.check(sync=True)  # a run taken over while this epoch ran must not log it
         self.observer.on_epoch(metrics)
@@ -407,15 +482,26 @@ class Trainer:
         if self.summary_path.exists():
             saved = json.loads(self.summary_path.read_text())
             if saved.get("config_hash") == self.hash:
-                return self._result(pos, ReloadProof(**saved["reload_proof"]),
-                                    {k: Path(v) for k, v in saved["predictions"].items()}, saved["final_metrics"])
+                return self._result(
+                    pos,
+                    ReloadProof(**saved["reload_proof"]),
+                    {k: Path(v) for k, v in saved["predictions"].items()},
+                    saved["final_metrics"],
+                )
         result = self._summarize(pos)
         proof = result.reload_proof
-        summary = {"config_hash": self.hash, "final_metrics": result.final_metrics,
-                   "predictions": {k: str(v) for k, v in result.predictions.items()},
-                   "reload_proof": {"passed": proof.passed, "predictions_equal": proof.predictions_equal,
-                                    "max_abs_prob_diff": proof.max_abs_prob_diff, "tolerance": proof.tolerance,
-                                    "examples": proof.examples}}
+        summary = {
+            "config_hash": self.hash,
+            "final_metrics": result.final_metrics,
+            "predictions": {k: str(v) for k, v in result.predictions.items()},
+            "reload_proof": {
+                "passed": proof.passed,
+                "predictions_equal": proof.predictions_equal,
+                "max_abs_prob_diff": proof.max_abs_prob_diff,
+                "tolerance": proof.tolerance,
+                "examples": proof.examples,
+            },
+        }
         self.observer.check(sync=True)
         atomic_write(self.summary_path, lambda f: f.write(json.dumps(summary, indent=1).encode()))
         return result
@@ -441,19 +527,28 @@ class Trainer:
         final.update(glassbox_check(fresh, next(iter(self.eval_loaders["val"])).images))
         return self._result(pos, proof, predictions, final)
 
-    def _result(self, pos: dict, proof: ReloadProof, predictions: dict[str, Path], final: dict) -> TrainResult:
+    def _result(
+        self, pos: dict, proof: ReloadProof, predictions: dict[str, Path], final: dict
+    ) -> TrainResult:
         early = pos["early"]
         best_metric = early["best"] if self._monitored()[1] else -early["best"]
         return TrainResult(
-            history=pos["history"], best_epoch=early["best_epoch"], best_metric=best_metric,
-            stopped_early=early["stopped"], reload_proof=proof, predictions=predictions, final_metrics=final,
+            history=pos["history"],
+            best_epoch=early["best_epoch"],
+            best_metric=best_metric,
+            stopped_early=early["stopped"],
+            reload_proof=proof,
+            predictions=predictions,
+            final_metrics=final,
             checkpoints={"best": self.best_path, "last": self.last_path},
         )
 
     def _fresh_model(self) -> nn.Module:
         """A new instance of the same architecture, so nothing is carried over but the checkpoint."""
         cfg = getattr(self.model, "cfg", None)
-        if isinstance(cfg, TimmModelConfig):  # a timm model's non-persistent buffers need a real build
+        if isinstance(
+            cfg, TimmModelConfig
+        ):  # a timm model's non-persistent buffers need a real build
             with torch.random.fork_rng(devices=[]):
                 return build_model(cfg).to(self.device).eval()
         with torch.device("meta"):

@@ -74,7 +74,9 @@ def reset_head(model: nn.Module, num_classes: int, seed: int) -> nn.Module:
         elif isinstance(model, CNN):
             model.head = nn.Linear(model.head.in_features, num_classes)
         else:
-            raise TypeError(f"{type(model).__name__} has neither reset_classifier() nor a study CNN head")
+            raise TypeError(
+                f"{type(model).__name__} has neither reset_classifier() nor a study CNN head"
+            )
     model.cfg = with_num_classes(model.cfg, num_classes)
     return model
 
@@ -96,8 +98,10 @@ def scratch_copy(source: nn.Module, num_classes: int, seed: int) -> nn.Module:
 def layer_map(model: nn.Module, key: str) -> dict[str, int]:
     """Parameter name -> group index of timm's ``group_matcher(coarse=False)`` (0 = stem, highest = the head's group)."""
     if not hasattr(model, "group_matcher"):
-        raise RegimeRefused(f"{key}: {type(model).__name__} has no timm group_matcher(), so its layers cannot be "
-                            "grouped; use kind linear, full (without layer_decay) or scratch")
+        raise RegimeRefused(
+            f"{key}: {type(model).__name__} has no timm group_matcher(), so its layers cannot be "
+            "grouped; use kind linear, full (without layer_decay) or scratch"
+        )
     from timm.models import group_parameters
 
     return group_parameters(model, model.group_matcher(coarse=False), reverse=True)
@@ -110,11 +114,15 @@ def partial_names(model: nn.Module, blocks: int, key: str) -> list[str]:
     head_ids = {id(p) for p in classifier(model).parameters()}
     head = [n for n, p in model.named_parameters() if id(p) in head_ids]
     if any(groups.get(n, top) != top for n in head):
-        raise RegimeRefused(f"{key}: timm's group_matcher() of {type(model).__name__} does not put the classifier "
-                            "in its last group, so 'the last groups' is not defined for it; use kind linear or full")
+        raise RegimeRefused(
+            f"{key}: timm's group_matcher() of {type(model).__name__} does not put the classifier "
+            "in its last group, so 'the last groups' is not defined for it; use kind linear or full"
+        )
     if blocks > top:
-        raise RegimeRefused(f"{key}={blocks}: {type(model).__name__} has {top} groups below its head in timm's "
-                            f"group_matcher() (stem and blocks); give at most {top}")
+        raise RegimeRefused(
+            f"{key}={blocks}: {type(model).__name__} has {top} groups below its head in timm's "
+            f"group_matcher() (stem and blocks); give at most {top}"
+        )
     return [n for n, _ in model.named_parameters() if groups.get(n, top) >= top - blocks]
 
 
@@ -145,8 +153,9 @@ def _hold_eval(module: nn.Module, args) -> None:
     module.eval()  # a frozen batch norm normalises with the source's running statistics, and keeps them
 
 
-def param_groups_any(model: nn.Module, lr: float, weight_decay: float, layer_decay: float | None,
-                     key: str) -> list[dict]:
+def param_groups_any(
+    model: nn.Module, lr: float, weight_decay: float, layer_decay: float | None, key: str
+) -> list[dict]:
     """AdamW groups of the trainable parameters: timm's ``param_groups_layer_decay`` when ``layer_decay`` is set.
 
     Each group's ``lr`` is ``lr * lr_scale`` (the workbench's schedule scales every group's
@@ -162,11 +171,15 @@ def param_groups_any(model: nn.Module, lr: float, weight_decay: float, layer_dec
             g["lr_scale"] = 1.0
     else:
         layer_map(model, key)  # refuses a model without group_matcher() by the key
-        groups = param_groups_layer_decay(model, weight_decay, no_weight_decay_list=skip, layer_decay=layer_decay)
+        groups = param_groups_layer_decay(
+            model, weight_decay, no_weight_decay_list=skip, layer_decay=layer_decay
+        )
     groups = [g for g in groups if g["params"]]
     for g in groups:
         g["lr"] = lr * g["lr_scale"]
-    return sorted(groups, key=lambda g: -g["lr_scale"])  # the head's (scale 1) first: the logged lr is the base lr
+    return sorted(
+        groups, key=lambda g: -g["lr_scale"]
+    )  # the head's (scale 1) first: the logged lr is the base lr
 
 
 SCRATCH_INIT_ANY = "the architecture's own init (timm's init for a timm model, PyTorch's defaults for the study CNN)"
@@ -182,15 +195,28 @@ def check_regimes(model: nn.Module, regimes: tuple[Regime, ...], where: str) -> 
 
 
 @torch.no_grad()
-def compute_pooled(model: nn.Module, splits: dict, norm, resize_to: int | None, device: torch.device,
-                   batch_size: int, amp_dtype: torch.dtype | None = None) -> FeatureCache:
+def compute_pooled(
+    model: nn.Module,
+    splits: dict,
+    norm,
+    resize_to: int | None,
+    device: torch.device,
+    batch_size: int,
+    amp_dtype: torch.dtype | None = None,
+) -> FeatureCache:
     """The linear probe's cache for any model: ``pooled_features`` of every image, one eval-mode pass per split."""
     was_training = model.training
     model.eval()
     cache, started = FeatureCache(), time.perf_counter()
     for name, split in splits.items():
-        loader = TensorLoader.from_split(split, batch_size=batch_size, norm=norm, shuffle=False, device=device,
-                                         resize_to=resize_to)
+        loader = TensorLoader.from_split(
+            split,
+            batch_size=batch_size,
+            norm=norm,
+            shuffle=False,
+            device=device,
+            resize_to=resize_to,
+        )
         pooled, labels, indices = [], [], []
         for images, y, idx in loader:
             with torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
@@ -208,5 +234,10 @@ class AnyQWKTrainer(QWKTrainer):
     """``QWKTrainer`` with timm's parameter groups (``param_groups_any``) instead of the glass-box ViT's."""
 
     def _param_groups(self) -> list:
-        return param_groups_any(self.model, self.cfg.optim.lr, self.cfg.optim.weight_decay, self.layer_decay,
-                                "layer_decay")
+        return param_groups_any(
+            self.model,
+            self.cfg.optim.lr,
+            self.cfg.optim.weight_decay,
+            self.layer_decay,
+            "layer_decay",
+        )

@@ -49,8 +49,15 @@ def _recall_of(k: int):
     return recall
 
 
-def metric_cis(labels, predicted, num_classes: int, n_resamples: int, confidence: float, seed: int,
-               metrics: tuple[str, ...] | None = None) -> dict[str, CI]:
+def metric_cis(
+    labels,
+    predicted,
+    num_classes: int,
+    n_resamples: int,
+    confidence: float,
+    seed: int,
+    metrics: tuple[str, ...] | None = None,
+) -> dict[str, CI]:
     """Percentile bootstrap CIs over test examples for QWK, accuracy, macro F1 and each class's recall.
 
     Each metric uses the same ``seed``, hence the same resampled index sets.
@@ -70,7 +77,9 @@ def metric_cis(labels, predicted, num_classes: int, n_resamples: int, confidence
     return out
 
 
-def metrics_agree(a: dict[str, float], b: dict[str, float], tolerance: float = 0.0) -> tuple[bool, float]:
+def metrics_agree(
+    a: dict[str, float], b: dict[str, float], tolerance: float = 0.0
+) -> tuple[bool, float]:
     """Whether two metric dicts hold the same keys and values (nan equals nan); (verdict, max |diff|)."""
     if set(a) != set(b):
         return False, math.inf
@@ -85,4 +94,6 @@ def metrics_agree(a: dict[str, float], b: dict[str, float], tolerance: float = 0
 
 def sklearn_qwk(table: pd.DataFrame, num_classes: int) -> float:
     """QWK of a predictions table (scikit-learn's cohen_kappa_score with quadratic weights)."""
-    return quadratic_weighted_kappa(table["label"].to_numpy(), table["predicted"].to_numpy(), num_classes)
+    return quadratic_weighted_kappa(
+        table["label"].to_numpy(), table["predicted"].to_numpy(), num_classes
+    )

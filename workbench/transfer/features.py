@@ -75,8 +75,14 @@ def compute_features(
     model.eval()
     cache, started = FeatureCache(tokens={s: {} for s in starts}), time.perf_counter()
     for name, split in splits.items():
-        loader = TensorLoader.from_split(split, batch_size=batch_size, norm=norm, shuffle=False, device=device,
-                                         resize_to=resize_to)
+        loader = TensorLoader.from_split(
+            split,
+            batch_size=batch_size,
+            norm=norm,
+            shuffle=False,
+            device=device,
+            resize_to=resize_to,
+        )
         pooled, tokens, labels, indices = [], {s: [] for s in starts}, [], []
         for images, y, idx in loader:
             with torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
@@ -87,7 +93,9 @@ def compute_features(
                     x = block(x)
                 if depth in tokens:
                     tokens[depth].append(x.float())
-                feats = model.forward_head(model.forward_blocks(x, start=depth), pre_logits=True)  # (B, D): norm, pool
+                feats = model.forward_head(
+                    model.forward_blocks(x, start=depth), pre_logits=True
+                )  # (B, D): norm, pool
             pooled.append(feats.float())
             labels.append(y)
             indices.append(idx)

@@ -44,8 +44,14 @@ def trainable_prefixes(model: VisionTransformer, regime: Regime) -> tuple[str, .
         return ("head.",)
     depth = model.cfg.depth
     if regime.blocks > depth:
-        raise ValueError(f"regime {regime.name}: blocks={regime.blocks} but the source has {depth} blocks")
-    return tuple(f"blocks.{i}." for i in range(depth - regime.blocks, depth)) + ("norm.", "fc_norm.", "head.")
+        raise ValueError(
+            f"regime {regime.name}: blocks={regime.blocks} but the source has {depth} blocks"
+        )
+    return tuple(f"blocks.{i}." for i in range(depth - regime.blocks, depth)) + (
+        "norm.",
+        "fc_norm.",
+        "head.",
+    )
 
 
 def freeze(model: VisionTransformer, regime: Regime) -> list[str]:
@@ -68,7 +74,9 @@ def layer_id(name: str, depth: int) -> int:
     return depth + 1
 
 
-def param_groups(model: VisionTransformer, lr: float, weight_decay: float, layer_decay: float | None) -> list[dict]:
+def param_groups(
+    model: VisionTransformer, lr: float, weight_decay: float, layer_decay: float | None
+) -> list[dict]:
     """Trainable parameters grouped by (layer, decayed or not); deepest layer first.
 
     With ``layer_decay`` d, layer l gets ``lr * d ** (depth + 1 - l)``: the head keeps the
@@ -83,10 +91,16 @@ def param_groups(model: VisionTransformer, lr: float, weight_decay: float, layer
         layer = layer_id(name, depth)
         scale = 1.0 if layer_decay is None else layer_decay ** (depth + 1 - layer)
         no_decay = p.ndim <= 1 or name in NO_DECAY_NAMES
-        group = groups.setdefault((layer, no_decay), {
-            "params": [], "lr": lr * scale, "weight_decay": 0.0 if no_decay else weight_decay,
-            "layer": layer, "lr_scale": scale,
-        })
+        group = groups.setdefault(
+            (layer, no_decay),
+            {
+                "params": [],
+                "lr": lr * scale,
+                "weight_decay": 0.0 if no_decay else weight_decay,
+                "layer": layer,
+                "lr_scale": scale,
+            },
+        )
         group["params"].append(p)
     return [groups[k] for k in sorted(groups, key=lambda k: (-k[0], k[1]))]
 
@@ -97,13 +111,21 @@ def epoch_order(seed: int, epoch: int, n: int) -> torch.Tensor:
     return torch.randperm(n, generator=generator)
 
 
-def predictions_table(logits: torch.Tensor, labels: torch.Tensor, indices: torch.Tensor) -> pd.DataFrame:
+def predictions_table(
+    logits: torch.Tensor, labels: torch.Tensor, indices: torch.Tensor
+) -> pd.DataFrame:
     """The predictions table of ``workbench.train.evaluate.predict`` from logits."""
     logits = logits.float()
     probs = logits.softmax(-1)
     losses = F.cross_entropy(logits, labels, reduction="none")
-    table = pd.DataFrame({"index": indices.cpu().numpy(), "label": labels.cpu().numpy(),
-                          "predicted": probs.argmax(-1).cpu().numpy(), "loss": losses.cpu().numpy()})
+    table = pd.DataFrame(
+        {
+            "index": indices.cpu().numpy(),
+            "label": labels.cpu().numpy(),
+            "predicted": probs.argmax(-1).cpu().numpy(),
+            "loss": losses.cpu().numpy(),
+        }
+    )
     cols = pd.DataFrame(probs.cpu().numpy(), columns=[f"prob_{k}" for k in range(probs.shape[1])])
     return pd.concat([table, cols], axis=1)
 
@@ -120,19 +142,30 @@ class CachedFit:
 
 
 @torch.no_grad()
-def _predict_cached(forward, split: CachedSplit, batch_size: int, device, amp_dtype) -> pd.DataFrame:
+def _predict_cached(
+    forward, split: CachedSplit, batch_size: int, device, amp_dtype
+) -> pd.DataFrame:
     logits = []
     for start in range(0, len(split), batch_size):
         with torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
-            logits.append(forward(split.inputs[start:start + batch_size]).float())
+            logits.append(forward(split.inputs[start : start + batch_size]).float())
     return predictions_table(torch.cat(logits), split.labels, split.indices)
 
 
 def fit_cached(
-    model: VisionTransformer, regime: Regime, forward: Callable[[torch.Tensor], torch.Tensor],
-    train: CachedSplit, val: CachedSplit, seed: int, batch_size: int, eval_batch_size: int,
-    num_classes: int, device: torch.device, amp_dtype: torch.dtype | None = None,
-    observer: TrainingObserver | None = None, groups: list[dict] | None = None,
+    model: VisionTransformer,
+    regime: Regime,
+    forward: Callable[[torch.Tensor], torch.Tensor],
+    train: CachedSplit,
+    val: CachedSplit,
+    seed: int,
+    batch_size: int,
+    eval_batch_size: int,
+    num_classes: int,
+    device: torch.device,
+    amp_dtype: torch.dtype | None = None,
+    observer: TrainingObserver | None = None,
+    groups: list[dict] | None = None,
 ) -> CachedFit:
     """Train the regime's trainable parameters on cached inputs; keep the best epoch by val QWK.
 
@@ -146,25 +179,38 @@ def fit_cached(
     trainable = {n: p for n, p in model.named_parameters() if p.requires_grad}
     if groups is None:
         groups = param_groups(model, opt.lr, opt.weight_decay, regime.layer_decay)
-    optimizer = torch.optim.AdamW(groups,
-                                  lr=opt.lr, betas=opt.betas, weight_decay=opt.weight_decay)
+    optimizer = torch.optim.AdamW(groups, lr=opt.lr, betas=opt.betas, weight_decay=opt.weight_decay)
     n_batches = math.ceil(len(train) / batch_size)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, cosine_with_warmup(
-        regime.epochs * n_batches, round(opt.warmup_epochs * n_batches), opt.min_lr_ratio))
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer,
+        cosine_with_warmup(
+            regime.epochs * n_batches, round(opt.warmup_epochs * n_batches), opt.min_lr_ratio
+        ),
+    )
     scaler = torch.amp.GradScaler(device.type, enabled=amp_dtype == torch.float16)
-    history, best, best_epoch, best_state, best_table, bad, stopped = [], -math.inf, 0, {}, None, 0, False
+    history, best, best_epoch, best_state, best_table, bad, stopped = (
+        [],
+        -math.inf,
+        0,
+        {},
+        None,
+        0,
+        False,
+    )
     for epoch in range(regime.epochs):
         model.train()
         started, loss_sum, correct = time.perf_counter(), 0.0, 0
         order = epoch_order(seed, epoch, len(train)).to(train.inputs.device)
         for k in range(n_batches):
-            pos = order[k * batch_size:(k + 1) * batch_size]
+            pos = order[k * batch_size : (k + 1) * batch_size]
             x, y = train.inputs.index_select(0, pos), train.labels.index_select(0, pos)
             with torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
                 logits = forward(x)
                 loss = F.cross_entropy(logits.float(), y, label_smoothing=opt.label_smoothing)
             if not math.isfinite(loss.item()):
-                raise FloatingPointError(f"{regime.name}: loss became {loss.item()} at epoch {epoch + 1}, batch {k}")
+                raise FloatingPointError(
+                    f"{regime.name}: loss became {loss.item()} at epoch {epoch + 1}, batch {k}"
+                )
             optimizer.zero_grad(set_to_none=True)
             scaler.scale(loss).backward()
             if opt.grad_clip is not None:
@@ -178,9 +224,15 @@ def fit_cached(
         seconds = time.perf_counter() - started
         model.eval()
         table = _predict_cached(forward, val, eval_batch_size, device, amp_dtype)
-        metrics = {"epoch": epoch + 1, "train_loss": loss_sum / len(train), "train_accuracy": correct / len(train),
-                   **val_metrics(table, num_classes), "lr": optimizer.param_groups[0]["lr"],
-                   "epoch_seconds": seconds, "images_per_second": len(train) / max(seconds, 1e-9)}
+        metrics = {
+            "epoch": epoch + 1,
+            "train_loss": loss_sum / len(train),
+            "train_accuracy": correct / len(train),
+            **val_metrics(table, num_classes),
+            "lr": optimizer.param_groups[0]["lr"],
+            "epoch_seconds": seconds,
+            "images_per_second": len(train) / max(seconds, 1e-9),
+        }
         score = metrics["val_qwk"] if math.isfinite(metrics["val_qwk"]) else -math.inf
         if best_table is None or score > best:  # strict: the first epoch reaching the maximum wins
             best, best_epoch, bad, best_table = score, epoch + 1, 0, table
@@ -203,15 +255,31 @@ class QWKTrainer(Trainer):
     Trainer's. Give it data without a test split: selection must not be able to see it.
     """
 
-    def __init__(self, cfg, data, run_dir, observer=None, model=None, *, num_classes: int,
-                 layer_decay: float | None = None) -> None:
+    def __init__(
+        self,
+        cfg,
+        data,
+        run_dir,
+        observer=None,
+        model=None,
+        *,
+        num_classes: int,
+        layer_decay: float | None = None,
+    ) -> None:
         if data.test is not None:
-            raise ValueError("QWKTrainer selects on validation only: pass the data without its test split")
-        self.num_classes, self.layer_decay = num_classes, layer_decay  # read by the hooks during __init__
+            raise ValueError(
+                "QWKTrainer selects on validation only: pass the data without its test split"
+            )
+        self.num_classes, self.layer_decay = (
+            num_classes,
+            layer_decay,
+        )  # read by the hooks during __init__
         super().__init__(cfg, data, run_dir, observer, model=model)
 
     def _param_groups(self) -> list:
-        return param_groups(self.model, self.cfg.optim.lr, self.cfg.optim.weight_decay, self.layer_decay)
+        return param_groups(
+            self.model, self.cfg.optim.lr, self.cfg.optim.weight_decay, self.layer_decay
+        )
 
     def _validation_metrics(self, val: pd.DataFrame) -> dict[str, float]:
         return val_metrics(val, self.num_classes)

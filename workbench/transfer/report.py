@@ -18,9 +18,15 @@ import numpy as np
 import pandas as pd
 
 from workbench.stats import (
-    CI, PairedComparison, classification_metrics, paired_bootstrap_difference, paired_hierarchical_bootstrap, paired_seed_comparison,
+    CI,
+    PairedComparison,
+    classification_metrics,
+    paired_bootstrap_difference,
+    paired_hierarchical_bootstrap,
+    paired_seed_comparison,
 )
 from workbench.transfer.evaluate import metric_cis, metrics_agree, table_metrics
+
 
 @dataclass
 class CellPredictions:
@@ -77,7 +83,9 @@ class TransferSection:
     source: dict[str, str] = field(default_factory=dict)
     title: str = "Transfer study"
     paired: dict[tuple[str, str, str], tuple[PairedComparison, CI]] = field(default_factory=dict)
-    predictions: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)  # "regime/seedN" -> (labels, predicted)
+    predictions: dict[str, tuple[np.ndarray, np.ndarray]] = field(
+        default_factory=dict
+    )  # "regime/seedN" -> (labels, predicted)
 
     @property
     def n_test(self) -> int:
@@ -91,9 +99,14 @@ def _check_same_examples(cells: list[CellPredictions]) -> tuple[np.ndarray, np.n
     idx, labels = first["index"].to_numpy(), first["label"].to_numpy()
     for c in cells[1:]:
         t = c.table.sort_values("index")
-        if not (np.array_equal(t["index"].to_numpy(), idx) and np.array_equal(t["label"].to_numpy(), labels)):
-            raise ValueError(f"{c.regime}/seed{c.seed} was evaluated on other test images than "
-                             f"{cells[0].regime}/seed{cells[0].seed}; a paired comparison needs the same images")
+        if not (
+            np.array_equal(t["index"].to_numpy(), idx)
+            and np.array_equal(t["label"].to_numpy(), labels)
+        ):
+            raise ValueError(
+                f"{c.regime}/seed{c.seed} was evaluated on other test images than "
+                f"{cells[0].regime}/seed{cells[0].seed}; a paired comparison needs the same images"
+            )
     return idx, labels
 
 
@@ -102,9 +115,16 @@ def _predicted(cell: CellPredictions) -> np.ndarray:
 
 
 def build_section(
-    cells: list[CellPredictions], num_classes: int, regimes: list[str], reference: str,
-    n_resamples: int = 2000, confidence: float = 0.95, seed: int = 0, metrics: tuple[str, ...] = ("qwk",),
-    source: dict[str, str] | None = None, title: str = "Transfer study",
+    cells: list[CellPredictions],
+    num_classes: int,
+    regimes: list[str],
+    reference: str,
+    n_resamples: int = 2000,
+    confidence: float = 0.95,
+    seed: int = 0,
+    metrics: tuple[str, ...] = ("qwk",),
+    source: dict[str, str] | None = None,
+    title: str = "Transfer study",
 ) -> TransferSection:
     """Kappa table with CIs, per-regime summary over seeds, paired regime comparisons, confusion counts.
 
@@ -124,7 +144,10 @@ def build_section(
         raise ValueError("no finished transfer cells to report")
     _, labels = _check_same_examples(cells)
     rows = []
-    for c in sorted(cells, key=lambda c: (regimes.index(c.regime) if c.regime in regimes else len(regimes), c.seed)):
+    for c in sorted(
+        cells,
+        key=lambda c: (regimes.index(c.regime) if c.regime in regimes else len(regimes), c.seed),
+    ):
         pred = _predicted(c)
         recomputed = table_metrics(c.table, num_classes)
         cis = metric_cis(labels, pred, num_classes, n_resamples, confidence, seed)
@@ -132,52 +155,149 @@ def build_section(
         agree = metrics_agree(logged, {k: recomputed[k] for k in logged})[0] if logged else False
         row = {"regime": c.regime, "seed": c.seed, "n": int(recomputed["n"])}
         for name, ci in cis.items():
-            row.update({name: ci.estimate, f"{name}_low": ci.low, f"{name}_high": ci.high,
-                        f"{name}_mc": max(ci.mc_error_low, ci.mc_error_high)})  # Monte-Carlo SE of the endpoints
-        row.update({"best_epoch": c.best_epoch, "val_qwk": c.val_qwk, "logged_test_qwk": c.logged.get("qwk", math.nan),
-                    "logged_equals_file": agree, "selection_seconds": c.seconds, "run_id": c.run_id})
+            row.update(
+                {
+                    name: ci.estimate,
+                    f"{name}_low": ci.low,
+                    f"{name}_high": ci.high,
+                    f"{name}_mc": max(ci.mc_error_low, ci.mc_error_high),
+                }
+            )  # Monte-Carlo SE of the endpoints
+        row.update(
+            {
+                "best_epoch": c.best_epoch,
+                "val_qwk": c.val_qwk,
+                "logged_test_qwk": c.logged.get("qwk", math.nan),
+                "logged_equals_file": agree,
+                "selection_seconds": c.seconds,
+                "run_id": c.run_id,
+            }
+        )
         rows.append(row)
     kappa = pd.DataFrame(rows)
 
-    summary = (kappa.groupby("regime", sort=False)
-               .agg(seeds=("seed", "count"), qwk_mean=("qwk", "mean"), qwk_sd=("qwk", "std"),
-                    qwk_min=("qwk", "min"), qwk_max=("qwk", "max"), accuracy_mean=("accuracy", "mean"),
-                    macro_f1_mean=("macro_f1", "mean"), selection_seconds_mean=("selection_seconds", "mean"))
-               .reset_index())
+    summary = (
+        kappa.groupby("regime", sort=False)
+        .agg(
+            seeds=("seed", "count"),
+            qwk_mean=("qwk", "mean"),
+            qwk_sd=("qwk", "std"),
+            qwk_min=("qwk", "min"),
+            qwk_max=("qwk", "max"),
+            accuracy_mean=("accuracy", "mean"),
+            macro_f1_mean=("macro_f1", "mean"),
+            selection_seconds_mean=("selection_seconds", "mean"),
+        )
+        .reset_index()
+    )
 
     by = {(c.regime, c.seed): c for c in cells}
     present = [r for r in regimes if any(c.regime == r for c in cells)]
     # Each regime against the reference, then later regimes against earlier ones (protocol order).
     pairs = [(r, reference) for r in present if r != reference] + [
-        (b, a) for a, b in itertools.combinations([r for r in present if r != reference], 2)]
+        (b, a) for a, b in itertools.combinations([r for r in present if r != reference], 2)
+    ]
     comps, paired = [], {}
     for (a, b), metric in itertools.product(pairs, metrics):
         seeds = sorted(s for (r, s) in by if r == a and (b, s) in by)
         for s in seeds:
-            ci = paired_bootstrap_difference(labels, _predicted(by[a, s]), _predicted(by[b, s]), metric,
-                                             n_resamples, confidence, seed, num_classes)
-            comps.append({"a": a, "b": b, "metric": metric, "seed": str(s), "difference": ci.estimate,
-                          "low": ci.low, "high": ci.high, "wins": "", "method": ci.method,
-                          "mc_error": max(ci.mc_error_low, ci.mc_error_high), "t_low": math.nan, "t_high": math.nan})
+            ci = paired_bootstrap_difference(
+                labels,
+                _predicted(by[a, s]),
+                _predicted(by[b, s]),
+                metric,
+                n_resamples,
+                confidence,
+                seed,
+                num_classes,
+            )
+            comps.append(
+                {
+                    "a": a,
+                    "b": b,
+                    "metric": metric,
+                    "seed": str(s),
+                    "difference": ci.estimate,
+                    "low": ci.low,
+                    "high": ci.high,
+                    "wins": "",
+                    "method": ci.method,
+                    "mc_error": max(ci.mc_error_low, ci.mc_error_high),
+                    "t_low": math.nan,
+                    "t_high": math.nan,
+                }
+            )
         if len(seeds) >= 2:
             per_a = {s: (labels, _predicted(by[a, s])) for s in seeds}
             per_b = {s: (labels, _predicted(by[b, s])) for s in seeds}
-            ci = paired_hierarchical_bootstrap(per_a, per_b, metric, n_resamples, confidence, seed, num_classes)
-            value = {(r, s): kappa.loc[(kappa.regime == r) & (kappa.seed == s), metric].item() for r in (a, b) for s in seeds}
-            t = paired_seed_comparison({s: value[a, s] for s in seeds}, {s: value[b, s] for s in seeds},
-                                       confidence, names=(a, b))
-            comps.append({"a": a, "b": b, "metric": metric, "seed": "all", "difference": ci.estimate, "low": ci.low,
-                          "high": ci.high, "wins": t.won, "method": ci.method,
-                          "mc_error": max(ci.mc_error_low, ci.mc_error_high), "t_low": t.ci_low, "t_high": t.ci_high})
+            ci = paired_hierarchical_bootstrap(
+                per_a, per_b, metric, n_resamples, confidence, seed, num_classes
+            )
+            value = {
+                (r, s): kappa.loc[(kappa.regime == r) & (kappa.seed == s), metric].item()
+                for r in (a, b)
+                for s in seeds
+            }
+            t = paired_seed_comparison(
+                {s: value[a, s] for s in seeds},
+                {s: value[b, s] for s in seeds},
+                confidence,
+                names=(a, b),
+            )
+            comps.append(
+                {
+                    "a": a,
+                    "b": b,
+                    "metric": metric,
+                    "seed": "all",
+                    "difference": ci.estimate,
+                    "low": ci.low,
+                    "high": ci.high,
+                    "wins": t.won,
+                    "method": ci.method,
+                    "mc_error": max(ci.mc_error_low, ci.mc_error_high),
+                    "t_low": t.ci_low,
+                    "t_high": t.ci_high,
+                }
+            )
             paired[(a, b, metric)] = (t, ci)
-    comparisons = pd.DataFrame(comps, columns=["a", "b", "metric", "seed", "difference", "low", "high", "wins", "method",
-                                               "mc_error", "t_low", "t_high"])
+    comparisons = pd.DataFrame(
+        comps,
+        columns=[
+            "a",
+            "b",
+            "metric",
+            "seed",
+            "difference",
+            "low",
+            "high",
+            "wins",
+            "method",
+            "mc_error",
+            "t_low",
+            "t_high",
+        ],
+    )
     confusion = {}
     for c in cells:
         counts = classification_metrics(labels, _predicted(c), num_classes)["confusion_matrix"]
         confusion[c.regime] = confusion.get(c.regime, 0) + counts
     confusion = {r: confusion[r] for r in present}
-    ordered = sorted(cells, key=lambda c: (regimes.index(c.regime) if c.regime in regimes else len(regimes), c.seed))
+    ordered = sorted(
+        cells,
+        key=lambda c: (regimes.index(c.regime) if c.regime in regimes else len(regimes), c.seed),
+    )
     predictions = {f"{c.regime}/seed{c.seed}": (labels, _predicted(c)) for c in ordered}
-    return TransferSection(kappa, summary, comparisons, confusion, num_classes, n_resamples, confidence,
-                           dict(source or {}), title, paired, predictions)
+    return TransferSection(
+        kappa,
+        summary,
+        comparisons,
+        confusion,
+        num_classes,
+        n_resamples,
+        confidence,
+        dict(source or {}),
+        title,
+        paired,
+        predictions,
+    )

@@ -21,13 +21,23 @@ from workbench.convert.checkpoints import atomic_write_bytes
 from workbench.data import NormStats, PreparedData, PreparedSplit, TensorLoader
 from workbench.train.checkpoint import FORMAT, atomic_torch_save, load_checkpoint
 from workbench.train.config import DataSpec, ModelSpec, RunConfig, TrainConfig
-from workbench.train.evaluate import compare_predictions, predict, read_predictions, save_predictions
+from workbench.train.evaluate import (
+    compare_predictions,
+    predict,
+    read_predictions,
+    save_predictions,
+)
 from workbench.train.loop import TrainingObserver
 from workbench.transfer.evaluate import metric_cis, metrics_agree, table_metrics
 from workbench.transfer.features import FeatureCache, head_forward, tail_forward
 from workbench.protocol.transfer import Evaluation, TransferCell
 from workbench.transfer.any_model import (
-    AnyQWKTrainer, classifier, freeze_for, param_groups_any, scratch_copy, transfer_copy,
+    AnyQWKTrainer,
+    classifier,
+    freeze_for,
+    param_groups_any,
+    scratch_copy,
+    transfer_copy,
 )
 from workbench.transfer.regimes import QWKTrainer, fit_cached, freeze
 from workbench.transfer.source_model import SourceModel, adapt_split, scratch_model, transfer_model
@@ -60,7 +70,9 @@ class TestSplitGuard:
 
     def split(self) -> PreparedSplit:
         if not self._released:
-            raise TestSplitLocked("the test split is locked until model selection on validation has finished")
+            raise TestSplitLocked(
+                "the test split is locked until model selection on validation has finished"
+            )
         if self._split is None:
             raise TestSplitLocked("this dataset has no test split")
         return self._split
@@ -69,8 +81,12 @@ class TestSplitGuard:
 def split_off_test(data: PreparedData, in_channels: int) -> tuple[PreparedData, TestSplitGuard]:
     """Data for selection (train and val, channels matched to the source) and the guarded test split."""
     guard = TestSplitGuard(data.test)
-    selection_data = replace(data, train=adapt_split(data.train, in_channels), val=adapt_split(data.val, in_channels),
-                             test=None)
+    selection_data = replace(
+        data,
+        train=adapt_split(data.train, in_channels),
+        val=adapt_split(data.val, in_channels),
+        test=None,
+    )
     return selection_data, guard
 
 
@@ -88,8 +104,14 @@ class TransferContext:
     deterministic: bool = True
 
     def eval_loader(self, split: PreparedSplit) -> TensorLoader:
-        return TensorLoader.from_split(split, batch_size=self.eval_batch_size, norm=self.norm, shuffle=False,
-                                       device=self.device, resize_to=self.resize_to)
+        return TensorLoader.from_split(
+            split,
+            batch_size=self.eval_batch_size,
+            norm=self.norm,
+            shuffle=False,
+            device=self.device,
+            resize_to=self.resize_to,
+        )
 
 
 @dataclass
@@ -140,14 +162,23 @@ class TestResult:
 
 def _model_from_checkpoint(source: SourceModel, path: Path, num_classes: int, device) -> nn.Module:
     # structure only: the checkpoint replaces every tensor
-    model = transfer_model(source, num_classes, seed=0) if source.is_vit else transfer_copy(source.model, num_classes, 0)
+    model = (
+        transfer_model(source, num_classes, seed=0)
+        if source.is_vit
+        else transfer_copy(source.model, num_classes, 0)
+    )
     model.load_state_dict(load_checkpoint(path, map_location="cpu")["model"], strict=True)
     return model.to(device).eval()
 
 
 def select_cell(
-    cell: TransferCell, source: SourceModel, data: PreparedData, cache: FeatureCache | None, ctx: TransferContext,
-    run_dir: Path, observer: TrainingObserver | None = None,
+    cell: TransferCell,
+    source: SourceModel,
+    data: PreparedData,
+    cache: FeatureCache | None,
+    ctx: TransferContext,
+    run_dir: Path,
+    observer: TrainingObserver | None = None,
 ) -> Selection:
     """Train one regime at one seed and select its epoch by validation QWK.
 
@@ -163,34 +194,58 @@ def select_cell(
     if data.test is not None:
         raise ValueError("select_cell must not receive a test split; use split_off_test")
     regime, run_dir, started = cell.regime, Path(run_dir), time.perf_counter()
-    scratch = regime.kind == "scratch"  # the source's architecture from a seeded random init, not its weights
+    scratch = (
+        regime.kind == "scratch"
+    )  # the source's architecture from a seeded random init, not its weights
     if source.is_vit:
         model = (scratch_model if scratch else transfer_model)(source, ctx.num_classes, cell.seed)
         trainable = freeze(model, regime)
     else:  # any other model: timm's generic interfaces (workbench.transfer.any_model)
-        model = (scratch_copy if scratch else transfer_copy)(source.model, ctx.num_classes, cell.seed)
+        model = (scratch_copy if scratch else transfer_copy)(
+            source.model, ctx.num_classes, cell.seed
+        )
         trainable = freeze_for(model, regime, f"regime {regime.name}")
-    on_images = regime.kind in ("full", "scratch") or (regime.kind == "partial" and not source.is_vit)
+    on_images = regime.kind in ("full", "scratch") or (
+        regime.kind == "partial" and not source.is_vit
+    )
     n_trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     checkpoint = run_dir / "checkpoints" / "best.pt"
     val_path = run_dir / "predictions" / "val.csv"
     if on_images:
-        spec = {"source": source.info.sha256 or source.info.uri, "regime": regime.name,
-                "num_classes": ctx.num_classes, "layer_decay": regime.layer_decay}
-        spec |= {"init": f"scratch, seed {cell.seed}"} if scratch else {}  # full keeps its config hash (resumes)
+        spec = {
+            "source": source.info.sha256 or source.info.uri,
+            "regime": regime.name,
+            "num_classes": ctx.num_classes,
+            "layer_decay": regime.layer_decay,
+        }
+        spec |= (
+            {"init": f"scratch, seed {cell.seed}"} if scratch else {}
+        )  # full keeps its config hash (resumes)
         spec |= {} if source.is_vit else {"blocks": regime.blocks, "trainable": len(trainable)}
         cfg = TrainConfig(
             model=ModelSpec("transfer", spec),
             data=DataSpec(data.name, split_seed=data.split_seed, resize_to=ctx.resize_to),
             optim=regime.optim,
-            run=RunConfig(epochs=regime.epochs, batch_size=ctx.batch_size, eval_batch_size=ctx.eval_batch_size,
-                          seed=cell.seed, patience=regime.patience, device=str(ctx.device),
-                          amp={None: "off", torch.bfloat16: "bf16", torch.float16: "fp16"}[ctx.amp_dtype],
-                          deterministic=ctx.deterministic),
+            run=RunConfig(
+                epochs=regime.epochs,
+                batch_size=ctx.batch_size,
+                eval_batch_size=ctx.eval_batch_size,
+                seed=cell.seed,
+                patience=regime.patience,
+                device=str(ctx.device),
+                amp={None: "off", torch.bfloat16: "bf16", torch.float16: "fp16"}[ctx.amp_dtype],
+                deterministic=ctx.deterministic,
+            ),
         )
         trainer = (QWKTrainer if source.is_vit else AnyQWKTrainer)(
-            cfg, replace(data, norm=ctx.norm), run_dir, observer, model=model, num_classes=ctx.num_classes,
-            layer_decay=regime.layer_decay)
+            cfg,
+            replace(data, norm=ctx.norm),
+            run_dir,
+            observer,
+            model=model,
+            num_classes=ctx.num_classes,
+            layer_decay=regime.layer_decay,
+        )
         result = trainer.fit()
         best = result.history[result.best_epoch - 1]
         proof = result.reload_proof
@@ -201,51 +256,108 @@ def select_cell(
             start = model.cfg.depth - (regime.blocks or 0)
             key = "pooled" if regime.kind == "linear" else start
             splits = cache.pooled if key == "pooled" else cache.tokens[start]
-            forward, groups = head_forward(model) if regime.kind == "linear" else tail_forward(model, start), None
+            forward, groups = (
+                head_forward(model) if regime.kind == "linear" else tail_forward(model, start),
+                None,
+            )
         else:  # the linear probe of any model: its classifier on the cached pre-logit features
             splits, forward = cache.pooled, classifier(model)
         model.to(ctx.device)
         if not source.is_vit:
-            groups = param_groups_any(model, regime.optim.lr, regime.optim.weight_decay, None, f"regime {regime.name}")
-        fit = fit_cached(model, regime, forward, splits["train"], splits["val"], cell.seed, ctx.batch_size,
-                         ctx.eval_batch_size, ctx.num_classes, ctx.device, ctx.amp_dtype, observer, groups=groups)
+            groups = param_groups_any(
+                model, regime.optim.lr, regime.optim.weight_decay, None, f"regime {regime.name}"
+            )
+        fit = fit_cached(
+            model,
+            regime,
+            forward,
+            splits["train"],
+            splits["val"],
+            cell.seed,
+            ctx.batch_size,
+            ctx.eval_batch_size,
+            ctx.num_classes,
+            ctx.device,
+            ctx.amp_dtype,
+            observer,
+            groups=groups,
+        )
         model.load_state_dict(fit.best_state, strict=False)
         best = fit.history[fit.best_epoch - 1]
-        atomic_torch_save({"format": FORMAT, "model": model.state_dict(), "epoch": fit.best_epoch, "metrics": best,
-                           "trainable": trainable}, checkpoint)
+        atomic_torch_save(
+            {
+                "format": FORMAT,
+                "model": model.state_dict(),
+                "epoch": fit.best_epoch,
+                "metrics": best,
+                "trainable": trainable,
+            },
+            checkpoint,
+        )
         save_predictions(fit.val_table, val_path)
         # The cached path must be the deployed model: reload the checkpoint into a fresh model
         # and predict the validation images end to end.
         fresh = _model_from_checkpoint(source, checkpoint, ctx.num_classes, ctx.device)
         now = predict(fresh, ctx.eval_loader(data.val), ctx.device, ctx.amp_dtype)
-        proof = compare_predictions(read_predictions(val_path), now, ASSEMBLY_TOLERANCE[ctx.amp_dtype])
+        proof = compare_predictions(
+            read_predictions(val_path), now, ASSEMBLY_TOLERANCE[ctx.amp_dtype]
+        )
         history, best_epoch, stopped = fit.history, fit.best_epoch, fit.stopped_early
         what = "assembly proof: the checkpoint, run end to end on the validation images, reproduces the cached-feature predictions"
     selection = Selection(
-        regime=regime.name, kind=regime.kind, seed=cell.seed, best_epoch=best_epoch,
-        best_val={k: float(best[k]) for k in ("val_qwk", "val_accuracy", "val_macro_f1", "val_loss")},
-        history=history, checkpoint=str(checkpoint), val_predictions=str(val_path),
-        proof={"passed": proof.passed, "max_abs_prob_diff": proof.max_abs_prob_diff, "tolerance": proof.tolerance,
-               "predictions_equal": proof.predictions_equal, "what": what, "summary": proof.summary()},
-        stopped_early=stopped, seconds=time.perf_counter() - started, trainable_parameters=n_trainable,
+        regime=regime.name,
+        kind=regime.kind,
+        seed=cell.seed,
+        best_epoch=best_epoch,
+        best_val={
+            k: float(best[k]) for k in ("val_qwk", "val_accuracy", "val_macro_f1", "val_loss")
+        },
+        history=history,
+        checkpoint=str(checkpoint),
+        val_predictions=str(val_path),
+        proof={
+            "passed": proof.passed,
+            "max_abs_prob_diff": proof.max_abs_prob_diff,
+            "tolerance": proof.tolerance,
+            "predictions_equal": proof.predictions_equal,
+            "what": what,
+            "summary": proof.summary(),
+        },
+        stopped_early=stopped,
+        seconds=time.perf_counter() - started,
+        trainable_parameters=n_trainable,
     )
     selection.save(run_dir)
     return selection
 
 
 def evaluate_on_test(
-    selection: Selection, source: SourceModel, guard: TestSplitGuard, ctx: TransferContext, run_dir: Path,
+    selection: Selection,
+    source: SourceModel,
+    guard: TestSplitGuard,
+    ctx: TransferContext,
+    run_dir: Path,
     evaluation: Evaluation,
 ) -> TestResult:
     """Evaluate the selected checkpoint on the test split once; recompute the metrics from the saved file."""
     started = time.perf_counter()
-    test = adapt_split(guard.split(), source.cfg.in_channels)  # raises TestSplitLocked before release()
+    test = adapt_split(
+        guard.split(), source.cfg.in_channels
+    )  # raises TestSplitLocked before release()
     model = _model_from_checkpoint(source, Path(selection.checkpoint), ctx.num_classes, ctx.device)
     table = predict(model, ctx.eval_loader(test), ctx.device, ctx.amp_dtype)
     path = save_predictions(table, Path(run_dir) / "predictions" / "test.csv")
     in_memory = table_metrics(table, ctx.num_classes)
     from_file = table_metrics(read_predictions(path), ctx.num_classes)
     agree, diff = metrics_agree(in_memory, from_file)
-    cis = metric_cis(table["label"].to_numpy(), table["predicted"].to_numpy(), ctx.num_classes,
-                     evaluation.n_resamples, evaluation.confidence, evaluation.seed)
-    return TestResult(in_memory, from_file, agree, diff, cis, str(path), time.perf_counter() - started)
+    cis = metric_cis(
+        table["label"].to_numpy(),
+        table["predicted"].to_numpy(),
+        ctx.num_classes,
+        evaluation.n_resamples,
+        evaluation.confidence,
+        evaluation.seed,
+    )
+    return TestResult(
+        in_memory, from_file, agree, diff, cis, str(path), time.perf_counter() - started
+    )

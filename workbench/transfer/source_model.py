@@ -22,7 +22,13 @@ from workbench.convert.timm_vit import glassbox_from_timm
 from workbench.data import NORM_STATS, NormStats, PreparedSplit, derive_seed
 from workbench.models.cnn import CNNConfig
 from workbench.models.registry import build_model, model_config, timm_vit_architectures
-from workbench.models.timm_arm import TIMM_PREFIX, TimmModelConfig, TimmModelError, checked, is_timm_name
+from workbench.models.timm_arm import (
+    TIMM_PREFIX,
+    TimmModelConfig,
+    TimmModelError,
+    checked,
+    is_timm_name,
+)
 from workbench.models.vit import ViTConfig, VisionTransformer
 from workbench.train.checkpoint import FORMAT as TRAIN_FORMAT
 from workbench.train.checkpoint import load_checkpoint
@@ -71,8 +77,11 @@ class SourceInfo:
             "timm-hub": "a published pretrained checkpoint (pinned timm hub revision)",
             "timm-random": "a seeded random init, NOT PRETRAINED",
             "timm-local": "a local weights file, not a published checkpoint (what it holds is what its sha256 names)",
-            "workbench-checkpoint": ("a checkpoint trained with this workbench"
-                                     + (f" (run {self.run_id})" if self.run_id else "") + ", not a published one"),
+            "workbench-checkpoint": (
+                "a checkpoint trained with this workbench"
+                + (f" (run {self.run_id})" if self.run_id else "")
+                + ", not a published one"
+            ),
         }.get(self.kind, f"{self.kind} weights")
 
     def label(self) -> str:
@@ -80,8 +89,10 @@ class SourceInfo:
 
     def as_params(self) -> dict[str, str]:
         """Flat ``source.*`` strings (MLflow keeps params to 6,000 characters; these are short)."""
-        return ({f"source.{k}": str(v) for k, v in asdict(self).items()}
-                | {"source.label": self.label(), "source.provenance": self.provenance()})
+        return {f"source.{k}": str(v) for k, v in asdict(self).items()} | {
+            "source.label": self.label(),
+            "source.provenance": self.provenance(),
+        }
 
 
 @dataclass
@@ -124,11 +135,13 @@ def parse_weights(weights: str) -> tuple[str, str]:
     if weights in ("hub", "random"):
         return weights, ""
     if weights.startswith("runs:/"):
-        return "run", weights[len("runs:/"):].strip("/")
+        return "run", weights[len("runs:/") :].strip("/")
     if weights.startswith("protocol:"):
-        return "protocol", weights[len("protocol:"):]
+        return "protocol", weights[len("protocol:") :]
     if "://" in weights or weights.startswith("models:/"):
-        raise SourceError(f"source weights {weights!r}: only runs:/<id>[/path] and protocol:<name>/<arm>/seed<k> URIs are supported")
+        raise SourceError(
+            f"source weights {weights!r}: only runs:/<id>[/path] and protocol:<name>/<arm>/seed<k> URIs are supported"
+        )
     return "path", weights
 
 
@@ -154,7 +167,9 @@ def timm_norm(name: str, model: nn.Module) -> tuple[NormStats, str]:
     return NormStats(tuple(pc["mean"]), tuple(pc["std"])), f"timm pretrained_cfg of {tag}"
 
 
-def load_timm_source(name: str, weights: str, seed: int = 0, uri: str | None = None, run_id: str = "") -> SourceModel:
+def load_timm_source(
+    name: str, weights: str, seed: int = 0, uri: str | None = None, run_id: str = ""
+) -> SourceModel:
     """A timm ViT (``hub``, ``random`` or a local file) mapped strictly onto the glass-box model.
 
     Args:
@@ -164,7 +179,9 @@ def load_timm_source(name: str, weights: str, seed: int = 0, uri: str | None = N
         uri: What the user gave (default ``weights``), for the provenance.
         run_id: MLflow run the file was downloaded from, if any.
     """
-    name = name[len(TIMM_PREFIX):] if is_timm_name(name) else name  # an arm's timm/<architecture> spelling
+    name = (
+        name[len(TIMM_PREFIX) :] if is_timm_name(name) else name
+    )  # an arm's timm/<architecture> spelling
     if not is_vit_name(name):
         return load_timm_any(name, weights, seed, uri, run_id)
     try:
@@ -172,12 +189,29 @@ def load_timm_source(name: str, weights: str, seed: int = 0, uri: str | None = N
     except (CheckpointError, KeyError) as err:
         raise SourceError(f"source {name} with weights {uri or weights}: {err}") from err
     glass, audit = glassbox_from_timm(tw.model)
-    norm, norm_from = timm_norm(name, tw.model)  # a pinned name carries its tag, e.g. .augreg_in21k_ft_in1k
+    norm, norm_from = timm_norm(
+        name, tw.model
+    )  # a pinned name carries its tag, e.g. .augreg_in21k_ft_in1k
     kind = {"random": "timm-random", "hub": "timm-hub"}.get(tw.source, "timm-local")
-    path = "" if kind == "timm-random" else str(Path(weights).resolve()) if kind == "timm-local" else tw.description
-    info = SourceInfo(kind=kind, uri=uri or weights, path=path, run_id=run_id, sha256=tw.sha256 or "",
-                      pretrained=kind == "timm-hub", description=f"timm {name}: {tw.description}",
-                      architecture=name, norm_from=norm_from, mapping=audit.summary())
+    path = (
+        ""
+        if kind == "timm-random"
+        else str(Path(weights).resolve())
+        if kind == "timm-local"
+        else tw.description
+    )
+    info = SourceInfo(
+        kind=kind,
+        uri=uri or weights,
+        path=path,
+        run_id=run_id,
+        sha256=tw.sha256 or "",
+        pretrained=kind == "timm-hub",
+        description=f"timm {name}: {tw.description}",
+        architecture=name,
+        norm_from=norm_from,
+        mapping=audit.summary(),
+    )
     return SourceModel(glass.eval(), norm, info)
 
 
@@ -188,7 +222,9 @@ def is_vit_name(name: str) -> bool:
     return name in read_lock() or name in timm_vit_architectures()
 
 
-def load_timm_any(name: str, weights: str, seed: int = 0, uri: str | None = None, run_id: str = "") -> SourceModel:
+def load_timm_any(
+    name: str, weights: str, seed: int = 0, uri: str | None = None, run_id: str = ""
+) -> SourceModel:
     """Any other timm architecture by name (a ResNet, a ConvNeXt, ...), kept as timm builds it.
 
     ``random``: ``timm.create_model(name, pretrained=False)`` under ``torch.manual_seed(seed)``;
@@ -202,25 +238,45 @@ def load_timm_any(name: str, weights: str, seed: int = 0, uri: str | None = None
     except TimmModelError as err:
         raise SourceError(f"source.model={name!r}: {err}") from err
     if weights == "hub":
-        raise SourceError(f"source.weights='hub' with source.model={name!r}: only the pinned ViT checkpoints can be "
-                          "fetched and verified; give random, a local file, runs:/... or protocol:...")
+        raise SourceError(
+            f"source.weights='hub' with source.model={name!r}: only the pinned ViT checkpoints can be "
+            "fetched and verified; give random, a local file, runs:/... or protocol:..."
+        )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = build_model(cfg).eval()
     norm, norm_from = timm_norm(name, model)
     if weights == "random":
-        info = SourceInfo(kind="timm-random", uri=uri or weights, path="", run_id=run_id, sha256="", pretrained=False,
-                          description=f"timm {name}: seeded random init (seed {seed})", architecture=name,
-                          norm_from=norm_from)
+        info = SourceInfo(
+            kind="timm-random",
+            uri=uri or weights,
+            path="",
+            run_id=run_id,
+            sha256="",
+            pretrained=False,
+            description=f"timm {name}: seeded random init (seed {seed})",
+            architecture=name,
+            norm_from=norm_from,
+        )
         return SourceModel(model, norm, info)
     try:
         state, sha = load_state_dict_file(weights)
         model.load_state_dict(state, strict=True)
     except (CheckpointError, RuntimeError) as err:
-        raise SourceError(f"source {name} with weights {uri or weights}: {str(err).splitlines()[0]}") from err
-    info = SourceInfo(kind="timm-local", uri=uri or weights, path=str(Path(weights).resolve()), run_id=run_id,
-                      sha256=sha, pretrained=False, description=f"timm {name}: local file {weights}",
-                      architecture=name, norm_from=norm_from)
+        raise SourceError(
+            f"source {name} with weights {uri or weights}: {str(err).splitlines()[0]}"
+        ) from err
+    info = SourceInfo(
+        kind="timm-local",
+        uri=uri or weights,
+        path=str(Path(weights).resolve()),
+        run_id=run_id,
+        sha256=sha,
+        pretrained=False,
+        description=f"timm {name}: local file {weights}",
+        architecture=name,
+        norm_from=norm_from,
+    )
     return SourceModel(model, norm, info)
 
 
@@ -232,8 +288,9 @@ def find_run_config(checkpoint: Path) -> Path | None:
     return None
 
 
-def load_workbench_checkpoint(path: str | Path, uri: str | None = None, run_id: str = "",
-                              trained_on: str | None = None) -> SourceModel:
+def load_workbench_checkpoint(
+    path: str | Path, uri: str | None = None, run_id: str = "", trained_on: str | None = None
+) -> SourceModel:
     """A checkpoint of this workbench's training loop, loaded directly (no mapping needed).
 
     The architecture and the normalisation come from the run's ``config.json``
@@ -250,17 +307,23 @@ def load_workbench_checkpoint(path: str | Path, uri: str | None = None, run_id: 
     state = load_checkpoint(path)
     config_path = find_run_config(path)
     if config_path is None:
-        raise SourceError(f"{path}: no config.json beside it or one folder up; use runs:/<run id> "
-                          "so the run's config is downloaded with the checkpoint")
+        raise SourceError(
+            f"{path}: no config.json beside it or one folder up; use runs:/<run id> "
+            "so the run's config is downloaded with the checkpoint"
+        )
     config = json.loads(config_path.read_text())
     name, overrides = config["model"]["name"], config["model"].get("overrides", {})
     cfg = model_config(name, **overrides)
     data_name = config["data"]["name"]
     if data_name not in NORM_STATS:
-        raise SourceError(f"{path}: the source run normalised {data_name!r} with statistics computed at run "
-                          "time, which this workbench does not record; use a source trained on a registered dataset")
+        raise SourceError(
+            f"{path}: the source run normalised {data_name!r} with statistics computed at run "
+            "time, which this workbench does not record; use a source trained on a registered dataset"
+        )
     mapping = ""
-    if isinstance(cfg, TimmModelConfig) and _is_glassbox_vit(cfg):  # read across to the glass box, exactly
+    if isinstance(cfg, TimmModelConfig) and _is_glassbox_vit(
+        cfg
+    ):  # read across to the glass box, exactly
         model, mapping = _glassbox_of_timm_arm(cfg, state["model"], path)
     elif isinstance(cfg, ViTConfig):
         model = VisionTransformer(cfg)
@@ -273,10 +336,18 @@ def load_workbench_checkpoint(path: str | Path, uri: str | None = None, run_id: 
     val = state.get("metrics", {}).get("val_accuracy")
     trained = f"trained by this workbench on {trained_on or data_name}, best epoch {epoch}"
     trained += f", val accuracy {val:.4f}" if val is not None else ""
-    info = SourceInfo(kind="workbench-checkpoint", uri=uri or str(path), path=str(path.resolve()), run_id=run_id,
-                      sha256=sha256_file(path), pretrained=False, description=f"workbench {name} {overrides}: {trained}",
-                      architecture=name, norm_from=f"the source run's normalisation (NORM_STATS[{data_name!r}])",
-                      mapping=mapping)
+    info = SourceInfo(
+        kind="workbench-checkpoint",
+        uri=uri or str(path),
+        path=str(path.resolve()),
+        run_id=run_id,
+        sha256=sha256_file(path),
+        pretrained=False,
+        description=f"workbench {name} {overrides}: {trained}",
+        architecture=name,
+        norm_from=f"the source run's normalisation (NORM_STATS[{data_name!r}])",
+        mapping=mapping,
+    )
     return SourceModel(model.eval(), NORM_STATS[data_name], info)
 
 
@@ -291,7 +362,9 @@ def _is_glassbox_vit(cfg: TimmModelConfig) -> bool:
     return True
 
 
-def _glassbox_of_timm_arm(cfg: TimmModelConfig, state: dict, path: Path) -> tuple[VisionTransformer, str]:
+def _glassbox_of_timm_arm(
+    cfg: TimmModelConfig, state: dict, path: Path
+) -> tuple[VisionTransformer, str]:
     """A trained timm arm's weights in the glass-box ViT (the strict mapping), or a SourceError naming why not.
 
     The same read-across as ``intervene`` and ``attribute`` (``trained_glassbox``: the timm model
@@ -307,21 +380,31 @@ def _glassbox_of_timm_arm(cfg: TimmModelConfig, state: dict, path: Path) -> tupl
     return glass, audit.summary()
 
 
-def load_local_source(path: str | Path, model: str | None = None, uri: str | None = None, run_id: str = "",
-                      trained_on: str | None = None) -> SourceModel:
+def load_local_source(
+    path: str | Path,
+    model: str | None = None,
+    uri: str | None = None,
+    run_id: str = "",
+    trained_on: str | None = None,
+) -> SourceModel:
     """A local file: a workbench training checkpoint, or timm weights (``model`` names the architecture)."""
     path = Path(path)
     if not path.exists():
         raise SourceError(f"source weights not found: {path}")
     if path.is_file() and path.suffix in (".pt", ".pth"):
         try:
-            is_workbench = torch.load(path, map_location="cpu", weights_only=True).get("format") == TRAIN_FORMAT
+            is_workbench = (
+                torch.load(path, map_location="cpu", weights_only=True).get("format")
+                == TRAIN_FORMAT
+            )
         except Exception:  # not a training checkpoint: try it as timm weights below
             is_workbench = False
         if is_workbench:
             return load_workbench_checkpoint(path, uri, run_id, trained_on)
     if not model:
-        raise SourceError(f"{path}: timm weights need source.model (the timm architecture or pinned name)")
+        raise SourceError(
+            f"{path}: timm weights need source.model (the timm architecture or pinned name)"
+        )
     return load_timm_source(model, str(path), uri=uri, run_id=run_id)
 
 
@@ -334,7 +417,11 @@ def transfer_model(source: SourceModel, num_classes: int, seed: int) -> VisionTr
     cfg = replace(source.cfg, num_classes=num_classes)
     with torch.device("meta"):
         model = VisionTransformer(cfg)
-    state = {k: v.detach().clone() for k, v in source.model.state_dict().items() if not k.startswith("head.")}
+    state = {
+        k: v.detach().clone()
+        for k, v in source.model.state_dict().items()
+        if not k.startswith("head.")
+    }
     state |= new_head(num_classes, cfg.dim, seed)
     model.load_state_dict(state, strict=True, assign=True)
     return model
@@ -376,8 +463,16 @@ def adapt_split(split: PreparedSplit, in_channels: int) -> PreparedSplit:
         return split
     if c == 3 and in_channels == 1:
         weights = torch.tensor(LUMA).view(1, 3, 1, 1)
-        grey = (split.images.float() * weights).sum(1, keepdim=True).round_().clamp_(0, 255).to(torch.uint8)  # (N, 1, H, W)
+        grey = (
+            (split.images.float() * weights)
+            .sum(1, keepdim=True)
+            .round_()
+            .clamp_(0, 255)
+            .to(torch.uint8)
+        )  # (N, 1, H, W)
         return replace(split, images=grey)
     if c == 1 and in_channels == 3:
-        return replace(split, images=split.images.expand(-1, 3, -1, -1).contiguous())  # (N, 3, H, W)
+        return replace(
+            split, images=split.images.expand(-1, 3, -1, -1).contiguous()
+        )  # (N, 3, H, W)
     raise SourceError(f"the source takes {in_channels} channels; the data has {c}")
