@@ -4,7 +4,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 
-.PHONY: venv run test test-fast test-slow test-all equivalence fashion-mnist ui clean
+.PHONY: venv run test test-fast test-slow test-all lint format equivalence fashion-mnist ui clean
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -38,6 +38,15 @@ fashion-mnist:
 #   test-all   every tier.
 test: $(STAMP)
 	$(PY) -m pytest
+
+# ruff (rules and line length in pyproject.toml): `make format` rewrites, `make lint` only checks.
+# A reformat moves no code identity (the fingerprint hashes syntax trees: docs/study-record.md).
+lint: $(STAMP)
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/ruff check .
+
+format: $(STAMP)
+	$(VENV)/bin/ruff format .
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -m "not slow and not integration and not e2e"

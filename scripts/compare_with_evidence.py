@@ -97,7 +97,7 @@ def compare_cell(client: MlflowClient, evidence: Path, cell: dict, run) -> dict:
             else:
                 diff = abs(other - value) if other is not None else float("inf")
                 out["history_max_abs_diff"] = max(out["history_max_abs_diff"], diff)
-    for split, meta in (cell.get("predictions") or {}).items():
+    for meta in (cell.get("predictions") or {}).values():
         local = Path(client.download_artifacts(run.info.run_id, meta["logged_file"]))
         data = local.read_bytes()
         out["prediction_files"] += 1

@@ -185,7 +185,7 @@ def assert_equal_arrays(actual, expected, what: str = "") -> None:
 
 
 __all__ = [
-    "CIFAR_CLASSES", "FASHION_FILES", "assert_equal_arrays", "io", "isolated", "make_cifar_batches",
+    "CIFAR_CLASSES", "FASHION_FILES", "assert_equal_arrays", "io", "make_cifar_batches",
     "make_fashion_mnist", "make_image_folder", "make_retinamnist", "make_tar", "max_diff", "md5",
     "trust_cifar_batches", "trust_fashion_mnist",
 ]  # fmt: skip

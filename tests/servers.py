@@ -119,7 +119,7 @@ class ServerProcess:
                     self.stop()
                     raise RuntimeError(
                         f"mlflow server did not start: {self.log_path.read_text()[-3000:]}"
-                    )
+                    ) from None
                 time.sleep(0.3)
 
     def _signal(self, signum: int) -> None:

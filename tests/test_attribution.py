@@ -139,7 +139,7 @@ def _gradients_by_patching(model: VisionTransformer, x: torch.Tensor, y: torch.T
     grads = []
     for i, a in enumerate(maps):
         leaf = a.clone().requires_grad_(True)
-        with attached(model, [(f"blocks.{i}.attn.probs", lambda _a: leaf)]):
+        with attached(model, [(f"blocks.{i}.attn.probs", lambda _a, leaf=leaf: leaf)]):
             z = model(x).gather(1, y.view(-1, 1)).sum()
         grads.append(torch.autograd.grad(z, [leaf])[0])
     return maps, grads
@@ -156,7 +156,10 @@ def test_chefer_is_the_generic_rule_on_independently_taken_gradients():
     for sign in (1, -1):
         bumped = maps[0].clone()
         bumped[b, h, q, k] += sign * eps
-        with torch.no_grad(), attached(model, [("blocks.0.attn.probs", lambda _a: bumped)]):
+        with (
+            torch.no_grad(),
+            attached(model, [("blocks.0.attn.probs", lambda _a, bumped=bumped: bumped)]),
+        ):
             values.append(model(x)[b, y[b]].item())
     fd = (values[0] - values[1]) / (2 * eps)
     got = grads[0][b, h, q, k].item()

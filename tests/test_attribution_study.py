@@ -242,11 +242,11 @@ def test_the_report_numbers_are_the_per_image_arrays_recomputed():
     for r in rows:
         key = "rho" if r.measure == "rho" else r.measure.replace("_auc", "_prob")
 
-        def value(cell, method):
+        def value(cell, method, key=key, measure=r.measure):
             a = cell.arrays[f"{key}/{method}"]
             return (
                 np.nanmean(a)
-                if r.measure == "rho"
+                if measure == "rho"
                 else _trapezoid(cell.arrays["fractions"], a).mean()
             )
 

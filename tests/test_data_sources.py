@@ -13,7 +13,7 @@ from data_fixtures import (
     make_image_folder,
     make_retinamnist,
     md5,
-    trust_fashion_mnist,
+    trust_fashion_mnist,  # noqa: F401 (a fixture)
 )
 
 from workbench.data import DatasetNotFound, checksums, load_dataset, locate

@@ -23,7 +23,7 @@ import pytest
 from click.testing import CliRunner
 from mlflow.tracking import MlflowClient
 
-from cli_errors import one_error_problems
+from cli_errors import one_error_problems  # noqa: F401 (a fixture)
 from studies.cli import main, one_line
 from tracking.record.lease import HEARTBEAT_TAG, HOST_TAG, PID_TAG, TOKEN_TAG, last_sign_of_life
 from studies.runtime.cell_end import StoreUnwritable

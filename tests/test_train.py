@@ -88,7 +88,9 @@ def test_sigkill_mid_epoch_then_resume_is_bit_identical(tmp_path):
         assert torch.equal(tensor, b["model"][key]), (
             f"{key}: max |difference| {diff:.3g} (must be bit-identical)"
         )
-    for (k1, s1), (k2, s2) in zip(a["optimizer"]["state"].items(), b["optimizer"]["state"].items()):
+    for (k1, s1), (_k2, s2) in zip(
+        a["optimizer"]["state"].items(), b["optimizer"]["state"].items()
+    ):
         assert all(torch.equal(torch.as_tensor(s1[n]), torch.as_tensor(s2[n])) for n in s1), (
             f"optimizer state {k1}"
         )

@@ -493,7 +493,7 @@ def test_guard_locks_the_test_split_until_release(setup):
             tmp_path / "x",
         )
     log = []
-    RecordingSplit(data.val, log).images  # the detector sees a read
+    _ = RecordingSplit(data.val, log).images  # the detector sees a read
     assert log == [("test split read", "images")]
     guard.release()
     result = evaluate_on_test(selection, source, guard, ctx, tmp_path / "lin", protocol.evaluation)

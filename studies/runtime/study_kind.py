@@ -60,7 +60,7 @@ class StudyKind(ABC):
         """Tags of this kind on the study's parent run."""
         return {}
 
-    def begin(self, parent) -> None:
+    def begin(self, parent) -> None:  # noqa: B027 (optional step: a kind overrides what it needs)
         """The parent is held (``parent.run_id``, ``parent.sink``): log what the execution shares on it."""
 
     def cells(self, protocol) -> list:
@@ -79,10 +79,10 @@ class StudyKind(ABC):
         """The outcomes of the cells ``run_cell`` held, once every cell had its turn (transfer: the test phase)."""
         return iter(())
 
-    def abandon(self, err: BaseException) -> None:
+    def abandon(self, err: BaseException) -> None:  # noqa: B027 (optional step)
         """The execution ends with ``err`` (Ctrl-C, SIGTERM, a full store): end the held cells' runs as it ended."""
 
-    def end(self, parent, outcomes: list[CellOutcome]) -> None:
+    def end(self, parent, outcomes: list[CellOutcome]) -> None:  # noqa: B027 (optional step)
         """Every cell had its turn; the parent is still held (a kind's summary on it)."""
 
     def summary_lines(self, outcomes: list[CellOutcome]) -> list[str]:

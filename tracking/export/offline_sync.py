@@ -420,7 +420,7 @@ class Syncer:
                 local = self.src.download_artifacts(run.info.run_id, path, tmp)
                 folder = str(Path(path).parent) if "/" in path else None
                 health.with_retries(
-                    lambda: self.dst.log_artifact(target, local, folder),
+                    lambda local=local, folder=folder: self.dst.log_artifact(target, local, folder),
                     f"upload {path}",
                     attempts=5,
                 )

@@ -167,10 +167,10 @@ def log_training_result(
         }
     )
     if sink.journal.tags.get(SUMMARY_ARTIFACTS_TAG) != "logged":
-        for split, path in result.predictions.items():
+        for path in result.predictions.values():
             check()
             sink.log_artifact(path, artifact_path="predictions")
-        for kind, path in result.checkpoints.items():
+        for path in result.checkpoints.values():
             check()
             sink.log_artifact(path, artifact_path="checkpoints")
         with tempfile.TemporaryDirectory() as tmp:

@@ -215,7 +215,7 @@ def config_from_timm(model: nn.Module) -> ViTConfig:
             r.check(r.norm(pool.norm, "attn_pool"), "attention pool without norm")
 
     block_options, block_rates = set(), []
-    for i, block in enumerate(model.blocks):
+    for i, block in enumerate(model.blocks):  # noqa: B007 (renaming it would move the code identity)
         if type(block) is not TimmBlock:
             r.refuse(f"block_fn={type(block).__name__}")
             continue

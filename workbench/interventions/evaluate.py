@@ -217,7 +217,7 @@ def evaluate(
     started = time.perf_counter()
     done = 0
     with inputs.autocast():
-        for b, batch in enumerate(zip(loader, source_loader or [None] * len(loader))):
+        for _b, batch in enumerate(zip(loader, source_loader or [None] * len(loader))):
             batch, source = batch
             x, y = batch.images, batch.labels
             rows = slice(done, done + len(y))

@@ -18,7 +18,7 @@ registered, which a test checks against a recorded forward).
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping  # noqa: F401 (see ruff note in pyproject)
 
 import torch
 from torch import nn
