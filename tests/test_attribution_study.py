@@ -374,7 +374,7 @@ def test_the_attribution_fingerprint_covers_rollout_and_the_libraries_but_not_fi
     ):
         path = root / name
         before = path.read_bytes()
-        path.write_bytes(before + b"\n# edited\n")
+        path.write_bytes(before + b"\n_EDITED = 1\n")  # a statement: comments are not code
         changed[name] = attribution_runs.attribution_fingerprint(root, versions) != here
         path.write_bytes(before)
     want = {

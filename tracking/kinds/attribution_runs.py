@@ -62,6 +62,7 @@ from workbench.train.fingerprint import (
     LIBRARY_ROOT,
     RESULT_PACKAGES,
     code_fingerprint,
+    source_meaning,
 )
 
 ARTIFACT_DIR = "attribution"
@@ -125,11 +126,11 @@ METHOD_ARRAYS = (
 def attribution_fingerprint(
     root: Path = LIBRARY_ROOT, versions: dict[str, str] | None = None
 ) -> str:
-    """The result packages' fingerprint under ``root``, extended by ``ATTRIBUTION_RESULT_FILES`` (path and content,
+    """The result packages' fingerprint under ``root``, extended by ``ATTRIBUTION_RESULT_FILES`` (path and syntax tree,
     framed so no bytes can move between them unseen)."""
     digest = hashlib.sha256(code_fingerprint(root, ATTRIBUTION_RESULT_PACKAGES, versions).encode())
     for name in ATTRIBUTION_RESULT_FILES:
-        data = (Path(root) / name).read_bytes()
+        data = source_meaning((Path(root) / name).read_text(encoding="utf-8"), filename=name).encode()
         digest.update(f"\0{name}\0{len(data)}\0".encode())
         digest.update(data)
     return digest.hexdigest()[:FINGERPRINT_CHARS]
