@@ -15,16 +15,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import click
 import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from studies.runtime.options import StudyOptions, study_options
+from studies.runtime.options import StudyOptions
 from studies.runtime.outcome import CellOutcome
-from studies.runtime.study_kind import open_study, run_cells, run_study, said_in_one_line
+from studies.runtime.study_kind import open_study, run_cells
 from studies.runtime.study_protocol import ProtocolError
-from studies.runtime.trained_model_kind import ActedCell, TrainedModelKind
+from studies.runtime.trained_model_kind import ActedCell, TrainedModelKind, trained_model_command
 from tracking.kinds import attribution_runs
 from tracking.record.lease import HEARTBEATS
 from tracking.record.schema import ATTRIBUTION
@@ -171,19 +170,10 @@ def run_attribution_protocol(
     return run_cells(AttributionStudy(options), protocol, protocol_file, options)
 
 
-@click.command("attribute")
-@click.option(
-    "--protocol",
-    "protocol_path",
-    default=DEFAULT_PROTOCOL,
-    show_default=True,
-    type=click.Path(exists=True, dir_okay=False),
-    help="Attribution protocol YAML file.",
+attribute = trained_model_command(
+    "attribute",
+    AttributionStudy,
+    default_protocol=DEFAULT_PROTOCOL,
+    what="Attribution",
+    doc="Score an attribution protocol: every method against exact token-drop effects on every acted-on model, as MLflow child runs.",
 )
-@study_options("outputs/attribute", "Downloaded checkpoints of the acted-on cells.")
-def attribute(protocol_path, options: StudyOptions):
-    """Score an attribution protocol: every method against exact token-drop effects on every acted-on model, as MLflow child runs."""
-    kind = AttributionStudy(options)
-    with said_in_one_line(kind):
-        protocol = open_study(AttributionStudy, protocol_path, options.allow_dirty)
-    run_study(kind, protocol, Path(protocol_path), options)

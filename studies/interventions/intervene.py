@@ -14,14 +14,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import click
 from tqdm.auto import tqdm
 
-from studies.runtime.options import StudyOptions, study_options
+from studies.runtime.options import StudyOptions
 from studies.runtime.outcome import CellOutcome
-from studies.runtime.study_kind import open_study, run_cells, run_study, said_in_one_line
+from studies.runtime.study_kind import run_cells
 from studies.runtime.study_protocol import ProtocolError
-from studies.runtime.trained_model_kind import ActedCell, TrainedModelKind
+from studies.runtime.trained_model_kind import ActedCell, TrainedModelKind, trained_model_command
 from tracking.kinds import intervention_runs
 from tracking.record.lease import HEARTBEATS
 from tracking.record.schema import INTERVENTION
@@ -140,19 +139,10 @@ def run_intervention_protocol(
     return run_cells(InterventionStudy(options), protocol, protocol_file, options)
 
 
-@click.command("intervene")
-@click.option(
-    "--protocol",
-    "protocol_path",
-    default=DEFAULT_PROTOCOL,
-    show_default=True,
-    type=click.Path(exists=True, dir_okay=False),
-    help="Intervention protocol YAML file.",
+intervene = trained_model_command(
+    "intervene",
+    InterventionStudy,
+    default_protocol=DEFAULT_PROTOCOL,
+    what="Intervention",
+    doc="Evaluate an intervention protocol: every head, branch and patch of every acted-on model, as MLflow child runs.",
 )
-@study_options("outputs/intervene", "Downloaded checkpoints of the acted-on cells.")
-def intervene(protocol_path, options: StudyOptions):
-    """Evaluate an intervention protocol: every head, branch and patch of every acted-on model, as MLflow child runs."""
-    kind = InterventionStudy(options)
-    with said_in_one_line(kind):
-        protocol = open_study(InterventionStudy, protocol_path, options.allow_dirty)
-    run_study(kind, protocol, Path(protocol_path), options)

@@ -18,15 +18,16 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import click
 import numpy as np
 import torch
 
 from studies.runtime.cell_end import end_cell, hold_opened, outcome_of_error
-from studies.runtime.options import StudyOptions
+from studies.runtime.options import StudyOptions, study_options
 from studies.runtime.outcome import CellOutcome, Status
 from studies.runtime.preflight import remove_abandoned_cache_files
 from studies.runtime.study_execution import prepare_protocol_data
-from studies.runtime.study_kind import StudyKind
+from studies.runtime.study_kind import StudyKind, open_study, run_study, said_in_one_line
 from studies.runtime.study_protocol import ProtocolError
 from tracking.kinds import intervention_runs
 from tracking.kinds.transfer_runs import find_finished_cell
@@ -372,3 +373,35 @@ class TrainedModelKind(StudyKind):
             seconds=seconds,
             offline=sink.offline,
         )
+
+
+def trained_model_command(
+    name: str, kind: type[TrainedModelKind], *, default_protocol: str, what: str, doc: str
+) -> click.Command:
+    """The command of a kind that acts on trained models: ``workbench <name> --protocol FILE``.
+
+    Args:
+        name: The command's name; its outputs default to ``outputs/<name>``.
+        kind: The kind the command runs.
+        default_protocol: The protocol file run when ``--protocol`` is not given.
+        what: The protocol's kind in the option's help ("Intervention").
+        doc: The command's help (its first sentence is the short help).
+    """
+
+    @click.command(name, help=doc)
+    @click.option(
+        "--protocol",
+        "protocol_path",
+        default=default_protocol,
+        show_default=True,
+        type=click.Path(exists=True, dir_okay=False),
+        help=f"{what} protocol YAML file.",
+    )
+    @study_options(f"outputs/{name}", "Downloaded checkpoints of the acted-on cells.")
+    def command(protocol_path, options: StudyOptions):
+        study = kind(options)
+        with said_in_one_line(study):
+            protocol = open_study(kind, protocol_path, options.allow_dirty)
+        run_study(study, protocol, Path(protocol_path), options)
+
+    return command
