@@ -187,7 +187,7 @@ def _acted(ex: Execution, cell: InterventionCell, run_id: str | None):
         inputs,
         trained.predictions["val"],
         description,
-        saved_through_fused_attention(trained.config),
+        saved_through_fused_attention(trained.config, proof.device.type),
     )
 
 
