@@ -52,6 +52,11 @@ LAZY_COMMANDS: dict[str, tuple[str, str, str]] = {
         "benchmark_recipe",
         "Time a protocol's cells: the workbench's training against a plain PyTorch loop of the same recipe.",
     ),
+    "benchmark-train": (
+        "studies.benchmarks.train_benchmark",
+        "benchmark_train",
+        "Training images/s per arm: today's path, each fast-path option, all of them, and a plain timm loop.",
+    ),
     "equivalence": (
         "studies.tools.equivalence_check",
         "equivalence",

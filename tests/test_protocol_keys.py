@@ -95,10 +95,15 @@ def test_ablation_rows_are_the_parser_keys_with_its_defaults():
     rows = rows_by_section("ablation")
     for section in ("dataset", "optim", "run"):
         check_defaults(rows[section], p.canonical[section], section)
-    # `recipe` enters the canonical content only with a part switched on (the old hashes stay).
-    assert "recipe" not in p.canonical
-    assert set(rows["(top)"]) == {k for k in p.canonical if k != "schema"} | {"recipe"}
+    # `recipe` and `fast_path` enter the canonical content only with a part switched on (the old
+    # hashes stay).
+    assert "recipe" not in p.canonical and "fast_path" not in p.canonical
+    assert set(rows["(top)"]) == {k for k in p.canonical if k != "schema"} | {
+        "recipe",
+        "fast_path",
+    }
     check_defaults(rows["recipe"], dataclasses.asdict(p.recipe), "recipe")
+    check_defaults(rows["fast_path"], dataclasses.asdict(p.fast_path), "fast_path")
     vit = {k: v for k, v in rows["model (fmnist_vit, cifar_vit)"].items()}
     from workbench.models.registry import model_config
 

@@ -49,6 +49,7 @@ from workbench.models.timm_arm import TimmModelError
 from workbench.precision import device_capability, resolve_amp
 from workbench.train.config import (
     DataSpec,
+    FastPathConfig,
     ModelSpec,
     OptimConfig,
     RecipeConfig,
@@ -361,6 +362,24 @@ def parse_recipe(pairs: tuple[str, ...]) -> RecipeConfig:
         raise click.BadParameter(str(err), param_hint="--recipe") from err
 
 
+FAST_PATH_KEYS = tuple(f.name for f in fields(FastPathConfig))
+
+
+def parse_fast_path(pairs: tuple[str, ...]) -> FastPathConfig:
+    """``("compile=true", "fused_attention=auto")`` -> the fast_path section, checked as a protocol's."""
+    values = parse_overrides(pairs, "--fast")
+    unknown = [k for k in values if k not in FAST_PATH_KEYS]
+    if unknown:
+        raise click.BadParameter(
+            f"{unknown[0]!r} is not a fast_path key; the keys are {', '.join(FAST_PATH_KEYS)}",
+            param_hint="--fast",
+        )
+    try:
+        return FastPathConfig(**values)
+    except ValueError as err:
+        raise click.BadParameter(str(err), param_hint="--fast") from err
+
+
 def _data_defaults() -> str:
     """What a training run gets without --train-size / --val-size, from the data layer's own defaults."""
     carved = "; ".join(f"{name} {t:,} / {v:,}" for name, (t, v) in DEFAULT_SIZES.items())
@@ -417,6 +436,14 @@ def split_line(data: PreparedData, spec: DataSpec) -> str:
     help="timm's recipe parts as KEY=VALUE, each off by default: mixup_alpha, cutmix_alpha, mixup_prob, "
     "mixup_switch_prob, mixup_mode, randaugment_ops, randaugment_magnitude, ema_decay, ema_warmup "
     "(docs/training.md), e.g. --recipe mixup_alpha=0.8 --recipe ema_decay=0.999.",
+)
+@click.option(
+    "--fast",
+    "fast_path",
+    multiple=True,
+    help="The fast training path as KEY=VALUE, each off by default: compile (true/false), "
+    "fused_attention (off/on/auto), fused_adamw (true/false) (docs/training.md, 'Fast path'), "
+    "e.g. --fast compile=true --fast fused_attention=auto.",
 )
 @click.option(
     "--dataset",
@@ -507,6 +534,7 @@ def train(**o):
                 evaluate_test=o["evaluate_test"],
             ),
             recipe=parse_recipe(o["recipe"]),
+            fast_path=parse_fast_path(o["fast_path"]),
         )
         model_config(
             cfg.model.name, **cfg.model.overrides

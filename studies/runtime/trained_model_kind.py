@@ -275,7 +275,7 @@ class TrainedModelKind(StudyKind):
             inputs,
             trained.predictions["val"],
             description,
-            saved_through_fused_attention(trained.config),
+            saved_through_fused_attention(trained.config, proof.device.type),
         )
 
     def run_cell(self, cell: InterventionCell, parent) -> CellOutcome:

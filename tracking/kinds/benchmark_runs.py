@@ -137,3 +137,27 @@ def log_jobs_benchmark(per_layout, folder: Path, params: dict) -> str:
         for name in ("results.csv", "summary.md"):
             mlflow.log_artifact(str(folder / name), artifact_path=ARTIFACT_DIR)
         return run.info.run_id
+
+
+def log_train_benchmark(
+    table, folder: Path, params: dict, machine: dict, experiment: str = "train-benchmark"
+) -> str:
+    """One run: settings, the CPU as tags, images/s and ratios per arm and variant, the files."""
+    from tracking.store.session import environment_tags, start_run
+
+    tags = environment_tags("cpu")
+    with start_run(experiment, run_name=f"train-benchmark {params['arms']}", tags=tags) as run:
+        mlflow.log_params({f"bench.{k}": v for k, v in params.items()})
+        mlflow.set_tags({f"machine.{k}": v for k, v in machine.items()})
+        metrics = {}
+        for r in table.to_dict("records"):
+            prefix = f"{r['arm']}/{r['variant']}"
+            for key in ("images_per_s_min", "images_per_s_median", "images_per_s_max", "warmup_s",
+                        "x_today", "x_plain_timm"):  # fmt: skip
+                value = r.get(key)
+                if isinstance(value, (int, float)) and math.isfinite(value):
+                    metrics[f"{prefix}/{key}"] = float(value)
+        mlflow.log_metrics(metrics)
+        for name in ("results.csv", "summary.md"):
+            mlflow.log_artifact(str(folder / name), artifact_path=ARTIFACT_DIR)
+        return run.info.run_id

@@ -164,6 +164,7 @@ def log_training_result(
             "reload_proof": "passed" if proof.passed else "failed",
             "reload_proof_summary": proof.summary(),
             "stopped_early": str(result.stopped_early).lower(),
+            **{f"fast_path.{k}": v for k, v in result.fast_path.items()},
         }
     )
     if sink.journal.tags.get(SUMMARY_ARTIFACTS_TAG) != "logged":

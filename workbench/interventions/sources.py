@@ -17,6 +17,7 @@ from workbench.models.registry import model_config
 from workbench.models.timm_arm import TimmModelConfig, is_timm_name, shape_model
 from workbench.models.vit import ViTConfig, VisionTransformer
 from workbench.train.evaluate import ReloadProof, compare_predictions, predict
+from workbench.train.fast_path import attention_is_fused
 
 
 @dataclass
@@ -59,18 +60,21 @@ def trained_cell_model(config: dict, state: dict) -> VisionTransformer:
     return model.eval()
 
 
-def saved_through_fused_attention(config: dict) -> bool:
+def saved_through_fused_attention(config: dict, device_type: str = "cpu") -> bool:
     """Whether a cell's saved predictions came through ``scaled_dot_product_attention``.
 
     True for a timm ViT arm whose attention timm fuses (``fused_attn``, its default on current
     PyTorch, as the trainer builds it): the glass-box copy is proven on that path
     (``set_fast_attention``), then acts through its written-out attention, which the run-end
-    check holds to timm's written-out attention at 0.0. A glass-box arm trains and predicts
-    through the written-out path.
+    check holds to timm's written-out attention at 0.0. A glass-box arm predicts through the
+    written-out path unless it trained with ``fast_path.fused_attention`` (on, or auto on
+    ``device_type``, the device the cell is reproduced on): then the proof takes the fused
+    path and every intervention and attribution still acts through the written-out one.
     """
     name, overrides = config["model"]["name"], config["model"].get("overrides", {})
     if not is_timm_name(name):
-        return False
+        setting = config.get("fast_path", {}).get("fused_attention", "off")
+        return attention_is_fused(setting, device_type)
     return any(
         getattr(m, "fused_attn", False)
         for m in shape_model(model_config(name, **overrides)).modules()

@@ -14,9 +14,10 @@ config, so a typo fails before any training starts. Schema (``optim``/``run`` op
     optim: {lr: 1e-3, weight_decay: 1e-4}
     run: {epochs: 50, batch_size: 128, patience: 5, monitor: val_accuracy, evaluate_test: true}
     recipe: {mixup_alpha: 0.8, ema_decay: 0.999}   # optional, timm's recipe parts (all off by default)
+    fast_path: {compile: true}           # optional, how the training step runs (all off by default)
     arms:
       - {name: vit, reference: true}
-      - {name: cnn, overrides: {model: {name: fmnist_cnn}}}   # sections: model/dataset/optim/run/recipe
+      - {name: cnn, overrides: {model: {name: fmnist_cnn}}}   # sections: model/dataset/optim/run/recipe/fast_path
     seeds: [0, 1, 2]
 
 The hash is sha256 of canonical JSON of the validated protocol with defaults filled (see
@@ -42,6 +43,7 @@ from workbench.protocol import common
 from workbench.protocol.common import SCHEMA_VERSION, SHORT_HASH_LEN, ProtocolError, canonical_json
 from workbench.train.config import (
     DataSpec,
+    FastPathConfig,
     ModelSpec,
     OptimConfig,
     RecipeConfig,
@@ -49,10 +51,21 @@ from workbench.train.config import (
     TrainConfig,
 )
 
-TOP_KEYS = ("name", "description", "dataset", "model", "optim", "run", "recipe", "arms", "seeds")
+TOP_KEYS = (
+    "name",
+    "description",
+    "dataset",
+    "model",
+    "optim",
+    "run",
+    "recipe",
+    "fast_path",
+    "arms",
+    "seeds",
+)
 REQUIRED_TOP = ("name", "description", "dataset", "model", "arms", "seeds")
 ARM_KEYS = ("name", "reference", "overrides")
-OVERRIDE_SECTIONS = ("model", "dataset", "optim", "run", "recipe")
+OVERRIDE_SECTIONS = ("model", "dataset", "optim", "run", "recipe", "fast_path")
 # Where the data lives is per machine (the data fingerprint identifies the data): run time.
 DATASET_KEYS = common.field_names(DataSpec, exclude=("path",))
 # Pairing by seed needs the identical split in every arm, so arms may not change these.
@@ -65,6 +78,8 @@ RUN_KEYS = common.field_names(RunConfig, exclude=RUNTIME_RUN_KEYS)
 # timm's recipe parts: hashed only where they differ from their off default (RecipeConfig.changed),
 # so every protocol written before the section existed keeps its hash.
 RECIPE_KEYS = common.field_names(RecipeConfig)
+# How the training step runs: hashed, like the recipe, only where a part is on.
+FAST_PATH_KEYS = common.field_names(FastPathConfig)
 # Keys people reach for, with the reason they are not protocol keys.
 KEY_HINTS = {
     ("run", "seed"): " (seeds come from the protocol's 'seeds' list, one cell per seed)",
@@ -144,6 +159,7 @@ class Protocol:
     canonical: dict[str, Any] = field(repr=False, compare=False)
     source: str = field(default="<protocol>", compare=False)
     recipe: RecipeConfig = field(default_factory=RecipeConfig)
+    fast_path: FastPathConfig = field(default_factory=FastPathConfig)
 
     kind = "ablation"
 
@@ -202,6 +218,9 @@ def parse_protocol(data: Any, source: str = "<protocol>") -> Protocol:
         "recipe": common.section(
             top.get("recipe"), "recipe", RecipeConfig, RECIPE_KEYS, fail, KEY_HINTS
         ),
+        "fast_path": common.section(
+            top.get("fast_path"), "fast_path", FastPathConfig, FAST_PATH_KEYS, fail, KEY_HINTS
+        ),
     }
     if base["dataset"].get("name") not in DATASET_NAMES:
         raise fail(
@@ -212,6 +231,7 @@ def parse_protocol(data: Any, source: str = "<protocol>") -> Protocol:
     optim = common.build(OptimConfig, base["optim"], "optim", fail)
     run = common.build(RunConfig, base["run"], "run", fail)
     recipe = common.build(RecipeConfig, base["recipe"], "recipe", fail)
+    fast_path = common.build(FastPathConfig, base["fast_path"], "fast_path", fail)
     if not isinstance(top["arms"], list) or not top["arms"]:
         raise fail(f"arms={top['arms']!r}: must be a non-empty list of arms")
     arms = [_arm(raw, f"arms[{i}]", base, fail) for i, raw in enumerate(top["arms"])]
@@ -235,10 +255,24 @@ def parse_protocol(data: Any, source: str = "<protocol>") -> Protocol:
         recipe.changed()
     ):  # absent when every part is off: the hash of a protocol without recipe parts stays
         content["recipe"] = recipe.changed()
+    if fast_path.changed():  # likewise: all off leaves every existing hash as it was
+        content["fast_path"] = fast_path.changed()
     canonical, digest = common.canonical_and_hash(content)
     model = ModelSpec(base["model"]["name"], dict(base["model"]["overrides"]))
     return Protocol(
-        name, text, data, model, optim, run, tuple(arms), seeds, digest, canonical, source, recipe
+        name,
+        text,
+        data,
+        model,
+        optim,
+        run,
+        tuple(arms),
+        seeds,
+        digest,
+        canonical,
+        source,
+        recipe,
+        fast_path,
     )
 
 
@@ -307,6 +341,14 @@ def _arm(raw: Any, where: str, base: dict[str, Any], fail) -> Arm:
         "recipe": common.section(
             over.get("recipe"), f"{at}.recipe", RecipeConfig, RECIPE_KEYS, fail, KEY_HINTS
         ),
+        "fast_path": common.section(
+            over.get("fast_path"),
+            f"{at}.fast_path",
+            FastPathConfig,
+            FAST_PATH_KEYS,
+            fail,
+            KEY_HINTS,
+        ),
     }
     split = [k for k in SPLIT_KEYS if k in norm["dataset"]]
     if split:
@@ -343,6 +385,9 @@ def _arm(raw: Any, where: str, base: dict[str, Any], fail) -> Arm:
         optim=common.build(OptimConfig, base["optim"] | norm["optim"], f"{at}.optim", fail),
         run=run,
         recipe=recipe,
+        fast_path=common.build(
+            FastPathConfig, base["fast_path"] | norm["fast_path"], f"{at}.fast_path", fail
+        ),
     )
     return Arm(name, reference, {k: v for k, v in norm.items() if v}, config)
 
@@ -371,6 +416,7 @@ def _check_arms(arms: list[Arm], fail) -> None:
             cfg.optim,
             cfg.run,
             cfg.recipe,
+            cfg.fast_path,
         )
         if resolved in seen:
             raise fail(

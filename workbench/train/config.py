@@ -258,6 +258,54 @@ class RecipeConfig:
         }
 
 
+FUSED_ATTENTION = ("off", "on", "auto")
+
+
+@dataclass(frozen=True)
+class FastPathConfig:
+    """How the training step runs, each part off by default (all off: the step as it always ran).
+
+    Attributes:
+        compile: torch.compile the model for the training step (its forward and backward);
+            evaluation stays eager. The first step's time, compile included, is logged as
+            `compile_seconds`; where the compiler is unavailable or fails at its first compile,
+            one line says so and the step runs eagerly (tag `fast_path.compiled`).
+        fused_attention: The glass-box ViT's attention in training and in the run's own
+            evaluations: off, the written-out softmax(QK^T/sqrt(d))V that analysis uses; on,
+            torch's fused scaled_dot_product_attention; auto, fused on CUDA and written-out
+            elsewhere (on CPU the fused kernel measured no faster: docs/training.md). timm arms
+            keep timm's own attention; models without attention ignore it.
+        fused_adamw: AdamW's fused kernel (``fused=True``) instead of its default multi-tensor
+            (foreach) implementation.
+    """
+
+    compile: bool = False
+    fused_attention: Literal["off", "on", "auto"] = "off"
+    fused_adamw: bool = False
+
+    def __post_init__(self) -> None:
+        for key in ("compile", "fused_adamw"):
+            if not isinstance(getattr(self, key), bool):
+                raise ValueError(f"fast_path.{key}={getattr(self, key)!r}: must be true or false")
+        if self.fused_attention not in FUSED_ATTENTION:
+            raise ValueError(
+                f"fast_path.fused_attention={self.fused_attention!r}: must be 'off', 'on' or 'auto'"
+            )
+
+    def changed(self) -> dict[str, Any]:
+        """The fields that differ from their off default: what a protocol hashes and a config records.
+
+        All off is absent from every hash, so configs and protocols written before the fast
+        path existed keep their hashes.
+        """
+        off = FastPathConfig()
+        return {
+            f.name: getattr(self, f.name)
+            for f in fields(self)
+            if getattr(self, f.name) != getattr(off, f.name)
+        }
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     model: ModelSpec
@@ -265,6 +313,7 @@ class TrainConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
     run: RunConfig = field(default_factory=RunConfig)
     recipe: RecipeConfig = field(default_factory=RecipeConfig)
+    fast_path: FastPathConfig = field(default_factory=FastPathConfig)
 
     def __post_init__(self) -> None:
         if self.recipe.mixes and self.run.batch_size % 2:
@@ -274,15 +323,17 @@ class TrainConfig:
             )
 
     def to_dict(self) -> dict:
-        """The config as plain data; ``recipe`` only when a part is on, and then only its changed fields.
+        """The config as plain data; ``recipe`` and ``fast_path`` only when a part is on, and then
+        only their changed fields.
 
-        So a config without recipe parts has the dict (and the ``config_hash``, params and
-        ``config.json``) it had before the recipe existed.
+        So a config without recipe or fast-path parts has the dict (and the ``config_hash``,
+        params and ``config.json``) it had before those sections existed.
         """
         content = asdict(self)
-        changed = self.recipe.changed()
-        if changed:
-            content["recipe"] = changed
-        else:
-            del content["recipe"]
+        for key in ("recipe", "fast_path"):
+            changed = getattr(self, key).changed()
+            if changed:
+                content[key] = changed
+            else:
+                del content[key]
         return content

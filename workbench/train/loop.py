@@ -35,6 +35,7 @@ from workbench.train.checkpoint import (
     restore_rng,
 )
 from workbench.train.config import TrainConfig
+from workbench.train.fast_path import TrainingForward, adamw, attention_is_fused, set_attention
 from workbench.train.fits import DataShape, misfits
 from workbench.atomic import atomic_write
 from workbench.train.evaluate import (
@@ -112,6 +113,8 @@ class TrainResult:
     predictions: dict[str, Path] = field(default_factory=dict)
     final_metrics: dict[str, float] = field(default_factory=dict)
     checkpoints: dict[str, Path] = field(default_factory=dict)
+    # Which path trained the cell (``fast_path.*`` tags), empty when every fast-path part is off.
+    fast_path: dict[str, str] = field(default_factory=dict)
 
 
 def resolve_device(name: str) -> torch.device:
@@ -165,6 +168,12 @@ class Trainer:
         self.amp_dtype = amp
         torch.manual_seed(derive_seed(run.seed, "init"))  # model init depends on the run seed only
         self.model = (model if model is not None else self._build_model()).to(self.device)
+        fast = cfg.fast_path
+        # A model without the switch (CNN, timm arm) keeps its own attention: nothing to record.
+        self.fused_attention = attention_is_fused(
+            fast.fused_attention, self.device.type
+        ) and set_attention(self.model, True)
+        self.forward = TrainingForward(self.model, fast)
         d = cfg.data
         recipe = cfg.recipe
         augment = AugmentConfig(
@@ -194,8 +203,9 @@ class Trainer:
             for name, split in (("val", data.val), ("test", data.test))
             if split is not None
         }
-        self.optimizer = torch.optim.AdamW(
+        self.optimizer = adamw(
             self._param_groups(),
+            fast,
             lr=cfg.optim.lr,
             betas=cfg.optim.betas,
             weight_decay=cfg.optim.weight_decay,
@@ -366,7 +376,7 @@ class Trainer:
             with torch.autocast(
                 self.device.type, dtype=self.amp_dtype, enabled=self.amp_dtype is not None
             ):
-                logits = self.model(images)
+                logits = self.forward(images)
                 if self.mixup is None:
                     loss = F.cross_entropy(
                         logits.float(), labels, label_smoothing=self.cfg.optim.label_smoothing
@@ -387,6 +397,7 @@ class Trainer:
             self.scaler.step(self.optimizer)
             self.scaler.update()
             self.scheduler.step()
+            self.forward.timed_first_step(started)
             if self.ema is not None:
                 self.ema.update(
                     self.model, step=pos["step"] + 1
@@ -487,6 +498,7 @@ class Trainer:
                     ReloadProof(**saved["reload_proof"]),
                     {k: Path(v) for k, v in saved["predictions"].items()},
                     saved["final_metrics"],
+                    saved.get("fast_path", {}),
                 )
         result = self._summarize(pos)
         proof = result.reload_proof
@@ -501,6 +513,7 @@ class Trainer:
                 "tolerance": proof.tolerance,
                 "examples": proof.examples,
             },
+            **({"fast_path": result.fast_path} if result.fast_path else {}),
         }
         self.observer.check(sync=True)
         atomic_write(self.summary_path, lambda f: f.write(json.dumps(summary, indent=1).encode()))
@@ -511,6 +524,7 @@ class Trainer:
         best = load_checkpoint(self.best_path, map_location=self.device)
         fresh = self._fresh_model()
         fresh.load_state_dict(best["model"])
+        set_attention(fresh, self.fused_attention)  # the path the saved predictions came through
         saved_val = read_predictions(self.run_dir / "predictions" / "val.csv")
         now_val = predict(fresh, self.eval_loaders["val"], self.device, self.amp_dtype)
         # CPU (fp32 or bf16 autocast): same kernels, same inputs, same process -> bitwise equal.
@@ -525,10 +539,24 @@ class Trainer:
             final.update({f"test_{k}": v for k, v in metrics_from_predictions(test).items()})
         # A timm ViT arm: its best weights read across to the glass-box model, checked at 0.0.
         final.update(glassbox_check(fresh, next(iter(self.eval_loaders["val"])).images))
-        return self._result(pos, proof, predictions, final)
+        if self.forward.compile_seconds is not None:
+            final["compile_seconds"] = self.forward.compile_seconds
+        return self._result(pos, proof, predictions, final, self._fast_path_tags())
+
+    def _fast_path_tags(self) -> dict[str, str]:
+        """Which path trained the cell, as ``fast_path.*`` tags; none when every part is off."""
+        if not self.cfg.fast_path.changed():
+            return {}
+        attention = "fused" if self.fused_attention else "written_out"
+        return {"attention": attention, **self.forward.tags()}
 
     def _result(
-        self, pos: dict, proof: ReloadProof, predictions: dict[str, Path], final: dict
+        self,
+        pos: dict,
+        proof: ReloadProof,
+        predictions: dict[str, Path],
+        final: dict,
+        fast_path: dict[str, str] | None = None,
     ) -> TrainResult:
         early = pos["early"]
         best_metric = early["best"] if self._monitored()[1] else -early["best"]
@@ -541,6 +569,7 @@ class Trainer:
             predictions=predictions,
             final_metrics=final,
             checkpoints={"best": self.best_path, "last": self.last_path},
+            fast_path=dict(fast_path or {}),
         )
 
     def _fresh_model(self) -> nn.Module:
