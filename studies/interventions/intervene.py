@@ -45,6 +45,7 @@ from tracking.record.schema import (
 from workbench.data import DatasetNotFound, PreparedData, PreparedSplit, prepare
 from workbench.interventions import HeadAblation, InterventionError, flatten
 from workbench.interventions.evaluate import Inputs, evaluate, reference_means
+from workbench.interventions.patching import patch_split
 from workbench.interventions.sources import (
     ActedModel,
     model_labels,
@@ -292,6 +293,11 @@ def _evaluate_cell(
             e.attention_maps,
             progress=lambda done: bar.update(done - bar.n),
         )
+    patched = (
+        patch_split(model, split.images, split.labels, split.indices, inputs, p.patching)
+        if p.patching is not None
+        else None
+    )
     HEARTBEATS.check(sink.run_id, verify=True)
     intervention_runs.log_cell(
         sink,
@@ -300,9 +306,17 @@ def _evaluate_cell(
         reference,
         {"acted_on": description, "split": e.split},
         check=lambda: HEARTBEATS.check(sink.run_id, verify=True),
+        patching=patched,
     )
     end_cell(sink, token, "FINISHED")
-    worst = min(ev.metrics().items(), key=lambda kv: kv[1]["accuracy_change"])
+    worst = min(ev.metrics().items(), key=lambda kv: kv[1]["accuracy_change"], default=None)
+    worst_text = (
+        f"; largest drop {worst[0]} {100 * worst[1]['accuracy_change']:+.2f} points"
+        if worst
+        else ""
+    )
+    if patched is not None:
+        worst_text += f"; patching: {len(patched[0].clean_ld)} pairs in {patched[0].seconds:.1f} s"
     proof_text = f"; {proof.summary()}" if proof else ""
     where = (
         f" [logged locally, run {sink.local_run_id}: `workbench sync` copies it to the server]"
@@ -314,7 +328,7 @@ def _evaluate_cell(
         Status.FINISHED,
         (
             f"{cell.key}: intact {e.split} accuracy {ev.intact_accuracy:.4f}; {len(grid)} interventions on {len(split)} "
-            f"images in {ev.seconds:.1f} s; largest drop {worst[0]} {100 * worst[1]['accuracy_change']:+.2f} points"
+            f"images in {ev.seconds:.1f} s{worst_text}"
             f"{proof_text}{where}"
         ),
         sink.run_id,
