@@ -75,6 +75,12 @@ def _npy_bytes(array: np.ndarray) -> bytes:
     return buffer.getvalue()
 
 
+def _npz_bytes(arrays: dict[str, np.ndarray]) -> bytes:
+    buffer = io.BytesIO()
+    np.savez(buffer, **arrays)  # the exact arrays the cell logged (no pickled objects)
+    return buffer.getvalue()
+
+
 def _protocol_files(study: InterventionStudy) -> dict[str, str]:
     """The protocol file and the acted-on protocol's file, by file name: what parses to the hash again."""
     path = Path(study.protocol.source_file)
@@ -114,6 +120,14 @@ def export_intervention_evidence(
                     "query": cell.attention_query,
                 }
                 written.add(folder / name)
+            if cell.patching is not None:
+                name = f"patching/{stem}.npz.gz"
+                entry["patching"] = {
+                    "file": name,
+                    "sha256": write_gzip(folder, name, _npz_bytes(cell.patching)),
+                    "arrays": sorted(cell.patching),
+                }
+                written.add(folder / name)
         cells.append(entry)
     document = {
         "format": FORMAT,
@@ -142,7 +156,11 @@ def export_intervention_evidence(
     write_document(
         folder, document, _readme(protocol.name, study.digest, len(study.chosen), len(cells))
     )
-    for sub, pattern in (("outcomes", "*.csv.gz"), ("attention", "*.npy.gz")):
+    for sub, pattern in (
+        ("outcomes", "*.csv.gz"),
+        ("attention", "*.npy.gz"),
+        ("patching", "*.npz.gz"),
+    ):
         remove_stale(folder / sub, pattern, written)
     return folder
 
@@ -234,6 +252,15 @@ def _cell(folder: Path, record: queries.CellRecord, entry: dict) -> intervention
             io.BytesIO(read_gzip(folder / a["file"], a["sha256"])), allow_pickle=False
         )
         query = a["query"]
+    patching = None
+    if "patching" in entry:
+        p = entry["patching"]
+        with np.load(
+            io.BytesIO(read_gzip(folder / p["file"], p["sha256"])), allow_pickle=False
+        ) as z:
+            patching = {k: z[k] for k in z.files}
+        if sorted(patching) != p["arrays"]:
+            raise ReportError(f"{folder / p['file']}: expected the arrays {', '.join(p['arrays'])}")
     return intervention_runs.CellResult(
         record,
         names,
@@ -243,6 +270,7 @@ def _cell(folder: Path, record: queries.CellRecord, entry: dict) -> intervention
         attention,
         query,
         values[:, 0] if info["indices_logged"] else None,
+        patching,
     )
 
 

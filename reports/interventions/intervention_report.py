@@ -20,6 +20,7 @@ from reports.collect import ReportError, newer_attempts, resolve_hash, shown_pat
 from reports.figures import report_png
 from reports.interventions.intervention_evidence import export_intervention_evidence
 from reports.interventions.intervention_study import InterventionStudy, load_study
+from reports.interventions.patching_report import patching_blocks
 from reports.output import (
     ReportResult,
     Summary,
@@ -304,6 +305,14 @@ def build_blocks(
         results += [Quote(effect_paragraph(r, split)) for r in top]
         results += [Para(t) for t in [effect_caveats(top, split)] if t]
         sections += arm_blocks(arm, rows, cells, protocol, depth, heads, 2, n_resamples)
+        if protocol.patching is not None:
+            sections += patching_blocks(
+                arm,
+                {s: c.patching for s, c in cells.items() if c.patching is not None},
+                protocol,
+                2,
+                protocol.model_config(arm).num_prefix_tokens if protocol.acts_on else 1,
+            )
     n = len(chosen)
     expected = len(arms) * len(seeds)
     acted = (

@@ -28,6 +28,7 @@ from tracking.record.sink import RunSink
 from workbench.data import PreparedData, PreparedSplit
 from workbench.interventions import HeadAblation, flatten
 from workbench.interventions.evaluate import evaluate, reference_means
+from workbench.interventions.patching import patch_split
 from workbench.protocol import InterventionCell, InterventionProtocol, load_intervention_protocol
 from workbench.protocol.intervention import check_against_model
 from workbench.train.evaluate import ReloadProof
@@ -116,6 +117,12 @@ class InterventionStudy(TrainedModelKind):
                 e.attention_maps,
                 progress=lambda done: bar.update(done - bar.n),
             )
+        patching = ex.protocol.patching
+        patched = (
+            patch_split(model, split.images, split.labels, split.indices, inputs, patching)
+            if patching is not None
+            else None
+        )
         HEARTBEATS.check(sink.run_id, verify=True)
         intervention_runs.log_cell(
             sink,
@@ -124,11 +131,21 @@ class InterventionStudy(TrainedModelKind):
             reference,
             {"acted_on": acted.description, "split": e.split},
             check=lambda: HEARTBEATS.check(sink.run_id, verify=True),
+            patching=patched,
         )
-        worst = min(ev.metrics().items(), key=lambda kv: kv[1]["accuracy_change"])
+        worst = min(ev.metrics().items(), key=lambda kv: kv[1]["accuracy_change"], default=None)
+        worst_text = (
+            f"; largest drop {worst[0]} {100 * worst[1]['accuracy_change']:+.2f} points"
+            if worst
+            else ""
+        )
+        if patched is not None:
+            worst_text += (
+                f"; patching: {len(patched[0].clean_ld)} pairs in {patched[0].seconds:.1f} s"
+            )
         return (
             f"{cell.key}: intact {e.split} accuracy {ev.intact_accuracy:.4f}; {len(grid)} interventions on {len(split)} "
-            f"images in {ev.seconds:.1f} s; largest drop {worst[0]} {100 * worst[1]['accuracy_change']:+.2f} points"
+            f"images in {ev.seconds:.1f} s{worst_text}"
         ), ev.seconds
 
 

@@ -41,6 +41,7 @@ ARTIFACT_DIR = "interventions"
 PER_EXAMPLE = f"{ARTIFACT_DIR}/per_example.npz"
 ATTENTION = f"{ARTIFACT_DIR}/attention.npz"
 SUMMARY = f"{ARTIFACT_DIR}/summary.json"
+PATCHING = f"{ARTIFACT_DIR}/patching.npz"
 # The interventions library computes these results too (with the ablation's result packages):
 # a change there re-evaluates; a commit of docs, reports or CLI text does not.
 INTERVENTION_RESULT_PACKAGES = RESULT_PACKAGES + ("interventions",)
@@ -89,8 +90,14 @@ def log_cell(
     reference: np.ndarray | None,
     extra: dict,
     check=lambda: None,
+    patching=None,
 ) -> None:
-    """Metrics per intervention, the per-example outcomes, the attention maps and a summary; ``check`` fences writes."""
+    """Metrics per intervention, the per-example outcomes, the attention maps and a summary; ``check`` fences writes.
+
+    ``patching``: ``(PatchingResult, pairs)`` from ``patch_split``, logged as
+    ``interventions/patching.npz`` (every pair's logit differences and probabilities under
+    every patch) with the restored fractions of the branches as metrics.
+    """
     metrics = {
         "intact_accuracy": ev.intact_accuracy,
         "intact_loss": float(ev.intact_loss.astype(np.float64).mean()),
@@ -106,6 +113,8 @@ def log_cell(
     per = ev.metrics()
     for name, values in per.items():
         metrics |= {f"{key}/{name}": value for key, value in values.items()}
+    if patching is not None:
+        metrics |= _patching_metrics(patching[0])
     check()
     sink.log_metrics(metrics)
     with tempfile.TemporaryDirectory() as tmp:
@@ -135,6 +144,9 @@ def log_cell(
                 "attention.npz",
                 _npz(maps=ev.attention.astype(np.float32), query=np.array(ev.attention_query)),
             )
+        if patching is not None:
+            check()
+            _artifact(sink, folder, "patching.npz", _npz(**patching[0].arrays(), **patching[1]))
         summary = {
             "intact": {"accuracy": ev.intact_accuracy, "loss": metrics["intact_loss"]},
             "interventions": per,
@@ -147,6 +159,21 @@ def log_cell(
         }
         check()
         _artifact(sink, folder, "summary.json", json.dumps(summary, indent=1).encode())
+
+
+def _patching_metrics(result) -> dict[str, float]:
+    """The branch patches' restored fractions and the run times; the grids are in the artifact."""
+    out = {
+        "patching_pairs": float(len(result.clean_ld)),
+        "patching_seconds": result.seconds,
+        "patching_clean_logit_diff": float(result.clean_ld.astype(np.float64).mean()),
+        "patching_corrupted_logit_diff": float(result.corrupted_ld.astype(np.float64).mean()),
+    }
+    branch = result.restored(result.branch_ld)  # (depth, 2)
+    for i in range(branch.shape[0]):
+        for j, kind in enumerate(("attn", "mlp")):
+            out[f"restored/blocks.{i}.{kind}"] = float(branch[i, j])
+    return out
 
 
 # ---------------------------------------------------------------- read back for the report
@@ -164,6 +191,7 @@ class CellResult:
     attention: np.ndarray | None  # (depth, heads, rows, cols)
     attention_query: str
     indices: np.ndarray | None = None  # (N,) each example's position in the dataset's source split
+    patching: dict[str, np.ndarray] | None = None  # patching.npz's arrays, when the cell patched
 
 
 def finished_cells(
@@ -204,7 +232,26 @@ def read_cell(record: CellRecord, workdir: Path) -> CellResult:
     if queries.has_artifact(record.run_id, ATTENTION):
         with np.load(queries.download_artifact(record.run_id, ATTENTION, folder)) as z:
             attention, query = z["maps"], str(z["query"])
-    return CellResult(record, names, labels, intact, predicted, attention, query, indices)
+    return CellResult(
+        record,
+        names,
+        labels,
+        intact,
+        predicted,
+        attention,
+        query,
+        indices,
+        read_patching(record, workdir),
+    )
+
+
+def read_patching(record: CellRecord, workdir: Path) -> dict[str, np.ndarray] | None:
+    """A finished cell's ``patching.npz`` arrays, or None when it logged no patching."""
+    if not queries.has_artifact(record.run_id, PATCHING):
+        return None
+    folder = Path(workdir) / record.run_id
+    with np.load(queries.download_artifact(record.run_id, PATCHING, folder)) as z:
+        return {k: z[k] for k in z.files}
 
 
 def is_intervention_study(protocol_name: str) -> bool:

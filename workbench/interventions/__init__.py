@@ -17,6 +17,15 @@ frozen values (``spec``)::
 See docs/interventions.md.
 """
 
+from workbench.interventions.cache import (
+    ActivationCache,
+    as_glassbox,
+    hook_name,
+    hook_path,
+    hook_paths,
+    run_with_cache,
+    run_with_hooks,
+)
 from workbench.interventions.forward import HeadMeans, capture, head_means, run
 from workbench.interventions.spec import (
     DropTokens,
@@ -34,6 +43,13 @@ from workbench.interventions.spec import (
 )
 
 __all__ = [
+    "ActivationCache",
+    "as_glassbox",
+    "hook_name",
+    "hook_path",
+    "hook_paths",
+    "run_with_cache",
+    "run_with_hooks",
     "DropTokens",
     "HeadAblation",
     "HeadMeans",

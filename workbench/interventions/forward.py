@@ -11,10 +11,12 @@ it is still ``model(x)``, with hooks attached for that one call at the model's h
 - ``tokens.registers|class.drop``: the ``pos_add`` hook point returns the sequence without
   those tokens (the kept tokens keep their positions), and the model's prefix count is
   lowered for the call, so pooling reads the same patch tokens;
-- ``pos_embed.zero``: the call runs with a zero position embedding in place of the
-  parameter (``torch.func.functional_call``); the parameter is never touched;
-- ``blocks.i.attn.head<h>.zero|mean``: a forward pre-hook on ``blocks.i.attn.out_proj``,
-  whose input is the heads concatenated, ``(B, N, heads * d)``.
+- ``pos_embed.zero``: the ``pos_embed`` hook point (the position term added to the tokens)
+  returns zeros; the parameter is never touched;
+- ``blocks.i.attn.head<h>.zero|mean``: the hook point holding the heads right before
+  ``blocks.i.attn.out_proj`` replaces head ``h``'s slice: ``blocks.i.attn.z``, each head's
+  output ``(B, N, heads, d)``, or in families with ``attn.norm`` that norm's stage
+  ``blocks.i.attn.norm`` ``(B, N, heads * d)``, which is ``out_proj``'s input there.
 
 Where a head is ablated: at the input of ``out_proj``. For families with ``attn.norm``
 (``scale_attn_norm``) that is after the norm over all heads, so the ablated head still took
@@ -29,7 +31,6 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 import torch
-from torch import nn
 
 from workbench.interventions.spec import (
     DropTokens,
@@ -104,6 +105,13 @@ class _Plan:
                 ("pos_add", lambda x: x.index_select(1, keep.to(x.device)))
             )  # (B, N - dropped, D)
         self.zero_pos = any(isinstance(s, ZeroPosEmbed) for s in singles)
+        if self.zero_pos:
+            self.hooks.append(("pos_embed", torch.zeros_like))
+        # after any patch on the same point: the head edit is what out_proj receives
+        for block, ablations in self.heads.items():
+            self.hooks.append(
+                (heads_point(cfg, block), _head_hook(block, ablations, cfg.heads, means))
+            )
 
 
 def _replacer(stage: str, value: torch.Tensor):
@@ -136,13 +144,18 @@ def _kept_tokens(cfg, drop: set[str]) -> tuple[torch.Tensor, int]:
 # ------------------------------------------------------------------------------ hooks
 
 
+def heads_point(cfg, block: int) -> str:
+    """The hook point whose value, seen as heads, is block ``block``'s ``out_proj`` input."""
+    return f"blocks.{block}.attn.norm" if cfg.scale_attn_norm else f"blocks.{block}.attn.z"
+
+
 def _head_hook(block: int, ablations: list[HeadAblation], heads: int, means: HeadMeans | None):
-    def hook(module: nn.Module, args: tuple) -> tuple:
-        (x,) = args
-        B, N, C = x.shape
+    def hook(x: torch.Tensor) -> torch.Tensor:
+        B, N = x.shape[:2]
+        C = x.shape[2] * x.shape[3] if x.dim() == 4 else x.shape[2]
         d = C // heads
         x = x.clone()
-        view = x.view(B, N, heads, d)  # (B, N, heads, d): the heads concatenated by Attention
+        view = x if x.dim() == 4 else x.view(B, N, heads, d)  # (B, N, heads, d)
         for a in ablations:
             if a.mode == "zero":
                 view[:, :, a.head] = 0.0
@@ -156,7 +169,7 @@ def _head_hook(block: int, ablations: list[HeadAblation], heads: int, means: Hea
                 view[:, :, a.head] = mean[:, a.head * d : (a.head + 1) * d].to(
                     x.dtype
                 )  # (N, d) broadcast over B
-        return (x,)
+        return x
 
     return hook
 
@@ -164,35 +177,22 @@ def _head_hook(block: int, ablations: list[HeadAblation], heads: int, means: Hea
 @contextlib.contextmanager
 def _attached(model: VisionTransformer, plan: _Plan, extra: list):
     """Every hook of ``plan`` (after ``extra``, the recorders), for one call; removed on exit."""
-    handles = []
     try:
-        for block, ablations in plan.heads.items():
-            out_proj = model.blocks[block].attn.out_proj
-            handles.append(
-                out_proj.register_forward_pre_hook(
-                    _head_hook(block, ablations, model.cfg.heads, plan.means)
-                )
-            )
         model.num_prefix_tokens = plan.prefix_left
         with attached(model, extra + plan.hooks):
             yield
     finally:
         model.num_prefix_tokens = model.cfg.num_prefix_tokens
-        for handle in handles:
-            handle.remove()
 
 
 def _call(model: VisionTransformer, x: torch.Tensor, plan: _Plan, start: int = -1) -> torch.Tensor:
     """The model's forward from images, or from the tokens ``x`` entering block ``start`` (>= 0)."""
-    if plan.zero_pos:
-        zeros = {"pos_embed": torch.zeros_like(model.pos_embed)}
-        if start >= 0:
-            raise InterventionError(
-                "pos_embed.zero acts before the blocks: it cannot resume at a block"
-            )
-        return torch.func.functional_call(model, zeros, (x,), strict=False)
     if start < 0:
         return model(x)
+    if plan.zero_pos:
+        raise InterventionError(
+            "pos_embed.zero acts before the blocks: it cannot resume at a block"
+        )
     return model.forward_head(model.forward_blocks(x, start))
 
 
@@ -320,29 +320,25 @@ def capture(
 def head_means(model: VisionTransformer, batches: Iterable[torch.Tensor]) -> HeadMeans:
     """Each block's mean ``out_proj`` input over the reference images, per token position.
 
-    The model runs intact (``model(x)``); pre-hooks only read. Sums are kept in float64.
+    The model runs intact (``model(x)``); hooks on each block's heads point only read. Sums
+    are kept in float64.
     """
     _eval_only(model)
+    cfg = model.cfg
     sums: list[torch.Tensor | None] = [None] * len(model.blocks)
-    handles = []
 
     def reader(i: int):
-        def hook(module: nn.Module, args: tuple) -> None:
-            part = args[0].double().sum(dim=0)  # (N, heads * d)
+        def hook(x: torch.Tensor) -> None:
+            part = x.reshape(x.shape[0], x.shape[1], cfg.dim).double().sum(dim=0)  # (N, heads * d)
             sums[i] = part if sums[i] is None else sums[i] + part
 
         return hook
 
     count = 0
-    try:
-        for i, block in enumerate(model.blocks):
-            handles.append(block.attn.out_proj.register_forward_pre_hook(reader(i)))
+    with attached(model, [(heads_point(cfg, i), reader(i)) for i in range(len(model.blocks))]):
         for x in batches:
             model(x)
             count += x.shape[0]
-    finally:
-        for handle in handles:
-            handle.remove()
     if not count:
         raise InterventionError("mean ablation needs at least one reference image")
     return HeadMeans(tuple((s / count).float() for s in sums), count)

@@ -28,11 +28,19 @@ StageHook = Callable[[torch.Tensor], "torch.Tensor | None"]
 
 
 class HookPoint(nn.Module):
-    """The identity at one stage of the forward; ``name`` is the full stage name."""
+    """The identity at one stage of the forward; ``name`` is the full stage name.
 
-    def __init__(self, local_name: str) -> None:
+    ``stage=False`` makes a finer hook point: addressable by name like a stage (``attached``,
+    ``hook_points``) but not in the model's stage list (``stage_names``), which analysis mode
+    records whole and which stays fixed for a family (a plain ViT-B/16 has 100 stages). The
+    finer points are each head's output before the output projection (``attn.z``) and the
+    position term added to the tokens (``pos_embed``).
+    """
+
+    def __init__(self, local_name: str, stage: bool = True) -> None:
         super().__init__()
         self.local_name = local_name
+        self.stage = stage
         self.name = local_name  # the full name is set by name_hook_points once the model is built
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -50,9 +58,17 @@ def name_hook_points(model: nn.Module) -> None:
             module.name = f"{parent}.{module.local_name}" if parent else module.local_name
 
 
-def hook_points(model: nn.Module) -> dict[str, HookPoint]:
-    """Stage name -> hook point, in the order the forward runs them."""
-    return {m.name: m for m in model.modules() if isinstance(m, HookPoint)}
+def hook_points(model: nn.Module, stages_only: bool = False) -> dict[str, HookPoint]:
+    """Name -> hook point, stages and finer points (only stages with ``stages_only``), in module order.
+
+    For stages the module order is the order the forward runs them; a finer point sits beside
+    the stage it refines (``attn.z`` after ``attn.probs``, ``pos_embed`` before ``pos_add``).
+    """
+    return {
+        m.name: m
+        for m in model.modules()
+        if isinstance(m, HookPoint) and (m.stage or not stages_only)
+    }
 
 
 def _owner_of_probs(model: nn.Module, point: HookPoint) -> nn.Module | None:
@@ -81,7 +97,12 @@ def attached(model: nn.Module, hooks: Iterable[tuple[str, StageHook]]) -> Iterat
         for stage, fn in hooks:
             point = points.get(stage)
             if point is None:
-                raise KeyError(f"no hook point {stage!r}; the model's stages: {', '.join(points)}")
+                finer = [n for n, p in points.items() if not p.stage]
+                raise KeyError(
+                    f"no hook point {stage!r}; the model's stages: "
+                    f"{', '.join(n for n, p in points.items() if p.stage)}"
+                    + (f"; finer hook points: {', '.join(finer)}" if finer else "")
+                )
             handles.append(point.register_forward_hook(lambda _m, _args, out, fn=fn: fn(out)))
             owner = _owner_of_probs(model, point) if stage.endswith("probs") else None
             if owner is not None and getattr(owner, "fast", False):

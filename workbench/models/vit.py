@@ -151,6 +151,10 @@ class VisionTransformer(nn.Module):
         self.pos_embed = (
             nn.Parameter(torch.zeros(1, pos_len, cfg.dim)) if cfg.pos_embed == "learned" else None
         )
+        # the position term added to the tokens (1, L, D): a finer hook point, not a stage
+        self.hook_pos_embed = (
+            HookPoint("pos_embed", stage=False) if cfg.pos_embed == "learned" else nn.Identity()
+        )
         self.pos_drop = nn.Dropout(cfg.pos_dropout)
         self.hook_pos_add = HookPoint("pos_add")
         self.norm_pre = make_norm(cfg) if cfg.norm_pre else nn.Identity()
@@ -218,12 +222,13 @@ class VisionTransformer(nn.Module):
         ]
         if self.pos_embed is None:
             return torch.cat(prefix + [x], dim=1) if prefix else x
+        pos = self.hook_pos_embed(self.pos_embed)  # (1, L, D)
         if self.cfg.no_embed_class:
             # positions cover patches only; prefix tokens are concatenated afterwards
-            x = x + self.pos_embed
+            x = x + pos
             return torch.cat(prefix + [x], dim=1) if prefix else x
         x = torch.cat(prefix + [x], dim=1) if prefix else x  # (B, P + h*w, D)
-        return x + self.pos_embed
+        return x + pos
 
     def forward_blocks(self, x: torch.Tensor, start: int = 0) -> torch.Tensor:
         """The tokens entering block ``start`` (B, N, D) -> the normalised tokens after the last block."""
@@ -316,8 +321,12 @@ class VisionTransformer(nn.Module):
         )
 
     def stage_names(self) -> list[str]:
-        """Stage names in execution order: the model's hook points."""
-        return list(hook_points(self))
+        """Stage names in execution order: the model's hook points that are stages.
+
+        The finer hook points (``blocks.i.attn.z``, ``pos_embed``) are not in the list; they
+        are addressable by name (``hook_points(model)``, ``attached``).
+        """
+        return list(hook_points(self, stages_only=True))
 
 
 def drop_path_rates(cfg: ViTConfig) -> list[float]:

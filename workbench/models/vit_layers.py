@@ -168,6 +168,8 @@ class Attention(nn.Module):
         if cfg.qk_norm:
             self.hook_q_norm, self.hook_k_norm = HookPoint("q_norm"), HookPoint("k_norm")
         self.hook_probs = HookPoint("probs")  # the attention map: on the written-out path only
+        # each head's output before the output projection, on both paths (TransformerLens's hook_z)
+        self.hook_z = HookPoint("z", stage=False)
         self.attn_drop = nn.Dropout(cfg.attn_dropout)
         self.norm = make_norm(cfg) if cfg.scale_attn_norm else None
         self.hook_norm = HookPoint("norm") if cfg.scale_attn_norm else nn.Identity()
@@ -191,9 +193,8 @@ class Attention(nn.Module):
         else:
             probs = self.hook_probs(attention_probs(q, k, self.scale))  # (B, H, N, N)
             out = self.attn_drop(probs) @ v  # (B, H, N, d)
-        out = out.transpose(1, 2).reshape(
-            B, N, C
-        )  # (B, N, C): heads concatenated, out_proj's input
+        out = self.hook_z(out.transpose(1, 2))  # (B, N, H, d): each head's output
+        out = out.reshape(B, N, C)  # (B, N, C): heads concatenated, out_proj's input
         if self.norm is not None:
             out = self.hook_norm(self.norm(out))
         return self.out_drop(self.out_proj(out))

@@ -19,6 +19,7 @@ labelled dataset, and a grid of interventions evaluated on every cell. Schema::
       patches: [blocks.1.resid2]  # each example gets another example's activation there
       sets: [{name: block0_heads, items: [blocks.0.attn.head0.zero, blocks.0.attn.head1.zero]}]
     evaluation: {split: val, batch_size: 256, mean_images: 1000, mean_seed: 0}
+    patching: {pairs: 64, corruption: class, seed: 0}   # optional: activation patching
 
 Cells are the acted-on protocol's arms × seeds (seed-major), one for a pretrained model.
 Keys, types, errors and the hash follow ``workbench.protocol.common``; the grid is checked
@@ -47,6 +48,7 @@ from workbench.interventions.spec import (
     check,
     parse,
 )
+from workbench.interventions.patching import CORRUPTIONS
 from workbench.interventions.read_across import NotGlassBoxViT, glassbox_config
 from workbench.models.registry import model_config
 from workbench.models.timm_arm import TimmModelConfig
@@ -57,7 +59,15 @@ from workbench.protocol.common import SCHEMA_VERSION, SHORT_HASH_LEN, ProtocolEr
 from workbench.protocol.files import load_file
 from workbench.protocol.transfer import parse_transfer_protocol
 
-TOP_KEYS = ("name", "description", "acts_on", "pretrained", "interventions", "evaluation")
+TOP_KEYS = (
+    "name",
+    "description",
+    "acts_on",
+    "pretrained",
+    "interventions",
+    "evaluation",
+    "patching",
+)
 REQUIRED_TOP = ("name", "description", "interventions")
 SPLITS = ("val", "test")
 PRETRAINED_ARM = "pretrained"
@@ -197,6 +207,25 @@ class InterventionEvaluation:
 
 
 @dataclass(frozen=True)
+class PatchingSpec:
+    """Activation patching on every cell (``workbench.interventions.patching``); absent: none.
+
+    Attributes:
+        pairs: Clean images drawn from the evaluated split, each paired with a corrupting image
+            of another class (the same pairs for every seed).
+        corruption: ``class`` (the corrupted image is the corrupting image) or ``patches`` (the
+            clean image with ``replaced_patches`` patches, at seeded positions, taken from it).
+        replaced_patches: How many patches a ``patches`` corruption replaces.
+        seed: Seed of the pairs and of the replaced positions.
+    """
+
+    pairs: int = 64
+    corruption: str = "class"
+    replaced_patches: int = 0
+    seed: int = 0
+
+
+@dataclass(frozen=True)
 class InterventionCell:
     """One acted-on model: an arm at a seed (``pretrained`` at the init seed for a timm source)."""
 
@@ -227,6 +256,7 @@ class InterventionProtocol:
     canonical: dict = field(repr=False, compare=False)
     source_file: str = field(default="<protocol>", compare=False)
     source: Any = field(default=None, repr=False, compare=False)  # the acted-on ablation Protocol
+    patching: PatchingSpec | None = None  # absent from the canonical form (and hash) when None
 
     kind = "intervention"
 
@@ -295,6 +325,7 @@ def parse_intervention_protocol(data: Any, source: str = "<protocol>") -> Interv
         )
     )
     _check_evaluation(evaluation, grid, fail)
+    patching = _patching(top["patching"], fail) if "patching" in top else None
     acts_on = pretrained = acted = None
     if "acts_on" in top:
         acts_on, acted = acts_on_section(top["acts_on"], source, fail)
@@ -312,11 +343,40 @@ def parse_intervention_protocol(data: Any, source: str = "<protocol>") -> Interv
             "pretrained": asdict(pretrained) if pretrained else None,
             "interventions": asdict(grid),
             "evaluation": asdict(evaluation),
+            # only when given: every protocol without it keeps its hash
+            **({"patching": asdict(patching)} if patching is not None else {}),
         }
     )
     return InterventionProtocol(
-        name, text, acts_on, pretrained, grid, evaluation, digest, canonical, source, acted
+        name,
+        text,
+        acts_on,
+        pretrained,
+        grid,
+        evaluation,
+        digest,
+        canonical,
+        source,
+        acted,
+        patching,
     )
+
+
+def _patching(value: Any, fail) -> PatchingSpec:
+    raw = common.section(value, "patching", PatchingSpec, common.field_names(PatchingSpec), fail)
+    spec = PatchingSpec(**raw)
+    if spec.corruption not in CORRUPTIONS:
+        raise fail(
+            f"patching.corruption={spec.corruption!r}: must be one of {', '.join(CORRUPTIONS)}"
+        )
+    if spec.pairs < 1:
+        raise fail(f"patching.pairs={spec.pairs!r}: must be a positive integer")
+    if (spec.corruption == "patches") != (spec.replaced_patches > 0):
+        raise fail(
+            f"patching.replaced_patches={spec.replaced_patches!r}: give a positive count with "
+            "corruption: patches, and none with corruption: class"
+        )
+    return spec
 
 
 # --- sections ------------------------------------------------------------------------------

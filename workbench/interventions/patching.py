@@ -1,0 +1,310 @@
+"""Activation patching: how much of a clean run's answer one activation carries into a corrupted run.
+
+For each pair (clean image, corrupted image) the model runs on both; then, one location at a
+time, the corrupted run is repeated with the clean run's activation at that location patched
+in (denoising, the causal tracing of Meng et al. 2022). The metric is the fraction of the
+clean-vs-corrupted logit difference restored::
+
+    LD(run) = logit[clean label] - logit[contrast class]      (contrast: the corrupting image's label)
+    restored(location) = (mean LD(patched) - mean LD(corrupted)) / (mean LD(clean) - mean LD(corrupted))
+
+with the means over the pairs (a ratio of means, not a mean of ratios: a pair whose
+corruption barely moves the logits cannot blow it up; Heimersheim and Nanda 2024). 0 is no
+restoration, 1 the clean run's difference; the clean label's probability under each patch is
+kept beside it.
+
+Locations, each patched on its own (the clean activation replaces the corrupted one):
+
+- ``resid``: ``blocks.i.resid2`` (block i's output, the residual stream) at one token position:
+  a grid blocks x token positions;
+- ``branch``: ``blocks.i.attn`` or ``blocks.i.mlp`` (the branch output, every position);
+- ``head``: one head's output ``blocks.i.attn.z[:, :, h]`` (every position): blocks x heads.
+
+Pairs (``make_pairs``) are stated and seeded: ``pairs`` clean images drawn from the split, each
+with a corrupting image of another class; the corrupted image is that image (``class``) or the
+clean image with ``replaced_patches`` of its patches (seeded positions) taken from it
+(``patches``). Pairs depend on the split and the seed only, so every seed of a study sees the
+same pairs.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from workbench.interventions.cache import run_with_cache
+from workbench.interventions.spec import InterventionError
+from workbench.models.hooks import attached
+from workbench.models.vit import VisionTransformer
+
+CORRUPTIONS = ("class", "patches")
+
+
+@dataclass(frozen=True)
+class Pairs:
+    """Clean and corrupting images (positions in the split), and which patches a corruption replaces.
+
+    Attributes:
+        clean: (P,) the clean images.
+        source: (P,) each clean image's corrupting image (another class).
+        replaced: (P, K) patch indices (row-major over the patch grid) taken from the corrupting
+            image; K = 0 for ``class`` corruption (the corrupted image is the corrupting one).
+    """
+
+    clean: np.ndarray
+    source: np.ndarray
+    replaced: np.ndarray
+
+
+def make_pairs(
+    labels: np.ndarray,
+    count: int,
+    seed: int,
+    *,
+    corruption: str = "class",
+    replaced_patches: int = 0,
+    num_patches: int = 0,
+) -> Pairs:
+    """``count`` seeded (clean, corrupting) pairs from a split's labels.
+
+    Raises:
+        InterventionError: Too few images, one class only, or more patches than the grid has.
+    """
+    if corruption not in CORRUPTIONS:
+        raise InterventionError(
+            f"corruption {corruption!r}: must be one of {', '.join(CORRUPTIONS)}"
+        )
+    labels = np.asarray(labels)
+    if count < 1 or count > len(labels):
+        raise InterventionError(f"patching pairs={count}: the split has {len(labels)} images")
+    if len(np.unique(labels)) < 2:
+        raise InterventionError("patching needs images of at least 2 classes to corrupt with")
+    if corruption == "patches" and not 0 < replaced_patches <= num_patches:
+        raise InterventionError(
+            f"replaced_patches={replaced_patches}: must be 1 to the model's {num_patches} patches"
+        )
+    rng = np.random.default_rng(seed)
+    clean = np.sort(rng.choice(len(labels), size=count, replace=False))
+    source = np.array([rng.choice(np.flatnonzero(labels != labels[c])) for c in clean])
+    k = replaced_patches if corruption == "patches" else 0
+    replaced = np.array(
+        [np.sort(rng.choice(num_patches, size=k, replace=False)) for _ in clean], dtype=np.int64
+    ).reshape(count, k)
+    return Pairs(clean, source, replaced)
+
+
+def corrupt(
+    x_clean: torch.Tensor, x_source: torch.Tensor, replaced: np.ndarray, cfg
+) -> torch.Tensor:
+    """The clean images with the listed patches taken from the source images (model inputs, (B, C, H, W)).
+
+    With no patch listed (``class`` corruption) the corrupted image is the source image.
+    """
+    if replaced.shape[1] == 0:
+        return x_source
+    out = x_clean.clone()
+    ph, pw = cfg.patch_hw
+    cols = cfg.grid[1]
+    for b in range(len(out)):
+        for p in replaced[b]:
+            r, c = divmod(int(p), cols)
+            rows, colsl = slice(r * ph, (r + 1) * ph), slice(c * pw, (c + 1) * pw)
+            out[b, :, rows, colsl] = x_source[b, :, rows, colsl]
+    return out
+
+
+@dataclass
+class PatchingResult:
+    """Per-pair logit differences and clean-label probabilities under every patch.
+
+    Attributes:
+        clean_ld, corrupted_ld: (P,) the logit difference of the clean and the corrupted run.
+        clean_prob, corrupted_prob: (P,) the clean label's probability in each run.
+        resid_ld, resid_prob: (P, depth, tokens): ``blocks.i.resid2`` patched at one position.
+        branch_ld, branch_prob: (P, depth, 2): ``blocks.i.attn``, ``blocks.i.mlp`` patched.
+        head_ld, head_prob: (P, depth, heads): ``blocks.i.attn.z`` head h patched.
+        seconds: Evaluation time.
+    """
+
+    clean_ld: np.ndarray
+    corrupted_ld: np.ndarray
+    clean_prob: np.ndarray
+    corrupted_prob: np.ndarray
+    resid_ld: np.ndarray
+    resid_prob: np.ndarray
+    branch_ld: np.ndarray
+    branch_prob: np.ndarray
+    head_ld: np.ndarray
+    head_prob: np.ndarray
+    seconds: float = 0.0
+
+    def restored(self, patched_ld: np.ndarray) -> np.ndarray:
+        """Fraction of the logit difference restored, a ratio of means over the pairs (axis 0)."""
+        return restored_fraction(patched_ld, self.clean_ld, self.corrupted_ld)
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        return {k: v for k, v in vars(self).items() if isinstance(v, np.ndarray)}
+
+
+def restored_fraction(patched_ld: np.ndarray, clean_ld: np.ndarray, corrupted_ld: np.ndarray):
+    """(mean patched - mean corrupted) / (mean clean - mean corrupted), means over axis 0."""
+    gap = float(np.mean(clean_ld, dtype=np.float64) - np.mean(corrupted_ld, dtype=np.float64))
+    if gap == 0.0:
+        return np.full(patched_ld.shape[1:], np.nan)
+    return (
+        np.mean(patched_ld, axis=0, dtype=np.float64) - np.mean(corrupted_ld, dtype=np.float64)
+    ) / gap
+
+
+def _ld_prob(logits: torch.Tensor, y: torch.Tensor, contrast: torch.Tensor):
+    logits = logits.float()
+    ld = logits.gather(1, y[:, None]) - logits.gather(1, contrast[:, None])
+    prob = logits.softmax(-1).gather(1, y[:, None])
+    return ld[:, 0].cpu().numpy(), prob[:, 0].cpu().numpy()
+
+
+@torch.no_grad()
+def patch_batch(
+    model: VisionTransformer,
+    x_clean: torch.Tensor,
+    x_corrupt: torch.Tensor,
+    y: torch.Tensor,
+    contrast: torch.Tensor,
+) -> dict[str, np.ndarray]:
+    """Every location of the grid patched from the clean run into the corrupted run, for one batch.
+
+    A patch in block i starts from the corrupted run's tokens entering block i (the blocks
+    before it would compute them again); a residual patch at block i's output starts at block
+    i + 1 from the corrupted output with one position replaced.
+    """
+    cfg = model.cfg
+    depth, heads = cfg.depth, cfg.heads
+    keep = ["resid2", "attn", "mlp", "attn.z"]
+    want = lambda n: n.startswith("blocks.") and n.split(".", 2)[2] in keep  # noqa: E731
+    clean_logits, clean = run_with_cache(model, x_clean, names_filter=want)
+    first = "norm_pre" if cfg.norm_pre else "pos_add"
+    corrupt_logits, corr = run_with_cache(
+        model, x_corrupt, names_filter=lambda n: n == first or n.endswith(".resid2")
+    )
+    entering = [corr[first]] + [corr[f"blocks.{i}.resid2"] for i in range(depth)]
+    out: dict[str, list] = {}
+    out["clean"] = _ld_prob(clean_logits, y, contrast)
+    out["corrupted"] = _ld_prob(corrupt_logits, y, contrast)
+    B, N = x_clean.shape[0], entering[0].shape[1]
+    resid = np.zeros((2, B, depth, N), dtype=np.float32)
+    branch = np.zeros((2, B, depth, 2), dtype=np.float32)
+    head = np.zeros((2, B, depth, heads), dtype=np.float32)
+
+    def tail(tokens: torch.Tensor, start: int) -> torch.Tensor:
+        return model.forward_head(model.forward_blocks(tokens, start))
+
+    for i in range(depth):
+        clean_out = clean[f"blocks.{i}.resid2"]
+        for t in range(N):
+            tokens = entering[i + 1].clone()
+            tokens[:, t] = clean_out[:, t]
+            resid[:, :, i, t] = _ld_prob(tail(tokens, i + 1), y, contrast)
+        for j, kind in enumerate(("attn", "mlp")):
+            value = clean[f"blocks.{i}.{kind}"]
+            with attached(model, [(f"blocks.{i}.{kind}", lambda a, v=value: v)]):
+                branch[:, :, i, j] = _ld_prob(tail(entering[i], i), y, contrast)
+        z = clean[f"blocks.{i}.attn.z"]
+        for h in range(heads):
+
+            def one_head(a, h=h, z=z):
+                a = a.clone()
+                a[:, :, h] = z[:, :, h]
+                return a
+
+            with attached(model, [(f"blocks.{i}.attn.z", one_head)]):
+                head[:, :, i, h] = _ld_prob(tail(entering[i], i), y, contrast)
+    return {
+        "clean_ld": out["clean"][0],
+        "clean_prob": out["clean"][1],
+        "corrupted_ld": out["corrupted"][0],
+        "corrupted_prob": out["corrupted"][1],
+        "resid_ld": resid[0],
+        "resid_prob": resid[1],
+        "branch_ld": branch[0],
+        "branch_prob": branch[1],
+        "head_ld": head[0],
+        "head_prob": head[1],
+    }
+
+
+def patch_pairs(
+    model: VisionTransformer,
+    images: torch.Tensor,
+    labels: torch.Tensor,
+    pairs: Pairs,
+    inputs,
+) -> PatchingResult:
+    """The whole grid over every pair of a split (uint8 images), batched as ``inputs`` says.
+
+    Args:
+        model: Glass-box ViT in eval mode (unchanged).
+        images, labels: The split (uint8 ``(N, C, H, W)``, labels in the model's classes).
+        pairs: From ``make_pairs`` on these labels.
+        inputs: ``evaluate.Inputs``: normalisation, batch size, device, resize, autocast.
+    """
+    if model.training:
+        raise InterventionError("patching measures the trained function: call model.eval() first")
+    started = time.perf_counter()
+    clean_idx, source_idx = torch.from_numpy(pairs.clean), torch.from_numpy(pairs.source)
+    y_all, contrast_all = labels[clean_idx], labels[source_idx]
+    clean_loader = inputs.loader(images[clean_idx], y_all)
+    source_loader = inputs.loader(images[source_idx], contrast_all)
+    parts: list[dict[str, np.ndarray]] = []
+    done = 0
+    with inputs.autocast():
+        for clean, source in zip(clean_loader, source_loader):
+            b = len(clean.labels)
+            x_corrupt = corrupt(
+                clean.images, source.images, pairs.replaced[done : done + b], model.cfg
+            )
+            parts.append(patch_batch(model, clean.images, x_corrupt, clean.labels, source.labels))
+            done += b
+    joined = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+    return PatchingResult(**joined, seconds=time.perf_counter() - started)
+
+
+def patch_split(
+    model: VisionTransformer,
+    images: torch.Tensor,
+    labels: torch.Tensor,
+    indices: torch.Tensor,
+    inputs,
+    spec,
+) -> tuple[PatchingResult, dict[str, np.ndarray]]:
+    """The protocol's patching on one evaluated split: the result and the pairs as logged.
+
+    Args:
+        spec: The protocol's ``patching`` section (pairs, corruption, replaced_patches, seed).
+
+    Returns:
+        The result and the pairs' arrays: ``clean_index`` and ``source_index`` (each image's
+        position in the dataset's source split), ``clean_label``, ``contrast_label`` and
+        ``replaced`` (the patch indices a ``patches`` corruption took).
+    """
+    labels_np = labels.cpu().numpy()
+    pairs = make_pairs(
+        labels_np,
+        spec.pairs,
+        spec.seed,
+        corruption=spec.corruption,
+        replaced_patches=spec.replaced_patches,
+        num_patches=model.cfg.num_patches,
+    )
+    result = patch_pairs(model, images, labels, pairs, inputs)
+    idx = indices.cpu().numpy()
+    logged = {
+        "clean_index": idx[pairs.clean],
+        "source_index": idx[pairs.source],
+        "clean_label": labels_np[pairs.clean],
+        "contrast_label": labels_np[pairs.source],
+        "replaced": pairs.replaced,
+    }
+    return result, logged
