@@ -139,6 +139,55 @@ def test_cells_of_other_code_are_named_in_one_line_by_ablate_and_status(setup, c
     ), result.output
 
 
+def test_status_finds_a_study_whose_experiment_was_renamed_as_ablate_does(setup):
+    """ablate finds a study by its tags after the experiment is renamed in the UI; so does status."""
+    from click.testing import CliRunner
+    from mlflow.entities import Param, RunStatus
+
+    from studies.cli import main
+    from tracking.record.protocol_runs import study_key
+    from workbench.train.fingerprint import current_code_fingerprint
+
+    tmp_path, _ = setup
+    path = write_protocol(tmp_path, epochs=1)
+    protocol = open_protocol(str(path), allow_dirty=True)
+    client = MlflowClient()
+    experiment = client.get_experiment_by_name("tiny").experiment_id
+    parent = client.create_run(
+        experiment,
+        tags={
+            "parent": "true",
+            "protocol_name": "tiny",
+            "protocol_hash": protocol.hash,
+            "study_key": study_key(protocol),
+        },
+    ).info.run_id
+    for cell in protocol.cells():
+        run = client.create_run(
+            experiment,
+            tags={
+                "cell": "true",
+                "protocol_name": "tiny",
+                "protocol_hash": protocol.hash,
+                "arm": cell.arm,
+                "seed": str(cell.seed),
+                "mlflow.parentRunId": parent,
+            },
+        )
+        client.log_batch(
+            run.info.run_id, params=[Param("code_fingerprint", current_code_fingerprint())]
+        )
+        client.set_terminated(run.info.run_id, RunStatus.to_string(RunStatus.FINISHED))
+    client.set_terminated(parent, RunStatus.to_string(RunStatus.FINISHED))
+    client.rename_experiment(experiment, "tiny (renamed in the UI)")
+    result = CliRunner().invoke(main, ["status", "--protocol", str(path)])
+    assert result.exit_code == 0, result.output
+    assert "never run here" not in result.output, result.output
+    assert f"parent run {parent}: FINISHED" in result.output, result.output
+    assert "next ablate: skip it x4" in result.output, result.output
+    assert client.get_experiment_by_name("tiny") is None, "status created an experiment"
+
+
 def test_a_changed_protocol_with_the_same_name_is_refused(setup):
     tmp_path, folder = setup
     path = write_protocol(tmp_path, epochs=1)

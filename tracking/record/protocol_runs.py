@@ -244,15 +244,26 @@ def reap_dead_runs(
 ) -> list[tuple[str, str]]:
     """Mark this protocol's RUNNING runs whose lease expired as KILLED (reads only an existing experiment)."""
     client = MlflowClient()
-    exp = client.get_experiment_by_name(protocol_name)
-    if exp is None:
-        return []
     where = (
         tag_is(PROTOCOL_HASH, protocol_hash)
         if protocol_hash
         else tag_is(PROTOCOL_NAME, protocol_name)
     )
-    return reap_expired(client, exp.experiment_id, where, log=log)
+    return [
+        reaped
+        for exp_id in _study_experiments(client, protocol_name)
+        for reaped in reap_expired(client, exp_id, where, log=log)
+    ]
+
+
+def _study_experiments(client: MlflowClient, protocol_name: str) -> list[str]:
+    """The experiments a reader looks in: those ``experiment_id_for`` would find (renamed ones
+    included, by their runs' tags), else the one of the protocol's name; none is created."""
+    holding = list(_experiments_holding(client, protocol_name))
+    if holding:
+        return holding
+    named = client.get_experiment_by_name(protocol_name)
+    return [named.experiment_id] if named is not None else []
 
 
 @dataclass
@@ -457,14 +468,18 @@ def start_parent_run(
 
 
 def experiment_exists(protocol_name: str) -> bool:
-    return MlflowClient().get_experiment_by_name(protocol_name) is not None
+    """Whether the protocol has an experiment: of its name, or renamed and found by its runs' tags."""
+    return bool(_study_experiments(MlflowClient(), protocol_name))
 
 
 def study_runs(protocol) -> list[Run]:
-    """The parent run(s) of this study (normally one), oldest first; none when never run."""
+    """The parent run(s) of this study (normally one), oldest first; none when never run.
+
+    Found as ``ablate`` finds them: in the experiment holding the protocol's runs, renamed or not.
+    """
     client = MlflowClient()
-    exp = client.get_experiment_by_name(protocol.name)
-    return _parents(client, exp.experiment_id, study_key(protocol)) if exp else []
+    key = study_key(protocol)
+    return [r for i in _study_experiments(client, protocol.name) for r in _parents(client, i, key)]
 
 
 def _unsynced_fallback_parent(experiment: str, key: str) -> Run | None:
