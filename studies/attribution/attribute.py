@@ -44,7 +44,7 @@ from tracking.record.schema import (
     TRUE,
     cell_tags,
 )
-from workbench.attribution import AttributionError, score_cell
+from workbench.attribution import AttributionError, as_glassbox, score_cell
 from workbench.data import DatasetNotFound, PreparedData, PreparedSplit, prepare
 from workbench.interventions import InterventionError
 from workbench.interventions.evaluate import Inputs
@@ -100,6 +100,7 @@ def _pretrained_data(protocol: AttributionProtocol, data_path: str | None, downl
     """The pinned timm ViT and its dataset, with labels mapped to the model's outputs (as ``intervene`` does)."""
     spec = protocol.pretrained
     acted = pretrained_model(spec.model, spec.weights, spec.seed, spec.timm_kwargs)
+    as_glassbox(acted.model)  # a head attribution cannot read is refused here, before any run opens
     remove_abandoned_cache_files()
     data = prepare(
         spec.dataset,
