@@ -203,8 +203,42 @@ def test_a_changed_protocol_with_the_same_name_is_refused(setup):
 def test_an_uncommitted_protocol_is_refused_without_allow_dirty(setup):
     tmp_path, _ = setup
     path = write_protocol(tmp_path)
-    with pytest.raises(ProtocolDirtyError, match="tiny.yaml"):
+    with pytest.raises(ProtocolDirtyError, match="tiny.yaml") as info:
         open_protocol(str(path), allow_dirty=False)
+    assert "--allow-dirty" in str(info.value), str(info.value)  # the option, by its name
+
+
+def test_ablate_ends_with_each_cells_test_accuracy_and_the_report_command(setup):
+    """What `make run` shows last: the test accuracy of each cell, then the command of the report."""
+    from click.testing import CliRunner
+
+    from studies.cli import main
+
+    tmp_path, folder = setup
+    path = write_protocol(tmp_path, epochs=1)
+    path.write_text(path.read_text().replace("seeds: [0, 1]", "seeds: [0]"))
+    result = CliRunner().invoke(
+        main,
+        [
+            "ablate",
+            "--protocol",
+            str(path),
+            "--allow-dirty",
+            "--device",
+            "cpu",
+            "--data-path",
+            str(folder),
+            "--output-dir",
+            str(tmp_path / "out"),
+        ],
+    )
+    assert result.exit_code == 0, result.output[-2000:]
+    lines = [x for x in result.output.splitlines() if x.strip()]
+    finished = [x for x in lines if "best val accuracy" in x]
+    assert len(finished) == 2 and all(
+        re.search(r"; test accuracy \d\.\d{4}", x) for x in finished
+    ), finished
+    assert lines[-1] == "report: workbench report --protocol tiny", lines[-3:]
 
 
 @pytest.mark.slow  # two ablate executions (about 15 s idle): moved when the default tier passed 5 minutes
