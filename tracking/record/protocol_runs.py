@@ -472,6 +472,19 @@ def experiment_exists(protocol_name: str) -> bool:
     return bool(_study_experiments(MlflowClient(), protocol_name))
 
 
+def recorded_protocol_files(protocol_name: str) -> list[str]:
+    """The ``protocol_file`` its parent runs record (as each execution was given it), newest first."""
+    client = MlflowClient()
+    runs = [
+        r
+        for i in _study_experiments(client, protocol_name)
+        for r in client.search_runs([i], parent_filter(protocol_name), max_results=1000)
+    ]
+    runs.sort(key=lambda r: r.info.start_time or 0, reverse=True)
+    files = (r.data.tags.get("protocol_file", "") for r in runs)
+    return list(dict.fromkeys(f for f in files if f))
+
+
 def study_runs(protocol) -> list[Run]:
     """The parent run(s) of this study (normally one), oldest first; none when never run.
 
