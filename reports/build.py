@@ -25,7 +25,14 @@ from reports.attribution.attribution_report import (
     build_attribution_report,
     render_attribution_study,
 )
-from reports.collect import ReportError, StudyData, load_study, protocol_file, resolve_protocol
+from reports.collect import (
+    ReportError,
+    StudyData,
+    load_study,
+    protocol_file,
+    recorded_file,
+    resolve_protocol,
+)
 from reports.evidence import EVIDENCE_DIR, export_evidence, export_format, load_evidence
 from reports.interventions.intervention_evidence import (
     FORMAT as INTERVENTION_FORMAT,
@@ -164,6 +171,20 @@ def build_report(
             ("an attribution", is_attribution_study),
         ):
             if known(protocol):
+                recorded = recorded_file(protocol)
+                if recorded is not None:  # kept outside studies/protocols/: its parent says where
+                    return build_report(
+                        str(recorded),
+                        out_root,
+                        hash_prefix,
+                        commit,
+                        compare,
+                        n_resamples,
+                        log,
+                        strict,
+                        evidence=evidence,
+                        interactions=interactions,
+                    )
                 raise ReportError(
                     f"{protocol} is {what} protocol: report it with its protocol file "
                     "(studies/protocols/<name>.yaml or a path)"

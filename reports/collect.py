@@ -9,6 +9,8 @@ newest finished one (latest end time, then run id), or the newest of the commit 
 
 from __future__ import annotations
 
+import contextlib
+
 import hashlib
 import json
 import tempfile
@@ -146,6 +148,27 @@ def protocol_file(protocol: str) -> Path | None:
     if not path.is_file() and (PROTOCOL_DIR / f"{protocol}.yaml").is_file():
         path = PROTOCOL_DIR / f"{protocol}.yaml"
     return path if path.is_file() else None
+
+
+def recorded_file(protocol: str) -> Path | None:
+    """The protocol file of this name that its parent runs record (``protocol_file``), if it is here.
+
+    A protocol kept outside ``studies/protocols/`` (a subfolder, another folder) is found by
+    name this way, as ``report --all`` names it. A recorded path is read as given (from the
+    folder the execution ran in, usually the repository's root), then from the repository's
+    root; a file that holds another protocol name is not it.
+    """
+    from tracking.record.protocol_runs import recorded_protocol_files
+    from workbench.protocol import read_yaml
+
+    root = PROTOCOL_DIR.parents[1]
+    for recorded in recorded_protocol_files(protocol):
+        for path in (Path(recorded), root / recorded):
+            if path.is_file():
+                with contextlib.suppress(Exception):  # unreadable or another protocol: not it
+                    if read_yaml(path).get("name") == protocol:
+                        return path
+    return None
 
 
 def resolve_hash(

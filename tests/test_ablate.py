@@ -139,6 +139,55 @@ def test_cells_of_other_code_are_named_in_one_line_by_ablate_and_status(setup, c
     ), result.output
 
 
+def test_status_finds_a_study_whose_experiment_was_renamed_as_ablate_does(setup):
+    """ablate finds a study by its tags after the experiment is renamed in the UI; so does status."""
+    from click.testing import CliRunner
+    from mlflow.entities import Param, RunStatus
+
+    from studies.cli import main
+    from tracking.record.protocol_runs import study_key
+    from workbench.train.fingerprint import current_code_fingerprint
+
+    tmp_path, _ = setup
+    path = write_protocol(tmp_path, epochs=1)
+    protocol = open_protocol(str(path), allow_dirty=True)
+    client = MlflowClient()
+    experiment = client.get_experiment_by_name("tiny").experiment_id
+    parent = client.create_run(
+        experiment,
+        tags={
+            "parent": "true",
+            "protocol_name": "tiny",
+            "protocol_hash": protocol.hash,
+            "study_key": study_key(protocol),
+        },
+    ).info.run_id
+    for cell in protocol.cells():
+        run = client.create_run(
+            experiment,
+            tags={
+                "cell": "true",
+                "protocol_name": "tiny",
+                "protocol_hash": protocol.hash,
+                "arm": cell.arm,
+                "seed": str(cell.seed),
+                "mlflow.parentRunId": parent,
+            },
+        )
+        client.log_batch(
+            run.info.run_id, params=[Param("code_fingerprint", current_code_fingerprint())]
+        )
+        client.set_terminated(run.info.run_id, RunStatus.to_string(RunStatus.FINISHED))
+    client.set_terminated(parent, RunStatus.to_string(RunStatus.FINISHED))
+    client.rename_experiment(experiment, "tiny (renamed in the UI)")
+    result = CliRunner().invoke(main, ["status", "--protocol", str(path)])
+    assert result.exit_code == 0, result.output
+    assert "never run here" not in result.output, result.output
+    assert f"parent run {parent}: FINISHED" in result.output, result.output
+    assert "next ablate: skip it x4" in result.output, result.output
+    assert client.get_experiment_by_name("tiny") is None, "status created an experiment"
+
+
 def test_a_changed_protocol_with_the_same_name_is_refused(setup):
     tmp_path, folder = setup
     path = write_protocol(tmp_path, epochs=1)
@@ -154,8 +203,42 @@ def test_a_changed_protocol_with_the_same_name_is_refused(setup):
 def test_an_uncommitted_protocol_is_refused_without_allow_dirty(setup):
     tmp_path, _ = setup
     path = write_protocol(tmp_path)
-    with pytest.raises(ProtocolDirtyError, match="tiny.yaml"):
+    with pytest.raises(ProtocolDirtyError, match="tiny.yaml") as info:
         open_protocol(str(path), allow_dirty=False)
+    assert "--allow-dirty" in str(info.value), str(info.value)  # the option, by its name
+
+
+def test_ablate_ends_with_each_cells_test_accuracy_and_the_report_command(setup):
+    """What `make run` shows last: the test accuracy of each cell, then the command of the report."""
+    from click.testing import CliRunner
+
+    from studies.cli import main
+
+    tmp_path, folder = setup
+    path = write_protocol(tmp_path, epochs=1)
+    path.write_text(path.read_text().replace("seeds: [0, 1]", "seeds: [0]"))
+    result = CliRunner().invoke(
+        main,
+        [
+            "ablate",
+            "--protocol",
+            str(path),
+            "--allow-dirty",
+            "--device",
+            "cpu",
+            "--data-path",
+            str(folder),
+            "--output-dir",
+            str(tmp_path / "out"),
+        ],
+    )
+    assert result.exit_code == 0, result.output[-2000:]
+    lines = [x for x in result.output.splitlines() if x.strip()]
+    finished = [x for x in lines if "best val accuracy" in x]
+    assert len(finished) == 2 and all(
+        re.search(r"; test accuracy \d\.\d{4}", x) for x in finished
+    ), finished
+    assert lines[-1] == "report: workbench report --protocol tiny", lines[-3:]
 
 
 @pytest.mark.slow  # two ablate executions (about 15 s idle): moved when the default tier passed 5 minutes

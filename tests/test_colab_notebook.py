@@ -285,8 +285,9 @@ def prepare_server_and_queue(url: str, origin: Path, queue: str, monkeypatch) ->
     )
     assert refused.exit_code == 1 and refused.output.strip().splitlines() == [
         f"Error: MLflow tracking server {url} does not let account 'colab' write to experiment 'colab_queue' (id 1), "
-        "which another account created (HTTP 403). Its owner or the server's admin gives it EDIT: "
-        "workbench server grant colab colab_queue --permission EDIT"
+        "which another account created (HTTP 403). If it is your team's study, the account that created it "
+        "has it shared with you (docs/server.md, section 2); otherwise give your protocol another name: an "
+        "experiment another account holds is not yours to use"
     ], refused.output
     as_account(monkeypatch, ADMIN)
     granted = runner.invoke(

@@ -121,6 +121,22 @@ def test_description_that_contradicts_the_hash_is_flagged():
         )
 
 
+def test_a_transfer_description_may_say_how_its_source_was_trained():
+    """Epochs and seeds of the source's own training are not the transfer's settings; the
+    transfer's own are still checked."""
+    data = yaml.safe_load((PROTOCOLS / "retina_transfer.yaml").read_text())
+    canonical = copy.deepcopy(parse_transfer_protocol(data).canonical)
+    epochs = sorted({r["epochs"] for r in canonical["regimes"]})
+    canonical["description"] = (
+        "Transfer from a source ViT that was trained for 97 epochs with three seeds on CIFAR-10. "
+        f"Each regime trains {epochs[0]} epochs."
+    )
+    assert description_conflicts(canonical) == [], description_conflicts(canonical)
+    canonical["description"] += " Each regime trains 97 epochs."
+    (problem,) = description_conflicts(canonical)
+    assert "'97 epochs' but no epoch setting of the protocol is 97" in problem, problem
+
+
 def test_transfer_table_with_trained_parameter_counts():
     data = yaml.safe_load((PROTOCOLS / "retina_transfer.yaml").read_text())
     canonical = parse_transfer_protocol(data).canonical

@@ -204,3 +204,39 @@ def test_coverage_mode_prints_and_logs_a_table(mlflow_store, monkeypatch):
     assert list(table.verdict) == ["match", "refused", "refused"]
     assert table.max_stage_diff.iloc[0] == 0.0 and table.max_gradient_diff.iloc[0] == 0.0
     assert "pooling=map" in table.family_options.iloc[0]
+
+
+TRAINED_KWARGS = {
+    "img_size": 32,
+    "patch_size": 4,
+    "embed_dim": 64,
+    "depth": 2,
+    "num_heads": 4,
+    "mlp_ratio": 2.0,
+    "num_classes": 10,
+}
+
+
+def test_a_timm_arm_built_with_keyword_arguments_is_checked_with_model_kwargs(
+    mlflow_store, tmp_path
+):
+    """A trained timm arm (here: vit_tiny reduced as smoke_timm_arms builds it) is checked from its
+    weights file with the arm's kwargs; without them the misfit is one short line naming the option."""
+    import timm
+    from safetensors.torch import save_file
+
+    model = timm.create_model("vit_tiny_patch16_224", pretrained=False, **TRAINED_KWARGS)
+    weights = tmp_path / "arm.safetensors"
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(weights))
+    base = ["equivalence", "--model", "vit_tiny_patch16_224", "--weights", str(weights)]
+    refused = CliRunner().invoke(main, [*base, "--batch", "1"])
+    assert refused.exit_code == 1 and "Traceback" not in refused.output, refused.output[-500:]
+    (line,) = [x for x in refused.output.splitlines() if x.startswith("Error")]
+    assert len(line) < 500 and "--model-kwargs" in line, f"{len(line)} characters: {line[:600]}"
+    result = CliRunner().invoke(
+        main, [*base, "--batch", "1", "--model-kwargs", json.dumps(TRAINED_KWARGS)]
+    )
+    assert result.exit_code == 0, result.output[-2000:]
+    assert "PASS vit_tiny_patch16_224" in result.output, result.output[-2000:]
+    bad = CliRunner().invoke(main, [*base, "--model-kwargs", "{img_size: 32"])
+    assert bad.exit_code == 2 and "--model-kwargs" in bad.output, bad.output

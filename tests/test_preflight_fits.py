@@ -107,6 +107,18 @@ CASES = [  # (pieces, folder, every part the one error line must hold)
         "rgb",
         ["run.batch_size 64 is larger than the training split (18 images"],
     ),
+    (  # 18 training images in batches of 17: the last holds one image, and resnet10t's batch norm
+        # sees one value per channel on an 8 px image (the study CNN's keeps 2 x 2 and trains)
+        {
+            "cnn": "{name: timm/resnet10t, in_chans: 3, num_classes: 3}, run: {batch_size: 17}",
+        },
+        "rgb",
+        [
+            "arms[1] (cnn): arms[1].overrides.run.batch_size=17 leaves 1 image in the last training "
+            "batch (18 training images): its batch norm cannot train on one image",
+            "use a batch size of 16",
+        ],
+    ),
     (
         {"dataset": "{name: image_folder, train_size: 10}"},
         "rgb",

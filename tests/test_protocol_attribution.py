@@ -102,6 +102,30 @@ def test_bad_input_names_the_key(edit, says):
     assert says in error(edit)
 
 
+def test_a_mean_pooling_vit_arm_is_refused_at_load_in_one_line(tmp_path):
+    """Attribution reads the class token's row: a mean-pooling ViT arm is refused as a CNN arm is,
+    at load (before any run opens), not by a failing cell."""
+    text = (PROTOCOLS / "smoke.yaml").read_text()
+    text = text.replace(
+        "overrides:\n      model: {name: fmnist_cnn}",
+        "overrides:\n      model: {name: fmnist_vit, pooling: mean}",
+    ).replace("name: cnn", "name: vit_mean")
+    (tmp_path / "smoke.yaml").write_text(text)
+    acted = load_protocol(tmp_path / "smoke.yaml")
+    assert acted.arms[1].config.model.overrides == {"pooling": "mean"}, acted.arms[1]
+    data = copy.deepcopy(BASE)
+    data["acts_on"] = {"protocol": "smoke", "hash": acted.hash, "arms": ["vit_mean"]}
+    with pytest.raises(ProtocolError) as info:
+        parse_attribution_protocol(data, source=str(tmp_path / "tiny_faith.yaml"))
+    message = str(info.value)
+    assert "\n" not in message and "'vit_mean' is not a ViT arm" not in message, message
+    assert "acts_on.arms: 'vit_mean'" in message and "pooling='mean'" in message, message
+    data["acts_on"].pop("arms")  # by default: the arms it can act on
+    assert parse_attribution_protocol(data, source=str(tmp_path / "tiny_faith.yaml")).arms == (
+        "vit",
+    )
+
+
 def test_shipped_attribution_protocols_load_as_their_kind():
     for name in ("smoke_faithfulness", "fmnist_seed_recipe_faithfulness"):
         p = load_attribution_protocol(PROTOCOLS / f"{name}.yaml")

@@ -920,3 +920,33 @@ def test_sigkill_of_the_launcher_leaves_no_server_and_no_secret_file(tmp_path):
         print(f"server gone {time.monotonic() - killed:.1f} s after SIGKILL of its launcher")
     finally:
         launcher.stop()
+
+
+@pytest.mark.integration
+def test_a_strangers_experiment_holding_a_forged_parent_is_not_the_study(
+    carol_and_dave, isolated_tracking, monkeypatch
+):
+    """carol (READ on others' experiments, like every account) plants a run tagged as a parent of
+    dave's protocol in an experiment of her own: dave's study does not go there, and the error for
+    an experiment another account holds advises dave no grant of his own."""
+    from tracking.record.protocol_runs import experiment_id_for, frozen_hashes, no_edit_grant
+
+    url = carol_and_dave
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", url)
+    client = MlflowClient(url)
+    as_user(monkeypatch, CAROL)
+    trap = client.create_experiment("carols-trap")
+    client.create_run(
+        trap,
+        tags={"protocol_name": "daves_study", "protocol_hash": "f00d", "parent": "true"},
+    )
+    as_user(monkeypatch, DAVE)
+    assert frozen_hashes("daves_study") == set(), "a stranger's forged parent froze dave's protocol"
+    mine = experiment_id_for("daves_study")
+    assert mine != trap and client.get_experiment(mine).name == "daves_study", mine
+    # An experiment of the protocol's name that another account made first (squatted):
+    as_user(monkeypatch, CAROL)
+    squat = client.create_experiment("daves_other_study")
+    as_user(monkeypatch, DAVE)
+    message = str(no_edit_grant(client, squat))
+    assert "workbench server grant dave" not in message and "another name" in message, message

@@ -124,12 +124,20 @@ def test_summary_matrix_and_seed_consistency_from_outcomes():
     ), caveats
 
 
-def test_an_intervention_protocol_known_only_by_name_is_refused_in_one_line(logged, tmp_path):
+def test_an_intervention_protocol_named_is_reported_from_the_file_its_parent_records(
+    logged, tmp_path
+):
+    """A protocol kept outside studies/protocols/ (a subfolder, a path): by name, as ``report --all``
+    asks for it, the file its parent run records is the one reported; with that file gone, refused."""
+    result = build_report("tiny_logged", tmp_path / "out", log=False, strict=True)
+    md = result.markdown.read_text()
+    assert f"tiny_logged@{logged['protocol'].short_hash}" in md, md[:500]
+    logged["path"].unlink()
     with pytest.raises(
         ReportError,
         match="tiny_logged is an intervention protocol: report it with its protocol file",
     ):
-        build_report("tiny_logged", tmp_path / "out", log=False)
+        build_report("tiny_logged", tmp_path / "out3", log=False)
 
 
 def test_cells_of_another_interventions_code_are_never_mixed_in(logged):

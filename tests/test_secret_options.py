@@ -190,6 +190,38 @@ def test_children_get_what_they_need_and_nothing_else():
     assert set(watchdog_env(ENVIRON)) == {"PATH", "HOME", "LANG", "LC_ALL"}
 
 
+def test_a_worker_gets_the_workbench_variables_it_reads_by_name_and_no_queue_url(monkeypatch):
+    """A variable the coordinator's shell holds a queue URL in (``--storage-env WORKBENCH_QUEUE_URL``)
+    is no worker's business: its queue comes as WORKBENCH_STORAGE only."""
+    from studies.ablation.jobs import worker_environment
+
+    queue = f"postgresql://optuna:{SECRET}@db.example/optuna"
+    environ = {
+        **ENVIRON,
+        "WORKBENCH_QUEUE_URL": queue,
+        "WORKBENCH_ANYTHING_ELSE": "x",
+        "WORKBENCH_DATA_DIR": "/d",
+        "WORKBENCH_CACHE_DIR": "/c",
+        "WORKBENCH_USER": "ana",
+        "WORKBENCH_DEBUG": "1",
+        "WORKBENCH_LEASE_SECONDS": "60",
+    }
+    worker = worker_env(environ)
+    assert {k for k in worker if k.startswith("WORKBENCH_")} == {
+        "WORKBENCH_OFFLINE_DIR",
+        "WORKBENCH_DATA_DIR",
+        "WORKBENCH_CACHE_DIR",
+        "WORKBENCH_USER",
+        "WORKBENCH_DEBUG",
+        "WORKBENCH_LEASE_SECONDS",
+    }, sorted(worker)
+    # Whatever variable the coordinator's URL came from (any name), its value goes nowhere else.
+    monkeypatch.setattr("os.environ", {**environ, "MLFLOW_MY_QUEUE": queue})
+    env = worker_environment(queue)
+    holding = sorted(k for k, v in env.items() if SECRET in v)
+    assert holding == ["WORKBENCH_STORAGE"], holding
+
+
 def test_the_launchers_pgpassword_reaches_the_server_only_in_its_private_pgpass(
     tmp_path, monkeypatch
 ):

@@ -313,3 +313,30 @@ def test_on_postgresql_each_tool_is_refused_the_others_database_and_no_password_
         assert _pg_tables(f"{with_password}/optuna") == optuna_tables, (
             "MLflow created tables in Optuna's database"
         )
+
+
+def test_libpqs_login_advice_fits_the_url_it_was_given(monkeypatch):
+    """ "Leave the password out of the URL" only for a URL that holds one; for one without, where
+    libpq looked (its .pgpass lines match the host as written: localhost is not 127.0.0.1)."""
+    from tracking.store import storage_guard
+    from tracking.store.storage_guard import StorageClash, look_inside
+
+    def refused(url):
+        raise RuntimeError(
+            'connection to server at "127.0.0.1", port 5432 failed: fe_sendauth: no password supplied'
+        )
+
+    monkeypatch.setattr(storage_guard, "_server_schema", refused)
+    monkeypatch.delenv("PGPASSFILE", raising=False)
+    with pytest.raises(StorageClash) as info:
+        look_inside("postgresql://optuna@127.0.0.1:5432/optuna")
+    message = str(info.value)
+    assert "leave the password out" not in message and "\n" not in message, message
+    assert "no password in the URL" in message and "127.0.0.1:5432:optuna:optuna" in message, (
+        message
+    )
+    assert "localhost" in message, message
+    with pytest.raises(StorageClash) as info:
+        look_inside("postgresql://optuna:Secret-40@127.0.0.1:5432/optuna")
+    message = str(info.value)
+    assert "Secret-40" not in message and "the password in the URL was refused" in message, message

@@ -177,3 +177,37 @@ def test_early_stopping_waits_for_patience(tmp_path):
     assert len(result.history) == 3 and result.best_epoch == 1, [
         h["val_accuracy"] for h in result.history
     ]
+
+
+def test_a_resumed_run_saves_the_same_random_states_as_an_uninterrupted_one(tmp_path):
+    """last.pt holds Python's, NumPy's and torch's random states: after 2 epochs straight, and after
+    1 epoch then a resume (in a process whose own random states differ), the same, exactly."""
+    import random
+
+    import numpy as np
+
+    from workbench.train.loop import StopTraining, TrainingObserver
+
+    class StopAfterFirstEpoch(TrainingObserver):
+        def on_epoch(self, metrics: dict) -> None:
+            raise StopTraining("interrupted at the epoch boundary")
+
+    data = synthetic_data(n_train=64, n_val=16, n_test=16)
+    random.seed(1), np.random.seed(1)
+    Trainer(tiny_config(epochs=2), data, tmp_path / "straight").fit()
+    random.seed(2), np.random.seed(2)
+    with pytest.raises(StopTraining):
+        Trainer(tiny_config(epochs=2), data, tmp_path / "resumed", StopAfterFirstEpoch()).fit()
+    random.seed(3), np.random.seed(3)  # as a new process would have them
+    Trainer(tiny_config(epochs=2), data, tmp_path / "resumed").fit()
+    a, b = (
+        load_checkpoint(tmp_path / d / "checkpoints" / "last.pt") for d in ("straight", "resumed")
+    )
+    assert a["finished"] and b["finished"] and a["step"] == b["step"]
+    assert a["rng"]["python"] == b["rng"]["python"], "Python's random state differs"
+    for i, (x, y) in enumerate(zip(a["rng"]["numpy"], b["rng"]["numpy"])):
+        same = torch.equal(x, y) if isinstance(x, torch.Tensor) else x == y
+        assert same, f"NumPy's random state differs at field {i}"
+    assert torch.equal(a["rng"]["torch"], b["rng"]["torch"]), "torch's random state differs"
+    for key, tensor in a["model"].items():
+        assert torch.equal(tensor, b["model"][key]), key

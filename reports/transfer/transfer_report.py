@@ -216,10 +216,7 @@ def build_blocks(
     rule = "one run per cell: its newest finished run for the source of the newest execution"
     header: list[Block] = [
         Heading(1, f"Report: {protocol.name}@{short}"),
-        Para(
-            protocol.description
-            + (f" {FLAG} (contradicts the hashed protocol: see Warnings)" if conflicts else "")
-        ),
+        Para(protocol.description),  # what it contradicts is said in Warnings, not in its words
         Bullets(
             [
                 f"Transfer protocol `{protocol.name}`, hash `{digest}` (from {inputs.protocol_source}).",

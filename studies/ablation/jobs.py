@@ -132,12 +132,15 @@ def worker_command(
 def worker_environment(storage: str) -> dict:
     """The allow-listed environment of a job's worker, with its queue in WORKBENCH_STORAGE.
 
-    Workers print no progress bars (TQDM_DISABLE): the coordinator draws the one bar.
+    Workers print no progress bars (TQDM_DISABLE): the coordinator draws the one bar. The
+    variable the coordinator read its queue URL from (``--storage-env``, any name) is left out:
+    the URL reaches a worker once, as WORKBENCH_STORAGE.
     """
     from studies.runtime.secret_options import STORAGE_ENV
     from tracking.store.child_env import worker_env
 
-    return {**worker_env(), STORAGE_ENV: storage, "TQDM_DISABLE": "1", "PYTHONUNBUFFERED": "1"}
+    env = {k: v for k, v in worker_env().items() if v != storage}
+    return {**env, STORAGE_ENV: storage, "TQDM_DISABLE": "1", "PYTHONUNBUFFERED": "1"}
 
 
 def start_job(index: int, command: list[str], env: dict) -> Job:

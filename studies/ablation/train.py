@@ -255,7 +255,10 @@ def _train(
     ) as err:  # the run records why it ended; a stop or a full store goes up from here
         end_after_error(sink, token, err, show_traceback=False)
         raise  # an error: the run ended FAILED (tag failure); the caller decides what it means
-    message = f"{run_name}: best val accuracy {result.final_metrics['best_val_accuracy']:.4f} at epoch {result.best_epoch}; {result.reload_proof.summary()}"
+    message = f"{run_name}: best val accuracy {result.final_metrics['best_val_accuracy']:.4f} at epoch {result.best_epoch}"
+    if "test_accuracy" in result.final_metrics:  # touched once, with the best weights
+        message += f"; test accuracy {result.final_metrics['test_accuracy']:.4f}"
+    message += f"; {result.reload_proof.summary()}"
     if sink.offline:
         message += (
             f" [logged locally, run {sink.local_run_id}: `workbench sync` copies it to the server]"

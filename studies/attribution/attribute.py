@@ -28,7 +28,7 @@ from tracking.kinds import attribution_runs
 from tracking.record.lease import HEARTBEATS
 from tracking.record.schema import ATTRIBUTION
 from tracking.record.sink import RunSink
-from workbench.attribution import AttributionError, score_cell
+from workbench.attribution import AttributionError, as_glassbox, score_cell
 from workbench.data import PreparedData, PreparedSplit
 from workbench.interventions.evaluate import Inputs
 from workbench.protocol import AttributionProtocol, InterventionCell, load_attribution_protocol
@@ -95,6 +95,13 @@ class AttributionStudy(TrainedModelKind):
 
     def images_line(self) -> str:
         return f"the first {len(self.ex.images)} {self.ex.protocol.settings.split} images"
+
+    def prepare_execution(self, protocol, options: StudyOptions):
+        ex = super().prepare_execution(protocol, options)
+        if ex.pretrained is not None:
+            # a head attribution cannot read is refused here, before any run opens
+            as_glassbox(ex.pretrained.model)
+        return ex
 
     def plan(self, cell: InterventionCell, acted: ActedCell) -> tuple[None, dict]:
         s = self.ex.protocol.settings

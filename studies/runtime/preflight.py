@@ -90,11 +90,51 @@ def protocol_misfits(protocol: Protocol, data: PreparedData) -> list[str]:
                 m.line(f"arms[{i}].overrides.model.{m.field}" if in_arm else f"model.{m.field}")
             )
         problem = trainable_problem(cfg, data)
+        own = "batch_size" in arm.overrides.get("run", {})
+        key = f"{f'arms[{i}].overrides.run' if own else 'run'}.batch_size"
         if problem and problem.startswith("batch_size"):
-            own = "batch_size" in arm.overrides.get("run", {})
-            problem = f"{f'arms[{i}].overrides.run' if own else 'run'}.{problem}"
+            problem = f"{key.removesuffix('.batch_size')}.{problem}"
         lines += [problem] if problem else []
+        if not problem and not lines:
+            lone = lone_image_problem(cfg, data, key)
+            lines += [f"arms[{i}] ({arm.name}): {lone}"] if lone else []
     return list(dict.fromkeys(lines))
+
+
+def lone_image_problem(cfg: TrainConfig, data: PreparedData, key: str) -> str | None:
+    """Why the last training batch of one image fails the model (batch norm), or None.
+
+    Training keeps every image (no dropped last batch unless mixup pairs them), so a training
+    split one image over a multiple of the batch size ends each epoch on a batch of one. A
+    batch-norm layer that then sees one value per channel (after global pooling, or a feature
+    map of 1 x 1) fails mid-epoch; one forward of one image on the meta device, in training
+    mode, finds it before any run opens.
+    """
+    n, size = len(data.train.labels), cfg.run.batch_size
+    if n % size != 1 or cfg.recipe.mixes:
+        return None
+    import torch  # here: `workbench --help` loads no torch
+
+    from workbench.models.registry import build_model, model_config
+
+    _, c, h, w = data.train.images.shape
+    hw = (cfg.data.resize_to,) * 2 if cfg.data.resize_to else (h, w)
+    try:
+        with torch.random.fork_rng(devices=[]), torch.device("meta"):
+            model = build_model(model_config(cfg.model.name, **cfg.model.overrides)).train()
+            model(torch.zeros((1, c, *hw)))
+    except ValueError as err:
+        if "more than 1 value per channel" not in str(err):
+            return None  # any other refusal is the fit checks' to say
+        fits = next(b for b in range(size - 1, 0, -1) if n % b != 1)
+        return (
+            f"{key}={size} leaves 1 image in the last training batch ({n} training images): its "
+            f"batch norm cannot train on one image ({err}); use a batch size of {fits} or another "
+            "that leaves no single image"
+        )
+    except Exception:  # noqa: BLE001 - a forward that fails otherwise is the fit checks' to say
+        return None
+    return None
 
 
 def check_protocol_fits(protocol: Protocol, data: PreparedData, log=click.echo) -> None:

@@ -182,4 +182,6 @@ def run_study(
     say_tally(outcomes, kind.summary_lines(outcomes))
     if any(o.status == Status.FAILED for o in outcomes):
         sys.exit(1)
+    if outcomes and all(o.status in (Status.FINISHED, Status.SKIPPED) for o in outcomes):
+        click.echo(f"report: workbench report --protocol {protocol.name}")  # what to run next
     return outcomes

@@ -47,7 +47,8 @@ def check_clean(path: str | Path, allow_dirty: bool = False) -> None:
     reason = None if allow_dirty else _dirty_reason(Path(path))
     if reason:
         raise ProtocolDirtyError(
-            f"{path}: {reason}; commit it first so runs can be traced to its content (or allow dirty files to run it anyway)"
+            f"{path}: {reason}; commit it first so runs can be traced to its content (or pass --allow-dirty to run it anyway; "
+            "mlflow run: -P allow_dirty=true)"
         )
 
 

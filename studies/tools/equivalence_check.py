@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import re
 import sys
 from dataclasses import replace
 
@@ -31,6 +33,15 @@ RANDOM_SOURCES = ("random", "timm-init")
     "'timm-init' (timm's own init: constant norms, biases and LayerScale gammas, blind to swapped "
     "tensors; kept to reproduce a plain timm-built model), 'hub' (pinned checkpoint) or a local "
     "safetensors file/folder.",
+)
+@click.option(
+    "--model-kwargs",
+    "model_kwargs",
+    default=None,
+    metavar="JSON",
+    help="Keyword arguments timm builds the model with, as a JSON object (a trained timm arm's "
+    'model overrides, e.g. \'{"img_size": 32, "patch_size": 4, "depth": 2}\'): the weights '
+    "must fit the model they build.",
 )
 @click.option("--batch", default=2, show_default=True, type=click.IntRange(min=1))
 @click.option("--seed", default=0, show_default=True, type=int)
@@ -64,7 +75,17 @@ RANDOM_SOURCES = ("random", "timm-init")
     "modules at reduced width/depth (same options, checked), one table logged to MLflow.",
 )
 def equivalence(
-    models, weights, batch, seed, tolerance, input_kind, device, gradients, experiment, run_all
+    models,
+    weights,
+    model_kwargs,
+    batch,
+    seed,
+    tolerance,
+    input_kind,
+    device,
+    gradients,
+    experiment,
+    run_all,
 ):
     """Compare glass-box and timm ViTs at every stage; exit 1 if any stage exceeds the tolerance."""
     from tracking.kinds.equivalence_runs import log_equivalence
@@ -85,14 +106,19 @@ def equivalence(
         return _coverage(
             batch, seed, tolerance, experiment, input_kind, device, randomize=weights == "random"
         )
+    kwargs = _kwargs(model_kwargs)
+    if kwargs and run_all:
+        raise click.BadParameter(
+            "--all builds its own reduced models", param_hint="'--model-kwargs'"
+        )
     failed = []
     for name in models:
         try:
             # Options are read off a meta-device build first: an unsupported model is refused
             # in a second, before a full build, an init or a checkpoint download.
-            config_from_name(timm_name(name))
+            config_from_name(timm_name(name), **kwargs)
             loaded = load_timm_weights(
-                name, "random" if weights in RANDOM_SOURCES else weights, seed=seed
+                name, "random" if weights in RANDOM_SOURCES else weights, seed=seed, **kwargs
             )
             if weights == "random":
                 count = randomize_every_tensor(loaded.model, seed)
@@ -119,8 +145,12 @@ def equivalence(
             )
         except UnsupportedTimmModel as err:
             raise click.ClickException(f"{name}: {err}") from err
-        except (UnknownModel, CheckpointError) as err:
+        except CheckpointError as err:
+            raise click.ClickException(_short(str(err), bool(kwargs))) from err
+        except UnknownModel as err:
             raise click.ClickException(str(err)) from err
+        except TypeError as err:  # timm refused a keyword argument
+            raise click.BadParameter(f"{name}: {err}", param_hint="'--model-kwargs'") from err
         params = {
             "model": name,
             "weight_source": loaded.source,
@@ -228,3 +258,58 @@ def pd_display():
     import pandas as pd
 
     return pd.option_context("display.width", 250, "display.max_rows", None)
+
+
+def _kwargs(text: str | None) -> dict:
+    """``--model-kwargs`` as a dict; anything but a JSON object is refused in one line."""
+    if text is None:
+        return {}
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise click.BadParameter(
+            f"{text[:80]!r} is not JSON ({err.msg} at character {err.pos})",
+            param_hint="'--model-kwargs'",
+        ) from None
+    if not isinstance(value, dict):
+        raise click.BadParameter(
+            f"{text[:80]!r}: must be a JSON object of keyword arguments",
+            param_hint="'--model-kwargs'",
+        )
+    return value
+
+
+def _short(message: str, given_kwargs: bool) -> str:
+    """A state dict that does not fit the model, in one short line: torch lists every key.
+
+    Counts of missing and unexpected keys and of size mismatches, the first mismatch, and the
+    likely cause: a model built with other keyword arguments than the trained one.
+    """
+    head, _, detail = message.partition("Error(s) in loading state_dict")
+    if not detail:
+        return " ".join(message.split())[:400]
+    missing = re.search(r"Missing key\(s\) in state_dict: (.*?)(?:\.\s|$)", detail, re.S)
+    unexpected = re.search(r"Unexpected key\(s\) in state_dict: (.*?)(?:\.\s|$)", detail, re.S)
+    sizes = re.findall(
+        r"size mismatch for ([^:]+): copying a param with shape (torch\.Size\(\[[^\]]*\]\)) "
+        r"from checkpoint, the shape in current model is (torch\.Size\(\[[^\]]*\]\))",
+        detail,
+    )
+    parts = []
+    for what, found in (("missing", missing), ("unexpected", unexpected)):
+        if found:
+            keys = re.findall(r'"([^"]+)"', found.group(1))
+            parts.append(f"{len(keys)} {what} key(s) (first {keys[0]})" if keys else f"{what} keys")
+    if sizes:
+        key, have, want = sizes[0]
+        strip = lambda s: s.removeprefix("torch.Size(").removesuffix(")")  # noqa: E731
+        parts.append(
+            f"{len(sizes)} size mismatch(es) (first {key}: file {strip(have)}, model {strip(want)})"
+        )
+    hint = (
+        "check that --model-kwargs are the trained model's"
+        if given_kwargs
+        else "a model built with keyword arguments (a trained timm arm's overrides) needs them: "
+        "pass --model-kwargs JSON"
+    )
+    return f"{head.strip().rstrip(':')}: {'; '.join(parts)}; {hint}"

@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
-import shlex
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -118,7 +117,32 @@ def _experiments_holding(client: MlflowClient, protocol_name: str) -> dict[str, 
             ids[i : i + 100], parent_filter(protocol_name), max_results=1000
         ):
             found[run.info.experiment_id] = experiments[run.info.experiment_id]
-    return found
+    # Any account may create an experiment and tag a run in it as this protocol's parent: an
+    # experiment of another name is the protocol's record only where this account holds MANAGE
+    # (it created it, or was made its co-owner), never one a stranger holds.
+    return {i: name for i, name in found.items() if _owned(i)}
+
+
+def _owned(experiment_id: str) -> bool:
+    """Whether this account holds MANAGE on the experiment (always, on a store without accounts)."""
+    uri = tracking_uri()
+    if not is_remote(uri):
+        return True  # a local store has no accounts: nobody else's experiment is in it
+    from mlflow.server import get_app_client
+    from mlflow.utils.credentials import read_mlflow_creds
+
+    account = read_mlflow_creds().username
+    if not account:
+        return True  # a server without accounts (basic-auth refuses every call without one)
+    try:
+        held = get_app_client("basic-auth", tracking_uri=uri).get_user_permission(
+            account, "experiment", experiment_id
+        )
+    except MlflowException as err:
+        return err.get_http_status_code() == 404  # a server without the auth app has no owners
+    except Exception:  # noqa: BLE001 - an answer that cannot be read proves no ownership
+        return False
+    return getattr(held, "permission", "") == "MANAGE"
 
 
 def recorded_hashes(protocol_name: str) -> set[str]:
@@ -220,15 +244,26 @@ def reap_dead_runs(
 ) -> list[tuple[str, str]]:
     """Mark this protocol's RUNNING runs whose lease expired as KILLED (reads only an existing experiment)."""
     client = MlflowClient()
-    exp = client.get_experiment_by_name(protocol_name)
-    if exp is None:
-        return []
     where = (
         tag_is(PROTOCOL_HASH, protocol_hash)
         if protocol_hash
         else tag_is(PROTOCOL_NAME, protocol_name)
     )
-    return reap_expired(client, exp.experiment_id, where, log=log)
+    return [
+        reaped
+        for exp_id in _study_experiments(client, protocol_name)
+        for reaped in reap_expired(client, exp_id, where, log=log)
+    ]
+
+
+def _study_experiments(client: MlflowClient, protocol_name: str) -> list[str]:
+    """The experiments a reader looks in: those ``experiment_id_for`` would find (renamed ones
+    included, by their runs' tags), else the one of the protocol's name; none is created."""
+    holding = list(_experiments_holding(client, protocol_name))
+    if holding:
+        return holding
+    named = client.get_experiment_by_name(protocol_name)
+    return [named.experiment_id] if named is not None else []
 
 
 @dataclass
@@ -292,7 +327,7 @@ def open_study_parent(
             )
         except MlflowException as err:
             if is_permission_denied(err):
-                raise _no_edit_grant(client, exp_id) from None
+                raise no_edit_grant(client, exp_id) from None
             raise
         try:
             HEARTBEATS.hold(sink.run_id, sink.uri, token, execution_tag(own))
@@ -323,13 +358,18 @@ def open_study_parent(
     return parent
 
 
-def _no_edit_grant(client: MlflowClient, exp_id: str) -> TrackingAuthError:
-    """The error for HTTP 403 on a study's runs: this account may read the experiment, not write to it."""
+def no_edit_grant(client: MlflowClient, exp_id: str) -> TrackingAuthError:
+    """The error for HTTP 403 on a study's runs: this account may read the experiment, not write to it.
+
+    It never advises granting oneself access: an experiment of the protocol's name can be made
+    by any account before its owner runs it, and a study put there is the stranger's to manage.
+    """
     name, account = client.get_experiment(exp_id).name, run_user()
     return TrackingAuthError(
         f"MLflow tracking server {redact_uri(tracking_uri())} does not let account {account!r} write to experiment "
-        f"{name!r} (id {exp_id}), which another account created (HTTP 403). Its owner or the server's admin gives "
-        f"it EDIT: workbench server grant {shlex.quote(account)} {shlex.quote(name)} --permission EDIT"
+        f"{name!r} (id {exp_id}), which another account created (HTTP 403). If it is your team's study, the "
+        "account that created it has it shared with you (docs/server.md, section 2); otherwise give your "
+        "protocol another name: an experiment another account holds is not yours to use"
     )
 
 
@@ -428,14 +468,31 @@ def start_parent_run(
 
 
 def experiment_exists(protocol_name: str) -> bool:
-    return MlflowClient().get_experiment_by_name(protocol_name) is not None
+    """Whether the protocol has an experiment: of its name, or renamed and found by its runs' tags."""
+    return bool(_study_experiments(MlflowClient(), protocol_name))
+
+
+def recorded_protocol_files(protocol_name: str) -> list[str]:
+    """The ``protocol_file`` its parent runs record (as each execution was given it), newest first."""
+    client = MlflowClient()
+    runs = [
+        r
+        for i in _study_experiments(client, protocol_name)
+        for r in client.search_runs([i], parent_filter(protocol_name), max_results=1000)
+    ]
+    runs.sort(key=lambda r: r.info.start_time or 0, reverse=True)
+    files = (r.data.tags.get("protocol_file", "") for r in runs)
+    return list(dict.fromkeys(f for f in files if f))
 
 
 def study_runs(protocol) -> list[Run]:
-    """The parent run(s) of this study (normally one), oldest first; none when never run."""
+    """The parent run(s) of this study (normally one), oldest first; none when never run.
+
+    Found as ``ablate`` finds them: in the experiment holding the protocol's runs, renamed or not.
+    """
     client = MlflowClient()
-    exp = client.get_experiment_by_name(protocol.name)
-    return _parents(client, exp.experiment_id, study_key(protocol)) if exp else []
+    key = study_key(protocol)
+    return [r for i in _study_experiments(client, protocol.name) for r in _parents(client, i, key)]
 
 
 def _unsynced_fallback_parent(experiment: str, key: str) -> Run | None:

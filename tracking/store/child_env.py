@@ -7,8 +7,9 @@ what it needs, named here:
 
 - every child: the basics of a process (``PATH``, ``HOME``, locale, temp folder, Python's
   own settings and virtual environment);
-- ``ablate --jobs`` workers: also the workbench's and MLflow's client settings (the
-  tracking server and its account, the offline store, the data cache), the libpq settings
+- ``ablate --jobs`` workers: also the workbench's client settings, each by its exact name
+  (``WORKBENCH_CLIENT``), MLflow's client settings (the tracking server and its account),
+  the libpq settings
   (``PG*``: a tracking store on PostgreSQL reads its password from ``PGPASSWORD`` or
   ``PGPASSFILE``), TLS and proxy settings, the artifact stores' credentials (``AWS_*``,
   ...) and the torch / CUDA / thread settings; their queue URL comes as
@@ -63,6 +64,22 @@ COMPUTE = (
     "XDG_CACHE_HOME",
 )
 
+# The workbench's own settings a worker reads, each by its exact name: a prefix would pass
+# whatever else the coordinator's shell keeps under WORKBENCH_ (a queue URL with its password,
+# a server's admin password) to every worker.
+WORKBENCH_CLIENT = (
+    "WORKBENCH_OFFLINE_DIR",
+    "WORKBENCH_DATA_DIR",
+    "WORKBENCH_CACHE_DIR",
+    "WORKBENCH_USER",
+    "WORKBENCH_DEBUG",
+    "WORKBENCH_LEASE_SECONDS",
+    "WORKBENCH_HEARTBEAT_SECONDS",
+    "WORKBENCH_CLAIM_SETTLE_SECONDS",
+    "WORKBENCH_STORE_LOCK_SECONDS",
+    "WORKBENCH_HEALTH_TIMEOUT",
+)
+
 # Variables only `workbench server start` and its admin commands read; no worker needs them.
 SERVER_LAUNCHER = (
     "WORKBENCH_SERVER_",
@@ -103,7 +120,7 @@ def allowed(
 def worker_env(environ: Mapping[str, str] | None = None) -> dict:
     """What a local ``workbench worker`` (``ablate --jobs``) needs from the coordinator's environment."""
     return allowed(
-        (*BASICS, *PYTHON, *NETWORK, *ARTIFACT_STORES, *COMPUTE, "WORKBENCH_", "MLFLOW_", "TQDM_"),
+        (*BASICS, *PYTHON, *NETWORK, *ARTIFACT_STORES, *COMPUTE, *WORKBENCH_CLIENT, "MLFLOW_"),
         SERVER_LAUNCHER,
         environ,
     ) | _libpq(environ)

@@ -276,15 +276,33 @@ def look_inside(url: str) -> Schema | None:
         return _server_schema(url)
     except Exception as err:  # noqa: BLE001 - the driver's own errors: one line, named
         reason = " ".join(str(getattr(err, "orig", None) or err).split())[:300]
-        hint = (
-            "; leave the password out of the URL and give it in PGPASSWORD or ~/.pgpass (PGPASSFILE), or "
-            "pass the whole URL in an environment variable"
-            if "password" in reason.lower()
-            else ""
-        )
+        hint = _login_hint(url) if "password" in reason.lower() else ""
         raise StorageClash(
             f"{uris.redact_uri(url)}: cannot look into this database ({uris.redact_uri(reason)}){hint}"
         ) from None
+
+
+def _login_hint(url: str) -> str:
+    """What to check when the database refused a login: the URL's own password, or where libpq looked.
+
+    libpq matches a ``.pgpass`` line's host as written (``localhost`` is not ``127.0.0.1``), so
+    the line it needed is spelled out from the URL (no secret in it: the URL holds no password).
+    """
+    from sqlalchemy.engine import make_url
+
+    parsed = make_url(url)
+    if parsed.password:
+        return (
+            "; the password in the URL was refused: check it, or leave it out of the URL and give "
+            "it in PGPASSWORD or ~/.pgpass (PGPASSFILE)"
+        )
+    passfile = os.environ.get("PGPASSFILE") or "~/.pgpass"
+    line = f"{parsed.host or 'localhost'}:{parsed.port or 5432}:{parsed.database or '*'}:{parsed.username or '*'}"
+    return (
+        f"; no password in the URL, none accepted from PGPASSWORD or {passfile}: libpq needs a line "
+        f"{line}:PASSWORD there (mode 0600), its host written as in the URL (localhost and "
+        "127.0.0.1 are different hosts to it)"
+    )
 
 
 def mlflow_signs(schema: Schema) -> list[str]:

@@ -175,6 +175,7 @@ def parse_attribution_protocol(data: Any, source: str = "<protocol>") -> Attribu
             source,
             fail,
             acts="attribution maps are read off ViT attention and tokens",
+            refuse=_not_cls_pooled,
         )
     else:
         pretrained = pretrained_section(top["pretrained"], fail)
@@ -193,6 +194,21 @@ def parse_attribution_protocol(data: Any, source: str = "<protocol>") -> Attribu
     return AttributionProtocol(
         name, text, acts_on, pretrained, settings, evaluation, digest, canonical, source, acted
     )
+
+
+def _not_cls_pooled(cfg: ViTConfig) -> str | None:
+    """Why attribution cannot act on a ViT arm (the check ``workbench.attribution`` makes on the
+    model itself, here at load so no run opens for it); None when it can."""
+    if cfg.pooling != "cls":
+        return (
+            f"pooling={cfg.pooling!r}: the attribution methods read the class token's row, which "
+            "only a CLS-pooling head reads (a mean or attention-pool head has no such row)"
+        )
+    if not cfg.num_classes:
+        return (
+            "num_classes=0: the model has no classifier, so there is no true-class logit to explain"
+        )
+    return None
 
 
 def _settings(value: Any, fail) -> AttributionSettings:

@@ -477,12 +477,14 @@ def _check_evaluation(e: InterventionEvaluation, grid: Grid, fail) -> None:
 
 
 def acts_on_section(
-    value: Any, source: str, fail, acts: str = "interventions act on ViT stages"
+    value: Any, source: str, fail, acts: str = "interventions act on ViT stages", refuse=None
 ) -> tuple[ActsOn, Any]:
     """The ``acts_on`` section: the ablation protocol beside ``source``, pinned by hash, and its ViT arms.
 
     Shared by every kind that acts on trained cells (interventions, attribution); ``acts`` says
-    in the refusal of a non-ViT arm why it must be one.
+    in the refusal of a non-ViT arm why it must be one. ``refuse(cfg)``, when given, says why a
+    ViT arm's config cannot be acted on by this kind (None: it can): such an arm is refused
+    as a non-ViT one is, and left out of the default arms.
     """
     raw = common.section(value, "acts_on", ActsOn, common.field_names(ActsOn), fail)
     common.required(raw, ("protocol", "hash"), "acts_on", fail)
@@ -505,7 +507,11 @@ def acts_on_section(
             "by the full hash of their protocol"
         )
     refusals = {a.name: not_vit_arm(acted, a.name) for a in acted.arms}
-    vit_arms = tuple(arm for arm, why in refusals.items() if why is None)
+    unfit = {
+        arm: refuse(arm_model_config(acted, arm)) if refuse and why is None else None
+        for arm, why in refusals.items()
+    }
+    vit_arms = tuple(arm for arm, why in refusals.items() if why is None and unfit[arm] is None)
     arms = _strings(list(raw.get("arms") or vit_arms), "acts_on.arms", fail)
     for arm in arms:
         if arm not in refusals:
@@ -516,6 +522,11 @@ def acts_on_section(
             raise fail(
                 f"acts_on.arms: {arm!r} is not a ViT arm ({acts}): {refusals[arm]}; "
                 f"ViT arms of {name}: {', '.join(vit_arms) or 'none'}"
+            )
+        if unfit[arm] is not None:
+            raise fail(
+                f"acts_on.arms: {arm!r}: {unfit[arm]}; arms of {name} it can act on: "
+                f"{', '.join(vit_arms) or 'none'}"
             )
     if not arms:
         raise fail(f"acts_on: {name} has no ViT arm to act on")

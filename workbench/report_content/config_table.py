@@ -347,9 +347,14 @@ def description_conflicts(canonical: Mapping[str, Any]) -> list[str]:
     n_seeds = len(canonical.get("seeds", []))
     problems = []
     word = r"\b(\d+|" + "|".join(NUMBER_WORDS) + r")"
+    about_source = _source_sentences(text) if canonical.get("regimes") else []
+
+    def own(m: re.Match) -> bool:  # not in a sentence on how a transfer's source was trained
+        return not any(a <= m.start() < b for a, b in about_source)
+
     for m in re.finditer(word + r"(?:\s+\w+)?[\s-]+seeds?\b", text, flags=re.IGNORECASE):
         n = _number(m.group(1))
-        if n is not None and n != n_seeds:
+        if n is not None and n != n_seeds and own(m):
             problems.append(
                 f"the description says {m.group(0)!r} but the protocol has {n_seeds} seeds"
             )
@@ -357,10 +362,23 @@ def description_conflicts(canonical: Mapping[str, Any]) -> list[str]:
     adjectives = word + r"-epochs?\s+(?:budget|protocol|schedule|training|runs?|study)\b"
     for m in re.finditer(f"{counts}|{adjectives}", text, flags=re.IGNORECASE):
         n = _number(m.group(1) or m.group(2))
-        if n is not None and float(n) not in epoch_values:
+        if n is not None and float(n) not in epoch_values and own(m):
             shown = ", ".join(_g(v) for v in sorted(epoch_values))
             problems.append(
                 f"the description says {m.group(0)!r} but no epoch setting of the protocol is {n} "
                 f"(its epoch values: {shown})"
             )
     return problems
+
+
+def _source_sentences(text: str) -> list[tuple[int, int]]:
+    """Spans of the sentences that say how a transfer's source was trained ("a source ViT trained
+    for 20 epochs"): their epochs and seeds are the source's, not settings of this protocol."""
+    spans = []
+    for m in re.finditer(r"[^.;]+", text):
+        sentence = m.group(0)
+        if re.search(r"\b(source|pre-?trained)\b", sentence, flags=re.IGNORECASE) and re.search(
+            r"\b(trained|pre-?trained)\b", sentence, flags=re.IGNORECASE
+        ):
+            spans.append(m.span())
+    return spans

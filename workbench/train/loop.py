@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import random
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -320,10 +321,18 @@ class Trainer:
         deterministic = run.deterministic and self.device.type == "cpu"
         previous = torch.are_deterministic_algorithms_enabled()
         torch.use_deterministic_algorithms(deterministic or previous)
+        # Python's and NumPy's global states are saved in every checkpoint (a library may draw
+        # from them): seeded from the run's seed, so what last.pt holds is the same whether the
+        # run went straight through or resumed in another process; the caller's states come back.
+        outer = random.getstate(), np.random.get_state()
+        random.seed(derive_seed(run.seed, "python"))
+        np.random.seed(derive_seed(run.seed, "numpy") % (1 << 32))
         try:
             return self._fit(run)
         finally:
             torch.use_deterministic_algorithms(previous)
+            random.setstate(outer[0])
+            np.random.set_state(outer[1])
 
     def _fit(self, run) -> TrainResult:
         state = self._restore()
