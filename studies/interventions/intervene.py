@@ -32,6 +32,7 @@ from tracking.kinds.transfer_runs import find_finished_cell
 from tracking.record.lease import HEARTBEATS
 from tracking.record.protocol_runs import STARTED_TAG
 from tracking.record.sink import RunSink
+from tracking.kinds.training_runs import log_kernel_identity
 from tracking.store.session import configure_tracking, environment_tags
 from tracking.record.cell_runs import open_leased_run
 from tracking.record.schema import (
@@ -244,6 +245,7 @@ def _evaluate_cell(
             STARTED_TAG: "true",
         }
     )
+    log_kernel_identity(sink, ex.device)
     sink.log_params(
         {
             "arm": cell.arm,
