@@ -6,7 +6,7 @@ import os
 
 import torch
 
-from workbench import kernel_identity as ki
+from workbench import kernel_identity
 
 CPUINFO = """\
 processor\t: 0
@@ -30,19 +30,23 @@ PyTorch built with:
 def test_cpuinfo_is_read_from_the_first_processor(tmp_path):
     path = tmp_path / "cpuinfo"
     path.write_text(CPUINFO)
-    info = ki.cpu_info(path)
+    info = kernel_identity.cpu_info(path)
     assert info["vendor_id"] == "GenuineIntel"
     assert info["model name"] == "Intel(R) Xeon(R) Platinum 8480+"
     assert {"avx2", "avx512f", "avx512_bf16", "amx_bf16"} <= set(info["flags"].split())
-    assert ki.cpu_info(tmp_path / "absent") == {"vendor_id": "", "model name": "", "flags": ""}
+    assert kernel_identity.cpu_info(tmp_path / "absent") == {
+        "vendor_id": "",
+        "model name": "",
+        "flags": "",
+    }
 
 
 def test_library_versions_come_from_the_build_description():
-    assert ki.build_versions(CONFIG) == {
+    assert kernel_identity.build_versions(CONFIG) == {
         "onednn_version": "3.12.0",
         "mkl_version": "2024.2 (build 20240605)",
     }
-    assert ki.build_versions("PyTorch built with:\n  - GCC 13\n") == {
+    assert kernel_identity.build_versions("PyTorch built with:\n  - GCC 13\n") == {
         "onednn_version": "not built",
         "mkl_version": "not built",
     }
@@ -54,19 +58,19 @@ def test_the_onednn_isa_is_read_from_its_verbose_header():
         "onednn_verbose,v1,info,cpu,runtime:OpenMP,nthr:1\n"
         "onednn_verbose,v1,info,cpu,isa:Intel AVX-512 with AVX512BW, AVX512VL, and AVX512DQ extensions\n"
     )
-    assert ki.isa_from_verbose(header) == (
+    assert kernel_identity.isa_from_verbose(header) == (
         "Intel AVX-512 with AVX512BW, AVX512VL, and AVX512DQ extensions"
     )
-    assert ki.isa_from_verbose("nothing printed") == "unknown"
+    assert kernel_identity.isa_from_verbose("nothing printed") == "unknown"
 
 
 def test_this_process_identity_matches_torch_and_draws_no_random_number(monkeypatch):
     monkeypatch.setenv("MKL_CBWR", "COMPATIBLE")
     monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
     monkeypatch.setenv("DNNL_MAX_CPU_ISA", "AVX2")
-    ki.onednn_isa.cache_clear()
+    kernel_identity.onednn_isa.cache_clear()
     state = torch.random.get_rng_state()
-    identity = ki.kernel_identity("cpu")
+    identity = kernel_identity.kernel_identity("cpu")
     assert torch.equal(torch.random.get_rng_state(), state), "the oneDNN probe drew a random number"
     assert all(k.startswith("kernel.") and isinstance(v, str) for k, v in identity.items())
     assert identity["kernel.torch"] == torch.__version__
@@ -77,13 +81,15 @@ def test_this_process_identity_matches_torch_and_draws_no_random_number(monkeypa
     assert identity["kernel.mkl_enable_instructions"] == os.environ.get(
         "MKL_ENABLE_INSTRUCTIONS", "unset"
     )
-    for flag in ki.CPU_FLAGS:
+    for flag in kernel_identity.CPU_FLAGS:
         assert identity[f"kernel.cpu_{flag}"] in ("true", "false")
     if torch.backends.mkldnn.is_available():
         # The probe really saw oneDNN's header: an instruction set name, not "unknown".
         assert identity["kernel.onednn_isa"] not in ("unknown", "not built"), identity
     assert "kernel.gpu_name" not in identity  # a CPU run names no GPU
-    assert ki.kernel_identity("cpu")["kernel.onednn_isa"] == identity["kernel.onednn_isa"]
+    assert (
+        kernel_identity.kernel_identity("cpu")["kernel.onednn_isa"] == identity["kernel.onednn_isa"]
+    )
 
 
 def test_differences_name_each_field_with_both_values():
@@ -93,11 +99,16 @@ def test_differences_name_each_field_with_both_values():
         "kernel.onednn_isa": "AVX-512",
         "kernel.mkl_cbwr": "AVX2",
     }
-    assert ki.kernel_differences(a, b) == [
+    assert kernel_identity.kernel_differences(a, b) == [
         "cpu_model: AMD EPYC -> Intel Xeon",
         "mkl_cbwr: absent -> AVX2",
         "threads: 1 -> absent",
     ]
-    assert ki.kernel_differences(a, dict(a)) == []
-    assert ki.recorded_identity({"kernel.threads": "1", "threads": "1"}) == {"kernel.threads": "1"}
-    assert "AMD EPYC" in ki.kernel_summary(a) and ki.kernel_summary({}) == "n/a"
+    assert kernel_identity.kernel_differences(a, dict(a)) == []
+    assert kernel_identity.recorded_identity({"kernel.threads": "1", "threads": "1"}) == {
+        "kernel.threads": "1"
+    }
+    assert (
+        "AMD EPYC" in kernel_identity.kernel_summary(a)
+        and kernel_identity.kernel_summary({}) == "n/a"
+    )

@@ -130,7 +130,9 @@ def attribution_fingerprint(
     framed so no bytes can move between them unseen)."""
     digest = hashlib.sha256(code_fingerprint(root, ATTRIBUTION_RESULT_PACKAGES, versions).encode())
     for name in ATTRIBUTION_RESULT_FILES:
-        data = source_meaning((Path(root) / name).read_text(encoding="utf-8"), filename=name).encode()
+        data = source_meaning(
+            (Path(root) / name).read_text(encoding="utf-8"), filename=name
+        ).encode()
         digest.update(f"\0{name}\0{len(data)}\0".encode())
         digest.update(data)
     return digest.hexdigest()[:FINGERPRINT_CHARS]
