@@ -19,7 +19,7 @@ from click.testing import CliRunner
 from data_fixtures import make_image_folder
 from test_ablate import PROTOCOL
 
-from reports.build import build_report
+from reports.build import build_from_evidence, build_report
 from reports.reproduction.judge import CellCheck, VerdictCheck, at_least, level_reached
 from studies.ablation.ablate import open_protocol, run_protocol
 from studies.cli import main
@@ -69,6 +69,17 @@ def test_reproduce_judges_a_retrained_cell_at_three_levels(tmp_path, mlflow_stor
     header = next(line for line in md.splitlines() if "| run id " in line)
     assert header.rstrip(" |").endswith("kernels"), header
     assert f"ATen {params['kernel.aten_capability']}" in md
+
+    # Calibration: computed from the logged probabilities, exported with the evidence, and the
+    # same section rebuilt from the export alone.
+    assert sorted(p.name for p in (evidence / "predictions").glob("*.probs.csv.gz"))[:2] == [
+        "cnn.seed0.test.probs.csv.gz",
+        "cnn.seed0.val.probs.csv.gz",
+    ]
+    section = md.split("## Calibration")[1].split("\n## ")[0]
+    assert "| vit " in section and "| cnn - vit " in section and "Not computed" not in section
+    rebuilt = build_from_evidence(evidence, tmp_path / "rebuilt").markdown.read_text()
+    assert rebuilt.split("## Calibration")[1].split("\n## ")[0] == section
 
     def reproduce(evidence_dir, *extra):
         return CliRunner().invoke(
