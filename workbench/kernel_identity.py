@@ -93,7 +93,10 @@ def onednn_isa() -> str:
         return "not built"
     sys.stdout.flush()
     with tempfile.TemporaryFile() as capture:
-        saved = os.dup(1)
+        try:
+            saved = os.dup(1)
+        except OSError:  # no standard output to borrow (a daemon with fd 1 closed)
+            return UNKNOWN
         try:
             os.dup2(capture.fileno(), 1)
             with torch.backends.mkldnn.verbose(torch.backends.mkldnn.VERBOSE_ON):
