@@ -25,6 +25,7 @@ from reports.attribution.attribution_report import (
     build_attribution_report,
     render_attribution_study,
 )
+from reports.calibration.calibration_blocks import ablation_calibration
 from reports.collect import (
     ReportError,
     StudyData,
@@ -365,6 +366,7 @@ def render_study(
         + document.accuracy_section(study, summaries, decimals)
         + results.comparison_section(study, items, inputs.n_resamples)
         + document.per_class_section(study)
+        + ablation_calibration(study, pairs)
         + configuration.cost_blocks(study, config)
         + document.curves_section(study)
         + document.analysis_section(analysis)

@@ -141,6 +141,13 @@ def export_evidence(
                     "logged_file": f"predictions/{split}.csv",
                     "logged_sha256": cell.sources.get(split, ""),
                 }
+                probs = [c for c in table.columns if c.startswith("prob_")]
+                if probs:  # what the calibration section is computed from
+                    name = f"predictions/{record.arm}.seed{record.seed}.{split}.probs.csv.gz"
+                    data = table[["index", *probs]].to_csv(index=False, lineterminator="\n")
+                    digest = write_gzip(folder, name, data.encode("utf-8"))
+                    written.add(folder / name)
+                    entry["predictions"][split]["probabilities"] = {"file": name, "sha256": digest}
         cells.append(entry)
     parents = [run_export.run_record(p.run_id) for p in queries.parent_runs(spec.name, spec.hash)]
     document = {
@@ -219,7 +226,10 @@ The rebuilt `report.md` equals `../report.md` except for one added header line
   `label`, `predicted` (argmax of the model's probabilities). `runs.json` gives each file's
   sha256 (of the decompressed CSV), row count, number of classes, and the sha256 of the
   predictions file the run logged to MLflow (`predictions/<split>.csv`, which also holds the
-  per-example loss and probabilities; the report uses neither).
+  per-example loss and probabilities).
+- `predictions/<arm>.seed<seed>.<split>.probs.csv.gz`: the same examples' probabilities
+  (`index`, `prob_<k>`), from which the calibration section is computed; `runs.json` gives
+  each file's sha256 under `probabilities`.
 
 Strings carry no credentials and no absolute paths: paths are relative to the directory
 the report was built from. Non-finite metric values are written as "NaN", "Infinity".
@@ -294,6 +304,12 @@ def _read_table(folder: Path, info: dict) -> pd.DataFrame:
         raise ReportError(
             f"{path}: expected columns {', '.join(PREDICTION_COLUMNS)} and {info['rows']} rows"
         )
+    if "probabilities" in info:  # exports since probabilities were published (calibration)
+        more = folder / info["probabilities"]["file"]
+        probs = pd.read_csv(io.BytesIO(read_gzip(more, info["probabilities"]["sha256"])))
+        if len(probs) != len(table) or set(probs["index"]) != set(table["index"]):
+            raise ReportError(f"{more}: its examples are not those of {path}")
+        table = table.merge(probs, on="index", how="left", validate="one_to_one")
     return table.sort_values("index", kind="stable").reset_index(drop=True)
 
 

@@ -15,6 +15,7 @@ from reports.render import Block, Heading, Para, Table
 from tracking.record import queries
 from tracking.record.queries import CellRecord
 from tracking.store import ui_links
+from workbench.kernel_identity import kernel_summary, recorded_identity
 from workbench.report_content.portable import portable_text
 
 FLAG = "⚠"
@@ -82,10 +83,20 @@ def threads(record: CellRecord) -> str:
     return f"{started} ({changed})" if changed else started
 
 
+def kernel_cell(record: CellRecord) -> str:
+    """The run's kernel identity in one line, with ``kernel_changed`` when a resume ran on other kernels."""
+    text = kernel_summary(recorded_identity(record.params))
+    changed = record.tags.get("kernel_changed")
+    return f"{text} ({FLAG} resumed on other kernels: {changed})" if changed else text
+
+
 def runs_table(
     rows: list[tuple[str, int, CellRecord]], unit: str = "arm", store: str | None = None
 ) -> Table:
     """One row per reported cell: (arm or regime, seed, its run)."""
+    # The kernels column only when a run recorded its kernel identity: reports of runs that
+    # predate it keep their bytes.
+    kernels = any(recorded_identity(r.params) for _, _, r in rows)
     body = []
     for name, seed, r in rows:
         body.append(
@@ -103,6 +114,7 @@ def runs_table(
                 device(r),
                 threads(r),
             ]
+            + ([kernel_cell(r)] if kernels else [])
         )
     notes = [
         f"Fingerprints: first {FINGERPRINT_CHARS} hex characters of the sha256 logged by the run (params "
@@ -112,6 +124,14 @@ def runs_table(
         "trained with (param `threads`); the count changes the order of floating-point sums, so a cell "
         "reproduces bit for bit only at its own count, and a run resumed with another count says so."
     ]
+    if kernels:
+        notes.append(
+            "Kernels: the kernel identity the run recorded (params `kernel.*`: CPU model, ATen's CPU "
+            "capability, the instruction set oneDNN dispatched to, MKL's CBWR mode, torch; on a GPU the "
+            "card, CUDA and cuDNN). A re-training reproduces the cell bit for bit only where every "
+            "`kernel.*` field is equal; `workbench reproduce` compares them. A run resumed on other "
+            "kernels says so (tag `kernel_changed`)."
+        )
     return Table(
         [
             unit,
@@ -126,9 +146,10 @@ def runs_table(
             "dataset source",
             "device",
             "threads",
-        ],
+        ]
+        + (["kernels"] if kernels else []),
         body,
-        ["l", "r", "l", "l", "l", "l", "l", "l", "l", "l", "l", "r"],
+        ["l", "r", "l", "l", "l", "l", "l", "l", "l", "l", "l", "r"] + (["l"] if kernels else []),
         notes,
         css_class="wide nowrap",
     )

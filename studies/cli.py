@@ -97,6 +97,11 @@ LAZY_COMMANDS: dict[str, tuple[str, str, str]] = {
         "report",
         "Build reports/<protocol>/report.md and report.html from the protocol's finished MLflow runs.",
     ),
+    "reproduce": (
+        "studies.tools.reproduce",
+        "reproduce",
+        "Re-train chosen cells of a published study and judge them against its evidence: bitwise, numerical, conclusion.",
+    ),
     "server": (
         "studies.tools.server",
         "server",

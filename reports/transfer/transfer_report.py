@@ -13,6 +13,7 @@ import tempfile
 from pathlib import Path
 
 from reports import configuration, figures, provenance
+from reports.calibration.calibration_blocks import transfer_calibration
 from reports.collect import ReportError, newer_attempts, resolve_hash, shown_path
 from reports.render import Block, Bullets, Heading, Para, Table
 from reports.transfer import transfer_blocks
@@ -246,6 +247,9 @@ def build_blocks(
         + transfer_blocks.section_blocks(section)
         + cost_blocks(section, chosen, regimes, config, source_cfg, epochs_run)
         + transfer_blocks.figure_blocks(section, curves, figures.report_png)
+        + transfer_calibration(
+            {key: cell.files for key, cell in data.cells.items() if key in chosen}, regimes
+        )
         + provenance.provenance_blocks(rows, attempts, chosen, "regime", data.tracking_uri)
     )
     return blocks, warnings, provenance.stale_items(attempts, missing)

@@ -213,7 +213,11 @@ def _train(
             }
         )
         log_run_inputs(
-            sink, cfg, data, {"config_hash": trainer.hash, "threads": threads, **(params or {})}
+            sink,
+            cfg,
+            data,
+            {"config_hash": trainer.hash, "threads": threads, **(params or {})},
+            device=trainer.device,
         )
         result = trainer.fit()
         example = next(iter(trainer.eval_loaders["val"])).images[:2]

@@ -32,6 +32,7 @@ from studies.runtime.study_protocol import ProtocolError
 from tracking.kinds import intervention_runs
 from tracking.kinds.transfer_runs import find_finished_cell
 from tracking.record.cell_runs import open_leased_run
+from tracking.kinds.training_runs import log_kernel_identity
 from tracking.record.protocol_runs import STARTED_TAG
 from tracking.record.schema import RUN_NAME, SOURCE_IDENTITY, SOURCE_RUN_ID, TRUE, cell_tags
 from tracking.record.sink import RunSink
@@ -331,6 +332,7 @@ class TrainedModelKind(StudyKind):
                 STARTED_TAG: "true",
             }
         )
+        log_kernel_identity(sink, ex.device)  # the kernels that computed this cell's numbers
         sink.log_params(
             {
                 "arm": cell.arm,

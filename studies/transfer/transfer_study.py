@@ -24,6 +24,7 @@ from studies.runtime.preflight import check_writable_folder, remove_abandoned_ca
 from studies.runtime.study_kind import StudyKind, open_study, run_cells, run_study, said_in_one_line
 from studies.runtime.study_protocol import ProtocolError, load_protocol, load_transfer_protocol
 from tracking.kinds import transfer_runs
+from tracking.kinds.training_runs import log_kernel_identity
 from tracking.record.lease import HEARTBEATS
 from tracking.record.protocol_runs import STARTED_TAG
 from tracking.record.sink import RunSink
@@ -415,6 +416,7 @@ def select_phase(ex: Execution, cell: TransferCell, allow_dirty: bool) -> CellOu
                 "code_fingerprint": transfer_runs.transfer_code_fingerprint(),
             }
         )
+        log_kernel_identity(sink, ex.ctx.device)
         selection = (
             Selection.load(run_dir) if sink.journal.tags.get("phase") == "selected" else None
         )

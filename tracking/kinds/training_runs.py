@@ -16,6 +16,7 @@ from tracking.record.lease import HEARTBEATS
 from tracking.record.sink import RunSink
 from tracking.store import health, offline_store
 from workbench.data import PreparedData
+from workbench.kernel_identity import kernel_differences, kernel_identity, recorded_identity
 from workbench.train.config import TrainConfig
 from workbench.train.fingerprint import current_code_fingerprint
 from workbench.train.loop import TrainingObserver, TrainResult
@@ -107,9 +108,20 @@ class MlflowTrainingObserver(TrainingObserver):
 
 
 def log_run_inputs(
-    sink: RunSink, cfg: TrainConfig, data: PreparedData, extra_params: dict | None = None
+    sink: RunSink,
+    cfg: TrainConfig,
+    data: PreparedData,
+    extra_params: dict | None = None,
+    *,
+    device: torch.device | str | None = None,
 ) -> None:
-    """Flattened config params, data identity, and the dataset as an MLflow input (``tracking.kinds.dataset_inputs``)."""
+    """Flattened config params, data identity, the kernel identity, and the dataset as an MLflow
+    input (``tracking.kinds.dataset_inputs``).
+
+    The kernel identity (``kernel.*``, ``workbench.kernel_identity``) is logged as params by the
+    cell's first execution, with the data identity: params never change, so a run resumed on
+    other kernels keeps the first one's and is tagged ``kernel_changed`` (``log_kernel_identity``).
+    """
     from tracking.kinds.dataset_inputs import training_dataset_input
 
     params = flatten("", cfg.to_dict(), {})
@@ -126,8 +138,26 @@ def log_run_inputs(
             **(extra_params or {}),
         }
     )
+    if device is not None:
+        log_kernel_identity(sink, device)
     sink.log_params(params)  # only the ones a resumed run does not have yet
     sink.log_inputs([training_dataset_input(data)])
+
+
+def log_kernel_identity(sink: RunSink, device: torch.device | str) -> dict[str, str]:
+    """Log this execution's kernel identity as ``kernel.*`` params (the first execution's stay).
+
+    An execution on other kernels than the one that started the run tags it ``kernel_changed``
+    (``field: first -> now; ...``): from there on the run is not what one execution on the first
+    kernels would have computed. Returns the identity of this execution.
+    """
+    identity = kernel_identity(device)
+    first = recorded_identity(sink.journal.params)
+    changed = kernel_differences(first, identity) if first else []
+    if changed:
+        sink.set_tags({"kernel_changed": "; ".join(changed)})
+    sink.log_params(identity)  # only the fields a resumed run does not have yet
+    return identity
 
 
 def log_training_result(

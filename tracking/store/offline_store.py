@@ -133,3 +133,27 @@ def go_offline_or_raise(uri: str, err: BaseException) -> None:
         raise err
     health.mark_down(uri, health.describe_failure(err))
     warn_offline(uri, health.describe_failure(err))
+
+
+def use_folder_store(folder: Path, experiment: str) -> str:
+    """Send this process's runs to a SQLite store of its own in ``folder``; returns its URI.
+
+    For a re-training that must not meet the cells of the user's store (they would be skipped
+    as finished): ``workbench reproduce``. The experiment is created with its artifacts beside
+    the database (a SQLite store otherwise puts them under ./mlruns of the current folder), and
+    MLFLOW_TRACKING_URI is set so that ``configure_tracking`` and child processes find it.
+    """
+    folder = Path(folder).resolve()
+    folder.mkdir(parents=True, exist_ok=True)
+    uri = f"sqlite:///{folder / 'mlflow.db'}"
+    os.environ["MLFLOW_TRACKING_URI"] = uri
+    ensure_store(uri)
+    client = MlflowClient(uri)
+    if client.get_experiment_by_name(experiment) is None:
+        with contextlib.suppress(MlflowException):  # created meanwhile by another process
+            client.create_experiment(
+                experiment,
+                artifact_location=(folder / "artifacts").as_uri(),
+                tags={EXPERIMENT_KIND_TAG: MODEL_TRAINING_KIND},
+            )
+    return uri
