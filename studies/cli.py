@@ -55,7 +55,7 @@ LAZY_COMMANDS: dict[str, tuple[str, str, str]] = {
     "benchmark-train": (
         "studies.benchmarks.train_benchmark",
         "benchmark_train",
-        "Training images/s per arm: today's path, each fast-path option, all of them, and a plain timm loop.",
+        "Training images/s of today's path, each fast-path option, all of them, and plain timm loops.",
     ),
     "equivalence": (
         "studies.tools.equivalence_check",

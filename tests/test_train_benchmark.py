@@ -72,3 +72,13 @@ def test_the_cpu_is_named_and_the_run_is_logged(mlflow_store, tmp_path):
     run = mlflow.get_run(run_id)
     assert run.data.metrics["tiny/fused_adamw/images_per_s_median"] > 0
     assert run.data.tags["machine.cpu_model"] == machine["cpu_model"]
+
+
+def test_an_unknown_arm_or_variant_is_refused_in_one_line():
+    from click.testing import CliRunner
+
+    for option, value in (("--arms", "base,p5_w96"), ("--variants", "today,fast")):
+        result = CliRunner().invoke(train_benchmark.benchmark_train, [option, value])
+        assert result.exit_code == 2, result.output
+        bad = value.split(",")[1]
+        assert f"Invalid value for {option}: {bad!r} is not one of" in result.output, result.output

@@ -392,7 +392,8 @@ def _names(text: str | None, valid, what: str) -> tuple[str, ...]:
     "--profile",
     "profile_arms",
     default=None,
-    help="Comma-separated arms whose today and all paths get a torch.profiler table of one step.",
+    help="Comma-separated arms whose today path and plain timm loop (fused attention) get a "
+    "torch.profiler table of one step.",
 )
 @click.option("--experiment", default="train-benchmark", show_default=True)
 @click.option(
@@ -410,6 +411,7 @@ def benchmark_train(arms, variants, rounds, steps, profile_arms, experiment, out
     wanted = _names(variants, VARIANTS, "variants")
     profiled = _names(profile_arms, all_arms, "profile") if profile_arms else ()
     load_start = os.getloadavg()[0]
+    output_dir.mkdir(parents=True, exist_ok=True)
     parts = []
     for arm in chosen:
         cfg = all_arms[arm]
@@ -420,16 +422,16 @@ def benchmark_train(arms, variants, rounds, steps, profile_arms, experiment, out
             cfg = replace(cfg, run=replace(cfg.run, amp="off"))
         click.echo(f"{arm}:")
         parts.append(bench_arm(arm, cfg, wanted, rounds=rounds, steps=steps, say=click.echo))
+        # After every arm: a long run stopped part-way keeps the arms it finished.
+        pd.concat(parts, ignore_index=True).to_csv(output_dir / "results.csv", index=False)
     table = pd.concat(parts, ignore_index=True)
     machine = cpu_description()
     text = markdown(table, machine, (load_start, os.getloadavg()[0]))
-    output_dir.mkdir(parents=True, exist_ok=True)
-    table.to_csv(output_dir / "results.csv", index=False)
     for arm in profiled:
         cfg = all_arms[arm]
         if cfg.run.amp != "off":
             cfg = replace(cfg, run=replace(cfg.run, amp="off"))
-        for variant in ("today", "all"):
+        for variant in ("today", "timm_fused"):
             prof = profile_step(cfg, variant)
             text += f"\nProfile of one step, {arm} {variant} (share of self CPU time):\n\n"
             text += "\n".join(
