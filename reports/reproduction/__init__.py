@@ -1,0 +1,1 @@
+"""Re-trained cells of a published study judged against its evidence (``workbench reproduce``)."""
