@@ -57,9 +57,9 @@ def _spearman_pairs(maps: dict[int, np.ndarray]) -> list[float]:
 def _heatmaps(panels: list[tuple[str, np.ndarray, str]], title: str) -> bytes:
     fig = MplFigure(figsize=(4.2 * len(panels), 0.6 * panels[0][1].shape[0] + 1.8))
     axes = fig.subplots(1, len(panels), squeeze=False)[0]
+    finite = np.concatenate([g[np.isfinite(g)] for _, g, _ in panels])
+    lim = max(1.0, float(np.abs(finite).max())) if finite.size else 1.0  # one scale for all panels
     for ax, (name, grid, xlabel) in zip(axes, panels):
-        finite = grid[np.isfinite(grid)]
-        lim = max(1.0, float(np.abs(finite).max())) if finite.size else 1.0
         im = ax.imshow(grid, cmap="RdBu_r", vmin=-lim, vmax=lim, aspect="auto")
         ax.set_title(name, fontsize=9)
         ax.set_xlabel(xlabel)
