@@ -452,7 +452,7 @@ SHIPPED_HASHES = {
     "cifar10_recipe_20ep": "2ec29d2aeb3c083d8f9c9dc48deba2bf4c71c4c7d8cde0e7de9c8332e2a91fbc",
     "fmnist_seed_recipe": "a9df7b8b7b9c2bb7f1f2e1a6f9eb5063367da4767d80b8de94faa276468f1b49",
     "fmnist_seed_recipe_heads": "180efd1f7005ba3afcff6d964786444ec033187b1e661f34a1695019942f5184",
-    "fmnist_seed_recipe_patching": "791bac607d961a0f63e5e405ef898b01616ac03ab6a7532ce4469b3a1cf29595",
+    "fmnist_seed_recipe_patching": "380b069b9ab44e8e274fc5ff9f5ad0110edec3e7201ff7cdf164af2c8666757e",
     "fmnist_seed_recipe_faithfulness": "4a2a91bf9a58ec659371cf6fa242245f8977b30e41adaa8381434b6ad8a018dc",
     "fmnist_vit_vs_cnn": "941bf144832b055f1796a83557c9fd9770fa78b1013b990868902bd882eb218b",
     "retina_transfer": "8082116498e236e110f1e2f8f7104d3e7ad637fef4a4ad85b85de78428229bbc",
