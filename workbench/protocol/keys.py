@@ -121,6 +121,13 @@ TOP_MEANINGS = {
         "required",
         "The grid, each evaluated on its own: section `interventions` below.",
     ),
+    "patching": (
+        "mapping",
+        "absent",
+        "Activation patching on every cell (clean/corrupted pairs; each block's residual at each "
+        "token position, each branch, each head patched from the clean run): section `patching` "
+        "below; absent, none, and the protocol's hash is as before the section existed.",
+    ),
     "attribution": (
         "mapping",
         "required",
@@ -408,6 +415,9 @@ def key_rows(kind: str) -> list[KeyRow]:
                 "evaluation",
                 intervention.InterventionEvaluation,
                 dataclass_keys(intervention.InterventionEvaluation),
+            ),
+            *field_rows(
+                "patching", intervention.PatchingSpec, dataclass_keys(intervention.PatchingSpec)
             ),
         ]
     if kind == "attribution":
