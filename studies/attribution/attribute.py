@@ -76,6 +76,8 @@ class AttributionStudy(TrainedModelKind):
     work = "scoring attributions"
     # Scored in float32 whatever the cell trained with: the drops' effects are differences of log-probabilities.
     cell_precision = False
+    settings_section = "settings"
+    images_words = "the first "
 
     @classmethod
     def load(cls, path: str) -> AttributionProtocol:
@@ -86,15 +88,8 @@ class AttributionStudy(TrainedModelKind):
         return scored_images(protocol, data)
 
     @staticmethod
-    def batch_size(protocol: AttributionProtocol) -> int:
-        return protocol.settings.batch_size
-
-    @staticmethod
     def code_fingerprint() -> str:
         return attribution_runs.attribution_code_fingerprint()
-
-    def images_line(self) -> str:
-        return f"the first {len(self.ex.images)} {self.ex.protocol.settings.split} images"
 
     def plan(self, cell: InterventionCell, acted: ActedCell) -> tuple[None, dict]:
         s = self.ex.protocol.settings

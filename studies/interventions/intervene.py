@@ -60,15 +60,8 @@ class InterventionStudy(TrainedModelKind):
         return split
 
     @staticmethod
-    def batch_size(protocol: InterventionProtocol) -> int:
-        return protocol.evaluation.batch_size
-
-    @staticmethod
     def code_fingerprint() -> str:
         return intervention_runs.intervention_code_fingerprint()
-
-    def images_line(self) -> str:
-        return f"{len(self.ex.images)} {self.ex.protocol.evaluation.split} images"
 
     def plan(self, cell: InterventionCell, acted: ActedCell) -> tuple[list, dict]:
         p, e = self.ex.protocol, self.ex.protocol.evaluation

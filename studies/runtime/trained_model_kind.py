@@ -119,7 +119,7 @@ class TrainedModelKind(StudyKind):
     """A protocol that acts on trained models: one cell per arm and seed (or the one pretrained model).
 
     A subclass names its cell tag, its error and its words, and writes ``load``,
-    ``evaluated_images``, ``batch_size``, ``code_fingerprint``, ``plan`` and ``evaluate``.
+    ``evaluated_images``, ``code_fingerprint``, ``plan`` and ``evaluate``.
     """
 
     user_errors = (ProtocolError, SourceError, DatasetNotFound, InterventionError)
@@ -128,6 +128,8 @@ class TrainedModelKind(StudyKind):
     done: str  # what a refused cell did not do: "nothing <done>"
     work: str  # the summary's "<seconds> s <work>"
     cell_precision: bool = True  # evaluate in the precision the cell trained with (else float32)
+    settings_section: str = "evaluation"  # the protocol's section with ``split`` and ``batch_size``
+    images_words: str = ""  # before the header's image count ("the first ")
 
     def __init__(self, options: StudyOptions) -> None:
         self.options = options
@@ -140,17 +142,12 @@ class TrainedModelKind(StudyKind):
 
     @staticmethod
     @abstractmethod
-    def batch_size(protocol) -> int:
-        """The evaluation's batch size."""
-
-    @staticmethod
-    @abstractmethod
     def code_fingerprint() -> str:
         """The fingerprint of the code that computes this kind's results (part of each cell's key)."""
 
-    @abstractmethod
-    def images_line(self) -> str:
-        """The header's words for the evaluated images."""
+    def settings(self, protocol):
+        """The protocol's section that says how cells are evaluated (``split``, ``batch_size``)."""
+        return getattr(protocol, self.settings_section)
 
     @abstractmethod
     def plan(self, cell: InterventionCell, acted: ActedCell) -> tuple[Any, dict]:
@@ -190,7 +187,8 @@ class TrainedModelKind(StudyKind):
         self.started, self.protocol_file = time.perf_counter(), protocol_file
         return (
             f"{protocol.name}@{protocol.short_hash}: acts on {self.acted}; {len(protocol.cells())} cells; "
-            f"{ex.data.display_name}, {self.images_line()}"
+            f"{ex.data.display_name}, {self.images_words}{len(ex.images)} "
+            f"{self.settings(protocol).split} images"
         )
 
     def parent_tags(self) -> dict:
@@ -235,7 +233,9 @@ class TrainedModelKind(StudyKind):
         ex, p = self.ex, self.ex.protocol
         if ex.pretrained is not None:
             cfg = ex.pretrained.model.cfg
-            inputs = inputs_for(ex, cfg, batch_size=self.batch_size(p), amp="off", resize_to=None)
+            inputs = inputs_for(
+                ex, cfg, batch_size=self.settings(p).batch_size, amp="off", resize_to=None
+            )
             return ActedCell(
                 ex.pretrained.model, None, inputs, None, ex.pretrained.description, False
             )
@@ -264,7 +264,7 @@ class TrainedModelKind(StudyKind):
         inputs = inputs_for(
             ex,
             model.cfg,
-            batch_size=self.batch_size(p),
+            batch_size=self.settings(p).batch_size,
             amp=arm.run.amp if self.cell_precision else "off",
             resize_to=arm.data.resize_to,
         )

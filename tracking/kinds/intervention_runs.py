@@ -30,7 +30,7 @@ from tracking.kinds.figure_runs import CellArtifacts, load_cell
 from tracking.kinds.transfer_runs import find_finished_cell
 from tracking.record import queries
 from tracking.record.queries import CellRecord
-from tracking.record.schema import INTERVENTION, PROTOCOL_NAME, parent_filter
+from tracking.record.schema import PROTOCOL_NAME
 from tracking.record.sink import RunSink
 from tracking.store.session import configure_tracking
 from workbench.interventions.evaluate import Evaluation
@@ -205,18 +205,6 @@ def read_cell(record: CellRecord, workdir: Path) -> CellResult:
         with np.load(queries.download_artifact(record.run_id, ATTENTION, folder)) as z:
             attention, query = z["maps"], str(z["query"])
     return CellResult(record, names, labels, intact, predicted, attention, query, indices)
-
-
-def is_intervention_study(protocol_name: str) -> bool:
-    """Whether the store holds an intervention study of this name (its parent runs say so)."""
-    configure_tracking(
-        allow_offline=False
-    )  # a reader: a store that is not there is said, not created
-    client = MlflowClient()
-    exp = client.get_experiment_by_name(protocol_name)
-    return exp is not None and bool(
-        client.search_runs([exp.experiment_id], parent_filter(kind=INTERVENTION), max_results=1)
-    )
 
 
 def log_benchmark(protocol_name: str, timing, params: dict) -> str:
