@@ -30,13 +30,11 @@ import numpy as np
 from reports.attribution.attribution_study import AttributionReadout
 from reports.collect import ReportError
 from reports.common.evidence_parts import (
+    write_acted_document,
     ExportedReadout,
     ExportKind,
     exported_readout,
-    evidence_document,
     evidence_readme,
-    parent_ids,
-    protocol_entry,
 )
 from reports.evidence import (
     FILE_MODE,
@@ -44,7 +42,6 @@ from reports.evidence import (
     cell_entry,
     read_document,
     remove_stale,
-    write_document,
 )
 from reports.provenance import BuildInputs
 from tracking.kinds import attribution_runs
@@ -76,17 +73,9 @@ def export_attribution_evidence(
                 "shapes": {k: list(np.shape(v)) for k, v in sorted(arrays.items())},
             }
         cells.append(entry)
-    document = evidence_document(
-        FORMAT,
-        protocol_entry(protocol, study.digest, inputs),
-        tracking_uri=study.tracking_uri,
-        inputs=inputs,
-        logged_to=logged_to,
-        parents=parent_ids(protocol.name, study.digest),
-        cells=cells,
-    )
-    write_document(
-        folder, document, _readme(protocol.name, study.digest, len(study.chosen), len(cells))
+    readme = _readme(protocol.name, study.digest, len(study.chosen), len(cells))
+    write_acted_document(
+        folder, FORMAT, study, inputs=inputs, logged_to=logged_to, cells=cells, readme=readme
     )
     remove_stale(folder / "arrays", "*.npz", written)
     return folder

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from reports.collect import ReportError
-from reports.evidence import EVIDENCE_DIR, RUNS_FILE, cell_record
+from reports.evidence import EVIDENCE_DIR, RUNS_FILE, cell_record, write_document
 from reports.provenance import BuildInputs
 from tracking.export import run_export
 from tracking.kinds.intervention_runs import choose_cells
@@ -71,6 +71,29 @@ def evidence_document(
         "parents": [run_export.run_record(run_id) for run_id in parents],
         "cells": cells,
     }
+
+
+def write_acted_document(
+    folder: Path,
+    fmt: str,
+    study,
+    *,
+    inputs: BuildInputs,
+    logged_to: list[str],
+    cells: list[dict],
+    readme: str,
+) -> None:
+    """``runs.json`` and the README of a kind that acts on trained models (``write_document``)."""
+    document = evidence_document(
+        fmt,
+        protocol_entry(study.protocol, study.digest, inputs),
+        tracking_uri=study.tracking_uri,
+        inputs=inputs,
+        logged_to=logged_to,
+        parents=parent_ids(study.protocol.name, study.digest),
+        cells=cells,
+    )
+    write_document(folder, document, readme)
 
 
 def parent_ids(name: str, digest: str) -> list[str]:
@@ -199,5 +222,9 @@ def exported_readout(folder: Path, doc: dict, *, kind: ExportKind) -> ExportedRe
         doc["store"]["tracking_uri"],
         f"{protocol.name}/{EVIDENCE_DIR}",
     )
-    e = protocol.evaluation  # the bootstrap seed and confidence are the protocol's: its hash is checked
-    return ExportedReadout(study, exported_inputs(p, build, e.seed, e.confidence), list(build["logged_to"]))
+    e = (
+        protocol.evaluation
+    )  # the bootstrap seed and confidence are the protocol's: its hash is checked
+    return ExportedReadout(
+        study, exported_inputs(p, build, e.seed, e.confidence), list(build["logged_to"])
+    )

@@ -193,7 +193,9 @@ class ActedReport:
             )
         log_report(result, result.folder, log_targets if log else None)
         if evidence:
-            folder = self.module.export_evidence(result.folder / "evidence", study, inputs, log_targets)
+            folder = self.module.export_evidence(
+                result.folder / "evidence", study, inputs, log_targets
+            )
             result.messages.append(
                 f"wrote the evidence of {len(study.chosen)} cells to {folder} "
                 f"(rebuild: workbench report --from-evidence {folder} --out-dir DIR)"
@@ -218,7 +220,9 @@ class ActedReport:
         summary = Summary(
             metrics,
             results_text(
-                blocks, f": {protocol.name}@{short}, {n} of {expected} cells", self.module.DIFFERENCES
+                blocks,
+                f": {protocol.name}@{short}, {n} of {expected} cells",
+                self.module.DIFFERENCES,
             ),
         )
         return ReportResult(

@@ -32,13 +32,11 @@ import pandas as pd
 
 from reports.collect import ReportError
 from reports.common.evidence_parts import (
+    write_acted_document,
     ExportedReadout,
     ExportKind,
     exported_readout,
-    evidence_document,
     evidence_readme,
-    parent_ids,
-    protocol_entry,
 )
 from reports.evidence import (
     RUNS_FILE,
@@ -46,7 +44,6 @@ from reports.evidence import (
     read_document,
     read_gzip,
     remove_stale,
-    write_document,
     write_gzip,
 )
 from reports.interventions.intervention_study import InterventionReadout
@@ -110,17 +107,9 @@ def export_intervention_evidence(
                 }
                 written.add(folder / name)
         cells.append(entry)
-    document = evidence_document(
-        FORMAT,
-        protocol_entry(protocol, study.digest, inputs),
-        tracking_uri=study.tracking_uri,
-        inputs=inputs,
-        logged_to=logged_to,
-        parents=parent_ids(protocol.name, study.digest),
-        cells=cells,
-    )
-    write_document(
-        folder, document, _readme(protocol.name, study.digest, len(study.chosen), len(cells))
+    readme = _readme(protocol.name, study.digest, len(study.chosen), len(cells))
+    write_acted_document(
+        folder, FORMAT, study, inputs=inputs, logged_to=logged_to, cells=cells, readme=readme
     )
     for sub, pattern in (("outcomes", "*.csv.gz"), ("attention", "*.npy.gz")):
         remove_stale(folder / sub, pattern, written)

@@ -70,6 +70,7 @@ class AttributionStudy(TrainedModelKind):
     """An attribution protocol: every method scored on every acted-on model, one cell per arm and seed."""
 
     user_errors = (*TrainedModelKind.user_errors, AttributionError)
+    command_help = "Score an attribution protocol: every method against exact token-drop effects on every acted-on model, as MLflow child runs."
     tag = ATTRIBUTION
     error = AttributionError
     done = "scored"
@@ -165,10 +166,4 @@ def run_attribution_protocol(
     return run_cells(AttributionStudy(options), protocol, protocol_file, options)
 
 
-attribute = trained_model_command(
-    "attribute",
-    AttributionStudy,
-    default_protocol=DEFAULT_PROTOCOL,
-    what="Attribution",
-    doc="Score an attribution protocol: every method against exact token-drop effects on every acted-on model, as MLflow child runs.",
-)
+attribute = trained_model_command("attribute", AttributionStudy, DEFAULT_PROTOCOL)

@@ -41,6 +41,7 @@ BENCHMARK_GOAL_SECONDS = (
 class InterventionStudy(TrainedModelKind):
     """An intervention protocol: every intervention on every acted-on model, one cell per arm and seed."""
 
+    command_help = "Evaluate an intervention protocol: every head, branch and patch of every acted-on model, as MLflow child runs."
     tag = INTERVENTION
     done = "evaluated"
     work = "evaluating interventions"
@@ -132,10 +133,4 @@ def run_intervention_protocol(
     return run_cells(InterventionStudy(options), protocol, protocol_file, options)
 
 
-intervene = trained_model_command(
-    "intervene",
-    InterventionStudy,
-    default_protocol=DEFAULT_PROTOCOL,
-    what="Intervention",
-    doc="Evaluate an intervention protocol: every head, branch and patch of every acted-on model, as MLflow child runs.",
-)
+intervene = trained_model_command("intervene", InterventionStudy, DEFAULT_PROTOCOL)

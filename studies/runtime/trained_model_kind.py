@@ -127,6 +127,7 @@ class TrainedModelKind(StudyKind):
     error: type[Exception] = InterventionError  # raised for a cell that cannot be evaluated
     done: str  # what a refused cell did not do: "nothing <done>"
     work: str  # the summary's "<seconds> s <work>"
+    command_help: str  # the command's help (``trained_model_command``)
     cell_precision: bool = True  # evaluate in the precision the cell trained with (else float32)
     settings_section: str = "evaluation"  # the protocol's section with ``split`` and ``batch_size``
     images_words: str = ""  # before the header's image count ("the first ")
@@ -376,26 +377,22 @@ class TrainedModelKind(StudyKind):
 
 
 def trained_model_command(
-    name: str, kind: type[TrainedModelKind], *, default_protocol: str, what: str, doc: str
+    name: str, kind: type[TrainedModelKind], default_protocol: str
 ) -> click.Command:
     """The command of a kind that acts on trained models: ``workbench <name> --protocol FILE``.
 
-    Args:
-        name: The command's name; its outputs default to ``outputs/<name>``.
-        kind: The kind the command runs.
-        default_protocol: The protocol file run when ``--protocol`` is not given.
-        what: The protocol's kind in the option's help ("Intervention").
-        doc: The command's help (its first sentence is the short help).
+    Its help is the kind's ``command_help`` (the first sentence is the short help); its outputs
+    default to ``outputs/<name>``; ``default_protocol`` is run when ``--protocol`` is not given.
     """
 
-    @click.command(name, help=doc)
+    @click.command(name, help=kind.command_help)
     @click.option(
         "--protocol",
         "protocol_path",
         default=default_protocol,
         show_default=True,
         type=click.Path(exists=True, dir_okay=False),
-        help=f"{what} protocol YAML file.",
+        help=f"{kind.tag.capitalize()} protocol YAML file.",
     )
     @study_options(f"outputs/{name}", "Downloaded checkpoints of the acted-on cells.")
     def command(protocol_path, options: StudyOptions):
