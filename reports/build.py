@@ -17,14 +17,7 @@ import tempfile
 from pathlib import Path
 
 from reports import configuration, document, results, tables
-from reports.attribution.attribution_evidence import (
-    FORMAT as ATTRIBUTION_FORMAT,
-    load_attribution_evidence,
-)
-from reports.attribution.attribution_report import (
-    build_attribution_report,
-    render_attribution_study,
-)
+from reports.attribution import attribution_report
 from reports.calibration.calibration_blocks import ablation_calibration
 from reports.collect import (
     ReportError,
@@ -35,14 +28,8 @@ from reports.collect import (
     resolve_protocol,
 )
 from reports.evidence import EVIDENCE_DIR, export_evidence, export_format, load_evidence
-from reports.interventions.intervention_evidence import (
-    FORMAT as INTERVENTION_FORMAT,
-    load_intervention_evidence,
-)
-from reports.interventions.intervention_report import (
-    build_intervention_report,
-    render_intervention_study,
-)
+from reports.common.report_parts import ActedReport
+from reports.interventions import intervention_report
 from reports.output import (
     ReportResult,
     Summary,
@@ -63,15 +50,21 @@ from workbench.protocol import (
     SHORT_HASH_LEN,
     TransferProtocol,
     kind_of,
+    load_any,
     load_transfer_protocol,
     read_yaml,
 )
+from workbench.protocol.kinds import BY_NAME
 
 DEFAULT_OUT_ROOT = Path("reports")
 
 
-def kind_article(kind: str) -> str:
-    return f"{'an' if kind[0] in 'aeiou' else 'a'} {kind}"
+# The kinds that act on trained models, by name; ablation and transfer have reports of their own.
+ACTED_REPORTS = {
+    r.kind: r for r in (ActedReport(intervention_report), ActedReport(attribution_report))
+}
+REPORTED_KINDS = ("ablation", "transfer", *ACTED_REPORTS)  # every kind of the table (a test checks)
+ACTED_BY_FORMAT = {r.evidence_format: r for r in ACTED_REPORTS.values()}
 
 
 def parse_compare(values: tuple[str, ...] | list[str]) -> list[tuple[str, str]]:
@@ -137,41 +130,21 @@ def build_report(
     kind = kind_of(read_yaml(path)) if path is not None else "ablation"
     if interactions and kind != "ablation":
         raise ReportError(
-            f"--interaction: for ablation protocols; {protocol} is {kind_article(kind)} protocol"
+            f"--interaction: for ablation protocols; {protocol} is {BY_NAME[kind].article} protocol"
         )
-    if path is not None and kind == "intervention":
-        from workbench.protocol import load_intervention_protocol
-
-        return build_intervention_report(
-            load_intervention_protocol(path),
+    if path is not None and kind in ACTED_REPORTS:
+        return ACTED_REPORTS[kind].build(
+            load_any(path),
             out_root,
             hash_prefix,
             n_resamples,
-            log,
-            strict,
-            evidence,
-        )
-    if path is not None and kind == "attribution":
-        from workbench.protocol import load_attribution_protocol
-
-        return build_attribution_report(
-            load_attribution_protocol(path),
-            out_root,
-            hash_prefix,
-            n_resamples,
-            log,
-            strict,
-            evidence,
+            log=log,
+            strict=strict,
+            evidence=evidence,
         )
     if path is None and "/" not in protocol and not protocol.endswith((".yaml", ".yml")):
-        from tracking.kinds.attribution_runs import is_attribution_study
-        from tracking.kinds.intervention_runs import is_intervention_study
-
-        for what, known in (
-            ("an intervention", is_intervention_study),
-            ("an attribution", is_attribution_study),
-        ):
-            if known(protocol):
+        for name in ACTED_REPORTS:
+            if queries.holds_study(protocol, name):
                 recorded = recorded_file(protocol)
                 if recorded is not None:  # kept outside studies/protocols/: its parent says where
                     return build_report(
@@ -187,8 +160,8 @@ def build_report(
                         interactions=interactions,
                     )
                 raise ReportError(
-                    f"{protocol} is {what} protocol: report it with its protocol file "
-                    "(studies/protocols/<name>.yaml or a path)"
+                    f"{protocol} is {BY_NAME[name].article} protocol: report it with its protocol "
+                    "file (studies/protocols/<name>.yaml or a path)"
                 )
     stored = None
     if path is None and "/" not in protocol and not protocol.endswith((".yaml", ".yml")):
@@ -275,17 +248,9 @@ def build_from_evidence(evidence_dir: Path, out_root: Path) -> ReportResult:
         result = transfer_report.render_transfer_study(
             transferred.data, transferred.inputs, Path(out_root), transferred.logged_to
         )
-    elif export_format(evidence_dir) == ATTRIBUTION_FORMAT:
-        attributed = load_attribution_evidence(evidence_dir)
-        _check_rebuild_folder(evidence_dir, out_root, attributed.study.protocol.name)
-        result = render_attribution_study(
-            attributed.study, attributed.inputs, Path(out_root), attributed.logged_to
-        )
-    elif export_format(evidence_dir) == INTERVENTION_FORMAT:
-        intervened = load_intervention_evidence(evidence_dir)
-        _check_rebuild_folder(evidence_dir, out_root, intervened.study.protocol.name)
-        result = render_intervention_study(
-            intervened.study, intervened.inputs, Path(out_root), intervened.logged_to
+    elif export_format(evidence_dir) in ACTED_BY_FORMAT:
+        result = ACTED_BY_FORMAT[export_format(evidence_dir)].rebuild(
+            evidence_dir, out_root, _check_rebuild_folder
         )
     else:
         loaded = load_evidence(evidence_dir)

@@ -123,7 +123,9 @@ def test_each_layer_imports_only_what_it_may():
             problems.append(
                 f"{modules()[i.module].relative_to(ROOT)}:{i.line}: {layer}/ imports {i.target}"
             )
-    assert not problems, "layer rule broken (DESIGN.md, Layers):\n" + "\n".join(problems)
+    assert not problems, "layer rule broken (docs/architecture.md, Four layers):\n" + "\n".join(
+        problems
+    )
 
 
 def import_graph() -> dict[str, set[str]]:

@@ -59,6 +59,9 @@ def cli_args(entry: str, params: dict[str, str]) -> list[str]:
 def parse(args: list[str]) -> tuple[click.Command, dict]:
     name, rest = args[0], args[1:]
     command = main.get_command(click.Context(main), name)
+    while isinstance(command, click.Group):  # `benchmark vit ...`: the group's command
+        name, rest = rest[0], rest[1:]
+        command = command.get_command(click.Context(command), name)
     assert command is not None, f"MLproject runs unknown subcommand {name!r}"
     ctx = command.make_context(name, list(rest))
     return command, ctx.params

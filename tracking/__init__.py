@@ -1,4 +1,4 @@
-"""The only package that talks to MLflow (see DESIGN.md, "Layers").
+"""The only package that talks to MLflow (see docs/architecture.md, "Four layers").
 
 Set once, for every process that imports any of it (every command that creates runs):
 MLflow's client prints ``View run <name> at: <tracking URI>/#/...`` whenever it ends a run

@@ -12,14 +12,14 @@ the CLS attention they get, their causal effect) with histograms. Numbers come f
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import numpy as np
 import torch
 
 from reports import provenance
-from reports.attribution.attribution_evidence import export_attribution_evidence
-from reports.attribution.attribution_study import AttributionStudy, load_study
+from reports.attribution import attribution_evidence
+from reports.attribution import attribution_study
+from reports.attribution.attribution_study import AttributionReadout
 from reports.attribution.faithfulness import (
     BASELINE,
     BETTER,
@@ -35,32 +35,36 @@ from reports.attribution.faithfulness import (
     has_concentration,
     mean_curves,
 )
-from reports.collect import ReportError, newer_attempts, resolve_hash, shown_path
-from reports.figures import report_png
-from reports.output import (
-    ReportResult,
-    Summary,
-    log_report,
-    paired_metrics,
-    results_text,
-    write_report,
+from reports.common.report_parts import (
+    SPLIT_WORDS,
+    acted_on_table,
+    cell_warnings,
+    closing_blocks,
+    header_blocks,
 )
-from reports.render import Block, Bullets, Figure, Heading, Para, Table
+from reports.figures import report_png
+from reports.output import paired_metrics
+from reports.render import Block, Figure, Heading, Para, Table
 from tracking.kinds.attribution_runs import CellResult
 from tracking.record import queries
 from workbench.analysis.common import display_images
 from workbench.attribution import attribution_figures
-from workbench.protocol import SHORT_HASH_LEN, AttributionProtocol
+from workbench.protocol import AttributionProtocol
 from workbench.report_content.rounding import bootstrap_display, fmt
 
-FLAG = "⚠"
-SPLIT_WORDS = {"val": "validation", "test": "test"}
+# What reports.common.report_parts.ActedReport reads: this kind, its export, its summary's numbers.
+KIND = "attribution"
+load_study = attribution_study.load_study
+EVIDENCE_FORMAT = attribution_evidence.FORMAT
+export_evidence = attribution_evidence.export_attribution_evidence
+load_evidence = attribution_evidence.load_attribution_evidence
 MEASURE_WORDS = {
     "rho": "Spearman ρ",
     "deletion_auc": "deletion AUC",
     "insertion_auc": "insertion AUC",
 }
 DECIMALS = 3
+DIFFERENCES = "differences of Spearman ρ and of AUCs, method minus the random order"
 
 
 def _interval(low: float, high: float, signed: bool = False) -> str:
@@ -512,83 +516,35 @@ def arm_blocks(
 
 def acted_on_blocks(rows: list[tuple[str, int, queries.CellRecord]]) -> list[Block]:
     """Which weights each cell acted on, its reload proof, and how long its scoring took."""
-    body = []
-    for arm, seed, r in rows:
-        m = r.metrics
-        proof = (
-            "n/a (pretrained)"
-            if "reload_proof_passed" not in m
-            else f"{'reproduced' if m['reload_proof_passed'] == 1.0 else 'NOT reproduced'}, max |prob difference| "
-            f"{m.get('reload_proof_max_abs_diff', math.nan):.3g}"
-        )
-        source = (
-            f"`{r.tags['source_run_id']}`"
-            if r.tags.get("source_run_id")
-            else f"`{r.tags.get('source_identity', 'n/a')}`"
-        )
-        body.append(
-            [
-                arm,
-                str(seed),
-                source,
-                proof,
-                fmt(100 * m.get("intact_accuracy", math.nan), 2),
-                f"{int(m.get('images', 0)):,}",
-                f"{int(m.get('forwards', 0)):,}",
-                f"{m.get('evaluation_seconds', math.nan):.1f} s",
-                r.tags.get("threads", "n/a"),
-            ]
-        )
-    return [
-        Heading(3, "Acted-on models"),
-        Table(
-            [
-                "arm",
-                "seed",
-                "trained run (or weights)",
-                "reload proof",
-                "intact accuracy, %",
-                "images",
-                "sequences",
-                "scoring",
-                "threads",
-            ],
-            body,
-            ["l", "r", "l", "l", "r", "r", "r", "r", "r"],
-            [
-                "Trained run: the finished cell whose best checkpoint was loaded; before anything was scored it had to "
-                "reproduce that run's saved validation predictions (bitwise on CPU). Sequences: token sequences run through "
-                "the blocks for the single-token drops and the curves. Scoring: wall time of the methods, the drops, the "
-                "curves and the norms."
-            ],
-            css_class="wide nowrap",
-        ),
-    ]
+    return acted_on_table(
+        rows,
+        ["intact accuracy, %", "images", "sequences", "scoring"],
+        lambda m: [
+            fmt(100 * m.get("intact_accuracy", math.nan), 2),
+            f"{int(m.get('images', 0)):,}",
+            f"{int(m.get('forwards', 0)):,}",
+            f"{m.get('evaluation_seconds', math.nan):.1f} s",
+        ],
+        "Trained run: the finished cell whose best checkpoint was loaded; before anything was scored it had to "
+        "reproduce that run's saved validation predictions (bitwise on CPU). Sequences: token sequences run through "
+        "the blocks for the single-token drops and the curves. Scoring: wall time of the methods, the drops, the "
+        "curves and the norms.",
+    )
 
 
 def build_blocks(
-    study: AttributionStudy,
+    study: AttributionReadout,
     inputs: provenance.BuildInputs,
     log_targets: list[str],
     n_resamples: int,
 ) -> tuple[list[Block], list[str], list[str], int, dict[str, float]]:
     """The report's blocks, its warnings, what ``--strict`` refuses, the number of reported cells, and each
     method's comparison with the random baseline as ``cmp.<arm>.<method>.<measure>_vs_random.<split>.*`` metrics."""
-    protocol, digest, chosen, store = study.protocol, study.digest, study.chosen, study.tracking_uri
+    protocol, chosen = study.protocol, study.chosen
     arms, seeds = list(protocol.arms), list(protocol.seeds)
-    missing = [f"{a}/seed{s}" for s in seeds for a in arms if (a, s) not in chosen]
-    attempts = newer_attempts(study.records, chosen, tuple(arms), tuple(seeds))
+    missing, attempts, warnings = cell_warnings(study)
     e, s = protocol.evaluation, protocol.settings
     split = SPLIT_WORDS[s.split]
-    warnings = (
-        [f"{len(missing)} expected cell(s) have no finished run: {', '.join(missing)}"]
-        if missing
-        else []
-    )
-    warnings += [
-        f"{r.arm}/seed{r.seed} has a newer {r.status} run {r.run_id}; the report uses the older finished run"
-        for r in attempts
-    ]
     results: list[Block] = [Heading(2, "Results")]
     sections: list[Block] = []
     metrics: dict[str, float] = {}
@@ -626,123 +582,15 @@ def build_blocks(
             "the floor, not a target."
         )
     )
-    n, expected = len(chosen), len(arms) * len(seeds)
-    acted = (
-        f"the finished ViT cells of `{protocol.acts_on.protocol}` (hash `{protocol.acts_on.hash[:SHORT_HASH_LEN]}`)"
-        if protocol.acts_on
-        else f"timm `{protocol.pretrained.model}` (weights `{protocol.pretrained.weights}`)"
+    header = header_blocks(
+        study,
+        inputs,
+        log_targets,
+        what="Attribution",
+        settings=f"the first {s.images:,} {split} images; methods {', '.join(f'`{m}`' for m in s.methods)} "
+        f"(random order seed {s.random_seed}); high-norm cut {s.norm_threshold:g} × the block median.",
+        warnings=warnings,
     )
-    header: list[Block] = [
-        Heading(1, f"Report: {protocol.name}@{digest[:SHORT_HASH_LEN]}"),
-        Para(protocol.description),
-        Bullets(
-            [
-                f"Attribution protocol `{protocol.name}`, hash `{digest}` (from {inputs.protocol_source}).",
-                f"Acts on {acted}: arms {', '.join(arms)}; seeds {', '.join(map(str, seeds))} (paired by seed and by "
-                f"image); the first {s.images:,} {split} images; methods {', '.join(f'`{m}`' for m in s.methods)} "
-                f"(random order seed {s.random_seed}); high-norm cut {s.norm_threshold:g} × the block median.",
-                *provenance.header_bullets(
-                    inputs,
-                    protocol.name,
-                    "one run per cell: its newest finished run",
-                    log_targets,
-                    store,
-                    study.rebuilt_from,
-                ),
-                f"Cells with a finished run: **{n} of {expected}**"
-                + ("." if n == expected else f" {FLAG}"),
-            ]
-        ),
-    ]
-    if warnings:
-        header += [Heading(2, "Warnings"), Bullets([f"{FLAG} {w}" for w in warnings])]
-    rows = [(a, seed, chosen[(a, seed)]) for seed in seeds for a in arms if (a, seed) in chosen]
-    blocks = (
-        header
-        + results
-        + sections
-        + provenance.provenance_blocks(rows, attempts, chosen, "arm", store)
-        + acted_on_blocks(rows)
-    )
+    blocks = header + results + sections + closing_blocks(study, attempts, acted_on_blocks)
+    n = len(chosen)
     return blocks, warnings, provenance.stale_items(attempts, missing), n, metrics
-
-
-def build_attribution_report(
-    protocol: AttributionProtocol,
-    out_root: Path,
-    hash_prefix: str | None,
-    n_resamples: int,
-    log: bool,
-    strict: bool,
-    evidence: bool = False,
-) -> ReportResult:
-    """Build, write and (optionally) log the report, and with ``evidence`` export what it was computed
-    from to ``<out_root>/<name>/evidence/``."""
-    counts = queries.hash_counts(protocol.name)
-    digest = resolve_hash(protocol.name, counts, hash_prefix, protocol.hash)
-    if digest != protocol.hash:
-        raise ReportError(
-            f"--hash {hash_prefix}: {protocol.name}@{digest[:SHORT_HASH_LEN]} is not the hash of "
-            f"{shown_path(Path(protocol.source_file))}; report an attribution protocol with its own file"
-        )
-    parents = queries.parent_runs(protocol.name, digest)
-    log_targets = [parents[0].run_id] if log and parents else []
-    inputs = provenance.BuildInputs(
-        f"file {shown_path(Path(protocol.source_file))}",
-        digest,
-        hash_prefix,
-        None,
-        [],
-        n_resamples,
-        protocol.evaluation.seed,
-        protocol.evaluation.confidence,
-        strict,
-    )
-    study = load_study(protocol, digest)
-    result = render_attribution_study(study, inputs, Path(out_root), log_targets)
-    if log and not parents:
-        result.messages.append(
-            f"no parent run of {protocol.name}@{digest[:SHORT_HASH_LEN]} found: the report is not logged"
-        )
-    log_report(result, result.folder, log_targets if log else None)
-    if evidence:
-        folder = export_attribution_evidence(result.folder / "evidence", study, inputs, log_targets)
-        result.messages.append(
-            f"wrote the evidence of {len(study.chosen)} cells to {folder} "
-            f"(rebuild: workbench report --from-evidence {folder} --out-dir DIR)"
-        )
-    return result
-
-
-def render_attribution_study(
-    study: AttributionStudy, inputs: provenance.BuildInputs, out_root: Path, log_targets: list[str]
-) -> ReportResult:
-    """Compute every table and figure and write the report files."""
-    protocol, short = study.protocol, study.digest[:SHORT_HASH_LEN]
-    blocks, warnings, problems, n, metrics = build_blocks(
-        study, inputs, log_targets, inputs.n_resamples
-    )
-    folder = Path(out_root) / protocol.name
-    figure_paths = write_report(folder, blocks, f"{protocol.name}@{short} attribution report")
-    expected = len(protocol.arms) * len(protocol.seeds)
-    messages = [
-        f"{protocol.name}@{short}: {n} of {expected} cells have a finished run "
-        "(attribution protocol)"
-    ] + [f"warning: {w}" for w in warnings]
-    summary = Summary(
-        metrics,
-        results_text(
-            blocks,
-            f": {protocol.name}@{short}, {n} of {expected} cells",
-            "differences of Spearman ρ and of AUCs, method minus the random order",
-        ),
-    )
-    return ReportResult(
-        folder,
-        folder / "report.md",
-        folder / "report.html",
-        figure_paths,
-        messages=messages,
-        problems=problems,
-        summary=summary,
-    )

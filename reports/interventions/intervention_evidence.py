@@ -15,7 +15,7 @@
   depth x heads x rows x cols), which only the attention figure reads.
 - ``README.md``: the format in words, and the command that rebuilds the report.
 
-``load_intervention_evidence`` reads it back into the ``InterventionStudy`` the report is
+``load_intervention_evidence`` reads it back into the ``InterventionReadout`` the report is
 rendered from, choosing one run per cell by the rule the store build uses
 (``tracking.kinds.intervention_runs.choose_cells``). The shared mechanics (cleaned run records, gzip
 without a timestamp, sha256 checks, atomic writes) are ``reports.evidence``'s.
@@ -23,32 +23,35 @@ without a timestamp, sha256 checks, atomic writes) are ``reports.evidence``'s.
 
 from __future__ import annotations
 
+import functools
 import io
-import tempfile
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
 from reports.collect import ReportError
+from reports.common.evidence_parts import (
+    write_acted_document,
+    ExportedReadout,
+    ExportKind,
+    exported_readout,
+    evidence_readme,
+)
 from reports.evidence import (
-    EVIDENCE_DIR,
     RUNS_FILE,
     cell_entry,
-    cell_record,
     read_document,
     read_gzip,
     remove_stale,
-    write_document,
     write_gzip,
 )
-from reports.interventions.intervention_study import InterventionStudy
+from reports.interventions.intervention_study import InterventionReadout
 from reports.provenance import BuildInputs
-from tracking.export import run_export
 from tracking.kinds import intervention_runs
+from tracking.kinds.attribution_runs import npz_bytes
 from tracking.record import queries
-from workbench.protocol import ProtocolError, load_intervention_protocol
+from workbench.protocol import load_intervention_protocol
 
 FORMAT = "workbench-intervention-evidence/1"
 FIXED_COLUMNS = ("index", "label", "intact")
@@ -75,24 +78,8 @@ def _npy_bytes(array: np.ndarray) -> bytes:
     return buffer.getvalue()
 
 
-def _npz_bytes(arrays: dict[str, np.ndarray]) -> bytes:
-    buffer = io.BytesIO()
-    np.savez(buffer, **arrays)  # the exact arrays the cell logged (no pickled objects)
-    return buffer.getvalue()
-
-
-def _protocol_files(study: InterventionStudy) -> dict[str, str]:
-    """The protocol file and the acted-on protocol's file, by file name: what parses to the hash again."""
-    path = Path(study.protocol.source_file)
-    files = {path.name: path.read_text(encoding="utf-8")}
-    if study.protocol.acts_on is not None:
-        acted = path.parent / f"{study.protocol.acts_on.protocol}.yaml"
-        files[acted.name] = acted.read_text(encoding="utf-8")
-    return files
-
-
 def export_intervention_evidence(
-    folder: Path, study: InterventionStudy, inputs: BuildInputs, logged_to: list[str]
+    folder: Path, study: InterventionReadout, inputs: BuildInputs, logged_to: list[str]
 ) -> Path:
     """Write ``folder`` (``runs.json``, ``outcomes/``, ``attention/``, ``README.md``) for ``study`` as reported."""
     protocol, cells, written = study.protocol, [], set()
@@ -124,37 +111,14 @@ def export_intervention_evidence(
                 name = f"patching/{stem}.npz.gz"
                 entry["patching"] = {
                     "file": name,
-                    "sha256": write_gzip(folder, name, _npz_bytes(cell.patching)),
+                    "sha256": write_gzip(folder, name, npz_bytes(cell.patching)),
                     "arrays": sorted(cell.patching),
                 }
                 written.add(folder / name)
         cells.append(entry)
-    document = {
-        "format": FORMAT,
-        "protocol": {
-            "name": protocol.name,
-            "hash": study.digest,
-            "source": inputs.protocol_source,
-            "canonical": protocol.canonical,
-            "files": _protocol_files(study),
-        },
-        "store": {"tracking_uri": study.tracking_uri, "experiment": protocol.name},
-        "build": {
-            "hash_option": inputs.hash_option,
-            "resamples": inputs.n_resamples,
-            "bootstrap_seed": inputs.bootstrap_seed,
-            "confidence": inputs.confidence,
-            "strict": inputs.strict,
-            "logged_to": list(logged_to),
-        },
-        "parents": [
-            run_export.run_record(p.run_id)
-            for p in queries.parent_runs(protocol.name, study.digest)
-        ],
-        "cells": cells,
-    }
-    write_document(
-        folder, document, _readme(protocol.name, study.digest, len(study.chosen), len(cells))
+    readme = _readme(protocol.name, study.digest, len(study.chosen), len(cells))
+    write_acted_document(
+        folder, FORMAT, study, inputs=inputs, logged_to=logged_to, cells=cells, readme=readme
     )
     for sub, pattern in (
         ("outcomes", "*.csv.gz"),
@@ -166,20 +130,11 @@ def export_intervention_evidence(
 
 
 def _readme(name: str, digest: str, reported: int, runs: int) -> str:
-    return f"""# Evidence of {name}@{digest[:12]}
-
-What the intervention report beside this folder (`../report.md`) was computed from, exported
-by `workbench report --evidence` from the runs the report was built from, so that anyone can
-check every number and rebuild the report (its tables, paragraphs and figures) without the
-MLflow store:
-
-```bash
-workbench report --from-evidence {name}/evidence --out-dir rebuilt  # run from the folder that holds {name}/
-```
-
-The rebuilt `report.md` equals `../report.md` except for one added header line
-("Rebuilt offline from the evidence export ...").
-
+    return evidence_readme(
+        name,
+        digest,
+        "intervention",
+        f"""
 - `runs.json` (format `{FORMAT}`, JSON with sorted keys): the protocol (its hashed
   canonical content, hash `{digest}`, and the text of its file and of the acted-on
   protocol's file, which a rebuild parses again and checks against the hash), the tracking
@@ -197,41 +152,11 @@ The rebuilt `report.md` equals `../report.md` except for one added header line
   per-example losses; the report uses none).
 - `attention/<arm>.seed<seed>.npy.gz`: each head's mean attention map on the evaluation
   images (NumPy `.npy`, float32, blocks x heads x rows x columns), drawn in the attention figure.
-
-Strings carry no credentials and no absolute paths: paths are relative to the directory
-the report was built from.
-"""
+""",
+    )
 
 
 # --------------------------------------------------------------------------------- load
-
-
-@dataclass
-class InterventionEvidence:
-    """An intervention study read back from its evidence export, with what the report was built with."""
-
-    study: InterventionStudy
-    inputs: BuildInputs
-    logged_to: list[str]
-
-
-def _protocol(where: str, p: dict):
-    """The protocol parsed again from the exported files, its hash checked against the recorded one."""
-    with tempfile.TemporaryDirectory() as tmp:
-        for name, text in p["files"].items():
-            if Path(name).name != name:
-                raise ReportError(f"{where}: protocol file name {name!r} is not a plain file name")
-            (Path(tmp) / name).write_text(text, encoding="utf-8")
-        try:
-            protocol = load_intervention_protocol(Path(tmp) / f"{p['name']}.yaml")
-        except ProtocolError as err:
-            raise ReportError(f"{where}: the exported protocol does not parse ({err})") from err
-    if protocol.hash != p["hash"] or protocol.canonical != p["canonical"]:
-        raise ReportError(
-            f"{where}: the exported protocol file hashes to {protocol.hash[:12]}, not protocol.hash "
-            f"{p['hash'][:12]}"
-        )
-    return protocol
 
 
 def _cell(folder: Path, record: queries.CellRecord, entry: dict) -> intervention_runs.CellResult:
@@ -274,55 +199,11 @@ def _cell(folder: Path, record: queries.CellRecord, entry: dict) -> intervention
     )
 
 
-def _evidence(folder: Path, doc: dict) -> InterventionEvidence:
-    where = str(folder / RUNS_FILE)
-    p, build = doc["protocol"], doc["build"]
-    protocol = _protocol(where, p)
-    entries = {e["run_id"]: e for e in doc["cells"]}
-    records = [cell_record(e, where) for e in doc["cells"]]
-    chosen = intervention_runs.choose_cells(records)
-    if not chosen:
-        raise ReportError(f"{where}: no finished cell run: nothing to rebuild")
-    lacking = [
-        f"{r.arm}/seed{r.seed} ({r.run_id})"
-        for r in chosen.values()
-        if "outcomes" not in entries[r.run_id]
-    ]
-    if lacking:
-        raise ReportError(
-            f"{where}: reported cells whose outcomes were not exported: {', '.join(lacking)}"
-        )
-    cells = {key: _cell(folder, r, entries[r.run_id]) for key, r in chosen.items()}
-    study = InterventionStudy(
-        protocol,
-        p["hash"],
-        chosen,
-        records,
-        cells,
-        doc["store"]["tracking_uri"],
-        f"{protocol.name}/{EVIDENCE_DIR}",
-    )
-    e = (
-        protocol.evaluation
-    )  # the bootstrap seed and confidence are the protocol's: its hash is checked above
-    inputs = BuildInputs(
-        p["source"],
-        p["hash"],
-        build["hash_option"],
-        None,
-        [],
-        int(build["resamples"]),
-        e.seed,
-        e.confidence,
-        bool(build["strict"]),
-    )
-    return InterventionEvidence(study, inputs, list(build["logged_to"]))
-
-
-def load_intervention_evidence(folder: Path) -> InterventionEvidence:
+def load_intervention_evidence(folder: Path) -> ExportedReadout:
     """The study and build options of an intervention evidence export; no MLflow store is opened.
 
     Raises:
         ReportError: A file is missing, damaged or of another format; the message names it.
     """
-    return read_document(Path(folder), FORMAT, _evidence)
+    kind = ExportKind(load_intervention_protocol, InterventionReadout, "outcomes", _cell)
+    return read_document(Path(folder), FORMAT, functools.partial(exported_readout, kind=kind))

@@ -11,25 +11,24 @@ every cell logged; the results paragraphs from ``workbench.report_content.interv
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import numpy as np
 
 from reports import provenance
-from reports.collect import ReportError, newer_attempts, resolve_hash, shown_path
-from reports.figures import report_png
-from reports.interventions.intervention_evidence import export_intervention_evidence
-from reports.interventions.intervention_study import InterventionStudy, load_study
-from reports.interventions.patching_report import patching_blocks
-from reports.output import (
-    ReportResult,
-    Summary,
-    log_report,
-    paired_metrics,
-    results_text,
-    write_report,
+from reports.common.report_parts import (
+    SPLIT_WORDS,
+    acted_on_table,
+    cell_warnings,
+    closing_blocks,
+    header_blocks,
 )
-from reports.render import Block, Bullets, Figure, Heading, Para, Quote, Table
+from reports.figures import report_png
+from reports.interventions import intervention_evidence
+from reports.interventions import intervention_study
+from reports.interventions.patching_report import patching_blocks
+from reports.interventions.intervention_study import InterventionReadout
+from reports.output import paired_metrics
+from reports.render import Block, Figure, Heading, Para, Quote, Table
 from tracking.kinds import intervention_runs
 from tracking.record import queries
 from workbench.analysis import intervention_figures
@@ -42,7 +41,7 @@ from workbench.interventions.summary import (
     seed_consistency,
     summarize,
 )
-from workbench.protocol import SHORT_HASH_LEN, InterventionProtocol
+from workbench.protocol import InterventionProtocol
 from workbench.report_content.intervention_wording import (
     effect_caveats,
     effect_paragraph,
@@ -50,9 +49,14 @@ from workbench.report_content.intervention_wording import (
 )
 from workbench.report_content.rounding import bootstrap_display, exact_decimals, fmt
 
-FLAG = "⚠"
-SPLIT_WORDS = {"val": "validation", "test": "test"}
+# What reports.common.report_parts.ActedReport reads: this kind, its export, its summary's numbers.
+KIND = "intervention"
+load_study = intervention_study.load_study
+EVIDENCE_FORMAT = intervention_evidence.FORMAT
+export_evidence = intervention_evidence.export_intervention_evidence
+load_evidence = intervention_evidence.load_intervention_evidence
 TOP_EFFECTS = 3  # results paragraphs for the largest drops
+DIFFERENCES = "accuracy changes in percentage points (intervened minus intact)"
 
 
 def _t(row: InterventionRow) -> str:
@@ -253,28 +257,18 @@ def arm_blocks(
 
 
 def build_blocks(
-    study: InterventionStudy,
+    study: InterventionReadout,
     inputs: provenance.BuildInputs,
     log_targets: list[str],
     n_resamples: int,
 ) -> tuple[list[Block], list[str], list[str], int, dict[str, float]]:
     """The report's blocks, its warnings, what ``--strict`` refuses, the number of reported cells, and every
     intervention's comparison with the intact model as ``cmp.<arm>.<intervention>_vs_intact.<split>.*`` metrics."""
-    protocol, digest, chosen, store = study.protocol, study.digest, study.chosen, study.tracking_uri
+    protocol, chosen = study.protocol, study.chosen
     arms, seeds = list(protocol.arms), list(protocol.seeds)
-    missing = [f"{a}/seed{s}" for s in seeds for a in arms if (a, s) not in chosen]
-    attempts = newer_attempts(study.records, chosen, tuple(arms), tuple(seeds))
+    missing, attempts, warnings = cell_warnings(study)
     e = protocol.evaluation
     split = SPLIT_WORDS[e.split]
-    warnings = (
-        [f"{len(missing)} expected cell(s) have no finished run: {', '.join(missing)}"]
-        if missing
-        else []
-    )
-    warnings += [
-        f"{r.arm}/seed{r.seed} has a newer {r.status} run {r.run_id}; the report uses the older finished run"
-        for r in attempts
-    ]
     results: list[Block] = [Heading(2, "Results")]
     sections: list[Block] = []
     metrics: dict[str, float] = {}
@@ -313,99 +307,34 @@ def build_blocks(
                 2,
                 protocol.model_config(arm).num_prefix_tokens if protocol.acts_on else 1,
             )
+    header = header_blocks(
+        study,
+        inputs,
+        log_targets,
+        what="Intervention",
+        settings=f"evaluated on the {split} split; mean ablation over {e.mean_images:,} training "
+        f"images (seed {e.mean_seed}).",
+        warnings=warnings,
+    )
+    blocks = header + results + sections + closing_blocks(study, attempts, acted_on_blocks)
     n = len(chosen)
-    expected = len(arms) * len(seeds)
-    acted = (
-        f"the finished ViT cells of `{protocol.acts_on.protocol}` (hash `{protocol.acts_on.hash[:SHORT_HASH_LEN]}`)"
-        if protocol.acts_on
-        else f"timm `{protocol.pretrained.model}` (weights `{protocol.pretrained.weights}`)"
-    )
-    header: list[Block] = [
-        Heading(1, f"Report: {protocol.name}@{digest[:SHORT_HASH_LEN]}"),
-        Para(protocol.description),
-        Bullets(
-            [
-                f"Intervention protocol `{protocol.name}`, hash `{digest}` (from {inputs.protocol_source}).",
-                f"Acts on {acted}: arms {', '.join(arms)}; seeds {', '.join(map(str, seeds))} (paired by seed and by "
-                f"image); evaluated on the {split} split; mean ablation over {e.mean_images:,} training images "
-                f"(seed {e.mean_seed}).",
-                *provenance.header_bullets(
-                    inputs,
-                    protocol.name,
-                    "one run per cell: its newest finished run",
-                    log_targets,
-                    store,
-                    study.rebuilt_from,
-                ),
-                f"Cells with a finished run: **{n} of {expected}**"
-                + ("." if n == expected else f" {FLAG}"),
-            ]
-        ),
-    ]
-    if warnings:
-        header += [Heading(2, "Warnings"), Bullets([f"{FLAG} {w}" for w in warnings])]
-    rows = [(a, s, chosen[(a, s)]) for s in seeds for a in arms if (a, s) in chosen]
-    blocks = (
-        header
-        + results
-        + sections
-        + provenance.provenance_blocks(rows, attempts, chosen, "arm", store)
-        + acted_on_blocks(rows)
-    )
     return blocks, warnings, provenance.stale_items(attempts, missing), n, metrics
 
 
 def acted_on_blocks(rows: list[tuple[str, int, queries.CellRecord]]) -> list[Block]:
     """Which weights each cell acted on, its reload proof, and how long its interventions took."""
-    body = []
-    for arm, seed, r in rows:
-        m = r.metrics
-        proof = (
-            "n/a (pretrained)"
-            if "reload_proof_passed" not in m
-            else f"{'reproduced' if m['reload_proof_passed'] == 1.0 else 'NOT reproduced'}, max |prob difference| "
-            f"{m.get('reload_proof_max_abs_diff', math.nan):.3g}"
-        )
-        source = (
-            f"`{r.tags['source_run_id']}`"
-            if r.tags.get("source_run_id")
-            else f"`{r.tags.get('source_identity', 'n/a')}`"
-        )
-        body.append(
-            [
-                arm,
-                str(seed),
-                source,
-                proof,
-                f"{int(m.get('interventions', 0))}",
-                f"{int(m.get('examples', 0)):,}",
-                f"{m.get('evaluation_seconds', math.nan):.1f} s",
-                r.tags.get("threads", "n/a"),
-            ]
-        )
-    return [
-        Heading(3, "Acted-on models"),
-        Table(
-            [
-                "arm",
-                "seed",
-                "trained run (or weights)",
-                "reload proof",
-                "interventions",
-                "images",
-                "evaluation",
-                "threads",
-            ],
-            body,
-            ["l", "r", "l", "l", "r", "r", "r", "r"],
-            [
-                "Trained run: the finished cell whose best checkpoint was loaded; before any intervention it had to reproduce "
-                "that run's saved validation predictions (bitwise on CPU). Evaluation: wall time of the intact pass, every "
-                "intervention and the attention maps."
-            ],
-            css_class="wide nowrap",
-        ),
-    ]
+    return acted_on_table(
+        rows,
+        ["interventions", "images", "evaluation"],
+        lambda m: [
+            f"{int(m.get('interventions', 0))}",
+            f"{int(m.get('examples', 0)):,}",
+            f"{m.get('evaluation_seconds', math.nan):.1f} s",
+        ],
+        "Trained run: the finished cell whose best checkpoint was loaded; before any intervention it had to reproduce "
+        "that run's saved validation predictions (bitwise on CPU). Evaluation: wall time of the intact pass, every "
+        "intervention and the attention maps.",
+    )
 
 
 def _shape(
@@ -429,86 +358,3 @@ def _parse_head(name: str) -> HeadAblation | None:
 
     item = None if name.startswith("set.") else parse(name)
     return item if isinstance(item, HeadAblation) else None
-
-
-def build_intervention_report(
-    protocol: InterventionProtocol,
-    out_root: Path,
-    hash_prefix: str | None,
-    n_resamples: int,
-    log: bool,
-    strict: bool,
-    evidence: bool = False,
-):
-    """Build, write and (optionally) log the report, and with ``evidence`` export what it was computed
-    from to ``<out_root>/<name>/evidence/``; returns ``reports.output.ReportResult``."""
-    counts = queries.hash_counts(protocol.name)
-    digest = resolve_hash(protocol.name, counts, hash_prefix, protocol.hash)
-    if digest != protocol.hash:
-        raise ReportError(
-            f"--hash {hash_prefix}: {protocol.name}@{digest[:SHORT_HASH_LEN]} is not the hash of "
-            f"{shown_path(Path(protocol.source_file))}; report an intervention protocol with its own file"
-        )
-    parents = queries.parent_runs(protocol.name, digest)
-    log_targets = [parents[0].run_id] if log and parents else []
-    inputs = provenance.BuildInputs(
-        f"file {shown_path(Path(protocol.source_file))}",
-        digest,
-        hash_prefix,
-        None,
-        [],
-        n_resamples,
-        protocol.evaluation.seed,
-        protocol.evaluation.confidence,
-        strict,
-    )
-    study = load_study(protocol, digest)
-    result = render_intervention_study(study, inputs, Path(out_root), log_targets)
-    if log and not parents:
-        result.messages.append(
-            f"no parent run of {protocol.name}@{digest[:SHORT_HASH_LEN]} found: the report is not logged"
-        )
-    log_report(result, result.folder, log_targets if log else None)
-    if evidence:
-        folder = export_intervention_evidence(
-            result.folder / "evidence", study, inputs, log_targets
-        )
-        result.messages.append(
-            f"wrote the evidence of {len(study.chosen)} cells to {folder} "
-            f"(rebuild: workbench report --from-evidence {folder} --out-dir DIR)"
-        )
-    return result
-
-
-def render_intervention_study(
-    study: InterventionStudy, inputs: provenance.BuildInputs, out_root: Path, log_targets: list[str]
-):
-    """Compute every table and figure and write the report files; returns ``reports.output.ReportResult``."""
-    protocol, short = study.protocol, study.digest[:SHORT_HASH_LEN]
-    blocks, warnings, problems, n, metrics = build_blocks(
-        study, inputs, log_targets, inputs.n_resamples
-    )
-    folder = Path(out_root) / protocol.name
-    figure_paths = write_report(folder, blocks, f"{protocol.name}@{short} intervention report")
-    expected = len(protocol.arms) * len(protocol.seeds)
-    messages = [
-        f"{protocol.name}@{short}: {n} of {expected} cells have a finished run "
-        "(intervention protocol)"
-    ] + [f"warning: {w}" for w in warnings]
-    summary = Summary(
-        metrics,
-        results_text(
-            blocks,
-            f": {protocol.name}@{short}, {n} of {expected} cells",
-            "accuracy changes in percentage points (intervened minus intact)",
-        ),
-    )
-    return ReportResult(
-        folder,
-        folder / "report.md",
-        folder / "report.html",
-        figure_paths,
-        messages=messages,
-        problems=problems,
-        summary=summary,
-    )

@@ -26,16 +26,21 @@ from __future__ import annotations
 
 import io
 import math
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 from reports.collect import ReportError
+from reports.common.evidence_parts import (
+    evidence_document,
+    evidence_readme,
+    exported_inputs,
+    exported_protocol,
+    exported_records,
+)
 from reports.evidence import (
     EVIDENCE_DIR,
     RUNS_FILE,
     cell_entry,
-    cell_record,
     read_document,
     read_gzip,
     remove_stale,
@@ -47,7 +52,7 @@ from reports.transfer.transfer_data import ReportedCell, TransferData
 from tracking.export import run_export
 from tracking.kinds import transfer_runs
 from tracking.record.schema import SOURCE_IDENTITY
-from workbench.protocol import ProtocolError, load_transfer_protocol
+from workbench.protocol import load_transfer_protocol
 from workbench.train.evaluate import read_predictions
 
 FORMAT = "workbench-transfer-evidence/1"
@@ -99,29 +104,24 @@ def export_transfer_evidence(
                 written.add(folder / name)
             entry["curves"] = {k: _curve_rows(v) for k, v in sorted(cell.curves.items())}
         cells.append(entry)
-    document = {
-        "format": FORMAT,
-        "protocol": {
+    protocol_file = {"name": f"{protocol.name}.yaml", "text": data.protocol_text}
+    document = evidence_document(
+        FORMAT,
+        {
             "name": protocol.name,
             "hash": data.digest,
             "source": data.source,
             "canonical": protocol.canonical,
-            "file": {"name": f"{protocol.name}.yaml", "text": data.protocol_text},
+            "file": protocol_file,
         },
-        "store": {"tracking_uri": data.tracking_uri, "experiment": protocol.name},
-        "build": {
-            "hash_option": inputs.hash_option,
-            "resamples": inputs.n_resamples,
-            "bootstrap_seed": inputs.bootstrap_seed,
-            "confidence": inputs.confidence,
-            "strict": inputs.strict,
-            "logged_to": list(logged_to),
-        },
-        "execution": data.execution,
-        "source": source_summary(data.execution),
-        "parents": [run_export.run_record(run_id) for run_id in data.parents],
-        "cells": cells,
-    }
+        tracking_uri=data.tracking_uri,
+        inputs=inputs,
+        logged_to=logged_to,
+        parents=data.parents,
+        cells=cells,
+    )
+    document["execution"] = data.execution
+    document["source"] = source_summary(data.execution)
     write_document(
         folder, document, _readme(protocol.name, data.digest, len(data.cells), len(cells))
     )
@@ -130,20 +130,11 @@ def export_transfer_evidence(
 
 
 def _readme(name: str, digest: str, reported: int, runs: int) -> str:
-    return f"""# Evidence of {name}@{digest[:12]}
-
-What the transfer report beside this folder (`../report.md`) was computed from, exported by
-`workbench report --evidence` from the runs the report was built from, so that anyone can
-check every number and rebuild the report (its tables, paragraphs and figures) without the
-MLflow store:
-
-```bash
-workbench report --from-evidence {name}/evidence --out-dir rebuilt  # run from the folder that holds {name}/
-```
-
-The rebuilt `report.md` equals `../report.md` except for one added header line
-("Rebuilt offline from the evidence export ...").
-
+    return evidence_readme(
+        name,
+        digest,
+        "transfer",
+        f"""
 - `runs.json` (format `{FORMAT}`, JSON with sorted keys): the protocol (its hashed canonical
   content, hash `{digest}`, and the text of its file, which a rebuild parses again and checks
   against the hash), the tracking store and experiment as the report names them, the build
@@ -165,10 +156,9 @@ The rebuilt `report.md` equals `../report.md` except for one added header line
   `label`, `predicted`, `loss`, `prob_<k>`): `val` at the epoch selected on validation QWK,
   `test` from the one test evaluation. Every test metric, bootstrap interval, paired
   difference and confusion matrix of the report is computed from the `test` files.
-
-Strings carry no credentials and no absolute paths: paths are relative to the directory
-the report was built from. Non-finite metric values are written as "NaN", "Infinity".
-"""
+""",
+        ' Non-finite metric values are written as "NaN", "Infinity".',
+    )
 
 
 # --------------------------------------------------------------------------------- load
@@ -181,25 +171,6 @@ class TransferEvidence:
     data: TransferData
     inputs: BuildInputs
     logged_to: list[str]
-
-
-def _protocol(where: str, p: dict):
-    """The protocol parsed again from the exported file, its hash checked against the recorded one."""
-    name = p["file"]["name"]
-    if Path(name).name != name:
-        raise ReportError(f"{where}: protocol file name {name!r} is not a plain file name")
-    with tempfile.TemporaryDirectory() as tmp:
-        (Path(tmp) / name).write_text(p["file"]["text"], encoding="utf-8")
-        try:
-            protocol = load_transfer_protocol(Path(tmp) / name)
-        except ProtocolError as err:
-            raise ReportError(f"{where}: the exported protocol does not parse ({err})") from err
-    if protocol.hash != p["hash"] or protocol.canonical != p["canonical"]:
-        raise ReportError(
-            f"{where}: the exported protocol file hashes to {protocol.hash[:12]}, not protocol.hash "
-            f"{p['hash'][:12]}"
-        )
-    return protocol
 
 
 def _curve(rows: list) -> dict[int, float]:
@@ -224,11 +195,10 @@ def _cell(folder: Path, where: str, record, entry: dict) -> ReportedCell:
 def _evidence(folder: Path, doc: dict) -> TransferEvidence:
     where = str(folder / RUNS_FILE)
     p, build, execution = doc["protocol"], doc["build"], doc["execution"]
-    protocol = _protocol(where, p)
+    protocol = exported_protocol(where, p, load_transfer_protocol)
     if doc["source"] != source_summary(execution):
         raise ReportError(f"{where}: source differs from the execution's source.* params")
-    entries = {e["run_id"]: e for e in doc["cells"]}
-    records = [cell_record(e, where) for e in doc["cells"]]
+    entries, records = exported_records(folder, doc)
     chosen = transfer_runs.choose_cells(records, execution["tags"].get(SOURCE_IDENTITY, ""))
     if not chosen:
         raise ReportError(
@@ -250,17 +220,7 @@ def _evidence(folder: Path, doc: dict) -> TransferEvidence:
     confidence = float(build["confidence"])
     if not math.isfinite(confidence):
         raise ReportError(f"{where}: build.confidence {build['confidence']!r} is not a number")
-    inputs = BuildInputs(
-        p["source"],
-        p["hash"],
-        build["hash_option"],
-        None,
-        [],
-        int(build["resamples"]),
-        int(build["bootstrap_seed"]),
-        confidence,
-        bool(build["strict"]),
-    )
+    inputs = exported_inputs(p, build, int(build["bootstrap_seed"]), confidence)
     return TransferEvidence(data, inputs, list(build["logged_to"]))
 
 

@@ -83,7 +83,7 @@ def open_protocol(path: str, allow_dirty: bool) -> Protocol:
 
 
 def cell_identity(cell: Cell) -> dict:
-    """What makes a cell's run the same run: see DESIGN.md, 'Data flow of the main job'.
+    """What makes a cell's run the same run (docs/architecture.md, the ``ablate`` flow, step 8).
 
     The code enters through its fingerprint (``workbench.train.fingerprint``), not the git
     commit: a commit touching only docs, reports, CLI text or tests re-trains nothing.

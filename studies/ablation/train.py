@@ -19,14 +19,14 @@ import click
 import torch
 from tqdm.auto import tqdm
 
-from studies.runtime.cell_end import end_after_error, end_cell
+from studies.runtime.cell_end import ended, hold_opened, training_outcome
 from studies.runtime.options import FINITE, check_amp, threads_option
 from studies.runtime.outcome import CellOutcome, Status
+from studies.runtime.study_execution import prepare_data
 from studies.runtime.preflight import (
     check_trainable,
     check_writable_folder,
     outcome_line,
-    remove_abandoned_cache_files,
     trainable_problem,
 )
 from tracking.kinds.training_runs import (
@@ -35,13 +35,11 @@ from tracking.kinds.training_runs import (
     log_training_result,
     started_threads,
 )
-from tracking.record.cell_runs import open_leased_run, withdraw_candidate
-from tracking.record.create_once import ClaimLost
-from tracking.record.lease import HEARTBEATS, LeaseLost
+from tracking.record.cell_runs import open_leased_run
 from tracking.record.schema import RESUMED, RUN_NAME, STARTED_TAG, TRUE, USER, flag
 from tracking.record.sink import RunSink
 from tracking.store.session import configure_tracking, environment_tags, run_user
-from workbench.data import DEFAULT_SIZES, PreparedData, prepare
+from workbench.data import DEFAULT_SIZES, PreparedData
 from workbench.data.locate import DATASET_NAMES
 from workbench.data.prepare import DEFAULT_VAL_FRACTION
 from workbench.models.registry import STUDY_MODELS, build_model, model_config
@@ -58,27 +56,12 @@ from workbench.train.config import (
 )
 from workbench.train.fits import DataShape, misfits
 from workbench.train.loop import (
-    NonFiniteLoss,
     Observers,
-    StopTraining,
     Trainer,
     TrainingObserver,
     config_hash,
     resolve_device,
 )
-
-
-def prepare_data(spec: DataSpec, download: bool = False) -> PreparedData:
-    remove_abandoned_cache_files()
-    return prepare(
-        spec.name,
-        path=spec.path,
-        download=download,
-        split_seed=spec.split_seed,
-        train_size=spec.train_size,
-        val_size=spec.val_size,
-        subset=spec.subset,
-    )
 
 
 def run_key_for(cfg: TrainConfig, data: PreparedData, identity: dict | None = None) -> str:
@@ -131,28 +114,10 @@ def train_one(
         parent_run_id,
         take_over=take_over,
     )
-    if opened.status == "FINISHED":
-        return CellOutcome(
-            None,
-            Status.SKIPPED,
-            f"{run_name}: skipped (finished in run {opened.run_id})",
-            opened.run_id,
-            opened.metrics,
-        )
-    if opened.status == "BUSY":
-        return CellOutcome(
-            None,
-            Status.BUSY,
-            f"{run_name}: not touched ({opened.why}, run {opened.run_id})",
-            opened.run_id,
-            opened.metrics,
-        )
+    untouched = hold_opened(None, opened, log, name=run_name)
+    if untouched is not None:
+        return untouched
     sink = opened.sink
-    if opened.continues:
-        log(
-            f"{run_name}: continuing in a new run {sink.run_id}: the holder of run {opened.continues} "
-            "may still write to that one"
-        )
     token = opened.token
     run_dir = Path(output_dir) / key
     mlflow_observer = MlflowTrainingObserver(sink, fenced=True, confirm=opened.confirm)
@@ -229,36 +194,8 @@ def _train(
             example,
             check=lambda: mlflow_observer.check(sync=True),
         )
-    except (
-        ClaimLost
-    ) as err:  # another execution's run is the cell's after all: this one never trained
-        HEARTBEATS.release(sink.run_id)
-        withdraw_candidate(sink, err)
-        return CellOutcome(
-            None, Status.BUSY, f"{run_name}: not trained: {err}", err.winner or sink.run_id
-        )
-    except LeaseLost as err:  # the run is someone else's now: not one more write to it
-        HEARTBEATS.release(sink.run_id)
-        return CellOutcome(
-            None, Status.LOST, f"{run_name}: stopped without logging more: {err}", sink.run_id
-        )
-    except NonFiniteLoss as err:
-        sink.set_tags(
-            {
-                "failure": str(err),
-                "nonfinite_loss_step": err.step,
-                "nonfinite_loss_epoch": err.epoch,
-            }
-        )
-        return _ended(sink, token, "FAILED", Status.FAILED, f"{run_name}: {err}")
-    except StopTraining as err:
-        sink.set_tags({"stopped": str(err) or "stopped by an observer"})
-        return _ended(sink, token, "KILLED", Status.STOPPED, f"{run_name}: stopped ({err})")
-    except (
-        BaseException
-    ) as err:  # the run records why it ended; a stop or a full store goes up from here
-        end_after_error(sink, token, err, show_traceback=False)
-        raise  # an error: the run ended FAILED (tag failure); the caller decides what it means
+    except BaseException as err:  # every end of a training run: studies.runtime.cell_end
+        return training_outcome(sink, token, err, run_name)
     message = f"{run_name}: best val accuracy {result.final_metrics['best_val_accuracy']:.4f} at epoch {result.best_epoch}"
     if "test_accuracy" in result.final_metrics:  # touched once, with the best weights
         message += f"; test accuracy {result.final_metrics['test_accuracy']:.4f}"
@@ -268,8 +205,8 @@ def _train(
             f" [logged locally, run {sink.local_run_id}: `workbench sync` copies it to the server]"
         )
     if not result.reload_proof.passed:
-        return _ended(sink, token, "FAILED", Status.FAILED, message)
-    return _ended(sink, token, "FINISHED", Status.FINISHED, message)
+        return ended(sink, token, "FAILED", Status.FAILED, message)
+    return ended(sink, token, "FINISHED", Status.FINISHED, message)
 
 
 @contextlib.contextmanager
@@ -321,15 +258,6 @@ class _Announce(TrainingObserver):
             )
         else:
             self.log(f"{self.run_name}: started {where}")
-
-
-def _ended(sink: RunSink, token: str, run_status: str, status: Status, message: str) -> CellOutcome:
-    end_cell(
-        sink, token, run_status
-    )  # released first: this execution will not write to the run again
-    return CellOutcome(
-        None, status, message, sink.run_id, sink.latest_metrics(), offline=sink.offline
-    )
 
 
 def parse_overrides(pairs: tuple[str, ...], option: str = "--set") -> dict:

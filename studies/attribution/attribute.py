@@ -70,12 +70,15 @@ class AttributionStudy(TrainedModelKind):
     """An attribution protocol: every method scored on every acted-on model, one cell per arm and seed."""
 
     user_errors = (*TrainedModelKind.user_errors, AttributionError)
+    command_help = "Score an attribution protocol: every method against exact token-drop effects on every acted-on model, as MLflow child runs."
     tag = ATTRIBUTION
     error = AttributionError
     done = "scored"
     work = "scoring attributions"
     # Scored in float32 whatever the cell trained with: the drops' effects are differences of log-probabilities.
     cell_precision = False
+    settings_section = "settings"
+    images_words = "the first "
 
     @classmethod
     def load(cls, path: str) -> AttributionProtocol:
@@ -86,15 +89,8 @@ class AttributionStudy(TrainedModelKind):
         return scored_images(protocol, data)
 
     @staticmethod
-    def batch_size(protocol: AttributionProtocol) -> int:
-        return protocol.settings.batch_size
-
-    @staticmethod
     def code_fingerprint() -> str:
         return attribution_runs.attribution_code_fingerprint()
-
-    def images_line(self) -> str:
-        return f"the first {len(self.ex.images)} {self.ex.protocol.settings.split} images"
 
     def prepare_execution(self, protocol, options: StudyOptions):
         ex = super().prepare_execution(protocol, options)
@@ -177,10 +173,4 @@ def run_attribution_protocol(
     return run_cells(AttributionStudy(options), protocol, protocol_file, options)
 
 
-attribute = trained_model_command(
-    "attribute",
-    AttributionStudy,
-    default_protocol=DEFAULT_PROTOCOL,
-    what="Attribution",
-    doc="Score an attribution protocol: every method against exact token-drop effects on every acted-on model, as MLflow child runs.",
-)
+attribute = trained_model_command("attribute", AttributionStudy, DEFAULT_PROTOCOL)

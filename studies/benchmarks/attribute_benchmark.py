@@ -1,6 +1,6 @@
 """Entry point: time an attribution protocol's scoring before (or without) running it.
 
-    workbench benchmark-attribute --protocol studies/protocols/fmnist_seed_recipe_faithfulness.yaml --threads 1,2
+    workbench benchmark attribute --protocol studies/protocols/fmnist_seed_recipe_faithfulness.yaml --threads 1,2
 
 The cost of ``score_cell`` does not depend on the weights or the pixel values (no
 data-dependent control flow: every method, every single-token drop and every curve point is
@@ -111,7 +111,7 @@ def time_cells(
     )
 
 
-@click.command("benchmark-attribute")
+@click.command("attribute")
 @click.option(
     "--protocol",
     "protocol_path",

@@ -1,7 +1,7 @@
 """Calibrate a protocol before running it: each arm's step speed here, and the wall time implied.
 
-    python -m studies.benchmarks.calibrate --protocol studies/protocols/cifar10_ablations.yaml --threads 1,2
-    python -m studies.benchmarks.calibrate --protocol P --train-size 8000 --epochs 10   # what-if sizing
+    workbench benchmark calibrate --protocol studies/protocols/cifar10_ablations.yaml --threads 1,2
+    workbench benchmark calibrate --protocol P --train-size 8000 --epochs 10   # what-if sizing
 
 Prints one row per (arm, threads): training and evaluation images/s (median of timed
 steps on random inputs, the protocol's batch sizes and ``amp``), and the projected wall

@@ -240,7 +240,7 @@ def format_table(result: dict) -> str:
     return "\n".join(lines)
 
 
-@click.command("benchmark-loader")
+@click.command("loader")
 @click.option(
     "--n-images",
     default=10_000,

@@ -1,6 +1,6 @@
 """Entry point: time an intervention protocol's grid before (or without) running it.
 
-    workbench benchmark-intervene --protocol studies/protocols/fmnist_seed_recipe_heads.yaml --threads 2
+    workbench benchmark intervene --protocol studies/protocols/fmnist_seed_recipe_heads.yaml --threads 2
 
 One seeded random-weight model of the acted-on architecture per cell, random images of the
 evaluation split's size, the protocol's batch size, mean reference and attention maps: the
@@ -35,7 +35,7 @@ def split_size(protocol: InterventionProtocol) -> int | None:
     return dataset.val_size or DEFAULT_SIZES.get(dataset.name, (None, None))[1]
 
 
-@click.command("benchmark-intervene")
+@click.command("intervene")
 @click.option(
     "--protocol",
     "protocol_path",

@@ -1,6 +1,6 @@
 """Entry point: cells per hour of `ablate --jobs J --threads T` layouts, side by side on this machine.
 
-    workbench benchmark-jobs --protocol studies/protocols/cifar10_seed_table.yaml \\
+    workbench benchmark jobs --protocol studies/protocols/cifar10_seed_table.yaml \\
         --data-path $DATA/cifar10-jpg.tar.gz --train-size 10000 --val-size 2000 --epochs 1
 
 Every layout (default ``2x1``: two jobs of one thread, against ``1x2``: one job of two
@@ -64,7 +64,7 @@ def quick_protocol(
     data = yaml.safe_load(path.read_text())
     data["name"] = f"{data['name']}_jobs_benchmark"
     data["description"] = (
-        f"{data['name']}: the arms of {path.name} for `workbench benchmark-jobs` "
+        f"{data['name']}: the arms of {path.name} for `workbench benchmark jobs` "
         f"({train_size} / {val_size} images, {epochs} epoch(s), seeds {seeds})."
     )
     data["dataset"].update(train_size=train_size, val_size=val_size)
@@ -202,7 +202,7 @@ def summarize(rows: list[dict], reference: tuple[int, int], title: str) -> tuple
     return per_layout.reset_index(), "\n".join(lines) + "\n"
 
 
-@click.command("benchmark-jobs")
+@click.command("jobs")
 @click.option(
     "--protocol",
     "protocol_path",

@@ -1,7 +1,7 @@
 """Entry point: the workbench's own training of a protocol's cells against a plain PyTorch loop.
 
-    workbench benchmark-recipe --protocol studies/protocols/fmnist_seed_recipe.yaml --threads 1
-    workbench benchmark-recipe --protocol P --seeds 0,1 --arms vit --epochs 2 --subset 500   # quick look
+    workbench benchmark recipe --protocol studies/protocols/fmnist_seed_recipe.yaml --threads 1
+    workbench benchmark recipe --protocol P --seeds 0,1 --arms vit --epochs 2 --subset 500   # quick look
 
 For every cell (arm x seed) the same config is trained twice, back to back: once by
 ``workbench.bench.recipe.plain_fit`` (no logging, checkpoints, predictions files or proofs)
@@ -124,7 +124,7 @@ def parse_seeds(text: str) -> set[int]:
     return {int(p) for p in parts}
 
 
-@click.command("benchmark-recipe")
+@click.command("recipe")
 @click.option(
     "--protocol", "protocol_path", required=True, type=click.Path(exists=True, dir_okay=False)
 )

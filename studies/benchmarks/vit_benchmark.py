@@ -1,9 +1,9 @@
 """Entry point: glass-box ViT vs timm speed, training step and loader, against the matmul peak.
 
     workbench benchmark                                  # ViT-Ti/S/B at 224 + study models, CPU
-    workbench benchmark --quick                          # tiny configuration (seconds)
-    workbench benchmark --model vit_base_patch16_224 --batch-size 1,32,64 --device cuda
-    workbench benchmark --model cifar_vit --train-model "" --no-loader --threads 2   # fp32 vs bf16 step
+    workbench benchmark vit --quick                          # tiny configuration (seconds)
+    workbench benchmark vit --model vit_base_patch16_224 --batch-size 1,32,64 --device cuda
+    workbench benchmark vit --model cifar_vit --train-model "" --no-loader --threads 2   # fp32 vs bf16 step
     mlflow run . -e benchmark --env-manager local -P threads=1
 
 Everything is measured in one run and logged to one MLflow run (experiment ``benchmark``):
@@ -64,7 +64,7 @@ def _resolve_device(device: str) -> str:
     return device
 
 
-@click.command("benchmark")
+@click.command("vit")
 @click.option(
     "--model",
     "models",

@@ -42,6 +42,7 @@ BENCHMARK_GOAL_SECONDS = (
 class InterventionStudy(TrainedModelKind):
     """An intervention protocol: every intervention on every acted-on model, one cell per arm and seed."""
 
+    command_help = "Evaluate an intervention protocol: every head, branch and patch of every acted-on model, as MLflow child runs."
     tag = INTERVENTION
     done = "evaluated"
     work = "evaluating interventions"
@@ -61,15 +62,8 @@ class InterventionStudy(TrainedModelKind):
         return split
 
     @staticmethod
-    def batch_size(protocol: InterventionProtocol) -> int:
-        return protocol.evaluation.batch_size
-
-    @staticmethod
     def code_fingerprint() -> str:
         return intervention_runs.intervention_code_fingerprint()
-
-    def images_line(self) -> str:
-        return f"{len(self.ex.images)} {self.ex.protocol.evaluation.split} images"
 
     def plan(self, cell: InterventionCell, acted: ActedCell) -> tuple[list, dict]:
         p, e = self.ex.protocol, self.ex.protocol.evaluation
@@ -156,10 +150,4 @@ def run_intervention_protocol(
     return run_cells(InterventionStudy(options), protocol, protocol_file, options)
 
 
-intervene = trained_model_command(
-    "intervene",
-    InterventionStudy,
-    default_protocol=DEFAULT_PROTOCOL,
-    what="Intervention",
-    doc="Evaluate an intervention protocol: every head, branch and patch of every acted-on model, as MLflow child runs.",
-)
+intervene = trained_model_command("intervene", InterventionStudy, DEFAULT_PROTOCOL)

@@ -1,4 +1,4 @@
-"""Options shared by the training entry points (train, ablate, worker, sweep, transfer, intervene), and their checks.
+"""Options shared by the training entry points (train, ablate, worker, sweep, transfer, intervene, attribute), and their checks.
 
 ``study_options`` is the one stack of options every study command takes (``ablate``, ``transfer``,
 ``intervene``); the command receives them as one ``StudyOptions``, which travels on as it is.

@@ -1,6 +1,6 @@
 """What became of one cell in one execution, in a closed vocabulary, and the one tally line of a study.
 
-Every study kind (``ablate`` in process, ``transfer``, ``intervene``; a new kind too) returns a
+Every study kind (``ablate`` in process, ``transfer``, ``intervene``, ``attribute``; a new kind too) returns a
 ``CellOutcome`` per cell and ends with ``tally_line``; ``train_one`` returns one for a run that is
 not a protocol cell (``workbench train``, a sweep trial: ``cell`` is None). The statuses are an
 enum: an outcome with any other status is refused when it is made, so a console line, a tally

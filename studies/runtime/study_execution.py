@@ -1,6 +1,6 @@
 """What every execution of a study does around its cells: the data prepared once, the parent run held.
 
-Shared by ``ablate`` (in process and with ``--jobs``), ``worker``, ``transfer`` and ``intervene``:
+Shared by ``ablate`` (in process and with ``--jobs``), ``worker``, ``transfer``, ``intervene`` and ``attribute``:
 each execution prepares the protocol's data once (one split, the pairing every cell shares), holds
 the study's one parent run for as long as it runs and closes it with a truthful status however it
 ends, and skips the cells that already have a finished run of this code.
@@ -14,16 +14,30 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from studies.ablation.train import prepare_data
-from studies.runtime.preflight import check_protocol_fits
+from studies.runtime.preflight import check_protocol_fits, remove_abandoned_cache_files
 from studies.runtime.stop_signals import Terminated
 from studies.runtime.study_protocol import Protocol, ProtocolError
 from tracking.record.executions import work_line
 from tracking.record.protocol_runs import cell_runs, close_study_parent, open_study_parent
 from tracking.store.store_errors import explain
-from workbench.data import PreparedData, SplitSizeError
+from workbench.data import PreparedData, SplitSizeError, prepare
 from workbench.code_history import same_code
+from workbench.train.config import DataSpec
 from workbench.train.fingerprint import current_code_fingerprint
+
+
+def prepare_data(spec: DataSpec, download: bool = False) -> PreparedData:
+    """Load the dataset ``spec`` names and make its split (any training: a cell, ``train``, a sweep)."""
+    remove_abandoned_cache_files()
+    return prepare(
+        spec.name,
+        path=spec.path,
+        download=download,
+        split_seed=spec.split_seed,
+        train_size=spec.train_size,
+        val_size=spec.val_size,
+        subset=spec.subset,
+    )
 
 
 def prepare_protocol_data(

@@ -1,6 +1,6 @@
 """A study kind's steps, and the one driver that runs any kind: the parent held, the cells, the tally.
 
-A kind (``ablate``'s in-process cells, ``transfer``, ``intervene``, or a new one) is one class
+A kind (``ablate``'s in-process cells, ``transfer``, ``intervene``, ``attribute``, or a new one) is one class
 implementing ``StudyKind``; one instance serves one execution. The driver does what every kind
 does the same way:
 

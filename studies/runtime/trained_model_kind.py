@@ -120,7 +120,7 @@ class TrainedModelKind(StudyKind):
     """A protocol that acts on trained models: one cell per arm and seed (or the one pretrained model).
 
     A subclass names its cell tag, its error and its words, and writes ``load``,
-    ``evaluated_images``, ``batch_size``, ``code_fingerprint``, ``plan`` and ``evaluate``.
+    ``evaluated_images``, ``code_fingerprint``, ``plan`` and ``evaluate``.
     """
 
     user_errors = (ProtocolError, SourceError, DatasetNotFound, InterventionError)
@@ -128,7 +128,10 @@ class TrainedModelKind(StudyKind):
     error: type[Exception] = InterventionError  # raised for a cell that cannot be evaluated
     done: str  # what a refused cell did not do: "nothing <done>"
     work: str  # the summary's "<seconds> s <work>"
+    command_help: str  # the command's help (``trained_model_command``)
     cell_precision: bool = True  # evaluate in the precision the cell trained with (else float32)
+    settings_section: str = "evaluation"  # the protocol's section with ``split`` and ``batch_size``
+    images_words: str = ""  # before the header's image count ("the first ")
 
     def __init__(self, options: StudyOptions) -> None:
         self.options = options
@@ -141,17 +144,12 @@ class TrainedModelKind(StudyKind):
 
     @staticmethod
     @abstractmethod
-    def batch_size(protocol) -> int:
-        """The evaluation's batch size."""
-
-    @staticmethod
-    @abstractmethod
     def code_fingerprint() -> str:
         """The fingerprint of the code that computes this kind's results (part of each cell's key)."""
 
-    @abstractmethod
-    def images_line(self) -> str:
-        """The header's words for the evaluated images."""
+    def settings(self, protocol):
+        """The protocol's section that says how cells are evaluated (``split``, ``batch_size``)."""
+        return getattr(protocol, self.settings_section)
 
     @abstractmethod
     def plan(self, cell: InterventionCell, acted: ActedCell) -> tuple[Any, dict]:
@@ -191,7 +189,8 @@ class TrainedModelKind(StudyKind):
         self.started, self.protocol_file = time.perf_counter(), protocol_file
         return (
             f"{protocol.name}@{protocol.short_hash}: acts on {self.acted}; {len(protocol.cells())} cells; "
-            f"{ex.data.display_name}, {self.images_line()}"
+            f"{ex.data.display_name}, {self.images_words}{len(ex.images)} "
+            f"{self.settings(protocol).split} images"
         )
 
     def parent_tags(self) -> dict:
@@ -236,7 +235,9 @@ class TrainedModelKind(StudyKind):
         ex, p = self.ex, self.ex.protocol
         if ex.pretrained is not None:
             cfg = ex.pretrained.model.cfg
-            inputs = inputs_for(ex, cfg, batch_size=self.batch_size(p), amp="off", resize_to=None)
+            inputs = inputs_for(
+                ex, cfg, batch_size=self.settings(p).batch_size, amp="off", resize_to=None
+            )
             return ActedCell(
                 ex.pretrained.model, None, inputs, None, ex.pretrained.description, False
             )
@@ -265,7 +266,7 @@ class TrainedModelKind(StudyKind):
         inputs = inputs_for(
             ex,
             model.cfg,
-            batch_size=self.batch_size(p),
+            batch_size=self.settings(p).batch_size,
             amp=arm.run.amp if self.cell_precision else "off",
             resize_to=arm.data.resize_to,
         )
@@ -378,26 +379,22 @@ class TrainedModelKind(StudyKind):
 
 
 def trained_model_command(
-    name: str, kind: type[TrainedModelKind], *, default_protocol: str, what: str, doc: str
+    name: str, kind: type[TrainedModelKind], default_protocol: str
 ) -> click.Command:
     """The command of a kind that acts on trained models: ``workbench <name> --protocol FILE``.
 
-    Args:
-        name: The command's name; its outputs default to ``outputs/<name>``.
-        kind: The kind the command runs.
-        default_protocol: The protocol file run when ``--protocol`` is not given.
-        what: The protocol's kind in the option's help ("Intervention").
-        doc: The command's help (its first sentence is the short help).
+    Its help is the kind's ``command_help`` (the first sentence is the short help); its outputs
+    default to ``outputs/<name>``; ``default_protocol`` is run when ``--protocol`` is not given.
     """
 
-    @click.command(name, help=doc)
+    @click.command(name, help=kind.command_help)
     @click.option(
         "--protocol",
         "protocol_path",
         default=default_protocol,
         show_default=True,
         type=click.Path(exists=True, dir_okay=False),
-        help=f"{what} protocol YAML file.",
+        help=f"{kind.tag.capitalize()} protocol YAML file.",
     )
     @study_options(f"outputs/{name}", "Downloaded checkpoints of the acted-on cells.")
     def command(protocol_path, options: StudyOptions):

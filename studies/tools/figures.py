@@ -56,7 +56,7 @@ def prepare_checked(
         FiguresError: The runs disagree on their data, or the prepared data's fingerprints
             differ from the ones the runs logged.
     """
-    from studies.ablation.train import prepare_data
+    from studies.runtime.study_execution import prepare_data
 
     recorded = {
         (c.run.data.params.get("data.fingerprint"), c.run.data.params.get("data.split_fingerprint"))

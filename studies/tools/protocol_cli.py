@@ -7,7 +7,8 @@ from pathlib import Path
 import click
 
 from workbench.atomic import atomic_write_bytes
-from workbench.protocol.keys import KINDS, kind_markdown, reference_markdown, replace_reference
+from workbench.protocol.keys import kind_markdown, reference_markdown, replace_reference
+from workbench.protocol.kinds import KINDS
 
 
 @click.group("protocol")

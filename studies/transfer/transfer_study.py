@@ -178,7 +178,7 @@ def prepare_transfer_data(
     return prepare(spec.name, download=download, size=28, **common)
 
 
-def _cell_params(cell: TransferCell, ex: "Execution") -> dict:
+def _cell_params(cell: TransferCell, ex: "TransferExecution") -> dict:
     r, ctx, data = cell.regime, ex.ctx, ex.data
     params = {
         "regime.name": r.name,
@@ -228,7 +228,7 @@ def pin_params(spec: SourceSpec) -> dict[str, str]:
 
 
 @dataclass
-class Execution:
+class TransferExecution:
     """What one execution of a protocol shares across its cells."""
 
     protocol: TransferProtocol
@@ -289,7 +289,7 @@ def prepare_execution(
     options: StudyOptions,
     *,
     source_override: str | None = None,
-) -> Execution:
+) -> TransferExecution:
     """Source, data (test split locked away at once) and the shared context."""
     output_dir = options.output_dir / protocol.name
     source = resolve_source(
@@ -341,7 +341,7 @@ def prepare_execution(
         if image_size
         else f"{side} px images at their own size (the model takes any size)"
     )
-    return Execution(
+    return TransferExecution(
         protocol,
         source,
         selection_data,
@@ -353,7 +353,7 @@ def prepare_execution(
     )
 
 
-def cell_key(ex: "Execution", cell: TransferCell) -> str:
+def cell_key(ex: "TransferExecution", cell: TransferCell) -> str:
     """A cell's identity: protocol, regime, seed, source, data and split, and the code that computes results.
 
     The code is ``transfer_runs.transfer_code_fingerprint()`` (the result library, transfer included, and
@@ -375,7 +375,9 @@ def cell_key(ex: "Execution", cell: TransferCell) -> str:
     ).hexdigest()[:24]
 
 
-def select_phase(ex: Execution, cell: TransferCell, allow_dirty: bool) -> CellOutcome | OpenCell:
+def select_phase(
+    ex: TransferExecution, cell: TransferCell, allow_dirty: bool
+) -> CellOutcome | OpenCell:
     """Phase 1 for one cell: skip it, reuse its finished selection, or train and select it."""
     p, data = ex.protocol, ex.data
     key = cell_key(ex, cell)
@@ -444,7 +446,7 @@ def select_phase(ex: Execution, cell: TransferCell, allow_dirty: bool) -> CellOu
     return OpenCell(cell, sink, run_dir, selection, token)
 
 
-def evaluate_phase(ex: Execution, held: OpenCell) -> CellOutcome:
+def evaluate_phase(ex: TransferExecution, held: OpenCell) -> CellOutcome:
     """Phase 2 for one selected cell: the single test evaluation, logged; FINISHED only if file and memory agree."""
     evaluation, cell, sink = ex.protocol.evaluation, held.cell, held.sink
     try:
@@ -567,7 +569,7 @@ def run_transfer(
     return run_cells(TransferStudy(options, source_override), protocol, protocol_file, options)
 
 
-def log_section(ex: Execution, parent: RunSink) -> None:
+def log_section(ex: TransferExecution, parent: RunSink) -> None:
     """Rebuild the report section from the tracking server and log it on the parent run.
 
     The section is read back from the server; with the server away (the study went on in

@@ -42,19 +42,17 @@ import io
 import json
 import math
 import tempfile
+import zipfile
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
-from mlflow.tracking import MlflowClient
 
 from tracking.kinds.intervention_runs import choose_cells
 from tracking.record import queries
 from tracking.record.queries import CellRecord
-from tracking.record.schema import ATTRIBUTION, parent_filter
 from tracking.record.sink import RunSink
-from tracking.store.session import configure_tracking
 from workbench.attribution import CellAttribution
 from workbench.train.evaluate import ReloadProof
 from workbench.train.fingerprint import (
@@ -113,6 +111,7 @@ PER_IMAGE_KEYS = (
 TOP_TOKENS = (
     5  # "does CLS attend to the tokens that matter?": its attention on the 5 of largest effect
 )
+FIXED_TIME = (1980, 1, 1, 0, 0, 0)  # the zip format's earliest date: no time in the bytes
 METHOD_ARRAYS = (
     "scores",
     "rho",
@@ -280,8 +279,17 @@ def _artifact(sink: RunSink, folder: Path, name: str, data: bytes) -> None:
 
 
 def npz_bytes(arrays: dict[str, np.ndarray]) -> bytes:
+    """``arrays`` as an ``.npz`` (deflated, keys sorted, fixed timestamps) that ``numpy.load`` reads:
+    the same arrays give the same bytes, logged or exported."""
     buffer = io.BytesIO()
-    np.savez_compressed(buffer, **arrays)
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as z:
+        for key in sorted(arrays):
+            body = io.BytesIO()
+            np.save(body, np.asarray(arrays[key]), allow_pickle=False)
+            info = zipfile.ZipInfo(f"{key}.npy", FIXED_TIME)
+            info.compress_type = zipfile.ZIP_DEFLATED
+            info.external_attr = 0o644 << 16
+            z.writestr(info, body.getvalue(), compresslevel=9)
     return buffer.getvalue()
 
 
@@ -382,15 +390,3 @@ def read_cell(record: CellRecord, workdir: Path) -> CellResult:
     """The per-image arrays a finished cell logged."""
     path = queries.download_artifact(record.run_id, PER_IMAGE, Path(workdir) / record.run_id)
     return CellResult(record, read_npz(path.read_bytes()))
-
-
-def is_attribution_study(protocol_name: str) -> bool:
-    """Whether the store holds an attribution study of this name (its parent runs say so)."""
-    configure_tracking(
-        allow_offline=False
-    )  # a reader: a store that is not there is said, not created
-    client = MlflowClient()
-    exp = client.get_experiment_by_name(protocol_name)
-    return exp is not None and bool(
-        client.search_runs([exp.experiment_id], parent_filter(kind=ATTRIBUTION), max_results=1)
-    )

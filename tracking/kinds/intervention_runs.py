@@ -30,7 +30,7 @@ from tracking.kinds.figure_runs import CellArtifacts, load_cell
 from tracking.kinds.transfer_runs import find_finished_cell
 from tracking.record import queries
 from tracking.record.queries import CellRecord
-from tracking.record.schema import INTERVENTION, PROTOCOL_NAME, parent_filter
+from tracking.record.schema import PROTOCOL_NAME
 from tracking.record.sink import RunSink
 from tracking.store.session import configure_tracking
 from workbench.interventions.evaluate import Evaluation
@@ -252,18 +252,6 @@ def read_patching(record: CellRecord, workdir: Path) -> dict[str, np.ndarray] | 
     folder = Path(workdir) / record.run_id
     with np.load(queries.download_artifact(record.run_id, PATCHING, folder)) as z:
         return {k: z[k] for k in z.files}
-
-
-def is_intervention_study(protocol_name: str) -> bool:
-    """Whether the store holds an intervention study of this name (its parent runs say so)."""
-    configure_tracking(
-        allow_offline=False
-    )  # a reader: a store that is not there is said, not created
-    client = MlflowClient()
-    exp = client.get_experiment_by_name(protocol_name)
-    return exp is not None and bool(
-        client.search_runs([exp.experiment_id], parent_filter(kind=INTERVENTION), max_results=1)
-    )
 
 
 def log_benchmark(protocol_name: str, timing, params: dict) -> str:

@@ -22,19 +22,17 @@ from mlflow.tracking import MlflowClient
 
 from tracking.record.schema import (
     ARM,
-    ATTRIBUTION,
-    INTERVENTION,
     PARENT_RUN_ID,
     PROTOCOL_HASH,
     PROTOCOL_NAME,
     SEED,
-    TRANSFER,
     TRUE,
     cell_filter,
     parent_filter,
 )
 from tracking.store import ui_links
 from tracking.store.session import configure_tracking
+from workbench.protocol.kinds import DEFAULT_KIND, PROTOCOL_KINDS
 from workbench.report_content.portable import portable_text
 
 PAGE_SIZE = 1000  # below every store's per-page cap; pages are followed to the end
@@ -117,17 +115,30 @@ class ProtocolEntry:
     newest_parent: str
     parent_status: str
     start_time: int
-    kind: str  # "ablation", "transfer", "intervention" or "attribution"
+    kind: str  # a name of workbench.protocol.kinds.KINDS
     cell_status: dict[str, int]  # status -> cell runs of the newest hash
     hashes: int
 
 
 def protocol_kind(parent: Run) -> str:
     """What a study parent ran, from its tags."""
-    tags = parent.data.tags
+    tags = parent.data.tags  # each kind's parents carry its name as a tag (ablation's: none)
     return next(
-        (kind for kind in (TRANSFER, INTERVENTION, ATTRIBUTION) if tags.get(kind) == TRUE),
-        "ablation",
+        (k.name for k in PROTOCOL_KINDS if k.name != DEFAULT_KIND and tags.get(k.name) == TRUE),
+        DEFAULT_KIND,
+    )
+
+
+def holds_study(protocol_name: str, kind: str) -> bool:
+    """Whether the store holds a study of this name and kind (a name of ``PROTOCOL_KINDS`` other than
+    ablation): its parent runs carry the kind's tag."""
+    configure_tracking(
+        allow_offline=False
+    )  # a reader: a store that is not there is said, not created
+    client = MlflowClient()
+    exp = client.get_experiment_by_name(protocol_name)
+    return exp is not None and bool(
+        client.search_runs([exp.experiment_id], parent_filter(kind=kind), max_results=1)
     )
 
 

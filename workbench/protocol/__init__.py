@@ -13,8 +13,9 @@ alike, so there is one parser, one canonical form and one hash:
 - ``attribution``: attribution methods scored against exact causal effects on trained cells or a
   pretrained ViT (``AttributionProtocol``).
 
-``load_any`` reads a file of any kind; a file with ``interventions`` is an intervention
-protocol, one with ``regimes`` (or ``source``) a transfer protocol, any other an ablation protocol.
+``load_any`` reads a file of any kind; which kind a file holds, by its top-level keys, is the one
+table of kinds' (``kinds``: ``interventions`` an intervention protocol, ``attribution`` an
+attribution protocol, ``regimes`` or ``source`` a transfer protocol, any other an ablation one).
 """
 
 from __future__ import annotations
@@ -37,7 +38,8 @@ from workbench.protocol.common import (
     check_frozen,
     read_yaml,
 )
-from workbench.protocol.files import kind_of, load_file
+from workbench.protocol.files import load_file
+from workbench.protocol.kinds import KINDS, kind_of
 from workbench.protocol.intervention import (
     InterventionCell,
     InterventionProtocol,
@@ -95,12 +97,14 @@ __all__ = [
 ]
 
 AnyProtocol = Protocol | TransferProtocol | InterventionProtocol | AttributionProtocol
-PARSERS = {
+_PARSE = {
     "ablation": parse_protocol,
     "transfer": parse_transfer_protocol,
     "intervention": parse_intervention_protocol,
     "attribution": parse_attribution_protocol,
 }
+# One parser per kind of the table, in its order: a kind without one fails here, at import.
+PARSERS = {kind: _PARSE[kind] for kind in KINDS}
 
 
 def parse_any(data: Any, source: str = "<protocol>") -> AnyProtocol:

@@ -26,6 +26,7 @@ from workbench.models.cnn import CNNConfig
 from workbench.models.registry import STUDY_MODELS
 from workbench.models.vit_config import ViTConfig
 from workbench.protocol import ablation, attribution, intervention, transfer
+from workbench.protocol.kinds import BY_NAME, KINDS
 from workbench.train.config import (
     DataSpec,
     FastPathConfig,
@@ -39,7 +40,6 @@ BEGIN = (
     "dataclasses' docstrings, not this) -->"
 )
 END = "<!-- protocol keys: end -->"
-KINDS = ("ablation", "transfer", "intervention", "attribution")
 
 
 @dataclass(frozen=True)
@@ -379,78 +379,87 @@ def model_rows() -> list[KeyRow]:
     return rows
 
 
+def _ablation_rows() -> list[KeyRow]:
+    return [
+        *top_rows("ablation", ablation.TOP_KEYS, ablation.REQUIRED_TOP),
+        *field_rows("dataset", DataSpec, ablation.DATASET_KEYS),
+        *model_rows(),
+        *field_rows("optim", OptimConfig, ablation.OPTIM_KEYS),
+        *field_rows("run", RunConfig, ablation.RUN_KEYS),
+        *field_rows("recipe", RecipeConfig, ablation.RECIPE_KEYS),
+        *field_rows("fast_path", FastPathConfig, ablation.FAST_PATH_KEYS),
+        *(KeyRow("arms[]", k, *ARM_MEANINGS[k]) for k in ablation.ARM_KEYS),
+    ]
+
+
+def _transfer_rows() -> list[KeyRow]:
+    regime = tuple(k for k in transfer.REGIME_KEYS if k not in transfer.OPTIM_KEYS)
+    return [
+        *top_rows("transfer", transfer.TOP_KEYS, transfer.REQUIRED_TOP),
+        *field_rows("source", transfer.SourceSpec, dataclass_keys(transfer.SourceSpec)),
+        *field_rows("dataset", transfer.TransferData, dataclass_keys(transfer.TransferData)),
+        *field_rows("run", transfer.TransferRunSpec, dataclass_keys(transfer.TransferRunSpec)),
+        *field_rows("evaluation", transfer.Evaluation, dataclass_keys(transfer.Evaluation)),
+        *field_rows("regimes[]", transfer.Regime, regime, defaults={"reference": "false"}),
+        *field_rows("regimes[] (optimiser, written flat)", OptimConfig, transfer.OPTIM_KEYS),
+    ]
+
+
+def _intervention_rows() -> list[KeyRow]:
+    return [
+        *top_rows("intervention", intervention.TOP_KEYS, intervention.REQUIRED_TOP),
+        *field_rows("acts_on", intervention.ActsOn, dataclass_keys(intervention.ActsOn)),
+        *field_rows("pretrained", intervention.Pretrained, dataclass_keys(intervention.Pretrained)),
+        *field_rows("interventions", intervention.Grid, dataclass_keys(intervention.Grid)),
+        *field_rows(
+            "evaluation",
+            intervention.InterventionEvaluation,
+            dataclass_keys(intervention.InterventionEvaluation),
+        ),
+        *field_rows(
+            "patching", intervention.PatchingSpec, dataclass_keys(intervention.PatchingSpec)
+        ),
+    ]
+
+
+def _attribution_rows() -> list[KeyRow]:
+    return [
+        *top_rows("attribution", attribution.TOP_KEYS, attribution.REQUIRED_TOP),
+        *field_rows("acts_on", intervention.ActsOn, dataclass_keys(intervention.ActsOn)),
+        *field_rows("pretrained", intervention.Pretrained, dataclass_keys(intervention.Pretrained)),
+        *field_rows(
+            "attribution",
+            attribution.AttributionSettings,
+            dataclass_keys(attribution.AttributionSettings),
+        ),
+        *field_rows(
+            "evaluation",
+            attribution.AttributionEvaluation,
+            dataclass_keys(attribution.AttributionEvaluation),
+        ),
+    ]
+
+
+ROWS = {
+    "ablation": _ablation_rows,
+    "transfer": _transfer_rows,
+    "intervention": _intervention_rows,
+    "attribution": _attribution_rows,
+}
+
+
 def key_rows(kind: str) -> list[KeyRow]:
     """Every key of a protocol kind, section by section, in file order."""
-    if kind == "ablation":
-        return [
-            *top_rows("ablation", ablation.TOP_KEYS, ablation.REQUIRED_TOP),
-            *field_rows("dataset", DataSpec, ablation.DATASET_KEYS),
-            *model_rows(),
-            *field_rows("optim", OptimConfig, ablation.OPTIM_KEYS),
-            *field_rows("run", RunConfig, ablation.RUN_KEYS),
-            *field_rows("recipe", RecipeConfig, ablation.RECIPE_KEYS),
-            *field_rows("fast_path", FastPathConfig, ablation.FAST_PATH_KEYS),
-            *(KeyRow("arms[]", k, *ARM_MEANINGS[k]) for k in ablation.ARM_KEYS),
-        ]
-    if kind == "transfer":
-        regime = tuple(k for k in transfer.REGIME_KEYS if k not in transfer.OPTIM_KEYS)
-        return [
-            *top_rows("transfer", transfer.TOP_KEYS, transfer.REQUIRED_TOP),
-            *field_rows("source", transfer.SourceSpec, dataclass_keys(transfer.SourceSpec)),
-            *field_rows("dataset", transfer.TransferData, dataclass_keys(transfer.TransferData)),
-            *field_rows("run", transfer.TransferRunSpec, dataclass_keys(transfer.TransferRunSpec)),
-            *field_rows("evaluation", transfer.Evaluation, dataclass_keys(transfer.Evaluation)),
-            *field_rows("regimes[]", transfer.Regime, regime, defaults={"reference": "false"}),
-            *field_rows("regimes[] (optimiser, written flat)", OptimConfig, transfer.OPTIM_KEYS),
-        ]
-    if kind == "intervention":
-        return [
-            *top_rows("intervention", intervention.TOP_KEYS, intervention.REQUIRED_TOP),
-            *field_rows("acts_on", intervention.ActsOn, dataclass_keys(intervention.ActsOn)),
-            *field_rows(
-                "pretrained", intervention.Pretrained, dataclass_keys(intervention.Pretrained)
-            ),
-            *field_rows("interventions", intervention.Grid, dataclass_keys(intervention.Grid)),
-            *field_rows(
-                "evaluation",
-                intervention.InterventionEvaluation,
-                dataclass_keys(intervention.InterventionEvaluation),
-            ),
-            *field_rows(
-                "patching", intervention.PatchingSpec, dataclass_keys(intervention.PatchingSpec)
-            ),
-        ]
-    if kind == "attribution":
-        return [
-            *top_rows("attribution", attribution.TOP_KEYS, attribution.REQUIRED_TOP),
-            *field_rows("acts_on", intervention.ActsOn, dataclass_keys(intervention.ActsOn)),
-            *field_rows(
-                "pretrained", intervention.Pretrained, dataclass_keys(intervention.Pretrained)
-            ),
-            *field_rows(
-                "attribution",
-                attribution.AttributionSettings,
-                dataclass_keys(attribution.AttributionSettings),
-            ),
-            *field_rows(
-                "evaluation",
-                attribution.AttributionEvaluation,
-                dataclass_keys(attribution.AttributionEvaluation),
-            ),
-        ]
-    raise ValueError(f"unknown protocol kind {kind!r}; one of {', '.join(KINDS)}")
+    if kind not in ROWS:
+        raise ValueError(f"unknown protocol kind {kind!r}; one of {', '.join(KINDS)}")
+    return ROWS[kind]()
 
 
 def dataclass_keys(cls: type) -> tuple[str, ...]:
     return tuple(f.name for f in dataclasses.fields(cls))
 
 
-TITLES = {
-    "ablation": "Ablation protocol (`workbench ablate`): arms x seeds, each cell trained from scratch",
-    "transfer": "Transfer protocol (`workbench transfer`): regimes x seeds from one source checkpoint",
-    "intervention": "Intervention protocol (`workbench intervene`): a grid of interventions on trained cells",
-    "attribution": "Attribution protocol (`workbench attribute`): attribution maps scored against exact causal effects",
-}
+TITLES = {k.name: k.heading for k in BY_NAME.values()}
 
 
 def kind_markdown(kind: str) -> str:

@@ -11,5 +11,5 @@
 - ``report``: the report's numbers (DataFrames, confusion counts) from the cells' test predictions;
   ``reports.transfer`` renders them.
 
-Like all of ``workbench``, nothing here imports MLflow (``tracking.transfer`` does the logging).
+Like all of ``workbench``, nothing here imports MLflow (``tracking.kinds.transfer_runs`` does the logging).
 """

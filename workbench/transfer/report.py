@@ -2,7 +2,7 @@
 
 ``build_section`` is pure: it takes the test predictions of every (regime, seed) cell (as
 logged) and returns DataFrames and confusion matrices; it renders nothing (``reports.transfer``
-turns a section into Markdown and HTML). ``tracking.transfer.transfer_section`` feeds it
+turns a section into Markdown and HTML). ``tracking.kinds.transfer_runs.transfer_section`` feeds it
 from MLflow runs. Every interval is a percentile bootstrap over the test images
 (``workbench.stats``); regime differences are paired on the same resampled images, per seed
 and pooled over seeds (hierarchical bootstrap, plus a t-interval over seeds).
