@@ -45,6 +45,7 @@ from tracking.record.schema import (
     cell_tags,
 )
 from workbench.attribution import AttributionError, score_cell
+from workbench.attribution.controls import Controls
 from workbench.data import DatasetNotFound, PreparedData, PreparedSplit, prepare
 from workbench.interventions import InterventionError
 from workbench.interventions.evaluate import Inputs
@@ -271,6 +272,7 @@ def _score_cell(
             "norm_threshold": s.norm_threshold,
             "random_seed": s.random_seed,
             "examples": s.examples,
+            **attribution_runs.control_params(s),
             "code_fingerprint": fingerprint,
             "source_run_id": run_id or "",
             "data.fingerprint": ex.data.data_fingerprint,
@@ -303,6 +305,7 @@ def _score_cell(
             image_index=indices,
             batch_size=s.batch_size,
             progress=bar.update,
+            controls=Controls(s.random_draws, s.sanity_check, cell.seed),
         )
     HEARTBEATS.check(sink.run_id, verify=True)
     examples = ex.images.images[
