@@ -16,7 +16,7 @@ from scipy import stats as sps
 from test_attribution import batch, make, max_diff
 
 from reports.attribution import control_blocks
-from reports.attribution import controls as report_controls
+from reports.attribution import controls
 from reports.render import Table
 from tracking.kinds.attribution_runs import CellResult, per_image_arrays
 from workbench.attribution import score_cell, spearman_per_image
@@ -114,7 +114,7 @@ def test_the_randomisation_check_flags_maps_that_do_not_depend_on_the_weights(tw
         s: CellResult(None, per_image_arrays(c, np.zeros((0, 1, 8, 8))))
         for s, (*_, c) in two_cells.items()
     }
-    flagged = {r.method: r.survives for r in report_controls.sanity(cells)}
+    flagged = {r.method: r.survives for r in controls.sanity(cells)}
     assert flagged["intensity"] and flagged["centre"] and not flagged["chefer"], flagged
     # the check's own function on a map of the trained model: rho 1 when nothing changes
     same = randomisation_check(
@@ -140,7 +140,7 @@ def test_the_report_sections_compare_with_the_draws_every_pair_and_every_class(t
         s: CellResult(None, per_image_arrays(c, np.zeros((0, 1, 8, 8))))
         for s, (*_, c) in two_cells.items()
     }
-    draws = report_controls.against_draws(cells, 50, 0.95, 0)
+    draws = controls.against_draws(cells, 50, 0.95, 0)
     methods = [m for m in ALL if m != "random"]
     assert len(draws) == 3 * len(methods)
     d = next(r for r in draws if r.method == "chefer" and r.measure == "rho")
@@ -149,12 +149,12 @@ def test_the_report_sections_compare_with_the_draws_every_pair_and_every_class(t
         for s, (*_, c) in two_cells.items()
     }
     assert max_diff(d.versus.differences, [want[0], want[1]]) <= 1e-12
-    pairs = report_controls.pairwise(cells, 50, 0.95, 0)
+    pairs = controls.pairwise(cells, 50, 0.95, 0)
     assert len(pairs) == 3 * len(methods) * (len(methods) - 1) // 2
-    rows = report_controls.per_class(cells)
+    rows = controls.per_class(cells)
     r = next(r for r in rows if r.method == "oracle" and r.measure == "rho")
     assert all(max_diff(r.mean(k), 1.0) <= 1e-12 for k in r.per_class)
-    start = report_controls.insertion_start(cells)
+    start = controls.insertion_start(cells)
     _, x, _, cell = two_cells[0]
     assert start[0].true_class_prob == pytest.approx(
         cell.curves.insertion_prob["chefer"][:, 0].mean(), abs=1e-12

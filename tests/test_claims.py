@@ -1,5 +1,5 @@
 """Every number of README.md's Results and of docs/results/README.md's checked sentences is a
-claim recomputed from the published evidence (docs/results/claims.yaml, reports/claims.py);
+claim recomputed from the published evidence (docs/results/claims.yaml, reports/published/claims.py);
 an edited number, an unclaimed number or edited evidence fails the check."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from reports.claims import (
+from reports.published.claims import (
     BEGIN,
     ClaimError,
     check_claims,

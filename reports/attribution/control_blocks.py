@@ -11,7 +11,7 @@ import math
 
 import numpy as np
 
-from reports.attribution import controls as c
+from reports.attribution import controls
 from reports.attribution.faithfulness import BASELINE, BETTER, MEASURES, MeasureRow
 from reports.figures import report_png
 from reports.render import Block, Bullets, Figure, Heading, Para, Table
@@ -73,12 +73,12 @@ def answers(
     lines = []
     by_draw = {(d.method, d.measure): d for d in draws}
     by = {(r.method, r.measure): r for r in rows}
-    sanity = {r.method: r for r in c.sanity(cells)} if c.has_sanity(cells) else {}
+    sanity = {r.method: r for r in controls.sanity(cells)} if controls.has_sanity(cells) else {}
     n = len(cells)
     for m in dict.fromkeys(r.method for r in rows):
         if m == BASELINE:
             continue
-        mean, (low, high) = c.rho_interval(cells, m, confidence)
+        mean, (low, high) = controls.rho_interval(cells, m, confidence)
         said = [f"ρ {fmt(mean, D, True)} {_i(low, high)}"]
         for measure in ("deletion_auc", "insertion_auc"):
             d = by_draw.get((m, measure))
@@ -105,9 +105,9 @@ def answers(
 def _oracle_para(cells: dict[int, CellResult], rows: list[MeasureRow]) -> Para | None:
     by = {(r.method, r.measure): r.mean for r in rows}
     methods = list(dict.fromkeys(r.method for r in rows))
-    if c.ORACLE not in methods:
+    if controls.ORACLE not in methods:
         return None
-    others = [m for m in methods if m not in (c.ORACLE, BASELINE)]
+    others = [m for m in methods if m not in (controls.ORACLE, BASELINE)]
     best = min(others, key=lambda m: by[(m, "deletion_auc")]) if others else None
     compare = (
         f"; the lowest deletion AUC of the maps is `{best}`'s {fmt(by[(best, 'deletion_auc')], D)}"
@@ -120,14 +120,14 @@ def _oracle_para(cells: dict[int, CellResult], rows: list[MeasureRow]) -> Para |
         "tokens as removing each one *alone* changes the true class's log-probability. Deletion "
         "and insertion remove or keep tokens *together*, where their effects need not add up. "
         f"The oracle, whose scores are the single-token effects themselves, has ρ "
-        f"{fmt(by[(c.ORACLE, 'rho')], D, True)} and deletion AUC {fmt(by[(c.ORACLE, 'deletion_auc')], D)}"
-        f" (insertion {fmt(by[(c.ORACLE, 'insertion_auc')], D)}){compare}: a perfect ρ is no "
+        f"{fmt(by[(controls.ORACLE, 'rho')], D, True)} and deletion AUC {fmt(by[(controls.ORACLE, 'deletion_auc')], D)}"
+        f" (insertion {fmt(by[(controls.ORACLE, 'insertion_auc')], D)}){compare}: a perfect ρ is no "
         "promise of the best curve, and a better curve no promise of a better ρ."
     )
 
 
 def _start_blocks(arm: str, cells: dict[int, CellResult], names: dict[int, str]) -> list[Block]:
-    rows = c.insertion_start(cells)
+    rows = controls.insertion_start(cells)
     body = [
         [
             str(r.seed),
@@ -155,7 +155,7 @@ def _start_blocks(arm: str, cells: dict[int, CellResult], names: dict[int, str])
 
 
 def _draw_blocks(arm, cells, draws, confidence, n_resamples) -> list[Block]:
-    spread = c.draw_spread(cells)
+    spread = controls.draw_spread(cells)
     seeds = sorted(cells)
     body = [
         [
@@ -257,7 +257,7 @@ def _pair_blocks(arm, pairs, confidence, n_resamples) -> list[Block]:
 
 
 def _class_blocks(arm, cells, names, title) -> list[Block]:
-    rows = c.per_class(cells)
+    rows = controls.per_class(cells)
     classes = sorted(next(iter(rows)).per_class) if rows else []
     blocks: list[Block] = [Heading(3, f"Per class ({arm})")]
     flips = []
@@ -312,7 +312,7 @@ def _class_blocks(arm, cells, names, title) -> list[Block]:
 
 
 def _sanity_blocks(arm, cells, title) -> list[Block]:
-    rows = c.sanity(cells)
+    rows = controls.sanity(cells)
     depth = len(rows[0].per_step) if rows else 0
     body = [
         [
@@ -367,15 +367,15 @@ def control_blocks(
     oracle = _oracle_para(cells, rows)
     if oracle is not None:
         blocks.append(oracle)
-    if c.has_start(cells):
+    if controls.has_start(cells):
         blocks += _start_blocks(arm, cells, names)
     if draws:
         blocks += _draw_blocks(arm, cells, draws, confidence, n_resamples)
     blocks += _pair_blocks(
-        arm, c.pairwise(cells, n_resamples, confidence, seed), confidence, n_resamples
+        arm, controls.pairwise(cells, n_resamples, confidence, seed), confidence, n_resamples
     )
     blocks += _class_blocks(arm, cells, names, f"{title}: ρ per class")
-    if c.has_sanity(cells):
+    if controls.has_sanity(cells):
         blocks += _sanity_blocks(arm, cells, f"{title}: randomisation check")
     return blocks
 
