@@ -195,3 +195,21 @@ def test_protocol_controls_are_optional_and_checked(tmp_path):
         parse_attribution_protocol(
             {**base, "attribution": {"methods": ["chefer"], "random_draws": 10}}, "p.yaml"
         )
+
+
+def test_a_map_without_rho_in_every_seed_has_no_comparison_row_and_breaks_nothing(two_cells):
+    cells = {
+        s: CellResult(None, per_image_arrays(c, np.zeros((0, 1, 8, 8))))
+        for s, (*_, c) in two_cells.items()
+    }
+    for cell in cells.values():  # as for a centre prior on a grid where every patch is as central
+        cell.arrays["rho/centre"] = np.full_like(cell.arrays["rho/centre"], np.nan)
+    draws = controls.against_draws(cells, 20, 0.95, 0)
+    assert not any(d.method == "centre" and d.measure == "rho" for d in draws)
+    assert any(d.method == "centre" and d.measure == "deletion_auc" for d in draws)
+    pairs = controls.pairwise(cells, 20, 0.95, 0)
+    assert not any("centre" in (p.a, p.b) and p.measure == "rho" for p in pairs)
+    blocks = control_blocks.control_blocks(
+        "vit", [], cells, draws, confidence=0.95, n_resamples=20, seed=0, dataset=None, title="t"
+    )
+    assert blocks

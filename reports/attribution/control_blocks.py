@@ -177,7 +177,7 @@ def _draw_blocks(arm, cells, draws, confidence, n_resamples) -> list[Block]:
                 fmt(d.versus.mean_difference, D, True) + mark,
                 _i(d.versus.ci_low, d.versus.ci_high),
                 f"[{shown.low}, {shown.high}]",
-                " / ".join(str(d.beats[k]) for k in seeds) + f" of {d.draws}",
+                " / ".join(str(d.beats.get(k, "n/a")) for k in seeds) + f" of {d.draws}",
             ]
         )
     n_draws = draws[0].draws if draws else 0

@@ -41,6 +41,11 @@ ORACLE = "oracle"
 BASELINES = ("intensity", "centre")
 
 
+def _shared(a: dict[int, float], b: dict[int, float]) -> list[int]:
+    """The seeds where both values are defined (rho is not for a constant map)."""
+    return [s for s in sorted(a) if math.isfinite(a[s]) and math.isfinite(b.get(s, math.nan))]
+
+
 def has_draws(cells: dict[int, CellResult]) -> bool:
     return all(f"random_draws/{m}" in c.arrays for c in cells.values() for m in MEASURES)
 
@@ -123,16 +128,27 @@ def against_draws(
         for m in methods:
             images = {s: per_image(c, m, measure) for s, c in cells.items()}
             values = {s: seed_value(v) for s, v in images.items()}
+            base = {
+                s: float(np.nanmean(v)) if np.isfinite(v).any() else math.nan
+                for s, v in means.items()
+            }
+            shared = _shared(values, base)
+            if not shared:  # undefined in every seed (e.g. a constant map has no rho): no row
+                continue
             versus = stats.paired_seed_comparison(
-                values,
-                {s: float(v.mean()) for s, v in means.items()},
+                {s: values[s] for s in shared},
+                {s: base[s] for s in shared},
                 confidence,
                 names=(m, "random draws"),
             )
-            boot = value_bootstrap(images, per_image_mean, n_resamples, confidence, seed)
-            beats = {
-                s: int((BETTER[measure] * (values[s] - means[s]) > 0).sum()) for s in sorted(cells)
-            }
+            boot = value_bootstrap(
+                {s: images[s] for s in shared},
+                {s: per_image_mean[s] for s in shared},
+                n_resamples,
+                confidence,
+                seed,
+            )
+            beats = {s: int((BETTER[measure] * (values[s] - means[s]) > 0).sum()) for s in shared}
             out.append(
                 DrawComparison(m, measure, versus, boot, beats, next(iter(means.values())).size)
             )
@@ -158,8 +174,22 @@ def pairwise(
         images = {m: {s: per_image(c, m, measure) for s, c in cells.items()} for m in methods}
         values = {m: {s: seed_value(v) for s, v in images[m].items()} for m in methods}
         for a, b in itertools.combinations(methods, 2):
-            versus = stats.paired_seed_comparison(values[a], values[b], confidence, names=(a, b))
-            boot = value_bootstrap(images[a], images[b], n_resamples, confidence, seed)
+            shared = _shared(values[a], values[b])
+            if not shared:  # one of them undefined in every seed: no row
+                continue
+            versus = stats.paired_seed_comparison(
+                {s: values[a][s] for s in shared},
+                {s: values[b][s] for s in shared},
+                confidence,
+                names=(a, b),
+            )
+            boot = value_bootstrap(
+                {s: images[a][s] for s in shared},
+                {s: images[b][s] for s in shared},
+                n_resamples,
+                confidence,
+                seed,
+            )
             out.append(PairRow(a, b, measure, versus, boot))
     return out
 
@@ -242,7 +272,7 @@ def sanity(cells: dict[int, CellResult]) -> list[SanityRow]:
         out.append(
             SanityRow(
                 m,
-                [float(np.nanmean(col)) for col in steps.T],
+                [seed_value(col) for col in steps.T],
                 {s: float(steps[i, -1]) for i, s in enumerate(sorted(cells))},
             )
         )

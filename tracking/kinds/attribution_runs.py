@@ -286,7 +286,9 @@ def control_metrics(cell: CellAttribution) -> dict[str, float]:
             f"random_draws_sd/{measure}": float(means.std(ddof=1)),
         }
     for m, values in cell.sanity.items():  # (L, N): after every block is randomised
-        metrics[f"sanity_rho_all_random/{m}"] = float(np.nanmean(values[-1]))
+        last = values[-1][np.isfinite(values[-1])]  # rho is undefined for a constant map
+        if last.size:
+            metrics[f"sanity_rho_all_random/{m}"] = float(last.mean())
     return metrics
 
 
