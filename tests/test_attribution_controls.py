@@ -17,6 +17,7 @@ from test_attribution import batch, make, max_diff
 
 from reports.attribution import control_blocks
 from reports.attribution import controls
+from reports.attribution.faithfulness import faithfulness_rows
 from reports.render import Table
 from tracking.kinds.attribution_runs import CellResult, per_image_arrays
 from workbench.attribution import score_cell, spearman_per_image
@@ -209,7 +210,8 @@ def test_a_map_without_rho_in_every_seed_has_no_comparison_row_and_breaks_nothin
     assert any(d.method == "centre" and d.measure == "deletion_auc" for d in draws)
     pairs = controls.pairwise(cells, 20, 0.95, 0)
     assert not any("centre" in (p.a, p.b) and p.measure == "rho" for p in pairs)
+    rows = faithfulness_rows(cells, 20, 0.95, 0)
     blocks = control_blocks.control_blocks(
-        "vit", [], cells, draws, confidence=0.95, n_resamples=20, seed=0, dataset=None, title="t"
+        "vit", rows, cells, draws, confidence=0.95, n_resamples=20, seed=0, dataset=None, title="t"
     )
-    assert blocks
+    assert blocks and control_blocks.answers("vit", rows, cells, 0.95, draws).items

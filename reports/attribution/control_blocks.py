@@ -103,11 +103,12 @@ def answers(
 
 
 def _oracle_para(cells: dict[int, CellResult], rows: list[MeasureRow]) -> Para | None:
-    by = {(r.method, r.measure): r.mean for r in rows}
+    by = {(r.method, r.measure): r.mean if r.over_seeds else math.nan for r in rows}
     methods = list(dict.fromkeys(r.method for r in rows))
     if controls.ORACLE not in methods:
         return None
     others = [m for m in methods if m not in (controls.ORACLE, BASELINE)]
+    others = [m for m in others if math.isfinite(by[(m, "deletion_auc")])]
     best = min(others, key=lambda m: by[(m, "deletion_auc")]) if others else None
     compare = (
         f"; the lowest deletion AUC of the maps is `{best}`'s {fmt(by[(best, 'deletion_auc')], D)}"
