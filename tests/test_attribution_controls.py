@@ -215,3 +215,9 @@ def test_a_map_without_rho_in_every_seed_has_no_comparison_row_and_breaks_nothin
         "vit", rows, cells, draws, confidence=0.95, n_resamples=20, seed=0, dataset=None, title="t"
     )
     assert blocks and control_blocks.answers("vit", rows, cells, 0.95, draws).items
+
+
+def test_adifference_interval_is_cut_to_the_range_a_difference_can_take():
+    assert control_blocks.difference_interval("rho", -6.659, 7.459) == "[-2.000, +2.000] ‡"
+    assert control_blocks.difference_interval("deletion_auc", -0.2, 1.3) == "[-0.200, +1.000] ‡"
+    assert control_blocks.difference_interval("rho", -0.5, 0.25) == "[-0.500, +0.250]"

@@ -46,6 +46,21 @@ def _i(low: float, high: float, signed: bool = True) -> str:
     return f"[{fmt(low, D, signed)}, {fmt(high, D, signed)}]"
 
 
+def difference_interval(measure: str, low: float, high: float) -> str:
+    """A difference's t-interval, cut to the range a difference can take (ρ: [−2, 2], an AUC:
+    [−1, 1]) and marked ‡ where it was cut: with few seeds a raw t-interval can reach beyond."""
+    bound = 2.0 if measure == "rho" else 1.0
+    if not (math.isfinite(low) and math.isfinite(high)) or (-bound <= low and high <= bound):
+        return _i(low, high)
+    return _i(max(low, -bound), min(high, bound)) + " ‡"
+
+
+CUT = (
+    "‡: the t-interval reached beyond the range a difference can take (ρ: [−2, 2]; an AUC: "
+    "[−1, 1]) and is cut there; with this few seeds read the bootstrap."
+)
+
+
 def class_names(dataset: str | None, classes) -> dict[int, str]:
     names = CLASS_NAMES.get(dataset or "", ())
     return {k: names[k] if k < len(names) else f"class {k}" for k in classes}
@@ -176,7 +191,7 @@ def _draw_blocks(arm, cells, draws, confidence, n_resamples) -> list[Block]:
                 f"`{d.method}`",
                 WORDS[d.measure],
                 fmt(d.versus.mean_difference, D, True) + mark,
-                _i(d.versus.ci_low, d.versus.ci_high),
+                difference_interval(d.measure, d.versus.ci_low, d.versus.ci_high),
                 f"[{shown.low}, {shown.high}]",
                 " / ".join(str(d.beats.get(k, "n/a")) for k in seeds) + f" of {d.draws}",
             ]
@@ -214,7 +229,7 @@ def _draw_blocks(arm, cells, draws, confidence, n_resamples) -> list[Block]:
                 "Each method against the mean of the random draws on the same cells and images: t-interval "
                 "over the per-seed differences; bootstrap hierarchical over seeds then images against each "
                 f"image's mean over the draws ({n_resamples:,} resamples). ✓ / ✗ where both intervals lie on "
-                "the faithful / unfaithful side of zero. A ρ difference lies in [−2, 2]."
+                "the faithful / unfaithful side of zero. " + CUT
             ],
         ),
     ]
@@ -229,7 +244,7 @@ def _pair_blocks(arm, pairs, confidence, n_resamples) -> list[Block]:
                 f"`{p.a}` − `{p.b}`",
                 WORDS[p.measure],
                 fmt(p.versus.mean_difference, D, True),
-                _i(p.versus.ci_low, p.versus.ci_high),
+                difference_interval(p.measure, p.versus.ci_low, p.versus.ci_high),
                 f"[{shown.low}, {shown.high}]",
                 " / ".join(fmt(x, D, True) for x in p.versus.differences),
             ]
@@ -250,7 +265,7 @@ def _pair_blocks(arm, pairs, confidence, n_resamples) -> list[Block]:
             [
                 "Every pair of maps on the same cells and images: t-interval over the per-seed differences, "
                 f"bootstrap hierarchical over seeds then images ({n_resamples:,} resamples). Lower deletion "
-                "AUC and higher ρ and insertion AUC are more faithful."
+                "AUC and higher ρ and insertion AUC are more faithful. " + CUT
             ],
             css_class="wide",
         ),
