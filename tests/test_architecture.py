@@ -316,3 +316,27 @@ def test_the_docs_name_modules_and_files_that_exist():
     assert not problems, "the docs point at modules that are not there:\n" + "\n".join(
         sorted(set(problems))
     )
+
+
+def test_no_source_file_of_the_four_layers_is_ignored_by_git():
+    """.gitignore keeps generated reports (reports/<study>/) out by a pattern with named
+    exceptions; a new code package under reports/ needs its own exception, or its files never
+    reach a commit (and a fresh clone fails to import it)."""
+    import shutil
+    import subprocess
+
+    import pytest
+
+    root = Path(__file__).resolve().parent.parent
+    if shutil.which("git") is None or not (root / ".git").exists():
+        pytest.skip("not a git checkout")
+    files = [
+        str(p.relative_to(root))
+        for layer in ("workbench", "tracking", "studies", "reports")
+        for p in (root / layer).rglob("*.py")
+        if "__pycache__" not in p.parts
+    ]
+    ignored = subprocess.run(
+        ["git", "check-ignore", "--no-index", *files], cwd=root, capture_output=True, text=True
+    ).stdout.split()
+    assert not ignored, f"source files git ignores (add an exception to .gitignore): {ignored}"

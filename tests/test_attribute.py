@@ -216,6 +216,7 @@ def test_attribute_logs_every_method_a_rerun_computes_nothing_and_the_report_reb
         "examples_vit.png",
         "norms_vit_seed0.png",
         "norms_vit_seed1.png",
+        "per_class_rho_vit.png",
     ]
 
     forbid_store(monkeypatch, tmp)
@@ -230,6 +231,57 @@ def test_attribute_logs_every_method_a_rerun_computes_nothing_and_the_report_reb
         if p.read_bytes() != q.read_bytes()
     ]
     assert not different, f"figures differ: {different}"
+
+
+CONTROLS = """\
+name: {name}
+description: every attribution method and every control on the tiny cells
+acts_on: {{protocol: tiny, hash: {hash}}}
+attribution:
+  methods: [cls_attention, rollout, chefer, grad_x_input, random, intensity, centre, oracle]
+  split: val
+  images: 6
+  batch_size: 4
+  norm_threshold: 2.0
+  examples: 1
+  random_draws: 3
+  sanity_check: true
+"""
+
+
+def test_the_controls_are_logged_reported_and_rebuilt_offline(trained, monkeypatch):
+    tmp, folder, ablation = trained
+    path = tmp / "tiny_controls.yaml"
+    path.write_text(CONTROLS.format(name="tiny_controls", hash=ablation.hash))
+    protocol, outcomes = attribute(tmp, folder, path)
+    assert [o.status for o in outcomes] == ["finished"] * 2, [o.message for o in outcomes]
+    for cell in cell_runs("tiny_controls"):
+        p, m = cell.data.params, cell.data.metrics
+        assert p["random_draws"] == "3" and p["sanity_check"] == "True", p
+        assert m["rho/oracle"] == pytest.approx(1.0, abs=1e-12)
+        assert m["sanity_rho_all_random/intensity"] == pytest.approx(1.0, abs=1e-12)
+        assert m["random_draws_sd/rho"] > 0 and m["insertion_start_share"] == 1.0
+    result = build_report(str(path), tmp / "reports", n_resamples=100, evidence=True)
+    md = result.markdown.read_text()
+    for part in (
+        "## In one line per method",
+        "## Methods, named exactly",
+        "### Where the insertion curve starts (vit)",
+        "### Against 3 random draws per image (vit)",
+        "### Method against method (vit)",
+        "### Per class (vit)",
+        "### Model-randomisation sanity check (vit)",
+        "⚠ survives",
+        "95% Fisher z",
+    ):
+        assert part in md, part
+    assert any(  # the model-free baseline is flagged by the randomisation check
+        line.startswith("| `intensity`") and "⚠ survives" in line for line in md.splitlines()
+    )
+    assert "### Against the random baseline (vit)" not in md  # the draws replace the one order
+    forbid_store(monkeypatch, tmp)
+    rebuilt = build_from_evidence(result.folder / "evidence", tmp / "rebuilt_controls")
+    assert without_rebuilt_line(rebuilt.markdown.read_text()) == md
 
 
 def test_a_checkpoint_that_does_not_reproduce_its_predictions_fails_its_cell_only(

@@ -69,9 +69,12 @@ def test_a_cells_metrics_and_arrays_are_what_the_module_says(scored):
     cell, examples = scored
     arrays = attribution_runs.per_image_arrays(cell, examples)
     n, p, depth = 5, 4, 2
-    expected = set(attribution_runs.PER_IMAGE_KEYS) | {
-        f"{k}/{m}" for k in attribution_runs.METHOD_ARRAYS for m in METHODS
-    }
+    # the insertion start is logged by every cell; the other controls only when asked for
+    expected = (
+        set(attribution_runs.PER_IMAGE_KEYS)
+        | set(attribution_runs.CONTROL_KEYS)
+        | {f"{k}/{m}" for k in attribution_runs.METHOD_ARRAYS for m in METHODS}
+    )
     assert set(arrays) == expected, sorted(set(arrays) ^ expected)
     f = len(arrays["fractions"])
     shapes = {

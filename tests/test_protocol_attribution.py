@@ -127,7 +127,12 @@ def test_a_mean_pooling_vit_arm_is_refused_at_load_in_one_line(tmp_path):
 
 
 def test_shipped_attribution_protocols_load_as_their_kind():
-    for name in ("smoke_faithfulness", "fmnist_seed_recipe_faithfulness"):
+    for name in (
+        "smoke_faithfulness",
+        "fmnist_seed_recipe_faithfulness",
+        "smoke_faithfulness_controls",
+        "fmnist_seed_recipe_faithfulness_controls",
+    ):
         p = load_attribution_protocol(PROTOCOLS / f"{name}.yaml")
         assert p.kind == "attribution" and load_any(PROTOCOLS / f"{name}.yaml").hash == p.hash
     assert (

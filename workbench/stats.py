@@ -13,6 +13,7 @@ they give the same interval.
 
 from __future__ import annotations
 
+import math
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -627,3 +628,25 @@ def _hierarchical(
         np.mean([contrast([_score(y, p, metric_fn, k) for p in preds]) for y, preds in data])
     )
     return _percentile_ci(estimate, values, confidence, method)
+
+
+def fisher_z_interval(values: Sequence[float], confidence: float = 0.95) -> tuple[float, float]:
+    """Student-t interval of the mean of correlations, taken on Fisher's z and mapped back.
+
+    Each correlation ``r`` becomes ``z = artanh(r)`` (clipped to ``|r| <= 1 - 1e-12``); the
+    t-interval of the mean ``z`` (df = n - 1) is mapped back by ``tanh``, so the interval of
+    a correlation stays inside [-1, 1] however few the values (a raw t-interval does not).
+
+    Returns:
+        (low, high); NaN for fewer than two finite values, the value itself twice when every
+        value is the same.
+    """
+    _check_args(None, 1, confidence)
+    r = np.asarray([v for v in values if math.isfinite(v)], dtype=np.float64)
+    if r.size < 2:
+        return float("nan"), float("nan")
+    z = np.arctanh(np.clip(r, -1 + 1e-12, 1 - 1e-12))
+    if np.allclose(z, z[0], rtol=1e-9, atol=1e-12):
+        return float(np.tanh(z[0])), float(np.tanh(z[0]))
+    low, high = sps.t.interval(confidence, z.size - 1, loc=z.mean(), scale=sps.sem(z))
+    return float(np.tanh(low)), float(np.tanh(high))

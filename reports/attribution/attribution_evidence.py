@@ -108,7 +108,12 @@ def _readme(name: str, digest: str, reported: int, runs: int) -> str:
   `cls_attention_topk` (the top `attention_top_k` patch tokens), `cls_attention_entropy` (normalised, over the
   patches), `cls_attention_on_self`, `cls_attention_on_registers` (L, N), and per head the `*_heads` arrays
   (L, N, H); an export made before these arrays existed lacks them, and its report has no concentration
-  section. Every number, interval and figure of the report comes from these.
+  section. With the controls (protocol settings `random_draws`, `sanity_check`; docs/attribution.md):
+  `insertion_start_predicted` and `insertion_start_prob` (N,), the class predicted from the class token
+  alone and its probability; `random_draws/rho`, `random_draws/deletion_auc` and
+  `random_draws/insertion_auc` (D, N), one row per random draw; `sanity/<method>` (L, N), each map's
+  Spearman rho with itself with the top 1..L blocks randomised. Every number, interval and figure of
+  the report comes from these.
 """,
     )
 

@@ -42,6 +42,8 @@ from reports.common.report_parts import (
     closing_blocks,
     header_blocks,
 )
+from reports.attribution import control_blocks
+from reports.attribution.controls import against_draws, has_draws
 from reports.figures import report_png
 from reports.output import paired_metrics
 from reports.render import Block, Figure, Heading, Para, Table
@@ -51,6 +53,7 @@ from workbench.analysis.common import display_images
 from workbench.attribution import attribution_figures
 from workbench.protocol import AttributionProtocol
 from workbench.report_content.rounding import bootstrap_display, fmt
+from workbench.stats import fisher_z_interval
 
 # What reports.common.report_parts.ActedReport reads: this kind, its export, its summary's numbers.
 KIND = "attribution"
@@ -95,19 +98,35 @@ def faithfulness_table(rows: list[MeasureRow], confidence: float) -> Table:
         for measure in MEASURES:
             r = by[(m, measure)]
             o = r.over_seeds
+            low, high = (
+                fisher_z_interval(list(r.per_seed.values()), confidence)
+                if measure == "rho"
+                else (o.ci_low, o.ci_high)
+                if o is not None
+                else (math.nan, math.nan)
+            )
             line += (
                 ["n/a", "n/a"]
                 if o is None
                 else [
                     fmt(r.mean, DECIMALS, measure == "rho"),
-                    _interval(o.ci_low, o.ci_high, measure == "rho"),
+                    _interval(low, high, measure == "rho"),
                 ]
             )
         line.append(str(sum(by[(m, "rho")].undefined.values())))
         body.append(line)
     c = f"{confidence:.0%} t"
     return Table(
-        ["method", "Spearman ρ", c, "deletion AUC", c, "insertion AUC", c, "images without ρ"],
+        [
+            "method",
+            "Spearman ρ",
+            f"{confidence:.0%} Fisher z",
+            "deletion AUC",
+            c,
+            "insertion AUC",
+            c,
+            "images without ρ",
+        ],
         body,
         ["l", "r", "r", "r", "r", "r", "r", "r"],
         [
@@ -118,7 +137,9 @@ def faithfulness_table(rows: list[MeasureRow], confidence: float) -> Table:
             "AUC by the trapezoid rule over the fractions 0 to 1, both ends included. A seed's value is the mean "
             "over its images (ρ: over the images where it is defined; it is not where the scores or the effects "
             "are constant, counted in the last column over all seeds). Mean over seeds with the Student-t "
-            "interval over seeds (df = n − 1; none for one seed, zero width when every seed agrees)."
+            "interval over seeds (df = n − 1; none for one seed, zero width when every seed agrees); for ρ the "
+            "t-interval is taken on Fisher's z = artanh(ρ) of the seed values and mapped back, so it stays "
+            "inside [−1, 1]."
         ],
         css_class="wide",
     )
@@ -392,6 +413,7 @@ def arm_blocks(
     cells: dict[int, CellResult],
     protocol: AttributionProtocol,
     n_resamples: int,
+    draws: list | None = None,
 ) -> list[Block]:
     """Every table and figure of one acted-on arm."""
     e, s = protocol.evaluation, protocol.settings
@@ -400,7 +422,7 @@ def arm_blocks(
         Heading(2, f"Faithfulness ({arm})"),
         faithfulness_table(rows, e.confidence),
     ]
-    if any(r.vs_random is not None for r in rows):
+    if any(r.vs_random is not None for r in rows) and not draws:
         blocks += [
             Heading(3, f"Against the random baseline ({arm})"),
             random_table(rows, e.confidence, n_resamples),
@@ -462,6 +484,17 @@ def arm_blocks(
                 ),
             ),
         ]
+    blocks += control_blocks.control_blocks(
+        arm,
+        rows,
+        cells,
+        draws or [],
+        confidence=e.confidence,
+        n_resamples=n_resamples,
+        seed=e.seed,
+        dataset=control_blocks.dataset_of(protocol),
+        title=f"{protocol.name}: {arm}",
+    )
     blocks += [
         Heading(2, f"Does CLS attend to the tokens that matter? ({arm})"),
         attention_table(attention_on_effects(cells)),
@@ -547,12 +580,18 @@ def build_blocks(
     split = SPLIT_WORDS[s.split]
     results: list[Block] = [Heading(2, "Results")]
     sections: list[Block] = []
+    answers: list[Block] = []
     metrics: dict[str, float] = {}
     for arm in arms:
         cells = {seed: study.cells[(arm, seed)] for seed in seeds if (arm, seed) in chosen}
         if not cells:
             continue
         rows = faithfulness_rows(cells, n_resamples, e.confidence, e.seed)
+        draws = against_draws(cells, n_resamples, e.confidence, e.seed) if has_draws(cells) else []
+        warnings += control_blocks.near_chance(
+            arm, cells, control_blocks.num_classes_of(protocol, arm, cells)
+        )
+        answers.append(control_blocks.answers(arm, rows, cells, e.confidence, draws))
         for r in rows:
             if r.vs_random is not None:
                 metrics |= paired_metrics(
@@ -573,8 +612,12 @@ def build_blocks(
                 f"scored {split} images (seeds {', '.join(map(str, cells))})."
             )
         )
-        results.append(Para(results_paragraph(arm, rows, split)))
-        sections += arm_blocks(arm, rows, cells, protocol, n_resamples)
+        results.append(
+            control_blocks.draws_paragraph(arm, draws, split)
+            if draws
+            else Para(results_paragraph(arm, rows, split))
+        )
+        sections += arm_blocks(arm, rows, cells, protocol, n_resamples, draws)
     results.append(
         Para(
             "Faithful here means agreeing with what the exact token drop measures on this model; a map "
@@ -591,6 +634,16 @@ def build_blocks(
         f"(random order seed {s.random_seed}); high-norm cut {s.norm_threshold:g} × the block median.",
         warnings=warnings,
     )
+    header += [
+        Heading(2, "In one line per method"),
+        *answers,
+        Para(
+            f"ρ with its {e.confidence:.0%} interval taken on Fisher's z over seeds; an AUC is better than random when "
+            "deletion is lower or insertion higher. The sections below give every interval."
+        ),
+        Heading(2, "Methods, named exactly"),
+        Para(control_blocks.NAMED),
+    ]
     blocks = header + results + sections + closing_blocks(study, attempts, acted_on_blocks)
     n = len(chosen)
     return blocks, warnings, provenance.stale_items(attempts, missing), n, metrics

@@ -29,6 +29,7 @@ from tracking.record.lease import HEARTBEATS
 from tracking.record.schema import ATTRIBUTION
 from tracking.record.sink import RunSink
 from workbench.attribution import AttributionError, as_glassbox, score_cell
+from workbench.attribution.controls import Controls
 from workbench.data import PreparedData, PreparedSplit
 from workbench.interventions.evaluate import Inputs
 from workbench.protocol import AttributionProtocol, InterventionCell, load_attribution_protocol
@@ -109,6 +110,7 @@ class AttributionStudy(TrainedModelKind):
             "norm_threshold": s.norm_threshold,
             "random_seed": s.random_seed,
             "examples": s.examples,
+            **attribution_runs.control_params(s),
         }
 
     def evaluate(
@@ -138,6 +140,7 @@ class AttributionStudy(TrainedModelKind):
                 image_index=indices,
                 batch_size=s.batch_size,
                 progress=bar.update,
+                controls=Controls(s.random_draws, s.sanity_check, cell.seed),
             )
         HEARTBEATS.check(sink.run_id, verify=True)
         examples = ex.images.images[

@@ -112,6 +112,12 @@ TOP_TOKENS = (
     5  # "does CLS attend to the tokens that matter?": its attention on the 5 of largest effect
 )
 FIXED_TIME = (1980, 1, 1, 0, 0, 0)  # the zip format's earliest date: no time in the bytes
+# The controls' arrays (``workbench.attribution.controls``), present when the protocol asked for
+# them: ``insertion_start_*`` ``(N,)`` always (the class token alone: its predicted class and
+# probability); ``random_draws/<measure>`` ``(D, N)`` per random draw; ``sanity/<method>``
+# ``(L, N)`` each map's rank correlation with itself with the top ``1..L`` blocks randomised.
+CONTROL_KEYS = ("insertion_start_predicted", "insertion_start_prob")
+DRAW_MEASURES = ("rho", "deletion_auc", "insertion_auc")
 METHOD_ARRAYS = (
     "scores",
     "rho",
@@ -177,6 +183,13 @@ def per_image_arrays(cell: CellAttribution, example_images: np.ndarray) -> dict[
     for key, field in CONCENTRATION_ARRAYS.items():
         values = getattr(norms.concentration, field)  # (N, L) or (N, L, H)
         arrays[key] = np.swapaxes(values, 0, 1)  # block first, as ``norms``
+    if cell.start_predicted is not None:
+        arrays |= {
+            "insertion_start_predicted": cell.start_predicted.astype(np.int64),
+            "insertion_start_prob": cell.start_prob,
+        }
+    arrays |= {f"random_draws/{k}": v for k, v in cell.draws.items()}
+    arrays |= {f"sanity/{m}": v for m, v in cell.sanity.items()}
     for m in cell.methods:
         arrays |= {
             f"scores/{m}": cell.scores[m],
@@ -220,6 +233,7 @@ def cell_metrics(cell: CellAttribution) -> dict[str, float]:
             f"deletion_accuracy_auc/{s.method}": s.deletion_accuracy_auc,
             f"insertion_accuracy_auc/{s.method}": s.insertion_accuracy_auc,
         }
+    metrics |= control_metrics(cell)
     norms = cell.norms
     share, tokens = (
         norms.attention_share()
@@ -243,6 +257,38 @@ def cell_metrics(cell: CellAttribution) -> dict[str, float]:
                 f"other_effect/block{block}": float(outside[block]),
             }
     return _finite(metrics | concentration_metrics(cell))
+
+
+def control_params(settings) -> dict[str, object]:
+    """The controls' settings as params, only where the protocol set them (old runs have none)."""
+    return {
+        k: getattr(settings, k)
+        for k in ("random_draws", "sanity_check")
+        if getattr(settings, k) != type(getattr(settings, k))()
+    }
+
+
+def control_metrics(cell: CellAttribution) -> dict[str, float]:
+    """The controls in numbers: the insertion start, the random draws' spread, the sanity check."""
+    metrics: dict[str, float] = {}
+    if cell.start_predicted is not None:
+        counts = np.bincount(cell.start_predicted)
+        metrics |= {
+            "insertion_start_class": int(counts.argmax()),
+            "insertion_start_share": float(counts.max() / counts.sum()),
+            "insertion_start_prob": float(cell.start_prob.mean()),
+        }
+    for measure, values in cell.draws.items():  # (D, N): the spread of the per-draw means
+        means = np.nanmean(values, axis=1)
+        metrics |= {
+            f"random_draws_mean/{measure}": float(means.mean()),
+            f"random_draws_sd/{measure}": float(means.std(ddof=1)),
+        }
+    for m, values in cell.sanity.items():  # (L, N): after every block is randomised
+        last = values[-1][np.isfinite(values[-1])]  # rho is undefined for a constant map
+        if last.size:
+            metrics[f"sanity_rho_all_random/{m}"] = float(last.mean())
+    return metrics
 
 
 def concentration_metrics(cell: CellAttribution) -> dict[str, float]:

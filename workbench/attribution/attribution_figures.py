@@ -186,3 +186,44 @@ def concentration_figure(
         ax.legend(fontsize=6)
     fig.suptitle(title, fontsize=9)
     return fig
+
+
+def per_class_figure(
+    values: np.ndarray, methods: Sequence[str], classes: Sequence[str], title: str
+) -> Figure:
+    """Heat map of one measure per method (rows) and true class (columns), centred on zero.
+
+    Args:
+        values: ``(methods, classes)`` the mean over seeds of each class's mean (NaN: no image).
+    """
+    v = np.asarray(values, dtype=np.float64)
+    fig = new_figure((0.75 * len(classes) + 2.6, 0.45 * len(methods) + 1.3))
+    ax = fig.subplots()
+    finite = np.abs(v[np.isfinite(v)])
+    limit = float(finite.max()) if finite.size and finite.max() > 0 else 1.0
+    image = ax.imshow(v, cmap="RdBu_r", vmin=-limit, vmax=limit, aspect="auto")
+    ax.set_xticks(range(len(classes)), list(classes), rotation=45, ha="right", fontsize=8)
+    ax.set_yticks(range(len(methods)), list(methods), fontsize=8)
+    for (i, j), x in np.ndenumerate(v):
+        if np.isfinite(x):
+            ax.text(j, i, f"{x:+.2f}", ha="center", va="center", fontsize=7)
+    fig.colorbar(image, ax=ax, shrink=0.8)
+    ax.set_title(title, fontsize=9)
+    return fig
+
+
+def sanity_figure(per_step: Mapping[str, Sequence[float]], threshold: float, title: str) -> Figure:
+    """Each map's mean rank correlation with itself against the number of blocks randomised (top down)."""
+    fig = new_figure((5.5, 3.4))
+    ax = fig.subplots()
+    for method, values in per_step.items():
+        steps = np.arange(1, len(values) + 1)
+        ax.plot(steps, values, marker="o", label=method, **_style(method))
+    ax.axhline(threshold, color="0.3", linestyle=":", linewidth=1)
+    ax.axhline(0.0, color="0.7", linewidth=0.8)
+    ax.set_xlabel("blocks randomised, from the last block down")
+    ax.set_ylabel("Spearman ρ with the trained model's map")
+    ax.set_ylim(-1.05, 1.05)
+    ax.legend(fontsize=7)
+    ax.set_title(title, fontsize=9)
+    return fig

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -24,7 +24,13 @@ from workbench.attribution.agreement import (
 from workbench.attribution.causal import CausalEffects, single_token_effects
 from workbench.attribution.curves import Curves, perturbation_curves
 from workbench.attribution.glassbox import AttributionError, as_glassbox
-from workbench.attribution.methods import attribute, check_methods, random_order
+from workbench.attribution.controls import (
+    Controls,
+    insertion_start,
+    random_draw_scores,
+    randomisation_check,
+)
+from workbench.attribution.methods import ORACLE, attribute, check_methods, random_order
 from workbench.attribution.token_norms import DEFAULT_K, TokenNorms, token_norms
 
 
@@ -63,6 +69,12 @@ class CellAttribution:
         norms: Token norms per block.
         seed: The random baseline's seed.
         seconds: Wall time of the cell; ``forwards``: sequences run through the blocks.
+        controls: What ``controls`` asked for; ``draws``: name -> ``(D, B)`` per random draw
+            (``rho``, ``deletion_auc``, ``insertion_auc``; empty without draws); ``sanity``:
+            method -> ``(L, B)`` rank correlation with itself as blocks are randomised from
+            the top (empty without the check); ``start_predicted`` / ``start_prob``: ``(B,)``
+            the class predicted from the class token alone (the insertion curve's start) and
+            its probability.
     """
 
     methods: tuple[str, ...]
@@ -78,6 +90,11 @@ class CellAttribution:
     seed: int
     seconds: float
     forwards: int
+    controls: Controls = Controls()
+    draws: dict[str, np.ndarray] = field(default_factory=dict)
+    sanity: dict[str, np.ndarray] = field(default_factory=dict)
+    start_predicted: np.ndarray | None = None
+    start_prob: np.ndarray | None = None
 
     @property
     def intact_accuracy(self) -> float:
@@ -124,6 +141,7 @@ def score_cell(
     batch_size: int = 100,
     max_sequences: int = 4096,
     progress: Callable[[int], None] | None = None,
+    controls: Controls | None = None,
 ) -> CellAttribution:
     """Scores, causal effects, curves, rho and token norms of one model on one set of images.
 
@@ -139,6 +157,10 @@ def score_cell(
             bounds one widened drop call.
         progress: Called with the number of images of each batch once its methods, drops and curves
             are done (e.g. a tqdm bar's ``update``); the token norms, one cheap pass at the end, are not counted.
+        controls: Random draws per image and the randomisation check
+            (``workbench.attribution.controls``); with draws, ``random`` is draw 0 of each
+            image's own draws instead of one shared ``(B, P)`` draw. ``oracle`` among
+            ``methods`` scores the single-token effects themselves.
     """
     started = time.perf_counter()
     glass = as_glassbox(model)
@@ -146,33 +168,84 @@ def score_cell(
     if images.shape[0] == 0:
         raise AttributionError("score_cell needs at least one image")
     labels = torch.as_tensor(labels).long()
-    # The random order is one (B, P) draw for all images, as ``attribute`` draws it: the same for any batch size.
-    drawn = random_order(glass, images, labels, seed=seed) if "random" in names else None
-    model_methods = [m for m in names if m != "random"]
+    controls = controls or Controls()
+    index = np.arange(images.shape[0]) if image_index is None else np.asarray(image_index)
+    P = glass.cfg.num_patches
+    draws = (
+        torch.from_numpy(
+            random_draw_scores(P, seed, controls.cell_seed, index, controls.random_draws)
+        )
+        if controls.random_draws
+        else None
+    )  # (D, B, P)
+    # Without draws the random order is one (B, P) draw for all images, as ``attribute`` draws
+    # it: the same for any batch size. With draws it is each image's draw 0.
+    if "random" not in names:
+        drawn = None
+    elif draws is not None:
+        drawn = draws[0]
+    else:
+        drawn = random_order(glass, images, labels, seed=seed)
+    model_methods = [m for m in names if m not in ("random", ORACLE)]
     scores: dict[str, list[torch.Tensor]] = {m: [] for m in names}
-    effects, curves = [], []
+    effects, curves, draw_curves = [], [], []
     for start in range(0, images.shape[0], batch_size):
         x, y = images[start : start + batch_size], labels[start : start + batch_size]
+        rows = slice(start, start + x.shape[0])
         part = (
             attribute(glass, x, y, model_methods, seed=seed, batch_size=batch_size)
             if model_methods
             else {}
         )
         if drawn is not None:
-            part["random"] = drawn[start : start + x.shape[0]]
+            part["random"] = drawn[rows]
+        effect = single_token_effects(glass, x, y, max_sequences=max_sequences)
+        if ORACLE in names:
+            part[ORACLE] = torch.from_numpy(effect.effects)
         part = {m: part[m] for m in names}
         for m in names:
             scores[m].append(part[m])
-        effects.append(single_token_effects(glass, x, y, max_sequences=max_sequences))
+        effects.append(effect)
         curves.append(
             perturbation_curves(glass, x, y, part, counts=counts, max_sequences=max_sequences)
         )
+        if draws is not None:
+            orders = {f"draw{d}": draws[d, rows] for d in range(draws.shape[0])}
+            draw_curves.append(
+                perturbation_curves(glass, x, y, orders, counts=counts, max_sequences=max_sequences)
+            )
         if progress is not None:
             progress(int(x.shape[0]))
     causal, joined = CausalEffects.joined(effects), Curves.joined(curves)
     norms = token_norms(glass, images, k=k, batch_size=batch_size)
     arrays = {m: torch.cat(s).numpy() for m, s in scores.items()}
-    index = np.arange(images.shape[0]) if image_index is None else np.asarray(image_index)
+    forwards = causal.forwards + joined.forwards
+    per_draw: dict[str, np.ndarray] = {}
+    if draws is not None:
+        both = Curves.joined(draw_curves)
+        names_d = [f"draw{d}" for d in range(draws.shape[0])]
+        per_draw = {
+            "rho": np.stack(
+                [spearman_per_image(draws[d].numpy(), causal.effects) for d in range(len(names_d))]
+            ),
+            "deletion_auc": np.stack([both.deletion_auc(n) for n in names_d]),
+            "insertion_auc": np.stack([both.insertion_auc(n) for n in names_d]),
+        }
+        forwards += both.forwards
+    sanity: dict[str, np.ndarray] = {}
+    if controls.sanity_check:
+        checked = [m for m in names if m != "random"]
+        sanity = randomisation_check(
+            glass,
+            images,
+            labels,
+            checked,
+            arrays,
+            lambda model, x, y, m: attribute(model, x, y, [m], batch_size=batch_size)[m],
+            seed=seed,
+            max_sequences=max_sequences,
+        )
+    start_predicted, start_prob = insertion_start(glass, images)
     return CellAttribution(
         methods=names,
         labels=labels.cpu().numpy(),
@@ -186,5 +259,10 @@ def score_cell(
         norms=norms,
         seed=int(seed),
         seconds=time.perf_counter() - started,
-        forwards=causal.forwards + joined.forwards,
+        forwards=forwards,
+        controls=controls,
+        draws=per_draw,
+        sanity=sanity,
+        start_predicted=start_predicted,
+        start_prob=start_prob,
     )

@@ -32,6 +32,9 @@ query rows, key columns; token 0 is the class token, the ``p`` prefix tokens com
 - ``random``: ``U(0, 1)`` scores from ``torch.Generator().manual_seed(seed)``, drawn as one
   ``(B, P)`` tensor: a random order, the baseline; deterministic given the seed and the
   image's position in ``images``.
+- ``intensity`` and ``centre``: trivial baselines that never run the model
+  (``workbench.attribution.controls``); ``oracle``: the exact single-token effects as scores,
+  computed by ``score_cell`` with the effects (a reference, not a method one could use).
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ from collections.abc import Callable
 import torch
 
 from workbench.analysis.rollout import attention_rollout
+from workbench.attribution.controls import centre, intensity
 from workbench.attribution.glassbox import AttributionError, as_glassbox, evaluating, layout_of
 from workbench.models.hooks import attached, record_hooks
 from workbench.models.vit import VisionTransformer
@@ -158,15 +162,19 @@ METHODS: dict[str, Callable[..., torch.Tensor]] = {
     "chefer": chefer,
     "grad_x_input": grad_x_input,
     "random": random_order,
+    "intensity": intensity,
+    "centre": centre,
 }
+# Scored by ``score_cell`` from the causal effects it computes, not by a function of the model.
+ORACLE = "oracle"
 
 
 def check_methods(methods) -> tuple[str, ...]:
     names = tuple(methods)
-    valid = ", ".join(METHODS)
+    valid = ", ".join([*METHODS, ORACLE])
     if not names:
         raise AttributionError(f"no attribution method given; valid methods: {valid}")
-    unknown = [m for m in names if m not in METHODS]
+    unknown = [m for m in names if m not in METHODS and m != ORACLE]
     if unknown:
         raise AttributionError(f"unknown attribution method {unknown[0]!r}; valid methods: {valid}")
     if len(set(names)) != len(names):
@@ -188,6 +196,8 @@ def attribute(
     glass = _checked(model, images, labels)
     out: dict[str, torch.Tensor] = {}
     for name in names:
+        if name == ORACLE:
+            raise AttributionError("oracle scores are the causal effects: score_cell computes them")
         if name == "random":
             out[name] = random_order(glass, images, labels, seed=seed)
             continue

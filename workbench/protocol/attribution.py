@@ -17,7 +17,15 @@ methods to score, and on which images. Schema::
       norm_threshold: 10.0     # a token is high-norm above k x its block's median patch-token norm
       random_seed: 0           # seed of the random baseline's order
       examples: 4              # images shown with every method's map beside the causal-effect map
+      random_draws: 10         # optional: random orders per image, each seeded per cell and image
+      sanity_check: true       # optional: the model-randomisation check of every map
     evaluation: {confidence: 0.95, seed: 0}
+
+Methods beside the five default ones: ``intensity`` and ``centre`` (trivial baselines) and
+``oracle`` (the exact single-token effects as scores, a reference row). ``random_draws`` and
+``sanity_check`` left out (or at their defaults, 0 and false) are not part of the hash, so a
+protocol written before they existed keeps its hash and its old behaviour (one shared random
+draw, no check).
 
 Cells are the acted-on protocol's arms x seeds (seed-major), one for a pretrained model, as for
 interventions. Keys, types, errors and the hash follow ``workbench.protocol.common``.
@@ -44,8 +52,14 @@ from workbench.protocol.intervention import (
 TOP_KEYS = ("name", "description", "acts_on", "pretrained", "attribution", "evaluation")
 REQUIRED_TOP = ("name", "description", "attribution")
 SPLITS = ("val", "test")
-# The methods' names, in report order; their definitions are in workbench.attribution.methods.
-METHODS = ("cls_attention", "rollout", "chefer", "grad_x_input", "random")
+# The methods' names, in report order; their definitions are in workbench.attribution.methods
+# (the controls: workbench.attribution.controls). A protocol without ``methods`` scores the
+# first five, as before the controls existed.
+DEFAULT_METHODS = ("cls_attention", "rollout", "chefer", "grad_x_input", "random")
+METHODS = (*DEFAULT_METHODS, "intensity", "centre", "oracle")
+# Optional settings: at this value they are left out of the canonical content (and the hash).
+OPTIONAL_DEFAULTS = {"random_draws": 0, "sanity_check": False}
+MIN_DRAWS = 2  # a spread needs two draws; the controls protocols use 10
 
 
 class AttributionProtocolError(ProtocolError):
@@ -59,7 +73,8 @@ class AttributionSettings:
     Attributes:
         methods: Attribution methods to score, of ``cls_attention``, ``rollout``, ``chefer``,
             ``grad_x_input``, ``random`` (docs/attribution.md defines each); ``random`` is the
-            baseline the report shows beside the others.
+            baseline the report shows beside the others; the controls ``intensity``,
+            ``centre`` and ``oracle`` are reference rows.
         split: ``val`` (default) or ``test``.
         images: How many images of the split (the first ones, the same for every cell).
         batch_size: Images per forward pass (the causal effects run one pass per patch token).
@@ -67,15 +82,22 @@ class AttributionSettings:
             patch-token norm of its block.
         random_seed: Seed of the random baseline's order.
         examples: Images drawn in the report with every method's map and the causal-effect map.
+        random_draws: Random orders per image (0: the one shared draw of ``random`` alone);
+            each is seeded from (``random_seed``, cell seed, image index, draw), and every
+            comparison with random in the report is made against their spread.
+        sanity_check: Recompute every map (but ``random``) as the blocks are randomised from
+            the top down and flag a map that does not change (Adebayo et al. 2018).
     """
 
-    methods: tuple[str, ...] = METHODS
+    methods: tuple[str, ...] = DEFAULT_METHODS
     split: Literal["val", "test"] = "val"
     images: int = 200
     batch_size: int = 64
     norm_threshold: float = 10.0
     random_seed: int = 0
     examples: int = 4
+    random_draws: int = 0
+    sanity_check: bool = False
 
 
 @dataclass(frozen=True)
@@ -187,7 +209,7 @@ def parse_attribution_protocol(data: Any, source: str = "<protocol>") -> Attribu
             "description": text,
             "acts_on": asdict(acts_on) if acts_on else None,
             "pretrained": asdict(pretrained) if pretrained else None,
-            "attribution": asdict(settings),
+            "attribution": canonical_settings(settings),
             "evaluation": asdict(evaluation),
         }
     )
@@ -211,11 +233,20 @@ def _not_cls_pooled(cfg: ViTConfig) -> str | None:
     return None
 
 
+def canonical_settings(settings: AttributionSettings) -> dict[str, Any]:
+    """The hashed form of the settings: optional fields at their default are left out."""
+    return {
+        k: v
+        for k, v in asdict(settings).items()
+        if k not in OPTIONAL_DEFAULTS or v != OPTIONAL_DEFAULTS[k]
+    }
+
+
 def _settings(value: Any, fail) -> AttributionSettings:
     raw = common.section(
         value, "attribution", AttributionSettings, common.field_names(AttributionSettings), fail
     )
-    methods = raw.get("methods", list(METHODS))
+    methods = raw.get("methods", list(DEFAULT_METHODS))
     if (
         not isinstance(methods, (list, tuple))
         or not methods
@@ -238,6 +269,16 @@ def _settings(value: Any, fail) -> AttributionSettings:
     if not settings.norm_threshold > 1.0:
         raise fail(
             f"attribution.norm_threshold={settings.norm_threshold!r}: must be above 1 (a multiple of the median)"
+        )
+    if settings.random_draws != 0 and settings.random_draws < MIN_DRAWS:
+        raise fail(
+            f"attribution.random_draws={settings.random_draws!r}: must be 0 (one shared draw) "
+            f"or at least {MIN_DRAWS} (a spread needs two draws; 10 is the house's choice)"
+        )
+    if settings.random_draws and "random" not in settings.methods:
+        raise fail(
+            "attribution.random_draws: the draws are the random baseline's; add random to "
+            "attribution.methods"
         )
     if not 0 <= settings.examples <= settings.images:
         raise fail(

@@ -1,0 +1,1 @@
+"""Published results checked against their evidence: the claims file and its computations."""

@@ -1,0 +1,348 @@
+"""Published sentences checked against the published evidence: ``docs/results/claims.yaml``.
+
+Each claim is a sentence as it stands in README.md or docs/results/README.md, the numbers it
+shows (as shown), the evidence files under ``docs/results/<study>/evidence/`` they come from,
+and a named computation here (``COMPUTATIONS``) that recomputes them from those files alone.
+``check_claims`` recomputes every claim, rounds each value as the sentence shows it (the
+digits after the point, a sign where the text has one) and returns the mismatches; it also
+returns every number of the checked text that no claim's sentence accounts for.
+
+The checked text: README.md's ``## Results`` section and, in docs/results/README.md, the part
+between ``<!-- claims -->`` and ``<!-- /claims -->``. Code spans, link targets and the names
+in ``NOT_NUMBERS`` (CIFAR-10, a citation's year, the 95% confidence level every study uses) are
+not numbers.
+
+Computations (all from ``docs/results/<study>/evidence/``):
+
+- ``accuracy``: the mean over seeds of an arm's accuracy in percent, from its predictions
+  files (``predictions/<arm>.seed<s>.<split>.csv.gz``).
+- ``accuracy_difference``: a - b in points, paired by seed (``workbench.stats.paired_seed_comparison``):
+  ``mean``, ``low``, ``high`` (the t-interval), ``wins`` (seeds with a - b > 0), ``n``.
+- ``qwk`` and ``qwk_difference``: the same with quadratic weighted kappa.
+- ``intervention``: an intervention's change in accuracy (points) against the intact model,
+  from ``outcomes/<arm>.seed<s>.csv.gz``, paired by seed: ``mean``, ``low``, ``high``, ``lower_in``.
+- ``heads_costing_less``: per seed, the heads whose ablation lowers accuracy by less than
+  ``threshold`` points (a head that raises it costs nothing), ``seed<s>``, and the range of
+  the heads' mean drops over seeds (``smallest_drop``, ``largest_drop``).
+- ``faithfulness_all``: over every method but random, the random order's ``random`` mean and
+  ``fewest_better``, the fewest seeds in which any method beats it.
+- ``faithfulness``: an attribution method's mean over seeds of a measure from
+  ``arrays/<arm>.seed<s>.npz``: ``mean``, ``low``, ``high`` (rho: Fisher z; AUCs: t), and
+  ``better_than_random`` (seeds where it beats the random order).
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import math
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import yaml
+
+from workbench import stats
+from workbench.attribution import auc
+from workbench.report_content.rounding import fmt
+
+RESULTS = Path("docs/results")
+NUMBER = re.compile(r"[+−-]?\d+(?:,\d{3})*(?:\.\d+)?")  # a comma only between thousands
+NOT_NUMBERS = re.compile(
+    r"CIFAR-10|Fashion-MNIST|ImageNet-21k|ViT-B/16|\b(19|20)\d\d\b|`[^`]*`|\]\([^)]*\)|\b95%"
+)
+BEGIN, END = "<!-- claims -->", "<!-- /claims -->"
+
+
+class ClaimError(ValueError):
+    """A claims file or a claim is malformed; the message names the claim."""
+
+
+def _seeds_files(root: Path, study: str, folder: str, arm: str, suffix: str) -> dict[int, Path]:
+    files = sorted((root / study / "evidence" / folder).glob(f"{arm}.seed*{suffix}"))
+    out = {}
+    for f in files:
+        seed = re.match(rf"{re.escape(arm)}\.seed(\d+){re.escape(suffix)}$", f.name)
+        if seed:
+            out[int(seed.group(1))] = f
+    if not out:
+        raise ClaimError(f"{root / study / 'evidence' / folder}: no {arm}.seed*{suffix}")
+    return out
+
+
+def _predictions(root: Path, study: str, arm: str, split: str) -> dict[int, pd.DataFrame]:
+    files = _seeds_files(root, study, "predictions", arm, f".{split}.csv.gz")
+    return {s: pd.read_csv(io.BytesIO(gzip.decompress(f.read_bytes()))) for s, f in files.items()}
+
+
+def _per_seed(root, study, arm, split, metric) -> dict[int, float]:
+    return {s: metric(d) for s, d in _predictions(root, study, arm, split).items()}
+
+
+def _accuracy(d: pd.DataFrame) -> float:
+    return 100.0 * float((d["label"] == d["predicted"]).mean())
+
+
+def _qwk(d: pd.DataFrame, classes: int = 5) -> float:
+    return stats.quadratic_weighted_kappa(d["label"], d["predicted"], classes)
+
+
+def _paired(a: dict[int, float], b: dict[int, float]) -> dict[str, float]:
+    c = stats.paired_seed_comparison(a, b, 0.95)
+    return {
+        "mean": c.mean_difference,
+        "low": c.ci_low,
+        "high": c.ci_high,
+        "wins": c.wins,
+        "losses": c.losses,
+        "n": c.n,
+    }
+
+
+def accuracy(root: Path, study: str, arm: str, split: str) -> dict[str, float]:
+    return {"mean": float(np.mean(list(_per_seed(root, study, arm, split, _accuracy).values())))}
+
+
+def accuracy_difference(root: Path, study: str, a: str, b: str, split: str) -> dict[str, float]:
+    return _paired(
+        _per_seed(root, study, a, split, _accuracy), _per_seed(root, study, b, split, _accuracy)
+    )
+
+
+def qwk(root: Path, study: str, arm: str, split: str) -> dict[str, float]:
+    return {"mean": float(np.mean(list(_per_seed(root, study, arm, split, _qwk).values())))}
+
+
+def qwk_difference(root: Path, study: str, a: str, b: str, split: str) -> dict[str, float]:
+    return _paired(_per_seed(root, study, a, split, _qwk), _per_seed(root, study, b, split, _qwk))
+
+
+def _outcomes(root: Path, study: str, arm: str) -> dict[int, pd.DataFrame]:
+    files = _seeds_files(root, study, "outcomes", arm, ".csv.gz")
+    return {s: pd.read_csv(io.BytesIO(gzip.decompress(f.read_bytes()))) for s, f in files.items()}
+
+
+def _change(d: pd.DataFrame, column: str) -> float:
+    """Accuracy change in points of one intervention against the intact model."""
+    return 100.0 * float((d[column] == d["label"]).mean() - (d["intact"] == d["label"]).mean())
+
+
+def intervention(root: Path, study: str, arm: str, column: str) -> dict[str, float]:
+    changes = {s: _change(d, column) for s, d in _outcomes(root, study, arm).items()}
+    c = stats.paired_seed_comparison(changes, dict.fromkeys(changes, 0.0), 0.95)
+    return {
+        "mean": c.mean_difference,
+        "low": c.ci_low,
+        "high": c.ci_high,
+        "lower_in": c.losses,
+        "n": c.n,
+    }
+
+
+def heads_costing_less(
+    root: Path, study: str, arm: str, ablation: str, threshold: float
+) -> dict[str, object]:
+    per_seed, changes = {}, []
+    for seed, d in sorted(_outcomes(root, study, arm).items()):
+        heads = [
+            c for c in d.columns if re.fullmatch(rf"blocks\.\d+\.attn\.head\d+\.{ablation}", c)
+        ]
+        change = np.array([_change(d, h) for h in heads])
+        per_seed[f"seed{seed}"] = int((change > -threshold).sum())
+        changes.append(change)
+    means = np.mean(changes, axis=0)  # per head, over seeds
+    return {
+        **per_seed,
+        "threshold": threshold,
+        "heads": len(means),
+        "smallest_drop": float(-means.max()),
+        "largest_drop": float(-means.min()),
+    }
+
+
+@lru_cache(maxsize=8)  # one study's arrays are read by several claims; nothing writes them
+def _arrays(root: Path, study: str, arm: str) -> dict[int, dict[str, np.ndarray]]:
+    files = _seeds_files(root, study, "arrays", arm, ".npz")
+    out = {}
+    for s, f in files.items():
+        with np.load(f, allow_pickle=False) as z:
+            out[s] = {k: z[k] for k in z.files}
+    return out
+
+
+def _measure(a: dict[str, np.ndarray], method: str, measure: str) -> float:
+    if measure == "rho":
+        r = a[f"rho/{method}"]
+        return float(r[np.isfinite(r)].mean())
+    curve = a[("deletion_prob/" if measure == "deletion_auc" else "insertion_prob/") + method]
+    return float(auc(a["fractions"], curve).mean())
+
+
+def faithfulness(root: Path, study: str, arm: str, method: str, measure: str) -> dict[str, float]:
+    cells = _arrays(root, study, arm)
+    values = {s: _measure(a, method, measure) for s, a in cells.items()}
+    base = {s: _measure(a, "random", measure) for s, a in cells.items()}
+    if measure == "rho":
+        low, high = stats.fisher_z_interval(list(values.values()), 0.95)
+    else:
+        c = stats.paired_seed_comparison(values, dict.fromkeys(values, 0.0), 0.95)
+        low, high = c.ci_low, c.ci_high
+    better = sum(
+        (values[s] - base[s]) * (-1.0 if measure == "deletion_auc" else 1.0) > 0 for s in values
+    )
+    return {
+        "mean": float(np.mean(list(values.values()))),
+        "low": low,
+        "high": high,
+        "better_than_random": better,
+        "random": float(np.mean(list(base.values()))),
+        "n": len(values),
+    }
+
+
+def faithfulness_all(root: Path, study: str, arm: str, measure: str) -> dict[str, float]:
+    """Every method but random: the random order's mean and the fewest seeds any method beats it in."""
+    cells = _arrays(root, study, arm)
+    methods = [str(m) for m in next(iter(cells.values()))["methods"] if str(m) != "random"]
+    results = [faithfulness(root, study, arm, m, measure) for m in methods]
+    return {
+        "random": results[0]["random"],
+        "fewest_better": min(r["better_than_random"] for r in results),
+        "n": results[0]["n"],
+    }
+
+
+COMPUTATIONS: dict[str, Callable[..., dict]] = {
+    "accuracy": accuracy,
+    "accuracy_difference": accuracy_difference,
+    "qwk": qwk,
+    "qwk_difference": qwk_difference,
+    "intervention": intervention,
+    "heads_costing_less": heads_costing_less,
+    "faithfulness": faithfulness,
+    "faithfulness_all": faithfulness_all,
+}
+
+
+@dataclass(frozen=True)
+class Claim:
+    id: str
+    sentence: str
+    numbers: dict[str, str]  # "<computation result key>" or "<n>.<key>" -> the number as shown
+    computations: list[dict]  # each: {name, study, and the computation's keyword arguments}
+
+
+def load_claims(path: Path) -> list[Claim]:
+    data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    out = []
+    for i, raw in enumerate(data.get("claims", [])):
+        where = f"{path}: claims[{i}] ({raw.get('id', '?')})"
+        missing = [k for k in ("id", "sentence", "numbers", "compute") if k not in raw]
+        if missing:
+            raise ClaimError(f"{where}: missing {', '.join(missing)}")
+        compute = raw["compute"] if isinstance(raw["compute"], list) else [raw["compute"]]
+        for c in compute:
+            if c.get("name") not in COMPUTATIONS:
+                raise ClaimError(
+                    f"{where}: compute name {c.get('name')!r}; valid: {', '.join(COMPUTATIONS)}"
+                )
+        out.append(
+            Claim(
+                raw["id"],
+                " ".join(raw["sentence"].split()),
+                {str(k): str(v) for k, v in raw["numbers"].items()},
+                compute,
+            )
+        )
+    return out
+
+
+def _shown(value: object, text: str) -> str:
+    """``value`` written as ``text`` writes its number: the same decimals, a sign where it has one."""
+    if isinstance(value, str):
+        return value
+    plain = text.replace("−", "-").replace(",", "")
+    decimals = len(plain.split(".")[1]) if "." in plain else 0
+    signed = plain[0] in "+-" and float(value) != 0
+    shown = fmt(float(value), decimals, signed)
+    if "," in text:
+        shown = f"{float(shown):,.{decimals}f}"
+    return shown.replace("-", "−") if "−" in text else shown
+
+
+def recompute(claim: Claim, root: Path = RESULTS) -> list[str]:
+    """The claim's mismatches, one line each (empty: every number recomputed as shown)."""
+    results = []
+    for c in claim.computations:
+        args = {k: v for k, v in c.items() if k != "name"}
+        results.append(COMPUTATIONS[c["name"]](Path(root), **args))
+    problems = []
+    for key, text in claim.numbers.items():
+        index, _, name = key.rpartition(".")
+        result = results[int(index) if index else 0]
+        if name not in result:
+            problems.append(
+                f"{claim.id}: {key!r} is not a result of its computation ({', '.join(result)})"
+            )
+            continue
+        value = result[name]
+        if not isinstance(value, str) and not math.isfinite(float(value)):
+            problems.append(f"{claim.id}: {key} is not finite")
+            continue
+        got = _shown(value, text)
+        if got != text:
+            problems.append(f"{claim.id}: {key} is shown as {text} but the evidence gives {got}")
+    return problems
+
+
+def numbers_in(text: str) -> list[str]:
+    """The numbers of a text, as written, without code spans, link targets and names."""
+    return NUMBER.findall(NOT_NUMBERS.sub(" ", text))
+
+
+def checked_text(readme: str, results_readme: str) -> str:
+    """README.md's Results section and docs/results/README.md's part between the markers."""
+    section = (
+        readme.split("\n## Results", 1)[1].split("\n## ", 1)[0] if "\n## Results" in readme else ""
+    )
+    marked = ""
+    if BEGIN in results_readme:
+        marked = results_readme.split(BEGIN, 1)[1].split(END, 1)[0]
+    return section + "\n" + marked
+
+
+def _normal(text: str) -> str:
+    return " ".join(text.replace("\\|", "|").split())
+
+
+def check_claims(
+    claims: list[Claim], readme: str, results_readme: str, root: Path = RESULTS
+) -> list[str]:
+    """Every problem: a sentence not in the text, a number not as the evidence gives it, a number
+    of the checked text in no claim's sentence, a number of a sentence the claim does not list."""
+    text = checked_text(readme, results_readme)
+    flat = _normal(text)
+    problems = []
+    covered: list[str] = []
+    for claim in claims:
+        if claim.sentence not in flat:
+            problems.append(
+                f"{claim.id}: sentence not found in the checked text: {claim.sentence[:80]}..."
+            )
+        listed = sorted(claim.numbers.values())
+        unlisted = [n for n in numbers_in(claim.sentence) if n not in listed]
+        if unlisted:
+            problems.append(f"{claim.id}: numbers of its sentence it does not list: {unlisted}")
+        problems += recompute(claim, root)
+        covered.append(claim.sentence)
+    rest = flat
+    for sentence in covered:
+        rest = rest.replace(sentence, " ")
+    stray = numbers_in(rest)
+    if stray:
+        problems.append(f"numbers in the checked text that no claim accounts for: {stray}")
+    return problems
