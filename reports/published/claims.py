@@ -48,6 +48,7 @@ import yaml
 
 from workbench import stats
 from workbench.attribution import auc
+from workbench.interventions.patching import restored_fraction
 from workbench.report_content.rounding import fmt
 
 RESULTS = Path("docs/results")
@@ -216,7 +217,33 @@ def faithfulness_all(root: Path, study: str, arm: str, measure: str) -> dict[str
     }
 
 
+@lru_cache(maxsize=8)
+def _patching_maps(root: Path, study: str, arm: str) -> dict[int, np.ndarray]:
+    """Per seed, the fraction of the logit difference restored by each (block, token position)."""
+    out = {}
+    for s, f in _seeds_files(root, study, "patching", arm, ".npz.gz").items():
+        with np.load(io.BytesIO(gzip.decompress(f.read_bytes())), allow_pickle=False) as z:
+            out[s] = restored_fraction(z["resid_ld"], z["clean_ld"], z["corrupted_ld"])
+    return out
+
+
+def patching(root: Path, study: str, arm: str, block: int, position: int) -> dict[str, float]:
+    """One block's residual at one token position: mean restored fraction, t-interval over seeds."""
+    values = {s: float(m[block, position]) for s, m in _patching_maps(root, study, arm).items()}
+    c = stats.paired_seed_comparison(values, dict.fromkeys(values, 0.0), 0.95)
+    return {"mean": c.mean_difference, "low": c.ci_low, "high": c.ci_high, "n": c.n}
+
+
+def patching_patch_max(root: Path, study: str, arm: str, prefix: int = 1) -> dict[str, float]:
+    """The largest mean restored fraction of any single patch position (prefix tokens left out)."""
+    maps = _patching_maps(root, study, arm)
+    mean = np.mean([maps[s] for s in sorted(maps)], axis=0)  # (blocks, positions)
+    return {"largest": float(np.max(mean[:, prefix:]))}
+
+
 COMPUTATIONS: dict[str, Callable[..., dict]] = {
+    "patching": patching,
+    "patching_patch_max": patching_patch_max,
     "accuracy": accuracy,
     "accuracy_difference": accuracy_difference,
     "qwk": qwk,
