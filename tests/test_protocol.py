@@ -449,7 +449,7 @@ SHIPPED_HASHES = {
     "cifar10_seed_table": "ec562143531713b50340b51dd32be795b382b695e6dd05bcb35ae47651b0d5af",
     "cifar10_recipe_and_baselines": "ae5dd14973153bcb77947a556141ee2b03f0478294b52cad55d4d968da117d10",
     "cifar10_registers": "f8f9e0f892ffce0a8bfc46b158eb1e247fe4b876f619cb4d8d9343112ce40501",
-    "cifar10_recipe_20ep": "2ec29d2aeb3c083d8f9c9dc48deba2bf4c71c4c7d8cde0e7de9c8332e2a91fbc",
+    "cifar10_recipe_20ep": "49fcd8a774511a0fb7bcb99fc46f07abfb078e34540f237092b339c066580548",
     "fmnist_seed_recipe": "a9df7b8b7b9c2bb7f1f2e1a6f9eb5063367da4767d80b8de94faa276468f1b49",
     "fmnist_seed_recipe_heads": "180efd1f7005ba3afcff6d964786444ec033187b1e661f34a1695019942f5184",
     "fmnist_seed_recipe_patching": "380b069b9ab44e8e274fc5ff9f5ad0110edec3e7201ff7cdf164af2c8666757e",

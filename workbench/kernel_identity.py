@@ -88,9 +88,33 @@ def isa_from_verbose(text: str) -> str:
 
 @functools.lru_cache(maxsize=1)
 def onednn_isa() -> str:
-    """The instruction set oneDNN dispatches to in this process (see the module docstring)."""
+    """The instruction set oneDNN dispatches to in this process (see the module docstring).
+
+    oneDNN prints its header once per process: where this process's state hides it (the header
+    went out earlier, or standard output is not a file), a fresh interpreter with the same
+    environment (so the same ``ONEDNN_MAX_CPU_ISA``) is asked instead.
+    """
     if not torch.backends.mkldnn.is_available():
         return "not built"
+    found = _onednn_isa_here()
+    return found if found != UNKNOWN else _onednn_isa_in_subprocess()
+
+
+def _onednn_isa_in_subprocess() -> str:
+    import subprocess
+
+    code = "from workbench.kernel_identity import _onednn_isa_here; print(_onednn_isa_here())"
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, timeout=120
+        )
+    except (OSError, subprocess.SubprocessError):
+        return UNKNOWN
+    lines = done.stdout.strip().splitlines()
+    return lines[-1] if done.returncode == 0 and lines else UNKNOWN
+
+
+def _onednn_isa_here() -> str:
     sys.stdout.flush()
     with tempfile.TemporaryFile() as capture:
         try:
