@@ -211,6 +211,8 @@ def arm_blocks(
                 ),
             ),
         ]
+    if not rows:  # a patching-only protocol: no intervention grid, nothing to rank
+        return blocks
     blocks += [
         Heading(h, f"Every intervention, ranked ({arm})"),
         ranked_table(rows, e.confidence, n_resamples),
