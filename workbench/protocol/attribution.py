@@ -38,14 +38,14 @@ from typing import Any, Literal
 
 from workbench.models.vit import ViTConfig
 from workbench.protocol import common
-from workbench.protocol.common import SCHEMA_VERSION, SHORT_HASH_LEN, ProtocolError, canonical_json
+from workbench.protocol.common import SCHEMA_VERSION, ProtocolError
 from workbench.protocol.intervention import (
-    PRETRAINED_ARM,
+    ActingProtocol,
     ActsOn,
     InterventionCell,
     Pretrained,
     acts_on_section,
-    arm_model_config,
+    parse_header,
     pretrained_section,
 )
 
@@ -118,7 +118,7 @@ AttributionCell = InterventionCell  # one acted-on model: an arm at a seed, as f
 
 
 @dataclass(frozen=True)
-class AttributionProtocol:
+class AttributionProtocol(ActingProtocol):
     name: str
     description: str
     acts_on: ActsOn | None
@@ -132,33 +132,6 @@ class AttributionProtocol:
 
     kind = "attribution"
 
-    @property
-    def short_hash(self) -> str:
-        return self.hash[:SHORT_HASH_LEN]
-
-    @property
-    def arms(self) -> tuple[str, ...]:
-        return (PRETRAINED_ARM,) if self.pretrained is not None else self.acts_on.arms
-
-    @property
-    def seeds(self) -> tuple[int, ...]:
-        return (self.pretrained.seed,) if self.pretrained is not None else tuple(self.source.seeds)
-
-    def canonical_json(self) -> str:
-        return canonical_json(self.canonical)
-
-    def cells(self) -> list[AttributionCell]:
-        """Seed-major, as the acted-on protocol's cells."""
-        return [
-            InterventionCell(self.name, self.hash, arm, seed)
-            for seed in self.seeds
-            for arm in self.arms
-        ]
-
-    def model_config(self, arm: str) -> ViTConfig:
-        """An acted-on arm's model config (the trained cell's architecture)."""
-        return arm_model_config(self.source, arm)
-
 
 def parse_attribution_protocol(data: Any, source: str = "<protocol>") -> AttributionProtocol:
     """Validate parsed YAML into an ``AttributionProtocol``; ``source`` starts every error message.
@@ -169,15 +142,7 @@ def parse_attribution_protocol(data: Any, source: str = "<protocol>") -> Attribu
     def fail(msg: str) -> AttributionProtocolError:
         return AttributionProtocolError(f"{source}: {msg}")
 
-    common.check_finite(data, fail)
-    top = common.mapping(data, "", TOP_KEYS, fail)
-    common.required(top, REQUIRED_TOP, "", fail)
-    name = common.identifier(top["name"], "name", fail)
-    text = common.description(top["description"], fail)
-    if ("acts_on" in top) == ("pretrained" in top):
-        raise fail(
-            "give exactly one of acts_on (trained cells of an ablation protocol) or pretrained (a timm ViT)"
-        )
+    top, name, text = parse_header(data, fail, TOP_KEYS, REQUIRED_TOP)
     settings = _settings(top["attribution"], fail)
     evaluation = AttributionEvaluation(
         **common.section(

@@ -244,21 +244,9 @@ class _Named:
     name: str
 
 
-@dataclass(frozen=True)
-class InterventionProtocol:
-    name: str
-    description: str
-    acts_on: ActsOn | None
-    pretrained: Pretrained | None
-    grid: Grid
-    evaluation: InterventionEvaluation
-    hash: str
-    canonical: dict = field(repr=False, compare=False)
-    source_file: str = field(default="<protocol>", compare=False)
-    source: Any = field(default=None, repr=False, compare=False)  # the acted-on ablation Protocol
-    patching: PatchingSpec | None = None  # absent from the canonical form (and hash) when None
-
-    kind = "intervention"
+class ActingProtocol:
+    """What a protocol acting on trained models (interventions, attribution) answers the same way:
+    its arms and seeds (the acted-on cells, or the one pretrained model), cells and configs."""
 
     @property
     def short_hash(self) -> str:
@@ -266,19 +254,11 @@ class InterventionProtocol:
 
     @property
     def arms(self) -> tuple[str, ...]:
-        if self.pretrained is not None:
-            return (PRETRAINED_ARM,)
-        return self.acts_on.arms
+        return (PRETRAINED_ARM,) if self.pretrained is not None else self.acts_on.arms
 
     @property
     def seeds(self) -> tuple[int, ...]:
         return (self.pretrained.seed,) if self.pretrained is not None else tuple(self.source.seeds)
-
-    @property
-    def dataset(self) -> _Named:
-        return _Named(
-            self.pretrained.dataset if self.pretrained is not None else self.source.dataset.name
-        )
 
     def canonical_json(self) -> str:
         return canonical_json(self.canonical)
@@ -296,6 +276,43 @@ class InterventionProtocol:
         return arm_model_config(self.source, arm)
 
 
+def parse_header(data: Any, fail, top_keys: tuple[str, ...], required: tuple[str, ...]):
+    """(top mapping, name, description) of an acting protocol, with exactly one of acts_on / pretrained."""
+    common.check_finite(data, fail)
+    top = common.mapping(data, "", top_keys, fail)
+    common.required(top, required, "", fail)
+    name = common.identifier(top["name"], "name", fail)
+    text = common.description(top["description"], fail)
+    if ("acts_on" in top) == ("pretrained" in top):
+        raise fail(
+            "give exactly one of acts_on (trained cells of an ablation protocol) or pretrained (a timm ViT)"
+        )
+    return top, name, text
+
+
+@dataclass(frozen=True)
+class InterventionProtocol(ActingProtocol):
+    name: str
+    description: str
+    acts_on: ActsOn | None
+    pretrained: Pretrained | None
+    grid: Grid
+    evaluation: InterventionEvaluation
+    hash: str
+    canonical: dict = field(repr=False, compare=False)
+    source_file: str = field(default="<protocol>", compare=False)
+    source: Any = field(default=None, repr=False, compare=False)  # the acted-on ablation Protocol
+    patching: PatchingSpec | None = None  # absent from the canonical form (and hash) when None
+
+    kind = "intervention"
+
+    @property
+    def dataset(self) -> _Named:
+        return _Named(
+            self.pretrained.dataset if self.pretrained is not None else self.source.dataset.name
+        )
+
+
 def parse_intervention_protocol(data: Any, source: str = "<protocol>") -> InterventionProtocol:
     """Validate parsed YAML into an ``InterventionProtocol``; ``source`` starts every error message.
 
@@ -305,15 +322,7 @@ def parse_intervention_protocol(data: Any, source: str = "<protocol>") -> Interv
     def fail(msg: str) -> InterventionProtocolError:
         return InterventionProtocolError(f"{source}: {msg}")
 
-    common.check_finite(data, fail)
-    top = common.mapping(data, "", TOP_KEYS, fail)
-    common.required(top, REQUIRED_TOP, "", fail)
-    name = common.identifier(top["name"], "name", fail)
-    text = common.description(top["description"], fail)
-    if ("acts_on" in top) == ("pretrained" in top):
-        raise fail(
-            "give exactly one of acts_on (trained cells of an ablation protocol) or pretrained (a timm ViT)"
-        )
+    top, name, text = parse_header(data, fail, TOP_KEYS, REQUIRED_TOP)
     grid = _grid(top["interventions"], fail)
     evaluation = InterventionEvaluation(
         **common.section(
