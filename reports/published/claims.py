@@ -44,11 +44,11 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-import yaml
 
 from workbench import stats
 from workbench.attribution import auc
 from workbench.interventions.patching import restored_fraction
+from workbench.protocol.common import read_yaml
 from workbench.report_content.rounding import fmt
 
 RESULTS = Path("docs/results")
@@ -264,7 +264,7 @@ class Claim:
 
 
 def load_claims(path: Path) -> list[Claim]:
-    data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    data = read_yaml(path)  # the schema layer's strict loader: a duplicated key is an error
     out = []
     for i, raw in enumerate(data.get("claims", [])):
         where = f"{path}: claims[{i}] ({raw.get('id', '?')})"
