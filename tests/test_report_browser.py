@@ -86,8 +86,9 @@ def test_html_report_renders_tables_and_figures_in_chromium(store, tmp_path):  #
     assert len(page["images"]) == 7 and all(
         w > 0 and h > 0 and ok for w, h, ok in page["images"]
     ), page["images"]
-    # results, configuration x 2, accuracy, comparisons, per-class and predicted-class counts for val and test, cost, runs
-    assert page["tables"] == 14, page
+    # results, configuration x 2, accuracy, comparisons, per-class and predicted-class counts for
+    # val and test, calibration x 3 (per cell, per arm, seed-paired differences), cost, runs
+    assert page["tables"] == 17, page
     assert page["headings"] == [
         "Warnings",
         "Results",
@@ -95,6 +96,7 @@ def test_html_report_renders_tables_and_figures_in_chromium(store, tmp_path):  #
         "Accuracy",
         "Seed-paired comparisons",
         "Per-class accuracy",
+        "Calibration",
         "Compute cost",
         "Training curves",
         "Runs",
@@ -147,6 +149,7 @@ def test_transfer_html_report_renders_in_chromium(transfer_store, tmp_path):  # 
         "Compute cost",
         "Confusion matrices",
         "Training curves",
+        "Calibration",
         "Runs",
     ], page["headings"]
     assert (
