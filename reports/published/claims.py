@@ -26,6 +26,12 @@ Computations (all from ``docs/results/<study>/evidence/``):
   the heads' mean drops over seeds (``smallest_drop``, ``largest_drop``).
 - ``faithfulness_all``: over every method but random, the random order's ``random`` mean and
   ``fewest_better``, the fewest seeds in which any method beats it.
+- ``calibration_difference``: a - b of one calibration score (``ece``, ``nll`` or ``brier``,
+  ``stage`` "before" or "after" temperature scaling; ``workbench.calibration.calibrate``: T
+  fitted on validation, scored on test) from ``predictions/<arm>.seed<s>.<split>.probs.csv.gz``
+  beside the labels of ``<arm>.seed<s>.<split>.csv.gz``, paired by seed: ``mean``, ``low``,
+  ``high``, ``wins``, ``losses`` (seeds where a's score is lower, i.e. a better calibrated),
+  ``n``; and ``a_mean`` and ``b_mean``, each arm's mean over seeds.
 - ``faithfulness``: an attribution method's mean over seeds of a measure from
   ``arrays/<arm>.seed<s>.npz``: ``mean``, ``low``, ``high`` (rho: Fisher z; AUCs: t), and
   ``better_than_random`` (seeds where it beats the random order).
@@ -47,6 +53,7 @@ import pandas as pd
 
 from workbench import stats
 from workbench.attribution import auc
+from workbench.calibration import calibrate
 from workbench.interventions.patching import restored_fraction
 from workbench.protocol.common import read_yaml
 from workbench.report_content.rounding import fmt
@@ -120,6 +127,41 @@ def qwk(root: Path, study: str, arm: str, split: str) -> dict[str, float]:
 
 def qwk_difference(root: Path, study: str, a: str, b: str, split: str) -> dict[str, float]:
     return _paired(_per_seed(root, study, a, split, _qwk), _per_seed(root, study, b, split, _qwk))
+
+
+def _labelled_probs(root: Path, study: str, arm: str, split: str) -> dict[int, tuple]:
+    """Per seed: (probabilities (N, K), labels (N,)), rows in example-index order."""
+    labels = _predictions(root, study, arm, split)
+    files = _seeds_files(root, study, "predictions", arm, f".{split}.probs.csv.gz")
+    out = {}
+    for seed, f in files.items():
+        probs = pd.read_csv(io.BytesIO(gzip.decompress(f.read_bytes())))
+        table = labels[seed][["index", "label"]].merge(probs, on="index", validate="one_to_one")
+        table = table.sort_values("index", kind="stable")
+        columns = sorted((c for c in table if c.startswith("prob_")), key=lambda c: int(c[5:]))
+        out[seed] = (table[columns].to_numpy(np.float64), table["label"].to_numpy(np.int64))
+    return out
+
+
+def _calibration_scores(root: Path, study: str, arm: str, metric: str, stage: str) -> dict:
+    val = _labelled_probs(root, study, arm, "val")
+    test = _labelled_probs(root, study, arm, "test")
+    return {s: getattr(calibrate(*val[s], *test[s]), stage)[metric] for s in sorted(val)}
+
+
+def calibration_difference(
+    root: Path, study: str, a: str, b: str, metric: str, stage: str
+) -> dict[str, float]:
+    if metric not in ("ece", "nll", "brier") or stage not in ("before", "after"):
+        raise ClaimError(f"calibration_difference: metric {metric!r} / stage {stage!r}")
+    va = _calibration_scores(root, study, a, metric, stage)
+    vb = _calibration_scores(root, study, b, metric, stage)
+    paired = _paired(va, vb)
+    return {
+        **paired,
+        "a_mean": float(np.mean(list(va.values()))),
+        "b_mean": float(np.mean(list(vb.values()))),
+    }
 
 
 def _outcomes(root: Path, study: str, arm: str) -> dict[int, pd.DataFrame]:
@@ -246,6 +288,7 @@ COMPUTATIONS: dict[str, Callable[..., dict]] = {
     "patching_patch_max": patching_patch_max,
     "accuracy": accuracy,
     "accuracy_difference": accuracy_difference,
+    "calibration_difference": calibration_difference,
     "qwk": qwk,
     "qwk_difference": qwk_difference,
     "intervention": intervention,
