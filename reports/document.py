@@ -12,6 +12,7 @@ import math
 from reports import figures, provenance, tables
 from reports.collect import StudyData, labels_and_predictions
 from reports.provenance import BuildInputs
+from reports.common.convergence import convergence_blocks
 from reports.render import Block, Bullets, Figure, Heading, Para, Table
 from reports.tables import ArmSummary
 from workbench.report_content.numbers import mean_interval
@@ -356,7 +357,10 @@ def curves_section(study: StudyData) -> list[Block]:
             "later epochs average the seeds that reached them.",
             figures.curves(study),
         ),
-    ]
+    ] + convergence_blocks(
+        {key: cell.curves.get("val_accuracy", {}) for key, cell in study.cells.items()},
+        list(study.spec.arms),
+    )
 
 
 def runs_section(study: StudyData) -> list[Block]:

@@ -87,8 +87,9 @@ def test_html_report_renders_tables_and_figures_in_chromium(store, tmp_path):  #
         w > 0 and h > 0 and ok for w, h, ok in page["images"]
     ), page["images"]
     # results, configuration x 2, accuracy, comparisons, per-class and predicted-class counts for
-    # val and test, calibration x 3 (per cell, per arm, seed-paired differences), cost, runs
-    assert page["tables"] == 17, page
+    # val and test, calibration x 3 (per cell, per arm, seed-paired differences), cost,
+    # convergence, runs
+    assert page["tables"] == 18, page
     assert page["headings"] == [
         "Warnings",
         "Results",
