@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import gzip
 import io
+import json
 import math
 import re
 from collections.abc import Callable
@@ -51,6 +52,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from reports.common.convergence import convergence as read_curve
 from workbench import stats
 from workbench.attribution import auc
 from workbench.calibration import calibrate
@@ -283,7 +285,40 @@ def patching_patch_max(root: Path, study: str, arm: str, prefix: int = 1) -> dic
     return {"largest": float(np.max(mean[:, prefix:]))}
 
 
+def _val_curves(root: Path, study: str, arm: str) -> dict[int, dict[int, float]]:
+    """Per seed, the cell's logged validation accuracy per epoch (evidence/runs.json)."""
+    runs = json.loads((root / study / "evidence" / "runs.json").read_text())
+    out = {}
+    for cell in runs["cells"]:
+        if cell["tags"].get("arm") == arm:
+            history = cell["metric_history"].get("val_accuracy", [])
+            out[int(cell["params"]["seed"])] = {int(step): value for step, _, value in history}
+    if not out:
+        raise ClaimError(f"{root / study / 'evidence' / 'runs.json'}: no cell of arm {arm!r}")
+    return out
+
+
+def convergence(root: Path, study: str, arm: str) -> dict[str, float]:
+    """Over an arm's seeds: how many cells still improve (the report's convergence table's rule),
+    how many peaked at their last epoch, and the range of their late slopes (points per epoch)."""
+    read = [read_curve(c) for _, c in sorted(_val_curves(root, study, arm).items())]
+    if any(r is None for r in read):
+        raise ClaimError(f"{study}/{arm}: a validation curve shorter than 2 epochs")
+    slopes = [r.late_slope for r in read]
+    return {
+        "still_improving": sum(r.still_improving for r in read),
+        "best_at_last": sum(r.best_epoch == r.epochs for r in read),
+        "n": len(read),
+        "slope_min": min(slopes),
+        "slope_max": max(slopes),
+        "slope_mean": float(np.mean(slopes)),
+        "last_mean": float(np.mean([r.last for r in read])),
+        "best_mean": float(np.mean([r.best for r in read])),
+    }
+
+
 COMPUTATIONS: dict[str, Callable[..., dict]] = {
+    "convergence": convergence,
     "patching": patching,
     "patching_patch_max": patching_patch_max,
     "accuracy": accuracy,
