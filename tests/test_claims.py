@@ -15,6 +15,7 @@ import pytest
 from reports.published.claims import (
     BEGIN,
     ClaimError,
+    calibration_difference,
     check_claims,
     load_claims,
     numbers_in,
@@ -87,9 +88,19 @@ def test_edited_evidence_fails(tmp_path):
 
 def test_names_and_code_are_not_numbers_and_a_bad_claim_is_named(tmp_path):
     assert numbers_in(
-        "CIFAR-10 `p4_w96` [report](docs/x2.md) Fashion-MNIST (2019) 1,080 / 3.5"
+        "CIFAR-10 `p4_w96` [report](docs/x2.md) Fashion-MNIST (2019) fp32 bf16 1,080 / 3.5"
     ) == ["1,080", "3.5"]
     bad = tmp_path / "claims.yaml"
     bad.write_text("claims:\n  - {id: x, sentence: s, numbers: {}, compute: {name: nope}}\n")
     with pytest.raises(ClaimError, match=r"claims\[0\] \(x\): compute name 'nope'"):
         load_claims(bad)
+
+
+def test_calibration_without_a_test_split_is_scored_cross_fitted_on_validation_as_the_report():
+    """cifar10_recipe_20ep has no test split: the claim's computation must give the report's row."""
+    got = calibration_difference(
+        RESULTS, "cifar10_recipe_20ep", "full_recipe", "base", "ece", "before"
+    )
+    report = (RESULTS / "cifar10_recipe_20ep" / "report.md").read_text()
+    row = f"| full_recipe - base | before  | ECE   |       {got['mean']:+.4f} [{got['low']:+.4f}, {got['high']:+.4f}] |"
+    assert row in report, f"{row!r} not in the report's calibration table"

@@ -63,7 +63,7 @@ from workbench.report_content.rounding import fmt
 RESULTS = Path("docs/results")
 NUMBER = re.compile(r"[+−-]?\d+(?:,\d{3})*(?:\.\d+)?")  # a comma only between thousands
 NOT_NUMBERS = re.compile(
-    r"CIFAR-10|Fashion-MNIST|ImageNet-21k|ViT-B/16|\b(19|20)\d\d\b|`[^`]*`|\]\([^)]*\)|\b95%"
+    r"CIFAR-10|Fashion-MNIST|ImageNet-21k|ViT-B/16|\b(?:fp|bf)(?:16|32)\b|\b(19|20)\d\d\b|`[^`]*`|\]\([^)]*\)|\b95%"
 )
 BEGIN, END = "<!-- claims -->", "<!-- /claims -->"
 
@@ -109,12 +109,16 @@ def _paired(a: dict[int, float], b: dict[int, float]) -> dict[str, float]:
         "high": c.ci_high,
         "wins": c.wins,
         "losses": c.losses,
+        "ties": c.n - c.wins - c.losses,
         "n": c.n,
     }
 
 
 def accuracy(root: Path, study: str, arm: str, split: str) -> dict[str, float]:
-    return {"mean": float(np.mean(list(_per_seed(root, study, arm, split, _accuracy).values())))}
+    """Mean over seeds and the sample std (n - 1) of the per-seed accuracies, in %."""
+    values = list(_per_seed(root, study, arm, split, _accuracy).values())
+    std = float(np.std(values, ddof=1)) if len(values) > 1 else float("nan")
+    return {"mean": float(np.mean(values)), "std": std}
 
 
 def accuracy_difference(root: Path, study: str, a: str, b: str, split: str) -> dict[str, float]:
@@ -146,9 +150,16 @@ def _labelled_probs(root: Path, study: str, arm: str, split: str) -> dict[int, t
 
 
 def _calibration_scores(root: Path, study: str, arm: str, metric: str, stage: str) -> dict:
+    """Scored on test where the study has it; otherwise on validation, cross-fitted, as the report does."""
     val = _labelled_probs(root, study, arm, "val")
-    test = _labelled_probs(root, study, arm, "test")
-    return {s: getattr(calibrate(*val[s], *test[s]), stage)[metric] for s in sorted(val)}
+    has_test = any(
+        (root / study / "evidence" / "predictions").glob(f"{arm}.seed*.test.probs.csv.gz")
+    )
+    test = _labelled_probs(root, study, arm, "test") if has_test else {}
+    return {
+        s: getattr(calibrate(*val[s], *test.get(s, (None, None))), stage)[metric]
+        for s in sorted(val)
+    }
 
 
 def calibration_difference(
@@ -309,6 +320,7 @@ def convergence(root: Path, study: str, arm: str) -> dict[str, float]:
         "still_improving": sum(r.still_improving for r in read),
         "best_at_last": sum(r.best_epoch == r.epochs for r in read),
         "n": len(read),
+        "epochs": max(r.epochs for r in read),
         "slope_min": min(slopes),
         "slope_max": max(slopes),
         "slope_mean": float(np.mean(slopes)),
