@@ -345,7 +345,8 @@ def evaluation_section(head: Header, settings: type):
 def acted_sources(head: Header, **acts_on_checks) -> ActedSources:
     """What the protocol acts on; ``acts_on_checks`` go to ``acts_on_section``.
 
-    An ``acts_on`` protocol is read from the folder of ``source`` and must have the pinned hash.
+    An ``acts_on`` protocol is read from the folder of the header's ``source`` file and must
+    have the pinned hash.
     """
     if "acts_on" in head.top:
         acts_on, acted = acts_on_section(
