@@ -19,7 +19,7 @@ import pytest
 
 from reports import document, results, tables
 from reports.evidence import load_evidence
-from reports.interventions.intervention_evidence import load_intervention_evidence
+from reports.interventions import intervention_evidence
 from reports.provenance import REBUILT_PREFIX
 from reports.render import Figure, to_markdown
 from tracking.record import queries
@@ -145,7 +145,7 @@ def intervention_accuracy_differences(
     (within ``tolerance``), and the intact accuracies ``folder/report.md`` prints per arm against
     the same outcomes (to half a unit of the last printed decimal). Also fails on an export that is
     damaged (sha256) or whose protocol no longer hashes to the recorded hash."""
-    study = load_intervention_evidence(folder / "evidence").study
+    study = intervention_evidence.load_evidence(folder / "evidence").study
     text = (folder / "report.md").read_text()
     checked, diffs = 0, []
     for arm in study.protocol.arms:
@@ -189,12 +189,12 @@ def attribution_differences(folder: Path, tolerance: float = 1e-9) -> tuple[int,
     arrays give (within ``tolerance``), and the Faithfulness table of ``folder/report.md`` (means and
     t-intervals over seeds, no bootstrap: fast) against the table rendered from the arrays alone.
     Also fails on an export that is damaged (sha256) or whose protocol no longer hashes to the
-    recorded hash (``load_attribution_evidence``)."""
-    from reports.attribution.attribution_evidence import load_attribution_evidence
+    recorded hash (``attribution_evidence.load_evidence``)."""
+    from reports.attribution import attribution_evidence
     from reports.attribution.attribution_report import faithfulness_table
     from reports.attribution.faithfulness import MEASURES, faithfulness_rows, per_image, seed_value
 
-    study = load_attribution_evidence(folder / "evidence").study
+    study = attribution_evidence.load_evidence(folder / "evidence").study
     confidence = study.protocol.evaluation.confidence
     text = (folder / "report.md").read_text()
     title = text.split("\n", 1)[

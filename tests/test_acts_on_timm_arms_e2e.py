@@ -10,8 +10,8 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-import mlflow
 import pytest
+from acted_kinds import use_store
 from click.testing import CliRunner
 from data_fixtures import make_image_folder
 from mlflow.tracking import MlflowClient
@@ -53,15 +53,6 @@ attribution: {{split: val, images: 6, batch_size: 4, norm_threshold: 2.0, exampl
 """
 
 
-def _use_store(mp: pytest.MonkeyPatch, tmp: Path) -> None:
-    uri = f"sqlite:///{tmp / 'mlflow.db'}"
-    mp.setenv("MLFLOW_TRACKING_URI", uri)
-    mp.setenv("WORKBENCH_CACHE_DIR", str(tmp / "cache"))
-    mp.delenv("MLFLOW_RUN_ID", raising=False)
-    mp.chdir(tmp)
-    mlflow.set_tracking_uri(uri)
-
-
 @pytest.fixture(scope="module")
 def trained_store(tmp_path_factory, empty_mlflow_db):
     """Two 1-epoch timm ViT cells of an image-folder protocol, finished, each checked against the glass box."""
@@ -71,7 +62,7 @@ def trained_store(tmp_path_factory, empty_mlflow_db):
     make_image_folder(folder, per_class={"train": 8, "test": 2})
     (tmp / "tiny_timm.yaml").write_text(ABLATION)
     with pytest.MonkeyPatch.context() as mp:
-        _use_store(mp, tmp)
+        use_store(mp, tmp)
         protocol = open_protocol(str(tmp / "tiny_timm.yaml"), allow_dirty=True)
         outcomes = run_protocol(
             protocol,
@@ -86,7 +77,7 @@ def trained_store(tmp_path_factory, empty_mlflow_db):
 
 @pytest.fixture
 def trained(trained_store, monkeypatch):
-    _use_store(monkeypatch, trained_store[0])
+    use_store(monkeypatch, trained_store[0])
     return trained_store
 
 

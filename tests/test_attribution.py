@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from random_vits import random_vit, tiny_config
 from scipy.stats import spearmanr
 
 from workbench.analysis.rollout import attention_rollout
@@ -38,16 +39,8 @@ from workbench.attribution import (
 from workbench.models.hooks import attached
 from workbench.models.vit import ViTConfig, VisionTransformer
 
-BASE = dict(
-    image_size=8,
-    patch_size=2,
-    in_channels=1,
-    num_classes=3,
-    dim=16,
-    depth=2,
-    heads=2,
-    mlp_hidden=32,
-)
+P = 16  # patch tokens of BASE: 8 x 8 px in 2 x 2 patches
+BASE = tiny_config(image_size=8, patch_size=2, in_channels=1, num_classes=3, heads=2)
 FAMILIES = {
     "plain": {},
     "registers": dict(register_tokens=2),
@@ -56,21 +49,10 @@ FAMILIES = {
         register_tokens=1, no_embed_class=True
     ),  # DINOv2-reg's layout
 }
-P = 16
-
-
-@torch.no_grad()
-def randomize(model: torch.nn.Module, seed: int) -> None:
-    gen = torch.Generator().manual_seed(seed)
-    for tensor in model.state_dict().values():
-        scale = max(tensor.double().pow(2).mean().sqrt().item(), 0.3)
-        tensor.copy_(torch.randn(tensor.shape, generator=gen) * scale)
 
 
 def make(family: str = "registers", seed: int = 0, **extra) -> VisionTransformer:
-    model = VisionTransformer(ViTConfig(**BASE, **FAMILIES[family], **extra)).eval()
-    randomize(model, seed)
-    return model
+    return random_vit({**BASE, **FAMILIES[family], **extra}, seed, floor=0.3)
 
 
 def batch(n: int = 4, seed: int = 1) -> tuple[torch.Tensor, torch.Tensor]:

@@ -12,6 +12,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 import torch
+from random_vits import random_vit, tiny_config
 
 from workbench.interventions import (
     DropTokens,
@@ -27,18 +28,9 @@ from workbench.interventions import (
     patchable_stages,
     run,
 )
-from workbench.models.vit import ViTConfig, VisionTransformer
+from workbench.models.vit import VisionTransformer
 
-BASE = dict(
-    image_size=16,
-    patch_size=4,
-    in_channels=3,
-    num_classes=5,
-    dim=16,
-    depth=2,
-    heads=4,
-    mlp_hidden=32,
-)
+BASE = tiny_config(image_size=16, patch_size=4, in_channels=3, num_classes=5, heads=4)
 FAMILIES = {
     "plain": {},
     "layerscale_registers": dict(layer_scale_init=0.1, register_tokens=2),
@@ -57,19 +49,8 @@ FAMILIES = {
 }
 
 
-@torch.no_grad()
-def randomize(model: torch.nn.Module, seed: int) -> None:
-    """Every float tensor its own seeded normal draw (scale 0.02 up to the tensor's RMS): no constant left."""
-    gen = torch.Generator().manual_seed(seed)
-    for tensor in model.state_dict().values():
-        scale = max(tensor.double().pow(2).mean().sqrt().item(), 0.02)
-        tensor.copy_(torch.randn(tensor.shape, generator=gen) * scale)
-
-
 def make(family: str, seed: int = 0, **extra) -> VisionTransformer:
-    model = VisionTransformer(ViTConfig(**BASE, **FAMILIES[family], **extra)).eval()
-    randomize(model, seed)
-    return model
+    return random_vit({**BASE, **FAMILIES[family], **extra}, seed, floor=0.02)
 
 
 def images(n: int = 3, seed: int = 1) -> torch.Tensor:

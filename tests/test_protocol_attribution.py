@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import copy
 import hashlib
-from pathlib import Path
 
 import pytest
+from protocol_edits import PROTOCOLS, EditedProtocol, on_smoke
 
 from workbench.protocol import (
     ProtocolError,
@@ -19,37 +19,21 @@ from workbench.protocol import (
 )
 from workbench.protocol.keys import key_rows
 
-PROTOCOLS = Path(__file__).resolve().parents[1] / "studies" / "protocols"
-SMOKE_HASH = load_protocol(PROTOCOLS / "smoke.yaml").hash
-BASE = {
-    "name": "tiny_faith",
-    "description": "attribution on the smoke cells, for schema tests",
-    "acts_on": {"protocol": "smoke", "hash": SMOKE_HASH},
-    "attribution": {"images": 16},
-}
+DEFAULT_METHODS = ("cls_attention", "rollout", "chefer", "grad_x_input", "random")
+BASE = on_smoke(
+    "tiny_faith", "attribution on the smoke cells, for schema tests", attribution={"images": 16}
+)
 
 
-def parsed(edit=lambda d: None):
-    data = copy.deepcopy(BASE)
-    edit(data)
-    return parse_attribution_protocol(data, source=str(PROTOCOLS / "tiny_faith.yaml"))
-
-
-def error(edit) -> str:
-    with pytest.raises(ProtocolError) as info:
-        parsed(edit)
-    message = str(info.value)
-    assert message.startswith(str(PROTOCOLS / "tiny_faith.yaml") + ": ") and "\n" not in message, (
-        message
-    )
-    return message
+KIND = EditedProtocol(BASE, parse_attribution_protocol)
+parsed, error = KIND.parsed, KIND.error
 
 
 def test_defaults_act_on_every_vit_cell_with_every_method():
     p = parsed()
     assert p.kind == "attribution" and p.arms == ("vit",) and p.seeds == (0, 1)
     assert [c.key for c in p.cells()] == ["vit/seed0", "vit/seed1"]
-    assert p.settings.methods == ("cls_attention", "rollout", "chefer", "grad_x_input", "random")
+    assert p.settings.methods == DEFAULT_METHODS
     assert (
         p.settings.images == 16 and p.settings.norm_threshold == 10.0 and p.settings.split == "val"
     )

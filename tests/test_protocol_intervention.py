@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import copy
 import hashlib
 import shutil
 from pathlib import Path
 
 import pytest
+from protocol_edits import PROTOCOLS, SMOKE_HASH, EditedProtocol, on_smoke
 import yaml
 
 from workbench.interventions import (
@@ -26,30 +26,15 @@ from workbench.protocol import (
     parse_intervention_protocol,
 )
 
-PROTOCOLS = Path(__file__).resolve().parents[1] / "studies" / "protocols"
-SMOKE_HASH = load_protocol(PROTOCOLS / "smoke.yaml").hash
-BASE = {
-    "name": "tiny_heads",
-    "description": "heads of the smoke cells, for schema tests",
-    "acts_on": {"protocol": "smoke", "hash": SMOKE_HASH},
-    "interventions": {"heads": "all", "branches": "all"},
-}
+BASE = on_smoke(
+    "tiny_heads",
+    "heads of the smoke cells, for schema tests",
+    interventions={"heads": "all", "branches": "all"},
+)
 
 
-def parsed(edit=lambda d: None):
-    data = copy.deepcopy(BASE)
-    edit(data)
-    return parse_intervention_protocol(data, source=str(PROTOCOLS / "tiny_heads.yaml"))
-
-
-def error(edit) -> str:
-    with pytest.raises(ProtocolError) as info:
-        parsed(edit)
-    message = str(info.value)
-    assert message.startswith(str(PROTOCOLS / "tiny_heads.yaml") + ": ") and "\n" not in message, (
-        message
-    )
-    return message
+KIND = EditedProtocol(BASE, parse_intervention_protocol)
+parsed, error = KIND.parsed, KIND.error
 
 
 def test_defaults_expand_to_every_head_twice_every_branch_and_the_positions():

@@ -14,14 +14,13 @@
   same bytes.
 - ``README.md``: the format in words, and the command that rebuilds the report.
 
-``load_attribution_evidence`` reads it back into the ``AttributionReadout`` the report is rendered
+``load_evidence`` reads it back into the ``AttributionReadout`` the report is rendered
 from, choosing one run per cell by the rule the store build uses
 (``tracking.kinds.intervention_runs.choose_cells``).
 """
 
 from __future__ import annotations
 
-import functools
 import hashlib
 from pathlib import Path
 
@@ -30,17 +29,15 @@ import numpy as np
 from reports.attribution.attribution_study import AttributionReadout
 from reports.collect import ReportError
 from reports.common.evidence_parts import (
-    write_acted_document,
+    export_acted,
+    runs_item,
     ExportedReadout,
     ExportKind,
-    exported_readout,
     evidence_readme,
 )
 from reports.evidence import (
     FILE_MODE,
     RUNS_FILE,
-    cell_entry,
-    read_document,
     remove_stale,
 )
 from reports.provenance import BuildInputs
@@ -53,32 +50,28 @@ from workbench.protocol import load_attribution_protocol
 FORMAT = "workbench-attribution-evidence/1"
 
 
-def export_attribution_evidence(
+def export_evidence(
     folder: Path, study: AttributionReadout, inputs: BuildInputs, logged_to: list[str]
 ) -> Path:
     """Write ``folder`` (``runs.json``, ``arrays/``, ``README.md``) for ``study`` as reported."""
-    protocol, cells, written = study.protocol, [], set()
-    reported = {r.run_id: key for key, r in study.chosen.items()}
-    for record in sorted(study.records, key=lambda r: (r.arm, r.seed, r.run_id)):
-        entry = cell_entry(record)
-        if record.run_id in reported:
-            arrays = study.cells[reported[record.run_id]].arrays
-            name = f"arrays/{record.arm}.seed{record.seed}.npz"
-            data = npz_bytes(arrays)
-            atomic_write_bytes(folder / name, data, FILE_MODE)
-            written.add(folder / name)
-            entry["arrays"] = {
-                "file": name,
-                "sha256": hashlib.sha256(data).hexdigest(),
-                "shapes": {k: list(np.shape(v)) for k, v in sorted(arrays.items())},
-            }
-        cells.append(entry)
-    readme = _readme(protocol.name, study.digest, len(study.chosen), len(cells))
-    write_acted_document(
-        folder, FORMAT, study, inputs=inputs, logged_to=logged_to, cells=cells, readme=readme
-    )
+    written = export_acted(folder, FORMAT, study, inputs, logged_to, _write_arrays, _readme)
     remove_stale(folder / "arrays", "*.npz", written)
     return folder
+
+
+def _write_arrays(
+    folder: Path, entry: dict, record: queries.CellRecord, cell: attribution_runs.CellResult
+) -> set[Path]:
+    """The reported cell's arrays as ``arrays/<arm>.seed<seed>.npz``, named in its ``entry``."""
+    name = f"arrays/{record.arm}.seed{record.seed}.npz"
+    data = npz_bytes(cell.arrays)
+    atomic_write_bytes(folder / name, data, FILE_MODE)
+    entry["arrays"] = {
+        "file": name,
+        "sha256": hashlib.sha256(data).hexdigest(),
+        "shapes": {k: list(np.shape(v)) for k, v in sorted(cell.arrays.items())},
+    }
+    return {folder / name}
 
 
 def _readme(name: str, digest: str, reported: int, runs: int) -> str:
@@ -89,12 +82,7 @@ def _readme(name: str, digest: str, reported: int, runs: int) -> str:
         digest,
         "attribution",
         f"""
-- `runs.json` (format `{FORMAT}`, JSON with sorted keys): the protocol (its hashed
-  canonical content, hash `{digest}`, and the text of its file and of the acted-on
-  protocol's file, which a rebuild parses again and checks against the hash), the tracking
-  store and experiment as the report names them, the build options and the run the report
-  was logged to, all {runs} cell runs of the hash (any status: run id, status, start and end
-  times in ms since the epoch, params, tags, latest metrics, among them `rho/<method>`,
+{runs_item(FORMAT, digest, runs)}`rho/<method>`,
   `deletion_auc/<method>` and `insertion_auc/<method>`), the parent runs, and per reported
   cell its arrays file below with its sha256 and every array's shape.
 - `arrays/<arm>.seed<seed>.npz`: for each of the {reported} reported cells, the arrays it
@@ -143,11 +131,9 @@ def exported_cell(
     return attribution_runs.CellResult(record, arrays)
 
 
-def load_attribution_evidence(folder: Path) -> ExportedReadout:
-    """The study and build options of an attribution evidence export; no MLflow store is opened.
+EXPORT = ExportKind(load_attribution_protocol, AttributionReadout, "arrays", exported_cell)
 
-    Raises:
-        ReportError: A file is missing, damaged or of another format; the message names it.
-    """
-    kind = ExportKind(load_attribution_protocol, AttributionReadout, "arrays", exported_cell)
-    return read_document(Path(folder), FORMAT, functools.partial(exported_readout, kind=kind))
+
+def load_evidence(folder: Path) -> ExportedReadout:
+    """The attribution export in ``folder`` read back (``ExportKind.read``); no MLflow store is opened."""
+    return EXPORT.read(folder, FORMAT)

@@ -18,7 +18,6 @@ import torch
 
 from reports import provenance
 from reports.attribution import attribution_evidence
-from reports.attribution import attribution_study
 from reports.attribution.attribution_study import AttributionReadout
 from reports.attribution.faithfulness import (
     BASELINE,
@@ -36,11 +35,9 @@ from reports.attribution.faithfulness import (
     mean_curves,
 )
 from reports.common.report_parts import (
+    ActedBlocks,
     SPLIT_WORDS,
     acted_on_table,
-    cell_warnings,
-    closing_blocks,
-    header_blocks,
 )
 from reports.attribution import control_blocks
 from reports.attribution.controls import against_draws, has_draws
@@ -55,12 +52,9 @@ from workbench.protocol import AttributionProtocol
 from workbench.report_content.rounding import bootstrap_display, fmt
 from workbench.stats import fisher_z_interval
 
-# What reports.common.report_parts.ActedReport reads: this kind, its export, its summary's numbers.
-KIND = "attribution"
-load_study = attribution_study.load_study
-EVIDENCE_FORMAT = attribution_evidence.FORMAT
-export_evidence = attribution_evidence.export_attribution_evidence
-load_evidence = attribution_evidence.load_attribution_evidence
+# What reports.common.report_parts.ActedReport reads: the readout, the export, the summary's numbers.
+READOUT = AttributionReadout
+EVIDENCE = attribution_evidence
 MEASURE_WORDS = {
     "rho": "Spearman ρ",
     "deletion_auc": "deletion AUC",
@@ -573,28 +567,20 @@ def build_blocks(
 ) -> tuple[list[Block], list[str], list[str], int, dict[str, float]]:
     """The report's blocks, its warnings, what ``--strict`` refuses, the number of reported cells, and each
     method's comparison with the random baseline as ``cmp.<arm>.<method>.<measure>_vs_random.<split>.*`` metrics."""
-    protocol, chosen = study.protocol, study.chosen
-    arms, seeds = list(protocol.arms), list(protocol.seeds)
-    missing, attempts, warnings = cell_warnings(study)
+    protocol, built = study.protocol, ActedBlocks(study)
     e, s = protocol.evaluation, protocol.settings
     split = SPLIT_WORDS[s.split]
-    results: list[Block] = [Heading(2, "Results")]
-    sections: list[Block] = []
     answers: list[Block] = []
-    metrics: dict[str, float] = {}
-    for arm in arms:
-        cells = {seed: study.cells[(arm, seed)] for seed in seeds if (arm, seed) in chosen}
-        if not cells:
-            continue
+    for arm, cells in built.reported_arms():
         rows = faithfulness_rows(cells, n_resamples, e.confidence, e.seed)
         draws = against_draws(cells, n_resamples, e.confidence, e.seed) if has_draws(cells) else []
-        warnings += control_blocks.near_chance(
+        built.warnings += control_blocks.near_chance(
             arm, cells, control_blocks.num_classes_of(protocol, arm, cells)
         )
         answers.append(control_blocks.answers(arm, rows, cells, e.confidence, draws))
         for r in rows:
             if r.vs_random is not None:
-                metrics |= paired_metrics(
+                built.metrics |= paired_metrics(
                     f"{arm}.{r.method}.{r.measure}",
                     BASELINE,
                     s.split,
@@ -606,44 +592,40 @@ def build_blocks(
             fmt(100 * float((c.arrays["predicted"] == c.arrays["labels"]).mean()), 2)
             for c in cells.values()
         )
-        results.append(
+        built.results.append(
             Para(
                 f"**{arm}**: intact accuracy {accuracy} % on the {len(next(iter(cells.values())).arrays['labels'])} "
                 f"scored {split} images (seeds {', '.join(map(str, cells))})."
             )
         )
-        results.append(
+        built.results.append(
             control_blocks.draws_paragraph(arm, draws, split)
             if draws
             else Para(results_paragraph(arm, rows, split))
         )
-        sections += arm_blocks(arm, rows, cells, protocol, n_resamples, draws)
-    results.append(
+        built.sections += arm_blocks(arm, rows, cells, protocol, n_resamples, draws)
+    built.results.append(
         Para(
             "Faithful here means agreeing with what the exact token drop measures on this model; a map "
             "can be faithful and still not be an explanation a person can use, and the random order is "
             "the floor, not a target."
         )
     )
-    header = header_blocks(
-        study,
+    return built.finish(
         inputs,
         log_targets,
+        acted_on_blocks,
         what="Attribution",
         settings=f"the first {s.images:,} {split} images; methods {', '.join(f'`{m}`' for m in s.methods)} "
         f"(random order seed {s.random_seed}); high-norm cut {s.norm_threshold:g} × the block median.",
-        warnings=warnings,
+        after_header=[
+            Heading(2, "In one line per method"),
+            *answers,
+            Para(
+                f"ρ with its {e.confidence:.0%} interval taken on Fisher's z over seeds; an AUC is better than random when "
+                "deletion is lower or insertion higher. The sections below give every interval."
+            ),
+            Heading(2, "Methods, named exactly"),
+            Para(control_blocks.NAMED),
+        ],
     )
-    header += [
-        Heading(2, "In one line per method"),
-        *answers,
-        Para(
-            f"ρ with its {e.confidence:.0%} interval taken on Fisher's z over seeds; an AUC is better than random when "
-            "deletion is lower or insertion higher. The sections below give every interval."
-        ),
-        Heading(2, "Methods, named exactly"),
-        Para(control_blocks.NAMED),
-    ]
-    blocks = header + results + sections + closing_blocks(study, attempts, acted_on_blocks)
-    n = len(chosen)
-    return blocks, warnings, provenance.stale_items(attempts, missing), n, metrics

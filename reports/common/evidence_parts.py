@@ -9,14 +9,22 @@ a timestamp, sha256 checks, atomic writes) are ``reports.evidence``'s.
 
 from __future__ import annotations
 
+import functools
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from reports.collect import ReportError
-from reports.evidence import EVIDENCE_DIR, RUNS_FILE, cell_record, write_document
+from reports.evidence import (
+    EVIDENCE_DIR,
+    RUNS_FILE,
+    cell_entry,
+    cell_record,
+    read_document,
+    write_document,
+)
 from reports.provenance import BuildInputs
 from tracking.export import run_export
 from tracking.kinds.intervention_runs import choose_cells
@@ -73,17 +81,29 @@ def evidence_document(
     }
 
 
-def write_acted_document(
+def export_acted(
     folder: Path,
     fmt: str,
     study,
-    *,
     inputs: BuildInputs,
     logged_to: list[str],
-    cells: list[dict],
-    readme: str,
-) -> None:
-    """``runs.json`` and the README of a kind that acts on trained models (``write_document``)."""
+    write_cell: Callable[[Path, dict, queries.CellRecord, Any], set[Path]],
+    readme: Callable[[str, str, int, int], str],
+) -> set[Path]:
+    """``runs.json`` and the README of a kind that acts on trained models (``write_document``).
+
+    Every cell run of the hash gets an entry (``cell_entry``); for a reported cell
+    ``write_cell(folder, entry, record, cell)`` writes its files, names them in the entry and
+    returns their paths. ``readme(name, digest, reported cells, cell runs)`` is the README.
+    Returns every path the cells wrote, so the caller can remove what an older export left.
+    """
+    cells, written = [], set()
+    reported = {r.run_id: key for key, r in study.chosen.items()}
+    for record in sorted(study.records, key=lambda r: (r.arm, r.seed, r.run_id)):
+        entry = cell_entry(record)
+        if record.run_id in reported:
+            written |= write_cell(folder, entry, record, study.cells[reported[record.run_id]])
+        cells.append(entry)
     document = evidence_document(
         fmt,
         protocol_entry(study.protocol, study.digest, inputs),
@@ -93,7 +113,20 @@ def write_acted_document(
         parents=parent_ids(study.protocol.name, study.digest),
         cells=cells,
     )
-    write_document(folder, document, readme)
+    readme_text = readme(study.protocol.name, study.digest, len(study.chosen), len(cells))
+    write_document(folder, document, readme_text)
+    return written
+
+
+def runs_item(fmt: str, digest: str, runs: int) -> str:
+    """The README's ``runs.json`` bullet as every acting kind starts it, up to the metrics it
+    names: the kind's text goes on from "among them "."""
+    return f"""- `runs.json` (format `{fmt}`, JSON with sorted keys): the protocol (its hashed
+  canonical content, hash `{digest}`, and the text of its file and of the acted-on
+  protocol's file, which a rebuild parses again and checks against the hash), the tracking
+  store and experiment as the report names them, the build options and the run the report
+  was logged to, all {runs} cell runs of the hash (any status: run id, status, start and end
+  times in ms since the epoch, params, tags, latest metrics, among them """
 
 
 def parent_ids(name: str, digest: str) -> list[str]:
@@ -201,6 +234,15 @@ class ExportKind(NamedTuple):
     readout: type  # the kind's readout class
     key: str  # the key of a reported cell's files in its entry
     read_cell: Callable  # (folder, record, entry) -> what the cell logged
+
+    def read(self, folder: Path, fmt: str) -> ExportedReadout:
+        """The study and build options of an export of this kind (format ``fmt``); no MLflow
+        store is opened.
+
+        Raises:
+            ReportError: A file is missing, damaged or of another format; the message names it.
+        """
+        return read_document(Path(folder), fmt, functools.partial(exported_readout, kind=self))
 
 
 def exported_readout(folder: Path, doc: dict, *, kind: ExportKind) -> ExportedReadout:

@@ -24,6 +24,8 @@ class Readout:
     """Every cell run of the hash, the run chosen per cell and what each chosen run logged."""
 
     kind: ClassVar[str] = ""  # the kind in one word, for messages
+    runs: ClassVar[ModuleType]  # the kind's tracking module (``finished_cells``, ``read_cell``)
+    command: ClassVar[str] = ""  # the command that runs the protocol ("intervene")
     protocol: Any
     digest: str
     chosen: dict[tuple[str, int], queries.CellRecord]
@@ -31,6 +33,16 @@ class Readout:
     cells: dict[tuple[str, int], Any]
     tracking_uri: str
     rebuilt_from: str = ""  # the evidence export it was read from ("" when read from the store)
+
+    def __init_subclass__(cls, *, kind: str, runs: ModuleType, command: str, **options) -> None:
+        """A kind's readout names them in its class line: ``class X(Readout, kind=..., ...)``."""
+        super().__init_subclass__(**options)
+        cls.kind, cls.runs, cls.command = kind, runs, command
+
+    @classmethod
+    def from_store(cls, protocol, digest: str):
+        """The readout from the MLflow store (``load_readout`` with the kind's module and command)."""
+        return load_readout(cls, protocol, digest, cls.runs, cls.command)
 
 
 def load_readout(readout: type[Readout], protocol, digest: str, runs: ModuleType, command: str):

@@ -9,9 +9,11 @@ exports and rebuilds from an export for any such kind.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 from reports import provenance
 from reports.collect import ReportError, newer_attempts, resolve_hash, shown_path
@@ -135,21 +137,68 @@ def acted_on_table(
     ]
 
 
+@dataclass
+class ActedBlocks:
+    """What a kind's ``build_blocks`` gathers as it goes over the reported arms: the results (under
+    their heading), the per-arm sections, the warnings (the cells' own first) and the metrics;
+    ``finish`` puts the header and the closing tables around them, the same for every kind."""
+
+    study: Any
+    results: list[Block] = field(default_factory=lambda: [Heading(2, "Results")])
+    sections: list[Block] = field(default_factory=list)
+    metrics: dict[str, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.missing, self.attempts, self.warnings = cell_warnings(self.study)
+
+    def reported_arms(self) -> Iterator[tuple[str, dict[int, Any]]]:
+        """Each acted-on arm with a reported cell, and its reported cells by seed (file order)."""
+        protocol, chosen = self.study.protocol, self.study.chosen
+        for arm in protocol.arms:
+            cells = {s: self.study.cells[(arm, s)] for s in protocol.seeds if (arm, s) in chosen}
+            if cells:
+                yield arm, cells
+
+    def finish(
+        self,
+        inputs: provenance.BuildInputs,
+        log_targets: list[str],
+        acted_on: Callable[[list], list[Block]],
+        *,
+        what: str,
+        settings: str,
+        after_header: list[Block] = (),
+    ) -> tuple[list[Block], list[str], list[str], int, dict[str, float]]:
+        """What ``BuildBlocks`` returns: the header (``header_blocks``, then ``after_header``),
+        the results, the sections, the closing tables (``closing_blocks``), and beside them the
+        warnings, what ``--strict`` refuses, the number of reported cells and the metrics."""
+        header = header_blocks(
+            self.study, inputs, log_targets, what=what, settings=settings, warnings=self.warnings
+        )
+        closing = closing_blocks(self.study, self.attempts, acted_on)
+        blocks = header + list(after_header) + self.results + self.sections + closing
+        stale = provenance.stale_items(self.attempts, self.missing)
+        return blocks, self.warnings, stale, len(self.study.chosen), self.metrics
+
+
 class ActedReport:
     """The report of a kind that acts on trained models, from the kind's report module.
 
-    The module (``reports/<kind>/<kind>_report.py``) names: ``KIND`` (a name of the table of kinds,
-    ``workbench.protocol.kinds``), ``DIFFERENCES`` (what its summary's numbers are, in words),
-    ``build_blocks`` (``BuildBlocks``), ``load_study`` (``(protocol, digest)`` -> its readout from the
-    store), ``export_evidence`` (``(folder, readout, inputs, log_targets)`` -> the folder written),
-    ``load_evidence`` (folder -> an export read back: ``study``, ``inputs``, ``logged_to``) and
-    ``EVIDENCE_FORMAT`` (the ``format`` its exports declare).
+    The module (``reports/<kind>/<kind>_report.py``) names: ``READOUT`` (its ``Readout`` class:
+    the ``kind``, a name of the table of kinds ``workbench.protocol.kinds``, and ``from_store``,
+    ``(protocol, digest)`` -> its readout from the store), ``EVIDENCE`` (its evidence module:
+    ``export_evidence``, ``(folder, readout, inputs, log_targets)`` -> the folder written,
+    ``load_evidence``, folder -> an export read back: ``study``, ``inputs``, ``logged_to``, and
+    ``FORMAT``, the ``format`` its exports declare), ``DIFFERENCES`` (what its summary's numbers
+    are, in words) and ``build_blocks`` (``BuildBlocks``).
     """
 
     def __init__(self, module: ModuleType) -> None:
         self.module = module
-        self.kind: str = module.KIND
-        self.evidence_format: str = module.EVIDENCE_FORMAT
+        self.readout = module.READOUT
+        self.evidence = module.EVIDENCE
+        self.kind: str = self.readout.kind
+        self.evidence_format: str = self.evidence.FORMAT
 
     def build(
         self,
@@ -185,7 +234,7 @@ class ActedReport:
             protocol.evaluation.confidence,
             strict,
         )
-        study = self.module.load_study(protocol, digest)
+        study = self.readout.from_store(protocol, digest)
         result = self.render(study, inputs, Path(out_root), log_targets)
         if log and not parents:
             result.messages.append(
@@ -193,7 +242,7 @@ class ActedReport:
             )
         log_report(result, result.folder, log_targets if log else None)
         if evidence:
-            folder = self.module.export_evidence(
+            folder = self.evidence.export_evidence(
                 result.folder / "evidence", study, inputs, log_targets
             )
             result.messages.append(
@@ -238,6 +287,6 @@ class ActedReport:
     def rebuild(self, evidence_dir: Path, out_root: Path, check_folder: Callable) -> ReportResult:
         """The report rebuilt from an export of this kind; ``check_folder(evidence_dir, out_root, name)``
         refuses an output folder that holds the export."""
-        loaded = self.module.load_evidence(evidence_dir)
+        loaded = self.evidence.load_evidence(evidence_dir)
         check_folder(evidence_dir, out_root, loaded.study.protocol.name)
         return self.render(loaded.study, loaded.inputs, Path(out_root), loaded.logged_to)

@@ -15,7 +15,7 @@
   depth x heads x rows x cols), which only the attention figure reads.
 - ``README.md``: the format in words, and the command that rebuilds the report.
 
-``load_intervention_evidence`` reads it back into the ``InterventionReadout`` the report is
+``load_evidence`` reads it back into the ``InterventionReadout`` the report is
 rendered from, choosing one run per cell by the rule the store build uses
 (``tracking.kinds.intervention_runs.choose_cells``). The shared mechanics (cleaned run records, gzip
 without a timestamp, sha256 checks, atomic writes) are ``reports.evidence``'s.
@@ -23,7 +23,6 @@ without a timestamp, sha256 checks, atomic writes) are ``reports.evidence``'s.
 
 from __future__ import annotations
 
-import functools
 import io
 from pathlib import Path
 
@@ -32,16 +31,14 @@ import pandas as pd
 
 from reports.collect import ReportError
 from reports.common.evidence_parts import (
-    write_acted_document,
+    export_acted,
+    runs_item,
     ExportedReadout,
     ExportKind,
-    exported_readout,
     evidence_readme,
 )
 from reports.evidence import (
     RUNS_FILE,
-    cell_entry,
-    read_document,
     read_gzip,
     remove_stale,
     write_gzip,
@@ -78,48 +75,11 @@ def _npy_bytes(array: np.ndarray) -> bytes:
     return buffer.getvalue()
 
 
-def export_intervention_evidence(
+def export_evidence(
     folder: Path, study: InterventionReadout, inputs: BuildInputs, logged_to: list[str]
 ) -> Path:
     """Write ``folder`` (``runs.json``, ``outcomes/``, ``attention/``, ``README.md``) for ``study`` as reported."""
-    protocol, cells, written = study.protocol, [], set()
-    reported = {r.run_id: key for key, r in study.chosen.items()}
-    for record in sorted(study.records, key=lambda r: (r.arm, r.seed, r.run_id)):
-        entry = cell_entry(record)
-        if record.run_id in reported:
-            cell = study.cells[reported[record.run_id]]
-            stem = f"{record.arm}.seed{record.seed}"
-            name = f"outcomes/{stem}.csv.gz"
-            entry["outcomes"] = {
-                "file": name,
-                "sha256": write_gzip(folder, name, _outcome_bytes(cell)),
-                "rows": len(cell.labels),
-                "interventions": list(cell.names),
-                "indices_logged": cell.indices is not None,
-            }
-            written.add(folder / name)
-            if cell.attention is not None:
-                name = f"attention/{stem}.npy.gz"
-                entry["attention"] = {
-                    "file": name,
-                    "sha256": write_gzip(folder, name, _npy_bytes(cell.attention)),
-                    "shape": list(cell.attention.shape),
-                    "query": cell.attention_query,
-                }
-                written.add(folder / name)
-            if cell.patching is not None:
-                name = f"patching/{stem}.npz.gz"
-                entry["patching"] = {
-                    "file": name,
-                    "sha256": write_gzip(folder, name, npz_bytes(cell.patching)),
-                    "arrays": sorted(cell.patching),
-                }
-                written.add(folder / name)
-        cells.append(entry)
-    readme = _readme(protocol.name, study.digest, len(study.chosen), len(cells))
-    write_acted_document(
-        folder, FORMAT, study, inputs=inputs, logged_to=logged_to, cells=cells, readme=readme
-    )
+    written = export_acted(folder, FORMAT, study, inputs, logged_to, _write_cell, _readme)
     for sub, pattern in (
         ("outcomes", "*.csv.gz"),
         ("attention", "*.npy.gz"),
@@ -129,18 +89,48 @@ def export_intervention_evidence(
     return folder
 
 
+def _write_cell(
+    folder: Path, entry: dict, record: queries.CellRecord, cell: intervention_runs.CellResult
+) -> set[Path]:
+    """The reported cell's outcomes, attention maps and patching arrays, named in its ``entry``."""
+    written = set()
+    stem = f"{record.arm}.seed{record.seed}"
+    name = f"outcomes/{stem}.csv.gz"
+    entry["outcomes"] = {
+        "file": name,
+        "sha256": write_gzip(folder, name, _outcome_bytes(cell)),
+        "rows": len(cell.labels),
+        "interventions": list(cell.names),
+        "indices_logged": cell.indices is not None,
+    }
+    written.add(folder / name)
+    if cell.attention is not None:
+        name = f"attention/{stem}.npy.gz"
+        entry["attention"] = {
+            "file": name,
+            "sha256": write_gzip(folder, name, _npy_bytes(cell.attention)),
+            "shape": list(cell.attention.shape),
+            "query": cell.attention_query,
+        }
+        written.add(folder / name)
+    if cell.patching is not None:
+        name = f"patching/{stem}.npz.gz"
+        entry["patching"] = {
+            "file": name,
+            "sha256": write_gzip(folder, name, npz_bytes(cell.patching)),
+            "arrays": sorted(cell.patching),
+        }
+        written.add(folder / name)
+    return written
+
+
 def _readme(name: str, digest: str, reported: int, runs: int) -> str:
     return evidence_readme(
         name,
         digest,
         "intervention",
         f"""
-- `runs.json` (format `{FORMAT}`, JSON with sorted keys): the protocol (its hashed
-  canonical content, hash `{digest}`, and the text of its file and of the acted-on
-  protocol's file, which a rebuild parses again and checks against the hash), the tracking
-  store and experiment as the report names them, the build options and the run the report
-  was logged to, all {runs} cell runs of the hash (any status: run id, status, start and end
-  times in ms since the epoch, params, tags, latest metrics, among them `accuracy/<name>` of
+{runs_item(FORMAT, digest, runs)}`accuracy/<name>` of
   each intervention), the parent runs, and per reported cell its files below with their
   sha256 (of the decompressed bytes).
 - `outcomes/<arm>.seed<seed>.csv.gz`: for each of the {reported} reported cells, one row per
@@ -199,11 +189,9 @@ def _cell(folder: Path, record: queries.CellRecord, entry: dict) -> intervention
     )
 
 
-def load_intervention_evidence(folder: Path) -> ExportedReadout:
-    """The study and build options of an intervention evidence export; no MLflow store is opened.
+EXPORT = ExportKind(load_intervention_protocol, InterventionReadout, "outcomes", _cell)
 
-    Raises:
-        ReportError: A file is missing, damaged or of another format; the message names it.
-    """
-    kind = ExportKind(load_intervention_protocol, InterventionReadout, "outcomes", _cell)
-    return read_document(Path(folder), FORMAT, functools.partial(exported_readout, kind=kind))
+
+def load_evidence(folder: Path) -> ExportedReadout:
+    """The intervention export in ``folder`` read back (``ExportKind.read``); no MLflow store is opened."""
+    return EXPORT.read(folder, FORMAT)

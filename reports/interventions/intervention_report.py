@@ -16,15 +16,12 @@ import numpy as np
 
 from reports import provenance
 from reports.common.report_parts import (
+    ActedBlocks,
     SPLIT_WORDS,
     acted_on_table,
-    cell_warnings,
-    closing_blocks,
-    header_blocks,
 )
 from reports.figures import report_png
 from reports.interventions import intervention_evidence
-from reports.interventions import intervention_study
 from reports.interventions.patching_report import patching_blocks
 from reports.interventions.intervention_study import InterventionReadout
 from reports.output import paired_metrics
@@ -49,12 +46,9 @@ from workbench.report_content.intervention_wording import (
 )
 from workbench.report_content.rounding import bootstrap_display, exact_decimals, fmt
 
-# What reports.common.report_parts.ActedReport reads: this kind, its export, its summary's numbers.
-KIND = "intervention"
-load_study = intervention_study.load_study
-EVIDENCE_FORMAT = intervention_evidence.FORMAT
-export_evidence = intervention_evidence.export_intervention_evidence
-load_evidence = intervention_evidence.load_intervention_evidence
+# What reports.common.report_parts.ActedReport reads: the readout, the export, the summary's numbers.
+READOUT = InterventionReadout
+EVIDENCE = intervention_evidence
 TOP_EFFECTS = 3  # results paragraphs for the largest drops
 DIFFERENCES = "accuracy changes in percentage points (intervened minus intact)"
 
@@ -266,61 +260,51 @@ def build_blocks(
 ) -> tuple[list[Block], list[str], list[str], int, dict[str, float]]:
     """The report's blocks, its warnings, what ``--strict`` refuses, the number of reported cells, and every
     intervention's comparison with the intact model as ``cmp.<arm>.<intervention>_vs_intact.<split>.*`` metrics."""
-    protocol, chosen = study.protocol, study.chosen
-    arms, seeds = list(protocol.arms), list(protocol.seeds)
-    missing, attempts, warnings = cell_warnings(study)
+    protocol, built = study.protocol, ActedBlocks(study)
     e = protocol.evaluation
     split = SPLIT_WORDS[e.split]
-    results: list[Block] = [Heading(2, "Results")]
-    sections: list[Block] = []
-    metrics: dict[str, float] = {}
-    for arm in arms:
-        cells = {s: study.cells[(arm, s)] for s in seeds if (arm, s) in chosen}
-        if not cells:
-            continue
+    for arm, cells in built.reported_arms():
         outcomes = {
             s: CellOutcomes(c.names, c.labels, c.intact_predicted, c.predicted)
             for s, c in cells.items()
         }
         rows = summarize(outcomes, n_resamples, e.confidence, e.seed)
         for r in rows:
-            metrics |= paired_metrics(f"{arm}.{r.name}", "intact", e.split, r.paired, r.bootstrap)
+            built.metrics |= paired_metrics(
+                f"{arm}.{r.name}", "intact", e.split, r.paired, r.bootstrap
+            )
         depth, heads = _shape(protocol, arm, cells)
         accuracies = [100 * o.accuracy() for o in outcomes.values()]
         intact = ", ".join(fmt(a, exact_decimals(accuracies, 2, 3)) for a in accuracies)
-        results.append(
+        built.results.append(
             Para(
                 f"**{arm}**: intact {split} accuracy {intact} % (seeds {', '.join(map(str, cells))}); "
                 f"{len(rows)} interventions, each applied on its own to every cell."
             )
         )
-        results += [
+        built.results += [
             Para(t) for t in (heads_sentence(rows, m, split) for m in ("zero", "mean")) if t
         ]
         top = ranked(rows)[:TOP_EFFECTS]
-        results += [Quote(effect_paragraph(r, split)) for r in top]
-        results += [Para(t) for t in [effect_caveats(top, split)] if t]
-        sections += arm_blocks(arm, rows, cells, protocol, depth, heads, 2, n_resamples)
+        built.results += [Quote(effect_paragraph(r, split)) for r in top]
+        built.results += [Para(t) for t in [effect_caveats(top, split)] if t]
+        built.sections += arm_blocks(arm, rows, cells, protocol, depth, heads, 2, n_resamples)
         if protocol.patching is not None:
-            sections += patching_blocks(
+            built.sections += patching_blocks(
                 arm,
                 {s: c.patching for s, c in cells.items() if c.patching is not None},
                 protocol,
                 2,
                 protocol.model_config(arm).num_prefix_tokens if protocol.acts_on else 1,
             )
-    header = header_blocks(
-        study,
+    return built.finish(
         inputs,
         log_targets,
+        acted_on_blocks,
         what="Intervention",
         settings=f"evaluated on the {split} split; mean ablation over {e.mean_images:,} training "
         f"images (seed {e.mean_seed}).",
-        warnings=warnings,
     )
-    blocks = header + results + sections + closing_blocks(study, attempts, acted_on_blocks)
-    n = len(chosen)
-    return blocks, warnings, provenance.stale_items(attempts, missing), n, metrics
 
 
 def acted_on_blocks(rows: list[tuple[str, int, queries.CellRecord]]) -> list[Block]:

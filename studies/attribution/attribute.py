@@ -23,9 +23,13 @@ from studies.runtime.options import StudyOptions
 from studies.runtime.outcome import CellOutcome
 from studies.runtime.study_kind import open_study, run_cells
 from studies.runtime.study_protocol import ProtocolError
-from studies.runtime.trained_model_kind import ActedCell, TrainedModelKind, trained_model_command
+from studies.runtime.trained_model_kind import (
+    ActedCell,
+    TrainedModelKind,
+    evaluated_split,
+    trained_model_command,
+)
 from tracking.kinds import attribution_runs
-from tracking.record.lease import HEARTBEATS
 from tracking.record.schema import ATTRIBUTION
 from tracking.record.sink import RunSink
 from workbench.attribution import AttributionError, as_glassbox, score_cell
@@ -41,11 +45,7 @@ DEFAULT_PROTOCOL = "studies/protocols/smoke_faithfulness.yaml"
 def scored_images(protocol: AttributionProtocol, data: PreparedData) -> PreparedSplit:
     """The first ``attribution.images`` images of the split, the same for every cell (the pairing)."""
     s = protocol.settings
-    split = data.test if s.split == "test" else data.val
-    if split is None:
-        raise ProtocolError(
-            f"{protocol.source_file}: attribution.split=test but {data.display_name} has no test split"
-        )
+    split = evaluated_split(protocol, data, s.split, "attribution.split")
     if s.images > len(split):
         raise ProtocolError(
             f"{protocol.source_file}: attribution.images={s.images}: the {s.split} split of "
@@ -81,17 +81,9 @@ class AttributionStudy(TrainedModelKind):
     settings_section = "settings"
     images_words = "the first "
 
-    @classmethod
-    def load(cls, path: str) -> AttributionProtocol:
-        return load_attribution_protocol(path)
-
-    @staticmethod
-    def evaluated_images(protocol: AttributionProtocol, data: PreparedData) -> PreparedSplit:
-        return scored_images(protocol, data)
-
-    @staticmethod
-    def code_fingerprint() -> str:
-        return attribution_runs.attribution_code_fingerprint()
+    load = staticmethod(load_attribution_protocol)
+    evaluated_images = staticmethod(scored_images)
+    code_fingerprint = staticmethod(attribution_runs.attribution_code_fingerprint)
 
     def prepare_execution(self, protocol, options: StudyOptions):
         ex = super().prepare_execution(protocol, options)
@@ -142,17 +134,11 @@ class AttributionStudy(TrainedModelKind):
                 progress=bar.update,
                 controls=Controls(s.random_draws, s.sanity_check, cell.seed),
             )
-        HEARTBEATS.check(sink.run_id, verify=True)
         examples = ex.images.images[
             : s.examples
         ].numpy()  # uint8, as in the dataset, for the report's example row
-        metrics = attribution_runs.log_cell(
-            sink,
-            scored,
-            examples,
-            proof,
-            {"acted_on": acted.description, "split": s.split},
-            check=lambda: HEARTBEATS.check(sink.run_id, verify=True),
+        metrics = self.log_outcome(
+            sink, acted, s.split, attribution_runs.log_cell, scored, examples, proof
         )
         rhos = ", ".join(
             f"{m} {metrics[f'rho/{m}']:+.3f}" for m in s.methods if f"rho/{m}" in metrics

@@ -26,12 +26,12 @@ from pathlib import Path
 import click
 import torch
 
+from studies.benchmarks.acted_options import acted_options, cells_of, chosen_arm, load_or_fail
 from workbench.atomic import atomic_write_bytes
 from workbench.attribution import score_cell
 from workbench.models.vit import ViTConfig, VisionTransformer
 from workbench.precision import cpu_name, set_threads
 from workbench.protocol import load_attribution_protocol
-from workbench.protocol.common import ProtocolError
 
 GOAL_SECONDS = 300.0
 GOAL_CONFIGURATION = (
@@ -112,27 +112,8 @@ def time_cells(
 
 
 @click.command("attribute")
-@click.option(
-    "--protocol",
-    "protocol_path",
-    required=True,
-    type=click.Path(exists=True, dir_okay=False),
-    help="Attribution protocol YAML file.",
-)
-@click.option(
-    "--cells",
-    type=click.IntRange(min=1),
-    default=None,
-    help="Cells to time [default: the protocol's, e.g. 5 seeds of one arm].",
-)
-@click.option(
-    "--images",
-    type=click.IntRange(min=1),
-    default=None,
-    help="Images per cell [default: the protocol's image count].",
-)
-@click.option(
-    "--arm", default=None, help="The acted-on arm whose architecture is timed [default: the first]."
+@acted_options(
+    "Attribution", "--images", 1, "Images per cell [default: the protocol's image count]."
 )
 @click.option(
     "--threads",
@@ -151,23 +132,16 @@ def time_cells(
 def benchmark_attribute(protocol_path, cells, images, arm, threads_text, output_dir):
     """Time an attribution protocol's scoring on random-weight models of its architecture (no data, no MLflow store)."""
     counts = thread_counts(threads_text)
-    try:
-        protocol = load_attribution_protocol(protocol_path)
-    except ProtocolError as err:
-        raise click.ClickException(str(err)) from err
+    protocol = load_or_fail(load_attribution_protocol, protocol_path)
     if protocol.acts_on is None:
         raise click.UsageError(
             f"{protocol_path}: acts on a pretrained timm ViT; this benchmark times the acted-on "
             "cells of an ablation protocol"
         )
-    arm = arm or protocol.arms[0]
-    if arm not in protocol.arms:
-        raise click.BadParameter(
-            f"{arm!r}: the protocol acts on {', '.join(protocol.arms)}", param_hint="'--arm'"
-        )
+    arm = chosen_arm(protocol, arm)
     cfg = protocol.model_config(arm)
     s = protocol.settings
-    cells = cells or len([c for c in protocol.cells() if c.arm == arm])
+    cells = cells_of(protocol, arm, cells)
     images = images or s.images
     click.echo(
         f"{protocol.name}: {cells} cells x {images} images, methods {', '.join(s.methods)}, batch "

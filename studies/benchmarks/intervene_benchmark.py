@@ -16,8 +16,8 @@ import statistics
 
 import click
 
+from studies.benchmarks.acted_options import acted_options, cells_of, chosen_arm, load_or_fail
 from studies.runtime.options import threads_option
-from studies.runtime.study_protocol import ProtocolError
 from workbench.data import DEFAULT_SIZES
 from workbench.interventions.benchmark import time_grid
 from workbench.protocol import InterventionProtocol, load_intervention_protocol
@@ -36,27 +36,11 @@ def split_size(protocol: InterventionProtocol) -> int | None:
 
 
 @click.command("intervene")
-@click.option(
-    "--protocol",
-    "protocol_path",
-    required=True,
-    type=click.Path(exists=True, dir_okay=False),
-    help="Intervention protocol YAML file.",
-)
-@click.option(
-    "--cells",
-    type=click.IntRange(min=1),
-    default=None,
-    help="Cells to time [default: the protocol's, e.g. 5 seeds of one arm].",
-)
-@click.option(
+@acted_options(
+    "Intervention",
     "--examples",
-    type=click.IntRange(min=2),
-    default=None,
-    help="Images per cell [default: the protocol's validation size when it fixes one].",
-)
-@click.option(
-    "--arm", default=None, help="The acted-on arm whose architecture is timed [default: the first]."
+    2,
+    "Images per cell [default: the protocol's validation size when it fixes one].",
 )
 @click.option("--device", default="cpu", show_default=True)
 @click.option(
@@ -68,16 +52,9 @@ def split_size(protocol: InterventionProtocol) -> int | None:
 @threads_option
 def benchmark_intervene(protocol_path, cells, examples, arm, device, log, threads):
     """Time an intervention protocol's grid on random-weight models of its architecture (no data, no MLflow store)."""
-    try:
-        protocol = load_intervention_protocol(protocol_path)
-    except ProtocolError as err:
-        raise click.ClickException(str(err)) from err
+    protocol = load_or_fail(load_intervention_protocol, protocol_path)
     if protocol.acts_on is not None:
-        arm = arm or protocol.arms[0]
-        if arm not in protocol.arms:
-            raise click.BadParameter(
-                f"{arm!r}: the protocol acts on {', '.join(protocol.arms)}", param_hint="'--arm'"
-            )
+        arm = chosen_arm(protocol, arm)
         cfg = protocol.model_config(arm)
     else:
         from workbench.interventions.sources import pretrained_model
@@ -85,7 +62,7 @@ def benchmark_intervene(protocol_path, cells, examples, arm, device, log, thread
         spec = protocol.pretrained
         cfg = pretrained_model(spec.model, "random", spec.seed, spec.timm_kwargs).model.cfg
         arm = "pretrained"
-    cells = cells or len([c for c in protocol.cells() if c.arm == arm])
+    cells = cells_of(protocol, arm, cells)
     examples = examples or split_size(protocol)
     if examples is None:
         raise click.UsageError("the protocol does not fix its split's size: give --examples N")

@@ -19,10 +19,13 @@ from tqdm.auto import tqdm
 from studies.runtime.options import StudyOptions
 from studies.runtime.outcome import CellOutcome
 from studies.runtime.study_kind import run_cells
-from studies.runtime.study_protocol import ProtocolError
-from studies.runtime.trained_model_kind import ActedCell, TrainedModelKind, trained_model_command
+from studies.runtime.trained_model_kind import (
+    ActedCell,
+    TrainedModelKind,
+    evaluated_split,
+    trained_model_command,
+)
 from tracking.kinds import intervention_runs
-from tracking.record.lease import HEARTBEATS
 from tracking.record.schema import INTERVENTION
 from tracking.record.sink import RunSink
 from workbench.data import PreparedData, PreparedSplit
@@ -47,23 +50,12 @@ class InterventionStudy(TrainedModelKind):
     done = "evaluated"
     work = "evaluating interventions"
 
-    @classmethod
-    def load(cls, path: str) -> InterventionProtocol:
-        return load_intervention_protocol(path)
+    load = staticmethod(load_intervention_protocol)
+    code_fingerprint = staticmethod(intervention_runs.intervention_code_fingerprint)
 
     @staticmethod
     def evaluated_images(protocol: InterventionProtocol, data: PreparedData) -> PreparedSplit:
-        split = data.test if protocol.evaluation.split == "test" else data.val
-        if split is None:
-            raise ProtocolError(
-                f"{protocol.source_file}: evaluation.split=test but {data.display_name} "
-                "has no test split"
-            )
-        return split
-
-    @staticmethod
-    def code_fingerprint() -> str:
-        return intervention_runs.intervention_code_fingerprint()
+        return evaluated_split(protocol, data, protocol.evaluation.split, "evaluation.split")
 
     def plan(self, cell: InterventionCell, acted: ActedCell) -> tuple[list, dict]:
         p, e = self.ex.protocol, self.ex.protocol.evaluation
@@ -117,15 +109,8 @@ class InterventionStudy(TrainedModelKind):
             if patching is not None
             else None
         )
-        HEARTBEATS.check(sink.run_id, verify=True)
-        intervention_runs.log_cell(
-            sink,
-            ev,
-            proof,
-            reference,
-            {"acted_on": acted.description, "split": e.split},
-            check=lambda: HEARTBEATS.check(sink.run_id, verify=True),
-            patching=patched,
+        self.log_outcome(
+            sink, acted, e.split, intervention_runs.log_cell, ev, proof, reference, patching=patched
         )
         worst = min(ev.metrics().items(), key=lambda kv: kv[1]["accuracy_change"], default=None)
         worst_text = (

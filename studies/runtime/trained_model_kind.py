@@ -11,6 +11,7 @@ writes what differs: its protocol, its images, its parameters, its evaluation.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import time
 from abc import abstractmethod
@@ -33,6 +34,7 @@ from tracking.kinds import intervention_runs
 from tracking.kinds.transfer_runs import find_finished_cell
 from tracking.record.cell_runs import open_leased_run
 from tracking.kinds.training_runs import log_kernel_identity
+from tracking.record.lease import HEARTBEATS
 from tracking.record.protocol_runs import STARTED_TAG
 from tracking.record.schema import RUN_NAME, SOURCE_IDENTITY, SOURCE_RUN_ID, TRUE, cell_tags
 from tracking.record.sink import RunSink
@@ -116,6 +118,17 @@ def inputs_for(
     return Inputs(ex.data.norm, batch_size, ex.device, resize_to, resolve_amp(amp, ex.device))
 
 
+def evaluated_split(protocol, data: PreparedData, split: str, key: str) -> PreparedSplit:
+    """The ``val`` or ``test`` split the protocol names at ``key``; a test split the data lacks is
+    refused with the file and key, before any run opens."""
+    chosen = data.test if split == "test" else data.val
+    if chosen is None:
+        raise ProtocolError(
+            f"{protocol.source_file}: {key}=test but {data.display_name} has no test split"
+        )
+    return chosen
+
+
 class TrainedModelKind(StudyKind):
     """A protocol that acts on trained models: one cell per arm and seed (or the one pretrained model).
 
@@ -146,6 +159,16 @@ class TrainedModelKind(StudyKind):
     @abstractmethod
     def code_fingerprint() -> str:
         """The fingerprint of the code that computes this kind's results (part of each cell's key)."""
+
+    @staticmethod
+    def log_outcome(sink: RunSink, acted: ActedCell, split: str, log, *outcome, **options):
+        """``log(sink, *outcome, params, check=..., **options)``: the kind's ``log_cell`` with the
+        cell's params (what it acted on, the split) once the cell's lease is checked again, and
+        again as it logs, so a cell whose lease was taken over writes nothing more."""
+        check = functools.partial(HEARTBEATS.check, sink.run_id, verify=True)
+        check()
+        params = {"acted_on": acted.description, "split": split}
+        return log(sink, *outcome, params, check=check, **options)
 
     def settings(self, protocol):
         """The protocol's section that says how cells are evaluated (``split``, ``batch_size``)."""

@@ -33,20 +33,19 @@ interventions. Keys, types, errors and the hash follow ``workbench.protocol.comm
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
 from workbench.models.vit import ViTConfig
 from workbench.protocol import common
-from workbench.protocol.common import SCHEMA_VERSION, ProtocolError
+from workbench.protocol.common import ProtocolError
 from workbench.protocol.intervention import (
     ActingProtocol,
-    ActsOn,
     InterventionCell,
-    Pretrained,
-    acts_on_section,
+    acted_sources,
+    acting_fields,
+    evaluation_section,
     parse_header,
-    pretrained_section,
 )
 
 TOP_KEYS = ("name", "description", "acts_on", "pretrained", "attribution", "evaluation")
@@ -119,68 +118,28 @@ AttributionCell = InterventionCell  # one acted-on model: an arm at a seed, as f
 
 @dataclass(frozen=True)
 class AttributionProtocol(ActingProtocol):
-    name: str
-    description: str
-    acts_on: ActsOn | None
-    pretrained: Pretrained | None
     settings: AttributionSettings
     evaluation: AttributionEvaluation
-    hash: str
-    canonical: dict = field(repr=False, compare=False)
-    source_file: str = field(default="<protocol>", compare=False)
-    source: Any = field(default=None, repr=False, compare=False)  # the acted-on ablation Protocol
 
     kind = "attribution"
 
 
 def parse_attribution_protocol(data: Any, source: str = "<protocol>") -> AttributionProtocol:
-    """Validate parsed YAML into an ``AttributionProtocol``; ``source`` starts every error message.
-
-    An ``acts_on`` protocol is read from the folder of ``source`` and must have the pinned hash.
-    """
-
-    def fail(msg: str) -> AttributionProtocolError:
-        return AttributionProtocolError(f"{source}: {msg}")
-
-    top, name, text = parse_header(data, fail, TOP_KEYS, REQUIRED_TOP)
-    settings = _settings(top["attribution"], fail)
-    evaluation = AttributionEvaluation(
-        **common.section(
-            top.get("evaluation"),
-            "evaluation",
-            AttributionEvaluation,
-            common.field_names(AttributionEvaluation),
-            fail,
-        )
-    )
+    """Validate parsed YAML into an ``AttributionProtocol``; ``source`` starts every error message."""
+    head = parse_header(data, source, AttributionProtocolError, TOP_KEYS, REQUIRED_TOP)
+    settings = _settings(head.top["attribution"], head.fail)
+    evaluation = evaluation_section(head, AttributionEvaluation)
     if not 0.0 < evaluation.confidence < 1.0:
-        raise fail(f"evaluation.confidence={evaluation.confidence!r}: must be in (0, 1)")
-    acts_on = pretrained = acted = None
-    if "acts_on" in top:
-        acts_on, acted = acts_on_section(
-            top["acts_on"],
-            source,
-            fail,
-            acts="attribution maps are read off ViT attention and tokens",
-            refuse=_not_cls_pooled,
-        )
-    else:
-        pretrained = pretrained_section(top["pretrained"], fail)
-    canonical, digest = common.canonical_and_hash(
-        {
-            "schema": SCHEMA_VERSION,
-            "kind": "attribution",
-            "name": name,
-            "description": text,
-            "acts_on": asdict(acts_on) if acts_on else None,
-            "pretrained": asdict(pretrained) if pretrained else None,
-            "attribution": canonical_settings(settings),
-            "evaluation": asdict(evaluation),
-        }
+        raise head.fail(f"evaluation.confidence={evaluation.confidence!r}: must be in (0, 1)")
+    sources = acted_sources(
+        head,
+        acts="attribution maps are read off ViT attention and tokens",
+        refuse=_not_cls_pooled,
     )
-    return AttributionProtocol(
-        name, text, acts_on, pretrained, settings, evaluation, digest, canonical, source, acted
+    fields = acting_fields(
+        "attribution", head, sources, evaluation, attribution=canonical_settings(settings)
     )
+    return AttributionProtocol(settings, evaluation, **fields)
 
 
 def _not_cls_pooled(cfg: ViTConfig) -> str | None:

@@ -30,7 +30,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from collections.abc import Callable
+from typing import Any, Literal, NamedTuple
 
 from workbench.data.locate import DATASET_NAMES
 from workbench.interventions.spec import (
@@ -244,9 +245,21 @@ class _Named:
     name: str
 
 
+@dataclass(frozen=True, kw_only=True)
 class ActingProtocol:
-    """What a protocol acting on trained models (interventions, attribution) answers the same way:
-    its arms and seeds (the acted-on cells, or the one pretrained model), cells and configs."""
+    """What a protocol acting on trained models (interventions, attribution) holds and answers the
+    same way: its header, what it acts on, its hash; its arms and seeds (the acted-on cells, or the
+    one pretrained model), cells and configs. A kind adds its sections as positional fields
+    (keyword-only here, so a kind's own fields keep their place before these)."""
+
+    name: str
+    description: str
+    acts_on: ActsOn | None
+    pretrained: Pretrained | None
+    hash: str
+    canonical: dict = field(repr=False, compare=False)
+    source_file: str = field(default="<protocol>", compare=False)
+    source: Any = field(default=None, repr=False, compare=False)  # the acted-on ablation Protocol
 
     @property
     def short_hash(self) -> str:
@@ -276,8 +289,34 @@ class ActingProtocol:
         return arm_model_config(self.source, arm)
 
 
-def parse_header(data: Any, fail, top_keys: tuple[str, ...], required: tuple[str, ...]):
-    """(top mapping, name, description) of an acting protocol, with exactly one of acts_on / pretrained."""
+class Header(NamedTuple):
+    """An acting protocol's checked header: its top mapping, name and description, the file it was
+    read from and ``fail(msg)``, the kind's error with that file starting its message."""
+
+    top: dict
+    name: str
+    text: str
+    source: str
+    fail: Callable[[str], ProtocolError]
+
+
+class ActedSources(NamedTuple):
+    """What an acting protocol acts on: exactly one of ``acts_on`` and ``pretrained``, and the
+    acted-on ablation protocol (with ``acts_on``)."""
+
+    acts_on: ActsOn | None
+    pretrained: Pretrained | None
+    acted: Any
+
+
+def parse_header(
+    data: Any, source: str, error: type[ProtocolError], top_keys: tuple[str, ...], required
+) -> Header:
+    """The header of an acting protocol, with exactly one of acts_on / pretrained."""
+
+    def fail(msg: str) -> ProtocolError:
+        return error(f"{source}: {msg}")
+
     common.check_finite(data, fail)
     top = common.mapping(data, "", top_keys, fail)
     common.required(top, required, "", fail)
@@ -287,21 +326,71 @@ def parse_header(data: Any, fail, top_keys: tuple[str, ...], required: tuple[str
         raise fail(
             "give exactly one of acts_on (trained cells of an ablation protocol) or pretrained (a timm ViT)"
         )
-    return top, name, text
+    return Header(top, name, text, source, fail)
+
+
+def evaluation_section(head: Header, settings: type):
+    """The ``evaluation`` section as ``settings`` (a dataclass; its defaults where it is absent)."""
+    return settings(
+        **common.section(
+            head.top.get("evaluation"),
+            "evaluation",
+            settings,
+            common.field_names(settings),
+            head.fail,
+        )
+    )
+
+
+def acted_sources(head: Header, **acts_on_checks) -> ActedSources:
+    """What the protocol acts on; ``acts_on_checks`` go to ``acts_on_section``.
+
+    An ``acts_on`` protocol is read from the folder of the header's ``source`` file and must
+    have the pinned hash.
+    """
+    if "acts_on" in head.top:
+        acts_on, acted = acts_on_section(
+            head.top["acts_on"], head.source, head.fail, **acts_on_checks
+        )
+        return ActedSources(acts_on, None, acted)
+    return ActedSources(None, pretrained_section(head.top["pretrained"], head.fail), None)
+
+
+def acting_fields(
+    kind: str, head: Header, sources: ActedSources, evaluation, **sections
+) -> dict[str, Any]:
+    """The ``ActingProtocol`` fields of a parsed protocol, its canonical content and hash among
+    them: its header, what it acts on and its ``evaluation``, then the kind's own ``sections``
+    (every kind hashes the same keys for these, so none of them moves a hash)."""
+    name, text, (acts_on, pretrained, acted) = head.name, head.text, sources
+    canonical, digest = common.canonical_and_hash(
+        {
+            "schema": SCHEMA_VERSION,
+            "kind": kind,
+            "name": name,
+            "description": text,
+            "acts_on": asdict(acts_on) if acts_on else None,
+            "pretrained": asdict(pretrained) if pretrained else None,
+            "evaluation": asdict(evaluation),
+            **sections,
+        }
+    )
+    return dict(
+        name=name,
+        description=text,
+        acts_on=acts_on,
+        pretrained=pretrained,
+        hash=digest,
+        canonical=canonical,
+        source_file=head.source,
+        source=acted,
+    )
 
 
 @dataclass(frozen=True)
 class InterventionProtocol(ActingProtocol):
-    name: str
-    description: str
-    acts_on: ActsOn | None
-    pretrained: Pretrained | None
     grid: Grid
     evaluation: InterventionEvaluation
-    hash: str
-    canonical: dict = field(repr=False, compare=False)
-    source_file: str = field(default="<protocol>", compare=False)
-    source: Any = field(default=None, repr=False, compare=False)  # the acted-on ablation Protocol
     patching: PatchingSpec | None = None  # absent from the canonical form (and hash) when None
 
     kind = "intervention"
@@ -314,61 +403,26 @@ class InterventionProtocol(ActingProtocol):
 
 
 def parse_intervention_protocol(data: Any, source: str = "<protocol>") -> InterventionProtocol:
-    """Validate parsed YAML into an ``InterventionProtocol``; ``source`` starts every error message.
-
-    An ``acts_on`` protocol is read from the folder of ``source`` and must have the pinned hash.
-    """
-
-    def fail(msg: str) -> InterventionProtocolError:
-        return InterventionProtocolError(f"{source}: {msg}")
-
-    top, name, text = parse_header(data, fail, TOP_KEYS, REQUIRED_TOP)
-    grid = _grid(top["interventions"], fail)
-    evaluation = InterventionEvaluation(
-        **common.section(
-            top.get("evaluation"),
-            "evaluation",
-            InterventionEvaluation,
-            common.field_names(InterventionEvaluation),
-            fail,
-        )
-    )
-    _check_evaluation(evaluation, grid, fail)
-    patching = _patching(top["patching"], fail) if "patching" in top else None
-    acts_on = pretrained = acted = None
-    if "acts_on" in top:
-        acts_on, acted = acts_on_section(top["acts_on"], source, fail)
-        for arm in acts_on.arms:
-            _check_grid(grid, arm_model_config(acted, arm), f"arm {arm}", fail)
-    else:
-        pretrained = pretrained_section(top["pretrained"], fail)
-    canonical, digest = common.canonical_and_hash(
-        {
-            "schema": SCHEMA_VERSION,
-            "kind": "intervention",
-            "name": name,
-            "description": text,
-            "acts_on": asdict(acts_on) if acts_on else None,
-            "pretrained": asdict(pretrained) if pretrained else None,
-            "interventions": asdict(grid),
-            "evaluation": asdict(evaluation),
-            # only when given: every protocol without it keeps its hash
-            **({"patching": asdict(patching)} if patching is not None else {}),
-        }
-    )
-    return InterventionProtocol(
-        name,
-        text,
-        acts_on,
-        pretrained,
-        grid,
+    """Validate parsed YAML into an ``InterventionProtocol``; ``source`` starts every error message
+    (the grid is checked against every acted-on arm's model as the file is read)."""
+    head = parse_header(data, source, InterventionProtocolError, TOP_KEYS, REQUIRED_TOP)
+    grid = _grid(head.top["interventions"], head.fail)
+    evaluation = evaluation_section(head, InterventionEvaluation)
+    _check_evaluation(evaluation, grid, head.fail)
+    patching = _patching(head.top["patching"], head.fail) if "patching" in head.top else None
+    sources = acted_sources(head)
+    for arm in sources.acts_on.arms if sources.acts_on else ():
+        _check_grid(grid, arm_model_config(sources.acted, arm), f"arm {arm}", head.fail)
+    fields = acting_fields(
+        "intervention",
+        head,
+        sources,
         evaluation,
-        digest,
-        canonical,
-        source,
-        acted,
-        patching,
+        interventions=asdict(grid),
+        # only when given: every protocol without it keeps its hash
+        **({"patching": asdict(patching)} if patching is not None else {}),
     )
+    return InterventionProtocol(grid, evaluation, patching, **fields)
 
 
 def _patching(value: Any, fail) -> PatchingSpec:
