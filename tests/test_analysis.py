@@ -204,7 +204,7 @@ def test_every_figure_is_a_png_of_figsize_times_dpi(tmp_path):
         ),
         "summary": result_figures.summary_figure(
             [
-                result_figures.ArmSummary(
+                result_figures.ArmHeadline(
                     "vit", "tiny", 123, {"val": {0: 0.5, 1: 0.6}}, {0: 2, 1: 1}
                 )
             ],
@@ -308,7 +308,7 @@ def test_summary_figure_of_eleven_arms_keeps_its_table_inside_and_names_every_ba
 
     rng = np.random.default_rng(0)
     arms = [
-        result_figures.ArmSummary(
+        result_figures.ArmHeadline(
             f"arm{i}",
             "cifar_vit",
             1_000_000 + i,

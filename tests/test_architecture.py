@@ -340,3 +340,24 @@ def test_no_source_file_of_the_four_layers_is_ignored_by_git():
         ["git", "check-ignore", "--no-index", *files], cwd=root, capture_output=True, text=True
     ).stdout.split()
     assert not ignored, f"source files git ignores (add an exception to .gitignore): {ignored}"
+
+
+# Two classes named Evaluation stay: renaming either moves a code fingerprint (the transfer
+# runner's in workbench/transfer, the intervention evaluator's in workbench/interventions) and so
+# the identity of every published transfer or intervention cell; they wait for a change that moves
+# those fingerprints anyway.
+SHARED_CLASS_NAMES = {"Evaluation": 2}
+
+
+def test_class_names_are_unique_across_the_layers():
+    seen: dict[str, list[str]] = {}
+    for name, path in modules().items():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ClassDef):
+                seen.setdefault(node.name, []).append(name)
+    repeated = {
+        cls: where
+        for cls, where in seen.items()
+        if len(where) > 1 and len(where) != SHARED_CLASS_NAMES.get(cls)
+    }
+    assert not repeated, f"class names defined in more than one module: {repeated}"

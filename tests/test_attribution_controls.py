@@ -19,7 +19,7 @@ from reports.attribution import control_blocks
 from reports.attribution import controls
 from reports.attribution.faithfulness import faithfulness_rows
 from reports.render import Table
-from tracking.kinds.attribution_runs import CellResult, per_image_arrays
+from tracking.kinds.attribution_runs import AttributionCellResult, per_image_arrays
 from workbench.attribution import score_cell, spearman_per_image
 from workbench.attribution.controls import (
     Controls,
@@ -112,7 +112,7 @@ def test_the_randomisation_check_flags_maps_that_do_not_depend_on_the_weights(tw
     top_only = randomised_blocks(model, 1, seed=0)
     assert torch.equal(top_only.blocks[0].attn.qkv.weight, model.blocks[0].attn.qkv.weight)
     cells = {
-        s: CellResult(None, per_image_arrays(c, np.zeros((0, 1, 8, 8))))
+        s: AttributionCellResult(None, per_image_arrays(c, np.zeros((0, 1, 8, 8))))
         for s, (*_, c) in two_cells.items()
     }
     flagged = {r.method: r.survives for r in controls.sanity(cells)}
@@ -138,7 +138,7 @@ def test_fisher_z_intervals_stay_inside_minus_one_one():
 
 def test_the_report_sections_compare_with_the_draws_every_pair_and_every_class(two_cells):
     cells = {
-        s: CellResult(None, per_image_arrays(c, np.zeros((0, 1, 8, 8))))
+        s: AttributionCellResult(None, per_image_arrays(c, np.zeros((0, 1, 8, 8))))
         for s, (*_, c) in two_cells.items()
     }
     draws = controls.against_draws(cells, 50, 0.95, 0)
@@ -200,7 +200,7 @@ def test_protocol_controls_are_optional_and_checked(tmp_path):
 
 def test_a_map_without_rho_in_every_seed_has_no_comparison_row_and_breaks_nothing(two_cells):
     cells = {
-        s: CellResult(None, per_image_arrays(c, np.zeros((0, 1, 8, 8))))
+        s: AttributionCellResult(None, per_image_arrays(c, np.zeros((0, 1, 8, 8))))
         for s, (*_, c) in two_cells.items()
     }
     for cell in cells.values():  # as for a centre prior on a grid where every patch is as central

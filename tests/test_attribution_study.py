@@ -139,8 +139,11 @@ def test_a_cells_metrics_and_arrays_are_what_the_module_says(scored):
 
 
 def _with_concentration(
-    cell: attribution_runs.CellResult, rng: np.random.Generator, registers: int = 2, heads: int = 3
-) -> attribution_runs.CellResult:
+    cell: attribution_runs.AttributionCellResult,
+    rng: np.random.Generator,
+    registers: int = 2,
+    heads: int = 3,
+) -> attribution_runs.AttributionCellResult:
     """The cell's arrays with random concentration arrays and ``registers`` register tokens' norms."""
     a = dict(cell.arrays)
     depth, n, _ = a["norms"].shape
@@ -151,7 +154,7 @@ def _with_concentration(
     }
     for key in attribution_runs.CONCENTRATION_ARRAYS:
         a[key] = rng.random((depth, n, heads) if key.endswith("_heads") else (depth, n))
-    return attribution_runs.CellResult(cell.record, a)
+    return attribution_runs.AttributionCellResult(cell.record, a)
 
 
 def test_concentration_numbers_are_the_arrays_recomputed_and_old_cells_have_none():
@@ -205,7 +208,7 @@ def _share_on_top(attention: np.ndarray, ranked: np.ndarray, top: int) -> np.nda
 
 def _cell(
     rng: np.random.Generator, seed: int, n: int = 20, p: int = 9, shift: float = 0.0
-) -> attribution_runs.CellResult:
+) -> attribution_runs.AttributionCellResult:
     """A cell's arrays with random numbers (no model): the report computes from these alone."""
     fractions = np.linspace(0, 1, p + 1)
     arrays = {
@@ -231,7 +234,7 @@ def _cell(
         arrays[f"scores/{m}"] = rng.random((n, p))
     arrays["rho/rollout"][3] = np.nan  # an image where rho is undefined
     record = CellRecord(f"run{seed}", "vit", seed, "FINISHED", "c" * 40, "false", 0, 1, "", {}, {})
-    return attribution_runs.CellResult(record, arrays)
+    return attribution_runs.AttributionCellResult(record, arrays)
 
 
 def test_the_report_numbers_are_the_per_image_arrays_recomputed():

@@ -1,6 +1,6 @@
 """A transfer study's evidence export: written, read back offline, the same numbers as the store's.
 
-Default tier (well under 2 s): a hand-made ``TransferData`` (the records, logged files and
+Default tier (well under 2 s): a hand-made ``TransferReportData`` (the records, logged files and
 execution that ``workbench transfer`` writes, no MLflow) exported and read back with the
 store forbidden gives back the same cells and, computed again, every number of the section
 with a difference of exactly 0; a changed file or protocol is refused naming it; the source
@@ -39,7 +39,7 @@ from reports.build import build_from_evidence, build_report
 from reports.collect import ReportError
 from reports.provenance import BuildInputs
 from reports.transfer.transfer_blocks import source_text
-from reports.transfer.transfer_data import ReportedCell, TransferData, compute_section
+from reports.transfer.transfer_data import ReportedCell, TransferReportData, compute_section
 from reports.transfer.transfer_evidence import (
     FORMAT,
     export_transfer_evidence,
@@ -107,7 +107,7 @@ def _record(
     )
 
 
-def tiny_data(tmp_path: Path) -> TransferData:
+def tiny_data(tmp_path: Path) -> TransferReportData:
     """Four reported cells, an older finished run and a newer KILLED attempt the choice must skip."""
     path = tmp_path / "tiny_transfer.yaml"
     path.write_text(PROTOCOL)
@@ -138,7 +138,7 @@ def tiny_data(tmp_path: Path) -> TransferData:
         "params": dict(EXECUTION_PARAMS),
         "tags": {"source_identity": "s1"},
     }
-    return TransferData(
+    return TransferReportData(
         protocol,
         PROTOCOL,
         protocol.hash,
@@ -151,7 +151,7 @@ def tiny_data(tmp_path: Path) -> TransferData:
     )
 
 
-def inputs_of(data: TransferData) -> BuildInputs:
+def inputs_of(data: TransferReportData) -> BuildInputs:
     return BuildInputs(data.source, data.digest, None, None, [], RESAMPLES, 0, 0.95, False)
 
 

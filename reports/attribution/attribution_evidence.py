@@ -60,7 +60,10 @@ def export_evidence(
 
 
 def _write_arrays(
-    folder: Path, entry: dict, record: queries.CellRecord, cell: attribution_runs.CellResult
+    folder: Path,
+    entry: dict,
+    record: queries.CellRecord,
+    cell: attribution_runs.AttributionCellResult,
 ) -> set[Path]:
     """The reported cell's arrays as ``arrays/<arm>.seed<seed>.npz``, named in its ``entry``."""
     name = f"arrays/{record.arm}.seed{record.seed}.npz"
@@ -111,7 +114,7 @@ def _readme(name: str, digest: str, reported: int, runs: int) -> str:
 
 def exported_cell(
     folder: Path, record: queries.CellRecord, entry: dict
-) -> attribution_runs.CellResult:
+) -> attribution_runs.AttributionCellResult:
     info = entry["arrays"]
     path = folder / info["file"]
     try:
@@ -128,7 +131,7 @@ def exported_cell(
     shapes = {k: list(np.shape(v)) for k, v in sorted(arrays.items())}
     if shapes != info["shapes"]:
         raise ReportError(f"{path}: its arrays are not the ones {RUNS_FILE} lists")
-    return attribution_runs.CellResult(record, arrays)
+    return attribution_runs.AttributionCellResult(record, arrays)
 
 
 EXPORT = ExportKind(load_attribution_protocol, AttributionReadout, "arrays", exported_cell)

@@ -44,7 +44,7 @@ from reports.attribution.controls import against_draws, has_draws
 from reports.figures import report_png
 from reports.output import paired_metrics
 from reports.render import Block, Figure, Heading, Para, Table
-from tracking.kinds.attribution_runs import CellResult
+from tracking.kinds.attribution_runs import AttributionCellResult
 from tracking.record import queries
 from workbench.analysis.common import display_images
 from workbench.attribution import attribution_figures
@@ -404,7 +404,7 @@ def concentration_panels(blocks: list[BlockConcentration]) -> tuple[dict, dict]:
 def arm_blocks(
     arm: str,
     rows: list[MeasureRow],
-    cells: dict[int, CellResult],
+    cells: dict[int, AttributionCellResult],
     protocol: AttributionProtocol,
     n_resamples: int,
     draws: list | None = None,

@@ -14,4 +14,4 @@ class AttributionReadout(Readout, kind="attribution", runs=attribution_runs, com
     """Every cell run of the hash, the run chosen per cell and its per-image arrays."""
 
     protocol: AttributionProtocol
-    cells: dict[tuple[str, int], attribution_runs.CellResult]
+    cells: dict[tuple[str, int], attribution_runs.AttributionCellResult]

@@ -15,7 +15,7 @@ from reports.attribution import controls
 from reports.attribution.faithfulness import BASELINE, BETTER, MEASURES, MeasureRow
 from reports.figures import report_png
 from reports.render import Block, Bullets, Figure, Heading, Para, Table
-from tracking.kinds.attribution_runs import CellResult
+from tracking.kinds.attribution_runs import AttributionCellResult
 from workbench.attribution import attribution_figures
 from workbench.attribution.controls import SURVIVES
 from workbench.data import cifar10, fashion_mnist
@@ -66,7 +66,7 @@ def class_names(dataset: str | None, classes) -> dict[int, str]:
     return {k: names[k] if k < len(names) else f"class {k}" for k in classes}
 
 
-def near_chance(arm: str, cells: dict[int, CellResult], num_classes: int) -> list[str]:
+def near_chance(arm: str, cells: dict[int, AttributionCellResult], num_classes: int) -> list[str]:
     """A warning per cell whose intact accuracy is below ``NEAR_CHANCE`` x chance (1 / classes)."""
     out = []
     for s, cell in sorted(cells.items()):
@@ -82,7 +82,11 @@ def near_chance(arm: str, cells: dict[int, CellResult], num_classes: int) -> lis
 
 
 def answers(
-    arm: str, rows: list[MeasureRow], cells: dict[int, CellResult], confidence: float, draws
+    arm: str,
+    rows: list[MeasureRow],
+    cells: dict[int, AttributionCellResult],
+    confidence: float,
+    draws,
 ) -> Bullets:
     """One line per method: its rho with the Fisher-z interval, and per AUC how often it beat random."""
     lines = []
@@ -117,7 +121,7 @@ def answers(
     return Bullets(lines)
 
 
-def _oracle_para(cells: dict[int, CellResult], rows: list[MeasureRow]) -> Para | None:
+def _oracle_para(cells: dict[int, AttributionCellResult], rows: list[MeasureRow]) -> Para | None:
     by = {(r.method, r.measure): r.mean if r.over_seeds else math.nan for r in rows}
     methods = list(dict.fromkeys(r.method for r in rows))
     if controls.ORACLE not in methods:
@@ -142,7 +146,9 @@ def _oracle_para(cells: dict[int, CellResult], rows: list[MeasureRow]) -> Para |
     )
 
 
-def _start_blocks(arm: str, cells: dict[int, CellResult], names: dict[int, str]) -> list[Block]:
+def _start_blocks(
+    arm: str, cells: dict[int, AttributionCellResult], names: dict[int, str]
+) -> list[Block]:
     rows = controls.insertion_start(cells)
     body = [
         [
@@ -367,7 +373,7 @@ def _sanity_blocks(arm, cells, title) -> list[Block]:
 def control_blocks(
     arm: str,
     rows: list[MeasureRow],
-    cells: dict[int, CellResult],
+    cells: dict[int, AttributionCellResult],
     draws: list,
     *,
     confidence: float,
@@ -412,7 +418,7 @@ def draws_paragraph(arm: str, draws: list, split: str) -> Para:
     )
 
 
-def num_classes_of(protocol, arm: str, cells: dict[int, CellResult]) -> int:
+def num_classes_of(protocol, arm: str, cells: dict[int, AttributionCellResult]) -> int:
     """The acted-on model's classes (from its config; a pretrained model: the labels seen)."""
     if protocol.acts_on is not None:
         return int(protocol.model_config(arm).num_classes)

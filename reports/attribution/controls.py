@@ -33,7 +33,7 @@ from reports.attribution.faithfulness import (
     seed_value,
     value_bootstrap,
 )
-from tracking.kinds.attribution_runs import CellResult
+from tracking.kinds.attribution_runs import AttributionCellResult
 from workbench import stats
 from workbench.attribution.controls import SURVIVES
 
@@ -46,15 +46,15 @@ def _shared(a: dict[int, float], b: dict[int, float]) -> list[int]:
     return [s for s in sorted(a) if math.isfinite(a[s]) and math.isfinite(b.get(s, math.nan))]
 
 
-def has_draws(cells: dict[int, CellResult]) -> bool:
+def has_draws(cells: dict[int, AttributionCellResult]) -> bool:
     return all(f"random_draws/{m}" in c.arrays for c in cells.values() for m in MEASURES)
 
 
-def has_sanity(cells: dict[int, CellResult]) -> bool:
+def has_sanity(cells: dict[int, AttributionCellResult]) -> bool:
     return all(any(k.startswith("sanity/") for k in c.arrays) for c in cells.values())
 
 
-def has_start(cells: dict[int, CellResult]) -> bool:
+def has_start(cells: dict[int, AttributionCellResult]) -> bool:
     return all("insertion_start_predicted" in c.arrays for c in cells.values())
 
 
@@ -91,12 +91,12 @@ class DrawSpread:
     high: dict[int, float]
 
 
-def draw_means(cell: CellResult, measure: str) -> np.ndarray:
+def draw_means(cell: AttributionCellResult, measure: str) -> np.ndarray:
     """``(D,)`` each draw's mean over the images (rho: over the images where it is defined)."""
     return np.array([seed_value(row) for row in cell.arrays[f"random_draws/{measure}"]])
 
 
-def draw_spread(cells: dict[int, CellResult]) -> list[DrawSpread]:
+def draw_spread(cells: dict[int, AttributionCellResult]) -> list[DrawSpread]:
     out = []
     for measure in MEASURES:
         means = {s: draw_means(c, measure) for s, c in sorted(cells.items())}
@@ -113,7 +113,7 @@ def draw_spread(cells: dict[int, CellResult]) -> list[DrawSpread]:
 
 
 def against_draws(
-    cells: dict[int, CellResult], n_resamples: int, confidence: float, seed: int
+    cells: dict[int, AttributionCellResult], n_resamples: int, confidence: float, seed: int
 ) -> list[DrawComparison]:
     """Every method but ``random`` against the random draws, per measure."""
     methods = [m for m in next(iter(cells.values())).methods if m != BASELINE]
@@ -165,7 +165,7 @@ class PairRow:
 
 
 def pairwise(
-    cells: dict[int, CellResult], n_resamples: int, confidence: float, seed: int
+    cells: dict[int, AttributionCellResult], n_resamples: int, confidence: float, seed: int
 ) -> list[PairRow]:
     """Every pair of methods (the random order left out: the draws are its comparison), per measure."""
     methods = [m for m in next(iter(cells.values())).methods if m != BASELINE]
@@ -222,7 +222,7 @@ class ClassRow:
         return (up, down) if up and down else None
 
 
-def per_class(cells: dict[int, CellResult]) -> list[ClassRow]:
+def per_class(cells: dict[int, AttributionCellResult]) -> list[ClassRow]:
     """rho per class, and each AUC per class as method - random (the draws' mean where logged)."""
     first = next(iter(cells.values()))
     methods = [m for m in first.methods if m != BASELINE]
@@ -261,7 +261,7 @@ class SanityRow:
         return math.isfinite(self.per_step[-1]) and self.per_step[-1] >= SURVIVES
 
 
-def sanity(cells: dict[int, CellResult]) -> list[SanityRow]:
+def sanity(cells: dict[int, AttributionCellResult]) -> list[SanityRow]:
     first = next(iter(cells.values()))
     methods = [m for m in first.methods if f"sanity/{m}" in first.arrays]
     out = []
@@ -288,7 +288,7 @@ class StartRow:
     true_class_prob: float  # the mean true-class probability: the insertion curves' first point
 
 
-def insertion_start(cells: dict[int, CellResult]) -> list[StartRow]:
+def insertion_start(cells: dict[int, AttributionCellResult]) -> list[StartRow]:
     out = []
     for s, c in sorted(cells.items()):
         a = c.arrays
@@ -306,7 +306,7 @@ def insertion_start(cells: dict[int, CellResult]) -> list[StartRow]:
     return out
 
 
-def rho_interval(cells: dict[int, CellResult], method: str, confidence: float):
+def rho_interval(cells: dict[int, AttributionCellResult], method: str, confidence: float):
     """(mean over seeds, Fisher-z interval) of a method's rho."""
     values = {s: seed_value(per_image(c, method, "rho")) for s, c in cells.items()}
     defined = [v for v in values.values() if math.isfinite(v)]

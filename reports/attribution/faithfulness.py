@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tracking.kinds.attribution_runs import CONCENTRATION_KEYS, TOP_TOKENS, CellResult
+from tracking.kinds.attribution_runs import CONCENTRATION_KEYS, TOP_TOKENS, AttributionCellResult
 from workbench import stats
 from workbench.attribution import attention_mass_on, auc, top_mask
 
@@ -28,7 +28,7 @@ BETTER = {"rho": 1.0, "deletion_auc": -1.0, "insertion_auc": 1.0}
 BASELINE = "random"
 
 
-def per_image(cell: CellResult, method: str, measure: str) -> np.ndarray:
+def per_image(cell: AttributionCellResult, method: str, measure: str) -> np.ndarray:
     """``(N,)`` one measure of every image of a cell (rho NaN where undefined)."""
     if measure == "rho":
         return np.asarray(cell.per_method("rho", method), dtype=np.float64)
@@ -108,7 +108,7 @@ class MeasureRow:
 
 
 def faithfulness_rows(
-    cells: dict[int, CellResult], n_resamples: int, confidence: float, seed: int
+    cells: dict[int, AttributionCellResult], n_resamples: int, confidence: float, seed: int
 ) -> list[MeasureRow]:
     """Every (method, measure) of one arm's cells (seed -> cell), in method order then ``MEASURES``."""
     methods = next(iter(cells.values())).methods
@@ -153,7 +153,7 @@ def faithfulness_rows(
 
 
 def mean_curves(
-    cells: dict[int, CellResult], method: str, kind: str
+    cells: dict[int, AttributionCellResult], method: str, kind: str
 ) -> tuple[np.ndarray, np.ndarray]:
     """(fractions ``(F,)``, seed-major ``(S, F)`` mean true-class probability over each seed's images)."""
     seeds = sorted(cells)
@@ -183,7 +183,7 @@ class BlockNorms:
     ]  # (row, col) -> high-norm tokens there, all seeds and images
 
 
-def block_norms(cells: dict[int, CellResult]) -> list[BlockNorms]:
+def block_norms(cells: dict[int, AttributionCellResult]) -> list[BlockNorms]:
     """Per block: the numbers of the token-norm table, recomputed from the logged norms."""
     first = next(iter(cells.values())).arrays
     depth, cols = first["norms"].shape[0], int(first["grid"][1])
@@ -241,7 +241,7 @@ class AttentionOnEffects:
     concentration: dict[int, float]  # CLS attention share on its own ``top`` most-attended tokens
 
 
-def attention_on_effects(cells: dict[int, CellResult]) -> AttentionOnEffects:
+def attention_on_effects(cells: dict[int, AttributionCellResult]) -> AttentionOnEffects:
     """The last block's CLS attention against the causal effects, from the logged arrays."""
     p = next(iter(cells.values())).arrays["effects"].shape[1]
     top = min(TOP_TOKENS, p)
@@ -278,12 +278,12 @@ class BlockConcentration:
     register_norm_ratio: dict[int, float]
 
 
-def has_concentration(cells: dict[int, CellResult]) -> bool:
+def has_concentration(cells: dict[int, AttributionCellResult]) -> bool:
     """Whether every cell logged the concentration arrays (evidence exported before them has none)."""
     return all(all(k in c.arrays for k in CONCENTRATION_KEYS) for c in cells.values())
 
 
-def block_concentration(cells: dict[int, CellResult]) -> list[BlockConcentration]:
+def block_concentration(cells: dict[int, AttributionCellResult]) -> list[BlockConcentration]:
     """Per block, the concentration of CLS attention per seed, from the logged per-image arrays."""
     first = next(iter(cells.values())).arrays
     depth, patches = first["cls_attention_entropy"].shape[0], first["effects"].shape[1]

@@ -54,7 +54,7 @@ FORMAT = "workbench-intervention-evidence/1"
 FIXED_COLUMNS = ("index", "label", "intact")
 
 
-def _outcome_bytes(cell: intervention_runs.CellResult) -> bytes:
+def _outcome_bytes(cell: intervention_runs.InterventionCellResult) -> bytes:
     """The cell's outcomes as CSV text: one row per example, one column per intervention."""
     n = len(cell.labels)
     indices = (
@@ -90,7 +90,10 @@ def export_evidence(
 
 
 def _write_cell(
-    folder: Path, entry: dict, record: queries.CellRecord, cell: intervention_runs.CellResult
+    folder: Path,
+    entry: dict,
+    record: queries.CellRecord,
+    cell: intervention_runs.InterventionCellResult,
 ) -> set[Path]:
     """The reported cell's outcomes, attention maps and patching arrays, named in its ``entry``."""
     written = set()
@@ -149,7 +152,9 @@ def _readme(name: str, digest: str, reported: int, runs: int) -> str:
 # --------------------------------------------------------------------------------- load
 
 
-def _cell(folder: Path, record: queries.CellRecord, entry: dict) -> intervention_runs.CellResult:
+def _cell(
+    folder: Path, record: queries.CellRecord, entry: dict
+) -> intervention_runs.InterventionCellResult:
     info = entry["outcomes"]
     path = folder / info["file"]
     table = pd.read_csv(io.BytesIO(read_gzip(path, info["sha256"])))
@@ -176,7 +181,7 @@ def _cell(folder: Path, record: queries.CellRecord, entry: dict) -> intervention
             patching = {k: z[k] for k in z.files}
         if sorted(patching) != p["arrays"]:
             raise ReportError(f"{folder / p['file']}: expected the arrays {', '.join(p['arrays'])}")
-    return intervention_runs.CellResult(
+    return intervention_runs.InterventionCellResult(
         record,
         names,
         values[:, 1],

@@ -170,7 +170,7 @@ def consistency_table(rows: list[InterventionRow], modes: list[str]) -> list[Blo
 def arm_blocks(
     arm: str,
     rows: list[InterventionRow],
-    cells: dict[int, intervention_runs.CellResult],
+    cells: dict[int, intervention_runs.InterventionCellResult],
     protocol: InterventionProtocol,
     depth: int,
     heads: int,
@@ -324,7 +324,9 @@ def acted_on_blocks(rows: list[tuple[str, int, queries.CellRecord]]) -> list[Blo
 
 
 def _shape(
-    protocol: InterventionProtocol, arm: str, cells: dict[int, intervention_runs.CellResult]
+    protocol: InterventionProtocol,
+    arm: str,
+    cells: dict[int, intervention_runs.InterventionCellResult],
 ) -> tuple[int, int]:
     """(depth, heads) of the arm's model: from its config, or from the logged attention maps (pretrained)."""
     if protocol.acts_on is not None:

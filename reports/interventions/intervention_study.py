@@ -16,4 +16,4 @@ class InterventionReadout(
     """Every cell run of the hash, the run chosen per cell and its outcomes."""
 
     protocol: InterventionProtocol
-    cells: dict[tuple[str, int], intervention_runs.CellResult]
+    cells: dict[tuple[str, int], intervention_runs.InterventionCellResult]

@@ -41,7 +41,7 @@ class ReportedCell:
 
 
 @dataclass
-class TransferData:
+class TransferReportData:
     """What the transfer report is computed from (from the store, or read back from an evidence export).
 
     Attributes:
@@ -94,7 +94,7 @@ def _files(run_id: str, folder: Path) -> dict[str, bytes]:
 
 def load_data(
     protocol: TransferProtocol, protocol_text: str, digest: str, source: str
-) -> TransferData:
+) -> TransferReportData:
     """The study from the MLflow store.
 
     Raises:
@@ -116,7 +116,7 @@ def load_data(
             for key, r in chosen.items()
         }
     parents = [p.run_id for p in queries.parent_runs(protocol.name, digest)]
-    return TransferData(
+    return TransferReportData(
         protocol,
         protocol_text,
         digest,
@@ -129,7 +129,7 @@ def load_data(
     )
 
 
-def compute_section(data: TransferData, n_resamples: int) -> TransferSection:
+def compute_section(data: TransferReportData, n_resamples: int) -> TransferSection:
     """The report's numbers, from the chosen cells' test predictions (no store is read)."""
     cells = [
         transfer_runs.cell_predictions(c.record, read_predictions(io.BytesIO(c.files["test"])))

@@ -16,7 +16,7 @@
   for byte: ``index, label, predicted, loss, prob_*``.
 - ``README.md``: the format in words, and the command that rebuilds the report.
 
-``load_transfer_evidence`` reads it back into the ``TransferData`` the report is rendered
+``load_transfer_evidence`` reads it back into the ``TransferReportData`` the report is rendered
 from, choosing one run per cell by the rule the store build uses
 (``tracking.kinds.transfer_runs.choose_cells``). The shared mechanics (cleaned run records, gzip
 without a timestamp, sha256 checks, atomic writes) are ``reports.evidence``'s.
@@ -48,7 +48,7 @@ from reports.evidence import (
     write_gzip,
 )
 from reports.provenance import BuildInputs
-from reports.transfer.transfer_data import ReportedCell, TransferData
+from reports.transfer.transfer_data import ReportedCell, TransferReportData
 from tracking.export import run_export
 from tracking.kinds import transfer_runs
 from tracking.record.schema import SOURCE_IDENTITY
@@ -83,7 +83,7 @@ def _curve_rows(curve: dict[int, float]) -> list[list]:
 
 
 def export_transfer_evidence(
-    folder: Path, data: TransferData, inputs: BuildInputs, logged_to: list[str]
+    folder: Path, data: TransferReportData, inputs: BuildInputs, logged_to: list[str]
 ) -> Path:
     """Write ``folder`` (``runs.json``, ``predictions/``, ``README.md``) for ``data`` as reported."""
     protocol, cells, written = data.protocol, [], set()
@@ -168,7 +168,7 @@ def _readme(name: str, digest: str, reported: int, runs: int) -> str:
 class TransferEvidence:
     """A transfer study read back from its evidence export, with what the report was built with."""
 
-    data: TransferData
+    data: TransferReportData
     inputs: BuildInputs
     logged_to: list[str]
 
@@ -205,7 +205,7 @@ def _evidence(folder: Path, doc: dict) -> TransferEvidence:
             f"{where}: no finished cell run of the execution's source: nothing to rebuild"
         )
     cells = {key: _cell(folder, where, r, entries[r.run_id]) for key, r in chosen.items()}
-    data = TransferData(
+    data = TransferReportData(
         protocol,
         p["file"]["text"],
         p["hash"],

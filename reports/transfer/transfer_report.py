@@ -1,6 +1,6 @@
 """Build a transfer protocol's report: the same pipeline, files, provenance and checks as an ablation report.
 
-The numbers come from a ``TransferData`` (``reports.transfer.transfer_data``: the newest finished
+The numbers come from a ``TransferReportData`` (``reports.transfer.transfer_data``: the newest finished
 run of each (regime, seed) of the hash, for the source of the newest execution, read from the
 store or from an evidence export); the cells' records give the provenance table, the compute
 cost and the newer unfinished attempts.
@@ -18,7 +18,7 @@ from reports.collect import ReportError, newer_attempts, resolve_hash, shown_pat
 from reports.render import Block, Bullets, Heading, Para, Table
 from reports.transfer import transfer_blocks
 from reports.output import ReportResult, Summary, paired_metrics, results_text, write_report
-from reports.transfer.transfer_data import TransferData, compute_section, load_data
+from reports.transfer.transfer_data import TransferReportData, compute_section, load_data
 from tracking.record import queries
 from tracking.record.queries import CellRecord
 from workbench.protocol import SHORT_HASH_LEN, TransferProtocol, load_transfer_protocol
@@ -168,7 +168,7 @@ def source_warnings(canonical: dict, execution: dict) -> list[str]:
 
 
 def build_blocks(
-    data: TransferData,
+    data: TransferReportData,
     section: TransferSection,
     inputs: provenance.BuildInputs,
     log_targets: list[str],
@@ -291,7 +291,7 @@ def stored_by_name(name: str, hash_prefix: str | None) -> TransferProtocol | Non
 
 def load_study(
     protocol: TransferProtocol, hash_prefix: str | None, from_store: bool = False
-) -> TransferData:
+) -> TransferReportData:
     """What the report of the hash to report is computed from, with the protocol of that hash.
 
     Another recorded hash than the file's is reported with the protocol file its parent run
@@ -326,7 +326,7 @@ def load_study(
 
 
 def render_transfer_study(
-    data: TransferData, inputs: provenance.BuildInputs, out_root: Path, log_targets: list[str]
+    data: TransferReportData, inputs: provenance.BuildInputs, out_root: Path, log_targets: list[str]
 ) -> ReportResult:
     """Compute the section and write the report files of ``data`` (from the store or an evidence export)."""
     protocol, short = data.protocol, data.digest[:SHORT_HASH_LEN]

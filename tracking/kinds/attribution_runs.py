@@ -401,7 +401,7 @@ def log_cell(
 
 
 @dataclass
-class CellResult:
+class AttributionCellResult:
     """One finished attribution cell as the report reads it: its record and its ``per_image.npz`` arrays."""
 
     record: CellRecord
@@ -432,7 +432,7 @@ def finished_cells(
     return choose_cells(records), records
 
 
-def read_cell(record: CellRecord, workdir: Path) -> CellResult:
+def read_cell(record: CellRecord, workdir: Path) -> AttributionCellResult:
     """The per-image arrays a finished cell logged."""
     path = queries.download_artifact(record.run_id, PER_IMAGE, Path(workdir) / record.run_id)
-    return CellResult(record, read_npz(path.read_bytes()))
+    return AttributionCellResult(record, read_npz(path.read_bytes()))

@@ -180,7 +180,7 @@ def _patching_metrics(result) -> dict[str, float]:
 
 
 @dataclass
-class CellResult:
+class InterventionCellResult:
     """One finished intervention cell as the report reads it."""
 
     record: CellRecord
@@ -221,7 +221,7 @@ def choose_cells(records: list[CellRecord]) -> dict[tuple[str, int], CellRecord]
     return chosen
 
 
-def read_cell(record: CellRecord, workdir: Path) -> CellResult:
+def read_cell(record: CellRecord, workdir: Path) -> InterventionCellResult:
     """The per-example outcomes and attention maps a finished cell logged."""
     folder = Path(workdir) / record.run_id
     with np.load(queries.download_artifact(record.run_id, PER_EXAMPLE, folder)) as z:
@@ -232,7 +232,7 @@ def read_cell(record: CellRecord, workdir: Path) -> CellResult:
     if queries.has_artifact(record.run_id, ATTENTION):
         with np.load(queries.download_artifact(record.run_id, ATTENTION, folder)) as z:
             attention, query = z["maps"], str(z["query"])
-    return CellResult(
+    return InterventionCellResult(
         record,
         names,
         labels,

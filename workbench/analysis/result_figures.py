@@ -235,7 +235,7 @@ def tsne_figure(
 
 
 @dataclass
-class ArmSummary:
+class ArmHeadline:
     """Headline numbers of one arm.
 
     Attributes:
@@ -254,7 +254,7 @@ class ArmSummary:
 
 
 def summary_figure(
-    arms: Sequence[ArmSummary], title: str, note: str = "", dpi: int = DPI
+    arms: Sequence[ArmHeadline], title: str, note: str = "", dpi: int = DPI
 ) -> Figure:
     """Headline numbers in one figure: accuracy per arm and split with per-seed points, and a table.
 

@@ -256,11 +256,11 @@ def study_figures(
     )
 
 
-def _summaries(runs: list[RunInputs], arms: list[str]) -> list[result_figures.ArmSummary]:
+def _summaries(runs: list[RunInputs], arms: list[str]) -> list[result_figures.ArmHeadline]:
     out = []
     for arm in arms:
         mine = [r for r in runs if r.arm == arm]
-        summary = result_figures.ArmSummary(
+        summary = result_figures.ArmHeadline(
             arm, mine[0].model_name, count_parameters(mine[0].model)[0]
         )
         for r in mine:
