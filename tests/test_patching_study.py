@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 from mlflow.tracking import MlflowClient
 
-from test_intervene import intervene, runs, trained, trained_store  # noqa: F401 (fixtures)
+from acted_kinds import cell_runs
+from test_intervene import intervene, trained, trained_store  # noqa: F401 (fixtures)
 from reports.build import build_report
 from workbench.protocol.intervention import parse_intervention_protocol
 
@@ -36,7 +37,7 @@ def test_patching_is_logged_per_cell_rerun_skips_and_the_report_shows_the_maps(
     assert "patching: 4 pairs in" in outcomes[0].message
     assert "reload proof: reproduced 6 saved predictions" in outcomes[0].message
     client = MlflowClient()
-    cells = runs("tiny_patching")
+    cells = cell_runs("tiny_patching")
     assert len(cells) == 2 and len({r.data.tags["mlflow.parentRunId"] for r in cells}) == 1
     for cell in cells:
         local = (
