@@ -188,6 +188,7 @@ def test_status_finds_a_study_whose_experiment_was_renamed_as_ablate_does(setup)
     assert client.get_experiment_by_name("tiny") is None, "status created an experiment"
 
 
+@pytest.mark.slow  # 12-21 s on 2 busy cores: keeps the default tier under 5 minutes (docs/testing.md)
 def test_a_changed_protocol_with_the_same_name_is_refused(setup):
     tmp_path, folder = setup
     path = write_protocol(tmp_path, epochs=1)

@@ -295,6 +295,7 @@ def test_readers_of_a_store_that_does_not_exist_say_so_and_create_none(tmp_path,
     assert not (tmp_path / "mlflow.db").exists()
 
 
+@pytest.mark.slow  # a fresh interpreter and a report: 8-16 s; keeps the default tier under 5 minutes (docs/testing.md)
 def test_report_by_name_in_a_fresh_process_creates_no_store(tmp_path):
     """As a user runs it: a fresh process (no MLflow URI left set by another test) in an empty folder.
 

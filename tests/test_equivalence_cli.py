@@ -14,6 +14,7 @@ from mlflow.tracking import MlflowClient
 from studies.cli import main
 
 
+@pytest.mark.slow  # 12-21 s on 2 busy cores: keeps the default tier under 5 minutes (docs/testing.md)
 def test_equivalence_run_is_logged_with_metrics_artifacts_and_verdict(mlflow_store, tmp_path):
     result = CliRunner().invoke(
         main, ["equivalence", "--model", "vit_tiny_patch16_224", "--batch", "1"]

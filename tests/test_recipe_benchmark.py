@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pandas as pd
+import pytest
 
 from studies.benchmarks.recipe_benchmark import compare_cells, summary
 from synthetic import synthetic_data, tiny_config
@@ -26,6 +27,7 @@ def test_plain_loop_trains_exactly_what_the_workbench_trains(tmp_path):
     assert plain.epochs_run == len(ours.history) and plain.seconds > 0
 
 
+@pytest.mark.slow  # 12-21 s on 2 busy cores: keeps the default tier under 5 minutes (docs/testing.md)
 def test_compare_cells_times_both_and_reports_the_ratio(mlflow_store, tmp_path):
     data = synthetic_data(96, 48, 20)
     cfg = tiny_config(epochs=1, evaluate_test=True)

@@ -5,12 +5,14 @@ from __future__ import annotations
 import math
 
 import mlflow
+import pytest
 import torch
 
 from studies.benchmarks import train_benchmark
 from synthetic import tiny_config
 
 
+@pytest.mark.slow  # 12-21 s on 2 busy cores: keeps the default tier under 5 minutes (docs/testing.md)
 def test_bench_arm_gives_one_row_per_variant_with_spreads_and_ratios(monkeypatch):
     def broken_compile(module, **_):  # the compile variants take the eager fallback here
         def call(_images):
