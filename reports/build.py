@@ -74,6 +74,8 @@ def parse_compare(values: tuple[str, ...] | list[str]) -> list[tuple[str, str]]:
         a, sep, b = value.partition(":")
         if not sep or not a or not b:
             raise ReportError(f"--compare {value!r}: expected ARM_A:ARM_B")
+        if a == b:
+            raise ReportError(f"--compare {value!r}: an arm against itself")
         pairs.append((a, b))
     return pairs
 
@@ -141,6 +143,7 @@ def build_report(
             log=log,
             strict=strict,
             evidence=evidence,
+            compare=compare,
         )
     if path is None and "/" not in protocol and not protocol.endswith((".yaml", ".yml")):
         for name in ACTED_REPORTS:

@@ -39,7 +39,7 @@ from reports.common.report_parts import (
     SPLIT_WORDS,
     acted_on_table,
 )
-from reports.attribution import control_blocks
+from reports.attribution import arm_pairs, control_blocks
 from reports.attribution.controls import against_draws, has_draws
 from reports.figures import report_png
 from reports.output import paired_metrics
@@ -559,6 +559,46 @@ def acted_on_blocks(rows: list[tuple[str, int, queries.CellRecord]]) -> list[Blo
     )
 
 
+# The attribution report compares arms on request (``--compare A:B``); ``reports.build`` asks this.
+COMPARES_ARMS = True
+
+
+def compared_arms(
+    built: ActedBlocks, inputs: provenance.BuildInputs, n_resamples: int
+) -> list[Block]:
+    """The ``--compare`` pairs' section (empty without any), before the per-arm sections."""
+    if not inputs.compare:
+        return []
+    e, s = built.study.protocol.evaluation, built.study.protocol.settings
+    arms = dict(built.reported_arms())
+    blocks: list[Block] = [
+        Heading(2, "Arm against arm"),
+        Para(
+            "Each pair asked for with `--compare A:B`: the same methods, scored on the same images, in "
+            "two acted-on arms."
+        ),
+    ]
+    for a, b in inputs.compare:
+        missing = [arm for arm in (a, b) if arm not in arms]
+        if missing:
+            built.warnings.append(
+                f"--compare {a}:{b}: no reported cell of {', '.join(missing)}; the pair is left out"
+            )
+            continue
+        blocks += arm_pairs.pair_blocks(
+            a,
+            b,
+            arms[a],
+            arms[b],
+            n_resamples=n_resamples,
+            confidence=e.confidence,
+            seed=e.seed,
+            norm_threshold=s.norm_threshold,
+            split=SPLIT_WORDS[s.split],
+        )
+    return blocks
+
+
 def build_blocks(
     study: AttributionReadout,
     inputs: provenance.BuildInputs,
@@ -604,6 +644,7 @@ def build_blocks(
             else Para(results_paragraph(arm, rows, split))
         )
         built.sections += arm_blocks(arm, rows, cells, protocol, n_resamples, draws)
+    built.sections = compared_arms(built, inputs, n_resamples) + built.sections
     built.results.append(
         Para(
             "Faithful here means agreeing with what the exact token drop measures on this model; a map "

@@ -75,6 +75,8 @@ def evidence_document(
             "confidence": inputs.confidence,
             "strict": inputs.strict,
             "logged_to": list(logged_to),
+            # only where asked for: exports without pairs keep the keys they always had
+            **({"compare": [list(p) for p in inputs.compare]} if inputs.compare else {}),
         },
         "parents": [run_export.run_record(run_id) for run_id in parents],
         "cells": cells,
@@ -210,7 +212,7 @@ def exported_inputs(p: dict, build: dict, seed: int, confidence: float) -> Build
         p["hash"],
         build["hash_option"],
         None,
-        [],
+        [(a, b) for a, b in build.get("compare", [])],
         int(build["resamples"]),
         seed,
         confidence,

@@ -210,9 +210,12 @@ class ActedReport:
         log: bool,
         strict: bool,
         evidence: bool,
+        compare: list[tuple[str, str]] | None = None,
     ) -> ReportResult:
         """Build, write and (optionally) log the report, and with ``evidence`` export what it was
-        computed from to ``<out_root>/<name>/evidence/``."""
+        computed from to ``<out_root>/<name>/evidence/``. ``compare``: arm pairs, for the kinds
+        whose module sets ``COMPARES_ARMS`` (refused in one line for the others)."""
+        self.check_compare(protocol, compare or [])
         counts = queries.hash_counts(protocol.name)
         digest = resolve_hash(protocol.name, counts, hash_prefix, protocol.hash)
         if digest != protocol.hash:
@@ -228,7 +231,7 @@ class ActedReport:
             digest,
             hash_prefix,
             None,
-            [],
+            list(compare or []),
             n_resamples,
             protocol.evaluation.seed,
             protocol.evaluation.confidence,
@@ -250,6 +253,23 @@ class ActedReport:
                 f"(rebuild: workbench report --from-evidence {folder} --out-dir DIR)"
             )
         return result
+
+    def check_compare(self, protocol, compare: list[tuple[str, str]]) -> None:
+        """Refuse ``--compare`` for a kind that compares no arms, or naming an arm the protocol lacks."""
+        if not compare:
+            return
+        if not getattr(self.module, "COMPARES_ARMS", False):
+            raise ReportError(
+                f"--compare: not for {BY_NAME[self.kind].article} protocol ({protocol.name}); "
+                "its report sets every intervention against the intact model of the same cell"
+            )
+        for a, b in compare:
+            unknown = [arm for arm in (a, b) if arm not in protocol.arms]
+            if unknown:
+                raise ReportError(
+                    f"--compare {a}:{b}: {', '.join(unknown)} is not an arm {protocol.name} acts on "
+                    f"(arms: {', '.join(protocol.arms)})"
+                )
 
     def render(
         self, study, inputs: provenance.BuildInputs, out_root: Path, log_targets: list[str]

@@ -50,8 +50,10 @@ from workbench.protocol import ProtocolError
     "--compare",
     multiple=True,
     metavar="A:B",
-    help="Also compare arm A against arm B (every arm is compared with the reference anyway). Repeatable. "
-    "Ablation protocols only (transfer reports compare every pair of regimes).",
+    help="Also compare arm A against arm B. Repeatable. Ablation protocols (every arm is compared with the "
+    "reference anyway) and attribution protocols (each method's faithfulness, token norms and CLS attention "
+    "of two acted-on arms, paired by seed and image); transfer reports compare every pair of regimes, "
+    "intervention reports refuse it.",
 )
 @click.option(
     "--interaction",
