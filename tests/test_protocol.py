@@ -452,7 +452,7 @@ SHIPPED_HASHES = {
     "cifar10_recipe_20ep": "49fcd8a774511a0fb7bcb99fc46f07abfb078e34540f237092b339c066580548",
     "cifar10_fast_path_check": "85eb1dff3458728b1218563c6a4fac5a867db866d48c3a29310c342459b7ca90",
     "cifar10_registers_fp32": "33b55a7634de8cf7aeb4624e8506b20d6ed9499d0a559eb6844ef178b5261d85",
-    "cifar10_seed_table_20ep_fp32": "602ee1f4a7dbc5e87a748d8931a3d50a2d294eb6765e1cca6dfb35bd9d479aee",
+    "cifar10_seed_table_20ep_fp32": "94f5267073fc7a300753cecdff7d41532b1d9ff3ab108fb403fb78fa4dc64c82",
     "fmnist_seed_recipe": "a9df7b8b7b9c2bb7f1f2e1a6f9eb5063367da4767d80b8de94faa276468f1b49",
     "fmnist_seed_recipe_heads": "180efd1f7005ba3afcff6d964786444ec033187b1e661f34a1695019942f5184",
     "fmnist_seed_recipe_patching": "380b069b9ab44e8e274fc5ff9f5ad0110edec3e7201ff7cdf164af2c8666757e",

@@ -32,6 +32,10 @@ Computations (all from ``docs/results/<study>/evidence/``):
   beside the labels of ``<arm>.seed<s>.<split>.csv.gz``, paired by seed: ``mean``, ``low``,
   ``high``, ``wins``, ``losses`` (seeds where a's score is lower, i.e. a better calibrated),
   ``n``; and ``a_mean`` and ``b_mean``, each arm's mean over seeds.
+- ``token_norms``: the largest share (%) of high-norm patch tokens in any block (mean over seeds)
+  and the largest norm over its block's median, from ``arrays/<arm>.seed<s>.npz``.
+- ``faithfulness_difference``: arm a minus arm b of one method's measure, paired by seed:
+  ``mean``, ``low``, ``high``, ``wins``, ``n``.
 - ``faithfulness``: an attribution method's mean over seeds of a measure from
   ``arrays/<arm>.seed<s>.npz``: ``mean``, ``low``, ``high`` (rho: Fisher z; AUCs: t), and
   ``better_than_random`` (seeds where it beats the random order).
@@ -329,7 +333,37 @@ def convergence(root: Path, study: str, arm: str) -> dict[str, float]:
     }
 
 
+def token_norms(root: Path, study: str, arm: str) -> dict[str, float]:
+    """Over an arm's seeds, blocks and scored images: the share of patch tokens (%) whose L2 norm
+    exceeds the study's threshold x the block's median (``largest_share``, the largest over blocks
+    of the per-seed mean), and the largest norm over its block's median (``largest_ratio``)."""
+    cells = _arrays(root, study, arm)
+    shares, ratios = [], []
+    for a in cells.values():
+        median = a["median_norm"][:, None, None]  # (L, 1, 1)
+        shares.append((a["norms"] > float(a["norm_threshold"]) * median).mean(axis=(1, 2)))
+        ratios.append(float((a["norms"] / median).max()))
+    return {
+        "largest_share": float(100 * np.max(np.mean(shares, axis=0))),
+        "largest_ratio": max(ratios),
+        "threshold": float(next(iter(cells.values()))["norm_threshold"]),
+        "n": len(cells),
+    }
+
+
+def faithfulness_difference(
+    root: Path, study: str, a: str, b: str, method: str, measure: str
+) -> dict[str, float]:
+    """Arm a minus arm b of one method's measure (the seed means, as the report's arm against
+    arm): ``mean``, ``low``, ``high`` (t-interval over seeds), ``wins`` (seeds with a - b > 0), ``n``."""
+    va = {s: _measure(x, method, measure) for s, x in _arrays(root, study, a).items()}
+    vb = {s: _measure(x, method, measure) for s, x in _arrays(root, study, b).items()}
+    return _paired(va, vb)
+
+
 COMPUTATIONS: dict[str, Callable[..., dict]] = {
+    "token_norms": token_norms,
+    "faithfulness_difference": faithfulness_difference,
     "convergence": convergence,
     "patching": patching,
     "patching_patch_max": patching_patch_max,
