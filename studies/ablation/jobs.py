@@ -416,6 +416,10 @@ class JobPool:
 
         for _ in range(n_jobs):
             self.launch()
+        # On a terminal the bar is redrawn every pass (its clock moves); into a log file it is
+        # written only when a count or a job's cell changes, not twice a second for hours.
+        redraw_always = sys.stderr.isatty()
+        shown: list[tuple[int, str]] = []
         with tqdm(total=total, desc="cells", unit="cell") as bar:
 
             def progress(_=None) -> None:
@@ -424,7 +428,8 @@ class JobPool:
                         f"{j.index}: {j.current}"
                         for j in self.jobs
                         if j.current and j.process.poll() is None
-                    )
+                    ),
+                    refresh=redraw_always,
                 )
 
             try:
@@ -435,7 +440,10 @@ class JobPool:
                     self.replace_the_dead()
                     bar.n = min(total, cells_done(self.watch()))
                     progress()
-                    bar.refresh()
+                    state = (bar.n, bar.postfix or "")
+                    if redraw_always or shown[-1:] != [state]:
+                        shown[:] = [state]
+                        bar.refresh()
                     if not self.open_streams and all(
                         j.process.poll() is not None for j in self.jobs
                     ):
