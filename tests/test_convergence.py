@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from reports.common.convergence import convergence, convergence_blocks
+from reports.common.convergence import convergence, convergence_blocks, least_squares_slope
 from reports.render import Para, Table, to_markdown
 
 
@@ -46,3 +46,21 @@ def test_the_blocks_count_cells_and_name_the_slope_range():
     assert "from -5.00 to +10.00 points per epoch" in text, text
     assert len(blocks[1].rows) == 2  # the one-epoch cell has no reading
     assert convergence_blocks({("a", 0): {1: 0.1}}, ["a"]) == []
+
+
+def test_a_slope_on_a_rounding_edge_is_exact_and_the_same_on_every_machine():
+    # fmnist_seed_recipe_retrained, cnn seed 4, epochs 16-20 on 800 validation images: the
+    # accuracies are exact binary fractions and the true slope is exactly 33/40 = 0.825 points per
+    # epoch, on the second decimal's edge. polyfit's LAPACK path gave 0.825 +- 1 ulp depending on
+    # the CPU (+0.83 published on one machine, +0.82 rebuilt in CI on another).
+    epochs = [16, 17, 18, 19, 20]
+    values = [100.0 * v for v in (0.76625, 0.7775, 0.78625, 0.805, 0.79375)]
+    slope = least_squares_slope(epochs, values)
+    assert slope == 0.825, f"{slope!r} differs from 0.825 by {abs(slope - 0.825)!r}"
+    assert f"{slope:+.2f}" == "+0.82"  # the float nearest 0.825 lies just below it
+    # reordering the points changes nothing: the sums are exact
+    assert least_squares_slope(epochs[::-1], values[::-1]) == slope
+    # a flat curve's slope is exactly zero, never -0.00
+    assert f"{least_squares_slope([5, 6], [34.65, 34.65]):+.2f}" == "+0.00"
+    with pytest.raises(ValueError, match="2 distinct x values"):
+        least_squares_slope([3, 3], [1.0, 2.0])

@@ -11,12 +11,20 @@ A cell counts as still improving when its best epoch is its last and the late sl
 zero: its curve had not flattened, so a longer schedule could move its accuracy. A best epoch
 before the last, or a late slope at or below zero, is read as flattened. This is a description of
 the logged curve, not a test: a slope from 2 to 5 noisy points has no interval here.
+
+The slope is computed in exact rational arithmetic on the logged floats and rounded once at the
+end, so a curve gives the same slope bit for bit on every machine. Accuracies are counts over a
+fixed validation set, so exact ties at the report's second decimal are common (a 5-epoch fit on
+10,000 images lands on multiples of 0.001 points); numpy's polyfit goes through LAPACK, whose
+last bits vary with the CPU, and one published slope printed +0.83 on one machine and +0.82 on
+another.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from fractions import Fraction
 
 import numpy as np
 
@@ -39,6 +47,19 @@ class Convergence:
         return self.best_epoch == self.epochs and self.late_slope > 0
 
 
+def least_squares_slope(xs: list[int], ys: list[float]) -> float:
+    """The least-squares slope of ys on xs, exact in rationals and rounded once (see above)."""
+    if len(xs) != len(ys) or len(xs) < 2:
+        raise ValueError(f"a slope needs at least 2 paired points, got {len(xs)} and {len(ys)}")
+    x_mean = Fraction(sum(xs), len(xs))
+    exact = [Fraction(y) for y in ys]
+    y_mean = sum(exact) / len(exact)
+    spread = sum((x - x_mean) ** 2 for x in xs)
+    if spread == 0:
+        raise ValueError(f"a slope needs at least 2 distinct x values, got {xs}")
+    return float(sum((x - x_mean) * (y - y_mean) for x, y in zip(xs, exact)) / spread)
+
+
 def convergence(curve: dict[int, float]) -> Convergence | None:
     """A validation-accuracy curve (epoch -> fraction correct) read as above; None if too short."""
     epochs = sorted(curve)
@@ -46,7 +67,7 @@ def convergence(curve: dict[int, float]) -> Convergence | None:
         return None
     values = np.array([100.0 * curve[e] for e in epochs])
     late = max(MIN_LATE_EPOCHS, math.ceil(len(epochs) / 4))
-    slope = float(np.polyfit(np.array(epochs[-late:], dtype=float), values[-late:], 1)[0])
+    slope = least_squares_slope(epochs[-late:], [float(v) for v in values[-late:]])
     best = int(np.argmax(values))  # the first of equal maxima
     return Convergence(
         len(epochs), epochs[best], float(values[best]), float(values[-1]), late, slope
