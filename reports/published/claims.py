@@ -351,13 +351,30 @@ def token_norms(root: Path, study: str, arm: str) -> dict[str, float]:
     }
 
 
+def _beyond_draws(a: dict[str, np.ndarray], method: str, measure: str) -> float:
+    """A seed's mean over images of the method's measure minus the mean of that image's random
+    draws (images where either is undefined left out)."""
+    if measure == "rho":
+        values = a[f"rho/{method}"].astype(np.float64)
+    else:
+        curve = ("deletion_prob/" if measure == "deletion_auc" else "insertion_prob/") + method
+        values = auc(a["fractions"], a[curve]).astype(np.float64)
+    with np.errstate(all="ignore"):
+        per_image = values - np.nanmean(a[f"random_draws/{measure}"].astype(np.float64), axis=0)
+    return float(per_image[np.isfinite(per_image)].mean())
+
+
 def faithfulness_difference(
-    root: Path, study: str, a: str, b: str, method: str, measure: str
+    root: Path, study: str, a: str, b: str, method: str, measure: str, beyond_draws: bool = False
 ) -> dict[str, float]:
     """Arm a minus arm b of one method's measure (the seed means, as the report's arm against
-    arm): ``mean``, ``low``, ``high`` (t-interval over seeds), ``wins`` (seeds with a - b > 0), ``n``."""
-    va = {s: _measure(x, method, measure) for s, x in _arrays(root, study, a).items()}
-    vb = {s: _measure(x, method, measure) for s, x in _arrays(root, study, b).items()}
+    arm): ``mean``, ``low``, ``high`` (t-interval over seeds), ``wins`` (seeds with a - b > 0), ``n``.
+    With ``beyond_draws`` each arm's value is first taken relative to its own random orders, per
+    image (the report's "beyond the random draws" column), so what the change of model does to
+    every token order drops out."""
+    value = _beyond_draws if beyond_draws else _measure
+    va = {s: value(x, method, measure) for s, x in _arrays(root, study, a).items()}
+    vb = {s: value(x, method, measure) for s, x in _arrays(root, study, b).items()}
     return _paired(va, vb)
 
 
