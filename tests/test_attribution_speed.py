@@ -136,6 +136,40 @@ def test_benchmark_attribute_runs_on_a_tiny_setting_and_counts_its_sequences(tmp
     assert "1 thread(s):" in result.output and "x the 300-s goal" in result.output
 
 
+def test_benchmark_attribute_times_the_controls_the_study_runs(tmp_path):
+    # smoke_faithfulness_controls: 8 methods, 10 random draws per image, the randomisation check.
+    # Before, the benchmark left the controls out, so it timed about 40% of a cell of
+    # cifar10_registers_faithfulness and sized that study at a third of what it took.
+    before = torch.get_num_threads()
+    try:
+        result = CliRunner().invoke(
+            cli,
+            [
+                "benchmark-attribute",
+                "--protocol",
+                "studies/protocols/smoke_faithfulness_controls.yaml",
+                "--cells",
+                "1",
+                "--images",
+                "1",
+                "--threads",
+                "1",
+                "--output-dir",
+                str(tmp_path),
+            ],
+        )
+    finally:
+        torch.set_num_threads(before)
+    assert result.exit_code == 0, result.output
+    record = json.loads((tmp_path / "smoke_faithfulness_controls.json").read_text())
+    (timing,) = record["timings"]
+    P, S, D = 49, len(record["methods"]), 10
+    assert S == 8, record["methods"]
+    # the methods' curves as above, then each draw's order: two shared ends, (P - 1) x 2 kinds each
+    methods = 1 + P + 2 + 2 * (P - 1) * S
+    assert timing["forwards"] == methods + 2 + 2 * (P - 1) * D, (timing["forwards"], methods)
+
+
 def test_benchmark_attribute_refuses_a_bad_thread_list_in_one_line(tmp_path):
     result = CliRunner().invoke(
         cli,

@@ -7,7 +7,11 @@ data-dependent control flow: every method, every single-token drop and every cur
 computed for every image), so one seeded random-weight model of the acted-on architecture per
 cell and random images of the model's shape measure it without data, checkpoints or an MLflow
 store. Each cell is the call ``workbench attribute`` makes (``score_cell`` with the protocol's
-methods, norm threshold, random seed and batch size, on its image count, the full curve grid).
+methods, norm threshold, random seed and batch size, on its image count, the full curve grid,
+and its controls: the random draws' curves and the model-randomisation check, which on
+cifar10_registers_faithfulness's patch-4 cells are about 60% of a cell's time; before they were
+passed here the benchmark sized that study at 40 minutes on one core, and it took about three
+times that).
 
 Per thread count: wall time, process CPU time (all threads; on a shared machine the cost,
 where the wall time also holds the waiting), sequences through the blocks (the forward passes
@@ -29,6 +33,7 @@ import torch
 from studies.benchmarks.acted_options import acted_options, cells_of, chosen_arm, load_or_fail
 from workbench.atomic import atomic_write_bytes
 from workbench.attribution import score_cell
+from workbench.attribution.controls import Controls
 from workbench.models.vit import ViTConfig, VisionTransformer
 from workbench.precision import cpu_name, set_threads
 from workbench.protocol import load_attribution_protocol
@@ -92,6 +97,7 @@ def time_cells(
             settings.random_seed,
             settings.norm_threshold,
             batch_size=settings.batch_size,
+            controls=Controls(settings.random_draws, settings.sanity_check, seed),
         )
         per_cell.append(time.perf_counter() - started)
         wall, cpu = wall + per_cell[-1], cpu + time.process_time() - cpu_started
