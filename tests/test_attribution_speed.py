@@ -138,8 +138,8 @@ def test_benchmark_attribute_runs_on_a_tiny_setting_and_counts_its_sequences(tmp
 
 def test_benchmark_attribute_times_the_controls_the_study_runs(tmp_path):
     # smoke_faithfulness_controls: 8 methods, 10 random draws per image, the randomisation check.
-    # Before, the benchmark left the controls out, so it timed about 40% of a cell of
-    # cifar10_registers_faithfulness and sized that study at a third of what it took.
+    # Before, the benchmark left the controls out and sized cifar10_registers_faithfulness at
+    # about 40 minutes on one core; its patch-4 cells took about 33 minutes each.
     before = torch.get_num_threads()
     try:
         result = CliRunner().invoke(

@@ -8,10 +8,9 @@ computed for every image), so one seeded random-weight model of the acted-on arc
 cell and random images of the model's shape measure it without data, checkpoints or an MLflow
 store. Each cell is the call ``workbench attribute`` makes (``score_cell`` with the protocol's
 methods, norm threshold, random seed and batch size, on its image count, the full curve grid,
-and its controls: the random draws' curves and the model-randomisation check, which on
-cifar10_registers_faithfulness's patch-4 cells are about 60% of a cell's time; before they were
-passed here the benchmark sized that study at 40 minutes on one core, and it took about three
-times that).
+and its controls: the random draws' curves and the model-randomisation check. Before they were
+passed here the benchmark sized cifar10_registers_faithfulness at about 40 minutes on one core;
+its patch-4 cells took about 33 minutes each, the randomisation check about 11 of them).
 
 Per thread count: wall time, process CPU time (all threads; on a shared machine the cost,
 where the wall time also holds the waiting), sequences through the blocks (the forward passes
