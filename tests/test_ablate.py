@@ -417,3 +417,52 @@ def test_sigterm_ends_the_parent_and_the_cell_killed_nothing_left_running(setup)
         "KILLED"
     ]
     assert "KILLED" in {r.info.status for r in cell_runs(client, "tiny")}
+
+
+def _arms_command(tmp_path: Path, folder: Path) -> list[str]:
+    path = write_protocol(tmp_path, epochs=1)
+    common = ["--protocol", str(path), "--allow-dirty", "--device", "cpu"]
+    return [*common, "--data-path", str(folder), "--output-dir", str(tmp_path / "out")]
+
+
+def test_an_unknown_arm_is_refused_in_one_line_before_any_run_opens(setup):
+    from click.testing import CliRunner
+
+    tmp_path, folder = setup
+    refused = CliRunner().invoke(
+        ablate.ablate, [*_arms_command(tmp_path, folder), "--arms", "cnn,nope"]
+    )
+    assert refused.exit_code == 2 and "has no arm 'nope' (its arms: vit, cnn)" in refused.output, (
+        refused.output
+    )
+    exp = MlflowClient().get_experiment_by_name("tiny")
+    assert exp is None or not MlflowClient().search_runs([exp.experiment_id]), (
+        "a refused --arms opened a run"
+    )
+
+
+@pytest.mark.slow  # three ablate executions of 2 cells each (about 40 s on 2 busy cores)
+def test_arms_runs_only_those_cells_and_leaves_the_study_scheduled_for_the_rest(setup):
+    """``ablate --arms``: the named arms' cells only, under the study's one parent, which ends
+    SCHEDULED (not FAILED) since the other cells were left on purpose; a later full ablate runs
+    only the rest and ends FINISHED."""
+    from click.testing import CliRunner
+
+    tmp_path, folder = setup
+    common = _arms_command(tmp_path, folder)
+    done = CliRunner().invoke(ablate.ablate, [*common, "--arms", "cnn"])
+    assert done.exit_code == 0, done.output
+    client = MlflowClient()
+    runs = cell_runs(client, "tiny")
+    assert sorted((r.data.tags["arm"], r.data.tags["seed"]) for r in runs) == [
+        ("cnn", "0"),
+        ("cnn", "1"),
+    ]
+    (parent_id,) = {r.data.tags["mlflow.parentRunId"] for r in runs}
+    assert client.get_run(parent_id).info.status == "SCHEDULED"
+
+    rest = CliRunner().invoke(ablate.ablate, common)
+    assert rest.exit_code == 0 and "2 already finished (skipped)" in rest.output, rest.output
+    runs = cell_runs(client, "tiny")
+    assert len(runs) == 4 and {r.data.tags["mlflow.parentRunId"] for r in runs} == {parent_id}
+    assert client.get_run(parent_id).info.status == "FINISHED"

@@ -46,9 +46,14 @@ class AblationStudy(StudyKind):
 
     user_errors = StudyKind.user_errors + (DatasetNotFound,)
 
-    def __init__(self, options: StudyOptions) -> None:
+    def __init__(self, options: StudyOptions, arms: tuple[str, ...] = ()) -> None:
         self.options = options
+        self.arms = arms
         self.data: PreparedData | None = None
+
+    def cells(self, protocol: Protocol) -> list[Cell]:
+        """The protocol's cells, or only those of ``--arms`` when given (the others stay to run later)."""
+        return [c for c in protocol.cells() if not self.arms or c.arm in self.arms]
 
     @classmethod
     def load(cls, path: str) -> Protocol:
@@ -147,6 +152,24 @@ def run_cell(
     return replace(outcome, cell=cell)
 
 
+def arm_order(protocol: Protocol, arms: tuple[str, ...]) -> list[int] | None:
+    """Indices of the cells of ``arms`` in protocol order (None: every cell)."""
+    if not arms:
+        return None
+    return [i for i, c in enumerate(protocol.cells()) if c.arm in arms]
+
+
+def check_arms(protocol: Protocol, protocol_path: str, arms: tuple[str, ...]) -> None:
+    """Refuse an ``--arms`` name the protocol does not have, naming it and the file, before any run opens."""
+    known = [a.name for a in protocol.arms]
+    unknown = [a for a in arms if a not in known]
+    if unknown:
+        raise click.BadParameter(
+            f"{protocol_path} has no arm {', '.join(map(repr, unknown))} (its arms: {', '.join(known)})",
+            param_hint="--arms",
+        )
+
+
 def run_protocol(
     protocol: Protocol, protocol_file: Path, options: StudyOptions
 ) -> list[CellOutcome]:
@@ -178,32 +201,45 @@ def run_protocol(
     f"(default {DEFAULT_THREADS_PER_JOB} per job), through the cell queue; 0: one cell after another in "
     "this process.",
 )
-def ablate(protocol_path, options: StudyOptions, storage, jobs):
+@click.option(
+    "--arms",
+    "arm_names",
+    default="",
+    help="Comma-separated arm names: run only these arms' cells now (the others stay unfinished, for a "
+    "later ablate). The cells and their identity are the protocol's, whichever arms run first.",
+)
+def ablate(protocol_path, options: StudyOptions, storage, jobs, arm_names):
     """Run (or resume) a frozen protocol: every arm at every seed, as MLflow child runs."""
     check_jobs(jobs, storage)
     if storage:
         check_storage_option(storage)  # before any MLflow run exists
     with said_in_one_line(AblationStudy):
         protocol = open_protocol(protocol_path, options.allow_dirty)
+    arms = tuple(a.strip() for a in arm_names.split(",") if a.strip())
+    check_arms(protocol, protocol_path, arms)
     if storage:
-        queue_cells(protocol, Path(protocol_path), storage, options)
+        queue_cells(protocol, Path(protocol_path), storage, options, arms)
         return
     check_protocol_amp(
         protocol, options.device
     )  # here, not when queuing: workers check their own device
     if jobs:
-        tally = run_jobs(protocol, Path(protocol_path), options, jobs=jobs)
+        tally = run_jobs(protocol, Path(protocol_path), options, jobs=jobs, arms=arms)
         click.echo(describe(tally))
         if (
             tally["failed"] or tally["unfinished"]
         ):  # a worker that died and was replaced is not a failed study
             sys.exit(1)
         return
-    run_study(AblationStudy(options), protocol, Path(protocol_path), options)
+    run_study(AblationStudy(options, arms), protocol, Path(protocol_path), options)
 
 
 def queue_cells(
-    protocol: Protocol, protocol_file: Path, storage: str, options: StudyOptions
+    protocol: Protocol,
+    protocol_file: Path,
+    storage: str,
+    options: StudyOptions,
+    arms: tuple[str, ...] = (),
 ) -> None:
     """``--storage``: the unfinished cells queued in an Optuna study for ``workbench worker``, under the parent."""
     from studies.ablation.cell_queue import enqueue_cells, open_storage
@@ -229,6 +265,7 @@ def queue_cells(
             parent.run_id,
             finished_cells(protocol),
             {"allow_dirty": options.allow_dirty, "download": options.download},
+            arm_order(protocol, arms),
         )
     click.echo(
         f"queued {added} cells in {name}; parent run {parent.run_id}. {worker_hint(storage, name)}"

@@ -274,9 +274,16 @@ def outcomes(trials) -> dict[str, int]:
 
 
 def run_jobs(
-    protocol: Protocol, protocol_file: Path, options: StudyOptions, *, jobs: int
+    protocol: Protocol,
+    protocol_file: Path,
+    options: StudyOptions,
+    *,
+    jobs: int,
+    arms: tuple[str, ...] = (),
 ) -> dict[str, int]:
     """Run the protocol's unfinished cells with ``jobs`` local workers; returns the outcome tally.
+
+    ``arms``: only these arms' cells (``ablate --arms``); the others are neither queued nor counted.
 
     ``options.threads``: per job, as the user asked (0: the fixed default, ``DEFAULT_THREADS_PER_JOB``).
     """
@@ -312,10 +319,16 @@ def run_jobs(
     try:
         with (
             sigterm_raises(),
-            held_parent(protocol, protocol_file, allow_dirty, {"queue": "jobs"}) as parent,
+            held_parent(
+                protocol, protocol_file, allow_dirty, {"queue": "jobs"}, subset=bool(arms)
+            ) as parent,
         ):
             order, order_line = longest_first(protocol, data.train.images.shape[-1])
             tqdm.write(order_line)
+            cells = protocol.cells()
+            if arms:
+                order = [i for i in order if cells[i].arm in arms]
+                tqdm.write(f"--arms {','.join(arms)}: {len(order)} of {len(cells)} cells")
             storage = open_storage(storage_url)
             study_name, added = enqueue_cells(
                 protocol,
@@ -326,7 +339,7 @@ def run_jobs(
                 {"allow_dirty": allow_dirty, "download": download},
                 order,
             )
-            skipped = len(protocol.cells()) - added
+            skipped = len(order) - added
             if skipped:
                 tqdm.write(f"{skipped} cells already finished (skipped)")
             cell_queue = CellQueue.load(study_name, storage)

@@ -69,8 +69,13 @@ def held_parent(
     allow_dirty: bool,
     extra_tags: dict | None = None,
     queued: bool = False,
+    subset: bool = False,
 ):
-    """The study's parent run for one execution, closed with a truthful status however it ends."""
+    """The study's parent run for one execution, closed with a truthful status however it ends.
+
+    ``subset``: the execution runs only some of the study's cells on purpose (``ablate --arms``), so
+    the cells it leaves are not missing: the parent ends SCHEDULED until a later execution runs them.
+    """
     parent = open_study_parent(protocol, protocol_file, allow_dirty, extra_tags, log=tqdm.write)
     try:
         yield parent
@@ -94,7 +99,8 @@ def held_parent(
         if parent.work is not None:  # a worker: its record says what it trained, not "queued"
             status = close_study_parent(parent, "worker", work_line(parent.work))
         else:
-            status = close_study_parent(parent, "queued" if queued else "completed")
+            outcome = "queued" if queued else "subset" if subset else "completed"
+            status = close_study_parent(parent, outcome)
         tqdm.write(f"parent run {parent.run_id}: {status}")
 
 

@@ -117,7 +117,11 @@ def run_cells(
     with (
         sigterm_raises(),
         held_parent(
-            protocol, Path(protocol_file), options.allow_dirty, kind.parent_tags()
+            protocol,
+            Path(protocol_file),
+            options.allow_dirty,
+            kind.parent_tags(),
+            subset=len(cells) < len(protocol.cells()),
         ) as parent,
     ):
         kind.begin(parent)

@@ -52,8 +52,9 @@ EXPECTED_TAG = (
     "cells_expected"  # the study's cell count, so a parent can be recounted anywhere (sync)
 )
 COUNT_KEYS = ("finished", "running", "failed", "killed", "superseded", "missing")
-# Executions after which cells not run yet may still be waiting in a queue (not missing).
-QUEUE_OUTCOMES = ("queued", "worker")
+# Executions after which cells not run yet may still be waiting in a queue, or were left for a
+# later execution on purpose (``subset``: ``ablate --arms`` ran only some arms): not missing.
+QUEUE_OUTCOMES = ("queued", "worker", "subset")
 
 
 def work_line(work: dict) -> str:
