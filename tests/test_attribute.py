@@ -221,3 +221,65 @@ def test_a_pretrained_timm_vit_on_an_image_folder(tmp_path, mlflow_store, monkey
     assert (
         "## Attention concentration per block (pretrained)" in md and "on the 1 register, %" in md
     )
+
+
+def test_the_evidence_ships_the_acted_on_weights_and_the_study_re_runs_from_them_in_an_empty_store(
+    trained, monkeypatch, tmp_path
+):
+    """[AA] 5: ``report --evidence`` writes the acted-on cells' weights (safetensors, sha256 in a
+    manifest); ``attribute --cells-from`` re-runs the study from them in a store that has no trained
+    cell, keyed by the same source runs, to the same numbers bit for bit; a tampered file is refused."""
+    import json
+
+    from click.testing import CliRunner
+
+    from studies.attribution.attribute import attribute as attribute_command
+
+    tmp, folder, ablation = trained
+    path = kinds.write_protocol(tmp, ATTRIBUTION, "tiny_weights", ablation)
+    kinds.assert_finished(attribute(tmp, folder, path)[1], 2)
+    original = {
+        (c.data.tags["arm"], c.data.tags["seed"]): c for c in kinds.cell_runs("tiny_weights")
+    }
+    evidence = build_report(str(path), tmp / "reports_w", n_resamples=50, evidence=True).folder
+    evidence = evidence / "evidence"
+    manifest = json.loads((evidence / "weights" / "manifest.json").read_text())
+    assert sorted((c["arm"], c["seed"]) for c in manifest["cells"]) == [("vit", 0), ("vit", 1)]
+    assert "weights/<arm>.seed<seed>/model.safetensors" in (evidence / "README.md").read_text()
+    for c in manifest["cells"]:
+        assert c["source_run_id"] == original[(c["arm"], str(c["seed"]))].data.tags["source_run_id"]
+        assert {Path(f).name for f in c["files"]} == {
+            "config.json",
+            "model.safetensors",
+            "val.csv.gz",
+        }
+
+    fresh = tmp_path / "fresh"
+    fresh.mkdir()
+    kinds.use_store(monkeypatch, fresh)
+    args = ["--protocol", str(path), "--allow-dirty", "--device", "cpu", "--data-path", str(folder)]
+    args += ["--output-dir", str(fresh / "out"), "--cells-from", str(evidence)]
+    done = CliRunner().invoke(attribute_command, args)
+    assert done.exit_code == 0, done.output
+    again = {(c.data.tags["arm"], c.data.tags["seed"]): c for c in kinds.cell_runs("tiny_weights")}
+    assert set(again) == set(original)
+    for key, cell in again.items():
+        before = original[key]
+        assert cell.data.tags["source_run_id"] == before.data.tags["source_run_id"]
+        assert cell.data.tags["run_key"] == before.data.tags["run_key"], "not keyed as the original"
+        metrics = {k: v for k, v in before.data.metrics.items() if "seconds" not in k}
+        differ = {
+            k: (v, cell.data.metrics.get(k))
+            for k, v in metrics.items()
+            if cell.data.metrics.get(k) != v and not np.isnan(v)
+        }
+        assert not differ, (
+            f"{len(differ)} metrics differ from the original study: {list(differ.items())[:5]}"
+        )
+
+    weights = next((evidence / "weights").glob("vit.seed0/model.safetensors"))
+    weights.write_bytes(weights.read_bytes()[:-1] + b"\0")
+    (tmp_path / "other").mkdir()
+    kinds.use_store(monkeypatch, tmp_path / "other")  # a store where the cells are not done yet
+    tampered = CliRunner().invoke(attribute_command, args)
+    assert tampered.exit_code == 1 and "sha256 differs" in tampered.output, tampered.output

@@ -27,6 +27,7 @@ from reports.evidence import (
 )
 from reports.provenance import BuildInputs
 from tracking.export import run_export
+from tracking.export.acted_weights import WeightsExportError, export_weights, weights_readme_item
 from tracking.kinds.intervention_runs import choose_cells
 from tracking.record import queries
 from workbench.protocol import ProtocolError
@@ -99,13 +100,22 @@ def export_acted(
     returns their paths. ``readme(name, digest, reported cells, cell runs)`` is the README.
     Returns every path the cells wrote, so the caller can remove what an older export left.
     """
-    cells, written = [], set()
+    cells, written, acted = [], set(), []
     reported = {r.run_id: key for key, r in study.chosen.items()}
     for record in sorted(study.records, key=lambda r: (r.arm, r.seed, r.run_id)):
         entry = cell_entry(record)
         if record.run_id in reported:
             written |= write_cell(folder, entry, record, study.cells[reported[record.run_id]])
+            if source := record.params.get("source_run_id"):
+                acted.append((record.arm, record.seed, source))
         cells.append(entry)
+    if (
+        study.protocol.acts_on is not None and acted
+    ):  # a pretrained model's weights are pinned, not shipped
+        try:
+            written |= export_weights(folder, study.protocol.acts_on, acted)
+        except WeightsExportError as err:
+            raise ReportError(f"{folder}: the acted-on weights cannot be exported: {err}") from err
     document = evidence_document(
         fmt,
         protocol_entry(study.protocol, study.digest, inputs),
@@ -116,6 +126,9 @@ def export_acted(
         cells=cells,
     )
     readme_text = readme(study.protocol.name, study.digest, len(study.chosen), len(cells))
+    if acted and study.protocol.acts_on is not None:
+        head, sep, tail = readme_text.partition("\nStrings carry no credentials")
+        readme_text = f"{head.rstrip()}\n{weights_readme_item(len(acted))}{sep}{tail}"
     write_document(folder, document, readme_text)
     return written
 

@@ -42,6 +42,7 @@ from tracking.store.session import configure_tracking, environment_tags
 from workbench.data import DatasetNotFound, PreparedData, PreparedSplit, prepare
 from workbench.interventions import InterventionError
 from workbench.interventions.evaluate import Inputs
+from workbench.interventions.published_cells import PublishedCellError, PublishedCells
 from workbench.interventions.sources import (
     ActedModel,
     model_labels,
@@ -136,7 +137,13 @@ class TrainedModelKind(StudyKind):
     ``evaluated_images``, ``code_fingerprint``, ``plan`` and ``evaluate``.
     """
 
-    user_errors = (ProtocolError, SourceError, DatasetNotFound, InterventionError)
+    user_errors = (
+        ProtocolError,
+        SourceError,
+        DatasetNotFound,
+        InterventionError,
+        PublishedCellError,
+    )
     tag: str  # the cell's kind tag and the parent's flag (tracking.record.schema)
     error: type[Exception] = InterventionError  # raised for a cell that cannot be evaluated
     done: str  # what a refused cell did not do: "nothing <done>"
@@ -146,9 +153,11 @@ class TrainedModelKind(StudyKind):
     settings_section: str = "evaluation"  # the protocol's section with ``split`` and ``batch_size``
     images_words: str = ""  # before the header's image count ("the first ")
 
-    def __init__(self, options: StudyOptions) -> None:
+    def __init__(self, options: StudyOptions, cells_from: str | None = None) -> None:
         self.options = options
         self.command_started = time.perf_counter()  # the "in all" of the summary: from the start
+        # --cells-from: the acted-on cells from a published study's evidence, not from the store
+        self.published = PublishedCells(cells_from) if cells_from else None
 
     @staticmethod
     @abstractmethod
@@ -202,6 +211,11 @@ class TrainedModelKind(StudyKind):
         return TrainedModelExecution(protocol, data, images, dev, workdir, pretrained=acted)
 
     def prepare(self, protocol, protocol_file: Path, options: StudyOptions) -> str:
+        if self.published is not None and protocol.acts_on is None:
+            raise ProtocolError(
+                f"{protocol.source_file}: --cells-from gives trained cells, but this protocol acts on "
+                "a pretrained model"
+            )
         configure_tracking()
         self.ex = ex = self.prepare_execution(protocol, options)
         self.acted = (
@@ -264,10 +278,14 @@ class TrainedModelKind(StudyKind):
             return ActedCell(
                 ex.pretrained.model, None, inputs, None, ex.pretrained.description, False
             )
-        trained = intervention_runs.trained_cell(
-            p.acts_on.protocol, p.acts_on.hash, cell.arm, cell.seed, ex.workdir / "sources"
-        )
-        params = trained.run.data.params
+        if self.published is not None:
+            trained = self.published.load(p.acts_on.hash, cell.arm, cell.seed)
+            params = trained.params
+        else:
+            trained = intervention_runs.trained_cell(
+                p.acts_on.protocol, p.acts_on.hash, cell.arm, cell.seed, ex.workdir / "sources"
+            )
+            params = trained.run.data.params
         for key, here in (
             ("data.fingerprint", ex.data.data_fingerprint),
             ("data.split_fingerprint", ex.data.split_fingerprint),
@@ -308,12 +326,13 @@ class TrainedModelKind(StudyKind):
         p = self.ex.protocol
         pretrained = self.ex.pretrained
         try:
-            run_id = (
-                None
-                if pretrained
-                else find_finished_cell(p.acts_on.protocol, p.acts_on.hash, cell.arm, cell.seed)
-            )
-        except SourceError as err:
+            if pretrained:
+                run_id = None
+            elif self.published is not None:
+                run_id = self.published.run_id(p.acts_on.hash, cell.arm, cell.seed)
+            else:
+                run_id = find_finished_cell(p.acts_on.protocol, p.acts_on.hash, cell.arm, cell.seed)
+        except (SourceError, PublishedCellError) as err:
             return CellOutcome(cell, Status.FAILED, f"{cell.key}: {err}")
         identity = pretrained.identity if pretrained else run_id
         tags = cell_tags(
@@ -420,8 +439,16 @@ def trained_model_command(
         help=f"{kind.tag.capitalize()} protocol YAML file.",
     )
     @study_options(f"outputs/{name}", "Downloaded checkpoints of the acted-on cells.")
-    def command(protocol_path, options: StudyOptions):
-        study = kind(options)
+    @click.option(
+        "--cells-from",
+        type=click.Path(exists=True, file_okay=False),
+        default=None,
+        help="A published study's evidence folder that ships the acted-on weights "
+        "(docs/results/<study>/evidence): act on those cells instead of the store's.",
+    )
+    def command(protocol_path, options: StudyOptions, cells_from):
+        with said_in_one_line(kind):
+            study = kind(options, cells_from)
         with said_in_one_line(study):
             protocol = open_study(kind, protocol_path, options.allow_dirty)
         run_study(study, protocol, Path(protocol_path), options)
