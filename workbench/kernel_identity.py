@@ -11,7 +11,9 @@ identities, bitwise equal results expected; any difference, numerical agreement 
 How each field is found (all in this process, nothing written anywhere):
 
 - ``torch``, ``torch_git``, ``torch_cuda_build``: ``torch.__version__``, ``torch.version``.
-- ``cpu_vendor``, ``cpu_model``, ``cpu_<flag>``: ``/proc/cpuinfo`` (the first processor).
+- ``cpu_vendor``, ``cpu_model``, ``cpu_family``, ``cpu_model_number``, ``cpu_stepping``,
+  ``cpu_<flag>``: ``/proc/cpuinfo`` (the first processor). Family, model number and stepping
+  tell two CPUs apart that share a marketing name (cloud CPUs often say only "Processor").
 - ``aten_capability``: ``torch.backends.cpu.get_cpu_capability()`` (ATen's own vector kernels;
   capped by ``ATEN_CPU_CAPABILITY``).
 - ``onednn_version``, ``mkl_version``: the build description ``torch.__config__.show()``.
@@ -48,8 +50,16 @@ UNKNOWN = "unknown"
 
 
 def cpu_info(path: Path = Path("/proc/cpuinfo")) -> dict[str, str]:
-    """The first processor's ``vendor_id``, ``model name`` and ``flags`` (empty strings when unreadable)."""
-    out = {"vendor_id": "", "model name": "", "flags": ""}
+    """The first processor's ``vendor_id``, ``model name``, ``cpu family``, ``model``, ``stepping``
+    and ``flags`` (empty strings when unreadable)."""
+    out = {
+        "vendor_id": "",
+        "model name": "",
+        "cpu family": "",
+        "model": "",
+        "stepping": "",
+        "flags": "",
+    }
     try:
         text = path.read_text()
     except OSError:
@@ -158,6 +168,9 @@ def kernel_identity(device: torch.device | str = "cpu") -> dict[str, str]:
         "torch_cuda_build": torch.version.cuda or "cpu-only",
         "cpu_vendor": cpu["vendor_id"] or UNKNOWN,
         "cpu_model": cpu["model name"] or UNKNOWN,
+        "cpu_family": cpu["cpu family"] or UNKNOWN,
+        "cpu_model_number": cpu["model"] or UNKNOWN,
+        "cpu_stepping": cpu["stepping"] or UNKNOWN,
         **{f"cpu_{flag}": str(flag in flags).lower() for flag in CPU_FLAGS},
         "aten_capability": torch.backends.cpu.get_cpu_capability(),
         **build_versions(),
@@ -183,10 +196,19 @@ def recorded_identity(params: dict[str, str]) -> dict[str, str]:
     return {k: v for k, v in params.items() if k.startswith(PREFIX)}
 
 
+# Fields added after records existed: a record without them is not called different for that.
+LATER_FIELDS = frozenset(PREFIX + k for k in ("cpu_family", "cpu_model_number", "cpu_stepping"))
+
+
 def kernel_differences(recorded: dict[str, str], current: dict[str, str]) -> list[str]:
-    """``field: recorded -> current`` for every ``kernel.*`` field whose value differs (or is missing on one side)."""
+    """``field: recorded -> current`` for every ``kernel.*`` field whose value differs (or is missing on one side).
+
+    A field of ``LATER_FIELDS`` that the record predates is not compared.
+    """
     out = []
     for key in sorted(set(recorded) | set(current)):
+        if key in LATER_FIELDS and key not in recorded:
+            continue
         a, b = recorded.get(key, "absent"), current.get(key, "absent")
         if a != b:
             out.append(f"{key.removeprefix(PREFIX)}: {a} -> {b}")

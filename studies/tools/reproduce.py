@@ -12,7 +12,9 @@ numerical, conclusion. Exit status 0 when the level reached is at least ``--leve
 from __future__ import annotations
 
 import json
+import os
 import re
+import sys
 from pathlib import Path
 
 import click
@@ -33,8 +35,13 @@ from studies.runtime.outcome import Status
 from studies.runtime.study_kind import run_cells
 from tracking.export.run_export import metric_histories
 from tracking.store.offline_store import use_folder_store
+from workbench.kernel_caps import CAP_VARIABLES, KernelCapsError, caps_for, notes
+from workbench.kernel_identity import kernel_identity, recorded_identity
 
 CELL = re.compile(r"^(?P<arm>[^/\s]+)/seed(?P<seed>\d+)$")
+# Set in the process that --match-kernels restarted with the caps, so it restarts only once.
+CAPS_APPLIED = "WORKBENCH_KERNEL_CAPS_APPLIED"
+CAP_VARIABLES_AND_MARK = (*CAP_VARIABLES, CAPS_APPLIED)
 
 
 class ChosenCells(AblationStudy):
@@ -117,6 +124,13 @@ def parse_cells(text: str, protocol) -> list[tuple[str, int]]:
     type=click.Path(dir_okay=False),
     help="Also write the comparison, cell by cell and verdict by verdict, here.",
 )
+@click.option(
+    "--match-kernels",
+    is_flag=True,
+    help="Cap ATen's, oneDNN's and MKL's instruction sets to the ones the published cells "
+    "recorded (kernel.* params), in a fresh process started with ATEN_CPU_CAPABILITY, "
+    "ONEDNN_MAX_CPU_ISA and MKL_ENABLE_INSTRUCTIONS; refused in one line where this CPU lacks them.",
+)
 @study_options("outputs/reproduce", "Checkpoints and predictions of the re-trained cells.")
 def reproduce(
     protocol_path: str,
@@ -125,6 +139,7 @@ def reproduce(
     level: str,
     store_dir: str | None,
     json_path: str | None,
+    match_kernels: bool,
     options: StudyOptions,
 ) -> None:
     """Re-train chosen cells of a published study and judge them against its evidence: bitwise, numerical, conclusion."""
@@ -148,6 +163,13 @@ def reproduce(
     unpublished = [f"{a}/seed{s}" for a, s in chosen if (a, s) not in evidence.study.cells]
     if unpublished:
         raise ReportError(f"--cells: {', '.join(unpublished)} not reported in {evidence_path}")
+    entries = {e["run_id"]: e for e in _runs(evidence_path)["cells"]}
+    if match_kernels:
+        recorded = [
+            recorded_identity(entries[evidence.study.cells[c].record.run_id]["params"])
+            for c in chosen
+        ]
+        apply_recorded_caps(recorded)
     check_protocol_amp(loaded, options.device)
     store = Path(store_dir) if store_dir else options.output_dir / loaded.name
     uri = use_folder_store(store, loaded.name)
@@ -161,7 +183,6 @@ def reproduce(
     missing = [f"{a}/seed{s}" for a, s in chosen if (a, s) not in retrained.cells]
     if missing:
         raise ReportError(f"no finished re-trained run of {', '.join(missing)} in {uri}")
-    entries = {e["run_id"]: e for e in _runs(evidence_path)["cells"]}
     checks = []
     for arm, seed in chosen:
         published, mine = evidence.study.cells[(arm, seed)], retrained.cells[(arm, seed)]
@@ -202,6 +223,42 @@ def reproduce(
         )
     if not ok:
         click.get_current_context().exit(1)
+
+
+def apply_recorded_caps(recorded: list[dict[str, str]]) -> None:
+    """Run the rest of this command under the kernel caps the chosen cells recorded.
+
+    The caps act only when set before torch starts, so the first time this process starts itself
+    again with them (same arguments); the restarted process finds them set and goes on.
+    """
+    here = kernel_identity("cpu")
+    try:
+        wanted = [caps_for(r, here) for r in recorded]
+    except KernelCapsError as err:
+        raise click.UsageError(f"--match-kernels: {err}") from err
+    caps = wanted[0]
+    if any(w != caps for w in wanted):
+        raise click.UsageError(
+            "--match-kernels: the chosen cells ran on different kernels; reproduce them separately"
+        )
+    described = " ".join(f"{k}={v}" for k, v in caps.items())
+    if all(os.environ.get(k) == v for k, v in caps.items()):
+        aten = (recorded[0].get("kernel.aten_capability"), here.get("kernel.aten_capability"))
+        if aten[0] != aten[1]:
+            raise click.UsageError(
+                f"--match-kernels: ATen runs {aten[1]} under {described}, not {aten[0]}"
+            )
+        click.echo(f"kernels capped to the record: {described}")
+        for note in notes(recorded[0], here):
+            click.echo(f"note: {note}")
+        return
+    if os.environ.get(CAPS_APPLIED):  # set once already, and still not in force: do not loop
+        raise click.UsageError(f"--match-kernels: {described} did not take effect in this process")
+    click.echo(f"--match-kernels: starting again under {described}", err=True)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    env = {**os.environ, **caps, CAPS_APPLIED: "1"}
+    os.execve(sys.executable, [sys.executable, "-m", "studies.cli", *sys.argv[1:]], env)
 
 
 def _runs(folder: Path) -> dict:
