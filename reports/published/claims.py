@@ -512,6 +512,11 @@ COMPUTATIONS: dict[str, Callable[..., dict]] = {
 # zero fails as a wrong digit does. A relation function returns (why it does not hold or None,
 # phrases the wording must all hold, phrases of which it must hold one, phrases it must not hold).
 
+# A relation: (its results, the claim, their indices, its words) -> the four above. The claim and
+# the words are for the relations that read which numbers the words show (at most, range over
+# seeds, mean of the draws, per seed); the others take them for one signature.
+Relation = Callable[[list[dict], "Claim", list[int], str], tuple]
+
 NOT_SETTLED_WORDS = ("not settled", "neither settled", "not told apart", "includes zero")
 AGREE = 0.5  # Spearman between every two seeds at least this: "agree" (a fixed convention)
 
@@ -520,7 +525,7 @@ def _interval(r: dict) -> str:
     return f"{r['mean']:+.4g} [{r['low']:+.4g}, {r['high']:+.4g}]"
 
 
-def _side(side: int, any_of: tuple[str, ...]) -> Callable:
+def _side(side: int, any_of: tuple[str, ...]) -> Relation:
     """Every interval on one side of zero: ``low > 0`` (side +1) or ``high < 0`` (side -1)."""
 
     def relation(results: list[dict], claim: Claim, of: list[int], words: str):
@@ -532,19 +537,21 @@ def _side(side: int, any_of: tuple[str, ...]) -> Callable:
 
 
 def _settled(results, claim, of, words):
+    """Every interval excludes zero, on either side."""
     bad = [_interval(r) for r in results if r["low"] <= 0 <= r["high"]]
     why = f"the interval {', '.join(bad)} includes zero"
     return (why if bad else None), ("settled",), (), NOT_SETTLED_WORDS
 
 
 def _not_settled(results, claim, of, words):
+    """Every interval includes zero; the words say so and name no direction."""
     bad = [_interval(r) for r in results if not r["low"] <= 0 <= r["high"]]
     why = f"the interval {', '.join(bad)} excludes zero: it is settled"
     forbidden = ("above", "below", "ahead", "behind", "beats", "favours", "lower", "higher")
     return (why if bad else None), (), NOT_SETTLED_WORDS, forbidden
 
 
-def _seeds(count: Callable[[dict], int], what: str) -> Callable:
+def _seeds(count: Callable[[dict], int | None], what: str) -> Relation:
     """A count of seeds, written "k of n": the count the relation names, recomputed."""
 
     def relation(results, claim, of, words):
@@ -565,12 +572,16 @@ def _sign_holds(r: dict) -> int | None:
 
 
 def _improving(results, claim, of, words):
+    """How many cells are still improving (the report's rule), at least one: "k of n"."""
     k, n = sum(r["still_improving"] for r in results), sum(r["n"] for r in results)
     why = None if k > 0 else f"no cell is still improving (0 of {n})"
     return why, ("still improving", f"{k} of {n}"), (), ("flattened",)
 
 
-def _flattened(mostly: bool) -> Callable:
+def _flattened(mostly: bool) -> Relation:
+    """ "flattened": no cell still improving by the report's rule (``reports/common/convergence``);
+    "mostly flattened": fewer than half of them."""
+
     def relation(results, claim, of, words):
         k, n = sum(r["still_improving"] for r in results), sum(r["n"] for r in results)
         holds = 2 * k < n if mostly else k == 0
@@ -586,7 +597,7 @@ def _not_settled_count(results, claim, of, words):
     return None, ("not settled", f"{k} of {n}"), (), ()
 
 
-def _agreement(level: str) -> Callable:
+def _agreement(level: str) -> Relation:
     """Seeds' rank agreement: "agree" every pair >= AGREE; "agree weakly" some pair below AGREE
     and the mean above 0; "disagree" the mean at or below 0."""
 
@@ -600,14 +611,17 @@ def _agreement(level: str) -> Callable:
         why = (
             f"the pairs' Spearman (mean, min) reads {', '.join(bad)} (agree: every pair >= {AGREE})"
         )
-        words = {
+        phrases = {
             "agree": ((), ("agree",), ("weakly", "partly", "disagree", "not agree", "only")),
             "agree weakly": ((), ("weakly", "partly", "only in part"), ("disagree",)),
             "disagree": ((), ("disagree", "do not agree", "not agree"), ()),
         }[level]
-        return (why if bad else None), *words
+        return (why if bad else None), *phrases
 
     return relation
+
+
+AT_MOST_WORDS = ("no single", "at most", "not more than", "in every", "none", "no ")
 
 
 def _at_most(results, claim, of, words):
@@ -621,9 +635,6 @@ def _at_most(results, claim, of, words):
         if float(r[key]) > float(shown.replace("−", "-").replace("%", "")):
             bad.append(f"{key} {r[key]:.6g} > {shown}")
     return (f"exceeds its bound: {', '.join(bad)}" if bad else None), (), AT_MOST_WORDS, ()
-
-
-AT_MOST_WORDS = ("no single", "at most", "not more than", "in every", "none", "no ")
 
 
 def _shown_in(claim: Claim, i: int, words: str) -> list[str]:
@@ -656,6 +667,7 @@ def _draws_mean(results, claim, of, words):
 
 
 def _each_seed(results, claim, of, words):
+    """Every seed's value shown, not a pooled one ("model by model")."""
     missing = [
         f"{i}.{k}"
         for i, r in zip(of, results)
@@ -668,7 +680,7 @@ def _each_seed(results, claim, of, words):
     return (why if missing else None), (), ("model by model", "seed by seed", "per seed"), ()
 
 
-RELATIONS: dict[str, Callable] = {
+RELATIONS: dict[str, Relation] = {
     "above": _side(+1, ("above", "higher", "more", "restores", "beats", "raises")),
     "ahead": _side(+1, ("ahead", "beats", "favours", "better")),
     "below": _side(-1, ("below", "lower", "less", "costs", "favours")),
