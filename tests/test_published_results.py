@@ -178,8 +178,10 @@ def test_the_intervention_numbers_in_the_readme_are_the_reports():
         says(f"({two(rows[name][0])}, {interval(name)}", f"MLP branch {block}")
     attn = sorted((rows[f"blocks.{b}.attn.skip"][0] for b in range(3)), key=float)
     says(f"{two(attn[-1])[1:]} to {two(attn[0])[1:]} points", "attention branches' range")
+    # No range over head indices averaged across seeds: a head index names a different head in
+    # each seed's model (issue 48); the per-model costliest head is read below instead.
     zero = sorted((rows[n][0] for n in rows if n.endswith(".zero") and ".head" in n), key=float)
-    says(f"by {zero[-1][1:]} to {two(zero[0])[1:]} points over 5 seeds", "single heads' range")
+    assert f"by {zero[-1][1:]} to {two(zero[0])[1:]} points over 5 seeds" not in readme
     text = " ".join(report.read_text().split())
     # The per-model counts of heads that cost less than 1 point are recomputed from the
     # evidence by tests/test_claims.py (the report's own sentence counts |change| < 1).
@@ -192,7 +194,7 @@ def test_the_intervention_numbers_in_the_readme_are_the_reports():
         .split(", ")
     )
     says(
-        f"drop per model is {min(worst, key=float)} to {max(worst, key=float)} points",
+        f"costs at most {min(worst, key=float)} to {max(worst, key=float)} points, model by model",
         "largest single-head drop",
     )
 

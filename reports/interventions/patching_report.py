@@ -5,7 +5,10 @@ Per acted-on arm, from every cell's ``interventions/patching.npz``
 difference restored by patching block i's output at one token position (blocks x
 positions), one branch (blocks x attention / MLP) and one head (blocks x heads), each a mean
 over seeds with its t-interval over seeds; and how far the seeds agree on which blocks and
-positions matter (Spearman correlation of their maps). Blocks and token positions are the
+positions matter (Spearman correlation of their maps), over the places not fixed by construction
+only: a place whose fraction is the same in every seed (the last block's output is the head's
+input, so its class token restores 1 and, with class-token pooling, its patches 0) would make any
+two seeds agree whatever their models learned. Blocks and token positions are the
 same places in every seed's model; heads are not (a head index names a different head in a
 separately trained model), so the heads map is read per block.
 """
@@ -45,13 +48,62 @@ def _maps(cells: dict[int, dict], key: str) -> dict[int, np.ndarray]:
     }
 
 
-def _spearman_pairs(maps: dict[int, np.ndarray]) -> list[float]:
+def fixed_by_construction(maps: dict[int, np.ndarray]) -> np.ndarray:
+    """Boolean mask of the places whose value is the same in every seed (at least two seeds).
+
+    Patching the last block's output patches the head's input: its class token restores exactly
+    1 and, with class-token pooling, its patch positions exactly 0 in every model, so those places
+    say nothing about whether the seeds learned the same thing.
+    """
+    stack = np.stack([maps[s] for s in sorted(maps)]).astype(np.float64)
+    if stack.shape[0] < 2:
+        return np.zeros(stack.shape[1:], dtype=bool)
+    return np.all(stack == stack[0], axis=0)
+
+
+def seed_agreement(maps: dict[int, np.ndarray], keep: np.ndarray | None = None) -> list[float]:
+    """Spearman correlation of every two seeds' maps over the places in ``keep`` (default: the
+    places not fixed by construction); a pair where either map is constant there is left out."""
+    if keep is None:
+        keep = ~fixed_by_construction(maps)
     out = []
     for a, b in itertools.combinations(sorted(maps), 2):
-        x, y = maps[a].ravel(), maps[b].ravel()
-        if np.ptp(x) > 0 and np.ptp(y) > 0:
+        x, y = maps[a][keep], maps[b][keep]
+        if x.size > 1 and np.ptp(x) > 0 and np.ptp(y) > 0:
             out.append(float(sps.spearmanr(x, y).statistic))
     return out
+
+
+def _agreement_text(rho: list[float]) -> str:
+    if not rho:
+        return "not computable (fewer than two seeds with varying maps)"
+    return (
+        f"mean {fmt(float(np.mean(rho)), 2)}, min {fmt(min(rho), 2)}, max {fmt(max(rho), 2)} "
+        f"over {len(rho)} pairs"
+    )
+
+
+def _agreement(resid: dict[int, np.ndarray], prefix_tokens: int) -> Para:
+    """The seeds' agreement over the free places, and per block over its free patch positions."""
+    fixed = fixed_by_construction(resid)
+    free = int((~fixed).sum())
+    per_block = []
+    for i in range(fixed.shape[0]):
+        keep = np.zeros_like(fixed)
+        keep[i, prefix_tokens:] = ~fixed[i, prefix_tokens:]
+        if keep.sum() > 1:
+            per_block.append(f"block {i} {_agreement_text(seed_agreement(resid, keep))}")
+    return Para(
+        "Seed agreement on the blocks x positions map (Spearman correlation between every two "
+        f"seeds) over the {free} of {fixed.size} places not fixed by construction (a place with "
+        "the same value in every seed, such as the last block's, whose class token is the head's "
+        f"input, is left out): {_agreement_text(seed_agreement(resid))}."
+        + (
+            f" Over each block's patch positions alone: {'; '.join(per_block)}."
+            if per_block
+            else ""
+        )
+    )
 
 
 def _heatmaps(panels: list[tuple[str, np.ndarray, str]], title: str) -> bytes:
@@ -172,16 +224,5 @@ def patching_blocks(
             ),
         )
     )
-    rho = _spearman_pairs(resid)
-    blocks.append(
-        Para(
-            "Seed agreement on the blocks x positions map (Spearman correlation between every two "
-            + (
-                f"seeds): mean {fmt(float(np.mean(rho)), 2)}, min {fmt(min(rho), 2)}, max "
-                f"{fmt(max(rho), 2)} over {len(rho)} pairs."
-                if rho
-                else "seeds): not computable (fewer than two seeds with varying maps)."
-            )
-        )
-    )
+    blocks.append(_agreement(resid, prefix_tokens))
     return blocks

@@ -12,6 +12,14 @@ between ``<!-- claims -->`` and ``<!-- /claims -->``. Code spans, link targets a
 in ``NOT_NUMBERS`` (CIFAR-10, a citation's year, the 95% confidence level every study uses) are
 not numbers.
 
+Each claim also states its relations (``relations``): what the sentence says of its numbers, in a
+closed vocabulary (``RELATIONS``: ``above``, ``below``, ``ahead``, ``behind``, ``settled``,
+``not settled``, ``holds in k of n``, ``still improving``, ``flattened``, ``agree``, ...), each
+recomputed from the results it names (``of``) and each with its wording (``words``), a span of
+the sentence that must say that relation and no other (``not settled`` cannot read "below").
+Every relation word of a sentence (``RELATION_WORDS``) must lie in a stated relation's words. So a
+sentence that says "rank below" over an interval touching zero fails as a wrong digit does.
+
 Computations (all from ``docs/results/<study>/evidence/``):
 
 - ``accuracy``: the mean over seeds of an arm's accuracy in percent, from its predictions
@@ -22,8 +30,16 @@ Computations (all from ``docs/results/<study>/evidence/``):
 - ``intervention``: an intervention's change in accuracy (points) against the intact model,
   from ``outcomes/<arm>.seed<s>.csv.gz``, paired by seed: ``mean``, ``low``, ``high``, ``lower_in``.
 - ``heads_costing_less``: per seed, the heads whose ablation lowers accuracy by less than
-  ``threshold`` points (a head that raises it costs nothing), ``seed<s>``, and the range of
-  the heads' mean drops over seeds (``smallest_drop``, ``largest_drop``).
+  ``threshold`` points (a head that raises it costs nothing), ``seed<s>``; each seed's costliest
+  head (``costliest_seed<s>``) and their range over seeds (``costliest_min``, ``costliest_max``).
+  The range of the per-index mean drops (``smallest_drop``, ``largest_drop``) is computed but no
+  sentence may show it: a head index names a different head in each seed's model.
+- ``faithfulness_pair``: method a minus method b in one arm, paired by seed (the report's pairs).
+- ``random_draws``: the mean of an arm's random draws (``mean``), the one order the report's
+  ``random`` row shows (``draw0``), a single order's spread (``sd``).
+- ``patching_agreement``: the seeds' Spearman agreement on the patching map over the places not
+  fixed by construction (or one block's free patch positions): ``mean``, ``min``, ``max``.
+- ``differences_settled``: of several arms against one, how many intervals exclude zero.
 - ``faithfulness_all``: over every method but random, the random order's ``random`` mean and
   ``fewest_better``, the fewest seeds in which any method beats it.
 - ``calibration_difference``: a - b of one calibration score (``ece``, ``nll`` or ``brier``,
@@ -52,11 +68,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pandas as pd
 
+from reports.attribution.controls import draw_means
 from reports.common.convergence import convergence as read_curve
+from reports.interventions.patching_report import fixed_by_construction, seed_agreement
 from workbench import stats
 from workbench.attribution import auc
 from workbench.calibration import calibrate
@@ -70,6 +89,12 @@ NOT_NUMBERS = re.compile(
     r"CIFAR-10|Fashion-MNIST|ImageNet-21k|ViT-B/16|\b(?:fp|bf)(?:16|32)\b|\b(19|20)\d\d\b|`[^`]*`|\]\([^)]*\)|\b95%"
 )
 BEGIN, END = "<!-- claims -->", "<!-- /claims -->"
+# A result's keys whose value no sentence may show, each with why (see ``heads_costing_less``).
+UNMATCHED = "unmatched"
+HEADS_UNMATCHED = (
+    "a range over head indices averaged across seeds, but a head index names a different head in "
+    "each separately trained model (the heads report); show the costliest head per seed instead"
+)
 
 
 class ClaimError(ValueError):
@@ -199,6 +224,8 @@ def intervention(root: Path, study: str, arm: str, column: str) -> dict[str, flo
         "low": c.ci_low,
         "high": c.ci_high,
         "lower_in": c.losses,
+        "wins": c.wins,
+        "losses": c.losses,
         "n": c.n,
     }
 
@@ -214,13 +241,24 @@ def heads_costing_less(
         change = np.array([_change(d, h) for h in heads])
         per_seed[f"seed{seed}"] = int((change > -threshold).sum())
         changes.append(change)
-    means = np.mean(changes, axis=0)  # per head, over seeds
+    means = np.mean(changes, axis=0)  # per head index, over seeds: heads do not correspond
+    costliest = {
+        f"costliest_{name}": float(-c.min()) for name, c in zip(per_seed, changes)
+    }  # the largest single-head drop of each seed's model
     return {
         **per_seed,
+        **costliest,
         "threshold": threshold,
         "heads": len(means),
+        "costliest_min": min(costliest.values()),
+        "costliest_max": max(costliest.values()),
+        "over_seeds": ("costliest_min", "costliest_max"),
         "smallest_drop": float(-means.max()),
         "largest_drop": float(-means.min()),
+        UNMATCHED: {
+            "smallest_drop": HEADS_UNMATCHED,
+            "largest_drop": HEADS_UNMATCHED,
+        },
     }
 
 
@@ -378,7 +416,77 @@ def faithfulness_difference(
     return _paired(va, vb)
 
 
+def faithfulness_pair(
+    root: Path, study: str, arm: str, a: str, b: str, measure: str
+) -> dict[str, float]:
+    """Method a minus method b of one measure in one arm, paired by seed (the report's method
+    pairs: t-interval over the per-seed differences): ``mean``, ``low``, ``high``, ``wins``, ``n``."""
+    cells = _arrays(root, study, arm)
+    return _paired(
+        {s: _measure(x, a, measure) for s, x in cells.items()},
+        {s: _measure(x, b, measure) for s, x in cells.items()},
+    )
+
+
+def random_draws(root: Path, study: str, arm: str, measure: str) -> dict[str, float]:
+    """The random orders of an arm (``random_draws/<measure>``, D draws per image): ``mean``, the
+    mean over seeds of each seed's mean over its D draws (the report's "draws' mean per seed");
+    ``draw0``, the one order the report's ``random`` row shows; ``sd``, the mean over seeds of the
+    standard deviation of the D draws' means (the spread of a single random order)."""
+    cells = _arrays(root, study, arm)
+    means = [draw_means(SimpleNamespace(arrays=x), measure) for x in cells.values()]
+    return {
+        "mean": float(np.mean([m.mean() for m in means])),
+        "draws": len(means[0]),
+        "draw0": float(np.mean([_measure(x, "random", measure) for x in cells.values()])),
+        "sd": float(np.mean([m.std(ddof=1) for m in means])),
+        "n": len(cells),
+    }
+
+
+def patching_agreement(
+    root: Path, study: str, arm: str, block: int | None = None, prefix: int = 1
+) -> dict[str, float]:
+    """Spearman correlation between every two seeds' blocks x positions maps, over the places not
+    fixed by construction (the report's rule, ``patching_report.seed_agreement``); with ``block``,
+    over that block's free patch positions alone (the first ``prefix`` positions are not patches):
+    ``mean``, ``min``, ``max`` over the pairs, ``pairs``, ``places`` (how many places)."""
+    maps = _patching_maps(root, study, arm)
+    free = ~fixed_by_construction(maps)
+    if block is not None:
+        keep = np.zeros_like(free)
+        keep[block, prefix:] = free[block, prefix:]
+        free = keep
+    rho = seed_agreement(maps, free)
+    if not rho:
+        raise ClaimError(f"{study}/{arm}: no two seeds' maps vary over the chosen places")
+    return {
+        "mean": float(np.mean(rho)),
+        "min": min(rho),
+        "max": max(rho),
+        "pairs": len(rho),
+        "places": int(free.sum()),
+        "all_places": int(free.size),
+    }
+
+
+def differences_settled(
+    root: Path, study: str, arms: list[str], b: str, split: str
+) -> dict[str, float]:
+    """Each arm minus ``b`` in accuracy, paired by seed: how many intervals exclude zero
+    (``settled``), how many do not (``not_settled``), of ``n`` arms."""
+    settled = 0
+    for a in arms:
+        d = accuracy_difference(root, study, a, b, split)
+        settled += d["low"] > 0 or d["high"] < 0
+    return {"settled": settled, "not_settled": len(arms) - settled, "n": len(arms)}
+
+
 COMPUTATIONS: dict[str, Callable[..., dict]] = {
+    "faithfulness_pair": faithfulness_pair,
+    "random_draws": random_draws,
+    "patching_agreement": patching_agreement,
+    "differences_settled": differences_settled,
     "token_norms": token_norms,
     "faithfulness_difference": faithfulness_difference,
     "convergence": convergence,
@@ -396,12 +504,229 @@ COMPUTATIONS: dict[str, Callable[..., dict]] = {
 }
 
 
+# ------------------------------------------------------------------------------ relations
+#
+# What a sentence says of its numbers, in a closed vocabulary. Each relation is recomputed from
+# the results of the computations it names (``of``) and its wording (``words``, a span of the
+# sentence) must carry the relation's own words, so "rank below" over an interval that touches
+# zero fails as a wrong digit does. A relation function returns (why it does not hold or None,
+# phrases the wording must all hold, phrases of which it must hold one, phrases it must not hold).
+
+# A relation: (its results, the claim, their indices, its words) -> the four above. The claim and
+# the words are for the relations that read which numbers the words show (at most, range over
+# seeds, mean of the draws, per seed); the others take them for one signature.
+Relation = Callable[[list[dict], "Claim", list[int], str], tuple]
+
+NOT_SETTLED_WORDS = ("not settled", "neither settled", "not told apart", "includes zero")
+AGREE = 0.5  # Spearman between every two seeds at least this: "agree" (a fixed convention)
+
+
+def _interval(r: dict) -> str:
+    return f"{r['mean']:+.4g} [{r['low']:+.4g}, {r['high']:+.4g}]"
+
+
+def _side(side: int, any_of: tuple[str, ...]) -> Relation:
+    """Every interval on one side of zero: ``low > 0`` (side +1) or ``high < 0`` (side -1)."""
+
+    def relation(results: list[dict], claim: Claim, of: list[int], words: str):
+        bad = [_interval(r) for r in results if not (r["low"] > 0 if side > 0 else r["high"] < 0)]
+        why = f"the interval {', '.join(bad)} is not {'above' if side > 0 else 'below'} zero"
+        return (why if bad else None), (), any_of, NOT_SETTLED_WORDS
+
+    return relation
+
+
+def _settled(results, claim, of, words):
+    """Every interval excludes zero, on either side."""
+    bad = [_interval(r) for r in results if r["low"] <= 0 <= r["high"]]
+    why = f"the interval {', '.join(bad)} includes zero"
+    return (why if bad else None), ("settled",), (), NOT_SETTLED_WORDS
+
+
+def _not_settled(results, claim, of, words):
+    """Every interval includes zero; the words say so and name no direction."""
+    bad = [_interval(r) for r in results if not r["low"] <= 0 <= r["high"]]
+    why = f"the interval {', '.join(bad)} excludes zero: it is settled"
+    forbidden = ("above", "below", "ahead", "behind", "beats", "favours", "lower", "higher")
+    return (why if bad else None), (), NOT_SETTLED_WORDS, forbidden
+
+
+def _seeds(count: Callable[[dict], int | None], what: str) -> Relation:
+    """A count of seeds, written "k of n": the count the relation names, recomputed."""
+
+    def relation(results, claim, of, words):
+        phrases, why = [], None
+        for r in results:
+            k = count(r)
+            if k is None:
+                why = f"the mean difference is 0: no sign to hold ({_interval(r)})"
+            phrases.append(f"{k} of {r['n']}")
+        return why, tuple(dict.fromkeys(phrases)), (), ()
+
+    relation.__doc__ = f"in how many seeds {what}"
+    return relation
+
+
+def _sign_holds(r: dict) -> int | None:
+    return None if r["mean"] == 0 else int(r["wins"] if r["mean"] > 0 else r["losses"])
+
+
+def _improving(results, claim, of, words):
+    """How many cells are still improving (the report's rule), at least one: "k of n"."""
+    k, n = sum(r["still_improving"] for r in results), sum(r["n"] for r in results)
+    why = None if k > 0 else f"no cell is still improving (0 of {n})"
+    return why, ("still improving", f"{k} of {n}"), (), ("flattened",)
+
+
+def _flattened(mostly: bool) -> Relation:
+    """ "flattened": no cell still improving by the report's rule (``reports/common/convergence``);
+    "mostly flattened": fewer than half of them."""
+
+    def relation(results, claim, of, words):
+        k, n = sum(r["still_improving"] for r in results), sum(r["n"] for r in results)
+        holds = 2 * k < n if mostly else k == 0
+        why = f"{k} of {n} cells are still improving (the report's convergence rule)"
+        return (None if holds else why), ("flattened",), (), ("still improving",)
+
+    return relation
+
+
+def _not_settled_count(results, claim, of, words):
+    """Of several differences, how many intervals include zero: "k of n ... not settled"."""
+    k, n = sum(r["not_settled"] for r in results), sum(r["n"] for r in results)
+    return None, ("not settled", f"{k} of {n}"), (), ()
+
+
+def _agreement(level: str) -> Relation:
+    """Seeds' rank agreement: "agree" every pair >= AGREE; "agree weakly" some pair below AGREE
+    and the mean above 0; "disagree" the mean at or below 0."""
+
+    def relation(results, claim, of, words):
+        got = []
+        for r in results:
+            got.append(
+                "agree" if r["min"] >= AGREE else "agree weakly" if r["mean"] > 0 else "disagree"
+            )
+        bad = [g for g in got if g != level]
+        why = (
+            f"the pairs' Spearman (mean, min) reads {', '.join(bad)} (agree: every pair >= {AGREE})"
+        )
+        phrases = {
+            "agree": ((), ("agree",), ("weakly", "partly", "disagree", "not agree", "only")),
+            "agree weakly": ((), ("weakly", "partly", "only in part"), ("disagree",)),
+            "disagree": ((), ("disagree", "do not agree", "not agree"), ()),
+        }[level]
+        return (why if bad else None), *phrases
+
+    return relation
+
+
+AT_MOST_WORDS = ("no single", "at most", "not more than", "in every", "none", "no ")
+
+
+def _at_most(results, claim, of, words):
+    """The value is at most the bound the sentence shows (``key``: the result it bounds)."""
+    bad = []
+    for i, r in zip(of, results):
+        key = claim.relation_keys.get(i)
+        shown = claim.numbers.get(f"{i}.{key}", claim.numbers.get(key) if i == 0 else None)
+        if key is None or shown is None:
+            return f"at most: give `key`, a result the claim shows ({i})", (), (), ()
+        if float(r[key]) > float(shown.replace("−", "-").replace("%", "")):
+            bad.append(f"{key} {r[key]:.6g} > {shown}")
+    return (f"exceeds its bound: {', '.join(bad)}" if bad else None), (), AT_MOST_WORDS, ()
+
+
+def _shown_in(claim: Claim, i: int, words: str) -> list[str]:
+    """The result keys of computation ``i`` whose number as shown stands in ``words``."""
+    keys = []
+    for key, text in claim.numbers.items():
+        index, _, name = key.rpartition(".")
+        if int(index or 0) == i and re.search(rf"(?<![\d.]){re.escape(text)}(?![\d])", words):
+            keys.append(name)
+    return keys
+
+
+def _over_seeds(results, claim, of, words):
+    """The numbers the words show are a range over seeds (the result's ``over_seeds`` keys)."""
+    bad = []
+    for i, r in zip(of, results):
+        shown = _shown_in(claim, i, words)
+        bad += [f"{i}.{k}" for k in shown if k not in r.get("over_seeds", ())]
+        bad += [] if shown else [f"{i}: no number in the words"]
+    why = f"not a range over seeds: {bad}"
+    return (why if bad else None), (), ("seed by seed", "per seed", "model by model"), ()
+
+
+def _draws_mean(results, claim, of, words):
+    """The mean of an arm's random orders: the words name how many, and show no single draw."""
+    bad = [f"{i}.{k}" for i in of for k in _shown_in(claim, i, words) if k == "draw0"]
+    phrases = tuple(dict.fromkeys(f"{r['draws']} random orders" for r in results))
+    why = f"shows a single draw as the draws' mean: {bad}"
+    return (why if bad else None), phrases, (), ()
+
+
+def _each_seed(results, claim, of, words):
+    """Every seed's value shown, not a pooled one ("model by model")."""
+    missing = [
+        f"{i}.{k}"
+        for i, r in zip(of, results)
+        for k in r
+        if re.fullmatch(r"seed\d+", k)
+        and f"{i}.{k}" not in claim.numbers
+        and not (i == 0 and k in claim.numbers)
+    ]
+    why = f"the seeds' values not all shown: {missing}"
+    return (why if missing else None), (), ("model by model", "seed by seed", "per seed"), ()
+
+
+RELATIONS: dict[str, Relation] = {
+    "above": _side(+1, ("above", "higher", "more", "restores", "beats", "raises")),
+    "ahead": _side(+1, ("ahead", "beats", "favours", "better")),
+    "below": _side(-1, ("below", "lower", "less", "costs", "favours")),
+    "behind": _side(-1, ("behind", "lower", "favours")),
+    "settled": _settled,
+    "not settled": _not_settled,
+    "not settled in k of n": _not_settled_count,
+    "holds in k of n": _seeds(_sign_holds, "the mean difference's sign holds"),
+    "ahead in k of n": _seeds(lambda r: int(r["wins"]), "a - b is above zero"),
+    "behind in k of n": _seeds(lambda r: int(r["losses"]), "a - b is below zero"),
+    "tied in k of n": _seeds(lambda r: int(r["ties"]), "a - b is zero"),
+    "still improving": _improving,
+    "flattened": _flattened(mostly=False),
+    "mostly flattened": _flattened(mostly=True),
+    "agree": _agreement("agree"),
+    "agree weakly": _agreement("agree weakly"),
+    "disagree": _agreement("disagree"),
+    "at most": _at_most,
+    "range over seeds": _over_seeds,
+    "mean of the draws": _draws_mean,
+    "per seed": _each_seed,
+}
+# Words that state a relation: each occurrence in a claim's sentence must lie in the wording of
+# one of its relations, so a sentence cannot assert what its claim does not state.
+RELATION_WORDS = re.compile(
+    r"\b(above|below|ahead|behind|settled|told apart|agrees?|disagrees?|flattened|"
+    r"still improving)\b",
+    re.IGNORECASE,
+)
+
+
 @dataclass(frozen=True)
 class Claim:
     id: str
     sentence: str
     numbers: dict[str, str]  # "<computation result key>" or "<n>.<key>" -> the number as shown
     computations: list[dict]  # each: {name, study, and the computation's keyword arguments}
+    relations: tuple[dict, ...] = ()  # each: {is, of (index or list), words, key (at most)}
+
+    @property
+    def relation_keys(self) -> dict[int, str]:
+        return {i: r["key"] for r in self.relations if "key" in r for i in _indices(r.get("of", 0))}
+
+
+def _indices(of: object) -> list[int]:
+    return [int(i) for i in (of if isinstance(of, list) else [of])]
 
 
 def load_claims(path: Path) -> list[Claim]:
@@ -418,12 +743,23 @@ def load_claims(path: Path) -> list[Claim]:
                 raise ClaimError(
                     f"{where}: compute name {c.get('name')!r}; valid: {', '.join(COMPUTATIONS)}"
                 )
+        relations = raw.get("relations") or []
+        for r in relations:
+            if r.get("is") not in RELATIONS:
+                raise ClaimError(
+                    f"{where}: relation {r.get('is')!r}; valid: {', '.join(RELATIONS)}"
+                )
+            if not str(r.get("words", "")).strip():
+                raise ClaimError(f"{where}: relation {r['is']!r} without its words")
+            if any(not 0 <= i < len(compute) for i in _indices(r.get("of", 0))):
+                raise ClaimError(f"{where}: relation {r['is']!r} of {r.get('of')}: no such compute")
         out.append(
             Claim(
                 raw["id"],
                 " ".join(raw["sentence"].split()),
                 {str(k): str(v) for k, v in raw["numbers"].items()},
                 compute,
+                tuple({**r, "words": " ".join(str(r["words"]).split())} for r in relations),
             )
         )
     return out
@@ -442,13 +778,59 @@ def _shown(value: object, text: str) -> str:
     return shown.replace("-", "−") if "−" in text else shown
 
 
+def wording(claim: Claim) -> list[str]:
+    """The claim's wording problems: no relation stated, a relation's words not in its sentence,
+    or a relation word of the sentence in no relation's words."""
+    if not claim.relations:
+        return [f"{claim.id}: states no relation (the claims file's ``relations``)"]
+    problems, spans = [], []
+    for r in claim.relations:
+        at = claim.sentence.find(r["words"])
+        if at < 0:
+            problems.append(
+                f"{claim.id}: {r['is']}: its words {r['words']!r} are not in the sentence"
+            )
+        else:
+            spans.append((at, at + len(r["words"])))
+    for m in RELATION_WORDS.finditer(claim.sentence):
+        if not any(a <= m.start() and m.end() <= b for a, b in spans):
+            problems.append(
+                f"{claim.id}: {m.group(0)!r} ({claim.sentence[max(0, m.start() - 30) : m.end() + 10]!r})"
+                " is in no relation's words: state the relation it asserts"
+            )
+    return problems
+
+
+def relation_problems(claim: Claim, results: list[dict]) -> list[str]:
+    """Each stated relation recomputed from its results, and its words checked against it."""
+    problems = []
+    for r in claim.relations:
+        of = _indices(r.get("of", 0))
+        why, all_of, any_of, none_of = RELATIONS[r["is"]](
+            [results[i] for i in of], claim, of, r["words"]
+        )
+        words = r["words"].lower()  # "Model by model" says what "model by model" does
+        name = f"{claim.id}: {r['is']} ({r['words']!r})"
+        if why:
+            problems.append(f"{name} does not hold: {why}")
+        missing = [w for w in all_of if w not in words]
+        if missing or (any_of and not any(w in words for w in any_of)):
+            need = missing or [f"one of {list(any_of)}"]
+            problems.append(f"{name}: its words do not say it: need {', '.join(need)}")
+        said = [w for w in none_of if re.search(rf"\b{re.escape(w)}", words)]
+        if said:
+            problems.append(f"{name}: its words say {said}, which is not this relation")
+    return problems
+
+
 def recompute(claim: Claim, root: Path = RESULTS) -> list[str]:
-    """The claim's mismatches, one line each (empty: every number recomputed as shown)."""
+    """The claim's mismatches, one line each (empty: every number recomputed as shown, every
+    relation it states holds and is worded as it)."""
     results = []
     for c in claim.computations:
         args = {k: v for k, v in c.items() if k != "name"}
         results.append(COMPUTATIONS[c["name"]](Path(root), **args))
-    problems = []
+    problems = wording(claim) + relation_problems(claim, results)
     for key, text in claim.numbers.items():
         index, _, name = key.rpartition(".")
         result = results[int(index) if index else 0]
@@ -456,6 +838,9 @@ def recompute(claim: Claim, root: Path = RESULTS) -> list[str]:
             problems.append(
                 f"{claim.id}: {key!r} is not a result of its computation ({', '.join(result)})"
             )
+            continue
+        if name in result.get(UNMATCHED, {}):
+            problems.append(f"{claim.id}: {key} cannot be shown: {result[UNMATCHED][name]}")
             continue
         value = result[name]
         if not isinstance(value, str) and not math.isfinite(float(value)):
@@ -490,14 +875,18 @@ def _normal(text: str) -> str:
 def check_claims(
     claims: list[Claim], readme: str, results_readme: str, root: Path = RESULTS
 ) -> list[str]:
-    """Every problem: a sentence not in the text, a number not as the evidence gives it, a number
-    of the checked text in no claim's sentence, a number of a sentence the claim does not list."""
+    """Every problem: a sentence not in the text, a number not as the evidence gives it, a
+    relation that does not hold or is not worded as it, a number of the checked text in no
+    claim's sentence, a number of a sentence the claim does not list. A claim's sentence may also
+    stand in the rest of docs/results/README.md (a reading of one study, checked the same way);
+    only the checked text must have every number claimed."""
     text = checked_text(readme, results_readme)
     flat = _normal(text)
+    page = _normal(results_readme)
     problems = []
     covered: list[str] = []
     for claim in claims:
-        if claim.sentence not in flat:
+        if claim.sentence not in flat and claim.sentence not in page:
             problems.append(
                 f"{claim.id}: sentence not found in the checked text: {claim.sentence[:80]}..."
             )
