@@ -40,6 +40,7 @@ from reports.common.report_parts import (
     acted_on_table,
 )
 from reports.attribution import arm_pairs, control_blocks
+from reports.attribution.scored_sample import sample_blocks
 from reports.attribution.controls import against_draws, has_draws
 from reports.figures import report_png
 from reports.output import paired_metrics
@@ -645,6 +646,7 @@ def build_blocks(
         )
         built.sections += arm_blocks(arm, rows, cells, protocol, n_resamples, draws)
     built.sections = compared_arms(built, inputs, n_resamples) + built.sections
+    sample, thin = sample_blocks(protocol, list(built.reported_arms()))
     built.results.append(
         Para(
             "Faithful here means agreeing with what the exact token drop measures on this model; a map "
@@ -652,14 +654,15 @@ def build_blocks(
             "the floor, not a target."
         )
     )
-    return built.finish(
+    blocks, warnings, refused, n, metrics = built.finish(
         inputs,
         log_targets,
         acted_on_blocks,
         what="Attribution",
-        settings=f"the first {s.images:,} {split} images; methods {', '.join(f'`{m}`' for m in s.methods)} "
+        settings=f"{_images_words(s)} {split} images; methods {', '.join(f'`{m}`' for m in s.methods)} "
         f"(random order seed {s.random_seed}); high-norm cut {s.norm_threshold:g} × the block median.",
         after_header=[
+            *sample,
             Heading(2, "In one line per method"),
             *answers,
             Para(
@@ -670,3 +673,15 @@ def build_blocks(
             Para(control_blocks.NAMED),
         ],
     )
+    # a sample too thin for the data is refused by --strict, as a missing cell is
+    thin = [f"sample: {t}" for t in thin]
+    return blocks, warnings + thin, refused + thin, n, metrics
+
+
+def _images_words(s) -> str:
+    """The header's words for the scored images (a protocol frozen before ``sample``: "the first N")."""
+    return {
+        "first": f"the first {s.images:,}",
+        "stratified": f"a class-stratified sample (seed {s.sample_seed}) of {s.images:,}",
+        "indices": f"the {s.images:,} named",
+    }[s.sample]
