@@ -34,6 +34,7 @@ from tracking.record.schema import ATTRIBUTION
 from tracking.record.sink import RunSink
 from workbench.attribution import AttributionError, as_glassbox, score_cell
 from workbench.attribution.controls import Controls
+from workbench.attribution.token_norms import PLANTED_IMAGES, planted_control
 from workbench.data import PreparedData, PreparedSplit
 from workbench.interventions.evaluate import Inputs
 from workbench.protocol import AttributionProtocol, InterventionCell, load_attribution_protocol
@@ -157,6 +158,10 @@ class AttributionStudy(TrainedModelKind):
                 progress=bar.update,
                 controls=Controls(s.random_draws, s.sanity_check, cell.seed),
             )
+        # the high-norm detector's positive control, on the first scored images (docs/attribution.md)
+        control = planted_control(
+            acted.model, x[:PLANTED_IMAGES], k=s.norm_threshold, batch_size=s.batch_size
+        )
         examples = ex.images.images[
             : s.examples
         ].numpy()  # uint8, as in the dataset, for the report's example row
@@ -169,6 +174,7 @@ class AttributionStudy(TrainedModelKind):
             examples,
             proof,
             counts=ex.counts,
+            norm_control=control,
         )
         rhos = ", ".join(
             f"{m} {metrics[f'rho/{m}']:+.3f}" for m in s.methods if f"rho/{m}" in metrics

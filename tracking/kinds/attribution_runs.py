@@ -54,6 +54,7 @@ from tracking.record import queries
 from tracking.record.queries import CellRecord
 from tracking.record.sink import RunSink
 from workbench.attribution import CellAttribution
+from workbench.attribution.token_norms import PlantedControl
 from workbench.sample import ClassCounts
 from workbench.train.evaluate import ReloadProof
 from workbench.train.fingerprint import (
@@ -357,12 +358,21 @@ def log_cell(
     extra: dict,
     check=lambda: None,
     counts: ClassCounts | None = None,
+    norm_control: PlantedControl | None = None,
 ) -> dict[str, float]:
     """The cell's metrics, its per-image arrays and a summary; ``check`` fences each write. Returns the metrics.
 
-    ``counts``: the scored images per class of the evaluated split (``per_image_arrays``).
+    ``counts``: the scored images per class of the evaluated split (``per_image_arrays``);
+    ``norm_control``: the high-norm detector's planted positive control, logged as
+    ``norm_control/threshold`` (the smallest planted ratio flagged in every image; absent when
+    none was) and ``norm_control/detects`` (1: flagged from 2 k up, never below k), and as the
+    ``norm_control/*`` arrays.
     """
     metrics = cell_metrics(cell)
+    if norm_control is not None:
+        metrics["norm_control/detects"] = float(norm_control.detects)
+        if math.isfinite(norm_control.threshold):
+            metrics["norm_control/threshold"] = norm_control.threshold
     if proof is not None:
         metrics |= {
             "reload_proof_passed": float(proof.passed),
@@ -407,7 +417,10 @@ def log_cell(
             sink,
             Path(tmp),
             "per_image.npz",
-            npz_bytes(per_image_arrays(cell, example_images, counts)),
+            npz_bytes(
+                per_image_arrays(cell, example_images, counts)
+                | (norm_control.arrays() if norm_control is not None else {})
+            ),
         )
         check()
         _artifact(
