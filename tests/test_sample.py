@@ -243,3 +243,14 @@ def test_the_published_cifar10_registers_faithfulness_sample_is_flagged_as_airpl
     assert len(problems) == len(arms) and all(
         "9 of 10 classes have no scored image" in p for p in problems
     ), problems
+
+
+@pytest.mark.parametrize("command", ["attribute", "intervene"])
+def test_the_acting_commands_take_strict(command):
+    from click.testing import CliRunner
+
+    from studies.cli import main
+
+    result = CliRunner().invoke(main, [command, "--help"])
+    assert result.exit_code == 0 and "--strict" in result.output, result.output
+    assert f"hold fewer than {MIN_PER_CLASS} of one" in " ".join(result.output.split())
