@@ -371,6 +371,7 @@ def test_the_attribution_fingerprint_covers_rollout_and_the_libraries_but_not_fi
     changed = {}
     for name in (
         "analysis/rollout.py",
+        "sample.py",
         "attribution/cell.py",
         "interventions/forward.py",
         "models/vit.py",
@@ -385,6 +386,7 @@ def test_the_attribution_fingerprint_covers_rollout_and_the_libraries_but_not_fi
         path.write_bytes(before)
     want = {
         "analysis/rollout.py": True,
+        "sample.py": True,
         "attribution/cell.py": True,
         "interventions/forward.py": True,
         "models/vit.py": True,

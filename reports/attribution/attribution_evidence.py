@@ -103,8 +103,13 @@ def _readme(name: str, digest: str, reported: int, runs: int) -> str:
   `insertion_start_predicted` and `insertion_start_prob` (N,), the class predicted from the class token
   alone and its probability; `random_draws/rho`, `random_draws/deletion_auc` and
   `random_draws/insertion_auc` (D, N), one row per random draw; `sanity/<method>` (L, N), each map's
-  Spearman rho with itself with the top 1..L blocks randomised. Every number, interval and figure of
-  the report comes from these.
+  Spearman rho with itself with the top 1..L blocks randomised. Exported since the sample rule
+  (docs/attribution.md, "Which images"): `sample_classes` and `class_counts` (C,), the scored images
+  per class of the evaluated split (0 for a class with none); and the high-norm detector's planted
+  positive control, `norm_control/ratios` and `norm_control/flagged` (R,) (the share of images
+  whose planted token was flagged at each planted ratio), `norm_control/others_flagged` (R,),
+  `norm_control/clean_flagged`, `norm_control/block`, `norm_control/position`, `norm_control/images`.
+  Every number, interval and figure of the report comes from these.
 """,
     )
 

@@ -35,11 +35,13 @@ from reports.attribution.faithfulness import (
     mean_curves,
 )
 from reports.common.report_parts import (
+    FLAG,
     ActedBlocks,
     SPLIT_WORDS,
     acted_on_table,
 )
 from reports.attribution import arm_pairs, control_blocks
+from reports.attribution.scored_sample import sample_blocks
 from reports.attribution.controls import against_draws, has_draws
 from reports.figures import report_png
 from reports.output import paired_metrics
@@ -48,6 +50,7 @@ from tracking.kinds.attribution_runs import AttributionCellResult
 from tracking.record import queries
 from workbench.analysis.common import display_images
 from workbench.attribution import attribution_figures
+from workbench.attribution.token_norms import PlantedControl
 from workbench.protocol import AttributionProtocol
 from workbench.report_content.rounding import bootstrap_display, fmt
 from workbench.stats import fisher_z_interval
@@ -262,6 +265,59 @@ def norms_table(blocks: list[BlockNorms], k: float) -> Table:
         ],
         css_class="wide nowrap",
     )
+
+
+def norm_control_failures(arm: str, cells: dict[int, AttributionCellResult]) -> list[str]:
+    """A warning per cell whose high-norm detector missed its planted token (or flagged one below k)."""
+    k = float(next(iter(cells.values())).arrays["norm_threshold"])
+    out = []
+    for seed, cell in sorted(cells.items()):
+        c = PlantedControl.from_arrays(cell.arrays, k)
+        if c is not None and not c.detects:
+            out.append(
+                f"{arm}/seed{seed}: the high-norm detector failed its planted positive control "
+                f"(flagged share per planted ratio {', '.join(f'{r:g}: {f:.2f}' for r, f in zip(c.ratios, c.flagged))}): "
+                "its count of high-norm tokens says nothing"
+            )
+    return out
+
+
+def norm_control_paras(cells: dict[int, AttributionCellResult]) -> list[Block]:
+    """What the detector's planted positive control showed per seed (nothing for evidence exported
+    before the control existed)."""
+    k = float(next(iter(cells.values())).arrays["norm_threshold"])
+    controls = {s: PlantedControl.from_arrays(c.arrays, k) for s, c in sorted(cells.items())}
+    if any(c is None for c in controls.values()):
+        return []
+    first = next(iter(controls.values()))
+
+    def seed_words(seed: int, c: PlantedControl) -> str:
+        flagged = (
+            f"flagged in every image from {fmt(c.threshold, 2)} ×"
+            if math.isfinite(c.threshold)
+            else "never flagged in every image"
+        )
+        below = "none" if (c.flagged[c.ratios < k] == 0).all() else "some"
+        return (
+            f"seed {seed}: {flagged}, {below} below {k:g} ×; "
+            f"{fmt(100 * c.clean_flagged, 2)} % of its patch tokens flagged with nothing planted"
+        )
+
+    verdict = (
+        f"The detector was shown to detect: the planted token is flagged in every image from just above "
+        f"{k:g} × the median up, and never below {k:g} ×."
+        if all(c.detects for c in controls.values())
+        else f"{FLAG} The detector failed its positive control: its count of high-norm tokens here says nothing."
+    )
+    return [
+        Para(
+            f"Positive control of the high-norm detector (docs/attribution.md): in the first {first.images} scored "
+            f"images, patch token {first.position} of block {first.block}'s residual stream is set to r × the "
+            f"block's median patch-token norm (its direction kept), for r in "
+            f"{', '.join(f'{r:g}' for r in first.ratios)}, and the same detector is run on the planted stream "
+            f"({'; '.join(seed_words(s, c) for s, c in controls.items())}). {verdict}"
+        )
+    ]
 
 
 def attention_table(a: AttentionOnEffects) -> Table:
@@ -519,6 +575,7 @@ def arm_blocks(
     blocks += [
         Heading(2, f"Token norms ({arm})"),
         norms_table(block_norms(cells), s.norm_threshold),
+        *norm_control_paras(cells),
     ]
     for seed, c in sorted(cells.items()):
         blocks.append(
@@ -617,6 +674,7 @@ def build_blocks(
         built.warnings += control_blocks.near_chance(
             arm, cells, control_blocks.num_classes_of(protocol, arm, cells)
         )
+        built.warnings += norm_control_failures(arm, cells)
         answers.append(control_blocks.answers(arm, rows, cells, e.confidence, draws))
         for r in rows:
             if r.vs_random is not None:
@@ -645,6 +703,7 @@ def build_blocks(
         )
         built.sections += arm_blocks(arm, rows, cells, protocol, n_resamples, draws)
     built.sections = compared_arms(built, inputs, n_resamples) + built.sections
+    sample, thin = sample_blocks(protocol, list(built.reported_arms()))
     built.results.append(
         Para(
             "Faithful here means agreeing with what the exact token drop measures on this model; a map "
@@ -652,14 +711,15 @@ def build_blocks(
             "the floor, not a target."
         )
     )
-    return built.finish(
+    blocks, warnings, refused, n, metrics = built.finish(
         inputs,
         log_targets,
         acted_on_blocks,
         what="Attribution",
-        settings=f"the first {s.images:,} {split} images; methods {', '.join(f'`{m}`' for m in s.methods)} "
+        settings=f"{_images_words(s)} {split} images; methods {', '.join(f'`{m}`' for m in s.methods)} "
         f"(random order seed {s.random_seed}); high-norm cut {s.norm_threshold:g} × the block median.",
         after_header=[
+            *sample,
             Heading(2, "In one line per method"),
             *answers,
             Para(
@@ -670,3 +730,15 @@ def build_blocks(
             Para(control_blocks.NAMED),
         ],
     )
+    # a sample too thin for the data is refused by --strict, as a missing cell is
+    thin = [f"sample: {t}" for t in thin]
+    return blocks, warnings + thin, refused + thin, n, metrics
+
+
+def _images_words(s) -> str:
+    """The header's words for the scored images (a protocol frozen before ``sample``: "the first N")."""
+    return {
+        "first": f"the first {s.images:,}",
+        "stratified": f"a class-stratified sample (seed {s.sample_seed}) of {s.images:,}",
+        "indices": f"the {s.images:,} named",
+    }[s.sample]

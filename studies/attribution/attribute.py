@@ -34,25 +34,42 @@ from tracking.record.schema import ATTRIBUTION
 from tracking.record.sink import RunSink
 from workbench.attribution import AttributionError, as_glassbox, score_cell
 from workbench.attribution.controls import Controls
+from workbench.attribution.token_norms import PLANTED_IMAGES, planted_control
 from workbench.data import PreparedData, PreparedSplit
 from workbench.interventions.evaluate import Inputs
 from workbench.protocol import AttributionProtocol, InterventionCell, load_attribution_protocol
+from workbench.sample import sample_positions
 from workbench.train.evaluate import ReloadProof
 
 DEFAULT_PROTOCOL = "studies/protocols/smoke_faithfulness.yaml"
 
 
 def scored_images(protocol: AttributionProtocol, data: PreparedData) -> PreparedSplit:
-    """The first ``attribution.images`` images of the split, the same for every cell (the pairing)."""
+    """The protocol's sample of the split (``workbench.sample``), the same for every cell (the pairing):
+    a seeded class-stratified sample, the first ``attribution.images`` images, or the named positions."""
     s = protocol.settings
     split = evaluated_split(protocol, data, s.split, "attribution.split")
+    key = "attribution.indices" if s.sample == "indices" else "attribution.images"
     if s.images > len(split):
         raise ProtocolError(
-            f"{protocol.source_file}: attribution.images={s.images}: the {s.split} split of "
+            f"{protocol.source_file}: {key}: {s.images} images, but the {s.split} split of "
             f"{data.display_name} has only {len(split)} images"
         )
-    n = s.images
-    return PreparedSplit(split.images[:n], split.labels[:n], split.indices[:n], split.source_split)
+    try:
+        positions = sample_positions(
+            split.labels.numpy(),
+            s.images,
+            "first" if s.sample == "indices" else s.sample,
+            s.sample_seed,
+            keys=split.indices.numpy(),
+            indices=s.indices,
+        )
+    except ValueError as err:
+        raise ProtocolError(
+            f"{protocol.source_file}: {key}: {err} ({s.split} split of {data.display_name})"
+        ) from err
+    at = torch.from_numpy(positions)
+    return PreparedSplit(split.images[at], split.labels[at], split.indices[at], split.source_split)
 
 
 def model_inputs(
@@ -79,7 +96,14 @@ class AttributionStudy(TrainedModelKind):
     # Scored in float32 whatever the cell trained with: the drops' effects are differences of log-probabilities.
     cell_precision = False
     settings_section = "settings"
-    images_words = "the first "
+
+    def images_words(self, protocol: AttributionProtocol) -> str:
+        s = protocol.settings
+        return {
+            "first": "the first ",
+            "stratified": f"a class-stratified sample (seed {s.sample_seed}) of ",
+            "indices": "the named ",
+        }[s.sample]
 
     load = staticmethod(load_attribution_protocol)
     evaluated_images = staticmethod(scored_images)
@@ -134,11 +158,23 @@ class AttributionStudy(TrainedModelKind):
                 progress=bar.update,
                 controls=Controls(s.random_draws, s.sanity_check, cell.seed),
             )
+        # the high-norm detector's positive control, on the first scored images (docs/attribution.md)
+        control = planted_control(
+            acted.model, x[:PLANTED_IMAGES], k=s.norm_threshold, batch_size=s.batch_size
+        )
         examples = ex.images.images[
             : s.examples
         ].numpy()  # uint8, as in the dataset, for the report's example row
         metrics = self.log_outcome(
-            sink, acted, s.split, attribution_runs.log_cell, scored, examples, proof
+            sink,
+            acted,
+            s.split,
+            attribution_runs.log_cell,
+            scored,
+            examples,
+            proof,
+            counts=ex.counts,
+            norm_control=control,
         )
         rhos = ", ".join(
             f"{m} {metrics[f'rho/{m}']:+.3f}" for m in s.methods if f"rho/{m}" in metrics

@@ -57,6 +57,7 @@ from workbench.precision import resolve_amp
 from workbench.protocol import InterventionCell
 from workbench.train.evaluate import ReloadProof
 from workbench.train.loop import resolve_device
+from workbench.sample import MIN_PER_CLASS, ClassCounts, class_counts
 from workbench.transfer.source_model import SourceError, adapt_split
 
 
@@ -69,6 +70,7 @@ class TrainedModelExecution:
     images: PreparedSplit  # what every cell evaluates (the kind's ``evaluated_images``)
     device: torch.device
     workdir: Path
+    counts: ClassCounts  # the evaluated images per class of the evaluated split
     parent: str = ""
     pretrained: ActedModel | None = None
 
@@ -151,13 +153,21 @@ class TrainedModelKind(StudyKind):
     command_help: str  # the command's help (``trained_model_command``)
     cell_precision: bool = True  # evaluate in the precision the cell trained with (else float32)
     settings_section: str = "evaluation"  # the protocol's section with ``split`` and ``batch_size``
-    images_words: str = ""  # before the header's image count ("the first ")
 
-    def __init__(self, options: StudyOptions, cells_from: str | None = None) -> None:
+    def __init__(
+        self, options: StudyOptions, strict: bool = False, cells_from: str | None = None
+    ) -> None:
         self.options = options
+        self.strict = (
+            strict  # refuse evaluated images too thin to speak for the data (``sample_line``)
+        )
         self.command_started = time.perf_counter()  # the "in all" of the summary: from the start
         # --cells-from: the acted-on cells from a published study's evidence, not from the store
         self.published = PublishedCells(cells_from) if cells_from else None
+
+    def images_words(self, protocol) -> str:
+        """What comes before the header's image count (an attribution sample: "the first ", ...)."""
+        return ""
 
     @staticmethod
     @abstractmethod
@@ -208,7 +218,28 @@ class TrainedModelKind(StudyKind):
         else:
             acted, data = pretrained_data(protocol.pretrained, options.data_path, options.download)
         images = self.evaluated_images(protocol, data)
-        return TrainedModelExecution(protocol, data, images, dev, workdir, pretrained=acted)
+        split = data.test if self.settings(protocol).split == "test" else data.val
+        counts = class_counts(images.labels.numpy(), np.unique(split.labels.numpy()))
+        return TrainedModelExecution(protocol, data, images, dev, workdir, counts, pretrained=acted)
+
+    def sample_line(self, protocol) -> str:
+        """The evaluated images per class, and a warning where the sample misses a class of the split
+        or has fewer than ``MIN_PER_CLASS`` of one; under ``--strict`` that is refused (``ProtocolError``
+        naming the file), before any run opens."""
+        counts = self.ex.counts
+        problems = counts.problems(MIN_PER_CLASS)
+        shown = (
+            ", ".join(str(int(n)) for n in counts.counts)
+            if len(counts.classes) <= 20
+            else f"{int(counts.counts.min())} to {int(counts.counts.max())}"
+        )
+        line = f"per class ({len(counts.classes)} classes of the split): {shown}"
+        if problems and self.strict:
+            raise ProtocolError(
+                f"{protocol.source_file}: --strict: the evaluated images do not speak for the data: "
+                + "; ".join(problems)
+            )
+        return line + "".join(f"; warning: {p}" for p in problems)
 
     def prepare(self, protocol, protocol_file: Path, options: StudyOptions) -> str:
         if self.published is not None and protocol.acts_on is None:
@@ -226,8 +257,8 @@ class TrainedModelKind(StudyKind):
         self.started, self.protocol_file = time.perf_counter(), protocol_file
         return (
             f"{protocol.name}@{protocol.short_hash}: acts on {self.acted}; {len(protocol.cells())} cells; "
-            f"{ex.data.display_name}, {self.images_words}{len(ex.images)} "
-            f"{self.settings(protocol).split} images"
+            f"{ex.data.display_name}, {self.images_words(protocol)}{len(ex.images)} "
+            f"{self.settings(protocol).split} images; {self.sample_line(protocol)}"
         )
 
     def parent_tags(self) -> dict:
@@ -438,6 +469,12 @@ def trained_model_command(
         type=click.Path(exists=True, dir_okay=False),
         help=f"{kind.tag.capitalize()} protocol YAML file.",
     )
+    @click.option(
+        "--strict",
+        is_flag=True,
+        help="Refuse evaluated images that miss a class of the split or hold fewer than "
+        f"{MIN_PER_CLASS} of one (otherwise a warning).",
+    )
     @study_options(f"outputs/{name}", "Downloaded checkpoints of the acted-on cells.")
     @click.option(
         "--cells-from",
@@ -446,9 +483,9 @@ def trained_model_command(
         help="A published study's evidence folder that ships the acted-on weights "
         "(docs/results/<study>/evidence): act on those cells instead of the store's.",
     )
-    def command(protocol_path, options: StudyOptions, cells_from):
+    def command(protocol_path, strict, options: StudyOptions, cells_from):
         with said_in_one_line(kind):
-            study = kind(options, cells_from)
+            study = kind(options, strict, cells_from)
         with said_in_one_line(study):
             protocol = open_study(kind, protocol_path, options.allow_dirty)
         run_study(study, protocol, Path(protocol_path), options)

@@ -18,6 +18,7 @@ from reports.index import build_all
 from reports.tables import BOOTSTRAP_RESAMPLES
 from tracking.record.queries import QueryError
 from workbench.protocol import ProtocolError
+from workbench.sample import MIN_PER_CLASS
 
 
 @click.command("report")
@@ -89,7 +90,8 @@ from workbench.protocol import ProtocolError
     "--strict",
     is_flag=True,
     help="Exit 1 (after writing the report) when a cell has no finished run or a reported run is stale "
-    "(a newer FAILED, KILLED or RUNNING attempt of its cell exists).",
+    "(a newer FAILED, KILLED or RUNNING attempt of its cell exists), or an attribution study's scored "
+    f"images miss a class of the data or hold fewer than {MIN_PER_CLASS} of one.",
 )
 @click.option(
     "--evidence",
@@ -186,7 +188,8 @@ def report(
         for problem in result.problems:
             click.echo(f"strict: {problem}", err=True)
         click.echo(
-            f"--strict: {len(result.problems)} missing cell(s) or stale run(s); exit 1", err=True
+            f"--strict: {len(result.problems)} missing cell(s), stale run(s) or thin sample(s); exit 1",
+            err=True,
         )
         raise SystemExit(1)
 

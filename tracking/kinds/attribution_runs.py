@@ -54,6 +54,8 @@ from tracking.record import queries
 from tracking.record.queries import CellRecord
 from tracking.record.sink import RunSink
 from workbench.attribution import CellAttribution
+from workbench.attribution.token_norms import PlantedControl
+from workbench.sample import ClassCounts
 from workbench.train.evaluate import ReloadProof
 from workbench.train.fingerprint import (
     FINGERPRINT_CHARS,
@@ -70,8 +72,9 @@ SUMMARY = f"{ARTIFACT_DIR}/summary.json"
 # intervention's hook), with the training result packages: a change there re-evaluates; a
 # commit of docs, reports or CLI text does not.
 ATTRIBUTION_RESULT_PACKAGES = RESULT_PACKAGES + ("interventions", "attribution")
-# Single files outside those packages that the attribution numbers depend on: rollout's product.
-ATTRIBUTION_RESULT_FILES = ("analysis/rollout.py",)
+# Single files outside those packages that the attribution numbers depend on: rollout's product, and
+# which images are scored (``workbench.sample``).
+ATTRIBUTION_RESULT_FILES = ("analysis/rollout.py", "sample.py")
 # How concentrated CLS attention is per block (``workbench.attribution.concentration``), block first:
 # ``(L, N)`` heads averaged, ``*_heads`` ``(L, N, H)``; ``attention_top_k`` the k of ``cls_attention_topk``.
 # Optional when read: evidence exported before they existed lacks them (the report leaves their table out).
@@ -152,8 +155,14 @@ def attribution_code_fingerprint() -> str:
 # ---------------------------------------------------------------- what a cell logs
 
 
-def per_image_arrays(cell: CellAttribution, example_images: np.ndarray) -> dict[str, np.ndarray]:
+def per_image_arrays(
+    cell: CellAttribution, example_images: np.ndarray, counts: ClassCounts | None = None
+) -> dict[str, np.ndarray]:
     """What ``per_image.npz`` holds: every per-image number the report reads, and the example images.
+
+    With ``counts`` (the scored images per class of the evaluated split, ``workbench.sample``) also
+    ``sample_classes`` and ``class_counts`` ``(C,)``: every class of the split, absent ones included,
+    which the labels alone cannot show.
 
     Shapes (N images, P patch tokens, F curve points, L blocks): ``scores/<m>``, ``effects``,
     ``cls_attention`` ``(N, P)``; ``rho/<m>`` ``(N,)``; curves ``(N, F)``; ``norms`` ``(L, N, P)``
@@ -188,6 +197,8 @@ def per_image_arrays(cell: CellAttribution, example_images: np.ndarray) -> dict[
             "insertion_start_predicted": cell.start_predicted.astype(np.int64),
             "insertion_start_prob": cell.start_prob,
         }
+    if counts is not None:
+        arrays |= {"sample_classes": counts.classes, "class_counts": counts.counts}
     arrays |= {f"random_draws/{k}": v for k, v in cell.draws.items()}
     arrays |= {f"sanity/{m}": v for m, v in cell.sanity.items()}
     for m in cell.methods:
@@ -346,9 +357,22 @@ def log_cell(
     proof: ReloadProof | None,
     extra: dict,
     check=lambda: None,
+    counts: ClassCounts | None = None,
+    norm_control: PlantedControl | None = None,
 ) -> dict[str, float]:
-    """The cell's metrics, its per-image arrays and a summary; ``check`` fences each write. Returns the metrics."""
+    """The cell's metrics, its per-image arrays and a summary; ``check`` fences each write. Returns the metrics.
+
+    ``counts``: the scored images per class of the evaluated split (``per_image_arrays``);
+    ``norm_control``: the high-norm detector's planted positive control, logged as
+    ``norm_control/threshold`` (the smallest planted ratio flagged in every image; absent when
+    none was) and ``norm_control/detects`` (1: flagged from 2 k up, never below k), and as the
+    ``norm_control/*`` arrays.
+    """
     metrics = cell_metrics(cell)
+    if norm_control is not None:
+        metrics["norm_control/detects"] = float(norm_control.detects)
+        if math.isfinite(norm_control.threshold):
+            metrics["norm_control/threshold"] = norm_control.threshold
     if proof is not None:
         metrics |= {
             "reload_proof_passed": float(proof.passed),
@@ -375,6 +399,11 @@ def log_cell(
         "forwards": cell.forwards,
         "norm_threshold": cell.norms.k,
         "random_seed": cell.seed,
+        **(
+            {"class_counts": dict(zip(map(int, counts.classes), map(int, counts.counts)))}
+            if counts is not None
+            else {}
+        ),
         "auc": "trapezoid over the fractions of patch tokens removed (deletion) or kept (insertion), 0 to 1, "
         "both ends included",
         "reload_proof": proof.summary()
@@ -385,7 +414,13 @@ def log_cell(
     with tempfile.TemporaryDirectory() as tmp:
         check()
         _artifact(
-            sink, Path(tmp), "per_image.npz", npz_bytes(per_image_arrays(cell, example_images))
+            sink,
+            Path(tmp),
+            "per_image.npz",
+            npz_bytes(
+                per_image_arrays(cell, example_images, counts)
+                | (norm_control.arrays() if norm_control is not None else {})
+            ),
         )
         check()
         _artifact(
