@@ -18,17 +18,22 @@ from test_attribution import batch, make, max_diff
 from reports.attribution import control_blocks
 from reports.attribution import controls
 from reports.attribution.faithfulness import faithfulness_rows
-from reports.render import Table
+from reports.render import Para, Table
 from tracking.kinds.attribution_runs import AttributionCellResult, per_image_arrays
 from workbench.attribution import score_cell, spearman_per_image
+from workbench.attribution.agreement import abs_spearman_per_image, ssim_per_image
 from workbench.attribution.controls import (
     Controls,
+    cascade_layers,
     centre,
     intensity,
     random_draw_scores,
     randomisation_check,
-    randomised_blocks,
+    randomised,
+    randomised_models,
+    reinitialised,
 )
+from workbench.models.vit import VisionTransformer
 from workbench.protocol.attribution import AttributionProtocolError, parse_attribution_protocol
 from workbench.stats import fisher_z_interval
 
@@ -100,29 +105,161 @@ def test_the_baselines_are_the_definitions():
     assert max_diff(c[0][5], -math.hypot(0.5, 0.5)) <= 1e-12
 
 
-def test_the_randomisation_check_flags_maps_that_do_not_depend_on_the_weights(two_cells):
-    model, x, y, cell = two_cells[0]
-    for m in ("intensity", "centre"):
-        assert max_diff(cell.sanity[m], 1.0) <= 1e-12, f"{m} changed with random weights"
-    assert cell.sanity["chefer"].shape == (2, 5)
-    assert np.nanmean(cell.sanity["chefer"][-1]) < 0.99  # a map that reads the weights moves
-    random_model = randomised_blocks(model, 2, seed=0)
-    assert not torch.equal(random_model.blocks[0].attn.qkv.weight, model.blocks[0].attn.qkv.weight)
-    assert torch.equal(random_model.patch_proj.weight, model.patch_proj.weight)
-    top_only = randomised_blocks(model, 1, seed=0)
-    assert torch.equal(top_only.blocks[0].attn.qkv.weight, model.blocks[0].attn.qkv.weight)
-    cells = {
+def as_cells(two_cells) -> dict[int, AttributionCellResult]:
+    return {
         s: AttributionCellResult(None, per_image_arrays(c, np.zeros((0, 1, 8, 8))))
         for s, (*_, c) in two_cells.items()
     }
-    flagged = {r.method: r.survives for r in controls.sanity(cells)}
-    assert flagged["intensity"] and flagged["centre"] and not flagged["chefer"], flagged
-    # the check's own function on a map of the trained model: rho 1 when nothing changes
+
+
+def test_the_cascade_runs_from_the_logits_down_over_every_parameter():
+    model = make("registers")
+    layers = cascade_layers(model)
+    assert [name for name, _ in layers] == ["head", "norm", "blocks.1", "blocks.0", "embed"]
+    owned = [n for _, params in layers for n in params]
+    assert sorted(owned) == sorted(n for n, _ in model.named_parameters()), (
+        "a parameter in no layer"
+    )
+    assert len(owned) == len(set(owned)), "a parameter in two layers"
+    assert set(dict(layers)["embed"]) >= {"patch_proj.weight", "pos_embed", "cls_token"}
+
+
+def test_the_reinitialisation_is_the_models_own_init_drawn_once():
+    model = make("registers")
+    before = torch.random.get_rng_state()
+    draw = reinitialised(model, seed=3)
+    assert torch.equal(torch.random.get_rng_state(), before), "the global generator moved"
+    torch.manual_seed(3)
+    fresh = dict(VisionTransformer(model.cfg).named_parameters())
+    for n, v in draw.items():  # exactly what the model's constructor draws under that seed
+        assert torch.equal(v, fresh[n]), n
+    assert abs(float(draw["blocks.0.attn.qkv.weight"].std()) - 0.02) <= 0.004  # trunc normal 0.02
+    assert torch.equal(draw["head.bias"], torch.zeros_like(draw["head.bias"]))
+    assert torch.equal(draw["norm.weight"], torch.ones_like(draw["norm.weight"]))  # LayerNorm init
+    assert all(torch.equal(draw[n], reinitialised(model, 3)[n]) for n in draw)
+    assert not torch.equal(draw["head.weight"], reinitialised(model, 4)["head.weight"])
+
+
+def nesting_breaks(model, steps) -> list[str]:
+    """Where a cascade is not nested: a layer randomised at step k that holds other values at k + 1,
+    or a layer not yet reached that is not the trained one."""
+    layers = cascade_layers(model)
+    trained = dict(model.named_parameters())
+    out = []
+    for k, (_, now) in enumerate(steps):
+        params = dict(now.named_parameters())
+        nxt = dict(steps[k + 1][1].named_parameters()) if k + 1 < len(steps) else None
+        for j, (_, names) in enumerate(layers):
+            for n in names:
+                if j > k and not torch.equal(params[n], trained[n]):
+                    out.append(f"step {k}: {n} changed before its turn")
+                if j <= k and nxt is not None and not torch.equal(params[n], nxt[n]):
+                    out.append(f"step {k} -> {k + 1}: {n} drawn again")
+    return out
+
+
+def test_the_cascade_is_nested_and_the_old_fresh_noise_per_step_is_not():
+    model = make("registers")
+    steps = list(randomised_models(model, 0, "cascade"))
+    assert [name for name, _ in steps] == [name for name, _ in cascade_layers(model)]
+    breaks = nesting_breaks(model, steps)
+    assert not breaks, breaks[:5]
+    last = dict(steps[-1][1].named_parameters())
+    draw = reinitialised(model, 0)
+    assert max(max_diff(last[n].detach(), draw[n]) for n in draw) == 0.0  # every layer random
+    # the check before issue 48: a fresh draw per step (seed + step) -- not nested
+    fresh_each = [
+        (name, randomised(model, reinitialised(model, k), [n for _, p in cascade_layers(model)[: k + 1] for n in p]))
+        for k, (name, _) in enumerate(cascade_layers(model))
+    ]  # fmt: skip
+    assert nesting_breaks(model, fresh_each), "the nesting test cannot fail"
+    # independent: one layer random (the same values as the cascade's), every other trained
+    trained = dict(model.named_parameters())
+    for name, now in randomised_models(model, 0, "independent"):
+        own = set(dict(cascade_layers(model))[name])
+        for n, p in now.named_parameters():
+            want = draw[n] if n in own else trained[n]
+            assert torch.equal(p.detach(), want.detach()), f"independent {name}: {n}"
+
+
+def test_ssim_and_absolute_rank_are_the_definitions():
+    rng = np.random.default_rng(0)
+    a, b = rng.normal(size=(3, 25)), rng.normal(size=(3, 25))
+    assert max_diff(ssim_per_image(a, a, (5, 5)), 1.0) <= 1e-12
+    assert max_diff(abs_spearman_per_image(a, -a), 1.0) <= 1e-12  # a sign flip keeps |rank|
+    assert max_diff(spearman_per_image(a, -a), -1.0) <= 1e-12
+    # Wang et al. 2004 by hand: Gaussian window sigma 1.5 (reflected border), C1 = (0.01)^2, C2 = (0.03)^2
+    from scipy.ndimage import gaussian_filter
+
+    def wang(x, y):
+        x, y = [(v - v.min()) / np.ptp(v) for v in (x, y)]
+        f = lambda v: gaussian_filter(v, 1.5, mode="reflect", truncate=3.5)  # noqa: E731
+        mx, my = f(x), f(y)
+        vx, vy, cxy = f(x * x) - mx**2, f(y * y) - my**2, f(x * y) - mx * my
+        c1, c2 = 0.01**2, 0.03**2
+        s = ((2 * mx * my + c1) * (2 * cxy + c2)) / ((mx**2 + my**2 + c1) * (vx + vy + c2))
+        return s[1:-1, 1:-1].mean()  # the 1-patch border left out
+
+    want = [wang(a[i].reshape(5, 5), b[i].reshape(5, 5)) for i in range(3)]
+    got = ssim_per_image(a, b, (5, 5))
+    assert max_diff(got, want) <= 1e-9, f"SSIM off by {max_diff(got, want)}"
+    assert np.isnan(ssim_per_image(a[:, :4], b[:, :4], (2, 2))).all()  # no interior
+
+
+def test_the_positive_control_holds_and_a_weight_reading_map_decays(two_cells):
+    model, x, y, cell = two_cells[0]
+    check = cell.sanity
+    assert check.layers == ("head", "norm", "blocks.1", "blocks.0", "embed")
+    for mode in ("cascade", "independent"):
+        for metric in ("rho", "abs_rho", "ssim"):
+            for m in ("intensity", "centre"):  # never run the model: 1 at every step
+                values = getattr(check, mode)[metric][m]
+                assert values.shape == (5, 5)
+                assert max_diff(values, 1.0) <= 1e-12, (
+                    f"{mode} {metric} {m}: {max_diff(values, 1.0)}"
+                )
+    grad = check.cascade["rho"]["grad_x_input"]
+    # reads every weight: with every layer random its map is another map (measured mean -0.2)
+    assert np.nanmean(grad[-1]) < 0.5, np.nanmean(grad, axis=1)
+    assert np.nanmean(check.cascade["ssim"]["grad_x_input"][-1]) < 0.5
+    # cls_attention reads no weight after the last block: the head and final norm cannot move it
+    assert max_diff(check.cascade["rho"]["cls_attention"][:2], 1.0) <= 1e-9
+    assert np.nanmean(check.cascade["rho"]["cls_attention"][2]) < 0.99
+    flagged = {m: r.survives for m, r in controls.sanity_verdicts(as_cells(two_cells)).items()}
+    assert flagged["intensity"] and flagged["centre"] and not flagged["grad_x_input"], flagged
+    # the check's own function on maps of the trained model: 1 when nothing changes
     same = randomisation_check(
         model, x, y, ["intensity"], {"intensity": cell.scores["intensity"]},
         lambda mo, xx, yy, m: intensity(mo, xx, yy), seed=0,
     )  # fmt: skip
-    assert max_diff(same["intensity"], 1.0) <= 1e-12
+    assert max_diff(same.cascade["ssim"]["intensity"], 1.0) <= 1e-12
+
+
+def test_the_report_shows_both_forms_and_still_reads_old_evidence(two_cells):
+    cells = as_cells(two_cells)
+    blocks = control_blocks._sanity_blocks("vit", cells, "t")
+    tables = [b for b in blocks if isinstance(b, Table)]
+    assert [t.header[1:6] for t in tables] == [
+        ["+ head", "+ norm", "+ blocks.1", "+ blocks.0", "+ embed"],
+        ["head", "norm", "blocks.1", "blocks.0", "embed"],
+    ]
+    text = " ".join(b.text for b in blocks if isinstance(b, Para))
+    assert "Positive control (vit)" in text and "the check itself is broken" not in text
+    # the positive control catches a weight-free map that moved
+    for c in cells.values():
+        c.arrays["sanity_cascade/ssim/intensity"] = c.arrays["sanity_cascade/ssim/intensity"] * 0.5
+    broken = control_blocks._sanity_blocks("vit", cells, "t")
+    assert "the check itself is broken" in " ".join(b.text for b in broken if isinstance(b, Para))
+    # evidence from before the cascade: sanity/<method> (blocks only), no layers, no SSIM
+    old = as_cells(two_cells)
+    for c in old.values():
+        for k in [k for k in c.arrays if k.startswith("sanity_")]:
+            del c.arrays[k]
+        c.arrays |= {f"sanity/{m}": np.full((2, 5), 0.3) for m in ("chefer", "intensity")}
+    assert controls.sanity_form(old) == "blocks"
+    blocks = control_blocks._sanity_blocks("vit", old, "t")
+    assert control_blocks.OLD_SANITY_NOTE in [b.text for b in blocks if isinstance(b, Para)]
+    assert [b for b in blocks if isinstance(b, Table)][0].header[1] == "top 1 random"
 
 
 def test_fisher_z_intervals_stay_inside_minus_one_one():
@@ -137,10 +274,7 @@ def test_fisher_z_intervals_stay_inside_minus_one_one():
 
 
 def test_the_report_sections_compare_with_the_draws_every_pair_and_every_class(two_cells):
-    cells = {
-        s: AttributionCellResult(None, per_image_arrays(c, np.zeros((0, 1, 8, 8))))
-        for s, (*_, c) in two_cells.items()
-    }
+    cells = as_cells(two_cells)
     draws = controls.against_draws(cells, 50, 0.95, 0)
     methods = [m for m in ALL if m != "random"]
     assert len(draws) == 3 * len(methods)
@@ -199,10 +333,7 @@ def test_protocol_controls_are_optional_and_checked(tmp_path):
 
 
 def test_a_map_without_rho_in_every_seed_has_no_comparison_row_and_breaks_nothing(two_cells):
-    cells = {
-        s: AttributionCellResult(None, per_image_arrays(c, np.zeros((0, 1, 8, 8))))
-        for s, (*_, c) in two_cells.items()
-    }
+    cells = as_cells(two_cells)
     for cell in cells.values():  # as for a centre prior on a grid where every patch is as central
         cell.arrays["rho/centre"] = np.full_like(cell.arrays["rho/centre"], np.nan)
     draws = controls.against_draws(cells, 20, 0.95, 0)

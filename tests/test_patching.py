@@ -10,8 +10,11 @@ from test_interventions import images, make
 from workbench.interventions import InterventionError, run_with_hooks
 from workbench.interventions.patching import (
     corrupt,
+    fixed_by_construction,
     make_pairs,
     patch_batch,
+    readout_reads,
+    removed_fraction,
     restored_fraction,
 )
 
@@ -109,3 +112,130 @@ def test_every_patch_is_the_corrupted_forward_with_that_clean_activation_hooked_
         close(out["resid_ld"][:, last, -1], out["corrupted_ld"], "a patch token at the last block")
     frac = restored_fraction(out["resid_ld"], out["clean_ld"], out["corrupted_ld"])
     assert abs(frac[last, 0] - 1.0) <= 1e-5 and frac.shape == out["resid_ld"].shape[1:]
+
+
+@pytest.mark.parametrize("family", ["plain", "layerscale_registers"])
+def test_noising_is_the_clean_forward_with_that_corrupted_activation_hooked_in(family):
+    model = make(family)
+    x_clean, x_corrupt = images(3, seed=1), images(3, seed=2)
+    y, contrast = torch.tensor([0, 1, 2]), torch.tensor([3, 4, 0])
+    out = patch_batch(model, x_clean, x_corrupt, y, contrast)
+
+    def ld(logits):
+        return (logits.gather(1, y[:, None]) - logits.gather(1, contrast[:, None]))[:, 0].numpy()
+
+    def close(actual, expected, what):
+        diff = float(np.abs(actual - expected).max())
+        assert diff <= 1e-5, f"{family} {what}: max diff {diff}"
+
+    with torch.no_grad():
+        acts = {}
+        run_with_hooks(
+            model,
+            x_corrupt,
+            [
+                (n, lambda a, h: acts.__setitem__(h.name, a))
+                for n in ("blocks.0.resid2", "blocks.1.attn")
+            ],
+        )
+
+        def at_token(a, h, t=1):
+            a = a.clone()
+            a[:, t] = acts["blocks.0.resid2"][:, t]
+            return a
+
+        close(
+            out["noising_resid_ld"][:, 0, 1],
+            ld(run_with_hooks(model, x_clean, [("blocks.0.resid2", at_token)])),
+            "noising resid",
+        )
+        close(
+            out["noising_branch_ld"][:, 1, 0],
+            ld(
+                run_with_hooks(
+                    model, x_clean, [("blocks.1.attn", lambda a, h: acts["blocks.1.attn"])]
+                )
+            ),
+            "noising attn",
+        )
+    # the directions differ: denoising and noising the same location are not the same run
+    assert float(np.abs(out["noising_resid_ld"] - out["resid_ld"]).max()) > 1e-3
+    last = model.cfg.depth - 1
+    removed = removed_fraction(out["noising_resid_ld"], out["clean_ld"], out["corrupted_ld"])
+    assert abs(removed[last, 0] - 1.0) <= 1e-5  # the whole readout replaced: all of it removed
+    assert float(np.abs(removed[last, 1:]).max()) <= 1e-5  # a position the head never reads
+
+
+@pytest.mark.parametrize(
+    "family, fixed_last",
+    [("plain", "all"), ("layerscale_registers", "all"), ("mean_pooling", "none")],
+)
+def test_the_locations_fixed_by_construction_come_from_the_model(family, fixed_last):
+    model = make(family)
+    x = images(3, seed=1)
+    reads = readout_reads(model, x)
+    depth, tokens = model.cfg.depth, model.cfg.num_patches + model.cfg.num_prefix_tokens
+    assert reads.shape == (depth, tokens)
+    assert reads[:-1].all(), "attention mixes every position before the last block"
+    fixed = fixed_by_construction(reads)
+    assert not fixed[:-1].any()
+    if fixed_last == "all":  # a class-token head: the last block's class token is all it reads
+        assert reads[-1].tolist() == [True] + [False] * (tokens - 1)
+        assert fixed[-1].all()
+    else:  # a mean-pooling head reads every patch (not the class token): none of them is fixed
+        assert reads[-1].tolist() == [False] + [True] * (tokens - 1)
+        assert fixed[-1].tolist() == [True] + [False] * (tokens - 1)
+    # and the fixed values are what the patching measures exactly: 0 off the readout, 1 on it
+    y, contrast = torch.tensor([0, 1, 2]), torch.tensor([3, 4, 0])
+    out = patch_batch(model, x, images(3, seed=2), y, contrast)
+    frac = restored_fraction(out["resid_ld"], out["clean_ld"], out["corrupted_ld"])
+    want = np.where(reads, 1.0, 0.0)
+    gap = float(np.abs(frac[fixed] - want[fixed]).max()) if fixed.any() else 0.0
+    assert gap <= 1e-5, f"fixed locations off their value by {gap}"
+    if fixed_last == "none":
+        assert float(np.abs(frac[-1, 1:]).min()) > 1e-4  # not fixed: values of their own
+
+
+def test_a_position_the_readout_reads_is_not_called_fixed_and_one_alone_is():
+    reads = np.array([[True, True, True], [True, False, False], [False, False, False]])
+    fixed = fixed_by_construction(reads)
+    assert fixed.tolist() == [[False] * 3, [True] * 3, [True] * 3]
+
+
+def synthetic_cells(seeds=5, pairs=8, depth=3, tokens=6, with_reads=True):
+    """Seed maps that agree only where the model fixes them: the last block (class token 1, patches 0)."""
+    rng = np.random.default_rng(0)
+    cells = {}
+    for s in range(seeds):
+        clean, corrupted = rng.normal(3, 0.1, pairs), rng.normal(-3, 0.1, pairs)
+        resid = rng.normal(size=(pairs, depth, tokens))  # independent per seed: no agreement
+        resid[:, -1, 0], resid[:, -1, 1:] = clean, corrupted[:, None]  # fixed by construction
+        z = {"clean_ld": clean, "corrupted_ld": corrupted, "resid_ld": resid}
+        if with_reads:
+            reads = np.ones((depth, tokens), dtype=bool)
+            reads[-1, 1:] = False
+            z["resid_reads"] = reads
+        cells[s] = z
+    return cells
+
+
+def test_seed_agreement_leaves_out_what_the_model_fixes_and_the_old_reading_did_not():
+    from reports.interventions import patching_report
+
+    cells = synthetic_cells()
+    maps = patching_report.effect_maps(cells, "resid")
+    everything = patching_report.spearman_pairs(maps)  # the reading before issue 48
+    fixed, from_model = patching_report.fixed_locations(cells)
+    assert from_model and fixed[-1].all() and not fixed[:-1].any()
+    free = patching_report.spearman_pairs(maps, ~fixed)
+    # the fixed block alone makes unrelated maps look alike; left out, they do not
+    assert np.mean(everything) > 0.4 and abs(np.mean(free)) < 0.2, (everything, free)
+    blocks = patching_report.agreement_blocks(cells)
+    rows = blocks[1].rows
+    assert rows[-2][:3] == ["2", "0 of 6", "n/a"] and rows[-1][1] == "12 of 18"
+    assert "predates noising" in blocks[0].text  # these cells ran denoising only
+    # evidence without the model's map: the same locations, found bitwise in the data
+    old = synthetic_cells(with_reads=False)
+    again, from_model = patching_report.fixed_locations(old)
+    assert not from_model and np.array_equal(again, fixed)
+    assert "found in the data" in patching_report.agreement_blocks(old)[0].text

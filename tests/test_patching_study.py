@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -60,6 +62,15 @@ def test_patching_is_logged_per_cell_rerun_skips_and_the_report_shows_the_maps(
             ) / gap
             assert abs(m["restored/blocks.0.mlp"] - expected) <= 1e-9
             assert m["patching_pairs"] == 4.0
+            # noising beside denoising: the clean run with the corrupted activation patched in
+            assert z["noising_resid_ld"].shape == (4, depth, tokens)
+            removed = (
+                z["clean_ld"].mean(dtype=np.float64)
+                - z["noising_branch_ld"][:, 0, 1].mean(dtype=np.float64)
+            ) / gap
+            assert abs(m["removed/blocks.0.mlp"] - removed) <= 1e-9
+            # the model names what its class-token head reads after the last block: the class token
+            assert z["resid_reads"].tolist() == [[True] * tokens, [True] + [False] * (tokens - 1)]
     # the same pairs in both seeds (they depend on the split and the seed only)
     arrays = []
     for cell in cells:
@@ -75,7 +86,14 @@ def test_patching_is_logged_per_cell_rerun_skips_and_the_report_shows_the_maps(
     md = result.markdown.read_text()
     assert "## Activation patching (vit)" in md and "4 pairs (seed 5" in md, md[:2000]
     assert "Seed agreement on the blocks x positions map" in md
-    assert {"patching_resid_vit.png", "patching_heads_vit.png"} <= {p.name for p in result.figures}
+    assert "named by the models themselves" in md
+    assert re.search(r"\|\s*1\s*\|\s*0 of 5\s*\|", md), "the last block: every position fixed"
+    assert "predates noising" not in md and "Noising (Heimersheim and Nanda 2024)" in md
+    assert {
+        "patching_resid_vit.png",
+        "patching_heads_vit.png",
+        "patching_noising_resid_vit.png",
+    } <= {p.name for p in result.figures}
 
 
 def test_the_patching_section_is_optional_and_left_out_of_the_hash(trained):  # noqa: F811

@@ -102,8 +102,15 @@ def _readme(name: str, digest: str, reported: int, runs: int) -> str:
   section. With the controls (protocol settings `random_draws`, `sanity_check`; docs/attribution.md):
   `insertion_start_predicted` and `insertion_start_prob` (N,), the class predicted from the class token
   alone and its probability; `random_draws/rho`, `random_draws/deletion_auc` and
-  `random_draws/insertion_auc` (D, N), one row per random draw; `sanity/<method>` (L, N), each map's
-  Spearman rho with itself with the top 1..L blocks randomised. Exported since the sample rule
+  `random_draws/insertion_auc` (D, N), one row per random draw; the model-randomisation check of
+  Adebayo et al. 2018: `sanity_layers` (S,) the layers from the logits down (head, final norm, last
+  block, ..., first block, embeddings) and `sanity_cascade/<metric>/<method>` (S, N), step k with
+  the first k + 1 layers re-initialised (nested: one draw), `sanity_independent/<metric>/<method>`
+  (S, N), only layer k re-initialised, each with metric `rho`, `abs_rho` (Spearman rho of the
+  absolute values) and `ssim`, the map of the randomised model against the trained model's (an
+  export made before issue 48 holds `sanity/<method>` (L, N) instead: rho with the top 1..L
+  blocks replaced by fresh noise per step, head, final norm and embeddings trained).
+  Exported since the sample rule
   (docs/attribution.md, "Which images"): `sample_classes` and `class_counts` (C,), the scored images
   per class of the evaluated split (0 for a class with none); and the high-norm detector's planted
   positive control, `norm_control/ratios` and `norm_control/flagged` (R,) (the share of images

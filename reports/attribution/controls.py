@@ -10,9 +10,12 @@
 - Per class (``per_class``): each method's rho and AUCs over the images of each true class,
   per seed; a sign that every seed agrees on (all seeds above zero, or all below) is a
   settled sign, and a method with settled signs both ways has its sign flip across classes.
-- The sanity check (``sanity``): each map's mean rank correlation with itself as the blocks
-  are randomised from the top down (``workbench.attribution.controls``); at least
-  ``SURVIVES`` with every block random is flagged.
+- The sanity check (``sanity``): each map against itself on the randomised model
+  (``workbench.attribution.controls``), per form (``cascade`` from the logits down, nested;
+  ``independent`` one layer at a time) and metric (rho, absolute-value rho, SSIM), mean over
+  images then seeds; rho at least ``SURVIVES`` with every layer random is flagged. Evidence
+  from before the cascade (``sanity/<method>``: rho with the top blocks randomised, a fresh
+  draw per step, head, final norm and embeddings trained) reads as form ``blocks``.
 - The insertion start (``insertion_start``): the class each seed's model predicts from the
   class token alone, and with what probability.
 """
@@ -35,7 +38,7 @@ from reports.attribution.faithfulness import (
 )
 from tracking.kinds.attribution_runs import AttributionCellResult
 from workbench import stats
-from workbench.attribution.controls import SURVIVES
+from workbench.attribution.controls import SANITY_METRICS, SANITY_MODES, SURVIVES
 
 ORACLE = "oracle"
 BASELINES = ("intensity", "centre")
@@ -51,7 +54,25 @@ def has_draws(cells: dict[int, AttributionCellResult]) -> bool:
 
 
 def has_sanity(cells: dict[int, AttributionCellResult]) -> bool:
-    return all(any(k.startswith("sanity/") for k in c.arrays) for c in cells.values())
+    return sanity_form(cells) is not None
+
+
+def sanity_form(cells: dict[int, AttributionCellResult]) -> str | None:
+    """``cascade`` (Adebayo et al.'s check, both forms), ``blocks`` (evidence from before it), or None."""
+    if all("sanity_layers" in c.arrays for c in cells.values()):
+        return "cascade"
+    if all(any(k.startswith("sanity/") for k in c.arrays) for c in cells.values()):
+        return "blocks"
+    return None
+
+
+def sanity_layers(cells: dict[int, AttributionCellResult]) -> list[str]:
+    """The step names: the cascade's layers from the logits down, or ``top j`` blocks for old evidence."""
+    first = next(iter(cells.values()))
+    if sanity_form(cells) == "cascade":
+        return [str(v) for v in first.arrays["sanity_layers"]]
+    depth = next(v for k, v in first.arrays.items() if k.startswith("sanity/")).shape[0]
+    return [f"top {j}" for j in range(1, depth + 1)]
 
 
 def has_start(cells: dict[int, AttributionCellResult]) -> bool:
@@ -253,30 +274,50 @@ def per_class(cells: dict[int, AttributionCellResult]) -> list[ClassRow]:
 @dataclass(frozen=True)
 class SanityRow:
     method: str
-    per_step: list[float]  # mean over seeds of the mean rho with the top 1..L blocks randomised
-    per_seed_last: dict[int, float]
+    per_step: list[float]  # mean over seeds of the mean over images, one per step
+    per_seed_last: dict[int, float]  # each seed's mean at the last step
+    mode: str = "blocks"  # cascade, independent, or blocks (evidence from before the cascade)
+    metric: str = "rho"  # rho, abs_rho, ssim
 
     @property
     def survives(self) -> bool:
         return math.isfinite(self.per_step[-1]) and self.per_step[-1] >= SURVIVES
 
 
+def _sanity_row(cells, key: str, method: str, mode: str, metric: str) -> SanityRow:
+    steps = np.stack(
+        [[seed_value(row) for row in c.arrays[key]] for _, c in sorted(cells.items())]
+    )  # (seeds, steps)
+    return SanityRow(
+        method,
+        [seed_value(col) for col in steps.T],
+        {s: float(steps[i, -1]) for i, s in enumerate(sorted(cells))},
+        mode,
+        metric,
+    )
+
+
 def sanity(cells: dict[int, AttributionCellResult]) -> list[SanityRow]:
+    """Every (form, metric, method) row the cells logged (old evidence: rho of form ``blocks``)."""
     first = next(iter(cells.values()))
-    methods = [m for m in first.methods if f"sanity/{m}" in first.arrays]
+    if sanity_form(cells) == "blocks":
+        methods = [m for m in first.methods if f"sanity/{m}" in first.arrays]
+        return [_sanity_row(cells, f"sanity/{m}", m, "blocks", "rho") for m in methods]
     out = []
-    for m in methods:
-        steps = np.stack(
-            [[seed_value(row) for row in c.arrays[f"sanity/{m}"]] for _, c in sorted(cells.items())]
-        )  # (seeds, L)
-        out.append(
-            SanityRow(
-                m,
-                [seed_value(col) for col in steps.T],
-                {s: float(steps[i, -1]) for i, s in enumerate(sorted(cells))},
-            )
-        )
+    for mode in SANITY_MODES:
+        for metric in SANITY_METRICS:
+            for m in first.methods:
+                key = f"sanity_{mode}/{metric}/{m}"
+                if key in first.arrays:
+                    out.append(_sanity_row(cells, key, m, mode, metric))
     return out
+
+
+def sanity_verdicts(cells: dict[int, AttributionCellResult]) -> dict[str, SanityRow]:
+    """Per method, the row its flag is read from: rho with every layer random (the cascade's last step)."""
+    if not has_sanity(cells):
+        return {}
+    return {r.method: r for r in sanity(cells) if r.metric == "rho" and r.mode != "independent"}
 
 
 @dataclass(frozen=True)

@@ -145,6 +145,13 @@ def _readme(name: str, digest: str, reported: int, runs: int) -> str:
   per-example losses; the report uses none).
 - `attention/<arm>.seed<seed>.npy.gz`: each head's mean attention map on the evaluation
   images (NumPy `.npy`, float32, blocks x heads x rows x columns), drawn in the attention figure.
+- `patching/<arm>.seed<seed>.npz.gz` (cells that patched): `interventions/patching.npz` as
+  logged: per pair the clean and corrupted logit differences and probabilities, and under
+  every patch `resid_*` (pairs, blocks, tokens), `branch_*` (pairs, blocks, 2), `head_*`
+  (pairs, blocks, heads) for denoising (clean into the corrupted run) and `noising_*` the same
+  for noising (corrupted into the clean run); `resid_reads` (blocks, tokens), the positions the
+  readout depends on; the pairs (`clean_index`, `source_index`, labels, `replaced`). Exports
+  made before issue 48 lack `noising_*` and `resid_reads`.
 """,
     )
 

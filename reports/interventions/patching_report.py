@@ -5,12 +5,19 @@ Per acted-on arm, from every cell's ``interventions/patching.npz``
 difference restored by patching block i's output at one token position (blocks x
 positions), one branch (blocks x attention / MLP) and one head (blocks x heads), each a mean
 over seeds with its t-interval over seeds; and how far the seeds agree on which blocks and
-positions matter (Spearman correlation of their maps), over the places not fixed by construction
-only: a place whose fraction is the same in every seed (the last block's output is the head's
-input, so its class token restores 1 and, with class-token pooling, its patches 0) would make any
-two seeds agree whatever their models learned. Blocks and token positions are the
+positions matter (Spearman correlation of their maps). Blocks and token positions are the
 same places in every seed's model; heads are not (a head index names a different head in a
 separately trained model), so the heads map is read per block.
+
+Both directions where the cells ran them (Heimersheim and Nanda 2024): denoising (clean into
+the corrupted run: fraction restored) and noising (corrupted into the clean run: fraction
+removed); evidence from before noising has denoising only, and the section says so.
+
+The seeds' agreement leaves out the residual locations fixed by construction (0 or 1 in every
+model, e.g. the last block under a class-token head): they would agree whatever the models
+learnt. The cells' ``resid_reads`` (``workbench.interventions.patching.readout_reads``) name
+them; evidence without it is read for locations whose patched logit difference equals the
+corrupted run's (or the clean run's) exactly in every pair of every seed, and the section says so.
 """
 
 from __future__ import annotations
@@ -23,7 +30,11 @@ from scipy import stats as sps
 
 from reports.figures import report_png
 from reports.render import Block, Figure, Heading, Para, Table
-from workbench.interventions.patching import restored_fraction
+from workbench.interventions.patching import (
+    DIRECTIONS,
+    effect_fraction,
+    fixed_by_construction,
+)
 from workbench.report_content.rounding import fmt
 
 
@@ -41,69 +52,105 @@ def seed_band(
     return mean, mean - half, mean + half
 
 
-def _maps(cells: dict[int, dict], key: str) -> dict[int, np.ndarray]:
+def effect_maps(
+    cells: dict[int, dict], key: str, direction: str = "denoising"
+) -> dict[int, np.ndarray]:
+    prefix = DIRECTIONS[direction]
     return {
-        s: restored_fraction(z[f"{key}_ld"], z["clean_ld"], z["corrupted_ld"])
+        s: effect_fraction(direction, z[f"{prefix}{key}_ld"], z["clean_ld"], z["corrupted_ld"])
         for s, z in cells.items()
     }
 
 
-def fixed_by_construction(maps: dict[int, np.ndarray]) -> np.ndarray:
-    """Boolean mask of the places whose value is the same in every seed (at least two seeds).
+def has_noising(cells: dict[int, dict]) -> bool:
+    return all("noising_resid_ld" in z for z in cells.values())
 
-    Patching the last block's output patches the head's input: its class token restores exactly
-    1 and, with class-token pooling, its patch positions exactly 0 in every model, so those places
-    say nothing about whether the seeds learned the same thing.
+
+def fixed_locations(cells: dict[int, dict]) -> tuple[np.ndarray, bool]:
+    """``(depth, tokens)`` residual locations fixed by construction, and whether the model said so.
+
+    From every cell's ``resid_reads`` (a location fixed in any seed's model is left out);
+    evidence without it: locations whose patched logit difference equals the corrupted run's,
+    or the clean run's, bitwise in every pair of every seed.
     """
-    stack = np.stack([maps[s] for s in sorted(maps)]).astype(np.float64)
-    if stack.shape[0] < 2:
-        return np.zeros(stack.shape[1:], dtype=bool)
-    return np.all(stack == stack[0], axis=0)
+    if all("resid_reads" in z for z in cells.values()):
+        return np.any(
+            [fixed_by_construction(z["resid_reads"]) for z in cells.values()], axis=0
+        ), True
+    fixed = None
+    for z in cells.values():
+        ld = z["resid_ld"]
+        same = (ld == z["corrupted_ld"][:, None, None]).all(axis=0) | (
+            ld == z["clean_ld"][:, None, None]
+        ).all(axis=0)
+        fixed = same if fixed is None else fixed & same
+    return fixed, False
 
 
-def seed_agreement(maps: dict[int, np.ndarray], keep: np.ndarray | None = None) -> list[float]:
-    """Spearman correlation of every two seeds' maps over the places in ``keep`` (default: the
-    places not fixed by construction); a pair where either map is constant there is left out."""
-    if keep is None:
-        keep = ~fixed_by_construction(maps)
+def spearman_pairs(maps: dict[int, np.ndarray], keep: np.ndarray | None = None) -> list[float]:
+    """Spearman rho between every two seeds' maps over the ``keep`` locations (default: all)."""
     out = []
     for a, b in itertools.combinations(sorted(maps), 2):
-        x, y = maps[a][keep], maps[b][keep]
-        if x.size > 1 and np.ptp(x) > 0 and np.ptp(y) > 0:
+        x, y = maps[a], maps[b]
+        if keep is not None:
+            x, y = x[keep], y[keep]
+        x, y = x.ravel(), y.ravel()
+        if x.size > 2 and np.ptp(x) > 0 and np.ptp(y) > 0:
             out.append(float(sps.spearmanr(x, y).statistic))
     return out
 
 
-def _agreement_text(rho: list[float]) -> str:
+def _agreement(rho: list[float]) -> str:
     if not rho:
-        return "not computable (fewer than two seeds with varying maps)"
-    return (
-        f"mean {fmt(float(np.mean(rho)), 2)}, min {fmt(min(rho), 2)}, max {fmt(max(rho), 2)} "
-        f"over {len(rho)} pairs"
-    )
+        return "n/a"
+    return f"{fmt(float(np.mean(rho)), 2)} [{fmt(min(rho), 2)}, {fmt(max(rho), 2)}]"
 
 
-def _agreement(resid: dict[int, np.ndarray], prefix_tokens: int) -> Para:
-    """The seeds' agreement over the free places, and per block over its free patch positions."""
-    fixed = fixed_by_construction(resid)
-    free = int((~fixed).sum())
-    per_block = []
-    for i in range(fixed.shape[0]):
+def agreement_blocks(cells: dict[int, dict]) -> list[Block]:
+    """The seeds' agreement on the blocks x positions maps, per block, over the free locations."""
+    fixed, from_model = fixed_locations(cells)
+    directions = ["denoising", "noising"] if has_noising(cells) else ["denoising"]
+    maps = {d: effect_maps(cells, "resid", d) for d in directions}
+    depth = fixed.shape[0]
+    rows = []
+    for i in range(depth):
         keep = np.zeros_like(fixed)
-        keep[i, prefix_tokens:] = ~fixed[i, prefix_tokens:]
-        if keep.sum() > 1:
-            per_block.append(f"block {i} {_agreement_text(seed_agreement(resid, keep))}")
-    return Para(
-        "Seed agreement on the blocks x positions map (Spearman correlation between every two "
-        f"seeds) over the {free} of {fixed.size} places not fixed by construction (a place with "
-        "the same value in every seed, such as the last block's, whose class token is the head's "
-        f"input, is left out): {_agreement_text(seed_agreement(resid))}."
-        + (
-            f" Over each block's patch positions alone: {'; '.join(per_block)}."
-            if per_block
-            else ""
+        keep[i] = ~fixed[i]
+        rows.append(
+            [str(i), f"{int(keep.sum())} of {fixed.shape[1]}"]
+            + [_agreement(spearman_pairs(maps[d], keep)) for d in directions]
         )
+    rows.append(
+        [f"blocks 0-{depth - 1}", f"{int((~fixed).sum())} of {fixed.size}"]
+        + [_agreement(spearman_pairs(maps[d], ~fixed)) for d in directions]
     )
+    everything = spearman_pairs(maps["denoising"])
+    how = (
+        "named by the models themselves (the logits' gradient with respect to each block's output "
+        "is exactly zero there, or one position alone is read)"
+        if from_model
+        else "found in the data, as this evidence predates the models' own map of them "
+        "(`resid_reads`): the patched logit difference equals the corrupted run's (fraction 0) or "
+        "the clean run's (fraction 1) bitwise in every pair of every seed"
+    )
+    said = [
+        "Seed agreement on the blocks x positions map: Spearman correlation between every two "
+        f"seeds' maps, mean [min, max] over the {len(list(itertools.combinations(cells, 2)))} "
+        "pairs, per block over the locations not fixed by construction. Fixed locations (0 or 1 "
+        f"in every model whatever it learnt, which agree by construction) are {how}; left out: "
+        f"{int(fixed.sum())} of {fixed.size}. Over every location, fixed ones included (as read "
+        f"before issue 48): {_agreement(everything)}."
+    ]
+    if not has_noising(cells):
+        said.append("This evidence predates noising (issue 48): only denoising was run.")
+    return [
+        Para(" ".join(said)),
+        Table(
+            ["block", "free positions", *[f"{d} ρ" for d in directions]],
+            rows,
+            align=["l", "r", *["r"] * len(directions)],
+        ),
+    ]
 
 
 def _heatmaps(panels: list[tuple[str, np.ndarray, str]], title: str) -> bytes:
@@ -139,7 +186,11 @@ def patching_blocks(
     spec, conf = protocol.patching, protocol.evaluation.confidence
     first = next(iter(cells.values()))
     pairs = len(first["clean_ld"])
-    resid, branch, head = _maps(cells, "resid"), _maps(cells, "branch"), _maps(cells, "head")
+    resid, branch, head = (
+        effect_maps(cells, "resid"),
+        effect_maps(cells, "branch"),
+        effect_maps(cells, "head"),
+    )
     r_mean, r_lo, r_hi = seed_band(resid, conf)
     b_mean, b_lo, b_hi = seed_band(branch, conf)
     h_mean, h_lo, h_hi = seed_band(head, conf)
@@ -224,5 +275,60 @@ def patching_blocks(
             ),
         )
     )
-    blocks.append(_agreement(resid, prefix_tokens))
+    if has_noising(cells):
+        blocks += _noising_blocks(arm, cells, protocol, conf, positions)
+    blocks += agreement_blocks(cells)
     return blocks
+
+
+def _noising_blocks(arm, cells, protocol, conf, positions) -> list[Block]:
+    """Noising: the corrupted run's activation patched into the clean run (fraction removed)."""
+    n_mean, n_lo, n_hi = seed_band(effect_maps(cells, "resid", "noising"), conf)
+    nb_mean, nb_lo, nb_hi = seed_band(effect_maps(cells, "branch", "noising"), conf)
+    top = np.argsort(-np.nan_to_num(n_mean, nan=-np.inf), axis=1)[:, :3]
+    return [
+        Para(
+            "Noising (Heimersheim and Nanda 2024): the clean run repeated with one activation of the "
+            "corrupted run patched in; the number is the fraction of the clean-vs-corrupted logit "
+            "difference removed, a ratio of means over the pairs: 0 nothing removed, 1 the corrupted "
+            "run's difference. Denoising (above) asks whether a location suffices to bring the clean "
+            "answer back; noising whether the clean answer needs it."
+        ),
+        Figure(
+            f"patching_noising_resid_{arm}.png",
+            (
+                "Fraction removed when block i's output (`blocks.i.resid2`) at one token position "
+                "is patched from the corrupted run into the clean run: mean over seeds and the ends "
+                f"of the {conf:.0%} t-interval over seeds."
+            ),
+            _heatmaps(
+                [
+                    ("mean over seeds", n_mean, "token position"),
+                    ("interval low", n_lo, "token position"),
+                    ("interval high", n_hi, "token position"),
+                ],
+                f"{protocol.name}: {arm}, noising, residual stream patched at one position",
+            ),
+        ),
+        Table(
+            [
+                "block",
+                "noising, best positions: fraction removed [interval]",
+                "branch attn",
+                "branch mlp",
+            ],
+            [
+                [
+                    str(i),
+                    "; ".join(
+                        f"{positions[t]} {_cell(n_mean[i, t], n_lo[i, t], n_hi[i, t])}"
+                        for t in top[i]
+                    ),
+                    _cell(nb_mean[i, 0], nb_lo[i, 0], nb_hi[i, 0]),
+                    _cell(nb_mean[i, 1], nb_lo[i, 1], nb_hi[i, 1]),
+                ]
+                for i in range(n_mean.shape[0])
+            ],
+            align=["r", "l", "r", "r"],
+        ),
+    ]

@@ -75,7 +75,7 @@ import pandas as pd
 
 from reports.attribution.controls import draw_means
 from reports.common.convergence import convergence as read_curve
-from reports.interventions.patching_report import fixed_by_construction, seed_agreement
+from reports.interventions.patching_report import effect_maps, fixed_locations, spearman_pairs
 from workbench import stats
 from workbench.attribution import auc
 from workbench.calibration import calibrate
@@ -315,13 +315,21 @@ def faithfulness_all(root: Path, study: str, arm: str, measure: str) -> dict[str
 
 
 @lru_cache(maxsize=8)
-def _patching_maps(root: Path, study: str, arm: str) -> dict[int, np.ndarray]:
-    """Per seed, the fraction of the logit difference restored by each (block, token position)."""
+def _patching_cells(root: Path, study: str, arm: str) -> dict[int, dict[str, np.ndarray]]:
+    """Per seed, every array of the cell's patching evidence."""
     out = {}
     for s, f in _seeds_files(root, study, "patching", arm, ".npz.gz").items():
         with np.load(io.BytesIO(gzip.decompress(f.read_bytes())), allow_pickle=False) as z:
-            out[s] = restored_fraction(z["resid_ld"], z["clean_ld"], z["corrupted_ld"])
+            out[s] = {k: z[k] for k in z.files}
     return out
+
+
+def _patching_maps(root: Path, study: str, arm: str) -> dict[int, np.ndarray]:
+    """Per seed, the fraction of the logit difference restored by each (block, token position)."""
+    return {
+        s: restored_fraction(z["resid_ld"], z["clean_ld"], z["corrupted_ld"])
+        for s, z in _patching_cells(root, study, arm).items()
+    }
 
 
 def patching(root: Path, study: str, arm: str, block: int, position: int) -> dict[str, float]:
@@ -448,16 +456,17 @@ def patching_agreement(
     root: Path, study: str, arm: str, block: int | None = None, prefix: int = 1
 ) -> dict[str, float]:
     """Spearman correlation between every two seeds' blocks x positions maps, over the places not
-    fixed by construction (the report's rule, ``patching_report.seed_agreement``); with ``block``,
+    fixed by construction (the report's rule, ``patching_report.fixed_locations``); with ``block``,
     over that block's free patch positions alone (the first ``prefix`` positions are not patches):
     ``mean``, ``min``, ``max`` over the pairs, ``pairs``, ``places`` (how many places)."""
-    maps = _patching_maps(root, study, arm)
-    free = ~fixed_by_construction(maps)
+    cells = _patching_cells(root, study, arm)
+    maps = effect_maps(cells, "resid")
+    free = ~fixed_locations(cells)[0]
     if block is not None:
         keep = np.zeros_like(free)
         keep[block, prefix:] = free[block, prefix:]
         free = keep
-    rho = seed_agreement(maps, free)
+    rho = spearman_pairs(maps, free)
     if not rho:
         raise ClaimError(f"{study}/{arm}: no two seeds' maps vary over the chosen places")
     return {

@@ -117,8 +117,11 @@ TOP_TOKENS = (
 FIXED_TIME = (1980, 1, 1, 0, 0, 0)  # the zip format's earliest date: no time in the bytes
 # The controls' arrays (``workbench.attribution.controls``), present when the protocol asked for
 # them: ``insertion_start_*`` ``(N,)`` always (the class token alone: its predicted class and
-# probability); ``random_draws/<measure>`` ``(D, N)`` per random draw; ``sanity/<method>``
-# ``(L, N)`` each map's rank correlation with itself with the top ``1..L`` blocks randomised.
+# probability); ``random_draws/<measure>`` ``(D, N)`` per random draw; the model-randomisation
+# check (``workbench.attribution.controls.RandomisationCheck``): ``sanity_layers`` (S,) the
+# layers from the logits down and ``sanity_<cascade|independent>/<rho|abs_rho|ssim>/<method>``
+# ``(S, N)``. Evidence from before the cascade holds ``sanity/<method>`` ``(L, N)`` instead: rho
+# with the top ``1..L`` blocks randomised, a fresh draw per step.
 CONTROL_KEYS = ("insertion_start_predicted", "insertion_start_prob")
 DRAW_MEASURES = ("rho", "deletion_auc", "insertion_auc")
 METHOD_ARRAYS = (
@@ -200,7 +203,8 @@ def per_image_arrays(
     if counts is not None:
         arrays |= {"sample_classes": counts.classes, "class_counts": counts.counts}
     arrays |= {f"random_draws/{k}": v for k, v in cell.draws.items()}
-    arrays |= {f"sanity/{m}": v for m, v in cell.sanity.items()}
+    if cell.sanity is not None:
+        arrays |= cell.sanity.arrays()
     for m in cell.methods:
         arrays |= {
             f"scores/{m}": cell.scores[m],
@@ -295,10 +299,12 @@ def control_metrics(cell: CellAttribution) -> dict[str, float]:
             f"random_draws_mean/{measure}": float(means.mean()),
             f"random_draws_sd/{measure}": float(means.std(ddof=1)),
         }
-    for m, values in cell.sanity.items():  # (L, N): after every block is randomised
-        last = values[-1][np.isfinite(values[-1])]  # rho is undefined for a constant map
-        if last.size:
-            metrics[f"sanity_rho_all_random/{m}"] = float(last.mean())
+    cascade = cell.sanity.cascade if cell.sanity is not None else {}
+    for metric, per_method in cascade.items():  # (S, N): the last step has every layer random
+        for m, values in per_method.items():
+            last = values[-1][np.isfinite(values[-1])]  # rho is undefined for a constant map
+            if last.size:
+                metrics[f"sanity_all_random/{metric}/{m}"] = float(last.mean())
     return metrics
 
 

@@ -96,7 +96,8 @@ def log_cell(
 
     ``patching``: ``(PatchingResult, pairs)`` from ``patch_split``, logged as
     ``interventions/patching.npz`` (every pair's logit differences and probabilities under
-    every patch) with the restored fractions of the branches as metrics.
+    every patch, denoising and noising, and ``resid_reads``) with the branches' restored
+    (denoising) and removed (noising) fractions as metrics.
     """
     metrics = {
         "intact_accuracy": ev.intact_accuracy,
@@ -169,10 +170,12 @@ def _patching_metrics(result) -> dict[str, float]:
         "patching_clean_logit_diff": float(result.clean_ld.astype(np.float64).mean()),
         "patching_corrupted_logit_diff": float(result.corrupted_ld.astype(np.float64).mean()),
     }
-    branch = result.restored(result.branch_ld)  # (depth, 2)
+    branch = result.restored(result.branch_ld)  # (depth, 2): denoising
+    removed = result.removed(result.noising_branch_ld)  # (depth, 2): noising
     for i in range(branch.shape[0]):
         for j, kind in enumerate(("attn", "mlp")):
             out[f"restored/blocks.{i}.{kind}"] = float(branch[i, j])
+            out[f"removed/blocks.{i}.{kind}"] = float(removed[i, j])
     return out
 
 

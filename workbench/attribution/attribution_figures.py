@@ -227,3 +227,37 @@ def sanity_figure(per_step: Mapping[str, Sequence[float]], threshold: float, tit
     ax.legend(fontsize=7)
     ax.set_title(title, fontsize=9)
     return fig
+
+
+def randomisation_figure(
+    per_step: Mapping[tuple[str, str, str], Sequence[float]],
+    layers: Sequence[str],
+    threshold: float,
+    title: str,
+) -> Figure:
+    """Adebayo et al.'s check: rows cascading / independent, columns rho / |rho| / SSIM; one line per map.
+
+    ``per_step``: ``(mode, metric, method) -> values per step`` (step k: ``layers[k]``).
+    """
+    modes, metrics = ("cascade", "independent"), ("rho", "abs_rho", "ssim")
+    words = {"rho": "Spearman ρ", "abs_rho": "Spearman ρ of |map|", "ssim": "SSIM"}
+    fig = new_figure((12.0, 6.4))
+    axes = fig.subplots(len(modes), len(metrics), sharey=True, squeeze=False)
+    steps = np.arange(len(layers))
+    for i, mode in enumerate(modes):
+        for j, metric in enumerate(metrics):
+            ax = axes[i][j]
+            for (m_mode, m_metric, method), values in per_step.items():
+                if (m_mode, m_metric) == (mode, metric):
+                    ax.plot(steps, values, marker="o", label=method, **_style(method))
+            if metric == "rho":
+                ax.axhline(threshold, color="0.3", linestyle=":", linewidth=1)
+            ax.axhline(0.0, color="0.7", linewidth=0.8)
+            ax.set_xticks(steps, list(layers), rotation=45, ha="right", fontsize=7)
+            ax.set_ylim(-1.05, 1.05)
+            ax.set_title(f"{mode}: {words[metric]}", fontsize=9)
+    axes[0][0].set_ylabel("against the trained model's map")
+    axes[1][0].set_ylabel("against the trained model's map")
+    axes[0][-1].legend(fontsize=7)
+    fig.suptitle(title, fontsize=10)
+    return fig

@@ -26,6 +26,7 @@ from workbench.attribution.curves import Curves, perturbation_curves
 from workbench.attribution.glassbox import AttributionError, as_glassbox
 from workbench.attribution.controls import (
     Controls,
+    RandomisationCheck,
     insertion_start,
     random_draw_scores,
     randomisation_check,
@@ -71,8 +72,8 @@ class CellAttribution:
         seconds: Wall time of the cell; ``forwards``: sequences run through the blocks.
         controls: What ``controls`` asked for; ``draws``: name -> ``(D, B)`` per random draw
             (``rho``, ``deletion_auc``, ``insertion_auc``; empty without draws); ``sanity``:
-            method -> ``(L, B)`` rank correlation with itself as blocks are randomised from
-            the top (empty without the check); ``start_predicted`` / ``start_prob``: ``(B,)``
+            the model-randomisation check, cascading and independent (``controls.RandomisationCheck``;
+            None without the check); ``start_predicted`` / ``start_prob``: ``(B,)``
             the class predicted from the class token alone (the insertion curve's start) and
             its probability.
     """
@@ -92,7 +93,7 @@ class CellAttribution:
     forwards: int
     controls: Controls = Controls()
     draws: dict[str, np.ndarray] = field(default_factory=dict)
-    sanity: dict[str, np.ndarray] = field(default_factory=dict)
+    sanity: RandomisationCheck | None = None
     start_predicted: np.ndarray | None = None
     start_prob: np.ndarray | None = None
 
@@ -232,7 +233,7 @@ def score_cell(
             "insertion_auc": np.stack([both.insertion_auc(n) for n in names_d]),
         }
         forwards += both.forwards
-    sanity: dict[str, np.ndarray] = {}
+    sanity = None
     if controls.sanity_check:
         checked = [m for m in names if m != "random"]
         sanity = randomisation_check(

@@ -19,30 +19,49 @@ anything:
   shared between cells, images or draws, and a draw does not depend on the batch it falls in.
   Their spread is the spread any method must be compared against.
 
-The sanity check (``randomisation_check``) follows Adebayo et al., "Sanity Checks for Saliency
-Maps" (NeurIPS 2018), cascading randomisation: the blocks' parameters are replaced by seeded
-Gaussian noise of each tensor's own mean and standard deviation, from the last block down to
-the first, one more block per step, and each map is recomputed on the randomised model. The
-recorded number per step and image is Spearman's rho between the map of the trained model and
-that of the randomised one. A map that still correlates with itself when every block is random
-(``SURVIVES`` or more, mean over the images) does not depend on what the model learnt: flagged.
+The sanity check (``randomisation_check``) is the model-randomisation test of Adebayo et al.,
+"Sanity Checks for Saliency Maps" (NeurIPS 2018), in both of its forms:
+
+- cascading randomisation: the layers are re-initialised from the logits down, cumulatively:
+  the head, the final norm, the last block, ..., the first block, then the embeddings (patch
+  projection, class and register tokens, positions); one more layer per step;
+- independent randomisation: one layer at a time, every other layer trained.
+
+Re-initialisation uses the model's own init (``reinitialised``): one fresh
+``VisionTransformer(cfg)`` built under a seeded generator, i.e. ``reset_parameters``
+(truncated normal, std 0.02, for linear weights and positions, zero biases, normal std 1e-6
+for the class and register tokens, LayerScale's constant) and PyTorch's defaults where it
+leaves a layer alone (the patch projection's Kaiming-uniform convolution, LayerNorm's ones
+and zeros). It is drawn once: the values a layer takes at step k are the values it keeps at
+every later step (nested draws), and the independent test uses the same values. Each map is
+recomputed on every randomised model and compared with the trained model's map, per image:
+Spearman's rho, Spearman's rho of the absolute values, and SSIM on the patch grid
+(``workbench.attribution.agreement``). A map that still correlates with itself when every
+layer is random (rho at least ``SURVIVES``, mean over the images) does not depend on what the
+model learnt: flagged. ``intensity`` and ``centre`` never run the model: they are the check's
+positive control (rho, absolute rho and SSIM stay 1 at every step).
 """
 
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from workbench.attribution.agreement import spearman_per_image
+from workbench.attribution.agreement import (
+    abs_spearman_per_image,
+    spearman_per_image,
+    ssim_per_image,
+)
 from workbench.attribution.causal import single_token_effects, true_log_prob
 from workbench.attribution.glassbox import as_glassbox, evaluating, fused_attention
 from workbench.attribution.token_drop import logits_keeping
+from workbench.models.vit import VisionTransformer
 
-# A map whose mean rank correlation with itself after every block is randomised is at least
+# A map whose mean rank correlation with itself after every layer is randomised is at least
 # this is flagged as not depending on the trained weights.
 SURVIVES = 0.5
 
@@ -114,23 +133,109 @@ def insertion_start(model, images: torch.Tensor) -> tuple[np.ndarray, np.ndarray
     return predicted.cpu().numpy(), prob.cpu().numpy()
 
 
-def randomised_blocks(model, top: int, seed: int):
-    """A copy of ``model`` with its last ``top`` blocks' parameters replaced by seeded noise.
+# The check's metrics, per step and image: name -> what it compares (``agreement``).
+SANITY_METRICS = ("rho", "abs_rho", "ssim")
+# Its two forms: cumulative from the logits down, and one layer at a time.
+SANITY_MODES = ("cascade", "independent")
+EMBEDDINGS = "embed"
 
-    Each parameter tensor becomes Gaussian noise with the tensor's own mean and standard
-    deviation (a constant tensor, e.g. a fresh LayerNorm weight, stays constant): the scale
-    of the trained model, none of what it learnt.
+
+def cascade_layers(model) -> list[tuple[str, tuple[str, ...]]]:
+    """The model's layers from the logits down, each with its parameter names.
+
+    Order: ``head``, ``fc_norm`` and ``attn_pool`` where the model has them, the final
+    ``norm``, ``blocks.L-1`` ... ``blocks.0``, then ``embed`` (every parameter before the
+    blocks: patch projection and norm, class and register tokens, positions, ``norm_pre``).
+    A layer without parameters (an identity norm) is left out.
     """
-    glass = copy.deepcopy(as_glassbox(model))
+    glass = as_glassbox(model)
     depth = glass.cfg.depth
-    generator = torch.Generator().manual_seed(int(seed))
+    order = ["head", "fc_norm", "attn_pool", "norm"]
+    order += [f"blocks.{i}" for i in range(depth - 1, -1, -1)] + [EMBEDDINGS]
+
+    def layer(name: str) -> str:
+        parts = name.split(".")
+        if parts[0] == "blocks":
+            return ".".join(parts[:2])
+        return parts[0] if parts[0] in order else EMBEDDINGS
+
+    names = [n for n, _ in glass.named_parameters()]
+    members = {g: tuple(n for n in names if layer(n) == g) for g in order}
+    return [(g, members[g]) for g in order if members[g]]
+
+
+def reinitialised(model, seed: int) -> dict[str, torch.Tensor]:
+    """One draw of every parameter from the model's own init, seeded (CPU, float32).
+
+    A fresh ``VisionTransformer(cfg)`` is built under a forked generator seeded with ``seed``
+    (the global random state is left as it was), so every layer gets exactly the distribution
+    its constructor gives it (see the module docstring).
+    """
+    glass = as_glassbox(model)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(int(seed))
+        fresh = type(glass)(glass.cfg)
+    return {n: p.detach() for n, p in fresh.named_parameters()}
+
+
+def randomised(model, draw: dict[str, torch.Tensor], names) -> VisionTransformer:
+    """A copy of ``model`` with the named parameters replaced by their values in ``draw``."""
+    glass = copy.deepcopy(as_glassbox(model))
+    params = dict(glass.named_parameters())
     with torch.no_grad():
-        for block in range(depth - 1, depth - 1 - top, -1):
-            for p in glass.blocks[block].parameters():
-                mean, std = p.mean(), p.std() if p.numel() > 1 else torch.zeros(())
-                noise = torch.randn(p.shape, generator=generator, dtype=torch.float32)
-                p.copy_((mean + std * noise.to(p.device)).to(p.dtype))
+        for n in names:
+            params[n].copy_(draw[n].to(device=params[n].device, dtype=params[n].dtype))
     return glass
+
+
+def randomised_models(model, seed: int, mode: str) -> Iterator[tuple[str, VisionTransformer]]:
+    """``(layer, model)`` per step of one form of the check, all from one draw (``reinitialised``).
+
+    ``cascade``: step k has the first k layers of ``cascade_layers`` re-initialised (named by
+    its k-th layer); ``independent``: step k has only the k-th layer re-initialised.
+    """
+    if mode not in SANITY_MODES:
+        raise ValueError(f"mode={mode!r}: must be one of {', '.join(SANITY_MODES)}")
+    draw = reinitialised(model, seed)
+    layers = cascade_layers(model)
+    done: list[str] = []
+    for name, params in layers:
+        done += params
+        yield name, randomised(model, draw, done if mode == "cascade" else params)
+
+
+@dataclass
+class RandomisationCheck:
+    """Both forms of the check on one set of images.
+
+    Attributes:
+        layers: The layers in cascade order (``cascade_layers``): step k of ``cascade`` has
+            the first k + 1 of them random; step k of ``independent`` only the k-th.
+        cascade, independent: ``(mode's) metric -> method -> (len(layers), B)`` the map of the
+            randomised model against the trained model's, per step and image (NaN where a
+            metric is undefined, e.g. rho of a constant map).
+    """
+
+    layers: tuple[str, ...]
+    cascade: dict[str, dict[str, np.ndarray]]
+    independent: dict[str, dict[str, np.ndarray]]
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        """Flat: ``sanity_layers`` and ``sanity_<mode>/<metric>/<method>`` ``(S, B)``."""
+        out: dict[str, np.ndarray] = {"sanity_layers": np.array(self.layers)}
+        for mode in SANITY_MODES:
+            for metric, per_method in getattr(self, mode).items():
+                out |= {f"sanity_{mode}/{metric}/{m}": v for m, v in per_method.items()}
+        return out
+
+
+def compare_maps(trained: np.ndarray, now: np.ndarray, grid) -> dict[str, np.ndarray]:
+    """Per image: rho, absolute-value rho and SSIM between two ``(B, P)`` maps."""
+    return {
+        "rho": spearman_per_image(trained, now),
+        "abs_rho": abs_spearman_per_image(trained, now),
+        "ssim": ssim_per_image(trained, now, grid),
+    }
 
 
 def randomisation_check(
@@ -143,27 +248,32 @@ def randomisation_check(
     *,
     seed: int,
     max_sequences: int = 4096,
-) -> dict[str, np.ndarray]:
-    """Per method, ``(L, B)`` Spearman rho between its map on the trained model and on the model
-    with its top ``1..L`` blocks randomised (row ``j``: the last ``j + 1`` blocks random).
+) -> RandomisationCheck:
+    """Cascading and independent randomisation (Adebayo et al. 2018) of every method's map.
 
     Args:
         maps: method -> ``(B, P)`` scores of the trained model.
         compute: ``(model, images, labels, method) -> (B, P)`` scores of one method (``oracle``:
             the single-token effects of that model).
-        seed: The noise's seed (step ``j`` draws with ``seed + j``).
+        seed: The re-initialisation's seed (one draw for every step and both forms).
     """
     glass = as_glassbox(model)
-    depth = glass.cfg.depth
-    out = {m: np.full((depth, images.shape[0]), np.nan) for m in methods}
-    for step in range(depth):
-        random_model = randomised_blocks(glass, step + 1, seed + step)
-        for m in methods:
-            if m == "oracle":
-                now = single_token_effects(
-                    random_model, images, labels, max_sequences=max_sequences
-                ).effects
-            else:
-                now = compute(random_model, images, labels, m).to(torch.float64).cpu().numpy()
-            out[m][step] = spearman_per_image(maps[m], now)
-    return out
+    layers = tuple(name for name, _ in cascade_layers(glass))
+    out: dict[str, dict[str, dict[str, np.ndarray]]] = {}
+    for mode in SANITY_MODES:
+        table = {
+            k: {m: np.full((len(layers), images.shape[0]), np.nan) for m in methods}
+            for k in SANITY_METRICS
+        }
+        for step, (_, random_model) in enumerate(randomised_models(glass, seed, mode)):
+            for m in methods:
+                if m == "oracle":
+                    now = single_token_effects(
+                        random_model, images, labels, max_sequences=max_sequences
+                    ).effects
+                else:
+                    now = compute(random_model, images, labels, m).to(torch.float64).cpu().numpy()
+                for metric, values in compare_maps(maps[m], now, glass.cfg.grid).items():
+                    table[metric][m][step] = values
+        out[mode] = table
+    return RandomisationCheck(layers, out["cascade"], out["independent"])

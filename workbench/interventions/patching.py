@@ -1,17 +1,36 @@
 """Activation patching: how much of a clean run's answer one activation carries into a corrupted run.
 
 For each pair (clean image, corrupted image) the model runs on both; then, one location at a
-time, the corrupted run is repeated with the clean run's activation at that location patched
-in (denoising, the causal tracing of Meng et al. 2022). The metric is the fraction of the
-clean-vs-corrupted logit difference restored::
+time, one run is repeated with the other run's activation at that location patched in, in
+both directions as Heimersheim and Nanda ("How to use and interpret activation patching",
+2024) and TransformerLens name them:
+
+- denoising (the causal tracing of Meng et al. 2022): the corrupted run with the clean run's
+  activation patched in: is this location *sufficient* to bring the clean answer back?
+  Arrays ``resid_ld``, ``branch_ld``, ``head_ld`` (and ``*_prob``).
+- noising: the clean run with the corrupted run's activation patched in: is this location
+  *necessary* for the clean answer? Arrays ``noising_resid_ld``, ... (and ``*_prob``).
+
+The metric is the fraction of the clean-vs-corrupted logit difference restored (denoising) or
+removed (noising)::
 
     LD(run) = logit[clean label] - logit[contrast class]      (contrast: the corrupting image's label)
     restored(location) = (mean LD(patched) - mean LD(corrupted)) / (mean LD(clean) - mean LD(corrupted))
+    removed(location)  = (mean LD(clean) - mean LD(patched)) / (mean LD(clean) - mean LD(corrupted))
 
 with the means over the pairs (a ratio of means, not a mean of ratios: a pair whose
 corruption barely moves the logits cannot blow it up; Heimersheim and Nanda 2024). 0 is no
-restoration, 1 the clean run's difference; the clean label's probability under each patch is
-kept beside it.
+effect, 1 the whole difference; the clean label's probability under each patch is kept
+beside it.
+
+Some residual locations are fixed by construction, whatever the weights and images:
+``resid_reads`` (depth, tokens) says, from the model itself (the gradient of the logits with
+respect to block i's output, exactly zero or not), which positions the readout depends on.
+A position it does not read restores and removes exactly 0 (e.g. a patch token at the last
+block, under a class-token head); a block where it reads one position only gives that
+position exactly 1 (the class token at the last block). ``fixed_by_construction`` turns the
+map into those locations, which an agreement between seeds must leave out (they agree by
+construction).
 
 Locations, each patched on its own (the clean activation replaces the corrupted one):
 
@@ -41,6 +60,9 @@ from workbench.models.hooks import attached
 from workbench.models.vit import VisionTransformer
 
 CORRUPTIONS = ("class", "patches")
+# The two directions, as the arrays of a result name them: prefix of the patched keys.
+DIRECTIONS = {"denoising": "", "noising": "noising_"}
+PATCHED = ("resid", "branch", "head")
 
 
 @dataclass(frozen=True)
@@ -126,6 +148,11 @@ class PatchingResult:
         resid_ld, resid_prob: (P, depth, tokens): ``blocks.i.resid2`` patched at one position.
         branch_ld, branch_prob: (P, depth, 2): ``blocks.i.attn``, ``blocks.i.mlp`` patched.
         head_ld, head_prob: (P, depth, heads): ``blocks.i.attn.z`` head h patched.
+            These six are denoising: the clean activation patched into the corrupted run.
+        noising_resid_ld, ...: The same six for noising: the corrupted activation patched
+            into the clean run.
+        resid_reads: (depth, tokens) bool: whether the logits depend on block i's output at
+            position t at all (``readout_reads``).
         seconds: Evaluation time.
     """
 
@@ -139,11 +166,22 @@ class PatchingResult:
     branch_prob: np.ndarray
     head_ld: np.ndarray
     head_prob: np.ndarray
+    noising_resid_ld: np.ndarray
+    noising_resid_prob: np.ndarray
+    noising_branch_ld: np.ndarray
+    noising_branch_prob: np.ndarray
+    noising_head_ld: np.ndarray
+    noising_head_prob: np.ndarray
+    resid_reads: np.ndarray
     seconds: float = 0.0
 
     def restored(self, patched_ld: np.ndarray) -> np.ndarray:
         """Fraction of the logit difference restored, a ratio of means over the pairs (axis 0)."""
         return restored_fraction(patched_ld, self.clean_ld, self.corrupted_ld)
+
+    def removed(self, patched_ld: np.ndarray) -> np.ndarray:
+        """Noising: fraction of the logit difference removed, a ratio of means over the pairs."""
+        return removed_fraction(patched_ld, self.clean_ld, self.corrupted_ld)
 
     def arrays(self) -> dict[str, np.ndarray]:
         return {k: v for k, v in vars(self).items() if isinstance(v, np.ndarray)}
@@ -159,6 +197,53 @@ def restored_fraction(patched_ld: np.ndarray, clean_ld: np.ndarray, corrupted_ld
     ) / gap
 
 
+def removed_fraction(patched_ld: np.ndarray, clean_ld: np.ndarray, corrupted_ld: np.ndarray):
+    """(mean clean - mean patched) / (mean clean - mean corrupted), means over axis 0 (noising)."""
+    return 1.0 - restored_fraction(patched_ld, clean_ld, corrupted_ld)
+
+
+def effect_fraction(direction: str, patched_ld, clean_ld, corrupted_ld) -> np.ndarray:
+    """``restored`` for denoising, ``removed`` for noising: 0 no effect, 1 the whole difference."""
+    if direction not in DIRECTIONS:
+        raise ValueError(f"direction {direction!r}: must be one of {', '.join(DIRECTIONS)}")
+    frac = restored_fraction if direction == "denoising" else removed_fraction
+    return frac(patched_ld, clean_ld, corrupted_ld)
+
+
+def fixed_by_construction(reads: np.ndarray) -> np.ndarray:
+    """``(depth, tokens)`` bool: residual locations whose fraction is 0 or 1 whatever the weights.
+
+    From ``resid_reads``: a position the readout does not read is fixed at 0; in a block where
+    it reads one position only, that position carries all of it: fixed at 1.
+    """
+    reads = np.asarray(reads, dtype=bool)
+    only = reads.sum(axis=1, keepdims=True) == 1
+    return ~reads | (reads & only)
+
+
+def readout_reads(model: VisionTransformer, x: torch.Tensor) -> np.ndarray:
+    """``(depth, tokens)`` bool: whether the logits depend on block i's output at position t.
+
+    The gradient of the logits (projected on a fixed random direction, so no sum can cancel)
+    with respect to each block's output on the images ``x``: exactly zero at a position means
+    no path from it to the readout (a CLS head reads the class token only after the last
+    block; a mean-pooling head reads every position).
+    """
+    depth = model.cfg.depth
+    _, cache = run_with_cache(model, x, names_filter=lambda n: n.endswith(".resid2"))
+    out = []
+    with torch.enable_grad():
+        for i in range(depth):
+            tokens = cache[f"blocks.{i}.resid2"].detach().clone().requires_grad_(True)
+            logits = model.forward_head(model.forward_blocks(tokens, i + 1)).float()
+            direction = torch.randn(
+                logits.shape, generator=torch.Generator().manual_seed(i), dtype=torch.float32
+            ).to(logits.device)
+            (grad,) = torch.autograd.grad((logits * direction).sum(), [tokens])
+            out.append((grad != 0).any(dim=2).any(dim=0).cpu().numpy())  # (tokens,)
+    return np.stack(out)
+
+
 def _ld_prob(logits: torch.Tensor, y: torch.Tensor, contrast: torch.Tensor):
     logits = logits.float()
     ld = logits.gather(1, y[:, None]) - logits.gather(1, contrast[:, None])
@@ -166,34 +251,20 @@ def _ld_prob(logits: torch.Tensor, y: torch.Tensor, contrast: torch.Tensor):
     return ld[:, 0].cpu().numpy(), prob[:, 0].cpu().numpy()
 
 
-@torch.no_grad()
-def patch_batch(
-    model: VisionTransformer,
-    x_clean: torch.Tensor,
-    x_corrupt: torch.Tensor,
-    y: torch.Tensor,
-    contrast: torch.Tensor,
-) -> dict[str, np.ndarray]:
-    """Every location of the grid patched from the clean run into the corrupted run, for one batch.
+KEEP = ("resid2", "attn", "mlp", "attn.z")
 
-    A patch in block i starts from the corrupted run's tokens entering block i (the blocks
-    before it would compute them again); a residual patch at block i's output starts at block
-    i + 1 from the corrupted output with one position replaced.
+
+def _patch_grid(model, entering, source, y, contrast) -> dict[str, np.ndarray]:
+    """Every location of one run patched, one at a time, with the other run's activation.
+
+    ``entering``: the target run's tokens entering each block (``depth + 1``: the last is the
+    last block's output); ``source``: the other run's cached activations. A patch in block i
+    starts from the target's tokens entering block i (the blocks before it would compute them
+    again); a residual patch at block i's output starts at block i + 1 with one position replaced.
     """
     cfg = model.cfg
     depth, heads = cfg.depth, cfg.heads
-    keep = ["resid2", "attn", "mlp", "attn.z"]
-    want = lambda n: n.startswith("blocks.") and n.split(".", 2)[2] in keep  # noqa: E731
-    clean_logits, clean = run_with_cache(model, x_clean, names_filter=want)
-    first = "norm_pre" if cfg.norm_pre else "pos_add"
-    corrupt_logits, corr = run_with_cache(
-        model, x_corrupt, names_filter=lambda n: n == first or n.endswith(".resid2")
-    )
-    entering = [corr[first]] + [corr[f"blocks.{i}.resid2"] for i in range(depth)]
-    out: dict[str, list] = {}
-    out["clean"] = _ld_prob(clean_logits, y, contrast)
-    out["corrupted"] = _ld_prob(corrupt_logits, y, contrast)
-    B, N = x_clean.shape[0], entering[0].shape[1]
+    B, N = entering[0].shape[0], entering[0].shape[1]
     resid = np.zeros((2, B, depth, N), dtype=np.float32)
     branch = np.zeros((2, B, depth, 2), dtype=np.float32)
     head = np.zeros((2, B, depth, heads), dtype=np.float32)
@@ -202,16 +273,16 @@ def patch_batch(
         return model.forward_head(model.forward_blocks(tokens, start))
 
     for i in range(depth):
-        clean_out = clean[f"blocks.{i}.resid2"]
+        source_out = source[f"blocks.{i}.resid2"]
         for t in range(N):
             tokens = entering[i + 1].clone()
-            tokens[:, t] = clean_out[:, t]
+            tokens[:, t] = source_out[:, t]
             resid[:, :, i, t] = _ld_prob(tail(tokens, i + 1), y, contrast)
         for j, kind in enumerate(("attn", "mlp")):
-            value = clean[f"blocks.{i}.{kind}"]
+            value = source[f"blocks.{i}.{kind}"]
             with attached(model, [(f"blocks.{i}.{kind}", lambda a, v=value: v)]):
                 branch[:, :, i, j] = _ld_prob(tail(entering[i], i), y, contrast)
-        z = clean[f"blocks.{i}.attn.z"]
+        z = source[f"blocks.{i}.attn.z"]
         for h in range(heads):
 
             def one_head(a, h=h, z=z):
@@ -222,16 +293,48 @@ def patch_batch(
             with attached(model, [(f"blocks.{i}.attn.z", one_head)]):
                 head[:, :, i, h] = _ld_prob(tail(entering[i], i), y, contrast)
     return {
-        "clean_ld": out["clean"][0],
-        "clean_prob": out["clean"][1],
-        "corrupted_ld": out["corrupted"][0],
-        "corrupted_prob": out["corrupted"][1],
         "resid_ld": resid[0],
         "resid_prob": resid[1],
         "branch_ld": branch[0],
         "branch_prob": branch[1],
         "head_ld": head[0],
         "head_prob": head[1],
+    }
+
+
+@torch.no_grad()
+def patch_batch(
+    model: VisionTransformer,
+    x_clean: torch.Tensor,
+    x_corrupt: torch.Tensor,
+    y: torch.Tensor,
+    contrast: torch.Tensor,
+) -> dict[str, np.ndarray]:
+    """Every location of the grid patched in both directions, for one batch.
+
+    Denoising (``resid_ld``, ...): clean activations into the corrupted run; noising
+    (``noising_resid_ld``, ...): corrupted activations into the clean run.
+    """
+    depth = model.cfg.depth
+    first = "norm_pre" if model.cfg.norm_pre else "pos_add"
+    want = lambda n: n == first or (n.startswith("blocks.") and n.split(".", 2)[2] in KEEP)  # noqa: E731
+    clean_logits, clean = run_with_cache(model, x_clean, names_filter=want)
+    corrupt_logits, corr = run_with_cache(model, x_corrupt, names_filter=want)
+
+    def entering(cache):
+        return [cache[first]] + [cache[f"blocks.{i}.resid2"] for i in range(depth)]
+
+    clean_ld, clean_prob = _ld_prob(clean_logits, y, contrast)
+    corrupted_ld, corrupted_prob = _ld_prob(corrupt_logits, y, contrast)
+    denoising = _patch_grid(model, entering(corr), clean, y, contrast)
+    noising = _patch_grid(model, entering(clean), corr, y, contrast)
+    return {
+        "clean_ld": clean_ld,
+        "clean_prob": clean_prob,
+        "corrupted_ld": corrupted_ld,
+        "corrupted_prob": corrupted_prob,
+        **denoising,
+        **{DIRECTIONS["noising"] + k: v for k, v in noising.items()},
     }
 
 
@@ -258,6 +361,7 @@ def patch_pairs(
     clean_loader = inputs.loader(images[clean_idx], y_all)
     source_loader = inputs.loader(images[source_idx], contrast_all)
     parts: list[dict[str, np.ndarray]] = []
+    reads = None
     done = 0
     with inputs.autocast():
         for clean, source in zip(clean_loader, source_loader):
@@ -266,9 +370,11 @@ def patch_pairs(
                 clean.images, source.images, pairs.replaced[done : done + b], model.cfg
             )
             parts.append(patch_batch(model, clean.images, x_corrupt, clean.labels, source.labels))
+            batch_reads = readout_reads(model, clean.images)
+            reads = batch_reads if reads is None else reads | batch_reads
             done += b
     joined = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
-    return PatchingResult(**joined, seconds=time.perf_counter() - started)
+    return PatchingResult(**joined, resid_reads=reads, seconds=time.perf_counter() - started)
 
 
 def patch_split(
