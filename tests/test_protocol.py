@@ -460,7 +460,7 @@ SHIPPED_HASHES = {
     "fmnist_seed_recipe_faithfulness_controls": "a7bbe9742053ecbd14be4016541e8c37aede5d22a4440a0dfdbaa9fdb8dc398b",
     "cifar10_registers_fp32_faithfulness": "9f45c526b16548fd32ee2b9f5470369d77627c5b4cebbb5e5d24e857a436272f",
     "cifar10_registers_faithfulness": "228f8251ae37462c648f6dc65f7bde064b662e2cf70dd7095b23c183e3a8d38b",
-    "cifar10_registers_faithfulness_stratified": "1dba94a1dcb972b8489e5a8fd5304be1a2adc9e6de735f97df493f03310a306e",
+    "cifar10_registers_faithfulness_stratified": "ffb9de75b77204e9d1b66a8335de06a3ac75d2ce182535d978cbdfb9b21fa864",
     "fmnist_vit_vs_cnn": "941bf144832b055f1796a83557c9fd9770fa78b1013b990868902bd882eb218b",
     "retina_transfer": "8082116498e236e110f1e2f8f7104d3e7ad637fef4a4ad85b85de78428229bbc",
     "retina_transfer_local": "a77177dcb2c9a5524b71b4ff774f56989bdbce459b71c95f454a61a9e556498f",
