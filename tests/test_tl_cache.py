@@ -14,7 +14,7 @@ import timm
 import torch
 
 from test_interventions import FAMILIES, hooks_of, images, make
-from workbench.interventions import HookError, hook_paths, logit_lens, run_with_cache
+from workbench.interventions import HookError, as_glassbox, hook_paths, logit_lens, run_with_cache
 from workbench.models.hooks import HookPoint
 
 SUM_TOL = 1e-5
@@ -68,9 +68,7 @@ def test_decompose_resid_sums_to_the_final_residual_and_accumulated_resid_ends_t
     )
     # the comparison sees a missing component: without the embeddings the sum is far off
     gap = (cache.decompose_resid(incl_embeds=False).sum(0) - ref["out"][-1]).abs().max().item()
-    assert gap > 10 * SUM_TOL, (
-        f"{family}: leaving out the embeddings changed the sum by only {gap}"
-    )
+    assert gap > 10 * SUM_TOL, f"{family}: leaving out the embeddings changed the sum by only {gap}"
     # up to block 1's input, and to its mlp input (resid_mid)
     close(cache.decompose_resid(layer=1).sum(0), ref["in"][1], f"{family}: decompose to block 1")
     mid = cache.decompose_resid(layer=1, mlp_input=True).sum(0)
@@ -318,3 +316,12 @@ def test_a_timm_vit_built_without_fused_attention_caches_exactly_its_forward_int
     print(f"cache vs timm: fused_attn=True {diffs[True]:.3g}, fused_attn=False {diffs[False]:.3g}")
     assert diffs[False] == 0.0, f"set_fused_attn(False): {diffs[False]}"
     assert diffs[True] <= 1e-5, f"fused attention: {diffs[True]}"
+    # or keep timm fused and run the glass-box copy fused too (the project's switch)
+    tm = _timm_vit(True)
+    glass = as_glassbox(tm).set_fast_attention(True)
+    with torch.no_grad():
+        logits, cache = glass.run_with_cache(x, names_filter=lambda n: n.endswith("resid2"))
+        close(logits, tm(x), "set_fast_attention(True) copy vs fused timm", tol=0.0)
+        # a cached attention map needs the written-out path: that block leaves the fused kernel
+        every, _ = glass.run_with_cache(x)
+        close(every, tm(x), "with attn.probs cached vs fused timm", tol=1e-5)
