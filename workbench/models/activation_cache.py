@@ -96,8 +96,8 @@ class ActivationCache(Mapping[str, torch.Tensor]):
 
     def blocks_of(self, stage: str) -> list[int]:
         """The block indices whose ``blocks.i.<stage>`` is cached, ascending."""
-        prefix_ok = [k.split(".", 2) for k in self._acts if k.startswith("blocks.")]
-        return sorted(int(i) for _, i, rest in prefix_ok if rest == stage)
+        parts = [k.split(".", 2) for k in self._acts if k.startswith("blocks.")]
+        return sorted(int(i) for _, i, rest in parts if rest == stage)
 
     def stack(self, stage: str) -> torch.Tensor:
         """``blocks.i.<stage>`` of every cached block stacked on a new first axis: (L, ...).
@@ -279,6 +279,10 @@ class ActivationCache(Mapping[str, torch.Tensor]):
         return self._finish(parts, labels, layer, False, apply_ln, pos_slice, return_labels)
 
     def _finish(self, parts, labels, layer, mlp_input, apply_ln, pos_slice, return_labels):
+        if not parts:
+            raise HookError(
+                f"no component up to layer {layer} (with these options nothing wrote it)"
+            )
         stack = _slice_pos(torch.stack(parts), pos_slice)
         if apply_ln:
             stack = self.apply_ln_to_stack(stack, layer, mlp_input, pos_slice)
