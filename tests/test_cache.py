@@ -7,11 +7,10 @@ import timm
 import torch
 
 from test_interventions import FAMILIES, hooks_of, images, make, same
-from workbench.interventions import InterventionError
+from workbench.interventions import InterventionError, hook_paths
 from workbench.interventions.cache import (
     hook_name,
     hook_path,
-    hook_paths,
     run_with_cache,
     run_with_hooks,
 )

@@ -18,15 +18,16 @@ See docs/interventions.md.
 """
 
 from workbench.interventions.cache import (
-    ActivationCache,
     as_glassbox,
     hook_name,
     hook_path,
-    hook_paths,
+    logit_lens,
     run_with_cache,
     run_with_hooks,
 )
 from workbench.interventions.forward import HeadMeans, capture, head_means, run
+from workbench.models.activation_cache import ActivationCache
+from workbench.models.hooks import HookError, hook_paths
 from workbench.interventions.spec import (
     DropTokens,
     HeadAblation,
@@ -48,6 +49,8 @@ __all__ = [
     "hook_name",
     "hook_path",
     "hook_paths",
+    "logit_lens",
+    "HookError",
     "run_with_cache",
     "run_with_hooks",
     "DropTokens",

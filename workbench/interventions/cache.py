@@ -16,6 +16,11 @@ dots turned to underscores. So ``blocks.0.resid1`` is the module ``blocks.0.hook
 ``hook_name`` give the mapping both ways, from the model itself (``model.get_submodule(
 hook_path(model, name))`` is the hook point); every function here accepts either form.
 
+The model has the same calls as methods (``model.run_with_cache``, ``model.run_with_hooks``,
+``model.hooks``, ``model.hook_dict``): both are ``workbench.models.activation_cache``, which
+also holds the ``ActivationCache`` and its TransformerLens methods (``stack_head_results``,
+``accumulated_resid``, ``decompose_resid``, ``apply_ln_to_stack``, ``logit_attrs``, ...).
+
 Any timm ``VisionTransformer`` works too: it is first converted to a glass-box copy through
 the exact weight mapping (``workbench.convert.timm_vit.glassbox_from_timm``, equal to timm at
 0.0 on the written-out attention path), and the hooks act on that copy; the timm model is
@@ -24,21 +29,15 @@ not touched. Convert once with ``as_glassbox`` when calling many times.
 
 from __future__ import annotations
 
-import re
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Iterable
 
 import torch
 from torch import nn
 
 from workbench.interventions.spec import InterventionError
-from workbench.models.hooks import HookPoint, attached, hook_points
+from workbench.models.activation_cache import ActivationCache, Metric, NamesFilter
+from workbench.models.hooks import HookError, UserHook, resolve_hook
 from workbench.models.vit import VisionTransformer
-
-# fn(activation, hook point) -> replacement, or None to leave the activation as it is
-FwdHook = Callable[[torch.Tensor, HookPoint], "torch.Tensor | None"]
-NamesFilter = str | Iterable[str] | Callable[[str], bool] | None
-
-_BLOCK = re.compile(r"^blocks\.(\d+)\.(.+)$")
 
 
 def as_glassbox(model: nn.Module) -> VisionTransformer:
@@ -63,13 +62,6 @@ def as_glassbox(model: nn.Module) -> VisionTransformer:
     return glass
 
 
-def hook_paths(model: nn.Module) -> dict[str, str]:
-    """Hook-point name -> module path, for every hook point (stages first-to-last, finer points beside them)."""
-    return {
-        module.name: path for path, module in model.named_modules() if isinstance(module, HookPoint)
-    }
-
-
 def hook_path(model: nn.Module, name: str) -> str:
     """The module path of hook point ``name`` (a module path is returned as it is)."""
     return _resolve(model, name)[1]
@@ -81,128 +73,62 @@ def hook_name(model: nn.Module, path: str) -> str:
 
 
 def _resolve(model: nn.Module, name_or_path: str) -> tuple[str, str]:
-    paths = hook_paths(model)
-    if name_or_path in paths:
-        return name_or_path, paths[name_or_path]
-    for name, path in paths.items():
-        if path == name_or_path:
-            return name, path
-    raise InterventionError(
-        f"no hook point {name_or_path!r} (a name like 'blocks.0.resid1' or a module path like "
-        f"'blocks.0.hook_resid1'); the model's hook points: {', '.join(paths)}"
-    )
-
-
-class ActivationCache(Mapping[str, torch.Tensor]):
-    """Hook-point name -> activation of one forward, in the order the forward ran them.
-
-    Indexing also accepts a module path (``cache["blocks.0.hook_resid1"]``).
-    """
-
-    def __init__(self, activations: dict[str, torch.Tensor], paths: Mapping[str, str]) -> None:
-        self._acts = activations
-        self._names = {path: name for name, path in paths.items() if name in activations}
-
-    def __getitem__(self, key: str) -> torch.Tensor:
-        if key in self._acts:
-            return self._acts[key]
-        if key in self._names:
-            return self._acts[self._names[key]]
-        raise KeyError(f"{key!r} is not in the cache; cached: {', '.join(self._acts)}")
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._acts)
-
-    def __len__(self) -> int:
-        return len(self._acts)
-
-    def __repr__(self) -> str:
-        return f"ActivationCache({len(self)} activations: {', '.join(self._acts)})"
-
-    def blocks_of(self, stage: str) -> list[int]:
-        """The block indices whose ``blocks.i.<stage>`` is cached, ascending."""
-        found = []
-        for name in self._acts:
-            match = _BLOCK.match(name)
-            if match and match.group(2) == stage:
-                found.append(int(match.group(1)))
-        return sorted(found)
-
-    def stack(self, stage: str) -> torch.Tensor:
-        """``blocks.i.<stage>`` of every cached block stacked on a new first axis: (L, ...).
-
-        ``stack("resid2")`` is (L, B, N, D); ``stack("attn.z")`` is (L, B, N, heads, d).
-
-        Raises:
-            KeyError: No block's ``<stage>`` is cached (the message lists what is).
-        """
-        blocks = self.blocks_of(stage)
-        if not blocks:
-            raise KeyError(f"no 'blocks.i.{stage}' in the cache; cached: {', '.join(self._acts)}")
-        return torch.stack([self._acts[f"blocks.{i}.{stage}"] for i in blocks])
-
-
-def _selected(model: VisionTransformer, names_filter: NamesFilter) -> list[str]:
-    points = hook_points(model)
-    if names_filter is None:
-        return list(points)
-    if callable(names_filter):
-        return [n for n in points if names_filter(n)]
-    wanted = [names_filter] if isinstance(names_filter, str) else list(names_filter)
-    names = {_resolve(model, w)[0] for w in wanted}
-    return [n for n in points if n in names]  # the forward's order
+    try:
+        return resolve_hook(model, name_or_path)
+    except HookError as exc:
+        raise InterventionError(str(exc)) from None
 
 
 def run_with_cache(
     model: nn.Module,
     x: torch.Tensor,
     names_filter: NamesFilter = None,
-    fwd_hooks: Iterable[tuple[str, FwdHook]] = (),
+    fwd_hooks: Iterable[tuple[str, UserHook]] = (),
+    incl_bwd: bool = False,
+    metric: Metric | None = None,
 ) -> tuple[torch.Tensor, ActivationCache]:
-    """Logits and the activations of the selected hook points, for one forward.
+    """``model.run_with_cache`` on a glass-box ViT or a timm ViT's glass-box copy.
 
     Args:
         model: A glass-box ViT, or a timm ViT (run through its exact glass-box copy).
         x: Images (B, C, H, W).
         names_filter: None (every hook point), a name, a list of names (or module paths), or
-            a predicate on names.
+            a predicate on names; one that keeps nothing is refused.
         fwd_hooks: Hooks run on the same call (``run_with_hooks``); a cached activation is
             what the rest of the forward saw at that point: after a hook on it edited it.
+        incl_bwd: Also cache ``<name>_grad``, the gradient of ``metric(logits)`` there.
+        metric: ``fn(logits) -> scalar``, needed with ``incl_bwd``.
 
     The cache holds what the forward computed: a hook on an attention map (``attn.probs``)
     runs its block on the written-out path for the call, as analysis mode does.
     """
-    glass = as_glassbox(model)
-    names = _selected(glass, names_filter)
-    store: dict[str, torch.Tensor] = {}
-    keep = [(n, lambda a, n=n: store.__setitem__(n, a)) for n in names]
-    logits = _run(glass, x, _stage_hooks(glass, fwd_hooks) + keep)
-    order = list(hook_points(glass))
-    return logits, ActivationCache({n: store[n] for n in order if n in store}, hook_paths(glass))
+    return as_glassbox(model).run_with_cache(x, names_filter, incl_bwd, fwd_hooks, metric)
 
 
 def run_with_hooks(
-    model: nn.Module, x: torch.Tensor, fwd_hooks: Iterable[tuple[str, FwdHook]] = ()
+    model: nn.Module,
+    x: torch.Tensor,
+    fwd_hooks: Iterable[tuple[str, UserHook]] = (),
+    bwd_hooks: Iterable[tuple[str, UserHook]] = (),
+    metric: Metric | None = None,
 ) -> torch.Tensor:
     """Logits of one forward with ``fwd_hooks`` attached; every hook is removed on return or error.
 
     ``fn(activation, hook)`` receives the activation and the hook point (``hook.name``);
-    what it returns (if not None) replaces the activation for the rest of the forward.
-    Hooks on one point run in the order given.
+    what it returns (if not None) replaces the activation for the rest of the forward: a
+    tensor of the same shape and dtype, else a one-line ``HookError`` naming the point.
+    Hooks on one point run in the order given. ``bwd_hooks`` run on the gradients of
+    ``metric(logits)`` (``model.run_with_hooks``).
     """
-    glass = as_glassbox(model)
-    return _run(glass, x, _stage_hooks(glass, fwd_hooks))
+    return as_glassbox(model).run_with_hooks(x, fwd_hooks, bwd_hooks, metric)
 
 
-def _stage_hooks(glass: VisionTransformer, fwd_hooks) -> list[tuple[str, Callable]]:
-    points = hook_points(glass)
-    out = []
-    for name_or_path, fn in fwd_hooks:
-        name = _resolve(glass, name_or_path)[0]
-        out.append((name, lambda a, fn=fn, point=points[name]: fn(a, point)))
-    return out
+def logit_lens(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """Each block's output read by the model's own final norm and head: (L, B, classes).
 
-
-def _run(glass: VisionTransformer, x: torch.Tensor, hooks: list) -> torch.Tensor:
-    with attached(glass, hooks):
-        return glass(x)
+    On a CLS-pooled model that is the class token of each block, normed with its own
+    statistics and put through the classifier; the last entry is the logits ``model(x)``.
+    One forward (``ActivationCache.logit_lens``).
+    """
+    _, cache = run_with_cache(model, x, names_filter=lambda name: name.endswith(".resid2"))
+    return cache.logit_lens()

@@ -129,3 +129,109 @@ def record_hooks(
     store: dict[str, torch.Tensor], stages: Iterable[str]
 ) -> list[tuple[str, StageHook]]:
     return [(stage, recorder(store, stage)) for stage in stages]
+
+
+# ---- hooks as a user writes them: fn(activation, hook), names or module paths -------------
+# fn(activation, hook point) -> replacement, or None to leave the activation as it is;
+# a backward hook gets the gradient at the hook point instead of the activation.
+UserHook = Callable[[torch.Tensor, HookPoint], "torch.Tensor | None"]
+
+
+class HookError(ValueError):
+    """A hook point that does not exist, or a hook that returned something the forward cannot take; one line."""
+
+
+def hook_paths(model: nn.Module) -> dict[str, str]:
+    """Hook-point name -> module path, for every hook point (in module order)."""
+    return {
+        module.name: path for path, module in model.named_modules() if isinstance(module, HookPoint)
+    }
+
+
+def resolve_hook(model: nn.Module, name_or_path: str) -> tuple[str, str]:
+    """(name, module path) of a hook point given either form.
+
+    Raises:
+        HookError: No such hook point (the message lists the model's hook points).
+    """
+    paths = hook_paths(model)
+    if name_or_path in paths:
+        return name_or_path, paths[name_or_path]
+    for name, path in paths.items():
+        if path == name_or_path:
+            return name, path
+    raise HookError(
+        f"no hook point {name_or_path!r} (a name like 'blocks.0.resid1' or a module path like "
+        f"'blocks.0.hook_resid1'); the model's hook points: {', '.join(paths)}"
+    )
+
+
+def check_return(point: HookPoint, received: torch.Tensor, returned, what: str = "activation"):
+    """``returned`` if it can stand in for ``received`` (same shape and dtype), else a one-line error.
+
+    A replacement of another shape or dtype would fail later in the forward with a message
+    naming an op, or worse broadcast silently; the hook point is the place to say so.
+    """
+    if returned is None:
+        return None
+    if not isinstance(returned, torch.Tensor):
+        raise HookError(
+            f"hook on {point.name!r} returned {type(returned).__name__}, not a tensor or None"
+        )
+    if returned.shape != received.shape or returned.dtype != received.dtype:
+        raise HookError(
+            f"hook on {point.name!r} returned shape {tuple(returned.shape)} {returned.dtype}; the "
+            f"{what} is {tuple(received.shape)} {received.dtype} (return the same shape and dtype, or None)"
+        )
+    return returned
+
+
+def _forward_hook(fn: UserHook, point: HookPoint) -> StageHook:
+    return lambda a: check_return(point, a, fn(a, point))
+
+
+def _grad_hook(fn: UserHook, point: HookPoint) -> Callable[[torch.Tensor], "torch.Tensor | None"]:
+    return lambda g: check_return(point, g, fn(g, point), "gradient")
+
+
+@contextlib.contextmanager
+def user_hooks(
+    model: nn.Module,
+    fwd_hooks: Iterable[tuple[str, UserHook]] = (),
+    bwd_hooks: Iterable[tuple[str, UserHook]] = (),
+    record: Iterable[str] = (),
+    store: dict[str, torch.Tensor] | None = None,
+) -> Iterator[list[torch.Tensor]]:
+    """Attach TransformerLens-style hooks for the ``with`` block; yields the backward-hooked tensors.
+
+    Forward hooks run first (in the order given), then the recorders of ``record`` (so a
+    recorded activation is what the rest of the forward saw), then the backward hooks are
+    put on the resulting tensors: a backward hook ``fn(grad, hook)`` runs when a backward
+    pass inside the block reaches that activation and may return a replacement gradient.
+    Every hook, tensor hooks included, is removed when the block ends or raises. Replacements
+    are checked: another shape or dtype is refused in one line naming the hook point.
+    """
+    points = hook_points(model)
+    fwd = [(resolve_hook(model, n)[0], fn) for n, fn in fwd_hooks]
+    bwd = [(resolve_hook(model, n)[0], fn) for n, fn in bwd_hooks]
+    staged = [(name, _forward_hook(fn, points[name])) for name, fn in fwd]
+    if store is not None:
+        staged += record_hooks(store, record)
+    tensor_handles: list = []
+    hooked: list[torch.Tensor] = []
+
+    def on_grad(name: str, fn: UserHook) -> StageHook:
+        def put(a: torch.Tensor) -> None:
+            if a.requires_grad:  # no graph through this point (frozen, or no_grad): nothing to hook
+                tensor_handles.append(a.register_hook(_grad_hook(fn, points[name])))
+                hooked.append(a)
+
+        return put
+
+    staged += [(name, on_grad(name, fn)) for name, fn in bwd]
+    try:
+        with attached(model, staged):
+            yield hooked
+    finally:
+        for handle in tensor_handles:
+            handle.remove()

@@ -27,12 +27,23 @@ Options of timm's ViT families add stages in the same vocabulary, only when swit
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 import torch
 from torch import nn
 
-from workbench.models.hooks import HookPoint, attached, hook_points, name_hook_points, record_hooks
+from workbench.models import activation_cache
+from workbench.models.hooks import (
+    HookPoint,
+    UserHook,
+    attached,
+    hook_points,
+    name_hook_points,
+    record_hooks,
+    user_hooks,
+)
 from workbench.models.vit_config import ViTConfig
 from workbench.models.vit_layers import (
     AttentionPool,
@@ -319,6 +330,46 @@ class VisionTransformer(nn.Module):
             attentions=attentions,
             pool_attention=states.get("attn_pool.probs"),
         )
+
+    # ---- TransformerLens's methods (workbench/models/activation_cache.py) ------------
+    @property
+    def hook_dict(self) -> dict[str, HookPoint]:
+        """Hook-point name -> hook point, every stage and finer point in module order (TL's ``hook_dict``)."""
+        return hook_points(self)
+
+    def run_with_cache(
+        self,
+        x: torch.Tensor,
+        names_filter: activation_cache.NamesFilter = None,
+        incl_bwd: bool = False,
+        fwd_hooks: Iterable[tuple[str, UserHook]] = (),
+        metric: activation_cache.Metric | None = None,
+    ) -> tuple[torch.Tensor, activation_cache.ActivationCache]:
+        """``(logits, cache)`` of one forward: ``activation_cache.run_with_cache`` on this model."""
+        return activation_cache.run_with_cache(self, x, names_filter, fwd_hooks, incl_bwd, metric)
+
+    def run_with_hooks(
+        self,
+        x: torch.Tensor,
+        fwd_hooks: Iterable[tuple[str, UserHook]] = (),
+        bwd_hooks: Iterable[tuple[str, UserHook]] = (),
+        metric: activation_cache.Metric | None = None,
+    ) -> torch.Tensor:
+        """Logits of one forward with hooks: ``activation_cache.run_with_hooks`` on this model."""
+        return activation_cache.run_with_hooks(self, x, fwd_hooks, bwd_hooks, metric)
+
+    @contextlib.contextmanager
+    def hooks(
+        self,
+        fwd_hooks: Iterable[tuple[str, UserHook]] = (),
+        bwd_hooks: Iterable[tuple[str, UserHook]] = (),
+    ) -> Iterator[VisionTransformer]:
+        """Hooks ``fn(tensor, hook)`` for the ``with`` block (TL's ``model.hooks``), removed when it ends.
+
+        A backward inside the block runs the ``bwd_hooks`` on the gradients at their points.
+        """
+        with user_hooks(self, fwd_hooks, bwd_hooks):
+            yield self
 
     def stage_names(self) -> list[str]:
         """Stage names in execution order: the model's hook points that are stages.
