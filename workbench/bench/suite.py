@@ -18,9 +18,11 @@ from torch import nn
 
 from workbench.bench.machine import matmul_fn
 from workbench.bench.models import LABELS, REFERENCE, BenchModel, build_bench_model
-from workbench.bench.timing import Samples, Spread, time_interleaved
+from workbench.bench.timing import Samples, Spread, decide, time_interleaved
 
 PROBE = "matmul_fp32"  # the reference matmul timed in every comparison's rounds
+# The paths a user of the workbench chooses between (set_fast_attention); timm's are references.
+CHOICES = ("glass_written", "glass_fast")
 DEFAULT_MODELS = (
     "vit_tiny_patch16_224",
     "vit_small_patch16_224",
@@ -142,9 +144,11 @@ def _rows(
     probe_n: int | None,
 ) -> list[dict]:
     rows = []
-    for name in samples.seconds:
-        if name == PROBE:
-            continue
+    timed = {n: v for n, v in samples.seconds.items() if n != PROBE}
+    scope = f"{section}/{bench.name}/b{batch}"
+    reference = REFERENCE if REFERENCE in timed else next(iter(timed))  # a CNN: one variant
+    decision = decide(timed, reference, [n for n in CHOICES if n in timed] or list(timed), scope)
+    for name in timed:
         s = samples.spread(name)
         rows.append({
             "section": section, "model": bench.name, "kind": bench.kind, "batch": batch, "variant": name,
@@ -155,6 +159,7 @@ def _rows(
             **_peak_columns(samples, name, flops_per_image * batch, probe_n),
             **_ratio_columns(samples, name, REFERENCE, "ratio_to_timm_fused"),
             **_ratio_columns(samples, name, "timm_unfused", "ratio_to_timm_unfused"),
+            **decision.columns(name),
         })  # fmt: skip
     return rows
 

@@ -328,6 +328,34 @@ class Decision:
             out[f"{key}/resolved"] = float(v.word != "not resolved")
         return out
 
+    def columns(self, name: str) -> dict[str, object]:
+        """Table columns of option ``name``: its verdict against the reference, and the use line."""
+        v = next((v for v in self.verdicts if v.name == name), None)
+        return {
+            "verdict_reference": self.verdicts[0].reference if self.verdicts else name,
+            "verdict": v.word if v else "reference",
+            "verdict_ratio": v.ratio if v else 1.0,
+            "verdict_low": v.low if v else math.nan,
+            "verdict_high": v.high if v else math.nan,
+            "use": self.use,
+        }
+
+    @classmethod
+    def from_rows(cls, scope: str, rows: list[dict]) -> "Decision":
+        """The decision back from table rows written with ``columns`` (``variant``, ``repeats``,
+        ``median_s``, ``q1_s``, ``q3_s``, ``min_s``, ``max_s`` besides)."""
+        verdicts = tuple(
+            Verdict(r["variant"], r["verdict_reference"], r["verdict_ratio"], r["verdict_low"],
+                    r["verdict_high"], int(r["repeats"]))
+            for r in rows
+            if r["verdict"] != "reference"
+        )  # fmt: skip
+        spreads = {
+            r["variant"]: Spread(r["median_s"], r["q1_s"], r["q3_s"], r["min_s"], r["max_s"])
+            for r in rows
+        }
+        return cls(scope, verdicts, rows[0]["use"], spreads)
+
     def tags(self) -> dict[str, str]:
         """``use.<scope>`` and ``verdict.<scope>.<name>_vs_<reference>``: the words, searchable."""
         scope = self.scope.replace("/", ".") or "all"
