@@ -6,7 +6,15 @@ import math
 
 import pytest
 
-from workbench.bench.timing import Load, compare, decide, rounds_needed, sign_interval, use_line
+from workbench.bench.timing import (
+    Load,
+    compare,
+    decide,
+    goal_verdict,
+    rounds_needed,
+    sign_interval,
+    use_line,
+)
 
 
 def test_sign_interval_needs_six_rounds_at_95_percent():
@@ -76,3 +84,11 @@ def test_load_records_start_and_end():
     assert load.cores >= 1
     assert "at the start" in load.line and "on" in load.line
     assert set(load.as_dict()) == {"load_start", "load_end", "cores"}
+
+
+def test_goal_verdict_is_met_missed_or_not_resolved_from_the_units_spread():
+    cells = [50.0, 52.0, 55.0, 51.0, 58.0, 53.0]  # seconds per cell; 5 cells: 250 to 290 s
+    assert goal_verdict(cells, 5, 300.0).startswith("met ("), goal_verdict(cells, 5, 300.0)
+    assert goal_verdict(cells, 5, 200.0).startswith("missed ("), goal_verdict(cells, 5, 200.0)
+    assert goal_verdict(cells, 5, 270.0).startswith("not resolved at this noise")
+    assert "6 needed" in goal_verdict(cells[:3], 5, 300.0)

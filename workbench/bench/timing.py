@@ -291,6 +291,26 @@ def use_line(seconds: dict[str, list[float]], choices: list[str]) -> str:
     return f"use: {' or '.join(kept)} (not resolved between them)"
 
 
+def goal_verdict(unit_seconds: list[float], units: int, goal_seconds: float) -> str:
+    """Whether ``units`` units of work fit in ``goal_seconds``, from the per-unit seconds measured.
+
+    ``met`` (``missed``) when the sign interval of the median per-unit time, times ``units``,
+    lies wholly under (over) the goal; ``not resolved at this noise`` otherwise.
+    """
+    low, high = sign_interval(unit_seconds)
+    if math.isnan(low):
+        return (
+            f"not resolved at this noise ({len(unit_seconds)} units timed: "
+            f"{rounds_needed()} needed for a {LEVEL:.0%} interval)"
+        )
+    span = f"{units} x [{low:.3g}, {high:.3g}] s = [{units * low:.4g}, {units * high:.4g}] s"
+    if units * high < goal_seconds:
+        return f"met ({span} under {goal_seconds:.4g} s)"
+    if units * low > goal_seconds:
+        return f"missed ({span} over {goal_seconds:.4g} s)"
+    return f"not resolved at this noise ({span} holds {goal_seconds:.4g} s)"
+
+
 @dataclass(frozen=True)
 class Decision:
     """The verdicts of one comparison group and what to use, with the spread of its rounds.
