@@ -24,7 +24,7 @@ from torch import nn
 from workbench.bench.machine import matmul_fn
 from workbench.bench.models import build_bench_model
 from workbench.bench.suite import BenchConfig, bench_input
-from workbench.bench.timing import Samples, Spread, decide, time_interleaved
+from workbench.bench.timing import Samples, Spread, decide, rounds_needed, time_interleaved
 from workbench.precision import bf16_supported
 
 SECTION = "train_precision"
@@ -115,6 +115,7 @@ def run_precision(
                 cfg.warmup,
                 cfg.min_sample_s,
                 max_seconds=cfg.max_seconds,
+                min_repeats=rounds_needed(),
                 separate=tuple(PROBES.values()),
             )
             rows += _rows(name, batch, samples, bench.train_flops, probe_n)

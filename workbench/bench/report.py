@@ -291,7 +291,7 @@ def markdown_summary(
         f"{info['timm_version']}; {info['torch_threads']} torch threads of {info['cpu_count']} CPUs; load average "
         f"{info.get('load_average_1m', '?')} at start, {info.get('load_average_1m_end', '?')} at end. "
         f"Up to {settings['repeats']} interleaved rounds (rotating order; fewer where a comparison's time budget "
-        f"of {settings['max_seconds']} s ran out, at least 3) after up to {settings['warmup']} warm-up calls; times "
+        f"of {settings['max_seconds']} s ran out, at least 6: the fewest a verdict needs) after up to {settings['warmup']} warm-up calls; times "
         "are medians of per-call times, ratios are medians of per-round ratios. Weights: seeded random init. "
         "GFLOP/s come from the analytic count (matmuls and convolutions, 2 FLOPs per MAC); \"% of fp32 matmul\" "
         "divides them by the best throughput of an fp32 square matmul (half the side below) timed in the same rounds.",

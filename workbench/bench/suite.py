@@ -18,7 +18,7 @@ from torch import nn
 
 from workbench.bench.machine import matmul_fn
 from workbench.bench.models import LABELS, REFERENCE, BenchModel, build_bench_model
-from workbench.bench.timing import Samples, Spread, decide, time_interleaved
+from workbench.bench.timing import Samples, Spread, decide, rounds_needed, time_interleaved
 
 PROBE = "matmul_fp32"  # the reference matmul timed in every comparison's rounds
 # The paths a user of the workbench chooses between (set_fast_attention); timm's are references.
@@ -57,7 +57,8 @@ class BenchConfig:
         repeats: Timed rounds per comparison (at most; see ``max_seconds``).
         warmup: Untimed calls per variant before timing.
         min_sample_s: Shortest timed sample; fast calls are repeated to reach it.
-        max_seconds: Budget of one comparison's timed rounds (at least 3 rounds run);
+        max_seconds: Budget of one comparison's timed rounds (at least 6 rounds run, the
+            fewest a verdict needs);
             None: always ``repeats`` rounds. Keeps ViT-B at batch 32 on a small CPU
             from taking most of an hour.
         device: "cpu" or "cuda[:i]".
@@ -184,6 +185,7 @@ def _measure(
         cfg.warmup,
         cfg.min_sample_s,
         max_seconds=cfg.max_seconds,
+        min_repeats=rounds_needed(),
         separate=(PROBE,),
     )
     return _rows(section, bench, batch, samples, flops_per_image, probe_n)
