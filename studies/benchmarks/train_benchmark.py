@@ -286,6 +286,7 @@ def arm_decision(arm: str, seconds: dict[str, list[float]]) -> Decision:
 def arm_decisions(table: pd.DataFrame) -> list[Decision]:
     """The decisions back from the table (one per arm), for the summary and the run."""
     rows = table.assign(
+        repeats=table["rounds"],
         median_s=lambda t: t["steps_per_round"] * t["batch"] / t["images_per_s_median"],
         min_s=lambda t: t["steps_per_round"] * t["batch"] / t["images_per_s_max"],
         max_s=lambda t: t["steps_per_round"] * t["batch"] / t["images_per_s_min"],
