@@ -20,6 +20,7 @@ from studies.ablation.train import train_one
 from synthetic import synthetic_data, tiny_config
 from test_ablate import write_protocol
 from tracking.record.executions import work_line
+from workbench.bench.timing import Load
 from workbench.train.loop import StopTraining, TrainingObserver
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -402,13 +403,17 @@ def test_jobs_benchmark_layouts_quick_protocol_and_ratios(tmp_path):
         },
         {"round": 1, "jobs": 1, "threads": 1, "wall_s": 190.0, "cells": dict(cells)},
     ]
-    per_layout, text = summarize(rows, (1, 2), "t")
+    per_layout, text = summarize(rows, (1, 2), "t", Load(3.0, 4.0, 2))
     by = per_layout.set_index("layout")
     assert (
         abs(by.loc["2x1", "cells_per_hour"] - 72.0) < 1e-9
         and abs(by.loc["2x1", "ratio"] - 1.3) < 1e-9
     ), by
     assert "goal at least 1.25 for 2x1 against 1x2 on 2 cores: met" in text, text
+    # One round: the ratio is shown, but no verdict is resolved from it.
+    assert "layouts: 2x1 vs 1x2: not resolved at this noise; time ratio 0.769" in text, text
+    assert "layouts: use: any (not resolved)" in text, text
+    assert "load average 3.00 at the start, 4.00 at the end, on 2 cores." in text, text
     assert agreement(rows) == [
         "1 thread(s): layouts 1x1, 2x1 gave the same best validation accuracy in every cell"
     ]

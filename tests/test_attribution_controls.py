@@ -303,6 +303,13 @@ def test_the_report_sections_compare_with_the_draws_every_pair_and_every_class(t
     warned = control_blocks.near_chance("vit", cells, num_classes=3)
     accuracy = [float((c.arrays["predicted"] == c.arrays["labels"]).mean()) for c in cells.values()]
     assert len(warned) == sum(a < 2 / 3 for a in accuracy)
+    # The number printed as the threshold is the threshold (2 x 1/10 = 20 %), chance beside it.
+    cell = next(iter(cells.values()))
+    wrong = type(cell)(cell.record, {**cell.arrays, "predicted": cell.arrays["labels"] + 1})
+    (line,) = control_blocks.near_chance("vit", {0: wrong}, num_classes=10)
+    assert (
+        "accuracy 0.00 % on the scored images, below 2 × chance, 20.00 % (chance: 10.00 %)" in line
+    ), line
 
 
 def test_protocol_controls_are_optional_and_checked(tmp_path):

@@ -134,6 +134,11 @@ def test_benchmark_attribute_runs_on_a_tiny_setting_and_counts_its_sequences(tmp
     assert timing["threads"] == 1 and timing["images"] == 1 and timing["cpu_seconds"] > 0
     assert abs(timing["goal_ratio"] - timing["wall_seconds"] / 300.0) <= 1e-12
     assert "1 thread(s):" in result.output and "x the 300-s goal" in result.output
+    assert (
+        "at the start" in result.output
+        and "threads: use: 1 thread(s) (the only option timed)" in (result.output)
+    ), result.output
+    assert record["use"] == "use: 1 thread(s) (the only option timed)" and record["load_end"] >= 0
 
 
 def test_benchmark_attribute_times_the_controls_the_study_runs(tmp_path):

@@ -262,6 +262,21 @@ def test_benchmark_quick_logs_metrics_and_artifacts(mlflow_store, tmp_path):
         math.isfinite
     ).all()
     assert "| goal | measured |" in (local / "summary.md").read_text()
+    # --quick runs 2 rounds: every comparison gets a verdict, none resolved, and a use line.
+    assert "## Verdicts: what to use on this machine" in out.output, out.output
+    assert (
+        "- inference/fmnist_vit/b1: glass_fast vs timm_fused: not resolved at this noise"
+        in out.output
+    ), out.output
+    assert "- inference/fmnist_vit/b1: use: either (not resolved)" in out.output, out.output
+    assert "- inference/fmnist_cnn/b1: use: glass (the only option timed)" in out.output
+    assert "- loader: use: either (not resolved)" in out.output, out.output
+    assert tags["use.inference.fmnist_vit.b1"] == "either (not resolved)", tags
+    assert tags["verdict.train.fmnist_vit.b8.glass_fast_vs_timm_fused"] == "not resolved"
+    assert tags["use.loader"] == "either (not resolved)"
+    assert metrics["verdict/inference/fmnist_vit/b1/glass_fast_vs_timm_fused/resolved"] == 0.0
+    assert metrics["load/start"] >= 0 and metrics["load/end"] >= 0 and metrics["load/cores"] >= 1
+    assert {"verdict", "verdict_low", "verdict_high", "use"} <= set(table.columns)
     assert (local / "benchmark.png").read_bytes()[:4] == b"\x89PNG"
     assert (tmp_path / "files" / "summary.md").exists()
     profiles = {

@@ -48,3 +48,21 @@ def test_benchmark_module_does_not_import_mlflow():
     from studies.benchmarks import data_benchmark
 
     assert "mlflow" not in open(data_benchmark.__file__).read()
+
+
+def test_benchmark_command_takes_threads_and_prints_load_verdicts_and_use():
+    args = ["--n-images", "32", "--batch-size", "16", "--repeats", "1", "--device", "cpu",
+            "--randaugment-ops", "0"]  # fmt: skip
+    before = torch.get_num_threads()
+    try:
+        out = CliRunner().invoke(benchmark_loader, [*args, "--threads", "1"])
+        assert out.exit_code == 0, out.output
+        assert "load average" in out.output and "at the end" in out.output, out.output
+        # One round: nothing is resolved, and the use line says so.
+        assert "torchvision vs TensorLoader: not resolved at this noise" in out.output, out.output
+        assert "loader: use: either (not resolved)" in out.output, out.output
+        old = CliRunner().invoke(benchmark_loader, [*args, "--torch-threads", "1"])
+        assert old.exit_code == 0, old.output
+        assert "--torch-threads is now --threads" in old.output, old.output
+    finally:
+        torch.set_num_threads(before)

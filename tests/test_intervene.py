@@ -198,8 +198,10 @@ def test_benchmark_intervene_times_the_grid_and_logs_it(trained):
         "applies to fmnist_seed_recipe_heads, 5 cells x 800 images, --threads 2: not this configuration"
         in result.output
     )
+    assert "threads: use: " in result.output and "at the start" in result.output, result.output
     (run,) = kinds.cell_runs("benchmark-intervene", "tags.benchmark = 'intervene'")
     m = run.data.metrics
+    assert "load/start" in m and "load/end" in m and "use.threads" in run.data.tags, run.data
     assert (
         m["total_seconds"] > 0 and "goal_met" not in m and run.data.params["interventions"] == "15"
     )

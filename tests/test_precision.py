@@ -130,3 +130,23 @@ def test_ablate_refuses_a_bf16_protocol_on_a_cpu_without_bf16_before_any_cell(
     )
     assert result.exit_code == 2 and "no native bf16" in result.output, result.output
     assert not (tmp_path / "outputs").exists(), "a cell started before the refusal"
+
+
+@pytest.mark.slow  # about a minute on 2 busy cores (the smoke CNN's batch of 128, eval batch 256)
+def test_benchmark_calibrate_prints_the_load_and_a_verdict_per_arm():
+    from click.testing import CliRunner
+
+    from studies.benchmarks.calibrate import calibrate
+
+    before = torch.get_num_threads()
+    try:
+        out = CliRunner().invoke(
+            calibrate,
+            ["--protocol", "studies/protocols/smoke.yaml", "--arm", "cnn", "--threads", "1",
+             "--steps", "2", "--val-size", "64"],
+        )  # fmt: skip
+    finally:
+        torch.set_num_threads(before)
+    assert out.exit_code == 0, out.output
+    assert "load average" in out.output and "at the end" in out.output, out.output
+    assert "cnn: use: 1 thread(s) (the only option timed)" in out.output, out.output

@@ -43,4 +43,7 @@ def test_compare_cells_times_both_and_reports_the_ratio(mlflow_store, tmp_path):
     text = summary(table, "t")
     total = table["workbench_s"].sum() / table["plain_s"].sum()
     assert f"ratio {total:.3f}" in text and "goal <= 1.1" in text
+    # Two cells are two rounds: the verdict is shown and says it is not resolved.
+    assert "cells: workbench vs plain loop: not resolved at this noise" in text, text
+    assert "cells: use: either (not resolved)" in text, text
     assert isinstance(table, pd.DataFrame) and table["run_id"].notna().all()

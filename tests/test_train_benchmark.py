@@ -10,6 +10,7 @@ import torch
 
 from studies.benchmarks import train_benchmark
 from synthetic import tiny_config
+from workbench.bench.timing import Load
 
 
 @pytest.mark.slow  # 12-21 s on 2 busy cores: keeps the default tier under 5 minutes (docs/testing.md)
@@ -64,15 +65,27 @@ def test_the_cpu_is_named_and_the_run_is_logged(mlflow_store, tmp_path):
         "tiny", tiny_config(epochs=1), ("today", "fused_adamw"), rounds=1, steps=1,
         say=lambda _m: None,
     )  # fmt: skip
-    text = train_benchmark.markdown(table, machine, (1.0, 2.0))
+    load = Load(1.0, 2.0, 2)
+    text = train_benchmark.markdown(table, machine, load)
     assert "| tiny | 17 | fp32 | fused_adamw |" in text, text
+    assert "load average 1.00 at the start, 2.00 at the end, on 2 cores" in text, text
+    # One round resolves nothing: each verdict and the use line say so.
+    assert "- tiny: fused_adamw vs today: not resolved at this noise" in text, text
+    assert "- tiny: use: either (not resolved)" in text, text
     (tmp_path / "results.csv").write_text(table.to_csv(index=False))
     (tmp_path / "summary.md").write_text(text)
     from tracking.kinds.benchmark_runs import log_train_benchmark
 
-    run_id = log_train_benchmark(table, tmp_path, {"arms": "tiny"}, machine)
+    decisions = train_benchmark.arm_decisions(table)
+    run_id = log_train_benchmark(
+        table, tmp_path, {"arms": "tiny"}, machine, decisions=decisions, load=load.as_dict()
+    )
     run = mlflow.get_run(run_id)
     assert run.data.metrics["tiny/fused_adamw/images_per_s_median"] > 0
+    assert run.data.metrics["load/start"] == 1.0 and run.data.metrics["load/end"] == 2.0
+    assert run.data.metrics["verdict/tiny/fused_adamw_vs_today/resolved"] == 0.0
+    assert run.data.tags["verdict.tiny.fused_adamw_vs_today"] == "not resolved"
+    assert run.data.tags["use.tiny"] == "either (not resolved)"
     assert run.data.tags["machine.cpu_model"] == machine["cpu_model"]
 
 

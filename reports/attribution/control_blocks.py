@@ -75,7 +75,8 @@ def near_chance(arm: str, cells: dict[int, AttributionCellResult], num_classes: 
         if accuracy < NEAR_CHANCE / num_classes:
             out.append(
                 f"{arm}/seed{s}: intact accuracy {fmt(100 * accuracy, 2)} % on the scored images, "
-                f"below {NEAR_CHANCE:g} × chance ({fmt(100 / num_classes, 2)} %): its maps explain "
+                f"below {NEAR_CHANCE:g} × chance, {fmt(100 * NEAR_CHANCE / num_classes, 2)} % "
+                f"(chance: {fmt(100 / num_classes, 2)} %): its maps explain "
                 "a model that has learnt little, so their faithfulness says little"
             )
     return out

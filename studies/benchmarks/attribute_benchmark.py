@@ -8,15 +8,18 @@ computed for every image), so one seeded random-weight model of the acted-on arc
 cell and random images of the model's shape measure it without data, checkpoints or an MLflow
 store. Each cell is the call ``workbench attribute`` makes (``score_cell`` with the protocol's
 methods, norm threshold, random seed and batch size, on its image count, the full curve grid,
-and its controls: the random draws' curves and the model-randomisation check. Before they were
-passed here the benchmark sized cifar10_registers_faithfulness at about 40 minutes on one core;
-its patch-4 cells took about 33 minutes each, the randomisation check about 11 of them).
+and its controls: the random draws' curves and the model-randomisation check; in
+cifar10_registers_faithfulness the randomisation check took about 11 of a patch-4 cell's 33
+minutes on one core).
 
 Per thread count: wall time, process CPU time (all threads; on a shared machine the cost,
 where the wall time also holds the waiting), sequences through the blocks (the forward passes
-``score_cell`` counts), images, and wall time over the issue's goal (the fmnist study, 5 cells x
-800 images, in under 300 s on 2 cores). Printed, and written as JSON to
-``<output-dir>/<protocol name>.json`` (atomically; a rerun replaces it).
+``score_cell`` counts), images, and wall time over the goal (the fmnist study, 5 cells x
+800 images, in under 300 s on 2 cores); the load before and after, and each thread count's
+verdict against the first with the ``use:`` line (``workbench.bench.timing.decide``; cell i of
+every count is the same workload, so the cells are the rounds, but the counts run one after
+another, not interleaved). Printed, and written as JSON to ``<output-dir>/<protocol name>.json``
+(atomically; a rerun replaces it).
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from studies.benchmarks.acted_options import acted_options, cells_of, chosen_arm
 from workbench.atomic import atomic_write_bytes
 from workbench.attribution import score_cell
 from workbench.attribution.controls import Controls
+from workbench.bench.timing import Load, decide, goal_verdict
 from workbench.models.vit import ViTConfig, VisionTransformer
 from workbench.precision import cpu_name, set_threads
 from workbench.protocol import load_attribution_protocol
@@ -154,6 +158,7 @@ def benchmark_attribute(protocol_path, cells, images, arm, threads_text, output_
         f"{cfg.depth} blocks x {cfg.heads} heads, dim {cfg.dim}); {cpu_name()}"
     )
     timings = []
+    load = Load.begin()
     for threads in counts:
         t = time_cells(cfg, s, cells, images, threads, click.echo)
         timings.append(t)
@@ -162,13 +167,20 @@ def benchmark_attribute(protocol_path, cells, images, arm, threads_text, output_
             f"{t.forwards:,} sequences through the blocks, {t.images:,} images; "
             f"{t.wall_seconds / GOAL_SECONDS:.2f} x the {GOAL_SECONDS:.0f}-s goal"
         )
+    load = load.finish()
     for t in timings:
         if (protocol.name, cells, images, t.threads) == GOAL_CONFIGURATION:
             click.echo(
                 f"goal (under {GOAL_SECONDS:.0f} s on {t.threads} threads): "
-                f"{'met' if t.wall_seconds < GOAL_SECONDS else 'NOT met'} in wall time"
+                f"{'met' if t.wall_seconds < GOAL_SECONDS else 'NOT met'} in wall time; "
+                f"from the cells' spread: {goal_verdict(t.cell_wall_seconds, cells, GOAL_SECONDS)}"
             )
-    load = Path("/proc/loadavg").read_text().split()[:3] if Path("/proc/loadavg").exists() else []
+    # Thread counts ran one after another, not interleaved: cell i of each count is the same
+    # workload (seed i), so the pairs are the rounds; load drift between the runs is not cancelled.
+    per_cell = {f"{t.threads} thread(s)": t.cell_wall_seconds for t in timings}
+    decision = decide(per_cell, next(iter(per_cell)), scope="threads")
+    for line in [load.line, *decision.lines]:
+        click.echo(line)
     record = {
         "protocol": protocol.name,
         "protocol_hash": protocol.hash,
@@ -178,7 +190,9 @@ def benchmark_attribute(protocol_path, cells, images, arm, threads_text, output_
         "methods": list(s.methods),
         "batch_size": s.batch_size,
         "cpu": cpu_name(),
-        "load_average_after": load,
+        **load.as_dict(),
+        "verdicts": decision.lines,
+        "use": decision.use,
         "goal_seconds": GOAL_SECONDS,
         "timings": [asdict(t) for t in timings],
     }

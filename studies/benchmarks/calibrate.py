@@ -7,16 +7,19 @@ Prints one row per (arm, threads): training and evaluation images/s (median of t
 steps on random inputs, the protocol's batch sizes and ``amp``), and the projected wall
 time of one cell and of all seeds, for the protocol's sizes or the ones given. Data loading
 is not included: add a margin, and measure on the machine that will run the study.
+With several thread counts, each arm's counts are compared (``workbench.bench.timing.decide``:
+the training steps are the rounds, paired by their order, the counts timed one after another)
+and a ``use:`` line names the thread count to run the arm with; the load before and after is
+printed.
 """
 
 from __future__ import annotations
-
-import os
 
 import click
 
 from studies.runtime.study_protocol import ProtocolError, load_protocol
 from workbench.bench.cells import measure_arm, project_seconds
+from workbench.bench.timing import Load, decide
 from workbench.precision import AmpUnsupported, set_threads
 
 
@@ -46,7 +49,11 @@ from workbench.precision import AmpUnsupported, set_threads
 )
 @click.option("--epochs", type=int, default=None, help="Epochs (default: the protocol's).")
 @click.option(
-    "--steps", type=click.IntRange(min=1), default=5, show_default=True, help="Timed steps per arm."
+    "--steps",
+    type=click.IntRange(min=1),
+    default=6,
+    show_default=True,
+    help="Timed steps per arm (a verdict between thread counts needs 6).",
 )
 def calibrate(protocol_path, thread_list, arms, train_size, val_size, epochs, steps):
     """Time every arm's training step and project the protocol's wall time on this machine."""
@@ -65,13 +72,14 @@ def calibrate(protocol_path, thread_list, arms, train_size, val_size, epochs, st
         raise click.UsageError(
             "the protocol leaves train_size/val_size open: pass --train-size and --val-size"
         )
-    load = f"{os.getloadavg()[0]:.1f}" if hasattr(os, "getloadavg") else "?"
+    load = Load.begin()
     click.echo(
         f"{protocol.name}: {len(cells)} arms x {len(protocol.seeds)} seeds, {n_train} train / {n_val} val "
-        f"images, {n_epochs} epochs, batch {protocol.run.batch_size}, amp {protocol.run.amp}; load {load}"
+        f"images, {n_epochs} epochs, batch {protocol.run.batch_size}, amp {protocol.run.amp}"
     )
     click.echo("arm,threads,train_images_per_s,eval_images_per_s,cell_minutes,all_seeds_minutes")
     totals: dict[int, float] = {}
+    steps_by_arm: dict[str, dict[str, list[float]]] = {}
     for threads in (int(t) for t in thread_list.split(",") if t.strip()):
         set_threads(threads)
         for arm, cell in cells.items():
@@ -79,17 +87,21 @@ def calibrate(protocol_path, thread_list, arms, train_size, val_size, epochs, st
                 speed = measure_arm(arm, cell.train_config(device="cpu"), steps=steps)
             except AmpUnsupported as err:
                 raise click.UsageError(str(err)) from err
+            steps_by_arm.setdefault(arm, {})[f"{threads} thread(s)"] = list(
+                speed.train_step_seconds
+            )
             cell_s = project_seconds(speed, n_train, n_val, n_epochs)
             totals[threads] = totals.get(threads, 0.0) + cell_s * len(protocol.seeds)
             click.echo(
                 f"{arm},{threads},{speed.train_images_per_s:.1f},{speed.eval_images_per_s:.1f},"
                 f"{cell_s / 60:.2f},{cell_s * len(protocol.seeds) / 60:.1f}"
             )
-    load = f"{os.getloadavg()[0]:.1f}" if hasattr(os, "getloadavg") else "?"
     for threads, total in totals.items():
-        click.echo(
-            f"total with {threads} thread(s): {total / 60:.1f} minutes (steps only; load at end {load})"
-        )
+        click.echo(f"total with {threads} thread(s): {total / 60:.1f} minutes (steps only)")
+    click.echo(load.finish().line)
+    for arm, seconds in steps_by_arm.items():
+        for line in decide(seconds, next(iter(seconds)), scope=arm).lines:
+            click.echo(line)
 
 
 if __name__ == "__main__":

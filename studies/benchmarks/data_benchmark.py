@@ -28,6 +28,8 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 from torchvision.transforms import InterpolationMode, v2
 
+from studies.runtime.options import threads_option
+from workbench.bench.timing import Load, decide
 from workbench.data import NORM_STATS, AugmentConfig, TensorLoader
 
 AUGMENT = AugmentConfig(crop_padding=4, hflip=True, rotate_degrees=5.0, translate_fraction=0.06)
@@ -127,6 +129,7 @@ def _run(
     randaugment_ops: int = 0,
 ) -> dict:
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    load = Load.begin()
     g = torch.Generator().manual_seed(seed)
     images = torch.randint(
         0, 256, (n_images, 3, 32, 32), dtype=torch.uint8, generator=g
@@ -168,6 +171,13 @@ def _run(
         return {"median": statistics.median(rates), "min": min(rates), "max": max(rates)}
 
     o, t = rate(ours_s), rate(ref_s)
+    # Seconds per epoch of the same images: the loaders without RandAugment do the same work
+    # (the choice); RandAugment's verdict against TensorLoader is its cost, not a choice.
+    per_round = {"TensorLoader": ours_s, "torchvision": ref_s}
+    if ra_s:
+        per_round["TensorLoader+RandAugment"] = ra_s
+    decision = decide(per_round, "TensorLoader", ["TensorLoader", "torchvision"], "loader")
+    load = load.finish()
     extra = {}
     if ra_s:
         a = rate(ra_s)
@@ -197,6 +207,9 @@ def _run(
         "torchvision_images_per_s_min": t["min"],
         "torchvision_images_per_s_max": t["max"],
         "ratio": o["median"] / t["median"],
+        **load.as_dict(),
+        "verdicts": decision.lines,
+        "use": decision.use,
         **extra,
     }
 
@@ -237,7 +250,10 @@ def format_table(result: dict) -> str:
             f"RandAugment cost: TensorLoader {result['randaugment_slowdown']:.1f}x slower with it "
             "(median images/s without / with, same rounds)"
         )
-    return "\n".join(lines)
+    lines.append(
+        f"load average {result['load_start']:.2f} at the start, {result['load_end']:.2f} at the end"
+    )
+    return "\n".join(lines + result["verdicts"])
 
 
 @click.command("loader")
@@ -264,11 +280,14 @@ def format_table(result: dict) -> str:
     help="DataLoader workers for the torchvision side.",
 )
 @click.option("--device", default=None, help="cpu or cuda (default: cuda when available).")
+@threads_option
 @click.option(
     "--torch-threads",
+    "old_threads",
     default=None,
     type=click.IntRange(min=1),
-    help="torch intra-op threads (default: unchanged).",
+    hidden=True,
+    help="The former name of --threads.",
 )
 @click.option(
     "--randaugment-ops",
@@ -283,17 +302,20 @@ def benchmark_loader(
     repeats: int,
     num_workers: int,
     device: str | None,
-    torch_threads: int | None,
+    threads: int,
+    old_threads: int | None,
     randaugment_ops: int,
 ) -> dict:
     """Compare TensorLoader with a per-image torchvision pipeline and print a table."""
+    if old_threads is not None:
+        click.echo("note: --torch-threads is now --threads, as in every other command", err=True)
     result = run_loader_benchmark(
         n_images,
         batch_size,
         repeats,
         num_workers,
         device,
-        torch_threads=torch_threads,
+        torch_threads=old_threads or threads or None,
         randaugment_ops=randaugment_ops,
     )
     click.echo(format_table(result))

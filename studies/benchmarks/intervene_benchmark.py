@@ -6,8 +6,10 @@ One seeded random-weight model of the acted-on architecture per cell, random ima
 evaluation split's size, the protocol's batch size, mean reference and attention maps: the
 same library calls ``workbench intervene`` makes per cell (``workbench.interventions.benchmark``),
 without data, checkpoints or an MLflow run per cell. Prints each cell, the total against the
-issue's goal (every head and branch of ``fmnist_seed_recipe``'s ViT over 5 seeds on 800 images
-in under 120 s on 2 cores) and logs the timings to the MLflow experiment ``benchmark-intervene``.
+goal (every head and branch of ``fmnist_seed_recipe``'s ViT over 5 seeds on 800 images in under
+120 s on 2 cores) with the verdict the cells' spread allows (``workbench.bench.timing``), the
+load before and after and the ``use:`` line, and logs them with the timings to the MLflow
+experiment ``benchmark-intervene``.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import click
 
 from studies.benchmarks.acted_options import acted_options, cells_of, chosen_arm, load_or_fail
 from studies.runtime.options import threads_option
+from workbench.bench.timing import Load, decide, goal_verdict
 from workbench.data import DEFAULT_SIZES
 from workbench.interventions.benchmark import time_grid
 from workbench.protocol import InterventionProtocol, load_intervention_protocol
@@ -73,6 +76,7 @@ def benchmark_intervene(protocol_path, cells, examples, arm, device, log, thread
         f"mean reference {e.mean_images} images, attention maps {'on' if e.attention_maps else 'off'}; "
         f"random weights of arm {arm} ({cfg.depth} blocks x {cfg.heads} heads, dim {cfg.dim})"
     )
+    load = Load.begin()
     timing = time_grid(
         cfg,
         grid,
@@ -90,16 +94,24 @@ def benchmark_intervene(protocol_path, cells, examples, arm, device, log, thread
         f"{statistics.median(timing.cell_seconds):.2f} s ({spread}), {timing.forward_equivalents:.1f} intact "
         "forward passes each"
     )
+    load = load.finish()
     goal_run = (protocol.name, cells, examples, timing.threads) == GOAL_CONFIGURATION
+    goal = goal_verdict(timing.cell_seconds, cells, GOAL_SECONDS)
     if goal_run:
         click.echo(
             f"goal: under {GOAL_SECONDS:.0f} s: {'met' if timing.total < GOAL_SECONDS else 'NOT met'}"
+            f"; from the cells' spread: {goal}"
         )
     else:
         click.echo(
             f"goal (under {GOAL_SECONDS:.0f} s) applies to fmnist_seed_recipe_heads, 5 cells x 800 images, "
             "--threads 2: not this configuration"
         )
+    # One thread count per run: the use line names it; run again with another --threads to compare.
+    decision = decide({f"{timing.threads} thread(s)": timing.cell_seconds}, f"{timing.threads} thread(s)",
+                      scope="threads")  # fmt: skip
+    for line in [load.line, *decision.lines]:
+        click.echo(line)
     if log:
         from tracking.kinds.intervention_runs import log_benchmark
 
@@ -115,5 +127,8 @@ def benchmark_intervene(protocol_path, cells, examples, arm, device, log, thread
                 "interventions": len(grid),
                 "goal_seconds": GOAL_SECONDS if goal_run else 0,
             },
+            decision,
+            load.as_dict(),
+            goal if goal_run else None,
         )
         click.echo(f"logged to run {run_id} (experiment benchmark-intervene)")

@@ -17,11 +17,14 @@ Reported (and logged to MLflow, experiment ``jobs-benchmark``): wall seconds and
 hour of each layout, the ratio of each layout's cells per hour to the reference layout's
 (the last of ``--layouts``), and whether the cells' best validation accuracies agree between
 layouts with the same thread count (they must: a cell's numbers depend on its thread count,
-not on how many jobs ran).
+not on how many jobs ran); the load before and after, and each layout's verdict against the
+reference from the rounds' seconds per cell with the ``use:`` line
+(``workbench.bench.timing.decide``: a verdict needs 6 rounds).
 """
 
 from __future__ import annotations
 
+import math
 import os
 import subprocess
 import sys
@@ -36,6 +39,7 @@ from studies.benchmarks.recipe_benchmark import parse_seeds
 from studies.runtime.preflight import check_writable_folder
 from studies.runtime.study_execution import prepare_protocol_data
 from studies.runtime.study_protocol import ProtocolError, load_protocol
+from workbench.bench.timing import Decision, Load, decide
 
 GOAL = 1.25  # cells per hour of two single-thread jobs against one two-thread job, on 2 cores
 
@@ -154,7 +158,17 @@ def agreement(rows: list[dict]) -> list[str]:
     return lines
 
 
-def summarize(rows: list[dict], reference: tuple[int, int], title: str) -> tuple[pd.DataFrame, str]:
+def layout_decision(rows: list[dict], reference: tuple[int, int]) -> Decision:
+    """Each layout against the reference from the rounds' seconds per cell, and which to use."""
+    seconds: dict[str, list[float]] = {}
+    for r in sorted(rows, key=lambda r: r["round"]):
+        seconds.setdefault(f"{r['jobs']}x{r['threads']}", []).append(r["wall_s"] / len(r["cells"]))
+    return decide(seconds, f"{reference[0]}x{reference[1]}", scope="layouts")
+
+
+def summarize(
+    rows: list[dict], reference: tuple[int, int], title: str, load: Load | None = None
+) -> tuple[pd.DataFrame, str]:
     table = pd.DataFrame(
         [
             {
@@ -197,8 +211,9 @@ def summarize(rows: list[dict], reference: tuple[int, int], title: str) -> tuple
         f"{'met' if best >= GOAL else 'not met'}).",
         "",
     ] + [f"- {line}" for line in agreement(rows)]
-    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    lines += ["", f"{os.cpu_count()} CPUs; load average at the end {load:.1f}."]
+    lines += ["", *layout_decision(rows, reference).lines]
+    load = load or Load(math.nan).finish()
+    lines += ["", f"{load.line}."]
     return per_layout.reset_index(), "\n".join(lines) + "\n"
 
 
@@ -270,6 +285,7 @@ def benchmark_jobs(
     click.echo(f"caching the data of {quick.name} before any timing")
     prepare_protocol_data(load_protocol(quick), data_path, download=False)
     rows = []
+    load = Load.begin()
     for round_ in range(1, rounds + 1):
         for jobs, threads in order if round_ % 2 else order[::-1]:
             row = run_layout(
@@ -283,12 +299,14 @@ def benchmark_jobs(
             )
             rows.append({**row, "round": round_})
             click.echo(f"  {len(row['cells'])} cells in {row['wall_s']:.1f} s")
+    load = load.finish()
     per_layout, text = summarize(
         rows,
         order[-1],
         f"`ablate --jobs` layouts: {protocol.name} ({len(protocol.arms)} "
         f"arms x {len(wanted)} seed(s), {train_size} / {val_size} images, "
         f"{epochs} epoch(s))",
+        load,
     )
     per_layout.to_csv(root / "results.csv", index=False)
     (root / "summary.md").write_text(text)
@@ -307,6 +325,8 @@ def benchmark_jobs(
             "seeds": seeds,
             "rounds": rounds,
         },
+        layout_decision(rows, order[-1]),
+        load.as_dict(),
     )
     click.echo(text + f"\nfiles: {root}; MLflow run {run_id} (experiment jobs-benchmark)")
 

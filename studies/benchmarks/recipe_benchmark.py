@@ -9,7 +9,9 @@ and once by ``studies.ablation.train.train_one`` (an MLflow run with everything 
 the order alternating from cell to cell so that load drift hits both alike. Both see the
 same prepared data (loaded once, outside the timing) and, being seeded the same way,
 reach the same validation accuracy, which the table shows. Goal: total workbench time
-at most 1.1x the plain loop's (reported, not enforced).
+at most 1.1x the plain loop's (reported, not enforced). The summary adds the load before and
+after and the verdict of the workbench against the plain loop, each cell one round
+(``workbench.bench.timing.decide``: 6 cells at least for a resolved verdict).
 
 The workbench's runs go to experiment ``recipe-benchmark`` with a fresh identity each
 invocation, so they always train (never "already finished") and never mix with the study.
@@ -30,6 +32,7 @@ from studies.runtime.preflight import check_writable_folder
 from studies.runtime.study_execution import prepare_protocol_data
 from studies.runtime.study_protocol import ProtocolError, load_protocol
 from workbench.bench.recipe import plain_fit
+from workbench.bench.timing import Decision, Load, decide
 from workbench.data import PreparedData
 from workbench.train.config import TrainConfig
 
@@ -88,7 +91,13 @@ def compare_cells(
     return pd.DataFrame(rows)
 
 
-def summary(table: pd.DataFrame, title: str) -> str:
+def cell_decision(table: pd.DataFrame) -> Decision:
+    """The workbench against the plain loop, each cell one round (the pair ran back to back)."""
+    seconds = {"workbench": list(table["workbench_s"]), "plain loop": list(table["plain_s"])}
+    return decide(seconds, "plain loop", scope="cells")
+
+
+def summary(table: pd.DataFrame, title: str, load: Load | None = None) -> str:
     total_plain, total_wb = table["plain_s"].sum(), table["workbench_s"].sum()
     ratio = total_wb / total_plain
     lines = [
@@ -108,7 +117,11 @@ def summary(table: pd.DataFrame, title: str) -> str:
         "",
         f"Total: plain {total_plain:.1f} s, workbench {total_wb:.1f} s, ratio {ratio:.3f} "
         f"(goal <= {GOAL}: {verdict}); per-cell ratio median {table['ratio'].median():.3f}.",
+        "",
+        *cell_decision(table).lines,
     ]
+    if load is not None:
+        lines += ["", f"{load.line}."]
     return "\n".join(lines) + "\n"
 
 
@@ -186,8 +199,9 @@ def benchmark_recipe(
                 cfg = replace(cfg, run=replace(cfg.run, epochs=epochs))
             cells.append((cell.arm, cell.seed, cfg))
     data = prepare_protocol_data(protocol, data_path, download=False)
+    load = Load.begin()
     table = compare_cells(cells, data, experiment, output_dir / protocol.name, say=click.echo)
-    text = summary(table, f"Plain PyTorch loop vs workbench: {protocol.name}")
+    text = summary(table, f"Plain PyTorch loop vs workbench: {protocol.name}", load.finish())
     output_dir.mkdir(parents=True, exist_ok=True)
     table.to_csv(output_dir / f"{protocol.name}_results.csv", index=False)
     (output_dir / f"{protocol.name}_summary.md").write_text(text)

@@ -1,7 +1,7 @@
 """Entry point: training images/s of today's path, each fast-path option, all of them, and plain timm.
 
-    workbench benchmark-train --threads 1 --rounds 5 --steps 3
-    workbench benchmark-train --arms base,p4_w96 --variants today,fused_attention,timm_fused
+    workbench benchmark train --threads 1 --rounds 6 --steps 3
+    workbench benchmark train --arms base,p4_w96 --variants today,fused_attention,timm_fused
 
 Per arm (every arm of ``cifar10_seed_table``, the ViT and CNN of ``fmnist_seed_recipe``, and
 two timm arms: ``timm/resnet10t`` and a timm ``VisionTransformer`` of the base arm's shape)
@@ -22,10 +22,12 @@ clips, AdamW, the scheduler. Variants:
 
 Variants are timed interleaved in rounds in one process (``workbench.bench.timing``), on
 one fixed random batch of the arm's shape: the loader and its augmentation are left out of
-every variant alike (``workbench benchmark-loader`` times them). The compile warm-up (the
+every variant alike (``workbench benchmark loader`` times them). The compile warm-up (the
 first two steps) is measured and shown. Output: a table per arm with min / median / max
 images/s over rounds and ratios to today and to the faster plain timm loop, logged to
-MLflow (experiment ``train-benchmark``) with the CPU named.
+MLflow (experiment ``train-benchmark``) with the CPU named, the load before and after, each
+variant's verdict against today's path and the ``use:`` line per arm
+(``workbench.bench.timing.decide``).
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ from studies.runtime.options import threads_option
 from studies.runtime.study_protocol import load_protocol
 from workbench.bench.cells import STORED_SIDE
 from workbench.bench.models import timm_from_config
-from workbench.bench.timing import Spread, time_interleaved
+from workbench.bench.timing import Decision, Load, Spread, decide, time_interleaved
 from workbench.models.hooks import HookPoint
 from workbench.models.registry import build_model, model_config
 from workbench.models.vit_config import ViTConfig
@@ -74,6 +76,8 @@ VARIANTS = (
     "timm_fused",
     "timm_written",
 )
+# The variants a user can choose (the trainer's fast_path options); the others are measurements.
+CHOICES = ("today", "compile", "fused_attention", "fused_adamw", "all")
 # Arms whose goal is 1.5x today's path (few tokens: per-op overhead weighs most there).
 SMALL_TOKEN_ARMS = ("base", "p16_w96", "p16_w192")
 
@@ -249,6 +253,7 @@ def bench_arm(
         max_inner=1,
     )
     images = info["batch"] * steps
+    decision = arm_decision(arm, samples.seconds)
     rows = []
     for variant, cand in built.items():
         ips = Spread.of([images / s for s in samples.seconds[variant]])
@@ -266,9 +271,34 @@ def bench_arm(
                 "rounds": len(samples.seconds[variant]),
                 "steps_per_round": steps,
                 **_ratios(samples, variant),
+                **decision.columns(variant),
             }
         )
     return pd.DataFrame(rows)
+
+
+def arm_decision(arm: str, seconds: dict[str, list[float]]) -> Decision:
+    """Every variant against today's path (or the first timed), and which option to use."""
+    reference = "today" if "today" in seconds else next(iter(seconds))
+    return decide(seconds, reference, [v for v in CHOICES if v in seconds] or [reference], arm)
+
+
+def arm_decisions(table: pd.DataFrame) -> list[Decision]:
+    """The decisions back from the table (one per arm), for the summary and the run."""
+    rows = table.assign(
+        repeats=table["rounds"],
+        median_s=lambda t: t["steps_per_round"] * t["batch"] / t["images_per_s_median"],
+        min_s=lambda t: t["steps_per_round"] * t["batch"] / t["images_per_s_max"],
+        max_s=lambda t: t["steps_per_round"] * t["batch"] / t["images_per_s_min"],
+    )
+    rows["q1_s"], rows["q3_s"] = (
+        rows["median_s"],
+        rows["median_s"],
+    )  # not kept; the median stands in
+    return [
+        Decision.from_rows(arm, group.to_dict("records"))
+        for arm, group in rows.groupby("arm", sort=False)
+    ]
 
 
 def _ratios(samples, variant: str) -> dict[str, float]:
@@ -314,13 +344,12 @@ def cpu_description() -> dict[str, str]:
     }
 
 
-def markdown(table: pd.DataFrame, machine: dict[str, str], load: tuple[float, float]) -> str:
-    """The table per arm and the machine line."""
+def markdown(table: pd.DataFrame, machine: dict[str, str], load: Load) -> str:
+    """The table per arm, the machine line, and each arm's verdicts and ``use:`` line."""
     lines = [
         f"CPU: {machine['cpu_vendor']} {machine['cpu_model']} ({machine['cores']} cores; has "
         f"{machine['cpu_units']}; lacks {machine['cpu_lacks']}), torch {machine['torch']}, "
-        f"{machine['torch_threads']} thread(s); load average {load[0]:.1f} at the start, "
-        f"{load[1]:.1f} at the end.",
+        f"{machine['torch_threads']} thread(s); {load.line}.",
         "",
         "| arm | tokens | precision | variant | images/s min / median / max | x today | "
         "x plain timm | first two steps s |",
@@ -335,6 +364,12 @@ def markdown(table: pd.DataFrame, machine: dict[str, str], load: tuple[float, fl
             f"{r['images_per_s_max']:.0f} | {_fmt(x_today)} | {_fmt(x_plain)} | "
             f"{r['warmup_s']:.1f} |"
         )
+    lines += [
+        "",
+        "Verdicts (95 % sign interval of the per-round time ratio; 6 rounds at least):",
+        "",
+    ]
+    lines += [f"- {line}" for d in arm_decisions(table) for line in d.lines[1:]]
     return "\n".join(lines) + "\n"
 
 
@@ -380,7 +415,13 @@ def _names(text: str | None, valid, what: str) -> tuple[str, ...]:
 @click.option(
     "--variants", default=None, help=f"Comma-separated variants (default: {', '.join(VARIANTS)})."
 )
-@click.option("--rounds", type=click.IntRange(min=1), default=5, show_default=True)
+@click.option(
+    "--rounds",
+    type=click.IntRange(min=1),
+    default=6,
+    show_default=True,
+    help="Interleaved timed rounds (a verdict needs at least 6).",
+)
 @click.option(
     "--steps",
     type=click.IntRange(min=1),
@@ -410,7 +451,7 @@ def benchmark_train(arms, variants, rounds, steps, profile_arms, experiment, out
     chosen = _names(arms, all_arms, "arms")
     wanted = _names(variants, VARIANTS, "variants")
     profiled = _names(profile_arms, all_arms, "profile") if profile_arms else ()
-    load_start = os.getloadavg()[0]
+    load = Load.begin()
     output_dir.mkdir(parents=True, exist_ok=True)
     parts = []
     for arm in chosen:
@@ -426,7 +467,8 @@ def benchmark_train(arms, variants, rounds, steps, profile_arms, experiment, out
         pd.concat(parts, ignore_index=True).to_csv(output_dir / "results.csv", index=False)
     table = pd.concat(parts, ignore_index=True)
     machine = cpu_description()
-    text = markdown(table, machine, (load_start, os.getloadavg()[0]))
+    load = load.finish()
+    text = markdown(table, machine, load)
     for arm in profiled:
         cfg = all_arms[arm]
         if cfg.run.amp != "off":
@@ -443,7 +485,9 @@ def benchmark_train(arms, variants, rounds, steps, profile_arms, experiment, out
 
     params = {"arms": ",".join(chosen), "variants": ",".join(wanted), "rounds": rounds,
               "steps": steps, "threads": threads}  # fmt: skip
-    run_id = log_train_benchmark(table, output_dir, params, machine, experiment)
+    run_id = log_train_benchmark(
+        table, output_dir, params, machine, experiment, arm_decisions(table), load.as_dict()
+    )
     click.echo(text)
     click.echo(f"logged: run {run_id} in experiment {experiment}")
 

@@ -130,7 +130,7 @@ def _resolve_device(device: str) -> str:
     default=60.0,
     show_default=True,
     type=FiniteFloat(min=0.0),
-    help="Time budget of one comparison's timed rounds; at least 3 rounds run (0: no budget).",
+    help="Time budget of one comparison's timed rounds; at least 6 rounds run, the fewest a verdict needs (0: no budget).",
 )
 @click.option("--device", default="cpu", show_default=True, help="cpu, cuda, cuda:N or auto.")
 @click.option(

@@ -13,6 +13,7 @@ import mlflow
 from tracking.record.schema import ARM, CELL, FINISHED, SEED, TRUE, all_of, status_is, tag_is
 from workbench.analysis.benchmark_figures import plot_benchmark
 from workbench.bench.run import BenchmarkResult
+from workbench.bench.timing import Decision
 
 ARTIFACT_DIR = "benchmark"
 FILES = ("results.csv", "matmul.csv", "goals.csv", "summary.md", "benchmark.png", "machine.json")
@@ -27,6 +28,28 @@ _ROW_METRICS = {
     "speedup_vs_fp32": "speedup_vs_fp32", "speedup_vs_fp32_q1": "speedup_vs_fp32_q1",
     "speedup_vs_fp32_q3": "speedup_vs_fp32_q3", "speedup_vs_fp32_best": "speedup_vs_fp32_best",
 }  # fmt: skip
+
+
+def log_verdicts(decisions: list[Decision], load: dict[str, float]) -> None:
+    """Every comparison's verdict (metrics ``verdict/...``, tags ``verdict.*`` and ``use.*``) and the
+    machine's load before and after (``load/start``, ``load/end``) in the active run."""
+    metrics = {f"load/{k.removeprefix('load_')}": v for k, v in load.items() if math.isfinite(v)}
+    tags: dict[str, str] = {}
+    for d in decisions:
+        metrics |= d.metrics()
+        tags |= d.tags()
+    items = sorted(metrics.items())
+    for i in range(0, len(items), 500):  # MLflow caps a batch at 1000 metrics
+        mlflow.log_metrics(dict(items[i : i + 500]))
+    if tags:
+        mlflow.set_tags(tags)
+
+
+def _float(text: str | None) -> float:
+    try:
+        return float(text)
+    except (TypeError, ValueError):
+        return math.nan
 
 
 def benchmark_metrics(result: BenchmarkResult) -> dict[str, float]:
@@ -99,6 +122,14 @@ def log_benchmark(result: BenchmarkResult, params: dict) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         write_benchmark_files(result, Path(tmp))
         mlflow.log_artifacts(tmp, artifact_path=ARTIFACT_DIR)
+    load = {
+        "load_start": _float(result.info.get("load_average_1m")),
+        "load_end": _float(result.info.get("load_average_1m_end")),
+        "cores": _float(result.info.get("cpu_count")),
+    }
+    log_verdicts(result.decisions(), load)
+    if result.loader is not None and "use" in result.loader:
+        mlflow.set_tag("use.loader", result.loader["use"].removeprefix("use: "))
     met, total = sum(g.met for g in result.goals), len(result.goals)
     mlflow.set_tags(
         {
@@ -121,11 +152,15 @@ def finished_cell_results(store: str, experiment: str) -> dict[str, float]:
     }
 
 
-def log_jobs_benchmark(per_layout, folder: Path, params: dict) -> str:
-    """One run in experiment ``jobs-benchmark``: settings, cells per hour and ratio per layout, the files."""
+def log_jobs_benchmark(
+    per_layout, folder: Path, params: dict, decision: Decision, load: dict[str, float]
+) -> str:
+    """One run in experiment ``jobs-benchmark``: settings, cells per hour and ratio per layout,
+    the verdicts and load, the files."""
     mlflow.set_experiment("jobs-benchmark")
     with mlflow.start_run(run_name=f"{params['protocol']} {params['layouts']}") as run:
         mlflow.log_params({f"bench.{k}": v for k, v in params.items()})
+        log_verdicts([decision], load)
         for r in per_layout.to_dict("records"):
             mlflow.log_metrics(
                 {
@@ -140,9 +175,16 @@ def log_jobs_benchmark(per_layout, folder: Path, params: dict) -> str:
 
 
 def log_train_benchmark(
-    table, folder: Path, params: dict, machine: dict, experiment: str = "train-benchmark"
+    table,
+    folder: Path,
+    params: dict,
+    machine: dict,
+    experiment: str = "train-benchmark",
+    decisions: list[Decision] = (),
+    load: dict[str, float] | None = None,
 ) -> str:
-    """One run: settings, the CPU as tags, images/s and ratios per arm and variant, the files."""
+    """One run: settings, the CPU as tags, images/s and ratios per arm and variant, the
+    verdicts per arm and the load, the files."""
     from tracking.store.session import environment_tags, start_run
 
     tags = environment_tags("cpu")
@@ -158,6 +200,7 @@ def log_train_benchmark(
                 if isinstance(value, (int, float)) and math.isfinite(value):
                     metrics[f"{prefix}/{key}"] = float(value)
         mlflow.log_metrics(metrics)
+        log_verdicts(list(decisions), load or {})
         for name in ("results.csv", "summary.md"):
             mlflow.log_artifact(str(folder / name), artifact_path=ARTIFACT_DIR)
         return run.info.run_id

@@ -257,8 +257,18 @@ def read_patching(record: CellRecord, workdir: Path) -> dict[str, np.ndarray] | 
         return {k: z[k] for k in z.files}
 
 
-def log_benchmark(protocol_name: str, timing, params: dict) -> str:
-    """A ``benchmark-intervene`` measurement as a run of the experiment ``benchmark-intervene``; returns its id."""
+def log_benchmark(
+    protocol_name: str,
+    timing,
+    params: dict,
+    decision=None,
+    load: dict[str, float] | None = None,
+    goal: str | None = None,
+) -> str:
+    """A ``benchmark-intervene`` measurement as a run of the experiment ``benchmark-intervene``; returns its id.
+
+    ``decision`` (``workbench.bench.timing.Decision``), ``load`` and the goal's verdict ``goal``
+    are logged as ``verdict.*`` / ``use.*`` / ``goal_verdict`` tags and ``load/*`` metrics."""
     import statistics
 
     import mlflow
@@ -288,4 +298,9 @@ def log_benchmark(protocol_name: str, timing, params: dict) -> str:
             mlflow.log_metric("goal_met", float(timing.total < params["goal_seconds"]))
         for i, seconds in enumerate(timing.cell_seconds):
             mlflow.log_metric("cell_seconds", seconds, step=i)
+        from tracking.kinds.benchmark_runs import log_verdicts
+
+        log_verdicts([decision] if decision is not None else [], load or {})
+        if goal is not None:
+            mlflow.set_tag("goal_verdict", goal)
         return run.info.run_id

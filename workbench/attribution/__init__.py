@@ -1,4 +1,4 @@
-"""Attribution methods scored against exact causal effects, and token norms (issue 29, items 1-3).
+"""Attribution methods scored against exact causal effects, and token norms.
 
 A pure library on the glass-box ViT's hook points (``workbench.models.hooks``): no second
 forward body, nothing logged. Definitions and measured costs: docs/attribution.md.

@@ -1,6 +1,6 @@
 """How concentrated the class token's attention is, per block: on few patch tokens, and on the registers.
 
-Issue 29 item 5(b) asks, per block, whether CLS attention concentrates on few tokens (Darcet
+The question, per block: does CLS attention concentrate on few tokens (Darcet
 et al. 2024: in large ViTs CLS attends to a few high-norm background tokens, and register
 tokens take that role over). For block ``l`` let ``a = A_l[0, :]`` be the class token's row of
 the attention map (softmax probabilities over all ``N = p + P`` keys: the class token, the

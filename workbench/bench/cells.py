@@ -31,6 +31,7 @@ class CellSpeed:
     train_images_per_s: float
     eval_images_per_s: float
     steps: int
+    train_step_seconds: tuple[float, ...] = ()  # every timed step, for the verdicts
 
 
 def _median(values: list[float]) -> float:
@@ -103,8 +104,9 @@ def measure_arm(
     model.eval()
     eval_s = timed(eval_step)
     return CellSpeed(
-        arm, torch.get_num_threads(), b / _median(train_s), eb / _median(eval_s), steps
-    )
+        arm, torch.get_num_threads(), b / _median(train_s), eb / _median(eval_s), steps,
+        tuple(train_s),
+    )  # fmt: skip
 
 
 def project_seconds(speed: CellSpeed, train_images: int, val_images: int, epochs: int) -> float:

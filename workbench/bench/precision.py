@@ -24,7 +24,7 @@ from torch import nn
 from workbench.bench.machine import matmul_fn
 from workbench.bench.models import build_bench_model
 from workbench.bench.suite import BenchConfig, bench_input
-from workbench.bench.timing import Samples, Spread, time_interleaved
+from workbench.bench.timing import Samples, Spread, decide, rounds_needed, time_interleaved
 from workbench.precision import bf16_supported
 
 SECTION = "train_precision"
@@ -56,6 +56,8 @@ def _rows(
     limits = {p: 2 * probe_n**3 / min(samples.seconds[PROBES[p]]) for p in PROBES}
     ratios = Spread.of(samples.ratios("fp32", "bf16"))  # >1: bf16 faster
     best = min(samples.seconds["fp32"]) / min(samples.seconds["bf16"])
+    timed = {p: samples.seconds[p] for p in PROBES}
+    decision = decide(timed, "fp32", list(PROBES), f"{SECTION}/{name}/b{batch}")
     rows = []
     for precision in ("fp32", "bf16"):
         s = samples.spread(precision)
@@ -72,6 +74,7 @@ def _rows(
             "speedup_vs_fp32_q1": 1.0 if precision == "fp32" else ratios.q1,
             "speedup_vs_fp32_q3": 1.0 if precision == "fp32" else ratios.q3,
             "speedup_vs_fp32_best": 1.0 if precision == "fp32" else best,
+            **decision.columns(precision),
         })  # fmt: skip
     return rows
 
@@ -112,6 +115,7 @@ def run_precision(
                 cfg.warmup,
                 cfg.min_sample_s,
                 max_seconds=cfg.max_seconds,
+                min_repeats=rounds_needed(),
                 separate=tuple(PROBES.values()),
             )
             rows += _rows(name, batch, samples, bench.train_flops, probe_n)

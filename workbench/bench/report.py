@@ -32,6 +32,7 @@ from workbench import markdown
 from workbench.bench.machine import MatmulPeak
 from workbench.bench.profiling import Profile
 from workbench.bench.suite import select
+from workbench.bench.timing import Decision
 
 GOAL_BATCHES = (1, 32)
 INFERENCE_GOALS = (("glass_fast", "timm_fused", 1.05), ("glass_written", "timm_unfused", 1.10))
@@ -235,6 +236,36 @@ def _precision_rows(table: pd.DataFrame) -> list[dict]:
     return rows
 
 
+def decisions(*tables: pd.DataFrame) -> list[Decision]:
+    """One decision per (section, model, batch) of the timing tables, in their order."""
+    out = []
+    for table in tables:
+        if table is None or table.empty or "verdict" not in table:
+            continue
+        for (section, model, batch), group in table.groupby(
+            ["section", "model", "batch"], sort=False
+        ):
+            out.append(Decision.from_rows(f"{section}/{model}/b{batch}", group.to_dict("records")))
+    return out
+
+
+def verdicts_markdown(found: list[Decision], loader: dict | None, info: dict) -> str:
+    """Every comparison's verdict and the ``use:`` line, under the load they were measured at."""
+    lines = [
+        f"Measured at load average {info.get('load_average_1m', '?')} at the start and "
+        f"{info.get('load_average_1m_end', '?')} at the end, on {info.get('cpu_count', '?')} CPUs. "
+        "A verdict is resolved when the 95 % sign-test interval of the per-round time ratio "
+        'excludes 1 (6 rounds at least); "use" chooses between the glass-box paths '
+        "(hand-written or fast attention; fp32 or bf16), timm's being references.",
+        "",
+    ]
+    for d in found:
+        lines += [f"- {line}" for line in d.lines]
+    if loader is not None and "verdicts" in loader:
+        lines += [f"- {line}" for line in loader["verdicts"]]
+    return "\n".join(lines)
+
+
 def goals_markdown(goals: list[Goal]) -> str:
     rows = [{**g.to_row(), "goal": f"{g.op} {g.target:g}"} for g in goals]
     columns = {"description": "goal", "measured": "measured", "spread": "ratio IQR", "best": "best / best",
@@ -260,7 +291,7 @@ def markdown_summary(
         f"{info['timm_version']}; {info['torch_threads']} torch threads of {info['cpu_count']} CPUs; load average "
         f"{info.get('load_average_1m', '?')} at start, {info.get('load_average_1m_end', '?')} at end. "
         f"Up to {settings['repeats']} interleaved rounds (rotating order; fewer where a comparison's time budget "
-        f"of {settings['max_seconds']} s ran out, at least 3) after up to {settings['warmup']} warm-up calls; times "
+        f"of {settings['max_seconds']} s ran out, at least 6: the fewest a verdict needs) after up to {settings['warmup']} warm-up calls; times "
         "are medians of per-call times, ratios are medians of per-round ratios. Weights: seeded random init. "
         "GFLOP/s come from the analytic count (matmuls and convolutions, 2 FLOPs per MAC); \"% of fp32 matmul\" "
         "divides them by the best throughput of an fp32 square matmul (half the side below) timed in the same rounds.",
@@ -304,4 +335,10 @@ def markdown_summary(
         noisy = sum(g.verdict == "no (within noise)" for g in goals)
         note = f" ({noisy} of the misses within noise)" if met < len(goals) else ""
         parts += [f"## Goals: {met} of {len(goals)} met{note}", goals_markdown(goals)]
+    found = decisions(inference, train, precision)
+    if found or loader is not None:
+        parts += [
+            "## Verdicts: what to use on this machine",
+            verdicts_markdown(found, loader, info),
+        ]
     return "\n\n".join(parts) + "\n"

@@ -19,8 +19,9 @@ import torch
 from workbench.bench.machine import MatmulPeak, machine_info, matmul_peak
 from workbench.bench.precision import run_precision
 from workbench.bench.profiling import Profile, profile_models
-from workbench.bench.report import Goal, evaluate_goals, markdown_summary
+from workbench.bench.report import Goal, decisions, evaluate_goals, markdown_summary
 from workbench.bench.suite import BenchConfig, run_inference, run_training
+from workbench.bench.timing import Decision
 
 
 @dataclass
@@ -59,6 +60,10 @@ class BenchmarkResult:
             or [self.train],
             ignore_index=True,
         )
+
+    def decisions(self) -> list[Decision]:
+        """Every timed comparison's verdicts and ``use:`` line (the loader's are in ``loader``)."""
+        return decisions(self.inference, self.train, self.precision)
 
     def goals_table(self) -> pd.DataFrame:
         return pd.DataFrame([g.to_row() for g in self.goals])

@@ -18,9 +18,11 @@ from torch import nn
 
 from workbench.bench.machine import matmul_fn
 from workbench.bench.models import LABELS, REFERENCE, BenchModel, build_bench_model
-from workbench.bench.timing import Samples, Spread, time_interleaved
+from workbench.bench.timing import Samples, Spread, decide, rounds_needed, time_interleaved
 
 PROBE = "matmul_fp32"  # the reference matmul timed in every comparison's rounds
+# The paths a user of the workbench chooses between (set_fast_attention); timm's are references.
+CHOICES = ("glass_written", "glass_fast")
 DEFAULT_MODELS = (
     "vit_tiny_patch16_224",
     "vit_small_patch16_224",
@@ -55,7 +57,8 @@ class BenchConfig:
         repeats: Timed rounds per comparison (at most; see ``max_seconds``).
         warmup: Untimed calls per variant before timing.
         min_sample_s: Shortest timed sample; fast calls are repeated to reach it.
-        max_seconds: Budget of one comparison's timed rounds (at least 3 rounds run);
+        max_seconds: Budget of one comparison's timed rounds (at least 6 rounds run, the
+            fewest a verdict needs);
             None: always ``repeats`` rounds. Keeps ViT-B at batch 32 on a small CPU
             from taking most of an hour.
         device: "cpu" or "cuda[:i]".
@@ -142,9 +145,11 @@ def _rows(
     probe_n: int | None,
 ) -> list[dict]:
     rows = []
-    for name in samples.seconds:
-        if name == PROBE:
-            continue
+    timed = {n: v for n, v in samples.seconds.items() if n != PROBE}
+    scope = f"{section}/{bench.name}/b{batch}"
+    reference = REFERENCE if REFERENCE in timed else next(iter(timed))  # a CNN: one variant
+    decision = decide(timed, reference, [n for n in CHOICES if n in timed] or list(timed), scope)
+    for name in timed:
         s = samples.spread(name)
         rows.append({
             "section": section, "model": bench.name, "kind": bench.kind, "batch": batch, "variant": name,
@@ -155,6 +160,7 @@ def _rows(
             **_peak_columns(samples, name, flops_per_image * batch, probe_n),
             **_ratio_columns(samples, name, REFERENCE, "ratio_to_timm_fused"),
             **_ratio_columns(samples, name, "timm_unfused", "ratio_to_timm_unfused"),
+            **decision.columns(name),
         })  # fmt: skip
     return rows
 
@@ -179,6 +185,7 @@ def _measure(
         cfg.warmup,
         cfg.min_sample_s,
         max_seconds=cfg.max_seconds,
+        min_repeats=rounds_needed(),
         separate=(PROBE,),
     )
     return _rows(section, bench, batch, samples, flops_per_image, probe_n)

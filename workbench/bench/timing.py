@@ -11,11 +11,18 @@ On CUDA a sample is bracketed by CUDA events and synchronised; on CPU it is
 ``time.perf_counter``. A sample runs the callable ``inner`` times, chosen during warm-up so
 that one sample lasts at least ``min_sample_s``: sub-millisecond calls are otherwise
 dominated by timer and scheduler noise.
+
+Verdicts (``decide``): an option is ``faster`` (``slower``) than the reference when the 95 %
+sign-test interval of the median of its per-round time ratios lies wholly below (above) 1,
+and ``not resolved at this noise`` otherwise; the interval needs at least 6 rounds. ``use:``
+names the option resolved faster than every other choosable one, or the options none of
+which is resolved slower than another ("either" when that is all of them).
 """
 
 from __future__ import annotations
 
 import math
+import os
 import statistics
 import time
 from dataclasses import dataclass
@@ -147,3 +154,257 @@ def time_interleaved(
         for name in names[shift:] + names[:shift]:
             seconds[name].append(_sample(candidates[name], inner[name], device))
     return Samples(seconds=seconds, inner=inner)
+
+
+# --- Verdicts: what the rounds resolve, and what to choose on this machine -------------------
+
+LEVEL = 0.95  # coverage of the interval a verdict is read from
+
+
+def load_average() -> float:
+    """The machine's 1-minute load average (NaN where the OS does not report one)."""
+    return os.getloadavg()[0] if hasattr(os, "getloadavg") else math.nan
+
+
+@dataclass(frozen=True)
+class Load:
+    """The machine's load around a benchmark: a load above the cores means shared cores."""
+
+    start: float
+    end: float = math.nan
+    cores: int = os.cpu_count() or 1
+
+    @classmethod
+    def begin(cls) -> "Load":
+        return cls(load_average())
+
+    def finish(self) -> "Load":
+        return Load(self.start, load_average(), self.cores)
+
+    @property
+    def line(self) -> str:
+        return (
+            f"load average {self.start:.2f} at the start, {self.end:.2f} at the end, on "
+            f"{self.cores} cores"
+        )
+
+    def as_dict(self) -> dict[str, float]:
+        return {"load_start": self.start, "load_end": self.end, "cores": float(self.cores)}
+
+
+def sign_interval(values: list[float], level: float = LEVEL) -> tuple[float, float]:
+    """Distribution-free interval of the median of ``values`` (the sign test's), NaN when too few.
+
+    The interval runs from the k-th smallest to the k-th largest value, with k the largest
+    order for which the coverage ``1 - 2 P(Binomial(n, 1/2) <= k - 1)`` is at least ``level``.
+    It assumes only that the rounds are independent: at 95 % it needs 6 rounds (then it is
+    the smallest to the largest value).
+    """
+    v, n = sorted(values), len(values)
+    k = 0
+    while k < (n + 1) // 2 and 2 * _binomial_cdf(k + 1, n) <= 1 - level:
+        k += 1
+    if k == 0:
+        return math.nan, math.nan
+    return v[k - 1], v[n - k]
+
+
+def _binomial_cdf(k: int, n: int) -> float:
+    """P(Binomial(n, 1/2) <= k - 1)."""
+    return sum(math.comb(n, i) for i in range(k)) / 2**n
+
+
+def rounds_needed(level: float = LEVEL) -> int:
+    """The fewest rounds whose sign interval exists at ``level``."""
+    n = 1
+    while math.isnan(sign_interval([1.0] * n, level)[0]):
+        n += 1
+    return n
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """One comparison: ``name`` against ``reference``, from per-round time ratios.
+
+    Attributes:
+        name: The option compared.
+        reference: What it is compared with.
+        ratio: Median of the per-round ratios of time per unit of work, name / reference
+            (below 1: ``name`` is faster).
+        low: Lower end of the ratio's sign interval (NaN with too few rounds).
+        high: Upper end.
+        rounds: Rounds (paired measurements) the ratios come from.
+    """
+
+    name: str
+    reference: str
+    ratio: float
+    low: float
+    high: float
+    rounds: int
+
+    @property
+    def word(self) -> str:
+        """``faster`` or ``slower`` when the interval excludes 1, else ``not resolved``."""
+        if self.high < 1.0:
+            return "faster"
+        if self.low > 1.0:
+            return "slower"
+        return "not resolved"
+
+    @property
+    def line(self) -> str:
+        if math.isnan(self.low):
+            why = f"{self.rounds} rounds: {rounds_needed()} needed for a {LEVEL:.0%} interval"
+            span = f"time ratio {self.ratio:.3f} ({why})"
+        else:
+            span = f"time ratio {self.ratio:.3f} [{self.low:.3f}, {self.high:.3f}], {self.rounds} rounds"
+        word = self.word if self.word != "not resolved" else "not resolved at this noise"
+        return f"{self.name} vs {self.reference}: {word}; {span}"
+
+
+def compare(seconds: dict[str, list[float]], name: str, reference: str) -> Verdict:
+    """The verdict of ``name`` against ``reference`` from their per-round seconds (rounds aligned)."""
+    ratios = [a / b for a, b in zip(seconds[name], seconds[reference], strict=True)]
+    low, high = sign_interval(ratios)
+    return Verdict(name, reference, statistics.median(ratios), low, high, len(ratios))
+
+
+def use_line(seconds: dict[str, list[float]], choices: list[str]) -> str:
+    """``use: X`` for the option resolved faster than every other one, else the unresolved set.
+
+    An option is dropped when some other option is resolved faster than it; the remaining
+    ones are named, or ``either`` / ``any`` when none was dropped.
+    """
+    if len(choices) < 2:
+        return f"use: {choices[0]} (the only option timed)" if choices else "use: -"
+    for a in choices:
+        if all(compare(seconds, a, b).word == "faster" for b in choices if b != a):
+            return f"use: {a} (resolved faster than {', '.join(b for b in choices if b != a)})"
+    kept = [
+        a
+        for a in choices
+        if not any(compare(seconds, a, b).word == "slower" for b in choices if b != a)
+    ]
+    if len(kept) == len(choices):
+        return f"use: {'either' if len(kept) == 2 else 'any'} (not resolved)"
+    return f"use: {' or '.join(kept)} (not resolved between them)"
+
+
+def goal_verdict(unit_seconds: list[float], units: int, goal_seconds: float) -> str:
+    """Whether ``units`` units of work fit in ``goal_seconds``, from the per-unit seconds measured.
+
+    ``met`` (``missed``) when the sign interval of the median per-unit time, times ``units``,
+    lies wholly under (over) the goal; ``not resolved at this noise`` otherwise.
+    """
+    low, high = sign_interval(unit_seconds)
+    if math.isnan(low):
+        return (
+            f"not resolved at this noise ({len(unit_seconds)} units timed: "
+            f"{rounds_needed()} needed for a {LEVEL:.0%} interval)"
+        )
+    span = f"{units} x [{low:.3g}, {high:.3g}] s = [{units * low:.4g}, {units * high:.4g}] s"
+    if units * high < goal_seconds:
+        return f"met ({span} under {goal_seconds:.4g} s)"
+    if units * low > goal_seconds:
+        return f"missed ({span} over {goal_seconds:.4g} s)"
+    return f"not resolved at this noise ({span} holds {goal_seconds:.4g} s)"
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The verdicts of one comparison group and what to use, with the spread of its rounds.
+
+    Attributes:
+        scope: What was compared (an arm, a model and batch), for the printed lines and keys.
+        verdicts: Every option against the reference.
+        use: The ``use: ...`` line (among the choosable options only).
+        spreads: Seconds per round of every option: the spread of the rounds.
+    """
+
+    scope: str
+    verdicts: tuple[Verdict, ...]
+    use: str
+    spreads: dict[str, Spread]
+
+    @property
+    def lines(self) -> list[str]:
+        head = f"{self.scope}: " if self.scope else ""
+        spread = ", ".join(f"{n} {s.min:.4g}-{s.max:.4g} s" for n, s in self.spreads.items())
+        return (
+            [f"{head}rounds' spread (min-max s per round): {spread}"]
+            + [f"{head}{v.line}" for v in self.verdicts]
+            + [f"{head}{self.use}"]
+        )
+
+    def metrics(self) -> dict[str, float]:
+        """``verdict/<scope>/<name>_vs_<reference>/{ratio,low,high,resolved}`` (NaNs left out)."""
+        out: dict[str, float] = {}
+        for v in self.verdicts:
+            key = f"verdict/{self.scope}/{v.name}_vs_{v.reference}".replace("//", "/")
+            for what, value in (("ratio", v.ratio), ("low", v.low), ("high", v.high)):
+                if math.isfinite(value):
+                    out[f"{key}/{what}"] = value
+            out[f"{key}/resolved"] = float(v.word != "not resolved")
+        return out
+
+    def columns(self, name: str) -> dict[str, object]:
+        """Table columns of option ``name``: its verdict against the reference, and the use line."""
+        v = next((v for v in self.verdicts if v.name == name), None)
+        return {
+            "verdict_reference": self.verdicts[0].reference if self.verdicts else name,
+            "verdict": v.word if v else "reference",
+            "verdict_ratio": v.ratio if v else 1.0,
+            "verdict_low": v.low if v else math.nan,
+            "verdict_high": v.high if v else math.nan,
+            "use": self.use,
+        }
+
+    @classmethod
+    def from_rows(cls, scope: str, rows: list[dict]) -> "Decision":
+        """The decision back from table rows written with ``columns`` (``variant``, ``repeats``,
+        ``median_s``, ``q1_s``, ``q3_s``, ``min_s``, ``max_s`` besides)."""
+        verdicts = tuple(
+            Verdict(r["variant"], r["verdict_reference"], r["verdict_ratio"], r["verdict_low"],
+                    r["verdict_high"], int(r["repeats"]))
+            for r in rows
+            if r["verdict"] != "reference"
+        )  # fmt: skip
+        spreads = {
+            r["variant"]: Spread(r["median_s"], r["q1_s"], r["q3_s"], r["min_s"], r["max_s"])
+            for r in rows
+        }
+        return cls(scope, verdicts, rows[0]["use"], spreads)
+
+    def tags(self) -> dict[str, str]:
+        """``use.<scope>`` and ``verdict.<scope>.<name>_vs_<reference>``: the words, searchable."""
+        scope = self.scope.replace("/", ".") or "all"
+        tags = {f"use.{scope}": self.use.removeprefix("use: ")}
+        for v in self.verdicts:
+            tags[f"verdict.{scope}.{v.name}_vs_{v.reference}"] = v.word
+        return tags
+
+
+def decide(
+    seconds: dict[str, list[float]],
+    reference: str,
+    choices: list[str] | None = None,
+    scope: str = "",
+) -> Decision:
+    """Verdicts of every option against ``reference`` and the ``use:`` line among ``choices``.
+
+    Args:
+        seconds: Option -> time per unit of work, one value per round, rounds aligned (the
+            same round index was measured at the same time, or on the same work).
+        reference: The option every other is compared with.
+        choices: The options a user can pick (default: all); the others (a measurement
+            only, or a different amount of work) get a verdict but are never proposed.
+        scope: Name of the comparison group.
+    """
+    options = list(seconds)
+    if reference not in seconds:
+        raise ValueError(f"decide: reference {reference!r} is not one of {options}")
+    verdicts = tuple(compare(seconds, n, reference) for n in options if n != reference)
+    chosen = [n for n in (choices if choices is not None else options) if n in seconds]
+    spreads = {n: Spread.of(seconds[n]) for n in options}
+    return Decision(scope, verdicts, use_line(seconds, chosen), spreads)
