@@ -108,7 +108,7 @@ def _readme(name: str, digest: str, reported: int, runs: int) -> str:
   the first k + 1 layers re-initialised (nested: one draw), `sanity_independent/<metric>/<method>`
   (S, N), only layer k re-initialised, each with metric `rho`, `abs_rho` (Spearman rho of the
   absolute values) and `ssim`, the map of the randomised model against the trained model's (an
-  export made before issue 48 holds `sanity/<method>` (L, N) instead: rho with the top 1..L
+  older export holds `sanity/<method>` (L, N) instead: rho with the top 1..L
   blocks replaced by fresh noise per step, head, final norm and embeddings trained).
   Exported since the sample rule
   (docs/attribution.md, "Which images"): `sample_classes` and `class_counts` (C,), the scored images

@@ -151,7 +151,7 @@ def _readme(name: str, digest: str, reported: int, runs: int) -> str:
   (pairs, blocks, heads) for denoising (clean into the corrupted run) and `noising_*` the same
   for noising (corrupted into the clean run); `resid_reads` (blocks, tokens), the positions the
   readout depends on; the pairs (`clean_index`, `source_index`, labels, `replaced`). Exports
-  made before issue 48 lack `noising_*` and `resid_reads`.
+  made before noising existed lack `noising_*` and `resid_reads`.
 """,
     )
 

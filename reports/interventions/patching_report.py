@@ -138,11 +138,11 @@ def agreement_blocks(cells: dict[int, dict]) -> list[Block]:
         f"seeds' maps, mean [min, max] over the {len(list(itertools.combinations(cells, 2)))} "
         "pairs, per block over the locations not fixed by construction. Fixed locations (0 or 1 "
         f"in every model whatever it learnt, which agree by construction) are {how}; left out: "
-        f"{int(fixed.sum())} of {fixed.size}. Over every location, fixed ones included (as read "
-        f"before issue 48): {_agreement(everything)}."
+        f"{int(fixed.sum())} of {fixed.size}. Over every location, fixed ones included ("
+        f"as older reports read it): {_agreement(everything)}."
     ]
     if not has_noising(cells):
-        said.append("This evidence predates noising (issue 48): only denoising was run.")
+        said.append("This evidence predates noising: only denoising was run.")
     return [
         Para(" ".join(said)),
         Table(
