@@ -417,3 +417,29 @@ def test_jobs_benchmark_layouts_quick_protocol_and_ratios(tmp_path):
     assert agreement(rows) == [
         "1 thread(s): layouts 1x1, 2x1 gave the same best validation accuracy in every cell"
     ]
+
+
+def test_jobs_benchmark_logs_its_verdicts_and_load(mlflow_store, tmp_path):
+    from studies.benchmarks.jobs_benchmark import layout_decision, summarize
+    from tracking.kinds.benchmark_runs import log_jobs_benchmark
+
+    # Six rounds, 2x1 faster than 1x2 in every one: resolved, and the use line names it.
+    rows = [
+        {"round": r, "jobs": j, "threads": t, "wall_s": w, "cells": {"a/0": 0.5, "b/0": 0.6}}
+        for r in range(1, 7)
+        for j, t, w in ((2, 1, 100.0 + r), (1, 2, 130.0 - r))
+    ]
+    per_layout, text = summarize(rows, (1, 2), "t", Load(5.0, 6.0, 2))
+    assert "layouts: 2x1 vs 1x2: faster" in text and "layouts: use: 2x1 (resolved faster" in text
+    for name in ("results.csv", "summary.md"):
+        (tmp_path / name).write_text(text)
+    decision = layout_decision(rows, (1, 2))
+    run_id = log_jobs_benchmark(
+        per_layout, tmp_path, {"protocol": "p", "layouts": "2x1,1x2"}, decision,
+        Load(5.0, 6.0, 2).as_dict(),
+    )  # fmt: skip
+    run = MlflowClient().get_run(run_id)
+    assert run.data.tags["verdict.layouts.2x1_vs_1x2"] == "faster", run.data.tags
+    assert run.data.tags["use.layouts"].startswith("2x1 (resolved faster")
+    assert run.data.metrics["load/start"] == 5.0 and run.data.metrics["load/end"] == 6.0
+    assert run.data.metrics["verdict/layouts/2x1_vs_1x2/high"] < 1.0
