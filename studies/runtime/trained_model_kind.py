@@ -149,9 +149,8 @@ class TrainedModelKind(StudyKind):
 
     def __init__(self, options: StudyOptions, strict: bool = False) -> None:
         self.options = options
-        self.strict = (
-            strict  # refuse evaluated images too thin to speak for the data (``sample_line``)
-        )
+        # refuse evaluated images too thin to speak for the data (``sample_line``)
+        self.strict = strict
         self.command_started = time.perf_counter()  # the "in all" of the summary: from the start
 
     def images_words(self, protocol) -> str:
