@@ -101,6 +101,13 @@ def test_attribute_logs_every_method_a_rerun_computes_nothing_and_the_report_reb
         "## Attention concentration per block (vit)" in md
         and "The model has no register tokens." in md
     )
+    # issue 48 [AA]: the scored images per class (6 of a tiny split: too thin, so --strict refuses),
+    # and the high-norm detector's planted positive control, run in every cell
+    assert "## Scored images" in md and "a class-stratified sample of 6" in md, md[:2000]
+    assert any(p.startswith("sample: vit: ") for p in result.problems), result.problems
+    assert "Positive control of the high-norm detector" in md and "shown to detect" in md
+    for cell, _ in kinds.checked_cells("tiny_faithfulness", "attribution"):
+        assert cell.data.metrics["norm_control/detects"] == 1.0, cell.data.metrics
     assert sorted(p.name for p in result.figures) == [
         "concentration_vit.png",
         "curves_vit.png",

@@ -121,6 +121,8 @@ class AttributionStudy(TrainedModelKind):
         return None, {
             "split": s.split,
             "images": s.images,
+            "sample": s.sample,
+            **({"sample_seed": s.sample_seed} if s.sample == "stratified" else {}),
             "batch_size": s.batch_size,
             "methods": ",".join(s.methods),
             "norm_threshold": s.norm_threshold,

@@ -158,9 +158,8 @@ class TrainedModelKind(StudyKind):
         self, options: StudyOptions, strict: bool = False, cells_from: str | None = None
     ) -> None:
         self.options = options
-        self.strict = (
-            strict  # refuse evaluated images too thin to speak for the data (``sample_line``)
-        )
+        # refuse evaluated images too thin to speak for the data (``sample_line``)
+        self.strict = strict
         self.command_started = time.perf_counter()  # the "in all" of the summary: from the start
         # --cells-from: the acted-on cells from a published study's evidence, not from the store
         self.published = PublishedCells(cells_from) if cells_from else None
