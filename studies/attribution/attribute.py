@@ -35,7 +35,7 @@ from tracking.record.sink import RunSink
 from workbench.attribution import AttributionError, as_glassbox, score_cell
 from workbench.attribution.controls import Controls
 from workbench.data import PreparedData, PreparedSplit
-from workbench.interventions.evaluate import Inputs
+from workbench.interventions.evaluate import ATTRIBUTION_AS_TRAINED, Inputs
 from workbench.protocol import AttributionProtocol, InterventionCell, load_attribution_protocol
 from workbench.train.evaluate import ReloadProof
 
@@ -76,8 +76,7 @@ class AttributionStudy(TrainedModelKind):
     error = AttributionError
     done = "scored"
     work = "scoring attributions"
-    # Scored in float32 whatever the cell trained with: the drops' effects are differences of log-probabilities.
-    cell_precision = False
+    cell_precision = ATTRIBUTION_AS_TRAINED  # float32: see workbench.interventions.evaluate
     settings_section = "settings"
     images_words = "the first "
 
