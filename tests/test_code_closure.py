@@ -192,3 +192,23 @@ def test_the_folder_algorithm_reproduces_the_fingerprints_stores_hold(tmp_path):
     # The training value pinned at 9e95af9 in tests/test_train_fingerprint.py (same versions).
     assert got["training"] == "f21508dc0b966d22", got
     assert len(set(got.values())) == 4
+
+
+@pytest.mark.parametrize("mapped", [True, False], ids=["re-pinned", "other code"])
+def test_a_report_takes_cells_of_an_older_fingerprint_of_the_same_code(monkeypatch, mapped):
+    """The intervention and attribution reports' choice (``choose_cells``): the newest finished run's
+    code, and the cells stored under a fingerprint ``SAME_CODE`` maps to it; never other code."""
+    from tracking.kinds.intervention_runs import choose_cells
+    from tracking.record.queries import CellRecord
+    from workbench import code_history
+
+    old, new = "0123456789abcdef", "fedcba9876543210"
+    if mapped:
+        monkeypatch.setitem(code_history._NEWER, old, new)
+
+    def record(run_id: str, arm: str, code: str, end: int) -> CellRecord:
+        params = {"code_fingerprint": code}
+        return CellRecord(run_id, arm, 0, "FINISHED", "c", "false", end, end, "", params, {})
+
+    chosen = choose_cells([record("r1", "a", old, 1), record("r2", "b", new, 2)])
+    assert sorted(chosen) == ([("a", 0), ("b", 0)] if mapped else [("b", 0)]), chosen

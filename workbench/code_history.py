@@ -40,12 +40,12 @@ _NEWER = {old: new for _, old, new in SAME_CODE}
 # The folders (under workbench/) each kind hashed before the import closure, and single files
 # added to attribution's: what ``folder_fingerprints`` recomputes.
 _TRAINING_FOLDERS = ("data", "models", "train", "convert")
-FOLDERS = {
-    "training": _TRAINING_FOLDERS,
-    "transfer": (*_TRAINING_FOLDERS, "transfer"),
-    "intervention": (*_TRAINING_FOLDERS, "interventions"),
-    "attribution": (*_TRAINING_FOLDERS, "interventions", "attribution"),
-}
+FOLDERS = (
+    ("training", _TRAINING_FOLDERS),
+    ("transfer", (*_TRAINING_FOLDERS, "transfer")),
+    ("intervention", (*_TRAINING_FOLDERS, "interventions")),
+    ("attribution", (*_TRAINING_FOLDERS, "interventions", "attribution")),
+)
 _ATTRIBUTION_FILES = ("analysis/rollout.py",)
 
 
@@ -69,7 +69,7 @@ def same_code(stored: str | None, current: str) -> bool:
 
 def older_names(current: str) -> list[str]:
     """Every older fingerprint ``SAME_CODE`` leads from to ``current``, the latest move's first."""
-    return [old for _, old, _ in reversed(SAME_CODE) if old != current and same_code(old, current)]
+    return [old for old in reversed(_NEWER) if old != current and same_code(old, current)]
 
 
 def _folder_hash(root: Path, folders: tuple[str, ...], versions: dict[str, str]) -> str:
@@ -94,7 +94,7 @@ def folder_fingerprints(library: Path, versions: dict[str, str]) -> dict[str, st
     The folders' syntax trees in sorted order, then the versions; attribution's is the sha256 of
     that hash extended by ``analysis/rollout.py`` (as ``tracking.kinds.attribution_runs`` had it).
     """
-    out = {kind: _folder_hash(library, folders, versions) for kind, folders in FOLDERS.items()}
+    out = {kind: _folder_hash(library, folders, versions) for kind, folders in FOLDERS}
     digest = hashlib.sha256(out["attribution"].encode())
     for name in _ATTRIBUTION_FILES:
         data = source_meaning((library / name).read_text(encoding="utf-8"), filename=name).encode()

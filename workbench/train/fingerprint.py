@@ -130,21 +130,19 @@ def imported_names(tree: ast.AST, package: str) -> set[str]:
 
 
 @lru_cache(maxsize=4096)
-def _parsed(
-    path: str, relative: str, package: str, stamp: tuple[int, int]
-) -> tuple[str, frozenset]:
-    # Keyed by the file's modification time and size too: a test that edits a copy sees the edit.
-    tree = ast.parse(Path(path).read_text(encoding="utf-8"), filename=relative)
+def _parsed(source: str, relative: str, package: str) -> tuple[str, frozenset]:
+    # Keyed by the text itself: reading a file is cheap, parsing it is what the cache saves, and
+    # an edited file (a test's copy) is parsed again.
+    tree = ast.parse(source, filename=relative)
     names = frozenset(imported_names(tree, package))
     return canonical_tree(_strip_docstrings(tree)), names
 
 
 def _read(root: Path, path: Path) -> tuple[str, frozenset]:
-    """(syntax tree without docstrings, imported names) of one project file, parsed once per edit."""
-    stat = path.stat()
+    """(syntax tree without docstrings, imported names) of one project file, parsed once per text."""
     _, package = _module_name(root, path)
     relative = path.relative_to(root).as_posix()
-    return _parsed(str(path), relative, package, (stat.st_mtime_ns, stat.st_size))
+    return _parsed(path.read_text(encoding="utf-8"), relative, package)
 
 
 def root_files(
