@@ -30,10 +30,10 @@ SAME_CODE = (
     # folders -> import closure: the folder fingerprints of main at 9e95af9 (what its cells hold)
     # -> the closure fingerprints of the code that moved to the closure, which computes the same
     # results (python scripts/repin_fingerprints.py 9e95af9 <that commit>; docs/study-record.md)
-    ("training", "cd75a476b2728c95", "3079b8067e63d72c"),
-    ("transfer", "e64a88a54d14a751", "4ce041cd7748dd14"),
-    ("intervention", "c7f4a644f31320eb", "dfe8efbcb0bf2b02"),
-    ("attribution", "af8145884ad9f5a4", "9f5bb505ddbe60ff"),
+    ("training", "cd75a476b2728c95", "cef6629c234a6728"),
+    ("transfer", "e64a88a54d14a751", "ae21592b16719253"),
+    ("intervention", "c7f4a644f31320eb", "9c62a1a94a54a46d"),
+    ("attribution", "af8145884ad9f5a4", "4ec5a82106980462"),
 )
 _NEWER = {old: new for _, old, new in SAME_CODE}
 
