@@ -24,6 +24,7 @@ import pandas as pd
 from tracking.record import queries
 from tracking.record.protocol_runs import reap_dead_runs
 from tracking.record.queries import CellRecord, QueryError
+from workbench.code_history import same_code
 from workbench.protocol import SHORT_HASH_LEN, load_protocol
 from workbench.report_content.portable import relative
 
@@ -303,7 +304,8 @@ def assemble_study(
         records=list(records),
     )
     # Runs group by the fingerprint of the code that computed them: without --commit the
-    # report uses the group of the newest finished run, never a mix of code versions.
+    # report uses the group of the newest finished run, never a mix of code versions (a
+    # fingerprint ``workbench.code_history`` maps to another names the same code).
     code = lambda r: r.params.get("code_fingerprint", "")  # noqa: E731
     done = [r for r in records if r.status == "FINISHED"]
     group = code(_newest(done)) if done and commit is None else None
@@ -312,7 +314,7 @@ def assemble_study(
             mine = [r for r in records if (r.arm, r.seed) == (arm, seed)]
             finished = [r for r in mine if r.status == "FINISHED"]
             usable = (
-                [r for r in finished if code(r) == group]
+                [r for r in finished if same_code(code(r), group)]
                 if group is not None
                 else [
                     r

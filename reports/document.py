@@ -15,6 +15,7 @@ from reports.provenance import BuildInputs
 from reports.common.convergence import convergence_blocks
 from reports.render import Block, Bullets, Figure, Heading, Para, Table
 from reports.tables import ArmSummary
+from workbench.code_history import current_name
 from workbench.report_content.numbers import mean_interval
 from workbench.report_content.portable import portable_text
 from workbench.report_content.predictions import DegenerateReport, degenerate_predictions
@@ -133,7 +134,10 @@ def warning_items(study: StudyData, conflicts: list[str] = ()) -> list[str]:
                 "seeds may not be paired on identical data"
             )
     commits = sorted({r.commit for r in chosen})
-    code = {r.params.get("code_fingerprint") or r.tags.get("code_fingerprint") for r in chosen}
+    code = {
+        current_name(r.params.get("code_fingerprint") or r.tags.get("code_fingerprint"))
+        for r in chosen
+    }
     if len(commits) > 1 and (len(code) > 1 or None in code):
         out.append(
             f"the chosen runs come from {len(commits)} code commits ({', '.join(c[:10] for c in commits)}); "

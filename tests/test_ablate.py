@@ -188,6 +188,72 @@ def test_status_finds_a_study_whose_experiment_was_renamed_as_ablate_does(setup)
     assert client.get_experiment_by_name("tiny") is None, "status created an experiment"
 
 
+@pytest.mark.parametrize("mapped", [True, False], ids=["re-pinned", "other code"])
+def test_a_study_stored_under_an_older_fingerprint_of_the_same_code_still_counts(
+    setup, monkeypatch, mapped
+):
+    """A parent and finished cells stored under a fingerprint ``SAME_CODE`` maps to this code's are
+    this study's: status skips the cells and finds the parent, ablate queues none of them, and a
+    keyed kind's cell finds its finished run by its old key. Unmapped, the same runs are other code."""
+    from click.testing import CliRunner
+    from mlflow.entities import Param, RunStatus
+
+    from studies.cli import main
+    from studies.runtime.study_execution import finished_cells
+    from tracking.record.cell_runs import same_code_key
+    from tracking.record.protocol_runs import study_key, study_runs
+    from workbench import code_history
+    from workbench.train.fingerprint import current_code_fingerprint
+
+    old, current = "0123456789abcdef", current_code_fingerprint()
+    if mapped:
+        monkeypatch.setitem(code_history._NEWER, old, current)
+    tmp_path, _ = setup
+    path = write_protocol(tmp_path, epochs=1)
+    protocol = open_protocol(str(path), allow_dirty=True)
+    client = MlflowClient()
+    experiment = client.get_experiment_by_name("tiny").experiment_id
+    parent = client.create_run(
+        experiment,
+        tags={
+            "parent": "true",
+            "protocol_name": "tiny",
+            "protocol_hash": protocol.hash,
+            "study_key": study_key(protocol, old),
+        },
+    ).info.run_id
+    for cell in protocol.cells():
+        run = client.create_run(
+            experiment,
+            tags={
+                "cell": "true",
+                "protocol_name": "tiny",
+                "protocol_hash": protocol.hash,
+                "arm": cell.arm,
+                "seed": str(cell.seed),
+                "mlflow.parentRunId": parent,
+                "run_key": f"{cell.key}|{old}",
+            },
+        )
+        client.log_batch(run.info.run_id, params=[Param("code_fingerprint", old)])
+        client.set_terminated(run.info.run_id, RunStatus.to_string(RunStatus.FINISHED))
+    client.set_terminated(parent, RunStatus.to_string(RunStatus.FINISHED))
+    result = CliRunner().invoke(main, ["status", "--protocol", str(path)])
+    assert result.exit_code == 0, result.output
+    cells = {(c.arm, c.seed) for c in protocol.cells()}
+    key_for = lambda code: f"{protocol.cells()[0].key}|{code}"  # noqa: E731
+    if mapped:
+        assert "next ablate: skip it x4" in result.output, result.output
+        assert f"parent run {parent}: FINISHED" in result.output, result.output
+        assert finished_cells(protocol) == cells
+        assert [r.info.run_id for r in study_runs(protocol)] == [parent]
+        assert same_code_key("tiny", key_for, current) == key_for(old)
+    else:
+        assert "skip it x4" not in result.output, result.output
+        assert finished_cells(protocol) == set() and study_runs(protocol) == []
+        assert same_code_key("tiny", key_for, current) == key_for(current)
+
+
 @pytest.mark.slow  # 12-21 s on 2 busy cores: keeps the default tier under 5 minutes (docs/testing.md)
 def test_a_changed_protocol_with_the_same_name_is_refused(setup):
     tmp_path, folder = setup

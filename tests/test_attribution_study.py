@@ -355,16 +355,16 @@ def test_exported_arrays_read_back_the_same_and_a_changed_file_is_refused(tmp_pa
 
 
 def test_the_attribution_fingerprint_covers_rollout_and_the_libraries_but_not_figures(tmp_path):
-    from workbench.train.fingerprint import LIBRARY_ROOT
+    from workbench.train.fingerprint import LIBRARY_ROOT, PROJECT_ROOT
 
-    root = tmp_path / "workbench"
+    root = tmp_path / "repo"
     for path in LIBRARY_ROOT.rglob("*.py"):
         if "__pycache__" not in path.parts:
-            target = root / path.relative_to(LIBRARY_ROOT)
+            target = root / path.relative_to(PROJECT_ROOT)
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_bytes(path.read_bytes())
     versions = {"torch": "1", "timm": "2"}
-    here = attribution_runs.attribution_fingerprint(LIBRARY_ROOT, versions)
+    here = attribution_runs.attribution_fingerprint(PROJECT_ROOT, versions)
     assert (
         attribution_runs.attribution_fingerprint(root, versions) == here
     )  # a copy is the same code
@@ -375,11 +375,13 @@ def test_the_attribution_fingerprint_covers_rollout_and_the_libraries_but_not_fi
         "attribution/cell.py",
         "interventions/forward.py",
         "models/vit.py",
+        "precision.py",
+        "transfer/source_model.py",
         "analysis/attention_figures.py",
         "attribution/attribution_figures.py",
         "stats.py",
     ):
-        path = root / name
+        path = root / "workbench" / name
         before = path.read_bytes()
         path.write_bytes(before + b"\n_EDITED = 1\n")  # a statement: comments are not code
         changed[name] = attribution_runs.attribution_fingerprint(root, versions) != here
@@ -390,9 +392,11 @@ def test_the_attribution_fingerprint_covers_rollout_and_the_libraries_but_not_fi
         "attribution/cell.py": True,
         "interventions/forward.py": True,
         "models/vit.py": True,
+        "precision.py": True,  # imported by the training loop and the acting kinds' inputs
+        "transfer/source_model.py": True,  # the acted-on cell's adapter, imported
         "analysis/attention_figures.py": False,
         "stats.py": False,
-        "attribution/attribution_figures.py": True,
-    }  # a figure module inside the package: the package's rule
+        "attribution/attribution_figures.py": False,  # figures: read side, imported by no result code
+    }
     assert changed == want, {k: v for k, v in changed.items() if want[k] != v}
     assert attribution_runs.attribution_fingerprint(root, {"torch": "3", "timm": "2"}) != here

@@ -5,12 +5,12 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from workbench.code_history import TEXT_TO_TREE, same_code
+from workbench.code_history import SAME_CODE, same_code
 from workbench.train.fingerprint import (
-    RESULT_PACKAGES,
+    TRAINING_ROOTS,
     code_fingerprint,
     current_code_fingerprint,
-    result_source_files,
+    import_closure,
     source_meaning,
 )
 
@@ -32,18 +32,21 @@ def copy_checkout(tmp_path: Path) -> Path:
 
 
 def test_the_fingerprint_covers_data_model_and_training_code_in_a_fixed_order():
-    files = [p.relative_to(ROOT / "workbench").as_posix() for p in result_source_files()]
-    assert files == sorted(files) and {"models/vit.py", "train/loop.py", "data/prepare.py"} <= set(
-        files
-    )
-    assert all(f.split("/")[0] in RESULT_PACKAGES for f in files)
+    files = import_closure(TRAINING_ROOTS)
+    assert files == sorted(files) and {
+        "workbench/models/vit.py",
+        "workbench/train/loop.py",
+        "workbench/data/prepare.py",
+        "workbench/precision.py",  # imported by the training loop, outside the root folders
+    } <= set(files)
+    assert all(f.startswith("workbench/") for f in files)
     assert current_code_fingerprint() == code_fingerprint()  # cached value is the real one
 
 
 def test_docs_tests_and_cli_text_leave_it_unchanged_model_and_training_code_change_it(tmp_path):
     repo = copy_checkout(tmp_path)
     lib = repo / "workbench"
-    before = code_fingerprint(lib, versions=VERSIONS)
+    before = code_fingerprint(repo, versions=VERSIONS)
     (repo / "README.md").write_text((repo / "README.md").read_text() + "\nA typo fixed.\n")
     cli = repo / "studies" / "ablation" / "ablate.py"
     cli.write_text(
@@ -53,21 +56,21 @@ def test_docs_tests_and_cli_text_leave_it_unchanged_model_and_training_code_chan
     )
     (repo / "tests" / "test_ablate.py").write_text("# a new test\n")
     (lib / "stats.py").write_text((lib / "stats.py").read_text() + "\n# statistics are read-side\n")
-    assert code_fingerprint(lib, versions=VERSIONS) == before
+    assert code_fingerprint(repo, versions=VERSIONS) == before
 
     vit = lib / "models" / "vit.py"
     vit.write_text(vit.read_text() + "\n# a comment in the model is not a change of the model\n")
-    assert code_fingerprint(lib, versions=VERSIONS) == before
+    assert code_fingerprint(repo, versions=VERSIONS) == before
     vit.write_text(vit.read_text() + "\nMODEL_CONSTANT = 1\n")
-    after_model = code_fingerprint(lib, versions=VERSIONS)
+    after_model = code_fingerprint(repo, versions=VERSIONS)
     assert after_model != before
     loop = lib / "train" / "loop.py"
     loop.write_text(
         loop.read_text().replace("min_ratio + (1 - min_ratio)", "min_ratio + (1.0 - min_ratio)")
     )
-    assert code_fingerprint(lib, versions=VERSIONS) not in (before, after_model)
-    assert code_fingerprint(lib, versions={**VERSIONS, "torch": "2.1"}) != code_fingerprint(
-        lib, versions=VERSIONS
+    assert code_fingerprint(repo, versions=VERSIONS) not in (before, after_model)
+    assert code_fingerprint(repo, versions={**VERSIONS, "torch": "2.1"}) != code_fingerprint(
+        repo, versions=VERSIONS
     )
 
 
@@ -149,14 +152,14 @@ def test_a_reformat_of_every_result_file_changes_no_fingerprint(tmp_path):
     import ast
 
     repo = copy_checkout(tmp_path)
-    lib = repo / "workbench"
-    before = code_fingerprint(lib, versions=VERSIONS)
-    for path in result_source_files(lib):
+    before = code_fingerprint(repo, versions=VERSIONS)
+    for relative in import_closure(TRAINING_ROOTS, repo):
+        path = repo / relative
         text = path.read_text()
         rewritten = ast.unparse(ast.parse(text))
         assert rewritten != text or not text.strip()
         path.write_text(rewritten + "\n")
-    assert code_fingerprint(lib, versions=VERSIONS) == before
+    assert code_fingerprint(repo, versions=VERSIONS) == before
 
 
 def test_ruff_format_changes_no_fingerprint(tmp_path):
@@ -173,16 +176,16 @@ def test_ruff_format_changes_no_fingerprint(tmp_path):
     repo = copy_checkout(tmp_path)
     sh.copy(ROOT / "pyproject.toml", repo / "pyproject.toml")
     lib = repo / "workbench"
-    before = code_fingerprint(lib, versions=VERSIONS)
+    before = code_fingerprint(repo, versions=VERSIONS)
     # A narrower line than the project's forces the formatter to move nearly every long line.
     subprocess.run(
         [ruff, "format", "--line-length", "60", "--quiet", str(lib)], check=True, cwd=repo
     )
-    assert code_fingerprint(lib, versions=VERSIONS) == before
+    assert code_fingerprint(repo, versions=VERSIONS) == before
 
 
 def test_cells_under_the_last_text_fingerprint_count_as_the_same_code():
-    ((text_fp, tree_fp),) = TEXT_TO_TREE.items()
+    _, text_fp, tree_fp = SAME_CODE[0]
     assert same_code(tree_fp, tree_fp) and same_code(text_fp, tree_fp)
     assert not same_code(text_fp, "0123456789abcdef") and not same_code(None, tree_fp)
     assert not same_code("0123456789abcdef", tree_fp)

@@ -1,24 +1,104 @@
-"""Fingerprints that name the same training code: the one-time move from text to syntax trees.
+"""Fingerprints that name the same code: each announced move of how the code identity is computed.
 
-Until commit "Code identity from the syntax tree" the training code fingerprint
-(``workbench.train.fingerprint``) hashed the files' text; since then it hashes their syntax
-trees without docstrings. Every fingerprint changed once then, for the same code. This table
-lets ``status``, ``ablate`` and ``reproduce`` recognise cells stored under the last text
-fingerprint as trained by the code that has the tree fingerprint it maps to. It is kept outside
-the hashed folders (data, models, train, convert), since it holds the hash of those folders.
+The code fingerprints (``workbench.train.fingerprint`` and each kind's in ``tracking.kinds``) changed
+twice for the same code: once when they moved from the files' text to their syntax trees, once when
+they moved from fixed folders to the import closure of the code that computes results. ``SAME_CODE``
+holds, per kind, the old fingerprint of the code at that move and the new fingerprint of the same
+code; ``status``, ``ablate``, ``reproduce``, the reports and the acting kinds' cell keys go through
+``same_code``, ``current_name`` and ``older_names``, so a cell stored under an old value still counts
+as trained by the code the new value names. Every other pair of fingerprints means other code.
+
+Fingerprints are 64-bit hashes, so no old value of one kind is a value of another: the lookups need
+no kind (the kind column is for the reader and for ``scripts/repin_fingerprints.py``). No hashed
+code imports this module: a table of fingerprints cannot be part of what it hashes.
+
+``folder_fingerprints`` keeps the folder algorithm that computed the values stores hold from before
+the import closure, so that the old side of a re-pin can be computed for any commit.
 """
 
 from __future__ import annotations
 
-# The last text fingerprint (torch 2.14.1, timm 1.0.31: main at aa84a9a) -> the tree
-# fingerprint of the same files at the same versions.
-TEXT_TO_TREE = {"f2c09a41af712f3e": "ff2ef10cdf4136e8"}
+import hashlib
+from pathlib import Path
+
+from workbench.train.fingerprint import FINGERPRINT_CHARS, source_meaning
+
+# (kind, old fingerprint, new fingerprint of the same code), at torch 2.14.1 and timm 1.0.31.
+SAME_CODE = (
+    # the last text fingerprint (main at aa84a9a) -> its syntax-tree fingerprint
+    ("training", "f2c09a41af712f3e", "ff2ef10cdf4136e8"),
+    # folders -> import closure: the folder fingerprints of main at 9e95af9 (what its cells hold)
+    # -> the closure fingerprints of the code that moved to the closure, which computes the same
+    # results (python scripts/repin_fingerprints.py 9e95af9 <that commit>; docs/study-record.md)
+    ("training", "cd75a476b2728c95", "cef6629c234a6728"),
+    ("transfer", "e64a88a54d14a751", "ae21592b16719253"),
+    ("intervention", "c7f4a644f31320eb", "9c62a1a94a54a46d"),
+    ("attribution", "af8145884ad9f5a4", "4ec5a82106980462"),
+)
+_NEWER = {old: new for _, old, new in SAME_CODE}
+
+# The folders (under workbench/) each kind hashed before the import closure, and single files
+# added to attribution's: what ``folder_fingerprints`` recomputes.
+_TRAINING_FOLDERS = ("data", "models", "train", "convert")
+FOLDERS = (
+    ("training", _TRAINING_FOLDERS),
+    ("transfer", (*_TRAINING_FOLDERS, "transfer")),
+    ("intervention", (*_TRAINING_FOLDERS, "interventions")),
+    ("attribution", (*_TRAINING_FOLDERS, "interventions", "attribution")),
+)
+_ATTRIBUTION_FILES = ("analysis/rollout.py",)
+
+
+def current_name(fingerprint: str | None) -> str | None:
+    """The newest fingerprint that names the same code as ``fingerprint`` (itself when none does)."""
+    seen = set()
+    while fingerprint in _NEWER and fingerprint not in seen:
+        seen.add(fingerprint)
+        fingerprint = _NEWER[fingerprint]
+    return fingerprint
 
 
 def same_code(stored: str | None, current: str) -> bool:
     """Whether a stored cell's fingerprint names the code whose fingerprint is ``current``.
 
-    True when equal, or when ``stored`` is the text fingerprint that ``TEXT_TO_TREE`` maps to
-    ``current`` (cells trained before the fingerprint moved to syntax trees).
+    True when equal, or when ``SAME_CODE`` leads from one to the other (cells trained before a
+    move of how the fingerprint is computed).
     """
-    return stored is not None and (stored == current or TEXT_TO_TREE.get(stored) == current)
+    return stored is not None and current_name(stored) == current_name(current)
+
+
+def older_names(current: str) -> list[str]:
+    """Every older fingerprint ``SAME_CODE`` leads from to ``current``, the latest move's first."""
+    return [old for old in reversed(_NEWER) if old != current and same_code(old, current)]
+
+
+def _folder_hash(root: Path, folders: tuple[str, ...], versions: dict[str, str]) -> str:
+    files = sorted(
+        (p for f in folders for p in (root / f).rglob("*.py") if "__pycache__" not in p.parts),
+        key=lambda p: p.relative_to(root).as_posix(),
+    )
+    digest = hashlib.sha256()
+    for path in files:
+        relative = path.relative_to(root).as_posix()
+        data = source_meaning(path.read_text(encoding="utf-8"), filename=relative).encode()
+        digest.update(f"{relative}\0{len(data)}\0".encode())
+        digest.update(data)
+    for name, version in sorted(versions.items()):
+        digest.update(f"{name}=={version}\0".encode())
+    return digest.hexdigest()[:FINGERPRINT_CHARS]
+
+
+def folder_fingerprints(library: Path, versions: dict[str, str]) -> dict[str, str]:
+    """Each kind's fingerprint as computed before the import closure, of the ``workbench/`` at ``library``.
+
+    The folders' syntax trees in sorted order, then the versions; attribution's is the sha256 of
+    that hash extended by ``analysis/rollout.py`` (as ``tracking.kinds.attribution_runs`` had it).
+    """
+    out = {kind: _folder_hash(library, folders, versions) for kind, folders in FOLDERS}
+    digest = hashlib.sha256(out["attribution"].encode())
+    for name in _ATTRIBUTION_FILES:
+        data = source_meaning((library / name).read_text(encoding="utf-8"), filename=name).encode()
+        digest.update(f"\0{name}\0{len(data)}\0".encode())
+        digest.update(data)
+    out["attribution"] = digest.hexdigest()[:FINGERPRINT_CHARS]
+    return out

@@ -36,7 +36,7 @@ from workbench.attribution import AttributionError, as_glassbox, score_cell
 from workbench.attribution.controls import Controls
 from workbench.attribution.token_norms import PLANTED_IMAGES, planted_control
 from workbench.data import PreparedData, PreparedSplit
-from workbench.interventions.evaluate import Inputs
+from workbench.interventions.evaluate import ATTRIBUTION_AS_TRAINED, Inputs
 from workbench.protocol import AttributionProtocol, InterventionCell, load_attribution_protocol
 from workbench.sample import sample_positions
 from workbench.train.evaluate import ReloadProof
@@ -93,8 +93,7 @@ class AttributionStudy(TrainedModelKind):
     error = AttributionError
     done = "scored"
     work = "scoring attributions"
-    # Scored in float32 whatever the cell trained with: the drops' effects are differences of log-probabilities.
-    cell_precision = False
+    cell_precision = ATTRIBUTION_AS_TRAINED  # float32: see workbench.interventions.evaluate
     settings_section = "settings"
 
     def images_words(self, protocol: AttributionProtocol) -> str:

@@ -32,7 +32,7 @@ from studies.runtime.study_kind import StudyKind, open_study, run_study, said_in
 from studies.runtime.study_protocol import ProtocolError
 from tracking.kinds import intervention_runs
 from tracking.kinds.transfer_runs import find_finished_cell
-from tracking.record.cell_runs import open_leased_run
+from tracking.record.cell_runs import open_leased_run, same_code_key
 from tracking.kinds.training_runs import log_kernel_identity
 from tracking.record.lease import HEARTBEATS
 from tracking.record.protocol_runs import STARTED_TAG
@@ -41,7 +41,7 @@ from tracking.record.sink import RunSink
 from tracking.store.session import configure_tracking, environment_tags
 from workbench.data import DatasetNotFound, PreparedData, PreparedSplit, prepare
 from workbench.interventions import InterventionError
-from workbench.interventions.evaluate import Inputs
+from workbench.interventions.evaluate import INTERVENTION_AS_TRAINED, Inputs, acted_inputs
 from workbench.interventions.published_cells import PublishedCellError, PublishedCells
 from workbench.interventions.sources import (
     ActedModel,
@@ -53,7 +53,6 @@ from workbench.interventions.sources import (
     trained_cell_model,
 )
 from workbench.models.vit import ViTConfig, VisionTransformer
-from workbench.precision import resolve_amp
 from workbench.protocol import InterventionCell
 from workbench.train.evaluate import ReloadProof
 from workbench.train.loop import resolve_device
@@ -113,12 +112,25 @@ def pretrained_data(spec, data_path: str | None, download: bool) -> tuple[ActedM
 
 
 def inputs_for(
-    ex: TrainedModelExecution, cfg: ViTConfig, *, batch_size: int, amp: str, resize_to: int | None
+    ex: TrainedModelExecution,
+    cfg: ViTConfig,
+    *,
+    batch_size: int,
+    amp: str,
+    resize_to: int | None,
+    as_trained: bool = True,
 ) -> Inputs:
-    """How the model is fed: the data's normalisation, the batch size, the device, size and precision."""
-    if resize_to is None and ex.data.train.images.shape[-1] != cfg.image_hw[-1]:
-        resize_to = cfg.image_hw[-1]  # a pretrained model's input size
-    return Inputs(ex.data.norm, batch_size, ex.device, resize_to, resolve_amp(amp, ex.device))
+    """How the model is fed (``workbench.interventions.evaluate.acted_inputs``) on this execution's data and device."""
+    return acted_inputs(
+        ex.data.norm,
+        ex.data.train.images.shape[-1],
+        cfg.image_hw[-1],
+        batch_size=batch_size,
+        device=ex.device,
+        amp=amp,
+        resize_to=resize_to,
+        as_trained=as_trained,
+    )
 
 
 def evaluated_split(protocol, data: PreparedData, split: str, key: str) -> PreparedSplit:
@@ -151,7 +163,9 @@ class TrainedModelKind(StudyKind):
     done: str  # what a refused cell did not do: "nothing <done>"
     work: str  # the summary's "<seconds> s <work>"
     command_help: str  # the command's help (``trained_model_command``)
-    cell_precision: bool = True  # evaluate in the precision the cell trained with (else float32)
+    # Evaluate in the precision the cell trained with (else float32): the kind's value from
+    # workbench.interventions.evaluate, where the code identity of the acting kinds sees it.
+    cell_precision: bool = INTERVENTION_AS_TRAINED
     settings_section: str = "evaluation"  # the protocol's section with ``split`` and ``batch_size``
 
     def __init__(
@@ -283,8 +297,9 @@ class TrainedModelKind(StudyKind):
             f"report: workbench report --protocol {self.protocol_file}"
         ]
 
-    def cell_key(self, cell: InterventionCell, identity: str) -> str:
-        """Protocol hash, arm, seed, the acted-on weights, data and split, and the code that computes the results."""
+    def cell_key(self, cell: InterventionCell, identity: str, code: str | None = None) -> str:
+        """Protocol hash, arm, seed, the acted-on weights, data and split, and the code that computes
+        the results (``code``, else this kind's ``code_fingerprint()``)."""
         ex = self.ex
         parts = [
             ex.protocol.hash,
@@ -293,7 +308,7 @@ class TrainedModelKind(StudyKind):
             identity,
             ex.data.data_fingerprint,
             ex.data.split_fingerprint,
-            f"code={self.code_fingerprint()}",
+            f"code={code or self.code_fingerprint()}",
         ]
         return hashlib.sha256("|".join(parts).encode()).hexdigest()[:24]
 
@@ -338,8 +353,9 @@ class TrainedModelKind(StudyKind):
             ex,
             model.cfg,
             batch_size=self.settings(p).batch_size,
-            amp=arm.run.amp if self.cell_precision else "off",
+            amp=arm.run.amp,
             resize_to=arm.data.resize_to,
+            as_trained=self.cell_precision,
         )
         description = f"{p.acts_on.protocol} cell {cell.key}, best checkpoint of run {run_id}{read_across_note(trained.config)}"
         return ActedCell(
@@ -376,7 +392,9 @@ class TrainedModelKind(StudyKind):
         )
         opened = open_leased_run(
             p.name,
-            self.cell_key(cell, identity),
+            same_code_key(
+                p.name, lambda code: self.cell_key(cell, identity, code), self.code_fingerprint()
+            ),
             {RUN_NAME: f"{cell.arm}-seed{cell.seed}", **tags},
             self.ex.parent,
         )

@@ -29,7 +29,7 @@ from tracking.record.lease import HEARTBEATS
 from tracking.record.protocol_runs import STARTED_TAG
 from tracking.record.sink import RunSink
 from tracking.store.session import configure_tracking, environment_tags
-from tracking.record.cell_runs import open_leased_run
+from tracking.record.cell_runs import open_leased_run, same_code_key
 from tracking.record.schema import RUN_NAME, SOURCE_IDENTITY, TRANSFER, TRUE, cell_tags
 from workbench.convert.checkpoints import sha256_file
 from workbench.data import DatasetNotFound, PreparedData, SplitSizeError, prepare
@@ -353,12 +353,14 @@ def prepare_execution(
     )
 
 
-def cell_key(ex: "TransferExecution", cell: TransferCell) -> str:
+def cell_key(ex: "TransferExecution", cell: TransferCell, code: str | None = None) -> str:
     """A cell's identity: protocol, regime, seed, source, data and split, and the code that computes results.
 
-    The code is ``transfer_runs.transfer_code_fingerprint()`` (the result library, transfer included, and
-    the torch/timm versions), not the git commit: a commit of docs or reports re-trains nothing.
+    The code is ``code`` or else ``transfer_runs.transfer_code_fingerprint()`` (the import closure of the
+    training and transfer library, and the torch/timm versions), not the git commit: a commit of docs or
+    reports re-trains nothing.
     """
+    code = code or transfer_runs.transfer_code_fingerprint()
     p, data = ex.protocol, ex.data
     return hashlib.sha256(
         "|".join(
@@ -369,7 +371,7 @@ def cell_key(ex: "TransferExecution", cell: TransferCell) -> str:
                 ex.identity,
                 data.data_fingerprint,
                 data.split_fingerprint,
-                f"code={transfer_runs.transfer_code_fingerprint()}",
+                f"code={code}",
             ]
         ).encode()
     ).hexdigest()[:24]
@@ -380,7 +382,9 @@ def select_phase(
 ) -> CellOutcome | OpenCell:
     """Phase 1 for one cell: skip it, reuse its finished selection, or train and select it."""
     p, data = ex.protocol, ex.data
-    key = cell_key(ex, cell)
+    key = same_code_key(
+        p.name, lambda code: cell_key(ex, cell, code), transfer_runs.transfer_code_fingerprint()
+    )
     tags = cell_tags(
         protocol_name=p.name,
         protocol_hash=p.hash,

@@ -37,7 +37,6 @@ and the artifacts ``attribution/per_image.npz`` (compressed; ``PER_IMAGE_KEYS``)
 
 from __future__ import annotations
 
-import hashlib
 import io
 import json
 import math
@@ -57,24 +56,26 @@ from workbench.attribution import CellAttribution
 from workbench.attribution.token_norms import PlantedControl
 from workbench.sample import ClassCounts
 from workbench.train.evaluate import ReloadProof
-from workbench.train.fingerprint import (
-    FINGERPRINT_CHARS,
-    LIBRARY_ROOT,
-    RESULT_PACKAGES,
-    code_fingerprint,
-    source_meaning,
-)
+from workbench.train.fingerprint import PROJECT_ROOT, TRAINING_ROOTS, closure_fingerprint
 
 ARTIFACT_DIR = "attribution"
 PER_IMAGE = f"{ARTIFACT_DIR}/per_image.npz"
 SUMMARY = f"{ARTIFACT_DIR}/summary.json"
-# The interventions and attribution libraries compute these results (the token drop is an
-# intervention's hook), with the training result packages: a change there re-evaluates; a
-# commit of docs, reports or CLI text does not.
-ATTRIBUTION_RESULT_PACKAGES = RESULT_PACKAGES + ("interventions", "attribution")
-# Single files outside those packages that the attribution numbers depend on: rollout's product, and
-# which images are scored (``workbench.sample``).
-ATTRIBUTION_RESULT_FILES = ("analysis/rollout.py", "sample.py")
+# Where the attribution kind's code identity starts (``workbench.train.fingerprint``): the
+# training roots, the interventions library (the token drop is an intervention's hook; the
+# precision and input rule) and the attribution library, with rollout's product; their import
+# closure is hashed with them. Figures, the summary rows and the benchmark only read results.
+ATTRIBUTION_ROOTS = TRAINING_ROOTS + (
+    "workbench/interventions",
+    "workbench/attribution",
+    "workbench/analysis/rollout.py",
+    "workbench/sample.py",  # which images are scored
+)
+ATTRIBUTION_READ_SIDE = (
+    "workbench/interventions/summary.py",
+    "workbench/interventions/benchmark.py",
+    "workbench/attribution/attribution_figures.py",
+)
 # How concentrated CLS attention is per block (``workbench.attribution.concentration``), block first:
 # ``(L, N)`` heads averaged, ``*_heads`` ``(L, N, H)``; ``attention_top_k`` the k of ``cls_attention_topk``.
 # Optional when read: evidence exported before they existed lacks them (the report leaves their table out).
@@ -135,18 +136,10 @@ METHOD_ARRAYS = (
 
 
 def attribution_fingerprint(
-    root: Path = LIBRARY_ROOT, versions: dict[str, str] | None = None
+    root: Path = PROJECT_ROOT, versions: dict[str, str] | None = None
 ) -> str:
-    """The result packages' fingerprint under ``root``, extended by ``ATTRIBUTION_RESULT_FILES`` (path and syntax tree,
-    framed so no bytes can move between them unseen)."""
-    digest = hashlib.sha256(code_fingerprint(root, ATTRIBUTION_RESULT_PACKAGES, versions).encode())
-    for name in ATTRIBUTION_RESULT_FILES:
-        data = source_meaning(
-            (Path(root) / name).read_text(encoding="utf-8"), filename=name
-        ).encode()
-        digest.update(f"\0{name}\0{len(data)}\0".encode())
-        digest.update(data)
-    return digest.hexdigest()[:FINGERPRINT_CHARS]
+    """The attribution kind's fingerprint of the checkout at ``root`` (``closure_fingerprint``)."""
+    return closure_fingerprint(ATTRIBUTION_ROOTS, root, versions, ATTRIBUTION_READ_SIDE)
 
 
 @lru_cache(maxsize=1)

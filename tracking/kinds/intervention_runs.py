@@ -33,23 +33,39 @@ from tracking.record.queries import CellRecord
 from tracking.record.schema import PROTOCOL_NAME
 from tracking.record.sink import RunSink
 from tracking.store.session import configure_tracking
+from workbench.code_history import same_code
 from workbench.interventions.evaluate import Evaluation
 from workbench.train.evaluate import ReloadProof
-from workbench.train.fingerprint import RESULT_PACKAGES, code_fingerprint
+from workbench.train.fingerprint import PROJECT_ROOT, TRAINING_ROOTS, closure_fingerprint
 
 ARTIFACT_DIR = "interventions"
 PER_EXAMPLE = f"{ARTIFACT_DIR}/per_example.npz"
 ATTENTION = f"{ARTIFACT_DIR}/attention.npz"
 SUMMARY = f"{ARTIFACT_DIR}/summary.json"
 PATCHING = f"{ARTIFACT_DIR}/patching.npz"
-# The interventions library computes these results too (with the ablation's result packages):
-# a change there re-evaluates; a commit of docs, reports or CLI text does not.
-INTERVENTION_RESULT_PACKAGES = RESULT_PACKAGES + ("interventions",)
+# Where the intervention kind's code identity starts (``workbench.train.fingerprint``): the
+# training roots (the acted-on model and data) and the interventions library, whose import
+# closure (the precision and input rule of ``workbench.interventions.evaluate``, the source
+# adapter of ``workbench.transfer.source_model``) is hashed with them. The summary rows the
+# report reads and the benchmark only read results: they start nothing.
+INTERVENTION_ROOTS = TRAINING_ROOTS + ("workbench/interventions",)
+INTERVENTION_READ_SIDE = (
+    "workbench/interventions/summary.py",
+    "workbench/interventions/benchmark.py",
+)
+
+
+def intervention_fingerprint(
+    root: Path = PROJECT_ROOT, versions: dict[str, str] | None = None
+) -> str:
+    """The intervention kind's fingerprint of the checkout at ``root`` (``closure_fingerprint``)."""
+    return closure_fingerprint(INTERVENTION_ROOTS, root, versions, INTERVENTION_READ_SIDE)
 
 
 @lru_cache(maxsize=1)
 def intervention_code_fingerprint() -> str:
-    return code_fingerprint(packages=INTERVENTION_RESULT_PACKAGES)
+    """This checkout's intervention code identity, once per process (part of every cell's key)."""
+    return intervention_fingerprint()
 
 
 # ---------------------------------------------------------------- the acted-on cells
@@ -203,7 +219,8 @@ def finished_cells(
     """The newest finished run of each (arm, seed) of the hash, and every cell run (for the runs table).
 
     Code versions are never mixed: only runs of the newest finished run's interventions code
-    fingerprint (param ``code_fingerprint``) are chosen; a cell finished only with other code is missing.
+    fingerprint (param ``code_fingerprint``, or one ``workbench.code_history`` maps to the same
+    code) are chosen; a cell finished only with other code is missing.
     """
     records = queries.cell_records(protocol_name, protocol_hash)
     return choose_cells(records), records
@@ -219,7 +236,9 @@ def choose_cells(records: list[CellRecord]) -> dict[tuple[str, int], CellRecord]
     code = finished[0].params.get("code_fingerprint") if finished else None
     chosen: dict[tuple[str, int], CellRecord] = {}
     for r in finished:
-        if r.params.get("code_fingerprint") == code:
+        if r.params.get("code_fingerprint") == code or (
+            code is not None and same_code(r.params.get("code_fingerprint"), code)
+        ):
             chosen.setdefault((r.arm, r.seed), r)
     return chosen
 

@@ -34,7 +34,7 @@ from tracking.record.schema import (
 from tracking.record.sink import RunSink
 from tracking.store import health
 from workbench.train.evaluate import read_predictions
-from workbench.train.fingerprint import RESULT_PACKAGES, code_fingerprint
+from workbench.train.fingerprint import PROJECT_ROOT, TRAINING_ROOTS, closure_fingerprint
 from workbench.transfer.report import CellPredictions, TransferSection, build_section
 from workbench.transfer.runner import Selection, TestResult
 from workbench.transfer.source_model import SourceError
@@ -43,14 +43,24 @@ TRANSFER_EPOCH_METRICS = EPOCH_METRICS + ("val_qwk", "val_macro_f1")
 DEFAULT_RUN_ARTIFACT = "checkpoints/best.pt"
 
 
-# The transfer library computes results too: its cells are keyed by it as well as by the
-# ablation's result packages (a commit of docs, reports or CLI text re-trains nothing).
-TRANSFER_RESULT_PACKAGES = RESULT_PACKAGES + ("transfer",)
+# Where the transfer kind's code identity starts (``workbench.train.fingerprint``): the training
+# roots and the transfer library, whose import closure (the QWK of ``workbench.stats`` that
+# selects the epoch, the protocol schema, the read-across code) is hashed with them. Its report
+# section only reads logged predictions: it starts nothing (a commit of docs, reports or CLI
+# text re-trains nothing).
+TRANSFER_ROOTS = TRAINING_ROOTS + ("workbench/transfer",)
+TRANSFER_READ_SIDE = ("workbench/transfer/report.py",)
+
+
+def transfer_fingerprint(root: Path = PROJECT_ROOT, versions: dict[str, str] | None = None) -> str:
+    """The transfer kind's fingerprint of the checkout at ``root`` (``closure_fingerprint``)."""
+    return closure_fingerprint(TRANSFER_ROOTS, root, versions, TRANSFER_READ_SIDE)
 
 
 @lru_cache(maxsize=1)
 def transfer_code_fingerprint() -> str:
-    return code_fingerprint(packages=TRANSFER_RESULT_PACKAGES)
+    """This checkout's transfer code identity, once per process (part of every transfer cell's key)."""
+    return transfer_fingerprint()
 
 
 class TransferEpochObserver(MlflowTrainingObserver):

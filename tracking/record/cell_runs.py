@@ -39,6 +39,7 @@ from tracking.record.sink import SYNC_SYNCED, RunSink, log_batch, store_for
 from tracking.store import offline_store, uris
 from tracking.store.session import run_user
 from tracking.store.store_lock import store_lock
+from workbench.code_history import older_names
 
 
 @dataclass
@@ -78,6 +79,28 @@ def _find_by_key(
     if unsynced:  # a synced run is on the server too, where the search found (or will find) it
         runs = [r for r in runs if SYNC_SYNCED not in r.data.tags]
     return runs[0] if runs else None
+
+
+def same_code_key(experiment: str, key_for: Callable[[str], str], fingerprint: str) -> str:
+    """A cell's run key ``key_for(fingerprint)``, or the key it had under an older fingerprint of the
+    same code (``workbench.code_history``) when a FINISHED run holds that one: such a cell is done.
+
+    Looked up in the tracking store only (the server, or the local store); a cell whose old run is
+    not finished there is keyed, and run, under the current fingerprint.
+    """
+    current = key_for(fingerprint)
+    older = [key_for(old) for old in older_names(fingerprint)]
+    if not older:
+        return current
+    client = MlflowClient()
+    exp = client.get_experiment_by_name(experiment)
+    if exp is None:
+        return current
+    for key in older:
+        run = _find_by_key(client, exp.experiment_id, key)
+        if run is not None and run.info.status == FINISHED:
+            return key
+    return current
 
 
 def open_keyed_run(

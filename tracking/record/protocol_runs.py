@@ -69,6 +69,7 @@ from tracking.store.offline_store import (
 from tracking.store.session import configure_tracking, git_state, run_user
 from tracking.store.store_lock import store_lock
 from tracking.store.uris import is_remote, redact_uri, tracking_uri
+from workbench.code_history import older_names
 from workbench.train.fingerprint import current_code_fingerprint
 
 
@@ -206,9 +207,18 @@ def cell_runs(protocol_name: str, protocol_hash: str, *, reader: bool = False) -
     )
 
 
-def study_key(protocol) -> str:
-    """One study = one protocol hash run by one code fingerprint: its one parent run's key."""
-    return hashlib.sha256(f"{protocol.hash}|{current_code_fingerprint()}".encode()).hexdigest()[:24]
+def study_key(protocol, fingerprint: str | None = None) -> str:
+    """One study = one protocol hash run by one code fingerprint (``fingerprint``, else this
+    checkout's training fingerprint): its one parent run's key."""
+    code = fingerprint or current_code_fingerprint()
+    return hashlib.sha256(f"{protocol.hash}|{code}".encode()).hexdigest()[:24]
+
+
+def study_keys(protocol) -> list[str]:
+    """The study's key, then its keys under older fingerprints of the same code (``workbench.code_history``):
+    a parent made before the fingerprint's computation moved is still the study's parent."""
+    current = current_code_fingerprint()
+    return [study_key(protocol, code) for code in (current, *older_names(current))]
 
 
 def parent_note(protocol, report_hint: str) -> str:
@@ -377,10 +387,10 @@ def _find_or_create_parent(
     client: MlflowClient, exp_id: str, protocol, tags: dict, own: str, log
 ) -> tuple[RunSink, str, int | None]:
     """(the parent's sink, the lease token this execution renews, the parent's earlier end time)."""
-    key, uri, token = tags[STUDY_KEY], configure_tracking(), new_token()
-    found = _parents(client, exp_id, key)
+    keys, uri, token = study_keys(protocol), configure_tracking(), new_token()
+    found = _parents(client, exp_id, keys)
     offline_parent = (
-        _unsynced_fallback_parent(protocol.name, key) if uri != fallback_uri() else None
+        _unsynced_fallback_parent(protocol.name, keys) if uri != fallback_uri() else None
     )
     if offline_parent is not None:
         # Made while the server was away and not synced yet: the study goes on in that one
@@ -401,7 +411,9 @@ def _find_or_create_parent(
         first = (
             None
             if sink.offline
-            else create_once.resolve_new(client, sink.run_id, lambda: _parents(client, exp_id, key))
+            else create_once.resolve_new(
+                client, sink.run_id, lambda: _parents(client, exp_id, keys)
+            )
         )
         if first is None or first.info.run_id == sink.run_id:
             log(f"study {protocol.name}@{protocol.short_hash}: parent run {sink.run_id} created")
@@ -491,31 +503,35 @@ def study_runs(protocol) -> list[Run]:
     Found as ``ablate`` finds them: in the experiment holding the protocol's runs, renamed or not.
     """
     client = MlflowClient()
-    key = study_key(protocol)
-    return [r for i in _study_experiments(client, protocol.name) for r in _parents(client, i, key)]
+    keys = study_keys(protocol)
+    return [r for i in _study_experiments(client, protocol.name) for r in _parents(client, i, keys)]
 
 
-def _unsynced_fallback_parent(experiment: str, key: str) -> Run | None:
+def _unsynced_fallback_parent(experiment: str, keys: list[str]) -> Run | None:
     """The study's parent in the local fallback store when it is not on the server yet (not synced)."""
     if not (is_remote(tracking_uri()) and fallback_exists()):
         return None
     local = fallback_client()
     exp = local.get_experiment_by_name(experiment)
     found = (
-        [r for r in _parents(local, exp.experiment_id, key) if SYNC_SYNCED not in r.data.tags]
+        [r for r in _parents(local, exp.experiment_id, keys) if SYNC_SYNCED not in r.data.tags]
         if exp
         else []
     )
     return found[0] if found else None
 
 
-def _parents(client: MlflowClient, exp_id: str, key: str) -> list[Run]:
+def _parents(client: MlflowClient, exp_id: str, keys: list[str]) -> list[Run]:
     return create_once.ordered(
-        client.search_runs(
-            [exp_id],
-            filter_string=all_of(tag_is(STUDY_KEY, key), tag_is(PARENT, TRUE)),
-            max_results=100,
-        )
+        [
+            run
+            for key in keys
+            for run in client.search_runs(
+                [exp_id],
+                filter_string=all_of(tag_is(STUDY_KEY, key), tag_is(PARENT, TRUE)),
+                max_results=100,
+            )
+        ]
     )
 
 

@@ -29,6 +29,7 @@ from workbench.interventions.forward import (
 )
 from workbench.interventions.spec import Intervention, InterventionError, PatchStage, check, flatten
 from workbench.models.vit import VisionTransformer
+from workbench.precision import resolve_amp
 
 
 @dataclass(frozen=True)
@@ -61,6 +62,39 @@ class Inputs:
             if self.amp_dtype
             else contextlib.nullcontext()
         )
+
+
+# Whether a kind that acts on a trained cell evaluates it in the precision the cell trained with
+# (``run.amp``): an intervention's numbers are the trained model's, so as it was trained and
+# validated. Attribution scores in float32 whatever the cell trained with: its drops' effects are
+# differences of log-probabilities. Each kind reads its value here, so that the rule is part of
+# the code identity of both kinds (``tracking.kinds.intervention_runs``, ``attribution_runs``).
+INTERVENTION_AS_TRAINED = True
+ATTRIBUTION_AS_TRAINED = False
+
+
+def acted_inputs(
+    norm: NormStats,
+    image_side: int,
+    model_side: int,
+    *,
+    batch_size: int,
+    device: torch.device,
+    amp: str | None,
+    resize_to: int | None,
+    as_trained: bool = True,
+) -> Inputs:
+    """How a kind that acts on a model feeds it: the data's normalisation, batch size and device, the
+    input size and the precision.
+
+    ``resize_to`` None on images of another side than the model's (a pretrained model's input
+    size) resizes them to ``model_side``; ``amp`` is the cell's training precision, used when
+    ``as_trained`` and float32 otherwise (``resolve_amp`` refuses one the device cannot run).
+    """
+    if resize_to is None and image_side != model_side:
+        resize_to = model_side
+    dtype = resolve_amp(amp if as_trained else "off", device)
+    return Inputs(norm, batch_size, device, resize_to, dtype)
 
 
 @dataclass
