@@ -397,6 +397,44 @@ def token_norms(root: Path, study: str, arm: str) -> dict[str, float]:
     }
 
 
+def norm_control(root: Path, study: str, arm: str) -> dict[str, float]:
+    """The high-norm detector's planted positive control over an arm's seeds (``norm_control/*``
+    arrays): ``detects_from``, the smallest planted ratio (x the block's median norm) flagged in
+    every image of every seed; ``none_below``, the largest flagged in no image of any seed;
+    ``clean_share``, the largest share (%) of patch tokens flagged with nothing planted."""
+    cells = _arrays(root, study, arm)
+    ratios = next(iter(cells.values()))["norm_control/ratios"].astype(np.float64)
+    flagged = np.stack([a["norm_control/flagged"].astype(np.float64) for a in cells.values()])
+    every, none = np.all(flagged == 1.0, axis=0), np.all(flagged == 0.0, axis=0)
+    if not every.any() or not none.any():
+        raise ClaimError(
+            f"{study}/{arm}: the planted control has no ratio flagged everywhere or nowhere"
+        )
+    return {
+        "detects_from": float(ratios[np.argmax(every)]),
+        "none_below": float(ratios[none].max()),
+        "clean_share": float(
+            100 * max(float(a["norm_control/clean_flagged"]) for a in cells.values())
+        ),
+        "n": len(cells),
+    }
+
+
+def scored_sample(root: Path, study: str, arm: str) -> dict[str, float]:
+    """The scored images per class (``class_counts``), the same in every seed of the arm:
+    ``images``, ``classes`` (with at least one image), ``fewest`` and ``most`` per class."""
+    counts = {tuple(a["class_counts"].tolist()) for a in _arrays(root, study, arm).values()}
+    if len(counts) != 1:
+        raise ClaimError(f"{study}/{arm}: the seeds scored different class counts {sorted(counts)}")
+    (c,) = counts
+    return {
+        "images": float(sum(c)),
+        "classes": float(sum(1 for x in c if x)),
+        "fewest": float(min(c)),
+        "most": float(max(c)),
+    }
+
+
 def _beyond_draws(a: dict[str, np.ndarray], method: str, measure: str) -> float:
     """A seed's mean over images of the method's measure minus the mean of that image's random
     draws (images where either is undefined left out)."""
@@ -497,6 +535,8 @@ COMPUTATIONS: dict[str, Callable[..., dict]] = {
     "patching_agreement": patching_agreement,
     "differences_settled": differences_settled,
     "token_norms": token_norms,
+    "norm_control": norm_control,
+    "scored_sample": scored_sample,
     "faithfulness_difference": faithfulness_difference,
     "convergence": convergence,
     "patching": patching,
