@@ -230,7 +230,7 @@ def test_seed_agreement_leaves_out_what_the_model_fixes_and_the_old_reading_did_
     free = patching_report.spearman_pairs(maps, ~fixed)
     # the fixed block alone makes unrelated maps look alike; left out, they do not
     assert np.mean(everything) > 0.4 and abs(np.mean(free)) < 0.2, (everything, free)
-    blocks = patching_report.agreement_blocks(cells)
+    blocks = patching_report.agreement_blocks(cells, "vit", 3)[1:]
     rows = blocks[1].rows
     assert rows[-2][:3] == ["2", "0 of 6", "n/a"] and rows[-1][1] == "12 of 18"
     assert "predates noising" in blocks[0].text  # these cells ran denoising only
@@ -238,4 +238,4 @@ def test_seed_agreement_leaves_out_what_the_model_fixes_and_the_old_reading_did_
     old = synthetic_cells(with_reads=False)
     again, from_model = patching_report.fixed_locations(old)
     assert not from_model and np.array_equal(again, fixed)
-    assert "found in the data" in patching_report.agreement_blocks(old)[0].text
+    assert "found in the data" in patching_report.agreement_blocks(old, "vit", 3)[1].text

@@ -387,22 +387,21 @@ def _sanity_blocks(arm, cells, title) -> list[Block]:
 
 
 def _sanity_table(rows, layers, mode: str) -> Table:
-    step = "+ " if mode == "cascade" else ""
+    """One form's table; the cascade's ends with the verdict (rho with every layer random)."""
+    cascade = mode == "cascade"
     body = [
-        [
-            f"`{r.method}` {METRIC_WORDS[r.metric]}",
-            *[fmt(v, D, True) for v in r.per_step],
-            ("⚠ survives" if r.survives else "changes") if r.metric == "rho" else "",
-        ]
+        [f"`{r.method}` {METRIC_WORDS[r.metric]}", *[fmt(v, D, True) for v in r.per_step]]
+        + (
+            [("⚠ survives" if r.survives else "changes") if r.metric == "rho" else ""]
+            if cascade
+            else []
+        )
         for r in rows
         if r.mode == mode
     ]
-    verdict = "verdict (ρ, every layer random)" if mode == "cascade" else ""
-    return Table(
-        ["map, metric", *[f"{step}{name}" for name in layers], verdict],
-        body,
-        ["l", *["r"] * len(layers), "l"],
-    )
+    header = ["map, metric", *[f"+ {name}" if cascade else name for name in layers]]
+    header += ["verdict (ρ, every layer random)"] if cascade else []
+    return Table(header, body, ["l", *["r"] * len(layers)] + (["l"] if cascade else []))
 
 
 def _lowest(rows, method: str, metric: str) -> float:

@@ -106,8 +106,11 @@ def _agreement(rho: list[float]) -> str:
     return f"{fmt(float(np.mean(rho)), 2)} [{fmt(min(rho), 2)}, {fmt(max(rho), 2)}]"
 
 
-def agreement_blocks(cells: dict[int, dict]) -> list[Block]:
-    """The seeds' agreement on the blocks x positions maps, per block, over the free locations."""
+def agreement_blocks(cells: dict[int, dict], arm: str, level: int) -> list[Block]:
+    """The seeds' agreement on the blocks x positions maps, per block, over the free locations.
+
+    Under its own heading: a published report's sections keep their numbers on a rebuild.
+    """
     fixed, from_model = fixed_locations(cells)
     directions = ["denoising", "noising"] if has_noising(cells) else ["denoising"]
     maps = {d: effect_maps(cells, "resid", d) for d in directions}
@@ -124,7 +127,6 @@ def agreement_blocks(cells: dict[int, dict]) -> list[Block]:
         [f"blocks 0-{depth - 1}", f"{int((~fixed).sum())} of {fixed.size}"]
         + [_agreement(spearman_pairs(maps[d], ~fixed)) for d in directions]
     )
-    everything = spearman_pairs(maps["denoising"])
     how = (
         "named by the models themselves (the logits' gradient with respect to each block's output "
         "is exactly zero there, or one position alone is read)"
@@ -134,16 +136,16 @@ def agreement_blocks(cells: dict[int, dict]) -> list[Block]:
         "the clean run's (fraction 1) bitwise in every pair of every seed"
     )
     said = [
-        "Seed agreement on the blocks x positions map: Spearman correlation between every two "
-        f"seeds' maps, mean [min, max] over the {len(list(itertools.combinations(cells, 2)))} "
-        "pairs, per block over the locations not fixed by construction. Fixed locations (0 or 1 "
-        f"in every model whatever it learnt, which agree by construction) are {how}; left out: "
-        f"{int(fixed.sum())} of {fixed.size}. Over every location, fixed ones included ("
-        f"as older reports read it): {_agreement(everything)}."
+        "Spearman correlation between every two seeds' blocks x positions maps, mean [min, max] "
+        f"over the {len(list(itertools.combinations(cells, 2)))} pairs of seeds, per block over the "
+        "locations not fixed by construction. Fixed locations (0 or 1 in every model whatever it "
+        f"learnt, which agree by construction) are {how}; left out: {int(fixed.sum())} of "
+        f"{fixed.size}."
     ]
     if not has_noising(cells):
-        said.append("This evidence predates noising: only denoising was run.")
+        said.append("This evidence predates noising (issue 48): only denoising was run.")
     return [
+        Heading(level, f"Seed agreement without the fixed locations ({arm})"),
         Para(" ".join(said)),
         Table(
             ["block", "free positions", *[f"{d} ρ" for d in directions]],
@@ -275,18 +277,33 @@ def patching_blocks(
             ),
         )
     )
+    rho = spearman_pairs(resid)
+    blocks.append(
+        Para(
+            "Seed agreement on the blocks x positions map over every location (Spearman "
+            "correlation between every two seeds), the locations fixed by construction included, "
+            "which agree whatever the models learnt (read per block without them below): "
+            + (
+                f"mean {fmt(float(np.mean(rho)), 2)}, min {fmt(min(rho), 2)}, max "
+                f"{fmt(max(rho), 2)} over {len(rho)} pairs."
+                if rho
+                else "not computable (fewer than two seeds with varying maps)."
+            )
+        )
+    )
     if has_noising(cells):
-        blocks += _noising_blocks(arm, cells, protocol, conf, positions)
-    blocks += agreement_blocks(cells)
+        blocks += _noising_blocks(arm, cells, protocol, conf, positions, level + 1)
+    blocks += agreement_blocks(cells, arm, level + 1)
     return blocks
 
 
-def _noising_blocks(arm, cells, protocol, conf, positions) -> list[Block]:
+def _noising_blocks(arm, cells, protocol, conf, positions, level: int) -> list[Block]:
     """Noising: the corrupted run's activation patched into the clean run (fraction removed)."""
     n_mean, n_lo, n_hi = seed_band(effect_maps(cells, "resid", "noising"), conf)
     nb_mean, nb_lo, nb_hi = seed_band(effect_maps(cells, "branch", "noising"), conf)
     top = np.argsort(-np.nan_to_num(n_mean, nan=-np.inf), axis=1)[:, :3]
     return [
+        Heading(level, f"Noising ({arm})"),
         Para(
             "Noising (Heimersheim and Nanda 2024): the clean run repeated with one activation of the "
             "corrupted run patched in; the number is the fraction of the clean-vs-corrupted logit "

@@ -133,7 +133,7 @@ def insertion_start(model, images: torch.Tensor) -> tuple[np.ndarray, np.ndarray
     return predicted.cpu().numpy(), prob.cpu().numpy()
 
 
-# The check's metrics, per step and image: name -> what it compares (``agreement``).
+# The check's metrics, per step and image (``compare_maps``).
 SANITY_METRICS = ("rho", "abs_rho", "ssim")
 # Its two forms: cumulative from the logits down, and one layer at a time.
 SANITY_MODES = ("cascade", "independent")
@@ -191,8 +191,8 @@ def randomised(model, draw: dict[str, torch.Tensor], names) -> VisionTransformer
 def randomised_models(model, seed: int, mode: str) -> Iterator[tuple[str, VisionTransformer]]:
     """``(layer, model)`` per step of one form of the check, all from one draw (``reinitialised``).
 
-    ``cascade``: step k has the first k layers of ``cascade_layers`` re-initialised (named by
-    its k-th layer); ``independent``: step k has only the k-th layer re-initialised.
+    ``cascade``: step k (from 0) has the first k + 1 layers of ``cascade_layers``
+    re-initialised (named by layer k); ``independent``: step k has only layer k re-initialised.
     """
     if mode not in SANITY_MODES:
         raise ValueError(f"mode={mode!r}: must be one of {', '.join(SANITY_MODES)}")
