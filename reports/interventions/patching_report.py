@@ -143,7 +143,7 @@ def agreement_blocks(cells: dict[int, dict], arm: str, level: int) -> list[Block
         f"{fixed.size}."
     ]
     if not has_noising(cells):
-        said.append("This evidence predates noising (issue 48): only denoising was run.")
+        said.append("This evidence predates noising: only denoising was run.")
     return [
         Heading(level, f"Seed agreement without the fixed locations ({arm})"),
         Para(" ".join(said)),
