@@ -69,9 +69,15 @@ def held_parent(
     allow_dirty: bool,
     extra_tags: dict | None = None,
     queued: bool = False,
+    record_run: str | None = None,
 ):
-    """The study's parent run for one execution, closed with a truthful status however it ends."""
-    parent = open_study_parent(protocol, protocol_file, allow_dirty, extra_tags, log=tqdm.write)
+    """The study's parent run for one execution, closed with a truthful status however it ends.
+
+    ``record_run``: a worker's queue names the study's parent run; its experiment is the record.
+    """
+    parent = open_study_parent(
+        protocol, protocol_file, allow_dirty, extra_tags, log=tqdm.write, record_run=record_run
+    )
     try:
         yield parent
     except (KeyboardInterrupt, Terminated) as err:
