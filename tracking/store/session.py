@@ -23,6 +23,7 @@ from urllib.parse import unquote, urlsplit
 import mlflow
 
 from tracking.store import health, offline_store, uris
+from tracking.store.child_env import git_env
 from tracking.store.uris import DEFAULT_TRACKING_URI, redact_uri  # noqa: F401  (re-exported)
 
 
@@ -102,8 +103,9 @@ def git_state(path: Path | None = None) -> dict[str, str]:
     cwd = path or Path(__file__).resolve().parents[2]  # the checkout (tracking/store/session.py)
 
     def git(*args: str) -> str:
+        # An allow-list environment: git needs no tracking account, database or queue URL.
         return subprocess.run(
-            ["git", *args], cwd=cwd, capture_output=True, text=True, check=True
+            ["git", *args], cwd=cwd, capture_output=True, text=True, check=True, env=git_env()
         ).stdout.strip()
 
     try:
