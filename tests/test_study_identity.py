@@ -63,3 +63,14 @@ def test_a_renamed_study_is_found_by_status_report_figures_and_the_acting_kinds(
     assert queries.hash_counts("study") == {digest: 9}
     assert [e.name for e in queries.protocol_entries()] == ["study"]
     assert client.get_experiment_by_name("study") is None, "a lookup created an experiment"
+
+
+def test_http_403_is_not_answered_with_advice_to_set_other_credentials():
+    """403: the server accepted the credentials and refused the account this; 401: they are wrong."""
+    from tracking.store.health import auth_error
+
+    url = "http://127.0.0.1:5000"
+    refused, denied = str(auth_error(url, 401)), str(auth_error(url, 403))
+    assert "Set MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD" in refused, refused
+    assert "MLFLOW_TRACKING_USERNAME" not in denied, denied
+    assert "accepted the credentials" in denied and "HTTP 403" in denied, denied
