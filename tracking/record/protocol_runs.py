@@ -91,9 +91,8 @@ def experiment_id_for(protocol_name: str, record_run: str | None = None) -> str:
     if record_run:
         try:
             return client.get_run(record_run).info.experiment_id
-        except (
-            MlflowException
-        ) as err:  # not in this store (the local fallback while the server is away)
+        except MlflowException as err:
+            # Not in this store (the local fallback while the server is away): found by name there.
             if err.error_code != "RESOURCE_DOES_NOT_EXIST":
                 raise
     record = study_record.find_record(client, protocol_name)
