@@ -158,3 +158,24 @@ def test_a_new_study_whose_name_another_account_holds_goes_under_its_own_name(
         "this study's record is experiment 'fresh@alice'" in said
     ), said
     assert experiment_id_for("fresh") == mine, "the next execution finds it by its runs or name"
+
+
+@pytest.mark.integration
+def test_a_worker_with_an_edit_grant_works_in_the_study_its_queue_names(
+    alice_and_bob, isolated_tracking, monkeypatch
+):
+    """bob's worker takes cells alice queued (EDIT on her experiment): the queue names her parent
+    run, and the worker works in that run's experiment; bob's own `ablate` of the name would not."""
+    url = alice_and_bob
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", url)
+    client = MlflowClient(url)
+    as_user(monkeypatch, ALICE)
+    hers = experiment_id_for("queued")
+    parent = client.create_run(
+        hers, tags={"protocol_name": "queued", "protocol_hash": "f00d", "parent": "true"}
+    ).info.run_id
+    server_users.grant(url, BOB[0], "queued", "EDIT", *ADMIN)
+    as_user(monkeypatch, BOB)
+    assert experiment_id_for("queued", record_run=parent) == hers
+    own = experiment_id_for("queued")
+    assert own != hers and client.get_experiment(own).name == "queued@bob", own
