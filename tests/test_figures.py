@@ -207,7 +207,10 @@ def test_run_ids_and_refusals(tmp_path, image_folder):
     )
     assert not (tmp_path / "x").exists()
     missing = CliRunner().invoke(figures, ["--protocol", "never_run"])
-    assert missing.exit_code == 1 and "no MLflow experiment named 'never_run'" in missing.output
+    assert (
+        missing.exit_code == 1
+        and "no MLflow experiment of yours holds protocol 'never_run'" in missing.output
+    )
     both = CliRunner().invoke(figures, ["--protocol", "x", "--timm-model", "vit_tiny_patch16_224"])
     assert both.exit_code == 2 and "exactly one of" in both.output
 

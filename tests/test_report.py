@@ -678,7 +678,10 @@ def test_cli_builds_compares_and_explains_errors(store, tmp_path):
     )
     assert bad.exit_code == 1 and "arm 'mlp' is not in protocol 'study'" in bad.output
     unknown = runner.invoke(report_command, ["--protocol", "never_run", "--no-log"])
-    assert unknown.exit_code == 1 and "no MLflow experiment named 'never_run'" in unknown.output
+    assert (
+        unknown.exit_code == 1
+        and "no MLflow experiment of yours holds protocol 'never_run'" in unknown.output
+    )
 
 
 def test_analysis_figures_logged_on_the_parent_are_embedded(store, tmp_path):

@@ -168,8 +168,6 @@ def test_children_get_what_they_need_and_nothing_else():
         "LANG",
         "LC_ALL",
         "PYTHONPATH",
-        "PGPASSWORD",
-        "PGPASSFILE",
         "MLFLOW_TRACKING_URI",
         "MLFLOW_TRACKING_PASSWORD",
         "WORKBENCH_OFFLINE_DIR",
@@ -177,6 +175,11 @@ def test_children_get_what_they_need_and_nothing_else():
         "CUDA_VISIBLE_DEVICES",
         "OMP_NUM_THREADS",
     }, sorted(worker)
+    # libpq's settings only where a PostgreSQL database is used: the queue, or the tracking store.
+    queue = "postgresql://optuna@db.example/optuna"
+    assert set(worker_env(ENVIRON, storage=queue)) - set(worker) == {"PGPASSWORD", "PGPASSFILE"}
+    on_pg = {**ENVIRON, "MLFLOW_TRACKING_URI": "postgresql+psycopg2://m@db/mlflow"}
+    assert {"PGPASSWORD", "PGPASSFILE"} <= set(worker_env(on_pg))
     server = server_env(ENVIRON)
     assert set(server) == {
         "PATH",

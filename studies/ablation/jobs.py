@@ -134,12 +134,13 @@ def worker_environment(storage: str) -> dict:
 
     Workers print no progress bars (TQDM_DISABLE): the coordinator draws the one bar. The
     variable the coordinator read its queue URL from (``--storage-env``, any name) is left out:
-    the URL reaches a worker once, as WORKBENCH_STORAGE.
+    the URL reaches a worker once, as WORKBENCH_STORAGE. ``PGPASSWORD`` and libpq's other
+    settings only where the queue or the tracking store is PostgreSQL.
     """
     from studies.runtime.secret_options import STORAGE_ENV
     from tracking.store.child_env import worker_env
 
-    env = {k: v for k, v in worker_env().items() if v != storage}
+    env = {k: v for k, v in worker_env(storage=storage).items() if v != storage}
     return {**env, STORAGE_ENV: storage, "TQDM_DISABLE": "1", "PYTHONUNBUFFERED": "1"}
 
 

@@ -268,6 +268,7 @@ def drain_queue(
             allow_dirty,
             {"queue": "optuna"},
             queued=True,
+            record_run=study.user_attrs.get("parent_run_id"),
         ) as parent,
     ):
 

@@ -70,13 +70,17 @@ def held_parent(
     extra_tags: dict | None = None,
     queued: bool = False,
     subset: bool = False,
+    record_run: str | None = None,
 ):
     """The study's parent run for one execution, closed with a truthful status however it ends.
 
     ``subset``: the execution runs only some of the study's cells on purpose (``ablate --arms``), so
     the cells it leaves are not missing: the parent ends SCHEDULED until a later execution runs them.
+    ``record_run``: a worker's queue names the study's parent run; its experiment is the record.
     """
-    parent = open_study_parent(protocol, protocol_file, allow_dirty, extra_tags, log=tqdm.write)
+    parent = open_study_parent(
+        protocol, protocol_file, allow_dirty, extra_tags, log=tqdm.write, record_run=record_run
+    )
     try:
         yield parent
     except (KeyboardInterrupt, Terminated) as err:

@@ -20,6 +20,7 @@ import pandas as pd
 from mlflow.entities import Run
 from mlflow.tracking import MlflowClient
 
+from tracking.record import study_record
 from tracking.record.queries import (
     QueryError,
     download_artifact,
@@ -110,13 +111,14 @@ def find_protocol_runs(name: str, protocol_hash: str | None = None) -> ProtocolR
         FiguresError: No such experiment, hash or finished cell run.
     """
     configure_tracking(allow_offline=False)
-    exp = MlflowClient().get_experiment_by_name(name)
-    if exp is None:
+    ids = study_record.record_ids(name)  # this account's record, renamed or not
+    if not ids:
         raise FiguresError(
-            f"no MLflow experiment named {name!r} at {mlflow.get_tracking_uri()}: run the protocol first"
+            f"no MLflow experiment of yours holds protocol {name!r} at {mlflow.get_tracking_uri()}: "
+            "run the protocol first"
         )
     parents = sorted(
-        search_runs(exp.experiment_id, parent_filter(name)),
+        search_runs(ids, parent_filter(name)),
         key=lambda r: (-(r.info.start_time or 0), r.info.run_id),
     )
     if protocol_hash is None:
@@ -126,7 +128,7 @@ def find_protocol_runs(name: str, protocol_hash: str | None = None) -> ProtocolR
             )
         protocol_hash = parents[0].data.tags.get(PROTOCOL_HASH, "")
     parent = next((p for p in parents if p.data.tags.get(PROTOCOL_HASH) == protocol_hash), None)
-    runs = search_runs(exp.experiment_id, cell_filter(protocol_hash, status=FINISHED))
+    runs = search_runs(ids, cell_filter(protocol_hash, status=FINISHED))
     if not runs:
         raise FiguresError(
             f"no finished cell runs of {name}@{protocol_hash[:12]}: run or resume the protocol first"

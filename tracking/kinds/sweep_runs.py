@@ -32,6 +32,7 @@ from tracking.record.lease import (
     new_token,
     reap_expired,
 )
+from tracking.record.protocol_runs import experiment_id_for
 from tracking.record.schema import (
     PARENT_RUN_ID,
     RUN_NAME,
@@ -90,7 +91,7 @@ def start_sweep_parent(
     }
     with store_lock(uri):  # two executions starting together on a local store take turns
         client = MlflowClient(uri)
-        exp_id = ensure_experiment(client, experiment)
+        exp_id = experiment_id_for(experiment)  # this account's record, renamed or not
         reap_expired(client, exp_id, f"tags.{SWEEP_KEY} = '{key}'", log=log)
         sink, token = _find_or_create(client, exp_id, experiment, tags, own, log)
         HEARTBEATS.hold(sink.run_id, sink.uri, token, execution_tag(own))

@@ -22,6 +22,7 @@ import mlflow
 from mlflow.tracking import MlflowClient
 
 from tracking.kinds.training_runs import EPOCH_METRICS, MlflowTrainingObserver
+from tracking.record import study_record
 from tracking.record.queries import CellRecord, cell_records, download_artifact
 from tracking.record.schema import (
     FINISHED,
@@ -140,16 +141,16 @@ def run_param(run_id: str, key: str) -> str | None:
 def find_finished_cell(protocol_name: str, protocol_hash: str, arm: str, seed: int) -> str:
     """Run id of the newest FINISHED cell (arm, seed) of a protocol hash, for ``protocol:`` sources."""
     client = MlflowClient()
-    exp = client.get_experiment_by_name(protocol_name)
+    ids = study_record.record_ids(protocol_name, client)  # this account's record, renamed or not
     runs = (
-        []
-        if exp is None
-        else client.search_runs(
-            [exp.experiment_id],
+        client.search_runs(
+            ids,
             filter_string=cell_filter(protocol_hash, arm=arm, seed=seed, status=FINISHED),
             order_by=["attributes.start_time DESC"],
             max_results=1,
         )
+        if ids
+        else []
     )
     if not runs:
         raise SourceError(
@@ -248,10 +249,10 @@ def log_test(sink: RunSink, result: TestResult, n_resamples: int, confidence: fl
 # ---------------------------------------------------------------- the report section
 
 
-def _newest_parent(client: MlflowClient, experiment_id: str, protocol_hash: str | None):
+def _newest_parent(client: MlflowClient, experiment_ids: list[str], protocol_hash: str | None):
     where = parent_filter(protocol_hash=protocol_hash, kind=TRANSFER)
     parents = client.search_runs(
-        [experiment_id], filter_string=where, order_by=["attributes.start_time DESC"], max_results=1
+        experiment_ids, filter_string=where, order_by=["attributes.start_time DESC"], max_results=1
     )
     if not parents:
         raise LookupError(
@@ -270,10 +271,12 @@ def newest_execution(protocol_name: str, protocol_hash: str | None = None) -> di
         LookupError: No such experiment or no transfer execution of the hash.
     """
     client = MlflowClient()
-    exp = client.get_experiment_by_name(protocol_name)
-    if exp is None:
-        raise LookupError(f"no experiment {protocol_name!r} in {mlflow.get_tracking_uri()}")
-    parent = _newest_parent(client, exp.experiment_id, protocol_hash)
+    ids = study_record.record_ids(protocol_name, client)  # this account's record, renamed or not
+    if not ids:
+        raise LookupError(
+            f"no experiment of yours holds protocol {protocol_name!r} in {mlflow.get_tracking_uri()}"
+        )
+    parent = _newest_parent(client, ids, protocol_hash)
     return {
         "run_id": parent.info.run_id,
         "params": dict(parent.data.params),

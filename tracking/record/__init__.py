@@ -2,6 +2,8 @@
 
 - ``schema``: every tag key and value the record writes and searches by, the filter strings and
   their one quoting rule;
+- ``study_record``: which experiments hold a study's record (its runs' tags, in this account's
+  experiments; never a name another account holds), for every command alike;
 - ``protocol_runs``: a protocol's experiment and frozen hashes, the study's one parent run (found or
   created once), its cell runs, the parent's end;
 - ``cell_runs``: a cell's run found by its run key or created once, opened under this execution's

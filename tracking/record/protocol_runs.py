@@ -15,7 +15,7 @@ from mlflow.entities import Run
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
-from tracking.record import create_once, report_summary
+from tracking.record import create_once, report_summary, study_record
 from tracking.record.executions import (
     EXPECTED_TAG,
     children,
@@ -77,16 +77,27 @@ class ProtocolRecordError(RuntimeError):
     """The protocol's runs are spread over several experiments: which record is frozen is ambiguous."""
 
 
-def experiment_id_for(protocol_name: str) -> str:
+def experiment_id_for(protocol_name: str, record_run: str | None = None) -> str:
     """Each protocol has one experiment holding all its runs, created under the protocol's name.
 
-    It is found by the ``protocol_name`` tag of the runs it holds, not by its name alone:
-    an experiment renamed in the UI keeps the protocol's frozen record (recorded hashes,
-    finished cells), and the next execution continues it instead of starting a new one.
+    It is found by the ``protocol_name`` tag of the runs it holds in this account's experiments
+    (``tracking.record.study_record``), not by its name: an experiment renamed in the UI keeps
+    the protocol's frozen record, and one of the protocol's name that another account holds is
+    never used (the record is created as ``protocol@account`` instead, said in one line).
+    ``record_run``: the parent run a cell queue names; its experiment is the study's record
+    (a worker with an EDIT grant works in the owner's experiment).
     """
     configure_tracking()
     client = MlflowClient()
-    holding = _experiments_holding(client, protocol_name)
+    if record_run:
+        try:
+            return client.get_run(record_run).info.experiment_id
+        except MlflowException as err:
+            # Not in this store (the local fallback while the server is away): found by name there.
+            if err.error_code != "RESOURCE_DOES_NOT_EXIST":
+                raise
+    record = study_record.find_record(client, protocol_name)
+    holding = record.experiments
     if len(holding) > 1:
         names = ", ".join(f"{n!r} (id {i})" for i, n in sorted(holding.items()))
         raise ProtocolRecordError(
@@ -94,56 +105,21 @@ def experiment_id_for(protocol_name: str) -> str:
             "move them into one (or delete the stray experiment) before running it again"
         )
     if holding:
+        if record.squatted:
+            study_record.tell(study_record.squat_line(client, record))
         return next(iter(holding))
-    return ensure_experiment(client, protocol_name)
+    try:
+        name = study_record.own_name(client, record)
+    except PermissionError as err:
+        raise ProtocolRecordError(str(err)) from None
+    if record.squatted:
+        study_record.tell(study_record.squat_line(client, record, name))
+    return ensure_experiment(client, name)
 
 
 def _experiments_holding(client: MlflowClient, protocol_name: str) -> dict[str, str]:
-    """``{experiment id: name}`` of the active experiments holding a parent run of this protocol."""
-    named = client.get_experiment_by_name(protocol_name)
-    if (
-        named is not None
-        and named.lifecycle_stage == "active"
-        and client.search_runs(
-            [named.experiment_id], tag_is(PROTOCOL_NAME, protocol_name), max_results=1
-        )
-    ):
-        return {
-            named.experiment_id: named.name
-        }  # the usual case, one query; a renamed copy cannot be told apart
-    experiments = {e.experiment_id: e.name for e in client.search_experiments(max_results=50000)}
-    ids, found = list(experiments), {}
-    for i in range(0, len(ids), 100):  # search_runs takes at most 100 experiments at once
-        for run in client.search_runs(
-            ids[i : i + 100], parent_filter(protocol_name), max_results=1000
-        ):
-            found[run.info.experiment_id] = experiments[run.info.experiment_id]
-    # Any account may create an experiment and tag a run in it as this protocol's parent: an
-    # experiment of another name is the protocol's record only where this account holds MANAGE
-    # (it created it, or was made its co-owner), never one a stranger holds.
-    return {i: name for i, name in found.items() if _owned(i)}
-
-
-def _owned(experiment_id: str) -> bool:
-    """Whether this account holds MANAGE on the experiment (always, on a store without accounts)."""
-    uri = tracking_uri()
-    if not is_remote(uri):
-        return True  # a local store has no accounts: nobody else's experiment is in it
-    from mlflow.server import get_app_client
-    from mlflow.utils.credentials import read_mlflow_creds
-
-    account = read_mlflow_creds().username
-    if not account:
-        return True  # a server without accounts (basic-auth refuses every call without one)
-    try:
-        held = get_app_client("basic-auth", tracking_uri=uri).get_user_permission(
-            account, "experiment", experiment_id
-        )
-    except MlflowException as err:
-        return err.get_http_status_code() == 404  # a server without the auth app has no owners
-    except Exception:  # noqa: BLE001 - an answer that cannot be read proves no ownership
-        return False
-    return getattr(held, "permission", "") == "MANAGE"
+    """``{experiment id: name}`` of this account's experiments holding a parent run of this protocol."""
+    return study_record.find_record(client, protocol_name).experiments
 
 
 def recorded_hashes(protocol_name: str) -> set[str]:
@@ -268,12 +244,14 @@ def reap_dead_runs(
 
 def _study_experiments(client: MlflowClient, protocol_name: str) -> list[str]:
     """The experiments a reader looks in: those ``experiment_id_for`` would find (renamed ones
-    included, by their runs' tags), else the one of the protocol's name; none is created."""
-    holding = list(_experiments_holding(client, protocol_name))
+    included, by their runs' tags; another account's never), else this account's experiment of
+    the protocol's name; none is created."""
+    holding = study_record.record_ids(protocol_name, client)
     if holding:
         return holding
     named = client.get_experiment_by_name(protocol_name)
-    return [named.experiment_id] if named is not None else []
+    mine = named is not None and study_record.owns(client, named.experiment_id)
+    return [named.experiment_id] if mine else []
 
 
 @dataclass
@@ -295,7 +273,12 @@ class StudyParent:
 
 
 def open_study_parent(
-    protocol, protocol_file: Path, allow_dirty: bool, extra_tags: dict | None = None, log=print
+    protocol,
+    protocol_file: Path,
+    allow_dirty: bool,
+    extra_tags: dict | None = None,
+    log=print,
+    record_run: str | None = None,
 ) -> StudyParent:
     """Find the study's parent run (protocol hash + code fingerprint) or create it, and hold it.
 
@@ -303,8 +286,9 @@ def open_study_parent(
     closed. A parent left half-made by a killed execution gets its protocol files now. On a
     local store, executions starting together take turns (``store_lock``); on a server, two
     executions creating the parent at once keep the first one (``tracking.record.create_once``).
+    ``record_run``: the parent run a cell queue names (``experiment_id_for``).
     """
-    exp_id = experiment_id_for(protocol.name)
+    exp_id = experiment_id_for(protocol.name, record_run)
     client, key = MlflowClient(), study_key(protocol)
     tags = {
         RUN_NAME: f"{protocol.name}@{protocol.short_hash}",

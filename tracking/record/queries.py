@@ -20,6 +20,7 @@ import mlflow
 from mlflow.entities import Run
 from mlflow.tracking import MlflowClient
 
+from tracking.record import study_record
 from tracking.record.schema import (
     ARM,
     PARENT_RUN_ID,
@@ -131,66 +132,68 @@ def protocol_kind(parent: Run) -> str:
 
 def holds_study(protocol_name: str, kind: str) -> bool:
     """Whether the store holds a study of this name and kind (a name of ``PROTOCOL_KINDS`` other than
-    ablation): its parent runs carry the kind's tag."""
+    ablation): its parent runs carry the kind's tag, in this account's record (``study_record``)."""
     configure_tracking(
         allow_offline=False
     )  # a reader: a store that is not there is said, not created
-    client = MlflowClient()
-    exp = client.get_experiment_by_name(protocol_name)
-    return exp is not None and bool(
-        client.search_runs([exp.experiment_id], parent_filter(kind=kind), max_results=1)
+    ids = study_record.record_ids(protocol_name)
+    return bool(ids) and bool(
+        MlflowClient().search_runs(ids, parent_filter(protocol_name, kind=kind), max_results=1)
     )
 
 
 def protocol_entries() -> list[ProtocolEntry]:
-    """Every protocol executed against this store (experiments holding parent runs), by name."""
+    """Every protocol executed against this store, by name: its parents' ``protocol_name`` tag in
+    this account's experiments, whatever they are called (``study_record``)."""
     configure_tracking(allow_offline=False)
-    out = []
-    for exp in sorted(MlflowClient().search_experiments(), key=lambda e: e.name):
-        parents = sorted(
-            search_runs(exp.experiment_id, parent_filter()),
-            key=lambda r: (-(r.info.start_time or 0), r.info.run_id),
-        )
-        named = [r for r in parents if r.data.tags.get(PROTOCOL_NAME) == exp.name]
-        if not named:
-            continue
-        newest = named[0]
-        digest = newest.data.tags.get(PROTOCOL_HASH, "")
-        cells: dict[str, int] = {}
-        for run in search_runs(exp.experiment_id, cell_filter(digest)):
-            cells[run.info.status] = cells.get(run.info.status, 0) + 1
-        out.append(
-            ProtocolEntry(
-                exp.name,
-                digest,
-                newest.info.run_id,
-                newest.info.status,
-                int(newest.info.start_time or 0),
-                protocol_kind(newest),
-                dict(sorted(cells.items())),
-                len({r.data.tags.get(PROTOCOL_HASH) for r in named}),
-            )
-        )
-    return out
+    client, by_name = MlflowClient(), {}
+    for exp in client.search_experiments():
+        parents = search_runs(exp.experiment_id, parent_filter())
+        if parents and study_record.owns(client, exp.experiment_id):
+            for run in parents:
+                by_name.setdefault(run.data.tags.get(PROTOCOL_NAME, ""), []).append(run)
+    by_name.pop("", None)
+    return [_entry(name, runs) for name, runs in sorted(by_name.items())]
 
 
-def _experiment_id(protocol_name: str) -> str:
+def _entry(name: str, parents: list[Run]) -> ProtocolEntry:
+    """A protocol's newest execution and the cells of its hash."""
+    newest = min(parents, key=lambda r: (-(r.info.start_time or 0), r.info.run_id))
+    digest = newest.data.tags.get(PROTOCOL_HASH, "")
+    cells: dict[str, int] = {}
+    for run in search_runs(sorted({r.info.experiment_id for r in parents}), cell_filter(digest)):
+        cells[run.info.status] = cells.get(run.info.status, 0) + 1
+    return ProtocolEntry(
+        name,
+        digest,
+        newest.info.run_id,
+        newest.info.status,
+        int(newest.info.start_time or 0),
+        protocol_kind(newest),
+        dict(sorted(cells.items())),
+        len({r.data.tags.get(PROTOCOL_HASH) for r in parents}),
+    )
+
+
+def _experiment_ids(protocol_name: str) -> list[str]:
+    """The experiments holding this account's record of the protocol (``study_record``), renamed or not."""
     configure_tracking(allow_offline=False)
-    exp = MlflowClient().get_experiment_by_name(protocol_name)
-    if exp is None:
+    ids = study_record.record_ids(protocol_name)
+    if not ids:
         raise QueryError(
-            f"no MLflow experiment named {protocol_name!r} in {tracking_uri()}: "
+            f"no MLflow experiment of yours holds protocol {protocol_name!r} in {tracking_uri()}: "
             "the protocol has not been run against this tracking store"
         )
-    return exp.experiment_id
+    return ids
 
 
-def search_runs(experiment_id: str, filter_string: str) -> list[Run]:
+def search_runs(experiment_ids: str | list[str], filter_string: str) -> list[Run]:
     """Every matching run, following pages (a server caps one page), in run-id order."""
+    ids = [experiment_ids] if isinstance(experiment_ids, str) else list(experiment_ids)
     client, out, token = MlflowClient(), [], None
     while True:
         page = client.search_runs(
-            [experiment_id], filter_string=filter_string, max_results=PAGE_SIZE, page_token=token
+            ids, filter_string=filter_string, max_results=PAGE_SIZE, page_token=token
         )
         out.extend(page)
         token = page.token
@@ -202,7 +205,9 @@ def search_runs(experiment_id: str, filter_string: str) -> list[Run]:
 def hash_counts(protocol_name: str) -> dict[str, int]:
     """Protocol hash -> number of cell runs (any status) recorded under this protocol name."""
     counts: dict[str, int] = {}
-    for run in search_runs(_experiment_id(protocol_name), cell_filter(protocol_name=protocol_name)):
+    for run in search_runs(
+        _experiment_ids(protocol_name), cell_filter(protocol_name=protocol_name)
+    ):
         h = run.data.tags.get(PROTOCOL_HASH, "")
         if h:
             counts[h] = counts.get(h, 0) + 1
@@ -223,7 +228,7 @@ def _seed(run: Run) -> int:
 
 def cell_records(protocol_name: str, protocol_hash: str) -> list[CellRecord]:
     """Every cell run of this protocol hash, any status, sorted by (arm, seed, run id)."""
-    runs = search_runs(_experiment_id(protocol_name), cell_filter(protocol_hash))
+    runs = search_runs(_experiment_ids(protocol_name), cell_filter(protocol_hash))
     records = [
         CellRecord(
             run_id=r.info.run_id,
@@ -256,7 +261,7 @@ def parent_runs(protocol_name: str, protocol_hash: str | None = None) -> list[Pa
             int(r.info.start_time or 0),
             r.data.tags.get("git_commit", "unknown"),
         )
-        for r in search_runs(_experiment_id(protocol_name), where)
+        for r in search_runs(_experiment_ids(protocol_name), where)
     ]
     return sorted(parents, key=lambda p: (-p.start_time, p.run_id))
 

@@ -9,15 +9,18 @@ what it needs, named here:
   own settings and virtual environment);
 - ``ablate --jobs`` workers: also the workbench's client settings, each by its exact name
   (``WORKBENCH_CLIENT``), MLflow's client settings (the tracking server and its account),
-  the libpq settings
-  (``PG*``: a tracking store on PostgreSQL reads its password from ``PGPASSWORD`` or
-  ``PGPASSFILE``), TLS and proxy settings, the artifact stores' credentials (``AWS_*``,
+  the libpq settings where a PostgreSQL queue or store is used
+  (``PG*``: PostgreSQL reads its password from ``PGPASSWORD`` or ``PGPASSFILE``), TLS and proxy settings, the artifact stores' credentials (``AWS_*``,
   ...) and the torch / CUDA / thread settings; their queue URL comes as
   ``WORKBENCH_STORAGE``, never in argv;
 - the ``mlflow server`` of ``workbench server start``: MLflow's server settings, TLS,
   proxies and the artifact stores' credentials; not the clients' tracking account, not
   the server launcher's own variables (admin password, database URIs with passwords);
-- its watchdog (a standard-library script): the basics only.
+- its watchdog (a standard-library script): the basics only;
+- the ``git`` calls that read the checkout's commit: the basics and git's own settings.
+
+libpq's settings (``PGPASSWORD``) reach a worker only where its queue or tracking store is
+PostgreSQL.
 """
 
 from __future__ import annotations
@@ -117,13 +120,54 @@ def allowed(
     }
 
 
-def worker_env(environ: Mapping[str, str] | None = None) -> dict:
-    """What a local ``workbench worker`` (``ablate --jobs``) needs from the coordinator's environment."""
-    return allowed(
+def worker_env(environ: Mapping[str, str] | None = None, storage: str = "") -> dict:
+    """What a local ``workbench worker`` (``ablate --jobs``) needs from the coordinator's environment.
+
+    libpq's settings (``PGPASSWORD`` among them) only where a PostgreSQL database is used: the
+    worker's queue (``storage``) or its tracking store (MLFLOW_TRACKING_URI). A journal queue
+    and a tracking server over HTTP need none of them.
+    """
+    environ = os.environ if environ is None else environ
+    env = allowed(
         (*BASICS, *PYTHON, *NETWORK, *ARTIFACT_STORES, *COMPUTE, *WORKBENCH_CLIENT, "MLFLOW_"),
         SERVER_LAUNCHER,
         environ,
-    ) | _libpq(environ)
+    )
+    databases = (storage, environ.get("MLFLOW_TRACKING_URI", ""))
+    return env | (_libpq(environ) if any(map(is_postgres, databases)) else {})
+
+
+def is_postgres(url: str) -> bool:
+    """Whether a queue or store URL names a PostgreSQL database (``postgresql://``, ``postgresql+psycopg2://``)."""
+    return url.split(":", 1)[0].split("+", 1)[0] in ("postgresql", "postgres")
+
+
+# What ``git rev-parse`` / ``git status`` read besides the basics: where the repository is and
+# git's own configuration (``safe.directory`` given by GIT_CONFIG_* in containers), by exact name.
+GIT = (
+    "GIT_DIR",
+    "GIT_WORK_TREE",
+    "GIT_INDEX_FILE",
+    "GIT_OBJECT_DIRECTORY",
+    "GIT_ALTERNATE_OBJECT_DIRECTORIES",
+    "GIT_COMMON_DIR",
+    "GIT_CEILING_DIRECTORIES",
+    "GIT_DISCOVERY_ACROSS_FILESYSTEM",
+    "GIT_CONFIG_GLOBAL",
+    "GIT_CONFIG_SYSTEM",
+    "GIT_CONFIG_NOSYSTEM",
+    "GIT_CONFIG_COUNT",
+    "GIT_CONFIG_KEY_",
+    "GIT_CONFIG_VALUE_",
+    "GIT_CONFIG_PARAMETERS",
+    "XDG_CONFIG_HOME",
+)
+
+
+def git_env(environ: Mapping[str, str] | None = None) -> dict:
+    """The ``git`` calls that read a checkout's commit (``tracking.store.session.git_state``): the
+    basics and git's own settings; no tracking account, database URL or queue URL."""
+    return allowed((*BASICS, *GIT), (), environ)
 
 
 def _libpq(environ: Mapping[str, str] | None) -> dict:

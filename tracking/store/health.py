@@ -28,6 +28,10 @@ CREDENTIAL_ENV = ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD", "MLFLO
 
 T = TypeVar("T")
 _health: dict[str, tuple[float, str]] = {}  # uri#credentials -> (checked at, "up" | why it is away)
+_accounts: dict[str, str] = {}  # uri#credentials -> the account the server authenticated ("": none)
+CURRENT_USER_PATH = (
+    "/api/2.0/mlflow/users/current"  # MLflow's basic-auth app: who these credentials are
+)
 
 
 class TrackingAuthError(RuntimeError):
@@ -116,9 +120,16 @@ def raise_if_auth_failure(uri: str, err: BaseException) -> None:
 
 
 def auth_error(uri: str, status: int) -> TrackingAuthError:
-    what = "refused the credentials" if status == 401 else "denied this user access"
+    """401: the credentials are wrong (set others). 403: they are fine, the account may not do this."""
+    if status == 403:
+        # The server knew the account (a wrong password is 401): new credentials fix nothing.
+        return TrackingAuthError(
+            f"MLflow tracking server {uris.redact_uri(uri)} accepted the credentials but does not let "
+            "this account do that (HTTP 403); new credentials change nothing: where it is another "
+            "account's experiment, that account or the server's admin grants access (docs/server.md, section 2)"
+        )
     return TrackingAuthError(
-        f"MLflow tracking server {uris.redact_uri(uri)} {what} (HTTP {status}). Set MLFLOW_TRACKING_USERNAME "
+        f"MLflow tracking server {uris.redact_uri(uri)} refused the credentials (HTTP {status}). Set MLFLOW_TRACKING_USERNAME "
         f"and MLFLOW_TRACKING_PASSWORD to an account on that server (ask its admin: `workbench server add-user`)."
     )
 
@@ -153,6 +164,44 @@ def check_server(uri: str, timeout: float | None = None) -> str:
     return f"HTTP {response.status_code} from {uris.redact_uri(uri)}"
 
 
+def server_account(uri: str) -> str | None:
+    """The account the server authenticated these credentials as; "" on a server without accounts.
+
+    Asked of the server (``GET users/current`` of MLflow's basic-auth app, once per server and
+    credentials), never read from a tag a client sets (``mlflow.user``). A server without that
+    endpoint (no auth app, HTTP 404) has no accounts, unless credentials are set: an older
+    basic-auth app authenticated them on every call, so they name the account. None: the
+    server cannot be asked now (away).
+
+    Raises:
+        TrackingAuthError: The server refused the credentials (401).
+    """
+    key = _health_key(uri)
+    if key in _accounts:
+        return _accounts[key]
+    if known_down(uri):
+        return None
+    from mlflow.utils.credentials import get_default_host_creds
+    from mlflow.utils.rest_utils import http_request
+
+    creds = get_default_host_creds(uri)
+    timeout = float(os.environ.get(HEALTH_TIMEOUT_ENV, 15))
+    try:
+        response = http_request(creds, CURRENT_USER_PATH, "GET", max_retries=0, timeout=timeout)
+    except Exception:  # noqa: BLE001 - away now: asked again next time (the probe decides outages)
+        return None
+    if response.status_code == 401:
+        raise auth_error(uri, 401)
+    if response.status_code == 200:
+        account = str(response.json().get("user", {}).get("username", ""))
+    elif response.status_code == 404:
+        account = creds.username or ""
+    else:
+        return None
+    _accounts[key] = account
+    return account
+
+
 def _health_key(uri: str) -> str:
     """A probe result holds for one server *and* one set of credentials."""
     creds = "|".join(os.environ.get(k, "") for k in CREDENTIAL_ENV)
@@ -185,6 +234,7 @@ def mark_down(uri: str, reason: str) -> None:
 def forget_probes() -> None:
     """Drop remembered probe results (``offline_store.forget_health`` drops the warnings too)."""
     _health.clear()
+    _accounts.clear()
 
 
 def with_retries(

@@ -23,6 +23,7 @@ from urllib.parse import unquote, urlsplit
 import mlflow
 
 from tracking.store import health, offline_store, uris
+from tracking.store.child_env import git_env
 from tracking.store.uris import DEFAULT_TRACKING_URI, redact_uri  # noqa: F401  (re-exported)
 
 
@@ -76,16 +77,19 @@ def configure_tracking(allow_offline: bool = True) -> str:
 def run_user() -> str:
     """Who a new run belongs to, for its ``mlflow.user`` tag (the UI's "Created by").
 
-    On a tracking server reached with basic-auth credentials it is the account that logs
-    in: MLFLOW_TRACKING_USERNAME, else the user name in MLFLOW_TRACKING_URI
-    (``https://alice:...@host``), as MLflow itself chooses them. That holds for runs
-    kept in the local fallback store while the server is away too: they are the account's
-    runs, synced later. Otherwise WORKBENCH_USER, else the OS user, as MLflow would say.
+    On a tracking server with accounts it is the account the server authenticated
+    (``health.server_account``: the server's word, not a name this client sets). While the
+    server cannot be asked (away: runs kept in the local fallback store, synced later), the
+    account that logs in: MLFLOW_TRACKING_USERNAME, else the user name in MLFLOW_TRACKING_URI
+    (``https://alice:...@host``), as MLflow itself chooses them. Otherwise WORKBENCH_USER,
+    else the OS user, as MLflow would say.
     """
     uri = uris.tracking_uri()
     if uris.is_remote(uri):
-        account = os.environ.get("MLFLOW_TRACKING_USERNAME") or unquote(
-            urlsplit(uri).username or ""
+        account = (
+            health.server_account(uri)
+            or os.environ.get("MLFLOW_TRACKING_USERNAME")
+            or unquote(urlsplit(uri).username or "")
         )
         if account:
             return account
@@ -99,8 +103,9 @@ def git_state(path: Path | None = None) -> dict[str, str]:
     cwd = path or Path(__file__).resolve().parents[2]  # the checkout (tracking/store/session.py)
 
     def git(*args: str) -> str:
+        # An allow-list environment: git needs no tracking account, database or queue URL.
         return subprocess.run(
-            ["git", *args], cwd=cwd, capture_output=True, text=True, check=True
+            ["git", *args], cwd=cwd, capture_output=True, text=True, check=True, env=git_env()
         ).stdout.strip()
 
     try:
