@@ -197,6 +197,57 @@ def test_a_checkpoint_that_does_not_reproduce_its_predictions_fails_its_cell_onl
     kinds.assert_first_cell_failed_its_proof(outcomes, "nothing scored")
 
 
+def test_a_cell_killed_after_its_lease_dropped_logs_each_metric_once_on_the_rerun(
+    trained, monkeypatch
+):
+    """The execution dies between releasing the first cell's lease and ending its run (the run
+    stays RUNNING, released): the rerun continues that run in place and, before, logged every one
+    of its metrics a second time (docs/study-record.md: only what the run lacks)."""
+    from tracking.record.sink import RunSink
+
+    tmp, folder, ablation = trained
+    path = kinds.write_protocol(tmp, ATTRIBUTION, "tiny_killed", ablation)
+    real_end, killed = RunSink.end, []
+
+    def killed_at_first_end(self, status="FINISHED", end_time=None):
+        if not killed:  # the first cell's end, its lease just released: the process is killed
+            killed.append(self.run_id)
+            raise KeyboardInterrupt
+        if self.run_id in killed:  # a dead process writes nothing more to it
+            return None
+        return real_end(self, status, end_time)
+
+    monkeypatch.setattr(RunSink, "end", killed_at_first_end)
+    with pytest.raises(KeyboardInterrupt):
+        attribute(tmp, folder, path)
+    monkeypatch.setattr(RunSink, "end", real_end)
+    client = MlflowClient()
+    dropped = client.get_run(killed[0])
+    assert dropped.info.status == "RUNNING" and "lease.released" in dropped.data.tags, (
+        dropped.info.status,
+        sorted(dropped.data.tags),
+    )
+    first = {k: len(client.get_metric_history(killed[0], k)) for k in dropped.data.metrics}
+
+    _, outcomes = attribute(tmp, folder, path)
+    kinds.assert_finished(outcomes, 2)
+    assert outcomes[0].run_id == killed[0]  # continued in place, not in a new run
+    for cell in kinds.cell_runs("tiny_killed"):
+        histories = {k: client.get_metric_history(cell.info.run_id, k) for k in cell.data.metrics}
+        assert len(histories) >= 80, len(histories)  # 82 metric keys on the tiny cells
+        twice = {
+            k: [m.step for m in h]
+            for k, h in histories.items()
+            if len({m.step for m in h}) != len(h)
+        }
+        assert not twice, (
+            f"{len(twice)} of {len(histories)} keys logged twice at a step: {sorted(twice)[:5]}"
+        )
+    # the killed run held every number already: the rerun added none
+    after = {k: len(client.get_metric_history(killed[0], k)) for k in first}
+    assert after == first, {k: (first[k], after[k]) for k in first if after[k] != first[k]}
+
+
 PRETRAINED = f"""\
 name: tiny_timm_faithfulness
 description: a randomly initialised reduced timm ViT with a register token, on an image folder

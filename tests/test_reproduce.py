@@ -231,3 +231,28 @@ def test_the_level_reached_is_the_finest_that_holds_with_every_coarser_one():
     # published verdicts were not the evidence's own, nothing finer is claimed
     assert at_least("numerical", "conclusion") and not at_least("numerical", "bitwise")
     assert at_least("bitwise", "bitwise") and not at_least("none", "conclusion")
+
+
+def test_the_default_evidence_is_the_protocols_repository_s_from_any_folder(tmp_path, monkeypatch):
+    """Before, ``docs/results/<study>/evidence`` was read relative to the current folder: from any
+    other folder reproduce failed on a runs.json it could not find."""
+    from click.testing import CliRunner
+
+    from studies.cli import main
+    from studies.tools.reproduce import REPOSITORY, published_evidence
+
+    protocol = REPOSITORY / "studies" / "protocols" / "fmnist_seed_recipe.yaml"
+    published = REPOSITORY / "docs" / "results" / "fmnist_seed_recipe" / "evidence"
+    monkeypatch.chdir(tmp_path)
+    assert published_evidence(protocol, "fmnist_seed_recipe") == published
+    # a protocol in another repository: that repository's published folder, found from its file up
+    other = tmp_path / "other" / "studies" / "protocols" / "x.yaml"
+    other.parent.mkdir(parents=True)
+    (tmp_path / "other" / "docs" / "results" / "x" / "evidence").mkdir(parents=True)
+    assert published_evidence(other, "x") == tmp_path / "other" / "docs/results/x/evidence"
+    # the command, run from tmp_path: the evidence is found, the hash checked, the cells next
+    result = CliRunner().invoke(
+        main, ["reproduce", "--protocol", str(protocol), "--cells", "nosuch/seed0"]
+    )
+    assert result.exit_code != 0 and "runs.json" not in result.output, result.output
+    assert "nosuch/seed0: not a cell of fmnist_seed_recipe" in result.output, result.output

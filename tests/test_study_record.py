@@ -104,3 +104,29 @@ def test_ablate_exits_non_zero_when_the_parent_ended_failed(study, monkeypatch, 
         f"parent run {parent.info.run_id} ended FAILED (cells: 1 finished, 1 missing)"
         in result.output
     )
+
+
+def test_a_run_continued_in_place_logs_only_the_metrics_it_lacks(mlflow_store):
+    """A cell whose execution died after logging its results is continued in place: the numbers it
+    holds are not logged again (before, every attribution metric got a second entry)."""
+    from tracking.record.sink import RunSink
+
+    client = MlflowClient()
+    run = client.create_run(client.create_experiment("lacking"))
+    RunSink.attach(run, mlflow_store, "lacking").log_metrics({"rho/chefer": 0.25, "images": 6})
+    # the next execution: a new sink attached to the run, which already holds both keys at step 0
+    again = RunSink.attach(client.get_run(run.info.run_id), mlflow_store, "lacking")
+    again.log_lacking_metrics({"rho/chefer": 0.25, "images": 6, "patches": 4})
+    again.log_lacking_metrics({"deletion_curve/chefer": 0.5}, step=2)
+    again.log_lacking_metrics({"deletion_curve/chefer": 0.5}, step=2)
+    again.log_lacking_metrics({"deletion_curve/chefer": 0.4}, step=3)
+    history = {
+        key: sorted(m.step for m in client.get_metric_history(run.info.run_id, key))
+        for key in ("rho/chefer", "images", "patches", "deletion_curve/chefer")
+    }
+    assert history == {
+        "rho/chefer": [0],
+        "images": [0],
+        "patches": [0],
+        "deletion_curve/chefer": [2, 3],
+    }, history

@@ -24,6 +24,7 @@ import yaml
 from studies.ablation.cell_queue import open_storage, quiet_optuna, redact
 from studies.ablation.train import train_one
 from studies.runtime.options import check_amp, check_storage_option, threads_option
+from studies.runtime.preflight import check_writable_folder
 from studies.runtime.secret_options import storage_options
 from studies.runtime.stop_signals import sigterm_raises
 from studies.runtime.study_execution import prepare_protocol_data
@@ -365,6 +366,7 @@ def sweep(
         data=replace(chosen.config.data, path=data_path),
     )
     check_space(base, space, sampler_seed)  # before any trial, study or MLflow run exists
+    check_writable_folder(output_dir)  # likewise: not at the first trial's first checkpoint
     check_amp(base.run.amp, device)
     name = study_name or f"sweep:{protocol.name}@{protocol.short_hash}:{chosen.name}"
     with store_lock(

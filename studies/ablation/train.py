@@ -17,6 +17,7 @@ from pathlib import Path
 
 import click
 import torch
+import yaml
 from tqdm.auto import tqdm
 
 from studies.runtime.cell_end import ended, hold_opened, training_outcome
@@ -45,6 +46,7 @@ from workbench.data.prepare import DEFAULT_VAL_FRACTION
 from workbench.models.registry import STUDY_MODELS, build_model, model_config
 from workbench.models.timm_arm import TimmModelError
 from workbench.precision import device_capability, resolve_amp
+from workbench.protocol.common import yaml_value
 from workbench.train.config import (
     DataSpec,
     FastPathConfig,
@@ -160,7 +162,11 @@ def _train(
             cfg,
             data,
             run_dir,
-            Observers(mlflow_observer, _Announce(run_name, sink.run_id, previous, log), observer),
+            Observers(
+                mlflow_observer,
+                _Announce(run_name, sink.run_id, previous, log, cfg.fast_path.compile),
+                observer,
+            ),
         )
         # Device capability (bf16 units) and the threads of this execution as tags (a resumed
         # run may run elsewhere); the first execution's threads also as a param.
@@ -238,11 +244,25 @@ def cell_threads(started: int | None, requested: int, run_name: str, log):
         torch.set_num_threads(before)
 
 
-class _Announce(TrainingObserver):
-    """One console line saying whether a cell starts, resumes (from where) or only completes its summary."""
+# Said before a compiled cell's first step, which compiles silently otherwise. Measured: the
+# first compiled step took 67.8 s in a fresh process (docs/training.md, "Fast path") and 127 s on
+# another machine (issue 49); 0.17 to 0.24 s once torch's compile cache held it.
+COMPILE_NOTICE = (
+    "{run_name}: fast_path.compile: the first training step compiles the model (torch.compile); "
+    "a cold compile takes about 1 to 2 minutes with no output, under a second once torch's "
+    "compile cache holds it"
+)
 
-    def __init__(self, run_name: str, run_id: str, previous: str | None, log) -> None:
+
+class _Announce(TrainingObserver):
+    """One console line saying whether a cell starts, resumes (from where) or only completes its
+    summary; and one before a compiled step's silent first compile (``compiles``)."""
+
+    def __init__(
+        self, run_name: str, run_id: str, previous: str | None, log, compiles: bool = False
+    ) -> None:
         self.run_name, self.run_id, self.previous, self.log = run_name, run_id, previous, log
+        self.compiles = compiles
 
     def on_start(self, info: dict) -> None:
         where = f"in run {self.run_id}"
@@ -258,18 +278,25 @@ class _Announce(TrainingObserver):
             )
         else:
             self.log(f"{self.run_name}: started {where}")
+        if self.compiles and not info.get("finished"):
+            self.log(COMPILE_NOTICE.format(run_name=self.run_name))
 
 
 def parse_overrides(pairs: tuple[str, ...], option: str = "--set") -> dict:
-    """``("dim=96", "pooling=mean")`` -> typed overrides (YAML scalars)."""
-    import yaml
-
+    """``("dim=96", "pooling=mean")`` -> typed overrides, each value read as a protocol file reads it
+    (``fused_attention=on`` is the string ``on``, as in a protocol, not YAML 1.1's true)."""
     out = {}
     for pair in pairs:
         if "=" not in pair:
             raise click.BadParameter(f"{pair!r}: expected FIELD=VALUE", param_hint=option)
         key, value = pair.split("=", 1)
-        out[key.strip()] = yaml.safe_load(value)
+        try:
+            out[key.strip()] = yaml_value(value)
+        except yaml.YAMLError as err:
+            raise click.BadParameter(
+                f"{pair!r}: {value.strip()!r} is not a value ({str(err).splitlines()[0]})",
+                param_hint=option,
+            ) from None
         if isinstance(out[key.strip()], float) and not math.isfinite(out[key.strip()]):
             raise click.BadParameter(
                 f"{pair!r}: {value.strip()!r} is not a finite number (inf and nan are refused)",

@@ -34,6 +34,7 @@ from studies.runtime.options import (
     check_storage_option,
     threads_option,
 )
+from studies.runtime.preflight import check_writable_folder
 from studies.runtime.secret_options import storage_options
 from studies.runtime.stop_signals import pending_stop, sigterm_raises
 from studies.runtime.study_execution import held_parent, prepare_protocol_data
@@ -216,6 +217,7 @@ def worker(
         check_timing(heartbeat, grace)
     except ValueError as err:
         raise click.BadParameter(str(err), param_hint="--heartbeat") from err
+    check_writable_folder(output_dir)  # before a cell is popped, not at its first checkpoint
     # The cells' MLflow runs carry the same lease timing as the queue, for this command only
     # (invoked in-process, from a notebook or a test, it must not change later leases).
     with patch.dict(os.environ, {LEASE_ENV: str(grace), HEARTBEAT_ENV: str(heartbeat)}):

@@ -33,7 +33,7 @@ from workbench.interventions import HeadAblation, flatten
 from workbench.interventions.evaluate import evaluate, reference_means
 from workbench.interventions.patching import patch_split
 from workbench.protocol import InterventionCell, InterventionProtocol, load_intervention_protocol
-from workbench.protocol.intervention import check_against_model
+from workbench.protocol.intervention import check_against_data, check_against_model
 from workbench.train.evaluate import ReloadProof
 
 DEFAULT_PROTOCOL = "studies/protocols/smoke_heads.yaml"
@@ -56,6 +56,16 @@ class InterventionStudy(TrainedModelKind):
     @staticmethod
     def evaluated_images(protocol: InterventionProtocol, data: PreparedData) -> PreparedSplit:
         return evaluated_split(protocol, data, protocol.evaluation.split, "evaluation.split")
+
+    def prepare_execution(self, protocol: InterventionProtocol, options: StudyOptions):
+        ex = super().prepare_execution(protocol, options)
+        # what the data and a pretrained model decide is checked now, before any run opens
+        check_against_data(
+            protocol, ex.images.labels, len(ex.data.train.labels), ex.data.display_name
+        )
+        if ex.pretrained is not None:
+            check_against_model(protocol, ex.pretrained.model.cfg, "the pretrained model")
+        return ex
 
     def plan(self, cell: InterventionCell, acted: ActedCell) -> tuple[list, dict]:
         p, e = self.ex.protocol, self.ex.protocol.evaluation

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import click
 
+from studies.runtime.preflight import check_writable_folder
 from workbench.precision import AmpUnsupported, resolve_amp, set_threads
 
 
@@ -78,13 +79,16 @@ STUDY_OPTION_NAMES = ("allow_dirty", "device", "data_path", "download", "output_
 
 def study_options(output_dir: str, output_help: str):
     """The options of a study command (``--allow-dirty``, ``--device``, ``--data-path``, ``--download``,
-    ``--output-dir`` with this command's default and help, ``--threads``), given to it as ``options``."""
+    ``--output-dir`` with this command's default and help, ``--threads``), given to it as ``options``;
+    ``--output-dir`` is checked writable before the command starts (``check_writable_folder``)."""
 
     def decorate(command):
         @functools.wraps(command)
         def with_options(*args, **kwargs):
             values = {name: kwargs.pop(name) for name in STUDY_OPTION_NAMES}
             values["output_dir"] = Path(values["output_dir"])
+            # a read-only folder would otherwise fail every cell at its first write, after the runs opened
+            check_writable_folder(values["output_dir"])
             return command(*args, options=StudyOptions(**values), **kwargs)
 
         stack = [

@@ -5,7 +5,7 @@ implementing ``StudyKind``; one instance serves one execution. The driver does w
 does the same way:
 
 - ``open_study``: load the protocol (``kind.load``), refuse it if the file is not committed
-  (``check_clean``), decide where runs go (``configure_tracking``), refuse a name already run with
+  (``check_clean``), decide where runs go (``kind.configure_store``), refuse a name already run with
   another hash (``check_frozen``), and say the kind's notice if it has one;
 - ``run_cells``: the kind prepares what its cells share (``prepare``: data, a source model; every
   check that can be made before a run opens), then the study's one parent run is held
@@ -46,6 +46,12 @@ class StudyKind(ABC):
     @abstractmethod
     def load(cls, path: str) -> Any:
         """The protocol file parsed and validated (``ProtocolError`` naming the file and key otherwise)."""
+
+    @classmethod
+    def configure_store(cls, protocol) -> str:
+        """Where this execution's runs go (``configure_tracking``): the configured store, or the local
+        fallback store while a server is away; returns its URI."""
+        return configure_tracking()
 
     @classmethod
     def notice(cls, protocol) -> str | None:
@@ -90,11 +96,12 @@ class StudyKind(ABC):
         return []
 
 
-def open_study(kind: type[StudyKind], path: str, allow_dirty: bool):
-    """Load the protocol, check it is committed and frozen, with tracking configured; errors name the file or key."""
+def open_study(kind: type[StudyKind], path: str, allow_dirty: bool, store=None):
+    """Load the protocol, check it is committed and frozen, with tracking configured (``store(protocol)``,
+    default the kind's ``configure_store``); errors name the file or key."""
     protocol = kind.load(path)
     check_clean(path, allow_dirty)
-    configure_tracking()
+    (store or kind.configure_store)(protocol)
     check_frozen(protocol, frozen_hashes(protocol.name))
     notice = kind.notice(protocol)
     if notice:

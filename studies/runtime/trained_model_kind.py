@@ -38,7 +38,7 @@ from tracking.record.lease import HEARTBEATS
 from tracking.record.protocol_runs import STARTED_TAG
 from tracking.record.schema import RUN_NAME, SOURCE_IDENTITY, SOURCE_RUN_ID, TRUE, cell_tags
 from tracking.record.sink import RunSink
-from tracking.store.session import configure_tracking, environment_tags
+from tracking.store.session import StoreUnavailableError, configure_tracking, environment_tags
 from workbench.data import DatasetNotFound, PreparedData, PreparedSplit, prepare
 from workbench.interventions import InterventionError
 from workbench.interventions.evaluate import INTERVENTION_AS_TRAINED, Inputs, acted_inputs
@@ -254,13 +254,32 @@ class TrainedModelKind(StudyKind):
             )
         return line + "".join(f"; warning: {p}" for p in problems)
 
+    def store_for(self, protocol) -> str:
+        """Where this execution's runs go: the store of the acted-on cells, never the local fallback
+        store while a server is away nor a SQLite file that does not exist, where no trained cell can
+        be (before, a dead server sent ``intervene`` to a new local store that opened a parent and
+        failed every cell). A pretrained model, or cells read from published evidence
+        (``--cells-from``), need no trained cell in the store: their runs may go to the fallback.
+        """
+        if protocol.acts_on is None or self.published is not None:
+            return configure_tracking()
+        try:
+            configure_tracking(allow_offline=False)
+        except StoreUnavailableError as err:
+            raise StoreUnavailableError(
+                f"{err}; {protocol.name} acts on the trained cells of {protocol.acts_on.protocol}, "
+                "which no local fallback store holds: nothing was run (start the server, set "
+                "MLFLOW_TRACKING_URI to the store of those cells, or give --cells-from)"
+            ) from None
+        return configure_tracking()  # the writer's checks too (a writable SQLite file)
+
     def prepare(self, protocol, protocol_file: Path, options: StudyOptions) -> str:
         if self.published is not None and protocol.acts_on is None:
             raise ProtocolError(
                 f"{protocol.source_file}: --cells-from gives trained cells, but this protocol acts on "
                 "a pretrained model"
             )
-        configure_tracking()
+        self.store_for(protocol)
         self.ex = ex = self.prepare_execution(protocol, options)
         self.acted = (
             f"{protocol.acts_on.protocol}@{protocol.acts_on.hash[:12]} arms {', '.join(protocol.arms)}"
@@ -504,7 +523,7 @@ def trained_model_command(
         with said_in_one_line(kind):
             study = kind(options, strict, cells_from)
         with said_in_one_line(study):
-            protocol = open_study(kind, protocol_path, options.allow_dirty)
+            protocol = open_study(kind, protocol_path, options.allow_dirty, study.store_for)
         run_study(study, protocol, Path(protocol_path), options)
 
     return command

@@ -42,6 +42,19 @@ CELL = re.compile(r"^(?P<arm>[^/\s]+)/seed(?P<seed>\d+)$")
 # Set in the process that --match-kernels restarted with the caps, so it restarts only once.
 CAPS_APPLIED = "WORKBENCH_KERNEL_CAPS_APPLIED"
 CAP_VARIABLES_AND_MARK = (*CAP_VARIABLES, CAPS_APPLIED)
+# This code's repository: its docs/results hold the studies it publishes.
+REPOSITORY = Path(__file__).resolve().parents[2]
+
+
+def published_evidence(protocol_path: str | Path, name: str) -> Path:
+    """``docs/results/<name>/evidence`` of the repository that holds the protocol file (looked for
+    from its folder up), else of this code's repository: the same folder from any working folder
+    (before, the default was relative to the current one)."""
+    relative = Path("docs", "results", name, "evidence")
+    for folder in Path(protocol_path).resolve().parents:
+        if (folder / relative).is_dir():
+            return folder / relative
+    return REPOSITORY / relative
 
 
 class ChosenCells(AblationStudy):
@@ -102,7 +115,8 @@ def parse_cells(text: str, protocol) -> list[tuple[str, int]]:
     "evidence_dir",
     default=None,
     type=click.Path(file_okay=False),
-    help="The published evidence folder (default docs/results/<study>/evidence).",
+    help="The published evidence folder (default docs/results/<study>/evidence of the repository "
+    "that holds the protocol file, whatever the current folder).",
 )
 @click.option(
     "--level",
@@ -146,7 +160,9 @@ def reproduce(
     # The study's name first (no store opened): the re-training's own store is chosen by it, and
     # the protocol is opened (committed, not frozen under another hash) against that store.
     loaded = AblationStudy.load(protocol_path)
-    evidence_path = Path(evidence_dir or f"docs/results/{loaded.name}/evidence")
+    evidence_path = (
+        Path(evidence_dir) if evidence_dir else published_evidence(protocol_path, loaded.name)
+    )
     if export_format(evidence_path) != FORMAT:
         raise ReportError(
             f"{evidence_path}: format {export_format(evidence_path)!r}; reproduce re-trains "

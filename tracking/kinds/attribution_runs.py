@@ -378,11 +378,13 @@ def log_cell(
             "reload_proof_max_abs_diff": proof.max_abs_prob_diff,
         }
     check()
-    sink.log_metrics(metrics)
+    # A cell continued in place (its execution died after its lease was released, before its run
+    # ended) already holds these: only what it lacks is logged, so each key keeps one value per step.
+    sink.log_lacking_metrics(metrics)
     patches = cell.causal.effects.shape[1]
     for j, fraction in enumerate(cell.curves.fractions):
         check()
-        sink.log_metrics(
+        sink.log_lacking_metrics(
             {
                 f"{kind}_curve/{m}": float(getattr(cell.curves, f"{kind}_prob")[m][:, j].mean())
                 for m in cell.methods

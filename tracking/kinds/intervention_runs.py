@@ -133,7 +133,7 @@ def log_cell(
     if patching is not None:
         metrics |= _patching_metrics(patching[0])
     check()
-    sink.log_metrics(metrics)
+    sink.log_lacking_metrics(metrics)  # a cell continued in place logs only what its run lacks
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         check()

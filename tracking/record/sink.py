@@ -308,6 +308,13 @@ class RunSink:
         self._do("log metrics", lambda c, r: log_batch(c, r, metrics=points))
         self.journal.metrics.extend(points)
 
+    def log_lacking_metrics(self, values: dict, step: int = 0) -> None:
+        """``log_metrics`` of the values whose key the run lacks at ``step``: a cell continued in place
+        after its execution died between its results and its end logs each number once, not twice."""
+        lacking = {k: v for k, v in values.items() if step not in self.metric_steps(k)}
+        if lacking:
+            self.log_metrics(lacking, step=step)
+
     def log_inputs(self, datasets: list[DatasetInput]) -> None:
         # MLflow's store looks the dataset up, then inserts it if it was missing: two runs of
         # one experiment logging the same new dataset at once (queue workers starting their

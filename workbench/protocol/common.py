@@ -229,10 +229,27 @@ def section(
         cls: A config dataclass, or ``{key: type hint}`` for a section spanning several.
     """
     types_ = cls if isinstance(cls, dict) else get_type_hints(cls)
-    return {
+    values = {
         k: coerce(v, types_[k], f"{where}.{k}", fail)
         for k, v in mapping(value, where, valid, fail, hints=hints).items()
     }
+    for key, v in values.items():
+        check_seed(v, f"{where}.{key}", fail)
+    return values
+
+
+def check_seed(value: Any, where: str, fail: Fail) -> None:
+    """Refuse a negative seed at load: numpy's generators raise a bare ValueError for one, after
+    the study's runs are open (a key named ``seed`` or ``*_seed``, in every section of every kind)."""
+    key = where.rsplit(".", 1)[-1]
+    if (key == "seed" or key.endswith("_seed")) and isinstance(value, int) and value < 0:
+        raise fail(f"{where}={value!r}: must be an integer >= 0")
+
+
+def yaml_value(text: str) -> Any:
+    """One value written as in a protocol file (``KEY=VALUE`` on the command line): YAML 1.2's
+    numbers and booleans, so ``on``, ``off``, ``yes`` and ``no`` stay strings as they do in a file."""
+    return yaml.load(text, Loader=_Loader)
 
 
 def build(cls: type, kwargs: dict[str, Any], where: str, fail: Fail) -> Any:

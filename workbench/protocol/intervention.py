@@ -412,7 +412,9 @@ def parse_intervention_protocol(data: Any, source: str = "<protocol>") -> Interv
     patching = _patching(head.top["patching"], head.fail) if "patching" in head.top else None
     sources = acted_sources(head)
     for arm in sources.acts_on.arms if sources.acts_on else ():
-        _check_grid(grid, arm_model_config(sources.acted, arm), f"arm {arm}", head.fail)
+        cfg = arm_model_config(sources.acted, arm)
+        _check_grid(grid, cfg, f"arm {arm}", head.fail)
+        _check_patches(patching, cfg, f"arm {arm}", head.fail)
     fields = acting_fields(
         "intervention",
         head,
@@ -434,7 +436,7 @@ def _patching(value: Any, fail) -> PatchingSpec:
         )
     if spec.pairs < 1:
         raise fail(f"patching.pairs={spec.pairs!r}: must be a positive integer")
-    if (spec.corruption == "patches") != (spec.replaced_patches > 0):
+    if spec.replaced_patches < 0 or (spec.corruption == "patches") != (spec.replaced_patches > 0):
         raise fail(
             f"patching.replaced_patches={spec.replaced_patches!r}: give a positive count with "
             "corruption: patches, and none with corruption: class"
@@ -523,15 +525,29 @@ def _grid(value: Any, fail) -> Grid:
     return grid
 
 
+def uses_mean(grid: Grid) -> bool:
+    """Whether the grid ablates a head by its mean (then ``evaluation.mean_images`` are drawn)."""
+    return (grid.heads != "none" and "mean" in grid.head_modes) or any(
+        i.endswith(".mean") for s in grid.sets for i in s["items"]
+    )
+
+
+def _check_patches(patching: PatchingSpec | None, cfg: ViTConfig, what: str, fail) -> None:
+    """A ``patches`` corruption replaces at most the model's patches (checked against every acted-on
+    arm at load, against a pretrained model once it is built)."""
+    if patching is not None and patching.replaced_patches > cfg.num_patches:
+        raise fail(
+            f"patching.replaced_patches={patching.replaced_patches}: the model of {what} has only "
+            f"{cfg.num_patches} patches"
+        )
+
+
 def _check_evaluation(e: InterventionEvaluation, grid: Grid, fail) -> None:
     if e.split not in SPLITS:
         raise fail(f"evaluation.split={e.split!r}: must be one of {', '.join(SPLITS)}")
     if e.batch_size < 1:
         raise fail(f"evaluation.batch_size={e.batch_size!r}: must be a positive integer")
-    uses_mean = (grid.heads != "none" and "mean" in grid.head_modes) or any(
-        i.endswith(".mean") for s in grid.sets for i in s["items"]
-    )
-    if e.mean_images < (1 if uses_mean else 0):
+    if e.mean_images < (1 if uses_mean(grid) else 0):
         raise fail(
             f"evaluation.mean_images={e.mean_images!r}: mean ablation needs at least one reference image"
         )
@@ -668,4 +684,33 @@ def check_against_model(
         return InterventionProtocolError(f"{protocol.source_file}: {msg}")
 
     _check_grid(protocol.grid, cfg, what, fail)
+    _check_patches(protocol.patching, cfg, what, fail)
     return protocol.grid.expand(cfg)
+
+
+def check_against_data(
+    protocol: InterventionProtocol, labels: Any, train_images: int, data_name: str
+) -> None:
+    """The protocol's counts against the data, known once it is loaded (before any run opens):
+    the patching pairs and their two classes among the evaluated images (``labels``), the mean
+    ablation's reference images among the ``train_images``; one-line errors naming file and key."""
+
+    def fail(msg: str) -> InterventionProtocolError:
+        return InterventionProtocolError(f"{protocol.source_file}: {msg}")
+
+    split, patching, e = protocol.evaluation.split, protocol.patching, protocol.evaluation
+    if patching is not None and patching.pairs > len(labels):
+        raise fail(
+            f"patching.pairs={patching.pairs}: the {split} split of {data_name} has only "
+            f"{len(labels)} images"
+        )
+    if patching is not None and len(set(labels.tolist())) < 2:
+        raise fail(
+            f"patching: the {split} split of {data_name} has images of one class only; a pair "
+            "needs a corrupting image of another class"
+        )
+    if uses_mean(protocol.grid) and e.mean_images > train_images:
+        raise fail(
+            f"evaluation.mean_images={e.mean_images}: the training split of {data_name} has only "
+            f"{train_images} images"
+        )
