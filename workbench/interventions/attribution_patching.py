@@ -356,3 +356,25 @@ def read_locations(reads: np.ndarray, depth: int, heads: int) -> np.ndarray:
     reads (``PatchingResult.resid_reads`` False: 0 in both by construction)."""
     reads = np.asarray(reads, dtype=bool).reshape(-1)
     return np.concatenate([reads, np.ones(depth * (len(BRANCHES) + heads), dtype=bool)])
+
+
+def comparison_metrics(exact: dict[str, np.ndarray], estimates: dict, reads, model, steps: int):
+    """Flat metrics of AtP and AtP-IG against the exact grid (``estimate_split``'s arrays).
+
+    Per method and direction: ``{method}_rho/{direction}``, ``_top10_overlap``,
+    ``_sign_agreement`` and ``_pair_rho_mean`` over every location the readout reads
+    (``read_locations``); the passes of each per batch of pairs (``{method}_forwards``,
+    ``{method}_backwards``, ``exact_forwards``).
+    """
+    cfg = model.cfg
+    keep = read_locations(reads, cfg.depth, cfg.heads)
+    out: dict[str, float] = {}
+    for method in METHODS:
+        for direction in DIRECTIONS:
+            scored = agreement(exact, estimates, method, direction, keep)
+            out |= {f"{method}_{k}/{direction}": v for k, v in scored.metrics().items()}
+        passes = stated_passes(method, steps, cfg.depth)
+        out |= {f"{method}_forwards": passes["forward"], f"{method}_backwards": passes["backward"]}
+    tokens = exact["resid_ld"].shape[2]
+    out["exact_forwards"] = exact_passes(cfg.depth, tokens, cfg.heads)["forward"]
+    return {k: float(v) for k, v in out.items()}
