@@ -11,13 +11,14 @@ from test_interventions import BASE, images, make
 from workbench.interventions import InterventionError
 from workbench.interventions.attribution_patching import (
     agreement,
+    comparison_metrics,
     estimate_batch,
     exact_passes,
     location_names,
     read_locations,
     stated_passes,
 )
-from workbench.interventions.patching import DIRECTIONS, PATCHED, patch_batch
+from workbench.interventions.patching import DIRECTIONS, PATCHED, patch_batch, readout_reads
 
 KINDS = [f"{d}{k}_ld" for d in DIRECTIONS.values() for k in PATCHED]
 Y, CONTRAST = torch.tensor([0, 1, 2]), torch.tensor([3, 4, 0])
@@ -155,3 +156,27 @@ def test_bad_settings_are_refused_in_one_line():
         estimate_batch(model, x, x, Y, CONTRAST, "atp_ig", 0)
     with pytest.raises(InterventionError, match="ig_path 'input'"):
         estimate_batch(model, x, x, Y, CONTRAST, "atp_ig", 2, "input")
+
+
+def test_the_logged_comparison_is_the_agreement_over_the_read_locations_with_the_passes():
+    model, x, x_corrupt = make("plain"), images(3, seed=1), images(3, seed=2)
+    exact = patch_batch(model, x, x_corrupt, Y, CONTRAST)
+    est = estimate_batch(model, x, x_corrupt, Y, CONTRAST, "atp") | estimate_batch(
+        model, x, x_corrupt, Y, CONTRAST, "atp_ig", 4
+    )
+    reads = readout_reads(model, x)
+    logged = comparison_metrics(exact, est, reads, model, 4)
+    keep = read_locations(reads, model.cfg.depth, model.cfg.heads)
+    assert keep.sum() < keep.size, "a class-token head leaves the last block's patches unread"
+    for method in ("atp", "atp_ig"):
+        for direction in DIRECTIONS:
+            expected = agreement(exact, est, method, direction, keep).metrics()
+            for name, value in expected.items():
+                got = logged[f"{method}_{name}/{direction}"]
+                assert got == value or (np.isnan(got) and np.isnan(value)), (name, got, value)
+    assert (logged["atp_forwards"], logged["atp_ig_forwards"], logged["atp_ig_backwards"]) == (
+        2.0,
+        8.0,
+        8.0,
+    )
+    assert logged["exact_forwards"] == 2 + 2 * 2 * (17 + 2 + 4)
