@@ -109,3 +109,40 @@ def test_the_patching_section_is_optional_and_left_out_of_the_hash(trained):  # 
             __import__("yaml").safe_load(base + "patching: {corruption: patches}\n"),
             str(tmp_path / "p.yaml"),
         )
+
+
+def test_attribution_patching_is_logged_beside_the_exact_grid_and_scored_against_it(
+    trained,  # noqa: F811
+):
+    from workbench.interventions.attribution_patching import agreement, read_locations
+
+    tmp_path, folder, ablation = trained
+    path = tmp_path / "tiny_atp.yaml"
+    text = PATCHING.format(hash=ablation.hash).replace("tiny_patching", "tiny_atp")
+    path.write_text(text.replace("seed: 5}", "seed: 5, attribution_patching: true, ig_steps: 3}"))
+    _, outcomes = intervene(tmp_path, folder, path)
+    assert [o.status for o in outcomes] == ["finished"] * 2, [o.message for o in outcomes]
+    client = MlflowClient()
+    for cell in cell_runs("tiny_atp"):
+        local = Path(urlparse(client.get_run(cell.info.run_id).info.artifact_uri).path)
+        with np.load(local / "interventions" / "patching.npz") as z:
+            arrays = {k: z[k] for k in z.files}
+        for method in ("atp", "atp_ig"):
+            for key in ("resid_ld", "branch_ld", "head_ld", "noising_head_ld"):
+                assert arrays[f"{method}_{key}"].shape == arrays[key].shape, (method, key)
+        m = cell.data.metrics
+        keep = read_locations(arrays["resid_reads"], 2, 2)
+        for method in ("atp", "atp_ig"):
+            for direction in ("denoising", "noising"):
+                scored = agreement(arrays, arrays, method, direction, keep).metrics()
+                for name, value in scored.items():
+                    logged = m[f"{method}_{name}/{direction}"]
+                    assert np.isnan(value) and np.isnan(logged) or abs(logged - value) <= 1e-9, (
+                        method,
+                        direction,
+                        name,
+                        logged,
+                        value,
+                    )
+        assert (m["atp_forwards"], m["atp_ig_forwards"], m["atp_ig_backwards"]) == (2, 6, 6)
+        assert m["exact_forwards"] == 2 + 2 * 2 * (5 + 2 + 2)

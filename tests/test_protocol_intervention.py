@@ -232,3 +232,21 @@ def write_doc(tmp_path: Path, text: str) -> Path:
     path = tmp_path / "imagenette_vit_b16_heads.yaml"
     path.write_text(text)
     return path
+
+
+def test_attribution_patching_is_optional_and_hashed_only_when_on():
+    plain = {"pairs": 8, "corruption": "class", "seed": 1}
+    before = parsed(lambda d: d.update(patching=dict(plain)))
+    assert "attribution_patching" not in before.canonical["patching"]
+    assert not before.patching.attribution_patching and before.patching.ig_steps == 5
+    off = parsed(
+        lambda d: d.update(patching=plain | {"attribution_patching": False, "ig_steps": 5})
+    )
+    on = parsed(lambda d: d.update(patching=plain | {"attribution_patching": True}))
+    more = parsed(
+        lambda d: d.update(patching=plain | {"attribution_patching": True, "ig_steps": 9})
+    )
+    assert off.hash == before.hash != on.hash != more.hash
+    assert on.canonical["patching"]["attribution_patching"] is True and on.patching.ig_steps == 5
+    bad = error(lambda d: d.update(patching=plain | {"ig_steps": 0}))
+    assert "patching.ig_steps=0: must be a positive integer" in bad, bad

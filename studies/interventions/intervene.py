@@ -31,6 +31,7 @@ from tracking.record.sink import RunSink
 from workbench.data import PreparedData, PreparedSplit
 from workbench.interventions import HeadAblation, flatten
 from workbench.interventions.evaluate import evaluate, reference_means
+from workbench.interventions.attribution_patching import comparison_metrics, estimate_split
 from workbench.interventions.patching import patch_split
 from workbench.protocol import InterventionCell, InterventionProtocol, load_intervention_protocol
 from workbench.protocol.intervention import check_against_data, check_against_model
@@ -119,6 +120,8 @@ class InterventionStudy(TrainedModelKind):
             if patching is not None
             else None
         )
+        if patched is not None and patching.attribution_patching:
+            patched = _with_attribution_patching(model, split, inputs, patching, patched)
         self.log_outcome(
             sink, acted, e.split, intervention_runs.log_cell, ev, proof, reference, patching=patched
         )
@@ -136,6 +139,17 @@ class InterventionStudy(TrainedModelKind):
             f"{cell.key}: intact {e.split} accuracy {ev.intact_accuracy:.4f}; {len(grid)} interventions on {len(split)} "
             f"images in {ev.seconds:.1f} s{worst_text}"
         ), ev.seconds
+
+
+def _with_attribution_patching(model, split, inputs, spec, patched) -> tuple:
+    """``(result, pairs)`` extended: AtP and AtP-IG arrays beside the pairs (so beside the exact
+    grid in ``patching.npz``) and their scores against it as a third item (metrics)."""
+    result, logged = patched
+    estimates = estimate_split(model, split.images, split.labels, inputs, spec)
+    scores = comparison_metrics(
+        result.arrays(), estimates, result.resid_reads, model, spec.ig_steps
+    )
+    return result, {**logged, **estimates}, scores
 
 
 def run_intervention_protocol(

@@ -113,7 +113,9 @@ def log_cell(
     ``patching``: ``(PatchingResult, pairs)`` from ``patch_split``, logged as
     ``interventions/patching.npz`` (every pair's logit differences and probabilities under
     every patch, denoising and noising, and ``resid_reads``) with the branches' restored
-    (denoising) and removed (noising) fractions as metrics.
+    (denoising) and removed (noising) fractions as metrics. With attribution patching the
+    pairs' dict also holds the AtP / AtP-IG arrays (``atp_resid_ld``, ...), and a third item
+    holds their scores against the exact grid, logged as metrics.
     """
     metrics = {
         "intact_accuracy": ev.intact_accuracy,
@@ -132,6 +134,7 @@ def log_cell(
         metrics |= {f"{key}/{name}": value for key, value in values.items()}
     if patching is not None:
         metrics |= _patching_metrics(patching[0])
+        metrics |= patching[2] if len(patching) > 2 else {}
     check()
     sink.log_lacking_metrics(metrics)  # a cell continued in place logs only what its run lacks
     with tempfile.TemporaryDirectory() as tmp:

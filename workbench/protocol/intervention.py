@@ -20,6 +20,8 @@ labelled dataset, and a grid of interventions evaluated on every cell. Schema::
       sets: [{name: block0_heads, items: [blocks.0.attn.head0.zero, blocks.0.attn.head1.zero]}]
     evaluation: {split: val, batch_size: 256, mean_images: 1000, mean_seed: 0}
     patching: {pairs: 64, corruption: class, seed: 0}   # optional: activation patching
+      # optional inside it: attribution_patching: true (AtP and AtP-IG beside the exact grid),
+      # ig_steps: 5 (AtP-IG's steps); at their defaults they are not hashed
 
 Cells are the acted-on protocol's arms × seeds (seed-major), one for a pretrained model.
 Keys, types, errors and the hash follow ``workbench.protocol.common``; the grid is checked
@@ -218,12 +220,32 @@ class PatchingSpec:
             clean image with ``replaced_patches`` patches, at seeded positions, taken from it).
         replaced_patches: How many patches a ``patches`` corruption replaces.
         seed: Seed of the pairs and of the replaced positions.
+        attribution_patching: Also estimate every patch by attribution patching, AtP and
+            AtP-IG (``workbench.interventions.attribution_patching``), logged beside the exact
+            grid and scored against it.
+        ig_steps: AtP-IG's interpolation steps (used with ``attribution_patching``).
     """
 
     pairs: int = 64
     corruption: str = "class"
     replaced_patches: int = 0
     seed: int = 0
+    attribution_patching: bool = False
+    ig_steps: int = 5
+
+
+# Optional patching settings: at this value they are left out of the canonical content (and the
+# hash), so every protocol written before they existed keeps its hash.
+PATCHING_OPTIONAL = {"attribution_patching": False, "ig_steps": 5}
+
+
+def canonical_patching(spec: PatchingSpec) -> dict[str, Any]:
+    """The hashed form of the patching section: optional settings at their default left out."""
+    return {
+        k: v
+        for k, v in asdict(spec).items()
+        if k not in PATCHING_OPTIONAL or v != PATCHING_OPTIONAL[k]
+    }
 
 
 @dataclass(frozen=True)
@@ -422,7 +444,7 @@ def parse_intervention_protocol(data: Any, source: str = "<protocol>") -> Interv
         evaluation,
         interventions=asdict(grid),
         # only when given: every protocol without it keeps its hash
-        **({"patching": asdict(patching)} if patching is not None else {}),
+        **({"patching": canonical_patching(patching)} if patching is not None else {}),
     )
     return InterventionProtocol(grid, evaluation, patching, **fields)
 
@@ -436,6 +458,8 @@ def _patching(value: Any, fail) -> PatchingSpec:
         )
     if spec.pairs < 1:
         raise fail(f"patching.pairs={spec.pairs!r}: must be a positive integer")
+    if spec.ig_steps < 1:
+        raise fail(f"patching.ig_steps={spec.ig_steps!r}: must be a positive integer")
     if spec.replaced_patches < 0 or (spec.corruption == "patches") != (spec.replaced_patches > 0):
         raise fail(
             f"patching.replaced_patches={spec.replaced_patches!r}: give a positive count with "
