@@ -164,8 +164,8 @@ def test_a_new_study_whose_name_another_account_holds_goes_under_its_own_name(
 def test_a_worker_with_an_edit_grant_works_in_the_study_its_queue_names(
     alice_and_bob, isolated_tracking, monkeypatch
 ):
-    """bob's worker takes cells alice queued (EDIT on her experiment): the queue names her parent
-    run, and the worker works in that run's experiment; bob's own `ablate` of the name would not."""
+    """bob, granted EDIT on alice's study, works in her experiment: his worker through the parent run
+    its queue names, his own lookup of the name through the grant (the default READ is none)."""
     url = alice_and_bob
     monkeypatch.setenv("MLFLOW_TRACKING_URI", url)
     client = MlflowClient(url)
@@ -174,8 +174,9 @@ def test_a_worker_with_an_edit_grant_works_in_the_study_its_queue_names(
     parent = client.create_run(
         hers, tags={"protocol_name": "queued", "protocol_hash": "f00d", "parent": "true"}
     ).info.run_id
-    server_users.grant(url, BOB[0], "queued", "EDIT", *ADMIN)
     as_user(monkeypatch, BOB)
     assert experiment_id_for("queued", record_run=parent) == hers
-    own = experiment_id_for("queued")
-    assert own != hers and client.get_experiment(own).name == "queued@bob", own
+    before = experiment_id_for("queued")  # READ, the server's default, is no grant
+    assert client.get_experiment(before).name == "queued@bob", before
+    server_users.grant(url, BOB[0], "queued", "EDIT", *ADMIN)
+    assert experiment_id_for("queued") == hers, "a collaborator with EDIT continues her study"

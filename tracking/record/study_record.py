@@ -5,12 +5,14 @@ their cells. It is found by those tags, in the experiments this account owns, wh
 called: a renamed experiment is still the study's record, and an experiment of the protocol's
 name is not, unless this account owns it. Any account of a server may create an experiment of
 any free name and copy runs into it with any tags (``mlflow.user`` included: MLflow stores the
-client's value as the run's user); what it cannot do is hold MANAGE on another account's
-experiment. So "owns" is the one thing a stranger cannot forge:
+client's value as the run's user); what it cannot do is give itself a grant on another
+account's experiment. So "owns" is what a stranger cannot forge:
 
-- on a tracking server with MLflow's basic-auth app, this account holds MANAGE on the
-  experiment (its creator gets it; an owner may grant it). The account is the one the
-  server authenticated (``tracking.store.health.server_account``), not a name a client sets;
+- on a tracking server with MLflow's basic-auth app, this account holds an explicit grant of
+  EDIT or MANAGE on the experiment (``users/current/permissions``: its creator gets MANAGE; an
+  owner or the admin grants a collaborator EDIT), not the default permission every account
+  has (READ). The account is the one the server authenticated
+  (``tracking.store.health.server_account``), not a name a client sets;
 - on a store without accounts (a local SQLite file, a server without the auth app),
   every experiment is the local user's.
 
@@ -30,7 +32,11 @@ from mlflow.tracking import MlflowClient
 from tracking.record.schema import PROTOCOL_NAME, parent_filter, tag_is
 from tracking.store import health, uris
 
-_owners: dict[tuple[str, str, str], bool] = {}  # (uri, account, experiment id) -> owns it
+_owners: dict[tuple[str, str, str], bool] = {}  # (uri, account, experiment id) -> holds it
+GRANTS_PATH = (
+    "/api/3.0/mlflow/users/current/permissions"  # MLflow's basic-auth app: one's own grants
+)
+TRUSTED = ("EDIT", "MANAGE")
 _told: set[str] = set()  # lines said once per process
 
 
@@ -74,7 +80,8 @@ def find_record(client: MlflowClient, protocol_name: str) -> StudyRecord:
 
 
 def owns(client: MlflowClient, experiment_id: str) -> bool:
-    """Whether this account holds MANAGE on the experiment (always, on a store without accounts)."""
+    """Whether this account holds the experiment: an explicit grant of EDIT or MANAGE (always, on a
+    store without accounts). The server's default permission (READ) is no grant."""
     uri = client.tracking_uri
     if not uris.is_remote(uri):
         return True  # a local store has no accounts: nobody else's experiment is in it
@@ -84,9 +91,30 @@ def owns(client: MlflowClient, experiment_id: str) -> bool:
     if account is None:
         return False  # the server cannot be asked now: nothing is proven
     key = (uri, account, experiment_id)
-    if key not in _owners:
-        _owners[key] = _holds_manage(uri, account, experiment_id)
+    if not _owners.get(key):  # a grant given meanwhile counts at once; one held is kept
+        _owners[key] = _granted(uri, account, experiment_id)
     return _owners[key]
+
+
+def _granted(uri: str, account: str, experiment_id: str) -> bool:
+    """This account's own grants (``users/current/permissions``: its creator's MANAGE, an owner's
+    or the admin's grant), never the default every account has; MANAGE resolved, on older servers."""
+    from mlflow.utils.credentials import get_default_host_creds
+    from mlflow.utils.rest_utils import http_request
+
+    try:
+        response = http_request(get_default_host_creds(uri), GRANTS_PATH, "GET", max_retries=0)
+        if response.status_code == 404:  # an older server: no list of one's own grants
+            return _holds_manage(uri, account, experiment_id)
+        rows = response.json().get("permissions", []) if response.status_code == 200 else []
+    except Exception:  # noqa: BLE001 - an answer that cannot be read proves nothing
+        return False
+    return any(
+        row.get("resource_type") == "experiment"
+        and row.get("resource_pattern") in (experiment_id, "*")
+        and row.get("permission") in TRUSTED
+        for row in rows
+    )
 
 
 def _holds_manage(uri: str, account: str, experiment_id: str) -> bool:
