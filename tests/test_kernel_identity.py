@@ -37,6 +37,9 @@ def test_cpuinfo_is_read_from_the_first_processor(tmp_path):
     assert kernel_identity.cpu_info(tmp_path / "absent") == {
         "vendor_id": "",
         "model name": "",
+        "cpu family": "",
+        "model": "",
+        "stepping": "",
         "flags": "",
     }
 
