@@ -163,6 +163,13 @@ TABLE = [
     ("attribution", "attribution.random_seed", {"attribution.random_seed": -5}),
     ("attribution", "attribution.examples", {"attribution.examples": -5}),
     ("attribution", "attribution.random_draws", {"attribution.random_draws": 1}),
+    ("attribution", "attribution.sample_seed", {"attribution.sample_seed": -5}),
+    ("attribution", "attribution.indices", {"attribution.indices": [0, 1, 2, -1]}),
+    (
+        "attribution",
+        "attribution.indices",
+        {"attribution.indices": [0, 1, 2, 100000], "data": True},
+    ),
     ("attribution", "evaluation.confidence", {"evaluation.confidence": 1}),
     ("attribution", "evaluation.seed", {"evaluation.seed": -5}),
     ("attribution", "pretrained.seed", {"pretrained": True, "pretrained.seed": -5}),

@@ -88,7 +88,7 @@ def study_options(output_dir: str, output_help: str):
             values = {name: kwargs.pop(name) for name in STUDY_OPTION_NAMES}
             values["output_dir"] = Path(values["output_dir"])
             # a read-only folder would otherwise fail every cell at its first write, after the runs opened
-            check_writable_folder(values["output_dir"])
+            check_writable_folder(values["output_dir"], create=False)
             return command(*args, options=StudyOptions(**values), **kwargs)
 
         stack = [

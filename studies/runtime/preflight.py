@@ -7,6 +7,7 @@ count, batch size against the training split), never after an epoch has been spe
 
 from __future__ import annotations
 
+import errno
 import tempfile
 from pathlib import Path
 
@@ -20,16 +21,27 @@ from workbench.train.config import TrainConfig
 from workbench.train.fits import DataShape, misfits, patch_note
 
 
-def check_writable_folder(folder: str | Path, option: str = "--output-dir") -> None:
+def check_writable_folder(
+    folder: str | Path, option: str = "--output-dir", create: bool = True
+) -> None:
     """Create ``folder`` if needed and prove a file can be written in it.
+
+    ``create=False``: leave nothing behind; the folder, or the nearest folder above it that
+    exists (where it would be made), must take a file (a command refused later makes no folder).
 
     Raises:
         click.BadParameter: naming the option, the folder and what the system said.
     """
     folder = Path(folder)
     try:
-        folder.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=folder, prefix=".write-check-"):
+        if create:
+            folder.mkdir(parents=True, exist_ok=True)
+            where = folder
+        else:
+            where = next(p for p in (folder, *folder.parents) if p.exists())
+            if not where.is_dir():
+                raise NotADirectoryError(errno.ENOTDIR, f"{where} is a file")
+        with tempfile.NamedTemporaryFile(dir=where, prefix=".write-check-"):
             pass
     except OSError as err:
         why = err.strerror or str(err)

@@ -311,7 +311,8 @@ class RunSink:
     def log_lacking_metrics(self, values: dict, step: int = 0) -> None:
         """``log_metrics`` of the values whose key the run lacks at ``step``: a cell continued in place
         after its execution died between its results and its end logs each number once, not twice."""
-        lacking = {k: v for k, v in values.items() if step not in self.metric_steps(k)}
+        have = {(m.key, m.step) for m in self.journal.metrics}
+        lacking = {k: v for k, v in values.items() if (k, int(step)) not in have}
         if lacking:
             self.log_metrics(lacking, step=step)
 
