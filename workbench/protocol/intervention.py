@@ -20,6 +20,15 @@ labelled dataset, and a grid of interventions evaluated on every cell. Schema::
       sets: [{name: block0_heads, items: [blocks.0.attn.head0.zero, blocks.0.attn.head1.zero]}]
     evaluation: {split: val, batch_size: 256, mean_images: 1000, mean_seed: 0}
     patching: {pairs: 64, corruption: class, seed: 0}   # optional: activation patching
+    # patching.sample: stratified (default) | uniform: how the clean images are drawn
+
+Which clean images patching pairs: a seeded class-stratified sample of ``pairs`` images
+(``workbench.sample``, seeded by ``patching.seed``), each with a corrupting image of another
+class drawn as before. A protocol frozen before this rule drew its clean images uniformly
+(``sample: uniform``), and its hash has no ``sample`` in it; such a protocol (its hash is in
+``UNIFORM_PAIRS_PROTOCOLS``) keeps its hash and its pairs with the key left out. Any other
+protocol that leaves ``sample`` out gets the stratified sample, and ``sample: stratified`` is
+part of its hash (``sample: uniform`` is left out of the canonical content, as in the old files).
 
 Cells are the acted-on protocol's arms × seeds (seed-major), one for a pretrained model.
 Keys, types, errors and the hash follow ``workbench.protocol.common``; the grid is checked
@@ -28,7 +37,7 @@ against every acted-on arm's model when the file is loaded.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from collections.abc import Callable
 from typing import Any, Literal, NamedTuple
@@ -71,6 +80,13 @@ TOP_KEYS = (
 )
 REQUIRED_TOP = ("name", "description", "interventions")
 SPLITS = ("val", "test")
+# The intervention protocols with a ``patching`` section frozen (and run) before
+# ``patching.sample`` existed: they drew their clean images uniformly, and a file that leaves
+# ``sample`` out keeps that meaning and its hash only if its hash is one of these (hash -> name).
+UNIFORM_PAIRS_PROTOCOLS = {
+    "380b069b9ab44e8e274fc5ff9f5ad0110edec3e7201ff7cdf164af2c8666757e": "fmnist_seed_recipe_patching",
+    "ea79dd36bb488539bc48e8deda486b12cb9fddc644167e68662abee71282d312": "smoke_patching",
+}
 PRETRAINED_ARM = "pretrained"
 
 
@@ -217,13 +233,20 @@ class PatchingSpec:
         corruption: ``class`` (the corrupted image is the corrupting image) or ``patches`` (the
             clean image with ``replaced_patches`` patches, at seeded positions, taken from it).
         replaced_patches: How many patches a ``patches`` corruption replaces.
-        seed: Seed of the pairs and of the replaced positions.
+        seed: Seed of the pairs (the stratified sample too) and of the replaced positions.
+        sample: ``stratified`` (a seeded class-stratified sample of clean images) or
+            ``uniform`` (positions drawn uniformly; what protocols frozen before this key meant).
     """
 
     pairs: int = 64
     corruption: str = "class"
     replaced_patches: int = 0
     seed: int = 0
+    sample: Literal["stratified", "uniform"] = "stratified"
+
+    def canonical(self) -> dict[str, Any]:
+        """The hashed form: ``sample: uniform`` left out, as in the files frozen before the key."""
+        return {k: v for k, v in asdict(self).items() if k != "sample" or v != "uniform"}
 
 
 @dataclass(frozen=True)
@@ -409,25 +432,38 @@ def parse_intervention_protocol(data: Any, source: str = "<protocol>") -> Interv
     grid = _grid(head.top["interventions"], head.fail)
     evaluation = evaluation_section(head, InterventionEvaluation)
     _check_evaluation(evaluation, grid, head.fail)
-    patching = _patching(head.top["patching"], head.fail) if "patching" in head.top else None
+    patching, implicit = (
+        _patching(head.top["patching"], head.fail) if "patching" in head.top else (None, False)
+    )
     sources = acted_sources(head)
     for arm in sources.acts_on.arms if sources.acts_on else ():
         _check_grid(grid, arm_model_config(sources.acted, arm), f"arm {arm}", head.fail)
-    fields = acting_fields(
-        "intervention",
-        head,
-        sources,
-        evaluation,
-        interventions=asdict(grid),
-        # only when given: every protocol without it keeps its hash
-        **({"patching": asdict(patching)} if patching is not None else {}),
-    )
+
+    def fields_with(patching: PatchingSpec | None) -> dict[str, Any]:
+        return acting_fields(
+            "intervention",
+            head,
+            sources,
+            evaluation,
+            interventions=asdict(grid),
+            # only when given: every protocol without it keeps its hash
+            **({"patching": patching.canonical()} if patching is not None else {}),
+        )
+
+    fields = fields_with(patching)
+    if implicit and fields["hash"] not in UNIFORM_PAIRS_PROTOCOLS:
+        # ``sample`` left out of a protocol not frozen before it existed: the stratified sample
+        patching = replace(patching, sample="stratified")
+        fields = fields_with(patching)
     return InterventionProtocol(grid, evaluation, patching, **fields)
 
 
-def _patching(value: Any, fail) -> PatchingSpec:
+def _patching(value: Any, fail) -> tuple[PatchingSpec, bool]:
+    """The checked section, and whether ``sample`` was left out (then ``uniform`` for now:
+    ``parse_intervention_protocol`` decides by the hash)."""
     raw = common.section(value, "patching", PatchingSpec, common.field_names(PatchingSpec), fail)
-    spec = PatchingSpec(**raw)
+    implicit = "sample" not in raw
+    spec = PatchingSpec(**{"sample": "uniform", **raw})
     if spec.corruption not in CORRUPTIONS:
         raise fail(
             f"patching.corruption={spec.corruption!r}: must be one of {', '.join(CORRUPTIONS)}"
@@ -439,7 +475,7 @@ def _patching(value: Any, fail) -> PatchingSpec:
             f"patching.replaced_patches={spec.replaced_patches!r}: give a positive count with "
             "corruption: patches, and none with corruption: class"
         )
-    return spec
+    return spec, implicit
 
 
 # --- sections ------------------------------------------------------------------------------
