@@ -110,7 +110,15 @@ class InterventionStudy(TrainedModelKind):
             else None
         )
         self.log_outcome(
-            sink, acted, e.split, intervention_runs.log_cell, ev, proof, reference, patching=patched
+            sink,
+            acted,
+            e.split,
+            intervention_runs.log_cell,
+            ev,
+            proof,
+            reference,
+            patching=patched,
+            counts=ex.counts,
         )
         worst = min(ev.metrics().items(), key=lambda kv: kv[1]["accuracy_change"], default=None)
         worst_text = (
