@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from reports.interventions import intervention_evidence
+from reports.interventions import intervention_evidence, intervention_report
 from reports.interventions.evaluated_images import scored_blocks
 from reports.render import Heading, Para, Table
 from tracking.kinds.intervention_runs import InterventionCellResult
@@ -106,3 +106,21 @@ def test_the_counts_travel_through_the_evidence_export(tmp_path):
     assert np.array_equal(back.counts.counts, original.counts.counts)
     assert np.array_equal(back.counts.classes, original.counts.classes)
     assert np.array_equal(back.patching["class_counts"], np.full(10, 2))
+
+
+def test_the_report_gives_a_thin_sample_to_strict_as_a_refusal():
+    """The published patching evidence with one-class clean images injected: the report's warnings
+    and what ``--strict`` refuses both name it (as they name a missing cell)."""
+    exported = intervention_evidence.load_evidence(EVIDENCE)
+    study = exported.study
+    for key in study.chosen:
+        c = study.cells[key]
+        c.counts = class_counts(c.labels, CLASSES)
+        thin = class_counts(np.zeros(256, int), CLASSES)
+        c.patching = {**c.patching, "sample_classes": thin.classes, "class_counts": thin.counts}
+    blocks, warnings, refused, _, _ = intervention_report.build_blocks(
+        study, exported.inputs, [], 200
+    )
+    said = [w for w in refused if w.startswith("sample: patching pairs: vit: 9 of 10 classes")]
+    assert said and said[0] in warnings, refused
+    assert any(isinstance(b, Heading) and b.text == "Scored images" for b in blocks)
