@@ -46,11 +46,17 @@ def test_patching_is_logged_per_cell_rerun_skips_and_the_report_shows_the_maps(
             Path(urlparse(client.get_run(cell.info.run_id).info.artifact_uri).path)
             / "interventions"
         )
+        with np.load(local / "per_example.npz") as z:  # the whole evaluated split per class
+            per_class = [int(np.sum(z["labels"] == c)) for c in z["sample_classes"]]
+            assert z["class_counts"].tolist() == per_class and sum(per_class) == len(z["labels"])
         with np.load(local / "patching.npz") as z:
             depth, tokens, heads = 2, 1 + 4, 2  # image 8 px, patch 4: 4 patches and the class token
             assert z["resid_ld"].shape == (4, depth, tokens)
             assert z["branch_ld"].shape == (4, depth, 2) and z["head_ld"].shape == (4, depth, heads)
             assert np.all(z["clean_label"] != z["contrast_label"]) and z["replaced"].shape == (4, 2)
+            # the clean images per class of the split, as the report's "Scored images" reads them
+            per_class = [int(np.sum(z["clean_label"] == c)) for c in z["sample_classes"]]
+            assert z["class_counts"].tolist() == per_class and sum(per_class) == 4, per_class
             # the class token at the last block's output carries the whole clean answer
             diff = float(np.abs(z["resid_ld"][:, -1, 0] - z["clean_ld"]).max())
             assert diff <= 1e-5, diff
@@ -85,6 +91,9 @@ def test_patching_is_logged_per_cell_rerun_skips_and_the_report_shows_the_maps(
     result = build_report(str(path), tmp_path / "reports", log=False)
     md = result.markdown.read_text()
     assert "## Activation patching (vit)" in md and "4 pairs (seed 5" in md, md[:2000]
+    assert "## Scored images" in md and "Evaluated images per class" in md, md[:3000]
+    assert "Clean images of the patching pairs" in md, md[:3000]
+    assert "class-stratified sample of 4 (seed 5" in md, md[:3000]
     assert "Seed agreement on the blocks x positions map" in md
     assert "named by the models themselves" in md
     assert re.search(r"\|\s*1\s*\|\s*0 of 5\s*\|", md), "the last block: every position fixed"

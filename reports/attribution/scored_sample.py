@@ -14,13 +14,11 @@ from __future__ import annotations
 import numpy as np
 
 from reports.attribution.control_blocks import num_classes_of
-from reports.common.report_parts import FLAG
-from reports.render import Block, Heading, Para, Table
+from reports.common.scored_images import counts_table, problems_para
+from reports.render import Block, Heading
 from tracking.kinds.attribution_runs import AttributionCellResult
 from workbench.protocol import AttributionProtocol
 from workbench.sample import MIN_PER_CLASS, ClassCounts, class_counts
-
-MOST_COLUMNS = 20  # classes shown one per column; more are summarised (lowest, highest count)
 
 
 def cell_counts(cell: AttributionCellResult, num_classes: int) -> ClassCounts:
@@ -51,64 +49,22 @@ def arm_counts(
     return {seed: cell_counts(c, n) for seed, c in sorted(cells.items())}
 
 
-def sample_problems(arm: str, counts: dict[int, ClassCounts]) -> list[str]:
-    """One line per problem of the arm's sample (the seeds' samples are the same: said once)."""
-    distinct = {tuple(c.counts) for c in counts.values()}
-    seeds = sorted(counts)
-    problems = []
-    for seed in seeds if len(distinct) > 1 else seeds[:1]:
-        who = f"{arm}/seed{seed}" if len(distinct) > 1 else arm
-        problems += [
-            f"{who}: {p}: the scored images do not speak for every class of the data"
-            for p in counts[seed].problems(MIN_PER_CLASS)
-        ]
-    return problems
-
-
 def sample_blocks(
     protocol: AttributionProtocol, arms: list[tuple[str, dict[int, AttributionCellResult]]]
 ) -> tuple[list[Block], list[str]]:
     """The "Scored images" section (a row of class counts per arm, or per seed where they differ) and
     the problems ``--strict`` refuses."""
-    rows, problems, classes = [], [], None
-    for arm, cells in arms:
-        counts = arm_counts(protocol, arm, cells)
-        problems += sample_problems(arm, counts)
-        for seed, c in counts.items():
-            classes = c.classes if classes is None else classes
-            shown = (
-                [str(int(n)) for n in c.counts]
-                if len(c.classes) <= MOST_COLUMNS
-                else [str(int(c.counts.min())), str(int(c.counts.max()))]
-            )
-            rows.append([arm, str(seed), *shown, str(int(c.counts.sum()))])
-    if classes is None:
-        return [], []
-    header = (
-        [f"class {int(c)}" for c in classes]
-        if len(classes) <= MOST_COLUMNS
-        else ["fewest per class", "most per class"]
-    )
-    blocks: list[Block] = [
-        Heading(2, "Scored images"),
-        Table(
-            ["arm", "seed", *header, "images"],
-            rows,
-            ["l", "r", *["r"] * (len(header) + 1)],
-            [
-                f"Scored images per class of the evaluated split ({len(classes)} classes), per cell: "
-                f"{sample_words(protocol)}. A class with none, or with fewer than {MIN_PER_CLASS}, is "
-                "too thin for a per-class reading or a mean that stands for the data."
-            ],
+    table, problems = counts_table(
+        [(arm, arm_counts(protocol, arm, cells)) for arm, cells in arms],
+        lambda k: (
+            f"Scored images per class of the evaluated split ({k} classes), per cell: "
+            f"{sample_words(protocol)}. A class with none, or with fewer than {MIN_PER_CLASS}, is "
+            "too thin for a per-class reading or a mean that stands for the data."
         ),
-    ]
+    )
+    if table is None:
+        return [], []
+    blocks: list[Block] = [Heading(2, "Scored images"), table]
     if problems:
-        blocks.append(
-            Para(
-                f"{FLAG} "
-                + "; ".join(problems)
-                + ". Every number below is about these images only; `workbench report --strict` "
-                "refuses this study."
-            )
-        )
+        blocks.append(problems_para(problems))
     return blocks, problems

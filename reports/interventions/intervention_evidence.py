@@ -11,6 +11,8 @@
 - ``outcomes/<arm>.seed<seed>.csv.gz``: one row per evaluated example: ``index`` (in the
   dataset's source split), ``label``, ``intact`` (the intact model's predicted class), then
   one column per intervention, named as in the report, with the class predicted under it.
+  The cell's ``runs.json`` entry holds the evaluated images per class of the split
+  (``outcomes.class_counts``: ``classes``, ``counts``) where the cell logged them.
 - ``attention/<arm>.seed<seed>.npy.gz``: each head's mean attention map (``.npy``, float32,
   depth x heads x rows x cols), which only the attention figure reads.
 - ``README.md``: the format in words, and the command that rebuilds the report.
@@ -49,6 +51,7 @@ from tracking.kinds import intervention_runs
 from tracking.kinds.attribution_runs import npz_bytes
 from tracking.record import queries
 from workbench.protocol import load_intervention_protocol
+from workbench.sample import ClassCounts
 
 FORMAT = "workbench-intervention-evidence/1"
 FIXED_COLUMNS = ("index", "label", "intact")
@@ -106,6 +109,11 @@ def _write_cell(
         "interventions": list(cell.names),
         "indices_logged": cell.indices is not None,
     }
+    if cell.counts is not None:
+        entry["outcomes"]["class_counts"] = {
+            "classes": [int(c) for c in cell.counts.classes],
+            "counts": [int(n) for n in cell.counts.counts],
+        }
     written.add(folder / name)
     if cell.attention is not None:
         name = f"attention/{stem}.npy.gz"
@@ -142,7 +150,9 @@ def _readme(name: str, digest: str, reported: int, runs: int) -> str:
   intervention, named as in the report, with the class predicted under that intervention
   alone. Every accuracy change, interval and seed count of the report comes from these
   (each cell logged them to MLflow as `interventions/per_example.npz`, which also holds
-  per-example losses; the report uses none).
+  per-example losses; the report uses none). The cell's entry in `runs.json` names, under
+  `outcomes.class_counts`, the split's classes and the evaluated images of each (exports made
+  before these were logged lack it; their report has no "Scored images" section).
 - `attention/<arm>.seed<seed>.npy.gz`: each head's mean attention map on the evaluation
   images (NumPy `.npy`, float32, blocks x heads x rows x columns), drawn in the attention figure.
 - `patching/<arm>.seed<seed>.npz.gz` (cells that patched): `interventions/patching.npz` as
@@ -150,8 +160,10 @@ def _readme(name: str, digest: str, reported: int, runs: int) -> str:
   every patch `resid_*` (pairs, blocks, tokens), `branch_*` (pairs, blocks, 2), `head_*`
   (pairs, blocks, heads) for denoising (clean into the corrupted run) and `noising_*` the same
   for noising (corrupted into the clean run); `resid_reads` (blocks, tokens), the positions the
-  readout depends on; the pairs (`clean_index`, `source_index`, labels, `replaced`). Exports
-  made before noising existed lack `noising_*` and `resid_reads`.
+  readout depends on; the pairs (`clean_index`, `source_index`, labels, `replaced`), and
+  `sample_classes`, `class_counts` (the split's classes and the clean images of each). Exports
+  made before noising existed lack `noising_*` and `resid_reads`; before the counts were
+  logged, `sample_classes` and `class_counts`.
 """,
     )
 
@@ -172,6 +184,10 @@ def _cell(
             f"{RUNS_FILE} lists, {info['rows']} rows"
         )
     values = table.to_numpy(dtype=np.int64)  # (N, 3 + K)
+    counted = info.get("class_counts")  # absent from exports made before the counts were logged
+    counts = (
+        ClassCounts(np.array(counted["classes"]), np.array(counted["counts"])) if counted else None
+    )
     attention, query = None, ""
     if "attention" in entry:
         a = entry["attention"]
@@ -198,6 +214,7 @@ def _cell(
         query,
         values[:, 0] if info["indices_logged"] else None,
         patching,
+        counts,
     )
 
 

@@ -22,6 +22,7 @@ from reports.common.report_parts import (
 )
 from reports.figures import report_png
 from reports.interventions import intervention_evidence
+from reports.interventions.evaluated_images import scored_blocks
 from reports.interventions.patching_report import patching_blocks
 from reports.interventions.intervention_study import InterventionReadout
 from reports.output import paired_metrics
@@ -297,14 +298,19 @@ def build_blocks(
                 2,
                 protocol.model_config(arm).num_prefix_tokens if protocol.acts_on else 1,
             )
-    return built.finish(
+    sample, thin = scored_blocks(protocol, list(built.reported_arms()))
+    blocks, warnings, refused, n, metrics = built.finish(
         inputs,
         log_targets,
         acted_on_blocks,
         what="Intervention",
         settings=f"evaluated on the {split} split; mean ablation over {e.mean_images:,} training "
         f"images (seed {e.mean_seed}).",
+        after_header=sample,
     )
+    # images too thin for the data are refused by --strict, as a missing cell is
+    thin = [f"sample: {t}" for t in thin]
+    return blocks, warnings + thin, refused + thin, n, metrics
 
 
 def acted_on_blocks(rows: list[tuple[str, int, queries.CellRecord]]) -> list[Block]:

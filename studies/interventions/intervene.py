@@ -123,7 +123,15 @@ class InterventionStudy(TrainedModelKind):
         if patched is not None and patching.attribution_patching:
             patched = _with_attribution_patching(model, split, inputs, patching, patched)
         self.log_outcome(
-            sink, acted, e.split, intervention_runs.log_cell, ev, proof, reference, patching=patched
+            sink,
+            acted,
+            e.split,
+            intervention_runs.log_cell,
+            ev,
+            proof,
+            reference,
+            patching=patched,
+            counts=ex.counts,
         )
         worst = min(ev.metrics().items(), key=lambda kv: kv[1]["accuracy_change"], default=None)
         worst_text = (

@@ -35,6 +35,7 @@ from tracking.record.sink import RunSink
 from tracking.store.session import configure_tracking
 from workbench.code_history import same_code
 from workbench.interventions.evaluate import Evaluation
+from workbench.sample import ClassCounts
 from workbench.train.evaluate import ReloadProof
 from workbench.train.fingerprint import PROJECT_ROOT, TRAINING_ROOTS, closure_fingerprint
 
@@ -107,8 +108,12 @@ def log_cell(
     extra: dict,
     check=lambda: None,
     patching=None,
+    counts: ClassCounts | None = None,
 ) -> None:
     """Metrics per intervention, the per-example outcomes, the attention maps and a summary; ``check`` fences writes.
+
+    ``counts``: the evaluated images per class of the split, logged in ``per_example.npz`` as
+    ``sample_classes`` and ``class_counts`` (what the report's "Scored images" reads).
 
     ``patching``: ``(PatchingResult, pairs)`` from ``patch_split``, logged as
     ``interventions/patching.npz`` (every pair's logit differences and probabilities under
@@ -154,6 +159,11 @@ def log_cell(
                 loss=ev.loss,
                 correct=ev.correct(),
                 **{f"patch_source/{k}": v for k, v in ev.patch_sources.items()},
+                **(
+                    {"sample_classes": counts.classes, "class_counts": counts.counts}
+                    if counts is not None
+                    else {}
+                ),
             ),
         )
         if ev.attention is not None:
@@ -214,6 +224,8 @@ class InterventionCellResult:
     attention_query: str
     indices: np.ndarray | None = None  # (N,) each example's position in the dataset's source split
     patching: dict[str, np.ndarray] | None = None  # patching.npz's arrays, when the cell patched
+    # the evaluated images per class of the split; None for a cell logged before they were
+    counts: ClassCounts | None = None
 
 
 def finished_cells(
@@ -253,6 +265,11 @@ def read_cell(record: CellRecord, workdir: Path) -> InterventionCellResult:
         names, labels = [str(n) for n in z["names"]], z["labels"]
         intact, predicted = z["intact_predicted"], z["predicted"]
         indices = z["indices"] if "indices" in z.files else None
+        counts = (
+            ClassCounts(z["sample_classes"], z["class_counts"])
+            if "class_counts" in z.files
+            else None
+        )
     attention, query = None, ""
     if queries.has_artifact(record.run_id, ATTENTION):
         with np.load(queries.download_artifact(record.run_id, ATTENTION, folder)) as z:
@@ -267,6 +284,7 @@ def read_cell(record: CellRecord, workdir: Path) -> InterventionCellResult:
         query,
         indices,
         read_patching(record, workdir),
+        counts,
     )
 
 

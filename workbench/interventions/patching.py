@@ -42,7 +42,10 @@ Locations, each patched on its own (the clean activation replaces the corrupted 
 Pairs (``make_pairs``) are stated and seeded: ``pairs`` clean images drawn from the split, each
 with a corrupting image of another class; the corrupted image is that image (``class``) or the
 clean image with ``replaced_patches`` of its patches (seeded positions) taken from it
-(``patches``). Pairs depend on the split and the seed only, so every seed of a study sees the
+(``patches``). The clean images are a seeded class-stratified sample of the split
+(``stratified``, ``workbench.sample``: a split stored by class still gives every class its
+share), or, as protocols frozen before that rule drew them, a uniform draw of positions
+(``uniform``). Pairs depend on the split and the seed only, so every seed of a study sees the
 same pairs.
 """
 
@@ -58,8 +61,12 @@ from workbench.interventions.cache import run_with_cache
 from workbench.interventions.spec import InterventionError
 from workbench.models.hooks import attached
 from workbench.models.vit import VisionTransformer
+from workbench.sample import class_counts, stratified_positions
 
 CORRUPTIONS = ("class", "patches")
+# How the clean images are drawn: ``uniform`` is the rule of the protocols frozen before the
+# stratified sample existed (workbench.protocol.intervention.UNIFORM_PAIRS_PROTOCOLS).
+PAIR_SAMPLES = ("stratified", "uniform")
 # The two directions, as the arrays of a result name them: prefix of the patched keys.
 DIRECTIONS = {"denoising": "", "noising": "noising_"}
 PATCHED = ("resid", "branch", "head")
@@ -89,8 +96,19 @@ def make_pairs(
     corruption: str = "class",
     replaced_patches: int = 0,
     num_patches: int = 0,
+    sample: str = "uniform",
+    keys: np.ndarray | None = None,
 ) -> Pairs:
     """``count`` seeded (clean, corrupting) pairs from a split's labels.
+
+    Args:
+        sample: ``stratified``: the clean images are ``stratified_positions(labels, count, seed,
+            keys)`` (interleaved by class); ``uniform``: ``count`` positions drawn without
+            replacement by ``numpy.random.default_rng(seed)``, sorted (the old rule, kept bit for
+            bit). Either way the same generator then draws each corrupting image among the
+            other classes' images, then the replaced patches.
+        keys: What identifies each image across machines (the source-split index), for the
+            stratified sample's within-class order; default: its position.
 
     Raises:
         InterventionError: Too few images, one class only, or more patches than the grid has.
@@ -99,6 +117,8 @@ def make_pairs(
         raise InterventionError(
             f"corruption {corruption!r}: must be one of {', '.join(CORRUPTIONS)}"
         )
+    if sample not in PAIR_SAMPLES:
+        raise InterventionError(f"sample {sample!r}: must be one of {', '.join(PAIR_SAMPLES)}")
     labels = np.asarray(labels)
     if count < 1 or count > len(labels):
         raise InterventionError(f"patching pairs={count}: the split has {len(labels)} images")
@@ -109,7 +129,10 @@ def make_pairs(
             f"replaced_patches={replaced_patches}: must be 1 to the model's {num_patches} patches"
         )
     rng = np.random.default_rng(seed)
-    clean = np.sort(rng.choice(len(labels), size=count, replace=False))
+    if sample == "uniform":
+        clean = np.sort(rng.choice(len(labels), size=count, replace=False))
+    else:
+        clean = stratified_positions(labels, count, seed, keys)
     source = np.array([rng.choice(np.flatnonzero(labels != labels[c])) for c in clean])
     k = replaced_patches if corruption == "patches" else 0
     replaced = np.array(
@@ -393,9 +416,12 @@ def patch_split(
     Returns:
         The result and the pairs' arrays: ``clean_index`` and ``source_index`` (each image's
         position in the dataset's source split), ``clean_label``, ``contrast_label`` and
-        ``replaced`` (the patch indices a ``patches`` corruption took).
+        ``replaced`` (the patch indices a ``patches`` corruption took), and ``sample_classes``
+        and ``class_counts`` (the split's classes and the clean images of each: what the
+        report's "Scored images" reads).
     """
     labels_np = labels.cpu().numpy()
+    idx = indices.cpu().numpy()
     pairs = make_pairs(
         labels_np,
         spec.pairs,
@@ -403,14 +429,18 @@ def patch_split(
         corruption=spec.corruption,
         replaced_patches=spec.replaced_patches,
         num_patches=model.cfg.num_patches,
+        sample=spec.sample,
+        keys=idx,
     )
     result = patch_pairs(model, images, labels, pairs, inputs)
-    idx = indices.cpu().numpy()
+    counts = class_counts(labels_np[pairs.clean], np.unique(labels_np))
     logged = {
         "clean_index": idx[pairs.clean],
         "source_index": idx[pairs.source],
         "clean_label": labels_np[pairs.clean],
         "contrast_label": labels_np[pairs.source],
         "replaced": pairs.replaced,
+        "sample_classes": counts.classes,
+        "class_counts": counts.counts,
     }
     return result, logged

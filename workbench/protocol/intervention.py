@@ -22,6 +22,15 @@ labelled dataset, and a grid of interventions evaluated on every cell. Schema::
     patching: {pairs: 64, corruption: class, seed: 0}   # optional: activation patching
       # optional inside it: attribution_patching: true (AtP and AtP-IG beside the exact grid),
       # ig_steps: 5 (AtP-IG's steps); at their defaults they are not hashed
+    # patching.sample: stratified (default) | uniform: how the clean images are drawn
+
+Which clean images patching pairs: a seeded class-stratified sample of ``pairs`` images
+(``workbench.sample``, seeded by ``patching.seed``), each with a corrupting image of another
+class drawn as before. A protocol frozen before this rule drew its clean images uniformly
+(``sample: uniform``), and its hash has no ``sample`` in it; such a protocol (its hash is in
+``UNIFORM_PAIRS_PROTOCOLS``) keeps its hash and its pairs with the key left out. Any other
+protocol that leaves ``sample`` out gets the stratified sample, and ``sample: stratified`` is
+part of its hash (``sample: uniform`` is left out of the canonical content, as in the old files).
 
 Cells are the acted-on protocol's arms × seeds (seed-major), one for a pretrained model.
 Keys, types, errors and the hash follow ``workbench.protocol.common``; the grid is checked
@@ -30,7 +39,7 @@ against every acted-on arm's model when the file is loaded.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from collections.abc import Callable
 from typing import Any, Literal, NamedTuple
@@ -73,6 +82,13 @@ TOP_KEYS = (
 )
 REQUIRED_TOP = ("name", "description", "interventions")
 SPLITS = ("val", "test")
+# The intervention protocols with a ``patching`` section frozen (and run) before
+# ``patching.sample`` existed: they drew their clean images uniformly, and a file that leaves
+# ``sample`` out keeps that meaning and its hash only if its hash is one of these (hash -> name).
+UNIFORM_PAIRS_PROTOCOLS = {
+    "380b069b9ab44e8e274fc5ff9f5ad0110edec3e7201ff7cdf164af2c8666757e": "fmnist_seed_recipe_patching",
+    "ea79dd36bb488539bc48e8deda486b12cb9fddc644167e68662abee71282d312": "smoke_patching",
+}
 PRETRAINED_ARM = "pretrained"
 
 
@@ -219,11 +235,13 @@ class PatchingSpec:
         corruption: ``class`` (the corrupted image is the corrupting image) or ``patches`` (the
             clean image with ``replaced_patches`` patches, at seeded positions, taken from it).
         replaced_patches: How many patches a ``patches`` corruption replaces.
-        seed: Seed of the pairs and of the replaced positions.
+        seed: Seed of the pairs (the stratified sample too) and of the replaced positions.
         attribution_patching: Also estimate every patch by attribution patching, AtP and
             AtP-IG (``workbench.interventions.attribution_patching``), logged beside the exact
             grid and scored against it.
         ig_steps: AtP-IG's interpolation steps (used with ``attribution_patching``).
+        sample: ``stratified`` (a seeded class-stratified sample of clean images) or
+            ``uniform`` (positions drawn uniformly; what protocols frozen before this key meant).
     """
 
     pairs: int = 64
@@ -232,11 +250,17 @@ class PatchingSpec:
     seed: int = 0
     attribution_patching: bool = False
     ig_steps: int = 5
+    sample: Literal["stratified", "uniform"] = "stratified"
+
+    def canonical(self) -> dict[str, Any]:
+        """The hashed form (``canonical_patching``)."""
+        return canonical_patching(self)
 
 
 # Optional patching settings: at this value they are left out of the canonical content (and the
-# hash), so every protocol written before they existed keeps its hash.
-PATCHING_OPTIONAL = {"attribution_patching": False, "ig_steps": 5}
+# hash), so every protocol written before they existed keeps its hash; ``sample: uniform`` too, as
+# in the files frozen before the key.
+PATCHING_OPTIONAL = {"attribution_patching": False, "ig_steps": 5, "sample": "uniform"}
 
 
 def canonical_patching(spec: PatchingSpec) -> dict[str, Any]:
@@ -431,27 +455,40 @@ def parse_intervention_protocol(data: Any, source: str = "<protocol>") -> Interv
     grid = _grid(head.top["interventions"], head.fail)
     evaluation = evaluation_section(head, InterventionEvaluation)
     _check_evaluation(evaluation, grid, head.fail)
-    patching = _patching(head.top["patching"], head.fail) if "patching" in head.top else None
+    patching, implicit = (
+        _patching(head.top["patching"], head.fail) if "patching" in head.top else (None, False)
+    )
     sources = acted_sources(head)
     for arm in sources.acts_on.arms if sources.acts_on else ():
         cfg = arm_model_config(sources.acted, arm)
         _check_grid(grid, cfg, f"arm {arm}", head.fail)
         _check_patches(patching, cfg, f"arm {arm}", head.fail)
-    fields = acting_fields(
-        "intervention",
-        head,
-        sources,
-        evaluation,
-        interventions=asdict(grid),
-        # only when given: every protocol without it keeps its hash
-        **({"patching": canonical_patching(patching)} if patching is not None else {}),
-    )
+
+    def fields_with(patching: PatchingSpec | None) -> dict[str, Any]:
+        return acting_fields(
+            "intervention",
+            head,
+            sources,
+            evaluation,
+            interventions=asdict(grid),
+            # only when given: every protocol without it keeps its hash
+            **({"patching": patching.canonical()} if patching is not None else {}),
+        )
+
+    fields = fields_with(patching)
+    if implicit and fields["hash"] not in UNIFORM_PAIRS_PROTOCOLS:
+        # ``sample`` left out of a protocol not frozen before it existed: the stratified sample
+        patching = replace(patching, sample="stratified")
+        fields = fields_with(patching)
     return InterventionProtocol(grid, evaluation, patching, **fields)
 
 
-def _patching(value: Any, fail) -> PatchingSpec:
+def _patching(value: Any, fail) -> tuple[PatchingSpec, bool]:
+    """The checked section, and whether ``sample`` was left out (then ``uniform`` for now:
+    ``parse_intervention_protocol`` decides by the hash)."""
     raw = common.section(value, "patching", PatchingSpec, common.field_names(PatchingSpec), fail)
-    spec = PatchingSpec(**raw)
+    implicit = "sample" not in raw
+    spec = PatchingSpec(**{"sample": "uniform", **raw})
     if spec.corruption not in CORRUPTIONS:
         raise fail(
             f"patching.corruption={spec.corruption!r}: must be one of {', '.join(CORRUPTIONS)}"
@@ -465,7 +502,7 @@ def _patching(value: Any, fail) -> PatchingSpec:
             f"patching.replaced_patches={spec.replaced_patches!r}: give a positive count with "
             "corruption: patches, and none with corruption: class"
         )
-    return spec
+    return spec, implicit
 
 
 # --- sections ------------------------------------------------------------------------------
