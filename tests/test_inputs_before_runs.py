@@ -142,6 +142,7 @@ TABLE = [
     ),
     ("intervention", "patching.replaced_patches", {"patching.replaced_patches": -5}),
     ("intervention", "patching.seed", {"patching.seed": -5}),
+    ("intervention", "patching.ig_steps", {"patching.ig_steps": 0}),
     ("intervention", "pretrained.seed", {"pretrained": True, "pretrained.seed": -5}),
     ("intervention", "pretrained.split_seed", {"pretrained": True, "pretrained.split_seed": -5}),
     ("intervention", "pretrained.val_size", {"pretrained": True, "pretrained.val_size": 0}),
