@@ -162,8 +162,10 @@ def test_the_training_closure_holds_the_training_loops_imports_but_not_the_read_
 
 
 def test_the_re_pin_maps_each_kinds_old_fingerprint_to_the_new_one_of_the_same_code():
-    kinds = [kind for kind, _, _ in SAME_CODE[-4:]]
-    assert kinds == list(KINDS)
+    # the move to the import closure maps the kinds whose results it did not change (training,
+    # transfer); intervention and attribution changed results with it and are not mapped
+    assert [kind for kind, _, _ in SAME_CODE[-2:]] == ["training", "transfer"]
+    assert not {"intervention", "attribution"} & {kind for kind, _, _ in SAME_CODE}
     for _, old, new in SAME_CODE:
         assert same_code(old, new) and same_code(new, old) and current_name(old) == new
         assert old in older_names(new) and not same_code(old, "0123456789abcdef")
