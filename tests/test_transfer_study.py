@@ -111,7 +111,14 @@ def test_source_from_a_finished_cell_of_an_ablation_protocol(mlflow_store, tmp_p
     run_id, checkpoint = log_source_run(
         tmp_path,
         "tiny_source",
-        {"protocol_hash": protocol_hash, "arm": "vit", "seed": "0", "cell": "true"},
+        # as a real cell's run: the study's record is found by its runs' protocol_name tag
+        {
+            "protocol_name": "tiny_source",
+            "protocol_hash": protocol_hash,
+            "arm": "vit",
+            "seed": "0",
+            "cell": "true",
+        },
     )
     source = transfer_study.resolve_source(spec, None, tmp_path / "transfer.yaml", tmp_path / "dl")
     assert source.info.run_id == run_id and source.info.sha256 == sha256_file(checkpoint)
