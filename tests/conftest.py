@@ -102,11 +102,14 @@ def mlflow_store(tmp_path, monkeypatch, empty_mlflow_db):
     monkeypatch.delenv("MLFLOW_RUN_ID", raising=False)
     monkeypatch.chdir(tmp_path)  # default artifact root ./mlruns lands in tmp_path
     import mlflow
+    from mlflow.tracking._tracking_service import utils as tracking_utils
 
+    previous = tracking_utils._tracking_uri  # what mlflow.set_tracking_uri last set, if anything
     mlflow.set_tracking_uri(uri)
     yield uri
     while mlflow.active_run():
         mlflow.end_run()
+    tracking_utils._tracking_uri = previous  # no later test inherits this store
 
 
 def assert_close(actual: torch.Tensor, expected: torch.Tensor, atol: float, what: str = "") -> None:

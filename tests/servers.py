@@ -223,6 +223,11 @@ def isolated_tracking(tmp_path, monkeypatch):
         "MLFLOW_TRACKING_TOKEN",
     ):
         monkeypatch.delenv(key, raising=False)
+    # A URI an earlier test set with mlflow.set_tracking_uri would outrank MLFLOW_TRACKING_URI
+    # for every MlflowClient() here: the test's own environment decides, as in a fresh process.
+    from mlflow.tracking._tracking_service import utils as tracking_utils
+
+    monkeypatch.setattr(tracking_utils, "_tracking_uri", None)
     offline_store.forget_health()
     yield tmp_path / "offline"
     offline_store.forget_health()
