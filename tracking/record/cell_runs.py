@@ -37,6 +37,7 @@ from tracking.record.schema import (
 )
 from tracking.record.sink import SYNC_SYNCED, RunSink, log_batch, store_for
 from tracking.store import offline_store, uris
+from tracking.store.health import is_unreachable
 from tracking.store.session import run_user
 from tracking.store.store_lock import store_lock
 from workbench.code_history import older_names
@@ -86,20 +87,26 @@ def same_code_key(experiment: str, key_for: Callable[[str], str], fingerprint: s
     same code (``workbench.code_history``) when a FINISHED run holds that one: such a cell is done.
 
     Looked up in the tracking store only (the server, or the local store); a cell whose old run is
-    not finished there is keyed, and run, under the current fingerprint.
+    not finished there is keyed, and run, under the current fingerprint. With the server away the
+    current key is used: ``open_keyed_run`` then continues the cell in the local fallback store,
+    as it does for any cell during an outage.
     """
     current = key_for(fingerprint)
     older = [key_for(old) for old in older_names(fingerprint)]
     if not older:
         return current
     client = MlflowClient()
-    exp = client.get_experiment_by_name(experiment)
-    if exp is None:
-        return current
-    for key in older:
-        run = _find_by_key(client, exp.experiment_id, key)
-        if run is not None and run.info.status == FINISHED:
-            return key
+    try:
+        exp = client.get_experiment_by_name(experiment)
+        if exp is None:
+            return current
+        for key in older:
+            run = _find_by_key(client, exp.experiment_id, key)
+            if run is not None and run.info.status == FINISHED:
+                return key
+    except Exception as err:  # noqa: BLE001 - only an unreachable server is a reason to go on
+        if not is_unreachable(err):
+            raise
     return current
 
 
