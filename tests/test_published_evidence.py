@@ -82,3 +82,26 @@ def test_published_report_rebuilds_from_its_evidence_number_for_number(
         (RESULTS / study / "report.md").read_text(), rebuilt.markdown.read_text()
     )
     assert compared > 0 and not diffs, f"{len(diffs)} places differ: {diffs[:20]}"
+
+
+def test_every_shipped_weight_file_is_there_with_its_sha256():
+    """A published study's ``weights/manifest.json`` names files that a clone must hold, unchanged
+    (``attribute --cells-from`` reads them); a clone without them fails here, not for a reader."""
+    import hashlib
+    import json
+
+    manifests = sorted(
+        Path(__file__).resolve().parents[1].glob("docs/results/*/evidence/weights/manifest.json")
+    )
+    assert manifests, "no published study ships its acted-on weights"
+    problems = []
+    for manifest in manifests:
+        evidence = manifest.parent.parent
+        for cell in json.loads(manifest.read_text())["cells"]:
+            for name, digest in cell["files"].items():
+                path = evidence / name
+                if not path.is_file():
+                    problems.append(f"{path}: missing")
+                elif hashlib.sha256(path.read_bytes()).hexdigest() != digest:
+                    problems.append(f"{path}: sha256 differs from {manifest}")
+    assert not problems, problems
