@@ -453,6 +453,7 @@ SHIPPED_HASHES = {
     "cifar10_fast_path_check": "85eb1dff3458728b1218563c6a4fac5a867db866d48c3a29310c342459b7ca90",
     "cifar10_registers_fp32": "33b55a7634de8cf7aeb4624e8506b20d6ed9499d0a559eb6844ef178b5261d85",
     "cifar10_seed_table_20ep_fp32": "94f5267073fc7a300753cecdff7d41532b1d9ff3ab108fb403fb78fa4dc64c82",
+    "cifar10_seed_table_20ep_bf16": "18ebff707ec4b2e21b430aef06b181626499f26c3732ae12de7f9b73cbe7c1e2",
     "fmnist_seed_recipe": "a9df7b8b7b9c2bb7f1f2e1a6f9eb5063367da4767d80b8de94faa276468f1b49",
     "fmnist_seed_recipe_heads": "180efd1f7005ba3afcff6d964786444ec033187b1e661f34a1695019942f5184",
     "fmnist_seed_recipe_patching": "380b069b9ab44e8e274fc5ff9f5ad0110edec3e7201ff7cdf164af2c8666757e",
