@@ -73,6 +73,7 @@ TABLE = [
     ("ablation", "dataset.val_size", {"dataset.val_size": 0}),
     ("ablation", "dataset.split_seed", {"dataset.split_seed": -5}),
     ("ablation", "dataset.subset", {"dataset.subset": 0}),
+    ("ablation", "dataset.train_subset", {"dataset.train_subset": 0}),
     ("ablation", "dataset.crop_padding", {"dataset.crop_padding": -5}),
     ("ablation", "dataset.rotate_degrees", {"dataset.rotate_degrees": 181}),
     ("ablation", "dataset.translate_fraction", {"dataset.translate_fraction": 0.5}),

@@ -454,6 +454,7 @@ SHIPPED_HASHES = {
     "cifar10_registers_fp32": "33b55a7634de8cf7aeb4624e8506b20d6ed9499d0a559eb6844ef178b5261d85",
     "cifar10_seed_table_20ep_fp32": "94f5267073fc7a300753cecdff7d41532b1d9ff3ab108fb403fb78fa4dc64c82",
     "cifar10_seed_table_20ep_bf16": "18ebff707ec4b2e21b430aef06b181626499f26c3732ae12de7f9b73cbe7c1e2",
+    "cifar10_data_size": "762b3f4c2f527cc7deb1a04b0e32f953f3a0b7ee0b0551252f59ba484fef9d65",
     "fmnist_seed_recipe": "a9df7b8b7b9c2bb7f1f2e1a6f9eb5063367da4767d80b8de94faa276468f1b49",
     "fmnist_seed_recipe_heads": "180efd1f7005ba3afcff6d964786444ec033187b1e661f34a1695019942f5184",
     "fmnist_seed_recipe_patching": "380b069b9ab44e8e274fc5ff9f5ad0110edec3e7201ff7cdf164af2c8666757e",

@@ -70,6 +70,12 @@ def trainable_problem(cfg: TrainConfig, data: PreparedData) -> str | None:
             f"batch_size {cfg.run.batch_size} is larger than the training split ({n_train} images of "
             f"{data.display_name}); use a batch size of at most {n_train} or more training images"
         )
+    subset = cfg.data.train_subset
+    if subset is not None and subset > n_train:
+        return (
+            f"dataset.train_subset={subset}: more than the training split's {n_train} images of "
+            f"{data.display_name}"
+        )
     return None
 
 

@@ -88,6 +88,7 @@ class TensorLoader:
         device: str | torch.device | None = None,
         resize_to: int | None = None,
         to_rgb: bool = False,
+        epoch_size: int | None = None,
     ) -> None:
         if images.dtype != torch.uint8 or images.ndim != 4:
             raise ValueError(
@@ -116,6 +117,9 @@ class TensorLoader:
         self.drop_last = drop_last
         self.resize_to = resize_to
         self.to_rgb = to_rgb
+        if epoch_size is not None and (not shuffle or epoch_size < 1):
+            raise ValueError(f"epoch_size={epoch_size}: needs shuffle and must be >= 1")
+        self.epoch_size = epoch_size
         self.epoch = 0
 
     @classmethod
@@ -124,7 +128,7 @@ class TensorLoader:
         return cls(split.images, split.labels, split.indices, **kwargs)
 
     def __len__(self) -> int:
-        n = len(self.labels)
+        n = self._images_per_epoch()
         return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
 
     def set_epoch(self, epoch: int) -> None:
@@ -134,12 +138,29 @@ class TensorLoader:
     def __iter__(self) -> Iterator[Batch]:
         return self.iter_epoch(self.epoch)
 
+    def _images_per_epoch(self) -> int:
+        return len(self.labels) if self.epoch_size is None else self.epoch_size
+
     def order(self, epoch: int) -> torch.Tensor:
-        """The epoch's sequence of positions (CPU int64), seeded by (seed, epoch)."""
+        """The epoch's sequence of positions (CPU int64), seeded by (seed, epoch).
+
+        With ``epoch_size`` the epoch is consecutive shuffled passes over the images, each
+        seeded by (seed, epoch, pass), cut at ``epoch_size``: a small training subset is
+        seen as many times as the images of a full epoch allow, and its last pass of an
+        epoch is a random part of it.
+        """
         n = len(self.labels)
         if not self.shuffle:
             return torch.arange(n)
-        return torch.randperm(n, generator=_generator(self.seed, epoch, "order"))
+        if self.epoch_size is None:
+            return torch.randperm(n, generator=_generator(self.seed, epoch, "order"))
+        passes = -(-self.epoch_size // n)
+        return torch.cat(
+            [
+                torch.randperm(n, generator=_generator(self.seed, epoch, "order", k))
+                for k in range(passes)
+            ]
+        )[: self.epoch_size]
 
     def iter_epoch(self, epoch: int, start_batch: int = 0) -> Iterator[Batch]:
         """Yield the epoch's batches from batch ``start_batch`` on (for mid-epoch resume).

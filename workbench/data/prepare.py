@@ -15,7 +15,7 @@ import torch
 from workbench.data.dataset import ImageDataset, Resolution
 from workbench.data.errors import SplitSizeError
 from workbench.data.load_dataset import load_dataset
-from workbench.data.splits import make_split, split_fingerprint, stratified_subset
+from workbench.data.splits import make_split, nested_subset, split_fingerprint, stratified_subset
 from workbench.data.transforms import NORM_STATS, NormStats, compute_norm_stats
 
 # (train, val) carved from the official training split when a dataset has no official
@@ -44,6 +44,22 @@ class PreparedSplit:
 
     def __len__(self) -> int:
         return len(self.labels)
+
+    def nested_subset(self, size: int, seed: int) -> PreparedSplit:
+        """The first ``size`` images of a seeded, class-stratified order of this split
+        (``splits.nested_subset``): a smaller subset lies inside every larger one.
+
+        Raises:
+            ValueError: ``size`` larger than the split, naming both.
+        """
+        if size > len(self):
+            raise ValueError(
+                f"dataset.train_subset={size}: more than the {len(self)} images of the training split"
+            )
+        pos = torch.from_numpy(nested_subset(self.labels.numpy(), size, seed))
+        return PreparedSplit(
+            self.images[pos], self.labels[pos], self.indices[pos], self.source_split
+        )
 
 
 @dataclass(frozen=True, eq=False)

@@ -242,7 +242,7 @@ def parse_protocol(data: Any, source: str = "<protocol>") -> Protocol:
         "schema": SCHEMA_VERSION,
         "name": name,
         "description": text,
-        "dataset": {k: v for k, v in dataclasses.asdict(data).items() if k != "path"},
+        "dataset": _hashed_dataset(data),
         "model": base["model"],
         "optim": dataclasses.asdict(optim),
         "run": {k: getattr(run, k) for k in RUN_KEYS},
@@ -392,6 +392,28 @@ def _arm(raw: Any, where: str, base: dict[str, Any], fail) -> Arm:
     return Arm(name, reference, {k: v for k, v in norm.items() if v}, config)
 
 
+def _check_train_subset(data: DataSpec, i: int, overridden: bool, fail) -> None:
+    """A training subset must fit in the training split the protocol carves (where it says)."""
+    if data.train_subset is None:
+        return
+    where = f"arms[{i}].overrides.dataset.train_subset" if overridden else "dataset.train_subset"
+    for key, size in (("train_size", data.train_size), ("subset", data.subset)):
+        if size is not None and data.train_subset > size:
+            raise fail(
+                f"{where}={data.train_subset}: more than the {size} training images of "
+                f"dataset.{key}"
+            )
+
+
+def _hashed_dataset(data: DataSpec) -> dict[str, Any]:
+    """The dataset section as hashed: without the per-machine path, and without
+    ``train_subset`` when null, so protocols written before the key keep their hash."""
+    content = {k: v for k, v in dataclasses.asdict(data).items() if k != "path"}
+    if content["train_subset"] is None:
+        del content["train_subset"]
+    return content
+
+
 def _check_arms(arms: list[Arm], fail) -> None:
     for i, arm in enumerate(arms):
         data, run = arm.config.data, arm.config.run
@@ -401,6 +423,7 @@ def _check_arms(arms: list[Arm], fail) -> None:
             else "run.batch_size"
         )
         common.check_batch_fits(run.batch_size, where, data.train_size, data.subset, fail)
+        _check_train_subset(data, i, "train_subset" in arm.overrides.get("dataset", {}), fail)
     common.unique_names([a.name for a in arms], "arm", fail)
     common.one_reference([a.name for a in arms if a.reference], "arm", fail)
     # An arm equal to another (say, an override restating the base) wastes compute and makes

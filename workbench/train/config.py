@@ -57,6 +57,13 @@ class DataSpec:
         split_seed: Seed of the stratified split and of ``subset``.
         subset: Keep at most this many images of every split, stratified by class (smoke
             runs); null: all.
+        train_subset: Train on this many images of the training split, a nested, seeded,
+            class-stratified subset (the first images of one order, so a smaller subset lies
+            inside every larger one; seeded by ``split_seed``, the same for every run seed),
+            while an epoch still draws as many images as the whole training split, as
+            consecutive shuffled passes over the subset: the images seen, the schedule and the
+            evaluations stay those of the full split. The validation split is unchanged, so arms
+            that train on different sizes are still paired by seed; null: the whole split.
         crop_padding: Training only: pad by this many pixels, then crop back at random; 0: off.
         hflip: Training only: flip horizontally at random.
         rotate_degrees: Training only: rotate by up to this many degrees at random.
@@ -71,6 +78,7 @@ class DataSpec:
     val_size: int | None = None
     split_seed: int = 42
     subset: int | None = None  # smoke runs: at most this many images per split, stratified by class
+    train_subset: int | None = None  # data-size studies: train on a nested subset, same epoch size
     crop_padding: int = 0
     hflip: bool = False
     rotate_degrees: float = 0.0
@@ -79,7 +87,7 @@ class DataSpec:
 
     def __post_init__(self) -> None:
         _finite("data", self)
-        for key in ("train_size", "val_size", "subset", "resize_to"):
+        for key in ("train_size", "val_size", "subset", "train_subset", "resize_to"):
             value = getattr(self, key)
             if value is not None:
                 _positive("data", key, value)
@@ -327,9 +335,12 @@ class TrainConfig:
         only their changed fields.
 
         So a config without recipe or fast-path parts has the dict (and the ``config_hash``,
-        params and ``config.json``) it had before those sections existed.
+        params and ``config.json``) it had before those sections existed; ``data.train_subset``
+        is left out when null for the same reason.
         """
         content = asdict(self)
+        if content["data"]["train_subset"] is None:
+            del content["data"]["train_subset"]
         for key in ("recipe", "fast_path"):
             changed = getattr(self, key).changed()
             if changed:

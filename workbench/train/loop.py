@@ -188,13 +188,22 @@ class Trainer:
         common = dict(norm=data.norm, device=self.device, resize_to=d.resize_to)
         # Mixup pairs image i with image B-1-i, so every batch must be even: as timm's training
         # loader, drop the last incomplete batch when mixing (off: every image, as before).
+        # A data-size arm trains on a nested subset, with epochs as long as the full split's
+        # (so the images seen, the schedule and the evaluations do not depend on the size).
+        train, epoch_size = data.train, None
+        if d.train_subset is not None:
+            train, epoch_size = (
+                data.train.nested_subset(d.train_subset, d.split_seed),
+                len(data.train),
+            )
         self.train_loader = TensorLoader.from_split(
-            data.train,
+            train,
             batch_size=run.batch_size,
             seed=run.seed,
             augment=augment,
             shuffle=True,
             drop_last=recipe.mixes,
+            epoch_size=epoch_size,
             **common,
         )
         self.eval_loaders = {
