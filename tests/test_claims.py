@@ -105,3 +105,35 @@ def test_calibration_without_a_test_split_is_scored_cross_fitted_on_validation_a
     report = (RESULTS / "cifar10_recipe_20ep" / "report.md").read_text()
     row = f"| full_recipe - base | before  | ECE   |       {got['mean']:+.4f} [{got['low']:+.4f}, {got['high']:+.4f}] |"
     assert row in report, f"{row!r} not in the report's calibration table"
+
+
+def test_a_difference_between_studies_is_the_seed_paired_difference_of_their_differences():
+    """Independent: each study's a - b per seed from its prediction files, then the t-interval
+    of their seed-paired difference with scipy."""
+    from scipy import stats as sps
+
+    from reports.published.claims import difference_between_studies
+
+    def per_seed(study, arm):
+        out = {}
+        for f in sorted(
+            (RESULTS / study / "evidence" / "predictions").glob(f"{arm}.seed*.val.csv.gz")
+        ):
+            d = pd.read_csv(io.BytesIO(gzip.decompress(f.read_bytes())))
+            out[int(f.name.split(".seed")[1].split(".")[0])] = 100 * (d.label == d.predicted).mean()
+        return out
+
+    diffs = []
+    for study in ("cifar10_seed_table", "cifar10_registers"):
+        a, b = per_seed(study, "p4_w96"), per_seed(study, "base")
+        diffs.append({s: a[s] - b[s] for s in b})
+    d = [diffs[0][s] - diffs[1][s] for s in sorted(diffs[0])]
+    half = sps.t.ppf(0.975, len(d) - 1) * sps.tstd(d) / len(d) ** 0.5
+    expected = {"mean": sum(d) / len(d), "n": len(d)}
+    expected |= {"low": expected["mean"] - half, "high": expected["mean"] + half}
+    got = difference_between_studies(
+        RESULTS, "cifar10_seed_table", "cifar10_registers", "p4_w96", "base", "val"
+    )
+    worst = max(abs(got[k] - v) for k, v in expected.items())
+    assert worst < 1e-9, f"max |diff| {worst:.3g} (tolerance 1e-9): {got} vs {expected}"
+    assert got["wins"] == sum(x > 0 for x in d) and got["losses"] == sum(x < 0 for x in d)

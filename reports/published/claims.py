@@ -26,6 +26,9 @@ Computations (all from ``docs/results/<study>/evidence/``):
   files (``predictions/<arm>.seed<s>.<split>.csv.gz``).
 - ``accuracy_difference``: a - b in points, paired by seed (``workbench.stats.paired_seed_comparison``):
   ``mean``, ``low``, ``high`` (the t-interval), ``wins`` (seeds with a - b > 0), ``n``.
+- ``difference_between_studies``: (a - b in ``study``) - (a - b in ``other``), paired by seed,
+  for two studies whose cells pair by seed (the same arms and seeds, one field changed): ``mean``,
+  ``low``, ``high``, ``wins``, ``losses``, ``n``.
 - ``qwk`` and ``qwk_difference``: the same with quadratic weighted kappa.
 - ``intervention``: an intervention's change in accuracy (points) against the intact model,
   from ``outcomes/<arm>.seed<s>.csv.gz``, paired by seed: ``mean``, ``low``, ``high``, ``lower_in``.
@@ -154,6 +157,26 @@ def accuracy_difference(root: Path, study: str, a: str, b: str, split: str) -> d
     return _paired(
         _per_seed(root, study, a, split, _accuracy), _per_seed(root, study, b, split, _accuracy)
     )
+
+
+def _differences(a: dict[int, float], b: dict[int, float]) -> dict[int, float]:
+    """a - b per seed, for the seeds both have."""
+    return {s: a[s] - b[s] for s in sorted(set(a) & set(b))}
+
+
+def difference_between_studies(
+    root: Path, study: str, other: str, a: str, b: str, split: str
+) -> dict[str, float]:
+    """(a - b in ``study``) - (a - b in ``other``) in points, paired by seed: how much a
+    difference moved between two studies whose cells pair by seed (one recipe, one field
+    changed, such as the epochs)."""
+    here, there = (
+        _differences(
+            _per_seed(root, name, a, split, _accuracy), _per_seed(root, name, b, split, _accuracy)
+        )
+        for name in (study, other)
+    )
+    return _paired(here, there)
 
 
 def qwk(root: Path, study: str, arm: str, split: str) -> dict[str, float]:
@@ -543,6 +566,7 @@ COMPUTATIONS: dict[str, Callable[..., dict]] = {
     "patching_patch_max": patching_patch_max,
     "accuracy": accuracy,
     "accuracy_difference": accuracy_difference,
+    "difference_between_studies": difference_between_studies,
     "calibration_difference": calibration_difference,
     "qwk": qwk,
     "qwk_difference": qwk_difference,
