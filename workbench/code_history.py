@@ -36,6 +36,15 @@ SAME_CODE = (
     # the class-stratified sample, Adebayo et al.'s cascade), so their cells evaluate again.
     ("training", "cd75a476b2728c95", "1fdbd2ef63e1f7ae"),
     ("transfer", "e64a88a54d14a751", "7988119bd98e7e89"),
+    # dataset.train_subset (data-size arms): the loader and the Trainer gained a branch that a
+    # protocol without the key never takes; a config without it keeps its dict and config hash,
+    # and the smoke protocol's cells trained by both commits are bitwise equal (weights,
+    # predictions, history: docs/study-record.md, "Identity"). Main at b1ae23a -> 2877239; the
+    # other kinds' closures hold the same two files and nothing else changed in them.
+    ("training", "1fdbd2ef63e1f7ae", "28158c5e1d44db97"),
+    ("transfer", "7988119bd98e7e89", "ae692760d78da714"),
+    ("intervention", "8e64009d966ee359", "c7ef3f8c7ac22b81"),
+    ("attribution", "bc0ff15d6c267429", "410ad7cdd0ca2be7"),
 )
 _NEWER = {old: new for _, old, new in SAME_CODE}
 
