@@ -155,3 +155,180 @@ def test_attribution_patching_is_logged_beside_the_exact_grid_and_scored_against
                     )
         assert (m["atp_forwards"], m["atp_ig_forwards"], m["atp_ig_backwards"]) == (2, 6, 6)
         assert m["exact_forwards"] == 2 + 2 * 2 * (5 + 2 + 2)
+
+
+# ---- the attribution-patching section: recomputed independently, rebuilt offline ------------
+
+
+def _fractions(z: dict, prefix: str, direction: str) -> np.ndarray:
+    """Every location's fraction in location order (residuals, branches, heads), recomputed here."""
+    gap = z["clean_ld"].mean(dtype=np.float64) - z["corrupted_ld"].mean(dtype=np.float64)
+    noising = "noising_" if direction == "noising" else ""
+    parts = []
+    for kind in ("resid", "branch", "head"):
+        patched = z[f"{prefix}{noising}{kind}_ld"].mean(axis=0, dtype=np.float64)
+        restored = (patched - z["corrupted_ld"].mean(dtype=np.float64)) / gap
+        parts.append((restored if direction == "denoising" else 1.0 - restored).ravel())
+    return np.concatenate(parts)
+
+
+def _recomputed(z: dict, scores: np.ndarray, direction: str) -> dict[str, float]:
+    """rho (scipy), top-10 overlap and sign agreement over the read locations, from scratch."""
+    from scipy.stats import spearmanr
+
+    exact = _fractions(z, "", direction)
+    depth, heads = z["resid_ld"].shape[1], z["head_ld"].shape[2]
+    keep = np.concatenate([z["resid_reads"].ravel(), np.ones(depth * (2 + heads), dtype=bool)])
+    e, a = exact[keep], scores[keep]
+    top = min(10, len(e))
+    big = lambda v: set(np.argsort(-np.abs(v), kind="stable")[:top])  # noqa: E731
+    return {
+        "rho": float(spearmanr(e, a).statistic),
+        "top10_overlap": len(big(e) & big(a)) / top,
+        "sign_agreement": float(np.mean(np.sign(e) == np.sign(a))),
+    }
+
+
+def _section(md: str, heading: str) -> str:
+    start = md.index(heading)
+    end = md.find("\n##", start + 1)
+    return md[start : end if end > 0 else len(md)]
+
+
+def _row(section: str, first: str, table: int = 0) -> list[str]:
+    """The cells of the row whose first cell is ``first`` in the section's ``table``-th table."""
+    tables = [[]]
+    for line in section.splitlines():
+        if line.startswith("|"):
+            tables[-1].append([c.strip() for c in line.strip().strip("|").split("|")])
+        elif tables[-1]:
+            tables.append([])
+    return next(r for r in tables[table] if r[0] == first)
+
+
+def _worst_rows(section: str) -> list[list[str]]:
+    lines = [line for line in section.splitlines() if line.startswith("|")]
+    return [[c.strip() for c in line.strip().strip("|").split("|")] for line in lines]
+
+
+def _shown(name: str) -> str:
+    """A location as the section names it: ``blocks.1.resid2[3]`` is ``blocks.1.resid2 at p2``."""
+    m = re.match(r"(blocks\.\d+\.resid2)\[(\d+)\]$", name)
+    if not m:
+        return name
+    return f"{m[1]} at {'cls' if m[2] == '0' else f'p{int(m[2]) - 1}'}"
+
+
+def test_the_atp_section_equals_an_independent_recomputation_and_rebuilds_offline(
+    trained,  # noqa: F811
+    tmp_path,
+    monkeypatch,
+):
+    import gzip
+    import io
+
+    from rebuild_checks import forbid_store, number_differences, without_rebuilt_line
+    from reports.build import build_from_evidence
+    from reports.interventions.atp_report import seed_scores
+    from workbench.report_content.rounding import fmt
+    from workbench.stats import fisher_z_interval
+
+    root, folder, ablation = trained
+    path = root / "tiny_atp.yaml"
+    text = PATCHING.format(hash=ablation.hash).replace("tiny_patching", "tiny_atp")
+    path.write_text(text.replace("seed: 5}", "seed: 5, attribution_patching: true, ig_steps: 3}"))
+    _, outcomes = intervene(root, folder, path)  # run, or skipped when the test above ran it
+    assert {o.status for o in outcomes} <= {"finished", "skipped"}, [o.message for o in outcomes]
+    result = build_report(str(path), tmp_path / "reports", log=False, evidence=True)
+    md = result.markdown.read_text()
+    evidence = result.folder / "evidence"
+    cells = {}
+    for f in sorted((evidence / "patching").glob("vit.seed*.npz.gz")):
+        with np.load(io.BytesIO(gzip.decompress(f.read_bytes()))) as z:
+            cells[int(f.name.split(".seed")[1].split(".")[0])] = {k: z[k] for k in z.files}
+    assert sorted(cells) == [0, 1], sorted(cells)
+
+    worst = 0.0
+    for direction in ("denoising", "noising"):
+        section = _section(md, f"### AtP against exact patching, {direction} (vit)")
+        shown = seed_scores(cells, direction)
+        for method, label in (
+            ("atp", "AtP"),
+            ("atp_ig", "AtP-IG"),
+            ("atp_shuffled", "AtP, shuffled gradients"),
+        ):
+            per_seed = {}
+            for s, z in cells.items():
+                again = _recomputed(z, _fractions(z, f"{method}_", direction), direction)
+                per_seed[s] = again["rho"]
+                for k, v in again.items():
+                    worst = max(worst, abs(shown[method][k][s] - v))
+            row = _row(section, label)
+            assert row[1] == " / ".join(fmt(per_seed[s], 2, True) for s in sorted(per_seed)), row
+            low, high = fisher_z_interval(list(per_seed.values()))
+            mean = float(np.mean(list(per_seed.values())))
+            band = f"{fmt(mean, 2, True)} [{fmt(low, 2, True)}, {fmt(high, 2, True)}]"
+            assert row[2] == band, (band, row)
+        for s, z in cells.items():  # the random control: the mean over its draws
+            draws = [_recomputed(z, d, direction) for d in z["random_scores"]]
+            for k in ("rho", "top10_overlap", "sign_agreement"):
+                v = float(np.mean([d[k] for d in draws]))
+                worst = max(worst, abs(shown["random"][k][s] - v))
+    assert worst <= 1e-12, f"section vs recomputation: max |diff| {worst:.3g}"
+    # the claims computations read the same numbers from the export alone
+    from reports.published import claims
+
+    got = claims.attribution_patching(tmp_path / "reports", "tiny_atp", "vit", "atp", "rho")
+    again = {
+        s: _recomputed(z, _fractions(z, "atp_", "denoising"), "denoising") for s, z in cells.items()
+    }
+    diff = max(abs(got[f"seed{s}"] - again[s]["rho"]) for s in cells)
+    assert diff <= 1e-12, f"claims vs recomputation: max |diff| {diff:.3g}"
+    paired = claims.attribution_patching_difference(
+        tmp_path / "reports", "tiny_atp", "vit", "atp", "random", "rho"
+    )
+    assert paired["n"] == 2 and paired["wins"] + paired["losses"] + paired["ties"] == 2, paired
+
+    # the worst locations and their class-token share, from scratch
+    from workbench.interventions.attribution_patching import location_names
+
+    section = _section(md, "### Where AtP fails most (vit)")
+    shares = []
+    for s, z in sorted(cells.items()):
+        depth, tokens = z["resid_ld"].shape[1:]
+        names = np.array(location_names(depth, tokens, z["head_ld"].shape[2]))
+        keep = np.concatenate([z["resid_reads"].ravel(), np.ones(depth * 4, dtype=bool)])
+        e, a = _fractions(z, "", "denoising")[keep], _fractions(z, "atp_", "denoising")[keep]
+        order = np.argsort(-np.abs(a - e), kind="stable")[:10]
+        shares.append(
+            np.mean(
+                [n.startswith("blocks.") and n.endswith("resid2[0]") for n in names[keep][order]]
+            )
+        )
+        top = _shown(str(names[keep][order[0]]))
+        first = next(r for r in _worst_rows(section) if r[:2] == [str(s), "1"])
+        assert first[2] == f"`{top}`", (first, top)
+    row = _row(section, "AtP", table=1)
+    assert row[1] == " / ".join(fmt(v, 2) for v in shares), (shares, row)
+
+    # the cost: exact patching's passes over AtP's (2 blocks, 5 tokens, 2 heads; IG 3 steps)
+    cost = _section(md, "### Cost (vit)")
+    exact = 2 + 2 * 2 * (5 + 2 + 2)
+    for label, f, b in (("exact patching", exact, 0), ("AtP", 2, 2), ("AtP-IG", 6, 6)):
+        row = _row(cost, label)
+        assert row[1:5] == [str(f), str(b), str(f + b), fmt(exact / (f + b), 1)], row
+    assert {
+        "atp_resid_vit.png",
+        "atp_heads_branches_vit.png",
+        "atp_branch_positions_vit.png",
+        "atp_head_positions_vit.png",
+    } <= {p.name for p in result.figures}
+
+    # offline: the same report from the evidence export alone
+    forbid_store(monkeypatch, tmp_path)
+    rebuilt = build_from_evidence(evidence, tmp_path / "rebuilt")
+    a, b = md, rebuilt.markdown.read_text()
+    compared, diffs = number_differences(a, b)
+    assert compared > 100 and not diffs, f"{len(diffs)} places differ: {diffs[:10]}"
+    assert without_rebuilt_line(b) == a
+    assert "Attribution patching against exact patching (vit)" in b

@@ -163,7 +163,12 @@ def _readme(name: str, digest: str, reported: int, runs: int) -> str:
   readout depends on; the pairs (`clean_index`, `source_index`, labels, `replaced`), and
   `sample_classes`, `class_counts` (the split's classes and the clean images of each). Exports
   made before noising existed lack `noising_*` and `resid_reads`; before the counts were
-  logged, `sample_classes` and `class_counts`.
+  logged, `sample_classes` and `class_counts`. Cells that ran attribution patching also hold
+  `atp_*`, `atp_ig_*` and the control `atp_shuffled_*` in the same layout (the estimated
+  patched logit differences), `*_position_branch_change` and `*_position_head_change` (each
+  branch's and head's estimated change per token position, mean over pairs),
+  `random_scores` (draws, locations), and the passes and seconds of each method
+  (`*_passes`, `*_seconds`, `exact_passes`, `exact_seconds`).
 """,
     )
 

@@ -22,6 +22,7 @@ from reports.common.report_parts import (
 )
 from reports.figures import report_png
 from reports.interventions import intervention_evidence
+from reports.interventions.atp_report import atp_blocks, atp_results
 from reports.interventions.evaluated_images import scored_blocks
 from reports.interventions.patching_report import patching_blocks
 from reports.interventions.intervention_study import InterventionReadout
@@ -291,13 +292,12 @@ def build_blocks(
         built.results += [Para(t) for t in [effect_caveats(top, split)] if t]
         built.sections += arm_blocks(arm, rows, cells, protocol, depth, heads, 2, n_resamples)
         if protocol.patching is not None:
-            built.sections += patching_blocks(
-                arm,
-                {s: c.patching for s, c in cells.items() if c.patching is not None},
-                protocol,
-                2,
-                protocol.model_config(arm).num_prefix_tokens if protocol.acts_on else 1,
-            )
+            patched = {s: c.patching for s, c in cells.items() if c.patching is not None}
+            prefix = protocol.model_config(arm).num_prefix_tokens if protocol.acts_on else 1
+            built.sections += patching_blocks(arm, patched, protocol, 2, prefix)
+            grid = tuple(protocol.model_config(arm).grid) if protocol.acts_on else None
+            built.sections += atp_blocks(arm, patched, protocol, 2, prefix, grid)
+            built.results += atp_results(arm, patched, e.confidence)
     sample, thin = scored_blocks(protocol, list(built.reported_arms()))
     blocks, warnings, refused, n, metrics = built.finish(
         inputs,

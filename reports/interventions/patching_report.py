@@ -155,7 +155,10 @@ def agreement_blocks(cells: dict[int, dict], arm: str, level: int) -> list[Block
     ]
 
 
-def _heatmaps(panels: list[tuple[str, np.ndarray, str]], title: str) -> bytes:
+def heatmaps(
+    panels: list[tuple[str, np.ndarray, str]], title: str, ticks: list[str] | None = None
+) -> bytes:
+    """Block rows x ``panels``' columns on one colour scale; ``ticks`` names the columns."""
     fig = MplFigure(figsize=(4.2 * len(panels), 0.6 * panels[0][1].shape[0] + 1.8))
     axes = fig.subplots(1, len(panels), squeeze=False)[0]
     finite = np.concatenate([g[np.isfinite(g)] for _, g, _ in panels])
@@ -166,6 +169,8 @@ def _heatmaps(panels: list[tuple[str, np.ndarray, str]], title: str) -> bytes:
         ax.set_xlabel(xlabel)
         ax.set_ylabel("block")
         ax.set_yticks(range(grid.shape[0]))
+        if ticks is not None:
+            ax.set_xticks(range(len(ticks)), ticks, fontsize=8)
         fig.colorbar(im, ax=ax, shrink=0.8)
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
@@ -229,7 +234,7 @@ def patching_blocks(
                 "patches row by row). Left: mean over seeds; middle and right: the ends of the "
                 f"{conf:.0%} t-interval over seeds."
             ),
-            _heatmaps(
+            heatmaps(
                 [
                     ("mean over seeds", r_mean, "token position"),
                     ("interval low", r_lo, "token position"),
@@ -267,7 +272,7 @@ def patching_blocks(
                 "separately trained seeds do not correspond by index: read a row as how much any "
                 "single head of that block carries."
             ),
-            _heatmaps(
+            heatmaps(
                 [
                     ("mean over seeds", h_mean, "head"),
                     ("interval low", h_lo, "head"),
@@ -318,7 +323,7 @@ def _noising_blocks(arm, cells, protocol, conf, positions, level: int) -> list[B
                 "is patched from the corrupted run into the clean run: mean over seeds and the ends "
                 f"of the {conf:.0%} t-interval over seeds."
             ),
-            _heatmaps(
+            heatmaps(
                 [
                     ("mean over seeds", n_mean, "token position"),
                     ("interval low", n_lo, "token position"),

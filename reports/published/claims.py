@@ -55,6 +55,12 @@ Computations (all from ``docs/results/<study>/evidence/``):
   and the largest norm over its block's median, from ``arrays/<arm>.seed<s>.npz``.
 - ``faithfulness_difference``: arm a minus arm b of one method's measure, paired by seed:
   ``mean``, ``low``, ``high``, ``wins``, ``n``.
+- ``attribution_patching``: an estimate's agreement with exact patching (AtP, AtP-IG, the
+  shuffled-gradient control, random scores; Spearman rho, top-10 overlap or sign agreement) from
+  ``patching/<arm>.seed<s>.npz.gz``, as the report computes it: ``mean``, ``low``, ``high``,
+  ``seed<s>``; ``attribution_patching_difference``: two of them paired by seed;
+  ``atp_class_token_share``: the share of an estimate's ten worst locations at the class token,
+  beside its ``chance`` share of the scored locations.
 - ``faithfulness``: an attribution method's mean over seeds of a measure from
   ``arrays/<arm>.seed<s>.npz``: ``mean``, ``low``, ``high`` (rho: Fisher z; AUCs: t), and
   ``better_than_random`` (seeds where it beats the random order).
@@ -78,6 +84,13 @@ import pandas as pd
 
 from reports.attribution.controls import draw_means
 from reports.common.convergence import convergence as read_curve
+from reports.interventions.atp_report import (
+    class_token_share,
+    mean_interval,
+    scored_class_token_share,
+    seed_scores,
+    worst_locations,
+)
 from reports.interventions.patching_report import effect_maps, fixed_locations, spearman_pairs
 from workbench import stats
 from workbench.attribution import auc
@@ -540,6 +553,42 @@ def patching_agreement(
     }
 
 
+def attribution_patching(
+    root: Path, study: str, arm: str, method: str, measure: str, direction: str = "denoising"
+) -> dict[str, float]:
+    """An estimate's agreement with exact patching (``atp_report.seed_scores``: ``atp``,
+    ``atp_ig``, ``atp_shuffled`` or ``random``; ``measure`` rho, top10_overlap or
+    sign_agreement) over seeds, as the report shows it: ``mean``, ``low``, ``high`` (rho:
+    Fisher's z; shares: Student-t clipped to [0, 1]), ``seed<s>``, ``min``, ``max``, ``n``."""
+    values = seed_scores(_patching_cells(root, study, arm), direction)[method][measure]
+    mean, low, high = mean_interval(values, measure, 0.95)
+    per = {f"seed{s}": v for s, v in values.items()}
+    return {"mean": mean, "low": low, "high": high, **per, "min": min(values.values()),
+            "max": max(values.values()), "n": len(values)}  # fmt: skip
+
+
+def attribution_patching_difference(
+    root: Path, study: str, arm: str, a: str, b: str, measure: str, direction: str = "denoising"
+) -> dict[str, float]:
+    """Estimate ``a`` minus ``b`` (``attribution_patching``'s names) in one measure, paired by
+    seed: ``mean``, ``low``, ``high``, ``wins``, ``losses``, ``ties``, ``n``."""
+    scores = seed_scores(_patching_cells(root, study, arm), direction)
+    return _paired(scores[a][measure], scores[b][measure])
+
+
+def atp_class_token_share(root: Path, study: str, arm: str, method: str) -> dict[str, float]:
+    """Of the ``WORST`` locations where ``method`` differs most from exact patching (denoising),
+    the share at the class token's residual, per seed and over seeds (``mean``, ``low``,
+    ``high``: Student-t clipped to [0, 1]); ``chance``: the class token's share of the scored
+    locations (mean over seeds)."""
+    cells = _patching_cells(root, study, arm)
+    shares = class_token_share(worst_locations(cells, method))
+    mean, low, high = mean_interval(shares, "share", 0.95)
+    chance = float(np.mean([scored_class_token_share(z) for z in cells.values()]))
+    return {"mean": mean, "low": low, "high": high, "chance": chance,
+            **{f"seed{s}": v for s, v in shares.items()}}  # fmt: skip
+
+
 def differences_settled(
     root: Path, study: str, arms: list[str], b: str, split: str
 ) -> dict[str, float]:
@@ -556,6 +605,9 @@ COMPUTATIONS: dict[str, Callable[..., dict]] = {
     "faithfulness_pair": faithfulness_pair,
     "random_draws": random_draws,
     "patching_agreement": patching_agreement,
+    "attribution_patching": attribution_patching,
+    "attribution_patching_difference": attribution_patching_difference,
+    "atp_class_token_share": atp_class_token_share,
     "differences_settled": differences_settled,
     "token_norms": token_norms,
     "norm_control": norm_control,

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 from tqdm.auto import tqdm
 
 from studies.runtime.options import StudyOptions
@@ -31,7 +32,11 @@ from tracking.record.sink import RunSink
 from workbench.data import PreparedData, PreparedSplit
 from workbench.interventions import HeadAblation, flatten
 from workbench.interventions.evaluate import evaluate, reference_means
-from workbench.interventions.attribution_patching import comparison_metrics, estimate_split
+from workbench.interventions.attribution_patching import (
+    comparison_metrics,
+    estimate_split,
+    exact_passes,
+)
 from workbench.interventions.patching import patch_split
 from workbench.protocol import InterventionCell, InterventionProtocol, load_intervention_protocol
 from workbench.protocol.intervention import check_against_data, check_against_model
@@ -150,14 +155,21 @@ class InterventionStudy(TrainedModelKind):
 
 
 def _with_attribution_patching(model, split, inputs, spec, patched) -> tuple:
-    """``(result, pairs)`` extended: AtP and AtP-IG arrays beside the pairs (so beside the exact
-    grid in ``patching.npz``) and their scores against it as a third item (metrics)."""
+    """``(result, pairs)`` extended: AtP, AtP-IG and the controls' arrays beside the pairs (so
+    beside the exact grid in ``patching.npz``, with the exact grid's passes and wall time, which
+    includes finding the read positions) and their scores against it as a third item (metrics)."""
     result, logged = patched
-    estimates = estimate_split(model, split.images, split.labels, inputs, spec)
+    estimates = estimate_split(model, split.images, split.labels, split.indices, inputs, spec)
     scores = comparison_metrics(
         result.arrays(), estimates, result.resid_reads, model, spec.ig_steps
     )
-    return result, {**logged, **estimates}, scores
+    cfg = model.cfg
+    exact = exact_passes(cfg.depth, result.resid_ld.shape[2], cfg.heads)
+    timing = {
+        "exact_passes": np.array([exact["forward"], exact["backward"]]),
+        "exact_seconds": np.array(result.seconds),
+    }
+    return result, {**logged, **estimates, **timing}, scores
 
 
 def run_intervention_protocol(

@@ -27,7 +27,17 @@ sites)``, ``sites = 4 * depth``).
 
 The estimates come as the exact grid's arrays, the same keys with a prefix (``atp_resid_ld``,
 ``atp_noising_head_ld``, ``atp_ig_branch_ld``, ...) and the same shapes (pairs, depth, ...),
-so ``patching.effect_fraction`` turns both into restored / removed fractions alike.
+so ``patching.effect_fraction`` turns both into restored / removed fractions alike. Beside
+them, ``{method}_position_branch_change`` (depth, 2, tokens) and ``{method}_position_head_change``
+(depth, heads, tokens) split a branch's or a head's estimated LD change over the token positions
+(the dot product per position; they sum over positions to the location's change exactly), which
+exact patching cannot give without a patch per position.
+
+Two controls score what an estimate with no information in it gets: ``atp_shuffled``, AtP with
+each hook site's gradient vectors permuted over the examples and positions of a batch (and the
+heads, at ``attn.z``; seeded), so every location's activation difference meets another example's
+gradient at another place (the activation differences, and so every magnitude, are AtP's own);
+and ``random_scores``, ``draws`` seeded standard-normal scores per location.
 ``agreement`` scores an estimate against the exact patches location by location: Spearman's
 rho over the locations, the overlap of the ten largest |effects|, the share of locations with
 the same sign, and the locations where the two differ most.
@@ -35,6 +45,7 @@ the same sign, and the locations where the two differ most.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -49,12 +60,15 @@ from workbench.interventions.patching import (
     Pairs,
     corrupt,
     effect_fraction,
-    make_pairs,
+    split_pairs,
 )
 from workbench.interventions.spec import InterventionError
 from workbench.models.vit import VisionTransformer
 
 METHODS = ("atp", "atp_ig")
+CONTROL = "atp_shuffled"  # AtP with shuffled gradients: a control, not a method
+ESTIMATES = (*METHODS, CONTROL)
+RANDOM_DRAWS = 100  # random-score draws per cell: the random control's mean and spread
 IG_PATHS = ("embedding", "site")
 BRANCHES = ("attn", "mlp")
 
@@ -75,7 +89,7 @@ def sites(model: VisionTransformer) -> list[str]:
 
 def stated_passes(method: str, steps: int, depth: int, ig_path: str = "embedding") -> dict:
     """Forwards and backwards of ``estimate_batch`` for both directions, per batch of pairs."""
-    if method == "atp" or steps == 1:
+    if method in ("atp", CONTROL) or steps == 1:
         runs = 2
     elif ig_path == "embedding":
         runs = 2 * steps
@@ -137,19 +151,34 @@ def _mean_grads(model, x, target, source, names, metric, steps, ig_path) -> dict
     return {n: g / steps for n, g in total.items()}
 
 
+def _shuffled(grads: dict, generator: torch.Generator) -> dict:
+    """Each site's gradient vectors permuted over examples and positions (and heads at
+    ``attn.z``): the shuffled-gradient control."""
+    out = {}
+    for name, g in grads.items():
+        flat = g.reshape(-1, g.shape[-1])  # (B * N [* heads], D or head dim)
+        order = torch.randperm(len(flat), generator=generator).to(flat.device)
+        out[name] = flat[order].reshape(g.shape)
+    return out
+
+
 def _deltas(model, target, source, grads) -> dict[str, np.ndarray]:
-    """``(a_source - a_target) . grad`` summed over each location's elements: the LD change."""
+    """``(a_source - a_target) . grad`` summed over each location's elements: the LD change;
+    for branches and heads also per position (``position_branch``, ``position_head``)."""
 
     def dot(name: str, dims) -> torch.Tensor:
         diff = source[name].double() - target[name].double()
         return (diff * grads[name]).sum(dim=dims)
 
-    resid, branch, head = [], [], []
+    out = {k: [] for k in (*PATCHED, "position_branch", "position_head")}
     for i in range(model.cfg.depth):
-        resid.append(dot(f"blocks.{i}.resid2", (2,)))  # (B, N)
-        branch.append(torch.stack([dot(f"blocks.{i}.{k}", (1, 2)) for k in BRANCHES], dim=1))
-        head.append(dot(f"blocks.{i}.attn.z", (1, 3)))  # z is (B, N, heads, d): (B, heads)
-    out = {"resid": resid, "branch": branch, "head": head}
+        out["resid"].append(dot(f"blocks.{i}.resid2", (2,)))  # (B, N)
+        per = torch.stack([dot(f"blocks.{i}.{k}", (2,)) for k in BRANCHES], dim=1)  # (B, 2, N)
+        out["position_branch"].append(per)
+        out["branch"].append(per.sum(dim=2))
+        z = dot(f"blocks.{i}.attn.z", (3,))  # z is (B, N, heads, d): (B, N, heads)
+        out["position_head"].append(z.transpose(1, 2))  # (B, heads, N)
+        out["head"].append(z.sum(dim=1))
     return {k: torch.stack(v, dim=1).cpu().numpy() for k, v in out.items()}
 
 
@@ -162,25 +191,32 @@ def estimate_batch(
     method: str = "atp",
     steps: int = 5,
     ig_path: str = "embedding",
+    generator: torch.Generator | None = None,
 ) -> dict[str, np.ndarray]:
     """The estimated patched LD of every location of the exact grid, both directions, one batch.
+
+    Args:
+        method: ``atp``, ``atp_ig`` or the control ``atp_shuffled`` (AtP's gradients shuffled
+            with ``generator``; default: seeded 0).
 
     Returns:
         ``{method}_{key}`` for each of ``patch_batch``'s ``*_ld`` keys (``atp_resid_ld``
         (B, depth, tokens), ``atp_noising_head_ld`` (B, depth, heads), ...): the target run's
         LD plus the estimated change. Denoising's target is the corrupted run, noising's the
-        clean run, as for the exact patches.
+        clean run, as for the exact patches. And ``{method}_{prefix}position_branch_change``
+        (B, depth, 2, tokens), ``..._position_head_change`` (B, depth, heads, tokens): each
+        branch's and head's estimated LD change per token position (summing to its change).
 
     Raises:
         InterventionError: An unknown method or path, or fewer than one step.
     """
-    if method not in METHODS:
-        raise InterventionError(f"attribution patching method {method!r}: one of {METHODS}")
+    if method not in ESTIMATES:
+        raise InterventionError(f"attribution patching method {method!r}: one of {ESTIMATES}")
     if ig_path not in IG_PATHS:
         raise InterventionError(f"ig_path {ig_path!r}: must be one of {', '.join(IG_PATHS)}")
     if steps < 1:
         raise InterventionError(f"ig steps={steps!r}: must be a positive integer")
-    steps = 1 if method == "atp" else steps
+    steps = steps if method == "atp_ig" else 1
     names = sites(model)
     metric = _ld_metric(y, contrast)
     keep = [_first(model), *names]
@@ -193,9 +229,15 @@ def estimate_batch(
     }.items():
         base = (logits.gather(1, y[:, None]) - logits.gather(1, contrast[:, None]))[:, 0]
         grads = _mean_grads(model, x, target, source, names, metric, steps, ig_path)
+        if method == CONTROL:
+            grads = _shuffled(grads, generator or torch.Generator().manual_seed(0))
+        prefix = f"{method}_{DIRECTIONS[direction]}"
         for kind, delta in _deltas(model, target, source, grads).items():
+            if kind.startswith("position_"):
+                out[f"{prefix}{kind}_change"] = delta.astype(np.float32)
+                continue
             ld = base.double().cpu().numpy()[:, None, None] + delta
-            out[f"{method}_{DIRECTIONS[direction]}{kind}_ld"] = ld.astype(np.float32)
+            out[f"{prefix}{kind}_ld"] = ld.astype(np.float32)
     return out
 
 
@@ -208,9 +250,11 @@ def estimate_pairs(
     method: str = "atp",
     steps: int = 5,
     ig_path: str = "embedding",
+    seed: int = 0,
 ) -> dict[str, np.ndarray]:
     """``estimate_batch`` over every pair of a split, batched as ``patching.patch_pairs`` is
-    (the same pairs and corruption, so the arrays line up with its result row by row)."""
+    (the same pairs and corruption, so the arrays line up with its result row by row);
+    ``seed`` seeds the control's shuffles (one generator for the whole split)."""
     if model.training:
         raise InterventionError("patching measures the trained function: call model.eval() first")
     clean_idx, source_idx = torch.from_numpy(pairs.clean), torch.from_numpy(pairs.source)
@@ -218,6 +262,7 @@ def estimate_pairs(
     clean_loader = inputs.loader(images[clean_idx], y_all)
     source_loader = inputs.loader(images[source_idx], contrast_all)
     parts, done = [], 0
+    generator = torch.Generator().manual_seed(seed)
     with inputs.autocast():
         for clean, source in zip(clean_loader, source_loader):
             b = len(clean.labels)
@@ -227,27 +272,47 @@ def estimate_pairs(
             parts.append(
                 estimate_batch(
                     model, clean.images, x_corrupt, clean.labels, source.labels,
-                    method, steps, ig_path,
+                    method, steps, ig_path, generator,
                 )
             )  # fmt: skip
             done += b
     return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
 
 
-def estimate_split(model: VisionTransformer, images, labels, inputs, spec) -> dict[str, np.ndarray]:
-    """AtP and AtP-IG (``spec.ig_steps`` steps, the embedding path) on the protocol's pairs:
-    ``make_pairs`` with the ``patching`` section's settings, as ``patching.patch_split``."""
-    pairs = make_pairs(
-        labels.cpu().numpy(),
-        spec.pairs,
-        spec.seed,
-        corruption=spec.corruption,
-        replaced_patches=spec.replaced_patches,
-        num_patches=model.cfg.num_patches,
-    )
-    atp = estimate_pairs(model, images, labels, pairs, inputs, "atp")
-    ig = estimate_pairs(model, images, labels, pairs, inputs, "atp_ig", spec.ig_steps)
-    return atp | ig
+def estimate_split(
+    model: VisionTransformer, images, labels, indices, inputs, spec
+) -> dict[str, np.ndarray]:
+    """AtP, AtP-IG (``spec.ig_steps`` steps, the embedding path) and the controls on the
+    protocol's pairs (``patching.split_pairs``, the pairs ``patching.patch_split`` patches).
+
+    Returns:
+        ``estimate_pairs``' arrays of each of ``ESTIMATES`` (the per-position changes as their
+        means over the pairs: (depth, 2 or heads, tokens), to keep the evidence small);
+        ``random_scores`` (``RANDOM_DRAWS``, locations), seeded by ``spec.seed``; per estimate
+        ``{method}_passes`` (forwards, backwards per batch of pairs, both directions) and
+        ``{method}_seconds`` (wall time over the split).
+    """
+    pairs = split_pairs(labels.cpu().numpy(), indices.cpu().numpy(), spec, model.cfg.num_patches)
+    cfg, out = model.cfg, {}
+    for method in ESTIMATES:
+        started = time.perf_counter()
+        arrays = estimate_pairs(
+            model, images, labels, pairs, inputs, method, spec.ig_steps, seed=spec.seed
+        )
+        out[f"{method}_seconds"] = np.array(time.perf_counter() - started)
+        passes = stated_passes(method, spec.ig_steps, cfg.depth)
+        out[f"{method}_passes"] = np.array([passes["forward"], passes["backward"]])
+        for k, v in arrays.items():
+            out[k] = v.mean(axis=0, dtype=np.float64) if "_position_" in k else v
+    tokens = out["atp_resid_ld"].shape[2]
+    out["random_scores"] = random_scores(cfg.depth * (tokens + 2 + cfg.heads), spec.seed)
+    return out
+
+
+def random_scores(locations: int, seed: int, draws: int = RANDOM_DRAWS) -> np.ndarray:
+    """(draws, locations) standard-normal scores (``numpy.random.default_rng(seed)``): the random
+    control, in ``location_names`` order."""
+    return np.random.default_rng(seed).standard_normal((draws, locations))
 
 
 # ---- scoring against the exact patches ------------------------------------------------------
@@ -261,7 +326,8 @@ class Agreement:
             |estimate| ones.
         sign_agreement: Share of locations where both have the same sign (0 counts as a sign).
         worst: ``(location, exact, estimate)`` of the largest |estimate - exact|, largest first.
-        pair_rho: (P,) the same rho per pair, on each pair's LD change (NaN where constant).
+        pair_rho: (P,) the same rho per pair, on each pair's LD change (NaN where constant;
+            empty for scores that have no pairs, the random control's).
         locations: How many locations were scored.
     """
 
@@ -297,10 +363,46 @@ def _flat(arrays: dict, prefix: str, direction: str, per) -> np.ndarray:
     return np.concatenate([p.reshape(*p.shape[: p.ndim - 2], -1) for p in parts], axis=-1)
 
 
+def location_fractions(arrays: dict, method: str, direction: str = "denoising") -> np.ndarray:
+    """(locations,) the restored (denoising) or removed (noising) fraction of every location in
+    ``location_names`` order: the exact patches' (``method`` "") or an estimate's."""
+    clean, corrupted = arrays["clean_ld"], arrays["corrupted_ld"]
+    prefix = f"{method}_" if method else ""
+    return _flat(
+        arrays, prefix, direction, lambda ld: effect_fraction(direction, ld, clean, corrupted)
+    )
+
+
+def grid_names(arrays: dict) -> np.ndarray:
+    """``location_names`` of the grid ``arrays`` (``PatchingResult.arrays()``) were patched on."""
+    m = arrays["resid_ld"]
+    return np.array(location_names(m.shape[1], m.shape[2], arrays["head_ld"].shape[2]))
+
+
 def _rho(a: np.ndarray, b: np.ndarray) -> float:
     if np.ptp(a) == 0 or np.ptp(b) == 0:
         return float("nan")
     return float(spearmanr(a, b).statistic)
+
+
+def _scored(e, a, names, top: int, worst: int, pair_rho: np.ndarray) -> Agreement:
+    """``Agreement`` of scores ``a`` against exact fractions ``e`` over the same locations."""
+    n = min(top, len(e))
+    top_e = np.argsort(-np.abs(e), kind="stable")[:n]
+    top_a = np.argsort(-np.abs(a), kind="stable")[:n]
+    order = np.argsort(-np.abs(a - e), kind="stable")[:worst]
+    return Agreement(
+        rho=_rho(e, a),
+        top_overlap=len(set(top_e) & set(top_a)) / max(n, 1),
+        sign_agreement=float(np.mean(np.sign(e) == np.sign(a))),
+        worst=tuple((str(names[i]), float(e[i]), float(a[i])) for i in order),
+        pair_rho=pair_rho,
+        locations=len(e),
+    )
+
+
+def _keep(keep, count: int) -> np.ndarray:
+    return np.ones(count, dtype=bool) if keep is None else np.asarray(keep, dtype=bool)
 
 
 def agreement(
@@ -321,34 +423,35 @@ def agreement(
     """
     clean, corrupted = exact["clean_ld"], exact["corrupted_ld"]
 
-    def fraction(ld):
-        return effect_fraction(direction, ld, clean, corrupted)
-
     def change(ld):  # per pair, oriented as the fraction is: restored or removed LD
         target = corrupted if direction == "denoising" else clean
         sign = 1.0 if direction == "denoising" else -1.0
         return sign * (ld.astype(np.float64) - target.astype(np.float64)[:, None, None])
 
-    e, a = _flat(exact, "", direction, fraction), _flat(estimate, f"{method}_", direction, fraction)
+    e = location_fractions(exact, "", direction)
+    a = location_fractions(
+        {**estimate, "clean_ld": clean, "corrupted_ld": corrupted}, method, direction
+    )
     pe, pa = _flat(exact, "", direction, change), _flat(estimate, f"{method}_", direction, change)
-    m = exact["resid_ld"]
-    names = np.array(location_names(m.shape[1], m.shape[2], exact["head_ld"].shape[2]))
-    keep = np.ones(len(names), dtype=bool) if keep is None else np.asarray(keep, dtype=bool)
-    e, a, pe, pa, names = e[keep], a[keep], pe[:, keep], pa[:, keep], names[keep]
-    n = min(top, len(e))
-    top_e, top_a = (
-        np.argsort(-np.abs(e), kind="stable")[:n],
-        np.argsort(-np.abs(a), kind="stable")[:n],
-    )
-    order = np.argsort(-np.abs(a - e), kind="stable")[:worst]
-    return Agreement(
-        rho=_rho(e, a),
-        top_overlap=len(set(top_e) & set(top_a)) / max(n, 1),
-        sign_agreement=float(np.mean(np.sign(e) == np.sign(a))),
-        worst=tuple((str(names[i]), float(e[i]), float(a[i])) for i in order),
-        pair_rho=np.array([_rho(pe[p], pa[p]) for p in range(len(pe))]),
-        locations=int(keep.sum()),
-    )
+    names = grid_names(exact)
+    keep = _keep(keep, len(names))
+    pe, pa = pe[:, keep], pa[:, keep]
+    pair_rho = np.array([_rho(pe[p], pa[p]) for p in range(len(pe))])
+    return _scored(e[keep], a[keep], names[keep], top, worst, pair_rho)
+
+
+def random_agreement(
+    exact: dict[str, np.ndarray],
+    scores: np.ndarray,
+    direction: str = "denoising",
+    keep: np.ndarray | None = None,
+    top: int = 10,
+) -> list[Agreement]:
+    """Each draw of ``random_scores`` (draws, locations) scored as ``agreement`` scores an
+    estimate (the same fractions, locations and ``keep``); no per-pair rho (``pair_rho`` empty)."""
+    e, names = location_fractions(exact, "", direction), grid_names(exact)
+    keep = _keep(keep, len(names))
+    return [_scored(e[keep], s[keep], names[keep], top, 0, np.array([])) for s in scores]
 
 
 def read_locations(reads: np.ndarray, depth: int, heads: int) -> np.ndarray:
@@ -359,22 +462,29 @@ def read_locations(reads: np.ndarray, depth: int, heads: int) -> np.ndarray:
 
 
 def comparison_metrics(exact: dict[str, np.ndarray], estimates: dict, reads, model, steps: int):
-    """Flat metrics of AtP and AtP-IG against the exact grid (``estimate_split``'s arrays).
+    """Flat metrics of AtP, AtP-IG and the controls against the exact grid (``estimate_split``'s
+    arrays; those of ``ESTIMATES`` present, the random control where ``random_scores`` is).
 
-    Per method and direction: ``{method}_rho/{direction}``, ``_top10_overlap``,
+    Per estimate and direction: ``{method}_rho/{direction}``, ``_top10_overlap``,
     ``_sign_agreement`` and ``_pair_rho_mean`` over every location the readout reads
-    (``read_locations``); the passes of each per batch of pairs (``{method}_forwards``,
+    (``read_locations``); ``random_{rho,top10_overlap,sign_agreement}/{direction}``, the means
+    over the draws; the passes of each per batch of pairs (``{method}_forwards``,
     ``{method}_backwards``, ``exact_forwards``).
     """
     cfg = model.cfg
     keep = read_locations(reads, cfg.depth, cfg.heads)
     out: dict[str, float] = {}
-    for method in METHODS:
+    for method in (m for m in ESTIMATES if f"{m}_resid_ld" in estimates):
         for direction in DIRECTIONS:
             scored = agreement(exact, estimates, method, direction, keep)
             out |= {f"{method}_{k}/{direction}": v for k, v in scored.metrics().items()}
         passes = stated_passes(method, steps, cfg.depth)
         out |= {f"{method}_forwards": passes["forward"], f"{method}_backwards": passes["backward"]}
+    if "random_scores" in estimates:
+        for direction in DIRECTIONS:
+            draws = random_agreement(exact, estimates["random_scores"], direction, keep)
+            for k in ("rho", "top10_overlap", "sign_agreement"):
+                out[f"random_{k}/{direction}"] = float(np.mean([d.metrics()[k] for d in draws]))
     tokens = exact["resid_ld"].shape[2]
     out["exact_forwards"] = exact_passes(cfg.depth, tokens, cfg.heads)["forward"]
     return {k: float(v) for k, v in out.items()}

@@ -400,6 +400,22 @@ def patch_pairs(
     return PatchingResult(**joined, resid_reads=reads, seconds=time.perf_counter() - started)
 
 
+def split_pairs(labels: np.ndarray, indices: np.ndarray, spec, num_patches: int) -> Pairs:
+    """The protocol's pairs on one evaluated split (``make_pairs`` with the ``patching`` section's
+    settings, each image keyed by its source-split index): what exact patching and attribution
+    patching both act on."""
+    return make_pairs(
+        labels,
+        spec.pairs,
+        spec.seed,
+        corruption=spec.corruption,
+        replaced_patches=spec.replaced_patches,
+        num_patches=num_patches,
+        sample=spec.sample,
+        keys=indices,
+    )
+
+
 def patch_split(
     model: VisionTransformer,
     images: torch.Tensor,
@@ -422,16 +438,7 @@ def patch_split(
     """
     labels_np = labels.cpu().numpy()
     idx = indices.cpu().numpy()
-    pairs = make_pairs(
-        labels_np,
-        spec.pairs,
-        spec.seed,
-        corruption=spec.corruption,
-        replaced_patches=spec.replaced_patches,
-        num_patches=model.cfg.num_patches,
-        sample=spec.sample,
-        keys=idx,
-    )
+    pairs = split_pairs(labels_np, idx, spec, model.cfg.num_patches)
     result = patch_pairs(model, images, labels, pairs, inputs)
     counts = class_counts(labels_np[pairs.clean], np.unique(labels_np))
     logged = {
