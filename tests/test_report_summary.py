@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -13,6 +14,8 @@ from reports.output import BUDGET, results_text
 from test_report import make_store
 from tracking.record import report_summary
 from tracking.record.protocol_runs import end_parent_run, start_parent_run
+from tracking.record.schema import cell_filter, parent_filter
+from tracking.store import ui_links
 
 
 def test_the_results_block_replaces_the_last_one_and_fits_mlflows_limit():
@@ -247,3 +250,79 @@ def test_a_built_report_puts_every_comparison_and_its_results_on_the_parent_run(
         client.get_run(parent).data.tags[report_summary.NOTE_TAG]
         == run.data.tags[report_summary.NOTE_TAG]
     )
+
+
+def test_arm_rows_are_one_run_per_arm_that_no_cell_or_parent_lookup_finds(mlflow_store):
+    """The arms' summary runs: found again and updated by a rebuild, a dropped arm NaN, the view named on the experiment."""
+    client = MlflowClient()
+    exp = client.create_experiment("rows")
+    parent = client.create_run(exp, tags={"parent": "true", "protocol_name": "rows"}).info.run_id
+    cells = [
+        client.create_run(
+            exp,
+            tags={
+                "cell": "true",
+                "protocol_name": "rows",
+                "arm": arm,
+                "mlflow.parentRunId": parent,
+            },
+        ).info.run_id
+        for arm in ("a", "ref")
+    ]
+    rows = {
+        "ref": report_summary.arm_metrics("val", n=3, acc=(81.25, 78.5, 84.0)),
+        "a": report_summary.arm_metrics("val", n=3, acc=(83.5, 80.0, 87.0), diff=(2.25, -1.5, 6.0)),
+    }
+    notes = {"a": "row of a", "ref": "row of ref"}
+    assert report_summary.log_arm_rows(parent, rows, "ref", notes, "val", client) == (0, None)
+    made = client.search_runs([exp], "tags.summary_of = '" + parent + "'")
+    assert sorted((r.info.run_name, r.info.status) for r in made) == [
+        ("a", "FINISHED"),
+        ("ref (reference)", "FINISHED"),
+    ]
+    by_arm = {r.data.tags["summary_arm"]: r for r in made}
+    assert by_arm["a"].data.metrics == rows["a"] and by_arm["ref"].data.metrics == rows["ref"]
+    assert by_arm["a"].data.tags[report_summary.NOTE_TAG] == "row of a"
+    assert not any(k.startswith("lease.") for r in made for k in r.data.tags)
+    # The record's lookups see what they saw before: the one parent, the two cells.
+    assert [r.info.run_id for r in client.search_runs([exp], parent_filter("rows"))] == [parent]
+    assert sorted(
+        r.info.run_id for r in client.search_runs([exp], cell_filter(protocol_name="rows"))
+    ) == sorted(cells)
+    # The experiment names the view: only these rows, best mean first, their columns (no tags).
+    tags = client.get_experiment(exp).tags
+    key = tags[ui_links.ANSWER_VIEW]
+    view = json.loads(tags[ui_links.SHARED_VIEW_PREFIX + key])
+    assert view["searchFilter"] == f"tags.summary_of = '{parent}'"
+    assert view["orderByKey"] == "metrics.`val.acc`" and view["orderByAsc"] is False
+    assert view["selectedColumns"] == [
+        f"metrics.`val.{k}`"
+        for k in ("n", "acc", "acc.low", "acc.high", "diff", "diff.low", "diff.high")
+    ]
+    line = ui_links.experiment_lines(mlflow_store, "http://127.0.0.1:5000")
+    assert line == [
+        f"runs of rows (the answer: one row per arm): http://127.0.0.1:5000/#/experiments/{exp}/runs"
+        f"?workflowType=machine_learning&viewStateShareKey={key}"
+    ], line
+    # Rebuilt without arm a and with a new mean: the same runs, a's numbers NaN, ref's new value.
+    rows2 = {"ref": report_summary.arm_metrics("val", n=3, acc=(81.5, 78.5, 84.0))}
+    assert report_summary.log_arm_rows(parent, rows2, "ref", notes, "val", client) == (1, None)
+    again = {
+        r.data.tags["summary_arm"]: r
+        for r in client.search_runs([exp], "tags.summary_of = '" + parent + "'")
+    }
+    assert {a: r.info.run_id for a, r in again.items()} == {
+        a: r.info.run_id for a, r in by_arm.items()
+    }
+    assert again["ref"].data.metrics["val.acc"] == 81.5
+    assert all(math.isnan(v) for v in again["a"].data.metrics.values()), again["a"].data.metrics
+
+
+def test_an_experiment_without_an_answer_view_gets_its_plain_runs_address(mlflow_store):
+    client = MlflowClient()
+    exp = client.create_experiment("plain")
+    client.create_run(exp)
+    client.set_experiment_tag(exp, ui_links.ANSWER_VIEW, "gone")  # a view tag whose view is absent
+    assert ui_links.experiment_lines(mlflow_store, "http://127.0.0.1:5000") == [
+        f"runs of plain: http://127.0.0.1:5000/#/experiments/{exp}/runs?workflowType=machine_learning"
+    ]
