@@ -11,8 +11,9 @@ and its Results in words (``Summary``). The text is the report's own Results sec
 heads, the caveats stated once), so the description in the MLflow UI says exactly what the
 report says. An ablation report adds one row per arm (``ablation_arm_rows``: the arm's mean
 accuracy with its 95% t-interval and its paired difference to the reference with its
-interval, each as the report's tables state it), which ``log_arm_rows`` writes as summary runs
-and the view of the runs list that shows them. The metrics are keyed by ``tracking.record.report_summary.comparison_metrics``;
+interval, each as the report's tables state it), which ``log_arm_rows`` writes as summary
+runs, with the view of the runs list that shows them. The metrics are keyed by
+``tracking.record.report_summary.comparison_metrics``;
 accuracy differences are in percentage points as in the report (transfer: QWK, accuracy or
 macro-F1 differences as they are). ``tracking.record.report_summary.log_summary`` writes both.
 """

@@ -16,6 +16,7 @@ from tracking.record import report_summary
 from tracking.record.protocol_runs import end_parent_run, start_parent_run
 from tracking.record.schema import cell_filter, parent_filter
 from tracking.store import ui_links
+from workbench.report_content.numbers import mean_interval
 
 
 def test_the_results_block_replaces_the_last_one_and_fits_mlflows_limit():
@@ -228,6 +229,24 @@ def test_a_built_report_puts_every_comparison_and_its_results_on_the_parent_run(
         -1000:
     ]
     assert any("6 comparisons as metrics (cmp.*)" in m for m in result.messages), result.messages
+    # One summary run per arm: the Accuracy table's mean and t-interval, the Results' difference to vit (2 decimals).
+    rows = arm_rows(client, run)
+    assert sorted(rows) == ["cnn", "vit", "wide"], rows
+    worst = 0.0
+    for split, summaries in result.summaries.items():
+        diffs = {c.a: c.paired for c in result.comparisons[split] if c.b == "vit"}
+        for s in summaries:
+            mi, p, m = mean_interval(s.values), diffs.get(s.arm), rows[s.arm].data.metrics
+            expected = {"n": s.n, "acc": 100 * s.mean, "acc.low": 100 * mi.low}
+            expected["acc.high"] = 100 * mi.high
+            if s.arm != "vit":
+                expected |= {"diff": 100 * p.mean_difference, "diff.low": 100 * p.ci_low}
+                expected["diff.high"] = 100 * p.ci_high
+            assert {k for k in m if k.startswith(split)} == {f"{split}.{k}" for k in expected}, m
+            for key, value in expected.items():
+                worst = max(worst, abs(m[f"{split}.{key}"] - value))
+    assert worst <= 0.005 + 1e-9, f"rows differ from the report's numbers by up to {worst}"
+    assert any("one summary run per arm (3: mean, 95% interval" in m for m in result.messages)
 
     # Built again without the extra pair: its metrics go NaN (no stale number), one results block on top.
     again = build_report(str(store.protocol_path), tmp_path / "out", n_resamples=200)
@@ -238,6 +257,9 @@ def test_a_built_report_puts_every_comparison_and_its_results_on_the_parent_run(
         for stat in report_summary.STATS
     )
     assert math.isfinite(run.data.metrics["cmp.cnn_vs_vit.val.mean_diff"])
+    assert {a: r.info.run_id for a, r in arm_rows(client, run).items()} == {
+        a: r.info.run_id for a, r in rows.items()
+    }  # the same rows, updated
     assert run.data.tags[report_summary.NOTE_TAG].count("### Results of the report") == 1
     assert any("2 comparison(s) no longer made set to NaN" in m for m in again.messages), (
         again.messages
@@ -246,10 +268,19 @@ def test_a_built_report_puts_every_comparison_and_its_results_on_the_parent_run(
     rerun = start_parent_run(store.protocol, store.protocol_path, allow_dirty=True)
     end_parent_run(rerun, {"finished": 0, "skipped": 9, "failed": 0})
     assert rerun == parent
+    assert len(client.search_runs([run.info.experiment_id], "tags.cell = 'true'")) == 9
     assert (
         client.get_run(parent).data.tags[report_summary.NOTE_TAG]
         == run.data.tags[report_summary.NOTE_TAG]
     )
+
+
+def arm_rows(client: MlflowClient, parent) -> dict:
+    """The arms' summary runs of a parent run, by arm."""
+    found = client.search_runs(
+        [parent.info.experiment_id], f"tags.summary_of = '{parent.info.run_id}'"
+    )
+    return {r.data.tags["summary_arm"]: r for r in found}
 
 
 def test_arm_rows_are_one_run_per_arm_that_no_cell_or_parent_lookup_finds(mlflow_store):

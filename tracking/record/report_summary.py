@@ -29,7 +29,7 @@ import math
 import time
 from collections.abc import Mapping
 
-from mlflow.entities import Metric, RunTag
+from mlflow.entities import Metric, Run, RunTag
 from mlflow.tracking import MlflowClient
 
 from tracking.record.create_once import ordered
@@ -188,17 +188,17 @@ def log_arm_rows(
 ) -> tuple[int, str | None]:
     """One summary run per arm of ``rows`` (arm -> ``arm_metrics``), beside the parent, and the view showing them.
 
-    The view sorts by the mean on ``split`` and shows its columns. ``notes`` gives each arm's run its description (what the columns mean). Returns how many
-    arms' earlier rows went NaN (arms no longer reported) and the view's address in the UI
-    (None for a local store; ``make ui`` prints it from the experiment's ``ANSWER_VIEW`` tag).
+    The view sorts by the mean on ``split`` and shows its columns; ``notes`` gives each arm's
+    run its description (what the columns mean). Returns how many arms' earlier rows went NaN
+    (arms no longer reported) and the view's address in the UI (None for a local store, whose
+    address ``make ui`` prints from the experiment's ``ANSWER_VIEW`` tag).
     """
     client = client or MlflowClient()
     experiment_id = client.get_run(parent_run_id).info.experiment_id
     found = client.search_runs([experiment_id], tag_is(SUMMARY_OF, parent_run_id), max_results=1000)
-    rows_of: dict[str, object] = {}
-    for run in ordered(
-        found
-    ):  # the oldest row of an arm is its row (two builds at once may add a second)
+    rows_of: dict[str, Run] = {}
+    # The oldest row of an arm is its row (two builds at once may each have added one).
+    for run in ordered(found):
         rows_of.setdefault(run.data.tags.get(SUMMARY_ARM, ""), run)
     for arm, metrics in rows.items():
         name = f"{arm} (reference)" if arm == reference else arm
