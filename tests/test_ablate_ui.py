@@ -33,14 +33,6 @@ FLAGS = [
     "--disable-component-update",
     "--disable-extensions",
 ]
-SHOT_FLAGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--no-first-run",
-    "--disable-extensions",
-    "--hide-scrollbars",
-]
 PASSWORD = "pw-7Hq2-never-printed"
 PAGE_TIMEOUT = (
     600  # seconds for a page or the UI's start: about 30 on 2 idle cores, minutes under load
@@ -399,9 +391,7 @@ def open_page(tmp_path: Path, page: str, screenshot: Path | None = None) -> str:
     return subprocess.run(
         [
             BROWSER,
-            # With --screenshot, the networking switches of FLAGS left Chromium 150 waiting for
-            # minutes past its budget here; the smaller set takes the picture in under a minute.
-            *(SHOT_FLAGS if screenshot else FLAGS),
+            *FLAGS,
             f"--user-data-dir={tmp_path / 'profile'}",
             "--virtual-time-budget=30000",
             *shot,
