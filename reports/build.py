@@ -33,6 +33,7 @@ from reports.interventions import intervention_report
 from reports.output import (
     ReportResult,
     Summary,
+    ablation_arm_rows,
     ablation_metrics,
     log_report,
     results_text,
@@ -350,6 +351,7 @@ def render_study(
             f": {spec.name}@{spec.short_hash}, {len(study.cells)} of {expected} cells",
             "accuracy differences in percentage points",
         ),
+        ablation_arm_rows(summaries, comparisons, spec.reference, f"{spec.name}@{spec.short_hash}"),
     )
     return ReportResult(
         folder,

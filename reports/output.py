@@ -9,7 +9,11 @@ What a report puts on its study's parent run besides the files: every comparison
 and its Results in words (``Summary``). The text is the report's own Results section
 (``results_text`` reads it from the rendered blocks: each stated result, the sentences on
 heads, the caveats stated once), so the description in the MLflow UI says exactly what the
-report says. The metrics are keyed by ``tracking.record.report_summary.comparison_metrics``;
+report says. An ablation report adds one row per arm (``ablation_arm_rows``: the arm's mean
+accuracy with its 95% t-interval and its paired difference to the reference with its
+interval, each as the report's tables state it), which ``log_arm_rows`` writes as summary
+runs, with the view of the runs list that shows them. The metrics are keyed by
+``tracking.record.report_summary.comparison_metrics``;
 accuracy differences are in percentage points as in the report (transfer: QWK, accuracy or
 macro-F1 differences as they are). ``tracking.record.report_summary.log_summary`` writes both.
 """
@@ -24,8 +28,10 @@ from reports import tables
 from reports.collect import StudyData
 from reports.render import Block, Bullets, Figure, Heading, Para, Quote, to_html, to_markdown
 from tracking.record import queries, report_summary
-from tracking.record.report_summary import HEAD, LIMIT, SEPARATOR, comparison_metrics
+from tracking.record.report_summary import HEAD, LIMIT, SEPARATOR, arm_metrics, comparison_metrics
 from workbench.atomic import atomic_write_bytes
+from workbench.report_content.numbers import mean_interval
+from workbench.report_content.rounding import fmt
 from workbench.transfer.report import TransferSection
 
 REPORT_FILE_MODE = (
@@ -81,6 +87,17 @@ def log_report(result: ReportResult, folder: Path, targets: list[str] | None) ->
             + (f"; {stale} comparison(s) no longer made set to NaN" if stale else "")
             + (f"; in the MLflow UI: {page}" if page else "")
         )
+        if result.summary.arms:
+            arms = result.summary.arms
+            dropped, view = report_summary.log_arm_rows(
+                run_id, arms.rows, arms.reference, arms.notes, arms.split
+            )
+            result.messages.append(
+                f"one summary run per arm ({len(arms.rows)}: mean, 95% interval, difference to "
+                f"{arms.reference}) beside run {run_id}"
+                + (f"; {dropped} arm(s) no longer reported set to NaN" if dropped else "")
+                + (f"; the runs list showing them: {view}" if view else "")
+            )
 
 
 def write_report(folder: Path, blocks: list, title: str) -> list[Path]:
@@ -115,11 +132,22 @@ FOOTER = (
 
 
 @dataclass(frozen=True)
+class ArmRows:
+    """The arms' summary runs ``log_arm_rows`` writes: arm -> ``arm_metrics`` of every split."""
+
+    rows: dict[str, dict[str, float]]
+    reference: str
+    notes: dict[str, str]  # each row's description
+    split: str  # the split the runs list sorts by and shows
+
+
+@dataclass(frozen=True)
 class Summary:
-    """The metrics and the Markdown block ``log_summary`` puts on the parent run."""
+    """The metrics and the Markdown block ``log_summary`` puts on the parent run, and the arms' rows."""
 
     metrics: dict[str, float]
     text: str
+    arms: ArmRows | None = None
 
     @property
     def comparisons(self) -> int:
@@ -192,6 +220,47 @@ def ablation_metrics(items: dict[str, list]) -> dict[str, float]:
             else:
                 out |= paired_metrics(c.a, c.b, split, c.paired, c.bootstrap)
     return out
+
+
+ROW_NOTE = (
+    "**{arm}** in the report {title}, over its finished seeds. `<split>.n`: seeds; `<split>.acc`: mean "
+    "accuracy (%), `.low` and `.high` its 95% Student-t interval over seeds; `<split>.diff`: {arm} minus "
+    "{reference} paired by seed (points), `.low` and `.high` its 95% t-interval. Each number as the "
+    "report's tables state it (2 decimals). The seeds' runs are the cells under the study's parent run "
+    "(tag `summary_of`)."
+)
+
+
+def ablation_arm_rows(
+    summaries: dict[str, list[tables.ArmSummary]],
+    comparisons: dict[str, list[tables.Comparison]],
+    reference: str,
+    title: str,
+) -> ArmRows | None:
+    """Each arm's row over the splits: mean and interval (the Accuracy table), difference to ``reference`` (Results).
+
+    None when no arm has a finished seed.
+    """
+    rows: dict[str, dict[str, float]] = {}
+    for split, arms in summaries.items():
+        diffs = {c.a: c.paired for c in comparisons.get(split, []) if c.b == reference and c.paired}
+        for s in arms:
+            if not s.values:
+                continue
+            mi = mean_interval(s.values, tables.CONFIDENCE)
+            acc = (float(f"{100 * s.mean:.2f}"), _shown(mi.low), _shown(mi.high))
+            p = diffs.get(s.arm) if s.arm != reference else None
+            diff = (_shown(p.mean_difference), _shown(p.ci_low), _shown(p.ci_high)) if p else None
+            rows.setdefault(s.arm, {}).update(arm_metrics(split, n=s.n, acc=acc, diff=diff))
+    if not rows:
+        return None
+    notes = {arm: ROW_NOTE.format(arm=arm, reference=reference, title=title) for arm in rows}
+    return ArmRows(rows, reference, notes, next(iter(summaries)))
+
+
+def _shown(fraction: float) -> float:
+    """A fraction in points with the report's 2 decimals (half away from zero, as ``fmt``); nan stays nan."""
+    return float(fmt(100 * fraction, 2)) if math.isfinite(fraction) else math.nan
 
 
 def paired_metrics(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -13,6 +14,9 @@ from reports.output import BUDGET, results_text
 from test_report import make_store
 from tracking.record import report_summary
 from tracking.record.protocol_runs import end_parent_run, start_parent_run
+from tracking.record.schema import cell_filter, parent_filter
+from tracking.store import ui_links
+from workbench.report_content.numbers import mean_interval
 
 
 def test_the_results_block_replaces_the_last_one_and_fits_mlflows_limit():
@@ -225,6 +229,24 @@ def test_a_built_report_puts_every_comparison_and_its_results_on_the_parent_run(
         -1000:
     ]
     assert any("6 comparisons as metrics (cmp.*)" in m for m in result.messages), result.messages
+    # One summary run per arm: the Accuracy table's mean and t-interval, the Results' difference to vit (2 decimals).
+    rows = arm_rows(client, run)
+    assert sorted(rows) == ["cnn", "vit", "wide"], rows
+    worst = 0.0
+    for split, summaries in result.summaries.items():
+        diffs = {c.a: c.paired for c in result.comparisons[split] if c.b == "vit"}
+        for s in summaries:
+            mi, p, m = mean_interval(s.values), diffs.get(s.arm), rows[s.arm].data.metrics
+            expected = {"n": s.n, "acc": 100 * s.mean, "acc.low": 100 * mi.low}
+            expected["acc.high"] = 100 * mi.high
+            if s.arm != "vit":
+                expected |= {"diff": 100 * p.mean_difference, "diff.low": 100 * p.ci_low}
+                expected["diff.high"] = 100 * p.ci_high
+            assert {k for k in m if k.startswith(split)} == {f"{split}.{k}" for k in expected}, m
+            for key, value in expected.items():
+                worst = max(worst, abs(m[f"{split}.{key}"] - value))
+    assert worst <= 0.005 + 1e-9, f"rows differ from the report's numbers by up to {worst}"
+    assert any("one summary run per arm (3: mean, 95% interval" in m for m in result.messages)
 
     # Built again without the extra pair: its metrics go NaN (no stale number), one results block on top.
     again = build_report(str(store.protocol_path), tmp_path / "out", n_resamples=200)
@@ -235,6 +257,9 @@ def test_a_built_report_puts_every_comparison_and_its_results_on_the_parent_run(
         for stat in report_summary.STATS
     )
     assert math.isfinite(run.data.metrics["cmp.cnn_vs_vit.val.mean_diff"])
+    assert {a: r.info.run_id for a, r in arm_rows(client, run).items()} == {
+        a: r.info.run_id for a, r in rows.items()
+    }  # the same rows, updated
     assert run.data.tags[report_summary.NOTE_TAG].count("### Results of the report") == 1
     assert any("2 comparison(s) no longer made set to NaN" in m for m in again.messages), (
         again.messages
@@ -243,7 +268,92 @@ def test_a_built_report_puts_every_comparison_and_its_results_on_the_parent_run(
     rerun = start_parent_run(store.protocol, store.protocol_path, allow_dirty=True)
     end_parent_run(rerun, {"finished": 0, "skipped": 9, "failed": 0})
     assert rerun == parent
+    assert len(client.search_runs([run.info.experiment_id], "tags.cell = 'true'")) == 9
     assert (
         client.get_run(parent).data.tags[report_summary.NOTE_TAG]
         == run.data.tags[report_summary.NOTE_TAG]
     )
+
+
+def arm_rows(client: MlflowClient, parent) -> dict:
+    """The arms' summary runs of a parent run, by arm."""
+    found = client.search_runs(
+        [parent.info.experiment_id], f"tags.summary_of = '{parent.info.run_id}'"
+    )
+    return {r.data.tags["summary_arm"]: r for r in found}
+
+
+def test_arm_rows_are_one_run_per_arm_that_no_cell_or_parent_lookup_finds(mlflow_store):
+    """The arms' summary runs: found again and updated by a rebuild, a dropped arm NaN, the view named on the experiment."""
+    client = MlflowClient()
+    exp = client.create_experiment("rows")
+    parent = client.create_run(exp, tags={"parent": "true", "protocol_name": "rows"}).info.run_id
+    cells = [
+        client.create_run(
+            exp,
+            tags={
+                "cell": "true",
+                "protocol_name": "rows",
+                "arm": arm,
+                "mlflow.parentRunId": parent,
+            },
+        ).info.run_id
+        for arm in ("a", "ref")
+    ]
+    rows = {
+        "ref": report_summary.arm_metrics("val", n=3, acc=(81.25, 78.5, 84.0)),
+        "a": report_summary.arm_metrics("val", n=3, acc=(83.5, 80.0, 87.0), diff=(2.25, -1.5, 6.0)),
+    }
+    notes = {"a": "row of a", "ref": "row of ref"}
+    assert report_summary.log_arm_rows(parent, rows, "ref", notes, "val", client) == (0, None)
+    made = client.search_runs([exp], "tags.summary_of = '" + parent + "'")
+    assert sorted((r.info.run_name, r.info.status) for r in made) == [
+        ("a", "FINISHED"),
+        ("ref (reference)", "FINISHED"),
+    ]
+    by_arm = {r.data.tags["summary_arm"]: r for r in made}
+    assert by_arm["a"].data.metrics == rows["a"] and by_arm["ref"].data.metrics == rows["ref"]
+    assert by_arm["a"].data.tags[report_summary.NOTE_TAG] == "row of a"
+    assert not any(k.startswith("lease.") for r in made for k in r.data.tags)
+    # The record's lookups see what they saw before: the one parent, the two cells.
+    assert [r.info.run_id for r in client.search_runs([exp], parent_filter("rows"))] == [parent]
+    assert sorted(
+        r.info.run_id for r in client.search_runs([exp], cell_filter(protocol_name="rows"))
+    ) == sorted(cells)
+    # The experiment names the view: only these rows, best mean first, their columns (no tags).
+    tags = client.get_experiment(exp).tags
+    key = tags[ui_links.ANSWER_VIEW]
+    view = json.loads(tags[ui_links.SHARED_VIEW_PREFIX + key])
+    assert view["searchFilter"] == f"tags.summary_of = '{parent}'"
+    assert view["orderByKey"] == "metrics.`val.acc`" and view["orderByAsc"] is False
+    assert view["selectedColumns"] == [
+        f"metrics.`val.{k}`"
+        for k in ("n", "acc", "acc.low", "acc.high", "diff", "diff.low", "diff.high")
+    ]
+    line = ui_links.experiment_lines(mlflow_store, "http://127.0.0.1:5000")
+    assert line == [
+        f"runs of rows (the answer: one row per arm): http://127.0.0.1:5000/#/experiments/{exp}/runs"
+        f"?workflowType=machine_learning&viewStateShareKey={key}"
+    ], line
+    # Rebuilt without arm a and with a new mean: the same runs, a's numbers NaN, ref's new value.
+    rows2 = {"ref": report_summary.arm_metrics("val", n=3, acc=(81.5, 78.5, 84.0))}
+    assert report_summary.log_arm_rows(parent, rows2, "ref", notes, "val", client) == (1, None)
+    again = {
+        r.data.tags["summary_arm"]: r
+        for r in client.search_runs([exp], "tags.summary_of = '" + parent + "'")
+    }
+    assert {a: r.info.run_id for a, r in again.items()} == {
+        a: r.info.run_id for a, r in by_arm.items()
+    }
+    assert again["ref"].data.metrics["val.acc"] == 81.5
+    assert all(math.isnan(v) for v in again["a"].data.metrics.values()), again["a"].data.metrics
+
+
+def test_an_experiment_without_an_answer_view_gets_its_plain_runs_address(mlflow_store):
+    client = MlflowClient()
+    exp = client.create_experiment("plain")
+    client.create_run(exp)
+    client.set_experiment_tag(exp, ui_links.ANSWER_VIEW, "gone")  # a view tag whose view is absent
+    assert ui_links.experiment_lines(mlflow_store, "http://127.0.0.1:5000") == [
+        f"runs of plain: http://127.0.0.1:5000/#/experiments/{exp}/runs?workflowType=machine_learning"
+    ]

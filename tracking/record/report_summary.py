@@ -11,6 +11,16 @@ after a rule. Each build replaces the block of the build before (the block start
 the report shows, and free of float noise in the UI), and a comparison an earlier build made
 but this one does not gets NaN in each of its metrics, so the run shows no number the report
 no longer states.
+
+The answer on the runs list (``log_arm_rows``): one summary run per arm beside the parent, with
+the arm's mean accuracy, its interval and its paired difference to the reference as metrics
+(``arm_metrics``: ``<split>.n`` seeds, ``<split>.acc`` with ``.acc.low`` and ``.acc.high``,
+``<split>.diff`` with ``.diff.low`` and ``.diff.high``), and a shared view of the experiment's runs
+list (``tracking.store.ui_links.share_view``) that shows only these rows, sorted by the first
+split's mean, with these columns: the address ``make ui`` and ``report`` print opens on it. The
+rows carry the tags ``summary_of`` (the parent), ``summary_arm`` and ``reference`` and none of
+the cell or parent markers, so no lookup of cells or parents finds them. A rebuild finds them by
+those tags and logs the new values (an arm no longer reported gets NaN), so each arm has one row.
 """
 
 from __future__ import annotations
@@ -19,9 +29,18 @@ import math
 import time
 from collections.abc import Mapping
 
-from mlflow.entities import Metric
+from mlflow.entities import Metric, Run, RunTag
 from mlflow.tracking import MlflowClient
 
+from tracking.record.create_once import ordered
+from tracking.record.schema import (
+    FINISHED,
+    RUN_NAME,
+    SUMMARY_ARM,
+    SUMMARY_OF,
+    SUMMARY_REFERENCE,
+    tag_is,
+)
 from tracking.store import ui_links
 
 PREFIX = "cmp."
@@ -121,3 +140,100 @@ def log_summary(
     client.set_tag(run_id, NOTE_TAG, with_results(run.data.tags.get(NOTE_TAG, ""), block))
     page = ui_links.run_url(client.tracking_uri, run.info.experiment_id, run_id)
     return len({k.rsplit(".", 1)[0] for k in stale}), page
+
+
+def arm_metrics(
+    split: str,
+    *,
+    n: int,
+    acc: tuple[float, float, float],
+    diff: tuple[float, float, float] | None = None,
+) -> dict[str, float]:
+    """One arm's row on ``split``: ``n`` seeds, mean accuracy with its interval, difference to the reference with its interval.
+
+    ``acc`` and ``diff`` are (mean, low, high), as the report states them; the reference arm
+    has no ``diff``. Rounded to ``DECIMALS`` (no float noise in the UI).
+    """
+    named = {f"{split}.n": n, f"{split}.acc": acc[0], f"{split}.acc.low": acc[1]}
+    named[f"{split}.acc.high"] = acc[2]
+    if diff is not None:
+        named |= {f"{split}.diff": diff[0], f"{split}.diff.low": diff[1]}
+        named[f"{split}.diff.high"] = diff[2]
+    return {k: round(float(v), DECIMALS) for k, v in named.items()}
+
+
+def answer_view(parent_run_id: str, split: str) -> dict:
+    """The runs-list view of the arms' rows of ``parent_run_id``: best mean on ``split`` first, their columns only."""
+    keys = ["n", "acc", "acc.low", "acc.high", "diff", "diff.low", "diff.high"]
+    # The reference is in its row's name ("vit (reference)"); the runs' tags (lease.* included) stay out.
+    columns = [ui_links.column("metrics", f"{split}.{k}") for k in keys]
+    return {
+        "searchFilter": tag_is(SUMMARY_OF, parent_run_id),
+        "orderByKey": ui_links.column("metrics", f"{split}.acc"),
+        "orderByAsc": False,
+        "selectedColumns": columns,
+        "columnOrder": columns,
+        # each header whole ("val.diff.high"; the UI cuts a longer one), all columns on one screen
+        "columnWidths": {c: 28 + 8 * len(c.split("`")[1]) for c in columns},
+    }
+
+
+def log_arm_rows(
+    parent_run_id: str,
+    rows: Mapping[str, Mapping[str, float]],
+    reference: str,
+    notes: Mapping[str, str],
+    split: str,
+    client: MlflowClient | None = None,
+) -> tuple[int, str | None]:
+    """One summary run per arm of ``rows`` (arm -> ``arm_metrics``), beside the parent, and the view showing them.
+
+    The view sorts by the mean on ``split`` and shows its columns; ``notes`` gives each arm's
+    run its description (what the columns mean). Returns how many arms' earlier rows went NaN
+    (arms no longer reported) and the view's address in the UI (None for a local store, whose
+    address ``make ui`` prints from the experiment's ``ANSWER_VIEW`` tag).
+    """
+    client = client or MlflowClient()
+    experiment_id = client.get_run(parent_run_id).info.experiment_id
+    found = client.search_runs([experiment_id], tag_is(SUMMARY_OF, parent_run_id), max_results=1000)
+    rows_of: dict[str, Run] = {}
+    # The oldest row of an arm is its row (two builds at once may each have added one).
+    for run in ordered(found):
+        rows_of.setdefault(run.data.tags.get(SUMMARY_ARM, ""), run)
+    for arm, metrics in rows.items():
+        name = f"{arm} (reference)" if arm == reference else arm
+        tags = {RUN_NAME: name, SUMMARY_REFERENCE: reference, NOTE_TAG: notes.get(arm, "")}
+        run = rows_of.get(arm)
+        if run is None:
+            run_id = client.create_run(
+                experiment_id,
+                run_name=name,
+                tags={**tags, SUMMARY_OF: parent_run_id, SUMMARY_ARM: arm},
+            ).info.run_id
+            _log_values(client, run_id, metrics, {})
+            client.set_terminated(run_id, FINISHED)
+        else:
+            _log_values(client, run.info.run_id, metrics, run.data.metrics, tags)
+    dropped = [run for arm, run in rows_of.items() if arm not in rows]
+    for run in dropped:
+        _log_values(client, run.info.run_id, {}, run.data.metrics)
+    key = ui_links.share_view(client, experiment_id, answer_view(parent_run_id, split))
+    client.set_experiment_tag(experiment_id, ui_links.ANSWER_VIEW, key)
+    return len(dropped), ui_links.view_url(client.tracking_uri, experiment_id, key)
+
+
+def _log_values(
+    client: MlflowClient,
+    run_id: str,
+    metrics: Mapping[str, float],
+    before: Mapping[str, float],
+    tags: Mapping[str, str] | None = None,
+) -> None:
+    """``metrics`` on ``run_id``, NaN for any earlier finite value it no longer has, and ``tags``."""
+    stale = {k: math.nan for k, v in before.items() if k not in metrics and math.isfinite(v)}
+    now = int(time.time() * 1000)
+    client.log_batch(
+        run_id,
+        metrics=[Metric(k, float(v), now, 0) for k, v in {**metrics, **stale}.items()],
+        tags=[RunTag(k, v) for k, v in (tags or {}).items()],
+    )

@@ -30,6 +30,11 @@ IS_REFERENCE, ALLOW_DIRTY = "is_reference", "allow_dirty"
 SOURCE_IDENTITY, SOURCE_RUN_ID = "source_identity", "source_run_id"
 PROTOCOL_TAGS = (PROTOCOL_NAME, PROTOCOL_HASH, ARM, SEED)
 
+# An arm's summary run, written by a report (tracking.record.report_summary): the study parent
+# it summarises, its arm, the arm its differences are taken against. It is no cell and no
+# parent: no lookup of cells or parents matches it.
+SUMMARY_OF, SUMMARY_ARM, SUMMARY_REFERENCE = "summary_of", "summary_arm", "reference"
+
 # How a run is found again.
 RUN_KEY, STUDY_KEY = "run_key", "study_key"
 RUN_NAME, USER, PARENT_RUN_ID = "mlflow.runName", "mlflow.user", "mlflow.parentRunId"
