@@ -96,7 +96,33 @@ def open_storage(url: str, heartbeat: float = HEARTBEAT_SECONDS, grace: float = 
 
         return JournalStorage(JournalFileBackend(url.removeprefix("journal:")))
     # No Optuna heartbeats: the lease below does the same job on every storage, with fencing.
-    return RDBStorage(url, engine_kwargs={"pool_pre_ping": True})
+    return RDBStorage(url, engine_kwargs=engine_kwargs(url))
+
+
+def engine_kwargs(url: str) -> dict:
+    """How the queue's engine connects to a database server: one connection per operation, closed when it ends.
+
+    A worker touches the queue a few times a minute (a lease renewal every ``--heartbeat``,
+    a poll every 2 s while it waits, a pop and a tell per cell) from two threads at most (the
+    cell's and the heartbeat's). SQLAlchemy's default pool would keep the connections it once
+    needed open for the worker's life; without a pool a worker holds at most 2, and none
+    between operations, so PostgreSQL's ``max_connections`` bounds the workers inside an
+    operation at once, not the workers alive (docs/remote.md, "Many workers"). psycopg's
+    server-side prepared statements are turned off: behind pgbouncer in transaction pooling
+    (before 1.21) the next statement may reach a server connection that never saw them.
+    """
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.pool import NullPool
+
+    parsed = make_url(url)
+    # SQLite is a file (or memory) on this machine: no server connections to spare, and an
+    # in-memory database lives only as long as its connection.
+    if parsed.get_backend_name() == "sqlite":
+        return {"pool_pre_ping": True}
+    kwargs: dict = {"poolclass": NullPool}
+    if parsed.get_backend_name() == "postgresql" and parsed.get_driver_name() == "psycopg":
+        kwargs["connect_args"] = {"prepare_threshold": None}
+    return kwargs
 
 
 def redact(url: str) -> str:
