@@ -1,0 +1,305 @@
+"""A cell's resumable checkpoint in its run's artifact store: uploaded each epoch, fetched by whoever continues it.
+
+A worker on another machine that takes a cell over has an empty ``--output-dir``: without this
+it would train the cell again from epoch 0. So each epoch's full-state checkpoint (``last.pt``:
+model, optimizer, scheduler, scaler, EMA and RNG states, position and history) goes to the
+run's own artifact store, through the run's sink (``tracking.record.sink``: a local store, a
+server's proxied ``mlflow-artifacts:`` store, or whatever artifact location the store gives the
+run), with what a resumed run needs besides it: ``best.pt`` and the validation predictions the
+best weights made (the reload proof at the end compares the two).
+
+Layout: ``resume/step-<global step, 9 digits>/`` holds ``last.pt``, ``best.pt``, ``val.csv`` and,
+written last, ``manifest.json`` (epoch, step, batch, each file's sha256). A folder without a
+manifest is an upload cut short and is never used; a file whose sha256 differs is refused.
+
+Policy: only the latest checkpoint is kept. Once a folder's manifest is up, every folder of an
+earlier step is deleted (a folder of a later step, which a faster holder of the cell may have
+written, is never touched); once the cell finished, its summary's ``checkpoints/`` hold the final
+``last.pt`` and ``best.pt`` and the ``resume/`` folder is deleted. A store that refuses deletes
+keeps the older folders (said once); the newest complete one is still the one fetched.
+
+The run's ``checkpoint.*`` tags (``tracking.record.schema``) say where the latest is, its epoch
+and step, and how long its upload took: ``workbench status`` shows them for a resumable cell.
+Checkpoints are read back with ``torch.load(weights_only=True)`` only (``load_checkpoint``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from mlflow.store.artifact.artifact_repository_registry import get_artifact_repository
+from mlflow.tracking import MlflowClient
+
+from tracking.record.schema import (
+    CHECKPOINT_EPOCH,
+    CHECKPOINT_STEP,
+    CHECKPOINT_UPLOAD_SECONDS,
+    CHECKPOINT_URI,
+    CONTINUES_TAG,
+)
+from tracking.record.sink import RunSink
+from tracking.store import offline_store
+from workbench.atomic import atomic_write
+from workbench.train.loop import TrainingObserver
+
+RESUME_FOLDER = "resume"
+MANIFEST = "manifest.json"
+FORMAT = "glassbox-resume-checkpoint-v1"
+# Local place of each file in a run directory (``workbench.train.loop.Trainer``), by upload name.
+LOCAL_FILES = {
+    "last.pt": "checkpoints/last.pt",
+    "best.pt": "checkpoints/best.pt",
+    "val.csv": "predictions/val.csv",
+}
+# Checkpoints written at these moments go up: each epoch's end, and a preempted worker's last step.
+UPLOADED_KINDS = ("epoch", "preempt")
+MAX_CONTINUED_RUNS = 20  # how far back a chain of continued runs is followed for a checkpoint
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """One uploaded checkpoint: where it is and the position it holds."""
+
+    run_id: str
+    folder: str  # artifact path, "resume/step-000000123"
+    uri: str  # the folder's full artifact URI
+    epoch: int  # epochs completed
+    step: int  # global optimizer steps
+    batch: int  # batches done of the current epoch (0 at an epoch's end)
+    files: dict[str, str]  # upload name -> sha256
+
+
+def folder_for(step: int) -> str:
+    return f"{RESUME_FOLDER}/step-{step:09d}"
+
+
+def sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def position(last: Path) -> tuple[int, int, int]:
+    """(epoch, step, batch) of a ``last.pt``, read without loading its tensors into memory (mmap)."""
+    state = torch.load(last, map_location="cpu", weights_only=True, mmap=True)
+    return int(state["epoch"]), int(state["step"]), int(state["batch"])
+
+
+def _store_of(sink: RunSink) -> tuple[MlflowClient, str]:
+    """The client of the store the sink writes to now, and the run id there."""
+    uri = offline_store.fallback_uri() if sink.mirror_id else sink.uri
+    return MlflowClient(uri), sink.local_run_id
+
+
+def _folders(client: MlflowClient, run_id: str) -> list[tuple[int, str]]:
+    """(step, artifact path) of each ``resume/step-*`` folder of a run, newest first."""
+    found = []
+    for info in client.list_artifacts(run_id, RESUME_FOLDER):
+        name = info.path.rsplit("/", 1)[-1]
+        if info.is_dir and name.startswith("step-") and name[5:].isdigit():
+            found.append((int(name[5:]), info.path))
+    return sorted(found, reverse=True)
+
+
+def _delete(client: MlflowClient, run_id: str, artifact_path: str) -> None:
+    """Delete a run's artifact folder through the repository of its artifact URI (MLflow's client has
+    no delete): a local folder, an HTTP DELETE to a server's proxied store, an object store's delete."""
+    run = client.get_run(run_id)
+    repo = get_artifact_repository(run.info.artifact_uri, tracking_uri=client.tracking_uri)
+    repo.delete_artifacts(artifact_path)
+
+
+class CheckpointUploader(TrainingObserver):
+    """Uploads each epoch's checkpoint (and a preempted worker's last step) into the run, then prunes.
+
+    ``check`` is the run's fence (``MlflowTrainingObserver.check``): nothing goes up once another
+    execution holds the run. ``log`` gets one line per upload with its time.
+    """
+
+    def __init__(self, sink: RunSink, run_dir: Path, check, log) -> None:
+        self.sink, self.run_dir, self.check, self.log = sink, Path(run_dir), check, log
+        self.prune_refused: str | None = None
+        self.seconds: list[float] = []
+
+    def on_checkpoint(self, path: Path, kind: str) -> None:
+        if kind in UPLOADED_KINDS:
+            self.upload()
+
+    def upload(self) -> Manifest:
+        """Upload the run directory's checkpoint files, the manifest last; prune; tag the run."""
+        started = time.perf_counter()
+        epoch, step, batch = position(self.run_dir / LOCAL_FILES["last.pt"])
+        folder = folder_for(step)
+        files: dict[str, str] = {}
+        for name, local in LOCAL_FILES.items():
+            source = self.run_dir / local
+            if not source.exists():  # best.pt and val.csv appear with the first validated epoch
+                continue
+            self.check(sync=False)
+            with _named(source, name) as upload:
+                files[name] = sha256(upload)
+                self.sink.log_artifact(upload, artifact_path=folder)
+        self.check(sync=True)  # taken over meanwhile: no manifest, so nobody will use this folder
+        manifest = {"format": FORMAT, "epoch": epoch, "step": step, "batch": batch, "files": files}
+        with tempfile.TemporaryDirectory() as tmp:
+            written = Path(tmp) / MANIFEST
+            written.write_text(json.dumps(manifest, indent=1))
+            self.sink.log_artifact(written, artifact_path=folder)
+        client, run_id = _store_of(self.sink)
+        self._prune(client, run_id, keep=step)
+        seconds = time.perf_counter() - started
+        self.seconds.append(seconds)
+        uri = f"{client.get_run(run_id).info.artifact_uri}/{folder}"
+        self.sink.set_tags(
+            {
+                CHECKPOINT_URI: uri,
+                CHECKPOINT_EPOCH: str(epoch),
+                CHECKPOINT_STEP: str(step),
+                CHECKPOINT_UPLOAD_SECONDS: f"{seconds:.3f}",
+            }
+        )
+        where = f"epoch {epoch}" + (f" batch {batch}" if batch else "")
+        self.log(f"checkpoint of {where} (step {step}) uploaded in {seconds:.2f} s to {uri}")
+        return Manifest(run_id, folder, uri, epoch, step, batch, files)
+
+    def _prune(self, client: MlflowClient, run_id: str, keep: int) -> None:
+        """Delete the folders of steps before ``keep`` (the policy in the module docstring)."""
+        for step, path in _folders(client, run_id):
+            if step >= keep:
+                continue
+            try:
+                _delete(client, run_id, path)
+            except Exception as err:  # noqa: BLE001 - a store that refuses deletes keeps them, said once
+                if self.prune_refused is None:
+                    self.prune_refused = f"{type(err).__name__}: {err}"[:300]
+                    self.log(
+                        f"older checkpoints are kept: the artifact store refused to delete {path} "
+                        f"({self.prune_refused})"
+                    )
+                return
+
+
+def finish(sink: RunSink, final_epoch: int, final_step: int) -> None:
+    """A finished cell: its ``resume/`` folder goes (the summary's ``checkpoints/`` hold the final
+    ``last.pt`` and ``best.pt``) and the ``checkpoint.*`` tags point there."""
+    client, run_id = _store_of(sink)
+    with contextlib.suppress(Exception):  # a store refusing deletes keeps it: nothing is wrong
+        if _folders(client, run_id):
+            _delete(client, run_id, RESUME_FOLDER)
+    if CHECKPOINT_URI in sink.journal.tags:
+        sink.set_tags(
+            {
+                CHECKPOINT_URI: f"{client.get_run(run_id).info.artifact_uri}/checkpoints",
+                CHECKPOINT_EPOCH: str(final_epoch),
+                CHECKPOINT_STEP: str(final_step),
+            }
+        )
+
+
+@contextlib.contextmanager
+def _named(path: Path, name: str):
+    """``path`` under the upload name ``name`` (a hard link, or a copy across file systems)."""
+    if path.name == name:
+        yield path
+        return
+    with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
+        linked = Path(tmp) / name
+        try:
+            linked.hardlink_to(path)
+        except OSError:
+            shutil.copyfile(path, linked)
+        yield linked
+
+
+def _chain(client: MlflowClient, run_id: str) -> list[str]:
+    """The run and the runs it continues (``continues_run``), newest first."""
+    chain = [run_id]
+    while len(chain) < MAX_CONTINUED_RUNS:
+        older = client.get_run(chain[-1]).data.tags.get(CONTINUES_TAG)
+        if not older or older in chain:
+            break
+        chain.append(older.split()[0])
+    return chain
+
+
+def read_manifest(client: MlflowClient, run_id: str, folder: str, into: Path) -> Manifest | None:
+    """The manifest of an uploaded folder, or None when the upload never completed."""
+    names = {info.path.rsplit("/", 1)[-1] for info in client.list_artifacts(run_id, folder)}
+    if MANIFEST not in names:
+        return None
+    local = Path(client.download_artifacts(run_id, f"{folder}/{MANIFEST}", str(into)))
+    data = json.loads(local.read_text())
+    if data.get("format") != FORMAT or not set(data.get("files", {})) <= names:
+        return None
+    uri = f"{client.get_run(run_id).info.artifact_uri}/{folder}"
+    return Manifest(
+        run_id,
+        folder,
+        uri,
+        int(data["epoch"]),
+        int(data["step"]),
+        int(data["batch"]),
+        data["files"],
+    )
+
+
+def latest_uploaded(client: MlflowClient, run_id: str, into: Path) -> Manifest | None:
+    """The newest complete checkpoint of the run or of the runs it continues."""
+    for rid in _chain(client, run_id):
+        for _step, folder in _folders(client, rid):
+            found = read_manifest(client, rid, folder, into)
+            if found is not None:
+                return found
+    return None
+
+
+def fetch_checkpoint(sink: RunSink, run_dir: Path, log) -> Manifest | None:
+    """Put the run's latest uploaded checkpoint into ``run_dir`` when it is ahead of what is there.
+
+    Nothing is fetched when ``run_dir`` holds a checkpoint at least as far on (this machine trained
+    the cell last). Files are downloaded to a temporary folder beside them, checked against the
+    manifest's sha256, and moved into place atomically, ``last.pt`` last: an interrupted fetch
+    leaves no ``last.pt`` newer than its ``best.pt``. Returns the manifest fetched, or None.
+    """
+    client, run_id = _store_of(sink)
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=run_dir, prefix=".fetch-") as tmp:
+        manifest = latest_uploaded(client, run_id, Path(tmp))
+        if manifest is None:
+            return None
+        last = run_dir / LOCAL_FILES["last.pt"]
+        if last.exists() and position(last)[1] >= manifest.step:
+            return None
+        started = time.perf_counter()
+        fetched = {}
+        for name, digest in manifest.files.items():
+            local = Path(
+                client.download_artifacts(manifest.run_id, f"{manifest.folder}/{name}", tmp)
+            )
+            if sha256(local) != digest:
+                raise ValueError(
+                    f"{manifest.uri}/{name}: sha256 {sha256(local)[:12]} is not the manifest's "
+                    f"{digest[:12]}: the uploaded checkpoint is damaged"
+                )
+            fetched[name] = local
+        for name in sorted(fetched, key=lambda n: n == "last.pt"):  # last.pt moved in last
+            dest = run_dir / LOCAL_FILES[name]
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            with open(fetched[name], "rb") as source:
+                atomic_write(dest, lambda f, source=source: shutil.copyfileobj(source, f))
+    log(
+        f"fetched the checkpoint of epoch {manifest.epoch} (step {manifest.step}) from {manifest.uri} "
+        f"in {time.perf_counter() - started:.2f} s"
+    )
+    return manifest
