@@ -33,7 +33,8 @@ from workbench.train.evaluate import read_predictions
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]  # servers, three trainings, kills
 ROOT = Path(__file__).resolve().parent.parent
-EPOCHS, BATCHES = 4, 5  # 36 training images in batches of 8
+EPOCHS = 3
+PER_CLASS = {"train": 40, "test": 4}  # 114 training images in batches of 4: 29 steps an epoch
 TIMING = {"epoch_seconds", "images_per_second"}
 # One cell, with weight EMA (its state must travel too) and augmentation.
 PROTOCOL = """\
@@ -43,7 +44,7 @@ dataset: {name: image_folder, val_size: 6, split_seed: 3, hflip: true}
 model: {name: fmnist_vit, image_size: 8, patch_size: 4, in_channels: 3, num_classes: 3, dim: 16, depth: 1, heads: 2, mlp_hidden: 32}
 optim: {lr: 0.003}
 recipe: {ema_decay: 0.9}
-run: {epochs: 4, batch_size: 8, evaluate_test: true}
+run: {epochs: 3, batch_size: 4, evaluate_test: true}
 arms:
   - {name: vit, reference: true}
 seeds: [0]
@@ -79,7 +80,7 @@ def reference(tmp_path_factory):
     """The cell trained once, uninterrupted, into a local store: (its output folder, its store URI)."""
     root = tmp_path_factory.mktemp("reference")
     folder = root / "images"
-    make_image_folder(folder, per_class={"train": 14, "test": 4})
+    make_image_folder(folder, per_class=PER_CLASS)
     protocol = root / "takeover.yaml"
     protocol.write_text(PROTOCOL)
     uri = f"sqlite:///{root / 'mlflow.db'}"
@@ -114,11 +115,18 @@ def upload_lines(log: Path) -> list[tuple[int, int, int]]:
     ]
 
 
-def mid_epoch(log: Path, epoch: int) -> bool:
-    """The worker's progress bar shows 1 or 2 of the 5 steps of ``epoch`` done (1-based, as tqdm shows it):
-    a stop now lands mid-epoch, with steps to go after the one under way."""
+def bar(log: Path) -> tuple[int, int, int] | None:
+    """(epoch, steps done, steps in the epoch) of the worker's latest progress bar line."""
     text = log.read_text().replace("\r", "\n") if log.exists() else ""
-    return bool(re.search(rf"epoch {epoch}/{EPOCHS}:\s+[24]0%", text))
+    found = re.findall(rf"epoch (\d+)/{EPOCHS}:\s+\d+%\|[^|]*\| (\d+)/(\d+) ", text)
+    return tuple(map(int, found[-1])) if found else None
+
+
+def mid_epoch(log: Path, epoch: int) -> bool:
+    """The worker is in the first half of ``epoch`` (1-based, as its bar shows it), a step done:
+    a stop now lands mid-epoch, with steps to go after the one under way."""
+    now = bar(log)
+    return now is not None and now[0] == epoch and 0 < now[1] < now[2] // 2
 
 
 def cell_run(client: MlflowClient):
@@ -166,9 +174,13 @@ def assert_cell_equals_reference(
         logged = Path(client.download_artifacts(run.info.run_id, f"checkpoints/{name}", str(tmp)))
         mine, ref = (
             load_checkpoint(logged),
-            load_checkpoint(ref_root / "out" / key / "checkpoints" / name),
+            load_checkpoint(ref_root / "out" / "takeover" / key / "checkpoints" / name),
         )
-        assert_same(load_checkpoint(out / key / "checkpoints" / name)["model"], mine["model"], name)
+        assert_same(
+            load_checkpoint(out / "takeover" / key / "checkpoints" / name)["model"],
+            mine["model"],
+            name,
+        )
         for part in ("model", "ema", "optimizer", "scheduler", "scaler", "rng", "epoch", "step"):
             assert (part in mine) == (part in ref), (name, part)
             if part in ref:
@@ -180,7 +192,7 @@ def assert_cell_equals_reference(
         logged = read_predictions(
             Path(client.download_artifacts(run.info.run_id, f"predictions/{split}.csv", str(tmp)))
         )
-        ref = read_predictions(ref_root / "out" / key / "predictions" / f"{split}.csv")
+        ref = read_predictions(ref_root / "out" / "takeover" / key / "predictions" / f"{split}.csv")
         probs = [c for c in ref.columns if c.startswith("prob_")]
         diff = (logged[probs] - ref[probs]).abs().to_numpy().max() if probs else 0.0
         assert logged.equals(ref), (
@@ -230,7 +242,7 @@ def test_a_cell_taken_over_after_sigkill_resumes_from_its_uploaded_epoch_bit_ide
     reference, tmp_path
 ):
     folder = tmp_path / "images"
-    make_image_folder(folder, per_class={"train": 14, "test": 4})
+    make_image_folder(folder, per_class=PER_CLASS)
     with mlflow_server(f"sqlite:///{tmp_path / 'server.db'}", tmp_path / "artifacts") as url:
         env = environment(tmp_path, url)
         _protocol, _storage, worker = queue_up(tmp_path, env, folder)
@@ -259,22 +271,19 @@ def test_a_cell_taken_over_after_sigkill_resumes_from_its_uploaded_epoch_bit_ide
             timeout=900,
             logs=logs,
         )
-        client = MlflowClient(url)
-        run = cell_run(client)
-        # Pruned: only the latest epoch's checkpoint is in the run's artifact store.
-        folders = [f.path for f in client.list_artifacts(run.info.run_id, "resume")]
-        assert folders == [f"resume/step-{2 * BATCHES:09d}"], folders
         wait_for("a step of epoch 3", lambda: mid_epoch(logs["killed"], 3), timeout=600, logs=logs)
-        uploaded = upload_lines(logs["killed"])[-1]
         os.killpg(killed.pid, signal.SIGKILL)
         killed.wait(timeout=60)
+        uploaded = upload_lines(logs["killed"])  # final now: what the killed worker got up
         assert taker.wait(timeout=900) == 0, tail(logs["taker"])
         text = logs["taker"].read_text()
         assert "Traceback" not in text and "[finished]" in text, tail(logs["taker"])
-        # It started from the last uploaded epoch, not from epoch 0.
-        assert uploaded == (2, 0, 2 * BATCHES), uploaded
-        assert resumed_at(logs["taker"]) == (2, 2 * BATCHES), tail(logs["taker"])
-        assert "fetched the checkpoint of epoch 2" in text, tail(logs["taker"])
+        # It started from the last uploaded epoch (2, after 2 x 29 steps), not from epoch 0.
+        epoch, batch, step = uploaded[-1]
+        assert [e for e, _, _ in uploaded] == [1, 2] and batch == 0 and step > 0, uploaded
+        assert resumed_at(logs["taker"]) == (2, step), tail(logs["taker"])
+        assert f"fetched the checkpoint of epoch 2 (step {step})" in text, tail(logs["taker"])
+        client = MlflowClient(url)
         run = cell_run(client)
         assert run.info.status == "FINISHED", run.data.tags
         # Finished: the resume folder is gone; the tags point at the final checkpoints.
@@ -288,7 +297,7 @@ def test_a_preempted_worker_checkpoints_its_step_hands_the_cell_back_and_exits_7
     reference, tmp_path
 ):
     folder = tmp_path / "images"
-    make_image_folder(folder, per_class={"train": 14, "test": 4})
+    make_image_folder(folder, per_class=PER_CLASS)
     with mlflow_server(f"sqlite:///{tmp_path / 'server.db'}", tmp_path / "artifacts") as url:
         env = environment(tmp_path, url)
         protocol, storage, worker = queue_up(tmp_path, env, folder)
@@ -317,8 +326,15 @@ def test_a_preempted_worker_checkpoints_its_step_hands_the_cell_back_and_exits_7
             logs["preempted"]
         )
         # The step it reached was checkpointed and uploaded (mid-epoch 2: batch > 0).
-        epoch, batch, step = upload_lines(logs["preempted"])[-1]
-        assert epoch == 1 and 0 < batch < BATCHES and step == BATCHES + batch, (epoch, batch, step)
+        uploaded = upload_lines(logs["preempted"])
+        epoch, batch, step = uploaded[-1]
+        steps = uploaded[0][2]  # epoch 1's checkpoint is after its last step
+        assert len(uploaded) == 2 and epoch == 1 and 0 < batch < steps, uploaded
+        assert step == steps + batch, uploaded
+        # Pruned: only the latest checkpoint is left in the run's artifact store.
+        client = MlflowClient(url)
+        folders = [f.path for f in client.list_artifacts(cell_run(client).info.run_id, "resume")]
+        assert folders == [f"resume/step-{step:09d}"], folders
         # Handed back at once: the cell waits in the queue again, its old trial failed, before any other worker ran.
         trials = the_queue(storage, protocol).get_trials(deepcopy=False)
         states = sorted((t.state.name, t.user_attrs.get(HANDED_BACK_ATTR, "")[:9]) for t in trials)
@@ -349,7 +365,6 @@ def test_a_preempted_worker_checkpoints_its_step_hands_the_cell_back_and_exits_7
         assert nxt.wait(timeout=900) == 0, tail(logs["next"])
         assert resumed_at(logs["next"]) == (1, step), tail(logs["next"])
         assert "re-queued cell" not in logs["next"].read_text()  # nothing waited out a lease
-        client = MlflowClient(url)
         run = cell_run(client)
         assert run.info.status == "FINISHED", run.data.tags
         assert_cell_equals_reference(client, run, tmp_path / "out-b", reference, tmp_path / "dl")

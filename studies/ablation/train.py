@@ -24,7 +24,7 @@ from studies.ablation.preemption import PreemptibleTrainer
 from studies.runtime.cell_end import ended, hold_opened, training_outcome
 from studies.runtime.options import FINITE, check_amp, threads_option
 from studies.runtime.outcome import CellOutcome, Status
-from studies.runtime.stop_signals import as_stop, stops_at_step_boundaries
+from studies.runtime.stop_signals import Preempted, as_stop, stops_at_step_boundaries
 from studies.runtime.study_execution import prepare_data
 from studies.runtime.preflight import (
     check_trainable,
@@ -32,12 +32,7 @@ from studies.runtime.preflight import (
     outcome_line,
     trainable_problem,
 )
-from tracking.kinds.checkpoint_artifacts import (
-    CheckpointUploader,
-    fetch_checkpoint,
-    finish,
-    position,
-)
+from tracking.kinds.checkpoint_artifacts import CheckpointUploader, fetch_checkpoint, position
 from tracking.kinds.training_runs import (
     MlflowTrainingObserver,
     log_run_inputs,
@@ -173,6 +168,7 @@ def _train(
     try:
         if previous is not None:
             fetch_previous_checkpoint(sink, run_dir, log, run_name)
+        uploader = CheckpointUploader(sink, run_dir, mlflow_observer.check, log)
         trainer = PreemptibleTrainer(
             cfg,
             data,
@@ -181,7 +177,7 @@ def _train(
                 mlflow_observer,
                 _Announce(run_name, sink.run_id, previous, log, cfg.fast_path.compile),
                 observer,
-                CheckpointUploader(sink, run_dir, mlflow_observer.check, log),
+                uploader,
             ),
         )
         # Device capability (bf16 units) and the threads of this execution as tags (a resumed
@@ -206,8 +202,12 @@ def _train(
             {"config_hash": trainer.hash, "threads": threads, **(params or {})},
             device=trainer.device,
         )
-        with stops_at_step_boundaries():
-            result = trainer.fit()
+        try:
+            with stops_at_step_boundaries():
+                result = trainer.fit()
+        except Preempted:  # the last epoch's upload, if still under way, completes before the exit
+            uploader.wait()
+            raise
         example = next(iter(trainer.eval_loaders["val"])).images[:2]
         log_training_result(
             sink,
@@ -217,7 +217,7 @@ def _train(
             example,
             check=lambda: mlflow_observer.check(sync=True),
         )
-        finish(sink, len(result.history), position(trainer.last_path)[1])
+        uploader.finish(len(result.history), position(trainer.last_path)[1])
     except BaseException as err:  # every end of a training run: studies.runtime.cell_end
         return training_outcome(sink, token, err, run_name)
     message = f"{run_name}: best val accuracy {result.final_metrics['best_val_accuracy']:.4f} at epoch {result.best_epoch}"

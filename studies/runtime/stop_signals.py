@@ -13,6 +13,11 @@ A stop can also be swallowed whole: raised inside a ``__del__``, a weakref or ga
 callback, Python prints "Exception ignored in ..." and goes on. In CI a Ctrl-C landed in
 importlib's module-lock callback and one job of ``ablate --jobs`` trained its cell to the end.
 Such a stop is sent again (``sys.unraisablehook``), so it is raised in the code that was running.
+
+A queue worker (``sigterm_raises(preemptible=True)``) takes SIGTERM and SIGUSR1 as a preemption
+(``Preempted``): while a cell trains (``stops_at_step_boundaries``) the handler only remembers it and
+the training loop raises it before its next step, so the step under way finishes and can be
+checkpointed (``studies.ablation.preemption``; docs/remote.md, "Preemption").
 """
 
 from __future__ import annotations

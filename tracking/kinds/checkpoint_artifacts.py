@@ -30,12 +30,14 @@ import hashlib
 import json
 import shutil
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from mlflow.store.artifact.artifact_repository_registry import get_artifact_repository
+from mlflow.entities import RunTag
 from mlflow.tracking import MlflowClient
 
 from tracking.record.schema import (
@@ -45,8 +47,9 @@ from tracking.record.schema import (
     CHECKPOINT_URI,
     CONTINUES_TAG,
 )
-from tracking.record.sink import RunSink
+from tracking.record.sink import RunSink, log_batch
 from tracking.store import offline_store
+from tracking.store.redact import redact_text
 from workbench.atomic import atomic_write
 from workbench.train.loop import TrainingObserver
 
@@ -119,58 +122,162 @@ def _delete(client: MlflowClient, run_id: str, artifact_path: str) -> None:
     repo.delete_artifacts(artifact_path)
 
 
+@dataclass
+class _Staged:
+    """A checkpoint's files hard-linked under their upload names: a fixed copy that the next epoch's
+    writes (which replace the files, never change them in place) leave alone while it uploads."""
+
+    epoch: int
+    step: int
+    batch: int
+    folder: str  # artifact path
+    path: Path  # local folder holding the files
+    files: dict[str, str]  # upload name -> sha256
+
+
 class CheckpointUploader(TrainingObserver):
     """Uploads each epoch's checkpoint (and a preempted worker's last step) into the run, then prunes.
 
-    ``check`` is the run's fence (``MlflowTrainingObserver.check``): nothing goes up once another
-    execution holds the run. ``log`` gets one line per upload with its time.
+    An epoch's upload runs in a background thread while the next epoch trains (training waits only
+    when an epoch is shorter than an upload: ``waited``), with its own client of the run's store; a
+    preemption's upload, and every upload while the run logs to the local fallback store, go through
+    the run's sink and are done before training goes on. ``check`` is the run's fence
+    (``MlflowTrainingObserver.check``): no manifest goes up once another execution holds the run.
+    ``log`` gets one line per upload with its time.
     """
 
-    def __init__(self, sink: RunSink, run_dir: Path, check, log) -> None:
+    def __init__(self, sink: RunSink, run_dir: Path, check, log, background: bool = True) -> None:
         self.sink, self.run_dir, self.check, self.log = sink, Path(run_dir), check, log
+        self.background = background
         self.prune_refused: str | None = None
-        self.seconds: list[float] = []
+        self.seconds: list[float] = []  # each upload's duration
+        self.waited = 0.0  # seconds training waited for a background upload
+        self._thread: threading.Thread | None = None
+        self._failed: BaseException | None = None  # the background upload's error, said by ``wait``
 
     def on_checkpoint(self, path: Path, kind: str) -> None:
-        if kind in UPLOADED_KINDS:
-            self.upload()
+        if kind not in UPLOADED_KINDS:
+            return
+        self.wait()  # one upload at a time, in order
+        staged = self._stage()
+        if kind == "preempt" or not self.background or self.sink.offline:
+            self._said(self._upload(staged, through_sink=True))
+            return
+        self._thread = threading.Thread(
+            target=self._in_background, args=(staged,), name="checkpoint-upload", daemon=True
+        )
+        self._thread.start()
 
-    def upload(self) -> Manifest:
-        """Upload the run directory's checkpoint files, the manifest last; prune; tag the run."""
+    def wait(self) -> None:
+        """Wait for the upload under way, if any, and say how it went."""
+        if self._thread is None:
+            return
         started = time.perf_counter()
+        self._thread.join()
+        self.waited += time.perf_counter() - started
+        self._thread = None
+        failed, self._failed = self._failed, None
+        if failed is not None:
+            self.log(
+                f"a checkpoint upload failed ({type(failed).__name__}: {failed}); the next one is "
+                "tried at the next epoch's end"
+            )
+
+    def finish(self, final_epoch: int, final_step: int) -> None:
+        """A finished cell: its ``resume/`` folder goes (the summary's ``checkpoints/`` hold the final
+        ``last.pt`` and ``best.pt``) and the ``checkpoint.*`` tags point there."""
+        self.wait()
+        client, run_id = _store_of(self.sink)
+        with contextlib.suppress(Exception):  # a store refusing deletes keeps it: nothing is wrong
+            if _folders(client, run_id):
+                _delete(client, run_id, RESUME_FOLDER)
+        self.sink.set_tags(
+            {
+                CHECKPOINT_URI: f"{client.get_run(run_id).info.artifact_uri}/checkpoints",
+                CHECKPOINT_EPOCH: str(final_epoch),
+                CHECKPOINT_STEP: str(final_step),
+            }
+        )
+
+    def _stage(self) -> _Staged:
         epoch, step, batch = position(self.run_dir / LOCAL_FILES["last.pt"])
         folder = folder_for(step)
-        files: dict[str, str] = {}
+        path = self.run_dir / ".upload" / folder.rsplit("/", 1)[-1]
+        shutil.rmtree(path, ignore_errors=True)
+        path.mkdir(parents=True)
+        files = {}
         for name, local in LOCAL_FILES.items():
             source = self.run_dir / local
             if not source.exists():  # best.pt and val.csv appear with the first validated epoch
                 continue
-            self.check(sync=False)
-            with _named(source, name) as upload:
-                files[name] = sha256(upload)
-                self.sink.log_artifact(upload, artifact_path=folder)
-        self.check(sync=True)  # taken over meanwhile: no manifest, so nobody will use this folder
-        manifest = {"format": FORMAT, "epoch": epoch, "step": step, "batch": batch, "files": files}
-        with tempfile.TemporaryDirectory() as tmp:
-            written = Path(tmp) / MANIFEST
-            written.write_text(json.dumps(manifest, indent=1))
-            self.sink.log_artifact(written, artifact_path=folder)
+            try:
+                (path / name).hardlink_to(source)
+            except OSError:  # a file system without hard links: a copy
+                shutil.copyfile(source, path / name)
+            files[name] = sha256(path / name)
+        return _Staged(epoch, step, batch, folder, path, files)
+
+    def _in_background(self, staged: _Staged) -> None:
+        try:
+            done = self._upload(staged, through_sink=False)
+        except BaseException as err:  # noqa: BLE001 - said by ``wait``, in the training thread
+            self._failed = err
+            return
+        self._said(done)  # as soon as it is up: a console line says what a takeover would find
+
+    def _upload(self, staged: _Staged, through_sink: bool) -> tuple[Manifest, float]:
+        """The files, then the manifest (the folder counts from then on), then the pruning and the tags."""
+        started = time.perf_counter()
         client, run_id = _store_of(self.sink)
-        self._prune(client, run_id, keep=step)
-        seconds = time.perf_counter() - started
-        self.seconds.append(seconds)
-        uri = f"{client.get_run(run_id).info.artifact_uri}/{folder}"
-        self.sink.set_tags(
-            {
+
+        def put(path: Path) -> None:
+            if through_sink:
+                self.sink.log_artifact(path, artifact_path=staged.folder)
+            else:
+                client.log_artifact(run_id, str(path), staged.folder)
+
+        try:
+            for name in staged.files:
+                put(staged.path / name)
+            self.check(
+                sync=through_sink
+            )  # taken over meanwhile: no manifest, nobody uses the folder
+            manifest = {
+                "format": FORMAT,
+                "epoch": staged.epoch,
+                "step": staged.step,
+                "batch": staged.batch,
+                "files": staged.files,
+            }
+            (staged.path / MANIFEST).write_text(json.dumps(manifest, indent=1))
+            put(staged.path / MANIFEST)
+            self._prune(client, run_id, keep=staged.step)
+            uri = f"{client.get_run(run_id).info.artifact_uri}/{staged.folder}"
+            seconds = time.perf_counter() - started
+            tags = {
                 CHECKPOINT_URI: uri,
-                CHECKPOINT_EPOCH: str(epoch),
-                CHECKPOINT_STEP: str(step),
+                CHECKPOINT_EPOCH: str(staged.epoch),
+                CHECKPOINT_STEP: str(staged.step),
                 CHECKPOINT_UPLOAD_SECONDS: f"{seconds:.3f}",
             }
+            if through_sink:
+                self.sink.set_tags(tags)
+            else:  # at once, not at the next wait: `status` reads them while the next epoch trains
+                log_batch(client, run_id, tags=[RunTag(k, redact_text(v)) for k, v in tags.items()])
+        finally:
+            shutil.rmtree(staged.path, ignore_errors=True)
+        found = Manifest(
+            run_id, staged.folder, uri, staged.epoch, staged.step, staged.batch, staged.files
         )
-        where = f"epoch {epoch}" + (f" batch {batch}" if batch else "")
-        self.log(f"checkpoint of {where} (step {step}) uploaded in {seconds:.2f} s to {uri}")
-        return Manifest(run_id, folder, uri, epoch, step, batch, files)
+        return found, seconds
+
+    def _said(self, done: tuple[Manifest, float]) -> None:
+        manifest, seconds = done
+        self.seconds.append(seconds)
+        where = f"epoch {manifest.epoch}" + (f" batch {manifest.batch}" if manifest.batch else "")
+        self.log(
+            f"checkpoint of {where} (step {manifest.step}) uploaded in {seconds:.2f} s to {manifest.uri}"
+        )
 
     def _prune(self, client: MlflowClient, run_id: str, keep: int) -> None:
         """Delete the folders of steps before ``keep`` (the policy in the module docstring)."""
@@ -187,38 +294,6 @@ class CheckpointUploader(TrainingObserver):
                         f"({self.prune_refused})"
                     )
                 return
-
-
-def finish(sink: RunSink, final_epoch: int, final_step: int) -> None:
-    """A finished cell: its ``resume/`` folder goes (the summary's ``checkpoints/`` hold the final
-    ``last.pt`` and ``best.pt``) and the ``checkpoint.*`` tags point there."""
-    client, run_id = _store_of(sink)
-    with contextlib.suppress(Exception):  # a store refusing deletes keeps it: nothing is wrong
-        if _folders(client, run_id):
-            _delete(client, run_id, RESUME_FOLDER)
-    if CHECKPOINT_URI in sink.journal.tags:
-        sink.set_tags(
-            {
-                CHECKPOINT_URI: f"{client.get_run(run_id).info.artifact_uri}/checkpoints",
-                CHECKPOINT_EPOCH: str(final_epoch),
-                CHECKPOINT_STEP: str(final_step),
-            }
-        )
-
-
-@contextlib.contextmanager
-def _named(path: Path, name: str):
-    """``path`` under the upload name ``name`` (a hard link, or a copy across file systems)."""
-    if path.name == name:
-        yield path
-        return
-    with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
-        linked = Path(tmp) / name
-        try:
-            linked.hardlink_to(path)
-        except OSError:
-            shutil.copyfile(path, linked)
-        yield linked
 
 
 def _chain(client: MlflowClient, run_id: str) -> list[str]:
