@@ -48,6 +48,7 @@ def the_run(experiment: str):
     return client, run
 
 
+@pytest.mark.slow  # three trainings in a row: the default tier keeps the damaged-upload test
 def test_a_preempted_cell_uploads_its_step_and_resumes_there_elsewhere_bit_identically(
     mlflow_store, tmp_path
 ):

@@ -123,10 +123,10 @@ def bar(log: Path) -> tuple[int, int, int] | None:
 
 
 def mid_epoch(log: Path, epoch: int) -> bool:
-    """The worker is in the first half of ``epoch`` (1-based, as its bar shows it), a step done:
-    a stop now lands mid-epoch, with steps to go after the one under way."""
+    """The worker is in ``epoch`` (1-based, as its bar shows it), a step done and three to go: a
+    stop now lands mid-epoch (it is taken before the next step), with steps to go after it."""
     now = bar(log)
-    return now is not None and now[0] == epoch and 0 < now[1] < now[2] // 2
+    return now is not None and now[0] == epoch and 0 < now[1] < now[2] - 3
 
 
 def cell_run(client: MlflowClient):

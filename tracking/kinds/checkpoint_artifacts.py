@@ -25,10 +25,10 @@ Checkpoints are read back with ``torch.load(weights_only=True)`` only (``load_ch
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import shutil
+import statistics
 import tempfile
 import threading
 import time
@@ -185,15 +185,24 @@ class CheckpointUploader(TrainingObserver):
 
     def finish(self, final_epoch: int, final_step: int) -> None:
         """A finished cell: its ``resume/`` folder goes (the summary's ``checkpoints/`` hold the final
-        ``last.pt`` and ``best.pt``) and the ``checkpoint.*`` tags point there."""
+        ``last.pt`` and ``best.pt``) and the ``checkpoint.*`` tags point there; one line says what the
+        uploads cost (how long each took, how long training waited for them)."""
         self.wait()
+        if self.seconds:
+            self.log(
+                f"checkpoint uploads: {len(self.seconds)}, {statistics.median(self.seconds):.2f} s "
+                f"each (median), training waited {self.waited:.2f} s for them in all"
+            )
         client, run_id = _store_of(self.sink)
-        with contextlib.suppress(Exception):  # a store refusing deletes keeps it: nothing is wrong
+        try:  # a store refusing deletes, or gone a moment: the cell is finished all the same
             if _folders(client, run_id):
                 _delete(client, run_id, RESUME_FOLDER)
+            where = f"{client.get_run(run_id).info.artifact_uri}/checkpoints"
+        except Exception:  # noqa: BLE001 - the summary is logged; the tags are only a pointer
+            return
         self.sink.set_tags(
             {
-                CHECKPOINT_URI: f"{client.get_run(run_id).info.artifact_uri}/checkpoints",
+                CHECKPOINT_URI: where,
                 CHECKPOINT_EPOCH: str(final_epoch),
                 CHECKPOINT_STEP: str(final_step),
             }
