@@ -3,9 +3,9 @@
 A worker on another machine that takes a cell over has an empty ``--output-dir``: without this
 it would train the cell again from epoch 0. So each epoch's full-state checkpoint (``last.pt``:
 model, optimizer, scheduler, scaler, EMA and RNG states, position and history) goes to the
-run's own artifact store, through the run's sink (``tracking.record.sink``: a local store, a
-server's proxied ``mlflow-artifacts:`` store, or whatever artifact location the store gives the
-run), with what a resumed run needs besides it: ``best.pt`` and the validation predictions the
+run's own artifact store (a local store, a server's proxied ``mlflow-artifacts:`` store, or
+whatever artifact location the store gives the run), in a background thread while the next epoch
+trains (``CheckpointUploader``), with what a resumed run needs besides it: ``best.pt`` and the validation predictions the
 best weights made (the reload proof at the end compares the two).
 
 Layout: ``resume/step-<global step, 9 digits>/`` holds ``last.pt``, ``best.pt``, ``val.csv`` and,
