@@ -12,8 +12,11 @@ from click.testing import CliRunner
 from optuna.trial import TrialState
 
 from studies.ablation.cell_queue import (
+    HANDED_BACK_ATTR,
     LEASE_ATTR,
+    RETRY_ATTR,
     CellQueue,
+    hand_back,
     holds,
     new_lease,
     open_storage,
@@ -83,6 +86,29 @@ def test_a_worker_whose_lease_was_taken_over_stops_at_its_next_step(study):
     with pytest.raises(LeaseLost, match="marked this cell FAIL"):
         fence.check()
     assert holds(queue, trial.number, lease).startswith("the queue marked this cell FAIL")
+
+
+def test_a_preempted_worker_hands_its_cell_back_at_once_and_only_a_cell_it_holds(study):
+    """Given back by its live holder: queued again now, no --grace waited; a lease that no longer
+    holds the trial gives nothing back (another worker has the cell)."""
+    queue = study
+    mine, other = queue.study.ask(), queue.study.ask()
+    lease = new_lease()  # this process: alive, fresh heartbeat, so nothing would expire it
+    renew(queue, mine.number, lease)
+    renew(queue, other.number, new_lease())
+    assert requeue_expired(queue, grace=5, log=lambda _: None) == 0
+    assert hand_back(queue, mine.number, lease, "preempted (signal SIGTERM)")
+    trials = {t.number: t for t in queue.study.get_trials(deepcopy=False)}
+    assert trials[mine.number].state == TrialState.FAIL
+    (again,) = [t for t in trials.values() if t.user_attrs.get(RETRY_ATTR) == mine.number]
+    assert again.state == TrialState.WAITING and again.user_attrs["cell"] == mine.user_attrs["cell"]
+    assert again.user_attrs[HANDED_BACK_ATTR] == "preempted (signal SIGTERM)"
+    assert LEASE_ATTR not in again.user_attrs
+    # Twice, or with a lease that is not the trial's: nothing more is queued.
+    assert not hand_back(queue, mine.number, lease, "again")
+    assert not hand_back(queue, other.number, new_lease(), "not mine")
+    assert trials[other.number].state == TrialState.RUNNING
+    assert len(queue.study.get_trials(deepcopy=False)) == len(trials)
 
 
 def test_a_heartbeat_not_shorter_than_the_grace_period_is_refused(tmp_path):

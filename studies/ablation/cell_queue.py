@@ -71,6 +71,7 @@ CELL_ATTR, KEY_ATTR, LEASE_ATTR, OUTCOME_ATTR, RETRY_ATTR = (
     "outcome",
     "retry_of",
 )
+HANDED_BACK_ATTR = "handed_back"  # on a trial queued again by its preempted holder: why
 
 
 def check_timing(heartbeat: float, grace: float) -> None:
@@ -303,8 +304,37 @@ def requeue_expired(queue: CellQueue, grace: float, log=print, now: float | None
         if cell in done:
             log(f"cell {cell}: {why}; already completed, not queued again")
             continue
-        attrs = {k: v for k, v in trial.user_attrs.items() if k not in (LEASE_ATTR, OUTCOME_ATTR)}
-        queue.study.enqueue_trial({"cell": cell}, user_attrs={**attrs, RETRY_ATTR: trial.number})
-        log(f"re-queued cell {cell} ({attrs.get('arm')}/seed{attrs.get('seed')}): {why}")
+        _queue_again(queue, trial)
+        log(
+            f"re-queued cell {cell} ({trial.user_attrs.get('arm')}/seed{trial.user_attrs.get('seed')}): {why}"
+        )
         n += 1
     return n
+
+
+def _queue_again(queue: CellQueue, trial: FrozenTrial, **extra) -> None:
+    """A new waiting trial for a failed trial's cell, with its record (not its lease or outcome)."""
+    attrs = {k: v for k, v in trial.user_attrs.items() if k not in (LEASE_ATTR, OUTCOME_ATTR)}
+    queue.study.enqueue_trial(
+        {"cell": trial.user_attrs.get(CELL_ATTR)},
+        user_attrs={**attrs, RETRY_ATTR: trial.number, **extra},
+    )
+
+
+def hand_back(queue: CellQueue, number: int, lease: dict, why: str) -> bool:
+    """Give a cell this worker holds back to the queue now: its trial failed and the cell queued again.
+
+    What ``requeue_expired`` does for a dead holder once ``--grace`` has passed, done by the holder
+    itself (a preempted worker), so the next worker takes the cell at once. False when the lease
+    no longer holds the trial (another worker has the cell already: nothing to give back).
+    """
+    if holds(queue, number, lease) is not None:
+        return False
+    trial = queue.trial(number)
+    try:
+        if not queue.fail(number):
+            return False
+    except (RuntimeError, ValueError):  # ended by another process a moment before
+        return False
+    _queue_again(queue, trial, **{HANDED_BACK_ATTR: why[:300]})
+    return True

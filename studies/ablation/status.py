@@ -7,8 +7,10 @@ from pathlib import Path
 import click
 
 from studies.runtime.study_protocol import ProtocolError, load_protocol
+from tracking.kinds.checkpoint_artifacts import position
 from tracking.record.lease import REASON_TAG, lease_state, possible_writer
 from tracking.record.protocol_runs import cell_runs, experiment_exists, reap_dead_runs, study_runs
+from tracking.record.schema import CHECKPOINT_EPOCH, CHECKPOINT_STEP, CHECKPOINT_URI
 from tracking.store.session import configure_tracking
 from tracking.store.store_lock import sqlite_path, writable
 from tracking.store.ui_links import run_url
@@ -48,6 +50,9 @@ def cell_state(runs: list, fingerprint: str) -> tuple[str, str]:
         or ""
     )
     label = "stale, marked KILLED" if run.data.tags.get(REASON_TAG) else status.lower()
+    resumable = resumable_from(run)
+    if resumable:
+        label += f", {resumable}"
     writer = possible_writer(run)
     action = (
         f"continue it in a new run ({writer}: it may still write to run {rid})"
@@ -55,6 +60,25 @@ def cell_state(runs: list, fingerprint: str) -> tuple[str, str]:
         else f"resume it in run {rid}"
     )
     return f"{label} (run {rid}{': ' + why if why else ''})", action
+
+
+def resumable_from(run) -> str | None:
+    """Where an unfinished cell resumes from: the checkpoint its run uploaded (artifact URI, epoch), or
+    the one its output folder holds on this machine; None when it has neither (it starts again)."""
+    tags = run.data.tags
+    if tags.get(CHECKPOINT_URI):
+        return (
+            f"resumable from epoch {tags.get(CHECKPOINT_EPOCH, '?')} (step {tags.get(CHECKPOINT_STEP, '?')}): "
+            f"checkpoint {tags[CHECKPOINT_URI]}"
+        )
+    last = Path(tags.get("run_dir") or "/nonexistent") / "checkpoints" / "last.pt"
+    if not last.is_file():
+        return None
+    try:
+        epoch, step, _ = position(last)
+    except Exception:  # noqa: BLE001 - a damaged file is no place to resume from
+        return None
+    return f"resumable from epoch {epoch} (step {step}): checkpoint {last} (this machine)"
 
 
 def older_code_notice(protocol, runs: list, fingerprint: str) -> str | None:

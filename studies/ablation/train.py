@@ -20,9 +20,11 @@ import torch
 import yaml
 from tqdm.auto import tqdm
 
+from studies.ablation.preemption import PreemptibleTrainer
 from studies.runtime.cell_end import ended, hold_opened, training_outcome
 from studies.runtime.options import FINITE, check_amp, threads_option
 from studies.runtime.outcome import CellOutcome, Status
+from studies.runtime.stop_signals import Preempted, as_stop, stops_at_step_boundaries
 from studies.runtime.study_execution import prepare_data
 from studies.runtime.preflight import (
     check_trainable,
@@ -30,6 +32,7 @@ from studies.runtime.preflight import (
     outcome_line,
     trainable_problem,
 )
+from tracking.kinds.checkpoint_artifacts import CheckpointUploader, fetch_checkpoint, position
 from tracking.kinds.training_runs import (
     MlflowTrainingObserver,
     log_run_inputs,
@@ -59,7 +62,6 @@ from workbench.train.config import (
 from workbench.train.fits import DataShape, misfits
 from workbench.train.loop import (
     Observers,
-    Trainer,
     TrainingObserver,
     config_hash,
     resolve_device,
@@ -156,9 +158,18 @@ def _train(
     thread_tags: dict,
     log,
 ) -> CellOutcome:
-    """The training of one opened run, ended with a truthful status however it goes (``studies.runtime.cell_end``)."""
+    """The training of one opened run, ended with a truthful status however it goes (``studies.runtime.cell_end``).
+
+    A run continued from another execution first fetches the checkpoint that execution uploaded
+    when this machine's ``run_dir`` has none as far on (``tracking.kinds.checkpoint_artifacts``);
+    each epoch's checkpoint goes up to the run. A preemption (``Preempted``) stops the training at
+    the next step boundary with a checkpoint of that step uploaded (``studies.ablation.preemption``).
+    """
     try:
-        trainer = Trainer(
+        if previous is not None:
+            fetch_previous_checkpoint(sink, run_dir, log, run_name)
+        uploader = CheckpointUploader(sink, run_dir, mlflow_observer.check, log)
+        trainer = PreemptibleTrainer(
             cfg,
             data,
             run_dir,
@@ -166,6 +177,7 @@ def _train(
                 mlflow_observer,
                 _Announce(run_name, sink.run_id, previous, log, cfg.fast_path.compile),
                 observer,
+                uploader,
             ),
         )
         # Device capability (bf16 units) and the threads of this execution as tags (a resumed
@@ -190,7 +202,12 @@ def _train(
             {"config_hash": trainer.hash, "threads": threads, **(params or {})},
             device=trainer.device,
         )
-        result = trainer.fit()
+        try:
+            with stops_at_step_boundaries():
+                result = trainer.fit()
+        except Preempted:  # the last epoch's upload, if still under way, completes before the exit
+            uploader.wait()
+            raise
         example = next(iter(trainer.eval_loaders["val"])).images[:2]
         log_training_result(
             sink,
@@ -200,6 +217,7 @@ def _train(
             example,
             check=lambda: mlflow_observer.check(sync=True),
         )
+        uploader.finish(len(result.history), position(trainer.last_path)[1])
     except BaseException as err:  # every end of a training run: studies.runtime.cell_end
         return training_outcome(sink, token, err, run_name)
     message = f"{run_name}: best val accuracy {result.final_metrics['best_val_accuracy']:.4f} at epoch {result.best_epoch}"
@@ -213,6 +231,24 @@ def _train(
     if not result.reload_proof.passed:
         return ended(sink, token, "FAILED", Status.FAILED, message)
     return ended(sink, token, "FINISHED", Status.FINISHED, message)
+
+
+def fetch_previous_checkpoint(sink: RunSink, run_dir: Path, log, run_name: str) -> None:
+    """The checkpoint an earlier execution of this run uploaded, into ``run_dir`` when it is further on.
+
+    A fetch that fails (the store away, a damaged upload) is said and training goes on from what
+    ``run_dir`` holds, from epoch 0 at worst: slower, never other numbers (a resume is bit-identical).
+    """
+    try:
+        fetch_checkpoint(sink, run_dir, log)
+    except Exception as err:  # noqa: BLE001 - a stop that came out as an error is still a stop
+        stop = as_stop(err)
+        if stop is not err:
+            raise stop from err
+        log(
+            f"{run_name}: the uploaded checkpoint could not be fetched ({type(err).__name__}: {err}); "
+            "training goes on from this machine's output folder"
+        )
 
 
 @contextlib.contextmanager

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from pathlib import Path
@@ -20,6 +21,7 @@ from studies.ablation.cell_queue import (
     CellQueue,
     check_timing,
     counts,
+    hand_back,
     holds,
     load_queued_protocol,
     new_lease,
@@ -36,7 +38,8 @@ from studies.runtime.options import (
 )
 from studies.runtime.preflight import check_writable_folder
 from studies.runtime.secret_options import storage_options
-from studies.runtime.stop_signals import pending_stop, sigterm_raises
+from studies.ablation.preemption import PREEMPTED_EXIT
+from studies.runtime.stop_signals import Preempted, pending_stop, sigterm_raises
 from studies.runtime.study_execution import held_parent, prepare_protocol_data
 from tracking.record.lease import HEARTBEAT_ENV, HEARTBEATS, LEASE_ENV, LeaseLost
 from tracking.store.session import configure_tracking
@@ -128,6 +131,20 @@ def drain(
         HEARTBEATS.also("queue", fence.beat)
         try:
             status, value = run_one(trial, fence)
+        except (
+            Preempted
+        ) as stop:  # the cell's checkpoint is up and its run released: give it back now
+            HEARTBEATS.also("queue", None)
+            given = hand_back(queue, trial.number, lease, f"preempted ({stop})")
+            log(
+                f"cell {trial.user_attrs[CELL_ATTR]}: preempted ({stop}); "
+                + (
+                    "handed back to the queue: the next worker resumes it from its uploaded checkpoint"
+                    if given
+                    else "another worker holds it already"
+                )
+            )
+            raise
         finally:
             HEARTBEATS.also("queue", None)
         why = fence.lost or holds(queue, trial.number, lease)
@@ -220,7 +237,10 @@ def worker(
     check_writable_folder(output_dir)  # before a cell is popped, not at its first checkpoint
     # The cells' MLflow runs carry the same lease timing as the queue, for this command only
     # (invoked in-process, from a notebook or a test, it must not change later leases).
-    with patch.dict(os.environ, {LEASE_ENV: str(grace), HEARTBEAT_ENV: str(heartbeat)}):
+    with (
+        patch.dict(os.environ, {LEASE_ENV: str(grace), HEARTBEAT_ENV: str(heartbeat)}),
+        preempted_exit(),
+    ):
         drain_queue(
             storage,
             study_name,
@@ -233,6 +253,19 @@ def worker(
             grace,
             threads,
         )
+
+
+@contextlib.contextmanager
+def preempted_exit():
+    """A preempted worker (SIGTERM, SIGUSR1) exits with ``PREEMPTED_EXIT`` and one line, so a
+    scheduler requeues it (docs/remote.md, "Preemption"); any other stop keeps its exit."""
+    try:
+        yield
+    except Preempted as stop:
+        click.echo(
+            f"worker preempted ({stop}): its cell is checkpointed and back in the queue; exit {PREEMPTED_EXIT}"
+        )
+        raise click.exceptions.Exit(PREEMPTED_EXIT) from None
 
 
 def drain_queue(
@@ -263,7 +296,7 @@ def drain_queue(
     data = prepare_protocol_data(protocol, data_path, settings.get("download", False))
 
     with (
-        sigterm_raises(),
+        sigterm_raises(preemptible=True),
         held_parent(
             protocol,
             Path(study.user_attrs["protocol_file"]),

@@ -13,6 +13,11 @@ A stop can also be swallowed whole: raised inside a ``__del__``, a weakref or ga
 callback, Python prints "Exception ignored in ..." and goes on. In CI a Ctrl-C landed in
 importlib's module-lock callback and one job of ``ablate --jobs`` trained its cell to the end.
 Such a stop is sent again (``sys.unraisablehook``), so it is raised in the code that was running.
+
+A queue worker (``sigterm_raises(preemptible=True)``) takes SIGTERM and SIGUSR1 as a preemption
+(``Preempted``): while a cell trains (``stops_at_step_boundaries``) the handler only remembers it and
+the training loop raises it before its next step, so the step under way finishes and can be
+checkpointed (``studies.ablation.preemption``; docs/remote.md, "Preemption").
 """
 
 from __future__ import annotations
@@ -28,6 +33,20 @@ class Terminated(KeyboardInterrupt):
     """SIGTERM, raised in the main thread so that every run records how the execution ended (KILLED, as Ctrl-C)."""
 
 
+class Preempted(Terminated):
+    """SIGTERM or SIGUSR1 (SLURM's warning signal) to a queue worker: a scheduler takes the machine back.
+
+    Inside a cell's training (``stops_at_step_boundaries``) it is not raised by the handler but at
+    the next step boundary, so the current step finishes and a checkpoint of it can be written
+    (``studies.ablation.preemption``); elsewhere it is raised like ``Terminated``.
+    """
+
+
+# SLURM sends SIGUSR1 (``sbatch --signal=USR1@SECONDS``) ahead of the end of a job's time; Kubernetes
+# and SLURM's scancel / preemption send SIGTERM. Both mean: checkpoint, give the cell back, exit.
+PREEMPT_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+
+
 # Frames a stop must not interrupt: a database call (SQLAlchemy, sqlite3) and an atomic file
 # write (checkpoints, caches: workbench/atomic.py holds the temp file until it is renamed).
 DB_CALL_MARKERS = (f"{os.sep}sqlalchemy{os.sep}", f"{os.sep}sqlite3{os.sep}")
@@ -37,6 +56,7 @@ RESEND_SECONDS = 0.01  # a swallowed stop comes back this soon, in the code that
 
 _pending: list[BaseException] = []  # the stop this process was asked for, once asked
 _signums: list[int] = []  # the signal that asked for it, to send again if Python swallows the stop
+_step_boundaries: list[bool] = []  # non-empty while a preemption waits for the next training step
 
 
 def _inside(frame, markers: tuple[str, ...]) -> bool:
@@ -89,6 +109,8 @@ def _stop_between_writes(make_error):
         if not _pending:
             _pending.append(make_error(signum))
             _signums.append(signum)
+        if _step_boundaries and isinstance(_pending[0], Preempted):
+            return  # raised by the training loop's next step check (``preemption_requested``)
         if in_protected_call(frame) and deferred[0] < MAX_DEFERRALS:
             deferred[0] += 1
             threading.Timer(DEFER_SECONDS, os.kill, (os.getpid(), signum)).start()
@@ -111,23 +133,51 @@ def _resend_swallowed_stops(previous_hook):
     return hook
 
 
+def preemption_requested() -> Preempted | None:
+    """The pending preemption (``Preempted``), if a scheduler asked for one; a Ctrl-C is not one."""
+    stop = pending_stop()
+    return stop if isinstance(stop, Preempted) else None
+
+
 @contextlib.contextmanager
-def sigterm_raises():
+def stops_at_step_boundaries():
+    """Within: a preemption is not raised by the signal handler but left for the training loop's
+    next step check (``preemption_requested``), so the step under way finishes. One still pending
+    when the block ends without an error (training ended first) is raised there."""
+    _step_boundaries.append(True)
+    try:
+        yield
+    finally:
+        _step_boundaries.pop()
+    stop = preemption_requested()
+    if stop is not None:
+        raise stop
+
+
+def _stop_for(preemptible: bool):
+    """What a SIGTERM (or SIGUSR1) becomes: ``Preempted`` in a queue worker, else ``Terminated``."""
+    kind = Preempted if preemptible else Terminated
+    return lambda signum: kind(f"signal {signal.Signals(signum).name}")
+
+
+@contextlib.contextmanager
+def sigterm_raises(preemptible: bool = False):
     """Turn SIGTERM into ``Terminated`` for the duration (a batch scheduler's stop is not a crash).
 
     SIGTERM and Ctrl-C are raised between database calls and atomic writes, never inside one. A
-    SIGINT this process ignores (started in the background) stays ignored.
+    SIGINT this process ignores (started in the background) stays ignored. ``preemptible`` (a queue
+    worker): SIGTERM and SIGUSR1 become ``Preempted`` (docs/remote.md, "Preemption").
     """
     try:
-        previous = signal.signal(
-            signal.SIGTERM,
-            _stop_between_writes(
-                lambda signum: Terminated(f"signal {signal.Signals(signum).name}")
-            ),
-        )
+        previous = signal.signal(signal.SIGTERM, _stop_between_writes(_stop_for(preemptible)))
     except ValueError:  # not the main thread: leave signals alone
         yield
         return
+    previous_usr1 = (
+        signal.signal(signal.SIGUSR1, _stop_between_writes(_stop_for(True)))
+        if preemptible
+        else None
+    )
     _pending.clear()
     _signums.clear()
     previous_int = signal.getsignal(signal.SIGINT)
@@ -141,6 +191,8 @@ def sigterm_raises():
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
+        if previous_usr1 is not None:
+            signal.signal(signal.SIGUSR1, previous_usr1)
         if previous_int is signal.default_int_handler:
             signal.signal(signal.SIGINT, previous_int)
         sys.unraisablehook = previous_hook

@@ -58,6 +58,14 @@ SUPERSEDED_TAG, CONTINUES_TAG = "superseded_by", "continues_run"
 # On a cell run once its work began (the first epoch, selection or evaluation may follow);
 # RESUMED: whether that work continued from a checkpoint.
 STARTED_TAG, RESUMED = "work_started", "resumed"
+# Where a cell's latest resumable checkpoint is (tracking.kinds.checkpoint_artifacts): the artifact
+# URI of its folder, the epochs and steps it holds, and how long its upload took (seconds).
+CHECKPOINT_URI, CHECKPOINT_EPOCH, CHECKPOINT_STEP, CHECKPOINT_UPLOAD_SECONDS = (
+    "checkpoint.uri",
+    "checkpoint.epoch",
+    "checkpoint.step",
+    "checkpoint.upload_seconds",
+)
 
 FINISHED, RUNNING = "FINISHED", "RUNNING"
 
