@@ -197,8 +197,8 @@ def cells(md: str, first: str) -> list[str]:
     raise AssertionError(f"no table row starting with {first!r}")
 
 
-@pytest.fixture(autouse=True)
-def _no_store(monkeypatch):
+@pytest.fixture
+def no_store(monkeypatch):
     """The export reads metric histories and parents from the store; this study has none."""
     monkeypatch.setattr(run_export, "metric_histories", lambda run_id: {})
     monkeypatch.setattr(queries, "parent_runs", lambda name, digest: [])
@@ -277,7 +277,7 @@ def test_a_planted_zero_slope_reads_not_settled(tmp_path):
 
 
 def test_claims_recompute_the_section_from_its_evidence_and_the_rebuild_is_identical(
-    planted_report, tmp_path
+    planted_report, tmp_path, no_store
 ):
     values, study, result, md = planted_report
     root = tmp_path / "results"
@@ -396,3 +396,59 @@ def test_sizes_come_from_the_logged_params_and_a_mismatch_is_said():
     assert notes == ["bad left out: its cells logged data.train_subset = 40, not 20"], notes
     assert family_name({20: "vit_20", 160: "vit_160"}) == "vit"
     assert family_name({20: "small", 160: "base"}) == "base"  # no shared stem: the largest N's arm
+
+
+SMOKE = """\
+name: sizesmoke
+description: two families at three training-set sizes on a tiny image folder (tests only)
+dataset: {name: image_folder, val_size: 6, split_seed: 3}
+model: {name: fmnist_vit, image_size: 8, patch_size: 4, in_channels: 3, num_classes: 3, dim: 16, depth: 1, heads: 2, mlp_hidden: 32}
+optim: {lr: 0.003}
+run: {epochs: 1, batch_size: 6}
+arms:
+  - {name: vit_36, reference: true}
+  - {name: cnn_36, overrides: {model: {name: fmnist_cnn, in_channels: 3, num_classes: 3}}}
+  - {name: vit_12, overrides: {dataset: {train_subset: 12}}}
+  - {name: cnn_12, overrides: {model: {name: fmnist_cnn, in_channels: 3, num_classes: 3}, dataset: {train_subset: 12}}}
+  - {name: vit_24, overrides: {dataset: {train_subset: 24}}}
+  - {name: cnn_24, overrides: {model: {name: fmnist_cnn, in_channels: 3, num_classes: 3}, dataset: {train_subset: 24}}}
+seeds: [0, 1]
+"""
+
+
+@pytest.mark.slow  # 12 trained cells and two report builds: minutes on the shared 2-core machine
+def test_ablate_then_report_and_its_evidence_rebuild_carry_the_section(
+    tmp_path, mlflow_store, monkeypatch
+):
+    """End to end: ablate trains 2 families x 3 sizes (the largest is the whole 36-image split),
+    the report from the store has the section with N read from the runs, and its evidence rebuilds it."""
+    from data_fixtures import make_image_folder
+
+    from reports.build import build_report
+    from studies.ablation.ablate import open_protocol, run_protocol
+    from studies.runtime.options import StudyOptions
+
+    monkeypatch.setenv("WORKBENCH_CACHE_DIR", str(tmp_path / "cache"))
+    folder = tmp_path / "images"
+    make_image_folder(folder, per_class={"train": 14, "test": 4})  # 42 images: 36 train, 6 val
+    path = tmp_path / "sizesmoke.yaml"
+    path.write_text(SMOKE)
+    options = StudyOptions(
+        output_dir=tmp_path / "out", device="cpu", data_path=str(folder), allow_dirty=True
+    )
+    outcomes = run_protocol(open_protocol(str(path), allow_dirty=True), path, options)
+    assert [o.status for o in outcomes] == ["finished"] * 12, [o.message for o in outcomes]
+    result = build_report(str(path), tmp_path / "docs", log=False, n_resamples=50, evidence=True)
+    (reading,) = result.data_size.values()
+    assert [(f.name, f.sizes) for f in reading.families] == [
+        ("vit", (12, 24, 36)),
+        ("cnn", (12, 24, 36)),
+    ], reading.families
+    (pair,) = reading.pairs
+    assert pair.slope is not None and pair.slope.over_seeds.n == 2, pair
+    md = result.markdown.read_text()
+    assert cells(md, "slope")[1] == "per tenfold N"
+    rebuilt = build_from_evidence(result.folder / "evidence", tmp_path / "rebuilt")
+    assert section(rebuilt.markdown.read_text()) == section(md)
+    png = "figures/data_size_val.png"
+    assert (rebuilt.folder / png).read_bytes() == (result.folder / png).read_bytes()
