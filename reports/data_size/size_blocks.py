@@ -15,7 +15,7 @@ import matplotlib
 from matplotlib.figure import Figure as MplFigure
 
 from reports import tables
-from reports.data_size.size_reading import FamilyPair, SizeReading
+from reports.data_size.size_reading import FamilyPair, SizeGap, SizeReading
 from reports.figures import STYLE, report_png
 from reports.render import Block, Figure, Heading, Para, Quote, Table
 from workbench.report_content import interaction
@@ -126,7 +126,8 @@ def _interval(low: float, high: float) -> str:
 def _sign(low: float, high: float, positive: str, negative: str) -> str:
     verdict = settled(low, high)
     if verdict is None:
-        return "n/a (no interval)" if low != low or high != high else "n/a (zero width)"
+        finite = math.isfinite(low) and math.isfinite(high)
+        return "n/a (zero width: no spread)" if finite else "n/a (no interval)"
     if verdict:
         return f"settled: {positive if low > 0 else negative} (t-interval excludes 0)"
     return "not settled (t-interval includes 0)"
@@ -137,7 +138,7 @@ def pair_blocks(
 ) -> list[Block]:
     """The gap at each shared N, then the slope (3+ sizes) or the interaction (2 sizes)."""
     a, b = pair.a.name, pair.b.name
-    body = [_gap_row(g, reading, decimals, seeds, a, b) for g in pair.gaps]
+    body = [_gap_row(g, reading, decimals, seeds, (a, b)) for g in pair.gaps]
     notes = [
         f"{a} − {b} at each N both trained on, per seed from the displayed accuracies; mean and "
         f"{tables.CONFIDENCE:.0%} Student-t interval over seeds (df = n − 1) from the unrounded values. "
@@ -165,7 +166,15 @@ def pair_blocks(
     return [Heading(4, f"{a} − {b}"), table, *quotes]
 
 
-def _gap_row(g, reading, decimals, seeds, a, b) -> list[str]:
+def _gap_row(
+    g: SizeGap,
+    reading: SizeReading,
+    decimals: int,
+    seeds: tuple[int, ...],
+    families: tuple[str, str],
+) -> list[str]:
+    """One N: per-seed gaps from the displayed accuracies, the mean and t-interval, the sign."""
+    a, b = families
     label = f"{g.a} − {g.b}"
     if g.paired is None:
         return [size_text(g.n), label, *["missing"] * len(seeds), "n/a", "n/a", "n/a"]
