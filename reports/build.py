@@ -29,6 +29,8 @@ from reports.collect import (
 )
 from reports.evidence import EVIDENCE_DIR, export_evidence, export_format, load_evidence
 from reports.common.report_parts import ActedReport
+from reports.data_size.size_blocks import data_size_section
+from reports.data_size.size_reading import size_reading
 from reports.interventions import intervention_report
 from reports.output import (
     ReportResult,
@@ -328,9 +330,11 @@ def render_study(
         )
         for split in spec.splits
     }
+    data_size = {split: size_reading(study, split, inputs.n_resamples) for split in spec.splits}
     blocks = (
         document.header(study, inputs, log_targets, conflicts)
         + results.results_section(study, items, interactions, inputs.n_resamples)
+        + data_size_section(data_size, decimals, spec.seeds)
         + configuration.configuration_blocks(config, conflicts)
         + document.accuracy_section(study, summaries, decimals)
         + results.comparison_section(study, items, inputs.n_resamples)
@@ -362,6 +366,7 @@ def render_study(
         summaries,
         comparisons,
         interactions={split: [ix for ix, _ in rows] for split, rows in interactions.items()},
+        data_size={split: r for split, r in data_size.items() if r is not None},
         messages=messages,
         problems=stale_items(study.attempts, [f"{a}/seed{s}" for a, s, _ in study.missing]),
         summary=summary,

@@ -53,6 +53,9 @@ class ReportResult:
     interactions: dict[str, list[tables.Interaction]] = field(
         default_factory=dict
     )  # split -> (a - b) - (c - d)
+    data_size: dict = field(
+        default_factory=dict
+    )  # split -> reports.data_size.size_reading.SizeReading, where the arms vary train_subset
     logged_to: list[str] = field(default_factory=list)
     messages: list[str] = field(default_factory=list)  # what the command line should print
     section: TransferSection | None = None  # transfer protocols

@@ -61,6 +61,13 @@ Computations (all from ``docs/results/<study>/evidence/``):
   ``seed<s>``; ``attribution_patching_difference``: two of them paired by seed;
   ``atp_class_token_share``: the share of an estimate's ten worst locations at the class token,
   beside its ``chance`` share of the scored locations.
+- ``data_size_gap``, ``data_size_slope``, ``data_size_interaction``: a data-size study's reading
+  (``workbench.report_content.data_size``: arms grouped into families by everything but
+  ``dataset.train_subset``, N from ``runs.json``): family a minus b at one N, in points, paired
+  by seed; the slope of a - b against log10 N (per seed by least squares, then mean and
+  t-interval over seeds: points per tenfold N); and, for two families sharing two sizes, (a - b
+  at the smaller N) - (a - b at the larger N). Their relations are the report's: settled where
+  the t-interval excludes zero.
 - ``faithfulness``: an attribution method's mean over seeds of a measure from
   ``arrays/<arm>.seed<s>.npz``: ``mean``, ``low``, ``high`` (rho: Fisher z; AUCs: t), and
   ``better_than_random`` (seeds where it beats the random order).
@@ -97,6 +104,7 @@ from workbench.attribution import auc
 from workbench.calibration import calibrate
 from workbench.interventions.patching import restored_fraction
 from workbench.protocol.common import read_yaml
+from workbench.report_content import data_size
 from workbench.report_content.rounding import fmt
 
 RESULTS = Path("docs/results")
@@ -601,6 +609,63 @@ def differences_settled(
     return {"settled": settled, "not_settled": len(arms) - settled, "n": len(arms)}
 
 
+def _size_families(root: Path, study: str) -> dict[str, data_size.Family]:
+    """The study's data-size families as its report groups them: the hashed protocol of
+    ``runs.json`` and the logged params of its reported cells (those with predictions)."""
+    runs = json.loads((root / study / "evidence" / "runs.json").read_text())
+    params: dict[str, list] = {}
+    for cell in sorted(runs["cells"], key=lambda c: int(c["tags"].get("seed", 0))):
+        if "predictions" in cell:
+            params.setdefault(cell["tags"]["arm"], []).append(cell["params"])
+    families, _ = data_size.group_families(runs["protocol"]["canonical"], params)
+    return {f.name: f for f in families}
+
+
+def _size_arms(root: Path, study: str, a: str, b: str) -> tuple[data_size.Family, ...]:
+    families = _size_families(root, study)
+    for name in (a, b):
+        if name not in families:
+            raise ClaimError(f"{study}: no data-size family {name!r} ({', '.join(families)})")
+    return families[a], families[b]
+
+
+def data_size_gap(root: Path, study: str, a: str, b: str, size: int, split: str) -> dict:
+    """Family a minus family b at N = ``size`` in points, paired by seed (as ``accuracy_difference``)."""
+    fa, fb = _size_arms(root, study, a, b)
+    if size not in fa.arms or size not in fb.arms:
+        raise ClaimError(f"{study}: families {a} and {b} do not both train on N = {size}")
+    return accuracy_difference(root, study, fa.arms[size], fb.arms[size], split)
+
+
+def data_size_slope(root: Path, study: str, a: str, b: str, split: str) -> dict:
+    """The slope of a - b against log10 N (points per tenfold N), per seed by least squares over
+    every N both families trained on, then over seeds: ``mean``, ``low``, ``high`` (t-interval),
+    ``wins`` / ``losses`` (seeds with a positive / negative slope), ``n``, ``sizes``."""
+    fa, fb = _size_arms(root, study, a, b)
+    sizes = data_size.shared_sizes(fa, fb)
+    values = {
+        name: {n: _per_seed(root, study, f.arms[n], split, _accuracy) for n in sizes}
+        for name, f in ((a, fa), (b, fb))
+    }
+    slope = data_size.gap_slope(values[a], values[b], sizes)
+    return _paired(slope.per_seed, {s: 0.0 for s in slope.per_seed}) | {"sizes": len(sizes)}
+
+
+def data_size_interaction(root: Path, study: str, a: str, b: str, split: str) -> dict:
+    """(a - b at the smaller N) - (a - b at the larger N) in points, paired by seed, for two
+    families that share exactly two sizes: ``mean``, ``low``, ``high`` (t-interval), ``wins``, ``n``."""
+    fa, fb = _size_arms(root, study, a, b)
+    sizes = data_size.shared_sizes(fa, fb)
+    if len(sizes) != 2:
+        raise ClaimError(f"{study}: {a} and {b} share {len(sizes)} sizes, not 2")
+    diffs = []
+    for n in sizes:
+        x = _per_seed(root, study, fa.arms[n], split, _accuracy)
+        y = _per_seed(root, study, fb.arms[n], split, _accuracy)
+        diffs.append({s: x[s] - y[s] for s in sorted(set(x) & set(y))})
+    return _paired(*diffs)
+
+
 COMPUTATIONS: dict[str, Callable[..., dict]] = {
     "faithfulness_pair": faithfulness_pair,
     "random_draws": random_draws,
@@ -609,6 +674,9 @@ COMPUTATIONS: dict[str, Callable[..., dict]] = {
     "attribution_patching_difference": attribution_patching_difference,
     "atp_class_token_share": atp_class_token_share,
     "differences_settled": differences_settled,
+    "data_size_gap": data_size_gap,
+    "data_size_slope": data_size_slope,
+    "data_size_interaction": data_size_interaction,
     "token_norms": token_norms,
     "norm_control": norm_control,
     "scored_sample": scored_sample,
