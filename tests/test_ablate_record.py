@@ -219,9 +219,9 @@ def test_a_dead_executions_runs_are_killed_and_its_cell_resumes_under_the_one_pa
         f"marked run {stray.info.run_id}" in shown.output
         and f"parent run {parent.info.run_id}: KILLED" in shown.output
     )
-    assert f"vit/seed1: stale, marked KILLED (run {cell.info.run_id}: process" in shown.output, (
-        shown.output
-    )
+    # a killed cell with a checkpoint says where it resumes from (docs/remote.md, "Preemption")
+    assert "vit/seed1: stale, marked KILLED, resumable from epoch" in shown.output, shown.output
+    assert f"(run {cell.info.run_id}: process" in shown.output, shown.output
     assert f"-> next ablate: resume it in run {cell.info.run_id}" in shown.output
     assert (
         "vit/seed0: finished (run" in shown.output
