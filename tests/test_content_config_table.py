@@ -39,7 +39,9 @@ def test_arm_config_equals_the_loaders_merge(name):
             for k, v in dataclasses.asdict(c.optim).items()
         }
         data = {k: v for k, v in dataclasses.asdict(c.data).items() if k != "path"}
-        if data["train_subset"] is None:  # hashed only when set (protocols before it keep their hash)
+        if (
+            data["train_subset"] is None
+        ):  # hashed only when set (protocols before it keep their hash)
             del data["train_subset"]
         assert merged["dataset"] == data, arm.name
         assert all(merged["run"][k] == getattr(c.run, k) for k in merged["run"]), arm.name
