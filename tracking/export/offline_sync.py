@@ -305,6 +305,7 @@ class Syncer:
         self._inputs(run, target, created)
         self._artifacts(run, target, created)
         self._models(run, target)
+        self._checkpoint_pointer(run, target)
         changed = before != (
             self.report.metric_points,
             self.report.params,
@@ -380,11 +381,37 @@ class Syncer:
         self.report.params += len(new)
 
     def _tags(self, run: Run, target: str) -> None:
-        tags = [RunTag(k, v) for k, v in run.data.tags.items() if not is_sync_tag(k)]
+        # checkpoint.uri is a place in the local store: ``_checkpoint_pointer`` writes the server's
+        tags = [
+            RunTag(k, v)
+            for k, v in run.data.tags.items()
+            if not is_sync_tag(k) and k != schema.CHECKPOINT_URI
+        ]
         parent = run.data.tags.get(schema.PARENT_RUN_ID)
         if parent:
             tags.append(RunTag(schema.PARENT_RUN_ID, self.server_id.get(parent, parent)))
         log_batch(self.dst, target, tags=tags)
+
+    def _checkpoint_pointer(self, run: Run, target: str) -> None:
+        """A cell's ``checkpoint.uri`` pointed into the server run's store (the same artifact path);
+        a finished cell's ``resume/`` folders on the server (uploaded before the outage) deleted,
+        as the worker does when the server is there at the end
+        (``tracking.kinds.checkpoint_artifacts.settle_finished``)."""
+        local_uri = run.data.tags.get(schema.CHECKPOINT_URI)
+        if local_uri is None:
+            return
+        if run.info.status == "FINISHED":
+            from tracking.kinds.checkpoint_artifacts import settle_finished
+
+            where = settle_finished(self.dst, target)
+        else:
+            prefix = run.info.artifact_uri.rstrip("/")
+            if not local_uri.startswith(prefix):
+                return  # not a place in this run's store (a run continued from another): left out
+            where = (
+                self.dst.get_run(target).info.artifact_uri.rstrip("/") + local_uri[len(prefix) :]
+            )
+        log_batch(self.dst, target, tags=[RunTag(schema.CHECKPOINT_URI, where)])
 
     def _metrics(self, run: Run, target: str, created: bool) -> None:
         for key in run.data.metrics:

@@ -122,6 +122,16 @@ def _delete(client: MlflowClient, run_id: str, artifact_path: str) -> None:
     repo.delete_artifacts(artifact_path)
 
 
+def settle_finished(client: MlflowClient, run_id: str) -> str:
+    """A finished cell's run in ``client``'s store: its ``resume/`` folder deleted (the policy in the
+    module docstring); the URI of its final ``checkpoints/``, where ``checkpoint.uri`` points then.
+    Also run by ``workbench sync`` on the server copy of a cell that finished while the server was
+    away (its earlier epochs' folders went up before the outage)."""
+    if _folders(client, run_id):
+        _delete(client, run_id, RESUME_FOLDER)
+    return f"{client.get_run(run_id).info.artifact_uri}/checkpoints"
+
+
 @dataclass
 class _Staged:
     """A checkpoint's files hard-linked under their upload names: a fixed copy that the next epoch's
@@ -195,9 +205,7 @@ class CheckpointUploader(TrainingObserver):
             )
         client, run_id = _store_of(self.sink)
         try:  # a store refusing deletes, or gone a moment: the cell is finished all the same
-            if _folders(client, run_id):
-                _delete(client, run_id, RESUME_FOLDER)
-            where = f"{client.get_run(run_id).info.artifact_uri}/checkpoints"
+            where = settle_finished(client, run_id)
         except Exception:  # noqa: BLE001 - the summary is logged; the tags are only a pointer
             return
         self.sink.set_tags(
