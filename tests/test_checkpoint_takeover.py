@@ -27,7 +27,8 @@ from optuna.trial import TrialState
 from data_fixtures import make_image_folder
 from servers import mlflow_server
 from studies.ablation.cell_queue import HANDED_BACK_ATTR, RETRY_ATTR, open_storage
-from test_distributed import STARTED, no_worker_left_behind, start, tail, wait_for  # noqa: F401
+from test_distributed import STARTED, no_worker_left_behind, tail, wait_for  # noqa: F401
+from workbench.kernel_identity import cpu_info
 from workbench.train.checkpoint import load_checkpoint
 from workbench.train.evaluate import read_predictions
 
@@ -36,6 +37,11 @@ ROOT = Path(__file__).resolve().parent.parent
 EPOCHS = 3
 PER_CLASS = {"train": 40, "test": 4}  # 114 training images in batches of 4: 29 steps an epoch
 TIMING = {"epoch_seconds", "images_per_second"}
+AVX2_CAPS = {
+    "ATEN_CPU_CAPABILITY": "avx2",
+    "ONEDNN_MAX_CPU_ISA": "AVX2",
+    "MKL_ENABLE_INSTRUCTIONS": "AVX2",
+}
 # One cell, with weight EMA (its state must travel too) and augmentation.
 PROTOCOL = """\
 name: takeover
@@ -49,6 +55,22 @@ arms:
   - {name: vit, reference: true}
 seeds: [0]
 """
+
+
+def start(args: list[str], env: dict, cwd: Path, log: Path) -> subprocess.Popen:
+    """A worker through ``tests/paced_cli.py``: each training batch waits ``PACE_SECONDS`` first, so
+    an epoch lasts long enough on any machine for the test to see it mid-way and stop it there."""
+    proc = subprocess.Popen(
+        [sys.executable, str(ROOT / "tests" / "paced_cli.py"), *args],
+        env={**env, "PACE_SECONDS": "0.1"},
+        cwd=cwd,
+        text=True,
+        stdout=open(log, "w"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    STARTED.append(proc)
+    return proc
 
 
 def cli(args: list[str], env: dict, cwd: Path, timeout: float = 900) -> subprocess.CompletedProcess:
@@ -78,7 +100,16 @@ def environment(tmp_path: Path, uri: str) -> dict:
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
     """The cell trained once, uninterrupted, into a local store: (its output folder, its store URI)."""
-    root = tmp_path_factory.mktemp("reference")
+    return train_reference(tmp_path_factory.mktemp("reference"), {})
+
+
+@pytest.fixture(scope="module")
+def reference_avx2(tmp_path_factory):
+    """The same, under the AVX2 kernel caps (``AVX2_CAPS``)."""
+    return train_reference(tmp_path_factory.mktemp("reference_avx2"), AVX2_CAPS)
+
+
+def train_reference(root: Path, caps: dict[str, str]) -> tuple[Path, str]:
     folder = root / "images"
     make_image_folder(folder, per_class=PER_CLASS)
     protocol = root / "takeover.yaml"
@@ -97,7 +128,7 @@ def reference(tmp_path_factory):
             "--output-dir",
             str(root / "out"),
         ],
-        environment(root, uri),
+        environment(root, uri) | caps,
         root,
     )
     assert done.returncode == 0 and "[finished]" in done.stdout, (done.stdout + done.stderr)[-4000:]
@@ -368,3 +399,50 @@ def test_a_preempted_worker_checkpoints_its_step_hands_the_cell_back_and_exits_7
         run = cell_run(client)
         assert run.info.status == "FINISHED", run.data.tags
         assert_cell_equals_reference(client, run, tmp_path / "out-b", reference, tmp_path / "dl")
+
+
+@pytest.mark.skipif("avx2" not in cpu_info()["flags"].split(), reason="this CPU has no AVX2")
+def test_a_worker_matching_kernels_restarts_under_the_first_executions_caps_and_stays_bitwise(
+    reference_avx2, tmp_path
+):
+    """A cell begun under AVX2 caps (as on an AVX2-only CPU), preempted, taken by a worker started
+    without caps and with ``--match-kernels``: it hands the cell back, starts itself again under
+    the recorded caps, resumes the cell and ends equal to an uninterrupted AVX2 run bit for bit."""
+    folder = tmp_path / "images"
+    make_image_folder(folder, per_class=PER_CLASS)
+    with mlflow_server(f"sqlite:///{tmp_path / 'server.db'}", tmp_path / "artifacts") as url:
+        env = environment(tmp_path, url)
+        for name in AVX2_CAPS:
+            env.pop(name, None)
+        _protocol, _storage, worker = queue_up(tmp_path, env, folder)
+        logs = {name: tmp_path / f"{name}.log" for name in ("first", "matching")}
+        timing = ["--heartbeat", "1", "--grace", "600"]
+        first = start(
+            [*worker, "--output-dir", str(tmp_path / "out-a"), *timing],
+            env | AVX2_CAPS,
+            tmp_path,
+            logs["first"],
+        )
+        wait_for("an uploaded epoch", lambda: upload_lines(logs["first"]), timeout=900, logs=logs)
+        wait_for("a step of epoch 2", lambda: mid_epoch(logs["first"], 2), timeout=600, logs=logs)
+        os.kill(first.pid, signal.SIGTERM)
+        assert first.wait(timeout=300) == 75, tail(logs["first"])
+        matching = start(
+            [*worker, "--output-dir", str(tmp_path / "out-b"), "--match-kernels", *timing],
+            env,
+            tmp_path,
+            logs["matching"],
+        )
+        assert matching.wait(timeout=900) == 0, tail(logs["matching"])
+        text = logs["matching"].read_text()
+        caps = " ".join(f"{k}={v}" for k, v in AVX2_CAPS.items())
+        assert f"starting again under {caps}" in text, tail(logs["matching"])
+        assert "Traceback" not in text and "[finished]" in text, tail(logs["matching"])
+        client = MlflowClient(url)
+        run = cell_run(client)
+        assert run.info.status == "FINISHED", run.data.tags
+        assert "kernel_changed" not in run.data.tags, run.data.tags["kernel_changed"]
+        assert run.data.params["kernel.onednn_max_isa"] == "AVX2", run.data.params
+        assert_cell_equals_reference(
+            client, run, tmp_path / "out-b", reference_avx2, tmp_path / "dl"
+        )
