@@ -121,6 +121,11 @@ BENCHMARKS: dict[str, tuple[str, str, str]] = {
         "benchmark_intervene",
         "Time an intervention protocol's grid on random-weight models of its architecture (no data, no MLflow store).",
     ),
+    "kernel-caps": (
+        "studies.benchmarks.kernel_caps_benchmark",
+        "benchmark_kernel_caps",
+        "Time an arm's training step with and without kernel caps, in alternating fresh processes.",
+    ),
     "jobs": (
         "studies.benchmarks.jobs_benchmark",
         "benchmark_jobs",

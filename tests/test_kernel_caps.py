@@ -9,6 +9,13 @@ import sys
 
 import pytest
 
+from studies.runtime.kernel_match import (
+    CAPS_APPLIED,
+    KernelsCannotMatch,
+    KernelsToMatch,
+    check_takeover,
+    restart_with,
+)
 from studies.tools import reproduce
 from workbench.kernel_caps import KernelCapsError, caps_for, notes, onednn_cap
 from workbench.kernel_identity import cpu_info, kernel_differences
@@ -159,3 +166,110 @@ def test_the_caps_take_effect_in_a_fresh_process():
     assert done.returncode == 0, done.stderr[-2000:]
     aten, isa = (part.strip() for part in done.stdout.strip().splitlines()[-1].split("|"))
     assert aten == "AVX2" and onednn_cap(isa) == "AVX2", done.stdout
+
+
+# --- worker --match-kernels: the decision on a taken-over cell (studies.runtime.kernel_match) ---
+
+AVX2_CAPS = {
+    "ATEN_CPU_CAPABILITY": "avx2",
+    "ONEDNN_MAX_CPU_ISA": "AVX2",
+    "MKL_ENABLE_INSTRUCTIONS": "AVX2",
+}
+
+
+def without_caps(monkeypatch):
+    for name in AVX2_CAPS:
+        monkeypatch.delenv(name, raising=False)
+
+
+def test_a_takeover_on_the_same_kernels_trains_and_one_on_wider_kernels_restarts_under_caps(
+    monkeypatch,
+):
+    without_caps(monkeypatch)
+    check_takeover(AMD_AVX2, AMD_AVX2, "vit/seed0")  # the same dispatch: nothing to do
+    check_takeover({}, AMD_AVX512, "vit/seed0")  # a record older than kernel identities
+    with pytest.raises(KernelsToMatch) as asked:
+        check_takeover(AMD_AVX2, AMD_AVX512, "vit/seed0")
+    assert asked.value.caps == AVX2_CAPS and asked.value.cell == "vit/seed0"
+    # started again under them: ATen and oneDNN now run the recorded kernels, so it trains
+    for name, value in AVX2_CAPS.items():
+        monkeypatch.setenv(name, value)
+    capped_here = AMD_AVX512 | {
+        "kernel.aten_capability": "AVX2",
+        "kernel.onednn_max_isa": "AVX2",
+        "kernel.mkl_enable_instructions": "AVX2",
+    }
+    check_takeover(AMD_AVX2, capped_here, "vit/seed0")
+    # caps in force that did not give the recorded dispatch: refused, not started again
+    with pytest.raises(KernelsCannotMatch, match=r"runs aten_capability AVX512 \(recorded AVX2\)"):
+        check_takeover(AMD_AVX2, AMD_AVX512 | {"kernel.onednn_max_isa": "AVX2"}, "vit/seed0")
+
+
+def test_kernels_no_cap_reaches_are_refused_and_a_native_record_of_this_cpu_drops_the_caps(
+    monkeypatch,
+):
+    without_caps(monkeypatch)
+    with pytest.raises(KernelsCannotMatch, match="vit/seed1: --match-kernels: .*no avx512f"):
+        check_takeover(INTEL_AMX, AMD_AVX2, "vit/seed1")
+    # begun uncapped on a CPU like this one, taken by a worker that runs under caps: no caps at all
+    for name, value in AVX2_CAPS.items():
+        monkeypatch.setenv(name, value)
+    capped = INTEL_AMX | {"kernel.aten_capability": "AVX2", "kernel.onednn_isa": "Intel AVX2"}
+    with pytest.raises(KernelsToMatch) as asked:
+        check_takeover(INTEL_AMX, capped | {"kernel.onednn_max_isa": "AVX2"}, "vit/seed1")
+    assert asked.value.caps == {}
+
+
+def test_a_restart_sets_exactly_the_caps_and_is_refused_when_they_did_not_take(monkeypatch):
+    started = {}
+
+    def execve(path, argv, env):
+        started.update(argv=argv, env=env)
+        raise SystemExit(0)
+
+    monkeypatch.setattr(os, "execve", execve)
+    monkeypatch.setattr(sys, "argv", ["workbench", "worker", "--match-kernels"])
+    monkeypatch.setenv("MKL_ENABLE_INSTRUCTIONS", "AVX512")  # a cap the new caps do not name
+    monkeypatch.delenv(CAPS_APPLIED, raising=False)
+    with pytest.raises(SystemExit):
+        restart_with({"ATEN_CPU_CAPABILITY": "avx2"}, print)
+    assert started["argv"][1:] == ["-m", "studies.cli", "worker", "--match-kernels"]
+    assert started["env"]["ATEN_CPU_CAPABILITY"] == "avx2"
+    assert "MKL_ENABLE_INSTRUCTIONS" not in started["env"]
+    monkeypatch.setenv(CAPS_APPLIED, started["env"][CAPS_APPLIED])
+    with pytest.raises(RuntimeError, match="did not take effect"):
+        restart_with({"ATEN_CPU_CAPABILITY": "avx2"}, print)
+
+
+@pytest.mark.skipif(
+    "avx512f" not in cpu_info()["flags"].split(), reason="AVX2 caps change nothing without AVX512"
+)
+def test_the_caps_benchmark_times_both_in_fresh_processes_and_shows_the_kernels_each_ran(
+    tmp_path, monkeypatch
+):
+    from click.testing import CliRunner
+    from mlflow.tracking import MlflowClient
+
+    from studies.benchmarks.kernel_caps_benchmark import benchmark_kernel_caps
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    monkeypatch.setenv("PYTHONPATH", root)
+    for name in AVX2_CAPS:
+        monkeypatch.delenv(name, raising=False)
+    protocol = os.path.join(root, "studies", "protocols", "smoke.yaml")
+    result = CliRunner().invoke(
+        benchmark_kernel_caps, ["--protocol", protocol, "--rounds", "1", "--steps", "1"]
+    )
+    assert result.exit_code == 0, result.output
+    assert "avx2: ATen AVX2, oneDNN Intel AVX2" in result.output, result.output
+    assert "uncapped: ATen AVX512" in result.output, result.output
+    assert "avx2 vs uncapped: not resolved at this noise" in result.output  # 1 round: no interval
+    (run,) = MlflowClient(uri).search_runs(
+        [MlflowClient(uri).get_experiment_by_name("kernel-caps-benchmark").experiment_id]
+    )
+    ratio = run.data.metrics["verdict/vit/avx2_vs_uncapped/ratio"]
+    steps = MlflowClient(uri).get_metric_history(run.info.run_id, "step_seconds/avx2")
+    reference = MlflowClient(uri).get_metric_history(run.info.run_id, "step_seconds/uncapped")
+    assert abs(ratio - steps[0].value / reference[0].value) < 1e-12, ratio

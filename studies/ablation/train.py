@@ -23,6 +23,8 @@ from tqdm.auto import tqdm
 from studies.ablation.preemption import PreemptibleTrainer
 from studies.runtime.cell_end import ended, hold_opened, training_outcome
 from studies.runtime.options import FINITE, check_amp, threads_option
+from studies.runtime.kernel_match import MATCH_ENV, check_takeover
+from workbench.kernel_identity import kernel_identity, recorded_identity
 from studies.runtime.outcome import CellOutcome, Status
 from studies.runtime.stop_signals import Preempted, as_stop, stops_at_step_boundaries
 from studies.runtime.study_execution import prepare_data
@@ -166,6 +168,8 @@ def _train(
     the next step boundary with a checkpoint of that step uploaded (``studies.ablation.preemption``).
     """
     try:
+        if previous is not None and os.environ.get(MATCH_ENV):  # `worker --match-kernels`
+            match_first_kernels(sink, cfg, run_name)
         if previous is not None:
             fetch_previous_checkpoint(sink, run_dir, log, run_name)
         uploader = CheckpointUploader(sink, run_dir, mlflow_observer.check, log)
@@ -231,6 +235,14 @@ def _train(
     if not result.reload_proof.passed:
         return ended(sink, token, "FAILED", Status.FAILED, message)
     return ended(sink, token, "FINISHED", Status.FINISHED, message)
+
+
+def match_first_kernels(sink: RunSink, cfg: TrainConfig, run_name: str) -> None:
+    """A CPU cell another execution began: on its first execution's kernels, or handed back
+    (``studies.runtime.kernel_match``: the worker starts again under caps, or stops)."""
+    device = resolve_device(cfg.run.device)
+    if device.type == "cpu":
+        check_takeover(recorded_identity(sink.journal.params), kernel_identity(device), run_name)
 
 
 def fetch_previous_checkpoint(sink: RunSink, run_dir: Path, log, run_name: str) -> None:

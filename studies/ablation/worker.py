@@ -29,6 +29,12 @@ from studies.ablation.cell_queue import (
     renew,
     requeue_expired,
 )
+from studies.runtime.kernel_match import (
+    MATCH_ENV,
+    KernelsCannotMatch,
+    KernelsToMatch,
+    restart_with,
+)
 from studies.runtime.options import (
     FiniteFloat,
     StudyOptions,
@@ -212,6 +218,13 @@ def drain(
     hidden=True,
     help="Threads for new cells when --threads is not given (ablate --jobs); resumed cells keep theirs.",
 )
+@click.option(
+    "--match-kernels",
+    is_flag=True,
+    help="A cell another machine began runs on its first machine's CPU kernels: this worker starts "
+    "itself again under the ATen/oneDNN/MKL caps its record calls for, or hands it back and stops "
+    'where no cap reaches them (docs/remote.md, "Kernels").',
+)
 @threads_option
 def worker(
     storage,
@@ -223,6 +236,7 @@ def worker(
     requeue_stale,
     heartbeat,
     grace,
+    match_kernels,
     threads,
     default_threads,
 ):
@@ -237,10 +251,10 @@ def worker(
     check_writable_folder(output_dir)  # before a cell is popped, not at its first checkpoint
     # The cells' MLflow runs carry the same lease timing as the queue, for this command only
     # (invoked in-process, from a notebook or a test, it must not change later leases).
-    with (
-        patch.dict(os.environ, {LEASE_ENV: str(grace), HEARTBEAT_ENV: str(heartbeat)}),
-        preempted_exit(),
-    ):
+    settings = {LEASE_ENV: str(grace), HEARTBEAT_ENV: str(heartbeat)}
+    if match_kernels:
+        settings[MATCH_ENV] = "1"
+    with patch.dict(os.environ, settings), preempted_exit():
         drain_queue(
             storage,
             study_name,
@@ -261,6 +275,15 @@ def preempted_exit():
     scheduler requeues it (docs/remote.md, "Preemption"); any other stop keeps its exit."""
     try:
         yield
+    except KernelsToMatch as stop:  # its cell is back in the queue: take it again on its kernels
+        try:
+            restart_with(stop.caps, click.echo)
+        except RuntimeError as err:
+            raise click.ClickException(f"{stop.cell}: --match-kernels: {err}") from None
+    except KernelsCannotMatch as stop:
+        raise click.ClickException(
+            f"{stop} (the cell is back in the queue for a machine that can run its kernels)"
+        ) from None
     except Preempted as stop:
         click.echo(
             f"worker preempted ({stop}): its cell is checkpointed and back in the queue; exit {PREEMPTED_EXIT}"

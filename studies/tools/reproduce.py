@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import sys
 from pathlib import Path
 
 import click
@@ -35,12 +34,11 @@ from studies.runtime.outcome import Status
 from studies.runtime.study_kind import run_cells
 from tracking.export.run_export import metric_histories
 from tracking.store.offline_store import use_folder_store
+from studies.runtime.kernel_match import CAPS_APPLIED, restart_with
 from workbench.kernel_caps import CAP_VARIABLES, KernelCapsError, caps_for, notes
 from workbench.kernel_identity import kernel_identity, recorded_identity
 
 CELL = re.compile(r"^(?P<arm>[^/\s]+)/seed(?P<seed>\d+)$")
-# Set in the process that --match-kernels restarted with the caps, so it restarts only once.
-CAPS_APPLIED = "WORKBENCH_KERNEL_CAPS_APPLIED"
 CAP_VARIABLES_AND_MARK = (*CAP_VARIABLES, CAPS_APPLIED)
 # This code's repository: its docs/results hold the studies it publishes.
 REPOSITORY = Path(__file__).resolve().parents[2]
@@ -268,13 +266,10 @@ def apply_recorded_caps(recorded: list[dict[str, str]]) -> None:
         for note in notes(recorded[0], here):
             click.echo(f"note: {note}")
         return
-    if os.environ.get(CAPS_APPLIED):  # set once already, and still not in force: do not loop
-        raise click.UsageError(f"--match-kernels: {described} did not take effect in this process")
-    click.echo(f"--match-kernels: starting again under {described}", err=True)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    env = {**os.environ, **caps, CAPS_APPLIED: "1"}
-    os.execve(sys.executable, [sys.executable, "-m", "studies.cli", *sys.argv[1:]], env)
+    try:  # set once already, and still not in force: refused, no loop
+        restart_with(caps, lambda line: click.echo(f"--match-kernels: {line}", err=True))
+    except RuntimeError as err:
+        raise click.UsageError(f"--match-kernels: {err}") from None
 
 
 def _runs(folder: Path) -> dict:
