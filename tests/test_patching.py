@@ -239,3 +239,60 @@ def test_seed_agreement_leaves_out_what_the_model_fixes_and_the_old_reading_did_
     again, from_model = patching_report.fixed_locations(old)
     assert not from_model and np.array_equal(again, fixed)
     assert "found in the data" in patching_report.agreement_blocks(old, "vit", 3)[1].text
+
+
+@pytest.mark.parametrize("family", ["plain", "layerscale_registers"])
+def test_a_branch_or_head_patched_at_one_position_is_the_hooked_forward_in_both_directions(
+    family,
+):
+    model = make(family)
+    x_clean, x_corrupt = images(3, seed=1), images(3, seed=2)
+    y, contrast = torch.tensor([0, 1, 2]), torch.tensor([3, 4, 0])
+    out = patch_batch(model, x_clean, x_corrupt, y, contrast, positions=True)
+    depth, heads, tokens = model.cfg.depth, model.cfg.heads, out["resid_ld"].shape[2]
+    assert out["branch_pos_ld"].shape == (3, depth, 2, tokens)
+    assert out["noising_head_pos_ld"].shape == (3, depth, heads, tokens)
+
+    def ld(logits):
+        return (logits.gather(1, y[:, None]) - logits.gather(1, contrast[:, None]))[:, 0].numpy()
+
+    def close(actual, expected, what):
+        diff = float(np.abs(actual - expected).max())
+        assert diff <= 1e-5, f"{family} {what}: max diff {diff}"
+
+    with torch.no_grad():
+        for target, source, prefix in ((x_corrupt, x_clean, ""), (x_clean, x_corrupt, "noising_")):
+            acts = {}
+            run_with_hooks(
+                model,
+                source,
+                [
+                    (n, lambda a, h, acts=acts: acts.__setitem__(h.name, a))
+                    for n in ("blocks.0.attn", "blocks.1.attn.z")
+                ],
+            )
+
+            def attn_at(a, h, t=1, acts=acts):
+                a = a.clone()
+                a[:, t] = acts["blocks.0.attn"][:, t]
+                return a
+
+            def head_at(a, h, t=tokens - 1, k=heads - 1, acts=acts):
+                a = a.clone()
+                a[:, t, k] = acts["blocks.1.attn.z"][:, t, k]
+                return a
+
+            close(
+                out[f"{prefix}branch_pos_ld"][:, 0, 0, 1],
+                ld(run_with_hooks(model, target, [("blocks.0.attn", attn_at)])),
+                f"{prefix}attn at token 1",
+            )
+            close(
+                out[f"{prefix}head_pos_ld"][:, 1, heads - 1, tokens - 1],
+                ld(run_with_hooks(model, target, [("blocks.1.attn.z", head_at)])),
+                f"{prefix}last head at the last token",
+            )
+    # without ``positions`` the arrays are absent and the rest of the grid is unchanged
+    without = patch_batch(model, x_clean, x_corrupt, y, contrast)
+    assert "branch_pos_ld" not in without
+    assert np.array_equal(without["resid_ld"], out["resid_ld"])

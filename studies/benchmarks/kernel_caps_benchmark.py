@@ -132,7 +132,9 @@ def benchmark_kernel_caps(protocol_path, arm, caps_name, rounds, steps, threads)
         click.echo(f"note: the caps changed no kernel on this CPU: {caps_name} is its own level")
     finished = load.finish()
     decision = decide(seconds, "uncapped", scope=arm)
-    for line in decision.lines[:-1]:  # no `use:` line: caps are taken for bitwise takeovers, not speed
+    for line in decision.lines[
+        :-1
+    ]:  # no `use:` line: caps are taken for bitwise takeovers, not speed
         click.echo(line)
     click.echo(finished.line)
     log_result(protocol, arm, caps_name, steps, threads, seconds, kernels, decision, finished)

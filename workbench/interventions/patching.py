@@ -177,6 +177,9 @@ class PatchingResult:
         resid_reads: (depth, tokens) bool: whether the logits depend on block i's output at
             position t at all (``readout_reads``).
         seconds: Evaluation time.
+        branch_pos_ld, head_pos_ld, ...: With the protocol's ``positions``: each branch
+            (P, depth, 2, tokens) and each head (P, depth, heads, tokens) patched at one token
+            position, denoising and (``noising_`` prefix) noising, with ``*_prob``; else None.
     """
 
     clean_ld: np.ndarray
@@ -197,6 +200,15 @@ class PatchingResult:
     noising_head_prob: np.ndarray
     resid_reads: np.ndarray
     seconds: float = 0.0
+    # ``positions``: (P, depth, 2, tokens) and (P, depth, heads, tokens), both directions; else None
+    branch_pos_ld: np.ndarray | None = None
+    branch_pos_prob: np.ndarray | None = None
+    head_pos_ld: np.ndarray | None = None
+    head_pos_prob: np.ndarray | None = None
+    noising_branch_pos_ld: np.ndarray | None = None
+    noising_branch_pos_prob: np.ndarray | None = None
+    noising_head_pos_ld: np.ndarray | None = None
+    noising_head_pos_prob: np.ndarray | None = None
 
     def restored(self, patched_ld: np.ndarray) -> np.ndarray:
         """Fraction of the logit difference restored, a ratio of means over the pairs (axis 0)."""
@@ -277,13 +289,16 @@ def _ld_prob(logits: torch.Tensor, y: torch.Tensor, contrast: torch.Tensor):
 KEEP = ("resid2", "attn", "mlp", "attn.z")
 
 
-def _patch_grid(model, entering, source, y, contrast) -> dict[str, np.ndarray]:
+def _patch_grid(
+    model, entering, source, y, contrast, positions: bool = False
+) -> dict[str, np.ndarray]:
     """Every location of one run patched, one at a time, with the other run's activation.
 
     ``entering``: the target run's tokens entering each block (``depth + 1``: the last is the
     last block's output); ``source``: the other run's cached activations. A patch in block i
     starts from the target's tokens entering block i (the blocks before it would compute them
     again); a residual patch at block i's output starts at block i + 1 with one position replaced.
+    With ``positions``, each branch and each head is also patched at one token position at a time.
     """
     cfg = model.cfg
     depth, heads = cfg.depth, cfg.heads
@@ -291,6 +306,9 @@ def _patch_grid(model, entering, source, y, contrast) -> dict[str, np.ndarray]:
     resid = np.zeros((2, B, depth, N), dtype=np.float32)
     branch = np.zeros((2, B, depth, 2), dtype=np.float32)
     head = np.zeros((2, B, depth, heads), dtype=np.float32)
+    out: dict[str, np.ndarray] = {}
+    if positions:
+        out = _patch_positions(model, entering, source, y, contrast)
 
     def tail(tokens: torch.Tensor, start: int) -> torch.Tensor:
         return model.forward_head(model.forward_blocks(tokens, start))
@@ -322,6 +340,49 @@ def _patch_grid(model, entering, source, y, contrast) -> dict[str, np.ndarray]:
         "branch_prob": branch[1],
         "head_ld": head[0],
         "head_prob": head[1],
+        **out,
+    }
+
+
+def _patch_positions(model, entering, source, y, contrast) -> dict[str, np.ndarray]:
+    """Each branch output and each head's output patched at one token position, one at a time:
+    ``branch_pos_ld`` (B, depth, 2, N) and ``head_pos_ld`` (B, depth, heads, N), with ``*_prob``."""
+    cfg = model.cfg
+    depth, heads = cfg.depth, cfg.heads
+    B, N = entering[0].shape[0], entering[0].shape[1]
+    branch = np.zeros((2, B, depth, 2, N), dtype=np.float32)
+    head = np.zeros((2, B, depth, heads, N), dtype=np.float32)
+
+    def run(i: int, name: str, fn) -> tuple[np.ndarray, np.ndarray]:
+        with attached(model, [(name, fn)]):
+            return _ld_prob(model.forward_head(model.forward_blocks(entering[i], i)), y, contrast)
+
+    for i in range(depth):
+        for j, kind in enumerate(("attn", "mlp")):
+            value = source[f"blocks.{i}.{kind}"]
+            for t in range(N):
+
+                def one_position(a, t=t, v=value):
+                    a = a.clone()
+                    a[:, t] = v[:, t]
+                    return a
+
+                branch[:, :, i, j, t] = run(i, f"blocks.{i}.{kind}", one_position)
+        z = source[f"blocks.{i}.attn.z"]
+        for h in range(heads):
+            for t in range(N):
+
+                def one_head_position(a, h=h, t=t, z=z):
+                    a = a.clone()
+                    a[:, t, h] = z[:, t, h]
+                    return a
+
+                head[:, :, i, h, t] = run(i, f"blocks.{i}.attn.z", one_head_position)
+    return {
+        "branch_pos_ld": branch[0],
+        "branch_pos_prob": branch[1],
+        "head_pos_ld": head[0],
+        "head_pos_prob": head[1],
     }
 
 
@@ -332,11 +393,13 @@ def patch_batch(
     x_corrupt: torch.Tensor,
     y: torch.Tensor,
     contrast: torch.Tensor,
+    positions: bool = False,
 ) -> dict[str, np.ndarray]:
     """Every location of the grid patched in both directions, for one batch.
 
     Denoising (``resid_ld``, ...): clean activations into the corrupted run; noising
-    (``noising_resid_ld``, ...): corrupted activations into the clean run.
+    (``noising_resid_ld``, ...): corrupted activations into the clean run. ``positions``: also
+    every branch and head at one position at a time (``branch_pos_ld``, ``head_pos_ld``, ...).
     """
     depth = model.cfg.depth
     first = "norm_pre" if model.cfg.norm_pre else "pos_add"
@@ -349,8 +412,8 @@ def patch_batch(
 
     clean_ld, clean_prob = _ld_prob(clean_logits, y, contrast)
     corrupted_ld, corrupted_prob = _ld_prob(corrupt_logits, y, contrast)
-    denoising = _patch_grid(model, entering(corr), clean, y, contrast)
-    noising = _patch_grid(model, entering(clean), corr, y, contrast)
+    denoising = _patch_grid(model, entering(corr), clean, y, contrast, positions)
+    noising = _patch_grid(model, entering(clean), corr, y, contrast, positions)
     return {
         "clean_ld": clean_ld,
         "clean_prob": clean_prob,
@@ -367,6 +430,7 @@ def patch_pairs(
     labels: torch.Tensor,
     pairs: Pairs,
     inputs,
+    positions: bool = False,
 ) -> PatchingResult:
     """The whole grid over every pair of a split (uint8 images), batched as ``inputs`` says.
 
@@ -374,6 +438,7 @@ def patch_pairs(
         model: Glass-box ViT in eval mode (unchanged).
         images, labels: The split (uint8 ``(N, C, H, W)``, labels in the model's classes).
         pairs: From ``make_pairs`` on these labels.
+        positions: Also each branch and head at one token position (``PatchingResult``).
         inputs: ``evaluate.Inputs``: normalisation, batch size, device, resize, autocast.
     """
     if model.training:
@@ -392,7 +457,9 @@ def patch_pairs(
             x_corrupt = corrupt(
                 clean.images, source.images, pairs.replaced[done : done + b], model.cfg
             )
-            parts.append(patch_batch(model, clean.images, x_corrupt, clean.labels, source.labels))
+            parts.append(
+                patch_batch(model, clean.images, x_corrupt, clean.labels, source.labels, positions)
+            )
             batch_reads = readout_reads(model, clean.images)
             reads = batch_reads if reads is None else reads | batch_reads
             done += b
@@ -439,7 +506,7 @@ def patch_split(
     labels_np = labels.cpu().numpy()
     idx = indices.cpu().numpy()
     pairs = split_pairs(labels_np, idx, spec, model.cfg.num_patches)
-    result = patch_pairs(model, images, labels, pairs, inputs)
+    result = patch_pairs(model, images, labels, pairs, inputs, spec.positions)
     counts = class_counts(labels_np[pairs.clean], np.unique(labels_np))
     logged = {
         "clean_index": idx[pairs.clean],

@@ -242,6 +242,9 @@ class PatchingSpec:
         ig_steps: AtP-IG's interpolation steps (used with ``attribution_patching``).
         sample: ``stratified`` (a seeded class-stratified sample of clean images) or
             ``uniform`` (positions drawn uniformly; what protocols frozen before this key meant).
+        positions: Also patch each branch and each head at one token position at a time (maps
+            blocks x branch x position and blocks x head x position, both directions): about
+            ``heads + 2`` times the residual grid's forwards more.
     """
 
     pairs: int = 64
@@ -251,6 +254,7 @@ class PatchingSpec:
     attribution_patching: bool = False
     ig_steps: int = 5
     sample: Literal["stratified", "uniform"] = "stratified"
+    positions: bool = False
 
     def canonical(self) -> dict[str, Any]:
         """The hashed form (``canonical_patching``)."""
@@ -260,7 +264,12 @@ class PatchingSpec:
 # Optional patching settings: at this value they are left out of the canonical content (and the
 # hash), so every protocol written before they existed keeps its hash; ``sample: uniform`` too, as
 # in the files frozen before the key.
-PATCHING_OPTIONAL = {"attribution_patching": False, "ig_steps": 5, "sample": "uniform"}
+PATCHING_OPTIONAL = {
+    "attribution_patching": False,
+    "ig_steps": 5,
+    "sample": "uniform",
+    "positions": False,
+}
 
 
 def canonical_patching(spec: PatchingSpec) -> dict[str, Any]:
@@ -501,6 +510,12 @@ def _patching(value: Any, fail) -> tuple[PatchingSpec, bool]:
         raise fail(
             f"patching.replaced_patches={spec.replaced_patches!r}: give a positive count with "
             "corruption: patches, and none with corruption: class"
+        )
+    if spec.positions and spec.attribution_patching:
+        raise fail(
+            "patching.positions with patching.attribution_patching: AtP's cost is compared with "
+            "the exact grid's time, which the per-position patches would inflate; run them as two "
+            "protocols"
         )
     return spec, implicit
 
