@@ -296,3 +296,29 @@ def test_a_branch_or_head_patched_at_one_position_is_the_hooked_forward_in_both_
     without = patch_batch(model, x_clean, x_corrupt, y, contrast)
     assert "branch_pos_ld" not in without
     assert np.array_equal(without["resid_ld"], out["resid_ld"])
+
+
+def test_a_patch_corruption_is_read_at_each_pairs_own_replaced_and_untouched_patches():
+    from workbench.interventions.patch_localisation import localisation, replaced_tokens
+
+    # 2 pairs, 1 block, a class token and 4 patches; pair 0 replaced patches 0 and 2, pair 1 patch 3
+    replaced = np.array([[0, 2], [3, 3]])  # a repeated index counts once in the mask
+    mask = replaced_tokens(replaced, tokens=5, prefix=1)
+    assert mask.tolist() == [[False, True, False, True, False], [False, False, False, False, True]]
+    z = {
+        "clean_ld": np.array([4.0, 6.0]),
+        "corrupted_ld": np.array([0.0, 2.0]),
+        "replaced": np.array([[0, 2], [3, 1]]),
+        "resid_ld": np.array([[[1.0, 3.0, 0.0, 4.0, 1.0]], [[2.0, 2.0, 5.0, 2.0, 6.0]]]),
+        "noising_resid_ld": np.array([[[4.0, 2.0, 4.0, 2.0, 4.0]], [[6.0, 6.0, 3.0, 6.0, 2.0]]]),
+    }
+    got = localisation(z, prefix=1)
+    gap = 4.0  # mean clean 5 - mean corrupted 1
+    # per pair: replaced mean (3 + 4) / 2 = 3.5 and (5 + 6) / 2 = 5.5; untouched (0 + 1) / 2 = 0.5
+    # and (2 + 2) / 2 = 2; class token 1 and 2
+    assert got["replaced"][0] == pytest.approx((4.5 - 1.0) / gap)
+    assert got["untouched"][0] == pytest.approx((1.25 - 1.0) / gap)
+    assert got["prefix"][0] == pytest.approx((1.5 - 1.0) / gap)
+    removed = localisation(z, prefix=1, direction="noising")
+    # noising replaced: (2 + 2) / 2 = 2 and (3 + 2) / 2 = 2.5 -> mean 2.25; removed (5 - 2.25) / 4
+    assert removed["replaced"][0] == pytest.approx((5.0 - 2.25) / gap)

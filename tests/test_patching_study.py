@@ -24,7 +24,7 @@ description: activation patching on the tiny cells, patch corruption
 acts_on: {{protocol: tiny, hash: {hash}}}
 interventions: {{heads: none, branches: none, position_embedding: false}}
 evaluation: {{batch_size: 4, mean_images: 0}}
-patching: {{pairs: 4, corruption: patches, replaced_patches: 2, seed: 5}}
+patching: {{pairs: 4, corruption: patches, replaced_patches: 2, positions: true, seed: 5}}
 """
 
 
@@ -70,6 +70,9 @@ def test_patching_is_logged_per_cell_rerun_skips_and_the_report_shows_the_maps(
             assert m["patching_pairs"] == 4.0
             # noising beside denoising: the clean run with the corrupted activation patched in
             assert z["noising_resid_ld"].shape == (4, depth, tokens)
+            # each branch and head at one position too (positions: true)
+            assert z["branch_pos_ld"].shape == (4, depth, 2, tokens)
+            assert z["noising_head_pos_ld"].shape == (4, depth, heads, tokens)
             removed = (
                 z["clean_ld"].mean(dtype=np.float64)
                 - z["noising_branch_ld"][:, 0, 1].mean(dtype=np.float64)
@@ -98,10 +101,15 @@ def test_patching_is_logged_per_cell_rerun_skips_and_the_report_shows_the_maps(
     assert "named by the models themselves" in md
     assert re.search(r"\|\s*1\s*\|\s*0 of 5\s*\|", md), "the last block: every position fixed"
     assert "predates noising" not in md and "Noising (Heimersheim and Nanda 2024)" in md
+    # read at each pair's own replaced patches, and per position for branches and heads
+    assert "### Where the corruption sits (vit)" in md and "a replaced patch" in md, md[-4000:]
+    assert "### Branches and heads per position (vit)" in md, md[-4000:]
     assert {
         "patching_resid_vit.png",
         "patching_heads_vit.png",
         "patching_noising_resid_vit.png",
+        "patching_denoising_positions_vit.png",
+        "patching_noising_positions_vit.png",
     } <= {p.name for p in result.figures}
 
 
@@ -118,6 +126,21 @@ def test_the_patching_section_is_optional_and_left_out_of_the_hash(trained):  # 
             __import__("yaml").safe_load(base + "patching: {corruption: patches}\n"),
             str(tmp_path / "p.yaml"),
         )
+    both = "patching: {positions: true, attribution_patching: true}\n"
+    with pytest.raises(Exception, match="patching.positions with patching.attribution_patching"):
+        parse_intervention_protocol(
+            __import__("yaml").safe_load(base + both), str(tmp_path / "p.yaml")
+        )
+    # positions: false is the default and left out of the hash; true enters it
+    off, on = (
+        parse_intervention_protocol(
+            __import__("yaml").safe_load(base + f"patching: {{positions: {v}}}\n"),
+            str(tmp_path / "p.yaml"),
+        )
+        for v in ("false", "true")
+    )
+    assert "positions" not in off.canonical["patching"] and on.canonical["patching"]["positions"]
+    assert off.hash != on.hash
 
 
 def test_attribution_patching_is_logged_beside_the_exact_grid_and_scored_against_it(
@@ -128,6 +151,7 @@ def test_attribution_patching_is_logged_beside_the_exact_grid_and_scored_against
     tmp_path, folder, ablation = trained
     path = tmp_path / "tiny_atp.yaml"
     text = PATCHING.format(hash=ablation.hash).replace("tiny_patching", "tiny_atp")
+    text = text.replace("positions: true, ", "")  # not with attribution_patching (refused)
     path.write_text(text.replace("seed: 5}", "seed: 5, attribution_patching: true, ig_steps: 3}"))
     _, outcomes = intervene(tmp_path, folder, path)
     assert [o.status for o in outcomes] == ["finished"] * 2, [o.message for o in outcomes]
@@ -236,6 +260,7 @@ def test_the_atp_section_equals_an_independent_recomputation_and_rebuilds_offlin
     root, folder, ablation = trained
     path = root / "tiny_atp.yaml"
     text = PATCHING.format(hash=ablation.hash).replace("tiny_patching", "tiny_atp")
+    text = text.replace("positions: true, ", "")  # not with attribution_patching (refused)
     path.write_text(text.replace("seed: 5}", "seed: 5, attribution_patching: true, ig_steps: 3}"))
     _, outcomes = intervene(root, folder, path)  # run, or skipped when the test above ran it
     assert {o.status for o in outcomes} <= {"finished", "skipped"}, [o.message for o in outcomes]

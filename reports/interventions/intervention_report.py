@@ -24,9 +24,11 @@ from reports.figures import report_png
 from reports.interventions import intervention_evidence
 from reports.interventions.atp_report import atp_blocks, atp_results
 from reports.interventions.evaluated_images import scored_blocks
+from reports.interventions.patch_places_report import places_blocks, positions_blocks
 from reports.interventions.patching_report import patching_blocks
 from reports.interventions.intervention_study import InterventionReadout
 from reports.output import paired_metrics
+from workbench.interventions.patch_localisation import has_places
 from reports.render import Block, Figure, Heading, Para, Quote, Table
 from tracking.kinds import intervention_runs
 from tracking.record import queries
@@ -295,6 +297,9 @@ def build_blocks(
             patched = {s: c.patching for s, c in cells.items() if c.patching is not None}
             prefix = protocol.model_config(arm).num_prefix_tokens if protocol.acts_on else 1
             built.sections += patching_blocks(arm, patched, protocol, 2, prefix)
+            if has_places(patched):
+                built.sections += places_blocks(arm, patched, protocol, 3, prefix)
+            built.sections += positions_blocks(arm, patched, protocol, 3, prefix)
             grid = tuple(protocol.model_config(arm).grid) if protocol.acts_on else None
             built.sections += atp_blocks(arm, patched, protocol, 2, prefix, grid)
             built.results += atp_results(arm, patched, e.confidence)

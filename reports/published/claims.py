@@ -91,6 +91,7 @@ import pandas as pd
 
 from reports.attribution.controls import draw_means
 from reports.common.convergence import convergence as read_curve
+from workbench.interventions.patch_localisation import localisation
 from reports.interventions.atp_report import (
     class_token_share,
     mean_interval,
@@ -390,6 +391,56 @@ def patching_patch_max(root: Path, study: str, arm: str, prefix: int = 1) -> dic
     return {"largest": float(np.max(mean[:, prefix:]))}
 
 
+def _place_values(
+    root: Path, study: str, arm: str, block: int, place: str, key: str, direction: str, part, prefix
+) -> dict[int, float]:
+    """Per seed, one block's fraction at one place of a ``patches`` corruption
+    (``workbench.interventions.patch_localisation``); ``part`` picks a branch (0 attention, 1 MLP),
+    ``prefix`` is the model's prefix tokens (the class token and any registers)."""
+    out = {}
+    for s, z in _patching_cells(root, study, arm).items():
+        value = localisation(z, prefix, key, direction)[place][block]
+        out[s] = float(value if part is None else value[part])
+    return out
+
+
+def patching_place(
+    root: Path,
+    study: str,
+    arm: str,
+    block: int,
+    place: str,
+    key: str = "resid",
+    direction: str = "denoising",
+    part: int | None = None,
+    prefix: int = 1,
+) -> dict[str, float]:
+    """Fraction restored (removed) at a place (class token, a replaced or an untouched patch):
+    mean over seeds and its t-interval."""
+    values = _place_values(root, study, arm, block, place, key, direction, part, prefix)
+    c = stats.paired_seed_comparison(values, dict.fromkeys(values, 0.0), 0.95)
+    return {"mean": c.mean_difference, "low": c.ci_low, "high": c.ci_high, "n": c.n}
+
+
+def patching_place_difference(
+    root: Path,
+    study: str,
+    arm: str,
+    block: int,
+    a: str,
+    b: str,
+    key: str = "resid",
+    direction: str = "denoising",
+    part: int | None = None,
+    prefix: int = 1,
+) -> dict[str, float]:
+    """Place ``a`` minus place ``b`` of one block, paired by seed."""
+    return _paired(
+        _place_values(root, study, arm, block, a, key, direction, part, prefix),
+        _place_values(root, study, arm, block, b, key, direction, part, prefix),
+    )
+
+
 def _val_curves(root: Path, study: str, arm: str) -> dict[int, dict[int, float]]:
     """Per seed, the cell's logged validation accuracy per epoch (evidence/runs.json)."""
     runs = json.loads((root / study / "evidence" / "runs.json").read_text())
@@ -684,6 +735,8 @@ COMPUTATIONS: dict[str, Callable[..., dict]] = {
     "convergence": convergence,
     "patching": patching,
     "patching_patch_max": patching_patch_max,
+    "patching_place": patching_place,
+    "patching_place_difference": patching_place_difference,
     "accuracy": accuracy,
     "accuracy_difference": accuracy_difference,
     "difference_between_studies": difference_between_studies,
