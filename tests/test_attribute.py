@@ -340,6 +340,28 @@ def test_the_evidence_ships_the_acted_on_weights_and_the_study_re_runs_from_them
             f"{len(differ)} metrics differ from the original study: {list(differ.items())[:5]}"
         )
 
+    # The study acted on published weights is published in turn: its store has no trained run, so
+    # its evidence copies the weights from the evidence folder that ships them, byte for byte.
+    from tracking.export import acted_weights
+
+    monkeypatch.setattr(acted_weights, "PUBLISHED", evidence.parents[1])
+    republished = build_report(str(path), tmp_path / "reports_fresh", n_resamples=50, evidence=True)
+    again_weights = republished.folder / "evidence" / "weights"
+    shipped = {
+        p.relative_to(evidence / "weights"): p.read_bytes()
+        for p in (evidence / "weights").rglob("*")
+        if p.is_file()
+    }
+    copied = {
+        p.relative_to(again_weights): p.read_bytes()
+        for p in again_weights.rglob("*")
+        if p.is_file()
+    }
+    assert copied == shipped, sorted(set(copied) ^ set(shipped))
+    monkeypatch.setattr(acted_weights, "PUBLISHED", tmp_path / "nowhere")
+    with pytest.raises(Exception, match="no published evidence folder under"):
+        build_report(str(path), tmp_path / "reports_none", n_resamples=50, evidence=True)
+
     weights = next((evidence / "weights").glob("vit.seed0/model.safetensors"))
     weights.write_bytes(weights.read_bytes()[:-1] + b"\0")
     (tmp_path / "other").mkdir()

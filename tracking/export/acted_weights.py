@@ -9,10 +9,12 @@ reload proof holds bit for bit), each file's sha256 in ``weights/manifest.json``
 
 from __future__ import annotations
 
+import hashlib
 import json
 import tempfile
 from pathlib import Path
 
+from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 from tracking.record.queries import QueryError, download_artifact
@@ -21,6 +23,8 @@ from workbench.interventions.published_cells import (
     MANIFEST,
     MANIFEST_FORMAT,
     WEIGHTS_DIR,
+    PublishedCellError,
+    PublishedCells,
     cell_stem,
     manifest_entry,
     weight_files,
@@ -32,6 +36,14 @@ FILE_MODE = 0o666  # masked by the umask, as the other evidence files
 
 class WeightsExportError(ValueError):
     """An acted-on cell whose weights cannot be exported (its run or artifacts are not in the store)."""
+
+
+def _in_store(run_id: str) -> bool:
+    try:
+        MlflowClient().get_run(run_id)
+    except MlflowException:
+        return False
+    return True
 
 
 def _cell_files(run_id: str) -> tuple[dict, dict[str, bytes]]:
@@ -52,15 +64,55 @@ def _cell_files(run_id: str) -> tuple[dict, dict[str, bytes]]:
     return MlflowClient().get_run(run_id).data.params, files
 
 
-def export_weights(folder: Path, acts_on, cells: list[tuple[str, int, str]]) -> set[Path]:
+# Where a study acted on with ``--cells-from`` finds the weights it acted on: the published evidence
+# folders of this repository (their weights carry the same source run ids).
+PUBLISHED = Path(__file__).resolve().parents[2] / "docs" / "results"
+
+
+def _published_files(acts_on, arm: str, seed: int, run_id: str, root: Path) -> tuple[dict, dict]:
+    """A cell acted on from published weights (``--cells-from``), whose trained run is not in this
+    store: its params and files from the evidence folder that shipped them, each checked against
+    that folder's sha256. Raises ``WeightsExportError`` when no folder under ``root`` has them."""
+    for manifest in sorted(root.glob(f"*/evidence/{MANIFEST}")):
+        try:
+            published = PublishedCells(manifest.parents[1])
+            entry = published.entry(acts_on.hash, arm, seed)
+        except PublishedCellError:
+            continue
+        if entry["source_run_id"] != run_id:
+            continue
+        files = {}
+        for name, digest in entry["files"].items():
+            data = (published.folder / name).read_bytes()
+            if hashlib.sha256(data).hexdigest() != digest:
+                raise WeightsExportError(
+                    f"{published.folder / name}: sha256 differs from its manifest"
+                )
+            files[Path(name).name] = data
+        return dict(entry["params"]), files
+    raise WeightsExportError(
+        f"acted-on run {run_id} ({arm}/seed{seed}) is not in this store, and no published evidence "
+        f"folder under {root} ships its weights"
+    )
+
+
+def export_weights(
+    folder: Path, acts_on, cells: list[tuple[str, int, str]], published: Path | None = None
+) -> set[Path]:
     """Write ``folder/weights/<arm>.seed<seed>/`` for every ``(arm, seed, source run id)`` and the manifest.
 
-    ``acts_on``: the acting protocol's ``acts_on`` (acted-on protocol name and hash). Returns the
-    paths written, so the caller can remove what an older export left.
+    ``acts_on``: the acting protocol's ``acts_on`` (acted-on protocol name and hash). A cell whose
+    trained run is not in the store (acted on ``--cells-from`` published weights) is copied from the
+    evidence folder under ``published`` (default: this repository's docs/results) that ships it,
+    byte for byte. Returns the paths written, so
+    the caller can remove what an older export left.
     """
     entries, written = [], set()
     for arm, seed, run_id in sorted(cells):
-        params, files = _cell_files(run_id)
+        if _in_store(run_id):
+            params, files = _cell_files(run_id)
+        else:
+            params, files = _published_files(acts_on, arm, seed, run_id, published or PUBLISHED)
         for name, data in files.items():
             path = folder / WEIGHTS_DIR / cell_stem(arm, seed) / name
             atomic_write_bytes(path, data, FILE_MODE)
