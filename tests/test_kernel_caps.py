@@ -241,6 +241,7 @@ def test_a_restart_sets_exactly_the_caps_and_is_refused_when_they_did_not_take(m
         restart_with({"ATEN_CPU_CAPABILITY": "avx2"}, print)
 
 
+@pytest.mark.slow  # four fresh processes that each build a model and time a step: 10 to 30 s
 @pytest.mark.skipif(
     "avx512f" not in cpu_info()["flags"].split(), reason="AVX2 caps change nothing without AVX512"
 )

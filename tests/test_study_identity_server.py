@@ -76,6 +76,7 @@ def plant(client: MlflowClient, alice_parent: str, alice_cells: dict) -> tuple[s
 
 
 @pytest.mark.integration
+@pytest.mark.slow  # three accounts' studies against one server: 45 to 50 s, the slow tier's
 def test_a_planted_record_under_the_protocols_name_is_never_alices(
     alice_and_bob, isolated_tracking, tmp_path, monkeypatch
 ):

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from reports.interventions.patching_report import _cell, effect_maps, heatmaps, seed_band
+from reports.interventions.patching_report import effect_maps, heatmaps, interval_cell, seed_band
 from reports.render import Block, Figure, Heading, Para, Table
 from workbench.interventions.patch_localisation import PLACES, has_positions, localisation
 
@@ -68,7 +68,8 @@ def places_blocks(
             for i in range(depth):
                 at = (i,) if part is None else (i, part)
                 rows.append(
-                    [name, str(i)] + [_cell(*(float(b[at]) for b in bands[p])) for p in PLACES]
+                    [name, str(i)]
+                    + [interval_cell(*(float(b[at]) for b in bands[p])) for p in PLACES]
                 )
         blocks.append(
             Table(
@@ -140,7 +141,8 @@ def positions_blocks(
                         name,
                         str(i),
                         "; ".join(
-                            f"{names[t]} {_cell(mean[i, t], lo[i, t], hi[i, t])}" for t in top[i]
+                            f"{names[t]} {interval_cell(mean[i, t], lo[i, t], hi[i, t])}"
+                            for t in top[i]
                         ),
                     ]
                 )

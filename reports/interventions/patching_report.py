@@ -177,7 +177,7 @@ def heatmaps(
     return report_png(fig)
 
 
-def _cell(mean: float, lo: float, hi: float) -> str:
+def interval_cell(mean: float, lo: float, hi: float) -> str:
     if not np.isfinite(mean):
         return "n/a"
     band = f" [{fmt(lo, 2)}, {fmt(hi, 2)}]" if np.isfinite(lo) else ""
@@ -252,11 +252,11 @@ def patching_blocks(
                 [
                     str(i),
                     "; ".join(
-                        f"{positions[t]} {_cell(r_mean[i, t], r_lo[i, t], r_hi[i, t])}"
+                        f"{positions[t]} {interval_cell(r_mean[i, t], r_lo[i, t], r_hi[i, t])}"
                         for t in top[i]
                     ),
-                    _cell(b_mean[i, 0], b_lo[i, 0], b_hi[i, 0]),
-                    _cell(b_mean[i, 1], b_lo[i, 1], b_hi[i, 1]),
+                    interval_cell(b_mean[i, 0], b_lo[i, 0], b_hi[i, 0]),
+                    interval_cell(b_mean[i, 1], b_lo[i, 1], b_hi[i, 1]),
                 ]
                 for i in range(depth)
             ],
@@ -343,11 +343,11 @@ def _noising_blocks(arm, cells, protocol, conf, positions, level: int) -> list[B
                 [
                     str(i),
                     "; ".join(
-                        f"{positions[t]} {_cell(n_mean[i, t], n_lo[i, t], n_hi[i, t])}"
+                        f"{positions[t]} {interval_cell(n_mean[i, t], n_lo[i, t], n_hi[i, t])}"
                         for t in top[i]
                     ),
-                    _cell(nb_mean[i, 0], nb_lo[i, 0], nb_hi[i, 0]),
-                    _cell(nb_mean[i, 1], nb_lo[i, 1], nb_hi[i, 1]),
+                    interval_cell(nb_mean[i, 0], nb_lo[i, 0], nb_hi[i, 0]),
+                    interval_cell(nb_mean[i, 1], nb_lo[i, 1], nb_hi[i, 1]),
                 ]
                 for i in range(n_mean.shape[0])
             ],

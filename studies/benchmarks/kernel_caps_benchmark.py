@@ -141,36 +141,20 @@ def benchmark_kernel_caps(protocol_path, arm, caps_name, rounds, steps, threads)
 
 
 def log_result(protocol, arm, caps_name, steps, threads, seconds, kernels, decision, load) -> None:
-    import mlflow
+    from tracking.kinds.benchmark_runs import log_kernel_caps_benchmark
 
-    from tracking.store.session import configure_tracking
-
-    configure_tracking()
-    mlflow.set_experiment(EXPERIMENT)
-    with mlflow.start_run(run_name=f"{protocol.name}/{arm} {caps_name} vs uncapped") as run:
-        mlflow.log_params(
-            {
-                "protocol": protocol.name,
-                "protocol_hash": protocol.hash,
-                "arm": arm,
-                "caps": " ".join(f"{k}={v}" for k, v in NAMED_CAPS[caps_name].items()),
-                "steps": steps,
-                "threads": threads,
-                "rounds": len(seconds["uncapped"]),
-            }
-        )
-        mlflow.log_metrics(decision.metrics())
-        for name, values in seconds.items():
-            for i, value in enumerate(values):
-                mlflow.log_metric(f"step_seconds/{name}", value, step=i)
-        mlflow.set_tags(
-            {
-                **decision.tags(),
-                **{f"kernels.{n}": "; ".join(sorted(k)) for n, k in kernels.items()},
-                "load": load.line,
-            }
-        )
-    click.echo(f"logged to MLflow: experiment {EXPERIMENT}, run {run.info.run_id}")
+    params = {
+        "protocol": protocol.name,
+        "protocol_hash": protocol.hash,
+        "arm": arm,
+        "caps_name": caps_name,
+        "caps": " ".join(f"{k}={v}" for k, v in NAMED_CAPS[caps_name].items()),
+        "steps": steps,
+        "threads": threads,
+        "rounds": len(seconds["uncapped"]),
+    }
+    run_id = log_kernel_caps_benchmark(params, seconds, kernels, decision, load.as_dict())
+    click.echo(f"logged to MLflow: experiment {EXPERIMENT}, run {run_id}")
 
 
 if __name__ == "__main__":  # one timing process: protocol arm steps threads -> one JSON line

@@ -204,3 +204,25 @@ def log_train_benchmark(
         for name in ("results.csv", "summary.md"):
             mlflow.log_artifact(str(folder / name), artifact_path=ARTIFACT_DIR)
         return run.info.run_id
+
+
+def log_kernel_caps_benchmark(
+    params: dict,
+    seconds: dict[str, list[float]],
+    kernels: dict[str, set[str]],
+    decision: Decision,
+    load: dict[str, float],
+) -> str:
+    """One run in experiment ``kernel-caps-benchmark``: settings, each process's median step per
+    option (metric steps: the rounds), the kernels each option ran (tags), the verdict and load."""
+    from tracking.store.session import start_run
+
+    name = f"{params['protocol']}/{params['arm']} {params['caps_name']} vs uncapped"
+    with start_run("kernel-caps-benchmark", run_name=name) as run:
+        mlflow.log_params({f"bench.{k}": v for k, v in params.items()})
+        log_verdicts([decision], load)
+        for option, values in seconds.items():
+            for i, value in enumerate(values):
+                mlflow.log_metric(f"step_seconds/{option}", value, step=i)
+        mlflow.set_tags({f"kernels.{k}": "; ".join(sorted(v)) for k, v in kernels.items()})
+        return run.info.run_id
