@@ -187,6 +187,7 @@ def connections_left(server: str, kwargs: dict, name: str) -> tuple[int, int]:
     return monitor.peak_total, left
 
 
+@pytest.mark.slow  # a PostgreSQL cluster started for one check: 5 s, kept out of the default tier's 5 minutes
 def test_the_queue_holds_no_connection_between_operations():
     """Without a pool, two threads at work hold at most 2 connections and none afterwards;
     SQLAlchemy's default pool (the queue's engine before) keeps them open."""

@@ -612,6 +612,13 @@ def patching_agreement(
     }
 
 
+@lru_cache(maxsize=8)
+def _atp_scores(root: Path, study: str, arm: str, direction: str) -> dict:
+    """``atp_report.seed_scores`` of a study's cells, once per process: every AtP claim reads them
+    (each scoring runs thousands of rank correlations against the random-score draws)."""
+    return seed_scores(_patching_cells(root, study, arm), direction)
+
+
 def attribution_patching(
     root: Path, study: str, arm: str, method: str, measure: str, direction: str = "denoising"
 ) -> dict[str, float]:
@@ -619,7 +626,7 @@ def attribution_patching(
     ``atp_ig``, ``atp_shuffled`` or ``random``; ``measure`` rho, top10_overlap or
     sign_agreement) over seeds, as the report shows it: ``mean``, ``low``, ``high`` (rho:
     Fisher's z; shares: Student-t clipped to [0, 1]), ``seed<s>``, ``min``, ``max``, ``n``."""
-    values = seed_scores(_patching_cells(root, study, arm), direction)[method][measure]
+    values = _atp_scores(root, study, arm, direction)[method][measure]
     mean, low, high = mean_interval(values, measure, 0.95)
     per = {f"seed{s}": v for s, v in values.items()}
     return {"mean": mean, "low": low, "high": high, **per, "min": min(values.values()),
@@ -631,7 +638,7 @@ def attribution_patching_difference(
 ) -> dict[str, float]:
     """Estimate ``a`` minus ``b`` (``attribution_patching``'s names) in one measure, paired by
     seed: ``mean``, ``low``, ``high``, ``wins``, ``losses``, ``ties``, ``n``."""
-    scores = seed_scores(_patching_cells(root, study, arm), direction)
+    scores = _atp_scores(root, study, arm, direction)
     return _paired(scores[a][measure], scores[b][measure])
 
 
