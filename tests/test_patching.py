@@ -299,7 +299,7 @@ def test_a_branch_or_head_patched_at_one_position_is_the_hooked_forward_in_both_
 
 
 def test_a_patch_corruption_is_read_at_each_pairs_own_replaced_and_untouched_patches():
-    from workbench.interventions.patch_localisation import localisation, replaced_tokens
+    from reports.interventions.patch_localisation import localisation, replaced_tokens
 
     # 2 pairs, 1 block, a class token and 4 patches; pair 0 replaced patches 0 and 2, pair 1 patch 3
     replaced = np.array([[0, 2], [3, 3]])  # a repeated index counts once in the mask

@@ -24,7 +24,7 @@ description: activation patching on the tiny cells, patch corruption
 acts_on: {{protocol: tiny, hash: {hash}}}
 interventions: {{heads: none, branches: none, position_embedding: false}}
 evaluation: {{batch_size: 4, mean_images: 0}}
-patching: {{pairs: 4, corruption: patches, replaced_patches: 2, positions: true, seed: 5}}
+patching: {{pairs: 4, corruption: patches, replaced_patches: 2, positions: true, edges: true, seed: 5}}
 """
 
 
@@ -73,6 +73,11 @@ def test_patching_is_logged_per_cell_rerun_skips_and_the_report_shows_the_maps(
             # each branch and head at one position too (positions: true)
             assert z["branch_pos_ld"].shape == (4, depth, 2, tokens)
             assert z["noising_head_pos_ld"].shape == (4, depth, heads, tokens)
+            # each head into each later reader of the class token (edges: true), exact and AtP
+            assert z["edge_exact_ld"].shape == (4, 12) and z["edge_atp_ld"].shape == (4, 12)
+            assert z["edge_labels"][0] == "L0H0->mlp.0" and z["edge_labels"][-1] == "L1H1->readout"
+            assert z["edge_passes"].tolist() == [14, 3, 1]
+            assert -1.0 <= m["edges_rho"] <= 1.0 and m["edges"] == 12.0
             removed = (
                 z["clean_ld"].mean(dtype=np.float64)
                 - z["noising_branch_ld"][:, 0, 1].mean(dtype=np.float64)
@@ -151,7 +156,7 @@ def test_attribution_patching_is_logged_beside_the_exact_grid_and_scored_against
     tmp_path, folder, ablation = trained
     path = tmp_path / "tiny_atp.yaml"
     text = PATCHING.format(hash=ablation.hash).replace("tiny_patching", "tiny_atp")
-    text = text.replace("positions: true, ", "")  # not with attribution_patching (refused)
+    text = text.replace("positions: true, edges: true, ", "")  # positions: not with AtP (refused)
     path.write_text(text.replace("seed: 5}", "seed: 5, attribution_patching: true, ig_steps: 3}"))
     _, outcomes = intervene(tmp_path, folder, path)
     assert [o.status for o in outcomes] == ["finished"] * 2, [o.message for o in outcomes]
@@ -260,7 +265,7 @@ def test_the_atp_section_equals_an_independent_recomputation_and_rebuilds_offlin
     root, folder, ablation = trained
     path = root / "tiny_atp.yaml"
     text = PATCHING.format(hash=ablation.hash).replace("tiny_patching", "tiny_atp")
-    text = text.replace("positions: true, ", "")  # not with attribution_patching (refused)
+    text = text.replace("positions: true, edges: true, ", "")  # positions: not with AtP (refused)
     path.write_text(text.replace("seed: 5}", "seed: 5, attribution_patching: true, ig_steps: 3}"))
     _, outcomes = intervene(root, folder, path)  # run, or skipped when the test above ran it
     assert {o.status for o in outcomes} <= {"finished", "skipped"}, [o.message for o in outcomes]

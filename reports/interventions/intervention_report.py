@@ -28,7 +28,7 @@ from reports.interventions.patch_places_report import places_blocks, positions_b
 from reports.interventions.patching_report import patching_blocks
 from reports.interventions.intervention_study import InterventionReadout
 from reports.output import paired_metrics
-from workbench.interventions.patch_localisation import has_places
+from reports.interventions.patch_localisation import has_places
 from reports.render import Block, Figure, Heading, Para, Quote, Table
 from tracking.kinds import intervention_runs
 from tracking.record import queries

@@ -2,7 +2,7 @@
 
 - **Where the corruption sits** (``corruption: patches``): per block, the fraction a residual patch
   restores (removes) at the prefix tokens, at a patch the corruption replaced and at one it left
-  alone, each pair read at its own positions (``workbench.interventions.patch_localisation``);
+  alone, each pair read at its own positions (``reports.interventions.patch_localisation``);
   with per-position patches, the same for each branch and for a block's largest head.
 - **Branches and heads per position** (``positions``): maps blocks x token position of the fraction
   restored by patching the attention or MLP branch, or the block's largest single head, at one
@@ -17,7 +17,7 @@ import numpy as np
 
 from reports.interventions.patching_report import effect_maps, heatmaps, interval_cell, seed_band
 from reports.render import Block, Figure, Heading, Para, Table
-from workbench.interventions.patch_localisation import PLACES, has_positions, localisation
+from reports.interventions.patch_localisation import PLACES, has_positions, localisation
 
 PLACE_WORDS = {
     "prefix": "class token",

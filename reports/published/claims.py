@@ -91,7 +91,7 @@ import pandas as pd
 
 from reports.attribution.controls import draw_means
 from reports.common.convergence import convergence as read_curve
-from workbench.interventions.patch_localisation import localisation
+from reports.interventions.patch_localisation import localisation
 from reports.interventions.atp_report import (
     class_token_share,
     mean_interval,
@@ -395,7 +395,7 @@ def _place_values(
     root: Path, study: str, arm: str, block: int, place: str, key: str, direction: str, part, prefix
 ) -> dict[int, float]:
     """Per seed, one block's fraction at one place of a ``patches`` corruption
-    (``workbench.interventions.patch_localisation``); ``part`` picks a branch (0 attention, 1 MLP),
+    (``reports.interventions.patch_localisation``); ``part`` picks a branch (0 attention, 1 MLP),
     ``prefix`` is the model's prefix tokens (the class token and any registers)."""
     out = {}
     for s, z in _patching_cells(root, study, arm).items():

@@ -32,6 +32,7 @@ from tracking.record.sink import RunSink
 from workbench.data import PreparedData, PreparedSplit
 from workbench.interventions import HeadAblation, flatten
 from workbench.interventions.evaluate import evaluate, reference_means
+from workbench.interventions.edge_patching import edge_agreement, edge_patch_split
 from workbench.interventions.attribution_patching import (
     comparison_metrics,
     estimate_split,
@@ -127,6 +128,8 @@ class InterventionStudy(TrainedModelKind):
         )
         if patched is not None and patching.attribution_patching:
             patched = _with_attribution_patching(model, split, inputs, patching, patched)
+        if patched is not None and patching.edges:
+            patched = _with_edges(model, split, inputs, patching, patched)
         self.log_outcome(
             sink,
             acted,
@@ -170,6 +173,15 @@ def _with_attribution_patching(model, split, inputs, spec, patched) -> tuple:
         "exact_seconds": np.array(result.seconds),
     }
     return result, {**logged, **estimates, **timing}, scores
+
+
+def _with_edges(model, split, inputs, spec, patched) -> tuple:
+    """``(result, pairs[, metrics])`` extended: the head -> class-token-reader edges, exact and
+    edge AtP, beside the exact grid in ``patching.npz``, and their agreement as metrics."""
+    arrays = edge_patch_split(model, split.images, split.labels, split.indices, inputs, spec)
+    result, logged, *scores = patched
+    metrics = {**(scores[0] if scores else {}), **edge_agreement(arrays)}
+    return result, {**logged, **arrays}, metrics
 
 
 def run_intervention_protocol(

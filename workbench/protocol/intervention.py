@@ -245,6 +245,8 @@ class PatchingSpec:
         positions: Also patch each branch and each head at one token position at a time (maps
             blocks x branch x position and blocks x head x position, both directions): about
             ``heads + 2`` times the residual grid's forwards more.
+        edges: Also each edge from a head to a later reader of the class token's residual, by
+            exact path patching and by edge AtP (``workbench.interventions.edge_patching``).
     """
 
     pairs: int = 64
@@ -255,6 +257,7 @@ class PatchingSpec:
     ig_steps: int = 5
     sample: Literal["stratified", "uniform"] = "stratified"
     positions: bool = False
+    edges: bool = False
 
     def canonical(self) -> dict[str, Any]:
         """The hashed form (``canonical_patching``)."""
@@ -269,6 +272,7 @@ PATCHING_OPTIONAL = {
     "ig_steps": 5,
     "sample": "uniform",
     "positions": False,
+    "edges": False,
 }
 
 
