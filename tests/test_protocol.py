@@ -460,6 +460,7 @@ SHIPPED_HASHES = {
     "fmnist_seed_recipe_patching": "380b069b9ab44e8e274fc5ff9f5ad0110edec3e7201ff7cdf164af2c8666757e",
     "fmnist_seed_recipe_atp": "bb149e44a993a761eb03c37c81d3810ec437bc4db48e41e38a93317c313d96bd",
     "fmnist_seed_recipe_patching_patches": "81bdb3dfc493a1c1dd19b72700b21dccd3a3391a372c59ddc6129859846a71aa",
+    "fmnist_seed_recipe_edges": "7409d636fb06eec53510d2c856d1baa5f1fe26fad63ac7029ba3cfb8bc1b85a9",
     "fmnist_seed_recipe_faithfulness": "4a2a91bf9a58ec659371cf6fa242245f8977b30e41adaa8381434b6ad8a018dc",
     "fmnist_seed_recipe_faithfulness_controls": "a7bbe9742053ecbd14be4016541e8c37aede5d22a4440a0dfdbaa9fdb8dc398b",
     "cifar10_registers_fp32_faithfulness": "9f45c526b16548fd32ee2b9f5470369d77627c5b4cebbb5e5d24e857a436272f",
