@@ -109,12 +109,15 @@ def test_patching_is_logged_per_cell_rerun_skips_and_the_report_shows_the_maps(
     # read at each pair's own replaced patches, and per position for branches and heads
     assert "### Where the corruption sits (vit)" in md and "a replaced patch" in md, md[-4000:]
     assert "### Branches and heads per position (vit)" in md, md[-4000:]
+    assert "### Edges: heads into the class token's readers (vit)" in md, md[-4000:]
+    assert "12 edges" in md and "largest head, exact: fraction restored" in md, md[-4000:]
     assert {
         "patching_resid_vit.png",
         "patching_heads_vit.png",
         "patching_noising_resid_vit.png",
         "patching_denoising_positions_vit.png",
         "patching_noising_positions_vit.png",
+        "edges_vit.png",
     } <= {p.name for p in result.figures}
 
 

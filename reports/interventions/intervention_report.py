@@ -24,6 +24,7 @@ from reports.figures import report_png
 from reports.interventions import intervention_evidence
 from reports.interventions.atp_report import atp_blocks, atp_results
 from reports.interventions.evaluated_images import scored_blocks
+from reports.interventions.edge_report import edge_blocks
 from reports.interventions.patch_places_report import places_blocks, positions_blocks
 from reports.interventions.patching_report import patching_blocks
 from reports.interventions.intervention_study import InterventionReadout
@@ -300,6 +301,7 @@ def build_blocks(
             if has_places(patched):
                 built.sections += places_blocks(arm, patched, protocol, 3, prefix)
             built.sections += positions_blocks(arm, patched, protocol, 3, prefix)
+            built.sections += edge_blocks(arm, patched, protocol, 3)
             grid = tuple(protocol.model_config(arm).grid) if protocol.acts_on else None
             built.sections += atp_blocks(arm, patched, protocol, 2, prefix, grid)
             built.results += atp_results(arm, patched, e.confidence)
