@@ -91,6 +91,8 @@ import pandas as pd
 
 from reports.attribution.controls import draw_means
 from reports.common.convergence import convergence as read_curve
+from reports.interventions.edge_report import restored as edge_restored
+from reports.interventions.edge_report import seed_agreement
 from reports.interventions.patch_localisation import localisation
 from reports.interventions.atp_report import (
     class_token_share,
@@ -441,6 +443,57 @@ def patching_place_difference(
     )
 
 
+def edge_patching(root: Path, study: str, arm: str, measure: str = "edges_rho") -> dict[str, float]:
+    """Edge AtP against exact path patching over a cell's edges (``edges_rho``,
+    ``edges_sign_agreement``, ``edges_top10_overlap``), over seeds as the report shows it:
+    ``mean``, ``low``, ``high`` (rho: Fisher's z; shares: Student-t clipped to [0, 1]),
+    ``edges`` (per cell), ``n``."""
+    cells = _patching_cells(root, study, arm)
+    values = seed_agreement(cells)[measure]
+    mean, low, high = mean_interval(values, "rho" if measure == "edges_rho" else "share", 0.95)
+    edges = len(next(iter(cells.values()))["edge_labels"])
+    return {"mean": mean, "low": low, "high": high, "edges": edges, "n": len(values)}
+
+
+def _edge_largest_values(
+    root: Path, study: str, arm: str, block: int, reader: str
+) -> tuple[dict[int, float], dict[int, float]]:
+    """Per seed, the exact fraction restored by the head of ``block`` that restores most into
+    ``reader``, and that edge's AtP."""
+    exact, atp = {}, {}
+    for s, z in _patching_cells(root, study, arm).items():
+        idx = [
+            k
+            for k, lab in enumerate(z["edge_labels"])
+            if str(lab).startswith(f"L{block}H") and str(lab).endswith(f"->{reader}")
+        ]
+        e, a = edge_restored(z, "edge_exact_ld")[idx], edge_restored(z, "edge_atp_ld")[idx]
+        k = int(np.argmax(e))
+        exact[s], atp[s] = float(e[k]), float(a[k])
+    return exact, atp
+
+
+def edge_largest(root: Path, study: str, arm: str, block: int, reader: str) -> dict[str, float]:
+    """The head of ``block`` that restores most into ``reader`` in each seed (exact path
+    patching), and its edge AtP: ``mean``, ``low``, ``high`` (exact) and ``atp_mean``,
+    ``atp_low``, ``atp_high``, Student-t over seeds, as the report's edge table."""
+    out = {}
+    for prefix, values in zip(("", "atp_"), _edge_largest_values(root, study, arm, block, reader)):
+        c = stats.paired_seed_comparison(values, dict.fromkeys(values, 0.0), 0.95)
+        out |= {
+            f"{prefix}mean": c.mean_difference,
+            f"{prefix}low": c.ci_low,
+            f"{prefix}high": c.ci_high,
+        }
+    return out | {"n": len(values)}
+
+
+def edge_largest_gap(root: Path, study: str, arm: str, block: int, reader: str) -> dict:
+    """That edge's AtP minus its exact fraction restored, paired by seed (``_paired``'s keys)."""
+    exact, atp = _edge_largest_values(root, study, arm, block, reader)
+    return _paired(atp, exact)
+
+
 def _val_curves(root: Path, study: str, arm: str) -> dict[int, dict[int, float]]:
     """Per seed, the cell's logged validation accuracy per epoch (evidence/runs.json)."""
     runs = json.loads((root / study / "evidence" / "runs.json").read_text())
@@ -743,6 +796,9 @@ COMPUTATIONS: dict[str, Callable[..., dict]] = {
     "patching": patching,
     "patching_patch_max": patching_patch_max,
     "patching_place": patching_place,
+    "edge_patching": edge_patching,
+    "edge_largest": edge_largest,
+    "edge_largest_gap": edge_largest_gap,
     "patching_place_difference": patching_place_difference,
     "accuracy": accuracy,
     "accuracy_difference": accuracy_difference,
