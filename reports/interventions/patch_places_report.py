@@ -132,6 +132,20 @@ def positions_blocks(
                 ),
             )
         )
+        blocks.append(
+            Figure(
+                f"patching_{direction}_positions_patches_{arm}.png",
+                (
+                    f"The same maps without the prefix tokens, on a scale to their own largest value "
+                    f"(x: patch, row by row): how much one patch position's branch or head {word}."
+                ),
+                heatmaps(
+                    [(name, mean[:, prefix:], "patch") for name, (mean, _, _) in means.items()],
+                    f"{protocol.name}: {arm}, {direction}, one patch position patched",
+                    to_data=True,
+                ),
+            )
+        )
         rows = []
         for name, (mean, lo, hi) in means.items():
             top = np.argsort(-np.nan_to_num(mean, nan=-np.inf), axis=1)[:, :3]

@@ -156,13 +156,20 @@ def agreement_blocks(cells: dict[int, dict], arm: str, level: int) -> list[Block
 
 
 def heatmaps(
-    panels: list[tuple[str, np.ndarray, str]], title: str, ticks: list[str] | None = None
+    panels: list[tuple[str, np.ndarray, str]],
+    title: str,
+    ticks: list[str] | None = None,
+    to_data: bool = False,
 ) -> bytes:
-    """Block rows x ``panels``' columns on one colour scale; ``ticks`` names the columns."""
+    """Block rows x ``panels``' columns on one colour scale; ``ticks`` names the columns.
+
+    The scale runs to +-1 (the whole logit difference) or further; ``to_data``: to the largest
+    value shown, for maps whose values are all small (a patch position's share)."""
     fig = MplFigure(figsize=(4.2 * len(panels), 0.6 * panels[0][1].shape[0] + 1.8))
     axes = fig.subplots(1, len(panels), squeeze=False)[0]
     finite = np.concatenate([g[np.isfinite(g)] for _, g, _ in panels])
-    lim = max(1.0, float(np.abs(finite).max())) if finite.size else 1.0  # one scale for all panels
+    largest = float(np.abs(finite).max()) if finite.size else 0.0
+    lim = (largest or 1.0) if to_data else max(1.0, largest)  # one scale for all panels
     for ax, (name, grid, xlabel) in zip(axes, panels):
         im = ax.imshow(grid, cmap="RdBu_r", vmin=-lim, vmax=lim, aspect="auto")
         ax.set_title(name, fontsize=9)
