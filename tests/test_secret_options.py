@@ -157,6 +157,9 @@ ENVIRON = {
     "AWS_SECRET_ACCESS_KEY": "aws-31",
     "CUDA_VISIBLE_DEVICES": "0",
     "OMP_NUM_THREADS": "1",
+    "ATEN_CPU_CAPABILITY": "avx2",
+    "ONEDNN_MAX_CPU_ISA": "AVX2",
+    "MKL_ENABLE_INSTRUCTIONS": "AVX2",
 }
 
 
@@ -174,6 +177,10 @@ def test_children_get_what_they_need_and_nothing_else():
         "AWS_SECRET_ACCESS_KEY",
         "CUDA_VISIBLE_DEVICES",
         "OMP_NUM_THREADS",
+        # the kernel caps reach every job: its cells run the kernels the coordinator was capped to
+        "ATEN_CPU_CAPABILITY",
+        "ONEDNN_MAX_CPU_ISA",
+        "MKL_ENABLE_INSTRUCTIONS",
     }, sorted(worker)
     # libpq's settings only where a PostgreSQL database is used: the queue, or the tracking store.
     queue = "postgresql://optuna@db.example/optuna"

@@ -60,6 +60,11 @@ COMPUTE = (
     "TORCH_",
     "OMP_",
     "MKL_",
+    # the kernel caps (workbench/kernel_caps.py): a job's cells must run the kernels the
+    # coordinator was capped to, ATen's and oneDNN's as well as MKL's
+    "ATEN_CPU_CAPABILITY",
+    "ONEDNN_",
+    "DNNL_",
     "OPENBLAS_",
     "KMP_",
     "HF_",
@@ -81,6 +86,7 @@ WORKBENCH_CLIENT = (
     "WORKBENCH_CLAIM_SETTLE_SECONDS",
     "WORKBENCH_STORE_LOCK_SECONDS",
     "WORKBENCH_HEALTH_TIMEOUT",
+    "WORKBENCH_KERNEL_CAPS_APPLIED",
 )
 
 # Variables only `workbench server start` and its admin commands read; no worker needs them.
