@@ -7,8 +7,10 @@ parent run of the reported hash. Nothing in them depends on when or where the re
 built, only on the runs, so rebuilding from the same runs gives byte-identical files.
 Report files are 0666 masked by the umask (0644 under umask 022), so the group can read
 them. ``ReportResult.problems`` lists missing cells and stale runs: ``report --strict``
-exits 1 on any. Section content lives in ``document``, ``results``, ``configuration`` and
-``provenance`` (ablation) and ``transfer_report`` / ``transfer`` (transfer).
+exits 1 on any. Which kind's builder reports a protocol is the table of kinds'
+(``workbench.kinds``, its ``report`` column; the interface: ``reports.output.ReportRequest``);
+this module holds the ablation kind's builder, whose sections live in ``document``,
+``results``, ``configuration`` and ``provenance``.
 """
 
 from __future__ import annotations
@@ -17,22 +19,26 @@ import tempfile
 from pathlib import Path
 
 from reports import configuration, document, results, tables
-from reports.attribution import attribution_report
 from reports.calibration.calibration_blocks import ablation_calibration
 from reports.collect import (
     ReportError,
     StudyData,
+    check_rebuild_folder,
     load_study,
     protocol_file,
-    recorded_file,
     resolve_protocol,
 )
-from reports.evidence import EVIDENCE_DIR, export_evidence, export_format, load_evidence
-from reports.common.report_parts import ActedReport
 from reports.data_size.size_blocks import data_size_section
 from reports.data_size.size_reading import size_reading
-from reports.interventions import intervention_report
+from reports.evidence import (
+    EVIDENCE_DIR,
+    FORMAT as EVIDENCE_FORMAT,
+    export_evidence,
+    export_format,
+    load_evidence,
+)
 from reports.output import (
+    ReportRequest,
     ReportResult,
     Summary,
     ablation_arm_rows,
@@ -42,32 +48,11 @@ from reports.output import (
     write_report,
 )
 from reports.provenance import BuildInputs, stale_items
-from reports.transfer import transfer_report
-from reports.transfer.transfer_evidence import (
-    FORMAT as TRANSFER_FORMAT,
-    export_transfer_evidence,
-    load_transfer_evidence,
-)
 from tracking.record import queries
-from workbench.protocol import (
-    SHORT_HASH_LEN,
-    TransferProtocol,
-    kind_of,
-    load_any,
-    load_transfer_protocol,
-    read_yaml,
-)
-from workbench.protocol.kinds import BY_NAME
+from workbench.kinds import BY_NAME, DEFAULT_KIND, LOOKUP_ORDER, PROTOCOL_KINDS
+from workbench.protocol import kind_of, read_yaml
 
 DEFAULT_OUT_ROOT = Path("reports")
-
-
-# The kinds that act on trained models, by name; ablation and transfer have reports of their own.
-ACTED_REPORTS = {
-    r.kind: r for r in (ActedReport(intervention_report), ActedReport(attribution_report))
-}
-REPORTED_KINDS = ("ablation", "transfer", *ACTED_REPORTS)  # every kind of the table (a test checks)
-ACTED_BY_FORMAT = {r.evidence_format: r for r in ACTED_REPORTS.values()}
 
 
 def parse_compare(values: tuple[str, ...] | list[str]) -> list[tuple[str, str]]:
@@ -131,108 +116,79 @@ def build_report(
         tracking.record.queries.QueryError: The protocol was never run against this tracking store.
         workbench.protocol.ProtocolError: The protocol file is invalid.
     """
-    path = protocol_file(protocol)
-    kind = kind_of(read_yaml(path)) if path is not None else "ablation"
-    if interactions and kind != "ablation":
-        raise ReportError(
-            f"--interaction: for ablation protocols; {protocol} is {BY_NAME[kind].article} protocol"
-        )
-    if path is not None and kind in ACTED_REPORTS:
-        return ACTED_REPORTS[kind].build(
-            load_any(path),
-            out_root,
-            hash_prefix,
-            n_resamples,
-            log=log,
-            strict=strict,
-            evidence=evidence,
-            compare=compare,
-        )
-    if path is None and "/" not in protocol and not protocol.endswith((".yaml", ".yml")):
-        for name in ACTED_REPORTS:
-            if queries.holds_study(protocol, name):
-                recorded = recorded_file(protocol)
-                if recorded is not None:  # kept outside studies/protocols/: its parent says where
-                    return build_report(
-                        str(recorded),
-                        out_root,
-                        hash_prefix,
-                        commit,
-                        compare,
-                        n_resamples,
-                        log,
-                        strict,
-                        evidence=evidence,
-                        interactions=interactions,
-                    )
-                raise ReportError(
-                    f"{protocol} is {BY_NAME[name].article} protocol: report it with its protocol "
-                    "file (studies/protocols/<name>.yaml or a path)"
-                )
-    stored = None
-    if path is None and "/" not in protocol and not protocol.endswith((".yaml", ".yml")):
-        stored = transfer_report.stored_by_name(
-            protocol, hash_prefix
-        )  # a transfer protocol known only to the store
-    if stored is not None or (path is not None and kind == "transfer"):
-        if interactions:
-            raise ReportError(
-                f"--interaction: for ablation protocols; {protocol} is a transfer protocol"
-            )
-        if stored is not None:
-            return build_transfer_report(
-                stored,
-                out_root,
-                hash_prefix,
-                commit,
-                compare,
-                n_resamples,
-                log,
-                strict,
-                from_store=True,
-                evidence=evidence,
-            )
-        return build_transfer_report(
-            load_transfer_protocol(path),
-            out_root,
-            hash_prefix,
-            commit,
-            compare,
-            n_resamples,
-            log,
-            strict,
-            evidence=evidence,
-        )
-    spec, counts = resolve_protocol(protocol, hash_prefix)
-    study = load_study(spec, counts, commit)
-    log_targets = [study.parent_run_id] if log and study.parent_run_id else []
-    inputs = BuildInputs(
-        spec.source,
-        spec.hash,
+    request = ReportRequest(
+        protocol,
+        Path(out_root),
         hash_prefix,
         commit,
-        list(compare or []),
+        tuple(compare or ()),
         n_resamples,
-        tables.BOOTSTRAP_SEED,
-        tables.CONFIDENCE,
+        log,
         strict,
-        list(interactions or []),
+        evidence,
+        tuple(interactions or ()),
     )
-    with tempfile.TemporaryDirectory() as tmp:
-        analysis = queries.analysis_figures(spec.name, spec.hash, Path(tmp))
-    result = render_study(study, inputs, Path(out_root), log_targets, analysis)
-    if log and not study.parent_run_id:
-        result.messages.append(
-            f"no parent run of {spec.name}@{spec.short_hash} found: the report is not logged to MLflow"
+    path = protocol_file(protocol)
+    if path is not None:
+        return BY_NAME[kind_of(read_yaml(path))].load("report").build(path, request)
+    for kind in LOOKUP_ORDER:  # a protocol known only by name: the first kind whose study it is
+        result = kind.load("report").by_name(protocol, request)
+        if result is not None:
+            return result
+    raise ReportError(f"{protocol}: no protocol file and no study of that name in the store")
+
+
+class AblationReport:
+    """The ablation kind's report builder (the interface: ``reports.output.ReportRequest``)."""
+
+    evidence_format = EVIDENCE_FORMAT
+
+    def build(self, path: Path, request: ReportRequest) -> ReportResult:
+        return self.by_name(request.protocol, request)
+
+    def by_name(self, name: str, request: ReportRequest) -> ReportResult:
+        spec, counts = resolve_protocol(name, request.hash_prefix)
+        study = load_study(spec, counts, request.commit)
+        log_targets = [study.parent_run_id] if request.log and study.parent_run_id else []
+        inputs = BuildInputs(
+            spec.source,
+            spec.hash,
+            request.hash_prefix,
+            request.commit,
+            list(request.compare),
+            request.n_resamples,
+            tables.BOOTSTRAP_SEED,
+            tables.CONFIDENCE,
+            request.strict,
+            list(request.interactions),
         )
-    log_report(result, result.folder, log_targets if log else None)
-    if evidence:
-        folder = export_evidence(result.folder / EVIDENCE_DIR, study, inputs, log_targets, analysis)
-        result.messages.append(
-            f"wrote the evidence of {len(study.cells)} cells to {folder} "
-            f"(rebuild: workbench report --from-evidence {folder} --out-dir DIR)"
+        with tempfile.TemporaryDirectory() as tmp:
+            analysis = queries.analysis_figures(spec.name, spec.hash, Path(tmp))
+        result = render_study(study, inputs, request.out_root, log_targets, analysis)
+        if request.log and not study.parent_run_id:
+            result.messages.append(
+                f"no parent run of {spec.name}@{spec.short_hash} found: the report is not logged to MLflow"
+            )
+        log_report(result, result.folder, log_targets if request.log else None)
+        if request.evidence:
+            folder = export_evidence(
+                result.folder / EVIDENCE_DIR, study, inputs, log_targets, analysis
+            )
+            result.messages.append(
+                f"wrote the evidence of {len(study.cells)} cells to {folder} "
+                f"(rebuild: workbench report --from-evidence {folder} --out-dir DIR)"
+            )
+        return result
+
+    def rebuild(self, evidence_dir: Path, out_root: Path) -> ReportResult:
+        loaded = load_evidence(evidence_dir)
+        check_rebuild_folder(evidence_dir, out_root, loaded.study.spec.name)
+        return render_study(
+            loaded.study, loaded.inputs, Path(out_root), loaded.logged_to, loaded.analysis
         )
-    return result
+
+
+ABLATION_REPORT = AblationReport()
 
 
 def build_from_evidence(evidence_dir: Path, out_root: Path) -> ReportResult:
@@ -248,35 +204,15 @@ def build_from_evidence(evidence_dir: Path, out_root: Path) -> ReportResult:
             output folder is the one holding the export (the published report is never overwritten).
     """
     evidence_dir = Path(evidence_dir)
-    if export_format(evidence_dir) == TRANSFER_FORMAT:
-        transferred = load_transfer_evidence(evidence_dir)
-        _check_rebuild_folder(evidence_dir, out_root, transferred.data.protocol.name)
-        result = transfer_report.render_transfer_study(
-            transferred.data, transferred.inputs, Path(out_root), transferred.logged_to
-        )
-    elif export_format(evidence_dir) in ACTED_BY_FORMAT:
-        result = ACTED_BY_FORMAT[export_format(evidence_dir)].rebuild(
-            evidence_dir, out_root, _check_rebuild_folder
-        )
-    else:
-        loaded = load_evidence(evidence_dir)
-        _check_rebuild_folder(evidence_dir, out_root, loaded.study.spec.name)
-        result = render_study(
-            loaded.study, loaded.inputs, Path(out_root), loaded.logged_to, loaded.analysis
-        )
+    found = export_format(evidence_dir)
+    builders = {k.load("report").evidence_format: k.load("report") for k in PROTOCOL_KINDS}
+    # an unknown format goes to the default kind's reader, which names what it expected
+    builder = builders.get(found) or BY_NAME[DEFAULT_KIND].load("report")
+    result = builder.rebuild(evidence_dir, Path(out_root))
     result.messages.insert(
         1, f"rebuilt from {evidence_dir} without the MLflow store (nothing is logged)"
     )
     return result
-
-
-def _check_rebuild_folder(evidence_dir: Path, out_root: Path, name: str) -> None:
-    folder = Path(out_root) / name
-    if folder.resolve() == evidence_dir.resolve().parent:
-        raise ReportError(
-            f"--out-dir {out_root}: {folder} holds the evidence and its published report; "
-            "rebuild into another folder and compare"
-        )
 
 
 def render_study(
@@ -371,60 +307,3 @@ def render_study(
         problems=stale_items(study.attempts, [f"{a}/seed{s}" for a, s, _ in study.missing]),
         summary=summary,
     )
-
-
-def build_transfer_report(
-    protocol: TransferProtocol,
-    out_root: Path = DEFAULT_OUT_ROOT,
-    hash_prefix: str | None = None,
-    commit: str | None = None,
-    compare: list[tuple[str, str]] | None = None,
-    n_resamples: int = tables.BOOTSTRAP_RESAMPLES,
-    log: bool = True,
-    strict: bool = False,
-    from_store: bool = False,
-    evidence: bool = False,
-) -> ReportResult:
-    """The report of a transfer protocol: same pipeline, files, logging and evidence export as ``build_report``.
-
-    Cells are the newest finished run of each (regime, seed) of the hash, for the source of the
-    hash's newest execution. ``--commit`` and ``--compare`` are refused in one line (every
-    regime pair is compared already; cells are chosen per source, not per commit).
-    """
-    if commit:
-        raise ReportError(
-            f"--commit {commit}: not supported for transfer protocols ({protocol.name}); "
-            "the newest finished run of each cell is reported"
-        )
-    if compare:
-        raise ReportError(
-            f"--compare: not needed for transfer protocols ({protocol.name}); "
-            "every pair of regimes is compared already"
-        )
-    data = transfer_report.load_study(protocol, hash_prefix, from_store)
-    log_targets = data.parents[:1] if log else []
-    inputs = BuildInputs(
-        data.source,
-        data.digest,
-        hash_prefix,
-        None,
-        [],
-        n_resamples,
-        data.protocol.evaluation.seed,
-        float(data.execution["params"]["evaluation.confidence"]),
-        strict,
-    )
-    result = transfer_report.render_transfer_study(data, inputs, Path(out_root), log_targets)
-    if log and not data.parents:
-        result.messages.append(
-            f"no parent run of {data.protocol.name}@{data.digest[:SHORT_HASH_LEN]} found: "
-            "the report is not logged to MLflow"
-        )
-    log_report(result, result.folder, log_targets if log else None)
-    if evidence:
-        folder = export_transfer_evidence(result.folder / EVIDENCE_DIR, data, inputs, log_targets)
-        result.messages.append(
-            f"wrote the evidence of {len(data.cells)} cells to {folder} "
-            f"(rebuild: workbench report --from-evidence {folder} --out-dir DIR)"
-        )
-    return result

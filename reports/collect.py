@@ -25,7 +25,8 @@ from tracking.record import queries
 from tracking.record.protocol_runs import reap_dead_runs
 from tracking.record.queries import CellRecord, QueryError
 from workbench.code_history import same_code
-from workbench.protocol import SHORT_HASH_LEN, load_protocol
+from workbench.kinds import BY_NAME, DEFAULT_KIND
+from workbench.protocol import SHORT_HASH_LEN, kind_of, load_protocol
 from workbench.report_content.portable import relative
 
 PROTOCOL_DIR = Path(__file__).resolve().parent.parent / "studies" / "protocols"
@@ -102,9 +103,10 @@ class StudyData:
 
 
 def _spec_from_canonical(canonical: dict, digest: str, source: str) -> ProtocolSpec:
-    if canonical.get("kind") == "transfer":
+    kind = kind_of(canonical)
+    if kind != DEFAULT_KIND:  # only the default kind's study is read from its canonical form
         raise ReportError(
-            f"{canonical.get('name')}@{digest[:SHORT_HASH_LEN]} is a transfer protocol: "
+            f"{canonical.get('name')}@{digest[:SHORT_HASH_LEN]} is {BY_NAME[kind].article} protocol: "
             "report it with its protocol file (studies/protocols/<name>.yaml or a path)"
         )
     arms = tuple(a["name"] for a in canonical["arms"])
@@ -235,6 +237,16 @@ def resolve_protocol(
     else:
         spec = _spec_from_parent(name, digest)
     return spec, counts
+
+
+def check_rebuild_folder(evidence_dir: Path, out_root: Path, name: str) -> None:
+    """Refuse to rebuild a report into the folder that holds its evidence and published report."""
+    folder = Path(out_root) / name
+    if folder.resolve() == evidence_dir.resolve().parent:
+        raise ReportError(
+            f"--out-dir {out_root}: {folder} holds the evidence and its published report; "
+            "rebuild into another folder and compare"
+        )
 
 
 def shown_path(path: Path) -> str:

@@ -15,6 +15,7 @@ from reports.collect import StudyData
 from reports.provenance import device, precision
 from reports.render import Block, Heading, Table
 from tracking.record.schema import RESUMED, TRUE
+from workbench.kinds import BY_NAME
 from workbench.report_content.config_table import ConfigTable, config_table, description_conflicts
 from workbench.report_content.cost import arm_cost, training_cost
 
@@ -34,7 +35,7 @@ def protocol_config(canonical: dict, source_cfg=None) -> tuple[ConfigTable | Non
 def configuration_blocks(table: ConfigTable | None, conflicts: list[str]) -> list[Block]:
     if table is None:
         return []
-    unit = "arm" if table.kind == "ablation" else "regime"
+    unit = BY_NAME[table.kind].unit
     notes = [
         f"Rendered from the hashed protocol content (canonical JSON), not from its description. One row per {unit}; "
         "parameters and FLOPs per image (forward pass, multiply-accumulates x 2) counted on the built model."

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from reports import tables
-from reports.collect import StudyData
+from reports.collect import ReportError, StudyData
 from reports.render import Block, Bullets, Figure, Heading, Para, Quote, to_html, to_markdown
 from tracking.record import queries, report_summary
 from tracking.record.report_summary import HEAD, LIMIT, SEPARATOR, arm_metrics, comparison_metrics
@@ -37,6 +37,48 @@ from workbench.transfer.report import TransferSection
 REPORT_FILE_MODE = (
     0o666  # masked by the umask like any file open() creates: 0644 (group-readable) under umask 022
 )
+
+
+@dataclass(frozen=True)
+class ReportRequest:
+    """What ``workbench report`` was asked, handed whole to the report builder of the protocol's kind.
+
+    Each kind's builder (named by the table of kinds, ``workbench.kinds``) answers
+    ``build(path, request)`` (the protocol file), ``by_name(name, request)`` (a protocol known only
+    to the store: its report, or None when the store holds no study of this kind by that name),
+    ``evidence_format`` and ``rebuild(evidence_dir, out_root)`` (from its evidence export alone).
+
+    Attributes:
+        protocol: The protocol as given: a file path or a protocol name.
+        out_root: The report goes to ``out_root/<protocol name>/``.
+        hash_prefix: Report this recorded hash instead of the protocol file's.
+        commit: Use only runs of this code commit (prefix).
+        compare: Extra (a, b) arm pairs.
+        n_resamples: Bootstrap resamples.
+        log: Log the report files to the newest parent run of the hash.
+        strict: Recorded in the report's build inputs; the caller fails on ``problems``.
+        evidence: Also export the study's evidence beside the report.
+        interactions: (a, b, c, d) arm quadruples, (a - b) - (c - d); ablation protocols only.
+    """
+
+    protocol: str
+    out_root: Path
+    hash_prefix: str | None = None
+    commit: str | None = None
+    compare: tuple[tuple[str, str], ...] = ()
+    n_resamples: int = tables.BOOTSTRAP_RESAMPLES
+    log: bool = True
+    strict: bool = False
+    evidence: bool = False
+    interactions: tuple[tuple[str, str, str, str], ...] = ()
+
+
+def refuse_interactions(request: ReportRequest, article: str) -> None:
+    """``--interaction`` is an ablation report's: refused in one line for ``article`` protocols."""
+    if request.interactions:
+        raise ReportError(
+            f"--interaction: for ablation protocols; {request.protocol} is {article} protocol"
+        )
 
 
 @dataclass

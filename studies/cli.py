@@ -19,19 +19,12 @@ import traceback
 
 import click
 
-# name -> (module, attribute, short help shown by `workbench --help` without importing it).
+from workbench.kinds import PROTOCOL_KINDS
+
+# name -> (module, attribute, short help shown by `workbench --help` without importing it): the
+# commands that run a protocol come from the table of kinds, the others are listed here.
 # tests/test_cli.py checks every short help against the command's own docstring.
-LAZY_COMMANDS: dict[str, tuple[str, str, str]] = {
-    "attribute": (
-        "studies.attribution.attribute",
-        "attribute",
-        "Score an attribution protocol: every method against exact token-drop effects on every acted-on model, as MLflow child runs.",
-    ),
-    "ablate": (
-        "studies.ablation.ablate",
-        "ablate",
-        "Run (or resume) a frozen protocol: every arm at every seed, as MLflow child runs.",
-    ),
+TOOL_COMMANDS: dict[str, tuple[str, str, str]] = {
     "equivalence": (
         "studies.tools.equivalence_check",
         "equivalence",
@@ -41,11 +34,6 @@ LAZY_COMMANDS: dict[str, tuple[str, str, str]] = {
         "studies.tools.figures",
         "figures",
         "Analysis figures: a finished protocol's study figures, or a timm ViT's attention on images.",
-    ),
-    "intervene": (
-        "studies.interventions.intervene",
-        "intervene",
-        "Evaluate an intervention protocol: every head, branch and patch of every acted-on model, as MLflow child runs.",
     ),
     "models": (
         "studies.tools.models_cli",
@@ -92,17 +80,21 @@ LAZY_COMMANDS: dict[str, tuple[str, str, str]] = {
         "train",
         "Train one model; re-running the same command resumes or skips it.",
     ),
-    "transfer": (
-        "studies.transfer.transfer_study",
-        "transfer",
-        "Run (or resume) a transfer protocol: linear probe, partial and full fine-tuning at paired seeds.",
-    ),
     "worker": (
         "studies.ablation.worker",
         "worker",
         "Pop queued protocol cells and train them until the queue is empty.",
     ),
 }
+# Every command, by name, sorted as `workbench --help` lists them.
+LAZY_COMMANDS: dict[str, tuple[str, str, str]] = dict(
+    sorted(
+        {
+            **TOOL_COMMANDS,
+            **{k.command: (*k.runner.split(":"), k.help) for k in PROTOCOL_KINDS},
+        }.items()
+    )
+)
 
 # `workbench benchmark <name>`: the speed commands, loaded as lazily as the top level's.
 BENCHMARKS: dict[str, tuple[str, str, str]] = {

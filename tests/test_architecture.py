@@ -361,3 +361,73 @@ def test_class_names_are_unique_across_the_layers():
         if len(where) > 1 and len(where) != SHARED_CLASS_NAMES.get(cls)
     }
     assert not repeated, f"class names defined in more than one module: {repeated}"
+
+
+# The one table of kinds: nothing else tells kinds apart by their names.
+KINDS_TABLE = "workbench.kinds"
+
+
+def kind_dispatch(tree: ast.AST, kinds: frozenset[str]) -> list[str]:
+    """Where code is keyed by a kind's name: a dict literal with two or more kind names as keys,
+    a comparison with a kind name (``kind == "transfer"``, ``kind in ("ablation", ...)``) or a
+    ``match`` case on one. A subscript by a kind's name is not counted: the ``attribution``
+    section of a protocol file is read as ``top["attribution"]``."""
+
+    def named(node: ast.AST) -> bool:
+        if isinstance(node, ast.Constant):
+            return node.value in kinds
+        if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+            return any(named(e) for e in node.elts)
+        return False
+
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Dict):
+            keys = [k for k in node.keys if k is not None and named(k)]
+            if len(keys) >= 2:
+                found.append(f"line {node.lineno}: a dict keyed by kind names")
+        elif isinstance(node, ast.Compare):
+            if any(named(side) for side in (node.left, *node.comparators)):
+                found.append(f"line {node.lineno}: {ast.unparse(node)}")
+        elif isinstance(node, ast.match_case):
+            if any(
+                isinstance(p, ast.MatchValue) and named(p.value) for p in ast.walk(node.pattern)
+            ):
+                found.append(f"line {node.pattern.lineno}: a match case on a kind name")
+    return found
+
+
+def _kind_names() -> frozenset[str]:
+    from workbench.kinds import KINDS
+
+    return frozenset(KINDS)
+
+
+def test_no_dispatch_on_a_kind_name_outside_the_table_of_kinds():
+    kinds = _kind_names()
+    found = {
+        name: hits
+        for name, path in modules().items()
+        if name != KINDS_TABLE and (hits := kind_dispatch(parsed(path), kinds))
+    }
+    assert not found, (
+        "code keyed by a protocol kind's name outside workbench/kinds.py (name the part in the "
+        "table and load it, or give the table a column):\n"
+        + "\n".join(f"  {name}: {hit}" for name, hits in sorted(found.items()) for hit in hits)
+    )
+
+
+def test_the_kind_dispatch_check_finds_what_the_table_replaced():
+    kinds = _kind_names()
+    # the shapes the table replaced (workbench/protocol/__init__.py's _PARSE, reports/build.py)
+    old = ast.parse(
+        "_PARSE = {'ablation': a, 'transfer': t}\n"
+        "if kind == 'transfer':\n    pass\n"
+        "if canonical.get('kind') != 'transfer':\n    pass\n"
+        "unit = 'arm' if table.kind in ('ablation',) else 'regime'\n"
+        "match kind:\n    case 'intervention':\n        pass\n"
+    )
+    assert len(kind_dispatch(old, kinds)) == 5, kind_dispatch(old, kinds)
+    # what is not dispatch: a kind's own name assigned, a table lookup through a variable
+    fine = ast.parse("KIND = 'transfer'\nrow = BY_NAME[kind]\nx = {'attribution': 1, 'seeds': 2}\n")
+    assert kind_dispatch(fine, kinds) == []

@@ -14,7 +14,8 @@ import pytest
 from test_attribution import batch, make, max_diff
 
 from reports.attribution import arm_pairs
-from reports.build import ACTED_REPORTS, parse_compare
+from reports.build import parse_compare
+from workbench.kinds import BY_NAME
 from reports.collect import ReportError
 from reports.render import Heading, Para, Table
 from tracking.kinds.attribution_runs import AttributionCellResult, per_image_arrays
@@ -116,14 +117,14 @@ def test_compare_is_refused_in_one_line_where_it_does_not_apply():
         name = "p"
         arms = ["base", "base_reg4"]
 
-    ACTED_REPORTS["attribution"].check_compare(Acted, [("base_reg4", "base")])
+    BY_NAME["attribution"].load("report").check_compare(Acted, [("base_reg4", "base")])
     with pytest.raises(
         ReportError,
         match=r"--compare base:p4: p4 is not an arm p acts on \(arms: base, base_reg4\)",
     ):
-        ACTED_REPORTS["attribution"].check_compare(Acted, [("base", "p4")])
+        BY_NAME["attribution"].load("report").check_compare(Acted, [("base", "p4")])
     with pytest.raises(ReportError, match="--compare: not for an intervention protocol"):
-        ACTED_REPORTS["intervention"].check_compare(Acted, [("base_reg4", "base")])
+        BY_NAME["intervention"].load("report").check_compare(Acted, [("base_reg4", "base")])
     with pytest.raises(ReportError, match="an arm against itself"):
         parse_compare(["base:base"])
 

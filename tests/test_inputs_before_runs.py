@@ -30,7 +30,7 @@ from studies.cli import main
 from studies.runtime import preflight
 from workbench.protocol import load_protocol
 from workbench.protocol.keys import key_rows
-from workbench.protocol.kinds import BY_NAME
+from workbench.kinds import BY_NAME
 
 TINY = yaml.safe_load(kinds.TINY_ABLATION.format(kind="input"))
 PRETRAINED = yaml.safe_load(kinds.PRETRAINED_SOURCE)["pretrained"]

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from reports.build import ACTED_REPORTS, REPORTED_KINDS
-from studies.cli import LAZY_COMMANDS
+import click
+
+from studies.cli import LAZY_COMMANDS, main as cli
 from tracking.record.queries import protocol_kind
-from workbench.protocol import PARSERS, kind_of
+from workbench.kinds import BY_NAME, DEFAULT_KIND, KINDS, PROTOCOL_KINDS, parsers
+from workbench.protocol import kind_of
 from workbench.protocol.keys import TITLES, key_rows
-from workbench.protocol.kinds import BY_NAME, DEFAULT_KIND, KINDS, PROTOCOL_KINDS
 
 
 class _Parent:
@@ -20,13 +21,30 @@ class _Parent:
 
 
 def test_every_kind_has_a_parser_keys_a_report_and_a_command():
-    assert tuple(PARSERS) == KINDS
-    assert sorted(REPORTED_KINDS) == sorted(KINDS)
-    assert set(ACTED_REPORTS) <= set(KINDS)
+    assert tuple(parsers()) == KINDS
+    formats = set()
     for kind in PROTOCOL_KINDS:
+        assert callable(kind.load("parser")), kind.name
         assert kind.command in LAZY_COMMANDS, f"{kind.name}: no command {kind.command!r}"
+        runner = kind.load("runner")
+        assert isinstance(runner, click.Command) and runner.name == kind.command, kind.name
+        assert cli.get_command(click.Context(cli), kind.command).callback is not None
         assert key_rows(kind.name), f"{kind.name}: no keys in the reference"
         assert TITLES[kind.name].startswith(f"{kind.name.capitalize()} protocol (`workbench ")
+        report = kind.load("report")
+        for answer in ("build", "by_name", "rebuild"):
+            assert callable(getattr(report, answer, None)), f"{kind.name}: report lacks {answer}"
+        formats.add(report.evidence_format)
+    assert len(formats) == len(KINDS), "two kinds' evidence exports declare the same format"
+
+
+def test_a_bad_path_in_the_table_is_named_when_loaded():
+    from workbench.kinds import load_path
+
+    with pytest.raises(ModuleNotFoundError, match="workbench.nope"):
+        load_path("workbench.nope:thing")
+    with pytest.raises(AttributeError, match="no_such_parser"):
+        load_path("workbench.protocol.ablation:no_such_parser")
 
 
 @pytest.mark.parametrize("kind", [k for k in KINDS if k != DEFAULT_KIND])

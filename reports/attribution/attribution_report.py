@@ -12,6 +12,7 @@ the CLS attention they get, their causal effect) with histograms. Numbers come f
 from __future__ import annotations
 
 import math
+import sys
 
 import numpy as np
 import torch
@@ -35,6 +36,7 @@ from reports.attribution.faithfulness import (
     mean_curves,
 )
 from reports.common.report_parts import (
+    ActedReport,
     FLAG,
     ActedBlocks,
     SPLIT_WORDS,
@@ -742,3 +744,7 @@ def _images_words(s) -> str:
         "stratified": f"a class-stratified sample (seed {s.sample_seed}) of {s.images:,}",
         "indices": f"the {s.images:,} named",
     }[s.sample]
+
+
+# This kind's report builder, which the table of kinds names.
+REPORT = ActedReport(sys.modules[__name__])

@@ -16,12 +16,27 @@ from types import ModuleType
 from typing import Any
 
 from reports import provenance
-from reports.collect import ReportError, newer_attempts, resolve_hash, shown_path
-from reports.output import ReportResult, Summary, log_report, results_text, write_report
+from reports.collect import (
+    ReportError,
+    check_rebuild_folder,
+    newer_attempts,
+    recorded_file,
+    resolve_hash,
+    shown_path,
+)
+from reports.output import (
+    ReportRequest,
+    ReportResult,
+    Summary,
+    log_report,
+    refuse_interactions,
+    results_text,
+    write_report,
+)
 from reports.render import Block, Bullets, Heading, Para, Table
 from tracking.record import queries
-from workbench.protocol import SHORT_HASH_LEN
-from workbench.protocol.kinds import BY_NAME
+from workbench.protocol import SHORT_HASH_LEN, load_any
+from workbench.kinds import BY_NAME
 
 FLAG = "⚠"
 SPLIT_WORDS = {"val": "validation", "test": "test"}
@@ -185,7 +200,7 @@ class ActedReport:
     """The report of a kind that acts on trained models, from the kind's report module.
 
     The module (``reports/<kind>/<kind>_report.py``) names: ``READOUT`` (its ``Readout`` class:
-    the ``kind``, a name of the table of kinds ``workbench.protocol.kinds``, and ``from_store``,
+    the ``kind``, a name of the table of kinds ``workbench.kinds``, and ``from_store``,
     ``(protocol, digest)`` -> its readout from the store), ``EVIDENCE`` (its evidence module:
     ``export_evidence``, ``(folder, readout, inputs, log_targets)`` -> the folder written,
     ``load_evidence``, folder -> an export read back: ``study``, ``inputs``, ``logged_to``, and
@@ -200,21 +215,24 @@ class ActedReport:
         self.kind: str = self.readout.kind
         self.evidence_format: str = self.evidence.FORMAT
 
-    def build(
-        self,
-        protocol,
-        out_root: Path,
-        hash_prefix: str | None,
-        n_resamples: int,
-        *,
-        log: bool,
-        strict: bool,
-        evidence: bool,
-        compare: list[tuple[str, str]] | None = None,
-    ) -> ReportResult:
-        """Build, write and (optionally) log the report, and with ``evidence`` export what it was
-        computed from to ``<out_root>/<name>/evidence/``. ``compare``: arm pairs, for the kinds
-        whose module sets ``COMPARES_ARMS`` (refused in one line for the others)."""
+    def build(self, path: Path, request: ReportRequest) -> ReportResult:
+        """Build, write and (optionally) log the report of the protocol file ``path``, and with
+        ``request.evidence`` export what it was computed from to ``<out_root>/<name>/evidence/``.
+        ``request.compare``: arm pairs, for the kinds whose module sets ``COMPARES_ARMS``
+        (refused in one line for the others)."""
+        refuse_interactions(request, BY_NAME[self.kind].article)
+        protocol = load_any(path)
+        out_root, hash_prefix, n_resamples = (
+            request.out_root,
+            request.hash_prefix,
+            request.n_resamples,
+        )
+        log, strict, evidence, compare = (
+            request.log,
+            request.strict,
+            request.evidence,
+            list(request.compare),
+        )
         self.check_compare(protocol, compare or [])
         counts = queries.hash_counts(protocol.name)
         digest = resolve_hash(protocol.name, counts, hash_prefix, protocol.hash)
@@ -253,6 +271,20 @@ class ActedReport:
                 f"(rebuild: workbench report --from-evidence {folder} --out-dir DIR)"
             )
         return result
+
+    def by_name(self, name: str, request: ReportRequest) -> ReportResult | None:
+        """The report of a protocol given by name: None when the store holds no study of this kind
+        by that name; built from the protocol file its parent recorded when it was kept outside
+        studies/protocols/; refused in one line otherwise (the file is needed)."""
+        if not queries.holds_study(name, self.kind):
+            return None
+        recorded = recorded_file(name)
+        if recorded is None:
+            raise ReportError(
+                f"{name} is {BY_NAME[self.kind].article} protocol: report it with its protocol "
+                "file (studies/protocols/<name>.yaml or a path)"
+            )
+        return self.build(recorded, request)
 
     def check_compare(self, protocol, compare: list[tuple[str, str]]) -> None:
         """Refuse ``--compare`` for a kind that compares no arms, or naming an arm the protocol lacks."""
@@ -304,9 +336,8 @@ class ActedReport:
             summary=summary,
         )
 
-    def rebuild(self, evidence_dir: Path, out_root: Path, check_folder: Callable) -> ReportResult:
-        """The report rebuilt from an export of this kind; ``check_folder(evidence_dir, out_root, name)``
-        refuses an output folder that holds the export."""
+    def rebuild(self, evidence_dir: Path, out_root: Path) -> ReportResult:
+        """The report rebuilt from an export of this kind alone (no store is opened)."""
         loaded = self.evidence.load_evidence(evidence_dir)
-        check_folder(evidence_dir, out_root, loaded.study.protocol.name)
+        check_rebuild_folder(evidence_dir, out_root, loaded.study.protocol.name)
         return self.render(loaded.study, loaded.inputs, Path(out_root), loaded.logged_to)

@@ -11,11 +11,13 @@ every cell logged; the results paragraphs from ``workbench.report_content.interv
 from __future__ import annotations
 
 import math
+import sys
 
 import numpy as np
 
 from reports import provenance
 from reports.common.report_parts import (
+    ActedReport,
     ActedBlocks,
     SPLIT_WORDS,
     acted_on_table,
@@ -359,3 +361,7 @@ def _parse_head(name: str) -> HeadAblation | None:
 
     item = None if name.startswith("set.") else parse(name)
     return item if isinstance(item, HeadAblation) else None
+
+
+# This kind's report builder, which the table of kinds names.
+REPORT = ActedReport(sys.modules[__name__])

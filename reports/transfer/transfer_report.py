@@ -21,11 +21,12 @@ from reports.output import ReportResult, Summary, paired_metrics, results_text, 
 from reports.transfer.transfer_data import TransferReportData, compute_section, load_data
 from tracking.record import queries
 from tracking.record.queries import CellRecord
-from workbench.protocol import SHORT_HASH_LEN, TransferProtocol, load_transfer_protocol
+from workbench.protocol import SHORT_HASH_LEN, TransferProtocol, kind_of, load_transfer_protocol
 from workbench.report_content.cost import arm_cost, training_cost
 from workbench.transfer.report import TransferSection
 
 FLAG = "⚠"
+KIND = "transfer"  # the name the table of kinds (workbench.kinds) gives this report's kind
 
 
 def _source_config(canonical: dict, num_classes: int):
@@ -270,7 +271,7 @@ def stored_protocol(name: str, digest: str) -> tuple[TransferProtocol, str] | No
                     parent.run_id, "protocol/canonical.json", Path(tmp)
                 ).read_text(encoding="utf-8")
             )
-            if canonical.get("kind") != "transfer":
+            if kind_of(canonical) != KIND:
                 return None
             for suffix in (".yaml", ".yml"):
                 artifact = f"protocol/{name}{suffix}"

@@ -8,7 +8,7 @@ import click
 
 from workbench.atomic import atomic_write_bytes
 from workbench.protocol.keys import kind_markdown, reference_markdown, replace_reference
-from workbench.protocol.kinds import KINDS
+from workbench.kinds import KINDS
 
 
 @click.group("protocol")

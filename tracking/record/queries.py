@@ -33,7 +33,7 @@ from tracking.record.schema import (
 )
 from tracking.store import ui_links
 from tracking.store.session import configure_tracking
-from workbench.protocol.kinds import DEFAULT_KIND, PROTOCOL_KINDS
+from workbench.kinds import DEFAULT_KIND, PROTOCOL_KINDS
 from workbench.report_content.portable import portable_text
 
 PAGE_SIZE = 1000  # below every store's per-page cap; pages are followed to the end
@@ -116,7 +116,7 @@ class ProtocolEntry:
     newest_parent: str
     parent_status: str
     start_time: int
-    kind: str  # a name of workbench.protocol.kinds.KINDS
+    kind: str  # a name of workbench.kinds.KINDS
     cell_status: dict[str, int]  # status -> cell runs of the newest hash
     hashes: int
 

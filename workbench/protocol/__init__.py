@@ -39,7 +39,7 @@ from workbench.protocol.common import (
     read_yaml,
 )
 from workbench.protocol.files import load_file
-from workbench.protocol.kinds import KINDS, kind_of
+from workbench.kinds import kind_of, parsers
 from workbench.protocol.intervention import (
     InterventionCell,
     InterventionProtocol,
@@ -97,23 +97,15 @@ __all__ = [
 ]
 
 AnyProtocol = Protocol | TransferProtocol | InterventionProtocol | AttributionProtocol
-_PARSE = {
-    "ablation": parse_protocol,
-    "transfer": parse_transfer_protocol,
-    "intervention": parse_intervention_protocol,
-    "attribution": parse_attribution_protocol,
-}
-# One parser per kind of the table, in its order: a kind without one fails here, at import.
-PARSERS = {kind: _PARSE[kind] for kind in KINDS}
 
 
 def parse_any(data: Any, source: str = "<protocol>") -> AnyProtocol:
     """Validate parsed content of any kind."""
-    return PARSERS[kind_of(data)](data, source=source)
+    return parsers()[kind_of(data)](data, source=source)
 
 
 def _load(path: str | Path, expected: str | None) -> AnyProtocol:
-    return load_file(path, expected, PARSERS)
+    return load_file(path, expected)
 
 
 def load_any(path: str | Path) -> AnyProtocol:

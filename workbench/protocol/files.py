@@ -1,22 +1,19 @@
 """Protocol files of every kind: which kind a file holds, and reading one that must be of a given kind.
 
-The parsers are passed in (``workbench.protocol.PARSERS``) rather than imported: an intervention
-protocol reads the ablation protocol it acts on through here, so this module imports no kind. Which
-kind a file holds is the table's (``workbench.protocol.kinds.kind_of``).
+The parsers come from the table of kinds (``workbench.kinds``), imported when a file is
+read: an intervention protocol reads the ablation protocol it acts on through here, so this module
+imports no kind. Which kind a file holds is the table's (``kind_of``).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Callable
 
 from workbench.protocol.common import ProtocolError, read_yaml
-from workbench.protocol.kinds import BY_NAME, kind_of
-
-Parsers = dict[str, Callable[..., Any]]  # kind -> parse(data, source=...)
+from workbench.kinds import BY_NAME, kind_of, parsers
 
 
-def load_file(path: str | Path, expected: str | None, parsers: Parsers):
+def load_file(path: str | Path, expected: str | None):
     """Read, validate and hash the protocol file ``path``, which must be of kind ``expected`` (any: None).
 
     Raises:
@@ -26,10 +23,9 @@ def load_file(path: str | Path, expected: str | None, parsers: Parsers):
     path = Path(path)
     data = read_yaml(path)
     kind = kind_of(data)
-    parse = parsers.get(kind)
+    parse = parsers()[kind]
     if expected and kind != expected:
-        if parse is not None:
-            parse(data, source=str(path))  # a broken file's own problem first: it names the key
+        parse(data, source=str(path))  # a broken file's own problem first: it names the key
         raise ProtocolError(
             f"{path}: is {BY_NAME[kind].article} protocol, not {BY_NAME[expected].article} protocol"
         )

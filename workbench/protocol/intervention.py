@@ -66,10 +66,9 @@ from workbench.models.registry import model_config
 from workbench.models.timm_arm import TimmModelConfig
 from workbench.models.vit import ViTConfig
 from workbench.protocol import common
-from workbench.protocol.ablation import parse_protocol
 from workbench.protocol.common import SCHEMA_VERSION, SHORT_HASH_LEN, ProtocolError, canonical_json
 from workbench.protocol.files import load_file
-from workbench.protocol.transfer import parse_transfer_protocol
+from workbench.kinds import DEFAULT_KIND
 
 TOP_KEYS = (
     "name",
@@ -651,15 +650,7 @@ def acts_on_section(
     path = Path(source).parent / f"{name}.yaml"
     if not path.is_file():
         raise fail(f"acts_on.protocol={name!r}: no protocol file {path}")
-    acted = load_file(
-        path,
-        "ablation",
-        {
-            "ablation": parse_protocol,
-            "transfer": parse_transfer_protocol,
-            "intervention": parse_intervention_protocol,
-        },
-    )
+    acted = load_file(path, DEFAULT_KIND)  # cells are trained by the default kind
     if raw["hash"] != acted.hash:
         raise fail(
             f"acts_on.hash={raw['hash']!r}: {path} has hash {acted.hash}; the cells acted on are pinned "

@@ -26,7 +26,7 @@ from workbench.models.cnn import CNNConfig
 from workbench.models.registry import STUDY_MODELS
 from workbench.models.vit_config import ViTConfig
 from workbench.protocol import ablation, attribution, intervention, transfer
-from workbench.protocol.kinds import BY_NAME, KINDS
+from workbench.kinds import BY_NAME, KINDS
 from workbench.train.config import (
     DataSpec,
     FastPathConfig,
@@ -299,27 +299,15 @@ def field_rows(
     return rows
 
 
-# Top-level keys whose meaning differs by kind.
-KIND_TOP_MEANINGS = {
-    "transfer": {
-        "run": "Batching and numerics of every regime: section `run` below.",
-        "evaluation": "The bootstrap of the test intervals and paired comparisons: section `evaluation` below.",
-    },
-    "intervention": {
-        "evaluation": "Where and how every intervention is measured: section `evaluation` below."
-    },
-    "attribution": {
-        "evaluation": "The report's intervals (t over seeds, hierarchical bootstrap): section `evaluation` below."
-    },
-    "ablation": {},
-}
-
-
-def top_rows(kind: str, keys: tuple[str, ...], required: tuple[str, ...]) -> list[KeyRow]:
+def top_rows(
+    keys: tuple[str, ...], required: tuple[str, ...], meanings: dict[str, str] | None = None
+) -> list[KeyRow]:
+    """The top-level keys' rows; ``meanings`` replaces the shared meaning of a key whose meaning
+    is the kind's own."""
     rows = []
     for key in keys:
         typ, default, meaning = TOP_MEANINGS[key]
-        meaning = KIND_TOP_MEANINGS[kind].get(key) or meaning
+        meaning = (meanings or {}).get(key) or meaning
         rows.append(KeyRow("(top)", key, typ, "required" if key in required else default, meaning))
     return rows
 
@@ -379,9 +367,9 @@ def model_rows() -> list[KeyRow]:
     return rows
 
 
-def _ablation_rows() -> list[KeyRow]:
+def ablation_rows() -> list[KeyRow]:
     return [
-        *top_rows("ablation", ablation.TOP_KEYS, ablation.REQUIRED_TOP),
+        *top_rows(ablation.TOP_KEYS, ablation.REQUIRED_TOP),
         *field_rows("dataset", DataSpec, ablation.DATASET_KEYS),
         *model_rows(),
         *field_rows("optim", OptimConfig, ablation.OPTIM_KEYS),
@@ -392,10 +380,14 @@ def _ablation_rows() -> list[KeyRow]:
     ]
 
 
-def _transfer_rows() -> list[KeyRow]:
+def transfer_rows() -> list[KeyRow]:
     regime = tuple(k for k in transfer.REGIME_KEYS if k not in transfer.OPTIM_KEYS)
+    meanings = {
+        "run": "Batching and numerics of every regime: section `run` below.",
+        "evaluation": "The bootstrap of the test intervals and paired comparisons: section `evaluation` below.",
+    }
     return [
-        *top_rows("transfer", transfer.TOP_KEYS, transfer.REQUIRED_TOP),
+        *top_rows(transfer.TOP_KEYS, transfer.REQUIRED_TOP, meanings),
         *field_rows("source", transfer.SourceSpec, dataclass_keys(transfer.SourceSpec)),
         *field_rows("dataset", transfer.TransferData, dataclass_keys(transfer.TransferData)),
         *field_rows("run", transfer.TransferRunSpec, dataclass_keys(transfer.TransferRunSpec)),
@@ -405,9 +397,12 @@ def _transfer_rows() -> list[KeyRow]:
     ]
 
 
-def _intervention_rows() -> list[KeyRow]:
+def intervention_rows() -> list[KeyRow]:
+    meanings = {
+        "evaluation": "Where and how every intervention is measured: section `evaluation` below."
+    }
     return [
-        *top_rows("intervention", intervention.TOP_KEYS, intervention.REQUIRED_TOP),
+        *top_rows(intervention.TOP_KEYS, intervention.REQUIRED_TOP, meanings),
         *field_rows("acts_on", intervention.ActsOn, dataclass_keys(intervention.ActsOn)),
         *field_rows("pretrained", intervention.Pretrained, dataclass_keys(intervention.Pretrained)),
         *field_rows("interventions", intervention.Grid, dataclass_keys(intervention.Grid)),
@@ -422,9 +417,12 @@ def _intervention_rows() -> list[KeyRow]:
     ]
 
 
-def _attribution_rows() -> list[KeyRow]:
+def attribution_rows() -> list[KeyRow]:
+    meanings = {
+        "evaluation": "The report's intervals (t over seeds, hierarchical bootstrap): section `evaluation` below."
+    }
     return [
-        *top_rows("attribution", attribution.TOP_KEYS, attribution.REQUIRED_TOP),
+        *top_rows(attribution.TOP_KEYS, attribution.REQUIRED_TOP, meanings),
         *field_rows("acts_on", intervention.ActsOn, dataclass_keys(intervention.ActsOn)),
         *field_rows("pretrained", intervention.Pretrained, dataclass_keys(intervention.Pretrained)),
         *field_rows(
@@ -440,19 +438,11 @@ def _attribution_rows() -> list[KeyRow]:
     ]
 
 
-ROWS = {
-    "ablation": _ablation_rows,
-    "transfer": _transfer_rows,
-    "intervention": _intervention_rows,
-    "attribution": _attribution_rows,
-}
-
-
 def key_rows(kind: str) -> list[KeyRow]:
     """Every key of a protocol kind, section by section, in file order."""
-    if kind not in ROWS:
+    if kind not in BY_NAME:
         raise ValueError(f"unknown protocol kind {kind!r}; one of {', '.join(KINDS)}")
-    return ROWS[kind]()
+    return BY_NAME[kind].load("key_rows")()
 
 
 def dataclass_keys(cls: type) -> tuple[str, ...]:

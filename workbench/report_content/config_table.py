@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from workbench.kinds import DEFAULT_KIND, kind_of
 from workbench.report_content.cost import model_cost, vit_regime_cost
 
 NATIVE_IMAGE_SIZE = {
@@ -313,9 +314,9 @@ def config_table(canonical: Mapping[str, Any], source_cfg: Any = None) -> Config
             the trained-parameter counts; without it they are "n/a".
     """
     try:
-        if canonical.get("kind") == "transfer" or "regimes" in canonical:
-            return _transfer_table(canonical, source_cfg)
-        return _ablation_table(canonical)
+        if kind_of(canonical) == DEFAULT_KIND:  # arms; the other kind with a table has regimes
+            return _ablation_table(canonical)
+        return _transfer_table(canonical, source_cfg)
     except KeyError as err:
         raise ValueError(
             f"protocol {canonical.get('name', '?')!r}: canonical form lacks key {err}"
