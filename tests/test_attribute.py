@@ -259,18 +259,16 @@ def test_a_pretrained_timm_vit_on_an_image_folder(tmp_path, mlflow_store, monkey
     _, path, cell = kinds.run_pretrained(
         tmp_path, monkeypatch, "tiny_timm_faithfulness", PRETRAINED, attribute
     )
-    assert (
-        cell.data.metrics["patches"] == 4
-    )  # 16 px, patch 8; the class and register tokens are never scored
+    # 16 px, patch 8; the class and register tokens are never scored
+    assert cell.data.metrics["patches"] == 4
     local = kinds.artifacts(cell) / "attribution"
     with np.load(local / "per_image.npz") as z:
         assert set(np.unique(z["labels"])) <= {4, 0, 2}, (
             "labels are the model's output indices of the classes"
         )
         assert int(z["prefix"]) == 2 and z["prefix_norms"].shape == (2, 6, 2)
-        on_registers = z[
-            "cls_attention_on_registers"
-        ]  # (blocks, images): the one register's share of CLS attention
+        # (blocks, images): the one register's share of CLS attention
+        on_registers = z["cls_attention_on_registers"]
         assert on_registers.shape == (2, 6) and (on_registers > 0).all()
         register_norm = z["prefix_norms"][1, :, 1].mean()
     m = cell.data.metrics
@@ -361,6 +359,29 @@ def test_the_evidence_ships_the_acted_on_weights_and_the_study_re_runs_from_them
     monkeypatch.setattr(acted_weights, "PUBLISHED", tmp_path / "nowhere")
     with pytest.raises(Exception, match="no published evidence folder under"):
         build_report(str(path), tmp_path / "reports_none", n_resamples=50, evidence=True)
+
+    # A study published before its export shipped weights gets them from rebuilt cells: the same
+    # files and manifest, keyed by the acted-on run, with the rebuilt run and its proof.
+    import shutil
+
+    from tracking.export.acted_weights import attach_rebuilt_weights
+    from workbench.protocol import load_any
+
+    kinds.use_store(monkeypatch, tmp)  # the store that holds the trained runs (the "rebuilt" ones)
+    bare = tmp_path / "bare_evidence"
+    shutil.copytree(evidence, bare)
+    shutil.rmtree(bare / "weights")
+    protocol = load_any(path)
+    cells = [
+        (c["arm"], c["seed"], c["source_run_id"], c["source_run_id"], "rebuilt in a test")
+        for c in manifest["cells"]
+    ]
+    attach_rebuilt_weights(bare, protocol.acts_on, cells)
+    attached = json.loads((bare / "weights" / "manifest.json").read_text())
+    assert [c.pop("rebuilt")["proof"] for c in attached["cells"]] == ["rebuilt in a test"] * 2
+    assert attached == manifest
+    for name in manifest["cells"][0]["files"]:
+        assert (bare / name).read_bytes() == (evidence / name).read_bytes(), name
 
     weights = next((evidence / "weights").glob("vit.seed0/model.safetensors"))
     weights.write_bytes(weights.read_bytes()[:-1] + b"\0")

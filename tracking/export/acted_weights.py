@@ -144,3 +144,44 @@ def weights_readme_item(cells: int) -> str:
   names each cell's trained run id, the data and split fingerprints it was trained on, and the
   sha256 of every file, which `--cells-from` checks before it reads a byte of the weights.
 """
+
+
+def attach_rebuilt_weights(
+    evidence: Path, acts_on, cells: list[tuple[str, int, str, str, str]]
+) -> set[Path]:
+    """Ship the weights of cells rebuilt bit for bit beside a published acting study's evidence.
+
+    For a study published before its export shipped weights: the trained runs it acted on are gone,
+    but each was rebuilt by ``workbench reproduce --level bitwise`` (or shown equal by re-running
+    the study) into the current store. ``cells``: ``(arm, seed, acted-on run id the evidence
+    names, rebuilt run id in this store, proof)``, the proof saying how the rebuilt cell was shown
+    to be the acted-on one. The manifest keys each cell by the acted-on run id, so
+    ``--cells-from`` re-runs the study keyed as published, and records the rebuilt run and proof. Nothing else in the
+    evidence changes. Returns the paths written.
+    """
+    entries, written = [], set()
+    for arm, seed, acted_run, rebuilt_run, proof in sorted(cells):
+        if not _in_store(rebuilt_run):
+            raise WeightsExportError(
+                f"rebuilt run {rebuilt_run} ({arm}/seed{seed}) is not in this store"
+            )
+        params, files = _cell_files(rebuilt_run)
+        for name, data in files.items():
+            path = evidence / WEIGHTS_DIR / cell_stem(arm, seed) / name
+            atomic_write_bytes(path, data, FILE_MODE)
+            written.add(path)
+        entry = manifest_entry(
+            arm=arm,
+            seed=seed,
+            run_id=acted_run,
+            protocol=acts_on.protocol,
+            protocol_hash=acts_on.hash,
+            params=params,
+            files=files,
+        )
+        entry["rebuilt"] = {"run_id": rebuilt_run, "proof": proof}
+        entries.append(entry)
+    doc = {"format": MANIFEST_FORMAT, "cells": entries}
+    text = json.dumps(doc, sort_keys=True, indent=1) + "\n"
+    atomic_write_bytes(evidence / MANIFEST, text.encode("utf-8"), FILE_MODE)
+    return written | {evidence / MANIFEST}
