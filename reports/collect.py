@@ -32,10 +32,11 @@ from workbench.report_content.portable import relative
 PROTOCOL_DIR = Path(__file__).resolve().parent.parent / "studies" / "protocols"
 CURVE_METRICS = ("val_accuracy", "val_loss", "train_accuracy", "train_loss")
 COST_METRICS = ("epoch_seconds",)  # per-epoch training wall time: the cost table sums it
+# the per-seed value of each split
 METRIC_KEYS = {
     "val": "best_val_accuracy",
     "test": "test_accuracy",
-}  # the per-seed value of each split
+}
 
 
 class ReportError(ValueError):
@@ -72,9 +73,8 @@ class CellData:
     record: CellRecord
     predictions: dict[str, pd.DataFrame] = field(default_factory=dict)
     curves: dict[str, dict[int, float]] = field(default_factory=dict)
-    sources: dict[str, str] = field(
-        default_factory=dict
-    )  # split -> sha256 of the predictions file as logged
+    # split -> sha256 of the predictions file as logged
+    sources: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -91,15 +91,12 @@ class StudyData:
     parent_run_id: str | None  # newest parent run of this hash: the report is logged there
     commit_filter: str | None
     num_classes: int = 0
-    attempts: list[CellRecord] = field(
-        default_factory=list
-    )  # newer unfinished runs of reported cells
-    rebuilt_from: str = (
-        ""  # the evidence export the study was read from ("" when read from the store)
-    )
-    records: list[CellRecord] = field(
-        default_factory=list
-    )  # every cell run of the hash, any status, as read
+    # newer unfinished runs of reported cells
+    attempts: list[CellRecord] = field(default_factory=list)
+    # the evidence export the study was read from ("" when read from the store)
+    rebuilt_from: str = ""
+    # every cell run of the hash, any status, as read
+    records: list[CellRecord] = field(default_factory=list)
 
 
 def _spec_from_canonical(canonical: dict, digest: str, source: str) -> ProtocolSpec:

@@ -417,9 +417,8 @@ def _evidence(folder: Path, doc: dict) -> Evidence:
         build["commit"],
         cell_data,
     )
-    study.num_classes = int(
-        build["num_classes"]
-    )  # the logged files' probability columns, not exported
+    # the logged files' probability columns, not exported
+    study.num_classes = int(build["num_classes"])
     study.rebuilt_from = f"{spec.name}/{EVIDENCE_DIR}"
     inputs = BuildInputs(
         p["source"],

@@ -34,9 +34,8 @@ from workbench.report_content.numbers import mean_interval
 from workbench.report_content.rounding import fmt
 from workbench.transfer.report import TransferSection
 
-REPORT_FILE_MODE = (
-    0o666  # masked by the umask like any file open() creates: 0644 (group-readable) under umask 022
-)
+# masked by the umask like any file open() creates: 0644 (group-readable) under umask 022
+REPORT_FILE_MODE = 0o666
 
 
 @dataclass(frozen=True)
@@ -92,30 +91,25 @@ class ReportResult:
     study: StudyData | None = None  # ablation protocols
     summaries: dict[str, list[tables.ArmSummary]] = field(default_factory=dict)
     comparisons: dict[str, list[tables.Comparison]] = field(default_factory=dict)
-    interactions: dict[str, list[tables.Interaction]] = field(
-        default_factory=dict
-    )  # split -> (a - b) - (c - d)
-    data_size: dict = field(
-        default_factory=dict
-    )  # split -> reports.data_size.size_reading.SizeReading, where the arms vary train_subset
+    # split -> (a - b) - (c - d)
+    interactions: dict[str, list[tables.Interaction]] = field(default_factory=dict)
+    # split -> reports.data_size.size_reading.SizeReading, where the arms vary train_subset
+    data_size: dict = field(default_factory=dict)
     logged_to: list[str] = field(default_factory=list)
     messages: list[str] = field(default_factory=list)  # what the command line should print
     section: TransferSection | None = None  # transfer protocols
-    problems: list[str] = field(
-        default_factory=list
-    )  # missing cells and stale runs: `--strict` exits 1 on any
-    summary: Summary | None = (
-        None  # what the parent run gets besides the files: comparisons as metrics, Results as text
-    )
+    # missing cells and stale runs: `--strict` exits 1 on any
+    problems: list[str] = field(default_factory=list)
+    # what the parent run gets besides the files: comparisons as metrics, Results as text
+    summary: Summary | None = None
 
 
 def log_report(result: ReportResult, folder: Path, targets: list[str] | None) -> None:
     """Log the report files to ``targets`` and to the ``mlflow run`` launcher run; ``None``: --no-log."""
     if targets is None:
         return
-    launcher = (
-        queries.launcher_run_id()
-    )  # `mlflow run -e report` wraps this process in a run: it gets a copy
+    # `mlflow run -e report` wraps this process in a run: it gets a copy
+    launcher = queries.launcher_run_id()
     for run_id in targets + ([launcher] if launcher and launcher not in targets else []):
         queries.log_report(run_id, folder)
         result.logged_to.append(run_id)
@@ -166,9 +160,8 @@ def write_report(folder: Path, blocks: list, title: str) -> list[Path]:
 
 # ---------------------------------------------------------------- the parent run's answer
 
-BUDGET = (
-    LIMIT - len(SEPARATOR) - 1000
-)  # leave the protocol's description at least a first paragraph below
+# leave the protocol's description at least a first paragraph below
+BUDGET = LIMIT - len(SEPARATOR) - 1000
 FOOTER = (
     "Every comparison's numbers are metrics of this run, `cmp.<a>_vs_<b>.<split>.<stat>`: `mean_diff`, "
     "`t_low` and `t_high` (t-interval over seeds), `boot_low` and `boot_high` (hierarchical bootstrap), `wins` of "

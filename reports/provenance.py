@@ -20,13 +20,13 @@ from workbench.report_content.portable import portable_text
 
 FLAG = "⚠"
 REBUILT_PREFIX = "Rebuilt offline from the evidence export"  # the one line a rebuilt report adds
-FINGERPRINT_CHARS = (
-    16  # at least 12 hex characters: enough to tell any two data versions apart by eye
-)
+# at least 12 hex characters: enough to tell any two data versions apart by eye
+FINGERPRINT_CHARS = 16
+# param or tag, whichever the run has
 CODE_FINGERPRINT_KEYS = (
     "code_fingerprint",
     "code.fingerprint",
-)  # param or tag, whichever the run has
+)
 
 
 def utc(ms: int) -> str:
@@ -202,9 +202,8 @@ class BuildInputs:
     bootstrap_seed: int
     confidence: float
     strict: bool
-    interactions: list[tuple[str, str, str, str]] = field(
-        default_factory=list
-    )  # (a, b, c, d): (a - b) - (c - d)
+    # (a, b, c, d): (a - b) - (c - d)
+    interactions: list[tuple[str, str, str, str]] = field(default_factory=list)
 
 
 def header_bullets(

@@ -195,9 +195,8 @@ def comparison_section(study: StudyData, items: dict[str, list], n_resamples: in
                     *[diffs.get(x, "missing") for x in seeds],
                     fmt(100 * p.mean_difference, 2, True),
                     f"[{fmt(100 * p.ci_low, 2, True)}, {fmt(100 * p.ci_high, 2, True)}]"
-                    + (
-                        f" {FLAG}" if p.ci_high == p.ci_low else ""
-                    ),  # zero width: no spread, never certainty
+                    # zero width: no spread, never certainty
+                    + (f" {FLAG}" if p.ci_high == p.ci_low else ""),
                     boot,
                     effect,
                     won,

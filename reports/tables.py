@@ -201,9 +201,8 @@ class Interaction:
     expected_n: int
     paired: stats.PairedComparison | None  # None when no seed has all four arms
     bootstrap: stats.CI | None
-    values: dict[str, dict[int, float]] = field(
-        default_factory=dict
-    )  # arm -> seed -> value, the shared seeds
+    # arm -> seed -> value, the shared seeds
+    values: dict[str, dict[int, float]] = field(default_factory=dict)
     note: str = ""
 
 

@@ -164,9 +164,10 @@ _USER_ERROR_NAMES = {"MlflowException", "OptunaError", "SafetensorError", "YAMLE
 
 def one_line(err: BaseException) -> str:
     """The exception's message as one line (KeyError's quotes removed, CUDA errors explained, secrets masked)."""
+    # MLflow's messages quote the tracking URL as given, password and all
     from tracking.store.redact import (
         redact_text,
-    )  # MLflow's messages quote the tracking URL as given, password and all
+    )
 
     if isinstance(err, KeyError) and type(err).__str__ is KeyError.__str__ and len(err.args) == 1:
         text = str(err.args[0])
@@ -176,9 +177,10 @@ def one_line(err: BaseException) -> str:
         " ".join(line.strip() for line in redact_text(text).splitlines() if line.strip())
         or type(err).__name__
     )
+    # a store that is read-only, full or not a database
     from tracking.store.store_errors import (
         explain,
-    )  # a store that is read-only, full or not a database
+    )
 
     store_problem = explain(err)
     if store_problem:

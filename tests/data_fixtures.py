@@ -184,8 +184,19 @@ def assert_equal_arrays(actual, expected, what: str = "") -> None:
     assert np.array_equal(actual, expected), f"{what}: max |diff| = {max_diff(actual, expected)}"
 
 
+# fmt: skip
 __all__ = [
-    "CIFAR_CLASSES", "FASHION_FILES", "assert_equal_arrays", "io", "make_cifar_batches",
-    "make_fashion_mnist", "make_image_folder", "make_retinamnist", "make_tar", "max_diff", "md5",
-    "trust_cifar_batches", "trust_fashion_mnist",
-]  # fmt: skip
+    "CIFAR_CLASSES",
+    "FASHION_FILES",
+    "assert_equal_arrays",
+    "io",
+    "make_cifar_batches",
+    "make_fashion_mnist",
+    "make_image_folder",
+    "make_retinamnist",
+    "make_tar",
+    "max_diff",
+    "md5",
+    "trust_cifar_batches",
+    "trust_fashion_mnist",
+]

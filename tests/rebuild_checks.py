@@ -197,9 +197,8 @@ def attribution_differences(folder: Path, tolerance: float = 1e-9) -> tuple[int,
     study = attribution_evidence.load_evidence(folder / "evidence").study
     confidence = study.protocol.evaluation.confidence
     text = (folder / "report.md").read_text()
-    title = text.split("\n", 1)[
-        0
-    ]  # the page's "# Report: ..." heading: every section's place starts with it
+    # the page's "# Report: ..." heading: every section's place starts with it
+    title = text.split("\n", 1)[0]
     published = numbers_by_place(text)
     checked, diffs = 0, []
     for arm in study.protocol.arms:
@@ -286,9 +285,8 @@ def transfer_differences(folder: Path, tolerance: float = 0.0) -> tuple[int, lis
 
     for label, name in (("QWK", "qwk"), ("accuracy", "accuracy"), ("macro-F1", "macro_f1")):
         shown = column("Test metrics per cell", label)
-        expected = [
-            fmt(values[key][name], 3) for key in keys
-        ]  # the report's rounding (half up, on the decimal)
+        # the report's rounding (half up, on the decimal)
+        expected = [fmt(values[key][name], 3) for key in keys]
         checked += len(expected)
         if [numbers[:1] for numbers in shown] != [[e] for e in expected]:
             diffs.append(

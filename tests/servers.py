@@ -136,9 +136,8 @@ class ServerProcess:
             return
         self._signal(15)
         try:
-            self.proc.wait(
-                timeout=5
-            )  # a graceful uvicorn shutdown can take long; the data is committed
+            # a graceful uvicorn shutdown can take long; the data is committed
+            self.proc.wait(timeout=5)
         except subprocess.TimeoutExpired:
             self.kill()
 

@@ -83,9 +83,8 @@ def test_a_young_or_held_temp_file_is_kept(tmp_path):
         age(path)
     fd = os.open(held, os.O_RDONLY)
     try:
-        fcntl.flock(
-            fd, fcntl.LOCK_EX
-        )  # another open file description: as a writer in this process would hold it
+        # another open file description: as a writer in this process would hold it
+        fcntl.flock(fd, fcntl.LOCK_EX)
         assert remove_abandoned_temp_files(tmp_path) == [abandoned]
     finally:
         os.close(fd)

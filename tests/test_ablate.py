@@ -393,9 +393,8 @@ def test_sigkilled_ablate_resumes_only_what_is_missing(setup):
         rf"(resumed from epoch \d step \d+|restarted from scratch) in run {killed[0]}",
         done.stdout + done.stderr,
     ), done.stdout[-3000:]
-    assert (
-        f"marked run {killed[0]}" in done.stdout + done.stderr
-    )  # the dead execution's runs: KILLED first
+    # the dead execution's runs: KILLED first
+    assert f"marked run {killed[0]}" in done.stdout + done.stderr
     after = cell_runs(client, "tiny")
     assert len(after) == 4 and all(r.info.status == "FINISHED" for r in after)
     assert set(before) <= {r.info.run_id for r in after}, (

@@ -271,9 +271,8 @@ def test_a_killed_worker_is_named_and_replaced_and_no_secret_reaches_a_workers_a
         "cells: 4 run, 0 already finished (skipped), 0 failed; 1 worker(s) died ([job N] lines above say how), "
         "1 replaced" in text
     ), text[-3000:]
-    assert len(re.findall(r"resumed from epoch \d+", text)) == 1, text[
-        -4000:
-    ]  # the killed worker's cell
+    # the killed worker's cell
+    assert len(re.findall(r"resumed from epoch \d+", text)) == 1, text[-4000:]
     client = MlflowClient()
     cells = assert_record_clean(client, "FINISHED")
     assert sorted(r.info.status for r in cells) == ["FINISHED"] * 4
@@ -434,10 +433,14 @@ def test_jobs_benchmark_logs_its_verdicts_and_load(mlflow_store, tmp_path):
     for name in ("results.csv", "summary.md"):
         (tmp_path / name).write_text(text)
     decision = layout_decision(rows, (1, 2))
+    # fmt: skip
     run_id = log_jobs_benchmark(
-        per_layout, tmp_path, {"protocol": "p", "layouts": "2x1,1x2"}, decision,
+        per_layout,
+        tmp_path,
+        {"protocol": "p", "layouts": "2x1,1x2"},
+        decision,
         Load(5.0, 6.0, 2).as_dict(),
-    )  # fmt: skip
+    )
     run = MlflowClient().get_run(run_id)
     assert run.data.tags["verdict.layouts.2x1_vs_1x2"] == "faster", run.data.tags
     assert run.data.tags["use.layouts"].startswith("2x1 (resolved faster")

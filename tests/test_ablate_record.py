@@ -108,9 +108,8 @@ def test_every_execution_reattaches_the_one_parent_and_records_itself(study, mon
     monkeypatch.setenv("WORKBENCH_USER", "alice")
     assert [o.status for o in run()] == ["finished", "finished"]
     (first,) = runs(client, "parent")
-    monkeypatch.setenv(
-        "WORKBENCH_USER", "colab"
-    )  # another account reattaches it (a worker): not its creator
+    # another account reattaches it (a worker): not its creator
+    monkeypatch.setenv("WORKBENCH_USER", "colab")
     assert [o.status for o in run()] == ["skipped", "skipped"]
     (parent,) = runs(client, "parent")
     assert parent.info.status == "FINISHED"
@@ -241,9 +240,8 @@ def test_a_dead_executions_runs_are_killed_and_its_cell_resumes_under_the_one_pa
     )
     stray_now = client.get_run(stray.info.run_id)
     assert stray_now.info.status == "KILLED" and "is gone" in stray_now.data.tags[REASON_TAG]
-    client.delete_run(
-        stray.info.run_id
-    )  # the test's stand-in for an older parent; not part of the study now
+    # the test's stand-in for an older parent; not part of the study now
+    client.delete_run(stray.info.run_id)
     assert client.get_run(cell.info.run_id).data.tags["previous_parent_run_id"] == stray.info.run_id
     assert_clean(client, "rec", 2)
     # Its record is closed by this execution (before: `outcome: running` forever), and the FINISHED parent

@@ -34,9 +34,8 @@ FLAGS = [
     "--disable-extensions",
 ]
 PASSWORD = "pw-7Hq2-never-printed"
-PAGE_TIMEOUT = (
-    600  # seconds for a page or the UI's start: about 30 on 2 idle cores, minutes under load
-)
+# seconds for a page or the UI's start: about 30 on 2 idle cores, minutes under load
+PAGE_TIMEOUT = 600
 
 
 def test_experiment_page_lists_the_parent_and_its_cells_and_no_password_is_printed(tmp_path):
@@ -204,16 +203,14 @@ def test_the_parent_run_page_shows_the_reports_comparison(tmp_path):
             if line.startswith("> On validation, wide minus vit")
         )
         address = f"{url}/#/experiments/{exp.experiment_id}/runs/{parent.info.run_id}?workflowType=machine_learning"
-        assert f"in the MLflow UI: {address}" in done.stdout, (
-            done.stdout
-        )  # report prints the parent's page
+        # report prints the parent's page
+        assert f"in the MLflow UI: {address}" in done.stdout, done.stdout
         page = text_of(open_page(tmp_path, address))
         assert "Description Results of the report: ui2@" in page, page[:3000]
         # The page shows the description's first result (collapsed after it) and every cmp.* metric of the run.
         assert " ".join(stated.split())[:60] in page, (stated, page[:3000])
-        shown = repr(parent.data.metrics["cmp.wide_vs_vit.val.mean_diff"]).removesuffix(
-            ".0"
-        )  # as JavaScript prints it
+        # as JavaScript prints it
+        shown = repr(parent.data.metrics["cmp.wide_vs_vit.val.mean_diff"]).removesuffix(".0")
         assert f"cmp.wide_vs_vit.val.mean_diff {shown}" in page, page[:4000]
 
 

@@ -33,6 +33,7 @@ from workbench.protocol import (
 
 PROTOCOLS = Path(__file__).resolve().parents[1] / "studies" / "protocols"
 TIMM_ARMS = load_protocol(PROTOCOLS / "smoke_timm_arms.yaml")
+# smoke_timm_arms' timm_vit arm
 TIMM_VIT = {
     "num_classes": 10,
     "img_size": 32,
@@ -41,7 +42,7 @@ TIMM_VIT = {
     "depth": 2,
     "num_heads": 4,
     "mlp_ratio": 2.0,
-}  # smoke_timm_arms' timm_vit arm
+}
 INTERVENTION = {
     "name": "tiny_timm_heads",
     "description": "heads of the smoke_timm_arms cells, for schema tests",
@@ -71,9 +72,8 @@ def parsed(kind: str, arms=None, source: Path = PROTOCOLS / "tiny.yaml"):
 @pytest.mark.parametrize("kind", sorted(PARSERS))
 def test_a_timm_vit_arm_is_acted_on_through_the_glass_box_config_of_the_exact_mapping(kind):
     p = parsed(kind)
-    assert p.arms == ("vit", "timm_vit"), (
-        p.arms
-    )  # every ViT arm by default: the timm ViT too, not the ResNet
+    # every ViT arm by default: the timm ViT too, not the ResNet
+    assert p.arms == ("vit", "timm_vit"), p.arms
     cfg = p.model_config("timm_vit")
     with torch.device("meta"):
         expected = config_from_timm(
@@ -116,9 +116,8 @@ def test_a_timm_cnn_arm_is_refused_in_one_line_naming_the_key_and_why(kind):
 
 def test_a_timm_vit_option_the_mapping_refuses_is_named_and_never_suggested(tmp_path):
     ablation = yaml.safe_load((PROTOCOLS / "smoke_timm_arms.yaml").read_text())
-    ablation["arms"][2]["overrides"]["model"]["dynamic_img_size"] = (
-        True  # timm builds it; the glass box has no such mode
-    )
+    # timm builds it; the glass box has no such mode
+    ablation["arms"][2]["overrides"]["model"]["dynamic_img_size"] = True
     (tmp_path / "smoke_timm_arms.yaml").write_text(yaml.safe_dump(ablation))
     data = copy.deepcopy(INTERVENTION)
     data["acts_on"]["hash"] = load_protocol(tmp_path / "smoke_timm_arms.yaml").hash
@@ -162,9 +161,8 @@ def _tiny_timm_vit(**extra) -> tuple[TimmModelConfig, torch.nn.Module]:
 def test_trained_weights_are_read_across_to_the_glass_box_and_compute_timm_s_function():
     cfg, model = _tiny_timm_vit()
     config = {"model": {"name": cfg.name, "overrides": cfg.kwargs}}
-    fused = any(
-        getattr(m, "fused_attn", False) for m in model.modules()
-    )  # timm's default, as the trainer built it
+    # timm's default, as the trainer built it
+    fused = any(getattr(m, "fused_attn", False) for m in model.modules())
     assert saved_through_fused_attention(config) == fused
     glass, audit = trained_glassbox(cfg, model.state_dict())
     assert audit.complete and not glass.training and glass.cfg == glassbox_config(cfg)

@@ -275,12 +275,13 @@ def test_dinov2_with_and_without_registers_gets_maps_rollout_and_the_artifact_ch
     glass, _ = glassbox_from_timm(weights.model)
     a = analyse_attention(glass, torch.randn(1, 3, 56, 56))
     assert a.layout.prefix == prefix and a.layout.query == "cls" and a.rollout is not None
+    # registers are tokens of every map
     assert a.attentions[0].shape == (
         1,
         2,
         prefix + 16,
         prefix + 16,
-    )  # registers are tokens of every map
+    )
     assert a.rollout_maps.maps.shape == (1, 4, 4)
 
 

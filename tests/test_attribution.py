@@ -45,9 +45,8 @@ FAMILIES = {
     "plain": {},
     "registers": dict(register_tokens=2),
     "layerscale_registers": dict(layer_scale_init=0.5, register_tokens=1),
-    "registers_positions_on_patches_only": dict(
-        register_tokens=1, no_embed_class=True
-    ),  # DINOv2-reg's layout
+    # DINOv2-reg's layout
+    "registers_positions_on_patches_only": dict(register_tokens=1, no_embed_class=True),
 }
 
 
@@ -316,9 +315,8 @@ def test_auc_is_the_trapezoid_over_fractions_with_both_ends():
     assert abs(auc(fractions, values) - 0.4375) <= 1e-15
     assert np.allclose(auc(fractions, [values, [1.0] * 4]), [0.4375, 1.0], atol=1e-15, rtol=0)
     with pytest.raises(AttributionError, match="from 0 to 1 inclusive"):
-        auc(
-            [0.25, 0.5, 1.0], [1.0, 0.5, 0.0]
-        )  # a grid without the 0 point is refused, never rescaled
+        # a grid without the 0 point is refused, never rescaled
+        auc([0.25, 0.5, 1.0], [1.0, 0.5, 0.0])
 
 
 def test_curves_start_and_end_where_they_must_and_the_first_deletion_is_the_single_drop():
@@ -370,9 +368,8 @@ def test_cls_attention_on_the_tokens_that_matter_by_hand():
     effects = np.array([[5.0, -1.0, 5.0, 0.0]])  # a tie at the top: the lower index first
     assert top_mask(effects, 2).tolist() == [[True, False, True, False]]
     assert abs(attention_mass_on(attention, top_mask(effects, 2))[0] - 0.3) <= 1e-15
-    assert (
-        abs(attention_mass_on(attention * 2, top_mask(attention, 1))[0] - 0.4) <= 1e-15
-    )  # a share, any scale
+    # a share, any scale
+    assert abs(attention_mass_on(attention * 2, top_mask(attention, 1))[0] - 0.4) <= 1e-15
     with pytest.raises(ValueError, match="must be in 1..4"):
         top_mask(effects, 5)
 
@@ -390,9 +387,8 @@ def test_token_norms_find_a_planted_high_norm_token_and_its_cls_attention():
     p = model.cfg.num_prefix_tokens
     for b in range(model.cfg.depth):
         want = analysis.hidden_states[f"blocks.{b}.resid2"].double().norm(dim=-1)[:, p:]
-        relative = max_diff(
-            norms.norms[:, b] / want.numpy(), 1.0
-        )  # float32 tokens, batches of 3 vs 4
+        # float32 tokens, batches of 3 vs 4
+        relative = max_diff(norms.norms[:, b] / want.numpy(), 1.0)
         assert relative <= 1e-6, (
             f"block {b}: norms vs forward_analysis: max relative difference {relative:.3g}"
         )
@@ -420,10 +416,11 @@ def test_concentration_of_a_hand_made_cls_row_is_what_the_definitions_give():
     uniform = [0.2, 0.0, 0.0, 0.2, 0.2, 0.2, 0.2]
     rows = np.array([[[head0, head1]], [[uniform, uniform]]])  # (B=2, L=1, H=2, N=7)
     c = concentration(rows, prefix=3, top_k=2)
+    # the heads' mean row: 0.55, 0.05, 0.05, 0.05 on the patches (0.7 in all)
     mean = (
         11 / 14,
         1 / 14,
-    )  # the heads' mean row: 0.55, 0.05, 0.05, 0.05 on the patches (0.7 in all)
+    )
     want = {
         "top1": [[11 / 14], [0.25]],
         "topk": [[12 / 14], [0.5]],
@@ -444,13 +441,14 @@ def test_concentration_of_a_hand_made_cls_row_is_what_the_definitions_give():
             f"{name}: {getattr(c, name).tolist()} vs {expected}: max |difference| {diff:.3g}"
         )
     assert c.top_k == 2 and concentration(rows, prefix=3).top_k == 1 == top_count(4)
+    # ceil(P / 10), no float rounding
     assert [top_count(n) for n in (1, 16, 30, 49, 64)] == [
         1,
         2,
         3,
         5,
         7,
-    ]  # ceil(P / 10), no float rounding
+    ]
     assert np.isnan(
         concentration(rows[..., :4], prefix=3).entropy
     ).all()  # one patch: no entropy to normalise
@@ -477,9 +475,8 @@ def test_a_model_with_four_registers_goes_through_every_method_the_drops_and_the
     assert done == [2, 1]  # one call per image batch, with its size
     for m in METHODS:
         s = cell.scores[m]
-        assert s.shape == (3, P) and np.isfinite(s).all(), (
-            m
-        )  # patch tokens only: no register is scored
+        # patch tokens only: no register is scored
+        assert s.shape == (3, P) and np.isfinite(s).all(), m
     # batching does not change the cell: one batch of 3 gives the same scores and effects
     whole = score_cell(model, x, y, list(METHODS), seed=1, k=3.0, counts=[0, 8, 16], batch_size=3)
     for m in METHODS:
@@ -549,9 +546,8 @@ def test_score_cell_gives_every_array_per_image_and_a_summary_per_method():
         model, x, y, list(METHODS), seed=2, k=5.0, image_index=[10, 11, 12], counts=[0, 8, 16]
     )
     assert torch.equal(model(x), plain) and hooks_of(model) == 0
-    assert not any(
-        block.attn.fast for block in model.blocks
-    )  # the drops' fused kernel was for their calls only
+    # the drops' fused kernel was for their calls only
+    assert not any(block.attn.fast for block in model.blocks)
     assert cell.image_index.tolist() == [10, 11, 12] and cell.norms.k == 5.0
     rows = {r.method: r for r in cell.summary()}
     assert list(rows) == list(METHODS)
@@ -588,18 +584,16 @@ def test_a_timm_vit_converted_exactly_gives_the_same_logits_and_runs_every_metho
         num_heads=2,
         reg_tokens=2,
     ).eval()
-    set_timm_fused(
-        source, False
-    )  # timm's written-out attention: the glass box's default path, so 0.0 is possible
+    # timm's written-out attention: the glass box's default path, so 0.0 is possible
+    set_timm_fused(source, False)
     glass, _ = glassbox_from_timm(source)
     x, y = batch(2)
     with torch.no_grad():
         diff = (glass(x) - source(x)).abs().max().item()
     assert diff == 0.0, f"converted glass box vs timm: max |logit difference| {diff:.3g}"
     assert glass.cfg.register_tokens == 2
-    cell = score_cell(
-        source, x, y, list(METHODS), seed=0, counts=[0, 8, 16]
-    )  # a timm model is converted
+    # a timm model is converted
+    cell = score_cell(source, x, y, list(METHODS), seed=0, counts=[0, 8, 16])
     same = score_cell(glass, x, y, list(METHODS), seed=0, counts=[0, 8, 16])
     for m in METHODS:
         assert np.array_equal(cell.scores[m], same.scores[m]), m

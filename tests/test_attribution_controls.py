@@ -168,10 +168,18 @@ def test_the_cascade_is_nested_and_the_old_fresh_noise_per_step_is_not():
     draw = reinitialised(model, 0)
     assert max(max_diff(last[n].detach(), draw[n]) for n in draw) == 0.0  # every layer random
     # the check before issue 48: a fresh draw per step (seed + step) -- not nested
+    # fmt: skip
     fresh_each = [
-        (name, randomised(model, reinitialised(model, k), [n for _, p in cascade_layers(model)[: k + 1] for n in p]))
+        (
+            name,
+            randomised(
+                model,
+                reinitialised(model, k),
+                [n for _, p in cascade_layers(model)[: k + 1] for n in p],
+            ),
+        )
         for k, (name, _) in enumerate(cascade_layers(model))
-    ]  # fmt: skip
+    ]
     assert nesting_breaks(model, fresh_each), "the nesting test cannot fail"
     # independent: one layer random (the same values as the cascade's), every other trained
     trained = dict(model.named_parameters())
@@ -228,10 +236,16 @@ def test_the_positive_control_holds_and_a_weight_reading_map_decays(two_cells):
     flagged = {m: r.survives for m, r in controls.sanity_verdicts(as_cells(two_cells)).items()}
     assert flagged["intensity"] and flagged["centre"] and not flagged["grad_x_input"], flagged
     # the check's own function on maps of the trained model: 1 when nothing changes
+    # fmt: skip
     same = randomisation_check(
-        model, x, y, ["intensity"], {"intensity": cell.scores["intensity"]},
-        lambda mo, xx, yy, m: intensity(mo, xx, yy), seed=0,
-    )  # fmt: skip
+        model,
+        x,
+        y,
+        ["intensity"],
+        {"intensity": cell.scores["intensity"]},
+        lambda mo, xx, yy, m: intensity(mo, xx, yy),
+        seed=0,
+    )
     assert max_diff(same.cascade["ssim"]["intensity"], 1.0) <= 1e-12
 
 

@@ -85,9 +85,8 @@ def test_concentration_figure_draws_the_mean_over_seeds_per_block(cell):
         "registers": {"on the register": k.registers.mean(0)[None]},
     }
     fig = concentration_figure(panels, "tiny ViT", {"entropy": {"uniform attention": 1.0}})
-    assert (
-        len(fig.axes) == 2 and len(fig.axes[0].collections) == 1 and not fig.axes[1].collections
-    )  # band: 2 seeds
+    # band: 2 seeds
+    assert len(fig.axes) == 2 and len(fig.axes[0].collections) == 1 and not fig.axes[1].collections
     drawn = fig.axes[0].lines[0].get_ydata()
     assert np.max(np.abs(drawn - entropy.mean(axis=0))) <= 1e-12, drawn
     assert fig.axes[0].lines[1].get_ydata()[0] == 1.0  # the uniform reference

@@ -127,12 +127,10 @@ def test_a_cells_metrics_and_arrays_are_what_the_module_says(scored):
             )
     heads = arrays["cls_attention_entropy_heads"]
     assert arrays["cls_attention_entropy"].shape == (depth, n) and heads.shape == (depth, n, 2)
-    assert (
-        int(arrays["attention_top_k"]) == 1 == metrics["attention_concentration_k"]
-    )  # ceil(4 / 10)
-    assert not any(
-        k.startswith(("cls_attention_on_registers", "register_norm")) for k in metrics
-    )  # no registers
+    # ceil(4 / 10)
+    assert int(arrays["attention_top_k"]) == 1 == metrics["attention_concentration_k"]
+    # no registers
+    assert not any(k.startswith(("cls_attention_on_registers", "register_norm")) for k in metrics)
     assert np.array_equal(arrays["cls_attention_on_registers"], np.zeros((depth, n)))
     bad = {k: v for k, v in diffs.items() if not v <= TOL}
     assert not bad, f"max difference {max(diffs.values()):.3g}: {bad}"
@@ -160,9 +158,8 @@ def _with_concentration(
 def test_concentration_numbers_are_the_arrays_recomputed_and_old_cells_have_none():
     rng = np.random.default_rng(11)
     old = {s: _cell(rng, s) for s in (0, 1)}
-    assert not has_concentration(
-        old
-    )  # evidence exported before the arrays existed: the report leaves them out
+    # evidence exported before the arrays existed: the report leaves them out
+    assert not has_concentration(old)
     cells = {s: _with_concentration(c, rng) for s, c in old.items()}
     assert has_concentration(cells)
     blocks = block_concentration(cells)
@@ -310,9 +307,8 @@ def test_token_norm_numbers_are_the_norms_recomputed():
             (attn * high).sum(axis=1)[rows].mean(), abs=TOL
         )
         assert b1.effect_high[s] == pytest.approx(a["effects"][high].mean(), abs=TOL)
-    assert b1.positions.get((1, 1), 0) >= 2, (
-        b1.positions
-    )  # the planted token at patch 4 = row 1, col 1, both seeds
+    # the planted token at patch 4 = row 1, col 1, both seeds
+    assert b1.positions.get((1, 1), 0) >= 2, b1.positions
     attention = attention_on_effects(cells)
     assert attention.top == 5 and attention.chance == pytest.approx(5 / 9, abs=TOL)
     for s, c in cells.items():
@@ -365,9 +361,8 @@ def test_the_attribution_fingerprint_covers_rollout_and_the_libraries_but_not_fi
             target.write_bytes(path.read_bytes())
     versions = {"torch": "1", "timm": "2"}
     here = attribution_runs.attribution_fingerprint(PROJECT_ROOT, versions)
-    assert (
-        attribution_runs.attribution_fingerprint(root, versions) == here
-    )  # a copy is the same code
+    # a copy is the same code
+    assert attribution_runs.attribution_fingerprint(root, versions) == here
     changed = {}
     for name in (
         "analysis/rollout.py",

@@ -229,9 +229,8 @@ def test_console_says_where_the_data_came_from_and_the_run_once(workdir):
     assert first.exit_code == 0, first.output
     (data_line,) = [line for line in first.output.splitlines() if line.startswith("data: ")]
     assert data_line.count(" from ") == 1, data_line
-    (split,) = [
-        line for line in first.output.splitlines() if line.startswith("split: ")
-    ]  # the defaults, stated
+    # the defaults, stated
+    (split,) = [line for line in first.output.splitlines() if line.startswith("split: ")]
     assert split.startswith(
         "split: 14 train / 2 val, carved from the official training split with split seed 42 "
         "(the default sizes of image_folder; --train-size/--val-size change them); test 4"

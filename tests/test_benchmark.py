@@ -40,19 +40,57 @@ from workbench.models.vit import VisionTransformer, ViTConfig
 # matmuls), so it should agree to rounding; the tolerance only absorbs float formatting.
 REL_TOL = 1e-9
 
+# fmt: skip
 VIT_CONFIGS = {
     "fmnist_vit": model_config("fmnist_vit"),
     "cifar_vit": model_config("cifar_vit"),
     "vit_tiny_patch16_224": ViTConfig(dim=192, heads=3, depth=12),
-    "mean_pool_registers": ViTConfig(image_size=32, patch_size=8, dim=48, depth=2, heads=4, num_classes=7,
-                                     pooling="mean", class_token=False, register_tokens=4, mlp_ratio=3.0),
-    "siglip_attention_pool": ViTConfig(image_size=32, patch_size=8, dim=48, depth=2, heads=4, num_classes=0,
-                                       pooling="map", class_token=False, pool_mlp_hidden=100),
-    "aimv2_swiglu_non_square": ViTConfig(image_size=(32, 48), patch_size=(8, 16), dim=48, depth=2, heads=4,
-                                         mlp_layer="swiglu", mlp_hidden=64, norm_layer="rmsnorm"),
-    "dinov2_giant_packed_glu": ViTConfig(image_size=28, patch_size=14, dim=48, depth=2, heads=4, mlp_layer="glu",
-                                         mlp_hidden=128, act="silu", glu_gate_last=False, layer_scale_init=1e-5),
-}  # fmt: skip
+    "mean_pool_registers": ViTConfig(
+        image_size=32,
+        patch_size=8,
+        dim=48,
+        depth=2,
+        heads=4,
+        num_classes=7,
+        pooling="mean",
+        class_token=False,
+        register_tokens=4,
+        mlp_ratio=3.0,
+    ),
+    "siglip_attention_pool": ViTConfig(
+        image_size=32,
+        patch_size=8,
+        dim=48,
+        depth=2,
+        heads=4,
+        num_classes=0,
+        pooling="map",
+        class_token=False,
+        pool_mlp_hidden=100,
+    ),
+    "aimv2_swiglu_non_square": ViTConfig(
+        image_size=(32, 48),
+        patch_size=(8, 16),
+        dim=48,
+        depth=2,
+        heads=4,
+        mlp_layer="swiglu",
+        mlp_hidden=64,
+        norm_layer="rmsnorm",
+    ),
+    "dinov2_giant_packed_glu": ViTConfig(
+        image_size=28,
+        patch_size=14,
+        dim=48,
+        depth=2,
+        heads=4,
+        mlp_layer="glu",
+        mlp_hidden=128,
+        act="silu",
+        glu_gate_last=False,
+        layer_scale_init=1e-5,
+    ),
+}
 
 
 def counted(fn) -> int:
@@ -74,9 +112,8 @@ def test_vit_forward_flops_match_flop_counter(name):
     model = VisionTransformer(cfg).eval()  # hand-written path: every product is a visible matmul
     batch = 2
     x = torch.randn(batch, cfg.in_channels, *cfg.image_hw)
-    measured = counted(
-        lambda: model(x)
-    )  # grad mode: FlopCounterMode's module tracker needs it for the latent query
+    # grad mode: FlopCounterMode's module tracker needs it for the latent query
+    measured = counted(lambda: model(x))
     flops = vit_forward_flops(cfg)
     assert flops["total"] == sum(v for k, v in flops.items() if k != "total")
     assert_count(batch * flops["total"], measured, f"{name} forward")
@@ -211,9 +248,8 @@ def test_benchmark_quick_logs_metrics_and_artifacts(mlflow_store, tmp_path):
     assert "inference/fmnist_vit/b1/glass_fast/ratio_to_timm_fused" in ratios
     assert "train/fmnist_vit/b8/glass_written/ratio_to_timm_fused" in ratios
     assert all(math.isfinite(v) and v > 0 for v in ratios.values()), ratios
-    assert (
-        metrics["inference/fmnist_vit/b1/timm_fused/ratio_to_timm_fused"] == 1.0
-    )  # the reference itself
+    # the reference itself
+    assert metrics["inference/fmnist_vit/b1/timm_fused/ratio_to_timm_fused"] == 1.0
     assert metrics["matmul/float32/tflops_median"] > 0
     assert 0 < metrics["inference/fmnist_vit/b8/glass_fast/fraction_of_fp32_peak"]
     assert metrics["inference/fmnist_cnn/b8/glass/images_per_s"] > 0

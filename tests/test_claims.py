@@ -45,10 +45,13 @@ def test_a_number_changed_in_the_text_and_its_claim_fails(tmp_path):
     edited = tmp_path / "claims.yaml"
     edited.write_text(CLAIMS.read_text().replace('2.mean: "+4.52"', '2.mean: "+4.53"'))
     assert edited.read_text() != CLAIMS.read_text()
+    # fmt: skip
     claims = [
-        c if c.id != "fmnist_seed_recipe.headline" else replace(c, sentence=c.sentence.replace("+4.52", "+4.53"))
+        c
+        if c.id != "fmnist_seed_recipe.headline"
+        else replace(c, sentence=c.sentence.replace("+4.52", "+4.53"))
         for c in load_claims(edited)
-    ]  # fmt: skip
+    ]
     problems = check_claims(claims, readme.replace("+4.52", "+4.53"), results, RESULTS)
     assert problems == [
         "fmnist_seed_recipe.headline: 2.mean is shown as +4.53 but the evidence gives +4.52"

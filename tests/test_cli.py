@@ -69,9 +69,8 @@ print("FORBIDDEN", sorted(m for m in ("mlflow", "click", "optuna") if m in sys.m
         )
     assert "--recheck" in proc.stdout  # sync's own options were shown
     assert "FORBIDDEN []" in proc.stdout, proc.stdout[-500:]
-    assert (
-        int(proc.stdout.split("MODULES ")[1].split()[0]) > 40
-    )  # the walk really covered the library
+    # the walk really covered the library
+    assert int(proc.stdout.split("MODULES ")[1].split()[0]) > 40
 
 
 def test_declared_short_help_is_each_commands_own():

@@ -207,9 +207,8 @@ def run_notebook(nb, cwd: Path, env: dict, before: dict) -> list[tuple[str, floa
                 client.execute_cell(cell, index)
                 done.append((cell.source, time.monotonic() - start, output_text(cell)))
     finally:
-        nbformat.write(
-            nb, cwd / "executed.ipynb"
-        )  # what each cell printed, to read when the test fails
+        # what each cell printed, to read when the test fails
+        nbformat.write(nb, cwd / "executed.ipynb")
     return done
 
 
@@ -393,16 +392,14 @@ def test_the_colab_notebook_runs_top_to_bottom_against_a_basic_auth_server(
         assert drive_copy.is_file(), "the last cell kept no copy of the offline store on Drive"
 
         client = MlflowClient(server.url)
-        assert (
-            check_study(client, "colab_queue", creator=ALICE[0]) == queue_parent
-        )  # 4a: alice's queue, drained
+        # 4a: alice's queue, drained
+        assert check_study(client, "colab_queue", creator=ALICE[0]) == queue_parent
         check_study(client, "colab_here", creator=COLAB[0])  # 4b: run offline here, then synced
         transfer = client.search_runs(
             [client.get_experiment_by_name("colab_transfer").experiment_id]
         )
-        assert len(transfer) == 2 and {r.info.status for r in transfer} == {"FINISHED"}, (
-            transfer
-        )  # parent + 1 cell
+        # parent + 1 cell
+        assert len(transfer) == 2 and {r.info.status for r in transfer} == {"FINISHED"}, transfer
         assert {r.data.tags["mlflow.user"] for r in transfer} == {COLAB[0]}
         for exp in client.search_experiments():  # no credential recorded on any run
             for run in client.search_runs([exp.experiment_id]):

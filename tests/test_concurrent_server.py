@@ -84,6 +84,7 @@ def start_pair(here: Path, url: str, images: Path, out: Path) -> list[subprocess
             "WORKBENCH_CACHE_DIR": str(here.parent / "cache"),
         }
     )
+    # one output folder: a cell trained twice collides
     args = [
         "ablate",
         "--protocol",
@@ -97,7 +98,7 @@ def start_pair(here: Path, url: str, images: Path, out: Path) -> list[subprocess
         str(images),
         "--output-dir",
         str(out),
-    ]  # one output folder: a cell trained twice collides
+    ]
     cmd = [
         sys.executable,
         str(ROOT / "tests" / "scripts" / "ablate_together.py"),

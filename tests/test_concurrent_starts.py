@@ -172,9 +172,8 @@ def test_a_parent_closed_while_a_heartbeat_is_under_way_gets_no_late_lease_tag(
     client = MlflowClient()
     run = client.create_run(client.create_experiment("rec"))
     beats, in_beat, go_on = Heartbeats(), threading.Event(), threading.Event()
-    beats._wake.wait = lambda timeout=None: time.sleep(
-        3600
-    )  # no beats of its own thread: the test beats
+    # no beats of its own thread: the test beats
+    beats._wake.wait = lambda timeout=None: time.sleep(3600)
     real_get_run = MlflowClient.get_run
 
     def slow_get_run(self, run_id):
@@ -196,9 +195,8 @@ def test_a_parent_closed_while_a_heartbeat_is_under_way_gets_no_late_lease_tag(
     go_on.set()
     released.join(30)
     beat.join(30)
-    client.delete_tag(
-        run.info.run_id, EXEC_PREFIX + "mine"
-    )  # what the closing execution does after release
+    # what the closing execution does after release
+    client.delete_tag(run.info.run_id, EXEC_PREFIX + "mine")
     beats._beat(run.info.run_id)  # not held any more: writes nothing
     assert EXEC_PREFIX + "mine" not in real_get_run(client, run.info.run_id).data.tags
 
@@ -213,10 +211,11 @@ def test_two_executions_reattaching_one_killed_run_together_both_get_it(mlflow_s
     exp = client.create_experiment("rec")
     run_id = client.create_run(exp, tags={"killed_reason": "process 1 on vm is gone"}).info.run_id
     client.set_terminated(run_id, "KILLED")
+    # both before either attaches
     first_read, second_read = (
         client.get_run(run_id),
         client.get_run(run_id),
-    )  # both before either attaches
+    )
     RunSink.attach(first_read, mlflow_store, "rec")
     RunSink.attach(second_read, mlflow_store, "rec")
     run = client.get_run(run_id)

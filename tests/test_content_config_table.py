@@ -91,9 +91,8 @@ def test_fmnist_table_matches_published_sizes():
     table = config_table(load_protocol(PROTOCOLS / "fmnist_vit_vs_cnn.yaml").canonical)
     by_arm = {r["arm"].split(" ")[0]: r for r in table.rows}
     assert by_arm["vit"]["parameters"] == "105,546" and by_arm["cnn"]["parameters"] == "117,498"
-    assert (
-        by_arm["vit"]["FLOPs / image"] == flops_text(11_852_032) == "11.9 MFLOPs"
-    )  # FlopCounterMode's count
+    # FlopCounterMode's count
+    assert by_arm["vit"]["FLOPs / image"] == flops_text(11_852_032) == "11.9 MFLOPs"
     assert by_arm["cnn"]["FLOPs / image"] == flops_text(18_517_504)
     assert by_arm["vit"]["early stopping"] == "after 5 epochs without better val_accuracy"
     assert table.notes == [], table.notes
@@ -144,9 +143,8 @@ def test_a_transfer_description_may_say_how_its_source_was_trained():
 def test_transfer_table_with_trained_parameter_counts():
     data = yaml.safe_load((PROTOCOLS / "retina_transfer.yaml").read_text())
     canonical = parse_transfer_protocol(data).canonical
-    vit_b = ViTConfig(
-        image_size=224, patch_size=16, in_channels=3, num_classes=5
-    )  # ViT-B/16 defaults
+    # ViT-B/16 defaults
+    vit_b = ViTConfig(image_size=224, patch_size=16, in_channels=3, num_classes=5)
     table = config_table(canonical, source_cfg=vit_b)
     assert table.kind == "transfer" and [r["regime"] for r in table.rows] == [
         "linear_probe (reference)",
@@ -157,9 +155,8 @@ def test_transfer_table_with_trained_parameter_counts():
     # 85,802,501 = timm vit_base_patch16_224 with a 5-class head; head = 768 * 5 + 5.
     assert trained[0] == "3,845 of 85,802,501" and trained[2] == "85,802,501 of 85,802,501"
     d, h = 768, 3072
-    block = (
-        (3 * d * d + 3 * d) + (d * d + d) + (d * h + h) + (h * d + d) + 2 * (2 * d)
-    )  # qkv, proj, fc1, fc2, 2 norms
+    # qkv, proj, fc1, fc2, 2 norms
+    block = (3 * d * d + 3 * d) + (d * d + d) + (d * h + h) + (h * d + d) + 2 * (2 * d)
     assert trained[1] == f"{4 * block + 2 * d + 3845:,} of 85,802,501", trained[1]
     assert table.rows[2]["trains"] == "every parameter; layer-wise lr decay 0.75"
     assert (

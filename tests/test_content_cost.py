@@ -103,9 +103,7 @@ def test_timm_vit_config_matches_the_source_architecture():
         5,
     )
     full = cost.vit_regime_cost(cfg, "full")
-    assert (
-        full.parameters == 85_802_501
-    )  # timm's own count for this architecture with a 5-class head
-    assert (
-        full.forward_flops == 35_126_128_128
-    )  # FlopCounterMode on the timm model with a 5-class head
+    # timm's own count for this architecture with a 5-class head
+    assert full.parameters == 85_802_501
+    # FlopCounterMode on the timm model with a 5-class head
+    assert full.forward_flops == 35_126_128_128

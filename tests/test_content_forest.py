@@ -25,11 +25,12 @@ def test_forest_plot_values_equal_inputs_and_render():
         for i in range(1, 11)
     }
     comps = {a: stats.paired_seed_comparison(v, ref, names=(a, "base")) for a, v in arms.items()}
+    # arm3 without a bootstrap
     boots = {
         a: stats.CI(c.mean_difference, c.mean_difference - 0.004, c.mean_difference + 0.004, 2000)
         for a, c in comps.items()
         if a != "arm3"
-    }  # arm3 without a bootstrap
+    }
     rows = forest_rows(comps, boots)
     fig = forest_plot(rows, "base")
     artists = by_gid(fig)

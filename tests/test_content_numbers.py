@@ -79,9 +79,8 @@ def test_effect_size_undefined_cases():
     huge = numbers.paired_effect_size([1.0, 1.0001, 1.0002])
     assert huge.d_z > 1000 and "cannot be computed" in huge.caveat
     assert math.isnan(huge.low) and math.isnan(huge.high)
-    two = numbers.paired_effect_size(
-        [0.01, 0.03]
-    )  # two seeds: one degree of freedom, no Hedges correction
+    # two seeds: one degree of freedom, no Hedges correction
+    two = numbers.paired_effect_size([0.01, 0.03])
     assert (
         abs(two.d_z - math.sqrt(2)) < 1e-12
         and math.isnan(two.g_z)
@@ -134,9 +133,8 @@ def test_bootstrap_ci_carries_mc_error_and_decimals():
         0.5 * expected,
         "MC SE of endpoints",
     )
-    assert (
-        numbers.decimals_for_error(ci.mc_error_low * 100) == 1
-    )  # points: ~0.08 pp supports one decimal
+    # points: ~0.08 pp supports one decimal
+    assert numbers.decimals_for_error(ci.mc_error_low * 100) == 1
 
 
 def test_decimals_for_error():

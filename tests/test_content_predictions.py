@@ -19,9 +19,8 @@ def retina_like(rng, never: set[int], n: int = 400):
     p = np.clip(y + rng.integers(-1, 2, n), 0, 4)
     allowed = np.array([c for c in range(5) if c not in never])
     bad = np.isin(p, list(never))
-    p[bad] = allowed[
-        np.abs(allowed[None, :] - p[bad, None]).argmin(axis=1)
-    ]  # nearest allowed grade
+    # nearest allowed grade
+    p[bad] = allowed[np.abs(allowed[None, :] - p[bad, None]).argmin(axis=1)]
     return y, p
 
 

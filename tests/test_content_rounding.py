@@ -66,10 +66,11 @@ def test_bootstrap_display_drops_digits_below_monte_carlo_error():
     shown = rounding.bootstrap_display(ci)
     se = max(ci.mc_error_low, ci.mc_error_high) * 100
     assert abs(shown.mc_error - se) < 1e-12
+    # 2,000 resamples: ~0.1 pp, one decimal
     assert 0.01 <= se < 1.0 and shown.decimals == 1, (
         se,
         shown,
-    )  # 2,000 resamples: ~0.1 pp, one decimal
+    )
     assert (
         abs(float(shown.low) - ci.low * 100) <= 0.05 + 1e-9
         and abs(float(shown.high) - ci.high * 100) <= 0.05 + 1e-9

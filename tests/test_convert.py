@@ -114,9 +114,8 @@ def test_family_config_is_read_off_the_modules():
 def test_local_safetensors_checkpoint_loads_and_records_sha(tmp_path, tiny_timm):
     path = tmp_path / "model.safetensors"
     save_file({k: v.contiguous() for k, v in tiny_timm.state_dict().items()}, str(path))
-    loaded = load_timm_weights(
-        "vit_tiny_patch16_224", str(tmp_path), seed=123
-    )  # a folder works too
+    # a folder works too
+    loaded = load_timm_weights("vit_tiny_patch16_224", str(tmp_path), seed=123)
     assert loaded.pretrained and loaded.source == "local"
     assert loaded.sha256 == checkpoints.sha256_file(path)
     for key, value in tiny_timm.state_dict().items():

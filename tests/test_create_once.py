@@ -100,12 +100,10 @@ def test_a_candidate_sorting_first_that_appears_after_the_wait_stops_this_one_be
 ):
     client, exp_id, parent_id = parent
     opened = open_cell(parent_id)
-    assert opened.status is None and opened.confirm is not None, (
-        opened
-    )  # alone after its wait: it is the run
-    theirs = their_candidate(
-        client, exp_id, parent_id, opened.sink.journal.start_time - 50
-    )  # a slow create
+    # alone after its wait: it is the run
+    assert opened.status is None and opened.confirm is not None, opened
+    # a slow create
+    theirs = their_candidate(client, exp_id, parent_id, opened.sink.journal.start_time - 50)
     found = lambda: client.search_runs([exp_id], f"tags.run_key = '{KEY}'")  # noqa: E731
     assert create_once.resolve_new(client, theirs, found).info.run_id == theirs  # they go on
     with pytest.raises(ClaimLost) as lost:  # the look before the first training step
@@ -151,9 +149,8 @@ def test_of_two_executions_resuming_one_killed_cell_at_once_the_token_left_on_it
         "left to them"
     )
     monkeypatch.setattr(create_once, "settle", real)
-    assert (
-        create_once.holder_after_wait(client, killed, theirs["lease.token"]) is None
-    )  # they hold it
+    # they hold it
+    assert create_once.holder_after_wait(client, killed, theirs["lease.token"]) is None
 
 
 def test_two_candidates_with_one_start_time_are_ordered_by_run_id(parent):

@@ -197,11 +197,17 @@ def test_sampled_params_stay_in_range():
     assert params["shift"].abs().max() <= 0.06
 
 
+# fmt: skip
 @pytest.mark.parametrize(
     "kwargs, match",
-    [({"crop_padding": -1}, "crop_padding"), ({"crop_padding": 1.5}, "crop_padding"), ({"hflip": 1}, "hflip"),
-     ({"rotate_degrees": -1}, "rotate_degrees"), ({"translate_fraction": 0.5}, "translate_fraction")],
-)  # fmt: skip
+    [
+        ({"crop_padding": -1}, "crop_padding"),
+        ({"crop_padding": 1.5}, "crop_padding"),
+        ({"hflip": 1}, "hflip"),
+        ({"rotate_degrees": -1}, "rotate_degrees"),
+        ({"translate_fraction": 0.5}, "translate_fraction"),
+    ],
+)
 def test_augment_config_validation(kwargs, match):
     with pytest.raises(ValueError, match=match):
         AugmentConfig(**kwargs)

@@ -91,9 +91,8 @@ def test_prepare_fashion_mnist(isolated, monkeypatch):
         data.train.source_split == data.val.source_split == "train"
         and data.test.source_split == "test"
     )
-    official = make_fashion_mnist(
-        isolated / "again", n_train=500, n_test=30
-    )  # same seed: same data
+    # same seed: same data
+    official = make_fashion_mnist(isolated / "again", n_train=500, n_test=30)
     idx = data.train.indices.numpy()  # positions in the official training split
     assert np.array_equal(data.train.images.numpy(), official["train"][0][idx])
     again = prepare("fashion_mnist", path=folder, split_seed=0, train_size=320, val_size=80)

@@ -48,9 +48,8 @@ def test_a_download_is_an_http_source_with_the_url_it_came_from(
     dataset = logged_dataset(mlflow_store, downloaded)
     assert dataset.source_type == "http", dataset
     assert json.loads(dataset.source) == {"url": medmnist.INFO["retinamnist"]["url"]}
-    again = prepare(
-        "retinamnist", download=True, verify=False
-    )  # now read from the user cache: a local copy
+    # now read from the user cache: a local copy
+    again = prepare("retinamnist", download=True, verify=False)
     assert again.resolution.used.kind.startswith("user cache")
     assert logged_dataset(mlflow_store, again, "provenance-cached").source_type == "local"
 

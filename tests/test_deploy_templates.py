@@ -101,22 +101,35 @@ def test_the_kubernetes_job_is_a_work_queue_of_workers_with_secrets_and_a_failur
     assert job["spec"]["podFailurePolicy"]["rules"][0]["action"] == "Ignore"
 
 
+# fmt: skip
 @pytest.mark.parametrize(
     "edit, problem",
     [
         (lambda j: j["spec"].update(completions=4), "completions is set"),
-        (lambda j: j["spec"]["template"]["spec"].update(restartPolicy="OnFailure"), "restartPolicy"),
+        (
+            lambda j: j["spec"]["template"]["spec"].update(restartPolicy="OnFailure"),
+            "restartPolicy",
+        ),
         (lambda j: _container(j).update(command=["workbench", "ablate"]), "not `workbench worker`"),
         (lambda j: _container(j)["args"].append("--jobs"), "args the worker does not take"),
-        (lambda j: _container(j)["args"].extend(["--storage", "postgresql://u:pw@db/q"]), "a password in the args"),
-        (lambda j: _env(j, "WORKBENCH_STORAGE").update(value="x", valueFrom={}), "WORKBENCH_STORAGE is not taken"),
-        (lambda j: _env(j, "MLFLOW_TRACKING_PASSWORD").pop("valueFrom"), "MLFLOW_TRACKING_PASSWORD is not taken"),
+        (
+            lambda j: _container(j)["args"].extend(["--storage", "postgresql://u:pw@db/q"]),
+            "a password in the args",
+        ),
+        (
+            lambda j: _env(j, "WORKBENCH_STORAGE").update(value="x", valueFrom={}),
+            "WORKBENCH_STORAGE is not taken",
+        ),
+        (
+            lambda j: _env(j, "MLFLOW_TRACKING_PASSWORD").pop("valueFrom"),
+            "MLFLOW_TRACKING_PASSWORD is not taken",
+        ),
         (lambda j: j["spec"]["podFailurePolicy"]["rules"].pop(0), "DisruptionTarget"),
         (lambda j: _rule(j, "Ignore", 1)["onExitCodes"].update(values=[143]), "requeue status"),
         (lambda j: _rule(j, "FailJob")["onExitCodes"].update(values=[1, 2]), "a crash (exit 1)"),
         (lambda j: _rule(j, "FailJob")["onExitCodes"].update(operator="NotIn"), "usage error"),
     ],
-)  # fmt: skip
+)
 def test_the_manifest_check_catches_each_bad_case(edit, problem):
     (job,) = yaml.safe_load_all(MANIFEST.read_text())
     bad = copy.deepcopy(job)

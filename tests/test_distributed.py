@@ -29,10 +29,11 @@ from studies.ablation.cell_queue import open_storage
 from servers import mlflow_server, postgres_server
 from test_ablate import write_protocol
 
+# a long kill test with servers: slow tier (the default tier keeps test_train's SIGKILL resume)
 pytestmark = [
     pytest.mark.integration,
     pytest.mark.slow,
-]  # a long kill test with servers: slow tier (the default tier keeps test_train's SIGKILL resume)
+]
 ROOT = Path(__file__).resolve().parent.parent
 EPOCHS = 16
 

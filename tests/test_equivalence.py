@@ -25,9 +25,8 @@ MODELS = [
     pytest.param("vit_base_patch8_224", 1, True, marks=SLOW),
     pytest.param("vit_large_patch16_224", 1, True, marks=SLOW),
     pytest.param("vit_base_patch16_gap_224", 2, True, marks=SLOW),  # no class token, mean pooling
-    pytest.param(
-        "vit_base_patch16_reg4_gap_256", 2, True, marks=SLOW
-    ),  # 4 registers, mean pooling, fc_norm
+    # 4 registers, mean pooling, fc_norm
+    pytest.param("vit_base_patch16_reg4_gap_256", 2, True, marks=SLOW),
 ]
 
 

@@ -113,9 +113,8 @@ def test_no_gradients_still_compares_plain_forward(mlflow_store, monkeypatch):
     from workbench.models.vit import Block
 
     def forward_with_bug(self, x):
-        return self.hook_resid2(
-            self.hook_resid1(x + self.attn(self.norm1(x)))
-        )  # the bug: the MLP branch is dropped
+        # the bug: the MLP branch is dropped
+        return self.hook_resid2(self.hook_resid1(x + self.attn(self.norm1(x))))
 
     monkeypatch.setattr(Block, "forward", forward_with_bug)
     reduced_weights(monkeypatch)
@@ -174,9 +173,8 @@ def test_unsupported_or_unknown_model_is_one_line_and_nonzero(mlflow_store, mode
     result = CliRunner().invoke(main, ["equivalence", "--model", model, "--batch", "1"])
     assert result.exit_code != 0
     assert expected in result.output and "Traceback" not in result.output, result.output
-    assert len(result.output.strip().splitlines()) == 1, (
-        result.output
-    )  # refused before any weights line
+    # refused before any weights line
+    assert len(result.output.strip().splitlines()) == 1, result.output
 
 
 def test_coverage_mode_prints_and_logs_a_table(mlflow_store, monkeypatch):

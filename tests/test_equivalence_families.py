@@ -53,10 +53,11 @@ KWARG_OPTIONS = [
     ("mean_pool_with_prefix", dict(global_pool="avg", pool_include_prefix=True, reg_tokens=2)),
     ("map_pool_with_class_token", dict(global_pool="map", fc_norm=True)),
     ("rmsnorm_layerscale_norm_pre", dict(norm_layer="rmsnorm", init_values=0.1, pre_norm=True)),
+    # read across as ViTConfig.drop_path_rate (tests/test_drop_path.py)
     (
         "stochastic_depth",
         dict(drop_path_rate=0.1),
-    ),  # read across as ViTConfig.drop_path_rate (tests/test_drop_path.py)
+    ),
 ]
 
 

@@ -143,9 +143,8 @@ def test_a_bug_in_the_one_forward_fails_stages_and_logits_without_gradients(monk
         x = self.hook_resid1(
             x + self.hook_ls1(self.ls1(self.hook_attn(self.attn(self.hook_norm1(self.norm1(x))))))
         )
-        h = self.hook_mlp(
-            self.mlp(self.hook_norm2(self.norm1(x)))
-        )  # the bug: norm1 where norm2 belongs
+        # the bug: norm1 where norm2 belongs
+        h = self.hook_mlp(self.mlp(self.hook_norm2(self.norm1(x))))
         return self.hook_resid2(x + self.hook_ls2(self.ls2(h)))
 
     monkeypatch.setattr(Block, "forward", forward_with_bug)

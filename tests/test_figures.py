@@ -227,9 +227,8 @@ def test_timm_vit_through_the_weight_mapping(tmp_path, mlflow_store):
     image = tmp_path / "photo.png"
     rng = np.random.default_rng(0)
     pixels = np.zeros((200, 300, 3), np.uint8)
-    pixels[60:140, 100:200] = rng.integers(
-        0, 256, (80, 100, 3)
-    )  # textured object on a black background
+    # textured object on a black background
+    pixels[60:140, 100:200] = rng.integers(0, 256, (80, 100, 3))
     Image.fromarray(pixels).save(image)
     out = tmp_path / "timm"
     result = CliRunner().invoke(

@@ -70,9 +70,8 @@ def test_every_intervention_is_logged_per_cell_and_a_rerun_recomputes_nothing(tr
             # a patch source is never the example itself
             assert np.all(z["patch_source/blocks.1.resid2.patch"] != np.arange(6))
         with np.load(local / "attention.npz") as z:
-            maps = z[
-                "maps"
-            ]  # (depth, heads, rows, cols): each CLS map over patches sums to at most 1
+            # (depth, heads, rows, cols): each CLS map over patches sums to at most 1
+            maps = z["maps"]
             assert (
                 maps.shape == (2, 2, 2, 2)
                 and np.all(maps >= 0)

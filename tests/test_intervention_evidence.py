@@ -22,9 +22,8 @@ from reports.collect import ReportError
 from reports.interventions.intervention_evidence import FORMAT
 
 
-pytestmark = (
-    pytest.mark.e2e
-)  # a real MLflow store (conftest marks tests by fixture name; this one is shared)
+# a real MLflow store (conftest marks tests by fixture name; this one is shared)
+pytestmark = pytest.mark.e2e
 
 
 @pytest.fixture(scope="module")
@@ -87,9 +86,8 @@ def test_report_rebuilt_from_intervention_evidence_is_the_same(exported, tmp_pat
         without_rebuilt_line(b) == a
         and b.count("Rebuilt offline from the evidence export `tiny_logged/evidence`") == 1
     )
-    assert (
-        exported["killed"] in a and "-13.33" in a
-    )  # the newer attempt and the effects are there to compare
+    # the newer attempt and the effects are there to compare
+    assert exported["killed"] in a and "-13.33" in a
     assert (
         sorted(p.name for p in rebuilt.figures)
         == sorted(p.name for p in published.figures)
@@ -108,9 +106,8 @@ def test_a_tampered_outcome_file_is_refused_in_one_line_naming_it(exported, tmp_
     path = evidence / "outcomes" / "vit.seed2.csv.gz"
     text = gzip.decompress(path.read_bytes()).decode()
     lines = text.split("\n")
-    lines[1] = lines[1][:-1] + (
-        "1" if lines[1][-1] != "1" else "0"
-    )  # one example's outcome changed
+    # one example's outcome changed
+    lines[1] = lines[1][:-1] + ("1" if lines[1][-1] != "1" else "0")
     path.write_bytes(gzip.compress("\n".join(lines).encode(), mtime=0))
     with pytest.raises(ReportError) as err:
         build_from_evidence(evidence, tmp_path / "rebuilt")

@@ -86,9 +86,8 @@ def test_hooks_that_edit_nothing_leave_the_forward_bitwise_and_capture_is_its_an
     )
     for stage, value in acts.items():
         same(value, analysis.hidden_states[stage], f"{family}: stage {stage}")
-    model.set_fast_attention(
-        True
-    )  # the fused path too: hooks on the probs switch it off for the call only
+    # the fused path too: hooks on the probs switch it off for the call only
+    model.set_fast_attention(True)
     fused = model(x)
     with attached(
         model,
@@ -185,9 +184,8 @@ def _head_outputs(model: VisionTransformer, x: torch.Tensor, block: int) -> torc
         model.cfg.dim,
     )
     H = model.cfg.heads
-    v = (
-        states[f"blocks.{block}.attn.qkv"].reshape(B, N, 3, H, C // H)[:, :, 2].transpose(1, 2)
-    )  # (B, H, N, d)
+    # (B, H, N, d)
+    v = states[f"blocks.{block}.attn.qkv"].reshape(B, N, 3, H, C // H)[:, :, 2].transpose(1, 2)
     return (states[f"blocks.{block}.attn.probs"] @ v).transpose(1, 2).reshape(B, N, C)
 
 
@@ -216,9 +214,8 @@ def test_mean_ablation_uses_the_reference_sets_per_head_mean():
     ]
     assert (zeroed - got["blocks.0.attn"]).abs().max() > 1e-3, "zero and mean ablation must differ"
 
-    one = x[
-        :1
-    ]  # a reference set of the input itself: its mean is its own value, the model unchanged
+    # a reference set of the input itself: its mean is its own value, the model unchanged
+    one = x[:1]
     same(
         run(model, one, [HeadAblation(0, 2, "mean")], head_means=head_means(model, [one])),
         model(one),

@@ -60,9 +60,8 @@ def test_a_holder_whose_process_is_gone_on_this_host_is_dead_at_once_on_both_sid
         == trial_why
         == f"process {lease.pid} on {HOST} is gone (last heartbeat 1 s ago)"
     ), (run_state, trial_why)
-    assert (
-        lease.possible_writer() is None
-    )  # nobody can write under it any more: continue it in place
+    # nobody can write under it any more: continue it in place
+    assert lease.possible_writer() is None
 
 
 def test_takeover_and_release():

@@ -153,9 +153,8 @@ def test_conda_yaml_installs_pyprojects_dependencies():
 
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     conda = yaml.safe_load((ROOT / "conda.yaml").read_text())
-    assert Path(PROJECT.env_config_path).name == "conda.yaml", (
-        PROJECT.env_config_path
-    )  # MLproject's conda_env
+    # MLproject's conda_env
+    assert Path(PROJECT.env_config_path).name == "conda.yaml", PROJECT.env_config_path
     pip = next(d["pip"] for d in conda["dependencies"] if isinstance(d, dict) and "pip" in d)
     listed = [d for d in pip if d != "-e ."]
     missing = sorted(set(project["dependencies"]) - set(listed))

@@ -31,10 +31,11 @@ from tracking.store import offline_store, uris
 from workbench.data import checksums
 from workbench.train.loop import Observers, TrainingObserver
 
+# a long kill test with servers: slow tier (the default tier keeps test_train's SIGKILL resume)
 pytestmark = [
     pytest.mark.integration,
     pytest.mark.slow,
-]  # a long kill test with servers: slow tier (the default tier keeps test_train's SIGKILL resume)
+]
 
 
 class KillOnce(TrainingObserver):
@@ -91,9 +92,8 @@ def sync_twice(server, experiments: tuple[str, ...]) -> dict:
 def restart(server) -> None:
     server.start()  # same port, backend store and artifact store
     offline_store.forget_health()
-    uris.set_process_uri(
-        server.url
-    )  # the study that went offline left MLflow pointing at the local store
+    # the study that went offline left MLflow pointing at the local store
+    uris.set_process_uri(server.url)
 
 
 def test_sweep_and_transfer_study_survive_a_server_killed_mid_run(server, tmp_path, monkeypatch):

@@ -140,11 +140,22 @@ def test_benchmark_calibrate_prints_the_load_and_a_verdict_per_arm():
 
     before = torch.get_num_threads()
     try:
+        # fmt: skip
         out = CliRunner().invoke(
             calibrate,
-            ["--protocol", "studies/protocols/smoke.yaml", "--arm", "cnn", "--threads", "1",
-             "--steps", "2", "--val-size", "64"],
-        )  # fmt: skip
+            [
+                "--protocol",
+                "studies/protocols/smoke.yaml",
+                "--arm",
+                "cnn",
+                "--threads",
+                "1",
+                "--steps",
+                "2",
+                "--val-size",
+                "64",
+            ],
+        )
     finally:
         torch.set_num_threads(before)
     assert out.exit_code == 0, out.output

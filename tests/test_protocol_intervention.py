@@ -39,9 +39,8 @@ parsed, error = KIND.parsed, KIND.error
 
 def test_defaults_expand_to_every_head_twice_every_branch_and_the_positions():
     p = parsed()
-    assert (
-        p.kind == "intervention" and p.arms == ("vit",) and p.seeds == (0, 1)
-    )  # smoke's ViT arm, all its seeds
+    # smoke's ViT arm, all its seeds
+    assert p.kind == "intervention" and p.arms == ("vit",) and p.seeds == (0, 1)
     assert [c.key for c in p.cells()] == ["vit/seed0", "vit/seed1"]
     grid = p.grid.expand(p.model_config("vit"))  # fmnist_vit: depth 3, 4 heads
     assert len(grid) == 3 * 4 * 2 + 3 * 2 + 1

@@ -146,9 +146,8 @@ def test_transfer_and_intervention_rows_are_the_parser_keys_with_its_defaults():
     check_defaults(rows["source"], t.canonical["source"], "source", given=("model", "sha256"))
     for section in ("dataset", "run", "evaluation"):
         check_defaults(rows[section], t.canonical[section], section)
-    regime = {
-        k: v for k, v in t.canonical["regimes"][1].items() if k != "optim"
-    }  # the one that leaves out reference
+    # the one that leaves out reference
+    regime = {k: v for k, v in t.canonical["regimes"][1].items() if k != "optim"}
     check_defaults(rows["regimes[]"], regime, "regimes[1]")
     check_defaults(
         rows["regimes[] (optimiser, written flat)"],

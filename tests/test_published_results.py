@@ -52,9 +52,8 @@ README = " ".join(
         + ((RESULTS / "README.md").read_text() if RESULTS.exists() else "")
     ).split()
 )
-SEED_TABLES = (
-    (RESULTS / "README.md").read_text() if RESULTS.exists() else ""
-)  # docs/results: beside the seed study
+# docs/results: beside the seed study
+SEED_TABLES = (RESULTS / "README.md").read_text() if RESULTS.exists() else ""
 
 
 def in_readme(text: str, what: str) -> None:

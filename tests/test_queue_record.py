@@ -73,9 +73,8 @@ def test_a_cell_the_worker_ended_is_held_by_nobody_and_its_outcome_counts(queue,
     renew(queue, trial.number, {**new_lease(), "pid": job.process.pid})
     pool.watch()
     assert job.current == "vit/seed0"
-    queue.set_attr(
-        trial.number, OUTCOME_ATTR, "skipped"
-    )  # the worker's record of the end, before it tells
+    # the worker's record of the end, before it tells
+    queue.set_attr(trial.number, OUTCOME_ATTR, "skipped")
     pool.watch()
     assert (job.current, job.held) == ("", None)
     queue.study.tell(trial, 1.0)

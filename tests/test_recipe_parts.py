@@ -237,9 +237,8 @@ def test_ema_resumed_mid_epoch_equals_an_uninterrupted_run_bitwise(tmp_path):
 @pytest.mark.slow  # trains (a few steps of a tiny ViT, more than 2 s on a loaded 2-core machine)
 def test_with_ema_the_ema_model_is_evaluated_selected_saved_and_reload_proven(tmp_path):
     data = small_data()
-    trainer = Trainer(
-        cfg_with(RecipeConfig(ema_decay=0.5), epochs=1), data, tmp_path
-    )  # one epoch: it is the best
+    # one epoch: it is the best
+    trainer = Trainer(cfg_with(RecipeConfig(ema_decay=0.5), epochs=1), data, tmp_path)
     result = trainer.fit()
     assert {"raw_val_loss", "raw_val_accuracy"} <= set(result.history[0])
     best = load_checkpoint(trainer.best_path)

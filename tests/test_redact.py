@@ -62,9 +62,8 @@ def test_command_lines_records_and_text_files(tmp_path, monkeypatch):
     }
     monkeypatch.setenv("PGPASSWORD", 'quote"d-secret')
     path = tmp_path / "record.json"
-    path.write_text(
-        json.dumps({"argv": 'x quote"d-secret y'})
-    )  # escaped in the file: found as data
+    # escaped in the file: found as data
+    path.write_text(json.dumps({"argv": 'x quote"d-secret y'}))
     with redacted_copy(path) as copy:
         assert copy != path and json.loads(copy.read_text()) == {"argv": "x *** y"}
     assert "quote" in path.read_text()  # the local file is left as it was

@@ -93,9 +93,8 @@ def test_server_environment_keeps_secrets_off_the_command_line_and_the_ini_priva
     tmp_path, monkeypatch
 ):
     created = []
-    monkeypatch.setattr(
-        server_config, "ensure_admin", lambda *args: created.append(args) or True
-    )  # no users database here
+    # no users database here
+    monkeypatch.setattr(server_config, "ensure_admin", lambda *args: created.append(args) or True)
     monkeypatch.setenv(RUNTIME_ENV, str(tmp_path / "run"))
     monkeypatch.setenv(server_config.ADMIN_PASSWORD_ENV, ADMIN[1])
     cfg = server_config.ServerConfig(
@@ -331,9 +330,8 @@ def test_run_user_is_the_account_that_logs_in_to_the_server(monkeypatch):
     monkeypatch.setenv("WORKBENCH_USER", "someone-local")
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "sqlite:///runs.db")
     assert run_user() == "someone-local"
-    monkeypatch.setenv(
-        "MLFLOW_TRACKING_URI", "https://mlflow.example.org"
-    )  # a token or no auth: no account known
+    # a token or no auth: no account known
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "https://mlflow.example.org")
     assert run_user() == "someone-local"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "https://carol%40lab:pw@mlflow.example.org")
     assert run_user() == "carol@lab"
@@ -344,9 +342,8 @@ def test_run_user_is_the_account_that_logs_in_to_the_server(monkeypatch):
 def test_an_admin_command_against_a_dead_server_says_one_line(monkeypatch):
     url = f"http://127.0.0.1:{free_port()}"
     monkeypatch.setenv(server_config.ADMIN_PASSWORD_ENV, ADMIN[1])
-    monkeypatch.setenv(
-        "MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0"
-    )  # the workbench's default: 3 (seconds, not minutes)
+    # the workbench's default: 3 (seconds, not minutes)
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
     result = CliRunner().invoke(server_command, ["revoke", "dave", "study", "--tracking-uri", url])
     lines = result.output.splitlines()  # not MLflow's "INTERNAL_ERROR (HTTP 500)"
     assert result.exit_code == 1 and len(lines) == 1, result.output
@@ -396,9 +393,8 @@ def test_the_colab_notebook_is_valid_nbformat_4():
 
 
 DB_SECRET = "db-secret-in-the-uri-31"  # PostgreSQL trusts loopback here; it still must never leak
-UNRELATED_SECRET = (
-    "unrelated-DBPASS-31"  # in the launcher's shell for something else: no child may inherit it
-)
+# in the launcher's shell for something else: no child may inherit it
+UNRELATED_SECRET = "unrelated-DBPASS-31"
 
 
 def server_env(root: Path) -> dict:
@@ -475,9 +471,8 @@ def test_the_ready_line_and_no_secret_in_the_servers_environment(auth_server):
     ]
     assert "postgresql://***@127.0.0.1" in ready[0] and "default permission READ" in ready[0]
     assert DB_SECRET not in out and ADMIN[1] not in out
-    assert "StarletteDeprecationWarning" not in out, out[
-        :3000
-    ]  # neither the launcher's nor the server's
+    # neither the launcher's nor the server's
+    assert "StarletteDeprecationWarning" not in out, out[:3000]
     assert "warning:" not in out, out[:3000]  # no password on its command line, so no warning
     below = descendants(auth_server.proc.pid)
     assert len(below) >= 2, "no server and watchdog under the launcher"
@@ -503,9 +498,8 @@ def test_the_ready_line_and_no_secret_in_the_servers_environment(auth_server):
             server_config.AUTH_DB_ENV,
             "OMP_NUM_THREADS",
         }, (pid, sorted(names))
-    assert any("server_watchdog.py" in c for c in commands), (
-        commands
-    )  # the watchdog was checked too
+    # the watchdog was checked too
+    assert any("server_watchdog.py" in c for c in commands), commands
 
 
 @pytest.mark.integration
@@ -796,14 +790,12 @@ def test_runs_record_the_account_that_logged_in(carol_and_dave, isolated_trackin
     from tracking.record.cell_runs import open_keyed_run
 
     host = carol_and_dave.removeprefix("http://")
-    monkeypatch.setenv(
-        "MLFLOW_TRACKING_URI", f"http://{DAVE[0]}:{DAVE[1]}@{host}"
-    )  # the user in the URL
+    # the user in the URL
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"http://{DAVE[0]}:{DAVE[1]}@{host}")
     with start_run("dave-runs") as run:
         fluent = run.info.run_id
-    opened = open_keyed_run(
-        "dave-runs", "key-1", {"mlflow.user": "root"}
-    )  # as a cell of `ablate` or `train`
+    # as a cell of `ablate` or `train`
+    opened = open_keyed_run("dave-runs", "key-1", {"mlflow.user": "root"})
     opened.sink.end("FINISHED")
     client = MlflowClient(carol_and_dave)
     as_user(monkeypatch, DAVE)
@@ -825,9 +817,8 @@ def test_sync_prints_no_credentialed_url(
     run = local.create_run(exp, tags={"mlflow.runName": "offline-run"}).info.run_id
     local.log_metric(run, "loss", 0.5)
     local.set_terminated(run, "FINISHED")
-    monkeypatch.delenv(
-        "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", raising=False
-    )  # as in a new process:
+    # as in a new process:
+    monkeypatch.delenv("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", raising=False)
     importlib.reload(tracking)  # what importing the workbench's tracking package sets
     target = carol_and_dave.replace("http://", f"http://{DAVE[0]}:{DAVE[1]}@")
     result = CliRunner().invoke(
@@ -842,9 +833,8 @@ def test_sync_prints_no_credentialed_url(
 @pytest.mark.integration
 @pytest.mark.slow  # 6 s of server start: the default tier neared its 5 minutes (docs/testing.md)
 def test_a_server_that_dies_at_start_exits_non_zero(tmp_path):
-    nothing = (
-        "nosuchdb://127.0.0.1/runs"  # the server process refuses it after the launcher started it
-    )
+    # the server process refuses it after the launcher started it
+    nothing = "nosuchdb://127.0.0.1/runs"
     launcher = Launcher(
         [
             "--backend-store-uri",

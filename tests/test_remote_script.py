@@ -33,6 +33,7 @@ def test_the_remote_script_trains_a_protocol_onto_the_server_and_syncs(
         ADMIN,
         auth_db=f"sqlite:///{tmp_path / 'auth.db'}",
     ) as server:
+        # the venv running the tests, by absolute path
         env = {
             **os.environ,
             "MLFLOW_TRACKING_URI": server.url,
@@ -41,7 +42,7 @@ def test_the_remote_script_trains_a_protocol_onto_the_server_and_syncs(
             "WORKBENCH_DEVICE": "cpu",
             "OMP_NUM_THREADS": "1",
             "VENV": str(Path(sys.executable).parent.parent),
-        }  # the venv running the tests, by absolute path
+        }
         done = subprocess.run(
             [
                 "bash",

@@ -61,9 +61,8 @@ VIT_FIELDS = dict(
     mlp_hidden=32,
 )
 UMASK = 0o022
-T_975_DF2 = (
-    4.302652729749462  # Student-t 97.5% quantile, 2 degrees of freedom: 4.3027 in printed tables
-)
+# Student-t 97.5% quantile, 2 degrees of freedom: 4.3027 in printed tables
+T_975_DF2 = 4.302652729749462
 
 
 def predictions_csv(labels: list[int], correct: int, seed: int) -> str:
@@ -222,9 +221,8 @@ def make_store(
 
 @pytest.fixture
 def store(tmp_path, mlflow_store) -> Store:
-    previous = os.umask(
-        UMASK
-    )  # report files are 0666 masked by the umask: pin it so the mode check is exact
+    # report files are 0666 masked by the umask: pin it so the mode check is exact
+    previous = os.umask(UMASK)
     try:
         yield make_store(tmp_path)
     finally:
@@ -561,17 +559,15 @@ def test_rebuilding_gives_byte_identical_files(store, tmp_path):
         for p in sorted(first.folder.rglob("*"))
         if p.is_file()
     }
-    second = build_report(
-        str(store.protocol_path), tmp_path / "two", log=False
-    )  # elsewhere: paths are not content
+    # elsewhere: paths are not content
+    second = build_report(str(store.protocol_path), tmp_path / "two", log=False)
     again = {
         p.relative_to(second.folder): p.read_bytes()
         for p in sorted(second.folder.rglob("*"))
         if p.is_file()
     }
-    assert (
-        sorted(files) == sorted(again) and len(files) == 9
-    )  # md, html, 7 figures (seeds, forest, confusion x 2, curves)
+    # md, html, 7 figures (seeds, forest, confusion x 2, curves)
+    assert sorted(files) == sorted(again) and len(files) == 9
     different = [str(k) for k in files if files[k] != again[k]]
     assert not different, f"differ between builds: {different}"
 
@@ -757,7 +753,6 @@ def test_the_wall_time_sentence_says_whether_runs_overlapped():
     from reports.configuration import run_layout
 
     assert run_layout([(0, 10), (10, 20), (25, 30)]).startswith("one after another")
-    assert run_layout([(0, 100), (150, 200), (10, 20)]).startswith(
-        "some of them at the same time"
-    )  # inside the first
+    # inside the first
+    assert run_layout([(0, 100), (150, 200), (10, 20)]).startswith("some of them at the same time")
     assert run_layout([(5, 9), (0, 6)]).startswith("some of them at the same time")

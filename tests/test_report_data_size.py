@@ -360,9 +360,8 @@ def section(md: str) -> list[str]:
 
 
 def test_the_section_is_absent_without_train_subset(tmp_path):
-    plain = "\n".join(
-        line for line in PROTOCOL.splitlines() if "train_subset" not in line
-    )  # the same study without the data-size arms
+    # the same study without the data-size arms
+    plain = "\n".join(line for line in PROTOCOL.splitlines() if "train_subset" not in line)
     values = planted(-0.10)
     study = synthetic_study(tmp_path / "protocol", values, plain)
     result = render_study(study, inputs_for(study), tmp_path / "out", [], [])

@@ -57,12 +57,10 @@ def rich_study(tmp_path: Path):
         end_time=int(time.time() * 1000) - 60_000,
     )
     time.sleep(0.01)
-    log_cell(
-        client, store.protocol, parent, "cnn", 1, 7, 4, status="KILLED"
-    )  # a newer attempt, never used
-    log_cell(
-        client, store.protocol, parent, "wide", 2, 9, 5, status="FAILED"
-    )  # the missing cell's only run
+    # a newer attempt, never used
+    log_cell(client, store.protocol, parent, "cnn", 1, 7, 4, status="KILLED")
+    # the missing cell's only run
+    log_cell(client, store.protocol, parent, "wide", 2, 9, 5, status="FAILED")
     figures = tmp_path / "logged_figures"
     figures.mkdir()
     (figures / "01_patches.png").write_bytes(PNG)
@@ -82,9 +80,8 @@ def rich_study(tmp_path: Path):
     return store
 
 
-pytestmark = (
-    pytest.mark.e2e
-)  # a real MLflow store (conftest marks tests by fixture name; this one is shared)
+# a real MLflow store (conftest marks tests by fixture name; this one is shared)
+pytestmark = pytest.mark.e2e
 
 
 @pytest.fixture(scope="module")
@@ -131,13 +128,13 @@ def test_a_report_rebuilt_from_its_evidence_is_the_same_report(published, tmp_pa
     assert without_rebuilt_line(rebuilt_md) == md, "the Markdown differs beyond the documented line"
     compared, diffs = number_differences(md, rebuilt_md)
     assert compared > 500 and not diffs, diffs[:20]
-    checked, diffs = accuracy_differences(
-        result.folder
-    )  # the published-evidence check, on this study
+    # the published-evidence check, on this study
+    checked, diffs = accuracy_differences(result.folder)
+    # 2 splits x 3 arms x 9 columns
     assert checked == 2 * 3 * 9 and not diffs, (
         checked,
         diffs[:20],
-    )  # 2 splits x 3 arms x 9 columns
+    )
     html, rebuilt_html = result.html.read_text(), rebuilt.html.read_text()
     assert [line for line in rebuilt_html.split("\n") if REBUILT_PREFIX not in line] == html.split(
         "\n"
@@ -216,18 +213,16 @@ def test_the_export_is_complete_deterministic_and_portable(published, tmp_path):
         if p.is_file()
     }
     assert first.keys() == second.keys()
-    assert [k for k in first if first[k] != second[k]] == [
-        Path("runs.json")
-    ]  # logged_to: this build did not log
+    # logged_to: this build did not log
+    assert [k for k in first if first[k] != second[k]] == [Path("runs.json")]
     assert json.loads(second[Path("runs.json")])["build"]["logged_to"] == []
 
 
 def test_damaged_evidence_and_bad_options_are_one_line_errors(published, tmp_path):
     root, _, result = published
     with pytest.raises(ReportError, match="holds the evidence and its published report"):
-        build_from_evidence(
-            result.folder / "evidence", root / "docs"
-        )  # would overwrite the published report
+        # would overwrite the published report
+        build_from_evidence(result.folder / "evidence", root / "docs")
     shutil.copytree(result.folder, tmp_path / "study")  # damaged below: a copy
     evidence = tmp_path / "study" / "evidence"
     # A published number edited by hand: both checks name its place.

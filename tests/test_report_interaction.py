@@ -142,10 +142,11 @@ def test_per_seed_values_t_interval_and_wording_equal_a_hand_computation(tmp_pat
     hand = [
         (acc["vit_r"][s] - acc["vit"][s]) - (acc["cnn_r"][s] - acc["cnn"][s]) for s in (0, 1, 2)
     ]
+    # exact: the same float operations
     assert ix.paired.differences == hand, (
         ix.paired.differences,
         hand,
-    )  # exact: the same float operations
+    )
     assert np.allclose(hand, [0.2, 0.2, -0.1], atol=1e-12)
     mean = sum(hand) / 3
     sd = math.sqrt(sum((d - mean) ** 2 for d in hand) / 2)
@@ -230,9 +231,8 @@ def test_the_bootstrap_shares_seed_and_example_draws_across_the_four_arms(tmp_pa
 
 
 def test_arms_on_other_examples_or_missing_seeds_are_said_not_hidden(tmp_path):
-    labels = {
-        ("cnn", 1): [0, 0, 0, 1, 1, 1, 2, 2, 2, 0]
-    }  # one label differs: not the same examples
+    # one label differs: not the same examples
+    labels = {("cnn", 1): [0, 0, 0, 1, 1, 1, 2, 2, 2, 0]}
     ix = tables.interaction(in_memory_study(tmp_path, labels=labels), QUAD, "val", n_resamples=100)
     assert (
         ix.bootstrap is None

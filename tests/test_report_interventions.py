@@ -44,9 +44,8 @@ def test_report_numbers_marks_and_wording(logged, tmp_path):
         "2 of 3",
         "-20.00 / -20.00 / 0.00",
     ]
-    assert rows[1][2:4] == ["-11.67", "[-18.84, -4.50]*"] and rows[1][5] == "3 of 3", rows[
-        1
-    ]  # excludes zero: marked
+    # excludes zero: marked
+    assert rows[1][2:4] == ["-11.67", "[-18.84, -4.50]*"] and rows[1][5] == "3 of 3", rows[1]
     # the same drop in every seed: a zero-width t-interval is no spread, not certainty, and is not marked
     assert (
         rows[2][2:4] == ["-10.00", "[-10.00, -10.00]"] and rows[2][6] == "-10.00 / -10.00 / -10.00"
@@ -99,9 +98,8 @@ def test_summary_matrix_and_seed_consistency_from_outcomes():
     )
     assert [r.name for r in ranked(rows)][0] == "blocks.1.attn.head0.zero"
     mean, marked = head_matrix(rows, "zero", 2, 2)
-    assert (
-        abs(mean[1, 0] + 0.5) < 1e-12 and np.isnan(mean[1, 1]) and not marked[1, 0]
-    )  # zero spread: no t-interval
+    # zero spread: no t-interval
+    assert abs(mean[1, 0] + 0.5) < 1e-12 and np.isnan(mean[1, 1]) and not marked[1, 0]
     assert abs(mean[0, 1] + 5 / 18) < 1e-12 and marked[0, 1] and not marked[0, 0]
     rhos = {(a.seed_a, a.seed_b): a.rho for a in seed_consistency(rows, "zero")}
     assert set(rhos) == {(0, 1), (0, 2), (1, 2)} and abs(rhos[(0, 1)] - 1.0) < 1e-12

@@ -141,10 +141,11 @@ def test_log_summary_sets_metrics_marks_dropped_comparisons_and_keeps_one_block(
             n=3,
         ),
     }
+    # a local store: no UI address
     assert report_summary.log_summary(run_id, both, report_summary.HEAD + " one", client) == (
         0,
         None,
-    )  # a local store: no UI address
+    )
     run = client.get_run(run_id)
     assert {k: run.data.metrics[k] for k in both if math.isfinite(both[k])} == {
         k: v for k, v in both.items() if math.isfinite(v)
@@ -257,9 +258,10 @@ def test_a_built_report_puts_every_comparison_and_its_results_on_the_parent_run(
         for stat in report_summary.STATS
     )
     assert math.isfinite(run.data.metrics["cmp.cnn_vs_vit.val.mean_diff"])
+    # the same rows, updated
     assert {a: r.info.run_id for a, r in arm_rows(client, run).items()} == {
         a: r.info.run_id for a, r in rows.items()
-    }  # the same rows, updated
+    }
     assert run.data.tags[report_summary.NOTE_TAG].count("### Results of the report") == 1
     assert any("2 comparison(s) no longer made set to NaN" in m for m in again.messages), (
         again.messages

@@ -201,16 +201,14 @@ def test_transfer_report_numbers_files_and_logging(transfer_store, tmp_path):
     # Regime differences over seeds: the between-seed t-interval AND the bootstrap, both in the table and the paragraph.
     qwk = {k: cohen_kappa_score(LABELS, predictions(*k), weights="quadratic") for k in CORRECT}
     d = [qwk[("full_ft", s)] - qwk[("linear_probe", s)] for s in (0, 1)]
-    half = (
-        12.706204736174707 * np.std(d, ddof=1) / np.sqrt(2)
-    )  # t quantile 0.975, 1 degree of freedom
+    # t quantile 0.975, 1 degree of freedom
+    half = 12.706204736174707 * np.std(d, ddof=1) / np.sqrt(2)
     t_text = f"[{np.mean(d) - half:+.3f}, {np.mean(d) + half:+.3f}]"
     row = [r for r in md.splitlines() if r.startswith("| full_ft − linear_probe | QWK    |  all |")]
     assert len(row) == 1 and t_text in row[0] and "won in 2 of 2 seeds" in row[0], (row, t_text)
     boot = result.section.paired[("full_ft", "linear_probe", "qwk")][1]
-    places = min(
-        3, decimals_for_error(max(boot.mc_error_low, boot.mc_error_high), 3)
-    )  # Monte-Carlo precision
+    # Monte-Carlo precision
+    places = min(3, decimals_for_error(max(boot.mc_error_low, boot.mc_error_high), 3))
     assert f"[{fmt(boot.low, places, True)}, {fmt(boot.high, places, True)}]" in row[0], (row, boot)
     assert f"On test, full_ft minus linear_probe is {np.mean(d):+.2f} of QWK (95% t-interval" in md
     assert md.count("from 2 seeds it can draw only 3 distinct seed sets") == 1, (
@@ -253,9 +251,10 @@ def test_transfer_report_numbers_files_and_logging(transfer_store, tmp_path):
         "cuda (NVIDIA H200)",
         "bfloat16 autocast",
     ], cost
+    # vit_tiny: ~1.3 G
     assert cost["full_ft"][7] == config["full_ft"][1] and cost["full_ft"][8].endswith("GFLOPs"), (
         cost
-    )  # vit_tiny: ~1.3 G
+    )
     html = result.html.read_text()
     assert "<pre>" not in html and html.count("data:image/png;base64,") == 3
     assert result.logged_to == [transfer_store["parent"]]

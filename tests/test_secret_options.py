@@ -58,9 +58,8 @@ def test_a_password_typed_on_the_command_line_gets_one_redacted_warning(
 ):
     from studies.runtime import secret_options
 
-    monkeypatch.setattr(
-        secret_options, "_warned", set()
-    )  # once per process: this test's command is a process
+    # once per process: this test's command is a process
+    monkeypatch.setattr(secret_options, "_warned", set())
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("WORKBENCH_OFFLINE_DIR", str(tmp_path / "offline"))
     (tmp_path / "offline").mkdir()

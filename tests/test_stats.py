@@ -72,9 +72,8 @@ def test_qwk_with_a_class_absent_keeps_ordinal_positions():
     )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # sklearn rightly warns that kappa is undefined here
-        assert math.isnan(
-            stats.quadratic_weighted_kappa(np.zeros(4, int), np.zeros(4, int), 3)
-        )  # nan, not a crash
+        # nan, not a crash
+        assert math.isnan(stats.quadratic_weighted_kappa(np.zeros(4, int), np.zeros(4, int), 3))
 
 
 def test_classification_metrics_match_sklearn_and_handle_absent_class():

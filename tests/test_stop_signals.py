@@ -77,9 +77,8 @@ def test_a_stop_inside_a_database_call_is_sent_again_and_raised_outside(
 
 
 def test_an_ignored_sigint_stays_ignored(monkeypatch):
-    previous = signal.signal(
-        signal.SIGINT, signal.SIG_IGN
-    )  # as in a process started in the background
+    # as in a process started in the background
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         with sigterm_raises():
             assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
@@ -173,9 +172,8 @@ def test_a_stop_that_torch_save_turns_into_another_error_is_still_a_stop(
 
     class SaveOnEpoch(TrainingObserver):
         def on_epoch(self, metrics: dict) -> None:
-            torch.save(
-                {"w": torch.zeros(1000)}, _InterruptedFile()
-            )  # not an atomic write: nothing defers it
+            # not an atomic write: nothing defers it
+            torch.save({"w": torch.zeros(1000)}, _InterruptedFile())
 
     data = synthetic_data(n_train=64, n_val=32, n_test=16)
     with sigterm_raises():
@@ -215,9 +213,8 @@ def test_a_transfer_or_intervention_cell_ends_failed_for_an_error_and_killed_for
                 raise ValueError("bad input")
             if what == "ctrl-c":
                 signal.getsignal(signal.SIGINT)(signal.SIGINT, sys._getframe())
-            torch.save(
-                {"w": torch.zeros(1000)}, _InterruptedFile()
-            )  # the Ctrl-C lands in the zip writer
+            # the Ctrl-C lands in the zip writer
+            torch.save({"w": torch.zeros(1000)}, _InterruptedFile())
         except BaseException as err:  # noqa: BLE001 - as the cells do
             if what == "error":
                 assert end_after_error(sink, "token", err) == "ValueError: bad input"

@@ -53,9 +53,8 @@ def full_artifact_copy(monkeypatch) -> None:
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(repo.shutil, "copyfileobj", enospc)
-    assert (
-        shutil.copyfileobj is enospc
-    )  # the same module object: MLflow's writes are the ones failing
+    # the same module object: MLflow's writes are the ones failing
+    assert shutil.copyfileobj is enospc
 
 
 def test_a_full_artifact_store_is_named_in_one_line(mlflow_store, tmp_path, monkeypatch):
@@ -65,9 +64,8 @@ def test_a_full_artifact_store_is_named_in_one_line(mlflow_store, tmp_path, monk
     full_artifact_copy(monkeypatch)
     with pytest.raises(OSError) as err:
         client.log_artifact(run, str(tmp_path / "checkpoint.pt"))
-    assert (
-        str(err.value) == "[Errno 28] No space left on device"
-    )  # what MLflow says: no file, no store
+    # what MLflow says: no file, no store
+    assert str(err.value) == "[Errno 28] No space left on device"
     line = one_line(err.value)
     artifacts = client.get_run(run).info.artifact_uri
     assert (
@@ -87,9 +85,8 @@ def test_ablate_stops_at_the_first_cell_the_full_store_refuses(mlflow_store, tmp
 
     def logging_fails(cfg, data, **kw):
         calls.append(kw["run_name"])
-        client.log_artifact(
-            run, str(tmp_path / "f")
-        )  # where a trained cell's checkpoint upload fails
+        # where a trained cell's checkpoint upload fails
+        client.log_artifact(run, str(tmp_path / "f"))
 
     monkeypatch.setattr(ablate, "train_one", logging_fails)
     protocol = load_protocol(PROTOCOLS / "smoke.yaml")
@@ -182,9 +179,8 @@ def test_a_parent_reaped_by_a_rerun_that_skips_everything_ends_at_its_last_heart
     from tracking.record.protocol_runs import close_study_parent, open_study_parent
 
     protocol = load_protocol(PROTOCOLS / "smoke.yaml")
-    died = round(
-        time.time() - 3600, 3
-    )  # killed an hour ago, after its last cell finished (tags keep ms)
+    # killed an hour ago, after its last cell finished (tags keep ms)
+    died = round(time.time() - 3600, 3)
     client, parent = study_store(protocol, heartbeat=died)
     died_ms = round(died * 1000)
     assert last_sign_of_life(client.get_run(parent)) == died_ms

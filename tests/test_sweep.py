@@ -161,9 +161,8 @@ def test_ctrl_c_ends_the_sweep_parent_killed_and_a_live_sweep_is_never_reaped(
     from tracking.record.lease import RELEASED_TAG, TOKEN_TAG
 
     monkeypatch.setenv("WORKBENCH_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.setenv(
-        "WORKBENCH_LEASE_SECONDS", "3"
-    )  # short: a run without heartbeats looks dead soon
+    # short: a run without heartbeats looks dead soon
+    monkeypatch.setenv("WORKBENCH_LEASE_SECONDS", "3")
     monkeypatch.delenv("WORKBENCH_HEARTBEAT_SECONDS", raising=False)  # a quarter of the lease
     folder = tmp_path / "images"
     make_image_folder(folder, per_class={"train": 14, "test": 4})
@@ -316,9 +315,8 @@ def _refused(tmp_path, mlflow_store, *specs):
 
 def test_unknown_field_is_refused_before_any_trial(tmp_path, mlflow_store):
     line = _refused(tmp_path, mlflow_store, "optim.lr=float:1e-4:1e-2:log", "model.bogus=int:1:4")
-    assert "model.bogus: unknown field" in line and "heads" in line, (
-        line
-    )  # the valid fields are listed
+    # the valid fields are listed
+    assert "model.bogus: unknown field" in line and "heads" in line, line
 
 
 def test_space_where_every_trial_fails_validation_is_refused(tmp_path, mlflow_store):
@@ -342,16 +340,13 @@ def test_space_check_lets_partly_valid_spaces_through(tmp_path):
     from studies.ablation.sweep import check_space
 
     arm = load_protocol(write_protocol(tmp_path)).reference
-    check_space(
-        arm.config, parse_space(("model.heads=choice:3,4",))
-    )  # 4 divides 16: trials with 3 are pruned
+    # 4 divides 16: trials with 3 are pruned
+    check_space(arm.config, parse_space(("model.heads=choice:3,4",)))
     check_space(arm.config, parse_space(("model.heads=int:3:5", "optim.weight_decay=float:0:0.1")))
-    check_space(
-        arm.config, parse_space(("model.heads=int:3:40",))
-    )  # only 4, 8 and 16 divide dim 16
-    check_space(
-        arm.config, parse_space(("dataset.translate_fraction=float:-10:20",))
-    )  # valid: [0, 0.5)
+    # only 4, 8 and 16 divide dim 16
+    check_space(arm.config, parse_space(("model.heads=int:3:40",)))
+    # valid: [0, 0.5)
+    check_space(arm.config, parse_space(("dataset.translate_fraction=float:-10:20",)))
     with pytest.raises(click.BadParameter, match="optim.lr: every value fails validation"):
         check_space(arm.config, parse_space(("optim.lr=float:-2:-1",)))
     with pytest.raises(click.BadParameter, match="run.epoch: unknown field"):

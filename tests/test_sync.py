@@ -99,9 +99,8 @@ def assert_steps_once(metrics: dict, epochs: int) -> None:
 def test_unreachable_at_start_logs_locally_and_sync_copies_once(
     isolated_tracking, tmp_path, monkeypatch
 ):
-    monkeypatch.setenv(
-        "MLFLOW_TRACKING_URI", f"http://127.0.0.1:{free_port()}"
-    )  # nothing listens there
+    # nothing listens there
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"http://127.0.0.1:{free_port()}")
     parent = RunSink.create("q", {"mlflow.runName": "parent", "parent": "true"})
     assert parent.offline
     outcome = train_one(
@@ -118,9 +117,8 @@ def test_unreachable_at_start_logs_locally_and_sync_copies_once(
     parent.end("FINISHED")
 
     local = snapshot(MlflowClient(offline_store.fallback_uri()), "q")
-    target = (
-        f"sqlite:///{tmp_path / 'target.db'}"  # sync works into any store; the server case is below
-    )
+    # sync works into any store; the server case is below
+    target = f"sqlite:///{tmp_path / 'target.db'}"
     report = sync(offline_store.fallback_uri(), target)
     assert (report.runs_created, report.models, report.errors) == (2, 1, []), report.summary()
     copied = snapshot(MlflowClient(target), "q")
@@ -216,9 +214,8 @@ def test_server_killed_mid_run_then_sync_holds_everything_exactly_once(
         parent = state[f"outage@{protocol.short_hash}"]
         assert parent["status"] == "FINISHED" and parent["metrics"]["cells_finished"][0][2] == 2
         assert len(parent["metrics"]["cells_finished"]) == 1
-        executions = {
-            f for f in parent["files"] if f.startswith("executions/")
-        }  # one record per execution
+        # one record per execution
+        executions = {f for f in parent["files"] if f.startswith("executions/")}
         assert len(executions) == 1 and parent["files"] - executions == {
             "protocol/outage.yaml",
             "protocol/canonical.json",

@@ -140,9 +140,8 @@ def test_a_timm_cnns_flops_are_counted_by_the_flop_counter():
         counter.get_total_flops(),
     )
     assert cost.parameters == sum(p.numel() for p in model.parameters())
-    assert (
-        2.9 * cost.forward_flops < cost.train_flops < 3 * cost.forward_flops
-    )  # backward: about twice the forward
+    # backward: about twice the forward
+    assert 2.9 * cost.forward_flops < cost.train_flops < 3 * cost.forward_flops
 
 
 def test_a_timm_vits_counted_flops_equal_the_analytic_count_of_its_glass_box_config():
@@ -191,9 +190,8 @@ def test_the_glass_box_check_of_a_timm_vit_is_exact_and_says_nothing_of_a_cnn():
         "glassbox_max_abs_logit_diff": 0.0,
         "glassbox_exact": 1.0,
     }
-    assert vit.training and all(
-        m.fused_attn for m in vit.modules() if hasattr(m, "fused_attn")
-    )  # left as it was
+    # left as it was
+    assert vit.training and all(m.fused_attn for m in vit.modules() if hasattr(m, "fused_attn"))
     assert glassbox_check(build_model(model_config("timm/resnet10t", num_classes=10)), x) == {}
     assert glassbox_check(build_model(model_config("cifar_cnn")), x) == {}
 
@@ -239,9 +237,8 @@ def test_a_timm_vit_arm_checkpoint_is_a_transfer_source(tmp_path):
         },
         tmp_path / "checkpoints" / "best.pt",
     )
-    cnn_source = load_workbench_checkpoint(
-        tmp_path / "checkpoints" / "best.pt"
-    )  # kept as timm builds it, no mapping
+    # kept as timm builds it, no mapping
+    cnn_source = load_workbench_checkpoint(tmp_path / "checkpoints" / "best.pt")
     assert (
         not cnn_source.is_vit
         and cnn_source.info.mapping == ""

@@ -117,9 +117,8 @@ def test_smoke_timm_arms_trains_every_arm_and_reports(mlflow_store, tmp_path):
         return  # the transfer part needs the RetinaMNIST copy of the project machine
     folder = tmp_path / "transfer"
     folder.mkdir()
-    shutil.copy(
-        PROTOCOL, folder / PROTOCOL.name
-    )  # the source protocol sits beside the transfer protocol
+    # the source protocol sits beside the transfer protocol
+    shutil.copy(PROTOCOL, folder / PROTOCOL.name)
     (folder / "from_timm_vit.yaml").write_text(TRANSFER)
     result = CliRunner().invoke(
         main,

@@ -61,10 +61,15 @@ def test_the_arms_are_the_seed_table_the_fmnist_cells_and_two_timm_arms():
 def test_the_cpu_is_named_and_the_run_is_logged(mlflow_store, tmp_path):
     machine = train_benchmark.cpu_description()
     assert machine["cpu_model"] and "lacks" not in machine["cpu_units"]
+    # fmt: skip
     table = train_benchmark.bench_arm(
-        "tiny", tiny_config(epochs=1), ("today", "fused_adamw"), rounds=1, steps=1,
+        "tiny",
+        tiny_config(epochs=1),
+        ("today", "fused_adamw"),
+        rounds=1,
+        steps=1,
         say=lambda _m: None,
-    )  # fmt: skip
+    )
     load = Load(1.0, 2.0, 2)
     text = train_benchmark.markdown(table, machine, load)
     assert "| tiny | 17 | fp32 | fused_adamw |" in text, text

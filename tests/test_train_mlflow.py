@@ -150,13 +150,14 @@ def test_a_dataset_insert_lost_to_another_run_is_linked_on_the_next_try(mlflow_s
         calls.append(run_id)
         if run_id == loser.run_id and calls.count(run_id) == 1:
             real(self, winner.run_id, datasets=datasets)  # the other run inserts it first ...
+            # ... as the server says
             raise RestException(
                 {
                     "error_code": "BAD_REQUEST",
                     "message": "(psycopg.errors.UniqueViolation) duplicate "
                     'key value violates unique constraint "dataset_pk"',
                 }
-            )  # ... as the server says
+            )
         return real(self, run_id, datasets=datasets, **kw)
 
     monkeypatch.setattr(MlflowClient, "log_inputs", lost_race_once)

@@ -244,18 +244,15 @@ def test_scratch_model_is_the_seeded_init_of_the_source_architecture(setup):
     assert torch.equal(torch.random.get_rng_state(), rng), (
         "building a scratch model moved the global RNG"
     )
-    torch.manual_seed(
-        derive_seed(3, "init")
-    )  # the documented init: an ablation arm's, seeded by the cell's seed
+    # the documented init: an ablation arm's, seeded by the cell's seed
+    torch.manual_seed(derive_seed(3, "init"))
     expected = VisionTransformer(replace(source.cfg, num_classes=5)).state_dict()
     sa, sb, sc, src = a.state_dict(), b.state_dict(), c.state_dict(), source.model.state_dict()
-    head = new_head(
-        5, source.cfg.dim, 3
-    )  # transfer_model's head for seed 3 (the pairing test below checks it there)
+    # transfer_model's head for seed 3 (the pairing test below checks it there)
+    head = new_head(5, source.cfg.dim, 3)
     for key, value in sa.items():
-        want = (
-            head[key] if key.startswith("head.") else expected[key]
-        )  # the seed's head, as every regime's
+        # the seed's head, as every regime's
+        want = head[key] if key.startswith("head.") else expected[key]
         assert torch.equal(value, want) and torch.equal(value, sb[key]), (
             f"{key}: max |diff| {(value - want).abs().max():.3g}"
         )
@@ -413,9 +410,8 @@ def test_scratch_regime_trains_every_parameter_from_its_seeded_init_and_resumes(
 
 
 def test_channels_follow_the_source():
-    rgb = torch.tensor(
-        [[[[255]], [[0]], [[0]]], [[[10]], [[20]], [[30]]]], dtype=torch.uint8
-    )  # (2, 3, 1, 1)
+    # (2, 3, 1, 1)
+    rgb = torch.tensor([[[[255]], [[0]], [[0]]], [[[10]], [[20]], [[30]]]], dtype=torch.uint8)
     split = PreparedSplit(rgb, torch.tensor([0, 1]), torch.tensor([0, 1]), "test")
     grey = adapt_split(split, 1).images
     assert grey.shape == (2, 1, 1, 1) and grey.flatten().tolist() == [
@@ -605,9 +601,10 @@ def test_report_section_tables_and_confusion():
             and cm.sum() == 240
             and np.trace(cm) == sum(int((p == y).sum()) for p in preds)
         ), cm
+    # rendering lives in reports/, not in the library
     from reports.transfer.transfer_blocks import (
         transfer_markdown,
-    )  # rendering lives in reports/, not in the library
+    )
 
     markdown = transfer_markdown(section)
     assert "| regime       | seed |" in markdown and "full_ft − linear_probe" in markdown, markdown

@@ -31,11 +31,12 @@ from workbench.transfer.any_model import (
 from workbench.transfer.runner import TransferContext, select_cell, split_off_test
 from workbench.transfer.source_model import SourceError, load_timm_source, load_workbench_checkpoint
 
+# timm/resnet10t, 80k parameters
 ARM = {
     "num_classes": 10,
     "channels": [8, 16, 32, 64],
     "stem_width": 8,
-}  # timm/resnet10t, 80k parameters
+}
 
 
 @pytest.fixture(autouse=True)
@@ -137,14 +138,12 @@ def test_linear_full_and_scratch_train_and_resume(setup, kind):
         k for k in before if not k.startswith("fc.") and not torch.equal(before[k], trained[k])
     }
     if kind == "linear":
-        assert selection.trainable_parameters == 64 * 5 + 5 and not moved, (
-            moved
-        )  # the frozen body is the source's
+        # the frozen body is the source's
+        assert selection.trainable_parameters == 64 * 5 + 5 and not moved, moved
     else:
         assert "layer1.0.conv1.weight" in moved and "conv1.0.weight" in moved, sorted(moved)[:5]
-        again = select_cell(
-            cell, source, data, None, ctx, tmp_path / kind
-        )  # resumes the Trainer's finished state
+        # resumes the Trainer's finished state
+        again = select_cell(cell, source, data, None, ctx, tmp_path / kind)
         assert (again.best_epoch, again.best_val, again.history) == (
             selection.best_epoch,
             selection.best_val,
@@ -182,9 +181,8 @@ def test_layer_decay_follows_timms_groups_and_refusals_name_the_key(setup):
     model = transfer_copy(source.model, 5, 0)
     groups = param_groups_any(model, 1e-3, 0.05, 0.5, "k")
     scales = sorted({g["lr_scale"] for g in groups}, reverse=True)
-    assert scales == [1.0, 0.5, 0.25, 0.125, 0.0625, 0.03125], (
-        scales
-    )  # stem, 4 stages, head: 6 timm groups
+    # stem, 4 stages, head: 6 timm groups
+    assert scales == [1.0, 0.5, 0.25, 0.125, 0.0625, 0.03125], scales
     assert groups[0]["lr"] == 1e-3 and all(
         g["lr"] == pytest.approx(1e-3 * g["lr_scale"]) for g in groups
     )

@@ -49,9 +49,8 @@ from tracking.record.queries import CellRecord
 from workbench.protocol import load_transfer_protocol
 
 TOLERANCE = 0.0  # the same predictions through the same code: bit-identical numbers
-RESAMPLES = (
-    100  # enough to exercise every interval; the store test below uses the report's own count
-)
+# enough to exercise every interval; the store test below uses the report's own count
+RESAMPLES = 100
 EXECUTION_PARAMS = {
     **SOURCE,
     "transfer.regimes": "linear_probe,full_ft",
@@ -123,16 +122,14 @@ def tiny_data(tmp_path: Path) -> TransferReportData:
         }
         record = _record(f"{n:032x}", regime, seed, "FINISHED", 1000 + n, metrics)
         records.append(record)
-        records.append(
-            _record(f"{n + 10:032x}", regime, seed, "FINISHED", 10 + n, {})
-        )  # older: not chosen
+        # older: not chosen
+        records.append(_record(f"{n + 10:032x}", regime, seed, "FINISHED", 10 + n, {}))
         curves = {"val_qwk": {1: 0.1, 2: 0.3, 3: 0.5}, "val_loss": {1: 1.0, 2: float("nan")}}
         cells[(regime, seed)] = ReportedCell(
             record, {"test": _csv(pred), "val": _csv(pred[:10])}, curves
         )
-    records.append(
-        _record(f"{99:032x}", "full_ft", 1, "KILLED", 5000, {})
-    )  # newer, unfinished: listed, not used
+    # newer, unfinished: listed, not used
+    records.append(_record(f"{99:032x}", "full_ft", 1, "KILLED", 5000, {}))
     execution = {
         "run_id": "p" * 32,
         "params": dict(EXECUTION_PARAMS),
@@ -206,10 +203,11 @@ def test_export_reads_back_offline_to_the_same_numbers(tmp_path, monkeypatch):
     assert {k: c.files for k, c in back.cells.items()} == {
         k: c.files for k, c in data.cells.items()
     }
+    # NaN
     assert (
         back.cells[("full_ft", 1)].curves["val_loss"][2]
         != back.cells[("full_ft", 1)].curves["val_loss"][2]
-    )  # NaN
+    )
     by_id = lambda records: sorted(records, key=lambda r: r.run_id)  # noqa: E731 - the export sorts by regime, seed
     assert (by_id(back.records), back.execution, back.tracking_uri) == (
         by_id(data.records),
@@ -266,9 +264,8 @@ def test_only_a_published_checkpoint_is_called_pretrained(kind, pretrained):
         norm_from="n",
     )
     text = source_text(info.as_params())
-    legacy = source_text(
-        {k: v for k, v in info.as_params().items() if k != "source.provenance"}
-    )  # runs before it
+    # runs before it
+    legacy = source_text({k: v for k, v in info.as_params().items() if k != "source.provenance"})
     for shown in (text, legacy):
         claims = "published pretrained checkpoint" in shown and "not a published" not in shown
         assert claims == pretrained, shown
@@ -299,12 +296,10 @@ def test_store_report_and_its_rebuild_from_evidence_agree_number_for_number(
     assert [p.read_bytes() for p in rebuilt.figures] == [p.read_bytes() for p in built.figures], (
         "a figure differs"
     )
-    checked, problems = transfer_differences(
-        built.folder
-    )  # what test_published_evidence checks of a published one
-    assert checked == 4 * 2 + 4 * 3 + 2 * 4 and not problems, (
-        problems
-    )  # test_qwk, test_accuracy logged
+    # what test_published_evidence checks of a published one
+    checked, problems = transfer_differences(built.folder)
+    # test_qwk, test_accuracy logged
+    assert checked == 4 * 2 + 4 * 3 + 2 * 4 and not problems, problems
 
 
 def test_a_source_given_by_option_is_said_with_what_it_is():

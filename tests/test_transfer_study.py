@@ -169,9 +169,8 @@ def test_a_pinned_sha256_is_checked_before_any_run_opens(mlflow_store, tmp_path)
         and "need source.model" in passed.output
     ), passed.output
 
-    run_id, checkpoint = log_source_run(
-        tmp_path
-    )  # runs:/ sources are checked on the downloaded file
+    # runs:/ sources are checked on the downloaded file
+    run_id, checkpoint = log_source_run(tmp_path)
     spec = SourceSpec(weights=f"runs:/{run_id}", sha256=wrong)
     with pytest.raises(
         ValueError,
@@ -218,9 +217,8 @@ def test_protocol_end_to_end_selection_never_reads_the_test_split(
 ):
     monkeypatch.setenv("WORKBENCH_CACHE_DIR", str(tmp_path / "cache"))
     learnable_retina(tmp_path / "retinamnist.npz")
-    monkeypatch.setitem(
-        checksums.RETINAMNIST_MD5, 28, md5(tmp_path / "retinamnist.npz")
-    )  # our file is 'official'
+    # our file is 'official'
+    monkeypatch.setitem(checksums.RETINAMNIST_MD5, 28, md5(tmp_path / "retinamnist.npz"))
     run_id, _ = log_source_run(tmp_path)
     path = write_protocol(tmp_path, run_id)
     events: list = []
@@ -282,6 +280,7 @@ def test_protocol_end_to_end_selection_never_reads_the_test_split(
     later = lambda: {"git_commit": "a-later-docs-commit", "git_dirty": "false"}  # noqa: E731
     monkeypatch.setattr("tracking.store.session.git_state", later)
     monkeypatch.setattr("tracking.record.protocol_runs.git_state", later)
+    # the command, as a user runs it
     again = CliRunner().invoke(
         main,
         [
@@ -296,7 +295,7 @@ def test_protocol_end_to_end_selection_never_reads_the_test_split(
             "--output-dir",
             str(tmp_path / "out"),
         ],
-    )  # the command, as a user runs it
+    )
     assert again.exit_code == 0, again.output
     assert again.output.count("[skipped] ") == 5 and again.output.count("[finished] ") == 1, (
         again.output
@@ -372,9 +371,8 @@ def test_scratch_regime_beside_a_linear_probe_from_a_pinned_source(
 ):
     monkeypatch.setenv("WORKBENCH_CACHE_DIR", str(tmp_path / "cache"))
     learnable_retina(tmp_path / "retinamnist.npz")
-    monkeypatch.setitem(
-        checksums.RETINAMNIST_MD5, 28, md5(tmp_path / "retinamnist.npz")
-    )  # our file is 'official'
+    # our file is 'official'
+    monkeypatch.setitem(checksums.RETINAMNIST_MD5, 28, md5(tmp_path / "retinamnist.npz"))
     run_id, checkpoint = log_source_run(tmp_path)
     pin = sha256_file(checkpoint)
     data = protocol_dict(
@@ -405,9 +403,8 @@ def test_scratch_regime_beside_a_linear_probe_from_a_pinned_source(
         first.exit_code == 0
         and "cells: 4 run, 0 already finished (skipped), 0 failed" in first.output
     ), first.output[-3000:]
-    again = CliRunner().invoke(
-        main, args
-    )  # a rerun skips every finished cell, the scratch ones too
+    # a rerun skips every finished cell, the scratch ones too
+    again = CliRunner().invoke(main, args)
     assert (
         again.exit_code == 0
         and "cells: 0 run, 4 already finished (skipped), 0 failed" in again.output

@@ -119,9 +119,8 @@ def atomic_write(
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException as err:
-        full = isinstance(err, (OSError, RuntimeError)) and _disk_full(
-            path.parent, err
-        )  # before the temp file goes
+        # before the temp file goes
+        full = isinstance(err, (OSError, RuntimeError)) and _disk_full(path.parent, err)
         Path(tmp).unlink(missing_ok=True)
         if full:
             raise WriteFailed(errno.ENOSPC, f"no space left on device writing {path}") from err

@@ -34,11 +34,12 @@ SIZE_FIELDS = (
 )
 REDUCED_DEPTH = 2
 REDUCED_HEADS = 2
+# the first whose MLP width keeps every option (a packed GLU needs it even)
 REDUCED_WIDTHS = (
     64,
     96,
     128,
-)  # the first whose MLP width keeps every option (a packed GLU needs it even)
+)
 REDUCED_GRID = 4  # patches per side
 REDUCED_CLASSES = 10
 

@@ -227,9 +227,8 @@ def _check_args(metric: Metric | None, n_resamples: int, confidence: float) -> N
 def _confusion_batch(y: np.ndarray, p: np.ndarray, k: int, idx: np.ndarray) -> np.ndarray:
     """Confusion counts (R, K, K) of the resamples ``idx`` (R, N), from one bincount."""
     r = idx.shape[0]
-    codes = (y * k + p)[idx] + (np.arange(r) * k * k)[
-        :, None
-    ]  # (R, N): flat cell, own K*K block per resample
+    # (R, N): flat cell, own K*K block per resample
+    codes = (y * k + p)[idx] + (np.arange(r) * k * k)[:, None]
     return np.bincount(codes.ravel(), minlength=r * k * k).reshape(r, k, k).astype(np.float64)
 
 
@@ -475,9 +474,8 @@ def paired_seed_comparison(
         p = float(sps.ttest_rel(va, vb).pvalue)
     if n >= 2 and np.any(d != 0):
         with warnings.catch_warnings():
-            warnings.simplefilter(
-                "ignore"
-            )  # scipy warns when ties or zeros force the normal approximation
+            # scipy warns when ties or zeros force the normal approximation
+            warnings.simplefilter("ignore")
             w = float(sps.wilcoxon(d).pvalue)
     method = (
         f"paired over seeds, d = {names[0]} - {names[1]} per seed; mean d with {confidence:.0%} Student-t interval "
@@ -619,9 +617,8 @@ def _hierarchical(
     pick = rng.integers(0, n_seeds, size=r * n_seeds)  # flat (R, S): which seed fills each slot
     slot_diff = np.empty(r * n_seeds)
     for j, (y, preds) in enumerate(data):
-        slots = np.flatnonzero(
-            pick == j
-        )  # every drawn copy of seed j gets its own example resample
+        # every drawn copy of seed j gets its own example resample
+        slots = np.flatnonzero(pick == j)
         slot_diff[slots] = _resampled(rng, y, preds, metric_fn, k, slots.size, contrast)
     values = slot_diff.reshape(r, n_seeds).mean(axis=1)
     estimate = float(

@@ -285,9 +285,8 @@ class SanityRow:
 
 
 def _sanity_row(cells, key: str, method: str, mode: str, metric: str) -> SanityRow:
-    steps = np.stack(
-        [[seed_value(row) for row in c.arrays[key]] for _, c in sorted(cells.items())]
-    )  # (seeds, steps)
+    # (seeds, steps)
+    steps = np.stack([[seed_value(row) for row in c.arrays[key]] for _, c in sorted(cells.items())])
     return SanityRow(
         method,
         [seed_value(col) for col in steps.T],

@@ -89,9 +89,8 @@ class MeasureRow:
     method: str
     measure: str
     per_seed: dict[int, float]
-    over_seeds: (
-        stats.PairedComparison
-    )  # against 0: mean_difference is the mean, ci_* its t-interval
+    # against 0: mean_difference is the mean, ci_* its t-interval
+    over_seeds: stats.PairedComparison
     undefined: dict[int, int]  # images without a value per seed (rho only)
     vs_random: stats.PairedComparison | None  # method - random per seed
     bootstrap: stats.CI | None  # method - random, hierarchical over seeds and images
@@ -172,15 +171,13 @@ class BlockNorms:
     max_ratio: dict[int, float]  # largest norm / median
     fraction: dict[int, float]  # patch tokens above k x median
     images_with: dict[int, int]  # images with at least one such token
-    attention_share: dict[
-        int, float
-    ]  # their share of CLS patch attention (mean over images with one), NaN: none
+    # their share of CLS patch attention (mean over images with one), NaN: none
+    attention_share: dict[int, float]
     token_share: dict[int, float]  # their share of the patch tokens, same images
     effect_high: dict[int, float]  # mean causal effect of the high-norm tokens (NaN: none)
     effect_other: dict[int, float]  # and of the others
-    positions: dict[
-        tuple[int, int], int
-    ]  # (row, col) -> high-norm tokens there, all seeds and images
+    # (row, col) -> high-norm tokens there, all seeds and images
+    positions: dict[tuple[int, int], int]
 
 
 def block_norms(cells: dict[int, AttributionCellResult]) -> list[BlockNorms]:
@@ -235,9 +232,8 @@ class AttentionOnEffects:
 
     top: int  # tokens counted
     chance: float  # top / P: the share of uniform attention
-    on_top_effects: dict[
-        int, float
-    ]  # CLS attention share on the ``top`` tokens of largest causal effect
+    # CLS attention share on the ``top`` tokens of largest causal effect
+    on_top_effects: dict[int, float]
     concentration: dict[int, float]  # CLS attention share on its own ``top`` most-attended tokens
 
 

@@ -279,9 +279,8 @@ def exported_readout(folder: Path, doc: dict, *, kind: ExportKind) -> ExportedRe
         doc["store"]["tracking_uri"],
         f"{protocol.name}/{EVIDENCE_DIR}",
     )
-    e = (
-        protocol.evaluation
-    )  # the bootstrap seed and confidence are the protocol's: its hash is checked
+    # the bootstrap seed and confidence are the protocol's: its hash is checked
+    e = protocol.evaluation
     return ExportedReadout(
         study, exported_inputs(p, build, e.seed, e.confidence), list(build["logged_to"])
     )

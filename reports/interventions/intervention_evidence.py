@@ -60,15 +60,15 @@ FIXED_COLUMNS = ("index", "label", "intact")
 def _outcome_bytes(cell: intervention_runs.InterventionCellResult) -> bytes:
     """The cell's outcomes as CSV text: one row per example, one column per intervention."""
     n = len(cell.labels)
-    indices = (
-        cell.indices if cell.indices is not None else np.full(n, -1)
-    )  # -1: the run logged no indices
+    # -1: the run logged no indices
+    indices = cell.indices if cell.indices is not None else np.full(n, -1)
+    # (N, 3 + K)
     table = pd.DataFrame(
         np.column_stack([indices, cell.labels, cell.intact_predicted, cell.predicted.T]).astype(
             "int64"
         ),
         columns=[*FIXED_COLUMNS, *cell.names],
-    )  # (N, 3 + K)
+    )
     return table.to_csv(index=False, lineterminator="\n").encode("utf-8")
 
 

@@ -289,9 +289,8 @@ def heads_costing_less(
         per_seed[f"seed{seed}"] = int((change > -threshold).sum())
         changes.append(change)
     means = np.mean(changes, axis=0)  # per head index, over seeds: heads do not correspond
-    costliest = {
-        f"costliest_{name}": float(-c.min()) for name, c in zip(per_seed, changes)
-    }  # the largest single-head drop of each seed's model
+    # the largest single-head drop of each seed's model
+    costliest = {f"costliest_{name}": float(-c.min()) for name, c in zip(per_seed, changes)}
     return {
         **per_seed,
         **costliest,

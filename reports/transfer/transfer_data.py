@@ -24,10 +24,11 @@ from workbench.train.evaluate import read_predictions
 from workbench.transfer.report import TransferSection
 
 PREDICTIONS = "predictions"  # the artifact folder of a cell's logged predictions/<split>.csv
+# what a transfer cell logs there (tracking.kinds.transfer_runs: log_selection, log_test)
 SPLITS = (
     "val",
     "test",
-)  # what a transfer cell logs there (tracking.kinds.transfer_runs: log_selection, log_test)
+)
 
 
 @dataclass

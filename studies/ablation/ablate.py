@@ -220,9 +220,8 @@ def ablate(protocol_path, options: StudyOptions, storage, jobs, arm_names):
     if storage:
         queue_cells(protocol, Path(protocol_path), storage, options, arms)
         return
-    check_protocol_amp(
-        protocol, options.device
-    )  # here, not when queuing: workers check their own device
+    # here, not when queuing: workers check their own device
+    check_protocol_amp(protocol, options.device)
     if jobs:
         tally = run_jobs(protocol, Path(protocol_path), options, jobs=jobs, arms=arms)
         click.echo(describe(tally))

@@ -57,9 +57,8 @@ from tracking.record.lease_rule import HOST, Lease, pid_alive
 
 DEFAULT_THREADS_PER_JOB = 1
 STOP_WAIT_SECONDS = 120  # a worker ends its cell's run within this after SIGINT, or is killed
-JOBS_FOLDER = (
-    ".jobs"  # under the output folder: one sub-folder (queue file, owner pid) per execution
-)
+# under the output folder: one sub-folder (queue file, owner pid) per execution
+JOBS_FOLDER = ".jobs"
 
 
 def _die_with_parent() -> None:
@@ -307,9 +306,8 @@ def run_jobs(
     from studies.runtime.stop_signals import sigterm_raises
 
     # Decode and cache the data once here, so the workers only read the cache.
-    data = prepare_checked_data(
-        protocol, data_path, download
-    )  # every check before the parent run opens
+    # every check before the parent run opens
+    data = prepare_checked_data(protocol, data_path, download)
     folder = queue_folder(output_dir)
     storage_url = f"journal:{folder / 'queue.log'}"
     tqdm.write(

@@ -150,9 +150,8 @@ def status(protocol_path):
     configure_tracking(allow_offline=False)
     fingerprint = current_code_fingerprint()
     store = sqlite_path(uri)
-    read_only = store is not None and not writable(
-        store
-    )  # a reader needs no lock and marks nothing
+    # a reader needs no lock and marks nothing
+    read_only = store is not None and not writable(store)
     if _never_run(protocol, read_only):
         click.echo(
             f"{protocol.name}@{protocol.short_hash}: never run here; next ablate: start all "

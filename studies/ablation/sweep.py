@@ -38,9 +38,8 @@ from workbench.train.config import TrainConfig
 from workbench.train.loop import StopTraining, TrainingObserver
 
 SECTIONS = ("model", "optim", "run", "dataset", "recipe")
-MAX_CHECKED_COMBINATIONS = (
-    4096  # apply() takes microseconds: checking this many costs well under a second
-)
+# apply() takes microseconds: checking this many costs well under a second
+MAX_CHECKED_COMBINATIONS = 4096
 MAX_INT_CANDIDATES = 1024
 
 

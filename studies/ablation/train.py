@@ -102,15 +102,12 @@ def train_one(
     the start or goes away mid-run, the run continues in the local fallback store and
     training goes on (``workbench sync`` copies it to the server later).
     """
-    resolve_amp(
-        cfg.run.amp, resolve_device(cfg.run.device)
-    )  # AmpUnsupported before any run is opened
-    check_trainable(
-        cfg, data
-    )  # one class, or a batch larger than the training split: before any run
-    check_writable_folder(
-        output_dir
-    )  # a read-only folder would fail at the first checkpoint, after an epoch
+    # AmpUnsupported before any run is opened
+    resolve_amp(cfg.run.amp, resolve_device(cfg.run.device))
+    # one class, or a batch larger than the training split: before any run
+    check_trainable(cfg, data)
+    # a read-only folder would fail at the first checkpoint, after an epoch
+    check_writable_folder(output_dir)
     configure_tracking()
     key = run_key_for(cfg, data, identity)
     opened = open_leased_run(
@@ -546,12 +543,10 @@ def train(**o):
             recipe=parse_recipe(o["recipe"]),
             fast_path=parse_fast_path(o["fast_path"]),
         )
-        model_config(
-            cfg.model.name, **cfg.model.overrides
-        )  # fail on a bad field before loading data
-        check_amp(
-            cfg.run.amp, cfg.run.device
-        )  # bf16 without native units, fp16 on CPU: refused here
+        # fail on a bad field before loading data
+        model_config(cfg.model.name, **cfg.model.overrides)
+        # bf16 without native units, fp16 on CPU: refused here
+        check_amp(cfg.run.amp, cfg.run.device)
     except (
         TimmModelError
     ) as err:  # the option at fault: --model, or the --set of one keyword argument
@@ -562,9 +557,8 @@ def train(**o):
     check_writable_folder(o["output_dir"])  # before the data is decoded, not after an epoch
     data = prepare_data(cfg.data, download=o["download"])
     click.echo(f"data: {data.source}")  # the source starts with the dataset's name
-    click.echo(
-        split_line(data, cfg.data)
-    )  # defaults stated: fashion_mnist is 3,200 images, not 60,000
+    # defaults stated: fashion_mnist is 3,200 images, not 60,000
+    click.echo(split_line(data, cfg.data))
     problem = trainable_problem(cfg, data)  # one class, or a batch larger than the training split
     if (
         len(data.class_names) >= 2

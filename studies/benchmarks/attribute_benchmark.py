@@ -42,12 +42,13 @@ from workbench.precision import cpu_name, set_threads
 from workbench.protocol import load_attribution_protocol
 
 GOAL_SECONDS = 300.0
+# protocol, cells, images, threads
 GOAL_CONFIGURATION = (
     "fmnist_seed_recipe_faithfulness",
     5,
     800,
     2,
-)  # protocol, cells, images, threads
+)
 
 
 @dataclass(frozen=True)
@@ -85,9 +86,8 @@ def time_cells(
     wall, cpu, forwards, per_cell = 0.0, 0.0, 0, []
     for seed in range(cells):
         gen = torch.Generator().manual_seed(seed)
-        torch.manual_seed(
-            seed
-        )  # the model's own init, seeded: the timing does not depend on the values
+        # the model's own init, seeded: the timing does not depend on the values
+        torch.manual_seed(seed)
         model = VisionTransformer(cfg).eval()
         x = torch.randn(images, cfg.in_channels, *cfg.image_hw, generator=gen)
         y = torch.randint(0, cfg.num_classes, (images,), generator=gen)

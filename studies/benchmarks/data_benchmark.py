@@ -131,17 +131,21 @@ def _run(
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     load = Load.begin()
     g = torch.Generator().manual_seed(seed)
-    images = torch.randint(
-        0, 256, (n_images, 3, 32, 32), dtype=torch.uint8, generator=g
-    )  # (N, C, H, W)
+    # (N, C, H, W)
+    images = torch.randint(0, 256, (n_images, 3, 32, 32), dtype=torch.uint8, generator=g)
     labels = torch.randint(0, 10, (n_images,), generator=g)
 
     ours = TensorLoader(images, labels, batch_size=batch_size, norm=NORM_STATS["cifar10"], seed=seed,
                         augment=AUGMENT, device=dev)  # fmt: skip
+    # fmt: skip
     reference = DataLoader(
-        _PerImageDataset(images, labels), batch_size=batch_size, shuffle=True, num_workers=num_workers,
-        generator=torch.Generator().manual_seed(seed), pin_memory=dev.type == "cuda",
-    )  # fmt: skip
+        _PerImageDataset(images, labels),
+        batch_size=batch_size,
+        shuffle=True,
+        num_workers=num_workers,
+        generator=torch.Generator().manual_seed(seed),
+        pin_memory=dev.type == "cuda",
+    )
     _time_epoch(ours.iter_epoch(-1), dev)  # warm-up: first-call allocations, CUDA kernels
     with_ra = None
     if randaugment_ops:

@@ -186,9 +186,8 @@ def candidates(
             set_attention(model, fast.fused_attention == "on")
             forward = TrainingForward(model, fast)
             opt = adamw(list(model.parameters()), fast, lr=cfg.optim.lr)
-        opt.param_groups[0].update(
-            betas=cfg.optim.betas, weight_decay=cfg.optim.weight_decay
-        )  # the arm's AdamW, as the trainer builds it
+        # the arm's AdamW, as the trainer builds it
+        opt.param_groups[0].update(betas=cfg.optim.betas, weight_decay=cfg.optim.weight_decay)
         sched = torch.optim.lr_scheduler.LambdaLR(opt, cosine_with_warmup(10_000, 0, 0.0))
         step = _step(model, forward, opt, sched, cfg, amp, x, y)
         started = time.perf_counter()
@@ -291,10 +290,11 @@ def arm_decisions(table: pd.DataFrame) -> list[Decision]:
         min_s=lambda t: t["steps_per_round"] * t["batch"] / t["images_per_s_max"],
         max_s=lambda t: t["steps_per_round"] * t["batch"] / t["images_per_s_min"],
     )
+    # not kept; the median stands in
     rows["q1_s"], rows["q3_s"] = (
         rows["median_s"],
         rows["median_s"],
-    )  # not kept; the median stands in
+    )
     return [
         Decision.from_rows(arm, group.to_dict("records"))
         for arm, group in rows.groupby("arm", sort=False)

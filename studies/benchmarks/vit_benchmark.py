@@ -24,11 +24,23 @@ from workbench.bench.suite import DEFAULT_MODELS
 # --quick: a configuration that exercises every code path in seconds. It replaces the
 # options left at their default values (by value, not by source: `mlflow run` passes every
 # parameter explicitly), so `--quick --model vit_tiny_patch16_224` still works.
+# fmt: skip
 QUICK = {
-    "models": "fmnist_vit,fmnist_cnn", "batch_sizes": "1,4", "study_batch_sizes": "1,8", "train_models": "fmnist_vit",
-    "train_batch_sizes": "8", "precision_models": "fmnist_vit", "precision_batch_sizes": "8", "repeats": 2, "warmup": 1, "min_sample_ms": 1.0, "matmul_size": 256,
-    "loader_images": 256, "loader_batch": 64, "loader_repeats": 1,
-}  # fmt: skip
+    "models": "fmnist_vit,fmnist_cnn",
+    "batch_sizes": "1,4",
+    "study_batch_sizes": "1,8",
+    "train_models": "fmnist_vit",
+    "train_batch_sizes": "8",
+    "precision_models": "fmnist_vit",
+    "precision_batch_sizes": "8",
+    "repeats": 2,
+    "warmup": 1,
+    "min_sample_ms": 1.0,
+    "matmul_size": 256,
+    "loader_images": 256,
+    "loader_batch": 64,
+    "loader_repeats": 1,
+}
 
 
 def _names(values: tuple[str, ...] | list[str] | str) -> tuple[str, ...]:
@@ -185,17 +197,22 @@ def benchmark(ctx: click.Context, **opts) -> None:
                 opts[key] = value
     device = _resolve_device(opts["device"])
     try:
+        # fmt: skip
         cfg = BenchConfig(
-            models=_names(opts["models"]), batch_sizes=_ints(opts["batch_sizes"], "--batch-size"),
+            models=_names(opts["models"]),
+            batch_sizes=_ints(opts["batch_sizes"], "--batch-size"),
             study_batch_sizes=_ints(opts["study_batch_sizes"], "--study-batch-size"),
             train_models=_names(opts["train_models"]),
             train_batch_sizes=_ints(opts["train_batch_sizes"], "--train-batch-size"),
             precision_models=_names(opts["precision_models"]),
             precision_batch_sizes=_ints(opts["precision_batch_sizes"], "--precision-batch-size"),
-            repeats=opts["repeats"], warmup=opts["warmup"], min_sample_s=opts["min_sample_ms"] / 1e3,
+            repeats=opts["repeats"],
+            warmup=opts["warmup"],
+            min_sample_s=opts["min_sample_ms"] / 1e3,
             max_seconds=opts["max_seconds"] or None,
-            device=device, seed=opts["seed"],
-        )  # fmt: skip
+            device=device,
+            seed=opts["seed"],
+        )
     except ValueError as err:
         raise click.UsageError(str(err)) from err
 
@@ -210,14 +227,20 @@ def benchmark(ctx: click.Context, **opts) -> None:
 
     result = run_benchmark(cfg, threads=opts["threads"] or None, matmul_n=opts["matmul_size"] or None,
                            loader=loader, progress=click.echo, profile=opts["profile"])  # fmt: skip
+    # fmt: skip
     params = {
-        "threads_requested": opts["threads"] or "default", "torch_threads": result.info["torch_threads"],
-        "matmul_size": result.peaks[0].n if result.peaks else 0, "quick": opts["quick"], "profile": opts["profile"],
+        "threads_requested": opts["threads"] or "default",
+        "torch_threads": result.info["torch_threads"],
+        "matmul_size": result.peaks[0].n if result.peaks else 0,
+        "quick": opts["quick"],
+        "profile": opts["profile"],
         "loader": opts["loader"],
-        "loader_images": opts["loader_images"], "loader_batch": opts["loader_batch"],
-        "loader_repeats": opts["loader_repeats"], "weights": "seeded random init (timing does not depend on values)",
+        "loader_images": opts["loader_images"],
+        "loader_batch": opts["loader_batch"],
+        "loader_repeats": opts["loader_repeats"],
+        "weights": "seeded random init (timing does not depend on values)",
         "reference": "timm fused_attn=True, measured in the same interleaved rounds",
-    }  # fmt: skip
+    }
     # The thread count measured under, not torch's setting before or after the run.
     tags = {**environment_tags(device), "cpu_threads": result.info["torch_threads"]}
     with start_run(opts["experiment"], run_name=f"benchmark-{device}", tags=tags):

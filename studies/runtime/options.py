@@ -62,14 +62,12 @@ threads_option = click.option(
 class StudyOptions:
     """What every execution of a study passes on to its cells, built once from the command line."""
 
-    output_dir: Path = Path(
-        "outputs"
-    )  # checkpoints, predictions, downloaded sources (each command's own default)
+    # checkpoints, predictions, downloaded sources (each command's own default)
+    output_dir: Path = Path("outputs")
     device: str = "auto"
     data_path: str | None = None  # where this machine keeps the dataset, if not in the usual places
-    allow_dirty: bool = (
-        False  # a protocol file with uncommitted changes may run (recorded on the runs)
-    )
+    # a protocol file with uncommitted changes may run (recorded on the runs)
+    allow_dirty: bool = False
     download: bool = False  # a dataset download is allowed
     threads: int = 0  # the --threads asked for (0: none); applied when the option was parsed
 

@@ -34,9 +34,8 @@ class CellOutcome:
     status: Status
     message: str
     run_id: str | None = None
-    metrics: dict = field(
-        default_factory=dict
-    )  # the run's latest metrics, wherever the run is logged
+    # the run's latest metrics, wherever the run is logged
+    metrics: dict = field(default_factory=dict)
     seconds: float = 0.0  # evaluation wall time where a kind measures it (intervene); 0 otherwise
     offline: bool = False  # logged to the local fallback store (see `workbench sync`)
 

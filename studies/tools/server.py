@@ -95,9 +95,8 @@ def start(
             "keep basic-auth on, or bind 127.0.0.1"
         )
     user = os.environ.get(server_config.ADMIN_USER_ENV, "admin")
-    password = os.environ.pop(
-        server_config.ADMIN_PASSWORD_ENV, None
-    )  # read once; no child inherits it
+    # read once; no child inherits it
+    password = os.environ.pop(server_config.ADMIN_PASSWORD_ENV, None)
     try:
         cfg = server_config.ServerConfig(
             backend_store_uri,
@@ -253,9 +252,8 @@ def revoke(username, experiment, tracking_uri):
 def check():
     """Probe MLFLOW_TRACKING_URI with the MLFLOW_TRACKING_USERNAME / _PASSWORD credentials."""
     uri = tracking_uri()
-    state = (
-        check_server(uri) if uri.startswith(("http://", "https://")) else "up"
-    )  # TrackingAuthError: exit 1
+    # TrackingAuthError: exit 1
+    state = check_server(uri) if uri.startswith(("http://", "https://")) else "up"
     if state != "up":
         raise click.ClickException(f"{redact_uri(uri)} unreachable: {state}")
     click.echo(f"{redact_uri(uri)}: reachable, credentials accepted")

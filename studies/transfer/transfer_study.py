@@ -198,9 +198,8 @@ def _cell_params(cell: TransferCell, ex: "TransferExecution") -> dict:
         "data.n_train": len(data.train),
         "data.n_val": len(data.val),
     }
-    scratch = (
-        r.kind == "scratch"
-    )  # the source's architecture only: never its weights, never pretrained
+    # the source's architecture only: never its weights, never pretrained
+    scratch = r.kind == "scratch"
     init = SCRATCH_INIT if ex.source.is_vit else SCRATCH_INIT_ANY
     params |= {
         "regime.init": scratch_init(cell.seed, init) if scratch else "the source's weights",
@@ -331,9 +330,8 @@ def prepare_execution(
         None if image_size is None or side == image_size else image_size,
         len(data.class_names),
     )
-    selection_data, guard = split_off_test(
-        data, source.in_channels
-    )  # from here on only phase 2 can read the test split
+    # from here on only phase 2 can read the test split
+    selection_data, guard = split_off_test(data, source.in_channels)
     inputs = (
         f"{side} px images upsampled in batches to {image_size} px (bilinear)"
         if ctx.resize_to

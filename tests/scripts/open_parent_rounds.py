@@ -41,9 +41,8 @@ def main() -> int:
         os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{here / 'mlflow.db'}"
         try:
             meet(here)
-            protocol = open_protocol(
-                str(here / "rec.yaml"), allow_dirty=True
-            )  # the store's first use
+            # the store's first use
+            protocol = open_protocol(str(here / "rec.yaml"), allow_dirty=True)
             parent = open_study_parent(
                 protocol, here / "rec.yaml", allow_dirty=True, log=lambda _: None
             )

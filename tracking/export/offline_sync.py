@@ -421,9 +421,8 @@ class Syncer:
             missing = {}
             for m in self.src.get_metric_history(run.info.run_id, key):
                 if _point(m) not in have:
-                    missing[_point(m)] = Metric(
-                        m.key, m.value, m.timestamp, m.step
-                    )  # no local model ids
+                    # no local model ids
+                    missing[_point(m)] = Metric(m.key, m.value, m.timestamp, m.step)
             log_batch(self.dst, target, metrics=list(missing.values()))
             self.report.metric_points += len(missing)
 
@@ -513,9 +512,8 @@ class Syncer:
 def sync(source_uri: str, target_uri: str, recheck: bool = False, log=print) -> SyncReport:
     """Copy every run of ``source_uri`` onto ``target_uri`` (see the module docstring)."""
     uris.apply_http_defaults()
-    os.environ.setdefault(
-        "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false"
-    )  # one line per run is enough
+    # one line per run is enough
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     return Syncer(source_uri, target_uri, recheck, log).run()
 
 

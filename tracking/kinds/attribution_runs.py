@@ -112,9 +112,8 @@ PER_IMAGE_KEYS = (
     "example_images",
     *CONCENTRATION_KEYS,
 )
-TOP_TOKENS = (
-    5  # "does CLS attend to the tokens that matter?": its attention on the 5 of largest effect
-)
+# "does CLS attend to the tokens that matter?": its attention on the 5 of largest effect
+TOP_TOKENS = 5
 FIXED_TIME = (1980, 1, 1, 0, 0, 0)  # the zip format's earliest date: no time in the bytes
 # The controls' arrays (``workbench.attribution.controls``), present when the protocol asked for
 # them: ``insertion_start_*`` ``(N,)`` always (the class token alone: its predicted class and
@@ -243,9 +242,8 @@ def cell_metrics(cell: CellAttribution) -> dict[str, float]:
         }
     metrics |= control_metrics(cell)
     norms = cell.norms
-    share, tokens = (
-        norms.attention_share()
-    )  # (N, L), NaN where an image has no high-norm token at a block
+    # (N, L), NaN where an image has no high-norm token at a block
+    share, tokens = norms.attention_share()
     inside, outside = norms.effect_of_outliers(cell.causal.effects)
     with np.errstate(invalid="ignore"):
         for block in range(norms.median.shape[0]):

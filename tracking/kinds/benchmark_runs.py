@@ -17,17 +17,28 @@ from workbench.bench.timing import Decision
 
 ARTIFACT_DIR = "benchmark"
 FILES = ("results.csv", "matmul.csv", "goals.csv", "summary.md", "benchmark.png", "machine.json")
+# fmt: skip
 _ROW_METRICS = {
-    "median_s": "ms_median", "q1_s": "ms_q1", "q3_s": "ms_q3", "images_per_s": "images_per_s",
-    "achieved_gflops": "achieved_gflops", "fraction_of_fp32_peak": "fraction_of_fp32_peak",
+    "median_s": "ms_median",
+    "q1_s": "ms_q1",
+    "q3_s": "ms_q3",
+    "images_per_s": "images_per_s",
+    "achieved_gflops": "achieved_gflops",
+    "fraction_of_fp32_peak": "fraction_of_fp32_peak",
     "probe_gflops": "matmul_probe_gflops",
-    "ratio_to_timm_fused": "ratio_to_timm_fused", "ratio_to_timm_fused_q1": "ratio_to_timm_fused_q1",
-    "ratio_to_timm_fused_q3": "ratio_to_timm_fused_q3", "ratio_to_timm_fused_best": "ratio_to_timm_fused_best",
-    "ratio_to_timm_unfused": "ratio_to_timm_unfused", "ratio_to_timm_unfused_best": "ratio_to_timm_unfused_best",
-    "fraction_of_own_peak": "fraction_of_own_peak", "own_probe_gflops": "own_matmul_probe_gflops",
-    "speedup_vs_fp32": "speedup_vs_fp32", "speedup_vs_fp32_q1": "speedup_vs_fp32_q1",
-    "speedup_vs_fp32_q3": "speedup_vs_fp32_q3", "speedup_vs_fp32_best": "speedup_vs_fp32_best",
-}  # fmt: skip
+    "ratio_to_timm_fused": "ratio_to_timm_fused",
+    "ratio_to_timm_fused_q1": "ratio_to_timm_fused_q1",
+    "ratio_to_timm_fused_q3": "ratio_to_timm_fused_q3",
+    "ratio_to_timm_fused_best": "ratio_to_timm_fused_best",
+    "ratio_to_timm_unfused": "ratio_to_timm_unfused",
+    "ratio_to_timm_unfused_best": "ratio_to_timm_unfused_best",
+    "fraction_of_own_peak": "fraction_of_own_peak",
+    "own_probe_gflops": "own_matmul_probe_gflops",
+    "speedup_vs_fp32": "speedup_vs_fp32",
+    "speedup_vs_fp32_q1": "speedup_vs_fp32_q1",
+    "speedup_vs_fp32_q3": "speedup_vs_fp32_q3",
+    "speedup_vs_fp32_best": "speedup_vs_fp32_best",
+}
 
 
 def log_verdicts(decisions: list[Decision], load: dict[str, float]) -> None:

@@ -256,9 +256,8 @@ class CheckpointUploader(TrainingObserver):
         try:
             for name in staged.files:
                 put(staged.path / name)
-            self.check(
-                sync=through_sink
-            )  # taken over meanwhile: no manifest, nobody uses the folder
+            # taken over meanwhile: no manifest, nobody uses the folder
+            self.check(sync=through_sink)
             manifest = {
                 "format": FORMAT,
                 "epoch": staged.epoch,

@@ -32,9 +32,8 @@ def download_url(name: str, image_size: int) -> str:
     if name == "fashion_mnist":
         from torchvision.datasets import FashionMNIST
 
-        return FashionMNIST.mirrors[
-            0
-        ]  # the folder of its four files (train/test images and labels)
+        # the folder of its four files (train/test images and labels)
+        return FashionMNIST.mirrors[0]
     if name == "cifar10":
         from torchvision.datasets import CIFAR10
 
@@ -54,9 +53,10 @@ def dataset_source(data: PreparedData) -> DatasetSource:
         return CodeDatasetSource(tags={"description": data.source[:500]})
     if used.kind == "download":
         return HTTPDatasetSource(url=download_url(data.name, int(data.train.images.shape[-1])))
+    # registered by mlflow.data at import
     from mlflow.data.sources import (
         LocalArtifactDatasetSource,
-    )  # registered by mlflow.data at import
+    )
 
     return LocalArtifactDatasetSource(str(Path(used.path).expanduser().resolve()))
 

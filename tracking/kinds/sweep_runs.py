@@ -141,9 +141,8 @@ def _find_or_create(
         found = [first]
     run = found[0]
     shared = run.info.status == "RUNNING" and lease_state(run).alive and TOKEN_TAG in run.data.tags
-    sink = RunSink.attach(
-        run, client.tracking_uri, experiment
-    )  # an earlier end_reason becomes history
+    # an earlier end_reason becomes history
+    sink = RunSink.attach(run, client.tracking_uri, experiment)
     for key, (state, _) in execution_states(run).items():
         if not state.alive:  # killed executions never removed their own tag
             with contextlib.suppress(Exception):

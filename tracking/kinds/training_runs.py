@@ -21,6 +21,7 @@ from workbench.train.config import TrainConfig
 from workbench.train.fingerprint import current_code_fingerprint
 from workbench.train.loop import TrainingObserver, TrainResult
 
+# raw_*: with weight EMA
 EPOCH_METRICS = (
     "train_loss",
     "train_accuracy",
@@ -32,7 +33,7 @@ EPOCH_METRICS = (
     "best_epoch",
     "raw_val_loss",
     "raw_val_accuracy",
-)  # raw_*: with weight EMA
+)
 # Set on a run once that part of its summary is in the store: a resume completes only the rest.
 SUMMARY_ARTIFACTS_TAG = "summary.artifacts"
 
@@ -63,9 +64,8 @@ class MlflowTrainingObserver(TrainingObserver):
         self.run_id = run.run_id if isinstance(run, RunSink) else run
         self.client = MlflowClient()
         self._logged: set[int] | None = None
-        self.fenced = (
-            fenced  # the run holds a lease (tracking.record.lease): stop once it is taken over
-        )
+        # the run holds a lease (tracking.record.lease): stop once it is taken over
+        self.fenced = fenced
         # Called once, at the first check (before the first training step or resumed epoch):
         # raises when the cell's run turned out to be another execution's (``KeyedRun.confirm``).
         self.confirm = confirm

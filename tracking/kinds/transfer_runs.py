@@ -172,9 +172,8 @@ def _log_json(sink: RunSink, obj, name: str, artifact_path: str | None = None) -
 
 
 def _finite(value: float) -> float:
-    return (
-        value if math.isfinite(value) else -1.0
-    )  # MLflow stores no inf; -1 is impossible for a diff
+    # MLflow stores no inf; -1 is impossible for a diff
+    return value if math.isfinite(value) else -1.0
 
 
 def log_selection(sink: RunSink, selection: Selection, log_checkpoint: bool) -> None:
@@ -201,9 +200,8 @@ def log_selection(sink: RunSink, selection: Selection, log_checkpoint: bool) -> 
     if log_checkpoint:
         sink.log_artifact(selection.checkpoint, artifact_path="checkpoints")
     _log_json(sink, selection.history, "history.json")
-    sink.set_tags(
-        {"phase": "selected"}
-    )  # last: a selection is reused only once all of it is logged
+    # last: a selection is reused only once all of it is logged
+    sink.set_tags({"phase": "selected"})
 
 
 def log_test(sink: RunSink, result: TestResult, n_resamples: int, confidence: float) -> None:

@@ -53,9 +53,8 @@ class KeyedRun:
     metrics: dict = field(default_factory=dict)
     why: str = ""  # for BUSY: who holds it
     previous_status: str | None = None
-    continues: str | None = (
-        None  # the run this one continues because its holder may still write to it
-    )
+    # the run this one continues because its holder may still write to it
+    continues: str | None = None
     # The look once more before the first training step (``tracking.record.create_once``): raises
     # ``ClaimLost`` (or ``LeaseLost``) when another execution's run is the cell's after all.
     confirm: Callable[[], None] | None = None
@@ -308,9 +307,8 @@ def open_leased_run(
     if opened.sink is None:
         return opened
     if opened.status is not None:
-        opened.sink.set_tags(
-            lease_tags(token)
-        )  # this execution holds the run now; an older holder is fenced off
+        # this execution holds the run now; an older holder is fenced off
+        opened.sink.set_tags(lease_tags(token))
     HEARTBEATS.hold(opened.sink.run_id, opened.sink.uri, token)
     return opened
 

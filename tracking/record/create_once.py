@@ -50,9 +50,8 @@ from tracking.record.schema import (
 from tracking.store.store_lock import sqlite_path
 
 SETTLE_ENV = "WORKBENCH_CLAIM_SETTLE_SECONDS"
-DEFAULT_SETTLE_SECONDS = (
-    2.0  # a create over HTTP takes well under a second, also on a loaded machine
-)
+# a create over HTTP takes well under a second, also on a loaded machine
+DEFAULT_SETTLE_SECONDS = 2.0
 
 
 class ClaimLost(LeaseLost):

@@ -48,9 +48,8 @@ from tracking.store.redact import redact_argv
 from tracking.store.session import run_user
 
 RECORDS = "executions"
-EXPECTED_TAG = (
-    "cells_expected"  # the study's cell count, so a parent can be recounted anywhere (sync)
-)
+# the study's cell count, so a parent can be recounted anywhere (sync)
+EXPECTED_TAG = "cells_expected"
 COUNT_KEYS = ("finished", "running", "failed", "killed", "superseded", "missing")
 # Executions after which cells not run yet may still be waiting in a queue, or were left for a
 # later execution on purpose (``subset``: ``ablate --arms`` ran only some arms): not missing.
@@ -131,9 +130,8 @@ def close_dead_records(sink: RunSink, run: Run) -> list[str]:
     a tag, e.g. by an older workbench) when no execution holds the parent any more or its
     process is gone on this host.
     """
-    client = MlflowClient(
-        fallback_uri() if sink.mirror_id else sink.uri
-    )  # where its records are now
+    # where its records are now
+    client = MlflowClient(fallback_uri() if sink.mirror_id else sink.uri)
     states = execution_states(run)
     dead = {key: (state, beat) for key, (state, beat) in states.items() if not state.alive}
     alive = {key.removeprefix(EXEC_PREFIX) for key, (state, _) in states.items() if state.alive}

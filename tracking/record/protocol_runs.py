@@ -199,9 +199,8 @@ def study_keys(protocol) -> list[str]:
 
 def parent_note(protocol, report_hint: str) -> str:
     """The parent's description in the MLflow UI: what the study is, its configuration, its report."""
-    arms = getattr(protocol, "arms", None) or getattr(
-        protocol, "regimes", ()
-    )  # ablation arms / transfer regimes
+    # ablation arms / transfer regimes
+    arms = getattr(protocol, "arms", None) or getattr(protocol, "regimes", ())
     rows = [
         ("protocol", f"`{protocol.name}` @ `{protocol.short_hash}`"),
         ("dataset", getattr(getattr(protocol, "dataset", None), "name", "?")),

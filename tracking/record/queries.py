@@ -133,9 +133,8 @@ def protocol_kind(parent: Run) -> str:
 def holds_study(protocol_name: str, kind: str) -> bool:
     """Whether the store holds a study of this name and kind (a name of ``PROTOCOL_KINDS`` other than
     ablation): its parent runs carry the kind's tag, in this account's record (``study_record``)."""
-    configure_tracking(
-        allow_offline=False
-    )  # a reader: a store that is not there is said, not created
+    # a reader: a store that is not there is said, not created
+    configure_tracking(allow_offline=False)
     ids = study_record.record_ids(protocol_name)
     return bool(ids) and bool(
         MlflowClient().search_runs(ids, parent_filter(protocol_name, kind=kind), max_results=1)

@@ -47,9 +47,8 @@ PREFIX = "cmp."
 STATS = ("mean_diff", "t_low", "t_high", "boot_low", "boot_high", "wins", "n")
 NOTE_TAG = "mlflow.note.content"
 HEAD = "### Results of the report"  # how the block this module puts at the top of the description starts
-SEPARATOR = (
-    "\n\n---\n\n"  # between the results block and the protocol's description (a rule in the UI)
-)
+# between the results block and the protocol's description (a rule in the UI)
+SEPARATOR = "\n\n---\n\n"
 DECIMALS = 6
 BATCH = 1000  # MLflow's log_batch accepts at most 1,000 metrics per call
 LIMIT = 8000  # MLflow's longest tag value (mlflow.utils.validation.MAX_TAG_VAL_LENGTH); longer ones are cut or refused
@@ -97,9 +96,8 @@ def with_results(note: str, block: str) -> str:
         if note.startswith(HEAD)
         else note
     )
-    was_cut = base.endswith(
-        CUT
-    )  # shortened by an earlier build: shorten it afresh, and say so again
+    # shortened by an earlier build: shorten it afresh, and say so again
+    was_cut = base.endswith(CUT)
     base = base[: -len(CUT)] if was_cut else base
     room = LIMIT - len(block) - len(SEPARATOR)
     if was_cut or len(base) > room:

@@ -19,9 +19,8 @@ TRUE, FALSE = "true", "false"
 
 # Kind markers (value TRUE).
 CELL, PARENT, TRANSFER, INTERVENTION = "cell", "parent", "transfer", "intervention"
-ATTRIBUTION = (
-    "attribution"  # an attribution study's parent and cells (tracking/kinds/attribution_runs.py)
-)
+# an attribution study's parent and cells (tracking/kinds/attribution_runs.py)
+ATTRIBUTION = "attribution"
 SWEEP, SWEEP_PARENT, FIGURES = "sweep", "sweep_parent", "figures"
 
 # A cell's identity and what it was made with.

@@ -33,9 +33,8 @@ from tracking.record.schema import PROTOCOL_NAME, parent_filter, tag_is
 from tracking.store import health, uris
 
 _owners: dict[tuple[str, str, str], bool] = {}  # (uri, account, experiment id) -> holds it
-GRANTS_PATH = (
-    "/api/3.0/mlflow/users/current/permissions"  # MLflow's basic-auth app: one's own grants
-)
+# MLflow's basic-auth app: one's own grants
+GRANTS_PATH = "/api/3.0/mlflow/users/current/permissions"
 TRUSTED = ("EDIT", "MANAGE")
 _told: set[str] = set()  # lines said once per process
 

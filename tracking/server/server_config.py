@@ -287,9 +287,8 @@ def prepared_server(
         except ValueError as err:
             raise ServerConfigError(str(err)) from None
     source = os.environ if base_env is None else base_env
-    env = server_env(
-        source
-    )  # an allow-list: an unrelated DBPASS=... in the launcher's shell stays there
+    # an allow-list: an unrelated DBPASS=... in the launcher's shell stays there
+    env = server_env(source)
     folder = Path(folder) if folder is not None else new_runtime_dir()
     try:
         backend, backend_pass = split_password(cfg.backend_store_uri, source.get("PGPASSWORD"))
@@ -306,9 +305,8 @@ def prepared_server(
         # MLflow's job runner starts processes in sessions of their own, out of reach of the
         # server's process group; the workbench uses no MLflow jobs.
         env.setdefault("MLFLOW_SERVER_ENABLE_JOB_EXECUTION", "false")
-        quiet = (
-            f"ignore:{':'.join(_STARLETTE_WSGI)}"  # after the user's own filters: it wins over them
-        )
+        # after the user's own filters: it wins over them
+        quiet = f"ignore:{':'.join(_STARLETTE_WSGI)}"
         env["PYTHONWARNINGS"] = ",".join(w for w in (env.get("PYTHONWARNINGS"), quiet) if w)
         if cfg.auth:
             ensure_admin(cfg.auth_db(), admin_user, admin_password)

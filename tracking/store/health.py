@@ -29,9 +29,8 @@ CREDENTIAL_ENV = ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD", "MLFLO
 T = TypeVar("T")
 _health: dict[str, tuple[float, str]] = {}  # uri#credentials -> (checked at, "up" | why it is away)
 _accounts: dict[str, str] = {}  # uri#credentials -> the account the server authenticated ("": none)
-CURRENT_USER_PATH = (
-    "/api/2.0/mlflow/users/current"  # MLflow's basic-auth app: who these credentials are
-)
+# MLflow's basic-auth app: who these credentials are
+CURRENT_USER_PATH = "/api/2.0/mlflow/users/current"
 
 
 class TrackingAuthError(RuntimeError):

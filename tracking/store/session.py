@@ -45,12 +45,10 @@ def configure_tracking(allow_offline: bool = True) -> str:
         refuse_optuna_database,
     )
 
-    check_sqlite_file(
-        uris.tracking_uri(), "MLFLOW_TRACKING_URI"
-    )  # a file that is not SQLite: named
-    refuse_optuna_database(
-        uris.tracking_uri(), "MLFLOW_TRACKING_URI"
-    )  # Optuna's database: before MLflow writes
+    # a file that is not SQLite: named
+    check_sqlite_file(uris.tracking_uri(), "MLFLOW_TRACKING_URI")
+    # Optuna's database: before MLflow writes
+    refuse_optuna_database(uris.tracking_uri(), "MLFLOW_TRACKING_URI")
     if not allow_offline:
         uri = uris.tracking_uri()
         store = Path(uri.removeprefix("sqlite:///")) if uri.startswith("sqlite:///") else None

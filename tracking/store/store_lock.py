@@ -89,7 +89,6 @@ def ensure_store(uri: str) -> None:
         MlflowClient(uri).search_experiments(max_results=1)
     else:
         with store_lock(uri):
-            MlflowClient(uri).search_experiments(
-                max_results=1
-            )  # builds the store: tables and migrations
+            # builds the store: tables and migrations
+            MlflowClient(uri).search_experiments(max_results=1)
     _READY.add(uri)

@@ -53,9 +53,8 @@ def background_patches(images: torch.Tensor, patch_size: int) -> torch.Tensor:
             f"images {tuple(images.shape)} do not tile into {patch_size}-pixel patches"
         )
     x = images.detach().to(torch.float64)
-    border = torch.cat(
-        [x[..., 0, :], x[..., -1, :], x[..., :, 0], x[..., :, -1]], dim=-1
-    )  # (B, C, 2H + 2W)
+    # (B, C, 2H + 2W)
+    border = torch.cat([x[..., 0, :], x[..., -1, :], x[..., :, 0], x[..., :, -1]], dim=-1)
     background = border.median(dim=-1).values  # (B, C): median resists an object touching the edge
     deviation = (x - background[..., None, None]).abs().mean(dim=1, keepdim=True)  # (B, 1, H, W)
     per_patch = F.avg_pool2d(deviation, patch_size).squeeze(1)  # (B, rows, cols)

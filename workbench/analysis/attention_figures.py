@@ -205,9 +205,8 @@ def position_similarity_figure(similarity: np.ndarray, title: str = "", dpi: int
     rows, cols = similarity.shape[:2]
     gap = 1
     tile_h, tile_w = rows + gap, cols + gap
-    mosaic = np.full(
-        (rows * tile_h - gap, cols * tile_w - gap), np.nan
-    )  # NaN gaps show as background
+    # NaN gaps show as background
+    mosaic = np.full((rows * tile_h - gap, cols * tile_w - gap), np.nan)
     for i in range(rows):
         for j in range(cols):
             mosaic[i * tile_h : i * tile_h + rows, j * tile_w : j * tile_w + cols] = similarity[

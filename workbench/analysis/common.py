@@ -20,9 +20,8 @@ from workbench.convert.checkpoints import atomic_write_bytes
 from workbench.data.transforms import NormStats
 
 DPI = 100
-FILE_MODE = (
-    0o666  # masked by the umask as open() masks it, like the report files beside the figures
-)
+# masked by the umask as open() masks it, like the report files beside the figures
+FILE_MODE = 0o666
 DIAGNOSTIC = (
     "Diagnostic, not an explanation: attention weights show where information flowed, "
     "not why the model predicted what it did."
@@ -83,7 +82,6 @@ def footer(fig: Figure, text: str, color: str = "0.25") -> None:
 
 def wrap(text: str, fig: Figure, fontsize: float = 10.0) -> str:
     """Wrap each line of a title to the figure's width (constrained layout does not wrap)."""
-    chars = max(
-        20, int(fig.get_figwidth() * 115 / fontsize)
-    )  # ~0.63 em per character at 72 pt/inch
+    # ~0.63 em per character at 72 pt/inch
+    chars = max(20, int(fig.get_figwidth() * 115 / fontsize))
     return "\n".join(textwrap.fill(line, chars) for line in text.split("\n"))

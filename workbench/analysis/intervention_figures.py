@@ -20,9 +20,8 @@ POINTS = 100.0
 
 def _limit(values: np.ndarray) -> float:
     finite = np.abs(values[np.isfinite(values)])
-    return max(
-        float(finite.max()) if finite.size else 0.0, 0.5
-    )  # at least +-0.5 points: no scale from noise
+    # at least +-0.5 points: no scale from noise
+    return max(float(finite.max()) if finite.size else 0.0, 0.5)
 
 
 def heads_heatmap(matrices: dict[str, tuple[np.ndarray, np.ndarray]], title: str) -> Figure:

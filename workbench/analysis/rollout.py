@@ -233,9 +233,8 @@ def analyse_attention(
     if layout.head == "pool":
         last = pool_maps(out.pool_attention, layout)
     else:
-        last = patch_maps(
-            out.attentions[-1].to(torch.float64).mean(dim=1), layout
-        )  # heads averaged
+        # heads averaged
+        last = patch_maps(out.attentions[-1].to(torch.float64).mean(dim=1), layout)
     if not layout.has_rollout:
         return AttentionAnalysis(layout, out.logits, out.attentions, None, last, None, NO_ROLLOUT)
     rollout = attention_rollout(out.attentions, residual)

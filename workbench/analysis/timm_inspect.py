@@ -116,9 +116,8 @@ def inspect_timm(
     shown = attn.shown
     for i, name in enumerate(names):
         key = f"patch_grid_{Path(name).stem}.png"
-        key = (
-            key if key not in figs else f"patch_grid_{Path(name).stem}_{i}.png"
-        )  # same name in two folders
+        # same name in two folders
+        key = key if key not in figs else f"patch_grid_{Path(name).stem}_{i}.png"
         figs[key] = attention_figures.patch_grid_figure(
             shown[i],
             glass.cfg.patch_size,

@@ -172,13 +172,14 @@ def score_cell(
     controls = controls or Controls()
     index = np.arange(images.shape[0]) if image_index is None else np.asarray(image_index)
     P = glass.cfg.num_patches
+    # (D, B, P)
     draws = (
         torch.from_numpy(
             random_draw_scores(P, seed, controls.cell_seed, index, controls.random_draws)
         )
         if controls.random_draws
         else None
-    )  # (D, B, P)
+    )
     # Without draws the random order is one (B, P) draw for all images, as ``attribute`` draws
     # it: the same for any batch size. With draws it is each image's draw 0.
     if "random" not in names:

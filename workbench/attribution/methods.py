@@ -119,9 +119,10 @@ def chefer(model, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     n = maps[0].shape[-1]
     relevance = torch.eye(n, dtype=torch.float64, device=x.device).expand(x.shape[0], n, n)
     for a, g in zip(maps, grads):
+        # (B, N, N)
         weighted = (
             (g.detach().to(torch.float64) * a.detach().to(torch.float64)).clamp(min=0).mean(dim=1)
-        )  # (B, N, N)
+        )
         relevance = relevance + weighted @ relevance
     return relevance[:, 0, p:]
 
@@ -133,9 +134,8 @@ def grad_x_input(model, images: torch.Tensor, labels: torch.Tensor) -> torch.Ten
     x = images.detach().clone().requires_grad_(True)
     with evaluating(glass), torch.enable_grad():
         (grad,) = torch.autograd.grad(_true_logit(glass(x), labels), [x])
-    product = (grad * x.detach()).to(torch.float64)[
-        :, :, : rows * ph, : cols * pw
-    ]  # only the pixels the model sees
+    # only the pixels the model sees
+    product = (grad * x.detach()).to(torch.float64)[:, :, : rows * ph, : cols * pw]
     B, C = product.shape[:2]
     per_patch = product.reshape(B, C, rows, ph, cols, pw).sum(dim=(1, 3, 5))  # (B, rows, cols)
     return per_patch.reshape(B, rows * cols)  # row-major: the patch tokens' order

@@ -89,9 +89,8 @@ class TokenNorms:
 
         NaN where an image has no outlier at that block.
         """
-        attn = self.cls_attention / self.cls_attention.sum(
-            axis=1, keepdims=True
-        )  # (B, P) over patches
+        # (B, P) over patches
+        attn = self.cls_attention / self.cls_attention.sum(axis=1, keepdims=True)
         mass = (self.outlier * attn[:, None, :]).sum(axis=2)  # (B, L)
         tokens = self.outlier.mean(axis=2)
         none = ~self.outlier.any(axis=2)

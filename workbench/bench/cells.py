@@ -103,10 +103,15 @@ def measure_arm(
     train_s = timed(train_step)
     model.eval()
     eval_s = timed(eval_step)
+    # fmt: skip
     return CellSpeed(
-        arm, torch.get_num_threads(), b / _median(train_s), eb / _median(eval_s), steps,
+        arm,
+        torch.get_num_threads(),
+        b / _median(train_s),
+        eb / _median(eval_s),
+        steps,
         tuple(train_s),
-    )  # fmt: skip
+    )
 
 
 def project_seconds(speed: CellSpeed, train_images: int, val_images: int, epochs: int) -> float:

@@ -93,14 +93,27 @@ def timm_from_config(cfg: ViTConfig) -> nn.Module:
         raise ValueError(
             f"timm_from_config: pos_embed={cfg.pos_embed!r} is not mapped (only 'learned')"
         )
+    # fmt: skip
     return VisionTransformer(
-        img_size=cfg.image_size, patch_size=cfg.patch_size, in_chans=cfg.in_channels, num_classes=cfg.num_classes,
-        embed_dim=cfg.dim, depth=cfg.depth, num_heads=cfg.heads, mlp_ratio=cfg.hidden_dim / cfg.dim,
-        qkv_bias=cfg.qkv_bias, class_token=cfg.class_token, reg_tokens=cfg.register_tokens,
-        no_embed_class=cfg.no_embed_class, global_pool="token" if cfg.pooling == "cls" else "avg",
-        fc_norm=cfg.fc_norm, drop_rate=cfg.head_dropout, pos_drop_rate=cfg.pos_dropout,
-        proj_drop_rate=cfg.dropout, attn_drop_rate=cfg.attn_dropout,
-    )  # fmt: skip
+        img_size=cfg.image_size,
+        patch_size=cfg.patch_size,
+        in_chans=cfg.in_channels,
+        num_classes=cfg.num_classes,
+        embed_dim=cfg.dim,
+        depth=cfg.depth,
+        num_heads=cfg.heads,
+        mlp_ratio=cfg.hidden_dim / cfg.dim,
+        qkv_bias=cfg.qkv_bias,
+        class_token=cfg.class_token,
+        reg_tokens=cfg.register_tokens,
+        no_embed_class=cfg.no_embed_class,
+        global_pool="token" if cfg.pooling == "cls" else "avg",
+        fc_norm=cfg.fc_norm,
+        drop_rate=cfg.head_dropout,
+        pos_drop_rate=cfg.pos_dropout,
+        proj_drop_rate=cfg.dropout,
+        attn_drop_rate=cfg.attn_dropout,
+    )
 
 
 def _same_architecture(a: ViTConfig, b: ViTConfig) -> bool:
@@ -151,11 +164,19 @@ def build_bench_model(name: str, device: torch.device | str = "cpu", seed: int =
         assert isinstance(cfg, CNNConfig)
         model = CNN(cfg).to(device).eval()
         size = CNN_IMAGE_SIZE.get(name, 32)
+        # fmt: skip
         return BenchModel(
-            name, "cnn", size, cfg.in_channels, cfg.num_classes, {"glass": model},
-            cnn_forward_flops(cfg, size)["total"], cnn_train_flops(cfg, size), count_parameters(model)[0],
+            name,
+            "cnn",
+            size,
+            cfg.in_channels,
+            cfg.num_classes,
+            {"glass": model},
+            cnn_forward_flops(cfg, size)["total"],
+            cnn_train_flops(cfg, size),
+            count_parameters(model)[0],
             f"seeded random init (seed {seed})",
-        )  # fmt: skip
+        )
     else:
         raise unknown_model(name, timm_arms=False, timm_vits=True)
     variants = {k: m.to(device).eval() for k, m in _vit_variants(timm_model.eval()).items()}
@@ -166,7 +187,16 @@ def build_bench_model(name: str, device: torch.device | str = "cpu", seed: int =
         )
     if name in STUDY_MODELS and not _same_architecture(cfg, model_config(name)):
         raise RuntimeError(f"{name}: the timm twin maps back to {cfg}, not {model_config(name)}")
+    # fmt: skip
     return BenchModel(
-        name, "vit", cfg.image_hw[0], cfg.in_channels, cfg.num_classes, variants,
-        vit_forward_flops(cfg)["total"], vit_train_flops(cfg), count_parameters(variants["glass_written"])[0], weights,
-    )  # fmt: skip
+        name,
+        "vit",
+        cfg.image_hw[0],
+        cfg.in_channels,
+        cfg.num_classes,
+        variants,
+        vit_forward_flops(cfg)["total"],
+        vit_train_flops(cfg),
+        count_parameters(variants["glass_written"])[0],
+        weights,
+    )

@@ -54,12 +54,15 @@ def profile_forward(
                 torch.cuda.synchronize(x.device)
     events = prof.key_averages()
     aten = [e for e in events if e.key.startswith("aten::")]
+    # fmt: skip
     return Profile(
-        model=name, variant=variant, batch=x.shape[0],
+        model=name,
+        variant=variant,
+        batch=x.shape[0],
         aten_calls=sum(e.count for e in aten) / calls,
         self_cpu_ms=sum(e.self_cpu_time_total for e in events) / calls / 1e3,
         table=events.table(sort_by="self_cpu_time_total", row_limit=25),
-    )  # fmt: skip
+    )
 
 
 def profile_models(

@@ -203,22 +203,42 @@ def _timing_rows(table: pd.DataFrame) -> list[dict]:
     return rows
 
 
+# fmt: skip
 TIMING_COLUMNS = {
-    "model": "model", "batch": "batch", "label": "variant", "repeats": "rounds", "median_ms": "median ms",
+    "model": "model",
+    "batch": "batch",
+    "label": "variant",
+    "repeats": "rounds",
+    "median_ms": "median ms",
     "iqr_ms": "IQR ms",
-    "images_per_s": "images/s", "achieved_gflops": "GFLOP/s", "peak_pct": "% of fp32 matmul",
-    "ratio_to_timm_fused": "time / timm fused", "ratio_iqr": "ratio IQR", "ratio_to_timm_fused_best": "best / best",
-}  # fmt: skip
+    "images_per_s": "images/s",
+    "achieved_gflops": "GFLOP/s",
+    "peak_pct": "% of fp32 matmul",
+    "ratio_to_timm_fused": "time / timm fused",
+    "ratio_iqr": "ratio IQR",
+    "ratio_to_timm_fused_best": "best / best",
+}
 TIMING_FORMATS = {"median_ms": ".3g", "images_per_s": ",.0f", "achieved_gflops": ".1f", "peak_pct": ".0f",
                   "ratio_to_timm_fused": ".3f", "ratio_to_timm_fused_best": ".3f"}  # fmt: skip
 
 
+# fmt: skip
 PRECISION_COLUMNS = {
-    "model": "model", "batch": "batch", "label": "precision", "repeats": "rounds", "median_ms": "median ms",
-    "iqr_ms": "IQR ms", "images_per_s": "images/s", "achieved_gflops": "GFLOP/s", "own_peak_dtype": "peak dtype",
-    "own_pct": "% of own matmul peak", "peak_pct": "% of fp32 matmul", "speedup_vs_fp32": "speedup vs fp32",
-    "speedup_iqr": "speedup IQR", "speedup_vs_fp32_best": "best / best",
-}  # fmt: skip
+    "model": "model",
+    "batch": "batch",
+    "label": "precision",
+    "repeats": "rounds",
+    "median_ms": "median ms",
+    "iqr_ms": "IQR ms",
+    "images_per_s": "images/s",
+    "achieved_gflops": "GFLOP/s",
+    "own_peak_dtype": "peak dtype",
+    "own_pct": "% of own matmul peak",
+    "peak_pct": "% of fp32 matmul",
+    "speedup_vs_fp32": "speedup vs fp32",
+    "speedup_iqr": "speedup IQR",
+    "speedup_vs_fp32_best": "best / best",
+}
 PRECISION_FORMATS = {"median_ms": ".3g", "images_per_s": ",.0f", "achieved_gflops": ".1f", "own_pct": ".0f",
                      "peak_pct": ".0f", "speedup_vs_fp32": ".2f", "speedup_vs_fp32_best": ".2f"}  # fmt: skip
 
@@ -285,6 +305,7 @@ def markdown_summary(
     precision: pd.DataFrame | None = None,
 ) -> str:
     """The whole benchmark as one Markdown page (logged as an artifact and printed)."""
+    # fmt: skip
     parts = [
         "# Benchmark: glass-box ViT vs timm",
         f"Device **{info['device']}** ({info['device_name']}); torch {info['torch_version']}, timm "
@@ -293,16 +314,30 @@ def markdown_summary(
         f"Up to {settings['repeats']} interleaved rounds (rotating order; fewer where a comparison's time budget "
         f"of {settings['max_seconds']} s ran out, at least 6: the fewest a verdict needs) after up to {settings['warmup']} warm-up calls; times "
         "are medians of per-call times, ratios are medians of per-round ratios. Weights: seeded random init. "
-        "GFLOP/s come from the analytic count (matmuls and convolutions, 2 FLOPs per MAC); \"% of fp32 matmul\" "
+        'GFLOP/s come from the analytic count (matmuls and convolutions, 2 FLOPs per MAC); "% of fp32 matmul" '
         "divides them by the best throughput of an fp32 square matmul (half the side below) timed in the same rounds.",
         "## Matmul throughput (the machine's limit)",
         markdown_table(
-            [{"dtype": p.dtype, "n": p.n, "median": p.tflops.median, "iqr": f"{p.tflops.q1:.3g}-{p.tflops.q3:.3g}",
-              "vs_fp32": p.tflops.median / peaks[0].tflops.median} for p in peaks],
-            {"dtype": "dtype", "n": "n (square)", "median": "median TFLOP/s", "iqr": "IQR", "vs_fp32": "x fp32"},
+            [
+                {
+                    "dtype": p.dtype,
+                    "n": p.n,
+                    "median": p.tflops.median,
+                    "iqr": f"{p.tflops.q1:.3g}-{p.tflops.q3:.3g}",
+                    "vs_fp32": p.tflops.median / peaks[0].tflops.median,
+                }
+                for p in peaks
+            ],
+            {
+                "dtype": "dtype",
+                "n": "n (square)",
+                "median": "median TFLOP/s",
+                "iqr": "IQR",
+                "vs_fp32": "x fp32",
+            },
             {"median": ".3g", "vs_fp32": ".2f"},
         ),
-    ]  # fmt: skip
+    ]
     if not inference.empty:
         table = markdown_table(_timing_rows(inference), TIMING_COLUMNS, TIMING_FORMATS)
         parts += ["## Inference (torch.inference_mode)", table]

@@ -193,9 +193,8 @@ def _measure(
 
 def bench_input(bench: BenchModel, batch: int, device: torch.device, seed: int) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)
-    x = torch.randn(
-        batch, bench.in_channels, bench.image_size, bench.image_size, generator=g
-    )  # (B, C, H, W)
+    # (B, C, H, W)
+    x = torch.randn(batch, bench.in_channels, bench.image_size, bench.image_size, generator=g)
     return x.to(device)
 
 

@@ -364,12 +364,19 @@ class Decision:
     def from_rows(cls, scope: str, rows: list[dict]) -> "Decision":
         """The decision back from table rows written with ``columns`` (``variant``, ``repeats``,
         ``median_s``, ``q1_s``, ``q3_s``, ``min_s``, ``max_s`` besides)."""
+        # fmt: skip
         verdicts = tuple(
-            Verdict(r["variant"], r["verdict_reference"], r["verdict_ratio"], r["verdict_low"],
-                    r["verdict_high"], int(r["repeats"]))
+            Verdict(
+                r["variant"],
+                r["verdict_reference"],
+                r["verdict_ratio"],
+                r["verdict_low"],
+                r["verdict_high"],
+                int(r["repeats"]),
+            )
             for r in rows
             if r["verdict"] != "reference"
-        )  # fmt: skip
+        )
         spreads = {
             r["variant"]: Spread(r["median_s"], r["q1_s"], r["q3_s"], r["min_s"], r["max_s"])
             for r in rows

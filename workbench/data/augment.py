@@ -223,9 +223,8 @@ def affine_matrices(
     tx, ty = shift[:, 0].double() * width, shift[:, 1].double() * height  # pixels
     b0 = -(cos * tx + sin * ty) / sx
     b1 = -(-sin * tx + cos * ty) / sy
-    theta = torch.stack(
-        [torch.stack([a00, a01, b0], -1), torch.stack([a10, a11, b1], -1)], 1
-    )  # (B, 2, 3)
+    # (B, 2, 3)
+    theta = torch.stack([torch.stack([a00, a01, b0], -1), torch.stack([a10, a11, b1], -1)], 1)
     return theta.float()
 
 
@@ -241,9 +240,8 @@ def affine_grid(theta: torch.Tensor, height: int, width: int) -> torch.Tensor:
     ) / width - 1  # pixel centres in [-1, 1]
     ys = (torch.arange(height, device=dev, dtype=theta.dtype) * 2 + 1) / height - 1
     t = theta[:, :, :, None, None]  # (B, 2, 3, 1, 1)
-    grid = (
-        t[:, :, 0] * xs[None, None, None, :] + t[:, :, 1] * ys[None, None, :, None] + t[:, :, 2]
-    )  # (B, 2, H, W)
+    # (B, 2, H, W)
+    grid = t[:, :, 0] * xs[None, None, None, :] + t[:, :, 1] * ys[None, None, :, None] + t[:, :, 2]
     return grid.permute(0, 2, 3, 1)  # (B, H, W, 2)
 
 

@@ -21,10 +21,19 @@ from workbench.data.checksums import CIFAR10_BATCH_MD5, bytes_digest
 from workbench.data.errors import ChecksumMismatch, DataFormatError
 from workbench.data.image_folder import is_tar, looks_like_image_folder
 
+# fmt: skip
 CLASS_NAMES = (
-    "airplane", "automobile", "bird", "cat", "deer",
-    "dog", "frog", "horse", "ship", "truck",
-)  # fmt: skip
+    "airplane",
+    "automobile",
+    "bird",
+    "cat",
+    "deer",
+    "dog",
+    "frog",
+    "horse",
+    "ship",
+    "truck",
+)
 OFFICIAL_NAME = "CIFAR-10"
 JPEG_COPY_NAME = "CIFAR-10 (JPEG copy)"
 BATCHES_DIR = "cifar-10-batches-py"

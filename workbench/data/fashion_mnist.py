@@ -16,10 +16,19 @@ import numpy as np
 from workbench.data.checksums import FASHION_MNIST_GZ_MD5, FASHION_MNIST_RAW_MD5, bytes_digest
 from workbench.data.errors import ChecksumMismatch, DataFormatError
 
+# fmt: skip
 CLASS_NAMES = (
-    "T-shirt/top", "Trouser", "Pullover", "Dress", "Coat",
-    "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot",
-)  # fmt: skip
+    "T-shirt/top",
+    "Trouser",
+    "Pullover",
+    "Dress",
+    "Coat",
+    "Sandal",
+    "Shirt",
+    "Sneaker",
+    "Bag",
+    "Ankle boot",
+)
 # Split -> (images file, labels file), base names without ".gz".
 FILES = {
     "train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),

@@ -94,10 +94,11 @@ def read_retinamnist(
             if labels.size and (labels.min() < 0 or labels.max() >= len(CLASS_NAMES)):
                 raise DataFormatError(f"{path}: key '{split}_labels' has values outside 0..4")
             size = s
+            # (N, 3, S, S)
             arrays[split] = (
                 np.ascontiguousarray(images.transpose(0, 3, 1, 2)),
                 labels,
-            )  # (N, 3, S, S)
+            )
     note = "checksum not verified (verify=False)"
     if verify:
         expected = RETINAMNIST_MD5.get(_size_from_name(path) or size)

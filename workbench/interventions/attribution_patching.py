@@ -269,12 +269,20 @@ def estimate_pairs(
             x_corrupt = corrupt(
                 clean.images, source.images, pairs.replaced[done : done + b], model.cfg
             )
+            # fmt: skip
             parts.append(
                 estimate_batch(
-                    model, clean.images, x_corrupt, clean.labels, source.labels,
-                    method, steps, ig_path, generator,
+                    model,
+                    clean.images,
+                    x_corrupt,
+                    clean.labels,
+                    source.labels,
+                    method,
+                    steps,
+                    ig_path,
+                    generator,
                 )
-            )  # fmt: skip
+            )
             done += b
     return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
 

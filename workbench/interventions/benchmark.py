@@ -60,9 +60,8 @@ def time_grid(
     cell_s, intact_s = [], []
     for seed in range(cells):
         gen = torch.Generator().manual_seed(seed)
-        torch.manual_seed(
-            seed
-        )  # the model's own init, seeded: the timing does not depend on the values
+        # the model's own init, seeded: the timing does not depend on the values
+        torch.manual_seed(seed)
         model = VisionTransformer(cfg).eval().to(dev)
         images = torch.randint(
             0, 256, (examples, cfg.in_channels, *cfg.image_hw), dtype=torch.uint8, generator=gen

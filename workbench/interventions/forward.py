@@ -101,9 +101,8 @@ class _Plan:
         self.prefix_left = cfg.num_prefix_tokens
         if drop:
             keep, self.prefix_left = _kept_tokens(cfg, drop)
-            self.hooks.append(
-                ("pos_add", lambda x: x.index_select(1, keep.to(x.device)))
-            )  # (B, N - dropped, D)
+            # (B, N - dropped, D)
+            self.hooks.append(("pos_add", lambda x: x.index_select(1, keep.to(x.device))))
         self.zero_pos = any(isinstance(s, ZeroPosEmbed) for s in singles)
         if self.zero_pos:
             self.hooks.append(("pos_embed", torch.zeros_like))
@@ -166,9 +165,8 @@ def _head_hook(block: int, ablations: list[HeadAblation], heads: int, means: Hea
                         f"{a.name}: reference mean has shape {tuple(mean.shape)}, "
                         f"the heads have {(N, C)} per image"
                     )
-                view[:, :, a.head] = mean[:, a.head * d : (a.head + 1) * d].to(
-                    x.dtype
-                )  # (N, d) broadcast over B
+                # (N, d) broadcast over B
+                view[:, :, a.head] = mean[:, a.head * d : (a.head + 1) * d].to(x.dtype)
         return x
 
     return hook
@@ -301,9 +299,8 @@ def capture(
     wanted = list(valid if stages is None else stages)
     unknown = [s for s in wanted if s not in valid]
     if unknown:
-        check(
-            model.cfg, [PatchStage(unknown[0])]
-        )  # raises the one-line error listing the valid stages
+        # raises the one-line error listing the valid stages
+        check(model.cfg, [PatchStage(unknown[0])])
     singles = check(model.cfg, interventions)
     if any(isinstance(s, PatchStage) for s in singles):
         raise InterventionError(

@@ -155,9 +155,8 @@ def seed_consistency(rows: list[InterventionRow], mode: str) -> list[SeedAgreeme
     for i, a in enumerate(seeds):
         for b in seeds[i + 1 :]:
             with warnings.catch_warnings():
-                warnings.simplefilter(
-                    "ignore"
-                )  # a constant input: scipy warns and returns nan, which we keep
+                # a constant input: scipy warns and returns nan, which we keep
+                warnings.simplefilter("ignore")
                 rho = float(sps.spearmanr(change[a], change[b]).statistic)
             out.append(SeedAgreement(a, b, rho))
     return out

@@ -359,9 +359,8 @@ class ActivationCache(Mapping[str, torch.Tensor]):
         final = self._need(f"blocks.{cfg.depth - 1}.resid2")
         kept_positions = _slice_pos(final, pos_slice).dim() == final.dim()
         if direction.dim() == 2 and kept_positions:
-            direction = direction.unsqueeze(
-                -2
-            )  # (B, D) -> (B, 1, D): the same class at every position
+            # (B, D) -> (B, 1, D): the same class at every position
+            direction = direction.unsqueeze(-2)
         return (scaled * direction.to(scaled)).sum(-1)
 
     def _direction(self, classes: int | torch.Tensor) -> torch.Tensor:

@@ -66,9 +66,8 @@ def forward_intermediates(
     spatial = [y[:, n_prefix:] for y in found]  # (B, h*w, D)
     if output_fmt == "NCHW":
         h, w = model.cfg.grid
-        spatial = [
-            y.reshape(B, h, w, -1).permute(0, 3, 1, 2).contiguous() for y in spatial
-        ]  # (B, D, h, w)
+        # (B, D, h, w)
+        spatial = [y.reshape(B, h, w, -1).permute(0, 3, 1, 2).contiguous() for y in spatial]
     if output_dict:
         out = {"image_intermediates": spatial}
         if prefix is not None and return_prefix_tokens:

@@ -217,9 +217,8 @@ class VisionTransformer(nn.Module):
 
     def embed(self, x: torch.Tensor) -> torch.Tensor:
         """Images (B, C, H, W) -> the tokens entering the first block (B, P + h*w, D)."""
-        x = self.hook_patch_embed(
-            self.patch_proj(x).flatten(2).transpose(1, 2)
-        )  # (B, C, h, w) -> (B, h*w, D)
+        # (B, C, h, w) -> (B, h*w, D)
+        x = self.hook_patch_embed(self.patch_proj(x).flatten(2).transpose(1, 2))
         if self.patch_norm is not None:
             x = self.hook_patch_embed_norm(self.patch_norm(x))
         x = self.hook_pos_add(self.pos_drop(self._add_prefix_and_positions(x)))

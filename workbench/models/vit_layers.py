@@ -180,9 +180,8 @@ class Attention(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, N, C = x.shape
         qkv = self.hook_qkv(self.qkv(x))  # (B, N, 3C)
-        qkv = qkv.reshape(B, N, 3, self.heads, self.head_dim).permute(
-            2, 0, 3, 1, 4
-        )  # (3, B, H, N, d)
+        # (3, B, H, N, d)
+        qkv = qkv.reshape(B, N, 3, self.heads, self.head_dim).permute(2, 0, 3, 1, 4)
         q, k, v = qkv.unbind(0)  # each (B, H, N, d)
         if self.q_norm is not None:
             q, k = self.hook_q_norm(self.q_norm(q)), self.hook_k_norm(self.k_norm(k))
@@ -228,21 +227,20 @@ class AttentionPool(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, N, C = x.shape
+        # (B, H, 1, d)
         q = (
             self.q(self.latent.expand(B, -1, -1))
             .reshape(B, 1, self.heads, self.head_dim)
             .transpose(1, 2)
-        )  # (B, H, 1, d)
+        )
         kv = self.hook_kv(self.kv(x))  # (B, N, 2C)
-        k, v = (
-            kv.reshape(B, N, 2, self.heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
-        )  # each (B, H, N, d)
+        # each (B, H, N, d)
+        k, v = kv.reshape(B, N, 2, self.heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
         if self.fast:
             out = F.scaled_dot_product_attention(q, k, v)
         else:
             out = self.hook_probs(attention_probs(q, k, self.scale)) @ v  # probs (B, H, 1, N)
-        out = self.hook_attn(
-            self.proj_drop(self.proj(out.transpose(1, 2).reshape(B, 1, C)))
-        )  # (B, 1, C)
+        # (B, 1, C)
+        out = self.hook_attn(self.proj_drop(self.proj(out.transpose(1, 2).reshape(B, 1, C))))
         h = self.hook_mlp(self.mlp(self.hook_norm(self.norm(out))))
         return (out + h)[:, 0]  # (B, C): the one latent token

@@ -187,9 +187,8 @@ class Grid:
             out += [HeadAblation(b, h, m) for b, h in heads if b == block for m in self.head_modes]
             out += [SkipBranch(b, k) for b, k in branches if b == block]
         out += [HeadAblation(b, h, m) for b, h in heads if b >= cfg.depth for m in self.head_modes]
-        out += [
-            SkipBranch(b, k) for b, k in branches if b >= cfg.depth
-        ]  # refused by check() with the valid blocks
+        # refused by check() with the valid blocks
+        out += [SkipBranch(b, k) for b, k in branches if b >= cfg.depth]
         out += [ZeroPosEmbed()] if self.position_embedding else []
         out += [DropTokens(t) for t in self.tokens] + [PatchStage(s) for s in self.patches]
         return out + [

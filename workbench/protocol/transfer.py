@@ -288,9 +288,8 @@ def parse_transfer_protocol(data: Any, source: str = "<protocol>") -> TransferPr
     _check_regimes(regimes, fail)
     seeds = common.seeds(top["seeds"], fail)
 
-    source_content = {
-        k: v for k, v in asdict(src).items() if k != "sha256" or v is not None
-    }  # no pin: the old hash
+    # no pin: the old hash
+    source_content = {k: v for k, v in asdict(src).items() if k != "sha256" or v is not None}
     canonical, digest = common.canonical_and_hash(
         {
             "schema": SCHEMA_VERSION,

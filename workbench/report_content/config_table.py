@@ -18,11 +18,12 @@ from typing import Any
 from workbench.kinds import DEFAULT_KIND, kind_of
 from workbench.report_content.cost import model_cost, vit_regime_cost
 
+# side in pixels, before resize_to
 NATIVE_IMAGE_SIZE = {
     "fashion_mnist": 28,
     "cifar10": 32,
     "retinamnist": 28,
-}  # side in pixels, before resize_to
+}
 ARM_COLUMNS = (
     "arm",
     "model",

@@ -55,9 +55,8 @@ class ModelCost:
     method: str
 
 
-META_ABOVE = (
-    20_000_000  # parameters (estimated by a ViT's d^2 terms) above which a model is built on meta
-)
+# parameters (estimated by a ViT's d^2 terms) above which a model is built on meta
+META_ABOVE = 20_000_000
 
 
 def _shape_model(cfg: ViTConfig | CNNConfig) -> nn.Module:
@@ -167,23 +166,24 @@ def vit_regime_cost(cfg: ViTConfig, kind: str, blocks: int | None = None) -> Mod
     ``train_flops`` is given for ``full`` and ``scratch`` only (the cached-feature regimes do not run the
     frozen part per epoch, so a per-image training count would mislead).
     """
+    # transfer imports train; only needed here
     from workbench.transfer.regimes import (
         trainable_prefixes,
-    )  # transfer imports train; only needed here
+    )
 
     model = _shape_model(cfg)
-    regime = SimpleNamespace(
-        kind=kind, blocks=blocks, name=kind
-    )  # the fields trainable_prefixes reads
+    # the fields trainable_prefixes reads
+    regime = SimpleNamespace(kind=kind, blocks=blocks, name=kind)
     prefixes = trainable_prefixes(model, regime)
     params = list(model.named_parameters())
     trained = sum(p.numel() for name, p in params if any(name.startswith(pre) for pre in prefixes))
     total = sum(p.numel() for _, p in params)
     fwd = vit_forward_flops(cfg)["total"]
+    # trained on images end to end, not on cached features
     every_image = kind in (
         "full",
         "scratch",
-    )  # trained on images end to end, not on cached features
+    )
     return ModelCost(
         total, trained, fwd, vit_train_flops(cfg) if every_image else None, cfg.image_size, ANALYTIC
     )

@@ -36,9 +36,8 @@ class InteractionContent:
     arms: tuple[str, str, str, str]
     label: str  # "(a − b) − (c − d)"
     seeds: list
-    per_seed: list[
-        str
-    ]  # signed, from the displayed per-seed values of the four arms, in the order of ``seeds``
+    # signed, from the displayed per-seed values of the four arms, in the order of ``seeds``
+    per_seed: list[str]
     text: str  # the stated result
     paragraph: ResultsParagraph  # what decided it (intervals, verdict, caveats, exceptions)
     effect: EffectSize
@@ -158,6 +157,5 @@ def _sentence(
         lead += f"{careful.verdict}, so {these} settle whether {left} is larger or smaller than {right}{p}."
     else:
         lead += f"{careful.verdict}, so these seeds cannot say which difference is larger."
-    return " ".join(
-        [lead, *careful.exceptions]
-    )  # seeds missing, a note, a zero-width interval: after the result
+    # seeds missing, a note, a zero-width interval: after the result
+    return " ".join([lead, *careful.exceptions])

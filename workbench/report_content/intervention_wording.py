@@ -73,9 +73,8 @@ def effect_paragraph(row, split: str = "validation", decimals: int = 2) -> str:
             f"{what} changes {split} accuracy by {fmt(mean, decimals, True)} points ({interval}), {seeds}; "
             f"{careful.verdict}, so these seeds do not settle whether it lowers accuracy ({p})."
         )
-    return " ".join(
-        [lead, *careful.exceptions]
-    )  # seeds missing, a note, a zero-width interval: after the result
+    # seeds missing, a note, a zero-width interval: after the result
+    return " ".join([lead, *careful.exceptions])
 
 
 def effect_caveats(rows, split: str = "validation") -> str:

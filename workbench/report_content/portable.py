@@ -39,9 +39,8 @@ def portable_text(text: str, base: str | None = None) -> str:
 
     def store(m: re.Match) -> str:
         rel = relative(m["path"], base)
-        return (
-            f"sqlite:///{rel}" if m["scheme"] == "sqlite:///" else rel
-        )  # MLflow takes a bare path as a file store
+        # MLflow takes a bare path as a file store
+        return f"sqlite:///{rel}" if m["scheme"] == "sqlite:///" else rel
 
     text = _STORE_URI.sub(store, text)
     return _ABSOLUTE.sub(lambda m: relative(m[0], base), text)

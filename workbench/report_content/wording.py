@@ -56,12 +56,10 @@ class ResultsParagraph:
     ] = ()  # (seed level, bootstrap, tests) sentences: stated once per section
     intervals: str = ""  # "95% t-interval +1.00 to +3.00; bootstrap +0.5 to +3.5"
     ahead: str = ""  # "A ahead in 3 of 3 seeds"
-    verdict: str = (
-        ""  # "even the wider of the two intervals, the bootstrap, lies entirely above zero"
-    )
-    settled_for: str = (
-        ""  # the arm ahead over the whole deciding interval ("" unless the sign is settled)
-    )
+    # "even the wider of the two intervals, the bootstrap, lies entirely above zero"
+    verdict: str = ""
+    # the arm ahead over the whole deciding interval ("" unless the sign is settled)
+    settled_for: str = ""
     exceptions: tuple[
         str, ...
     ] = ()  # the sentences after the first (seeds missing, a note, zero width, a stated test)

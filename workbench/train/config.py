@@ -166,9 +166,8 @@ class RunConfig:
     monitor: Literal["val_accuracy", "val_loss"] = "val_accuracy"
     checkpoint_every_steps: int | None = None  # in addition to every epoch
     device: str = "auto"  # auto -> cuda, mps, cpu
-    amp: Literal["off", "bf16", "fp16"] = (
-        "off"  # autocast; see workbench.precision (bf16 on CPU too)
-    )
+    # autocast; see workbench.precision (bf16 on CPU too)
+    amp: Literal["off", "bf16", "fp16"] = "off"
     deterministic: bool = True
     evaluate_test: bool = False
 

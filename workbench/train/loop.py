@@ -163,9 +163,8 @@ class Trainer:
         self.device = resolve_device(cfg.run.device)
         self.hash = config_hash(cfg)
         run = cfg.run
-        amp = resolve_amp(
-            run.amp, self.device
-        )  # bf16 autocast on CPU too; refused where not native
+        # bf16 autocast on CPU too; refused where not native
+        amp = resolve_amp(run.amp, self.device)
         self.amp_dtype = amp
         torch.manual_seed(derive_seed(run.seed, "init"))  # model init depends on the run seed only
         self.model = (model if model is not None else self._build_model()).to(self.device)
@@ -417,9 +416,8 @@ class Trainer:
             self.scheduler.step()
             self.forward.timed_first_step(started)
             if self.ema is not None:
-                self.ema.update(
-                    self.model, step=pos["step"] + 1
-                )  # timm's train.py: after the step, num_updates
+                # timm's train.py: after the step, num_updates
+                self.ema.update(self.model, step=pos["step"] + 1)
             accum["loss_sum"] += value * len(labels)
             # Under mixup / CutMix: agreement with each mixed image's dominant target (its soft target's argmax).
             hits = labels if self.mixup is None else targets.argmax(-1)
@@ -437,9 +435,8 @@ class Trainer:
 
     def _mix(self, images: torch.Tensor, labels: torch.Tensor, epoch: int, batch: int):
         """timm's Mixup on one batch, its NumPy draws seeded from (seed, epoch, batch): the same after a resume."""
-        outer = (
-            np.random.get_state()
-        )  # timm draws from NumPy's global RNG: seed it for this batch only
+        # timm draws from NumPy's global RNG: seed it for this batch only
+        outer = np.random.get_state()
         np.random.seed(derive_seed(self.cfg.run.seed, epoch, batch, "mixup") % (1 << 32))
         try:
             return self.mixup(images, labels)

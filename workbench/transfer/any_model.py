@@ -177,9 +177,8 @@ def param_groups_any(
     groups = [g for g in groups if g["params"]]
     for g in groups:
         g["lr"] = lr * g["lr_scale"]
-    return sorted(
-        groups, key=lambda g: -g["lr_scale"]
-    )  # the head's (scale 1) first: the logged lr is the base lr
+    # the head's (scale 1) first: the logged lr is the base lr
+    return sorted(groups, key=lambda g: -g["lr_scale"])
 
 
 SCRATCH_INIT_ANY = "the architecture's own init (timm's init for a timm model, PyTorch's defaults for the study CNN)"

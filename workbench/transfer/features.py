@@ -93,9 +93,8 @@ def compute_features(
                     x = block(x)
                 if depth in tokens:
                     tokens[depth].append(x.float())
-                feats = model.forward_head(
-                    model.forward_blocks(x, start=depth), pre_logits=True
-                )  # (B, D): norm, pool
+                # (B, D): norm, pool
+                feats = model.forward_head(model.forward_blocks(x, start=depth), pre_logits=True)
             pooled.append(feats.float())
             labels.append(y)
             indices.append(idx)

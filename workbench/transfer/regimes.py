@@ -270,10 +270,11 @@ class QWKTrainer(Trainer):
             raise ValueError(
                 "QWKTrainer selects on validation only: pass the data without its test split"
             )
+        # read by the hooks during __init__
         self.num_classes, self.layer_decay = (
             num_classes,
             layer_decay,
-        )  # read by the hooks during __init__
+        )
         super().__init__(cfg, data, run_dir, observer, model=model)
 
     def _param_groups(self) -> list:

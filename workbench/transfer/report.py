@@ -83,9 +83,8 @@ class TransferSection:
     source: dict[str, str] = field(default_factory=dict)
     title: str = "Transfer study"
     paired: dict[tuple[str, str, str], tuple[PairedComparison, CI]] = field(default_factory=dict)
-    predictions: dict[str, tuple[np.ndarray, np.ndarray]] = field(
-        default_factory=dict
-    )  # "regime/seedN" -> (labels, predicted)
+    # "regime/seedN" -> (labels, predicted)
+    predictions: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
 
     @property
     def n_test(self) -> int:
@@ -155,6 +154,7 @@ def build_section(
         agree = metrics_agree(logged, {k: recomputed[k] for k in logged})[0] if logged else False
         row = {"regime": c.regime, "seed": c.seed, "n": int(recomputed["n"])}
         for name, ci in cis.items():
+            # Monte-Carlo SE of the endpoints
             row.update(
                 {
                     name: ci.estimate,
@@ -162,7 +162,7 @@ def build_section(
                     f"{name}_high": ci.high,
                     f"{name}_mc": max(ci.mc_error_low, ci.mc_error_high),
                 }
-            )  # Monte-Carlo SE of the endpoints
+            )
         row.update(
             {
                 "best_epoch": c.best_epoch,

@@ -194,9 +194,8 @@ def select_cell(
     if data.test is not None:
         raise ValueError("select_cell must not receive a test split; use split_off_test")
     regime, run_dir, started = cell.regime, Path(run_dir), time.perf_counter()
-    scratch = (
-        regime.kind == "scratch"
-    )  # the source's architecture from a seeded random init, not its weights
+    # the source's architecture from a seeded random init, not its weights
+    scratch = regime.kind == "scratch"
     if source.is_vit:
         model = (scratch_model if scratch else transfer_model)(source, ctx.num_classes, cell.seed)
         trainable = freeze(model, regime)
@@ -218,9 +217,8 @@ def select_cell(
             "num_classes": ctx.num_classes,
             "layer_decay": regime.layer_decay,
         }
-        spec |= (
-            {"init": f"scratch, seed {cell.seed}"} if scratch else {}
-        )  # full keeps its config hash (resumes)
+        # full keeps its config hash (resumes)
+        spec |= {"init": f"scratch, seed {cell.seed}"} if scratch else {}
         spec |= {} if source.is_vit else {"blocks": regime.blocks, "trainable": len(trainable)}
         cfg = TrainConfig(
             model=ModelSpec("transfer", spec),
@@ -341,9 +339,8 @@ def evaluate_on_test(
 ) -> TestResult:
     """Evaluate the selected checkpoint on the test split once; recompute the metrics from the saved file."""
     started = time.perf_counter()
-    test = adapt_split(
-        guard.split(), source.cfg.in_channels
-    )  # raises TestSplitLocked before release()
+    # raises TestSplitLocked before release()
+    test = adapt_split(guard.split(), source.cfg.in_channels)
     model = _model_from_checkpoint(source, Path(selection.checkpoint), ctx.num_classes, ctx.device)
     table = predict(model, ctx.eval_loader(test), ctx.device, ctx.amp_dtype)
     path = save_predictions(table, Path(run_dir) / "predictions" / "test.csv")

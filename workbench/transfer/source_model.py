@@ -179,9 +179,8 @@ def load_timm_source(
         uri: What the user gave (default ``weights``), for the provenance.
         run_id: MLflow run the file was downloaded from, if any.
     """
-    name = (
-        name[len(TIMM_PREFIX) :] if is_timm_name(name) else name
-    )  # an arm's timm/<architecture> spelling
+    # an arm's timm/<architecture> spelling
+    name = name[len(TIMM_PREFIX) :] if is_timm_name(name) else name
     if not is_vit_name(name):
         return load_timm_any(name, weights, seed, uri, run_id)
     try:
@@ -189,9 +188,8 @@ def load_timm_source(
     except (CheckpointError, KeyError) as err:
         raise SourceError(f"source {name} with weights {uri or weights}: {err}") from err
     glass, audit = glassbox_from_timm(tw.model)
-    norm, norm_from = timm_norm(
-        name, tw.model
-    )  # a pinned name carries its tag, e.g. .augreg_in21k_ft_in1k
+    # a pinned name carries its tag, e.g. .augreg_in21k_ft_in1k
+    norm, norm_from = timm_norm(name, tw.model)
     kind = {"random": "timm-random", "hub": "timm-hub"}.get(tw.source, "timm-local")
     path = (
         ""
@@ -463,16 +461,16 @@ def adapt_split(split: PreparedSplit, in_channels: int) -> PreparedSplit:
         return split
     if c == 3 and in_channels == 1:
         weights = torch.tensor(LUMA).view(1, 3, 1, 1)
+        # (N, 1, H, W)
         grey = (
             (split.images.float() * weights)
             .sum(1, keepdim=True)
             .round_()
             .clamp_(0, 255)
             .to(torch.uint8)
-        )  # (N, 1, H, W)
+        )
         return replace(split, images=grey)
     if c == 1 and in_channels == 3:
-        return replace(
-            split, images=split.images.expand(-1, 3, -1, -1).contiguous()
-        )  # (N, 3, H, W)
+        # (N, 3, H, W)
+        return replace(split, images=split.images.expand(-1, 3, -1, -1).contiguous())
     raise SourceError(f"the source takes {in_channels} channels; the data has {c}")
