@@ -48,9 +48,10 @@ SAME_CODE = (
     # The table of kinds loads each kind's parser by its module path (workbench/kinds.py): the
     # transfer closure holds every protocol parser (workbench/transfer imports
     # workbench.protocol.transfer, which imports the package), and this changes how a file's
-    # parser is found, not what any parser or transfer computes. Main at 5645d99 -> the commit
-    # that moves the table. The other kinds' closures hold none of the files it changes.
-    ("transfer", "ccfea45709afc491", "1016697b2ea1f1de"),
+    # parser is found, not what any parser or transfer computes; unused names removed (a
+    # regime-kind tuple, a qwk twin no code called). Main at 5645d99 -> the commit that removes
+    # them. The other kinds' closures hold none of the files these change.
+    ("transfer", "ccfea45709afc491", "32c562c8b770fd89"),
 )
 _NEWER = {old: new for _, old, new in SAME_CODE}
 

@@ -122,7 +122,6 @@ PROTOCOL_KINDS = (
 )
 KINDS = tuple(k.name for k in PROTOCOL_KINDS)
 BY_NAME = {k.name: k for k in PROTOCOL_KINDS}
-BY_COMMAND = {k.command: k for k in PROTOCOL_KINDS}
 DEFAULT_KIND = "ablation"  # a file with no kind's marker
 # The order markers are tried in: a file with ``interventions`` is an intervention protocol whatever
 # else it holds (its parser then names any key that does not belong). A protocol known only by

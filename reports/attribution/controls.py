@@ -41,7 +41,6 @@ from workbench import stats
 from workbench.attribution.controls import SANITY_METRICS, SANITY_MODES, SURVIVES
 
 ORACLE = "oracle"
-BASELINES = ("intensity", "centre")
 
 
 def _shared(a: dict[int, float], b: dict[int, float]) -> list[int]:

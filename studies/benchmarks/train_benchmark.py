@@ -78,8 +78,6 @@ VARIANTS = (
 )
 # The variants a user can choose (the trainer's fast_path options); the others are measurements.
 CHOICES = ("today", "compile", "fused_attention", "fused_adamw", "all")
-# Arms whose goal is 1.5x today's path (few tokens: per-op overhead weighs most there).
-SMALL_TOKEN_ARMS = ("base", "p16_w96", "p16_w192")
 
 
 def benchmark_arms() -> dict[str, TrainConfig]:

@@ -44,8 +44,6 @@ from workbench.protocol.intervention import check_against_data, check_against_mo
 from workbench.train.evaluate import ReloadProof
 
 DEFAULT_PROTOCOL = "studies/protocols/smoke_heads.yaml"
-# every head and branch of fmnist_seed_recipe's ViT, 5 seeds, 800 images, 2 cores
-BENCHMARK_GOAL_SECONDS = 120.0
 
 
 class InterventionStudy(TrainedModelKind):

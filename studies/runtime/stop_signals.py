@@ -42,11 +42,6 @@ class Preempted(Terminated):
     """
 
 
-# SLURM sends SIGUSR1 (``sbatch --signal=USR1@SECONDS``) ahead of the end of a job's time; Kubernetes
-# and SLURM's scancel / preemption send SIGTERM. Both mean: checkpoint, give the cell back, exit.
-PREEMPT_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
-
-
 # Frames a stop must not interrupt: a database call (SQLAlchemy, sqlite3) and an atomic file
 # write (checkpoints, caches: workbench/atomic.py holds the temp file until it is renamed).
 DB_CALL_MARKERS = (f"{os.sep}sqlalchemy{os.sep}", f"{os.sep}sqlite3{os.sep}")

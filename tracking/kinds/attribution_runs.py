@@ -123,7 +123,6 @@ FIXED_TIME = (1980, 1, 1, 0, 0, 0)  # the zip format's earliest date: no time in
 # ``(S, N)``. Evidence from before the cascade holds ``sanity/<method>`` ``(L, N)`` instead: rho
 # with the top ``1..L`` blocks randomised, a fresh draw per step.
 CONTROL_KEYS = ("insertion_start_predicted", "insertion_start_prob")
-DRAW_MEASURES = ("rho", "deletion_auc", "insertion_auc")
 METHOD_ARRAYS = (
     "scores",
     "rho",

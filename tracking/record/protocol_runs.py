@@ -10,7 +10,6 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import mlflow
 from mlflow.entities import Run
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
@@ -534,19 +533,6 @@ def _log_protocol_files(sink: RunSink, protocol, protocol_file: Path) -> None:
     sink.log_params({"protocol_description": protocol.description[:500]})
 
 
-def child_counts(
-    parent_run_id: str, expected: int, uri: str | None = None, experiment: str | None = None
-) -> dict[str, int]:
-    """Cell counts from the parent's children as they are in the store (``tracking.record.executions.counts_of``)."""
-    client = MlflowClient(uri) if uri else MlflowClient()
-    exp_id = (
-        client.get_experiment_by_name(experiment).experiment_id
-        if experiment
-        else client.get_run(parent_run_id).info.experiment_id
-    )
-    return counts_of(children(client, parent_run_id, exp_id), expected)
-
-
 def _fallback_children(parent: StudyParent) -> list[Run]:
     with contextlib.suppress(Exception):
         if fallback_exists():
@@ -639,7 +625,3 @@ def parent_status(run_id: str) -> str | None:
         if is_unreachable(err):
             return None
         raise
-
-
-def log_report_artifact(run_id: str, path: Path, artifact_path: str = "report") -> None:
-    mlflow.tracking.MlflowClient().log_artifact(run_id, str(path), artifact_path=artifact_path)

@@ -27,7 +27,6 @@ SWEEP, SWEEP_PARENT, FIGURES = "sweep", "sweep_parent", "figures"
 PROTOCOL_NAME, PROTOCOL_HASH, ARM, SEED = "protocol_name", "protocol_hash", "arm", "seed"
 IS_REFERENCE, ALLOW_DIRTY = "is_reference", "allow_dirty"
 SOURCE_IDENTITY, SOURCE_RUN_ID = "source_identity", "source_run_id"
-PROTOCOL_TAGS = (PROTOCOL_NAME, PROTOCOL_HASH, ARM, SEED)
 
 # An arm's summary run, written by a report (tracking.record.report_summary): the study parent
 # it summarises, its arm, the arm its differences are taken against. It is no cell and no

@@ -31,13 +31,6 @@ DEFAULT_MODELS = (
     "cifar_vit",
     "fmnist_cnn",
 )
-# One model of each family the glass-box ViT opened (CLIP, DINOv2, SigLIP), for the same
-# fast-path goal: `workbench benchmark vit --model vit_base_patch16_clip_224,vit_small_patch14_dinov2,...`.
-FAMILY_MODELS = (
-    "vit_base_patch16_clip_224",
-    "vit_small_patch14_dinov2",
-    "vit_base_patch16_siglip_224",
-)
 
 
 @dataclass(frozen=True)

@@ -53,7 +53,6 @@ from workbench.protocol import common
 from workbench.protocol.common import ProtocolError
 from workbench.protocol.intervention import (
     ActingProtocol,
-    InterventionCell,
     acted_sources,
     acting_fields,
     evaluation_section,
@@ -145,9 +144,6 @@ class AttributionEvaluation:
 
     confidence: float = 0.95
     seed: int = 0
-
-
-AttributionCell = InterventionCell  # one acted-on model: an arm at a seed, as for interventions
 
 
 @dataclass(frozen=True)

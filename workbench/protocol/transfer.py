@@ -36,8 +36,6 @@ from workbench.protocol.common import SCHEMA_VERSION, SHORT_HASH_LEN, ProtocolEr
 from workbench.train.config import OptimConfig
 
 REGIME_KINDS = ("linear", "partial", "full", "scratch")
-# Kinds that start from the source's weights; ``scratch`` starts from a seeded random init of its architecture.
-FROM_SOURCE_KINDS = ("linear", "partial", "full")
 SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 RETINA_SIZES = (28, 64, 128, 224)
 AMP_MODES = ("off", "bf16", "fp16")

@@ -35,7 +35,6 @@ from workbench.models.timm_arm import TIMM_PREFIX, TimmModelConfig, shape_model
 from workbench.models.vit import ViTConfig
 
 ANALYTIC = "analytic multiply-accumulate count x 2 (workbench.bench.flops; LayerNorm, softmax, GELU, adds excluded)"
-COUNTED = "torch.utils.flop_counter.FlopCounterMode on the meta device"
 COUNTED_TIMM = "torch.utils.flop_counter.FlopCounterMode on the meta device (timm model: forward, and forward + backward)"
 
 

@@ -12,7 +12,7 @@ import math
 import numpy as np
 import pandas as pd
 
-from workbench.stats import CI, bootstrap_ci, classification_metrics, quadratic_weighted_kappa
+from workbench.stats import CI, bootstrap_ci, classification_metrics
 
 # Metrics with a bootstrap interval on the test set; recall_k are added per class.
 CI_METRICS = ("qwk", "accuracy", "macro_f1")
@@ -90,10 +90,3 @@ def metrics_agree(
             continue
         worst = max(worst, abs(x - y) if not (math.isnan(x) or math.isnan(y)) else math.inf)
     return worst <= tolerance, worst
-
-
-def sklearn_qwk(table: pd.DataFrame, num_classes: int) -> float:
-    """QWK of a predictions table (scikit-learn's cohen_kappa_score with quadratic weights)."""
-    return quadratic_weighted_kappa(
-        table["label"].to_numpy(), table["predicted"].to_numpy(), num_classes
-    )
