@@ -81,9 +81,14 @@ def main(argv: list[str] | None = None) -> int:
     readme = args.evidence / "README.md"
     text = readme.read_text(encoding="utf-8")
     if "- `weights/`:" not in text:
-        readme.write_text(
-            text.rstrip("\n") + "\n" + weights_readme_item(len(cells)), encoding="utf-8"
+        rebuilt = (
+            "  The trained runs this study acted on were gone when the weights were added: each "
+            "cell was\n  trained again and shown to be the acted-on one (the manifest's `rebuilt`: "
+            "the rebuilt run\n  and the proof); it is keyed by the acted-on run id the records "
+            "name.\n"
         )
+        item = weights_readme_item(len(cells)) + rebuilt
+        readme.write_text(text.rstrip("\n") + "\n\n" + item, encoding="utf-8")
     print(f"wrote {len(written)} files of {len(cells)} cells under {args.evidence / 'weights'}")
     return 0
 
