@@ -113,6 +113,11 @@ BENCHMARKS: dict[str, tuple[str, str, str]] = {
         "benchmark_intervene",
         "Time an intervention protocol's grid on random-weight models of its architecture (no data, no MLflow store).",
     ),
+    "stacked-seeds": (
+        "studies.benchmarks.stacked_seeds_benchmark",
+        "benchmark_stacked_seeds",
+        "Time an arm's seeds trained stacked in one step against one after another, on the CPU.",
+    ),
     "kernel-caps": (
         "studies.benchmarks.kernel_caps_benchmark",
         "benchmark_kernel_caps",

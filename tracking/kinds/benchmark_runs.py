@@ -237,3 +237,24 @@ def log_kernel_caps_benchmark(
                 mlflow.log_metric(f"step_seconds/{option}", value, step=i)
         mlflow.set_tags({f"kernels.{k}": "; ".join(sorted(v)) for k, v in kernels.items()})
         return run.info.run_id
+
+
+def log_stacked_seeds_benchmark(
+    params: dict,
+    seconds: dict[str, list[float]],
+    images: int,
+    decision: Decision,
+    load: dict[str, float],
+) -> str:
+    """One run in experiment ``stacked-seeds-benchmark``: settings, each option's images/s per
+    round (metric steps: the rounds), the verdict, the ``use:`` line and the load."""
+    from tracking.store.session import start_run
+
+    name = f"{params['protocol']}/{params['arm']} {params['seeds']} seeds stacked vs one by one"
+    with start_run("stacked-seeds-benchmark", run_name=name) as run:
+        mlflow.log_params({f"bench.{k}": v for k, v in params.items()})
+        log_verdicts([decision], load)
+        for option, values in seconds.items():
+            for i, value in enumerate(values):
+                mlflow.log_metric(f"images_per_second/{option}", images / value, step=i)
+        return run.info.run_id
