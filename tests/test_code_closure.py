@@ -226,3 +226,17 @@ def test_a_report_takes_cells_of_an_older_fingerprint_of_the_same_code(monkeypat
 
     chosen = choose_cells([record("r1", "a", old, 1), record("r2", "b", new, 2)])
     assert sorted(chosen) == ([("a", 0), ("b", 0)] if mapped else [("b", 0)]), chosen
+
+
+def test_the_transfer_identity_holds_no_other_kinds_parser():
+    """A change to the ablation, intervention or attribution parser (or the table of kinds) does
+    not re-train transfer cells: transfer's closure reaches workbench/protocol/transfer.py and the
+    shared checks only, not the package that gathers every kind."""
+    from tracking.kinds.transfer_runs import TRANSFER_ROOTS
+
+    closure = set(import_closure(TRANSFER_ROOTS))
+    protocol_files = sorted(p for p in closure if p.startswith("workbench/protocol/"))
+    assert protocol_files == ["workbench/protocol/common.py", "workbench/protocol/transfer.py"], (
+        protocol_files
+    )
+    assert "workbench/kinds.py" not in closure

@@ -45,13 +45,13 @@ SAME_CODE = (
     ("transfer", "7988119bd98e7e89", "ae692760d78da714"),
     ("intervention", "8e64009d966ee359", "c7ef3f8c7ac22b81"),
     ("attribution", "bc0ff15d6c267429", "410ad7cdd0ca2be7"),
-    # The table of kinds loads each kind's parser by its module path (workbench/kinds.py): the
-    # transfer closure holds every protocol parser (workbench/transfer imports
-    # workbench.protocol.transfer, which imports the package), and this changes how a file's
-    # parser is found, not what any parser or transfer computes; unused names removed (a
-    # regime-kind tuple, a qwk twin no code called). Main at 5645d99 -> the commit that removes
-    # them. The other kinds' closures hold none of the files these change.
-    ("transfer", "ccfea45709afc491", "32c562c8b770fd89"),
+    # The transfer closure held every protocol kind's parser (workbench/protocol/transfer.py
+    # imported the package, whose __init__ imports all kinds); it now imports
+    # workbench.protocol.common alone, so only transfer's own parser and the shared checks are
+    # hashed. Between main at 5645d99 and the commit that does this, the transfer closure's
+    # changes are that import, the table of kinds loading parsers by path, and unused names
+    # removed: nothing a transfer cell computes. The other kinds' closures hold none of these files.
+    ("transfer", "ccfea45709afc491", "4dc46f9492dd9090"),
 )
 _NEWER = {old: new for _, old, new in SAME_CODE}
 

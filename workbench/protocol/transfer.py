@@ -31,8 +31,25 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, get_type_hints
 
 from workbench.data.locate import DATASET_NAMES
-from workbench.protocol import common
-from workbench.protocol.common import SCHEMA_VERSION, SHORT_HASH_LEN, ProtocolError, canonical_json
+from workbench.protocol.common import (
+    ProtocolError,
+    SCHEMA_VERSION,
+    SHORT_HASH_LEN,
+    build,
+    canonical_and_hash,
+    canonical_json,
+    check_batch_fits,
+    check_finite,
+    description as description_of,
+    field_names,
+    identifier,
+    mapping,
+    one_reference,
+    required,
+    section,
+    seeds as seeds_of,
+    unique_names,
+)
 from workbench.train.config import OptimConfig
 
 REGIME_KINDS = ("linear", "partial", "full", "scratch")
@@ -42,7 +59,7 @@ AMP_MODES = ("off", "bf16", "fp16")
 MIN_RESAMPLES = 1000  # the report's intervals rest on at least this many bootstrap resamples
 TOP_KEYS = ("name", "description", "source", "dataset", "run", "evaluation", "regimes", "seeds")
 REQUIRED_TOP = ("name", "description", "source", "dataset", "regimes", "seeds")
-OPTIM_KEYS = common.field_names(OptimConfig)
+OPTIM_KEYS = field_names(OptimConfig)
 
 
 class TransferProtocolError(ProtocolError):
@@ -219,14 +236,12 @@ def parse_transfer_protocol(data: Any, source: str = "<protocol>") -> TransferPr
     def fail(msg: str) -> TransferProtocolError:
         return TransferProtocolError(f"{source}: {msg}")
 
-    common.check_finite(data, fail)
-    top = common.mapping(data, "", TOP_KEYS, fail)
-    common.required(top, REQUIRED_TOP, "", fail)
-    name = common.identifier(top["name"], "name", fail)
-    text = common.description(top["description"], fail)
-    raw_source = common.section(
-        top["source"], "source", SourceSpec, common.field_names(SourceSpec), fail
-    )
+    check_finite(data, fail)
+    top = mapping(data, "", TOP_KEYS, fail)
+    required(top, REQUIRED_TOP, "", fail)
+    name = identifier(top["name"], "name", fail)
+    text = description_of(top["description"], fail)
+    raw_source = section(top["source"], "source", SourceSpec, field_names(SourceSpec), fail)
     if "weights" not in raw_source:
         raise fail(
             "source.weights: required (hub, random, a path, runs:/<id>[/path] or protocol:<name>/<arm>/seed<k>)"
@@ -245,9 +260,7 @@ def parse_transfer_protocol(data: Any, source: str = "<protocol>") -> TransferPr
             "source.sha256: a random init has no checkpoint file to pin; drop the key or name a file"
         )
     dataset = TransferData(
-        **common.section(
-            top["dataset"], "dataset", TransferData, common.field_names(TransferData), fail
-        )
+        **section(top["dataset"], "dataset", TransferData, field_names(TransferData), fail)
     )
     if dataset.name not in DATASET_NAMES:
         raise fail(f"dataset.name={dataset.name!r}: must be one of {', '.join(DATASET_NAMES)}")
@@ -259,22 +272,16 @@ def parse_transfer_protocol(data: Any, source: str = "<protocol>") -> TransferPr
                 f"dataset.{key}={getattr(dataset, key)!r}: must be a positive integer or null"
             )
     run = TransferRunSpec(
-        **common.section(
-            top.get("run"), "run", TransferRunSpec, common.field_names(TransferRunSpec), fail
-        )
+        **section(top.get("run"), "run", TransferRunSpec, field_names(TransferRunSpec), fail)
     )
     for key in ("batch_size", "eval_batch_size"):
         if getattr(run, key) < 1:
             raise fail(f"run.{key}={getattr(run, key)!r}: must be a positive integer")
-    common.check_batch_fits(
-        run.batch_size, "run.batch_size", dataset.train_size, dataset.subset, fail
-    )
+    check_batch_fits(run.batch_size, "run.batch_size", dataset.train_size, dataset.subset, fail)
     if run.amp not in AMP_MODES:
         raise fail(f"run.amp={run.amp!r}: must be one of {', '.join(AMP_MODES)}")
     evaluation = Evaluation(
-        **common.section(
-            top.get("evaluation"), "evaluation", Evaluation, common.field_names(Evaluation), fail
-        )
+        **section(top.get("evaluation"), "evaluation", Evaluation, field_names(Evaluation), fail)
     )
     if evaluation.n_resamples < MIN_RESAMPLES:
         raise fail(f"evaluation.n_resamples={evaluation.n_resamples}: must be >= {MIN_RESAMPLES}")
@@ -284,11 +291,11 @@ def parse_transfer_protocol(data: Any, source: str = "<protocol>") -> TransferPr
         raise fail(f"regimes={top['regimes']!r}: must be a non-empty list")
     regimes = tuple(_regime(raw, f"regimes[{i}]", fail) for i, raw in enumerate(top["regimes"]))
     _check_regimes(regimes, fail)
-    seeds = common.seeds(top["seeds"], fail)
+    seeds = seeds_of(top["seeds"], fail)
 
     # no pin: the old hash
     source_content = {k: v for k, v in asdict(src).items() if k != "sha256" or v is not None}
-    canonical, digest = common.canonical_and_hash(
+    canonical, digest = canonical_and_hash(
         {
             "schema": SCHEMA_VERSION,
             "kind": "transfer",
@@ -310,7 +317,7 @@ def parse_transfer_protocol(data: Any, source: str = "<protocol>") -> TransferPr
 # --- helpers -----------------------------------------------------------------------------
 
 # A regime's keys are its own fields plus the optimiser's, written flat (``lr: 1e-4``).
-REGIME_KEYS = common.field_names(Regime, exclude=("optim",)) + OPTIM_KEYS
+REGIME_KEYS = field_names(Regime, exclude=("optim",)) + OPTIM_KEYS
 
 
 def _regime_hints() -> dict[str, Any]:
@@ -320,15 +327,13 @@ def _regime_hints() -> dict[str, Any]:
 
 
 def _regime(raw: Any, where: str, fail) -> Regime:
-    values = common.section(raw, where, _regime_hints(), REGIME_KEYS, fail)
-    common.required(values, ("name", "kind", "epochs"), where, fail)
-    name = common.identifier(values.pop("name"), f"{where}.name", fail)
+    values = section(raw, where, _regime_hints(), REGIME_KEYS, fail)
+    required(values, ("name", "kind", "epochs"), where, fail)
+    name = identifier(values.pop("name"), f"{where}.name", fail)
     kind = values.pop("kind")
     if kind not in REGIME_KINDS:
         raise fail(f"{where}.kind={kind!r}: must be one of {', '.join(REGIME_KINDS)}")
-    optim = common.build(
-        OptimConfig, {k: values.pop(k) for k in OPTIM_KEYS if k in values}, where, fail
-    )
+    optim = build(OptimConfig, {k: values.pop(k) for k in OPTIM_KEYS if k in values}, where, fail)
     regime = Regime(
         name=name,
         kind=kind,
@@ -366,8 +371,8 @@ def _regime(raw: Any, where: str, fail) -> Regime:
 
 
 def _check_regimes(regimes: tuple[Regime, ...], fail) -> None:
-    common.unique_names([r.name for r in regimes], "regime", fail)
-    common.one_reference([r.name for r in regimes if r.reference], "regime", fail)
+    unique_names([r.name for r in regimes], "regime", fail)
+    one_reference([r.name for r in regimes if r.reference], "regime", fail)
     seen: dict[str, str] = {}
     for r in regimes:
         key = canonical_json({k: v for k, v in asdict(r).items() if k not in ("name", "reference")})
