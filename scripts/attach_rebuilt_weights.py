@@ -59,6 +59,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cell", action="append", default=[], help="ARM/SEED=REBUILT_RUN")
     parser.add_argument("--proof", default=None, help="How the --cell runs were shown equal.")
     args = parser.parse_args(argv)
+    for path in (args.evidence / "runs.json", *args.reproduce):
+        if not path.is_file():
+            sys.exit(f"{path}: no such file")
     runs = json.loads((args.evidence / "runs.json").read_text(encoding="utf-8"))
     protocol = load_any(PROTOCOLS / f"{runs['protocol']['name']}.yaml")
     if protocol.hash != runs["protocol"]["hash"]:

@@ -31,6 +31,7 @@ from torch import nn
 from torch.func import functional_call, grad_and_value, stack_module_state, vmap
 
 from studies.runtime.options import threads_option
+from studies.benchmarks.train_benchmark import repeat_step
 from studies.runtime.study_protocol import ProtocolError, load_protocol
 from workbench.bench.cells import STORED_SIDE
 from workbench.bench.timing import Load, Spread, decide, time_interleaved
@@ -142,14 +143,6 @@ def batches(mcfg, data_name: str, seeds: int, batch: int, seed: int = 0):
     return x, y
 
 
-def _repeat(step, n: int):
-    def steps() -> None:
-        for _ in range(n):
-            step()
-
-    return steps
-
-
 @click.command("stacked-seeds")
 @click.option(
     "--protocol", "protocol_path", required=True, type=click.Path(exists=True, dir_okay=False)
@@ -189,8 +182,8 @@ def benchmark_stacked_seeds(protocol_path, arm, seeds, rounds, steps, threads):
         raise click.ClickException(f"{protocol.name} arm {arm}: {err}") from err
     x, y = batches(mcfg, cfg.data.name, seeds, cfg.run.batch_size)
     candidates = {
-        "one_by_one": _repeat(one_by_one_step(models, cfg, amp, x, y), steps),
-        "stacked": _repeat(
+        "one_by_one": repeat_step(one_by_one_step(models, cfg, amp, x, y), steps),
+        "stacked": repeat_step(
             stacked_step([copy.deepcopy(m) for m in models], cfg, amp, x, y)[0], steps
         ),
     }

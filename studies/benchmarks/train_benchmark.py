@@ -197,7 +197,7 @@ def candidates(
         elif variant == "timm_fused" and not (is_vit or "vit" in cfg.model.name):
             path = "plain loop (the model itself)"
         say(f"  {variant}: built, first two steps {warm:.1f} s")
-        out[variant] = Candidate(_repeat(step, steps), path, warm)
+        out[variant] = Candidate(repeat_step(step, steps), path, warm)
     return out, info
 
 
@@ -221,7 +221,7 @@ def _step(model, forward, opt, sched, cfg: TrainConfig, amp, x, y) -> Callable[[
     return step
 
 
-def _repeat(step: Callable[[], None], n: int) -> Callable[[], None]:
+def repeat_step(step: Callable[[], None], n: int) -> Callable[[], None]:
     def steps() -> None:
         for _ in range(n):
             step()

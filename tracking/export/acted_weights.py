@@ -107,27 +107,37 @@ def export_weights(
     byte for byte. Returns the paths written, so
     the caller can remove what an older export left.
     """
-    entries, written = [], set()
+    found = []
     for arm, seed, run_id in sorted(cells):
         if _in_store(run_id):
             params, files = _cell_files(run_id)
         else:
             params, files = _published_files(acts_on, arm, seed, run_id, published or PUBLISHED)
+        found.append((arm, seed, run_id, params, files, {}))
+    return _write_weights(folder, acts_on, found)
+
+
+def _write_weights(folder: Path, acts_on, cells: list[tuple]) -> set[Path]:
+    """Each cell's files under ``folder/weights/<arm>.seed<seed>/`` and the manifest naming them.
+
+    ``cells``: ``(arm, seed, run id, params, files, extra manifest keys)``. Returns the paths written.
+    """
+    entries, written = [], set()
+    for arm, seed, run_id, params, files, extra in cells:
         for name, data in files.items():
             path = folder / WEIGHTS_DIR / cell_stem(arm, seed) / name
             atomic_write_bytes(path, data, FILE_MODE)
             written.add(path)
-        entries.append(
-            manifest_entry(
-                arm=arm,
-                seed=seed,
-                run_id=run_id,
-                protocol=acts_on.protocol,
-                protocol_hash=acts_on.hash,
-                params=params,
-                files=files,
-            )
+        entry = manifest_entry(
+            arm=arm,
+            seed=seed,
+            run_id=run_id,
+            protocol=acts_on.protocol,
+            protocol_hash=acts_on.hash,
+            params=params,
+            files=files,
         )
+        entries.append(entry | extra)
     doc = {"format": MANIFEST_FORMAT, "cells": entries}
     text = json.dumps(doc, sort_keys=True, indent=1) + "\n"
     atomic_write_bytes(folder / MANIFEST, text.encode("utf-8"), FILE_MODE)
@@ -159,29 +169,13 @@ def attach_rebuilt_weights(
     ``--cells-from`` re-runs the study keyed as published, and records the rebuilt run and proof. Nothing else in the
     evidence changes. Returns the paths written.
     """
-    entries, written = [], set()
+    found = []
     for arm, seed, acted_run, rebuilt_run, proof in sorted(cells):
         if not _in_store(rebuilt_run):
             raise WeightsExportError(
                 f"rebuilt run {rebuilt_run} ({arm}/seed{seed}) is not in this store"
             )
         params, files = _cell_files(rebuilt_run)
-        for name, data in files.items():
-            path = evidence / WEIGHTS_DIR / cell_stem(arm, seed) / name
-            atomic_write_bytes(path, data, FILE_MODE)
-            written.add(path)
-        entry = manifest_entry(
-            arm=arm,
-            seed=seed,
-            run_id=acted_run,
-            protocol=acts_on.protocol,
-            protocol_hash=acts_on.hash,
-            params=params,
-            files=files,
-        )
-        entry["rebuilt"] = {"run_id": rebuilt_run, "proof": proof}
-        entries.append(entry)
-    doc = {"format": MANIFEST_FORMAT, "cells": entries}
-    text = json.dumps(doc, sort_keys=True, indent=1) + "\n"
-    atomic_write_bytes(evidence / MANIFEST, text.encode("utf-8"), FILE_MODE)
-    return written | {evidence / MANIFEST}
+        rebuilt = {"rebuilt": {"run_id": rebuilt_run, "proof": proof}}
+        found.append((arm, seed, acted_run, params, files, rebuilt))
+    return _write_weights(evidence, acts_on, found)
