@@ -26,7 +26,8 @@ from workbench.stats import paired_bootstrap_difference
 from workbench.train.checkpoint import FORMAT, atomic_torch_save, load_checkpoint
 from workbench.transfer.evaluate import metric_cis
 from workbench.transfer.features import compute_features
-from workbench.transfer.regimes import epoch_order, freeze, param_groups
+from workbench.transfer.cached_training import epoch_order
+from workbench.transfer.regimes import freeze, param_groups
 from workbench.transfer.report import CellPredictions, build_section
 from workbench.transfer.runner import (
     Selection,
@@ -350,6 +351,118 @@ def test_partial_and_linear_leave_frozen_weights_bit_identical(setup):
     assert all(torch.equal(v, before[k]) for k, v in source.model.state_dict().items()), (
         "the source was modified"
     )
+
+
+def _reference_cached_fit(model, regime, forward, train, seed, batch_size) -> None:
+    """A plain loop written out here, as the cached regimes trained before they went through the
+    Trainer: AdamW on the regime's groups, cosine with warmup, clipping, the TensorLoader order."""
+    import math
+
+    import torch.nn.functional as F
+
+    from workbench.train.loop import cosine_with_warmup
+
+    opt = regime.optim
+    groups = param_groups(model, opt.lr, opt.weight_decay, regime.layer_decay)
+    optimizer = torch.optim.AdamW(groups, lr=opt.lr, betas=opt.betas, weight_decay=opt.weight_decay)
+    n_batches = math.ceil(len(train) / batch_size)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer,
+        cosine_with_warmup(
+            regime.epochs * n_batches, round(opt.warmup_epochs * n_batches), opt.min_lr_ratio
+        ),
+    )
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    model.train()
+    for epoch in range(regime.epochs):
+        order = epoch_order(seed, epoch, len(train))
+        for k in range(n_batches):
+            pos = order[k * batch_size : (k + 1) * batch_size]
+            x, y = train.inputs.index_select(0, pos), train.labels.index_select(0, pos)
+            loss = F.cross_entropy(forward(x).float(), y, label_smoothing=opt.label_smoothing)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            if opt.grad_clip is not None:
+                torch.nn.utils.clip_grad_norm_(trainable, opt.grad_clip)
+            optimizer.step()
+            scheduler.step()
+
+
+def test_cached_regimes_train_in_the_trainer_as_a_plain_loop_would(setup):
+    """One loop: the Trainer on cached inputs updates the weights bit for bit as a plain loop
+    over the same batches; positive control: the same loop one batch order off differs."""
+    from workbench.transfer.features import tail_forward
+
+    tmp_path, source, protocol, ctx, data, _ = setup
+    cache = compute_features(
+        source.model,
+        {"train": data.train, "val": data.val},
+        ctx.norm,
+        ctx.resize_to,
+        ctx.device,
+        64,
+        token_starts=[1],
+    )
+    cell = cell_of(protocol, "partial_ft")
+    selection = select_cell(cell, source, data, cache, ctx, tmp_path / "partial")
+    assert selection.proof["passed"] and "assembly proof" in selection.proof["what"]
+    # the state after the last epoch (the selected one may be earlier)
+    last = load_checkpoint(tmp_path / "partial" / "checkpoints" / "last.pt")["model"]
+
+    def plain(order_seed: int) -> dict[str, torch.Tensor]:
+        model = transfer_model(source, ctx.num_classes, cell.seed)
+        freeze(model, cell.regime)
+        train = cache.tokens[1]["train"]
+        _reference_cached_fit(
+            model, cell.regime, tail_forward(model, 1), train, order_seed, ctx.batch_size
+        )
+        return model.state_dict()
+
+    def max_diff(x: dict, y: dict) -> float:
+        return max((x[k] - y[k]).abs().max().item() for k in x)
+
+    diff = max_diff(last, plain(cell.seed))
+    print(
+        f"Trainer on cached tokens vs a plain loop: max |weight difference| {diff:.3g} (tolerance 0)"
+    )
+    assert diff == 0.0, f"max |weight difference| {diff:.3g}"
+    moved = max_diff(last, plain(cell.seed + 1))
+    assert moved > 0.0, "another batch order gave the same weights: the check cannot fail"
+
+
+def test_a_cached_regime_resumes_where_it_was_stopped(setup):
+    from workbench.train.loop import Observers, TrainingObserver
+
+    tmp_path, source, protocol, ctx, data, _ = setup
+    cache = compute_features(
+        source.model,
+        {"train": data.train, "val": data.val},
+        ctx.norm,
+        ctx.resize_to,
+        ctx.device,
+        64,
+        token_starts=[1],
+    )
+    cell = cell_of(protocol, "linear_probe")
+    straight = select_cell(cell, source, data, cache, ctx, tmp_path / "straight")
+
+    class Killed(RuntimeError):
+        pass
+
+    class KillAfter(TrainingObserver):
+        def on_epoch(self, metrics):
+            if metrics["epoch"] == 3:
+                raise Killed
+
+    with pytest.raises(Killed):
+        select_cell(cell, source, data, cache, ctx, tmp_path / "resumed", Observers(KillAfter()))
+    resumed = select_cell(cell, source, data, cache, ctx, tmp_path / "resumed")
+    timing = ("epoch_seconds", "images_per_second")
+    strip = lambda h: [{k: v for k, v in row.items() if k not in timing} for row in h]  # noqa: E731
+    assert strip(resumed.history) == strip(straight.history)
+    assert (resumed.best_epoch, resumed.best_val) == (straight.best_epoch, straight.best_val)
+    a, b = (load_checkpoint(s.checkpoint)["model"] for s in (straight, resumed))
+    assert all(torch.equal(a[k], b[k]) for k in a), "the resumed cell's weights differ"
 
 
 def test_full_regime_runs_through_the_trainer_with_layer_decay(setup):

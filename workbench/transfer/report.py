@@ -113,6 +113,145 @@ def _predicted(cell: CellPredictions) -> np.ndarray:
     return cell.table.sort_values("index")["predicted"].to_numpy()
 
 
+COMPARISON_COLUMNS = [
+    "a",
+    "b",
+    "metric",
+    "seed",
+    "difference",
+    "low",
+    "high",
+    "wins",
+    "method",
+    "mc_error",
+    "t_low",
+    "t_high",
+]
+
+
+@dataclass(frozen=True)
+class _Bootstrap:
+    """The bootstrap's settings, shared by every interval of a section."""
+
+    n_resamples: int
+    confidence: float
+    seed: int
+    num_classes: int
+
+
+def _kappa_row(cell: CellPredictions, labels: np.ndarray, boot: _Bootstrap) -> dict:
+    """One cell's test metrics with intervals, recomputed from its file, and what its run logged."""
+    pred = _predicted(cell)
+    recomputed = table_metrics(cell.table, boot.num_classes)
+    cis = metric_cis(labels, pred, boot.num_classes, boot.n_resamples, boot.confidence, boot.seed)
+    logged = {k: v for k, v in cell.logged.items() if k in recomputed}
+    agree = metrics_agree(logged, {k: recomputed[k] for k in logged})[0] if logged else False
+    row = {"regime": cell.regime, "seed": cell.seed, "n": int(recomputed["n"])}
+    for name, ci in cis.items():
+        # Monte-Carlo SE of the endpoints
+        row.update(
+            {
+                name: ci.estimate,
+                f"{name}_low": ci.low,
+                f"{name}_high": ci.high,
+                f"{name}_mc": max(ci.mc_error_low, ci.mc_error_high),
+            }
+        )
+    row.update(
+        {
+            "best_epoch": cell.best_epoch,
+            "val_qwk": cell.val_qwk,
+            "logged_test_qwk": cell.logged.get("qwk", math.nan),
+            "logged_equals_file": agree,
+            "selection_seconds": cell.seconds,
+            "run_id": cell.run_id,
+        }
+    )
+    return row
+
+
+def _regime_summary(kappa: pd.DataFrame) -> pd.DataFrame:
+    return (
+        kappa.groupby("regime", sort=False)
+        .agg(
+            seeds=("seed", "count"),
+            qwk_mean=("qwk", "mean"),
+            qwk_sd=("qwk", "std"),
+            qwk_min=("qwk", "min"),
+            qwk_max=("qwk", "max"),
+            accuracy_mean=("accuracy", "mean"),
+            macro_f1_mean=("macro_f1", "mean"),
+            selection_seconds_mean=("selection_seconds", "mean"),
+        )
+        .reset_index()
+    )
+
+
+def _regime_pairs(present: list[str], reference: str) -> list[tuple[str, str]]:
+    """Each regime against the reference, then later regimes against earlier ones (protocol order)."""
+    others = [r for r in present if r != reference]
+    return [(r, reference) for r in others] + [(b, a) for a, b in itertools.combinations(others, 2)]
+
+
+def _comparison_row(a: str, b: str, metric: str, seed: str, ci, **extra) -> dict:
+    row = {
+        "a": a,
+        "b": b,
+        "metric": metric,
+        "seed": seed,
+        "difference": ci.estimate,
+        "low": ci.low,
+        "high": ci.high,
+        "wins": "",
+        "method": ci.method,
+        "mc_error": max(ci.mc_error_low, ci.mc_error_high),
+        "t_low": math.nan,
+        "t_high": math.nan,
+    }
+    return row | extra
+
+
+def _compare_pair(
+    a: str, b: str, metric: str, by: dict, labels: np.ndarray, kappa: pd.DataFrame, boot: _Bootstrap
+) -> tuple[list[dict], tuple | None]:
+    """Regime a minus b on one metric: per seed, then over the paired seeds (hierarchical
+    bootstrap and the seed-paired t interval) when there are at least two."""
+    seeds = sorted(s for (r, s) in by if r == a and (b, s) in by)
+    settings = (boot.n_resamples, boot.confidence, boot.seed, boot.num_classes)
+    rows = [
+        _comparison_row(
+            a,
+            b,
+            metric,
+            str(s),
+            paired_bootstrap_difference(
+                labels, _predicted(by[a, s]), _predicted(by[b, s]), metric, *settings
+            ),
+        )
+        for s in seeds
+    ]
+    if len(seeds) < 2:
+        return rows, None
+    per_a = {s: (labels, _predicted(by[a, s])) for s in seeds}
+    per_b = {s: (labels, _predicted(by[b, s])) for s in seeds}
+    ci = paired_hierarchical_bootstrap(per_a, per_b, metric, *settings)
+    value = {
+        (r, s): kappa.loc[(kappa.regime == r) & (kappa.seed == s), metric].item()
+        for r in (a, b)
+        for s in seeds
+    }
+    t = paired_seed_comparison(
+        {s: value[a, s] for s in seeds},
+        {s: value[b, s] for s in seeds},
+        boot.confidence,
+        names=(a, b),
+    )
+    rows.append(
+        _comparison_row(a, b, metric, "all", ci, wins=t.won, t_low=t.ci_low, t_high=t.ci_high)
+    )
+    return rows, (t, ci)
+
+
 def build_section(
     cells: list[CellPredictions],
     num_classes: int,
@@ -142,157 +281,30 @@ def build_section(
     if not cells:
         raise ValueError("no finished transfer cells to report")
     _, labels = _check_same_examples(cells)
-    rows = []
-    for c in sorted(
-        cells,
-        key=lambda c: (regimes.index(c.regime) if c.regime in regimes else len(regimes), c.seed),
-    ):
-        pred = _predicted(c)
-        recomputed = table_metrics(c.table, num_classes)
-        cis = metric_cis(labels, pred, num_classes, n_resamples, confidence, seed)
-        logged = {k: v for k, v in c.logged.items() if k in recomputed}
-        agree = metrics_agree(logged, {k: recomputed[k] for k in logged})[0] if logged else False
-        row = {"regime": c.regime, "seed": c.seed, "n": int(recomputed["n"])}
-        for name, ci in cis.items():
-            # Monte-Carlo SE of the endpoints
-            row.update(
-                {
-                    name: ci.estimate,
-                    f"{name}_low": ci.low,
-                    f"{name}_high": ci.high,
-                    f"{name}_mc": max(ci.mc_error_low, ci.mc_error_high),
-                }
-            )
-        row.update(
-            {
-                "best_epoch": c.best_epoch,
-                "val_qwk": c.val_qwk,
-                "logged_test_qwk": c.logged.get("qwk", math.nan),
-                "logged_equals_file": agree,
-                "selection_seconds": c.seconds,
-                "run_id": c.run_id,
-            }
-        )
-        rows.append(row)
-    kappa = pd.DataFrame(rows)
-
-    summary = (
-        kappa.groupby("regime", sort=False)
-        .agg(
-            seeds=("seed", "count"),
-            qwk_mean=("qwk", "mean"),
-            qwk_sd=("qwk", "std"),
-            qwk_min=("qwk", "min"),
-            qwk_max=("qwk", "max"),
-            accuracy_mean=("accuracy", "mean"),
-            macro_f1_mean=("macro_f1", "mean"),
-            selection_seconds_mean=("selection_seconds", "mean"),
-        )
-        .reset_index()
-    )
-
-    by = {(c.regime, c.seed): c for c in cells}
-    present = [r for r in regimes if any(c.regime == r for c in cells)]
-    # Each regime against the reference, then later regimes against earlier ones (protocol order).
-    pairs = [(r, reference) for r in present if r != reference] + [
-        (b, a) for a, b in itertools.combinations([r for r in present if r != reference], 2)
-    ]
-    comps, paired = [], {}
-    for (a, b), metric in itertools.product(pairs, metrics):
-        seeds = sorted(s for (r, s) in by if r == a and (b, s) in by)
-        for s in seeds:
-            ci = paired_bootstrap_difference(
-                labels,
-                _predicted(by[a, s]),
-                _predicted(by[b, s]),
-                metric,
-                n_resamples,
-                confidence,
-                seed,
-                num_classes,
-            )
-            comps.append(
-                {
-                    "a": a,
-                    "b": b,
-                    "metric": metric,
-                    "seed": str(s),
-                    "difference": ci.estimate,
-                    "low": ci.low,
-                    "high": ci.high,
-                    "wins": "",
-                    "method": ci.method,
-                    "mc_error": max(ci.mc_error_low, ci.mc_error_high),
-                    "t_low": math.nan,
-                    "t_high": math.nan,
-                }
-            )
-        if len(seeds) >= 2:
-            per_a = {s: (labels, _predicted(by[a, s])) for s in seeds}
-            per_b = {s: (labels, _predicted(by[b, s])) for s in seeds}
-            ci = paired_hierarchical_bootstrap(
-                per_a, per_b, metric, n_resamples, confidence, seed, num_classes
-            )
-            value = {
-                (r, s): kappa.loc[(kappa.regime == r) & (kappa.seed == s), metric].item()
-                for r in (a, b)
-                for s in seeds
-            }
-            t = paired_seed_comparison(
-                {s: value[a, s] for s in seeds},
-                {s: value[b, s] for s in seeds},
-                confidence,
-                names=(a, b),
-            )
-            comps.append(
-                {
-                    "a": a,
-                    "b": b,
-                    "metric": metric,
-                    "seed": "all",
-                    "difference": ci.estimate,
-                    "low": ci.low,
-                    "high": ci.high,
-                    "wins": t.won,
-                    "method": ci.method,
-                    "mc_error": max(ci.mc_error_low, ci.mc_error_high),
-                    "t_low": t.ci_low,
-                    "t_high": t.ci_high,
-                }
-            )
-            paired[(a, b, metric)] = (t, ci)
-    comparisons = pd.DataFrame(
-        comps,
-        columns=[
-            "a",
-            "b",
-            "metric",
-            "seed",
-            "difference",
-            "low",
-            "high",
-            "wins",
-            "method",
-            "mc_error",
-            "t_low",
-            "t_high",
-        ],
-    )
-    confusion = {}
-    for c in cells:
-        counts = classification_metrics(labels, _predicted(c), num_classes)["confusion_matrix"]
-        confusion[c.regime] = confusion.get(c.regime, 0) + counts
-    confusion = {r: confusion[r] for r in present}
+    boot = _Bootstrap(n_resamples, confidence, seed, num_classes)
     ordered = sorted(
         cells,
         key=lambda c: (regimes.index(c.regime) if c.regime in regimes else len(regimes), c.seed),
     )
+    kappa = pd.DataFrame([_kappa_row(c, labels, boot) for c in ordered])
+    by = {(c.regime, c.seed): c for c in cells}
+    present = [r for r in regimes if any(c.regime == r for c in cells)]
+    comps, paired = [], {}
+    for (a, b), metric in itertools.product(_regime_pairs(present, reference), metrics):
+        rows, pooled = _compare_pair(a, b, metric, by, labels, kappa, boot)
+        comps += rows
+        if pooled is not None:
+            paired[(a, b, metric)] = pooled
+    confusion = {}
+    for c in cells:
+        counts = classification_metrics(labels, _predicted(c), num_classes)["confusion_matrix"]
+        confusion[c.regime] = confusion.get(c.regime, 0) + counts
     predictions = {f"{c.regime}/seed{c.seed}": (labels, _predicted(c)) for c in ordered}
     return TransferSection(
         kappa,
-        summary,
-        comparisons,
-        confusion,
+        _regime_summary(kappa),
+        pd.DataFrame(comps, columns=COMPARISON_COLUMNS),
+        {r: confusion[r] for r in present},
         num_classes,
         n_resamples,
         confidence,

@@ -19,9 +19,10 @@ from torch import nn
 
 from workbench.convert.checkpoints import atomic_write_bytes
 from workbench.data import NormStats, PreparedData, PreparedSplit, TensorLoader
-from workbench.train.checkpoint import FORMAT, atomic_torch_save, load_checkpoint
+from workbench.train.checkpoint import load_checkpoint
 from workbench.train.config import DataSpec, ModelSpec, RunConfig, TrainConfig
 from workbench.train.evaluate import (
+    ReloadProof,
     compare_predictions,
     predict,
     read_predictions,
@@ -29,17 +30,21 @@ from workbench.train.evaluate import (
 )
 from workbench.train.loop import TrainingObserver
 from workbench.transfer.evaluate import metric_cis, metrics_agree, table_metrics
-from workbench.transfer.features import FeatureCache, head_forward, tail_forward
-from workbench.protocol.transfer import Evaluation, TransferCell
+from workbench.transfer.features import CachedSplit, FeatureCache, head_forward, tail_forward
+from workbench.protocol.transfer import Evaluation, Regime, TransferCell
 from workbench.transfer.any_model import (
     AnyQWKTrainer,
     classifier,
     freeze_for,
-    param_groups_any,
     scratch_copy,
     transfer_copy,
 )
-from workbench.transfer.regimes import QWKTrainer, fit_cached, freeze
+from workbench.transfer.cached_training import (
+    AnyCachedQWKTrainer,
+    CachedQWKTrainer,
+    ForwardFactory,
+)
+from workbench.transfer.regimes import QWKTrainer, freeze
 from workbench.transfer.source_model import SourceModel, adapt_split, scratch_model, transfer_model
 
 # Cached path vs a forward pass of the assembled model on the same images: the same
@@ -171,6 +176,104 @@ def _model_from_checkpoint(source: SourceModel, path: Path, num_classes: int, de
     return model.to(device).eval()
 
 
+def _cell_model(cell: TransferCell, source: SourceModel, ctx: TransferContext):
+    """The cell's model (the source's weights, or its architecture from a seeded init for
+    scratch) with a new head, and the names of the parameters its regime trains."""
+    regime, scratch = cell.regime, cell.regime.kind == "scratch"
+    if source.is_vit:
+        model = (scratch_model if scratch else transfer_model)(source, ctx.num_classes, cell.seed)
+        return model, freeze(model, regime)
+    # any other model: timm's generic interfaces (workbench.transfer.any_model)
+    model = (scratch_copy if scratch else transfer_copy)(source.model, ctx.num_classes, cell.seed)
+    return model, freeze_for(model, regime, f"regime {regime.name}")
+
+
+@dataclass(frozen=True)
+class CachedInputs:
+    """What a cached regime trains on, how its model reads it, and its name in the config."""
+
+    splits: dict[str, CachedSplit]
+    forward_of: ForwardFactory
+    what: str
+
+
+def _cached_inputs(
+    regime: Regime, source: SourceModel, model: nn.Module, cache: FeatureCache | None
+) -> CachedInputs | None:
+    """None for a regime that trains on images (full, scratch, and partial of a non-ViT source)."""
+    if regime.kind in ("full", "scratch") or (regime.kind == "partial" and not source.is_vit):
+        return None
+    if cache is None:
+        raise ValueError(
+            f"regime {regime.name} ({regime.kind}) trains on cached features: pass them"
+        )
+    if not source.is_vit:  # the linear probe of any model: its classifier on pre-logit features
+        return CachedInputs(cache.pooled, classifier, "pre-logit features")
+    if regime.kind == "linear":
+        return CachedInputs(cache.pooled, head_forward, "pooled features")
+    start = model.cfg.depth - regime.blocks
+    return CachedInputs(
+        cache.tokens[start], lambda m: tail_forward(m, start), f"tokens entering block {start}"
+    )
+
+
+def _cell_config(
+    cell: TransferCell,
+    source: SourceModel,
+    data: PreparedData,
+    ctx: TransferContext,
+    trainable: list[str],
+    cached: CachedInputs | None,
+) -> TrainConfig:
+    """The cell's training configuration; its hash names what is trained (a resume checks it)."""
+    regime = cell.regime
+    spec = {
+        "source": source.info.sha256 or source.info.uri,
+        "regime": regime.name,
+        "num_classes": ctx.num_classes,
+        "layer_decay": regime.layer_decay,
+    }
+    # an image regime's spec is as it was, so its cells keep their config hash (and resume)
+    spec |= {"init": f"scratch, seed {cell.seed}"} if regime.kind == "scratch" else {}
+    spec |= {} if source.is_vit else {"blocks": regime.blocks, "trainable": len(trainable)}
+    spec |= {} if cached is None else {"inputs": f"cached {cached.what}"}
+    return TrainConfig(
+        model=ModelSpec("transfer", spec),
+        data=DataSpec(data.name, split_seed=data.split_seed, resize_to=ctx.resize_to),
+        optim=regime.optim,
+        run=RunConfig(
+            epochs=regime.epochs,
+            batch_size=ctx.batch_size,
+            eval_batch_size=ctx.eval_batch_size,
+            seed=cell.seed,
+            patience=regime.patience,
+            device=str(ctx.device),
+            amp={None: "off", torch.bfloat16: "bf16", torch.float16: "fp16"}[ctx.amp_dtype],
+            deterministic=ctx.deterministic,
+        ),
+    )
+
+
+def _trainer_class(source: SourceModel, cached: CachedInputs | None) -> type:
+    if cached is None:
+        return QWKTrainer if source.is_vit else AnyQWKTrainer
+    return CachedQWKTrainer if source.is_vit else AnyCachedQWKTrainer
+
+
+RELOAD_PROOF = "reload proof: best checkpoint reloaded into a fresh model reproduces its saved validation predictions"
+ASSEMBLY_PROOF = "assembly proof: the checkpoint, run end to end on the validation images, reproduces the cached-feature predictions"
+
+
+def _assembly_proof(
+    source: SourceModel, checkpoint: Path, val_path: Path, val: PreparedSplit, ctx: TransferContext
+) -> ReloadProof:
+    """A cached regime's checkpoint must be the deployed model: reloaded into a fresh model and
+    run end to end on the validation images, it reproduces the cached path's predictions."""
+    fresh = _model_from_checkpoint(source, checkpoint, ctx.num_classes, ctx.device)
+    now = predict(fresh, ctx.eval_loader(val), ctx.device, ctx.amp_dtype)
+    return compare_predictions(read_predictions(val_path), now, ASSEMBLY_TOLERANCE[ctx.amp_dtype])
+
+
 def select_cell(
     cell: TransferCell,
     source: SourceModel,
@@ -180,7 +283,8 @@ def select_cell(
     run_dir: Path,
     observer: TrainingObserver | None = None,
 ) -> Selection:
-    """Train one regime at one seed and select its epoch by validation QWK.
+    """Train one regime at one seed in the workbench's ``Trainer`` and select its epoch by
+    validation QWK; an interrupted cell resumes from its last checkpoint.
 
     Args:
         cell: The regime and seed.
@@ -194,123 +298,35 @@ def select_cell(
     if data.test is not None:
         raise ValueError("select_cell must not receive a test split; use split_off_test")
     regime, run_dir, started = cell.regime, Path(run_dir), time.perf_counter()
-    # the source's architecture from a seeded random init, not its weights
-    scratch = regime.kind == "scratch"
-    if source.is_vit:
-        model = (scratch_model if scratch else transfer_model)(source, ctx.num_classes, cell.seed)
-        trainable = freeze(model, regime)
-    else:  # any other model: timm's generic interfaces (workbench.transfer.any_model)
-        model = (scratch_copy if scratch else transfer_copy)(
-            source.model, ctx.num_classes, cell.seed
-        )
-        trainable = freeze_for(model, regime, f"regime {regime.name}")
-    on_images = regime.kind in ("full", "scratch") or (
-        regime.kind == "partial" and not source.is_vit
-    )
+    model, trainable = _cell_model(cell, source, ctx)
+    cached = _cached_inputs(regime, source, model, cache)
     n_trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    checkpoint = run_dir / "checkpoints" / "best.pt"
-    val_path = run_dir / "predictions" / "val.csv"
-    if on_images:
-        spec = {
-            "source": source.info.sha256 or source.info.uri,
-            "regime": regime.name,
-            "num_classes": ctx.num_classes,
-            "layer_decay": regime.layer_decay,
-        }
-        # full keeps its config hash (resumes)
-        spec |= {"init": f"scratch, seed {cell.seed}"} if scratch else {}
-        spec |= {} if source.is_vit else {"blocks": regime.blocks, "trainable": len(trainable)}
-        cfg = TrainConfig(
-            model=ModelSpec("transfer", spec),
-            data=DataSpec(data.name, split_seed=data.split_seed, resize_to=ctx.resize_to),
-            optim=regime.optim,
-            run=RunConfig(
-                epochs=regime.epochs,
-                batch_size=ctx.batch_size,
-                eval_batch_size=ctx.eval_batch_size,
-                seed=cell.seed,
-                patience=regime.patience,
-                device=str(ctx.device),
-                amp={None: "off", torch.bfloat16: "bf16", torch.float16: "fp16"}[ctx.amp_dtype],
-                deterministic=ctx.deterministic,
-            ),
-        )
-        trainer = (QWKTrainer if source.is_vit else AnyQWKTrainer)(
-            cfg,
-            replace(data, norm=ctx.norm),
-            run_dir,
-            observer,
-            model=model,
-            num_classes=ctx.num_classes,
-            layer_decay=regime.layer_decay,
-        )
-        result = trainer.fit()
-        best = result.history[result.best_epoch - 1]
-        proof = result.reload_proof
-        history, best_epoch, stopped = result.history, result.best_epoch, result.stopped_early
-        what = "reload proof: best checkpoint reloaded into a fresh model reproduces its saved validation predictions"
-    else:
-        if source.is_vit:
-            start = model.cfg.depth - (regime.blocks or 0)
-            key = "pooled" if regime.kind == "linear" else start
-            splits = cache.pooled if key == "pooled" else cache.tokens[start]
-            forward, groups = (
-                head_forward(model) if regime.kind == "linear" else tail_forward(model, start),
-                None,
-            )
-        else:  # the linear probe of any model: its classifier on the cached pre-logit features
-            splits, forward = cache.pooled, classifier(model)
-        model.to(ctx.device)
-        if not source.is_vit:
-            groups = param_groups_any(
-                model, regime.optim.lr, regime.optim.weight_decay, None, f"regime {regime.name}"
-            )
-        fit = fit_cached(
-            model,
-            regime,
-            forward,
-            splits["train"],
-            splits["val"],
-            cell.seed,
-            ctx.batch_size,
-            ctx.eval_batch_size,
-            ctx.num_classes,
-            ctx.device,
-            ctx.amp_dtype,
-            observer,
-            groups=groups,
-        )
-        model.load_state_dict(fit.best_state, strict=False)
-        best = fit.history[fit.best_epoch - 1]
-        atomic_torch_save(
-            {
-                "format": FORMAT,
-                "model": model.state_dict(),
-                "epoch": fit.best_epoch,
-                "metrics": best,
-                "trainable": trainable,
-            },
-            checkpoint,
-        )
-        save_predictions(fit.val_table, val_path)
-        # The cached path must be the deployed model: reload the checkpoint into a fresh model
-        # and predict the validation images end to end.
-        fresh = _model_from_checkpoint(source, checkpoint, ctx.num_classes, ctx.device)
-        now = predict(fresh, ctx.eval_loader(data.val), ctx.device, ctx.amp_dtype)
-        proof = compare_predictions(
-            read_predictions(val_path), now, ASSEMBLY_TOLERANCE[ctx.amp_dtype]
-        )
-        history, best_epoch, stopped = fit.history, fit.best_epoch, fit.stopped_early
-        what = "assembly proof: the checkpoint, run end to end on the validation images, reproduces the cached-feature predictions"
+    on_cache = {} if cached is None else {"cached": cached.splits, "forward_of": cached.forward_of}
+    trainer = _trainer_class(source, cached)(
+        _cell_config(cell, source, data, ctx, trainable, cached),
+        replace(data, norm=ctx.norm),
+        run_dir,
+        observer,
+        model=model,
+        num_classes=ctx.num_classes,
+        layer_decay=regime.layer_decay,
+        **on_cache,
+    )
+    result = trainer.fit()
+    checkpoint, val_path = trainer.best_path, run_dir / "predictions" / "val.csv"
+    proof, what = result.reload_proof, RELOAD_PROOF
+    if cached is not None and proof.passed:
+        proof, what = _assembly_proof(source, checkpoint, val_path, data.val, ctx), ASSEMBLY_PROOF
+    best = result.history[result.best_epoch - 1]
     selection = Selection(
         regime=regime.name,
         kind=regime.kind,
         seed=cell.seed,
-        best_epoch=best_epoch,
+        best_epoch=result.best_epoch,
         best_val={
             k: float(best[k]) for k in ("val_qwk", "val_accuracy", "val_macro_f1", "val_loss")
         },
-        history=history,
+        history=result.history,
         checkpoint=str(checkpoint),
         val_predictions=str(val_path),
         proof={
@@ -321,7 +337,7 @@ def select_cell(
             "what": what,
             "summary": proof.summary(),
         },
-        stopped_early=stopped,
+        stopped_early=result.stopped_early,
         seconds=time.perf_counter() - started,
         trainable_parameters=n_trainable,
     )
