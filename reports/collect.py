@@ -27,7 +27,7 @@ from tracking.record.queries import CellRecord, QueryError
 from workbench.code_history import same_code
 from workbench.kinds import BY_NAME, DEFAULT_KIND
 from workbench.protocol import SHORT_HASH_LEN, kind_of, load_protocol
-from workbench.report_content.portable import relative
+from workbench.text.portable import relative
 
 PROTOCOL_DIR = Path(__file__).resolve().parent.parent / "studies" / "protocols"
 CURVE_METRICS = ("val_accuracy", "val_loss", "train_accuracy", "train_loss")

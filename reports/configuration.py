@@ -1,7 +1,7 @@
 """What was run and what it cost: the configuration table from the hashed protocol, and compute per arm.
 
 The configuration is rendered from the protocol's canonical (hashed) content through
-``workbench.report_content.config_table``, never from its free-text description; where the
+``reports.content.config_table``, never from its free-text description; where the
 description contradicts the hash (e.g. "3 epochs" for a 2-epoch protocol) the report says so
 as a warning. The cost table reads each reported run: the per-epoch ``epoch_seconds`` history
 (training wall time), epochs run, training images, device and precision.
@@ -16,8 +16,8 @@ from reports.provenance import device, precision
 from reports.render import Block, Heading, Table
 from tracking.record.schema import RESUMED, TRUE
 from workbench.kinds import BY_NAME
-from workbench.report_content.config_table import ConfigTable, config_table, description_conflicts
-from workbench.report_content.cost import arm_cost, training_cost
+from reports.content.config_table import ConfigTable, config_table, description_conflicts
+from workbench.bench.cost import arm_cost, training_cost
 
 FLAG = "⚠"
 

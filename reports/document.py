@@ -16,10 +16,10 @@ from reports.common.convergence import convergence_blocks
 from reports.render import Block, Bullets, Figure, Heading, Para, Table
 from reports.tables import ArmSummary
 from workbench.code_history import current_name
-from workbench.report_content.numbers import mean_interval
-from workbench.report_content.portable import portable_text
-from workbench.report_content.predictions import DegenerateReport, degenerate_predictions
-from workbench.report_content.rounding import fmt
+from workbench.estimates import mean_interval
+from workbench.text.portable import portable_text
+from reports.content.predictions import DegenerateReport, degenerate_predictions
+from reports.content.rounding import fmt
 
 SPLIT_TITLES = {"val": "Validation", "test": "Test"}
 SPLIT_SOURCES = {

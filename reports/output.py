@@ -30,8 +30,8 @@ from reports.render import Block, Bullets, Figure, Heading, Para, Quote, to_html
 from tracking.record import queries, report_summary
 from tracking.record.report_summary import HEAD, LIMIT, SEPARATOR, arm_metrics, comparison_metrics
 from workbench.atomic import atomic_write_bytes
-from workbench.report_content.numbers import mean_interval
-from workbench.report_content.rounding import fmt
+from workbench.estimates import mean_interval
+from reports.content.rounding import fmt
 from workbench.transfer.report import TransferSection
 
 # masked by the umask like any file open() creates: 0644 (group-readable) under umask 022

@@ -16,7 +16,7 @@ from tracking.record import queries
 from tracking.record.queries import CellRecord
 from tracking.store import ui_links
 from workbench.kernel_identity import kernel_summary, recorded_identity
-from workbench.report_content.portable import portable_text
+from workbench.text.portable import portable_text
 
 FLAG = "⚠"
 REBUILT_PREFIX = "Rebuilt offline from the evidence export"  # the one line a rebuilt report adds

@@ -12,7 +12,7 @@ import html
 import re
 from dataclasses import dataclass, field
 
-from workbench import markdown
+from workbench.text import markdown
 
 # Links: absolute http(s) URLs, or a relative path to another report page (the index's links).
 _INLINE = re.compile(r"\[([^\]]+)\]\((https?://[^)\s]+|[\w./-]+\.html)\)|`([^`]+)`|\*\*([^*]+)\*\*")

@@ -1,12 +1,12 @@
 """The ablation report's results: stated conclusions, the comparison tables, the forest plot.
 
-Every comparison goes through ``workbench.report_content.comparison.comparison_content``
+Every comparison goes through ``reports.content.comparison.comparison_content``
 once, so the paragraph, the per-seed differences, the effect size, the bootstrap display and
 the forest-plot row come from the same numbers. Displayed per-seed values use the decimals
 ``display_decimals`` picks for the split (the fewest that show every value exactly, 2 or 3),
 and the accuracy table uses the same, so each displayed difference is the difference of
 displayed values. Interactions asked for with ``--interaction`` (``interaction_blocks``) go
-through ``workbench.report_content.interaction`` the same way, at the end of each split.
+through ``reports.content.interaction`` the same way, at the end of each split.
 """
 
 from __future__ import annotations
@@ -18,10 +18,10 @@ from reports import tables
 from reports.collect import StudyData
 from reports.render import Block, Figure, Heading, Para, Quote, Table
 from reports.tables import ArmSummary, Comparison
-from workbench.report_content import comparison, forest, interaction
-from workbench.report_content.numbers import bootstrap_seed_multisets, min_wilcoxon_p
-from workbench.report_content.rounding import exact_decimals, fmt, paired_display
-from workbench.report_content.wording import section_caveats
+from reports.content import comparison, forest, interaction
+from workbench.estimates import bootstrap_seed_multisets, min_wilcoxon_p
+from reports.content.rounding import exact_decimals, fmt, paired_display
+from reports.content.wording import section_caveats
 
 SPLIT_WORDS = {"val": "validation", "test": "test"}
 SPLIT_TITLES = {"val": "Validation", "test": "Test"}

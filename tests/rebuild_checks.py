@@ -244,7 +244,7 @@ def transfer_differences(folder: Path, tolerance: float = 0.0) -> tuple[int, lis
     import numpy as np
 
     from reports.transfer.transfer_evidence import load_transfer_evidence
-    from workbench.report_content.rounding import fmt
+    from reports.content.rounding import fmt
     from workbench.train.evaluate import read_predictions
     from workbench.transfer.evaluate import table_metrics
 

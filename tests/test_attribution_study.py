@@ -31,7 +31,7 @@ from tracking.kinds import attribution_runs
 from tracking.record.queries import CellRecord
 from workbench.attribution import score_cell
 from workbench.models.vit import ViTConfig, VisionTransformer
-from workbench.report_content.rounding import fmt
+from reports.content.rounding import fmt
 
 METHODS = ("cls_attention", "rollout", "chefer", "grad_x_input", "random")
 TOL = 1e-12

@@ -1,4 +1,4 @@
-"""workbench.report_content.comparison: one call gives consistent content for a comparison and an arm."""
+"""reports.content.comparison: one call gives consistent content for a comparison and an arm."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import numpy as np
 from scipy import stats as sps
 
 from workbench import stats
-from workbench.report_content.comparison import arm_content, comparison_content
-from workbench.report_content.wording import results_paragraph
+from reports.content.comparison import arm_content, comparison_content
+from reports.content.wording import results_paragraph
 
 
 def test_comparison_content_is_consistent_with_the_statistics():

@@ -1,4 +1,4 @@
-"""workbench.report_content.config_table: rows from the hashed protocol, merged as the loader merges them."""
+"""reports.content.config_table: rows from the hashed protocol, merged as the loader merges them."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import yaml
 from workbench.protocol import kind_of, load_protocol
 from workbench.models.registry import build_model, model_config
 from workbench.models.vit import ViTConfig
-from workbench.report_content.config_table import (
+from reports.content.config_table import (
     arm_config,
     config_table,
     description_conflicts,

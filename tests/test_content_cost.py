@@ -1,4 +1,4 @@
-"""workbench.report_content.cost: parameters, FLOPs per image and throughput against independent counts."""
+"""workbench.bench.cost: parameters, FLOPs per image and throughput against independent counts."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from workbench.models.registry import build_model, model_config
 from workbench.models.vit import ViTConfig
-from workbench.report_content import cost
+from workbench.bench import cost
 
 
 def real_count(name: str, overrides: dict, shape: tuple[int, ...]) -> tuple[int, int]:

@@ -1,4 +1,4 @@
-"""workbench.report_content.forest: the forest plot renders and plots exactly its inputs."""
+"""reports.content.forest: the forest plot renders and plots exactly its inputs."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from workbench import stats
-from workbench.report_content.forest import ForestRow, figure_png, forest_plot, forest_rows
+from reports.content.forest import ForestRow, figure_png, forest_plot, forest_rows
 
 
 def by_gid(fig: Figure) -> dict:

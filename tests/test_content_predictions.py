@@ -1,4 +1,4 @@
-"""workbench.report_content.predictions: never-predicted classes are named, zero-width intervals need a warning."""
+"""reports.content.predictions: never-predicted classes are named, zero-width intervals need a warning."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from workbench import stats
-from workbench.report_content.predictions import (
+from reports.content.predictions import (
     ZeroWidthIntervalError,
     degenerate_predictions,
     interval_text,

@@ -1,4 +1,4 @@
-"""workbench.report_content.rounding: displayed differences equal differences of displayed values."""
+"""reports.content.rounding: displayed differences equal differences of displayed values."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from decimal import Decimal
 import numpy as np
 
 from workbench import stats
-from workbench.report_content import rounding
+from reports.content import rounding
 
 
 def test_issue_example_rounds_values_first():

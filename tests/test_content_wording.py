@@ -1,4 +1,4 @@
-"""workbench.report_content.wording: a stated result says what the numbers say, no more; the caveats once."""
+"""reports.content.wording: a stated result says what the numbers say, no more; the caveats once."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from workbench import stats
-from workbench.report_content.wording import results_paragraph, section_caveats
+from reports.content.wording import results_paragraph, section_caveats
 
 
 def comparison(mean, low, high, n=3, wins=3, ties=0, p=0.06, w=0.25, note=""):

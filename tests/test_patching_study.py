@@ -262,7 +262,7 @@ def test_the_atp_section_equals_an_independent_recomputation_and_rebuilds_offlin
     from rebuild_checks import forbid_store, number_differences, without_rebuilt_line
     from reports.build import build_from_evidence
     from reports.interventions.atp_report import seed_scores
-    from workbench.report_content.rounding import fmt
+    from reports.content.rounding import fmt
     from workbench.stats import fisher_z_interval
 
     root, folder, ablation = trained

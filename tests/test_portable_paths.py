@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from tracking.record import queries
-from workbench.report_content.portable import portable_text
+from workbench.text.portable import portable_text
 
 
 def test_published_pages_name_paths_as_given_relative_to_the_build_folder(tmp_path, monkeypatch):

@@ -325,7 +325,7 @@ def test_randaugment_batches_are_seeded_and_resume_mid_epoch():
 
 
 def test_the_configuration_table_shows_recipe_parts_only_where_an_arm_uses_one():
-    from workbench.report_content.config_table import ARM_COLUMNS, config_table
+    from reports.content.config_table import ARM_COLUMNS, config_table
 
     assert config_table(protocol().canonical).columns == ARM_COLUMNS, (
         "a protocol without recipe parts renders anew"

@@ -28,8 +28,8 @@ from studies.runtime.study_protocol import load_protocol
 from studies.tools.report import report as report_command
 from tracking.record.protocol_runs import end_parent_run, start_parent_run
 from workbench.models.registry import build_model, model_config
-from workbench.report_content.numbers import decimals_for_error
-from workbench.report_content.rounding import fmt
+from workbench.estimates import decimals_for_error
+from reports.content.rounding import fmt
 
 PROTOCOL = """\
 name: {name}

@@ -33,8 +33,8 @@ from studies.runtime.study_protocol import load_protocol
 from tracking.export import run_export
 from tracking.record import queries
 from tracking.record.queries import CellRecord
-from workbench.report_content.rounding import fmt
-from workbench.report_content.data_size import arm_size, family_name, group_families
+from reports.content.rounding import fmt
+from reports.content.data_size import arm_size, family_name, group_families
 
 VAL = 400  # validation examples: accuracies are multiples of 0.25 points
 LABELS = np.arange(VAL) % 3

@@ -16,7 +16,7 @@ from workbench.interventions.summary import (
     seed_consistency,
     summarize,
 )
-from workbench.report_content.intervention_wording import describe, effect_caveats, effect_paragraph
+from reports.content.intervention_wording import describe, effect_caveats, effect_paragraph
 
 
 @pytest.fixture

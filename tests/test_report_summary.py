@@ -16,7 +16,7 @@ from tracking.record import report_summary
 from tracking.record.protocol_runs import end_parent_run, start_parent_run
 from tracking.record.schema import cell_filter, parent_filter
 from tracking.store import ui_links
-from workbench.report_content.numbers import mean_interval
+from workbench.estimates import mean_interval
 
 
 def test_the_results_block_replaces_the_last_one_and_fits_mlflows_limit():

@@ -24,8 +24,8 @@ from reports.collect import ReportError
 from studies.tools.report import report as report_command
 from tracking.record.protocol_runs import end_parent_run, start_parent_run
 from workbench.protocol import load_transfer_protocol
-from workbench.report_content.numbers import decimals_for_error
-from workbench.report_content.rounding import fmt
+from workbench.estimates import decimals_for_error
+from reports.content.rounding import fmt
 
 PROTOCOL = """\
 name: tiny_transfer

@@ -23,7 +23,7 @@ from workbench.models.registry import UnknownModel, build_model, model_config
 from workbench.models.timm_arm import TimmModelConfig
 from workbench.protocol import ProtocolError
 from workbench.protocol.ablation import parse_protocol
-from workbench.report_content.cost import model_cost
+from workbench.bench.cost import model_cost
 from workbench.train.checkpoint import FORMAT, atomic_torch_save
 from workbench.train.fits import DataShape, misfits
 from workbench.transfer.source_model import load_workbench_checkpoint

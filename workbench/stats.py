@@ -30,7 +30,7 @@ from sklearn.metrics import (
     recall_score,
 )
 
-from workbench.report_content.numbers import percentile_mc_errors
+from workbench.estimates import percentile_mc_errors
 
 Metric = Union[str, Callable[[np.ndarray, np.ndarray], float]]
 Seed = Union[int, np.random.Generator, None]
@@ -64,7 +64,7 @@ class CI:
     # Resamples where the metric was undefined (nan), left out of the percentiles; kept so
     # an interval resting on fewer resamples than asked for is visible.
     n_undefined: int = 0
-    # Monte-Carlo SEs of the endpoints (workbench.report_content.numbers.quantile_mc_error):
+    # Monte-Carlo SEs of the endpoints (workbench.estimates.quantile_mc_error):
     # how many decimals of low/high the number of resamples supports.
     mc_error_low: float = field(default=float("nan"), compare=False)
     mc_error_high: float = field(default=float("nan"), compare=False)

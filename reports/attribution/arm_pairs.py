@@ -34,7 +34,7 @@ from reports.attribution.faithfulness import (
 from reports.render import Block, Heading, Para, Table
 from tracking.kinds.attribution_runs import AttributionCellResult
 from workbench import stats
-from workbench.report_content.rounding import bootstrap_display, fmt
+from reports.content.rounding import bootstrap_display, fmt
 
 D = 3  # decimals, as the rest of the attribution report
 Cells = dict[int, AttributionCellResult]

@@ -54,7 +54,7 @@ from workbench.analysis.common import display_images
 from workbench.attribution import attribution_figures
 from workbench.attribution.token_norms import PlantedControl
 from workbench.protocol import AttributionProtocol
-from workbench.report_content.rounding import bootstrap_display, fmt
+from reports.content.rounding import bootstrap_display, fmt
 from workbench.stats import fisher_z_interval
 
 # What reports.common.report_parts.ActedReport reads: the readout, the export, the summary's numbers.

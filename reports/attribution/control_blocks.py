@@ -19,7 +19,7 @@ from tracking.kinds.attribution_runs import AttributionCellResult
 from workbench.attribution import attribution_figures
 from workbench.attribution.controls import MODEL_FREE, SURVIVES
 from workbench.data import cifar10, fashion_mnist
-from workbench.report_content.rounding import bootstrap_display, fmt
+from reports.content.rounding import bootstrap_display, fmt
 
 D = 3  # decimals
 WORDS = {"rho": "Spearman ρ", "deletion_auc": "deletion AUC", "insertion_auc": "insertion AUC"}

@@ -18,9 +18,9 @@ from reports import tables
 from reports.data_size.size_reading import FamilyPair, SizeGap, SizeReading
 from reports.figures import STYLE, report_png
 from reports.render import Block, Figure, Heading, Para, Quote, Table
-from workbench.report_content import interaction
-from workbench.report_content.data_size import settled, size_text, t_multiplier
-from workbench.report_content.rounding import fmt, paired_display
+from reports.content import interaction
+from reports.content.data_size import settled, size_text, t_multiplier
+from reports.content.rounding import fmt, paired_display
 
 SPLIT_WORDS = {"val": "validation", "test": "test"}
 SPLIT_TITLES = {"val": "Validation", "test": "Test"}

@@ -1,7 +1,7 @@
 """The numbers of the Data size section, computed from a ``StudyData``.
 
 Present only for a protocol whose arms vary ``dataset.train_subset``
-(``workbench.report_content.data_size.varies_size``). Arms group into families
+(``reports.content.data_size.varies_size``). Arms group into families
 (``group_families``: the same overrides but ``train_subset``); each family is compared with the
 reference arm's family, a minus b paired by seed: at every N both trained on, the gap with its
 t-interval over seeds (``workbench.stats.paired_seed_comparison``, as the report's comparisons);
@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from reports import tables
 from reports.collect import StudyData
 from workbench import stats
-from workbench.report_content.data_size import (
+from reports.content.data_size import (
     Family,
     GapSlope,
     compared_pairs,

@@ -35,7 +35,7 @@ from workbench.interventions.attribution_patching import (
     read_locations,
 )
 from workbench.interventions.patching import DIRECTIONS
-from workbench.report_content.rounding import fmt
+from reports.content.rounding import fmt
 
 NAMES = {"atp": "AtP", "atp_ig": "AtP-IG", CONTROL: "AtP, shuffled gradients", "random": "random"}
 MEASURES = ("rho", "top10_overlap", "sign_agreement")

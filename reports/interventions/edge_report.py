@@ -18,7 +18,7 @@ from reports.interventions.atp_report import mean_interval
 from reports.render import Block, Figure, Heading, Para, Table
 from workbench import stats
 from workbench.interventions.edge_patching import edge_agreement
-from workbench.report_content.rounding import fmt
+from reports.content.rounding import fmt
 
 MEASURES = (
     ("edges_rho", "rho", "Spearman rho"),

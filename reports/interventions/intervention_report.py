@@ -5,7 +5,7 @@ t-interval over seeds excludes zero), the ranked table (mean change, t-interval,
 over seeds and examples, in how many seeds accuracy fell), the branch bars, the seeds'
 agreement on head importance (Spearman), and each head's mean attention map beside its
 effect. Numbers come from ``workbench.interventions.summary`` over the per-example outcomes
-every cell logged; the results paragraphs from ``workbench.report_content.intervention_wording``.
+every cell logged; the results paragraphs from ``reports.content.intervention_wording``.
 """
 
 from __future__ import annotations
@@ -46,12 +46,12 @@ from workbench.interventions.summary import (
     summarize,
 )
 from workbench.protocol import InterventionProtocol
-from workbench.report_content.intervention_wording import (
+from reports.content.intervention_wording import (
     effect_caveats,
     effect_paragraph,
     heads_sentence,
 )
-from workbench.report_content.rounding import bootstrap_display, exact_decimals, fmt
+from reports.content.rounding import bootstrap_display, exact_decimals, fmt
 
 # What reports.common.report_parts.ActedReport reads: the readout, the export, the summary's numbers.
 READOUT = InterventionReadout

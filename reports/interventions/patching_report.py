@@ -35,7 +35,7 @@ from workbench.interventions.patching import (
     effect_fraction,
     fixed_by_construction,
 )
-from workbench.report_content.rounding import fmt
+from reports.content.rounding import fmt
 
 
 def seed_band(

@@ -62,7 +62,7 @@ Computations (all from ``docs/results/<study>/evidence/``):
   ``atp_class_token_share``: the share of an estimate's ten worst locations at the class token,
   beside its ``chance`` share of the scored locations.
 - ``data_size_gap``, ``data_size_slope``, ``data_size_interaction``: a data-size study's reading
-  (``workbench.report_content.data_size``: arms grouped into families by everything but
+  (``reports.content.data_size``: arms grouped into families by everything but
   ``dataset.train_subset``, N from ``runs.json``): family a minus b at one N, in points, paired
   by seed; the slope of a - b against log10 N (per seed by least squares, then mean and
   t-interval over seeds: points per tenfold N); and, for two families sharing two sizes, (a - b
@@ -107,8 +107,8 @@ from workbench.attribution import auc
 from workbench.calibration import calibrate
 from workbench.interventions.patching import restored_fraction
 from workbench.protocol.common import read_yaml
-from workbench.report_content import data_size
-from workbench.report_content.rounding import fmt
+from reports.content import data_size
+from reports.content.rounding import fmt
 
 RESULTS = Path("docs/results")
 NUMBER = re.compile(r"[+−-]?\d+(?:,\d{3})*(?:\.\d+)?")  # a comma only between thousands

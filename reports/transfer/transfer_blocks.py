@@ -14,16 +14,16 @@ from __future__ import annotations
 import math
 
 from reports.render import Block, Figure, Heading, Para, Quote, Table, to_markdown
-from workbench.report_content import comparison, forest
-from workbench.report_content.numbers import (
+from reports.content import comparison, forest
+from workbench.estimates import (
     bootstrap_seed_multisets,
     decimals_for_error,
     mean_interval,
     min_wilcoxon_p,
 )
-from workbench.report_content.predictions import DegenerateReport, degenerate_predictions
-from workbench.report_content.rounding import fmt
-from workbench.report_content.wording import section_caveats
+from reports.content.predictions import DegenerateReport, degenerate_predictions
+from reports.content.rounding import fmt
+from reports.content.wording import section_caveats
 from workbench.transfer.report import TransferSection
 
 METRIC_LABELS = {"qwk": "QWK", "accuracy": "accuracy", "macro_f1": "macro-F1"}

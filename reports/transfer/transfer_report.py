@@ -22,7 +22,7 @@ from reports.transfer.transfer_data import TransferReportData, compute_section, 
 from tracking.record import queries
 from tracking.record.queries import CellRecord
 from workbench.protocol import SHORT_HASH_LEN, TransferProtocol, kind_of, load_transfer_protocol
-from workbench.report_content.cost import arm_cost, training_cost
+from workbench.bench.cost import arm_cost, training_cost
 from workbench.transfer.report import TransferSection
 
 FLAG = "⚠"
@@ -35,7 +35,7 @@ def _source_config(canonical: dict, num_classes: int):
     if not model:
         return None
     try:
-        from workbench.report_content.cost import timm_vit_config
+        from workbench.bench.cost import timm_vit_config
 
         return timm_vit_config(model, num_classes)
     except Exception:  # noqa: BLE001 - an unknown or non-ViT architecture: the table says n/a
@@ -71,7 +71,7 @@ def cost_blocks(
     }
     flops = "n/a"
     if source_cfg is not None:
-        from workbench.report_content.config_table import flops_text
+        from reports.content.config_table import flops_text
         from workbench.bench.flops import vit_forward_flops
 
         flops = flops_text(vit_forward_flops(source_cfg)["total"])

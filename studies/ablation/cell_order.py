@@ -10,7 +10,7 @@ epochs; every cell of a protocol trains on the same split, so the image count ca
 from __future__ import annotations
 
 from studies.runtime.study_protocol import Protocol
-from workbench.report_content.cost import model_cost
+from workbench.bench.cost import model_cost
 
 
 def cell_work(protocol: Protocol, image_size: int) -> list[float] | None:

@@ -15,7 +15,7 @@ import math
 from mlflow.tracking import MlflowClient
 
 from tracking.store.redact import redact_text
-from workbench.report_content.portable import portable_text
+from workbench.text.portable import portable_text
 
 
 def json_number(value: float) -> float | str:

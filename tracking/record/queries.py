@@ -34,7 +34,7 @@ from tracking.record.schema import (
 from tracking.store import ui_links
 from tracking.store.session import configure_tracking
 from workbench.kinds import DEFAULT_KIND, PROTOCOL_KINDS
-from workbench.report_content.portable import portable_text
+from workbench.text.portable import portable_text
 
 PAGE_SIZE = 1000  # below every store's per-page cap; pages are followed to the end
 

@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass
 
 import pandas as pd
 
-from workbench import markdown
+from workbench.text import markdown
 from workbench.bench.machine import MatmulPeak
 from workbench.bench.profiling import Profile
 from workbench.bench.suite import select

@@ -21,7 +21,7 @@ import types
 from dataclasses import dataclass
 from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 
-from workbench.markdown import table
+from workbench.text.markdown import table
 from workbench.models.cnn import CNNConfig
 from workbench.models.registry import STUDY_MODELS
 from workbench.models.vit_config import ViTConfig

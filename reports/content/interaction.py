@@ -17,16 +17,16 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from workbench.report_content.forest import ForestRow
-from workbench.report_content.numbers import EffectSize, paired_effect_size
-from workbench.report_content.rounding import (
+from reports.content.forest import ForestRow
+from workbench.estimates import EffectSize, paired_effect_size
+from reports.content.rounding import (
     BootstrapDisplay,
     bootstrap_display,
     exact_decimals,
     fmt,
     to_decimal,
 )
-from workbench.report_content.wording import ResultsParagraph, p_value_text, results_paragraph
+from reports.content.wording import ResultsParagraph, p_value_text, results_paragraph
 
 
 @dataclass(frozen=True)

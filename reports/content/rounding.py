@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from decimal import ROUND_HALF_UP, Decimal
 from typing import Any
 
-from workbench.report_content.numbers import decimals_for_error
+from workbench.estimates import decimals_for_error
 
 _NOISE_DIGITS = 9  # float noise below 1e-9 (after scaling) is removed before rounding
 

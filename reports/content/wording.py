@@ -27,8 +27,8 @@ from typing import Any
 
 from scipy import stats as sps
 
-from workbench.report_content.numbers import bootstrap_seed_multisets, min_wilcoxon_p
-from workbench.report_content.rounding import bootstrap_display, fmt
+from workbench.estimates import bootstrap_seed_multisets, min_wilcoxon_p
+from reports.content.rounding import bootstrap_display, fmt
 
 STATED_TESTS = {
     "paired_t": ("paired t-test", "p_value"),

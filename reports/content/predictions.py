@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from workbench.report_content.rounding import fmt
+from reports.content.rounding import fmt
 
 
 class ZeroWidthIntervalError(ValueError):

@@ -20,8 +20,8 @@ from workbench.interventions.spec import (
     ZeroPosEmbed,
     parse,
 )
-from workbench.report_content.rounding import fmt
-from workbench.report_content.wording import p_value_text, results_paragraph, section_caveats
+from reports.content.rounding import fmt
+from reports.content.wording import p_value_text, results_paragraph, section_caveats
 
 BRANCH_WORDS = {"attn": "attention", "mlp": "MLP"}
 

@@ -12,21 +12,21 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from workbench.report_content.forest import ForestRow
-from workbench.report_content.numbers import (
+from reports.content.forest import ForestRow
+from workbench.estimates import (
     EffectSize,
     MeanInterval,
     mean_interval,
     paired_effect_size,
 )
-from workbench.report_content.rounding import (
+from reports.content.rounding import (
     BootstrapDisplay,
     PairedDisplay,
     bootstrap_display,
     fmt,
     paired_display,
 )
-from workbench.report_content.wording import ResultsParagraph, results_paragraph
+from reports.content.wording import ResultsParagraph, results_paragraph
 
 
 @dataclass(frozen=True)

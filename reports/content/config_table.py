@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from workbench.kinds import DEFAULT_KIND, kind_of
-from workbench.report_content.cost import model_cost, vit_regime_cost
+from workbench.bench.cost import model_cost, vit_regime_cost
 
 # side in pixels, before resize_to
 NATIVE_IMAGE_SIZE = {
