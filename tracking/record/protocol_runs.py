@@ -196,31 +196,54 @@ def study_keys(protocol) -> list[str]:
     return [study_key(protocol, code) for code in (current, *older_names(current))]
 
 
-def parent_note(protocol, report_hint: str) -> str:
+@dataclass(frozen=True)
+class RecordedProtocol:
+    """What the study record needs of a protocol of any kind, read from it once, when its
+    parent run is opened: the record's code is handed this, never the protocol again."""
+
+    name: str
+    hash: str
+    short_hash: str
+    description: str
+    canonical_json: str
+    cells: int
+    arms: tuple[str, ...]  # ablation arms, transfer regimes
+    seeds: tuple
+    dataset: str
+
+    @classmethod
+    def of(cls, protocol) -> RecordedProtocol:
+        arms = getattr(protocol, "arms", None) or getattr(protocol, "regimes", ())
+        seeds = tuple(getattr(protocol, "seeds", ()))
+        cells = getattr(protocol, "cells", None)
+        return cls(
+            name=protocol.name,
+            hash=protocol.hash,
+            short_hash=protocol.short_hash,
+            description=protocol.description,
+            canonical_json=protocol.canonical_json(),
+            cells=len(cells()) if callable(cells) else len(arms) * len(seeds),
+            arms=tuple(getattr(a, "name", str(a)) for a in arms),
+            seeds=seeds,
+            dataset=getattr(getattr(protocol, "dataset", None), "name", "?"),
+        )
+
+
+def parent_note(study: RecordedProtocol, report_hint: str) -> str:
     """The parent's description in the MLflow UI: what the study is, its configuration, its report."""
-    # ablation arms / transfer regimes
-    arms = getattr(protocol, "arms", None) or getattr(protocol, "regimes", ())
     rows = [
-        ("protocol", f"`{protocol.name}` @ `{protocol.short_hash}`"),
-        ("dataset", getattr(getattr(protocol, "dataset", None), "name", "?")),
-        ("arms", ", ".join(getattr(a, "name", str(a)) for a in arms)),
-        ("seeds", ", ".join(map(str, getattr(protocol, "seeds", ())))),
-        ("cells", str(_cell_count(protocol))),
+        ("protocol", f"`{study.name}` @ `{study.short_hash}`"),
+        ("dataset", study.dataset),
+        ("arms", ", ".join(study.arms)),
+        ("seeds", ", ".join(map(str, study.seeds))),
+        ("cells", str(study.cells)),
         ("code fingerprint", f"`{current_code_fingerprint()}`"),
     ]
     table = "\n".join(f"| {k} | {v} |" for k, v in rows)
     return (
-        f"{protocol.description.strip()}\n\n| | |\n|---|---|\n{table}\n\n"
+        f"{study.description.strip()}\n\n| | |\n|---|---|\n{table}\n\n"
         f"Cells are this run's children (group the runs list by `arm`). Report: {report_hint}"
     )
-
-
-def _cell_count(protocol) -> int:
-    cells = getattr(protocol, "cells", None)
-    if callable(cells):
-        return len(cells())
-    arms = getattr(protocol, "arms", None) or getattr(protocol, "regimes", ())
-    return len(arms) * len(getattr(protocol, "seeds", ()))
 
 
 def reap_dead_runs(
@@ -286,22 +309,23 @@ def open_study_parent(
     executions creating the parent at once keep the first one (``tracking.record.create_once``).
     ``record_run``: the parent run a cell queue names (``experiment_id_for``).
     """
-    exp_id = experiment_id_for(protocol.name, record_run)
-    client, key = MlflowClient(), study_key(protocol)
+    study = RecordedProtocol.of(protocol)
+    exp_id = experiment_id_for(study.name, record_run)
+    client, key = MlflowClient(), study_key(study)
     tags = {
-        RUN_NAME: f"{protocol.name}@{protocol.short_hash}",
-        PROTOCOL_NAME: protocol.name,
-        PROTOCOL_HASH: protocol.hash,
+        RUN_NAME: f"{study.name}@{study.short_hash}",
+        PROTOCOL_NAME: study.name,
+        PROTOCOL_HASH: study.hash,
         STUDY_KEY: key,
         "code_fingerprint": current_code_fingerprint(),
         "protocol_file": str(protocol_file),
         ALLOW_DIRTY: flag(allow_dirty),
         PARENT: TRUE,
         USER: run_user(),
-        EXPECTED_TAG: str(_cell_count(protocol)),
+        EXPECTED_TAG: str(study.cells),
         "mlflow.note.content": parent_note(
-            protocol,
-            f"`workbench report --protocol {protocol.name}` logs it to "
+            study,
+            f"`workbench report --protocol {study.name}` logs it to "
             "this run's artifacts (report/report.html)",
         ),
         **git_state(),
@@ -313,9 +337,9 @@ def open_study_parent(
     own, started_ms = new_token(), int(time.time() * 1000)  # this execution's own lease token
     with store_lock(configure_tracking()):
         try:
-            reap_expired(client, exp_id, tag_is(PROTOCOL_HASH, protocol.hash), log=log)
+            reap_expired(client, exp_id, tag_is(PROTOCOL_HASH, study.hash), log=log)
             sink, token, previous_end = _find_or_create_parent(
-                client, exp_id, protocol, tags, own, log
+                client, exp_id, study, tags, own, log
             )
         except MlflowException as err:
             if is_permission_denied(err):
@@ -323,12 +347,12 @@ def open_study_parent(
             raise
         try:
             HEARTBEATS.hold(sink.run_id, sink.uri, token, execution_tag(own))
-            _log_protocol_files(sink, protocol, protocol_file)
+            _log_protocol_files(sink, study, protocol_file)
             parent = StudyParent(
                 sink.run_id,
                 sink,
-                protocol.name,
-                _cell_count(protocol),
+                study.name,
+                study.cells,
                 own,
                 new_record(own, tags["git_commit"]),
                 previous_end,
@@ -366,26 +390,24 @@ def no_edit_grant(client: MlflowClient, exp_id: str) -> TrackingAuthError:
 
 
 def _find_or_create_parent(
-    client: MlflowClient, exp_id: str, protocol, tags: dict, own: str, log
+    client: MlflowClient, exp_id: str, study: RecordedProtocol, tags: dict, own: str, log
 ) -> tuple[RunSink, str, int | None]:
     """(the parent's sink, the lease token this execution renews, the parent's earlier end time)."""
-    keys, uri, token = study_keys(protocol), configure_tracking(), new_token()
+    keys, uri, token = study_keys(study), configure_tracking(), new_token()
     found = _parents(client, exp_id, keys)
-    offline_parent = (
-        _unsynced_fallback_parent(protocol.name, keys) if uri != fallback_uri() else None
-    )
+    offline_parent = _unsynced_fallback_parent(study.name, keys) if uri != fallback_uri() else None
     if offline_parent is not None:
         # Made while the server was away and not synced yet: the study goes on in that one
         # parent (and its cells where they are), one timeline that `workbench sync` merges,
         # instead of a second parent on the server.
         found, uri = [offline_parent], fallback_uri()
         log(
-            f"study {protocol.name}@{protocol.short_hash}: its parent run {offline_parent.info.run_id} is in the local "
+            f"study {study.name}@{study.short_hash}: its parent run {offline_parent.info.run_id} is in the local "
             f"fallback store (logged while the server was away): continuing there; `workbench sync` copies it"
         )
     if not found:
         sink = RunSink.create(
-            protocol.name,
+            study.name,
             {**tags, **lease_tags(token), execution_tag(own): execution_value()},
             uri=uri,
             experiment_id=exp_id,
@@ -398,7 +420,7 @@ def _find_or_create_parent(
             )
         )
         if first is None or first.info.run_id == sink.run_id:
-            log(f"study {protocol.name}@{protocol.short_hash}: parent run {sink.run_id} created")
+            log(f"study {study.name}@{study.short_hash}: parent run {sink.run_id} created")
             return sink, token, None
         # Another execution made it at the same moment and it sorts first (``tracking.record.create_once``):
         # this one is withdrawn (no lease tag left, KILLED, deleted) and the first is shared.
@@ -412,7 +434,7 @@ def _find_or_create_parent(
     run = found[0]
     shared = run.info.status == "RUNNING" and lease_state(run).alive and TOKEN_TAG in run.data.tags
     previous_end = None if run.info.status == "RUNNING" else run.info.end_time
-    sink = RunSink.attach(run, uri, protocol.name)
+    sink = RunSink.attach(run, uri, study.name)
     close_dead_records(sink, run)
     # Executions alive at once share the parent's lease: each renews a tag of its own
     # (``execution_tag``) and the parent is alive while any of them is.
@@ -437,7 +459,7 @@ def _find_or_create_parent(
         not shared and not sink.offline
     ):  # another execution may reopen it at this moment with its own token
         token = create_once.shared_token(client, run.info.run_id, token)
-    log(f"study {protocol.name}@{protocol.short_hash}: parent run {run.info.run_id} reattached")
+    log(f"study {study.name}@{study.short_hash}: parent run {run.info.run_id} reattached")
     return sink, token, previous_end
 
 
@@ -517,7 +539,7 @@ def _parents(client: MlflowClient, exp_id: str, keys: list[str]) -> list[Run]:
     )
 
 
-def _log_protocol_files(sink: RunSink, protocol, protocol_file: Path) -> None:
+def _log_protocol_files(sink: RunSink, study: RecordedProtocol, protocol_file: Path) -> None:
     """The protocol as run (file and canonical JSON); a parent reattached after a kill may lack them."""
     with contextlib.suppress(Exception):
         have = {
@@ -528,9 +550,9 @@ def _log_protocol_files(sink: RunSink, protocol, protocol_file: Path) -> None:
     sink.log_artifact(protocol_file, artifact_path="protocol")
     with tempfile.TemporaryDirectory() as tmp:
         canonical = Path(tmp) / "canonical.json"
-        canonical.write_text(protocol.canonical_json())
+        canonical.write_text(study.canonical_json)
         sink.log_artifact(canonical, artifact_path="protocol")
-    sink.log_params({"protocol_description": protocol.description[:500]})
+    sink.log_params({"protocol_description": study.description[:500]})
 
 
 def _fallback_children(parent: StudyParent) -> list[Run]:
