@@ -139,22 +139,8 @@ def _refuse_family(model: nn.Module) -> None:
         raise UnsupportedTimmModel(f"unsupported timm ViT options: {what}")
 
 
-def config_from_timm(model: nn.Module) -> ViTConfig:
-    """Derive the glass-box config from a timm VisionTransformer instance, by capability.
-
-    Every option is read off the modules (never off the model's name); any option the
-    glass-box model does not implement is collected and refused by name. Works on a
-    model built on the meta device (it reads shapes and types only).
-
-    Raises:
-        UnsupportedTimmModel: naming each unsupported option found.
-    """
-    from timm.layers import AttentionPoolLatent, LayerScale, Mlp
-    from timm.layers.attention import Attention as TimmAttention
-    from timm.models.vision_transformer import Block as TimmBlock
-
-    _refuse_family(model)
-    r = _Reader()
+def _read_embedding(r: _Reader, model: nn.Module) -> tuple[bool, bool, bool, bool]:
+    """Patch embedding and the model-level norms, pool and head: (embed_norm, norm_pre, norm, fc_norm)."""
     pe = model.patch_embed
     r.check(not model.dynamic_img_size, "dynamic_img_size=True")
     r.check(not getattr(pe, "dynamic_img_pad", False), "dynamic_img_pad=True")
@@ -179,87 +165,115 @@ def config_from_timm(model: nn.Module) -> ViTConfig:
         not isinstance(model.head, nn.Identity) or model.num_classes == 0,
         "head replaced by an identity",
     )
+    return embed_norm, norm_pre, has_norm, has_fc_norm
 
-    pool_hidden = None
-    if model.global_pool == "map":
-        pool = model.attn_pool
-        if type(pool) is not AttentionPoolLatent:
-            r.refuse(f"attention pool {type(pool).__name__}")
+
+def _read_attention_pool(r: _Reader, model: nn.Module) -> int | None:
+    """The MAP head's options (``global_pool="map"``): its MLP's hidden width, or None without one."""
+    from timm.layers import AttentionPoolLatent, Mlp
+
+    if model.global_pool != "map":
+        return None
+    pool, pool_hidden = model.attn_pool, None
+    if type(pool) is not AttentionPoolLatent:
+        r.refuse(f"attention pool {type(pool).__name__}")
+        return None
+    r.check(pool.latent_len == 1 and pool.pool == "token", "attention pool with several latents")
+    r.check(pool.pos_embed is None, "attention pool with its own position embedding")
+    r.check(
+        type(pool.q) is nn.Linear and _is_identity(pool.q_norm),
+        "attention pool without q projection or with qk-norm",
+    )
+    r.check(
+        pool.num_heads == model.blocks[0].attn.num_heads
+        if hasattr(model.blocks[0], "attn")
+        else False,
+        "attention pool heads differ from the blocks'",
+    )
+    r.check(
+        pool.latent.shape[-1] == model.embed_dim and type(pool.mlp) is Mlp,
+        "attention pool latent_dim / mlp",
+    )
+    r.check(
+        all(getattr(pool, n).bias is not None for n in ("q", "kv", "proj")),
+        "attention pool without biases",
+    )
+    r.check(pool.proj_drop.p == 0.0, "attention pool dropout")
+    if type(pool.mlp) is Mlp:
+        kind, pool_hidden, bias, inner = r.mlp(pool.mlp, "attn_pool")
+        r.check(bias and not inner, "attention pool MLP without bias or with an inner norm")
+    r.check(r.norm(pool.norm, "attn_pool"), "attention pool without norm")
+    return pool_hidden
+
+
+def _read_block(r: _Reader, model: nn.Module, block: nn.Module, rates: list[float]) -> tuple | None:
+    """One block's options as a tuple (every block must give the same), or None when refused;
+    its drop-path rate is appended to ``rates``."""
+    from timm.layers import LayerScale
+    from timm.layers.attention import Attention as TimmAttention
+    from timm.models.vision_transformer import Block as TimmBlock
+
+    if type(block) is not TimmBlock:
+        r.refuse(f"block_fn={type(block).__name__}")
+        return None
+    attn = block.attn
+    r.norm(block.norm1, "blocks")
+    r.norm(block.norm2, "blocks")
+    rates.append(_drop_path_rate(r, block))
+    scales = []
+    for ls in (block.ls1, block.ls2):
+        if type(ls) is LayerScale:
+            r.check(not ls.inplace, "LayerScale inplace=True")
+            scales.append(float(ls.init_values))
         else:
-            r.check(
-                pool.latent_len == 1 and pool.pool == "token", "attention pool with several latents"
-            )
-            r.check(pool.pos_embed is None, "attention pool with its own position embedding")
-            r.check(
-                type(pool.q) is nn.Linear and _is_identity(pool.q_norm),
-                "attention pool without q projection or with qk-norm",
-            )
-            r.check(
-                pool.num_heads == model.blocks[0].attn.num_heads
-                if hasattr(model.blocks[0], "attn")
-                else False,
-                "attention pool heads differ from the blocks'",
-            )
-            r.check(
-                pool.latent.shape[-1] == model.embed_dim and type(pool.mlp) is Mlp,
-                "attention pool latent_dim / mlp",
-            )
-            r.check(
-                all(getattr(pool, n).bias is not None for n in ("q", "kv", "proj")),
-                "attention pool without biases",
-            )
-            r.check(pool.proj_drop.p == 0.0, "attention pool dropout")
-            if type(pool.mlp) is Mlp:
-                kind, pool_hidden, bias, inner = r.mlp(pool.mlp, "attn_pool")
-                r.check(bias and not inner, "attention pool MLP without bias or with an inner norm")
-            r.check(r.norm(pool.norm, "attn_pool"), "attention pool without norm")
+            r.check(_is_identity(ls), f"layer scale {type(ls).__name__}")
+            scales.append(None)
+    r.check(len(set(scales)) == 1, "LayerScale on only one residual branch")
+    if type(attn) is not TimmAttention:
+        r.refuse(f"attn_layer={type(attn).__name__}")
+        return None
+    r.check(
+        attn.head_dim * attn.num_heads == model.embed_dim,
+        "attn_head_dim other than dim / heads",
+    )
+    r.check(getattr(attn, "gate", None) is None, "gated attention")
+    r.check(attn.proj.out_features == model.embed_dim, "attention dim_out")
+    qk_norm = r.norm(attn.q_norm, "q_norm") | r.norm(attn.k_norm, "k_norm")
+    r.dropouts.add(attn.proj_drop.p)
+    mlp_kind, hidden, mlp_bias, mlp_norm = r.mlp(block.mlp, "blocks")
+    return (
+        attn.num_heads,
+        attn.qkv.bias is not None,
+        attn.proj.bias is not None,
+        qk_norm,
+        r.norm(attn.norm, "attn.norm"),
+        attn.attn_drop.p,
+        scales[0],
+        mlp_kind,
+        hidden,
+        mlp_bias,
+        mlp_norm,
+        getattr(block.mlp, "gate_last", True),
+    )
 
-    block_options, block_rates = set(), []
-    for i, block in enumerate(model.blocks):  # noqa: B007 (renaming it would move the code identity)
-        if type(block) is not TimmBlock:
-            r.refuse(f"block_fn={type(block).__name__}")
-            continue
-        attn = block.attn
-        r.norm(block.norm1, "blocks")
-        r.norm(block.norm2, "blocks")
-        block_rates.append(_drop_path_rate(r, block))
-        scales = []
-        for ls in (block.ls1, block.ls2):
-            if type(ls) is LayerScale:
-                r.check(not ls.inplace, "LayerScale inplace=True")
-                scales.append(float(ls.init_values))
-            else:
-                r.check(_is_identity(ls), f"layer scale {type(ls).__name__}")
-                scales.append(None)
-        r.check(len(set(scales)) == 1, "LayerScale on only one residual branch")
-        if type(attn) is not TimmAttention:
-            r.refuse(f"attn_layer={type(attn).__name__}")
-            continue
-        r.check(
-            attn.head_dim * attn.num_heads == model.embed_dim,
-            "attn_head_dim other than dim / heads",
-        )
-        r.check(getattr(attn, "gate", None) is None, "gated attention")
-        r.check(attn.proj.out_features == model.embed_dim, "attention dim_out")
-        qk_norm = r.norm(attn.q_norm, "q_norm") | r.norm(attn.k_norm, "k_norm")
-        r.dropouts.add(attn.proj_drop.p)
-        mlp_kind, hidden, mlp_bias, mlp_norm = r.mlp(block.mlp, "blocks")
-        block_options.add(
-            (
-                attn.num_heads,
-                attn.qkv.bias is not None,
-                attn.proj.bias is not None,
-                qk_norm,
-                r.norm(attn.norm, "attn.norm"),
-                attn.attn_drop.p,
-                scales[0],
-                mlp_kind,
-                hidden,
-                mlp_bias,
-                mlp_norm,
-                getattr(block.mlp, "gate_last", True),
-            )
-        )
+
+def config_from_timm(model: nn.Module) -> ViTConfig:
+    """Derive the glass-box config from a timm VisionTransformer instance, by capability.
+
+    Every option is read off the modules (never off the model's name); any option the
+    glass-box model does not implement is collected and refused by name. Works on a
+    model built on the meta device (it reads shapes and types only).
+
+    Raises:
+        UnsupportedTimmModel: naming each unsupported option found.
+    """
+    _refuse_family(model)
+    r = _Reader()
+    embed_norm, norm_pre, has_norm, has_fc_norm = _read_embedding(r, model)
+    pool_hidden = _read_attention_pool(r, model)
+    block_rates: list[float] = []
+    block_options = {_read_block(r, model, block, block_rates) for block in model.blocks}
+    block_options.discard(None)
     r.check(len(block_options) <= 1, "blocks with different options")
     drop_path_rate = _drop_path_rule(r, block_rates)
     kind, eps, norm_bias = r.eps_and_kind()
@@ -282,6 +296,7 @@ def config_from_timm(model: nn.Module) -> ViTConfig:
         mlp_norm,
         gate_last,
     ) = block_options.pop()
+    pe = model.patch_embed
     size = lambda pair: pair[0] if pair[0] == pair[1] else tuple(pair)  # noqa: E731
     pooling = {"token": "cls", "avg": "mean", "map": "map"}[model.global_pool]
     try:
