@@ -174,8 +174,15 @@ def test_the_re_pin_maps_each_kinds_old_fingerprint_to_the_new_one_of_the_same_c
         "attribution",
     ]
     # the table of kinds' re-pin: transfer only, whose closure holds the protocol parsers
-    assert [kind for kind, _, _ in SAME_CODE[7:]] == ["transfer"]
-    assert current_name(SAME_CODE[1][1]) == SAME_CODE[3][2]  # two moves chain to today's name
+    assert [kind for kind, _, _ in SAME_CODE[7:8]] == ["transfer"]
+    # the one-loop / report-content / config_from_timm refactors: all four kinds
+    assert [kind for kind, _, _ in SAME_CODE[8:12]] == [
+        "training",
+        "transfer",
+        "intervention",
+        "attribution",
+    ]
+    assert current_name(SAME_CODE[1][1]) == SAME_CODE[8][2]  # three moves chain to today's name
     for _, old, new in SAME_CODE:
         assert (
             same_code(old, new) and same_code(new, old) and current_name(old) == current_name(new)
