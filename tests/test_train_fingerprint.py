@@ -80,14 +80,14 @@ def test_docs_tests_and_cli_text_leave_it_unchanged_model_and_training_code_chan
 # so it must be a deliberate change of data, model or training code, stated in the commit
 # (update the pin then). Code that only acts on trained cells belongs outside
 # workbench/{data,models,train,convert} (e.g. workbench/interventions/read_across.py).
-# With torch 2.14.1 and timm 1.0.31 this code is 63b82026643b50cd: the import closure of the
+# With torch 2.14.1 and timm 1.0.31 this code is 85e570854701b488: the import closure of the
 # training roots. Re-pinned when the fingerprint moved from folders to the closure (with the
 # TransformerLens methods and hook-return checks added to the model, which change no forward; the
 # folder fingerprint of the code before was cd75a476b2728c95), and when dataset.train_subset was
 # added (1fdbd2ef63e1f7ae before: a branch no earlier protocol takes), and when config_from_timm
-# was split into the parts it reads (28158c5e1d44db97 before: the same configs and refusals for
+# was split into the parts it reads and two unused data helpers removed (28158c5e1d44db97 before: the same configs and refusals for
 # all 163 timm ViT architectures); all mapped in workbench/code_history.py.
-TRAINING_FILES_FINGERPRINT = "7760e46b6bd0df5d"
+TRAINING_FILES_FINGERPRINT = "f8f48beb809e0fac"
 
 
 def test_the_training_fingerprint_changes_only_on_purpose():

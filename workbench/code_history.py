@@ -52,7 +52,8 @@ SAME_CODE = (
     # changes are that import, the table of kinds loading parsers by path, and unused names
     # removed: nothing a transfer cell computes. The other kinds' closures hold none of these files.
     ("transfer", "ccfea45709afc491", "4dc46f9492dd9090"),
-    # Refactors, each shown to compute the same: config_from_timm split (the same configs and
+    # Refactors, each shown to compute the same: three unused names removed (files_key,
+    # check_digest, MC_METHOD), config_from_timm split (the same configs and
     # refusals for all 163 timm ViT architectures), the transfer's cached regimes trained by the
     # Trainer (the published retina_transfer_local cells re-trained bit for bit), report text
     # moved out of the library (workbench/report_content -> reports/content, its estimates to
@@ -60,10 +61,10 @@ SAME_CODE = (
     # closure, computed by importing each commit's code. The transfer value fed1738's files
     # give (98c365e1b554dacc, also 694f5af's) is not the 4dc46f9492dd9090 of the row above,
     # which no committed tree reproduces; this row maps the committed value.
-    ("training", "28158c5e1d44db97", "63b82026643b50cd"),
-    ("transfer", "98c365e1b554dacc", "2a114c49750e1124"),
-    ("intervention", "66ae047f73f2bc56", "19f1806abacb19f7"),
-    ("attribution", "d9ef7b21ccf5e85e", "491b436421a862dc"),
+    ("training", "28158c5e1d44db97", "85e570854701b488"),
+    ("transfer", "98c365e1b554dacc", "f725e1875f353ef4"),
+    ("intervention", "66ae047f73f2bc56", "7b051a291ca59977"),
+    ("attribution", "d9ef7b21ccf5e85e", "415dd528d20a8328"),
 )
 _NEWER = {old: new for _, old, new in SAME_CODE}
 

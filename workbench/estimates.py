@@ -23,10 +23,6 @@ from scipy import optimize, special
 from scipy import stats as sps
 
 Z95 = float(sps.norm.ppf(0.975))
-MC_METHOD = (
-    "order-statistic method: the endpoint's rank has a binomial spread sqrt(R q (1 - q)); "
-    "SE = (value at rank + z sd - value at rank - z sd) / (2 z), z = 1.96"
-)
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,6 @@ from pathlib import Path
 import numpy as np
 
 from workbench.atomic import atomic_write
-from workbench.data.checksums import file_digest
 from workbench.data.dataset import data_fingerprint
 
 CACHE_ENV = "WORKBENCH_CACHE_DIR"
@@ -52,14 +51,6 @@ def cache_dir() -> Path:
 def downloads_dir(name: str) -> Path:
     """Folder where ``download=True`` puts the raw files of dataset ``name``."""
     return cache_dir() / "downloads" / name
-
-
-def files_key(paths: list[Path]) -> str:
-    """sha256 over the full content of each file, in the given order."""
-    h = hashlib.sha256()
-    for p in paths:
-        h.update(f"{p.name}:{file_digest(p)}\n".encode())
-    return h.hexdigest()
 
 
 def listing_key(root: Path, files: list[Path]) -> str:

@@ -21,7 +21,6 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-from workbench.data.errors import ChecksumMismatch
 
 FASHION_MNIST_GZ_MD5 = {
     "train-images-idx3-ubyte.gz": "8d4fb7e6c68d591d4c3dfef9ec88bf0d",
@@ -72,21 +71,3 @@ def file_digest(path: str | Path, algorithm: str = "sha256") -> str:
 def bytes_digest(data: bytes, algorithm: str = "md5") -> str:
     """Hex digest of in-memory bytes."""
     return hashlib.new(algorithm, data).hexdigest()
-
-
-def check_digest(
-    path: str | Path, algorithm: str, expected: str, actual: str | None = None, hint: str = ""
-) -> None:
-    """Raise ``ChecksumMismatch`` naming the file unless its digest equals ``expected``.
-
-    Args:
-        path: The file (used for the message, and hashed when ``actual`` is not given).
-        algorithm: ``"md5"`` or ``"sha256"``.
-        expected: The official digest.
-        actual: A digest already computed, to avoid hashing twice.
-        hint: Extra advice appended to the message.
-    """
-    if actual is None:
-        actual = file_digest(path, algorithm)
-    if actual != expected:
-        raise ChecksumMismatch(str(path), algorithm, expected, actual, hint)
