@@ -16,6 +16,7 @@ from data_fixtures import (
     trust_fashion_mnist,  # noqa: F401 (a fixture)
 )
 
+from workbench.data.errors import ChecksumMismatch
 from workbench.data import DatasetNotFound, checksums, load_dataset, locate
 
 
@@ -153,7 +154,7 @@ def test_unverified_cache_entry_is_reverified(isolated, monkeypatch):
     path = isolated / "retinamnist.npz"
     make_retinamnist(path)
     assert load_dataset("retinamnist", path, verify=False).source.endswith("(verify=False)]")
-    with pytest.raises(checksums.ChecksumMismatch):  # the unverified cache entry must not hide this
+    with pytest.raises(ChecksumMismatch):  # the unverified cache entry must not hide this
         load_dataset("retinamnist", path)
 
 
