@@ -138,5 +138,14 @@ def test_bootstrap_ci_carries_mc_error_and_decimals():
 
 
 def test_decimals_for_error():
-    assert [estimates.decimals_for_error(s) for s in (0.05, 0.03, 0.004, 0.6, 6.0)] == [1, 1, 2, 0, 0]
-    assert estimates.decimals_for_error(0.0) == 4 and estimates.decimals_for_error(float("nan"), 3) == 3
+    assert [estimates.decimals_for_error(s) for s in (0.05, 0.03, 0.004, 0.6, 6.0)] == [
+        1,
+        1,
+        2,
+        0,
+        0,
+    ]
+    assert (
+        estimates.decimals_for_error(0.0) == 4
+        and estimates.decimals_for_error(float("nan"), 3) == 3
+    )
